@@ -1,0 +1,41 @@
+"""The actor kernel: actors, refs with tell/ask, bounded mailboxes, dead letters, statistics."""
+
+from evolane.actors._deadletters import DeadLetterOffice
+from evolane.actors._errors import (
+    ActorCrashed,
+    ActorError,
+    ActorStopped,
+    AskTimeout,
+    MailboxFull,
+    MessageTypeError,
+    NotAnswered,
+)
+from evolane.actors._kernel import (
+    DEFAULT_MAILBOX_SIZE,
+    Actor,
+    ActorContext,
+    ActorRef,
+    ActorStats,
+    Mailbox,
+    ServeControl,
+    serve,
+)
+
+__all__ = [
+    "DEFAULT_MAILBOX_SIZE",
+    "Actor",
+    "ActorContext",
+    "ActorCrashed",
+    "ActorError",
+    "ActorRef",
+    "ActorStats",
+    "ActorStopped",
+    "AskTimeout",
+    "DeadLetterOffice",
+    "Mailbox",
+    "MailboxFull",
+    "MessageTypeError",
+    "NotAnswered",
+    "ServeControl",
+    "serve",
+]

@@ -1,0 +1,79 @@
+"""The message base classes: frozen, closed, always-validated pydantic models."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_MESSAGE_BYTES = 16 * 1024
+"""Upper bound on the orjson size of any message instance (DESIGN §3)."""
+
+Name = Annotated[str, Field(min_length=1, max_length=128)]
+"""An identifier: actor, child, case, run or stage name."""
+ShortText = Annotated[str, Field(max_length=256)]
+"""A label or a one-line reason."""
+Text = Annotated[str, Field(max_length=2048)]
+"""A bounded free-text field (an error message, a quoted excerpt)."""
+MediaType = Annotated[str, Field(min_length=1, max_length=128)]
+Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", max_length=71)]
+"""A content address: ``sha256:`` followed by 64 lowercase hex digits."""
+
+
+class Record(BaseModel):
+    """A frozen, closed value type: the building block of messages, events and reports.
+
+    ``model_construct`` is refused so that every instance has passed validation and so
+    respects the field bounds; ``model_copy(update=...)`` re-validates.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @classmethod
+    def model_construct(cls, _fields_set: set[str] | None = None, **values: Any) -> Self:
+        raise TypeError(f"{cls.__name__} must be validated: call {cls.__name__}(...) instead")
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        if not update:
+            return self
+        return self.model_validate({**self.model_dump(), **update})
+
+
+_MESSAGE_KINDS: dict[str, type[Message]] = {}
+
+
+class Message(Record):
+    """Base of every actor message: a `Record` with a literal ``kind`` unique per class.
+
+    Subclasses declare ``kind: Literal["name"] = "name"``; classes without a literal default
+    are abstract groupings and are not registered.
+    """
+
+    kind: Name
+    abstract: ClassVar[bool] = True
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        default = cls.model_fields["kind"].default
+        if not isinstance(default, str):
+            return
+        cls.abstract = False
+        known = _MESSAGE_KINDS.get(default)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise TypeError(f"message kind {default!r} is used by {known.__qualname__} already")
+        _MESSAGE_KINDS[default] = cls
+
+
+def message_classes() -> dict[str, type[Message]]:
+    """Every concrete message class imported so far, by kind."""
+    return dict(sorted(_MESSAGE_KINDS.items()))
+
+
+class ArtifactRef(Record):
+    """A pointer to a payload in the content-addressed store; payloads never travel in messages."""
+
+    digest: Digest
+    size: int = Field(ge=0, le=2**53)
+    media_type: MediaType = "application/octet-stream"

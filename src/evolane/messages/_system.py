@@ -1,0 +1,41 @@
+"""Messages of the runtime itself: liveness probes, stress work and dead-letter records."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from evolane.messages._base import Message, Name, Record, ShortText, Text
+
+
+class Ping(Message):
+    """A liveness probe; actors that accept it answer with `Pong`."""
+
+    kind: Literal["ping"] = "ping"
+    seq: int = Field(ge=0, le=2**63 - 1)
+
+
+class Pong(Message):
+    """The answer to `Ping`, echoing its sequence number."""
+
+    kind: Literal["pong"] = "pong"
+    seq: int = Field(ge=0, le=2**63 - 1)
+    responder: Name
+
+
+class StressWork(Message):
+    """One unit of stress-harness traffic; ``crash`` asks the handler to raise."""
+
+    kind: Literal["stress.work"] = "stress.work"
+    seq: int = Field(ge=0, le=2**63 - 1)
+    crash: bool = False
+
+
+class DeadLetter(Record):
+    """A message that reached no handler, and why (the runtime's record, not a message)."""
+
+    target: Name
+    kind: ShortText
+    reason: Literal["crashed", "stopped", "cancelled", "no_handler"]
+    detail: Text = ""

@@ -1,0 +1,223 @@
+"""Content-addressed immutable blobs under ``<root>/objects/sha256/<ab>/<hex>`` (DESIGN §7)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from evolane.messages import ArtifactRef
+
+DEFAULT_MEDIA_TYPE = "application/octet-stream"
+"""Media type given to blobs stored without one."""
+
+CHUNK_SIZE = 1024 * 1024
+"""Read and hash granularity: large blobs are never held in memory whole."""
+
+_DIGEST_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+BlobId = ArtifactRef | str
+"""Either an `ArtifactRef` or its bare ``sha256:<hex>`` digest."""
+
+
+class StoreError(Exception):
+    """Base of every error raised by the durable store."""
+
+
+class InvalidDigestError(StoreError, ValueError):
+    """A digest string is not ``sha256:`` followed by 64 lowercase hex digits."""
+
+
+class MissingBlobError(StoreError, FileNotFoundError):
+    """The blob a ref points to is not in the store."""
+
+
+class CorruptBlobError(StoreError):
+    """A stored blob's bytes no longer hash to its digest (or its size differs)."""
+
+
+def digest_hex(blob: BlobId) -> str:
+    """The 64 hex digits of a ref or digest; validated so it can never escape the store."""
+    digest = blob.digest if isinstance(blob, ArtifactRef) else blob
+    match = _DIGEST_RE.match(digest)
+    if match is None:
+        raise InvalidDigestError(f"not a sha256 digest: {digest!r}")
+    return match.group(1)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a directory's entries so a rename or link into it survives a crash."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BlobStore:
+    """Immutable blobs addressed by SHA-256; safe under concurrent writers (threads, processes).
+
+    Writers stream into a unique temp file in ``objects/tmp`` (same filesystem), fsync it,
+    make it read-only and hard-link it into place; the first writer of a digest wins and
+    later ones discard their copy, so readers never observe a partial blob.
+    """
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        self.objects = self.root / "objects" / "sha256"
+        self.tmp = self.root / "objects" / "tmp"
+
+    def __repr__(self) -> str:
+        return f"BlobStore({str(self.root)!r})"
+
+    # -- writing -------------------------------------------------------------------------
+
+    def put_bytes(self, data: bytes, *, media_type: str = DEFAULT_MEDIA_TYPE) -> ArtifactRef:
+        """Store ``data`` (skipping the write when the blob is already present)."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if self.has(digest):
+            return ArtifactRef(digest=digest, size=len(data), media_type=media_type)
+        return self.put_stream([data], media_type=media_type)
+
+    def put_file(self, path: Path | str, *, media_type: str = DEFAULT_MEDIA_TYPE) -> ArtifactRef:
+        """Store a file's content; it is hashed first so already-stored content costs no write."""
+        path = Path(path)
+        hasher = hashlib.sha256()
+        size = 0
+        with path.open("rb") as source:
+            for chunk in _read_chunks(source):
+                hasher.update(chunk)
+                size += len(chunk)
+        digest = "sha256:" + hasher.hexdigest()
+        if self.has(digest):
+            return ArtifactRef(digest=digest, size=size, media_type=media_type)
+        with path.open("rb") as source:
+            # The ref is taken from this second read, so a file that changed meanwhile is
+            # still stored under the digest of the bytes actually written.
+            return self.put_stream(_read_chunks(source), media_type=media_type)
+
+    def put_stream(
+        self, chunks: Iterable[bytes], *, media_type: str = DEFAULT_MEDIA_TYPE
+    ) -> ArtifactRef:
+        """Store a stream of byte chunks, hashing while writing; memory use is one chunk."""
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="blob-", suffix=".tmp")
+        tmp_path = Path(tmp_name)
+        try:
+            hasher = hashlib.sha256()
+            size = 0
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    hasher.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+                os.fchmod(out.fileno(), 0o444)
+            digest = "sha256:" + hasher.hexdigest()
+            self._place(tmp_path, self.path_of(digest))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp_path.unlink()
+        return ArtifactRef(digest=digest, size=size, media_type=media_type)
+
+    def _place(self, tmp_path: Path, final: Path) -> None:
+        """Publish a complete temp file at ``final`` unless a blob is already there."""
+        parent = final.parent
+        created = not parent.is_dir()
+        parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(tmp_path, final)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK):
+                raise
+            if final.exists():
+                return
+            # Filesystems without hard links: a rename is still atomic, and a racing writer
+            # can only replace the blob with identical bytes.
+            os.replace(tmp_path, final)
+        fsync_dir(parent)
+        if created:
+            fsync_dir(parent.parent)
+
+    def remove_stale_temp(self, max_age_seconds: float = 3600.0) -> int:
+        """Delete temp files abandoned by crashed writers; returns how many were removed."""
+        if not self.tmp.is_dir():
+            return 0
+        cutoff = time.time() - max_age_seconds
+        removed = 0
+        for entry in os.scandir(self.tmp):
+            with contextlib.suppress(FileNotFoundError):
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+        return removed
+
+    # -- reading -------------------------------------------------------------------------
+
+    def path_of(self, blob: BlobId) -> Path:
+        """Where the blob lives (whether or not it exists); never outside the store."""
+        hex_digest = digest_hex(blob)
+        return self.objects / hex_digest[:2] / hex_digest
+
+    def has(self, blob: BlobId) -> bool:
+        """Whether the blob is present (its content is not checked; see `verify`)."""
+        return self.path_of(blob).is_file()
+
+    def open(self, blob: BlobId) -> BinaryIO:
+        """Open the blob for binary reading; the caller closes it."""
+        path = self.path_of(blob)
+        try:
+            return path.open("rb")
+        except FileNotFoundError:
+            message = f"blob {_digest(blob)} is missing (expected at {path})"
+            raise MissingBlobError(message) from None
+
+    def read_bytes(self, blob: BlobId, *, verify: bool = True) -> bytes:
+        """The blob's whole content, checked against its digest (and size) by default."""
+        with self.open(blob) as source:
+            data = source.read()
+        if verify:
+            actual = "sha256:" + hashlib.sha256(data).hexdigest()
+            self._check(blob, actual, len(data))
+        return data
+
+    def verify(self, blob: BlobId) -> None:
+        """Re-hash the stored bytes; raise `CorruptBlobError` if they do not match the ref."""
+        hasher = hashlib.sha256()
+        size = 0
+        with self.open(blob) as source:
+            for chunk in _read_chunks(source):
+                hasher.update(chunk)
+                size += len(chunk)
+        self._check(blob, "sha256:" + hasher.hexdigest(), size)
+
+    def _check(self, blob: BlobId, actual_digest: str, actual_size: int) -> None:
+        expected = _digest(blob)
+        path = self.path_of(blob)
+        if actual_digest != expected:
+            raise CorruptBlobError(
+                f"corrupt blob {expected} at {path}: its bytes hash to {actual_digest}"
+            )
+        if isinstance(blob, ArtifactRef) and blob.size != actual_size:
+            raise CorruptBlobError(
+                f"corrupt blob {expected} at {path}: size {actual_size}, ref says {blob.size}"
+            )
+
+
+def _digest(blob: BlobId) -> str:
+    return blob.digest if isinstance(blob, ArtifactRef) else blob
+
+
+def _read_chunks(source: BinaryIO) -> Iterator[bytes]:
+    while chunk := source.read(CHUNK_SIZE):
+        yield chunk

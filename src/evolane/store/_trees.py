@@ -1,0 +1,354 @@
+"""Directory trees as manifest blobs: snapshot, load, materialize and diff (DESIGN §7).
+
+A manifest maps relative POSIX paths to entries: regular files (digest, normalised mode,
+size) and symlinks (target). Directories are implied by the paths, so empty directories
+and directory modes are not recorded.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Final, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from evolane.messages import ArtifactRef, Digest
+from evolane.store._blobs import (
+    CHUNK_SIZE,
+    BlobStore,
+    CorruptBlobError,
+    MissingBlobError,
+    StoreError,
+    fsync_dir,
+)
+
+TREE_MEDIA_TYPE = "application/vnd.evolane.tree+json"
+"""Media type of manifest blobs; a tree ref is the ref of its manifest blob."""
+
+FileMode = Literal[0o644, 0o755]
+"""The only recorded modes: any execute bit means 0o755, otherwise 0o644."""
+EXECUTABLE_MODE: Final = 0o755
+REGULAR_MODE: Final = 0o644
+
+
+class UnsupportedEntryError(StoreError):
+    """A directory holds something a tree cannot record (device, fifo, socket, bad name)."""
+
+
+class UnsafeEntryError(StoreError):
+    """A manifest entry would write or point outside the materialization root."""
+
+
+class InvalidManifestError(StoreError):
+    """A blob is not a well-formed tree manifest."""
+
+
+class FileEntry(BaseModel):
+    """A regular file: its content blob, normalised mode (0o644 or 0o755) and size."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["file"] = "file"
+    digest: Digest
+    mode: FileMode
+    size: int = Field(ge=0)
+
+    @property
+    def executable(self) -> bool:
+        """Whether the file is materialized with execute permission."""
+        return self.mode == EXECUTABLE_MODE
+
+    @property
+    def ref(self) -> ArtifactRef:
+        """The content blob as a ref (for `BlobStore.verify` and friends)."""
+        return ArtifactRef(digest=self.digest, size=self.size)
+
+
+class SymlinkEntry(BaseModel):
+    """A symbolic link, recorded by its literal target."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["symlink"] = "symlink"
+    target: str = Field(min_length=1)
+
+
+TreeEntry = Annotated[FileEntry | SymlinkEntry, Field(discriminator="type")]
+_ENTRIES = TypeAdapter(dict[str, TreeEntry])
+
+
+class TreeManifest(Mapping[str, FileEntry | SymlinkEntry]):
+    """A validated, read-only mapping of safe relative POSIX paths to tree entries."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: Mapping[str, FileEntry | SymlinkEntry]) -> None:
+        _check_paths(entries)
+        self._entries = dict(sorted(entries.items()))
+
+    def __getitem__(self, path: str) -> FileEntry | SymlinkEntry:
+        return self._entries[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"TreeManifest({len(self._entries)} entries)"
+
+    def to_json(self) -> bytes:
+        """The canonical manifest bytes (compact, sorted keys): equal trees, equal bytes."""
+        plain = {path: entry.model_dump() for path, entry in self._entries.items()}
+        return orjson.dumps(plain, option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TreeManifest:
+        """Parse and validate manifest bytes (`InvalidManifestError`, `UnsafeEntryError`)."""
+        try:
+            entries = _ENTRIES.validate_json(data)
+        except ValidationError as exc:
+            raise InvalidManifestError(f"not a tree manifest: {exc}") from None
+        return cls(entries)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeDiff:
+    """Paths that differ between two trees, each tuple sorted."""
+
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+
+@dataclass(frozen=True, slots=True)
+class Materialized:
+    """What `materialize_tree` did: the final directory and how each file got there."""
+
+    path: Path
+    linked: int
+    copied: int
+    symlinks: int
+
+
+def _check_paths(entries: Mapping[str, object]) -> None:
+    """Refuse absolute, ``..``, non-canonical and overlapping paths."""
+    for path in entries:
+        pure = PurePosixPath(path)
+        if (
+            not path
+            or pure.is_absolute()
+            or ".." in pure.parts
+            or pure.as_posix() != path
+            or "\0" in path
+        ):
+            raise UnsafeEntryError(f"unsafe manifest path {path!r}")
+        for parent in pure.parents:
+            if str(parent) in entries:
+                raise UnsafeEntryError(
+                    f"manifest path {path!r} lies under another entry {str(parent)!r}"
+                )
+
+
+# -- snapshot -----------------------------------------------------------------------------
+
+
+def snapshot_tree(store: BlobStore, directory: Path | str) -> ArtifactRef:
+    """Store every file under ``directory`` and return the ref of the resulting manifest."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise NotADirectoryError(f"cannot snapshot {root}: not a directory")
+    entries: dict[str, FileEntry | SymlinkEntry] = {}
+    for relative, entry in _walk(root, ()):
+        if entry.is_symlink():
+            entries[relative] = SymlinkEntry(target=_utf8(os.readlink(entry.path), entry.path))
+            continue
+        executable = entry.stat(follow_symlinks=False).st_mode & 0o111
+        mode: FileMode = EXECUTABLE_MODE if executable else REGULAR_MODE
+        ref = store.put_file(entry.path)
+        entries[relative] = FileEntry(digest=ref.digest, mode=mode, size=ref.size)
+    return store_manifest(store, TreeManifest(entries))
+
+
+def store_manifest(store: BlobStore, manifest: TreeManifest) -> ArtifactRef:
+    """Store a manifest as a blob; its ref is the tree ref."""
+    return store.put_bytes(manifest.to_json(), media_type=TREE_MEDIA_TYPE)
+
+
+def _walk(directory: Path, prefix: tuple[str, ...]) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    with os.scandir(directory) as scan:
+        children = sorted(scan, key=lambda child: child.name)
+    for child in children:
+        parts = (*prefix, _utf8(child.name, child.path))
+        if child.is_symlink() or child.is_file(follow_symlinks=False):
+            yield "/".join(parts), child
+        elif child.is_dir(follow_symlinks=False):
+            yield from _walk(Path(child.path), parts)
+        else:
+            raise UnsupportedEntryError(
+                f"cannot snapshot {child.path}: not a regular file, directory or symlink"
+            )
+
+
+def _utf8(text: str, where: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsupportedEntryError(f"cannot snapshot {where!r}: name is not UTF-8") from None
+    return text
+
+
+# -- load / diff --------------------------------------------------------------------------
+
+
+def load_manifest(store: BlobStore, ref: ArtifactRef | str) -> TreeManifest:
+    """Read (verifying) and validate the manifest blob of a tree ref."""
+    return TreeManifest.from_json(store.read_bytes(ref, verify=True))
+
+
+def diff_trees(store: BlobStore, a: ArtifactRef | str, b: ArtifactRef | str) -> TreeDiff:
+    """Paths added, removed and changed (content, mode, type or target) going from a to b."""
+    old, new = load_manifest(store, a), load_manifest(store, b)
+    return TreeDiff(
+        added=tuple(sorted(new.keys() - old.keys())),
+        removed=tuple(sorted(old.keys() - new.keys())),
+        changed=tuple(sorted(p for p in old.keys() & new.keys() if old[p] != new[p])),
+    )
+
+
+# -- materialize --------------------------------------------------------------------------
+
+
+def materialize_tree(
+    store: BlobStore,
+    ref: ArtifactRef | str,
+    destination: Path | str,
+    *,
+    link: bool = True,
+    verify: bool = True,
+) -> Materialized:
+    """Recreate a tree at ``destination`` (absent or empty), all or nothing.
+
+    Non-executable files are hard-linked from the store when possible (they share the
+    blob's read-only inode), otherwise copied and made read-only; executables are copied
+    with mode 0o555. Symlinks must stay inside the tree. The tree is built in a temp
+    sibling directory and renamed into place, so a failure leaves no destination behind.
+    """
+    destination = Path(destination)
+    manifest = load_manifest(store, ref)
+    _check_destination(destination)
+    _check_symlink_targets(manifest)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(
+        tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.materialize-")
+    )
+    try:
+        linked, copied, symlinks = _populate(store, manifest, staging, link=link, verify=verify)
+        os.chmod(staging, 0o755)
+        os.replace(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    fsync_dir(destination.parent)
+    return Materialized(path=destination, linked=linked, copied=copied, symlinks=symlinks)
+
+
+def _check_destination(destination: Path) -> None:
+    if destination.is_symlink() or (destination.exists() and not destination.is_dir()):
+        raise FileExistsError(f"cannot materialize into {destination}: it exists")
+    if destination.is_dir() and any(destination.iterdir()):
+        raise FileExistsError(f"cannot materialize into {destination}: directory not empty")
+
+
+def _check_symlink_targets(manifest: TreeManifest) -> None:
+    """Lexical check: absolute targets and targets climbing above the root are refused."""
+    for path, entry in manifest.items():
+        if not isinstance(entry, SymlinkEntry):
+            continue
+        target = PurePosixPath(entry.target)
+        if target.is_absolute() or "\0" in entry.target:
+            raise UnsafeEntryError(f"symlink {path!r} has an absolute target {entry.target!r}")
+        depth = len(PurePosixPath(path).parts) - 1
+        for part in target.parts:
+            depth += -1 if part == ".." else 0 if part == "." else 1
+            if depth < 0:
+                raise UnsafeEntryError(
+                    f"symlink {path!r} -> {entry.target!r} escapes the tree root"
+                )
+
+
+def _populate(
+    store: BlobStore, manifest: TreeManifest, root: Path, *, link: bool, verify: bool
+) -> tuple[int, int, int]:
+    linked = copied = 0
+    symlinks: list[tuple[Path, str]] = []
+    for relative, entry in manifest.items():
+        target = root.joinpath(*PurePosixPath(relative).parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(entry, SymlinkEntry):
+            symlinks.append((target, entry.target))
+        elif link and not entry.executable and _try_link(store, entry, target, verify=verify):
+            linked += 1
+        else:
+            _copy_blob(store, entry, target, verify=verify)
+            copied += 1
+    # Symlinks are created last so no file is ever written through one.
+    for target, link_target in symlinks:
+        os.symlink(link_target, target)
+    _check_symlinks_resolved(root, [target for target, _ in symlinks])
+    return linked, copied, len(symlinks)
+
+
+def _try_link(store: BlobStore, entry: FileEntry, target: Path, *, verify: bool) -> bool:
+    """Hard-link the blob into place; False when the filesystem refuses (then copy)."""
+    try:
+        os.link(store.path_of(entry.digest), target)
+    except FileNotFoundError:
+        raise MissingBlobError(f"blob {entry.digest} is missing from {store.root}") from None
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            return False
+        raise
+    if verify:
+        # Checked after linking so a refused link costs no extra read; same inode either way.
+        store.verify(entry.ref)
+    return True
+
+
+def _copy_blob(store: BlobStore, entry: FileEntry, target: Path, *, verify: bool) -> None:
+    """Copy the blob, hashing as it goes so verification costs no second read."""
+    hasher = hashlib.sha256()
+    size = 0
+    with store.open(entry.digest) as source, target.open("xb") as out:
+        while chunk := source.read(CHUNK_SIZE):
+            hasher.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    if verify and ("sha256:" + hasher.hexdigest() != entry.digest or size != entry.size):
+        raise CorruptBlobError(
+            f"corrupt blob {entry.digest} at {store.path_of(entry.digest)}: "
+            f"copied bytes hash to sha256:{hasher.hexdigest()} ({size} bytes)"
+        )
+    os.chmod(target, 0o555 if entry.executable else 0o444)
+
+
+def _check_symlinks_resolved(root: Path, links: list[Path]) -> None:
+    """Resolve each link through the real tree: chains of in-tree links can still escape."""
+    real_root = os.path.realpath(root)
+    for link_path in links:
+        resolved = os.path.realpath(link_path)
+        if resolved != real_root and not resolved.startswith(real_root + os.sep):
+            relative = link_path.relative_to(root).as_posix()
+            raise UnsafeEntryError(f"symlink {relative!r} resolves outside the tree root")

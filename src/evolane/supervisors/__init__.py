@@ -1,0 +1,19 @@
+"""Supervision: OTP strategies and restart intensity on trio nurseries, and the runtime root."""
+
+from evolane.supervisors._errors import StartFailed, SupervisorEscalation
+from evolane.supervisors._runtime import Runtime, open_runtime
+from evolane.supervisors._spec import ActorSpec, ChildSpec, Restart, Strategy, SupervisorSpec
+from evolane.supervisors._supervisor import Supervisor
+
+__all__ = [
+    "ActorSpec",
+    "ChildSpec",
+    "Restart",
+    "Runtime",
+    "StartFailed",
+    "Strategy",
+    "Supervisor",
+    "SupervisorEscalation",
+    "SupervisorSpec",
+    "open_runtime",
+]

@@ -1,0 +1,123 @@
+"""Cells: a supervisor's slot for one child, living across the child's incarnations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from evolane.actors import ActorContext, ActorRef, Mailbox, ServeControl, serve
+from evolane.supervisors._spec import ActorSpec, ChildSpec, SupervisorSpec
+
+if TYPE_CHECKING:
+    from evolane.actors import DeadLetterOffice
+    from evolane.supervisors._supervisor import Supervisor
+
+
+class Environment:
+    """What every cell of one runtime shares: the name registry and the dead-letter office."""
+
+    def __init__(self, dead_letters: DeadLetterOffice) -> None:
+        self.dead_letters = dead_letters
+        self.registry: dict[str, ActorRef] = {}
+        self.supervisors: dict[str, Supervisor] = {}
+
+    def claim(self, name: str) -> None:
+        if name in self.registry or name in self.supervisors:
+            raise ValueError(f"name {name!r} is already taken in this runtime")
+
+
+class Cell:
+    """One child slot. ``run`` is one incarnation; the slot itself survives restarts."""
+
+    spec: ChildSpec
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.incarnation = 0
+        self.running = False
+        self.retired = False
+        self.stopped_by_supervisor = False
+        self.restarts = 0
+        self.last_error: BaseException | None = None
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        """Build and run one incarnation; call ``ready`` once it accepts work."""
+        raise NotImplementedError
+
+    def request_stop(self) -> None:
+        """Ask the running incarnation to finish at its next safe point."""
+        raise NotImplementedError
+
+    def retire(self) -> None:
+        """The slot will never run again: refuse its messages, free its name."""
+        raise NotImplementedError
+
+
+class ActorCell(Cell):
+    """The slot of one actor: its mailbox and ref outlive each incarnation."""
+
+    spec: ActorSpec
+
+    def __init__(self, spec: ActorSpec, env: Environment) -> None:
+        super().__init__(spec)
+        env.claim(spec.name)
+        self.env = env
+        self.mailbox = Mailbox(spec.name, spec.actor.accepts, env.dead_letters, spec.mailbox_size)
+        self.ref = ActorRef(self.mailbox)
+        self.control = ServeControl()
+        env.registry[spec.name] = self.ref
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        spec = self.spec
+        self.control = control = ServeControl()
+        actor = spec.actor(*spec.args, **spec.kwargs)
+        actor.context = ActorContext(self.ref, self.env.registry)
+        await actor.started()
+        ready()
+        await serve(actor, self.mailbox, control)
+
+    def request_stop(self) -> None:
+        self.control.request_stop()
+
+    def retire(self) -> None:
+        if self.retired:
+            return
+        self.retired = True
+        self.mailbox.close()
+        if self.env.registry.get(self.name) is self.ref:
+            del self.env.registry[self.name]
+
+
+class SupervisorCell(Cell):
+    """The slot of a nested supervisor; its children's slots survive its restarts too."""
+
+    spec: SupervisorSpec
+
+    def __init__(self, spec: SupervisorSpec, env: Environment) -> None:
+        super().__init__(spec)
+        from evolane.supervisors._supervisor import Supervisor
+
+        self.supervisor = Supervisor(spec, env)
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        await self.supervisor.run(ready)
+
+    def request_stop(self) -> None:
+        self.supervisor.request_stop()
+
+    def retire(self) -> None:
+        if not self.retired:
+            self.retired = True
+            self.supervisor.retire()
+
+
+def make_cell(spec: ChildSpec, env: Environment) -> Cell:
+    """The right cell for ``spec``."""
+    if isinstance(spec, SupervisorSpec):
+        return SupervisorCell(spec, env)
+    return ActorCell(spec, env)

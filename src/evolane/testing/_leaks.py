@@ -1,0 +1,74 @@
+"""Leak detection: find processes a test (or a run) left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+LEASE_VARIABLE = "EVOLANE_LEASE"
+"""Environment variable that marks every process spawned under a lease (DESIGN §5)."""
+
+
+def descendants() -> set[int]:
+    """PIDs of every living descendant of this process (zombies excluded)."""
+    found: set[int] = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def lease_holders(lease: str) -> set[int]:
+    """PIDs of living processes whose environment carries ``EVOLANE_LEASE`` starting with ``lease``.
+
+    This finds escapees that left our process tree (double fork, setsid).
+    """
+    found: set[int] = set()
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            value = proc.environ().get(LEASE_VARIABLE, "")
+            if value.startswith(lease) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def leaked_processes(before: set[int], lease: str | None, settle: float = 1.0) -> list[str]:
+    """Describe processes alive now that were not in ``before``, after up to ``settle`` seconds.
+
+    Returns one line per leaked process (pid and command line); empty when nothing leaked.
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        leaked = descendants() - before
+        if lease:
+            leaked |= lease_holders(lease) - before
+        if not leaked or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    lines = []
+    for pid in sorted(leaked):
+        try:
+            lines.append(f"pid {pid}: {' '.join(psutil.Process(pid).cmdline())[:200]}")
+        except psutil.NoSuchProcess:
+            continue
+    return lines
+
+
+def kill_processes(lines: list[str]) -> None:
+    """SIGKILL the processes named by `leaked_processes` lines (only those, by PID)."""
+    for line in lines:
+        pid = int(line.split()[1].rstrip(":"))
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            continue

@@ -1,0 +1,28 @@
+"""Test-wide fixtures: trio mode (pyproject) and a leak check for processes left behind."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from evolane.testing import LEASE_VARIABLE, descendants, kill_processes, leaked_processes
+
+pytest_plugins = ["pytester"]
+
+# Every process a test spawns inherits this marker, so escapees that leave our tree are found.
+SESSION_LEASE = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+os.environ[LEASE_VARIABLE] = SESSION_LEASE
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test if a process it spawned is still alive after it (then kill that process)."""
+    before = descendants()
+    yield
+    leaked = leaked_processes(before, SESSION_LEASE)
+    if leaked:
+        kill_processes(leaked)
+        pytest.fail(f"{request.node.nodeid} leaked processes:\n" + "\n".join(leaked), pytrace=False)

@@ -1,0 +1,150 @@
+"""The actor kernel: typed tell/ask, backpressure, timeouts, crashes, dead letters, stats."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+import trio
+
+import evolane
+from evolane.actors import (
+    ActorCrashed,
+    ActorStopped,
+    AskTimeout,
+    MailboxFull,
+    MessageTypeError,
+    NotAnswered,
+)
+from evolane.messages import Ping, Pong, StressWork
+from tests.helpers import Recorder
+
+
+async def test_ask_returns_the_handler_value_and_tell_is_handled() -> None:
+    log: list[tuple[str, str]] = []
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Recorder, log, name="rec")
+        assert await ref.ask(Ping(seq=7), timeout=1) == Pong(seq=7, responder="rec")
+        await ref.tell(StressWork(seq=1))
+        assert await ref.ask(StressWork(seq=2), timeout=1) == 2
+        stats = ref.stats()
+        assert (stats.received, stats.processed, stats.failed) == (3, 3, 0)
+    assert ("handled", "rec") in log
+
+
+async def test_wrongly_typed_message_is_refused_at_the_sender_and_not_enqueued() -> None:
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Recorder, [], name="rec")
+        with pytest.raises(MessageTypeError, match="accepts Ping, StressWork"):
+            await ref.tell({"kind": "ping", "seq": 1})  # type: ignore[arg-type]
+        with pytest.raises(MessageTypeError):
+            ref.tell_nowait(Pong(seq=1, responder="x"))
+        with pytest.raises(MessageTypeError):
+            await ref.ask(Pong(seq=1, responder="x"), timeout=1)
+        assert ref.stats().received == 0
+
+
+def test_oversized_message_cannot_be_built_so_cannot_be_sent() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        Pong(seq=1, responder="x" * 129)
+    with pytest.raises(pydantic.ValidationError):
+        Ping(seq=-1)
+    with pytest.raises(TypeError, match="must be validated"):
+        Pong.model_construct(seq=1, responder="x" * 10_000)
+
+
+async def test_tell_applies_backpressure_and_tell_nowait_refuses_when_full() -> None:
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Recorder, [], name="slow", mailbox_size=2)
+        await ref.tell(StressWork(seq=300))  # the handler now sleeps 300 ms
+        await trio.sleep(0.01)
+        await ref.tell(StressWork(seq=1))
+        await ref.tell(StressWork(seq=1))
+        with pytest.raises(MailboxFull):
+            ref.tell_nowait(StressWork(seq=1))
+        with trio.move_on_after(0.05) as blocked:
+            await ref.tell(StressWork(seq=1))
+        assert blocked.cancelled_caught, "tell must wait while the mailbox is full"
+        with trio.fail_after(2):
+            await ref.tell(StressWork(seq=1))  # room appears once the slow handler is done
+        assert ref.stats().mailbox_peak == 2
+
+
+async def test_ask_times_out_with_a_typed_error_instead_of_hanging() -> None:
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Recorder, [], name="slow")
+        start = trio.current_time()
+        with pytest.raises(AskTimeout, match="did not answer"):
+            await ref.ask(StressWork(seq=400), timeout=0.1)
+        assert trio.current_time() - start < 1.0
+
+
+async def test_ask_to_a_crashing_actor_gets_actor_crashed_and_the_slot_restarts() -> None:
+    log: list[tuple[str, str]] = []
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Recorder, log, name="fragile")
+        with trio.fail_after(2), pytest.raises(ActorCrashed, match="boom 5") as caught:
+            await ref.ask(StressWork(seq=5, crash=True), timeout=1)
+        assert isinstance(caught.value.__cause__, ValueError)
+        # The same ref works after the restart, and the crash left a dead letter.
+        assert await ref.ask(Ping(seq=1), timeout=1) == Pong(seq=1, responder="fragile")
+        assert rt.root.restarts_of("fragile") == 1
+        assert ref.stats().failed == 1
+        letter = rt.dead_letters.recent[-1]
+        assert (letter.target, letter.kind, letter.reason) == ("fragile", "stress.work", "crashed")
+        assert "boom 5" in letter.detail
+    assert log.count(("start", "fragile")) == 2
+
+
+async def test_ask_to_a_stopped_actor_fails_at_once() -> None:
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Recorder, [], name="gone", restart="temporary")
+        await rt.root.stop_child("gone")
+        assert ref.stopped
+        with trio.fail_after(1):
+            with pytest.raises(ActorStopped):
+                await ref.ask(Ping(seq=1), timeout=30)
+            with pytest.raises(ActorStopped):
+                await ref.tell(Ping(seq=1))
+        with pytest.raises(KeyError):
+            rt.lookup("gone")
+
+
+async def test_queued_asks_fail_and_become_dead_letters_when_the_actor_stops_for_good() -> None:
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Recorder, [], name="busy", restart="temporary")
+        outcomes: list[BaseException | object] = []
+
+        async def asker(seq: int) -> None:
+            try:
+                outcomes.append(await ref.ask(StressWork(seq=seq), timeout=5))
+            except NotAnswered as exc:
+                outcomes.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(asker, 200)
+            await trio.sleep(0.02)
+            for _ in range(3):
+                nursery.start_soon(asker, 1)
+            await trio.sleep(0.02)
+            with trio.fail_after(3):
+                await rt.root.stop_child("busy")
+        # The in-flight handler finished within its grace; the three queued asks were refused.
+        assert outcomes[0] == 200
+        assert sum(isinstance(o, NotAnswered) for o in outcomes) == 3
+        assert rt.dead_letters.counts["stopped"] == 3
+
+
+async def test_names_are_unique_and_lookup_finds_refs() -> None:
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Recorder, [], name="one")
+        assert rt.lookup("one") is ref
+        with pytest.raises(ValueError, match="already taken"):
+            await rt.spawn(Recorder, [], name="one")
+        assert [s.name for s in rt.stats()] == ["one"]
+
+
+async def test_user_error_in_the_runtime_body_is_raised_as_itself() -> None:
+    with pytest.raises(LookupError, match="mine"):
+        async with evolane.open_runtime() as rt:
+            await rt.spawn(Recorder, [], name="x")
+            raise LookupError("mine")
