@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import psutil
 
-LEASE_VARIABLE = "EVOLANE_LEASE"
-"""Environment variable that marks every process spawned under a lease (DESIGN §5)."""
+from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders
+
+__all__ = ["LEASE_VARIABLE", "descendants", "kill_processes", "leaked_processes", "lease_holders"]
 
 
 def descendants() -> set[int]:
@@ -19,25 +19,6 @@ def descendants() -> set[int]:
             if child.status() != psutil.STATUS_ZOMBIE:
                 found.add(child.pid)
         except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-def lease_holders(lease: str) -> set[int]:
-    """PIDs of living processes whose environment carries ``EVOLANE_LEASE`` starting with ``lease``.
-
-    This finds escapees that left our process tree (double fork, setsid).
-    """
-    found: set[int] = set()
-    me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
-        try:
-            value = proc.environ().get(LEASE_VARIABLE, "")
-            if value.startswith(lease) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.add(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
     return found
 

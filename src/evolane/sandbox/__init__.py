@@ -1,0 +1,38 @@
+"""The sandbox: every subprocess runs here, and a deadline always means the whole tree is gone.
+
+Own session and process group, an allowlisted environment, rlimits and cgroups applied by
+a launcher chain (never ``preexec_fn``), bounded output capture, a kill ladder that also
+finds escapees, and a lifeline process that kills every tree if the runtime itself dies.
+"""
+
+from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
+from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
+from evolane.sandbox._spec import (
+    Isolation,
+    Limits,
+    OutputCaps,
+    Overlay,
+    ProcessOutcome,
+    SandboxSpec,
+    Status,
+    StreamCapture,
+)
+from evolane.sandbox._workspace import WorkspaceError
+
+__all__ = [
+    "LEASE_VARIABLE",
+    "Isolation",
+    "Limits",
+    "OutputCaps",
+    "Overlay",
+    "ProcessOutcome",
+    "SandboxHost",
+    "SandboxSpec",
+    "Status",
+    "StreamCapture",
+    "WorkspaceError",
+    "lease_holders",
+    "lease_matches",
+    "open_sandbox",
+    "sweep_stale_leases",
+]

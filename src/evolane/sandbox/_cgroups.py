@@ -1,0 +1,229 @@
+"""Per-unit cgroups: membership that no setsid escapes, one-shot kill, pids and memory bounds.
+
+Uses a cgroup v2 hierarchy for membership and ``cgroup.kill`` where a child cgroup can be
+created, and the v1 ``pids`` / ``memory`` controllers where those are mounted and writable
+(hybrid hosts). Everything degrades to "not available", never to an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from evolane.sandbox._lifeline import kill_cgroup_tree, read_pids
+from evolane.sandbox._spec import Limits
+
+
+def _mounts() -> list[tuple[str, str, str, str]]:
+    """(mount root, mount point, fstype, super options) of every cgroup mount we can see."""
+    found = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as lines:
+        for line in lines:
+            left, _, right = line.partition(" - ")
+            fields, tail = left.split(), right.split()
+            if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
+                found.append((fields[3], fields[4], tail[0], tail[2]))
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """This process's cgroup path per hierarchy: '' for v2, else the controller names."""
+    paths: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as lines:
+        for line in lines:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                paths[name] = path
+    return paths
+
+
+def _inside(mount_root: str, mount_point: str, own_path: str) -> Path:
+    """Our own cgroup's directory in a mount whose root is ``mount_root``."""
+    relative = own_path
+    if mount_root != "/" and own_path.startswith(mount_root):
+        relative = own_path[len(mount_root) :]
+    return Path(mount_point + "/" + relative.lstrip("/"))
+
+
+def _try_mkdir(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class CgroupRoots:
+    """Where this runtime may create unit cgroups, per mechanism (None: not available)."""
+
+    unified: Path | None
+    pids: Path | None
+    memory: Path | None
+
+    @classmethod
+    def detect(cls, lease: str) -> CgroupRoots:
+        """Find writable hierarchies and create ``evolane-<lease>`` in each."""
+        own = _own_paths()
+        unified = pids = memory = None
+        for root, mount, fstype, options in _mounts():
+            if fstype == "cgroup2" and unified is None:
+                base = _inside(root, mount, own.get("", "/"))
+                candidate = base / f"evolane-{lease}"
+                if (base / "cgroup.procs").exists() and _try_mkdir(candidate):
+                    unified = candidate
+            elif fstype == "cgroup":
+                opts = options.split(",")
+                for name in ("pids", "memory"):
+                    if name in opts:
+                        base = _inside(root, mount, own.get(name, "/"))
+                        candidate = base / f"evolane-{lease}"
+                        if _try_mkdir(candidate):
+                            pids, memory = (
+                                (candidate, memory) if name == "pids" else (pids, candidate)
+                            )
+        return cls(unified, pids, memory)
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        names = []
+        if self.unified is not None:
+            names.append("cgroup_v2")
+        if self.pids is not None:
+            names.append("pids_cgroup")
+        if self.memory is not None:
+            names.append("memory_cgroup")
+        return tuple(names)
+
+    def roots(self) -> list[Path]:
+        return [root for root in (self.unified, self.pids, self.memory) if root is not None]
+
+    def unit(self, name: str, limits: Limits) -> UnitCgroups:
+        """Create the cgroups of one unit and apply its pids and memory limits."""
+        made = []
+        for root in self.roots():
+            path = root / name
+            if _try_mkdir(path):
+                made.append(path)
+        unit = UnitCgroups(made, self)
+        unit.apply(limits)
+        return unit
+
+    def remove(self) -> None:
+        """Remove this runtime's (empty) cgroup directories."""
+        for root in self.roots():
+            kill_cgroup_tree(root)
+
+
+class UnitCgroups:
+    """The cgroups of one sandboxed tree."""
+
+    def __init__(self, paths: list[Path], roots: CgroupRoots) -> None:
+        self.paths = paths
+        self._unified = next(
+            (p for p in paths if roots.unified and p.parent == roots.unified), None
+        )
+        self._pids = next((p for p in paths if roots.pids and p.parent == roots.pids), None)
+        self._memory = next((p for p in paths if roots.memory and p.parent == roots.memory), None)
+
+    @property
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files a launcher writes its pid to before it execs."""
+        return [str(path / "cgroup.procs") for path in self.paths]
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        names = []
+        if self._unified is not None:
+            names.append("cgroup_v2_kill")
+        if self._pids is not None:
+            names.append("pids_cgroup")
+        if self._memory is not None:
+            names.append("memory_cgroup")
+        return tuple(names)
+
+    def apply(self, limits: Limits) -> None:
+        if self._pids is not None and limits.processes is not None:
+            _write(self._pids / "pids.max", str(limits.processes))
+        if self._memory is not None and limits.memory_bytes is not None:
+            _write(self._memory / "memory.limit_in_bytes", str(limits.memory_bytes))
+
+    def pids(self) -> set[int]:
+        """Every pid in any of the unit's cgroups (exited processes leave at once)."""
+        found: set[int] = set()
+        for path in self.paths:
+            found |= read_pids(path)
+        return found
+
+    def populated(self) -> bool:
+        if self._unified is not None:
+            text = _read(self._unified / "cgroup.events")
+            return "populated 1" in text
+        return bool(self.pids())
+
+    def kill(self) -> int:
+        """SIGKILL every member (``cgroup.kill`` where it exists); returns how many were seen."""
+        members = self.pids()
+        if self._unified is not None and _write(self._unified / "cgroup.kill", "1"):
+            return len(members)
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return len(members)
+
+    def pids_limit_hit(self) -> bool:
+        if self._pids is None:
+            return False
+        for line in _read(self._pids / "pids.events").splitlines():
+            name, _, count = line.partition(" ")
+            if name == "max" and count.strip() not in ("", "0"):
+                return True
+        return False
+
+    def memory_peak(self) -> int:
+        if self._memory is None:
+            return 0
+        text = _read(self._memory / "memory.max_usage_in_bytes").strip()
+        return int(text) if text.isdigit() else 0
+
+    def oom_killed(self) -> bool:
+        if self._memory is None:
+            return False
+        for line in _read(self._memory / "memory.oom_control").splitlines():
+            name, _, count = line.partition(" ")
+            if name == "oom_kill" and count.strip() not in ("", "0"):
+                return True
+        return False
+
+    def cpu_seconds(self) -> float | None:
+        if self._unified is None:
+            return None
+        for line in _read(self._unified / "cpu.stat").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "usage_usec" and value.strip().isdigit():
+                return int(value) / 1e6
+        return None
+
+    def remove(self) -> None:
+        for path in self.paths:
+            kill_cgroup_tree(path)
+
+
+def _read(path: Path) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _write(path: Path, text: str) -> bool:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,189 @@
+"""The sandbox host: one per runtime process; owns the lease, the lifeline and the cgroups."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psutil
+import trio
+
+from evolane.sandbox import _lifeline
+from evolane.sandbox._cgroups import CgroupRoots
+from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
+from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
+from evolane.sandbox._tree import become_subreaper
+from evolane.store import BlobStore
+
+_OWNER_FILE = "owner.json"
+
+
+def _process_identity(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+class SandboxHost:
+    """Runs sandboxed commands for one runtime; see `open_sandbox`.
+
+    Every tree it starts carries its lease; if the runtime dies, the lifeline process kills
+    them all, and the next host opened on the same root removes what is left.
+    """
+
+    def __init__(self, root: Path, store: BlobStore | None, use_cgroups: bool) -> None:
+        self.root = root.resolve()
+        self.store = store
+        self.lease = f"rt-{os.getpid()}-{secrets.token_hex(4)}"
+        self.inherited_lease = os.environ.get(LEASE_VARIABLE) or None
+        self.lease_dir = self.root / self.lease
+        self.subreaper = become_subreaper()
+        self.cgroups = (
+            CgroupRoots.detect(self.lease) if use_cgroups else CgroupRoots(None, None, None)
+        )
+        self._counter = itertools.count(1)
+        self._lifeline: subprocess.Popen[bytes] | None = None
+        self._lifeline_fd: int | None = None
+        self.stale_swept = 0
+
+    def unit_name(self, label: str) -> str:
+        """A unique, filesystem- and lease-safe name for the next unit."""
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in label)[:40] or "unit"
+        return f"{safe}-{next(self._counter)}-{secrets.token_hex(3)}"
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """Host-wide mechanisms in force (per-unit ones are added by each run)."""
+        names = ["lease_sweep"]
+        if self.subreaper:
+            names.append("subreaper")
+        if self._lifeline is not None:
+            names.append("lifeline")
+        return tuple(names)
+
+    # ----- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.stale_swept = self._sweep_stale()
+        self.lease_dir.mkdir()
+        owner = {"pid": os.getpid(), "create_time": _process_identity(os.getpid())}
+        (self.lease_dir / _OWNER_FILE).write_text(json.dumps(owner))
+        self._start_lifeline()
+
+    def _start_lifeline(self) -> None:
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        directories = [str(p) for p in self.cgroups.roots()] + [str(self.lease_dir)]
+        try:
+            self._lifeline = subprocess.Popen(
+                [sys.executable, "-I", "-S", _lifeline.__file__, self.lease, *directories],
+                stdin=read_fd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+                env={"PATH": os.defpath},
+            )
+            self._lifeline_fd = write_fd
+        except OSError:
+            os.close(write_fd)
+        finally:
+            os.close(read_fd)
+
+    def close(self) -> None:
+        """Kill anything left of this host's lease and remove its directories."""
+        for root in self.cgroups.roots():
+            kill_cgroup_tree(root)
+        kill_lease(self.lease)
+        shutil.rmtree(self.lease_dir, ignore_errors=True)
+        if self._lifeline_fd is not None:
+            os.close(self._lifeline_fd)
+            self._lifeline_fd = None
+        if self._lifeline is not None:
+            try:
+                self._lifeline.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._lifeline.kill()
+                self._lifeline.wait(timeout=5)
+            self._lifeline = None
+
+    def _sweep_stale(self) -> int:
+        """Kill the trees and remove the workspaces and cgroups of leases whose runtime died."""
+        swept = 0
+        for lease_dir in list(self.root.iterdir()):
+            owner_file = lease_dir / _OWNER_FILE
+            if not lease_dir.is_dir() or not lease_dir.name.startswith("rt-"):
+                continue
+            try:
+                owner = json.loads(owner_file.read_text())
+                alive = _process_identity(int(owner["pid"])) == owner["create_time"]
+            except (OSError, ValueError, KeyError, TypeError):
+                alive = time.time() - lease_dir.stat().st_mtime < 60  # being created right now
+            if alive:
+                continue
+            _lifeline.sweep(lease_dir.name, [*self._cgroup_dirs_of(lease_dir.name), lease_dir])
+            swept += 1
+        return swept
+
+    def _cgroup_dirs_of(self, lease: str) -> list[Path]:
+        return [root.parent / f"evolane-{lease}" for root in self.cgroups.roots()]
+
+    # ----- running ---------------------------------------------------------------------
+
+    async def run(
+        self,
+        spec: SandboxSpec,
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        stop: trio.Event | None = None,
+    ) -> ProcessOutcome:
+        """Run ``spec`` to completion; returns only when its whole process tree is gone.
+
+        ``timeout`` (seconds) and ``deadline`` (trio clock) bound it, the earlier wins; setting
+        ``stop`` ends it with status ``cancelled``. Trio cancellation kills the tree and
+        propagates. Raises `WorkspaceError` for a workspace outside the root.
+        """
+        from evolane.sandbox._run import run_unit
+
+        limit = float("inf") if deadline is None else deadline
+        if timeout is not None:
+            limit = min(limit, trio.current_time() + timeout)
+        return await run_unit(self, spec, limit, stop)
+
+
+@asynccontextmanager
+async def open_sandbox(
+    root: Path | str = ".evolane/sandbox",
+    *,
+    store: BlobStore | None = None,
+    use_cgroups: bool = True,
+) -> AsyncIterator[SandboxHost]:
+    """Open a sandbox host under ``root``: sweep stale leases, start the lifeline, yield it."""
+    host = SandboxHost(Path(root), store, use_cgroups)
+    await trio.to_thread.run_sync(host.start)
+    try:
+        yield host
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(host.close)
+
+
+def sweep_stale_leases(root: Path | str) -> None:
+    """Clean up after runtimes that died without closing their host (what `open_sandbox` does)."""
+    host = SandboxHost(Path(root), None, use_cgroups=True)
+    host.root.mkdir(parents=True, exist_ok=True)
+    host._sweep_stale()
+    with contextlib.suppress(OSError):
+        host.cgroups.remove()

@@ -1,0 +1,148 @@
+"""The lifeline: a watchdog process that kills a runtime's sandboxed trees when the runtime dies.
+
+Run as ``python -I -S _lifeline.py LEASE DIR...`` with the read end of a pipe as stdin; the
+runtime holds the write end. When the runtime exits for any reason, SIGKILL included, the
+kernel closes the write end, the read returns EOF, and the watchdog kills every process of
+the lease (by its cgroups, then by the lease marker in /proc) and removes the directories.
+Standard library only, so it starts in milliseconds; the runtime imports its helpers too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+LEASE_VARIABLE = "EVOLANE_LEASE"
+_MARKER = LEASE_VARIABLE.encode() + b"="
+
+
+def lease_of(pid: int) -> str | None:
+    """The lease marker in the environment ``pid`` started with (None if absent or gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    for item in data.split(b"\0"):
+        if item.startswith(_MARKER):
+            return item[len(_MARKER) :].decode("utf-8", "replace")
+    return None
+
+
+def is_zombie(pid: int) -> bool:
+    """True when ``pid`` has exited but is not reaped yet (or is gone entirely)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
+def lease_matches(value: str, lease: str) -> bool:
+    """True when ``lease`` is a whole run of ``/``-separated components of the marker ``value``."""
+    return f"/{lease}/" in f"/{value}/"
+
+
+def lease_holders(fragment: str) -> set[int]:
+    """Live processes whose lease marker holds the lease ``fragment`` (this process excluded)."""
+    found: set[int] = set()
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        lease = lease_of(int(entry))
+        if lease is not None and lease_matches(lease, fragment) and not is_zombie(int(entry)):
+            found.add(int(entry))
+    return found
+
+
+def read_pids(cgroup: Path) -> set[int]:
+    """Members of one cgroup directory."""
+    try:
+        text = (cgroup / "cgroup.procs").read_text()
+    except OSError:
+        return set()
+    return {int(pid) for pid in text.split() if pid.isdigit()}
+
+
+def kill_cgroup_tree(path: Path, patience: float = 2.0) -> None:
+    """SIGKILL everything under a cgroup directory (depth first) and remove the directories."""
+    if not path.is_dir():
+        return
+    for child in [p for p in path.iterdir() if p.is_dir()]:
+        kill_cgroup_tree(child, patience)
+    deadline = time.monotonic() + patience
+    while True:
+        kill_file = path / "cgroup.kill"
+        if kill_file.exists():
+            with contextlib.suppress(OSError):
+                kill_file.write_text("1")
+        else:
+            for pid in read_pids(path):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+
+def kill_lease(fragment: str, rounds: int = 5) -> int:
+    """SIGKILL every process carrying the lease, repeating while new ones appear."""
+    killed = 0
+    for _ in range(rounds):
+        holders = lease_holders(fragment)
+        if not holders:
+            break
+        for pid in holders:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        time.sleep(0.01)
+        for pid in holders:  # reap those that were orphaned to us (a subreaper)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+    return killed
+
+
+def sweep(lease: str, directories: list[Path]) -> None:
+    """Kill the lease's processes and remove its cgroups and workspace directories."""
+    for path in directories:
+        if (path / "cgroup.procs").exists():
+            kill_cgroup_tree(path)
+    kill_lease(lease)
+    for path in directories:
+        if path.exists() and not (path / "cgroup.procs").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    """Wait for EOF on stdin (the runtime is gone or done), then sweep the lease."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    lease, directories = argv[1], [Path(arg) for arg in argv[2:]]
+    while True:
+        try:
+            if not os.read(0, 4096):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    sweep(lease, directories)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,108 @@
+"""What to run in a sandbox (`SandboxSpec`) and what happened (`ProcessOutcome`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
+
+Isolation = Literal["auto", "process", "namespace"]
+"""`process`: session, rlimits, cgroups, lease; `namespace` adds PID and network namespaces."""
+IsolationInForce = Literal["process", "namespace"]
+Status = Literal["exited", "timed_out", "cancelled", "limit_exceeded", "spawn_failed"]
+
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+Arg = Annotated[str, Field(max_length=65_536)]
+PathText = Annotated[str, Field(min_length=1, max_length=4096)]
+
+
+class Limits(Record):
+    """Per-process resource limits; ``None`` leaves the host's default in place."""
+
+    address_space_bytes: int | None = Field(default=None, ge=16 << 20)
+    memory_bytes: int | None = Field(default=None, ge=8 << 20)
+    cpu_seconds: int | None = Field(default=None, ge=1)
+    file_size_bytes: int | None = Field(default=None, ge=0)
+    open_files: int | None = Field(default=None, ge=8)
+    processes: int | None = Field(default=None, ge=1)
+
+
+class OutputCaps(Record):
+    """How much of each stream is kept: head and tail in the outcome, a capped copy in the store."""
+
+    head_bytes: int = Field(default=16 << 10, ge=0, le=1 << 20)
+    tail_bytes: int = Field(default=16 << 10, ge=0, le=1 << 20)
+    stored_bytes: int = Field(default=8 << 20, ge=0, le=1 << 30)
+
+
+class Overlay(Record):
+    """A tree laid over the workspace seed at ``path`` (``.`` for the root); it wins conflicts."""
+
+    path: PathText = "."
+    tree: ArtifactRef
+
+
+class SandboxSpec(Record):
+    """One command to run: argv (never a shell), its workspace, environment, limits, deadlines."""
+
+    argv: tuple[Arg, ...] = Field(min_length=1, max_length=4096)
+    workspace: PathText | None = None
+    seed: ArtifactRef | None = None
+    overlays: tuple[Overlay, ...] = Field(default=(), max_length=64)
+    env: dict[EnvName, Arg] = Field(default_factory=dict, max_length=256)
+    pass_env: tuple[EnvName, ...] = Field(default=(), max_length=256)
+    limits: Limits = Limits()
+    output: OutputCaps = OutputCaps()
+    kill_grace: float = Field(default=2.0, ge=0.0, le=600.0)
+    isolation: Isolation = "process"
+    keep_failed: bool = False
+    label: Name = "unit"
+
+
+class StreamCapture(Record):
+    """A captured stream: its first and last bytes, its total size, and the stored capped copy."""
+
+    head: bytes = Field(default=b"", max_length=1 << 20)
+    tail: bytes = Field(default=b"", max_length=1 << 20)
+    total_bytes: int = Field(default=0, ge=0)
+    truncated: bool = False
+    ref: ArtifactRef | None = None
+
+    def text(self) -> str:
+        """Head and tail decoded for display (undecodable bytes replaced, a gap marked)."""
+        head = self.head.decode("utf-8", "replace")
+        if not self.truncated:
+            return head
+        return f"{head}\n[... {self.total_bytes - len(self.head) - len(self.tail)} bytes ...]\n" + (
+            self.tail.decode("utf-8", "replace")
+        )
+
+
+class ProcessOutcome(Record):
+    """Everything known about one sandboxed run once its whole process tree is gone."""
+
+    status: Status
+    exit_code: int | None = None
+    signal: int | None = None
+    error: Text = ""
+    wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    stdout: StreamCapture = StreamCapture()
+    stderr: StreamCapture = StreamCapture()
+    pids_killed: int = 0
+    escaped_found: int = 0
+    survivors: int = 0
+    kill_latency_seconds: float | None = None
+    isolation: IsolationInForce = "process"
+    enforcement: tuple[ShortText, ...] = Field(default=(), max_length=32)
+    limits_hit: tuple[ShortText, ...] = Field(default=(), max_length=16)
+    lease: ShortText = ""
+    workspace: Text = ""
+
+    @property
+    def ok(self) -> bool:
+        """True for a clean exit with code 0."""
+        return self.status == "exited" and self.exit_code == 0

@@ -1,0 +1,64 @@
+"""Workspaces: a fresh directory per run, materialised from a seed tree plus overlays."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+from evolane.messages import ArtifactRef
+from evolane.sandbox._spec import Overlay
+from evolane.store import BlobStore, TreeManifest, load_manifest, materialize_tree, store_manifest
+
+
+class WorkspaceError(ValueError):
+    """A workspace the sandbox refuses: outside the runtime's root, or unusable input."""
+
+
+def inside(root: Path, candidate: Path) -> bool:
+    """True when ``candidate`` resolves to ``root`` or below it."""
+    return candidate.resolve().is_relative_to(root.resolve())
+
+
+def combined_tree(
+    store: BlobStore, seed: ArtifactRef | None, overlays: tuple[Overlay, ...]
+) -> ArtifactRef | None:
+    """One manifest of the seed with each overlay laid over it (an overlay wins conflicts)."""
+    if seed is not None and not overlays:
+        return seed
+    entries = dict(load_manifest(store, seed)) if seed is not None else {}
+    for overlay in overlays:
+        base = PurePosixPath(overlay.path)
+        if base.is_absolute() or ".." in base.parts:
+            raise WorkspaceError(f"overlay path {overlay.path!r} must stay inside the workspace")
+        prefix = "" if str(base) == "." else f"{base}/"
+        for path, entry in load_manifest(store, overlay.tree).items():
+            full = prefix + path
+            # Drop seed entries that would sit above or below an overlay entry.
+            for existing in [p for p in entries if p.startswith(full + "/")]:
+                del entries[existing]
+            parts = full.split("/")
+            for depth in range(1, len(parts)):
+                entries.pop("/".join(parts[:depth]), None)
+            entries[full] = entry
+    return store_manifest(store, TreeManifest(entries))
+
+
+def materialize_workspace(
+    store: BlobStore | None,
+    seed: ArtifactRef | None,
+    overlays: tuple[Overlay, ...],
+    destination: Path,
+) -> None:
+    """Create ``destination`` with the combined tree as writable copies (never hard links:
+    a sandboxed process running as root could write through a link into the store)."""
+    if seed is None and not overlays:
+        destination.mkdir()
+        return
+    if store is None:
+        raise WorkspaceError("a workspace seed or overlay needs a store")
+    tree = combined_tree(store, seed, overlays)
+    assert tree is not None
+    materialize_tree(store, tree, destination, link=False)
+    for path in [destination, *destination.rglob("*")]:
+        if not path.is_symlink():
+            mode = path.stat().st_mode
+            path.chmod(mode | 0o200)

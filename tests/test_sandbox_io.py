@@ -1,0 +1,192 @@
+"""Sandbox input and output: environment, capture, bad input, workspaces, isolation levels."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from evolane.sandbox import (
+    OutputCaps,
+    Overlay,
+    SandboxHost,
+    SandboxSpec,
+    WorkspaceError,
+    lease_holders,
+    open_sandbox,
+)
+from evolane.store import BlobStore, snapshot_tree
+from tests.sandbox_helpers import sh
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> BlobStore:
+    return BlobStore(tmp_path / "store")
+
+
+@pytest.fixture
+async def host(tmp_path: Path, store: BlobStore) -> AsyncIterator[SandboxHost]:
+    async with open_sandbox(tmp_path / "sandbox", store=store) as opened:
+        yield opened
+
+
+async def test_parent_secrets_never_reach_the_child(
+    host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("EVOLANE_TOKEN", "also-secret")
+    monkeypatch.setenv("PASSED_THROUGH", "yes")
+    spec = SandboxSpec(argv=("env",), pass_env=("PASSED_THROUGH",), env={"EXPLICIT": "1"})
+    outcome = await host.run(spec, timeout=10)
+    env = dict(line.split("=", 1) for line in outcome.stdout.text().splitlines())
+    assert "OPENAI_API_KEY" not in env and "EVOLANE_TOKEN" not in env
+    assert env["PASSED_THROUGH"] == "yes" and env["EXPLICIT"] == "1"
+    unit = Path(env["EVOLANE_WORKSPACE"]).parent
+    assert env["HOME"] == str(unit / "home") and env["TMPDIR"] == str(unit / "tmp")
+    assert host.lease in env["EVOLANE_LEASE"]
+    allowed = {"PATH", "LANG", "TZ", "HOME", "TMPDIR", "PWD", "SHLVL", "_"}
+    assert {k for k in env if not k.startswith(("LC_", "EVOLANE_"))} - allowed == {
+        "PASSED_THROUGH",
+        "EXPLICIT",
+    }
+
+
+async def test_stdin_is_closed_and_cwd_is_the_workspace(host: SandboxHost) -> None:
+    outcome = await host.run(SandboxSpec(**sh("cat; pwd")), timeout=10)
+    assert outcome.ok
+    assert outcome.stdout.text().strip().endswith("/work")
+
+
+async def test_missing_executable_is_spawn_failed_without_an_exception(host: SandboxHost) -> None:
+    outcome = await host.run(SandboxSpec(argv=("no-such-program-xyz", "--flag")), timeout=10)
+    assert outcome.status == "spawn_failed"
+    assert "No such file or directory" in outcome.error
+    outcome = await host.run(SandboxSpec(argv=("./not-here.sh",)), timeout=10)
+    assert outcome.status == "spawn_failed"
+
+
+async def test_non_utf8_output_is_kept_as_bytes(host: SandboxHost) -> None:
+    outcome = await host.run(SandboxSpec(**sh(r"printf '\377\376ok\200'")), timeout=10)
+    assert outcome.stdout.head == b"\xff\xfeok\x80"
+
+
+async def test_capture_keeps_head_tail_and_total_and_stores_a_capped_copy(
+    host: SandboxHost, store: BlobStore
+) -> None:
+    caps = OutputCaps(head_bytes=10, tail_bytes=10, stored_bytes=1000)
+    script = "i=0; while [ $i -lt 500 ]; do echo line$i; i=$((i+1)); done"
+    outcome = await host.run(SandboxSpec(**sh(script), output=caps), timeout=10)
+    out = outcome.stdout
+    assert out.head == b"line0\nline"
+    assert out.tail == b"line498\nline499\n"[-10:]
+    assert out.total_bytes == sum(len(f"line{i}\n") for i in range(500))
+    assert out.truncated
+    assert out.ref is not None and out.ref.size == 1000
+    assert store.read_bytes(out.ref).startswith(b"line0\nline1\n")
+
+
+async def test_both_streams_flooding_at_once_never_block_the_child(host: SandboxHost) -> None:
+    flood = "head -c 20000000 /dev/zero & head -c 20000000 /dev/zero >&2; wait"
+    with trio.fail_after(20):
+        outcome = await host.run(SandboxSpec(**sh(flood)), timeout=15)
+    assert outcome.ok
+    assert outcome.stdout.total_bytes == outcome.stderr.total_bytes == 20_000_000
+
+
+async def test_workspace_outside_the_root_is_refused(host: SandboxHost, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    with pytest.raises(WorkspaceError, match="not a directory inside"):
+        await host.run(SandboxSpec(argv=("true",), workspace=str(outside)), timeout=5)
+    with pytest.raises(WorkspaceError):
+        await host.run(SandboxSpec(argv=("true",), workspace="/"), timeout=5)
+
+
+async def test_seed_and_overlay_are_materialised_writable_and_removed_after(
+    host: SandboxHost, store: BlobStore, tmp_path: Path
+) -> None:
+    seed_dir, skill_dir = tmp_path / "seed", tmp_path / "skill"
+    (seed_dir / "skill").mkdir(parents=True)
+    (seed_dir / "grader.py").write_text("seed grader")
+    (seed_dir / "skill" / "SKILL.md").write_text("old rules")
+    skill_dir.mkdir()
+    (skill_dir / "SKILL.md").write_text("new rules")
+    seed, overlay = snapshot_tree(store, seed_dir), snapshot_tree(store, skill_dir)
+    spec = SandboxSpec(
+        **sh("cat grader.py skill/SKILL.md; echo more >> skill/SKILL.md && echo writable"),
+        seed=seed,
+        overlays=(Overlay(path="skill", tree=overlay),),
+    )
+    outcome = await host.run(spec, timeout=10)
+    assert outcome.stdout.text() == "seed gradernew ruleswritable\n"
+    store.verify(overlay)  # writing in the workspace never touched the store
+    assert [p.name for p in host.lease_dir.iterdir() if p.is_dir()] == []
+
+
+async def test_keep_failed_keeps_the_workspace_of_a_failed_run(host: SandboxHost) -> None:
+    outcome = await host.run(
+        SandboxSpec(**sh("echo x > note; exit 3"), keep_failed=True), timeout=10
+    )
+    assert outcome.exit_code == 3 and outcome.workspace
+    assert (Path(outcome.workspace) / "work" / "note").read_text() == "x\n"
+
+
+async def test_symlink_escaping_the_workspace_is_refused(
+    host: SandboxHost, store: BlobStore, tmp_path: Path
+) -> None:
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    os.symlink("/etc/passwd", evil / "passwd")
+    with pytest.raises(Exception, match="passwd"):
+        await host.run(SandboxSpec(argv=("true",), seed=snapshot_tree(store, evil)), timeout=5)
+
+
+async def test_namespace_isolation_has_no_network_and_its_own_pids(host: SandboxHost) -> None:
+    from evolane.sandbox._launch import namespaces_available
+
+    if not namespaces_available():
+        pytest.skip("this host does not allow PID + network namespaces")
+    probe = (
+        "import os, socket\nprint(os.getpid())\ns = socket.socket()\ntry:\n"
+        "    s.connect(('127.0.0.1', 9)); print('connected')\n"
+        "except OSError as e:\n    print(e.errno)"
+    )
+    spec = SandboxSpec(argv=(sys.executable, "-c", probe), isolation="namespace")
+    outcome = await host.run(spec, timeout=10)
+    pid, connect = outcome.stdout.text().split()
+    assert outcome.isolation == "namespace" and "net_namespace" in outcome.enforcement
+    assert int(pid) <= 3  # a fresh PID namespace
+    assert connect != "connected"  # no usable network, not even loopback
+    auto = await host.run(SandboxSpec(argv=("true",), isolation="auto"), timeout=10)
+    assert auto.isolation == "namespace"
+
+
+async def test_namespace_tree_dies_at_the_deadline(host: SandboxHost) -> None:
+    from evolane.sandbox._launch import namespaces_available
+
+    if not namespaces_available():
+        pytest.skip("this host does not allow PID + network namespaces")
+    from evolane.testing import EVIL_TREE_SH
+
+    spec = SandboxSpec(**sh(EVIL_TREE_SH, kill_grace=0.2), isolation="namespace")
+    outcome = await host.run(spec, timeout=1.0)
+    assert outcome.status == "timed_out" and outcome.survivors == 0
+    assert lease_holders(host.lease) == set()
+
+
+async def test_two_hundred_concurrent_sandboxes_leave_nothing(host: SandboxHost) -> None:
+    outcomes = []
+
+    async def one() -> None:
+        outcomes.append(await host.run(SandboxSpec(argv=("sleep", "0.2")), timeout=30))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for _ in range(200):
+                nursery.start_soon(one)
+    assert len(outcomes) == 200 and all(o.ok for o in outcomes)
+    assert lease_holders(host.lease) == set()

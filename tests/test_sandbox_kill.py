@@ -1,0 +1,178 @@
+"""The kill ladder: nothing survives a deadline, a cancel, a stop, an exit or a dead runtime."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from evolane.sandbox import SandboxHost, SandboxSpec, lease_holders, open_sandbox
+from evolane.testing import DAEMON_AFTER_EXIT_SH, EVIL_TREE_SH, POLITE_TREE_SH, descendants
+from tests.sandbox_helpers import sh, survivors
+
+
+@pytest.fixture
+async def host(tmp_path: Path) -> AsyncIterator[SandboxHost]:
+    async with open_sandbox(tmp_path / "sandbox") as opened:
+        yield opened
+
+
+def _baseline(host: SandboxHost) -> set[int]:
+    return descendants()  # the lifeline is already among them
+
+
+async def test_evil_tree_dies_whole_at_the_deadline(host: SandboxHost) -> None:
+    before = _baseline(host)
+    spec = SandboxSpec(**sh(EVIL_TREE_SH, kill_grace=0.2))
+    with trio.fail_after(10):
+        outcome = await host.run(spec, timeout=1.0)
+    assert outcome.status == "timed_out"
+    assert outcome.stdout.head == b"ready\n"
+    assert outcome.pids_killed >= 40, outcome
+    assert outcome.survivors == 0
+    assert outcome.kill_latency_seconds is not None
+    assert 0.2 <= outcome.kill_latency_seconds < 1.5
+    assert survivors(host, before) == set()
+
+
+async def test_evil_tree_dies_whole_when_the_caller_is_cancelled(host: SandboxHost) -> None:
+    before = _baseline(host)
+    spec = SandboxSpec(**sh(EVIL_TREE_SH, kill_grace=0.2))
+    with trio.fail_after(10):
+        with trio.move_on_after(1.0) as scope:
+            await host.run(spec, timeout=60)
+    assert scope.cancelled_caught
+    assert survivors(host, before) == set()
+
+
+async def test_stop_event_ends_the_run_as_cancelled(host: SandboxHost) -> None:
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_set_later, stop, 0.5)
+        with trio.fail_after(10):
+            outcome = await host.run(SandboxSpec(**sh(POLITE_TREE_SH)), timeout=60, stop=stop)
+    assert outcome.status == "cancelled"
+    assert outcome.signal == signal.SIGTERM
+    assert outcome.kill_latency_seconds is not None and outcome.kill_latency_seconds < 0.5
+    assert lease_holders(host.lease) == set()
+
+
+async def _set_later(event: trio.Event, seconds: float) -> None:
+    await trio.sleep(seconds)
+    event.set()
+
+
+async def test_daemons_left_after_a_normal_exit_are_killed(host: SandboxHost) -> None:
+    before = _baseline(host)
+    with trio.fail_after(10):
+        outcome = await host.run(
+            SandboxSpec(**sh(DAEMON_AFTER_EXIT_SH, kill_grace=0.2)), timeout=30
+        )
+    assert outcome.status == "exited" and outcome.exit_code == 0
+    # The daemon held the pipes, yet the result came back once the ladder had killed it.
+    assert outcome.stdout.head == b"started\n"
+    assert outcome.wall_seconds < 5
+    assert survivors(host, before) == set()
+
+
+async def test_a_polite_tree_is_gone_right_after_the_deadline(host: SandboxHost) -> None:
+    outcome = await host.run(SandboxSpec(**sh(POLITE_TREE_SH, kill_grace=2.0)), timeout=0.5)
+    assert outcome.status == "timed_out"
+    assert outcome.kill_latency_seconds is not None and outcome.kill_latency_seconds < 0.5
+    assert lease_holders(host.lease) == set()
+
+
+RUNTIME = textwrap.dedent(
+    """
+    import sys, trio
+    from evolane.sandbox import SandboxSpec, open_sandbox
+    from evolane.testing import EVIL_TREE_SH
+
+    async def main(root):
+        async with open_sandbox(root) as host:
+            print(host.lease, flush=True)
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    spec = SandboxSpec(argv=("sh", "-c", EVIL_TREE_SH))
+                    nursery.start_soon(lambda: host.run(spec, timeout=600))
+
+    trio.run(main, sys.argv[1])
+    """
+)
+
+
+def _start_runtime(root: Path) -> tuple[subprocess.Popen[str], str]:
+    runtime = subprocess.Popen(
+        [sys.executable, "-c", RUNTIME, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    assert runtime.stdout is not None
+    lease = runtime.stdout.readline().strip()
+    assert lease.startswith("rt-"), lease
+    deadline = time.monotonic() + 10
+    while len(lease_holders(lease)) < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(lease_holders(lease)) >= 100, "the trees did not start"
+    return runtime, lease
+
+
+def _wait_until(predicate: object, seconds: float) -> float | None:
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if predicate():  # type: ignore[operator]
+            return time.monotonic() - start
+        time.sleep(0.01)
+    return None
+
+
+def test_sigkilled_runtime_takes_every_tree_with_it_within_one_second(tmp_path: Path) -> None:
+    runtime, lease = _start_runtime(tmp_path / "sandbox")
+    try:
+        runtime.send_signal(signal.SIGKILL)
+        runtime.wait(timeout=5)
+        took = _wait_until(lambda: not lease_holders(lease), 1.0)
+        assert took is not None, f"survivors after 1 s: {sorted(lease_holders(lease))}"
+        # The lifeline also removed the dead runtime's workspaces.
+        assert _wait_until(lambda: not (tmp_path / "sandbox" / lease).exists(), 2.0) is not None
+    finally:
+        runtime.kill()
+        runtime.wait(timeout=5)
+
+
+async def test_next_runtime_sweeps_what_a_dead_runtime_left(tmp_path: Path) -> None:
+    runtime, lease = _start_runtime(tmp_path / "sandbox")
+    try:
+        # Take the lifeline down first, so only the next start can clean up.
+        lifelines = [
+            p
+            for p in descendants()
+            if "_lifeline.py" in " ".join(_cmdline(p)) and lease in _cmdline(p)
+        ]
+        assert len(lifelines) == 1
+        os.kill(lifelines[0], signal.SIGKILL)
+        runtime.send_signal(signal.SIGKILL)
+        runtime.wait(timeout=5)
+        time.sleep(0.2)
+        assert lease_holders(lease), "without a lifeline the trees outlive the runtime"
+        assert (tmp_path / "sandbox" / lease).exists()
+        async with open_sandbox(tmp_path / "sandbox") as host:
+            assert host.stale_swept == 1
+            assert lease_holders(lease) == set()
+            assert not (tmp_path / "sandbox" / lease).exists()
+    finally:
+        runtime.kill()
+        runtime.wait(timeout=5)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
