@@ -190,3 +190,24 @@ async def test_two_hundred_concurrent_sandboxes_leave_nothing(host: SandboxHost)
                 nursery.start_soon(one)
     assert len(outcomes) == 200 and all(o.ok for o in outcomes)
     assert lease_holders(host.lease) == set()
+
+
+async def _capture_flood(host: SandboxHost, size: int) -> tuple[float, int]:
+    spec = SandboxSpec(argv=("head", "-c", str(size), "/dev/zero"))
+    start = trio.current_time()
+    outcome = await host.run(spec, timeout=60)
+    assert outcome.ok
+    assert outcome.stdout.truncated and len(outcome.stdout.head) == 16 << 10
+    return trio.current_time() - start, outcome.stdout.total_bytes
+
+
+async def test_a_large_flood_is_counted_in_full_and_kept_bounded(host: SandboxHost) -> None:
+    took, total = await _capture_flood(host, 64 << 20)
+    assert total == 64 << 20
+
+
+@pytest.mark.slow
+async def test_one_gibibyte_of_stdout_is_captured(host: SandboxHost) -> None:
+    took, total = await _capture_flood(host, 1 << 30)
+    assert total == 1 << 30
+    assert took < 30  # a hang guard only; the speed figure comes from benchmarks/kill.py

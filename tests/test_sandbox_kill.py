@@ -36,7 +36,8 @@ async def test_evil_tree_dies_whole_at_the_deadline(host: SandboxHost) -> None:
         outcome = await host.run(spec, timeout=1.0)
     assert outcome.status == "timed_out"
     assert outcome.stdout.head == b"ready\n"
-    assert outcome.pids_killed >= 40, outcome
+    assert outcome.pids_killed >= 40, outcome  # ~50 processes, TERM and KILL phases together
+    assert outcome.escaped_found >= 2  # the setsid and double-fork escapers
     assert outcome.survivors == 0
     assert outcome.kill_latency_seconds is not None
     assert 0.2 <= outcome.kill_latency_seconds < 1.5

@@ -53,6 +53,7 @@ class SandboxHost:
             CgroupRoots.detect(self.lease) if use_cgroups else CgroupRoots(None, None, None)
         )
         self._counter = itertools.count(1)
+        self.active_leaders: set[int] = set()
         self._lifeline: subprocess.Popen[bytes] | None = None
         self._lifeline_fd: int | None = None
         self.stale_swept = 0

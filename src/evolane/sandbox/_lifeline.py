@@ -36,12 +36,39 @@ def lease_of(pid: int) -> str | None:
 
 def is_zombie(pid: int) -> bool:
     """True when ``pid`` has exited but is not reaped yet (or is gone entirely)."""
+    fields = _stat_fields(pid)
+    return not fields or fields[0] in (b"Z", b"X")
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name: state, ppid, pgrp, ..."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+        return []
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def process_group_of(pid: int) -> int | None:
+    """The process group of ``pid`` (None when it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[2]) if len(fields) > 2 else None
+
+
+def group_members(pgid: int) -> set[int]:
+    """Live (not zombie) processes in the process group ``pgid``, found by scanning /proc."""
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if (
+                len(fields) > 2
+                and fields[2] == str(pgid).encode()
+                and fields[0] not in (b"Z", b"X")
+            ):
+                found.add(int(entry))
+    return found
 
 
 def lease_matches(value: str, lease: str) -> bool:

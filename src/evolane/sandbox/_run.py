@@ -81,7 +81,13 @@ class _Unit:
         if keep:
             for spool in self.dir.glob("*.spool"):
                 spool.unlink(missing_ok=True)
-        else:
+            return
+        try:  # the common case, an untouched workspace, costs four rmdir calls
+            for name in ("stdout.spool", "stderr.spool"):
+                (self.dir / name).unlink(missing_ok=True)
+            for name in ("work", "home", "tmp", ""):
+                (self.dir / name).rmdir()
+        except OSError:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -146,16 +152,21 @@ async def _run_prepared(
             os.close(write_fd)
     tree = ProcessTree(popen.pid, unit.cgroups, unit.tree_lease)
     streams = {name: trio.lowlevel.FdStream(fds[0]) for name, fds in pipes.items()}
-    watch = _Watch(tree, spec.kill_grace)
-    async with trio.open_nursery() as nursery:
-        for name, stream in streams.items():
-            nursery.start_soon(drain, stream, captures[name])
-        nursery.start_soon(watch.sample_memory)
-        try:
-            await watch.wait(deadline, stop)
-        finally:
-            with trio.CancelScope(shield=True):
-                await watch.finish(nursery)
+    watch = _Watch(tree, spec.kill_grace, set())
+    host.active_leaders.add(popen.pid)
+    try:
+        async with trio.open_nursery() as nursery:
+            for name, stream in streams.items():
+                nursery.start_soon(watch.drain, stream, captures[name])
+            nursery.start_soon(watch.sample_memory)
+            try:
+                await watch.wait(deadline, stop)
+            finally:
+                with trio.CancelScope(shield=True):
+                    watch.protected = host.active_leaders - {popen.pid}
+                    await watch.finish(nursery)
+    finally:
+        host.active_leaders.discard(popen.pid)
     popen.returncode = _returncode(tree.status)
     return await _outcome(unit, tree, watch, captures, started, base)
 
@@ -184,12 +195,24 @@ def _returncode(status: int | None) -> int | None:
 class _Watch:
     """Waits for the leader, then runs the kill ladder; samples memory meanwhile."""
 
-    def __init__(self, tree: ProcessTree, grace: float) -> None:
-        self.tree, self.grace = tree, grace
+    def __init__(self, tree: ProcessTree, grace: float, protected: set[int]) -> None:
+        self.tree, self.grace, self.protected = tree, grace, protected
         self.reason = "exited"
         self.kill = KillReport()
         self.kill_latency: float | None = None
         self.peak_rss = 0
+        self._draining = 0
+        self._drained = trio.Event()
+
+    async def drain(self, stream: trio.lowlevel.FdStream, capture: BoundedCapture) -> None:
+        """Drain one stream; the last drain to reach EOF wakes `finish`."""
+        self._draining += 1
+        try:
+            await drain(stream, capture)
+        finally:
+            self._draining -= 1
+            if self._draining == 0:
+                self._drained.set()
 
     async def wait(self, deadline: float, stop: trio.Event | None) -> None:
         pidfd = os.pidfd_open(self.tree.pid)
@@ -220,12 +243,11 @@ class _Watch:
         """Kill what is left (shielded), then let the drains reach EOF, bounded."""
         forced = self.reason != "exited"
         started = trio.current_time()
-        self.kill = await kill_ladder(self.tree, self.grace, sweep=forced)
+        self.kill = await kill_ladder(self.tree, self.grace, forced, self.protected)
         if forced:
             self.kill_latency = trio.current_time() - started
         with trio.move_on_after(_DRAIN_AFTER_KILL_SECONDS):
-            while len(nursery.child_tasks) > 1:
-                await trio.sleep(0.005)
+            await self._drained.wait()
         nursery.cancel_scope.cancel()
 
     async def sample_memory(self) -> None:
@@ -234,8 +256,7 @@ class _Watch:
         while True:
             await trio.sleep(interval)
             interval = min(interval * 2, _SAMPLE_MAX)
-            self.tree.remember_members()
-            pids = self.tree.seen | {self.tree.pid}
+            pids = self.tree.targets() | {self.tree.pid}
             self.peak_rss = max(self.peak_rss, _rss_of(pids))
 
 
