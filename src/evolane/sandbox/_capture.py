@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import trio
 
 from evolane.messages import ArtifactRef
 from evolane.sandbox._spec import OutputCaps, StreamCapture
+from evolane.store import BlobStore
 
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
@@ -18,26 +21,27 @@ _READ_BYTES = 1 << 20
 
 
 class BoundedCapture:
-    """Keeps the first and last bytes of a stream and counts the rest; memory stays bounded."""
+    """Keeps the first and last bytes of a stream and counts the rest; memory stays bounded.
 
-    def __init__(self, caps: OutputCaps, spool_path: Path | None) -> None:
+    With a spool directory, the first ``stored_bytes`` also go to an anonymous temporary
+    file that only this process holds (no path a sandboxed child could replace).
+    """
+
+    def __init__(self, caps: OutputCaps, spool_dir: Path | None) -> None:
         self._caps = caps
         self._head = bytearray()
         self._tail = bytearray()
         self.total = 0
-        self._spool_left = caps.stored_bytes if spool_path is not None else 0
-        self.spool_path = spool_path
-        self._spool_fd = (
-            os.open(spool_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            if spool_path is not None and caps.stored_bytes > 0
-            else None
-        )
+        self.spooled = 0
+        self.spool_failed = False
+        self._spool = None
+        if spool_dir is not None and caps.stored_bytes > 0:
+            self._spool = tempfile.TemporaryFile(dir=spool_dir, buffering=0)  # noqa: SIM115
 
     def feed(self, chunk: bytes) -> None:
         """Account for one chunk of output."""
         self.total += len(chunk)
-        if self._spool_fd is not None and self._spool_left > 0:
-            self._spool_left -= os.write(self._spool_fd, memoryview(chunk)[: self._spool_left])
+        self._to_spool(chunk)
         room = self._caps.head_bytes - len(self._head)
         if room > 0:
             self._head += chunk[:room]
@@ -51,10 +55,39 @@ class BoundedCapture:
                 if len(self._tail) > cap:
                     del self._tail[: len(self._tail) - cap]
 
-    def close_spool(self) -> None:
-        if self._spool_fd is not None:
-            os.close(self._spool_fd)
-            self._spool_fd = None
+    def _to_spool(self, chunk: bytes) -> None:
+        left = self._caps.stored_bytes - self.spooled
+        if self._spool is None or self.spool_failed or left <= 0:
+            return
+        piece = memoryview(chunk)[:left]
+        try:
+            while piece:
+                written = os.write(self._spool.fileno(), piece)
+                self.spooled += written
+                piece = piece[written:]
+        except OSError:  # a full disk costs the stored copy, never the run
+            self.spool_failed = True
+
+    def _spooled_chunks(self) -> Iterator[bytes]:
+        assert self._spool is not None
+        offset = 0
+        while offset < self.spooled:
+            chunk = os.pread(self._spool.fileno(), min(_READ_BYTES, self.spooled - offset), offset)
+            if not chunk:
+                return
+            offset += len(chunk)
+            yield chunk
+
+    def store(self, store: BlobStore) -> ArtifactRef | None:
+        """Put the spooled copy in ``store`` (blocking I/O: call it from a thread)."""
+        if self._spool is None or self.spool_failed or not self.spooled:
+            return None
+        return store.put_stream(self._spooled_chunks())
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
 
     def result(self, ref: ArtifactRef | None = None) -> StreamCapture:
         """The frozen capture; ``truncated`` when bytes between head and tail were dropped."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,13 @@ def _mounts() -> list[tuple[str, str, str, str]]:
             left, _, right = line.partition(" - ")
             fields, tail = left.split(), right.split()
             if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
-                found.append((fields[3], fields[4], tail[0], tail[2]))
+                found.append((_unescape(fields[3]), _unescape(fields[4]), tail[0], tail[2]))
     return found
+
+
+def _unescape(field: str) -> str:
+    """Undo mountinfo's octal escapes (``\\040`` for a space, and so on)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _own_paths() -> dict[str, str]:
@@ -49,8 +55,9 @@ def _inside(mount_root: str, mount_point: str, own_path: str) -> Path:
 
 
 def _try_mkdir(path: Path) -> bool:
+    """Create one cgroup directory under an existing parent (never intermediate cgroups)."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(exist_ok=True)
         return True
     except OSError:
         return False
@@ -101,15 +108,16 @@ class CgroupRoots:
     def roots(self) -> list[Path]:
         return [root for root in (self.unified, self.pids, self.memory) if root is not None]
 
-    def unit(self, name: str, limits: Limits) -> UnitCgroups:
-        """Create the cgroups of one unit and apply its pids and memory limits."""
-        made = []
-        for root in self.roots():
-            path = root / name
-            if _try_mkdir(path):
-                made.append(path)
+    def unit(self, name: str, limits: Limits, extra_processes: int = 0) -> UnitCgroups | None:
+        """Create the cgroups of one unit and apply its limits; None when none could be made.
+
+        ``extra_processes`` are launcher processes counted on top of the pids limit.
+        """
+        made = [root / name for root in self.roots() if _try_mkdir(root / name)]
+        if not made:
+            return None
         unit = UnitCgroups(made, self)
-        unit.apply(limits)
+        unit.apply(limits, extra_processes)
         return unit
 
     def remove(self) -> None:
@@ -145,9 +153,9 @@ class UnitCgroups:
             names.append("memory_cgroup")
         return tuple(names)
 
-    def apply(self, limits: Limits) -> None:
+    def apply(self, limits: Limits, extra_processes: int = 0) -> None:
         if self._pids is not None and limits.processes is not None:
-            _write(self._pids / "pids.max", str(limits.processes))
+            _write(self._pids / "pids.max", str(limits.processes + extra_processes))
         if self._memory is not None and limits.memory_bytes is not None:
             _write(self._memory / "memory.limit_in_bytes", str(limits.memory_bytes))
 

@@ -23,7 +23,7 @@ from evolane.sandbox._cgroups import CgroupRoots
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import become_subreaper
-from evolane.store import BlobStore
+from evolane.store import BlobStore, write_json_atomic
 
 _OWNER_FILE = "owner.json"
 
@@ -48,6 +48,7 @@ class SandboxHost:
         self.lease = f"rt-{os.getpid()}-{secrets.token_hex(4)}"
         self.inherited_lease = os.environ.get(LEASE_VARIABLE) or None
         self.lease_dir = self.root / self.lease
+        self.spool_dir = self.lease_dir / ".spool"
         self.subreaper = become_subreaper()
         self.cgroups = (
             CgroupRoots.detect(self.lease) if use_cgroups else CgroupRoots(None, None, None)
@@ -79,8 +80,9 @@ class SandboxHost:
         self.root.mkdir(parents=True, exist_ok=True)
         self.stale_swept = self._sweep_stale()
         self.lease_dir.mkdir()
+        self.spool_dir.mkdir(mode=0o700)
         owner = {"pid": os.getpid(), "create_time": _process_identity(os.getpid())}
-        (self.lease_dir / _OWNER_FILE).write_text(json.dumps(owner))
+        write_json_atomic(self.lease_dir / _OWNER_FILE, owner)
         self._start_lifeline()
 
     def _start_lifeline(self) -> None:
@@ -123,19 +125,27 @@ class SandboxHost:
         """Kill the trees and remove the workspaces and cgroups of leases whose runtime died."""
         swept = 0
         for lease_dir in list(self.root.iterdir()):
-            owner_file = lease_dir / _OWNER_FILE
-            if not lease_dir.is_dir() or not lease_dir.name.startswith("rt-"):
+            if not lease_dir.name.startswith("rt-") or lease_dir == self.lease_dir:
                 continue
-            try:
-                owner = json.loads(owner_file.read_text())
-                alive = _process_identity(int(owner["pid"])) == owner["create_time"]
-            except (OSError, ValueError, KeyError, TypeError):
-                alive = time.time() - lease_dir.stat().st_mtime < 60  # being created right now
-            if alive:
+            if not self._owner_is_dead(lease_dir):
                 continue
             _lifeline.sweep(lease_dir.name, [*self._cgroup_dirs_of(lease_dir.name), lease_dir])
             swept += 1
         return swept
+
+    @staticmethod
+    def _owner_is_dead(lease_dir: Path) -> bool:
+        """Only a provably dead owner counts; anything unreadable is left alone."""
+        try:
+            owner = json.loads((lease_dir / _OWNER_FILE).read_text())
+            return _process_identity(int(owner["pid"])) != owner["create_time"]
+        except FileNotFoundError:
+            try:  # no owner file: a host being created right now, or one that died doing so
+                return time.time() - lease_dir.stat().st_mtime > 60
+            except OSError:
+                return False
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     def _cgroup_dirs_of(self, lease: str) -> list[Path]:
         return [root.parent / f"evolane-{lease}" for root in self.cgroups.roots()]
@@ -173,8 +183,8 @@ async def open_sandbox(
 ) -> AsyncIterator[SandboxHost]:
     """Open a sandbox host under ``root``: sweep stale leases, start the lifeline, yield it."""
     host = SandboxHost(Path(root), store, use_cgroups)
-    await trio.to_thread.run_sync(host.start)
     try:
+        await trio.to_thread.run_sync(host.start)
         yield host
     finally:
         with trio.CancelScope(shield=True):

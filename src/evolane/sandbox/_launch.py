@@ -15,10 +15,16 @@ from functools import cache
 
 from evolane.sandbox._spec import Limits
 
+JOIN_FAILED_MARKER = b"evolane-launch: cannot join cgroup"
 _JOIN_CGROUPS = (
-    'for f in $1; do echo $$ > "$f" || { echo "evolane: cannot join cgroup $f" >&2; exit 125; }; '
-    'done; shift; exec "$@"'
+    'while [ "$1" != "--" ]; do echo $$ > "$1" || '
+    '{ echo "evolane-launch: cannot join cgroup $1" >&2; exit 125; }; shift; done; shift; exec "$@"'
 )
+# PID 1 of a namespace ignores signals it has no handler for; so the command runs as PID 2
+# under a shell that only waits (the trailing "exit" keeps dash from exec'ing the command).
+_NAMESPACE_INIT = '"$@"; exit $?'
+NAMESPACE_EXTRA_PROCESSES = 2
+"""unshare and the namespace's init shell, counted against the pids limit on top."""
 # Fallback when prlimit is missing: the same limits from a tiny isolated Python.
 _SET_RLIMITS = (
     "import os,resource,sys\n"
@@ -52,7 +58,7 @@ def host_tools() -> HostTools:
 def namespaces_available() -> bool:
     """Whether this host lets us create PID + network + mount namespaces (probed once)."""
     tools = host_tools()
-    if tools.unshare is None:
+    if tools.unshare is None or tools.sh is None:
         return False
     try:
         probe = subprocess.run(
@@ -69,7 +75,11 @@ def namespaces_available() -> bool:
 
 
 def rlimit_triples(limits: Limits) -> list[tuple[str, int, int]]:
-    """(resource name, soft, hard) for every limit set; core dumps are always off."""
+    """(resource name, soft, hard) for every limit set; core dumps are always off.
+
+    ``processes`` is not an rlimit here: RLIMIT_NPROC counts every process of the user (and
+    root ignores it), so the pids cgroup bounds a tree instead.
+    """
     triples = [("RLIMIT_CORE", 0, 0)]
     if limits.address_space_bytes is not None:
         triples.append(("RLIMIT_AS", limits.address_space_bytes, limits.address_space_bytes))
@@ -80,8 +90,6 @@ def rlimit_triples(limits: Limits) -> list[tuple[str, int, int]]:
         triples.append(("RLIMIT_FSIZE", limits.file_size_bytes, limits.file_size_bytes))
     if limits.open_files is not None:
         triples.append(("RLIMIT_NOFILE", limits.open_files, limits.open_files))
-    if limits.processes is not None:
-        triples.append(("RLIMIT_NPROC", limits.processes, limits.processes))
     return triples
 
 
@@ -91,7 +99,6 @@ _PRLIMIT_FLAGS = {
     "RLIMIT_CPU": "--cpu",
     "RLIMIT_FSIZE": "--fsize",
     "RLIMIT_NOFILE": "--nofile",
-    "RLIMIT_NPROC": "--nproc",
 }
 
 
@@ -103,7 +110,7 @@ def launcher_argv(
     argv: list[str] = []
     mechanisms: list[str] = ["session", "env_allowlist"]
     if procs_files and tools.sh is not None:
-        argv += [tools.sh, "-c", _JOIN_CGROUPS, "evolane-launch", " ".join(procs_files)]
+        argv += [tools.sh, "-c", _JOIN_CGROUPS, "evolane-launch", *procs_files, "--"]
     triples = rlimit_triples(limits)
     if tools.prlimit is not None:
         flags = [f"{_PRLIMIT_FLAGS[name]}={soft}:{hard}" for name, soft, hard in triples]
@@ -113,7 +120,7 @@ def launcher_argv(
         argv += [sys.executable, "-I", "-S", "-c", _SET_RLIMITS, spec]
     mechanisms.append("rlimits")
     if namespace:
-        assert tools.unshare is not None
-        argv += [tools.unshare, *_NAMESPACE, "--"]
+        assert tools.unshare is not None and tools.sh is not None
+        argv += [tools.unshare, *_NAMESPACE, "--", tools.sh, "-c", _NAMESPACE_INIT, "evolane-init"]
         mechanisms += ["pid_namespace", "net_namespace"]
     return [*argv, *command], tuple(mechanisms)

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,12 @@ import trio
 from evolane.sandbox._capture import BoundedCapture, drain, open_pipe
 from evolane.sandbox._cgroups import UnitCgroups
 from evolane.sandbox._env import build_environment, child_lease
-from evolane.sandbox._launch import launcher_argv, namespaces_available
+from evolane.sandbox._launch import (
+    JOIN_FAILED_MARKER,
+    NAMESPACE_EXTRA_PROCESSES,
+    launcher_argv,
+    namespaces_available,
+)
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
 from evolane.sandbox._workspace import WorkspaceError, inside, materialize_workspace
@@ -26,6 +32,7 @@ if TYPE_CHECKING:
 
 _DRAIN_AFTER_KILL_SECONDS = 1.0
 _SAMPLE_FIRST, _SAMPLE_MAX = 0.05, 1.0
+_STREAMS = ("stdout", "stderr")
 
 
 def _isolation(spec: SandboxSpec) -> IsolationInForce:
@@ -67,28 +74,33 @@ class _Unit:
                     f"workspace {spec.workspace!r} is not a directory inside {host.root}"
                 )
         self.dir.mkdir()
-        for sub in ("home", "tmp"):
-            (self.dir / sub).mkdir()
-        if spec.workspace is not None:
-            return Path(spec.workspace).resolve()
-        work = self.dir / "work"
-        materialize_workspace(host.store, spec.seed, spec.overlays, work)
-        return work
+        try:
+            for sub in ("home", "tmp"):
+                (self.dir / sub).mkdir()
+            if spec.workspace is not None:
+                return Path(spec.workspace).resolve()
+            work = self.dir / "work"
+            materialize_workspace(host.store, spec.seed, spec.overlays, work)
+            return work
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
-    def remove(self, keep: bool) -> None:
+    def remove(self, keep: bool) -> Path | None:
+        """Remove the unit's cgroups and directories; a kept unit moves out of the lease."""
         if self.cgroups is not None:
             self.cgroups.remove()
         if keep:
-            for spool in self.dir.glob("*.spool"):
-                spool.unlink(missing_ok=True)
-            return
+            kept = self.host.root / "kept" / self.name
+            kept.parent.mkdir(exist_ok=True)
+            self.dir.rename(kept)
+            return kept
         try:  # the common case, an untouched workspace, costs four rmdir calls
-            for name in ("stdout.spool", "stderr.spool"):
-                (self.dir / name).unlink(missing_ok=True)
             for name in ("work", "home", "tmp", ""):
                 (self.dir / name).rmdir()
         except OSError:
             shutil.rmtree(self.dir, ignore_errors=True)
+        return None
 
 
 async def run_unit(
@@ -101,16 +113,17 @@ async def run_unit(
         work = await trio.to_thread.run_sync(unit.prepare)
     except FileExistsError as error:
         raise WorkspaceError(str(error)) from error
-    keep = False
     try:
         outcome = await _run_prepared(unit, work, isolation, deadline, stop)
-        keep = spec.keep_failed and not outcome.ok
-        if keep:
-            outcome = outcome.model_copy(update={"workspace": str(unit.dir)})
-        return outcome
-    finally:
+    except BaseException:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(unit.remove, keep)
+            await trio.to_thread.run_sync(unit.remove, False)
+        raise
+    with trio.CancelScope(shield=True):
+        kept = await trio.to_thread.run_sync(unit.remove, spec.keep_failed and not outcome.ok)
+    if kept is not None:
+        outcome = outcome.model_copy(update={"workspace": str(kept)})
+    return outcome
 
 
 async def _run_prepared(
@@ -124,61 +137,86 @@ async def _run_prepared(
         workspace=str(work),
         lease=unit.lease,
     )
-    base = {"isolation": isolation, "lease": unit.lease}
+    base: dict[str, Any] = {"isolation": isolation, "lease": unit.lease}
     if _resolve_executable(spec.argv[0], work, env["PATH"]) is None:
         error = f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
         return ProcessOutcome(status="spawn_failed", error=error, **base)
-    if host.cgroups.roots():
-        unit.cgroups = host.cgroups.unit(unit.name, spec.limits)
+    extra = NAMESPACE_EXTRA_PROCESSES if isolation == "namespace" else 0
+    unit.cgroups = host.cgroups.unit(unit.name, spec.limits, extra)
     procs = unit.cgroups.procs_files if unit.cgroups is not None else []
     argv, mechanisms = launcher_argv(spec.argv, procs, spec.limits, isolation == "namespace")
     if unit.cgroups is not None:
         mechanisms += unit.cgroups.mechanisms
     base["enforcement"] = (*mechanisms, *host.mechanisms)
-    captures = {
-        name: BoundedCapture(spec.output, unit.dir / f"{name}.spool" if host.store else None)
-        for name in ("stdout", "stderr")
-    }
-    pipes = {name: open_pipe() for name in captures}
-    started = trio.current_time()
-    try:
-        popen = await trio.to_thread.run_sync(_spawn, argv, work, env, pipes)
-    except OSError as error:
-        for capture in captures.values():
-            capture.close_spool()
-        return ProcessOutcome(status="spawn_failed", error=str(error)[:2048], **base)
-    finally:
-        for _, write_fd in pipes.values():
-            os.close(write_fd)
-    tree = ProcessTree(popen.pid, unit.cgroups, unit.tree_lease)
-    streams = {name: trio.lowlevel.FdStream(fds[0]) for name, fds in pipes.items()}
-    watch = _Watch(tree, spec.kill_grace, set())
-    host.active_leaders.add(popen.pid)
-    try:
-        async with trio.open_nursery() as nursery:
-            for name, stream in streams.items():
-                nursery.start_soon(watch.drain, stream, captures[name])
-            nursery.start_soon(watch.sample_memory)
-            try:
-                await watch.wait(deadline, stop)
-            finally:
-                with trio.CancelScope(shield=True):
-                    watch.protected = host.active_leaders - {popen.pid}
-                    await watch.finish(nursery)
-    finally:
-        host.active_leaders.discard(popen.pid)
-    popen.returncode = _returncode(tree.status)
-    return await _outcome(unit, tree, watch, captures, started, base)
+    spool_dir = host.spool_dir if host.store is not None else None
+    with ExitStack() as owned:
+        captures = {}
+        for name in _STREAMS:
+            captures[name] = BoundedCapture(spec.output, spool_dir)
+            owned.callback(captures[name].close)
+        pipes = _Pipes()
+        owned.callback(pipes.close_all)
+        fds = {name: pipes.open() for name in _STREAMS}
+        started = trio.current_time()
+        try:
+            popen = await trio.to_thread.run_sync(_spawn, argv, work, env, fds)
+        except (OSError, ValueError) as error:
+            return ProcessOutcome(status="spawn_failed", error=str(error)[:2048], **base)
+        for _, write_fd in fds.values():
+            pipes.close(write_fd)  # the child holds its own copies now
+        streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
+        tree = ProcessTree(popen.pid, unit.cgroups, unit.tree_lease)
+        watch = _Watch(tree, spec.kill_grace)
+        try:
+            async with trio.open_nursery() as nursery:
+                for name, stream in streams.items():
+                    nursery.start_soon(watch.drain, stream, captures[name])
+                nursery.start_soon(watch.sample_memory)
+                try:
+                    await watch.wait(deadline, stop)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await watch.finish(nursery)
+        finally:
+            popen.returncode = _returncode(tree.status)
+        return await _outcome(unit, tree, watch, captures, started, base)
+
+
+class _Pipes:
+    """Pipe ends this run still owns: each is closed exactly once, here or by its new owner."""
+
+    def __init__(self) -> None:
+        self._open: set[int] = set()
+
+    def open(self) -> tuple[int, int]:
+        read_fd, write_fd = open_pipe()
+        self._open |= {read_fd, write_fd}
+        return read_fd, write_fd
+
+    def close(self, fd: int) -> None:
+        self._open.discard(fd)
+        os.close(fd)
+
+    def hand_over(self, fd: int) -> int:
+        """Give ``fd`` to a new owner (an FdStream, which closes it)."""
+        self._open.discard(fd)
+        return fd
+
+    def close_all(self) -> None:
+        for fd in self._open:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._open.clear()
 
 
 def _spawn(
-    argv: list[str], work: Path, env: dict[str, str], pipes: dict[str, tuple[int, int]]
+    argv: list[str], work: Path, env: dict[str, str], fds: dict[str, tuple[int, int]]
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
-        stdout=pipes["stdout"][1],
-        stderr=pipes["stderr"][1],
+        stdout=fds["stdout"][1],
+        stderr=fds["stderr"][1],
         cwd=work,
         env=env,
         start_new_session=True,
@@ -186,17 +224,16 @@ def _spawn(
     )
 
 
-def _returncode(status: int | None) -> int | None:
-    if status is None:
-        return None
-    return os.waitstatus_to_exitcode(status)
+def _returncode(status: int | None) -> int:
+    # Popen must never poll a pid we reaped (or could not); -SIGKILL marks "not ours".
+    return os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
 
 
 class _Watch:
     """Waits for the leader, then runs the kill ladder; samples memory meanwhile."""
 
-    def __init__(self, tree: ProcessTree, grace: float, protected: set[int]) -> None:
-        self.tree, self.grace, self.protected = tree, grace, protected
+    def __init__(self, tree: ProcessTree, grace: float) -> None:
+        self.tree, self.grace = tree, grace
         self.reason = "exited"
         self.kill = KillReport()
         self.kill_latency: float | None = None
@@ -243,7 +280,7 @@ class _Watch:
         """Kill what is left (shielded), then let the drains reach EOF, bounded."""
         forced = self.reason != "exited"
         started = trio.current_time()
-        self.kill = await kill_ladder(self.tree, self.grace, forced, self.protected)
+        self.kill = await kill_ladder(self.tree, self.grace, forced)
         if forced:
             self.kill_latency = trio.current_time() - started
         with trio.move_on_after(_DRAIN_AFTER_KILL_SECONDS):
@@ -256,8 +293,8 @@ class _Watch:
         while True:
             await trio.sleep(interval)
             interval = min(interval * 2, _SAMPLE_MAX)
-            pids = self.tree.targets() | {self.tree.pid}
-            self.peak_rss = max(self.peak_rss, _rss_of(pids))
+            pids = self.tree.cgroups.pids() if self.tree.cgroups is not None else set()
+            self.peak_rss = max(self.peak_rss, _rss_of(pids | {self.tree.pid}))
 
 
 def _rss_of(pids: set[int]) -> int:
@@ -277,49 +314,62 @@ async def _outcome(
     base: dict[str, Any],
 ) -> ProcessOutcome:
     host = unit.host
-    refs = {}
-    for name, capture in captures.items():
-        capture.close_spool()
-        refs[name] = None
-        if host.store is not None and capture.spool_path is not None and capture.total:
-            refs[name] = await trio.to_thread.run_sync(host.store.put_file, capture.spool_path)
-    status = tree.status or 0
-    exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    refs = {name: None for name in captures}
+    if host.store is not None:
+        for name, capture in captures.items():
+            refs[name] = await trio.to_thread.run_sync(capture.store, host.store)
+    stdout, stderr = (captures[name].result(refs[name]) for name in _STREAMS)
     rusage: Any = tree.rusage
     cpu = unit.cgroups.cpu_seconds() if unit.cgroups is not None else None
     if cpu is None and rusage is not None:
         cpu = rusage.ru_utime + rusage.ru_stime
-    limits_hit = _limits_hit(unit, signum, cpu or 0.0)
+    peak = max(watch.peak_rss, (rusage.ru_maxrss * 1024) if rusage is not None else 0)
+    common = {
+        "wall_seconds": round(trio.current_time() - started, 6),
+        "cpu_seconds": round(cpu or 0.0, 6),
+        "peak_rss_bytes": peak,
+        "stdout": stdout,
+        "stderr": stderr,
+        "pids_killed": watch.kill.pids_killed,
+        "escaped_found": watch.kill.escaped_found,
+        "survivors": watch.kill.survivors,
+        "kill_latency_seconds": watch.kill_latency,
+        **base,
+    }
+    if tree.status is None:
+        error = "the leader could not be reaped; its exit status is unknown"
+        return ProcessOutcome(status=watch.reason, error=error, **common)  # type: ignore[arg-type]
+    exit_code = os.WEXITSTATUS(tree.status) if os.WIFEXITED(tree.status) else None
+    signum = os.WTERMSIG(tree.status) if os.WIFSIGNALED(tree.status) else None
+    if exit_code == 125 and stderr.head.startswith(JOIN_FAILED_MARKER):
+        return ProcessOutcome(status="spawn_failed", error=stderr.text()[:2048], **common)
+    limits_hit = _limits_hit(unit, signum, exit_code, watch.kill.escalated, cpu or 0.0)
     reason = watch.reason
     if limits_hit and reason in ("exited", "timed_out") and exit_code != 0:
         reason = "limit_exceeded"
-    peak = max(watch.peak_rss, (rusage.ru_maxrss * 1024) if rusage is not None else 0)
     return ProcessOutcome(
         status=reason,  # type: ignore[arg-type]
         exit_code=exit_code,
         signal=signum,
-        wall_seconds=round(trio.current_time() - started, 6),
-        cpu_seconds=round(cpu or 0.0, 6),
-        peak_rss_bytes=peak,
-        stdout=captures["stdout"].result(refs["stdout"]),
-        stderr=captures["stderr"].result(refs["stderr"]),
-        pids_killed=watch.kill.pids_killed,
-        escaped_found=watch.kill.escaped_found,
-        survivors=watch.kill.survivors,
-        kill_latency_seconds=watch.kill_latency,
         limits_hit=limits_hit,
-        **base,
+        **common,
     )
 
 
-def _limits_hit(unit: _Unit, signum: int | None, cpu: float) -> tuple[str, ...]:
+def _limits_hit(
+    unit: _Unit, signum: int | None, exit_code: int | None, we_killed: bool, cpu: float
+) -> tuple[str, ...]:
+    """Which limits ended the run: by the leader's signal, or a shell's 128+signal exit code."""
     limits, hit = unit.spec.limits, []
-    if signum == signal.SIGXCPU or (
-        signum == signal.SIGKILL and limits.cpu_seconds is not None and cpu >= limits.cpu_seconds
+    died_of = (
+        signum if signum is not None else (exit_code - 128 if (exit_code or 0) > 128 else None)
+    )
+    if limits.cpu_seconds is not None and (
+        died_of == signal.SIGXCPU
+        or (died_of == signal.SIGKILL and not we_killed and cpu >= limits.cpu_seconds)
     ):
         hit.append("cpu")
-    if signum == signal.SIGXFSZ:
+    if limits.file_size_bytes is not None and died_of == signal.SIGXFSZ:
         hit.append("file_size")
     if unit.cgroups is not None:
         if unit.cgroups.oom_killed():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
 
@@ -13,8 +13,15 @@ Isolation = Literal["auto", "process", "namespace"]
 IsolationInForce = Literal["process", "namespace"]
 Status = Literal["exited", "timed_out", "cancelled", "limit_exceeded", "spawn_failed"]
 
+
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise ValueError("must not contain a NUL byte (exec cannot pass it)")
+    return text
+
+
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
-Arg = Annotated[str, Field(max_length=65_536)]
+Arg = Annotated[str, Field(max_length=65_536), AfterValidator(_no_nul)]
 PathText = Annotated[str, Field(min_length=1, max_length=4096)]
 
 
@@ -27,6 +34,7 @@ class Limits(Record):
     file_size_bytes: int | None = Field(default=None, ge=0)
     open_files: int | None = Field(default=None, ge=8)
     processes: int | None = Field(default=None, ge=1)
+    """Enforced by a pids cgroup where the host has one (RLIMIT_NPROC is per user, not per tree)."""
 
 
 class OutputCaps(Record):
@@ -69,6 +77,7 @@ class StreamCapture(Record):
     total_bytes: int = Field(default=0, ge=0)
     truncated: bool = False
     ref: ArtifactRef | None = None
+    """The first ``stored_bytes`` of the stream in the store; None when nothing was kept."""
 
     def text(self) -> str:
         """Head and tail decoded for display (undecodable bytes replaced, a gap marked)."""

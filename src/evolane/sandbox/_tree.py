@@ -1,9 +1,13 @@
 """One sandboxed process tree and the kill ladder that ends it.
 
 The tree is the leader's process group, the unit's cgroups and any process carrying the
-unit's lease marker. The leader stays an unreaped zombie until the ladder is done, so its
-pgid can never be recycled under our signals: SIGTERM to all of it, a grace period, SIGKILL
-to all of it, a lease sweep for escapees, and only then reaping.
+unit's lease marker. Two rules keep every signal and every reap on the tree's own
+processes even when pids are recycled:
+
+- the leader stays an unreaped zombie until the ladder is done, so its pgid cannot be
+  recycled under ``killpg``, and group members are reaped by pgid only after it;
+- a process outside the leader's group (an escapee) is held by a pidfd opened while its
+  membership is verified, and is signalled and reaped only through that pidfd.
 """
 
 from __future__ import annotations
@@ -11,23 +15,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
 from evolane.sandbox._cgroups import UnitCgroups
-from evolane.sandbox._lifeline import (
-    group_members,
-    is_zombie,
-    lease_holders,
-    lease_matches,
-    lease_of,
-    process_group_of,
-)
+from evolane.sandbox._lifeline import group_members, lease_holders, lease_matches, lease_of
+from evolane.sandbox._lifeline import process_group_of as group_of
 
-POLL_SECONDS = 0.005
 FINAL_WAIT_SECONDS = 5.0
+MAX_TRACKED_ESCAPEES = 256
+_POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -40,6 +41,19 @@ def become_subreaper() -> bool:
         return False
 
 
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # gone already, or out of descriptors: the cgroup still covers it
+        return None
+
+
+def _has_exited(pidfd: int) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 @dataclass
 class KillReport:
     """What the ladder had to do."""
@@ -47,7 +61,7 @@ class KillReport:
     pids_killed: int = 0
     escaped_found: int = 0  # processes that had left the leader's process group
     survivors: int = 0
-    escalated: bool = False
+    escalated: bool = False  # SIGKILL was needed
 
 
 @dataclass
@@ -60,10 +74,8 @@ class ProcessTree:
     exited: bool = False
     status: int | None = None
     rusage: object | None = None
-    seen: set[int] = field(default_factory=set)
-    signalled: set[int] = field(default_factory=set)
-    left_group: set[int] = field(default_factory=set)
-    escapees: set[int] = field(default_factory=set)
+    escapees: dict[int, int] = field(default_factory=dict)  # pid -> pidfd
+    signalled: set[int] = field(default_factory=set)  # pid numbers, for counting only
 
     # ----- facts -----------------------------------------------------------------------
 
@@ -77,129 +89,143 @@ class ProcessTree:
                 self.exited = True
         return self.exited
 
-    def reap_leader(self) -> bool:
-        """Collect the leader's status and resource usage; only after the ladder is done."""
+    def members(self) -> set[int]:
+        """Live processes of the tree by membership (cgroup, else the leader's group)."""
+        if self.cgroups is not None:
+            return self.cgroups.pids()
+        return group_members(self.pid)
+
+    def alive(self) -> bool:
+        """True while any process of the tree still runs (may scan /proc without cgroups)."""
+        if not self.leader_exited():
+            return True
+        if self.cgroups is not None:
+            populated = self.cgroups.populated()
+        else:
+            populated = bool(group_members(self.pid))
+        return populated or any(not _has_exited(fd) for fd in self.escapees.values())
+
+    def _adopt_escapees(self, pids: set[int], verify: str) -> None:
+        """Hold a pidfd on each process outside the group, kept only if still ours after opening."""
+        for pid in pids:
+            if pid == self.pid or pid in self.escapees or group_of(pid) == self.pid:
+                continue
+            if len(self.escapees) >= MAX_TRACKED_ESCAPEES:
+                return
+            fd = _pidfd(pid)
+            if fd is None:
+                continue
+            if verify == "cgroup":
+                ours = self.cgroups is not None and pid in self.cgroups.pids()
+            else:
+                lease = lease_of(pid)
+                ours = lease is not None and lease_matches(lease, self.lease)
+            if ours:
+                self.escapees[pid] = fd
+            else:
+                os.close(fd)
+
+    # ----- actions ---------------------------------------------------------------------
+
+    def signal_all(self, signum: int) -> None:
+        """Send ``signum`` to the group and to every held escapee."""
+        members = self.members()
+        self.signalled |= members
+        if self.cgroups is not None:
+            self._adopt_escapees(members, verify="cgroup")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signum)
+        for pid, fd in self.escapees.items():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(fd, signum)
+                self.signalled.add(pid)
+
+    def kill_all(self) -> None:
+        """SIGKILL everything: the cgroups (atomically), the group, held escapees."""
+        if self.cgroups is not None:
+            self.signalled |= self.cgroups.pids()
+            self.cgroups.kill()
+        self.signal_all(signal.SIGKILL)
+
+    def sweep_lease(self) -> None:
+        """Scan /proc for processes carrying the lease outside the group; hold and kill them."""
+        self._adopt_escapees(lease_holders(self.lease), verify="lease")
+        for pid, fd in self.escapees.items():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                self.signalled.add(pid)
+
+    def reap(self) -> None:
+        """Reap the leader, then adopted group members by pgid, then escapees by pidfd."""
         if self.status is None and self.leader_exited():
             with contextlib.suppress(ChildProcessError):
                 pid, status, rusage = os.wait4(self.pid, os.WNOHANG)
                 if pid == self.pid:
                     self.status, self.rusage = status, rusage
-        return self.status is not None
-
-    def _members_alive(self) -> bool:
-        if self.cgroups is not None:
-            return self.cgroups.populated()
-        members = group_members(self.pid)
-        self.seen |= members
-        return bool(members)
-
-    def _live_escapees(self) -> set[int]:
-        """Known escapees that still run and still carry our lease (a recycled pid does not)."""
-        for pid in list(self.escapees):
-            lease = lease_of(pid)
-            if lease is None or not lease_matches(lease, self.lease) or is_zombie(pid):
-                self.escapees.discard(pid)
-        return set(self.escapees)
-
-    def alive(self) -> bool:
-        """True while any process of the tree still runs."""
-        if not self.leader_exited():
-            return True
-        return self._members_alive() or bool(self._live_escapees())
-
-    def targets(self) -> set[int]:
-        """Every process to signal now: current members and verified escapees, nothing stale."""
-        members = self.cgroups.pids() if self.cgroups is not None else group_members(self.pid)
-        self.seen |= members
-        return members | self._live_escapees()
-
-    # ----- actions ---------------------------------------------------------------------
-
-    def signal_all(self, signum: int) -> int:
-        """Send ``signum`` to the group (its pgid is held by the unreaped leader) and targets."""
-        targets = self.targets()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signum)
-        sent = 0
-        for pid in targets:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                self._note_group(pid)
-                os.kill(pid, signum)
-                self.signalled.add(pid)
-                sent += 1
-        return sent
-
-    def _note_group(self, pid: int) -> None:
-        if pid not in self.signalled and process_group_of(pid) not in (self.pid, None):
-            self.left_group.add(pid)
-
-    def kill_all(self) -> int:
-        """SIGKILL everything: the cgroups (atomically where possible), the group, escapees."""
-        if self.cgroups is not None:
-            self.seen |= self.cgroups.pids()
-            self.cgroups.kill()
-        return self.signal_all(signal.SIGKILL)
-
-    def sweep_lease(self) -> int:
-        """Find processes that carry the lease but left the group (and the cgroup); kill them."""
-        found = lease_holders(self.lease)
-        new = found - self.escapees
-        self.escapees |= found
-        self.seen |= found
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                self._note_group(pid)
-                os.kill(pid, signal.SIGKILL)
-                self.signalled.add(pid)
-        return len(new)
-
-    def reap_adopted(self, protected: set[int]) -> None:
-        """Reap members reparented to us (the subreaper) that have exited.
-
-        ``protected`` holds the leaders of other live units: a recycled pid among ``seen``
-        must never steal their exit status.
-        """
-        for pid in self.seen | self.escapees:
-            if pid == self.pid or pid in protected:
-                continue
+        if self.status is not None:
+            # Zombies of the group keep its pgid allocated until they are reaped.
+            while True:
+                try:
+                    if os.waitid(os.P_PGID, self.pid, os.WEXITED | os.WNOHANG) is None:
+                        break
+                except ChildProcessError:
+                    break
+        for fd in self.escapees.values():
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+                os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+            os.close(fd)
+        self.escapees.clear()
+
+
+async def _alive(tree: ProcessTree) -> bool:
+    if tree.cgroups is not None:
+        return tree.alive()
+    return await trio.to_thread.run_sync(tree.alive)  # a /proc scan: keep the loop free
+
+
+async def _act(tree: ProcessTree, action: Callable[..., None], *args: int) -> None:
+    if tree.cgroups is not None:
+        action(*args)
+    else:
+        await trio.to_thread.run_sync(action, *args)
 
 
 async def wait_until_gone(tree: ProcessTree, seconds: float) -> bool:
-    """Poll until the whole tree is gone or ``seconds`` pass; True when gone."""
+    """Poll (backing off from 2 to 50 ms) until the tree is gone or ``seconds`` pass."""
+    interval = _POLL_FIRST
     with trio.move_on_after(seconds):
-        while tree.alive():
-            await trio.sleep(POLL_SECONDS)
+        while await _alive(tree):
+            await trio.sleep(interval)
+            interval = min(interval * 2, _POLL_MAX)
         return True
     return False
 
 
-async def kill_ladder(
-    tree: ProcessTree, grace: float, sweep: bool, protected: set[int]
-) -> KillReport:
+async def kill_ladder(tree: ProcessTree, grace: float, sweep: bool) -> KillReport:
     """End the tree: TERM, ``grace``, KILL, lease sweep; returns once all of it is reaped.
 
     Call it shielded from cancellation. ``sweep`` forces the /proc lease scan (always done
     when the tree escalated to SIGKILL or has no cgroup).
     """
     report = KillReport()
-    if tree.alive():
-        tree.signal_all(signal.SIGTERM)
+    if await _alive(tree):
+        await _act(tree, tree.signal_all, signal.SIGTERM)
         if not await wait_until_gone(tree, grace):
             report.escalated = True
-            tree.kill_all()
+            await _act(tree, tree.kill_all)
     if sweep or report.escalated or tree.cgroups is None:
-        tree.sweep_lease()
+        await trio.to_thread.run_sync(tree.sweep_lease)
     deadline = trio.current_time() + FINAL_WAIT_SECONDS
-    while tree.alive() and trio.current_time() < deadline:
-        tree.kill_all()
-        tree.sweep_lease()
-        await trio.sleep(POLL_SECONDS)
-    if tree.alive():
-        report.survivors = max(1, len(tree.escapees))
+    interval = _POLL_FIRST
+    while await _alive(tree) and trio.current_time() < deadline:
+        await _act(tree, tree.kill_all)
+        await trio.to_thread.run_sync(tree.sweep_lease)
+        await trio.sleep(interval)
+        interval = min(interval * 2, _POLL_MAX)
+    if await _alive(tree):
+        members = await trio.to_thread.run_sync(tree.members)
+        report.survivors = max(1, len(members) + len(tree.escapees))
     report.pids_killed = len(tree.signalled)
-    report.escaped_found = len(tree.left_group)
-    tree.reap_leader()
-    tree.reap_adopted(protected)
+    report.escaped_found = len(tree.escapees)
+    tree.reap()
     return report
