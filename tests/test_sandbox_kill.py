@@ -177,3 +177,22 @@ def _cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     except OSError:
         return []
+
+
+async def test_cgroups_of_a_dead_runtime_under_another_root_are_removed(tmp_path: Path) -> None:
+    runtime, lease = _start_runtime(tmp_path / "elsewhere")
+    try:
+        lifelines = [p for p in descendants() if lease in _cmdline(p)]
+        for pid in lifelines:
+            os.kill(pid, signal.SIGKILL)
+        runtime.send_signal(signal.SIGKILL)
+        runtime.wait(timeout=5)
+        async with open_sandbox(tmp_path / "sandbox") as host:
+            if not host.cgroups.roots():
+                pytest.skip("this host has no writable cgroups")
+            leftovers = [root.parent / f"evolane-{lease}" for root in host.cgroups.roots()]
+            assert not any(path.exists() for path in leftovers)
+            assert lease_holders(lease) == set()
+    finally:
+        runtime.kill()
+        runtime.wait(timeout=5)

@@ -131,6 +131,17 @@ class SandboxHost:
                 continue
             _lifeline.sweep(lease_dir.name, [*self._cgroup_dirs_of(lease_dir.name), lease_dir])
             swept += 1
+        return swept + self._sweep_orphan_cgroups()
+
+    def _sweep_orphan_cgroups(self) -> int:
+        """Remove cgroups of runtimes (under any root) whose process no longer exists."""
+        swept = 0
+        for base in {root.parent for root in self.cgroups.roots()}:
+            for path in base.glob("evolane-rt-*"):
+                pid = path.name.split("-")[2]
+                if path.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
+                    kill_cgroup_tree(path)
+                    swept += 1
         return swept
 
     @staticmethod
