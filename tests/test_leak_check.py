@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evolane.testing import kill_processes, leaked_processes
+from evolane.testing import kill_processes, leaked_processes, lease_holders
 from evolane.testing._leaks import descendants
 
 
@@ -44,16 +44,17 @@ def test_an_escaped_process_is_found_by_its_lease_marker(tmp_path: Path) -> None
         """
     )
     pid_file = tmp_path / "pid"
+    before = descendants()
     env = {"PATH": "/usr/bin:/bin", "EVOLANE_LEASE": "negative-control-lease"}
     subprocess.run([sys.executable, "-c", script, str(pid_file)], env=env, timeout=10, check=True)
     deadline = time.monotonic() + 5
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     escaped = int(pid_file.read_text())
-    found = leaked_processes(set(), lease="negative-control-lease", settle=0.1)
+    assert escaped in lease_holders("negative-control-lease")
+    found = leaked_processes(before, lease="negative-control-lease", settle=0.1)
     kill_processes(found)
-    assert f"pid {escaped}:" in "\n".join(found)
-    assert escaped not in descendants()
+    assert [line.split()[1] for line in found] == [f"{escaped}:"]
 
 
 def test_the_autouse_fixture_fails_a_leaking_test(pytester: pytest.Pytester) -> None:

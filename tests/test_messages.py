@@ -27,7 +27,8 @@ from evolane.messages import (
 
 def _import_everything() -> None:
     for module in pkgutil.walk_packages(evolane.__path__, "evolane."):
-        importlib.import_module(module.name)
+        if not module.name.endswith(".__main__"):  # importing those would run a CLI
+            importlib.import_module(module.name)
 
 
 _import_everything()
