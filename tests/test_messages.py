@@ -83,7 +83,16 @@ def _maximal(node: dict[str, Any], defs: dict[str, Any], draw: Any) -> Any:
     if kind == "integer":
         return int(node.get("maximum", -(2**63)))
     if kind == "number":
-        return -1.7976931348623157e308
+        low = node.get("minimum", node.get("exclusiveMinimum", -1.7976931348623157e308))
+        high = node.get("maximum", node.get("exclusiveMaximum", 1.7976931348623157e308))
+        candidates = [-1.7976931348623157e308, low + (high - low) / 3, high * (1 - 1e-16), low]
+        valid = [
+            v
+            for v in candidates
+            if (low <= v if "exclusiveMinimum" not in node else low < v)
+            and (v <= high if "exclusiveMaximum" not in node else v < high)
+        ]
+        return max(valid, key=lambda v: len(orjson.dumps(v)))
     if kind == "boolean":
         return False
     if kind == "null":

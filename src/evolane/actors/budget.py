@@ -1,0 +1,234 @@
+"""The budget: an IO-free ledger (reserve / debit / release against ceilings) and its actor.
+
+Policy: a reservation is granted while room remains under every active ceiling, so at most
+one in-flight reservation can carry spending past a ceiling; spending therefore never
+exceeds ceiling + the largest single reservation, as long as units stay within what they
+reserved. A unit that does not is charged in full and recorded as an overrun, never silently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from evolane.actors._kernel import Actor, ActorRef
+from evolane.messages import (
+    DIMENSIONS,
+    BudgetEvent,
+    Debit,
+    Dimension,
+    LedgerQuery,
+    Message,
+    Record,
+    Release,
+    Reserve,
+    ReserveReply,
+    Usage,
+)
+
+SAMPLES_KEPT = 64
+LEVELS = ((0.5, "50%"), (0.8, "80%"), (1.0, "100%"))
+
+
+class Overrun(Record):
+    """A unit that used more than it reserved."""
+
+    item: str
+    dimension: Dimension
+    reserved: float
+    charged: float
+
+
+class LedgerSnapshot(Record):
+    """The ledger's state: ceilings, spent (in all and by stage), reserved, overruns, events."""
+
+    ceilings: Usage
+    spent: Usage
+    reserved: Usage
+    spent_by_stage: dict[str, Usage]
+    in_flight: int
+    overruns: tuple[Overrun, ...]
+    events: tuple[BudgetEvent, ...]
+
+
+@dataclass
+class _Held:
+    stage: str
+    estimate: Usage
+
+
+def _value(usage: Usage | None, dimension: Dimension) -> float:
+    value = usage.get(dimension) if usage is not None else None
+    return value or 0.0
+
+
+@dataclass
+class Ledger:
+    """Reservations and charges per dimension (tokens, cost_usd, wall_seconds).
+
+    ``deadline`` (a ``clock()`` time) is the wall-clock ceiling: a unit whose wall estimate
+    cannot finish before it is denied. ``cold_start`` gives per-unit estimates per stage
+    until real samples exist; afterwards the estimate is the upper quartile of the last 64.
+    """
+
+    ceilings: Usage = field(default_factory=Usage)
+    deadline: float | None = None
+    cold_start: Mapping[str, Usage] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    _held: dict[str, _Held] = field(default_factory=dict)
+    _spent: dict[Dimension, float] = field(default_factory=lambda: dict.fromkeys(DIMENSIONS, 0.0))
+    _by_stage: dict[str, dict[Dimension, float]] = field(default_factory=dict)
+    _samples: dict[tuple[str, Dimension], deque[float]] = field(default_factory=dict)
+    _crossed: set[tuple[Dimension, str]] = field(default_factory=set)
+    overruns: list[Overrun] = field(default_factory=list)
+    events: list[BudgetEvent] = field(default_factory=list)
+
+    def _active(self) -> list[tuple[Dimension, float]]:
+        return [(d, c) for d in ("tokens", "cost_usd") if (c := self.ceilings.get(d)) is not None]
+
+    def reserved(self, dimension: Dimension) -> float:
+        return sum(_value(held.estimate, dimension) for held in self._held.values())
+
+    def reserve(
+        self, stage: str, item: str, estimate: Usage | None, zero_cost: bool = False
+    ) -> tuple[bool, str]:
+        """Grant or deny room for ``item``; a denial changes nothing."""
+        if item in self._held:
+            return False, f"{item} already holds a reservation"
+        active = self._active()
+        unknown = estimate is None or any(estimate.get(d) is None for d, _ in active)
+        if unknown and active and not zero_cost:
+            return False, "no estimate under an active ceiling (and the source is not zero-cost)"
+        for dimension, ceiling in active:
+            if self._spent[dimension] + self.reserved(dimension) >= ceiling:
+                return False, f"{dimension} ceiling {ceiling:g} reached"
+        wall = _value(estimate, "wall_seconds")
+        if self.deadline is not None and self.clock() + wall > self.deadline:
+            return False, "cannot finish before the wall-clock budget ends"
+        self._held[item] = _Held(stage, estimate if estimate is not None else Usage())
+        return True, "granted"
+
+    def release(self, item: str) -> None:
+        """Drop ``item``'s reservation without a charge."""
+        self._held.pop(item, None)
+
+    def debit(self, item: str, actual: Usage, complete: bool = True) -> list[BudgetEvent]:
+        """Charge ``item``: its actual use, but at least its reservation where ``actual`` is
+        incomplete or unknown. Returns the events this charge caused."""
+        held = self._held.pop(item, None)
+        stage = held.stage if held is not None else "unreserved"
+        reserved = held.estimate if held is not None else Usage()
+        before = len(self.events)
+        stage_totals = self._by_stage.setdefault(stage, dict.fromkeys(DIMENSIONS, 0.0))
+        for dimension in DIMENSIONS:
+            known = actual.get(dimension)
+            charged = (
+                known
+                if (complete and known is not None)
+                else max(known or 0.0, _value(reserved, dimension))
+            )
+            self._spent[dimension] += charged
+            stage_totals[dimension] += charged
+            if known is not None and complete:
+                self._samples.setdefault((stage, dimension), deque(maxlen=SAMPLES_KEPT)).append(
+                    known
+                )
+            held_amount = _value(reserved, dimension)
+            if held is not None and charged > held_amount and reserved.get(dimension) is not None:
+                self.overruns.append(
+                    Overrun(item=item, dimension=dimension, reserved=held_amount, charged=charged)
+                )
+                self._event(dimension, "overrun", item)
+            self._check_levels(dimension)
+        return self.events[before:]
+
+    def _check_levels(self, dimension: Dimension) -> None:
+        ceiling = self.ceilings.get(dimension)
+        if not ceiling:
+            return
+        for fraction, level in LEVELS:
+            if (
+                self._spent[dimension] >= fraction * ceiling
+                and (dimension, level) not in self._crossed
+            ):
+                self._crossed.add((dimension, level))
+                self._event(dimension, level)
+
+    def _event(self, dimension: Dimension, level: str, item: str | None = None) -> None:
+        self.events.append(
+            BudgetEvent(
+                dimension=dimension,
+                level=level,  # type: ignore[arg-type]
+                spent=self._spent[dimension],
+                ceiling=self.ceilings.get(dimension),
+                item=item,
+            )
+        )
+
+    def estimate(self, stage: str, units: int = 1) -> Usage | None:
+        """Robust per-unit estimate x ``units``: the upper quartile of recent samples, else
+        the stage's cold-start value; None when neither exists."""
+        values: dict[str, float | None] = {}
+        cold = self.cold_start.get(stage)
+        for dimension in DIMENSIONS:
+            samples = self._samples.get((stage, dimension))
+            if samples:
+                values[dimension] = float(np.percentile(np.fromiter(samples, float), 75)) * units
+            else:
+                fallback = cold.get(dimension) if cold is not None else None
+                values[dimension] = fallback * units if fallback is not None else None
+        if all(v is None for v in values.values()):
+            return None
+        return Usage(**values)
+
+    def snapshot(self) -> LedgerSnapshot:
+        """The current state as a frozen record."""
+        return LedgerSnapshot(
+            ceilings=self.ceilings,
+            spent=Usage(**self._spent),
+            reserved=Usage(**{d: self.reserved(d) for d in DIMENSIONS}),
+            spent_by_stage={stage: Usage(**totals) for stage, totals in self._by_stage.items()},
+            in_flight=len(self._held),
+            overruns=tuple(self.overruns),
+            events=tuple(self.events),
+        )
+
+
+class BudgetActor(Actor):
+    """Serialises all ledger changes; tells budget events to an optional observer."""
+
+    accepts = (Reserve, Debit, Release, LedgerQuery)
+
+    def __init__(self, ledger: Ledger, observer: ActorRef | None = None) -> None:
+        self.ledger = ledger
+        self.observer = observer
+        self.events_dropped = 0
+
+    async def receive(self, message: Message) -> Any:
+        if isinstance(message, Reserve):
+            estimate = message.estimate or self.ledger.estimate(message.stage)
+            granted, reason = self.ledger.reserve(
+                message.stage, message.item, estimate, message.zero_cost
+            )
+            return ReserveReply(granted=granted, reason=reason[:256])
+        if isinstance(message, Debit):
+            for event in self.ledger.debit(message.item, message.actual, message.complete):
+                self._publish(event)
+            return None
+        if isinstance(message, Release):
+            self.ledger.release(message.item)
+            return None
+        return self.ledger.snapshot()
+
+    def _publish(self, event: BudgetEvent) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer.tell_nowait(event)
+        except Exception:  # a slow or gone observer loses events, the ledger never does
+            self.events_dropped += 1

@@ -1,0 +1,196 @@
+"""Judge lanes: score a replay output with a judge command, the case's verification
+command, or an exact match against ``expected_output``. Every path has a timeout; a judge
+that fails is an infrastructure outcome, retried, and never turned into a score of 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import trio
+
+from evolane.actors._kernel import Actor
+from evolane.actors.lanes import LaneSettings, StopBoard, _excerpt, _run, _Scratch
+from evolane.inputs import VERIFICATION_PLACEHOLDERS, CommandTemplate, TemplateError
+from evolane.messages import FailureEvent, JudgeJob, JudgeResult, Message
+from evolane.sandbox import SandboxHost
+from evolane.store import BlobStore
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    score: float | None
+    failure: FailureEvent | None = None
+    detail: bytes = b""
+
+
+def _infra(code: str, message: str) -> _Verdict:
+    return _Verdict(
+        None,
+        FailureEvent(
+            owner="infrastructure",
+            stage="judge",
+            code=code,
+            message=message[:2048],
+            repairable=True,
+        ),
+    )
+
+
+def parse_judge_output(stdout: bytes) -> _Verdict:
+    """``{"score": float in [0, 1], ...}`` on stdout (the whole of it, or its last line)."""
+    candidates = [stdout, *reversed([line for line in stdout.splitlines() if line.strip()])]
+    for text in candidates:
+        try:
+            data = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            continue
+        score = data.get("score") if isinstance(data, dict) else None
+        if isinstance(score, int | float) and not isinstance(score, bool) and 0.0 <= score <= 1.0:
+            return _Verdict(float(score), detail=text)
+        return _infra(
+            "judge_bad_score", f"the judge's score is not a number in [0, 1]: {_excerpt(text)!r}"
+        )
+    return _infra("judge_not_json", f"the judge printed no JSON: {_excerpt(stdout)!r}")
+
+
+class JudgeLane(Actor):
+    """Runs `JudgeJob`s; retries infrastructure failures ``settings.retries`` times."""
+
+    accepts = (JudgeJob,)
+
+    def __init__(
+        self, host: SandboxHost, store: BlobStore, settings: LaneSettings, board: StopBoard
+    ) -> None:
+        self.host, self.store, self.settings, self.board = host, store, settings, board
+
+    async def receive(self, message: Message) -> JudgeResult:
+        assert isinstance(message, JudgeJob)
+        job, started = message, trio.current_time()
+        deadline = started + job.timeout_seconds
+        stop = self.board.event(job.unit_id)
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                source, verdict = await self._attempt(job, attempt, deadline, stop)
+                if verdict.failure is None or attempt > self.settings.retries or stop.is_set():
+                    break
+                if trio.current_time() >= deadline:
+                    break
+        finally:
+            self.board.done(job.unit_id)
+        detail_ref = None
+        if verdict.detail:
+            detail_ref = await trio.to_thread.run_sync(self.store.put_bytes, verdict.detail)
+        status = (
+            "cancelled"
+            if stop.is_set() and verdict.failure
+            else ("succeeded" if verdict.failure is None else "failed")
+        )
+        return JudgeResult(
+            unit_id=job.unit_id,
+            status=status,
+            score=verdict.score,  # type: ignore[arg-type]
+            source=source,
+            failure=verdict.failure,
+            detail_ref=detail_ref,  # type: ignore[arg-type]
+            attempts=attempt,
+            wall_seconds=trio.current_time() - started,
+        )
+
+    async def _attempt(
+        self, job: JudgeJob, attempt: int, deadline: float, stop: trio.Event
+    ) -> tuple[str, _Verdict]:
+        scratch = _Scratch(self.host, self.store, job.unit_id + "-judge", attempt)
+        template = self.settings.template
+        wants_candidate = template is not None and "candidate" in template.placeholders
+        case: dict[str, Any] = await trio.to_thread.run_sync(
+            scratch.prepare,
+            job.case_ref,
+            job.tree_ref if wants_candidate else None,
+            None,
+            job.output_ref,
+        )
+        try:
+            if template is not None:
+                return "command", await self._command(template, scratch, job, deadline, stop)
+            if case.get("verification_command"):
+                return "verification_command", await self._verification(
+                    str(case["verification_command"]), scratch, job, deadline, stop
+                )
+            return "exact_match", await trio.to_thread.run_sync(_exact_match, scratch, case)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(scratch.remove)
+
+    async def _command(
+        self,
+        template: CommandTemplate,
+        scratch: _Scratch,
+        job: JudgeJob,
+        deadline: float,
+        stop: trio.Event,
+    ) -> _Verdict:
+        argv = template.render(scratch.placeholders(job.seed))
+        outcome = await _run(self.host, self.settings, argv, scratch, "judge", {}, deadline, stop)
+        if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
+            return _infra(f"judge_{outcome.status}", outcome.error or outcome.status)
+        if outcome.exit_code != 0:
+            return _infra(
+                f"judge_exit_{outcome.exit_code}",
+                f"the judge failed: {_excerpt(outcome.stderr.head)!r}",
+            )
+        if outcome.stdout.truncated:
+            return _infra("judge_output_too_long", "the judge printed more than can be kept")
+        return parse_judge_output(outcome.stdout.head)
+
+    async def _verification(
+        self, command: str, scratch: _Scratch, job: JudgeJob, deadline: float, stop: trio.Event
+    ) -> _Verdict:
+        try:
+            template = CommandTemplate.parse(
+                command, role="verification", allowed=VERIFICATION_PLACEHOLDERS
+            )
+        except TemplateError as error:
+            return _Verdict(
+                None,
+                FailureEvent(
+                    owner="task", stage="judge", code="bad_verification", message=str(error)[:2048]
+                ),
+            )
+        argv = template.render(
+            {k: v for k, v in scratch.placeholders(job.seed).items() if k in template.placeholders}
+        )
+        outcome = await _run(self.host, self.settings, argv, scratch, "verify", {}, deadline, stop)
+        if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
+            return _infra(f"verification_{outcome.status}", outcome.error or outcome.status)
+        passed = outcome.ok
+        return _Verdict(
+            1.0 if passed else 0.0,
+            detail=orjson.dumps(
+                {"exit_code": outcome.exit_code, "stdout": _excerpt(outcome.stdout.head)}
+            ),
+        )
+
+
+def _exact_match(scratch: _Scratch, case: dict[str, Any]) -> _Verdict:
+    if "expected_output" not in case:
+        return _Verdict(
+            None,
+            FailureEvent(
+                owner="task",
+                stage="judge",
+                code="no_judge",
+                message="no judge command, no verification_command and no expected_output",
+            ),
+        )
+    try:
+        answer = orjson.loads((scratch.out / "output.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError) as error:
+        return _Verdict(0.0, detail=orjson.dumps({"error": str(error)[:200]}))
+    return _Verdict(
+        1.0 if answer == case["expected_output"] else 0.0,
+        detail=orjson.dumps({"match": answer == case["expected_output"]}),
+    )

@@ -1,0 +1,291 @@
+"""Replay and judge lanes: actors that run one unit at a time through the sandbox.
+
+A lane prepares a scratch directory under the sandbox root (the case file, the candidate
+tree, a workspace, an output directory), renders the command template, runs it, stores
+what it produced, and answers with a typed result. A timeout or a kill is an
+infrastructure outcome, never a score.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from evolane.actors._kernel import Actor
+from evolane.inputs import CommandTemplate
+from evolane.messages import (
+    ArtifactRef,
+    FailureEvent,
+    Message,
+    ReplayJob,
+    ReplayResult,
+    Usage,
+)
+from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec
+from evolane.store import BlobStore, materialize_tree, snapshot_tree
+
+QUOTE_BYTES = 200
+
+
+class StopBoard:
+    """Stop events for in-flight units, shared by a scheduler and its lanes (in-process)."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, trio.Event] = {}
+        self.cancelled = trio.Event()
+        self.idle = trio.Event()
+        self.idle.set()
+
+    def cancel_all(self) -> None:
+        """Stop every in-flight unit and tell the scheduler to start no more."""
+        self.cancelled.set()
+        self.stop_all()
+
+    def event(self, unit_id: str) -> trio.Event:
+        return self._events.setdefault(unit_id, trio.Event())
+
+    def stop(self, unit_id: str) -> None:
+        self.event(unit_id).set()
+
+    def stop_all(self) -> None:
+        for event in self._events.values():
+            event.set()
+
+    def done(self, unit_id: str) -> None:
+        self._events.pop(unit_id, None)
+
+
+@dataclass(frozen=True)
+class LaneSettings:
+    """How a lane runs its command: template, limits, grace, retries, environment."""
+
+    template: CommandTemplate | None
+    workspace_seed: ArtifactRef | None = None
+    limits: Limits = field(default_factory=Limits)
+    kill_grace: float = 2.0
+    retries: int = 0
+    pass_env: tuple[str, ...] = ()
+    keep_failed: bool = False
+
+
+def _owner(arm: str) -> str:
+    return "candidate" if arm == "candidate" else "task"
+
+
+def _excerpt(data: bytes) -> str:
+    return data[:QUOTE_BYTES].decode("utf-8", "replace")
+
+
+class _Scratch:
+    """A unit's directory under the sandbox root: case.json, candidate/, work/, out/."""
+
+    def __init__(self, host: SandboxHost, store: BlobStore, unit_id: str, attempt: int) -> None:
+        self.store = store
+        self.dir = host.root / "units" / f"{unit_id}.{attempt}"
+        self.case_file, self.candidate = self.dir / "case.json", self.dir / "candidate"
+        self.work, self.out = self.dir / "work", self.dir / "out"
+
+    def prepare(
+        self,
+        case_ref: ArtifactRef,
+        tree_ref: ArtifactRef | None,
+        seed_ref: ArtifactRef | None,
+        output_ref: ArtifactRef | None = None,
+    ) -> dict[str, Any]:
+        """Lay the unit out and return the case row (blocking I/O: run it in a thread)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        case_bytes = self.store.read_bytes(case_ref)
+        self.case_file.write_bytes(case_bytes)
+        for ref, path in (
+            (tree_ref, self.candidate),
+            (seed_ref, self.work),
+            (output_ref, self.out),
+        ):
+            if ref is not None:
+                materialize_tree(self.store, ref, path, link=False)
+                for sub in [path, *path.rglob("*")]:
+                    if not sub.is_symlink():
+                        sub.chmod(sub.stat().st_mode | 0o200)
+            else:
+                path.mkdir()
+        return orjson.loads(case_bytes)
+
+    def placeholders(self, seed: int) -> dict[str, str]:
+        return {
+            "candidate": str(self.candidate),
+            "workspace": str(self.work),
+            "case_file": str(self.case_file),
+            "output_dir": str(self.out),
+            "seed": str(seed),
+        }
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def _run(
+    host: SandboxHost,
+    settings: LaneSettings,
+    argv: tuple[str, ...],
+    scratch: _Scratch,
+    label: str,
+    env: dict[str, str],
+    deadline: float,
+    stop: trio.Event,
+) -> ProcessOutcome:
+    spec = SandboxSpec(
+        argv=argv,
+        workspace=str(scratch.work),
+        env=env,
+        pass_env=settings.pass_env,
+        limits=settings.limits,
+        kill_grace=settings.kill_grace,
+        label=label,
+    )
+    return await host.run(spec, deadline=deadline, stop=stop)
+
+
+class ReplayLane(Actor):
+    """Runs `ReplayJob`s: one sandboxed replay per job, retried on infrastructure failures
+    while the unit's hard deadline allows."""
+
+    accepts = (ReplayJob,)
+
+    def __init__(
+        self, host: SandboxHost, store: BlobStore, settings: LaneSettings, board: StopBoard
+    ) -> None:
+        assert settings.template is not None
+        self.host, self.store, self.settings, self.board = host, store, settings, board
+
+    async def receive(self, message: Message) -> ReplayResult:
+        assert isinstance(message, ReplayJob)
+        job, started = message, trio.current_time()
+        deadline = started + job.timeout_seconds
+        stop = self.board.event(job.unit_id)
+        try:
+            attempt, result = 0, None
+            while True:
+                attempt += 1
+                result = await self._attempt(job, attempt, deadline, stop)
+                retry = (
+                    result.failure is not None
+                    and result.failure.owner == "infrastructure"
+                    and result.failure.code != "spawn_failed"
+                )
+                if not retry or attempt > self.settings.retries or trio.current_time() >= deadline:
+                    break
+            wall = trio.current_time() - started
+            return result.model_copy(update={"attempts": attempt, "wall_seconds": wall})
+        finally:
+            self.board.done(job.unit_id)
+
+    async def _attempt(
+        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
+    ) -> ReplayResult:
+        scratch = _Scratch(self.host, self.store, job.unit_id, attempt)
+        await trio.to_thread.run_sync(
+            scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed
+        )
+        keep = False
+        try:
+            assert self.settings.template is not None
+            argv = self.settings.template.render(scratch.placeholders(job.seed))
+            env = {
+                "EVOLANE_CASE_ID": job.case_id,
+                "EVOLANE_ARM": job.arm,
+                "EVOLANE_REPETITION": str(job.repetition),
+                "EVOLANE_SEED": str(job.seed),
+            }
+            outcome = await _run(
+                self.host, self.settings, argv, scratch, f"replay-{job.arm}", env, deadline, stop
+            )
+            result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
+            keep = self.settings.keep_failed and result.status != "succeeded"
+            return result
+        finally:
+            if not keep:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(scratch.remove)
+
+    def _collect(self, job: ReplayJob, scratch: _Scratch, outcome: ProcessOutcome) -> ReplayResult:
+        base: dict[str, Any] = {
+            "unit_id": job.unit_id,
+            "case_id": job.case_id,
+            "arm": job.arm,
+            "repetition": job.repetition,
+            "stdout_ref": outcome.stdout.ref,
+            "stderr_ref": outcome.stderr.ref,
+        }
+        failure = _classify(outcome, job.arm)
+        usage, complete = _usage(scratch.out, outcome)
+        base.update(usage=usage, usage_complete=complete)
+        if failure is not None:
+            status = {"timed_out": "timed_out", "cancelled": "cancelled"}.get(
+                outcome.status, "failed"
+            )
+            return ReplayResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
+        answer = scratch.out / "output.json"
+        if not answer.exists() and outcome.stdout.total_bytes and not outcome.stdout.truncated:
+            answer.write_bytes(outcome.stdout.head)
+        if not any(scratch.out.iterdir()):
+            failure = FailureEvent(
+                owner=_owner(job.arm),
+                stage="replay",
+                code="no_output",  # type: ignore[arg-type]
+                message="the replay exited 0 but wrote no output",
+            )
+            return ReplayResult(status="failed", failure=failure, **base)
+        return ReplayResult(
+            status="succeeded", output_ref=snapshot_tree(self.store, scratch.out), **base
+        )
+
+
+def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
+    if outcome.ok:
+        return None
+    if outcome.status == "spawn_failed":
+        return FailureEvent(
+            owner="infrastructure",
+            stage="replay",
+            code="spawn_failed",
+            message=outcome.error[:2048],
+        )
+    if outcome.status == "timed_out":
+        return FailureEvent(
+            owner="infrastructure",
+            stage="replay",
+            code="timeout",
+            message=f"killed at the deadline after {outcome.wall_seconds:.1f}s",
+            repairable=True,
+        )
+    if outcome.status == "cancelled":
+        return FailureEvent(owner="framework", stage="replay", code="cancelled")
+    if outcome.status == "limit_exceeded":
+        return FailureEvent(
+            owner=_owner(arm),
+            stage="replay",  # type: ignore[arg-type]
+            code=f"limit_{'_'.join(outcome.limits_hit)}",
+        )
+    detail = outcome.stderr.text()[-1000:]
+    code = (
+        f"exit_{outcome.exit_code}" if outcome.exit_code is not None else f"signal_{outcome.signal}"
+    )
+    return FailureEvent(owner=_owner(arm), stage="replay", code=code, message=detail)  # type: ignore[arg-type]
+
+
+def _usage(out: Path, outcome: ProcessOutcome) -> tuple[Usage, bool]:
+    """``usage.json`` if the replay wrote a valid one (complete), else wall time only."""
+    wall = outcome.wall_seconds
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        data = orjson.loads((out / "usage.json").read_bytes())
+        tokens, cost = data.get("tokens"), data.get("cost_usd")
+        if isinstance(tokens, int | float) and isinstance(cost, int | float):
+            return Usage(tokens=tokens, cost_usd=cost, wall_seconds=wall), True
+    return Usage(wall_seconds=wall), False

@@ -1,0 +1,536 @@
+"""The measurement scheduler: turns a paired plan into replay and judge work, in order.
+
+- A candidate unit starts only after its paired baseline unit succeeded (or was reused);
+  a failed control blocks its treatment (``blocked_by``).
+- Dispatch follows the plan order (first repetitions of all cases first, each case's
+  baseline before its candidate), so pairs complete early and early stopping can bite.
+- Early stop is judged on the prefix of complete cases in plan order, so the point where
+  it stops, and the decision, never depend on completion timing.
+- Baselines are reused across candidates when every fingerprint matches.
+- Every completed unit is journaled (durably) before it counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import trio
+from pydantic import Field
+
+from evolane.actors._kernel import Actor, ActorRef
+from evolane.actors.lanes import StopBoard
+from evolane.messages import (
+    ArtifactRef,
+    Debit,
+    JudgeJob,
+    JudgeResult,
+    Message,
+    Name,
+    ReplayJob,
+    ReplayResult,
+    Reserve,
+    ReserveReply,
+    Text,
+)
+from evolane.stats import GateConfig, GateResult, SequentialTest, decide, settled
+from evolane.store import BlobStore, Journal
+
+MeasureStatus = Literal[
+    "complete", "early_stopped", "budget_limited", "shared_failure", "cancelled"
+]
+
+
+class MeasureRequest(Message):
+    """Measure a candidate tree against a baseline tree on a split (or a few cases)."""
+
+    kind: Literal["measure.request"] = "measure.request"
+    measurement_id: Name
+    baseline_ref: ArtifactRef
+    candidate_ref: ArtifactRef
+    split: Literal["train", "val", "test"] = "val"
+    case_ids: tuple[Name, ...] = Field(default=(), max_length=64)
+    baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
+    candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
+    gate: GateConfig = GateConfig()
+
+
+class MeasureSummary(Message):
+    """The outcome of a measurement; the per-unit records are in the store (``units_ref``)."""
+
+    kind: Literal["measure.summary"] = "measure.summary"
+    measurement_id: Name
+    status: MeasureStatus
+    message: Text = ""
+    gate: GateResult
+    units_planned: int
+    units_run: int
+    units_reused: int
+    units_failed: int
+    units_blocked: int
+    units_not_run: int
+    cases_compared: int
+    wall_seconds: float
+    units_ref: ArtifactRef
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """What every measurement shares: the cases, timeouts, repetitions policy, journal."""
+
+    case_refs: dict[str, ArtifactRef]  # what a replay sees: no answers
+    judge_case_refs: dict[str, ArtifactRef]  # what a judge sees: with expected_output
+    splits: dict[str, tuple[str, ...]]
+    fingerprint: str  # dataset, workspace seed, replay and judge commands: what reuse must match
+    replay_timeout: float = 600.0
+    judge_timeout: float = 120.0
+    min_cases: int = 8
+    seed: int = 0
+    journal_path: Path | None = None
+
+
+@dataclass
+class _Unit:
+    index: int
+    unit_id: str
+    case_id: str
+    case_index: int
+    arm: str
+    repetition: int
+    tree_ref: ArtifactRef
+    depends_on: _Unit | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    status: str = "pending"
+    replay: ReplayResult | None = None
+    judge: JudgeResult | None = None
+    reused: bool = False
+    note: str = ""
+
+    @property
+    def score(self) -> float | None:
+        ok = self.replay is not None and self.replay.status == "succeeded"
+        judged = self.judge is not None and self.judge.status == "succeeded"
+        return self.judge.score if ok and judged and self.judge is not None else None
+
+
+def unit_seed(run_seed: int, case_id: str, repetition: int) -> int:
+    """The seed shared by both arms of a pair (same case, same repetition)."""
+    digest = hashlib.sha256(f"{run_seed}:{case_id}:{repetition}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[int, int]:
+    """Explicit repetitions win; else 1/1 with enough independent cases, 2/3 without."""
+    adaptive = (1, 1) if cases >= min_cases else (2, 3)
+    return (
+        request.baseline_repetitions or adaptive[0],
+        request.candidate_repetitions or adaptive[1],
+    )
+
+
+class MeasurementScheduler(Actor):
+    """Runs one `MeasureRequest` at a time over pools of replay and judge lanes."""
+
+    accepts = (MeasureRequest,)
+
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        replay_lanes: list[ActorRef],
+        judge_lanes: list[ActorRef],
+        budget: ActorRef | None,
+        store: BlobStore,
+        board: StopBoard,
+    ) -> None:
+        self.settings, self.store, self.board, self.budget = settings, store, board, budget
+        self.replay_lanes, self.judge_lanes = list(replay_lanes), list(judge_lanes)
+        self.baseline_cache: dict[str, tuple[ReplayResult, JudgeResult]] = {}
+        self.journal = Journal(settings.journal_path) if settings.journal_path else None
+        self._journal_lock = trio.Lock()
+
+    async def stopped(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+
+    async def receive(self, message: Message) -> MeasureSummary:
+        assert isinstance(message, MeasureRequest)
+        run = _Measurement(self, message)
+        return await run.execute()
+
+    def baseline_key(self, unit: _Unit) -> str:
+        case_ref = self.settings.case_refs[unit.case_id]
+        parts = (
+            self.settings.fingerprint,
+            unit.tree_ref.digest,
+            case_ref.digest,
+            unit.repetition,
+            unit_seed(self.settings.seed, unit.case_id, unit.repetition),
+        )
+        return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+    async def record(self, measurement_id: str, unit: _Unit) -> None:
+        """Journal one completed unit durably (the resume source) before it counts."""
+        if self.journal is None:
+            return
+        record = {
+            "type": "unit",
+            "measurement": measurement_id,
+            "unit": unit.unit_id,
+            "status": unit.status,
+            "reused": unit.reused,
+            "replay": unit.replay.model_dump(mode="json") if unit.replay else None,
+            "judge": unit.judge.model_dump(mode="json") if unit.judge else None,
+        }
+        async with self._journal_lock:
+            with trio.CancelScope(shield=True):
+                assert self.journal is not None
+                await trio.to_thread.run_sync(lambda: self.journal.append(record, durable=True))  # type: ignore[union-attr]
+
+
+class _Measurement:
+    """One measurement's units, dispatcher and early-stop bookkeeping."""
+
+    def __init__(self, scheduler: MeasurementScheduler, request: MeasureRequest) -> None:
+        self.s, self.request = scheduler, request
+        settings = scheduler.settings
+        case_ids = list(request.case_ids) or list(settings.splits.get(request.split, ()))
+        self.case_ids = case_ids
+        self.reps = repetitions(request, len(case_ids), settings.min_cases)
+        self.units = self._plan()
+        self.ready: list[tuple[int, int]] = []
+        self.wake = trio.Event()
+        self.free_replay = trio.open_memory_channel[ActorRef](len(scheduler.replay_lanes))
+        self.free_judge = trio.open_memory_channel[ActorRef](len(scheduler.judge_lanes))
+        self.stop_reason: MeasureStatus | None = None
+        self.message = ""
+        self.cutoff: int | None = None  # cases at or beyond this index are not needed
+        self.early: tuple[str, str] | None = None
+
+    def _plan(self) -> list[_Unit]:
+        units: list[_Unit] = []
+        baseline_of: dict[tuple[int, int], _Unit] = {}
+        mid = self.request.measurement_id
+        for rep in range(max(self.reps)):
+            for index, case_id in enumerate(self.case_ids):
+                if rep < self.reps[0]:
+                    unit = _Unit(
+                        len(units),
+                        f"{mid}.{index}.{rep}.b",
+                        case_id,
+                        index,
+                        "baseline",
+                        rep,
+                        self.request.baseline_ref,
+                    )
+                    baseline_of[(index, rep)] = unit
+                    units.append(unit)
+                if rep < self.reps[1]:
+                    control = baseline_of[(index, min(rep, self.reps[0] - 1))]
+                    units.append(
+                        _Unit(
+                            len(units),
+                            f"{mid}.{index}.{rep}.c",
+                            case_id,
+                            index,
+                            "candidate",
+                            rep,
+                            self.request.candidate_ref,
+                            control,
+                        )
+                    )
+        return units
+
+    # ----- the loop --------------------------------------------------------------------
+
+    async def execute(self) -> MeasureSummary:
+        started = trio.current_time()
+        board = self.s.board
+        board.idle, board.cancelled = trio.Event(), trio.Event()
+        try:
+            return await self._execute(started)
+        finally:
+            board.idle.set()
+
+    async def _execute(self, started: float) -> MeasureSummary:
+        for lane in self.s.replay_lanes:
+            self.free_replay[0].send_nowait(lane)
+        for lane in self.s.judge_lanes:
+            self.free_judge[0].send_nowait(lane)
+        try:
+            async with trio.open_nursery() as nursery:
+                for unit in self.units:
+                    if unit.depends_on is None:
+                        heapq.heappush(self.ready, (unit.index, unit.index))
+                    else:
+                        nursery.start_soon(self._release_when_control_done, unit)
+                await self._dispatch(nursery)
+        except BaseException:
+            self.s.board.stop_all()
+            raise
+        return await self._summary(trio.current_time() - started)
+
+    async def _dispatch(self, nursery: trio.Nursery) -> None:
+        while not all(unit.done.is_set() for unit in self.units):
+            if self.s.board.cancelled.is_set():
+                self._stop("cancelled", "the measurement was cancelled")
+            while self.ready and self.stop_reason is None:
+                lane = self._try_lane(self.free_replay)
+                if lane is None:
+                    break
+                _, index = heapq.heappop(self.ready)
+                nursery.start_soon(self._run_unit, self.units[index], lane)
+            if self.stop_reason is not None:
+                self._abandon_pending()
+            self.wake = trio.Event()
+            await self.wake.wait()
+
+    @staticmethod
+    def _try_lane(pool: tuple[Any, Any]) -> ActorRef | None:
+        try:
+            return pool[1].receive_nowait()
+        except trio.WouldBlock:
+            return None
+
+    def _finish(self, unit: _Unit, status: str, note: str = "") -> None:
+        unit.status, unit.note = status, note or unit.note
+        unit.done.set()
+        self.wake.set()
+
+    def _abandon_pending(self) -> None:
+        while self.ready:
+            _, index = heapq.heappop(self.ready)
+            self._finish(self.units[index], "not_run", self.stop_reason or "")
+        for unit in self.units:
+            if unit.status == "pending" and not unit.done.is_set() and unit.depends_on is None:
+                self._finish(unit, "not_run", self.stop_reason or "")
+
+    async def _release_when_control_done(self, unit: _Unit) -> None:
+        assert unit.depends_on is not None
+        await unit.depends_on.done.wait()
+        control = unit.depends_on
+        if control.status != "succeeded":
+            blocked = ReplayResult(
+                unit_id=unit.unit_id,
+                case_id=unit.case_id,
+                arm="candidate",
+                repetition=unit.repetition,
+                status="blocked",
+                blocked_by=control.unit_id,
+            )
+            unit.replay = blocked
+            self._finish(unit, "blocked" if control.status != "not_run" else "not_run")
+            return
+        if self.stop_reason is not None or self._beyond_cutoff(unit):
+            self._finish(unit, "not_run", self.stop_reason or "early_stop")
+            return
+        heapq.heappush(self.ready, (unit.index, unit.index))
+        self.wake.set()
+
+    def _beyond_cutoff(self, unit: _Unit) -> bool:
+        return self.cutoff is not None and unit.case_index >= self.cutoff
+
+    # ----- one unit --------------------------------------------------------------------
+
+    async def _run_unit(self, unit: _Unit, lane: ActorRef) -> None:
+        try:
+            replay = await self._replay(unit, lane)
+        finally:
+            self.free_replay[0].send_nowait(lane)
+            self.wake.set()
+        if replay is None:
+            return
+        unit.replay = replay
+        if replay.status == "succeeded":
+            unit.judge = await self._judge(unit, replay)
+        unit.status = self._status(unit)
+        await self.s.record(self.request.measurement_id, unit)
+        if unit.arm == "baseline" and unit.status == "succeeded":
+            assert unit.judge is not None
+            self.s.baseline_cache[self.s.baseline_key(unit)] = (replay, unit.judge)
+        if replay.failure is not None and replay.failure.code == "spawn_failed":
+            self._stop(
+                "shared_failure", f"{unit.arm} replay could not start: {replay.failure.message}"
+            )
+        self._finish(unit, unit.status)
+        self._check_early_stop()
+
+    async def _replay(self, unit: _Unit, lane: ActorRef) -> ReplayResult | None:
+        if self.stop_reason is not None or self._beyond_cutoff(unit):
+            self._finish(unit, "not_run", self.stop_reason or "early_stop")
+            return None
+        if unit.arm == "baseline":
+            cached = self.s.baseline_cache.get(self.s.baseline_key(unit))
+            if cached is not None:
+                unit.replay, unit.judge, unit.reused = cached[0], cached[1], True
+                self._finish(unit, "succeeded", "reused")
+                self._check_early_stop()
+                return None
+        if not await self._reserve(unit):
+            self._stop("budget_limited", "the budget denied a replay")
+            self._finish(unit, "not_run", "budget")
+            return None
+        settings = self.s.settings
+        job = ReplayJob(
+            unit_id=unit.unit_id,
+            case_id=unit.case_id,
+            case_ref=settings.case_refs[unit.case_id],
+            tree_ref=unit.tree_ref,
+            arm=unit.arm,
+            repetition=unit.repetition,  # type: ignore[arg-type]
+            seed=unit_seed(settings.seed, unit.case_id, unit.repetition),
+            timeout_seconds=settings.replay_timeout,
+        )
+        result: ReplayResult = await lane.ask(job, timeout=settings.replay_timeout + 60)
+        if self.s.budget is not None:
+            await self.s.budget.ask(
+                Debit(item=unit.unit_id, actual=result.usage, complete=result.usage_complete),
+                timeout=30,
+            )
+        return result
+
+    async def _reserve(self, unit: _Unit) -> bool:
+        if self.s.budget is None:
+            return True
+        reply: ReserveReply = await self.s.budget.ask(
+            Reserve(stage="replay", item=unit.unit_id), timeout=30
+        )
+        return reply.granted
+
+    async def _judge(self, unit: _Unit, replay: ReplayResult) -> JudgeResult:
+        lane = await self.free_judge[1].receive()
+        try:
+            settings = self.s.settings
+            assert replay.output_ref is not None
+            job = JudgeJob(
+                unit_id=unit.unit_id,
+                case_id=unit.case_id,
+                case_ref=settings.judge_case_refs[unit.case_id],
+                output_ref=replay.output_ref,
+                tree_ref=unit.tree_ref,
+                timeout_seconds=settings.judge_timeout,
+                seed=unit_seed(settings.seed, unit.case_id, unit.repetition),
+            )
+            return await lane.ask(job, timeout=settings.judge_timeout * 4 + 60)
+        finally:
+            self.free_judge[0].send_nowait(lane)
+
+    @staticmethod
+    def _status(unit: _Unit) -> str:
+        assert unit.replay is not None
+        if unit.replay.status != "succeeded":
+            return unit.replay.status
+        if unit.judge is None or unit.judge.status != "succeeded":
+            return "cancelled" if unit.judge and unit.judge.status == "cancelled" else "failed"
+        return "succeeded"
+
+    def _stop(self, reason: MeasureStatus, message: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason, self.message = reason, message[:2048]
+            for unit in self.units:
+                if not unit.done.is_set():
+                    self.s.board.stop(unit.unit_id)
+            self.wake.set()
+
+    # ----- early stop and the decision -------------------------------------------------
+
+    def _scores(self, upto: int | None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        baseline: dict[str, list[float]] = {}
+        candidate: dict[str, list[float]] = {}
+        for unit in self.units:
+            if upto is not None and unit.case_index >= upto:
+                continue
+            if unit.score is not None:
+                side = baseline if unit.arm == "baseline" else candidate
+                side.setdefault(unit.case_id, []).append(unit.score)
+        return baseline, candidate
+
+    def _complete_prefix(self) -> list[tuple[int, float | None]]:
+        """(case index, delta or None) for the leading run of finished cases, in plan order."""
+        by_case: dict[int, list[_Unit]] = {}
+        for unit in self.units:
+            by_case.setdefault(unit.case_index, []).append(unit)
+        prefix = []
+        for index in range(len(self.case_ids)):
+            units = by_case.get(index, [])
+            if not all(u.done.is_set() for u in units):
+                break
+            base = [u.score for u in units if u.arm == "baseline" and u.score is not None]
+            cand = [u.score for u in units if u.arm == "candidate" and u.score is not None]
+            delta = sum(cand) / len(cand) - sum(base) / len(base) if base and cand else None
+            prefix.append((index, delta))
+        return prefix
+
+    def _check_early_stop(self) -> None:
+        gate = self.request.gate
+        if self.early is not None or self.stop_reason is not None or not gate.sequential:
+            return
+        prefix = self._complete_prefix()
+        test, deltas = SequentialTest(gate.sequential_alpha), []
+        for position, (index, delta) in enumerate(prefix):
+            if delta is None:
+                continue
+            deltas.append(delta)
+            test.update(delta)
+            remaining = len(self.case_ids) - position - 1
+            bound = settled(deltas, remaining, gate)
+            if test.decision != "continue" or bound is not None:
+                decision = test.decision if test.decision != "continue" else bound
+                how = "sequential test" if test.decision != "continue" else "bounds"
+                self.early = (str(decision), f"early stop ({how}) after {len(deltas)} cases")
+                self.cutoff = index + 1
+                for unit in self.units:
+                    if unit.case_index >= self.cutoff and not unit.done.is_set():
+                        self.s.board.stop(unit.unit_id)
+                self.wake.set()
+                return
+
+    async def _summary(self, wall: float) -> MeasureSummary:
+        baseline, candidate = self._scores(self.cutoff)
+        planned = self.cutoff if self.cutoff is not None else len(self.case_ids)
+        gate = decide(baseline, candidate, self.request.gate, n_planned=planned)
+        if self.early is not None and self.stop_reason is None:
+            gate = gate.model_copy(update={"decision": self.early[0], "reason": self.early[1]})
+        ordered = sorted(self.units, key=lambda u: (u.case_index, u.repetition, u.arm))
+        records = [
+            {
+                "unit": u.unit_id,
+                "case": u.case_id,
+                "arm": u.arm,
+                "repetition": u.repetition,
+                "status": u.status,
+                "reused": u.reused,
+                "note": u.note,
+                "score": u.score,
+                "replay": u.replay.model_dump(mode="json") if u.replay else None,
+                "judge": u.judge.model_dump(mode="json") if u.judge else None,
+            }
+            for u in ordered
+        ]
+        units_ref = await trio.to_thread.run_sync(self.s.store.put_bytes, orjson.dumps(records))
+        counts = {
+            status: sum(u.status == status for u in self.units)
+            for status in ("failed", "blocked", "not_run")
+        }
+        status: MeasureStatus = self.stop_reason or ("early_stopped" if self.early else "complete")
+        return MeasureSummary(
+            measurement_id=self.request.measurement_id,
+            status=status,
+            message=self.message,
+            gate=gate,
+            units_planned=len(self.units),
+            units_run=sum(
+                u.replay is not None and not u.reused and u.status != "blocked" for u in self.units
+            ),
+            units_reused=sum(u.reused for u in self.units),
+            units_failed=counts["failed"]
+            + sum(u.status in ("timed_out", "cancelled") for u in self.units),
+            units_blocked=counts["blocked"],
+            units_not_run=counts["not_run"],
+            cases_compared=gate.n,
+            wall_seconds=wall,
+            units_ref=units_ref,
+        )

@@ -1,0 +1,61 @@
+"""User inputs, checked at the door: JSONL datasets (`load_dataset`) and command templates.
+
+Every refusal is an `InputError` (a ValueError) whose message is one line naming the input
+(``file:line`` for a dataset row, ``<role> command`` for a template); the CLI exits with 2.
+"""
+
+from evolane.inputs._cases import (
+    MAX_CASE_ID_CHARS,
+    SPLITS,
+    Case,
+    CaseId,
+    Split,
+    case_json,
+    case_row,
+)
+from evolane.inputs._dataset import (
+    MAX_FILE_BYTES,
+    MAX_LINE_BYTES,
+    Dataset,
+    load_dataset,
+    parse_dataset,
+    require_split,
+)
+from evolane.inputs._errors import DatasetError, InputError, TemplateError
+from evolane.inputs._templates import (
+    ALL_PLACEHOLDERS,
+    JUDGE_PLACEHOLDERS,
+    MAX_TEMPLATE_ARGS,
+    MAX_TEMPLATE_CHARS,
+    OPTIMIZER_PLACEHOLDERS,
+    REPLAY_PLACEHOLDERS,
+    VERIFICATION_PLACEHOLDERS,
+    CommandTemplate,
+)
+
+__all__ = [
+    "ALL_PLACEHOLDERS",
+    "JUDGE_PLACEHOLDERS",
+    "MAX_CASE_ID_CHARS",
+    "MAX_FILE_BYTES",
+    "MAX_LINE_BYTES",
+    "MAX_TEMPLATE_ARGS",
+    "MAX_TEMPLATE_CHARS",
+    "OPTIMIZER_PLACEHOLDERS",
+    "REPLAY_PLACEHOLDERS",
+    "SPLITS",
+    "VERIFICATION_PLACEHOLDERS",
+    "Case",
+    "CaseId",
+    "CommandTemplate",
+    "Dataset",
+    "DatasetError",
+    "InputError",
+    "Split",
+    "TemplateError",
+    "case_json",
+    "case_row",
+    "load_dataset",
+    "parse_dataset",
+    "require_split",
+]

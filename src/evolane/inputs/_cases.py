@@ -1,0 +1,93 @@
+"""One dataset row (DESIGN §8) as a validated `Case`, and its canonical JSON bytes."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Annotated, Literal
+
+import orjson
+from pydantic import AfterValidator, Field, JsonValue
+
+from evolane.inputs._templates import VERIFICATION_PLACEHOLDERS, CommandTemplate
+from evolane.messages import Record
+
+Split = Literal["train", "val", "test"]
+"""The split a case belongs to."""
+SPLITS: tuple[Split, ...] = ("train", "val", "test")
+"""Every split, in their conventional order."""
+MAX_CASE_ID_CHARS = 128
+"""Upper bound on the length of a case id, in characters."""
+
+
+def _check_case_id(value: str) -> str:
+    """Refuse ids that would be unsafe as a file name or unreadable in a report."""
+    if "/" in value:
+        raise ValueError("must not contain '/'")
+    if value in (".", ".."):
+        raise ValueError(f"must not be {value!r}")
+    if any(unicodedata.category(char) == "Cc" for char in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+def _check_verification(value: str | None) -> str | None:
+    """A verification command must be a valid template for its placeholders."""
+    if value is not None:
+        CommandTemplate.parse(value, role="verification", allowed=VERIFICATION_PLACEHOLDERS)
+    return value
+
+
+CaseId = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_CASE_ID_CHARS),
+    AfterValidator(_check_case_id),
+]
+"""A case id: 1 to 128 characters, no control characters, no '/', not '.' or '..'."""
+
+
+class Case(Record):
+    """One dataset row; an optional field that is ``None`` is absent (a JSON ``null`` is too).
+
+    ``input``, ``expected_output`` and ``metadata`` hold plain JSON values: treat them as
+    read-only, since a `Dataset`'s digest was taken from them.
+    """
+
+    id: CaseId
+    input: JsonValue
+    expected_output: JsonValue = None
+    verification_command: Annotated[str | None, AfterValidator(_check_verification)] = None
+    split: Split = "val"
+    metadata: dict[str, JsonValue] | None = None
+
+    def verification_template(self) -> CommandTemplate | None:
+        """The parsed ``verification_command`` (role ``verification``), or ``None``."""
+        if self.verification_command is None:
+            return None
+        return CommandTemplate.parse(
+            self.verification_command, role="verification", allowed=VERIFICATION_PLACEHOLDERS
+        )
+
+
+def case_row(case: Case, *, include_answers: bool = True) -> dict[str, JsonValue]:
+    """The case as a JSON row: absent optional fields are left out, ``split`` is always there.
+
+    ``include_answers=False`` also leaves out ``expected_output`` and ``verification_command``.
+    """
+    row: dict[str, JsonValue] = {"id": case.id, "input": case.input, "split": case.split}
+    if include_answers and case.expected_output is not None:
+        row["expected_output"] = case.expected_output
+    if include_answers and case.verification_command is not None:
+        row["verification_command"] = case.verification_command
+    if case.metadata is not None:
+        row["metadata"] = case.metadata
+    return row
+
+
+def case_json(case: Case, *, include_answers: bool = True) -> bytes:
+    """The canonical JSON of the case (sorted keys, compact, stable): the ``{case_file}`` bytes.
+
+    Raises ``orjson.JSONEncodeError`` for a value nested deeper than orjson can write
+    (about 250 levels); `load_dataset` refuses such rows up front.
+    """
+    row = case_row(case, include_answers=include_answers)
+    return orjson.dumps(row, option=orjson.OPT_SORT_KEYS)

@@ -1,0 +1,313 @@
+"""Loading a JSONL dataset (DESIGN §8) into an immutable `Dataset`, refusing bad rows by line.
+
+Every refusal is a `DatasetError` whose message is one line naming the file and, where there
+is one, the 1-based line of the first problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import orjson
+from pydantic import ValidationError
+
+from evolane.inputs._cases import SPLITS, Case, Split, case_json
+from evolane.inputs._errors import DatasetError, InputError, quote
+
+MAX_FILE_BYTES = 256 * 1024 * 1024
+"""A dataset file larger than this is refused before it is read."""
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""A dataset line longer than this is refused."""
+
+_BOM = b"\xef\xbb\xbf"
+_JSON_SPACE = b" \t\r\n"
+_FIELDS = tuple(Case.model_fields)
+_REQUIRED = ("id", "input")
+_ORJSON_WHERE = re.compile(r": line \d+ column (\d+) \(char \d+\)$")
+_DEFAULT_PATH = "<dataset>"
+
+
+class Dataset:
+    """An immutable, loaded dataset: its cases in file order, looked up by id and by split.
+
+    Two datasets are equal when they have the same path and the same digest.
+    """
+
+    __slots__ = ("_by_id", "_cases", "_digest", "_path", "_splits")
+
+    _cases: tuple[Case, ...]
+    _path: str
+    _digest: str
+    _by_id: Mapping[str, Case]
+    _splits: Mapping[str, tuple[Case, ...]]
+
+    def __init__(
+        self, cases: Iterable[Case], *, path: str | os.PathLike[str] = _DEFAULT_PATH
+    ) -> None:
+        """Hold ``cases`` (in order); duplicate ids or no cases raise `DatasetError`."""
+        shown = os.fspath(path)
+        ordered = tuple(cases)
+        seen: dict[str, int] = {}
+        for index, case in enumerate(ordered, start=1):
+            if case.id in seen:
+                raise DatasetError.at(
+                    shown,
+                    None,
+                    f"duplicate id {quote(case.id)} (cases {seen[case.id]} and {index})",
+                )
+            seen[case.id] = index
+        try:
+            encoded = [case_json(case) for case in ordered]
+        except orjson.JSONEncodeError as error:
+            raise DatasetError.at(shown, None, f"a case cannot be encoded: {error}") from None
+        self._build(ordered, encoded, shown)
+
+    @classmethod
+    def _trusted(cls, cases: tuple[Case, ...], encoded: list[bytes], path: str) -> Dataset:
+        """A dataset from cases the loader has checked and encoded already."""
+        dataset = cls.__new__(cls)
+        dataset._build(cases, encoded, path)
+        return dataset
+
+    def _build(self, cases: tuple[Case, ...], encoded: list[bytes], path: str) -> None:
+        if not cases:
+            raise DatasetError.at(path, None, "no cases")
+        hasher = hashlib.sha256()
+        for line in encoded:
+            hasher.update(line)
+            hasher.update(b"\n")
+        splits = {name: tuple(case for case in cases if case.split == name) for name in SPLITS}
+        set_ = object.__setattr__
+        set_(self, "_cases", cases)
+        set_(self, "_path", path)
+        set_(self, "_digest", "sha256:" + hasher.hexdigest())
+        set_(self, "_by_id", MappingProxyType({case.id: case for case in cases}))
+        set_(self, "_splits", MappingProxyType(splits))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Dataset is immutable (cannot set {name!r})")
+
+    @property
+    def cases(self) -> tuple[Case, ...]:
+        """Every case, in file order."""
+        return self._cases
+
+    @property
+    def path(self) -> str:
+        """The path the dataset was loaded from, as given (used in error messages)."""
+        return self._path
+
+    @property
+    def digest(self) -> str:
+        """``sha256:<hex>`` of `canonical_jsonl`: a fingerprint of the content and its order."""
+        return self._digest
+
+    @property
+    def split_counts(self) -> Mapping[str, int]:
+        """The number of cases in each split (every split is listed, possibly with 0)."""
+        return {name: len(cases) for name, cases in self._splits.items()}
+
+    def split(self, name: str) -> tuple[Case, ...]:
+        """The cases of split ``name`` (``train``, ``val`` or ``test``) in file order."""
+        try:
+            return self._splits[name]
+        except KeyError:
+            raise ValueError(f"unknown split {name!r} (expected one of {SPLITS})") from None
+
+    def by_id(self, case_id: str) -> Case:
+        """The case with id ``case_id``; `KeyError` if there is none."""
+        return self._by_id[case_id]
+
+    def canonical_jsonl(self) -> bytes:
+        """The canonical JSONL of the dataset (one `case_json` per line); `digest` hashes it."""
+        return b"".join(case_json(case) + b"\n" for case in self._cases)
+
+    def __len__(self) -> int:
+        return len(self._cases)
+
+    def __iter__(self) -> Iterator[Case]:
+        return iter(self._cases)
+
+    def __contains__(self, case_id: object) -> bool:
+        return case_id in self._by_id
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Dataset):
+            return NotImplemented
+        return self._path == other._path and self._digest == other._digest
+
+    def __hash__(self) -> int:
+        return hash((self._path, self._digest))
+
+    def __repr__(self) -> str:
+        return f"Dataset(path={self._path!r}, cases={len(self._cases)}, digest={self._digest!r})"
+
+
+def require_split(dataset: Dataset, name: Split) -> tuple[Case, ...]:
+    """The cases of split ``name``; `DatasetError` ``"<path>: the <name> split is empty"``."""
+    cases = dataset.split(name)
+    if not cases:
+        raise DatasetError.at(dataset.path, None, f"the {name} split is empty")
+    return cases
+
+
+def load_dataset(
+    path: str | os.PathLike[str],
+    *,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> Dataset:
+    """Read and check the JSONL dataset at ``path``; the first problem raises `DatasetError`."""
+    shown = os.fspath(path)
+    return parse_dataset(
+        _read_bounded(shown, max_file_bytes), path=shown, max_line_bytes=max_line_bytes
+    )
+
+
+def parse_dataset(
+    data: bytes, *, path: str = _DEFAULT_PATH, max_line_bytes: int = MAX_LINE_BYTES
+) -> Dataset:
+    """Check JSONL ``data`` (named ``path`` in messages) as `load_dataset` does for a file."""
+    cases: list[Case] = []
+    encoded: list[bytes] = []
+    seen: dict[str, int] = {}
+    start = len(_BOM) if data.startswith(_BOM) else 0
+    for number, first, end in _line_spans(data, start):
+        if end - first > max_line_bytes:
+            _fail(
+                path, number, f"line is {end - first} bytes, over the {_size(max_line_bytes)} limit"
+            )
+        line = data[first:end]
+        if not line.strip(_JSON_SPACE):
+            continue
+        case, row_json = _parse_row(line, path, number)
+        earlier = seen.get(case.id)
+        if earlier is not None:
+            _fail(path, number, f"duplicate id {quote(case.id)} (first on line {earlier})")
+        seen[case.id] = number
+        cases.append(case)
+        encoded.append(row_json)
+    if not cases:
+        _fail(path, None, "no cases")
+    return Dataset._trusted(tuple(cases), encoded, path)
+
+
+def _read_bounded(path: str, limit: int) -> bytes:
+    """The bytes of the file at ``path``, refusing one larger than ``limit``."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > limit:
+                _fail(path, None, f"file is {size} bytes, over the {_size(limit)} limit")
+            data = handle.read(limit + 1)
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        _fail(path, None, f"cannot read: {reason[:1].lower()}{reason[1:]}")
+    if len(data) > limit:
+        _fail(path, None, f"file is over the {_size(limit)} limit")
+    return data
+
+
+def _line_spans(data: bytes, start: int) -> Iterator[tuple[int, int, int]]:
+    """``(line number, start, end)`` of every line of ``data`` (the newline excluded)."""
+    number = 0
+    while start < len(data):
+        number += 1
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+        yield number, start, end
+        start = end + 1
+
+
+def _parse_row(line: bytes, path: str, number: int) -> tuple[Case, bytes]:
+    """The `Case` of one non-blank line and its canonical JSON; any problem raises."""
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError as error:
+        _fail(path, number, f"invalid JSON: {_trim_orjson(str(error))}")
+    if not isinstance(row, dict):
+        _fail(path, number, f"a row must be a JSON object, got {_json_kind(row)}")
+    unknown = [key for key in row if key not in _FIELDS]
+    if unknown:
+        names = ", ".join(quote(key) for key in sorted(unknown)[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        plural = "s" if len(unknown) > 1 else ""
+        _fail(path, number, f"unknown key{plural} {names}{more} (allowed: {', '.join(_FIELDS)})")
+    for field in _REQUIRED:
+        if field not in row:
+            _fail(path, number, f"missing required field {field!r}")
+    try:
+        case = Case(**row)
+    except ValidationError as error:
+        _fail(path, number, _describe(error))
+    try:
+        return case, case_json(case)
+    except orjson.JSONEncodeError:
+        _fail(path, number, f"field {_too_deep(row)!r}: nested too deeply (about 250 levels)")
+
+
+def _describe(error: ValidationError) -> str:
+    """One line for the first problem pydantic found: the field, what is wrong, the value."""
+    first = error.errors(include_url=False)[0]
+    field = str(first["loc"][0]) if first["loc"] else "row"
+    if first["type"] == "recursion_depth_exceeded":
+        return f"field {field!r}: nested too deeply (about 250 levels)"
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, InputError):
+        reason = getattr(cause, "reason", None) or cause.message
+        return f"field {field!r}: {reason}"
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if message.startswith("Input should be"):  # "input" would read as the field of that name
+        message = "should be" + message.removeprefix("Input should be")
+    message = message[:1].lower() + message[1:]
+    value = first.get("input")
+    if isinstance(value, str | int | float | bool) or value is None:
+        return f"field {field!r}: {message} (got {quote(value)})"
+    return f"field {field!r}: {message} (got {_json_kind(value)})"
+
+
+def _too_deep(row: dict[str, Any]) -> str:
+    """The first field of ``row`` that orjson cannot write (nesting beyond its limit)."""
+    for field, value in row.items():
+        try:
+            orjson.dumps({field: value})
+        except orjson.JSONEncodeError:
+            return field
+    return "row"
+
+
+def _json_kind(value: object) -> str:
+    """The JSON type name of a parsed value, with an article."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return "a number"
+
+
+def _trim_orjson(message: str) -> str:
+    """orjson's message without its in-row line number, bounded in length."""
+    message = _ORJSON_WHERE.sub(r" at column \1", message)
+    return message if len(message) <= 200 else message[:197] + "..."
+
+
+def _size(limit: int) -> str:
+    """A byte count as ``N MiB`` when it is a whole number of MiB, else ``N bytes``."""
+    mib = 1024 * 1024
+    return f"{limit // mib} MiB" if limit % mib == 0 and limit else f"{limit} bytes"
+
+
+def _fail(path: str, line: int | None, reason: str) -> NoReturn:
+    raise DatasetError.at(path, line, reason)

@@ -1,0 +1,150 @@
+"""Messages of the measurement pipeline: budget, replay and judge jobs, their results."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from evolane.messages._base import ArtifactRef, Message, Name, Record, ShortText, Text
+
+Arm = Literal["baseline", "candidate"]
+Owner = Literal["candidate", "task", "infrastructure", "framework"]
+Stage = Literal["replay", "judge", "optimizer", "gate", "budget", "scheduler"]
+UnitStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "blocked", "not_run"]
+Dimension = Literal["tokens", "cost_usd", "wall_seconds"]
+DIMENSIONS: tuple[Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
+_BIG = 1e15
+
+
+class Usage(Record):
+    """Resource use per dimension; ``None`` means unknown (not zero)."""
+
+    tokens: float | None = Field(default=None, ge=0, le=_BIG)
+    cost_usd: float | None = Field(default=None, ge=0, le=_BIG)
+    wall_seconds: float | None = Field(default=None, ge=0, le=_BIG)
+
+    def get(self, dimension: Dimension) -> float | None:
+        return getattr(self, dimension)
+
+
+class FailureEvent(Record):
+    """Why a unit did not produce a usable result, and whose fault it is."""
+
+    owner: Owner
+    stage: Stage
+    code: ShortText
+    message: Text = ""
+    repairable: bool = False
+
+
+class Reserve(Message):
+    """Ask the budget for room for one unit of work before starting it."""
+
+    kind: Literal["budget.reserve"] = "budget.reserve"
+    stage: Name
+    item: Name
+    estimate: Usage | None = None
+    zero_cost: bool = False
+
+
+class ReserveReply(Message):
+    """Granted, or denied with the reason (a denial changes nothing)."""
+
+    kind: Literal["budget.reserve_reply"] = "budget.reserve_reply"
+    granted: bool
+    reason: ShortText = ""
+
+
+class Debit(Message):
+    """Charge what a unit used; incomplete dimensions are charged at least their reservation."""
+
+    kind: Literal["budget.debit"] = "budget.debit"
+    item: Name
+    actual: Usage
+    complete: bool = True
+
+
+class Release(Message):
+    """Drop a reservation without a charge (the unit never ran)."""
+
+    kind: Literal["budget.release"] = "budget.release"
+    item: Name
+
+
+class LedgerQuery(Message):
+    """Ask for the ledger's current state."""
+
+    kind: Literal["budget.query"] = "budget.query"
+
+
+class BudgetEvent(Message):
+    """A ceiling crossed 50, 80 or 100 percent, or an overrun: told to observers."""
+
+    kind: Literal["budget.event"] = "budget.event"
+    dimension: Dimension
+    level: Literal["50%", "80%", "100%", "overrun"]
+    spent: float
+    ceiling: float | None = None
+    item: Name | None = None
+
+
+class ReplayJob(Message):
+    """Replay one case for one arm and repetition, in a fresh sandboxed workspace."""
+
+    kind: Literal["replay.job"] = "replay.job"
+    unit_id: Name
+    case_id: Name
+    case_ref: ArtifactRef
+    tree_ref: ArtifactRef
+    arm: Arm
+    repetition: int = Field(ge=0, le=10_000)
+    seed: int = Field(ge=0, le=2**63 - 1)
+    timeout_seconds: float = Field(gt=0, le=86_400)
+
+
+class ReplayResult(Message):
+    """What a replay produced: a status, refs to its outputs, usage, and a failure event."""
+
+    kind: Literal["replay.result"] = "replay.result"
+    unit_id: Name
+    case_id: Name
+    arm: Arm
+    repetition: int = Field(ge=0, le=10_000)
+    status: UnitStatus
+    failure: FailureEvent | None = None
+    output_ref: ArtifactRef | None = None
+    stdout_ref: ArtifactRef | None = None
+    stderr_ref: ArtifactRef | None = None
+    usage: Usage = Usage()
+    usage_complete: bool = False
+    wall_seconds: float = Field(default=0.0, ge=0, le=_BIG)
+    attempts: int = Field(default=1, ge=0, le=100)
+    blocked_by: Name | None = None
+
+
+class JudgeJob(Message):
+    """Score one replay output."""
+
+    kind: Literal["judge.job"] = "judge.job"
+    unit_id: Name
+    case_id: Name
+    case_ref: ArtifactRef
+    output_ref: ArtifactRef
+    tree_ref: ArtifactRef
+    seed: int = Field(ge=0, le=2**63 - 1)
+    timeout_seconds: float = Field(gt=0, le=86_400)
+
+
+class JudgeResult(Message):
+    """A score in [0, 1], or an infrastructure failure (never a score of 0)."""
+
+    kind: Literal["judge.result"] = "judge.result"
+    unit_id: Name
+    status: Literal["succeeded", "failed", "cancelled"]
+    score: float | None = Field(default=None, ge=0.0, le=1.0)
+    source: Literal["command", "verification_command", "exact_match"]
+    failure: FailureEvent | None = None
+    detail_ref: ArtifactRef | None = None
+    attempts: int = Field(default=1, ge=0, le=100)
+    wall_seconds: float = Field(default=0.0, ge=0, le=_BIG)

@@ -1,0 +1,48 @@
+"""The gate configuration and the gate result records (DESIGN §6)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from evolane.messages import Name, Record, ShortText
+
+GateName = Literal["paired", "bootstrap", "strict", "threshold"]
+Decision = Literal["accept", "reject", "indecisive"]
+
+MAX_VETOED_LISTED = 16
+"""At most this many vetoed case ids are listed in a `GateResult` (the reason gives the count)."""
+
+
+class GateConfig(Record):
+    """How a candidate is judged against its baseline; every field has a safe default."""
+
+    gate: GateName = "paired"
+    k_se: float = Field(default=1.0, ge=0.0, le=100.0)
+    min_effect: float = Field(default=0.0, gt=-1.0, lt=1.0)
+    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
+    bootstrap_samples: int = Field(default=10_000, ge=1, le=1_000_000)
+    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    no_regression: bool = False
+    pass_score: float = Field(default=1.0, ge=0.0, le=1.0)
+    min_cases: int = Field(default=8, ge=1)
+    min_coverage: float = Field(default=0.5, ge=0.0, le=1.0)
+    sequential: bool = True
+    sequential_alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    seed: int = Field(default=0, ge=0, lt=2**63)
+
+
+class GateResult(Record):
+    """The verdict on one candidate, with the evidence behind it (n, mean delta, SE, CI)."""
+
+    gate: GateName
+    n: int = Field(ge=0)
+    n_planned: int = Field(ge=0)
+    mean_delta: float = Field(ge=-1.0, le=1.0)
+    se: float = Field(ge=0.0)
+    ci_low: float = Field(ge=-1.0, le=1.0)
+    ci_high: float = Field(ge=-1.0, le=1.0)
+    decision: Decision
+    reason: ShortText
+    vetoed_cases: tuple[Name, ...] = Field(default=(), max_length=MAX_VETOED_LISTED)

@@ -1,0 +1,92 @@
+"""Builds a real measurement pipeline over the sleeper workload for tests and benchmarks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evolane.actors.pipeline import Pipeline, PipelineConfig, open_pipeline
+from evolane.examples.sleeper.commands import main as sleeper
+from evolane.inputs import Dataset, load_dataset
+from evolane.messages import ArtifactRef
+from evolane.sandbox import SandboxHost, open_sandbox
+from evolane.store import BlobStore, snapshot_tree
+from evolane.supervisors import open_runtime
+
+PY = sys.executable
+REPLAY = (
+    f"{PY} -m evolane.examples.sleeper replay --case-file {{case_file}} "
+    "--candidate {candidate} --output-dir {output_dir} --seed {seed}"
+)
+JUDGE = (
+    f"{PY} -m evolane.examples.sleeper judge --case-file {{case_file}} "
+    "--output-dir {output_dir} --seed {seed}"
+)
+
+
+@dataclass
+class Bench:
+    """A running pipeline plus the trees and store to drive it."""
+
+    pipeline: Pipeline
+    host: SandboxHost
+    store: BlobStore
+    dataset: Dataset
+    root: Path
+
+    def tree(self, effect: float, variant: str | None = None) -> ArtifactRef:
+        """A candidate tree whose true effect is ``effect``."""
+        folder = self.root / f"tree-{effect}-{variant}"
+        if not folder.exists():
+            shutil.copytree(self.root / "work" / "target", folder)
+            data: dict[str, Any] = {"effect": effect}
+            if variant is not None:
+                data["variant"] = variant
+            (folder / "effect.json").write_text(json.dumps(data))
+        return snapshot_tree(self.store, folder)
+
+
+@asynccontextmanager
+async def sleeper_bench(
+    root: Path,
+    *,
+    cases: int = 16,
+    median: float = 0.05,
+    spread: float = 0.0,
+    sleeper_args: tuple[str, ...] = (),
+    **config: Any,
+) -> AsyncIterator[Bench]:
+    """A sleeper dataset (all cases in ``val`` by moving them there) and a pipeline over it."""
+    work = root / "work"
+    assert (
+        sleeper(
+            [
+                "init",
+                str(work),
+                "--cases",
+                str(cases),
+                "--median-seconds",
+                str(median),
+                "--spread",
+                str(spread),
+                *sleeper_args,
+            ]
+        )
+        == 0
+    )
+    rows = [json.loads(line) for line in (work / "dataset.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["split"] = "val"
+    (work / "dataset.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = load_dataset(work / "dataset.jsonl")
+    store = BlobStore(root / "store")
+    settings = {"replay": REPLAY, "judge": JUDGE, "kill_grace": 0.2, **config}
+    async with open_sandbox(root / "sandbox", store=store) as host, open_runtime() as runtime:
+        async with open_pipeline(runtime, host, store, dataset, PipelineConfig(**settings)) as pipe:
+            yield Bench(pipe, host, store, dataset, root)

@@ -1,0 +1,218 @@
+"""The measurement pipeline end to end over real sandboxed sleeper processes."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import trio
+
+from evolane.actors.scheduler import MeasureRequest
+from evolane.sandbox import lease_holders
+from evolane.stats import GateConfig
+from evolane.store import read_journal
+from tests.pipeline_helpers import sleeper_bench
+
+NO_SEQ = GateConfig(sequential=False, min_cases=4)
+
+
+def units(bench, summary) -> list[dict]:  # type: ignore[no-untyped-def]
+    return orjson.loads(bench.store.read_bytes(summary.units_ref))
+
+
+async def test_peak_lane_concurrency_equals_the_setting(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async with sleeper_bench(tmp_path, cases=16, median=0.3, replay_concurrency=3) as bench:
+        peak = 0
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                running = [
+                    p
+                    for p in lease_holders(bench.host.lease)
+                    if b"sleeper\x00replay" in open(f"/proc/{p}/cmdline", "rb").read()
+                ]
+                peak = max(peak, len(running))
+                await trio.sleep(0.02)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample)
+            summary = await bench.pipeline.measure(
+                MeasureRequest(
+                    measurement_id="m1",
+                    baseline_ref=bench.tree(0.0),
+                    candidate_ref=bench.tree(0.1),
+                    gate=NO_SEQ,
+                )
+            )
+            nursery.cancel_scope.cancel()
+    assert summary.status == "complete" and summary.units_run == 32
+    assert peak == 3
+
+
+async def test_control_runs_before_treatment_and_results_come_back_ordered(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    journal = tmp_path / "journal.jsonl"
+    async with sleeper_bench(
+        tmp_path, cases=12, spread=0.8, replay_concurrency=4, journal_path=journal
+    ) as bench:
+        summary = await bench.pipeline.measure(
+            MeasureRequest(
+                measurement_id="m1",
+                baseline_ref=bench.tree(0.0),
+                candidate_ref=bench.tree(0.05),
+                gate=NO_SEQ,
+            )
+        )
+        records = units(bench, summary)
+    order = [r["unit"] for r in read_journal(journal).records]
+    for case in range(12):
+        assert order.index(f"m1.{case}.0.b") < order.index(f"m1.{case}.0.c")
+    assert [(r["case"], r["arm"]) for r in records] == sorted(
+        [(r["case"], r["arm"]) for r in records], key=lambda k: (int(k[0].split("-")[-1]), k[1])
+    )
+    assert all(r["status"] == "succeeded" for r in records)
+
+
+async def test_a_failed_control_blocks_its_treatment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async with sleeper_bench(tmp_path, cases=16, sleeper_args=("--fail-rate", "0.3")) as bench:
+        summary = await bench.pipeline.measure(
+            MeasureRequest(
+                measurement_id="m1",
+                baseline_ref=bench.tree(0.0),
+                candidate_ref=bench.tree(0.1),
+                gate=NO_SEQ,
+            )
+        )
+        records = units(bench, summary)
+    failed = {r["case"] for r in records if r["arm"] == "baseline" and r["status"] == "failed"}
+    assert failed, "the seeded fail rate should fail some baselines"
+    for record in records:
+        if record["arm"] == "candidate" and record["case"] in failed:
+            assert record["status"] == "blocked"
+            assert record["replay"]["blocked_by"].endswith(".b")
+    assert summary.units_blocked == len(failed)
+    assert summary.gate.n == 16 - len(failed)
+
+
+async def test_baselines_are_reused_across_candidates(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async with sleeper_bench(tmp_path, cases=10) as bench:
+        base = bench.tree(0.0)
+        first = await bench.pipeline.measure(
+            MeasureRequest(
+                measurement_id="m1", baseline_ref=base, candidate_ref=bench.tree(0.1), gate=NO_SEQ
+            )
+        )
+        second = await bench.pipeline.measure(
+            MeasureRequest(
+                measurement_id="m2", baseline_ref=base, candidate_ref=bench.tree(-0.1), gate=NO_SEQ
+            )
+        )
+    assert first.units_reused == 0 and first.units_run == 20
+    assert second.units_reused == 10 and second.units_run == 10
+
+
+async def test_results_do_not_depend_on_completion_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    outcomes = []
+    for concurrency in (1, 6):
+        async with sleeper_bench(
+            tmp_path / str(concurrency), cases=10, spread=1.0, replay_concurrency=concurrency
+        ) as bench:
+            summary = await bench.pipeline.measure(
+                MeasureRequest(
+                    measurement_id="m",
+                    baseline_ref=bench.tree(0.0),
+                    candidate_ref=bench.tree(0.1),
+                    gate=NO_SEQ,
+                )
+            )
+            outcomes.append(
+                (
+                    [(r["unit"], r["status"], r["score"]) for r in units(bench, summary)],
+                    summary.gate.model_dump(),
+                )
+            )
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize(("effect", "decision"), [(0.4, "accept"), (-0.4, "reject")])
+async def test_a_clear_winner_or_loser_stops_early(tmp_path, effect: float, decision: str) -> None:  # type: ignore[no-untyped-def]
+    async with sleeper_bench(tmp_path, cases=40, median=0.02, replay_concurrency=2) as bench:
+        summary = await bench.pipeline.measure(
+            MeasureRequest(
+                measurement_id="m", baseline_ref=bench.tree(0.0), candidate_ref=bench.tree(effect)
+            )
+        )
+    assert summary.status == "early_stopped"
+    assert summary.gate.decision == decision
+    assert summary.units_not_run > 0
+
+
+async def test_a_missing_replay_command_is_one_shared_failure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with trio.fail_after(60):
+        async with sleeper_bench(
+            tmp_path, cases=32, replay="no-such-agent --case {case_file}", replay_concurrency=4
+        ) as bench:
+            summary = await bench.pipeline.measure(
+                MeasureRequest(
+                    measurement_id="m", baseline_ref=bench.tree(0.0), candidate_ref=bench.tree(0.1)
+                )
+            )
+    assert summary.status == "shared_failure"
+    assert "no-such-agent" in summary.message
+    assert summary.units_failed <= 4 and summary.units_not_run >= 56
+
+
+async def test_a_judge_printing_non_json_is_an_infrastructure_failure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async with sleeper_bench(
+        tmp_path, cases=4, judge="sh -c 'echo this is not json; true'", judge_failure_retries=1
+    ) as bench:
+        summary = await bench.pipeline.measure(
+            MeasureRequest(
+                measurement_id="m",
+                baseline_ref=bench.tree(0.0),
+                candidate_ref=bench.tree(0.1),
+                gate=NO_SEQ,
+            )
+        )
+        records = units(bench, summary)
+    judge = records[0]["judge"]
+    assert judge["status"] == "failed" and judge["score"] is None and judge["attempts"] == 2
+    assert judge["failure"]["owner"] == "infrastructure"
+    assert "this is not json" in judge["failure"]["message"]
+    assert summary.gate.decision == "indecisive"
+
+
+async def test_cancelling_a_measurement_kills_every_tree_before_it_returns(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async with sleeper_bench(tmp_path, cases=16, median=30, replay_concurrency=4) as bench:
+        with trio.move_on_after(1.0) as scope:
+            await bench.pipeline.measure(
+                MeasureRequest(
+                    measurement_id="m", baseline_ref=bench.tree(0.0), candidate_ref=bench.tree(0.1)
+                )
+            )
+        assert scope.cancelled_caught
+        assert lease_holders(bench.host.lease) == set()
+
+
+async def test_a_token_ceiling_limits_the_measurement(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from evolane.messages import Usage
+
+    async with sleeper_bench(
+        tmp_path,
+        cases=16,
+        replay_concurrency=2,
+        ceilings=Usage(tokens=5000),
+        cold_start={"replay": Usage(tokens=2000, cost_usd=0.004)},
+    ) as bench:
+        summary = await bench.pipeline.measure(
+            MeasureRequest(
+                measurement_id="m",
+                baseline_ref=bench.tree(0.0),
+                candidate_ref=bench.tree(0.1),
+                gate=NO_SEQ,
+            )
+        )
+        ledger = await bench.pipeline.ledger()
+    assert summary.status == "budget_limited" and summary.units_not_run > 0
+    largest = 4000  # the sleeper reports at most 4000 tokens; reservations are estimates
+    assert ledger.spent.tokens is not None and ledger.spent.tokens <= 5000 + largest
+    assert {e.level for e in ledger.events} >= {"50%", "80%", "100%"}
