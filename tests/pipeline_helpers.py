@@ -87,6 +87,10 @@ async def sleeper_bench(
     dataset = load_dataset(work / "dataset.jsonl")
     store = BlobStore(root / "store")
     settings = {"replay": REPLAY, "judge": JUDGE, "kill_grace": 0.2, **config}
-    async with open_sandbox(root / "sandbox", store=store) as host, open_runtime() as runtime:
-        async with open_pipeline(runtime, host, store, dataset, PipelineConfig(**settings)) as pipe:
-            yield Bench(pipe, host, store, dataset, root)
+    pipeline_config = PipelineConfig(**settings)
+    async with (
+        open_sandbox(root / "sandbox", store=store) as host,
+        open_runtime() as runtime,
+        open_pipeline(runtime, host, store, dataset, pipeline_config) as pipe,
+    ):
+        yield Bench(pipe, host, store, dataset, root)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 import trio
@@ -29,7 +31,7 @@ async def test_peak_lane_concurrency_equals_the_setting(tmp_path) -> None:  # ty
                 running = [
                     p
                     for p in lease_holders(bench.host.lease)
-                    if b"sleeper\x00replay" in open(f"/proc/{p}/cmdline", "rb").read()
+                    if b"sleeper\x00replay" in Path(f"/proc/{p}/cmdline").read_bytes()
                 ]
                 peak = max(peak, len(running))
                 await trio.sleep(0.02)
@@ -216,3 +218,36 @@ async def test_a_token_ceiling_limits_the_measurement(tmp_path) -> None:  # type
     largest = 4000  # the sleeper reports at most 4000 tokens; reservations are estimates
     assert ledger.spent.tokens is not None and ledger.spent.tokens <= 5000 + largest
     assert {e.level for e in ledger.events} >= {"50%", "80%", "100%"}
+
+
+async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from evolane.actors.pipeline import PipelineConfig, open_pipeline
+    from evolane.inputs import load_dataset
+    from evolane.sandbox import open_sandbox
+    from evolane.store import BlobStore, snapshot_tree
+    from evolane.supervisors import open_runtime
+
+    rows = [
+        {"id": f"c{i}", "input": i, "expected_output": "yes" if i % 2 else "no"} for i in range(8)
+    ]
+    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (tmp_path / "tree").mkdir()
+    replay = (
+        'sh -c \'grep -q expected_output "$1" && exit 3; echo \\"yes\\" > "$2"/output.json\''
+        " replay {case_file} {output_dir}"
+    )
+    store = BlobStore(tmp_path / "store")
+    config = PipelineConfig(replay=replay, kill_grace=0.2)
+    async with open_sandbox(tmp_path / "sb", store=store) as host, open_runtime() as runtime:
+        dataset = load_dataset(tmp_path / "d.jsonl")
+        async with open_pipeline(runtime, host, store, dataset, config) as pipeline:
+            tree = snapshot_tree(store, tmp_path / "tree")
+            summary = await pipeline.measure(
+                MeasureRequest(
+                    measurement_id="m", baseline_ref=tree, candidate_ref=tree, gate=NO_SEQ
+                )
+            )
+    records = orjson.loads(store.read_bytes(summary.units_ref))
+    assert all(r["status"] == "succeeded" for r in records), records[0]
+    assert {r["case"]: r["score"] for r in records} == {f"c{i}": float(i % 2) for i in range(8)}
+    assert all(r["judge"]["source"] == "exact_match" for r in records)

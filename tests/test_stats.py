@@ -376,3 +376,22 @@ def test_records_are_frozen_closed_and_bounded() -> None:
         config.k_se = 2.0  # type: ignore[misc]
     assert unbounded_fields(GateResult) == []
     assert unbounded_fields(GateConfig) == []
+
+
+def test_a_maximal_gate_result_stays_small() -> None:
+    import orjson
+
+    heavy = "\U0001f600"
+    result = GateResult(
+        gate="threshold",
+        n=10**9,
+        n_planned=10**9,
+        mean_delta=-0.123456789012345,
+        se=0.123456789012345,
+        ci_low=-0.123456789012345,
+        ci_high=0.123456789012345,
+        decision="indecisive",
+        reason="\x00" * 256,
+        vetoed_cases=tuple(heavy * 128 for _ in range(MAX_VETOED_LISTED)),
+    )
+    assert len(orjson.dumps(result.model_dump(mode="json"))) <= 8 * 1024

@@ -32,7 +32,7 @@ def _infra(code: str, message: str) -> _Verdict:
             owner="infrastructure",
             stage="judge",
             code=code,
-            message=message[:2048],
+            message=message[:512],
             repairable=True,
         ),
     )
@@ -157,7 +157,7 @@ class JudgeLane(Actor):
             return _Verdict(
                 None,
                 FailureEvent(
-                    owner="task", stage="judge", code="bad_verification", message=str(error)[:2048]
+                    owner="task", stage="judge", code="bad_verification", message=str(error)[:512]
                 ),
             )
         argv = template.render(

@@ -255,7 +255,7 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
             owner="infrastructure",
             stage="replay",
             code="spawn_failed",
-            message=outcome.error[:2048],
+            message=outcome.error[:512],
         )
     if outcome.status == "timed_out":
         return FailureEvent(
@@ -273,7 +273,7 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
             stage="replay",  # type: ignore[arg-type]
             code=f"limit_{'_'.join(outcome.limits_hit)}",
         )
-    detail = outcome.stderr.text()[-1000:]
+    detail = outcome.stderr.text()[-500:]
     code = (
         f"exit_{outcome.exit_code}" if outcome.exit_code is not None else f"signal_{outcome.signal}"
     )

@@ -16,7 +16,7 @@ import hashlib
 import heapq
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 import trio
@@ -35,9 +35,8 @@ from evolane.messages import (
     ReplayResult,
     Reserve,
     ReserveReply,
-    Text,
 )
-from evolane.stats import GateConfig, GateResult, SequentialTest, decide, settled
+from evolane.stats import EarlyStop, GateConfig, GateResult, decide
 from evolane.store import BlobStore, Journal
 
 MeasureStatus = Literal[
@@ -53,7 +52,7 @@ class MeasureRequest(Message):
     baseline_ref: ArtifactRef
     candidate_ref: ArtifactRef
     split: Literal["train", "val", "test"] = "val"
-    case_ids: tuple[Name, ...] = Field(default=(), max_length=64)
+    case_ids: tuple[Name, ...] = Field(default=(), max_length=8)  # screening: a few cases
     baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
     gate: GateConfig = GateConfig()
@@ -65,7 +64,7 @@ class MeasureSummary(Message):
     kind: Literal["measure.summary"] = "measure.summary"
     measurement_id: Name
     status: MeasureStatus
-    message: Text = ""
+    message: Annotated[str, Field(max_length=512)] = ""
     gate: GateResult
     units_planned: int
     units_run: int
@@ -429,7 +428,7 @@ class _Measurement:
 
     def _stop(self, reason: MeasureStatus, message: str) -> None:
         if self.stop_reason is None:
-            self.stop_reason, self.message = reason, message[:2048]
+            self.stop_reason, self.message = reason, message[:512]
             for unit in self.units:
                 if not unit.done.is_set():
                     self.s.board.stop(unit.unit_id)
@@ -465,22 +464,18 @@ class _Measurement:
         return prefix
 
     def _check_early_stop(self) -> None:
+        """Stop once the decision on the prefix of finished cases can no longer change, or the
+        anytime-valid sequential test decides; ``sequential=False`` means a full evaluation."""
         gate = self.request.gate
         if self.early is not None or self.stop_reason is not None or not gate.sequential:
             return
-        prefix = self._complete_prefix()
-        test, deltas = SequentialTest(gate.sequential_alpha), []
-        for position, (index, delta) in enumerate(prefix):
+        stopper = EarlyStop(gate, len(self.case_ids))
+        for index, delta in self._complete_prefix():
             if delta is None:
-                continue
-            deltas.append(delta)
-            test.update(delta)
-            remaining = len(self.case_ids) - position - 1
-            bound = settled(deltas, remaining, gate)
-            if test.decision != "continue" or bound is not None:
-                decision = test.decision if test.decision != "continue" else bound
-                how = "sequential test" if test.decision != "continue" else "bounds"
-                self.early = (str(decision), f"early stop ({how}) after {len(deltas)} cases")
+                continue  # not comparable (a failure on either side): not evidence either way
+            decision = stopper.update(delta)
+            if decision is not None:
+                self.early = (decision, f"early stop ({stopper.source}) after {stopper.n} cases")
                 self.cutoff = index + 1
                 for unit in self.units:
                     if unit.case_index >= self.cutoff and not unit.done.is_set():

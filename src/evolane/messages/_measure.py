@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from evolane.messages._base import ArtifactRef, Message, Name, Record, ShortText, Text
+from evolane.messages._base import ArtifactRef, Message, Name, Record, ShortText
 
 Arm = Literal["baseline", "candidate"]
 Owner = Literal["candidate", "task", "infrastructure", "framework"]
@@ -34,7 +34,7 @@ class FailureEvent(Record):
     owner: Owner
     stage: Stage
     code: ShortText
-    message: Text = ""
+    message: Annotated[str, Field(max_length=512)] = ""
     repairable: bool = False
 
 

@@ -127,7 +127,8 @@ def _paired(e: _Evidence) -> Verdict:
         return "reject", f"tie: mean_delta == k*SE ({mean:.6g} == {bar:.6g})"
     if close(mean, floor):
         return "reject", f"tie: mean_delta == min_effect ({mean:.6g} == {floor:.6g})"
-    return "accept", f"mean_delta > k*SE ({mean:.6g} > {bar:.6g})"
+    above_floor = f", > min_effect {floor:.6g}" if floor else ""
+    return "accept", f"mean_delta > k*SE ({mean:.6g} > {bar:.6g}){above_floor}"
 
 
 def _bootstrap(e: _Evidence) -> Verdict:
@@ -208,6 +209,13 @@ def decide(
     bootstrap gates need at least 2), then the no-regression veto (reason ``regression``),
     then the gate's own rule. ``n_planned`` defaults to the number of cases either arm names.
     Every result reports n, the mean delta, its SE and a seeded percentile bootstrap CI.
+
+    - paired: accept iff mean > k_se*SE and mean > min_effect (SE = sd/sqrt(n), ddof=1);
+      all deltas equal (SE = 0): accept iff mean > max(0, min_effect), reason ``se_zero``;
+      mean == k_se*SE (or == min_effect) within 1e-12: reject, reason ``tie``.
+    - bootstrap: accept iff the CI's lower bound > min_effect (a tie rejects).
+    - strict: accept iff candidate >= baseline on every case and > on at least one.
+    - threshold: accept iff the candidate's mean score >= threshold and mean delta > 0.
     """
     sample = paired_sample(baseline, candidate)
     deltas = sample.deltas

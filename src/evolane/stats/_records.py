@@ -11,7 +11,10 @@ from evolane.messages import Name, Record, ShortText
 GateName = Literal["paired", "bootstrap", "strict", "threshold"]
 Decision = Literal["accept", "reject", "indecisive"]
 
-MAX_VETOED_LISTED = 16
+MAX_CASES = 1_000_000_000
+"""Upper bound of every case count in these records (they are bounded by schema, DESIGN §3)."""
+
+MAX_VETOED_LISTED = 8
 """At most this many vetoed case ids are listed in a `GateResult` (the reason gives the count)."""
 
 
@@ -26,19 +29,19 @@ class GateConfig(Record):
     threshold: float = Field(default=0.0, ge=0.0, le=1.0)
     no_regression: bool = False
     pass_score: float = Field(default=1.0, ge=0.0, le=1.0)
-    min_cases: int = Field(default=8, ge=1)
+    min_cases: int = Field(default=8, ge=1, le=MAX_CASES)
     min_coverage: float = Field(default=0.5, ge=0.0, le=1.0)
     sequential: bool = True
     sequential_alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
-    seed: int = Field(default=0, ge=0, lt=2**63)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
 
 
 class GateResult(Record):
     """The verdict on one candidate, with the evidence behind it (n, mean delta, SE, CI)."""
 
     gate: GateName
-    n: int = Field(ge=0)
-    n_planned: int = Field(ge=0)
+    n: int = Field(ge=0, le=MAX_CASES)
+    n_planned: int = Field(ge=0, le=MAX_CASES)
     mean_delta: float = Field(ge=-1.0, le=1.0)
     se: float = Field(ge=0.0)
     ci_low: float = Field(ge=-1.0, le=1.0)

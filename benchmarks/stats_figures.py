@@ -6,41 +6,18 @@ Prints, from one run:
       mean fraction of pairs spent <= 50%, agreement with the full evaluation >= 95%
   sequential test at effect 0 (1,000 trials, bounded symmetric deltas): false accepts <= alpha
 
-    python benchmarks/statistics.py [--trials 200] [--null-trials 1000] [--steps 1000]
+    python benchmarks/stats_figures.py [--trials 200] [--null-trials 1000] [--steps 1000]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import random
-import sys
-import sysconfig
 import time
 
 import numpy as np
 
 from evolane.stats import EarlyStop, GateConfig, SequentialTest, bootstrap_ci, decide
-
-
-def _hand_over_to_stdlib() -> None:
-    """Put the stdlib ``statistics`` in ``sys.modules`` in place of this file.
-
-    Scripts run from benchmarks/ have this folder first on ``sys.path``, so their
-    ``import statistics`` finds this file: it then hands them the real module.
-    """
-    stdlib = sysconfig.get_path("stdlib")
-    spec = importlib.machinery.PathFinder.find_spec("statistics", [stdlib])
-    if spec is None or spec.loader is None:
-        raise ImportError(f"the stdlib statistics module is missing from {stdlib}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules["statistics"] = module
-
-
-if __name__ == "statistics":
-    _hand_over_to_stdlib()
 
 CASES, RESAMPLES = 1_000, 10_000
 
@@ -73,7 +50,9 @@ def bench_bootstrap(repeats: int = 7) -> None:
     naive = naive_bootstrap_seconds(deltas.tolist(), small) * (RESAMPLES / small)
     best, median = min(times), float(np.median(times))
     print(f"bootstrap CI {CASES:,} cases x {RESAMPLES:,} resamples:")
-    print(f"  vectorised   best {best * 1e3:7.1f} ms, median {median * 1e3:7.1f} ms (target <= 200)")
+    print(
+        f"  vectorised   best {best * 1e3:7.1f} ms, median {median * 1e3:7.1f} ms (target <= 200)"
+    )
     print(f"  naive loop   {naive * 1e3:9.0f} ms (measured at {small} resamples, scaled x50)")
     print(f"  speed-up     {naive / median:9.0f}x")
 
