@@ -251,3 +251,37 @@ async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_pat
     assert all(r["status"] == "succeeded" for r in records), records[0]
     assert {r["case"]: r["score"] for r in records} == {f"c{i}": float(i % 2) for i in range(8)}
     assert all(r["judge"]["source"] == "exact_match" for r in records)
+
+
+def test_adaptive_repetitions_and_first_repetitions_first() -> None:
+    from evolane.actors.scheduler import _Measurement, repetitions
+    from evolane.messages import ArtifactRef
+
+    ref = ArtifactRef(digest="sha256:" + "0" * 64, size=0)
+    request = MeasureRequest(measurement_id="m", baseline_ref=ref, candidate_ref=ref)
+    assert repetitions(request, cases=8, min_cases=8) == (1, 1)
+    assert repetitions(request, cases=7, min_cases=8) == (2, 3)
+    explicit = request.model_copy(update={"baseline_repetitions": 4, "candidate_repetitions": 1})
+    assert repetitions(explicit, cases=3, min_cases=8) == (4, 1)
+
+    class Settings:
+        splits = {"val": ("a", "b", "c")}
+        min_cases = 8
+
+    class Scheduler:
+        settings = Settings()
+        replay_lanes = judge_lanes = [None]
+
+    plan = _Measurement(Scheduler(), request)  # type: ignore[arg-type]
+    order = [(u.repetition, u.case_id, u.arm) for u in plan.units]
+    assert order[:6] == [
+        (0, "a", "baseline"),
+        (0, "a", "candidate"),
+        (0, "b", "baseline"),
+        (0, "b", "candidate"),
+        (0, "c", "baseline"),
+        (0, "c", "candidate"),
+    ]
+    assert [r for r, _, _ in order] == sorted(r for r, _, _ in order)  # first repetitions first
+    third = [u for u in plan.units if u.arm == "candidate" and u.repetition == 2]
+    assert all(u.depends_on is not None and u.depends_on.repetition == 1 for u in third)

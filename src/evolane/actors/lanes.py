@@ -87,7 +87,8 @@ class _Scratch:
 
     def __init__(self, host: SandboxHost, store: BlobStore, unit_id: str, attempt: int) -> None:
         self.store = store
-        self.dir = host.root / "units" / f"{unit_id}.{attempt}"
+        # Inside the host's lease directory: whatever a crash leaves goes with the lease.
+        self.dir = host.lease_dir / "units" / f"{unit_id}.{attempt}"
         self.case_file, self.candidate = self.dir / "case.json", self.dir / "candidate"
         self.work, self.out = self.dir / "work", self.dir / "out"
 
@@ -97,8 +98,14 @@ class _Scratch:
         tree_ref: ArtifactRef | None,
         seed_ref: ArtifactRef | None,
         output_ref: ArtifactRef | None = None,
+        leftover: Path | None = None,
     ) -> dict[str, Any]:
-        """Lay the unit out and return the case row (blocking I/O: run it in a thread)."""
+        """Lay the unit out and return the case row (blocking I/O: run it in a thread).
+
+        ``leftover``, the lane's previous scratch directory, is removed here: off the
+        critical path between a result and the next job."""
+        if leftover is not None:
+            shutil.rmtree(leftover, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
         case_bytes = self.store.read_bytes(case_ref)
@@ -163,6 +170,11 @@ class ReplayLane(Actor):
     ) -> None:
         assert settings.template is not None
         self.host, self.store, self.settings, self.board = host, store, settings, board
+        self.leftover: Path | None = None
+
+    async def stopped(self) -> None:
+        if self.leftover is not None:
+            await trio.to_thread.run_sync(shutil.rmtree, self.leftover, True)
 
     async def receive(self, message: Message) -> ReplayResult:
         assert isinstance(message, ReplayJob)
@@ -190,10 +202,16 @@ class ReplayLane(Actor):
         self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
     ) -> ReplayResult:
         scratch = _Scratch(self.host, self.store, job.unit_id, attempt)
+        leftover, self.leftover = self.leftover, None
         await trio.to_thread.run_sync(
-            scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed
+            scratch.prepare,
+            job.case_ref,
+            job.tree_ref,
+            self.settings.workspace_seed,
+            None,
+            leftover,
         )
-        keep = False
+        keep, done = False, False
         try:
             assert self.settings.template is not None
             argv = self.settings.template.render(scratch.placeholders(job.seed))
@@ -208,9 +226,12 @@ class ReplayLane(Actor):
             )
             result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
             keep = self.settings.keep_failed and result.status != "succeeded"
+            done = True
             return result
         finally:
-            if not keep:
+            if done and not keep:
+                self.leftover = scratch.dir  # removed with the next job's preparation
+            elif not keep:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(scratch.remove)
 

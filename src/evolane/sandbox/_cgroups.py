@@ -113,7 +113,13 @@ class CgroupRoots:
 
         ``extra_processes`` are launcher processes counted on top of the pids limit.
         """
-        made = [root / name for root in self.roots() if _try_mkdir(root / name)]
+        wanted = [self.unified]
+        if limits.processes is not None:
+            wanted.append(self.pids)
+        if limits.memory_bytes is not None:
+            wanted.append(self.memory)
+        # v1 controllers only when their limit is asked for: each join costs a few ms.
+        made = [root / name for root in wanted if root is not None and _try_mkdir(root / name)]
         if not made:
             return None
         unit = UnitCgroups(made, self)

@@ -18,7 +18,8 @@ from evolane.sandbox._spec import Limits
 JOIN_FAILED_MARKER = b"evolane-launch: cannot join cgroup"
 _JOIN_CGROUPS = (
     'while [ "$1" != "--" ]; do echo $$ > "$1" || '
-    '{ echo "evolane-launch: cannot join cgroup $1" >&2; exit 125; }; shift; done; shift; exec "$@"'
+    '{ echo "evolane-launch: cannot join cgroup $1" >&2; exit 125; }; shift; done; shift; '
+    'ulimit -c 0; exec "$@"'
 )
 # PID 1 of a namespace ignores signals it has no handler for; so the command runs as PID 2
 # under a shell that only waits (the trailing "exit" keeps dash from exec'ing the command).
@@ -112,7 +113,9 @@ def launcher_argv(
     if procs_files and tools.sh is not None:
         argv += [tools.sh, "-c", _JOIN_CGROUPS, "evolane-launch", *procs_files, "--"]
     triples = rlimit_triples(limits)
-    if tools.prlimit is not None:
+    if procs_files and tools.sh is not None and len(triples) == 1:
+        pass  # only "no core dumps": the launcher shell's own `ulimit -c 0` did it
+    elif tools.prlimit is not None:
         flags = [f"{_PRLIMIT_FLAGS[name]}={soft}:{hard}" for name, soft, hard in triples]
         argv += [tools.prlimit, *flags, "--"]
     else:

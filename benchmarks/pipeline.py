@@ -1,0 +1,120 @@
+"""Measurement pipeline throughput (issue 5), every reference measured in the same run.
+
+64 cases x 1 repetition x 2 arms, each replay sleeping 200 ms, full evaluation, on two
+workloads: the sleeper (a Python replay and a Python judge process per unit) and a bare
+``sleep`` replay judged in-process by exact match (what the pipeline itself costs).
+For each: wall with 8 lanes vs the critical-path bound (units x 0.2 s / 8; target <= 1.15x),
+the CPU floor (all CPU used / cores: no schedule can beat it), and the speed-up over 1 lane
+(target >= 7x).
+
+    python benchmarks/pipeline.py [--cases 64] [--sleep 0.2] [--lanes 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.pipeline_helpers import sleeper_bench
+
+from evolane.actors.pipeline import PipelineConfig, open_pipeline
+from evolane.actors.scheduler import MeasureRequest
+from evolane.inputs import load_dataset
+from evolane.sandbox import open_sandbox
+from evolane.stats import GateConfig
+from evolane.store import BlobStore, snapshot_tree
+from evolane.supervisors import open_runtime
+
+FULL = GateConfig(sequential=False)
+
+
+def _cpu() -> float:
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+async def sleeper_run(root: Path, cases: int, sleep: float, lanes: int) -> tuple[float, float]:
+    async with sleeper_bench(
+        root,
+        cases=cases,
+        median=sleep,
+        replay_concurrency=lanes,
+        judge_concurrency=max(2, lanes // 2),
+    ) as bench:
+        base, cand = bench.tree(0.0), bench.tree(0.1)
+        cpu, start = _cpu(), time.perf_counter()
+        await bench.pipeline.measure(
+            MeasureRequest(measurement_id="b", baseline_ref=base, candidate_ref=cand, gate=FULL)
+        )
+        return time.perf_counter() - start, _cpu() - cpu
+
+
+async def bare_run(root: Path, cases: int, sleep: float, lanes: int) -> tuple[float, float]:
+    root.mkdir(parents=True)
+    rows = [{"id": f"c{i}", "input": i, "expected_output": 1} for i in range(cases)]
+    (root / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (root / "tree").mkdir()
+    (root / "tree" / "skill.md").write_text("rules")
+    store = BlobStore(root / "store")
+    replay = f"sh -c 'sleep {sleep}; echo 1 > \"$1\"/output.json' replay {{output_dir}}"
+    config = PipelineConfig(
+        replay=replay,
+        replay_concurrency=lanes,
+        judge_concurrency=max(2, lanes // 2),
+        kill_grace=0.2,
+    )
+    async with (
+        open_sandbox(root / "sb", store=store) as host,
+        open_runtime() as runtime,
+        open_pipeline(runtime, host, store, load_dataset(root / "d.jsonl"), config) as p,
+    ):
+        tree = snapshot_tree(store, root / "tree")
+        cpu, start = _cpu(), time.perf_counter()
+        await p.measure(
+            MeasureRequest(measurement_id="b", baseline_ref=tree, candidate_ref=tree, gate=FULL)
+        )
+        return time.perf_counter() - start, _cpu() - cpu
+
+
+async def main(args: argparse.Namespace) -> None:
+    units, cores = 2 * args.cases, os.cpu_count() or 1
+    bound = units * args.sleep / args.lanes
+    print(
+        f"{units} replay units of {args.sleep * 1000:.0f} ms on {cores} cores; "
+        f"critical-path bound with {args.lanes} lanes: {bound:.2f} s"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, run in (
+            ("bare sleep + exact match", bare_run),
+            ("sleeper (python)", sleeper_run),
+        ):
+            wide, cpu = await run(Path(tmp) / f"{name[:5]}8", args.cases, args.sleep, args.lanes)
+            narrow, _ = await run(Path(tmp) / f"{name[:5]}1", args.cases, args.sleep, 1)
+            floor = cpu / cores
+            print(
+                f"  {name:26} {args.lanes} lanes {wide:6.2f} s = {wide / bound:.2f}x bound "
+                f"(target <= 1.15); CPU floor {floor:.2f} s = {wide / max(floor, bound):.2f}x "
+                f"the larger floor; 1 lane {narrow:6.2f} s: speed-up {narrow / wide:.1f}x "
+                "(target >= 7)"
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=64)
+    parser.add_argument("--sleep", type=float, default=0.2)
+    parser.add_argument("--lanes", type=int, default=8)
+    trio.run(main, parser.parse_args())
