@@ -21,6 +21,23 @@ def units(bench, summary) -> list[dict]:  # type: ignore[no-untyped-def]
     return orjson.loads(bench.store.read_bytes(summary.units_ref))
 
 
+async def measure(
+    bench,
+    effect: float,
+    gate: GateConfig | None = NO_SEQ,
+    name: str = "m1",  # type: ignore[no-untyped-def]
+    baseline=None,
+):
+    """Measure a candidate of true ``effect`` against the effect-0 baseline."""
+    request = MeasureRequest(
+        measurement_id=name,
+        baseline_ref=baseline or bench.tree(0.0),
+        candidate_ref=bench.tree(effect),
+        **({"gate": gate} if gate is not None else {}),
+    )
+    return await bench.pipeline.measure(request)
+
+
 async def test_peak_lane_concurrency_equals_the_setting(tmp_path) -> None:  # type: ignore[no-untyped-def]
     async with sleeper_bench(tmp_path, cases=16, median=0.3, replay_concurrency=3) as bench:
         peak = 0
@@ -38,14 +55,7 @@ async def test_peak_lane_concurrency_equals_the_setting(tmp_path) -> None:  # ty
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sample)
-            summary = await bench.pipeline.measure(
-                MeasureRequest(
-                    measurement_id="m1",
-                    baseline_ref=bench.tree(0.0),
-                    candidate_ref=bench.tree(0.1),
-                    gate=NO_SEQ,
-                )
-            )
+            summary = await measure(bench, 0.1)
             nursery.cancel_scope.cancel()
     assert summary.status == "complete" and summary.units_run == 32
     assert peak == 3
@@ -56,14 +66,7 @@ async def test_control_runs_before_treatment_and_results_come_back_ordered(tmp_p
     async with sleeper_bench(
         tmp_path, cases=12, spread=0.8, replay_concurrency=4, journal_path=journal
     ) as bench:
-        summary = await bench.pipeline.measure(
-            MeasureRequest(
-                measurement_id="m1",
-                baseline_ref=bench.tree(0.0),
-                candidate_ref=bench.tree(0.05),
-                gate=NO_SEQ,
-            )
-        )
+        summary = await measure(bench, 0.05)
         records = units(bench, summary)
     order = [r["unit"] for r in read_journal(journal).records]
     for case in range(12):
@@ -76,14 +79,7 @@ async def test_control_runs_before_treatment_and_results_come_back_ordered(tmp_p
 
 async def test_a_failed_control_blocks_its_treatment(tmp_path) -> None:  # type: ignore[no-untyped-def]
     async with sleeper_bench(tmp_path, cases=16, sleeper_args=("--fail-rate", "0.3")) as bench:
-        summary = await bench.pipeline.measure(
-            MeasureRequest(
-                measurement_id="m1",
-                baseline_ref=bench.tree(0.0),
-                candidate_ref=bench.tree(0.1),
-                gate=NO_SEQ,
-            )
-        )
+        summary = await measure(bench, 0.1)
         records = units(bench, summary)
     failed = {r["case"] for r in records if r["arm"] == "baseline" and r["status"] == "failed"}
     assert failed, "the seeded fail rate should fail some baselines"
@@ -98,16 +94,8 @@ async def test_a_failed_control_blocks_its_treatment(tmp_path) -> None:  # type:
 async def test_baselines_are_reused_across_candidates(tmp_path) -> None:  # type: ignore[no-untyped-def]
     async with sleeper_bench(tmp_path, cases=10) as bench:
         base = bench.tree(0.0)
-        first = await bench.pipeline.measure(
-            MeasureRequest(
-                measurement_id="m1", baseline_ref=base, candidate_ref=bench.tree(0.1), gate=NO_SEQ
-            )
-        )
-        second = await bench.pipeline.measure(
-            MeasureRequest(
-                measurement_id="m2", baseline_ref=base, candidate_ref=bench.tree(-0.1), gate=NO_SEQ
-            )
-        )
+        first = await measure(bench, 0.1, baseline=base)
+        second = await measure(bench, -0.1, name="m2", baseline=base)
     assert first.units_reused == 0 and first.units_run == 20
     assert second.units_reused == 10 and second.units_run == 10
 
@@ -118,14 +106,7 @@ async def test_results_do_not_depend_on_completion_order(tmp_path) -> None:  # t
         async with sleeper_bench(
             tmp_path / str(concurrency), cases=10, spread=1.0, replay_concurrency=concurrency
         ) as bench:
-            summary = await bench.pipeline.measure(
-                MeasureRequest(
-                    measurement_id="m",
-                    baseline_ref=bench.tree(0.0),
-                    candidate_ref=bench.tree(0.1),
-                    gate=NO_SEQ,
-                )
-            )
+            summary = await measure(bench, 0.1, name="m")
             outcomes.append(
                 (
                     [(r["unit"], r["status"], r["score"]) for r in units(bench, summary)],
@@ -138,11 +119,7 @@ async def test_results_do_not_depend_on_completion_order(tmp_path) -> None:  # t
 @pytest.mark.parametrize(("effect", "decision"), [(0.4, "accept"), (-0.4, "reject")])
 async def test_a_clear_winner_or_loser_stops_early(tmp_path, effect: float, decision: str) -> None:  # type: ignore[no-untyped-def]
     async with sleeper_bench(tmp_path, cases=40, median=0.02, replay_concurrency=2) as bench:
-        summary = await bench.pipeline.measure(
-            MeasureRequest(
-                measurement_id="m", baseline_ref=bench.tree(0.0), candidate_ref=bench.tree(effect)
-            )
-        )
+        summary = await measure(bench, effect, gate=None, name="m")
     assert summary.status == "early_stopped"
     assert summary.gate.decision == decision
     assert summary.units_not_run > 0
@@ -153,11 +130,7 @@ async def test_a_missing_replay_command_is_one_shared_failure(tmp_path) -> None:
         async with sleeper_bench(
             tmp_path, cases=32, replay="no-such-agent --case {case_file}", replay_concurrency=4
         ) as bench:
-            summary = await bench.pipeline.measure(
-                MeasureRequest(
-                    measurement_id="m", baseline_ref=bench.tree(0.0), candidate_ref=bench.tree(0.1)
-                )
-            )
+            summary = await measure(bench, 0.1, gate=None, name="m")
     assert summary.status == "shared_failure"
     assert "no-such-agent" in summary.message
     assert summary.units_failed <= 4 and summary.units_not_run >= 56
@@ -167,14 +140,7 @@ async def test_a_judge_printing_non_json_is_an_infrastructure_failure(tmp_path) 
     async with sleeper_bench(
         tmp_path, cases=4, judge="sh -c 'echo this is not json; true'", judge_failure_retries=1
     ) as bench:
-        summary = await bench.pipeline.measure(
-            MeasureRequest(
-                measurement_id="m",
-                baseline_ref=bench.tree(0.0),
-                candidate_ref=bench.tree(0.1),
-                gate=NO_SEQ,
-            )
-        )
+        summary = await measure(bench, 0.1, name="m")
         records = units(bench, summary)
     judge = records[0]["judge"]
     assert judge["status"] == "failed" and judge["score"] is None and judge["attempts"] == 2
@@ -186,11 +152,7 @@ async def test_a_judge_printing_non_json_is_an_infrastructure_failure(tmp_path) 
 async def test_cancelling_a_measurement_kills_every_tree_before_it_returns(tmp_path) -> None:  # type: ignore[no-untyped-def]
     async with sleeper_bench(tmp_path, cases=16, median=30, replay_concurrency=4) as bench:
         with trio.move_on_after(1.0) as scope:
-            await bench.pipeline.measure(
-                MeasureRequest(
-                    measurement_id="m", baseline_ref=bench.tree(0.0), candidate_ref=bench.tree(0.1)
-                )
-            )
+            await measure(bench, 0.1, gate=None, name="m")
         assert scope.cancelled_caught
         assert lease_holders(bench.host.lease) == set()
 
@@ -205,14 +167,7 @@ async def test_a_token_ceiling_limits_the_measurement(tmp_path) -> None:  # type
         ceilings=Usage(tokens=5000),
         cold_start={"replay": Usage(tokens=2000, cost_usd=0.004)},
     ) as bench:
-        summary = await bench.pipeline.measure(
-            MeasureRequest(
-                measurement_id="m",
-                baseline_ref=bench.tree(0.0),
-                candidate_ref=bench.tree(0.1),
-                gate=NO_SEQ,
-            )
-        )
+        summary = await measure(bench, 0.1, name="m")
         ledger = await bench.pipeline.ledger()
     assert summary.status == "budget_limited" and summary.units_not_run > 0
     largest = 4000  # the sleeper reports at most 4000 tokens; reservations are estimates
@@ -285,3 +240,32 @@ def test_adaptive_repetitions_and_first_repetitions_first() -> None:
     assert [r for r, _, _ in order] == sorted(r for r, _, _ in order)  # first repetitions first
     third = [u for u in plan.units if u.arm == "candidate" and u.repetition == 2]
     assert all(u.depends_on is not None and u.depends_on.repetition == 1 for u in third)
+
+
+async def test_a_crashing_lane_fails_its_unit_not_the_measurement(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from evolane.actors import lanes
+
+    original = lanes.ReplayLane._collect
+    calls = 0
+
+    def flaky(self, job, scratch, outcome):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("lane bug")
+        return original(self, job, scratch, outcome)
+
+    lanes.ReplayLane._collect = flaky  # type: ignore[method-assign]
+    try:
+        async with sleeper_bench(tmp_path, cases=6, replay_concurrency=1) as bench:
+            summary = await measure(bench, 0.1)
+            records = units(bench, summary)
+    finally:
+        lanes.ReplayLane._collect = original  # type: ignore[method-assign]
+    failed = [
+        r
+        for r in records
+        if r["replay"] and r["replay"]["failure"] and r["replay"]["failure"]["owner"] == "framework"
+    ]
+    assert len(failed) == 1 and "lane bug" in failed[0]["replay"]["failure"]["message"]
+    assert summary.status == "complete" and summary.units_run >= 10

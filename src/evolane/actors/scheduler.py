@@ -22,11 +22,13 @@ import orjson
 import trio
 from pydantic import Field
 
+from evolane.actors._errors import ActorError
 from evolane.actors._kernel import Actor, ActorRef
 from evolane.actors.lanes import StopBoard
 from evolane.messages import (
     ArtifactRef,
     Debit,
+    FailureEvent,
     JudgeJob,
     JudgeResult,
     Message,
@@ -114,6 +116,15 @@ class _Unit:
         ok = self.replay is not None and self.replay.status == "succeeded"
         judged = self.judge is not None and self.judge.status == "succeeded"
         return self.judge.score if ok and judged and self.judge is not None else None
+
+
+def _framework_failure(stage: str, error: Exception) -> FailureEvent:
+    return FailureEvent(
+        owner="framework",
+        stage=stage,
+        code="lane_error",  # type: ignore[arg-type]
+        message=f"{type(error).__name__}: {error}"[:512],
+    )
 
 
 def unit_seed(run_seed: int, case_id: str, repetition: int) -> int:
@@ -383,7 +394,17 @@ class _Measurement:
             seed=unit_seed(settings.seed, unit.case_id, unit.repetition),
             timeout_seconds=settings.replay_timeout,
         )
-        result: ReplayResult = await lane.ask(job, timeout=settings.replay_timeout + 60)
+        try:
+            result: ReplayResult = await lane.ask(job, timeout=settings.replay_timeout + 60)
+        except ActorError as error:  # a lane that crashed or hung: the framework's fault
+            result = ReplayResult(
+                unit_id=unit.unit_id,
+                case_id=unit.case_id,
+                arm=job.arm,
+                repetition=unit.repetition,
+                status="failed",
+                failure=_framework_failure("replay", error),
+            )
         if self.s.budget is not None:
             await self.s.budget.ask(
                 Debit(item=unit.unit_id, actual=result.usage, complete=result.usage_complete),
@@ -413,7 +434,15 @@ class _Measurement:
                 timeout_seconds=settings.judge_timeout,
                 seed=unit_seed(settings.seed, unit.case_id, unit.repetition),
             )
-            return await lane.ask(job, timeout=settings.judge_timeout * 4 + 60)
+            try:
+                return await lane.ask(job, timeout=settings.judge_timeout * 4 + 60)
+            except ActorError as error:
+                return JudgeResult(
+                    unit_id=unit.unit_id,
+                    status="failed",
+                    source="command",
+                    failure=_framework_failure("judge", error),
+                )
         finally:
             self.free_judge[0].send_nowait(lane)
 
