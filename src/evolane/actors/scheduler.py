@@ -354,6 +354,9 @@ class _Measurement:
         if replay is None:
             return
         unit.replay = replay
+        if self.s.budget is not None:  # after the lane is free again: the lane never waits on it
+            debit = Debit(item=unit.unit_id, actual=replay.usage, complete=replay.usage_complete)
+            await self.s.budget.ask(debit, timeout=30)
         if replay.status == "succeeded":
             unit.judge = await self._judge(unit, replay)
         unit.status = self._status(unit)
@@ -404,11 +407,6 @@ class _Measurement:
                 repetition=unit.repetition,
                 status="failed",
                 failure=_framework_failure("replay", error),
-            )
-        if self.s.budget is not None:
-            await self.s.budget.ask(
-                Debit(item=unit.unit_id, actual=result.usage, complete=result.usage_complete),
-                timeout=30,
             )
         return result
 
