@@ -364,10 +364,6 @@ class _Measurement:
         if unit.arm == "baseline" and unit.status == "succeeded":
             assert unit.judge is not None
             self.s.baseline_cache[self.s.baseline_key(unit)] = (replay, unit.judge)
-        if replay.failure is not None and replay.failure.code == "spawn_failed":
-            self._stop(
-                "shared_failure", f"{unit.arm} replay could not start: {replay.failure.message}"
-            )
         self._finish(unit, unit.status)
         self._check_early_stop()
 
@@ -407,6 +403,11 @@ class _Measurement:
                 repetition=unit.repetition,
                 status="failed",
                 failure=_framework_failure("replay", error),
+            )
+        if result.failure is not None and result.failure.code == "spawn_failed":
+            # Stop before this lane is handed back: no further unit may start.
+            self._stop(
+                "shared_failure", f"{unit.arm} replay could not start: {result.failure.message}"
             )
         return result
 
