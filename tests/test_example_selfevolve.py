@@ -221,21 +221,21 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*MODULE, *args], capture_output=True, text=True, timeout=60)
 
 
+def _replay(workspace: Path, case_file: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """Run the replay command on the workspace's target skill."""
+    target = str(workspace / "target")
+    return _run(
+        "replay", "--case-file", str(case_file), "--candidate", target, "--output-dir", str(out)
+    )
+
+
 def test_replay_and_judge_commands_round_trip(tmp_path: Path) -> None:
     write_workspace(tmp_path)
     row = json.loads((tmp_path / "dataset.jsonl").read_text().splitlines()[30])
     case_file = tmp_path / "case.json"
     case_file.write_text(json.dumps(row))
     out = tmp_path / "out"
-    replay = _run(
-        "replay",
-        "--case-file",
-        str(case_file),
-        "--candidate",
-        str(tmp_path / "target"),
-        "--output-dir",
-        str(out),
-    )
+    replay = _replay(tmp_path, case_file, out)
     assert replay.returncode == 0, replay.stderr
     answer = json.loads((out / "output.json").read_text())
     assert set(answer) == {"action", "trigger", "verification", "exception", "evidence", "steps"}
@@ -251,15 +251,7 @@ def test_a_malformed_skill_fails_replay_and_validation_with_its_line(tmp_path: P
     skill.write_text(SEED_SKILL.replace("- otherwise: none", "- otherwise none"))
     case_file = tmp_path / "case.json"
     case_file.write_text((tmp_path / "dataset.jsonl").read_text().splitlines()[0])
-    replay = _run(
-        "replay",
-        "--case-file",
-        str(case_file),
-        "--candidate",
-        str(tmp_path / "target"),
-        "--output-dir",
-        str(tmp_path / "out"),
-    )
+    replay = _replay(tmp_path, case_file, tmp_path / "out")
     assert replay.returncode == 2 and "SKILL.md:" in replay.stderr
     validate = _run("validate", str(tmp_path / "target"))
     assert validate.returncode == 1 and "SKILL.md:" in validate.stderr
