@@ -168,11 +168,20 @@ async def run_actor_stress(config: StressConfig) -> StressReport:
                 indices = range(p * share, min(config.messages, (p + 1) * share))
                 nursery.start_soon(_produce, refs, plan, indices, tally)
         await _until_drained(refs, deadline=60.0)
-        restarts = sum(
-            runtime.supervisor(group.name).restarts_of(child.name)
-            for group in groups
-            for child in group.children
-        )
+
+        def restarts_so_far() -> int:
+            return sum(
+                runtime.supervisor(group.name).restarts_of(child.name)
+                for group in groups
+                for child in group.children
+            )
+
+        # A crash is counted as a dead letter before its supervisor restarts the actor:
+        # give the supervisors a bounded moment to catch up before checking the invariant.
+        with trio.move_on_after(5.0):
+            while restarts_so_far() < runtime.dead_letters.counts["crashed"]:
+                await trio.sleep(0.01)
+        restarts = restarts_so_far()
         received = sum(ref.stats().received for ref in refs)
     seconds = time.perf_counter() - started
     office = runtime.dead_letters
