@@ -27,8 +27,14 @@ from evolane.messages import (
     ReplayResult,
     Usage,
 )
-from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec
-from evolane.store import BlobStore, materialize_tree, snapshot_tree
+from evolane.sandbox import (
+    Limits,
+    ProcessOutcome,
+    SandboxHost,
+    SandboxSpec,
+    materialize_workspace,
+)
+from evolane.store import BlobStore, snapshot_tree
 
 QUOTE_BYTES = 200
 
@@ -115,13 +121,7 @@ class _Scratch:
             (seed_ref, self.work),
             (output_ref, self.out),
         ):
-            if ref is not None:
-                materialize_tree(self.store, ref, path, link=False)
-                for sub in [path, *path.rglob("*")]:
-                    if not sub.is_symlink():
-                        sub.chmod(sub.stat().st_mode | 0o200)
-            else:
-                path.mkdir()
+            materialize_workspace(self.store, ref, (), path)
         return orjson.loads(case_bytes)
 
     def placeholders(self, seed: int) -> dict[str, str]:

@@ -17,7 +17,7 @@ from evolane.sandbox._spec import (
     Status,
     StreamCapture,
 )
-from evolane.sandbox._workspace import WorkspaceError
+from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
 
 __all__ = [
     "LEASE_VARIABLE",
@@ -33,6 +33,7 @@ __all__ = [
     "WorkspaceError",
     "lease_holders",
     "lease_matches",
+    "materialize_workspace",
     "open_sandbox",
     "sweep_stale_leases",
 ]

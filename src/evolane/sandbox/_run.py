@@ -100,17 +100,15 @@ class _Unit:
 
     def remove(self, keep: bool) -> Path | None:
         """Remove the unit's cgroups and directories; a kept unit moves out of the lease."""
-        if self.cgroups is not None:
-            self.cgroups.remove()
         if keep:
+            if self.cgroups is not None:
+                self.cgroups.remove()
+                self.cgroups = None
             kept = self.host.root / "kept" / self.name
             kept.parent.mkdir(exist_ok=True)
             self.dir.rename(kept)
             return kept
-        try:  # the common case, an untouched workspace, costs four rmdir calls
-            for name in ("work", "home", "tmp", ""):
-                (self.dir / name).rmdir()
-        except OSError:
+        if not self.remove_quickly():
             shutil.rmtree(self.dir, ignore_errors=True)
         return None
 
