@@ -169,7 +169,10 @@ async def test_a_token_ceiling_limits_the_measurement(tmp_path) -> None:  # type
     ) as bench:
         summary = await measure(bench, 0.1, name="m")
         ledger = await bench.pipeline.ledger()
+        records = units(bench, summary)
     assert summary.status == "budget_limited" and summary.units_not_run > 0
+    # Units in flight when the budget stopped the measurement keep their own result and note.
+    assert [r for r in records if r["status"] == "succeeded" and r["note"]] == []
     largest = 4000  # the sleeper reports at most 4000 tokens; reservations are estimates
     assert ledger.spent.tokens is not None and ledger.spent.tokens <= 5000 + largest
     assert {e.level for e in ledger.events} >= {"50%", "80%", "100%"}

@@ -311,12 +311,11 @@ class _Measurement:
         self.wake.set()
 
     def _abandon_pending(self) -> None:
+        """Units still waiting for a lane never run; those in flight finish on their own
+        (stopped through the board) and those waiting on a control follow it."""
         while self.ready:
             _, index = heapq.heappop(self.ready)
             self._finish(self.units[index], "not_run", self.stop_reason or "")
-        for unit in self.units:
-            if unit.status == "pending" and not unit.done.is_set() and unit.depends_on is None:
-                self._finish(unit, "not_run", self.stop_reason or "")
 
     async def _release_when_control_done(self, unit: _Unit) -> None:
         assert unit.depends_on is not None
