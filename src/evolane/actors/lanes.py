@@ -66,6 +66,13 @@ class StopBoard:
     def done(self, unit_id: str) -> None:
         self._events.pop(unit_id, None)
 
+    def clear(self) -> None:
+        """Forget every unit (a measurement ended: none of its units is in flight)."""
+        self._events.clear()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
 
 @dataclass(frozen=True)
 class LaneSettings:

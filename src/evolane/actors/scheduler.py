@@ -263,6 +263,7 @@ class _Measurement:
         try:
             return await self._execute(started)
         finally:
+            board.clear()
             board.idle.set()
 
     async def _execute(self, started: float) -> MeasureSummary:
