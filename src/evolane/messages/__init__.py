@@ -33,6 +33,13 @@ from evolane.messages._measure import (
     UnitStatus,
     Usage,
 )
+from evolane.messages._optimize import (
+    GateOutcome,
+    LocalGate,
+    LocalGateResult,
+    ProposeJob,
+    ProposeResult,
+)
 from evolane.messages._schema import message_schemas
 from evolane.messages._system import DeadLetter, Ping, Pong, StressWork
 
@@ -47,15 +54,20 @@ __all__ = [
     "Digest",
     "Dimension",
     "FailureEvent",
+    "GateOutcome",
     "JudgeJob",
     "JudgeResult",
     "LedgerQuery",
+    "LocalGate",
+    "LocalGateResult",
     "MediaType",
     "Message",
     "Name",
     "Owner",
     "Ping",
     "Pong",
+    "ProposeJob",
+    "ProposeResult",
     "Record",
     "Release",
     "ReplayJob",
