@@ -28,7 +28,7 @@ class LocalGateResult(Record):
     gate: LocalGate
     outcome: GateOutcome
     reason: ShortText = ""
-    paths: tuple[ShortText, ...] = Field(default=(), max_length=16)
+    paths: tuple[ShortText, ...] = Field(default=(), max_length=4)  # the first few offenders
 
     @property
     def passed(self) -> bool:
