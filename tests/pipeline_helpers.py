@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evolane.actors._journal import RunJournal
 from evolane.actors.pipeline import Pipeline, PipelineConfig, open_pipeline
 from evolane.examples.sleeper.commands import main as sleeper
 from evolane.inputs import Dataset, load_dataset
@@ -53,6 +54,15 @@ class Bench:
 
 
 @asynccontextmanager
+async def _closing(journal: RunJournal | None) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+@asynccontextmanager
 async def sleeper_bench(
     root: Path,
     *,
@@ -86,9 +96,12 @@ async def sleeper_bench(
     (work / "dataset.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     dataset = load_dataset(work / "dataset.jsonl")
     store = BlobStore(root / "store")
-    settings = {"replay": REPLAY, "judge": JUDGE, "kill_grace": 0.2, **config}
+    journal_path = config.pop("journal_path", None)
+    journal = RunJournal(journal_path) if journal_path is not None else None
+    settings = {"replay": REPLAY, "judge": JUDGE, "kill_grace": 0.2, "journal": journal, **config}
     pipeline_config = PipelineConfig(**settings)
     async with (
+        _closing(journal),
         open_sandbox(root / "sandbox", store=store) as host,
         open_runtime() as runtime,
         open_pipeline(runtime, host, store, dataset, pipeline_config) as pipe,

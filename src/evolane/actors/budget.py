@@ -117,11 +117,13 @@ class Ledger:
         """Drop ``item``'s reservation without a charge."""
         self._held.pop(item, None)
 
-    def debit(self, item: str, actual: Usage, complete: bool = True) -> list[BudgetEvent]:
+    def debit(
+        self, item: str, actual: Usage, complete: bool = True, stage: str | None = None
+    ) -> list[BudgetEvent]:
         """Charge ``item``: its actual use, but at least its reservation where ``actual`` is
         incomplete or unknown. Returns the events this charge caused."""
         held = self._held.pop(item, None)
-        stage = held.stage if held is not None else "unreserved"
+        stage = held.stage if held is not None else (stage or "unreserved")
         reserved = held.estimate if held is not None else Usage()
         before = len(self.events)
         stage_totals = self._by_stage.setdefault(stage, dict.fromkeys(DIMENSIONS, 0.0))
@@ -217,7 +219,10 @@ class BudgetActor(Actor):
             )
             return ReserveReply(granted=granted, reason=reason[:256])
         if isinstance(message, Debit):
-            for event in self.ledger.debit(message.item, message.actual, message.complete):
+            events = self.ledger.debit(
+                message.item, message.actual, message.complete, stage=message.stage
+            )
+            for event in events:
                 self._publish(event)
             return None
         if isinstance(message, Release):

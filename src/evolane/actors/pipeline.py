@@ -10,14 +10,15 @@ measure (one_for_all)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import orjson
 import trio
 
+from evolane.actors._journal import RunJournal
 from evolane.actors.budget import BudgetActor, Ledger, LedgerSnapshot
 from evolane.actors.judges import JudgeLane
 from evolane.actors.lanes import LaneSettings, ReplayLane, StopBoard
@@ -54,7 +55,8 @@ class PipelineConfig:
     workspace_seed: ArtifactRef | None = None
     seed: int = 0
     min_cases: int = 8
-    journal_path: Path | None = None
+    journal: RunJournal | None = None
+    restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     name: str = "measure"
 
 
@@ -158,7 +160,8 @@ async def open_pipeline(
         judge_timeout=config.judge_timeout,
         min_cases=config.min_cases,
         seed=config.seed,
-        journal_path=config.journal_path,
+        journal=config.journal,
+        restored=config.restored,
     )
     ledger = Ledger(ceilings=config.ceilings, cold_start=config.cold_start)
     replay_names = [f"{name}.replay-{i}" for i in range(config.replay_concurrency)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -23,6 +23,7 @@ import trio
 from pydantic import Field
 
 from evolane.actors._errors import ActorError
+from evolane.actors._journal import RunJournal
 from evolane.actors._kernel import Actor, ActorRef
 from evolane.actors.lanes import StopBoard
 from evolane.messages import (
@@ -39,7 +40,7 @@ from evolane.messages import (
     ReserveReply,
 )
 from evolane.stats import EarlyStop, GateConfig, GateResult, decide
-from evolane.store import BlobStore, Journal
+from evolane.store import BlobStore
 
 MeasureStatus = Literal[
     "complete", "early_stopped", "budget_limited", "shared_failure", "cancelled"
@@ -52,7 +53,7 @@ class MeasureRequest(Message):
     kind: Literal["measure.request"] = "measure.request"
     measurement_id: Name
     baseline_ref: ArtifactRef
-    candidate_ref: ArtifactRef
+    candidate_ref: ArtifactRef | None = None  # None: measure the baseline alone
     split: Literal["train", "val", "test"] = "val"
     case_ids: tuple[Name, ...] = Field(default=(), max_length=8)  # screening: a few cases
     baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
@@ -71,6 +72,7 @@ class MeasureSummary(Message):
     units_planned: int
     units_run: int
     units_reused: int
+    units_restored: int = 0  # taken from the journal of an interrupted run
     units_failed: int
     units_blocked: int
     units_not_run: int
@@ -91,7 +93,12 @@ class SchedulerSettings:
     judge_timeout: float = 120.0
     min_cases: int = 8
     seed: int = 0
-    journal_path: Path | None = None
+    journal: RunJournal | None = None
+    restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
+
+
+RESTORABLE = frozenset({"succeeded", "failed", "timed_out"})
+"""Unit statuses a resumed run takes from the journal; cancelled units run again."""
 
 
 @dataclass
@@ -109,6 +116,7 @@ class _Unit:
     replay: ReplayResult | None = None
     judge: JudgeResult | None = None
     reused: bool = False
+    restored: bool = False
     note: str = ""
 
     @property
@@ -159,12 +167,6 @@ class MeasurementScheduler(Actor):
         self.settings, self.store, self.board, self.budget = settings, store, board, budget
         self.replay_lanes, self.judge_lanes = list(replay_lanes), list(judge_lanes)
         self.baseline_cache: dict[str, tuple[ReplayResult, JudgeResult]] = {}
-        self.journal = Journal(settings.journal_path) if settings.journal_path else None
-        self._journal_lock = trio.Lock()
-
-    async def stopped(self) -> None:
-        if self.journal is not None:
-            self.journal.close()
 
     async def receive(self, message: Message) -> MeasureSummary:
         assert isinstance(message, MeasureRequest)
@@ -184,7 +186,7 @@ class MeasurementScheduler(Actor):
 
     async def record(self, measurement_id: str, unit: _Unit) -> None:
         """Journal one completed unit durably (the resume source) before it counts."""
-        if self.journal is None:
+        if self.settings.journal is None:
             return
         record = {
             "type": "unit",
@@ -195,10 +197,7 @@ class MeasurementScheduler(Actor):
             "replay": unit.replay.model_dump(mode="json") if unit.replay else None,
             "judge": unit.judge.model_dump(mode="json") if unit.judge else None,
         }
-        async with self._journal_lock:
-            with trio.CancelScope(shield=True):
-                assert self.journal is not None
-                await trio.to_thread.run_sync(lambda: self.journal.append(record, durable=True))  # type: ignore[union-attr]
+        await self.settings.journal.append(record)
 
 
 class _Measurement:
@@ -238,7 +237,7 @@ class _Measurement:
                     )
                     baseline_of[(index, rep)] = unit
                     units.append(unit)
-                if rep < self.reps[1]:
+                if rep < self.reps[1] and self.request.candidate_ref is not None:
                     control = baseline_of[(index, min(rep, self.reps[0] - 1))]
                     units.append(
                         _Unit(
@@ -378,6 +377,10 @@ class _Measurement:
                 self._finish(unit, "succeeded", "reused")
                 self._check_early_stop()
                 return None
+        restored = self.s.settings.restored.get(unit.unit_id)
+        if restored is not None and restored.get("status") in RESTORABLE:
+            await self._restore(unit, restored)
+            return None
         if not await self._reserve(unit):
             self._stop("budget_limited", "the budget denied a replay")
             self._finish(unit, "not_run", "budget")
@@ -410,6 +413,24 @@ class _Measurement:
                 "shared_failure", f"{unit.arm} replay could not start: {result.failure.message}"
             )
         return result
+
+    async def _restore(self, unit: _Unit, record: dict[str, Any]) -> None:
+        """Take a unit finished before an interruption from the journal: no rerun, but its
+        usage is charged again so the budget sees the whole run."""
+        replay = ReplayResult.model_validate(record["replay"])
+        judge = JudgeResult.model_validate(record["judge"]) if record.get("judge") else None
+        unit.replay, unit.judge, unit.restored = replay, judge, True
+        if self.s.budget is not None:
+            debit = Debit(
+                item=unit.unit_id, actual=replay.usage, complete=replay.usage_complete, stage="replay"
+            )
+            await self.s.budget.ask(debit, timeout=30)
+        status = self._status(unit)
+        if unit.arm == "baseline" and status == "succeeded":
+            assert judge is not None
+            self.s.baseline_cache[self.s.baseline_key(unit)] = (replay, judge)
+        self._finish(unit, status, "restored")
+        self._check_early_stop()
 
     async def _reserve(self, unit: _Unit) -> bool:
         if self.s.budget is None:
@@ -526,6 +547,7 @@ class _Measurement:
                 "repetition": u.repetition,
                 "status": u.status,
                 "reused": u.reused,
+                "restored": u.restored,
                 "note": u.note,
                 "score": u.score,
                 "replay": u.replay.model_dump(mode="json") if u.replay else None,
@@ -546,9 +568,11 @@ class _Measurement:
             gate=gate,
             units_planned=len(self.units),
             units_run=sum(
-                u.replay is not None and not u.reused and u.status != "blocked" for u in self.units
+                u.replay is not None and not (u.reused or u.restored) and u.status != "blocked"
+                for u in self.units
             ),
             units_reused=sum(u.reused for u in self.units),
+            units_restored=sum(u.restored for u in self.units),
             units_failed=counts["failed"]
             + sum(u.status in ("timed_out", "cancelled") for u in self.units),
             units_blocked=counts["blocked"],

@@ -63,6 +63,7 @@ class Debit(Message):
     item: Name
     actual: Usage
     complete: bool = True
+    stage: Name | None = None  # for a charge without a reservation (a unit restored on resume)
 
 
 class Release(Message):
