@@ -6,7 +6,9 @@
   baseline before its candidate), so pairs complete early and early stopping can bite.
 - Early stop is judged on the prefix of complete cases in plan order, so the point where
   it stops, and the decision, never depend on completion timing.
-- Baselines are reused across candidates when every fingerprint matches.
+- A finished unit is reused (either arm) when tree, case, repetition, seed and every
+  fingerprint match: a parent's baseline across its candidates, an accepted candidate's
+  results as its baseline in the next iteration.
 - Every completed unit is journaled (durably) before it counts.
 """
 
@@ -14,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -360,7 +362,7 @@ class _Measurement:
             unit.judge = await self._judge(unit, replay)
         unit.status = self._status(unit)
         await self.s.record(self.request.measurement_id, unit)
-        if unit.arm == "baseline" and unit.status == "succeeded":
+        if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
             assert unit.judge is not None
             self.s.baseline_cache[self.s.baseline_key(unit)] = (replay, unit.judge)
         self._finish(unit, unit.status)
@@ -370,13 +372,12 @@ class _Measurement:
         if self.stop_reason is not None or self._beyond_cutoff(unit):
             self._finish(unit, "not_run", self.stop_reason or "early_stop")
             return None
-        if unit.arm == "baseline":
-            cached = self.s.baseline_cache.get(self.s.baseline_key(unit))
-            if cached is not None:
-                unit.replay, unit.judge, unit.reused = cached[0], cached[1], True
-                self._finish(unit, "succeeded", "reused")
-                self._check_early_stop()
-                return None
+        cached = self.s.baseline_cache.get(self.s.baseline_key(unit))
+        if cached is not None:
+            unit.replay, unit.judge, unit.reused = cached[0], cached[1], True
+            self._finish(unit, "succeeded", "reused")
+            self._check_early_stop()
+            return None
         restored = self.s.settings.restored.get(unit.unit_id)
         if restored is not None and restored.get("status") in RESTORABLE:
             await self._restore(unit, restored)
@@ -422,11 +423,14 @@ class _Measurement:
         unit.replay, unit.judge, unit.restored = replay, judge, True
         if self.s.budget is not None:
             debit = Debit(
-                item=unit.unit_id, actual=replay.usage, complete=replay.usage_complete, stage="replay"
+                item=unit.unit_id,
+                actual=replay.usage,
+                complete=replay.usage_complete,
+                stage="replay",
             )
             await self.s.budget.ask(debit, timeout=30)
         status = self._status(unit)
-        if unit.arm == "baseline" and status == "succeeded":
+        if status == "succeeded":
             assert judge is not None
             self.s.baseline_cache[self.s.baseline_key(unit)] = (replay, judge)
         self._finish(unit, status, "restored")

@@ -1,0 +1,106 @@
+"""The estimate made before any expensive work: how many subprocesses at most, how long.
+
+Counts are upper bounds (every candidate measured in full, no baseline reused across
+parents, every judge call retried to the limit). The wall range runs from a lucky run
+(nothing accepted, every candidate stopped early at the coverage floor) at the typical unit
+time seen before in this store, to every unit running into its timeout.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from evolane.campaign._config import CampaignConfig
+from evolane.messages import Record, ShortText
+
+MIN_CASES = 8
+"""Cases needed for one repetition per arm (fewer cases get 2 baseline / 3 candidate reps)."""
+
+
+class UnitHistory(Record):
+    """What earlier runs in the store measured per replay unit (replay plus judge)."""
+
+    seconds: float = Field(ge=0)
+    tokens: float | None = Field(default=None, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)
+    optimizer_seconds: float | None = Field(default=None, ge=0)
+
+
+class Estimate(Record):
+    """Subprocess counts, the worst-case wall range, tokens and cost (DESIGN §10 ``estimate``)."""
+
+    val_cases: int = Field(ge=0)
+    test_cases: int = Field(ge=0)
+    baseline_repetitions: int = Field(ge=1)
+    candidate_repetitions: int = Field(ge=1)
+    replays_max: int = Field(ge=0)
+    judge_calls_max: int = Field(ge=0)
+    optimizer_calls_max: int = Field(ge=0)
+    wall_low_seconds: float | None = Field(default=None, ge=0)
+    wall_high_seconds: float = Field(ge=0)
+    tokens: float | None = Field(default=None, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)
+    basis: ShortText = ""
+
+
+def repetitions_for(config: CampaignConfig, cases: int) -> tuple[int, int]:
+    """The repetitions a measurement on ``cases`` cases will use (explicit flags win)."""
+    adaptive = (1, 1) if cases >= MIN_CASES else (2, 3)
+    return (
+        config.baseline_replay_repetitions or adaptive[0],
+        config.candidate_replay_repetitions or adaptive[1],
+    )
+
+
+def estimate_run(
+    config: CampaignConfig, val_cases: int, test_cases: int, history: UnitHistory | None = None
+) -> Estimate:
+    """The estimate for one cycle of ``config`` on a dataset of this shape."""
+    b, c = repetitions_for(config, val_cases)
+    tb, tc = repetitions_for(config, test_cases)
+    iterations, population = config.iterations, config.population
+    screening = (b + c) if config.screening else 0
+    baselines = iterations * val_cases * b
+    candidates = iterations * population * (val_cases * c + screening)
+    final = val_cases * (b + c) + test_cases * (tb + tc)
+    replays = baselines + candidates + final
+    optimizer_calls = iterations * population
+    judges = replays * (1 + config.judge_failure_retries) if config.judge else replays
+    unit_worst = config.replay_timeout + config.judge_timeout * (1 + config.judge_failure_retries)
+    high = (
+        math.ceil(replays / config.replay_concurrency) * unit_worst
+        + iterations
+        * math.ceil(population / config.optimizer_concurrency)
+        * config.optimizer_timeout
+    )
+    if config.wall_clock_budget is not None:
+        high = min(high, config.wall_clock_budget + config.kill_grace + 1.0)
+    low = tokens = cost = None
+    basis = "no earlier run in this store: the wall's lower end is unknown"
+    if history is not None:
+        lucky = (
+            val_cases * b
+            + iterations * population * min(val_cases, MIN_CASES) * c
+            + test_cases * (tb + tc)
+        )
+        optimizer = (history.optimizer_seconds or 0.0) * iterations
+        low = min(high, lucky * history.seconds / config.replay_concurrency + optimizer)
+        tokens = history.tokens * replays if history.tokens is not None else None
+        cost = history.cost_usd * replays if history.cost_usd is not None else None
+        basis = f"typical unit {history.seconds:.2f} s from earlier runs in this store"
+    return Estimate(
+        val_cases=val_cases,
+        test_cases=test_cases,
+        baseline_repetitions=b,
+        candidate_repetitions=c,
+        replays_max=replays,
+        judge_calls_max=judges,
+        optimizer_calls_max=optimizer_calls,
+        wall_low_seconds=low,
+        wall_high_seconds=high,
+        tokens=tokens,
+        cost_usd=cost,
+        basis=basis,
+    )

@@ -1,0 +1,270 @@
+"""``report.json`` (a pydantic model with an exported JSON Schema) and ``report.md``.
+
+Everything a team wants to read the morning after: statuses, the selected candidate, each
+measurement's evidence, the funnel of every candidate slot, the budget, the lineage, the
+failures, the sealed test result, and ``decisions``: the ordered list on which two runs of
+the same seed are compared. Lists are in a stable order.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from evolane.campaign._config import CampaignConfig
+from evolane.campaign._estimate import Estimate
+from evolane.messages import (
+    ArtifactRef,
+    FailureEvent,
+    FunnelStage,
+    LocalGateResult,
+    Name,
+    Record,
+    ShortText,
+    Text,
+    Usage,
+)
+from evolane.stats import Decision, bootstrap_ci
+
+REPORT_VERSION = 1
+_MANY = 1_000_000
+Terminal = Literal["selected", "rejected", "blocked", "not_run"]
+Purpose = Literal["baseline", "screening", "paired", "final_val", "final_test"]
+
+
+class ScoreCI(Record):
+    """A tree's mean score on a split, with a seeded bootstrap CI over cases."""
+
+    mean: float = Field(ge=0.0, le=1.0)
+    ci_low: float = Field(ge=0.0, le=1.0)
+    ci_high: float = Field(ge=0.0, le=1.0)
+    n: int = Field(ge=0)
+
+
+class Scores(Record):
+    """The seed and the best tree, on the val split and on the sealed test split."""
+
+    baseline_val: ScoreCI | None = None
+    best_val: ScoreCI | None = None
+    baseline_test: ScoreCI | None = None
+    best_test: ScoreCI | None = None
+
+
+class MeasurementRecord(Record):
+    """One measurement's summary: what ran and the gate's evidence."""
+
+    measurement_id: Name
+    purpose: Purpose
+    cycle: int = Field(ge=0)
+    iteration: int | None = None
+    slot: int | None = None
+    split: Literal["train", "val", "test"]
+    status: ShortText
+    n: int = Field(ge=0)
+    n_planned: int = Field(ge=0)
+    mean_delta: float
+    se: float
+    ci_low: float
+    ci_high: float
+    decision: Decision
+    reason: ShortText
+    units_planned: int = Field(ge=0)
+    units_run: int = Field(ge=0)
+    units_reused: int = Field(ge=0)
+    units_restored: int = Field(ge=0)
+    units_failed: int = Field(ge=0)
+    units_blocked: int = Field(ge=0)
+    units_not_run: int = Field(ge=0)
+    wall_seconds: float = Field(ge=0)
+    units_ref: ArtifactRef
+
+
+class FunnelRecord(Record):
+    """Where one candidate slot went: every stage it reached and why it ended there."""
+
+    cycle: int = Field(ge=0)
+    iteration: int = Field(ge=0)
+    slot: int = Field(ge=0)
+    slot_id: Name
+    stages: tuple[FunnelStage, ...] = Field(default=(), max_length=16)
+    terminal: Terminal = "not_run"
+    reason: ShortText = ""
+    digest: ShortText = ""
+    gates: tuple[LocalGateResult, ...] = Field(default=(), max_length=8)
+    decision: Decision | None = None
+    optimizer: ShortText = ""  # the first line the optimizer printed
+
+
+class DecisionRecord(Record):
+    """One decision, the unit of comparison between runs of the same seed."""
+
+    cycle: int = Field(ge=0)
+    iteration: int = Field(ge=0)
+    slot: int = Field(ge=0)
+    digest: ShortText
+    decision: Decision
+    reason: ShortText
+
+
+class IterationRecord(Record):
+    """One iteration: its parent, the convergence signal, what was accepted."""
+
+    cycle: int = Field(ge=0)
+    iteration: int = Field(ge=0)
+    parent: ShortText
+    convergence: ShortText
+    accepted_slot: int | None = None
+    best_after: ShortText
+
+
+class LineageEntry(Record):
+    """A tree that became the best: its parent and the evidence that promoted it."""
+
+    digest: ShortText
+    parent: ShortText | None
+    cycle: int = Field(ge=0)
+    iteration: int | None = None
+    slot: int | None = None
+    mean_delta: float | None = None
+
+
+class FailureRecord(Record):
+    """A failure event and where it happened (a unit id or a slot id)."""
+
+    where: Name
+    failure: FailureEvent
+
+
+class BudgetRecord(Record):
+    """The ledger at the end: ceilings, spent (this run and the whole campaign), by stage."""
+
+    ceilings: Usage
+    spent: Usage
+    campaign_spent: Usage
+    spent_by_stage: dict[Name, Usage] = Field(default_factory=dict, max_length=64)
+    overruns: int = Field(default=0, ge=0)
+
+
+class ApplyRecord(Record):
+    """What the apply policy did with the selected candidate."""
+
+    policy: ShortText
+    status: ShortText
+    message: Text = ""
+    proposal_dir: ShortText = ""
+    diff_ref: ArtifactRef | None = None
+    backup_ref: ArtifactRef | None = None
+
+
+class Report(Record):
+    """``report.json``: the whole outcome of one run of a campaign."""
+
+    version: int = REPORT_VERSION
+    run_id: Name
+    campaign_id: Name
+    cycle: int = Field(ge=0)
+    status: ShortText  # finished | budget_limited | interrupted | failed
+    campaign_status: ShortText
+    message: Text = ""
+    started: float
+    finished: float
+    wall_seconds: float = Field(ge=0)
+    resumed: int = Field(default=0, ge=0)
+    isolation: ShortText = ""
+    config: CampaignConfig
+    estimate: Estimate | None = None
+    seed: ArtifactRef
+    selected: ArtifactRef | None = None  # the best tree, when it is not the seed
+    best: ArtifactRef
+    apply: ApplyRecord | None = None
+    scores: Scores = Scores()
+    test: MeasurementRecord | None = None
+    iterations: tuple[IterationRecord, ...] = Field(default=(), max_length=_MANY)
+    measurements: tuple[MeasurementRecord, ...] = Field(default=(), max_length=_MANY)
+    funnel: tuple[FunnelRecord, ...] = Field(default=(), max_length=_MANY)
+    decisions: tuple[DecisionRecord, ...] = Field(default=(), max_length=_MANY)
+    lineage: tuple[LineageEntry, ...] = Field(default=(), max_length=_MANY)
+    failures: tuple[FailureRecord, ...] = Field(default=(), max_length=_MANY)
+    budget: BudgetRecord
+    artifacts: dict[Name, ArtifactRef] = Field(default_factory=dict, max_length=1024)
+
+
+def score_ci(per_case: dict[str, list[float]], *, confidence: float, seed: int) -> ScoreCI | None:
+    """Mean over cases of each case's mean score, with a seeded percentile bootstrap CI."""
+    means = np.array([sum(v) / len(v) for v in per_case.values() if v], dtype=np.float64)
+    if means.size == 0:
+        return None
+    low, high = bootstrap_ci(means, confidence, 2000, seed)
+    clip = lambda x: float(min(1.0, max(0.0, x)))  # noqa: E731
+    return ScoreCI(mean=clip(means.mean()), ci_low=clip(low), ci_high=clip(high), n=means.size)
+
+
+def _ci(score: ScoreCI | None) -> str:
+    if score is None:
+        return "n/a"
+    return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}] (n={score.n})"
+
+
+def render_markdown(report: Report) -> str:
+    """The human summary of a report."""
+    s = report.scores
+    lines = [
+        f"# evolane run {report.run_id}",
+        "",
+        f"- status: **{report.status}**; campaign {report.campaign_id}: "
+        f"**{report.campaign_status}** (cycle {report.cycle})",
+        f"- wall: {report.wall_seconds:.1f} s; isolation: {report.isolation or 'n/a'}"
+        + (f"; resumed {report.resumed}x" if report.resumed else ""),
+        f"- best: `{report.best.digest[:19]}`"
+        + (" (the seed: nothing was accepted)" if report.selected is None else ""),
+        f"- val: {_ci(s.baseline_val)} -> {_ci(s.best_val)}",
+        f"- test (sealed, never used to decide): {_ci(s.baseline_test)} -> {_ci(s.best_test)}",
+    ]
+    if report.message:
+        lines.append(f"- note: {report.message}")
+    if report.apply is not None:
+        lines.append(
+            f"- apply ({report.apply.policy}): {report.apply.status} {report.apply.message}"
+        )
+    spent = report.budget.spent
+    lines += [
+        f"- budget spent: tokens {spent.tokens or 0:g}, cost ${spent.cost_usd or 0:.4f}, "
+        f"replay wall {spent.wall_seconds or 0:.1f} s",
+        "",
+        "## Decisions",
+        "",
+        "| cycle | iteration | slot | candidate | decision | reason |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {d.cycle} | {d.iteration} | {d.slot} | `{d.digest[7:19]}` | {d.decision} | {d.reason} |"
+        for d in report.decisions
+    ]
+    lines += ["", "## Funnel", "", "| slot | stages | terminal | reason |", "|---|---|---|---|"]
+    lines += [
+        f"| {f.slot_id} | {' > '.join(f.stages)} | {f.terminal} | {f.reason} |"
+        for f in report.funnel
+    ]
+    lines += [
+        "",
+        "## Measurements",
+        "",
+        "| id | n | mean delta | SE | CI | decision | units run/reused/restored |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {m.measurement_id} | {m.n}/{m.n_planned} | {m.mean_delta:+.3f} | {m.se:.3f} | "
+        f"[{m.ci_low:+.3f}, {m.ci_high:+.3f}] | {m.decision} | "
+        f"{m.units_run}/{m.units_reused}/{m.units_restored} |"
+        for m in report.measurements
+    ]
+    if report.failures:
+        lines += ["", f"## Failures ({len(report.failures)})", ""]
+        lines += [
+            f"- {f.where}: {f.failure.owner}/{f.failure.stage} {f.failure.code} "
+            f"{f.failure.message[:120]}"
+            for f in report.failures[:50]
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,158 @@
+"""The durable layout of runs and campaigns under the store directory (DESIGN §7).
+
+``runs/<id>/run.json`` is the frozen request, ``journal.jsonl`` the resume source,
+``events.jsonl`` the progress stream, ``report.json``/``report.md`` the result;
+``campaigns/<id>/campaign.json`` carries the state shared by a campaign's cycles.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from evolane.campaign._config import CampaignConfig
+from evolane.messages import ArtifactRef, Name, Record, ShortText, Usage
+from evolane.store import BlobStore, read_journal, read_json, write_json_atomic
+
+RunStatus = Literal["running", "finished", "budget_limited", "interrupted", "failed"]
+CampaignStatus = Literal["active", "paused", "budget_limited", "exhausted", "complete"]
+TERMINAL_CAMPAIGN: frozenset[str] = frozenset({"budget_limited", "exhausted", "complete"})
+REJECTED_KEPT = 32
+"""How many rejected edits the campaign remembers (the optimizer sees them, newest last)."""
+
+
+class RunRecord(Record):
+    """``run.json``: the request as given, where it stands, and what a resume must match."""
+
+    run_id: Name
+    campaign_id: Name
+    cycle: int = Field(ge=0)
+    created: float
+    config: CampaignConfig
+    dataset_digest: ShortText
+    seed_ref: ArtifactRef  # the target's tree when the campaign began
+    parent_ref: ArtifactRef  # the best tree when this cycle began
+    status: RunStatus = "running"
+
+
+class RejectedEdit(Record):
+    """One entry of the rejected-edit memory: what was tried and why it lost."""
+
+    slot: Name
+    diff: Annotated[str, Field(max_length=4096)]
+    reason: ShortText
+
+
+class CampaignState(Record):
+    """``campaign.json``: what carries across cycles (best tree, stall count, spent budget)."""
+
+    campaign_id: Name
+    status: CampaignStatus = "active"
+    identity: dict[Name, ShortText | None] = Field(default_factory=dict, max_length=16)
+    cycles: int = Field(default=0, ge=0)
+    runs: tuple[Name, ...] = Field(default=(), max_length=100_000)
+    seed_ref: ArtifactRef
+    best_ref: ArtifactRef
+    best_val: float | None = None
+    stalled: int = Field(default=0, ge=0)
+    spent: Usage = Usage()
+    rejected: tuple[RejectedEdit, ...] = Field(default=(), max_length=REJECTED_KEPT)
+    updated: float = 0.0
+
+
+def new_id(prefix: str = "") -> str:
+    """A sortable, unique id: ``20261129-204211-3f9a1c``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{prefix}{stamp}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Paths inside the store directory (``.evolane/`` by default)."""
+
+    root: Path
+
+    @property
+    def objects(self) -> Path:
+        return self.root / "objects"
+
+    @property
+    def sandbox(self) -> Path:
+        return self.root / "sandbox"
+
+    def blobs(self) -> BlobStore:
+        """The content-addressed object store."""
+        return BlobStore(self.objects)
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / "runs" / run_id
+
+    def campaign_file(self, campaign_id: str) -> Path:
+        return self.root / "campaigns" / campaign_id / "campaign.json"
+
+    def run_ids(self) -> list[str]:
+        """Every run with a ``run.json``, oldest first."""
+        runs = self.root / "runs"
+        if not runs.is_dir():
+            return []
+        return sorted(p.name for p in runs.iterdir() if (p / "run.json").is_file())
+
+    def campaign_ids(self) -> list[str]:
+        folder = self.root / "campaigns"
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if (p / "campaign.json").is_file())
+
+
+def save_run(layout: StoreLayout, record: RunRecord) -> None:
+    """Write ``run.json`` atomically."""
+    write_json_atomic(layout.run_dir(record.run_id) / "run.json", record)
+
+
+def load_run(layout: StoreLayout, run_id: str) -> RunRecord:
+    """Read ``run.json``; raises FileNotFoundError for an unknown run."""
+    return RunRecord.model_validate(read_json(layout.run_dir(run_id) / "run.json"))
+
+
+def save_campaign(layout: StoreLayout, state: CampaignState) -> None:
+    """Write ``campaign.json`` atomically, stamped with the time."""
+    stamped = state.model_copy(update={"updated": time.time()})
+    write_json_atomic(layout.campaign_file(state.campaign_id), stamped)
+
+
+def load_campaign(layout: StoreLayout, campaign_id: str) -> CampaignState:
+    """Read ``campaign.json``; raises FileNotFoundError for an unknown campaign."""
+    return CampaignState.model_validate(read_json(layout.campaign_file(campaign_id)))
+
+
+@dataclass
+class ResumeState:
+    """What an interrupted run's journal holds: finished units and optimizer proposals."""
+
+    units: dict[str, dict[str, Any]] = field(default_factory=dict)
+    proposals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    torn: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not self.units and not self.proposals
+
+
+def read_resume_state(journal: Path) -> ResumeState:
+    """Collect the journal's unit and proposal records (the last record of an id wins)."""
+    state = ResumeState()
+    if not journal.exists():
+        return state
+    read = read_journal(journal)
+    state.torn = read.torn is not None
+    for record in read.records:
+        if record.get("type") == "unit":
+            state.units[str(record["unit"])] = record
+        elif record.get("type") == "proposal":
+            state.proposals[str(record["slot"])] = record
+    return state

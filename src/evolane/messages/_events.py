@@ -1,0 +1,163 @@
+"""Progress events: what a run tells its observers (the live view, ``events.jsonl``).
+
+Every event carries the run id, a sequence number and the seconds since the run began, so a
+stream can be checked for gaps; the kinds are few and each says one thing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from evolane.messages._base import Message, Name, ShortText
+from evolane.messages._measure import Usage
+from evolane.messages._optimize import LocalGateResult
+
+_COUNT = 10**15
+"""Upper bound of every count and amount in an event (events are bounded by schema)."""
+
+FunnelStage = Literal[
+    "generated",
+    "unique",
+    "duplicate",
+    "local_gates",
+    "screening",
+    "paired_replay",
+    "evaluation",
+    "selected",
+    "rejected",
+    "blocked",
+    "not_run",
+]
+"""Where a candidate slot stands; the last four are terminal."""
+
+Phase = Literal["estimate", "baseline", "optimize", "measure", "finalize", "apply", "report"]
+
+
+class ProgressEvent(Message):
+    """Base of every progress event (abstract: not sent itself)."""
+
+    kind: Name
+    run_id: Name
+    seq: int = Field(default=0, ge=0, le=2**63 - 1)
+    t: float = Field(default=0.0, ge=0, le=1e9)
+
+
+class RunStarted(ProgressEvent):
+    """The run began (or resumed): its shape, so a view can lay itself out."""
+
+    kind: Literal["event.run_started"] = "event.run_started"
+    campaign_id: Name
+    cycle: int = Field(ge=0, le=_COUNT)
+    iterations: int = Field(ge=0, le=_COUNT)
+    population: int = Field(ge=0, le=_COUNT)
+    replay_lanes: int = Field(ge=0, le=_COUNT)
+    judge_lanes: int = Field(ge=0, le=_COUNT)
+    resumed: bool = False
+    isolation: ShortText = ""
+
+
+class EstimateEvent(ProgressEvent):
+    """The cost and wall estimate, before any expensive work."""
+
+    kind: Literal["event.estimate"] = "event.estimate"
+    replays_max: int = Field(ge=0, le=_COUNT)
+    judge_calls_max: int = Field(ge=0, le=_COUNT)
+    optimizer_calls_max: int = Field(ge=0, le=_COUNT)
+    wall_low_seconds: float | None = Field(default=None, ge=0, le=_COUNT)
+    wall_high_seconds: float | None = Field(default=None, ge=0, le=_COUNT)
+    tokens: float | None = Field(default=None, ge=0, le=_COUNT)
+    cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
+
+
+class PhaseEvent(ProgressEvent):
+    """The run entered a phase; iteration events also carry the convergence signal."""
+
+    kind: Literal["event.phase"] = "event.phase"
+    phase: Phase
+    cycle: int = Field(default=0, ge=0, le=_COUNT)
+    iteration: int | None = Field(default=None, ge=0, le=_COUNT)
+    parent: ShortText = ""  # the parent tree's digest
+    convergence: ShortText = ""
+
+
+class SlotEvent(ProgressEvent):
+    """A candidate slot moved through the funnel."""
+
+    kind: Literal["event.slot"] = "event.slot"
+    iteration: int = Field(ge=0, le=_COUNT)
+    slot: int = Field(ge=0, le=_COUNT)
+    stage: FunnelStage
+    digest: ShortText = ""
+    reason: ShortText = ""
+    gate: LocalGateResult | None = None
+
+
+class MeasureEvent(ProgressEvent):
+    """A measurement's progress or end: pairs done of planned, and the evidence so far."""
+
+    kind: Literal["event.measure"] = "event.measure"
+    measurement_id: Name
+    pairs_done: int = Field(ge=0, le=_COUNT)
+    pairs_planned: int = Field(ge=0, le=_COUNT)
+    lanes_busy: int = Field(default=0, ge=0, le=_COUNT)
+    mean_delta: float | None = None
+    se: float | None = None
+    finished: bool = False
+    decision: ShortText = ""
+
+
+class DecisionEvent(ProgressEvent):
+    """The gate decided on a candidate (accept, reject or indecisive) and why."""
+
+    kind: Literal["event.decision"] = "event.decision"
+    iteration: int = Field(ge=0, le=_COUNT)
+    slot: int = Field(ge=0, le=_COUNT)
+    digest: ShortText
+    decision: Literal["accept", "reject", "indecisive"]
+    reason: ShortText
+    mean_delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+
+class BudgetUpdate(ProgressEvent):
+    """The ledger: spent, reserved and the ceilings, per dimension."""
+
+    kind: Literal["event.budget"] = "event.budget"
+    spent: Usage
+    reserved: Usage
+    ceilings: Usage
+
+
+class WarningEvent(ProgressEvent):
+    """Something a person should know about (an infrastructure failure, a lost event)."""
+
+    kind: Literal["event.warning"] = "event.warning"
+    message: ShortText
+
+
+class RunFinished(ProgressEvent):
+    """The run ended: statuses, the best tree and where the report is."""
+
+    kind: Literal["event.run_finished"] = "event.run_finished"
+    status: ShortText
+    campaign_status: ShortText
+    best: ShortText = ""
+    baseline_val: float | None = None
+    best_val: float | None = None
+    report: ShortText = ""
+
+
+EVENT_TYPES: tuple[type[ProgressEvent], ...] = (
+    RunStarted,
+    EstimateEvent,
+    PhaseEvent,
+    SlotEvent,
+    MeasureEvent,
+    DecisionEvent,
+    BudgetUpdate,
+    WarningEvent,
+    RunFinished,
+)
