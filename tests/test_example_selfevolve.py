@@ -20,7 +20,7 @@ from evolane.examples.selfevolve._cases import (
     make_dataset,
 )
 from evolane.examples.selfevolve._defaults import FAULT_RATES
-from evolane.examples.selfevolve._optimizer import EDITS, optimize
+from evolane.examples.selfevolve._optimizer import EDITS, choose_edit, optimize
 from evolane.examples.selfevolve._reward import WEIGHTS, score
 from evolane.examples.selfevolve._seed import SEED_SKILL
 from evolane.examples.selfevolve._skill import SkillError, parse_skill
@@ -215,6 +215,30 @@ def test_the_optimizer_steers_by_failure_reasons_and_skips_rejected_diffs(tmp_pa
     every = {_diff(SEED_SKILL, e.apply(SEED_SKILL) or SEED_SKILL) for e in EDITS}
     rejected = {"rejected": [{"diff": d} for d in every]}
     assert choose_edit(SEED_SKILL, rejected, random.Random(1)) is None
+
+
+def test_a_diff_from_the_campaigns_edit_diff_is_never_repeated(tmp_path: Path) -> None:
+    from evolane.campaign._prompt import edit_diff
+    from evolane.store import BlobStore, snapshot_tree
+
+    store = BlobStore(tmp_path / "store")
+    write_workspace(tmp_path / "w")
+    target = tmp_path / "w" / "target"
+    parent = snapshot_tree(store, target)
+    picked = choose_edit(SEED_SKILL, {}, random.Random(3))
+    assert picked is not None
+    edit, changed = picked
+    (target / "skill" / "SKILL.md").write_text(changed)
+    diff = edit_diff(store, parent, snapshot_tree(store, target))
+    assert diff.startswith("skill/SKILL.md\n")
+
+    def names(prompt: dict) -> set[str]:
+        picks = [choose_edit(SEED_SKILL, prompt, random.Random(s)) for s in range(300)]
+        return {p[0].name for p in picks if p is not None}
+
+    assert edit.name in names({})
+    rejected = names({"rejected": [{"diff": diff, "reason": "regressed"}]})
+    assert rejected and edit.name not in rejected
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

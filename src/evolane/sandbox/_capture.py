@@ -6,7 +6,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import trio
@@ -109,11 +109,19 @@ def open_pipe() -> tuple[int, int]:
     return read_fd, write_fd
 
 
-async def drain(stream: trio.lowlevel.FdStream, capture: BoundedCapture) -> None:
-    """Read ``stream`` to its end into ``capture``; never stalls the writer on a full pipe."""
+async def drain(
+    stream: trio.lowlevel.FdStream,
+    capture: BoundedCapture,
+    activity: Callable[[], object] | None = None,
+) -> None:
+    """Read ``stream`` to its end into ``capture``; never stalls the writer on a full pipe.
+
+    ``activity``, if given, is called (in the trio thread) after every chunk read."""
     async with stream:
         while True:
             chunk = await stream.receive_some(_READ_BYTES)
             if not chunk:
                 return
             capture.feed(chunk)
+            if activity is not None:
+                activity()

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -170,19 +170,21 @@ class SandboxHost:
         timeout: float | None = None,
         deadline: float | None = None,
         stop: trio.Event | None = None,
+        activity: Callable[[], object] | None = None,
     ) -> ProcessOutcome:
         """Run ``spec`` to completion; returns only when its whole process tree is gone.
 
         ``timeout`` (seconds) and ``deadline`` (trio clock) bound it, the earlier wins; setting
-        ``stop`` ends it with status ``cancelled``. Trio cancellation kills the tree and
-        propagates. Raises `WorkspaceError` for a workspace outside the root.
+        ``stop`` ends it with status ``cancelled``; ``activity`` is called whenever the tree
+        writes to stdout or stderr. Trio cancellation kills the tree and propagates. Raises
+        `WorkspaceError` for a workspace outside the root.
         """
         from evolane.sandbox._run import run_unit
 
         limit = float("inf") if deadline is None else deadline
         if timeout is not None:
             limit = min(limit, trio.current_time() + timeout)
-        return await run_unit(self, spec, limit, stop)
+        return await run_unit(self, spec, limit, stop, activity)
 
 
 @asynccontextmanager

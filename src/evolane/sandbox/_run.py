@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,7 +115,11 @@ class _Unit:
 
 
 async def run_unit(
-    host: SandboxHost, spec: SandboxSpec, deadline: float, stop: trio.Event | None
+    host: SandboxHost,
+    spec: SandboxSpec,
+    deadline: float,
+    stop: trio.Event | None,
+    activity: Callable[[], object] | None = None,
 ) -> ProcessOutcome:
     """The body of `SandboxHost.run`."""
     unit = _Unit(host, spec)
@@ -127,7 +132,7 @@ async def run_unit(
     except FileExistsError as error:
         raise WorkspaceError(str(error)) from error
     try:
-        outcome = await _run_prepared(unit, work, isolation, deadline, stop)
+        outcome = await _run_prepared(unit, work, isolation, deadline, stop, activity)
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(unit.remove, False)
@@ -143,7 +148,12 @@ async def run_unit(
 
 
 async def _run_prepared(
-    unit: _Unit, work: Path, isolation: IsolationInForce, deadline: float, stop: trio.Event | None
+    unit: _Unit,
+    work: Path,
+    isolation: IsolationInForce,
+    deadline: float,
+    stop: trio.Event | None,
+    activity: Callable[[], object] | None = None,
 ) -> ProcessOutcome:
     spec, host = unit.spec, unit.host
     env = build_environment(
@@ -182,7 +192,7 @@ async def _run_prepared(
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
         tree = ProcessTree(popen.pid, unit.cgroups, unit.tree_lease)
-        watch = _Watch(tree, spec.kill_grace)
+        watch = _Watch(tree, spec.kill_grace, activity)
         try:
             async with trio.open_nursery() as nursery:
                 for name, stream in streams.items():
@@ -248,8 +258,10 @@ def _returncode(status: int | None) -> int:
 class _Watch:
     """Waits for the leader, then runs the kill ladder; samples memory meanwhile."""
 
-    def __init__(self, tree: ProcessTree, grace: float) -> None:
-        self.tree, self.grace = tree, grace
+    def __init__(
+        self, tree: ProcessTree, grace: float, activity: Callable[[], object] | None = None
+    ) -> None:
+        self.tree, self.grace, self.activity = tree, grace, activity
         self.reason = "exited"
         self.kill = KillReport()
         self.kill_latency: float | None = None
@@ -261,7 +273,7 @@ class _Watch:
         """Drain one stream; the last drain to reach EOF wakes `finish`."""
         self._draining += 1
         try:
-            await drain(stream, capture)
+            await drain(stream, capture, self.activity)
         finally:
             self._draining -= 1
             if self._draining == 0:

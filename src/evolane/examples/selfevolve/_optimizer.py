@@ -5,7 +5,8 @@ It reads the prompt file (JSON; every key optional):
    "failing": [{"id": str, "reason": str}], "protect": [str],
    "rejected": [{"diff": str, "reason": str}]}
 and picks from a pool of plausible edits (some help, some hurt, some change nothing),
-steered by the failure reasons and never repeating a rejected diff. At configurable rates
+steered by the failure reasons and never repeating a rejected diff (compared in the
+campaign's ``edit_diff`` format). At configurable rates
 it instead returns the skill unchanged, malformed, oversized, or tampers with a protected
 file, so that every gate of a campaign gets exercised.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 SKILL_PATH = Path("skill") / "SKILL.md"
 PROTECTED_PATHS = (Path("grader") / "rubric.json", Path("data") / "dataset.jsonl")
+DIFF_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -271,11 +273,15 @@ def _prompt(path: Path) -> dict:
 
 
 def _diff(before: str, after: str) -> str:
+    """The SKILL.md edit as a campaign's rejected-diff memory records it (its ``edit_diff``):
+    the path line, ``-line``/``+line`` lines each ending in a newline, cut to 4096 bytes."""
     old, new = before.splitlines(), after.splitlines()
-    return "\n".join(
-        [f"-{line}" for line in old if line not in new]
-        + [f"+{line}" for line in new if line not in old]
-    )
+    old_set, new_set = set(old), set(new)
+    lines = [f"-{line}" for line in old if line not in new_set]
+    lines += [f"+{line}" for line in new if line not in old_set]
+    text = f"{SKILL_PATH.as_posix()}\n" + "".join(f"{line}\n" for line in lines)
+    data = text.encode("utf-8")
+    return text if len(data) <= DIFF_BYTES else data[:DIFF_BYTES].decode("utf-8", "ignore")
 
 
 def choose_edit(text: str, prompt: dict, rng: random.Random) -> tuple[Edit, str] | None:

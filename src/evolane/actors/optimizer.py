@@ -1,0 +1,321 @@
+"""The optimizer lane: runs the optimizer command once per `ProposeJob`, through the sandbox.
+
+Each job gets a scratch directory under the sandbox lease: ``workdir/`` (a writable copy
+of the parent tree, edited in place and the process's working directory), ``prompt.json``
+and ``context/`` (read-only, never part of the candidate). The run is bounded by the job's
+deadline and by an idle watchdog: no output and no file change in the workdir for
+``idle_seconds`` stops it. An optimizer that fails or hangs costs its slot only: the lane
+answers with a `ProposeResult` and never raises for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from evolane.actors._kernel import Actor
+from evolane.actors.lanes import StopBoard, _usage
+from evolane.inputs import CommandTemplate
+from evolane.messages import (
+    FailureEvent,
+    LocalGateResult,
+    Message,
+    ProposeJob,
+    ProposeResult,
+)
+from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec, materialize_workspace
+from evolane.store import (
+    BlobStore,
+    StoreError,
+    UnsupportedEntryError,
+    materialize_tree,
+    snapshot_tree,
+)
+
+PLACEHOLDERS = ("workdir", "prompt_file", "seed", "workspace")
+"""The placeholders an optimizer command template may use (DESIGN §8)."""
+
+_POLL_MAX_SECONDS = 1.0
+_SHORT = 256
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """How the lane runs the optimizer: template, limits, grace, passed-through variables."""
+
+    template: CommandTemplate  # placeholders {workdir} {prompt_file} {seed} {workspace}
+    limits: Limits = field(default_factory=Limits)
+    kill_grace: float = 2.0
+    pass_env: tuple[str, ...] = ()
+
+
+def _scratch_name(slot_id: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", slot_id)[:64]
+    if safe == slot_id and safe not in (".", ".."):
+        return safe
+    return f"{safe}-{hashlib.sha256(slot_id.encode()).hexdigest()[:10]}"
+
+
+class _Scratch:
+    """One job's directory: workdir/, prompt.json, context/ (read-only), usage.json."""
+
+    def __init__(self, host: SandboxHost, slot_id: str) -> None:
+        self.dir = host.lease_dir / "optimizer" / _scratch_name(slot_id)
+        self.workdir, self.context = self.dir / "workdir", self.dir / "context"
+        self.prompt_file = self.dir / "prompt.json"
+
+    def prepare(self, store: BlobStore, job: ProposeJob) -> None:
+        """Lay the job out (blocking I/O: run it in a thread)."""
+        self.remove()
+        self.dir.mkdir(parents=True)
+        # Copies, never hard links: the optimizer edits the workdir in place.
+        materialize_workspace(store, job.parent_ref, (), self.workdir)
+        self.prompt_file.write_bytes(store.read_bytes(job.prompt_ref))
+        if job.context_ref is not None:
+            materialize_tree(store, job.context_ref, self.context, link=False)
+        else:
+            self.context.mkdir()
+        _set_writable(self.context, False)
+
+    def placeholders(self, seed: int) -> dict[str, str]:
+        return {
+            "workdir": str(self.workdir),
+            "prompt_file": str(self.prompt_file),
+            "seed": str(seed),
+            "workspace": str(self.context),
+        }
+
+    def remove(self) -> None:
+        if self.context.is_dir() and not self.context.is_symlink():
+            _set_writable(self.context, True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _set_writable(root: Path, writable: bool) -> None:
+    """Give or take write permission on every folder and file under ``root`` (no symlinks)."""
+    for path in [root, *root.rglob("*")]:
+        with contextlib.suppress(OSError):
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                continue
+            bits = stat.S_IMODE(mode)
+            path.chmod((bits | stat.S_IWUSR) if writable else (bits & ~0o222))
+
+
+def workdir_signature(root: Path) -> bytes:
+    """A digest of every entry's path, type, size and mtime under ``root`` (no symlinks
+    followed): it changes whenever a file is created, removed, written or touched."""
+    digest = hashlib.blake2b(digest_size=16)
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            with os.scandir(folder) as scan:
+                children = sorted(scan, key=lambda child: child.name)
+        except OSError:
+            continue
+        for child in children:
+            try:
+                info = child.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            digest.update(os.fsencode(child.path))
+            digest.update(f"\0{info.st_mode}:{info.st_size}:{info.st_mtime_ns}\0".encode())
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(Path(child.path))
+    return digest.digest()
+
+
+class _IdleWatch:
+    """Sets ``stop`` once neither output nor a workdir change was seen for ``idle`` seconds."""
+
+    def __init__(self, workdir: Path, idle: float, stop: trio.Event) -> None:
+        self.workdir, self.idle, self.stop = workdir, idle, stop
+        self.last = trio.current_time()
+        self.fired = False
+
+    def activity(self) -> None:
+        """Called by the sandbox for every chunk of stdout or stderr."""
+        self.last = trio.current_time()
+
+    async def run(self) -> None:
+        interval = min(_POLL_MAX_SECONDS, self.idle / 4)
+        seen = await trio.to_thread.run_sync(
+            workdir_signature, self.workdir, abandon_on_cancel=True
+        )
+        while True:
+            await trio.sleep(interval)
+            now = await trio.to_thread.run_sync(
+                workdir_signature, self.workdir, abandon_on_cancel=True
+            )
+            if now != seen:
+                seen = now
+                self.activity()
+            if trio.current_time() - self.last >= self.idle:
+                self.fired = True
+                self.stop.set()
+                return
+
+
+async def _relay(source: trio.Event, target: trio.Event) -> None:
+    await source.wait()
+    target.set()
+
+
+class OptimizerLane(Actor):
+    """Runs `ProposeJob`s: one sandboxed optimizer run per job, answered by a `ProposeResult`.
+
+    With a `StopBoard`, setting ``board.event(slot_id)`` stops that job (status cancelled).
+    """
+
+    accepts = (ProposeJob,)
+
+    def __init__(
+        self,
+        host: SandboxHost,
+        store: BlobStore,
+        settings: OptimizerSettings,
+        board: StopBoard | None = None,
+    ) -> None:
+        self.host, self.store, self.settings, self.board = host, store, settings, board
+
+    async def receive(self, message: Message) -> ProposeResult:
+        assert isinstance(message, ProposeJob)
+        job, started = message, trio.current_time()
+        scratch = _Scratch(self.host, job.slot_id)
+        try:
+            try:
+                await trio.to_thread.run_sync(scratch.prepare, self.store, job)
+            except (StoreError, OSError, ValueError) as error:
+                failure = FailureEvent(
+                    owner="framework",
+                    stage="optimizer",
+                    code="prepare_failed",
+                    message=f"{type(error).__name__}: {error}"[:512],
+                )
+                return ProposeResult(slot_id=job.slot_id, status="failed", failure=failure)
+            outcome, idle = await self._run(job, scratch, started + job.timeout_seconds)
+            result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome, idle)
+            return result.model_copy(update={"wall_seconds": trio.current_time() - started})
+        finally:
+            if self.board is not None:
+                self.board.done(job.slot_id)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(scratch.remove)
+
+    async def _run(
+        self, job: ProposeJob, scratch: _Scratch, deadline: float
+    ) -> tuple[ProcessOutcome, bool]:
+        """Run the command; returns the outcome and whether the idle watchdog stopped it."""
+        stop = trio.Event()
+        watch = _IdleWatch(scratch.workdir, job.idle_seconds, stop)
+        spec = SandboxSpec(
+            argv=self.settings.template.render(scratch.placeholders(job.seed)),
+            workspace=str(scratch.workdir),
+            env={
+                "EVOLANE_CONTEXT_DIR": str(scratch.context),
+                "EVOLANE_SLOT": job.slot_id,
+                "EVOLANE_SEED": str(job.seed),
+                "EVOLANE_PROMPT_FILE": str(scratch.prompt_file),
+                "EVOLANE_USAGE_FILE": str(scratch.dir / "usage.json"),
+            },
+            pass_env=self.settings.pass_env,
+            limits=self.settings.limits,
+            kill_grace=self.settings.kill_grace,
+            label="optimizer",
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run)
+            if self.board is not None:
+                nursery.start_soon(_relay, self.board.event(job.slot_id), stop)
+            outcome = await self.host.run(
+                spec, deadline=deadline, stop=stop, activity=watch.activity
+            )
+            nursery.cancel_scope.cancel()
+        return outcome, watch.fired and outcome.status == "cancelled"
+
+    def _collect(
+        self, job: ProposeJob, scratch: _Scratch, outcome: ProcessOutcome, idle: bool
+    ) -> ProposeResult:
+        # Imported here: the campaign package builds on this lane, so a top-level import cycles.
+        from evolane.campaign._entries import check_entries
+
+        usage, _ = _usage(scratch.dir, outcome)
+        base = {
+            "slot_id": job.slot_id,
+            "stdout_ref": outcome.stdout.ref,
+            "stderr_ref": outcome.stderr.ref,
+            "usage": usage,
+        }
+        if not outcome.ok:
+            status, failure = _failure(outcome, idle, job.idle_seconds)
+            return ProposeResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
+        gate = check_entries(scratch.workdir)
+        if gate.passed:
+            try:
+                tree = snapshot_tree(self.store, scratch.workdir)
+            except UnsupportedEntryError as error:
+                gate = LocalGateResult(
+                    gate="disallowed_entries", outcome="reject", reason=str(error)[:_SHORT]
+                )
+            except (StoreError, OSError) as error:
+                failure = FailureEvent(
+                    owner="infrastructure",
+                    stage="optimizer",
+                    code="snapshot_failed",
+                    message=f"{type(error).__name__}: {error}"[:512],
+                )
+                return ProposeResult(status="failed", failure=failure, **base)
+            else:
+                return ProposeResult(
+                    status="succeeded", tree_ref=tree, summary=_summary(outcome), **base
+                )
+        return ProposeResult(status="rejected", gate=gate, summary=_summary(outcome), **base)
+
+
+def _summary(outcome: ProcessOutcome) -> str:
+    lines = outcome.stdout.head.decode("utf-8", "replace").splitlines()
+    return lines[0].strip()[:_SHORT] if lines else ""
+
+
+def _failure(outcome: ProcessOutcome, idle: bool, idle_seconds: float) -> tuple[str, FailureEvent]:
+    """The result status and failure of a run that did not exit 0."""
+    wall = outcome.wall_seconds
+    if idle:
+        message = f"no output and no file change for {idle_seconds:g}s; stopped after {wall:.1f}s"
+        return "idle_killed", FailureEvent(
+            owner="infrastructure", stage="optimizer", code="idle", message=message
+        )
+    if outcome.status == "timed_out":
+        message = f"killed at the deadline after {wall:.1f}s"
+        return "timed_out", FailureEvent(
+            owner="infrastructure", stage="optimizer", code="timeout", message=message
+        )
+    if outcome.status == "cancelled":
+        return "cancelled", FailureEvent(owner="framework", stage="optimizer", code="cancelled")
+    if outcome.status == "spawn_failed":
+        return "failed", FailureEvent(
+            owner="infrastructure",
+            stage="optimizer",
+            code="spawn_failed",
+            message=outcome.error[:512],
+        )
+    if outcome.status == "limit_exceeded":
+        code = f"limit_{'_'.join(outcome.limits_hit)}"
+        return "failed", FailureEvent(owner="candidate", stage="optimizer", code=code)
+    code = (
+        f"exit_{outcome.exit_code}" if outcome.exit_code is not None else f"signal_{outcome.signal}"
+    )
+    message = outcome.stderr.text()[-500:]
+    return "failed", FailureEvent(owner="candidate", stage="optimizer", code=code, message=message)
+
+
+__all__ = ["PLACEHOLDERS", "OptimizerLane", "OptimizerSettings", "workdir_signature"]

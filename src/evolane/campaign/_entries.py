@@ -1,0 +1,112 @@
+"""The `disallowed_entries` gate: an optimizer's workdir may hold only plain files and folders.
+
+The walk never follows a symlink. Refused: symlinks, devices, FIFOs, sockets, names that are
+not valid UTF-8 or hold a line break, mount points (another filesystem under the root),
+hard-linked files (their inode may be shared with a file outside the root) and folders that
+cannot be read. Any of these could reach outside the root or break a snapshot of the tree.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from evolane.messages import LocalGateResult
+
+MAX_PATHS = 4
+_SHORT = 256
+
+
+def _display(relative: str) -> str:
+    """A printable, bounded form of a relative path (bad bytes and line breaks escaped)."""
+    raw = os.fsencode(relative)
+    text = raw.decode("utf-8", "backslashreplace")
+    text = text.replace("\n", "\\n").replace("\r", "\\r")
+    return text[:_SHORT]
+
+
+def _bad_name(name: str) -> str | None:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "name is not UTF-8"
+    if "\n" in name or "\r" in name:
+        return "name holds a line break"
+    return None
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "special file"
+
+
+def _offences(root: Path) -> list[tuple[str, str]]:
+    """Every offending entry under ``root`` as (relative path, why), in sorted walk order."""
+    found: list[tuple[str, str]] = []
+    try:
+        info = os.lstat(root)
+    except OSError as error:
+        return [(".", f"cannot read the workdir: {error.strerror}")]
+    if not stat.S_ISDIR(info.st_mode):
+        return [(".", f"the workdir itself is a {_kind(info.st_mode)}")]
+    root_dev = info.st_dev
+    pending = [("", root)]
+    while pending:
+        prefix, folder = pending.pop()
+        try:
+            with os.scandir(folder) as scan:
+                children = sorted(scan, key=lambda child: os.fsencode(child.name))
+        except OSError as error:
+            found.append((prefix or ".", f"cannot read the folder: {error.strerror}"))
+            continue
+        below = []
+        for child in children:
+            relative = f"{prefix}{child.name}"
+            why = _bad_name(child.name) or _entry_problem(child, root_dev)
+            if why is not None:
+                found.append((relative, why))
+            elif child.is_dir(follow_symlinks=False):
+                below.append((f"{relative}/", Path(child.path)))
+        pending.extend(reversed(below))
+    return found
+
+
+def _entry_problem(child: os.DirEntry[str], root_dev: int) -> str | None:
+    try:
+        info = child.stat(follow_symlinks=False)
+    except OSError as error:
+        return f"cannot stat: {error.strerror}"
+    if stat.S_ISDIR(info.st_mode):
+        return "a mount point (another filesystem)" if info.st_dev != root_dev else None
+    if not stat.S_ISREG(info.st_mode):
+        return _kind(info.st_mode)
+    if info.st_nlink > 1:
+        return "a hard link (its inode is shared)"
+    return None
+
+
+def check_entries(directory: Path) -> LocalGateResult:
+    """Gate `disallowed_entries`: ``reject`` naming up to four offending relative paths,
+    else ``pass``. Blocking file I/O: call it from a thread."""
+    found = _offences(Path(directory))
+    if not found:
+        return LocalGateResult(gate="disallowed_entries", outcome="pass")
+    first_path, first_why = found[0]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    reason = f"{_display(first_path)}: {first_why}{more}"
+    return LocalGateResult(
+        gate="disallowed_entries",
+        outcome="reject",
+        reason=reason[:_SHORT],
+        paths=tuple(_display(path) for path, _ in found[:MAX_PATHS]),
+    )
