@@ -1,0 +1,652 @@
+"""Apply policies for an accepted candidate: propose it, keep it, or publish it to the target.
+
+Every policy writes proposal artifacts under ``run_dir/proposals/<label>/``. Only
+``auto_verified`` touches the target, and only through a journaled publish
+(``run_dir/apply.json``): stage next to the target, swap with renames, run the post-apply
+check, then commit or roll back. `recover_apply` undoes a publish a crash interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import errno
+import glob
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import trio
+from pydantic import Field
+
+from evolane.inputs import CommandTemplate
+from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
+from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec
+from evolane.store import (
+    BlobStore,
+    CorruptBlobError,
+    FileEntry,
+    StoreError,
+    SymlinkEntry,
+    TreeManifest,
+    diff_trees,
+    load_manifest,
+    materialize_tree,
+    read_json,
+    snapshot_tree,
+    store_manifest,
+    write_bytes_atomic,
+    write_json_atomic,
+)
+from evolane.store._blobs import CHUNK_SIZE, fsync_dir
+
+ApplyPolicy = Literal["proposal", "verified_only", "auto_verified"]
+"""What happens to an accepted candidate (CLI ``--apply``)."""
+ApplyStatus = Literal["proposed", "kept", "applied", "rolled_back", "refused", "recovered"]
+APPLY_POLICIES: Final[tuple[ApplyPolicy, ...]] = ("proposal", "verified_only", "auto_verified")
+JOURNAL_NAME: Final = "apply.json"
+"""The apply journal, directly under the run directory."""
+DIFF_MEDIA_TYPE: Final = "text/x-diff"
+MAX_DIFF_FILE_BYTES: Final = 1 << 20
+"""Files larger than this are named in the diff, not diffed (difflib is quadratic)."""
+
+JournalState = (
+    Literal["started", "backed_up", "staged", "moved_aside", "swapped"]
+    | Literal["rolling_back", "committed", "rolled_back", "recovered"]
+)
+"""Publish steps in order, then the ways out (each recorded once the step is done)."""
+_TERMINAL: Final = frozenset({"committed", "rolled_back", "recovered"})
+# Before these states' next step the target itself has not been replaced or moved.
+_UNTOUCHED: Final = frozenset({"started", "backed_up", "staged"})
+_LABEL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_PathText = Annotated[str, Field(min_length=1, max_length=4096)]
+
+
+class ApplyOutcome(Record):
+    """What applying one accepted candidate did, under which policy."""
+
+    policy: ApplyPolicy
+    status: ApplyStatus
+    candidate_ref: ArtifactRef
+    target: ShortText
+    """The target path as given (its tail, if longer than the bound)."""
+    proposal_dir: ShortText = ""
+    diff_ref: ArtifactRef | None = None
+    """The unified diff parent -> candidate, stored as a blob."""
+    backup_ref: ArtifactRef | None = None
+    """The target's tree as it was just before publishing."""
+    check_exit_code: int | None = None
+    message: Text = ""
+
+
+class ApplyJournal(Record):
+    """``run_dir/apply.json``: enough to finish or undo a publish that was interrupted."""
+
+    state: JournalState
+    kind: Literal["dir", "file"]
+    target: _PathText
+    old_path: _PathText
+    """Where the original target is kept (renamed aside, or hard-linked for a file)."""
+    new_path: _PathText
+    """Where the candidate is staged before the swap."""
+    trash_path: _PathText
+    """Where a replaced tree goes while a rollback puts the original back."""
+    backup_ref: ArtifactRef
+    candidate_ref: ArtifactRef
+    parent_ref: ArtifactRef
+    label: Name
+    proposal_dir: _PathText
+    updated: ShortText
+    message: Text = ""
+
+
+# -- public entry points ------------------------------------------------------------------
+
+
+def target_tree(store: BlobStore, target: Path) -> ArtifactRef:
+    """Snapshot the target: a directory as is, a single file as a tree of exactly that file."""
+    target = Path(target)
+    if target.is_dir():
+        return snapshot_tree(store, target)
+    if not target.is_file():
+        raise FileNotFoundError(f"target {target} is neither a file nor a directory")
+    ref = store.put_file(target)
+    mode = 0o755 if target.stat().st_mode & 0o111 else 0o644
+    entry = FileEntry(digest=ref.digest, mode=mode, size=ref.size)
+    return store_manifest(store, TreeManifest({target.name: entry}))
+
+
+async def apply_candidate(
+    *,
+    policy: ApplyPolicy,
+    store: BlobStore,
+    host: SandboxHost,
+    target: Path,
+    parent_ref: ArtifactRef,
+    candidate_ref: ArtifactRef,
+    run_dir: Path,
+    check: CommandTemplate | None = None,
+    check_timeout: float = 120.0,
+    kill_grace: float = 2.0,
+    label: str = "best",
+) -> ApplyOutcome:
+    """Write the proposal artifacts, then keep or publish the candidate as ``policy`` says.
+
+    ``check`` (placeholders ``{candidate}`` = the target, ``{workspace}``) runs in the sandbox
+    after an ``auto_verified`` publish; a non-zero exit, timeout or kill rolls it back.
+    Store errors (a corrupt or missing candidate blob) raise.
+    """
+    if policy not in APPLY_POLICIES:
+        raise ValueError(f"unknown apply policy {policy!r} (expected one of {APPLY_POLICIES})")
+    if not _LABEL_RE.fullmatch(label):
+        raise ValueError(f"invalid proposal label {label!r}")
+    given, target = str(target), Path(os.path.abspath(target))
+    run_dir = Path(os.path.abspath(run_dir))
+    workspace = host.lease_dir / f"apply-{label}-{secrets.token_hex(4)}"
+    argv = None
+    if check is not None:
+        # Rendered before anything is written, so a bad template costs nothing.
+        argv = check.render({"candidate": str(target), "workspace": str(workspace)})
+    # Materialising the candidate (verify=True) reads every blob once: the integrity check.
+    proposal_dir, diff_ref = await trio.to_thread.run_sync(
+        partial(_write_proposal, store, run_dir, label, policy, target, parent_ref, candidate_ref)
+    )
+    base: dict[str, Any] = {
+        "policy": policy,
+        "candidate_ref": candidate_ref,
+        "target": _clip_tail(given),
+        "proposal_dir": _clip_tail(str(proposal_dir)),
+        "diff_ref": diff_ref,
+    }
+    if policy == "proposal":
+        return ApplyOutcome(**base, status="proposed", message=f"proposal in {proposal_dir}")
+    if policy == "verified_only":
+        return ApplyOutcome(**base, status="kept", message="candidate tree intact in the store")
+    with trio.CancelScope(shield=True):
+        prepared = await trio.to_thread.run_sync(
+            partial(
+                _prepare, store, target, parent_ref, candidate_ref, run_dir, label, proposal_dir
+            )
+        )
+    if isinstance(prepared, _Refusal):
+        return ApplyOutcome(
+            **base, status="refused", backup_ref=prepared.backup_ref, message=prepared.reason
+        )
+    base["backup_ref"] = prepared.journal.backup_ref
+    return await _publish_and_check(
+        store, host, prepared, argv, workspace, check_timeout, kill_grace, base
+    )
+
+
+def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
+    """Undo an interrupted ``auto_verified`` publish recorded in ``run_dir/apply.json``.
+
+    Restores the target to its backup (the kept original, else ``backup_ref`` from the
+    store), removes temp leftovers and records state ``recovered``; None when nothing was
+    pending (no journal, or a committed / rolled back / recovered one).
+    """
+    path = Path(run_dir) / JOURNAL_NAME
+    if not path.exists():
+        return None
+    journal = ApplyJournal.model_validate(read_json(path))
+    if journal.state in _TERMINAL:
+        _clean(journal)
+        return None
+    interrupted = journal.state
+    _restore(store, journal)
+    message = f"an apply interrupted in state {interrupted!r} was undone: target restored"
+    update = {"state": "recovered", "updated": _now(), "message": message}
+    _write_journal(path, journal.model_copy(update=update))
+    return ApplyOutcome(
+        policy="auto_verified",
+        status="recovered",
+        candidate_ref=journal.candidate_ref,
+        target=_clip_tail(journal.target),
+        proposal_dir=_clip_tail(journal.proposal_dir),
+        backup_ref=journal.backup_ref,
+        message=message,
+    )
+
+
+# -- the publish ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    reason: str
+    backup_ref: ArtifactRef | None = None
+
+
+@dataclass(slots=True)
+class _Publish:
+    """The journal file and its current record; every step is recorded before the next."""
+
+    path: Path
+    journal: ApplyJournal
+
+    def record(self, state: JournalState, message: str = "") -> None:
+        update = {"state": state, "updated": _now(), "message": _clip_head(message)}
+        self.journal = self.journal.model_copy(update=update)
+        _write_journal(self.path, self.journal)
+
+
+def _write_journal(path: Path, journal: ApplyJournal) -> None:
+    write_json_atomic(path, journal)
+
+
+async def _publish_and_check(
+    store: BlobStore,
+    host: SandboxHost,
+    publish: _Publish,
+    argv: tuple[str, ...] | None,
+    workspace: Path,
+    check_timeout: float,
+    kill_grace: float,
+    base: dict[str, Any],
+) -> ApplyOutcome:
+    """Swap the candidate in, check it, commit or roll back; the target is never left mixed."""
+    try:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(_publish, store, publish)
+    except (OSError, StoreError) as exc:
+        reason = f"publishing failed: {type(exc).__name__}: {exc}"
+        await _undo(store, publish, reason)
+        return ApplyOutcome(**base, status="rolled_back", message=_clip_head(reason))
+    except (Exception, trio.Cancelled):
+        await _undo(store, publish, "publishing failed or was cancelled")
+        raise
+    failure, code = None, None
+    if argv is not None:
+        try:
+            outcome = await _run_check(host, argv, workspace, check_timeout, kill_grace)
+        except BaseException:
+            await _undo(store, publish, "interrupted during the post-apply check")
+            raise
+        code = outcome.exit_code
+        failure = None if outcome.ok else _check_failure(outcome, check_timeout)
+    if failure is not None:
+        await _undo(store, publish, failure)
+        return ApplyOutcome(
+            **base, status="rolled_back", check_exit_code=code, message=_clip_head(failure)
+        )
+    with trio.CancelScope(shield=True):
+        await trio.to_thread.run_sync(_commit, publish)
+    message = "published; post-apply check passed" if argv else "published (no check given)"
+    return ApplyOutcome(**base, status="applied", check_exit_code=code, message=message)
+
+
+async def _undo(store: BlobStore, publish: _Publish, reason: str) -> None:
+    """Roll back in a shielded scope: a cancellation cannot leave the target half restored."""
+    with trio.CancelScope(shield=True):
+        await trio.to_thread.run_sync(_roll_back, store, publish, reason)
+
+
+def _prepare(
+    store: BlobStore,
+    target: Path,
+    parent_ref: ArtifactRef,
+    candidate_ref: ArtifactRef,
+    run_dir: Path,
+    label: str,
+    proposal_dir: Path,
+) -> _Publish | _Refusal:
+    """Snapshot the target, refuse if it moved on, and journal ``started`` before any write."""
+    journal_path = run_dir / JOURNAL_NAME
+    if journal_path.exists():
+        pending = ApplyJournal.model_validate(read_json(journal_path))
+        if pending.state not in _TERMINAL:
+            return _Refusal(f"an apply interrupted in state {pending.state!r} awaits recover_apply")
+    if target.is_symlink():
+        return _Refusal(f"target {target} is a symlink; refusing to replace it")
+    if not target.exists():
+        return _Refusal(f"target {target} does not exist")
+    backup = target_tree(store, target)
+    if backup.digest != parent_ref.digest:
+        reason = "the target changed since the campaign read it (it no longer matches the parent)"
+        return _Refusal(f"{reason}; nothing written", backup)
+    kind: Literal["dir", "file"] = "dir" if target.is_dir() else "file"
+    if kind == "file":
+        entries = load_manifest(store, candidate_ref)
+        if list(entries) != [target.name] or not isinstance(entries[target.name], FileEntry):
+            return _Refusal(f"a file target needs a candidate holding just {target.name!r}", backup)
+    stem = target.parent / f".{target.name[:100]}.evolane-{secrets.token_hex(4)}"
+    journal = ApplyJournal(
+        state="started",
+        kind=kind,
+        target=str(target),
+        old_path=f"{stem}-old",
+        new_path=f"{stem}-new",
+        trash_path=f"{stem}-trash",
+        backup_ref=backup,
+        candidate_ref=candidate_ref,
+        parent_ref=parent_ref,
+        label=label,
+        proposal_dir=str(proposal_dir),
+        updated=_now(),
+    )
+    publish = _Publish(journal_path, journal)
+    publish.record("started")
+    return publish
+
+
+def _publish(store: BlobStore, publish: _Publish) -> None:
+    """Stage the candidate next to the target and swap it in, journaling each step."""
+    journal = publish.journal
+    target, old, new = Path(journal.target), Path(journal.old_path), Path(journal.new_path)
+    if journal.kind == "dir":
+        _materialize_writable(store, journal.candidate_ref, new)
+        publish.record("staged")
+        os.rename(target, old)
+        fsync_dir(target.parent)
+        publish.record("moved_aside")
+        os.rename(new, target)
+        fsync_dir(target.parent)
+        publish.record("swapped")
+        return
+    _keep_file_backup(target, old)
+    publish.record("backed_up")
+    entry = load_manifest(store, journal.candidate_ref)[target.name]
+    assert isinstance(entry, FileEntry)
+    parent_entry = load_manifest(store, journal.parent_ref)[target.name]
+    same_mode = isinstance(parent_entry, FileEntry) and parent_entry.mode == entry.mode
+    mode = old.stat().st_mode & 0o777 if same_mode else entry.mode
+    _copy_verified(store, entry, new, mode)
+    publish.record("staged")
+    os.replace(new, target)
+    fsync_dir(target.parent)
+    publish.record("swapped")
+
+
+def _commit(publish: _Publish) -> None:
+    publish.record("committed")
+    _clean(publish.journal)
+
+
+def _roll_back(store: BlobStore, publish: _Publish, reason: str) -> None:
+    publish.record("rolling_back", reason)
+    _restore(store, publish.journal)
+    publish.record("rolled_back", reason)
+
+
+def _restore(store: BlobStore, journal: ApplyJournal) -> None:
+    """Put the original target back: from the kept copy if present, else from the store."""
+    target, old, trash = Path(journal.target), Path(journal.old_path), Path(journal.trash_path)
+    if os.path.lexists(old):
+        if journal.kind == "dir":
+            if os.path.lexists(target):
+                os.rename(target, trash)
+            os.rename(old, target)
+        else:
+            os.replace(old, target)
+        fsync_dir(target.parent)
+    elif (journal.state not in _UNTOUCHED or not os.path.lexists(target)) and not _matches(
+        store, target, journal.backup_ref
+    ):
+        _restore_from_store(store, journal)
+    _clean(journal)
+
+
+def _restore_from_store(store: BlobStore, journal: ApplyJournal) -> None:
+    target, new, trash = Path(journal.target), Path(journal.new_path), Path(journal.trash_path)
+    _remove(new)
+    if journal.kind == "dir":
+        _materialize_writable(store, journal.backup_ref, new)
+        if os.path.lexists(target):
+            os.rename(target, trash)
+        os.rename(new, target)
+    else:
+        entry = load_manifest(store, journal.backup_ref)[target.name]
+        assert isinstance(entry, FileEntry)
+        _copy_verified(store, entry, new, entry.mode)
+        os.replace(new, target)
+    fsync_dir(target.parent)
+
+
+def _matches(store: BlobStore, target: Path, ref: ArtifactRef) -> bool:
+    if target.is_symlink() or not target.exists():
+        return False
+    try:
+        return target_tree(store, target).digest == ref.digest
+    except (OSError, StoreError):
+        return False
+
+
+def _clean(journal: ApplyJournal) -> None:
+    """Remove the staged, kept and trashed copies and any half-made temp beside them."""
+    parent = Path(journal.target).parent
+    for name in (journal.new_path, journal.old_path, journal.trash_path):
+        path = Path(name)
+        _remove(path)
+        for leftover in parent.glob(f"{glob.escape(path.name)}*"):
+            _remove(leftover)
+    with contextlib.suppress(OSError):
+        fsync_dir(parent)
+
+
+# -- check --------------------------------------------------------------------------------
+
+
+async def _run_check(
+    host: SandboxHost, argv: tuple[str, ...], workspace: Path, timeout: float, kill_grace: float
+) -> ProcessOutcome:
+    await trio.to_thread.run_sync(partial(workspace.mkdir, parents=True))
+    try:
+        spec = SandboxSpec(
+            argv=argv, workspace=str(workspace), kill_grace=kill_grace, label="apply-check"
+        )
+        return await host.run(spec, timeout=timeout)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(_remove, workspace)
+
+
+def _check_failure(outcome: ProcessOutcome, timeout: float) -> str:
+    stderr = next((line for line in outcome.stderr.text().splitlines() if line.strip()), "")
+    detail = f": {stderr.strip()}" if stderr else ""
+    if outcome.status == "exited":
+        return f"post-apply check failed with exit code {outcome.exit_code}{detail}"
+    if outcome.status == "timed_out":
+        return f"post-apply check timed out after {timeout:g}s{detail}"
+    why = outcome.error or ", ".join(outcome.limits_hit) or f"signal {outcome.signal}"
+    return f"post-apply check {outcome.status.replace('_', ' ')} ({why}){detail}"
+
+
+# -- proposal artifacts -------------------------------------------------------------------
+
+
+def _write_proposal(
+    store: BlobStore,
+    run_dir: Path,
+    label: str,
+    policy: ApplyPolicy,
+    target: Path,
+    parent_ref: ArtifactRef,
+    candidate_ref: ArtifactRef,
+) -> tuple[Path, ArtifactRef]:
+    """Build ``proposals/<label>/`` under a temp name and rename it into place whole."""
+    proposals = run_dir / "proposals"
+    proposals.mkdir(parents=True, exist_ok=True)
+    for stale in proposals.glob(f".{label}.tmp-*"):
+        _remove(stale)
+    diff_bytes = unified_tree_diff(store, parent_ref, candidate_ref)
+    diff_ref = store.put_bytes(diff_bytes, media_type=DIFF_MEDIA_TYPE)
+    changes = diff_trees(store, parent_ref, candidate_ref)
+    record = {
+        "label": label,
+        "policy": policy,
+        "target": str(target),
+        "created": _now(),
+        "parent_ref": parent_ref,
+        "candidate_ref": candidate_ref,
+        "diff_ref": diff_ref,
+        "digests": {
+            "parent": parent_ref.digest,
+            "candidate": candidate_ref.digest,
+            "diff": diff_ref.digest,
+        },
+        "changes": dataclasses.asdict(changes),
+    }
+    final = proposals / label
+    staging = Path(tempfile.mkdtemp(dir=proposals, prefix=f".{label}.tmp-"))
+    try:
+        _materialize_writable(store, candidate_ref, staging / "candidate")
+        write_bytes_atomic(staging / "changes.diff", diff_bytes)
+        write_json_atomic(staging / "proposal.json", record)
+        os.chmod(staging, 0o755)
+        if os.path.lexists(final):
+            os.rename(final, staging.with_name(staging.name.replace(".tmp-", ".old-")))
+        os.rename(staging, final)
+    except BaseException:
+        _remove(staging)
+        raise
+    fsync_dir(proposals)
+    for old in proposals.glob(f".{label}.old-*"):
+        _remove(old)
+    return final, diff_ref
+
+
+def unified_tree_diff(store: BlobStore, old_ref: ArtifactRef, new_ref: ArtifactRef) -> bytes:
+    """A unified diff (``a/<path>`` -> ``b/<path>``) of every differing file; binaries named."""
+    old, new = load_manifest(store, old_ref), load_manifest(store, new_ref)
+    out: list[str] = []
+    for path in sorted(old.keys() | new.keys()):
+        before, after = old.get(path), new.get(path)
+        if before != after:
+            out.extend(_file_diff(store, path, before, after))
+    return "".join(out).encode("utf-8")
+
+
+_Entry = FileEntry | SymlinkEntry | None
+
+
+def _file_diff(store: BlobStore, path: str, before: _Entry, after: _Entry) -> Iterator[str]:
+    a, b = f"a/{path}", f"b/{path}"
+    for side, entry in ((a, before), (b, after)):
+        if isinstance(entry, SymlinkEntry):
+            yield f"Symbolic link {side} -> {entry.target}\n"
+    if isinstance(before, FileEntry) and isinstance(after, FileEntry) and before.mode != after.mode:
+        yield f"Mode of {path} changed from {before.mode:o} to {after.mode:o}\n"
+    old_text, new_text = _text_of(store, before), _text_of(store, after)
+    if old_text is None or new_text is None:
+        if _digest(before) != _digest(after):  # not a mode-only change
+            yield f"Binary files {a} and {b} differ\n"
+        return
+    if old_text == new_text:
+        if before is None and isinstance(after, FileEntry):
+            yield f"Empty file added: {b}\n"
+        elif after is None and isinstance(before, FileEntry):
+            yield f"Empty file removed: {a}\n"
+        return
+    for line in difflib.unified_diff(_lines(old_text), _lines(new_text), a, b):
+        yield line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+
+
+def _digest(entry: _Entry) -> str | None:
+    return entry.digest if isinstance(entry, FileEntry) else None
+
+
+def _text_of(store: BlobStore, entry: _Entry) -> str | None:
+    """A file's text; "" for no file or a symlink; None for binary or oversized content."""
+    if not isinstance(entry, FileEntry):
+        return ""
+    if entry.size > MAX_DIFF_FILE_BYTES:
+        return None
+    data = store.read_bytes(entry.ref)
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _lines(text: str) -> list[str]:
+    """Split on newlines only (``str.splitlines`` also splits on form feeds and others)."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+# -- file helpers ---------------------------------------------------------------------------
+
+
+def _materialize_writable(store: BlobStore, ref: ArtifactRef, destination: Path) -> None:
+    """Copy a tree out of the store (never hard links) with ordinary writable file modes."""
+    materialize_tree(store, ref, destination, link=False, verify=True)
+    for relative, entry in load_manifest(store, ref).items():
+        if isinstance(entry, FileEntry):
+            os.chmod(destination / relative, 0o755 if entry.executable else 0o644)
+
+
+def _copy_verified(store: BlobStore, entry: FileEntry, destination: Path, mode: int) -> None:
+    """Copy one blob to a new file, hashing on the way, fsync it and set its mode."""
+    hasher, size = hashlib.sha256(), 0
+    try:
+        with store.open(entry.digest) as source, destination.open("xb") as out:
+            while chunk := source.read(CHUNK_SIZE):
+                hasher.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fchmod(out.fileno(), mode)
+            os.fsync(out.fileno())
+        if "sha256:" + hasher.hexdigest() != entry.digest or size != entry.size:
+            raise CorruptBlobError(f"corrupt blob {entry.digest} in {store.root}")
+    except BaseException:
+        _remove(destination)
+        raise
+
+
+def _keep_file_backup(target: Path, old: Path) -> None:
+    """Keep the original file at ``old``: a hard link (atomic, exact), else a copy renamed in."""
+    try:
+        os.link(target, old)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        part = old.with_name(old.name + ".part")
+        shutil.copy2(target, part)
+        with part.open("rb") as copied:
+            os.fsync(copied.fileno())
+        os.rename(part, old)
+    fsync_dir(target.parent)
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, symlink or tree if present, including read-only directories."""
+    if path.is_symlink() or path.is_file():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, onerror=_make_writable_and_retry)
+
+
+def _make_writable_and_retry(function: Any, name: str, _info: object) -> None:
+    with contextlib.suppress(OSError):
+        os.chmod(os.path.dirname(name), 0o755)
+        function(name)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _clip_tail(text: str, limit: int = 256) -> str:
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
+
+
+def _clip_head(text: str, limit: int = 2048) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
