@@ -193,9 +193,9 @@ async def test_an_optimizer_that_keeps_printing_runs_to_its_deadline(
     optimizer = lane(host, store, sh("while :; do echo thinking; sleep 0.1; done"))
     with trio.fail_after(20):
         result = await propose(
-            optimizer, job(store, parent_tree(store, tmp_path), timeout=2.0, idle=0.5)
+            optimizer, job(store, parent_tree(store, tmp_path), timeout=2.5, idle=0.8)
         )
-    assert result.status == "timed_out" and result.wall_seconds >= 2.0
+    assert result.status == "timed_out" and result.wall_seconds >= 2.5
 
 
 async def test_an_optimizer_that_keeps_editing_files_silently_is_not_idle(
@@ -205,9 +205,9 @@ async def test_an_optimizer_that_keeps_editing_files_silently_is_not_idle(
     optimizer = lane(host, store, sh(script))
     with trio.fail_after(20):
         result = await propose(
-            optimizer, job(store, parent_tree(store, tmp_path), timeout=2.0, idle=0.6)
+            optimizer, job(store, parent_tree(store, tmp_path), timeout=2.5, idle=0.8)
         )
-    assert result.status == "timed_out" and result.wall_seconds >= 2.0
+    assert result.status == "timed_out" and result.wall_seconds >= 2.5
 
 
 async def test_a_stop_on_the_board_cancels_the_slot(
