@@ -252,7 +252,7 @@ def build_prompt(
         for name, items in lists.items():
             keep = kept[name]
             prompt[name] = items[len(items) - keep :] if name == "rejected" else items[:keep]
-        prompt["protect"] = prompt["solid"]
+        prompt["protect"] = list(prompt["solid"])
         prompt["omitted"] = {name: len(lists[name]) - kept[name] for name in lists}
         return prompt
 
