@@ -123,9 +123,16 @@ def _lanes(name: str, count: int, lane: type, args: tuple) -> SupervisorSpec:
 
 @asynccontextmanager
 async def open_pipeline(
-    runtime: Runtime, host: SandboxHost, store: BlobStore, dataset: Dataset, config: PipelineConfig
+    runtime: Runtime,
+    host: SandboxHost,
+    store: BlobStore,
+    dataset: Dataset,
+    config: PipelineConfig,
+    *,
+    under: str | None = None,
 ) -> AsyncIterator[Pipeline]:
-    """Start the pipeline's subtree under the runtime's root; stop it on exit."""
+    """Start the pipeline's subtree under the runtime's root (or the supervisor ``under``);
+    stop it on exit."""
     replay = CommandTemplate.parse(config.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
     judge = (
         CommandTemplate.parse(config.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
@@ -185,11 +192,12 @@ async def open_pipeline(
             ),
         ],
     )
-    await runtime.start_supervisor(tree)
+    parent = runtime.root if under is None else runtime.supervisor(under)
+    await parent.start_child(tree)
     try:
         refs = [runtime.lookup(n) for n in replay_names]
         judges = [runtime.lookup(n) for n in judge_names]
-        await runtime.root.child(name).start_child(
+        await parent.child(name).start_child(
             ActorSpec(
                 name=f"{name}.scheduler",
                 actor=MeasurementScheduler,
@@ -200,4 +208,4 @@ async def open_pipeline(
     finally:
         with trio.CancelScope(shield=True):
             board.cancel_all()
-            await runtime.root.stop_child(name)
+            await parent.stop_child(name)

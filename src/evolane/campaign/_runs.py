@@ -38,6 +38,7 @@ class RunRecord(Record):
     seed_ref: ArtifactRef  # the target's tree when the campaign began
     parent_ref: ArtifactRef  # the best tree when this cycle began
     status: RunStatus = "running"
+    resumed: int = Field(default=0, ge=0)  # how many times the run was resumed
 
 
 class RejectedEdit(Record):
@@ -111,6 +112,7 @@ class StoreLayout:
 
 def save_run(layout: StoreLayout, record: RunRecord) -> None:
     """Write ``run.json`` atomically."""
+    layout.run_dir(record.run_id).mkdir(parents=True, exist_ok=True)
     write_json_atomic(layout.run_dir(record.run_id) / "run.json", record)
 
 
@@ -122,6 +124,7 @@ def load_run(layout: StoreLayout, run_id: str) -> RunRecord:
 def save_campaign(layout: StoreLayout, state: CampaignState) -> None:
     """Write ``campaign.json`` atomically, stamped with the time."""
     stamped = state.model_copy(update={"updated": time.time()})
+    layout.campaign_file(state.campaign_id).parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(layout.campaign_file(state.campaign_id), stamped)
 
 

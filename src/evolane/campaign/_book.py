@@ -1,0 +1,171 @@
+"""The campaign's bookkeeping, IO-free: funnel records, decisions, measurement records,
+scores from unit records, failures. The campaign actor fills a `Book`; the report reads it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from evolane.actors.scheduler import MeasureSummary
+from evolane.campaign._report import (
+    DecisionRecord,
+    FailureRecord,
+    FunnelRecord,
+    IterationRecord,
+    LineageEntry,
+    MeasurementRecord,
+    Purpose,
+    ScoreCI,
+    score_ci,
+)
+from evolane.messages import FailureEvent, FunnelStage, LocalGateResult
+from evolane.stats import Decision
+
+MAX_FAILURES = 1000
+"""Failure events kept in a report (the count beyond is stated)."""
+
+
+@dataclass
+class SlotBook:
+    """One candidate slot's path through the funnel, built up as it goes."""
+
+    cycle: int
+    iteration: int
+    slot: int
+    slot_id: str
+    stages: list[FunnelStage] = field(default_factory=list)
+    digest: str = ""
+    gates: list[LocalGateResult] = field(default_factory=list)
+    decision: Decision | None = None
+    reason: str = ""
+    optimizer: str = ""
+    terminal: str = "not_run"
+
+    def reach(self, stage: FunnelStage) -> None:
+        self.stages.append(stage)
+
+    def end(self, terminal: str, reason: str, decision: Decision | None = None) -> None:
+        self.terminal, self.reason = terminal, reason[:256]
+        if decision is not None:
+            self.decision = decision
+        self.stages.append(terminal)  # type: ignore[arg-type]
+
+    def record(self) -> FunnelRecord:
+        return FunnelRecord(
+            cycle=self.cycle,
+            iteration=self.iteration,
+            slot=self.slot,
+            slot_id=self.slot_id,
+            stages=tuple(self.stages),
+            terminal=self.terminal,  # type: ignore[arg-type]
+            reason=self.reason,
+            digest=self.digest,
+            gates=tuple(self.gates[:8]),
+            decision=self.decision,
+            optimizer=self.optimizer[:256],
+        )
+
+
+@dataclass
+class Book:
+    """Everything a run's report lists, in the order it happened."""
+
+    funnel: list[SlotBook] = field(default_factory=list)
+    decisions: list[DecisionRecord] = field(default_factory=list)
+    measurements: list[MeasurementRecord] = field(default_factory=list)
+    iterations: list[IterationRecord] = field(default_factory=list)
+    lineage: list[LineageEntry] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    failures_dropped: int = 0
+
+    def decide(self, slot: SlotBook, decision: Decision, reason: str) -> None:
+        """Record a decision on a slot's candidate (the comparable list)."""
+        self.decisions.append(
+            DecisionRecord(
+                cycle=slot.cycle,
+                iteration=slot.iteration,
+                slot=slot.slot,
+                digest=slot.digest,
+                decision=decision,
+                reason=reason[:256],
+            )
+        )
+
+    def fail(self, where: str, failure: FailureEvent) -> None:
+        if len(self.failures) < MAX_FAILURES:
+            self.failures.append(FailureRecord(where=where[:128], failure=failure))
+        else:
+            self.failures_dropped += 1
+
+    def measured(
+        self,
+        summary: MeasureSummary,
+        units: list[dict[str, Any]],
+        *,
+        purpose: Purpose,
+        cycle: int,
+        split: str,
+        iteration: int | None = None,
+        slot: int | None = None,
+    ) -> MeasurementRecord:
+        """Keep a measurement's record and the failures among its units."""
+        gate = summary.gate
+        record = MeasurementRecord(
+            measurement_id=summary.measurement_id,
+            purpose=purpose,
+            cycle=cycle,
+            iteration=iteration,
+            slot=slot,
+            split=split,  # type: ignore[arg-type]
+            status=summary.status,
+            n=gate.n,
+            n_planned=gate.n_planned,
+            mean_delta=gate.mean_delta,
+            se=gate.se,
+            ci_low=gate.ci_low,
+            ci_high=gate.ci_high,
+            decision=gate.decision,
+            reason=gate.reason,
+            units_planned=summary.units_planned,
+            units_run=summary.units_run,
+            units_reused=summary.units_reused,
+            units_restored=summary.units_restored,
+            units_failed=summary.units_failed,
+            units_blocked=summary.units_blocked,
+            units_not_run=summary.units_not_run,
+            wall_seconds=summary.wall_seconds,
+            units_ref=summary.units_ref,
+        )
+        self.measurements.append(record)
+        for unit in units:
+            if unit.get("reused"):
+                continue
+            for part in ("replay", "judge"):
+                failure = (unit.get(part) or {}).get("failure")
+                if failure:
+                    self.fail(str(unit["unit"]), FailureEvent.model_validate(failure))
+        return record
+
+
+def arm_scores(units: list[dict[str, Any]], arm: str) -> dict[str, list[float]]:
+    """Per-case scores of one arm from a measurement's unit records."""
+    scores: dict[str, list[float]] = {}
+    for unit in units:
+        if unit.get("arm") == arm and unit.get("score") is not None:
+            scores.setdefault(str(unit["case"]), []).append(float(unit["score"]))
+    return scores
+
+
+def arm_score(
+    units: list[dict[str, Any]], arm: str, *, confidence: float, seed: int
+) -> ScoreCI | None:
+    """One arm's mean score with its bootstrap CI."""
+    return score_ci(arm_scores(units, arm), confidence=confidence, seed=seed)
+
+
+def hardest_failing(units: list[dict[str, Any]]) -> str | None:
+    """The case the parent scored lowest on (below full marks), for screening."""
+    scores = arm_scores(units, "baseline")
+    means = {case: sum(v) / len(v) for case, v in scores.items() if v}
+    failing = [(mean, case) for case, mean in means.items() if mean < 1.0]
+    return min(failing)[1] if failing else None

@@ -1,0 +1,249 @@
+"""Checking a request at the door and laying out its run, before anything runs.
+
+Every refusal is an `InputError` with one line naming the input; nothing is written until
+every check has passed (then ``run.json`` and ``campaign.json``, atomically).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from evolane.actors.pipeline import case_references
+from evolane.campaign._apply import target_tree
+from evolane.campaign._config import CampaignConfig
+from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run
+from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._runs import (
+    TERMINAL_CAMPAIGN,
+    CampaignState,
+    ResumeState,
+    RunRecord,
+    StoreLayout,
+    load_campaign,
+    load_run,
+    new_id,
+    read_resume_state,
+    save_campaign,
+    save_run,
+)
+from evolane.inputs import (
+    JUDGE_PLACEHOLDERS,
+    OPTIMIZER_PLACEHOLDERS,
+    REPLAY_PLACEHOLDERS,
+    CommandTemplate,
+    Dataset,
+    InputError,
+    load_dataset,
+    require_split,
+)
+from evolane.messages import ArtifactRef, Usage
+from evolane.store import BlobStore, read_json
+
+_NO_ROOM = 1e-9  # a ceiling already spent: a zero would read as "no ceiling"
+
+
+@dataclass
+class Prepared:
+    """A checked request: inputs loaded, the run and campaign records ready to persist."""
+
+    config: CampaignConfig
+    layout: StoreLayout
+    store: BlobStore
+    dataset: Dataset
+    run: RunRecord
+    campaign: CampaignState
+    resume: ResumeState
+    resumed: int
+    estimate: Estimate
+    gates: GateSettings
+    judge_case_refs: dict[str, ArtifactRef]
+    test_cases: int
+    ceilings: Usage
+
+    @property
+    def run_dir(self) -> Path:
+        return self.layout.run_dir(self.run.run_id)
+
+    def persist(self) -> None:
+        """Write ``run.json`` and ``campaign.json`` (the run is now resumable)."""
+        save_run(self.layout, self.run)
+        if self.run.run_id not in self.campaign.runs:
+            self.campaign = self.campaign.model_copy(
+                update={"runs": (*self.campaign.runs, self.run.run_id), "status": "active"}
+            )
+        save_campaign(self.layout, self.campaign)
+
+
+def check_templates(config: CampaignConfig) -> GateSettings:
+    """Parse every command template and the gate settings; `InputError` on the first bad one."""
+    CommandTemplate.parse(config.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
+    if config.judge:
+        CommandTemplate.parse(config.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
+    CommandTemplate.parse(config.optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS)
+    validator = None
+    if config.validator:
+        validator = CommandTemplate.parse(
+            config.validator, role="validator", allowed=VALIDATOR_PLACEHOLDERS
+        )
+    if config.check:
+        CommandTemplate.parse(config.check, role="check", allowed=VALIDATOR_PLACEHOLDERS)
+    try:
+        return GateSettings(
+            protected=tuple(config.protected),
+            required_files=tuple(config.required_files),
+            max_growth_bytes=config.max_growth_bytes,
+            validator=validator,
+            kill_grace=config.kill_grace,
+        )
+    except ValueError as error:
+        raise InputError(f"--protected/--required-file: {error}") from None
+
+
+def prepare_run(
+    config: CampaignConfig, resume_run: str | None = None, resume_campaign: str | None = None
+) -> Prepared:
+    """Check the request and build the records of its run (nothing is written here)."""
+    layout = StoreLayout(Path(config.store))
+    resume, resumed = ResumeState(), 0
+    if resume_run is not None:
+        record, campaign = _resumable_run(layout, resume_run)
+        config = record.config
+        resume = read_resume_state(layout.run_dir(resume_run) / "journal.jsonl")
+        resumed = record.resumed + 1
+    gates = check_templates(config)
+    dataset = _dataset(config)
+    store = layout.blobs()
+    if resume_run is not None:
+        if dataset.digest != record.dataset_digest:
+            raise InputError(f"--dataset {config.dataset}: changed since run {resume_run} began")
+        record = record.model_copy(update={"resumed": resumed, "status": "running"})
+    else:
+        record, campaign = _new_run(layout, store, config, dataset, resume_campaign)
+    test_cases = len(dataset.split("test"))
+    ceilings = _remaining(config, campaign.spent)
+    estimate = estimate_run(config, len(dataset.split("val")), test_cases, _history(layout, config))
+    return Prepared(
+        config=config,
+        layout=layout,
+        store=store,
+        dataset=dataset,
+        run=record,
+        campaign=campaign,
+        resume=resume,
+        resumed=resumed,
+        estimate=estimate,
+        gates=gates,
+        judge_case_refs=case_references(store, dataset, include_answers=True),
+        test_cases=test_cases,
+        ceilings=ceilings,
+    )
+
+
+def _dataset(config: CampaignConfig) -> Dataset:
+    target = Path(config.target)
+    if not target.exists():
+        raise InputError(f"--target {config.target}: no such file or directory")
+    if not Path(config.dataset).is_file():
+        raise InputError(f"--dataset {config.dataset}: no such file")
+    dataset = load_dataset(config.dataset)
+    require_split(dataset, "val")
+    return dataset
+
+
+def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, CampaignState]:
+    try:
+        record = load_run(layout, run_id)
+    except FileNotFoundError:
+        raise InputError(f"--resume {run_id}: no such run in {layout.root}") from None
+    if record.status in ("finished", "budget_limited"):
+        raise InputError(f"--resume {run_id}: the run already ended ({record.status})")
+    return record, load_campaign(layout, record.campaign_id)
+
+
+def _new_run(
+    layout: StoreLayout,
+    store: BlobStore,
+    config: CampaignConfig,
+    dataset: Dataset,
+    campaign_id: str | None,
+) -> tuple[RunRecord, CampaignState]:
+    identity = {**config.identity(), "dataset_digest": dataset.digest}
+    if campaign_id is not None:
+        campaign = _continuable_campaign(layout, campaign_id, identity)
+    else:
+        seed = target_tree(store, Path(config.target))
+        campaign = CampaignState(
+            campaign_id=config.campaign_id or new_id("c-"),
+            identity=identity,
+            seed_ref=seed,
+            best_ref=seed,
+        )
+    record = RunRecord(
+        run_id=new_id("r-"),
+        campaign_id=campaign.campaign_id,
+        cycle=campaign.cycles,
+        created=time.time(),
+        config=config.model_copy(update={"campaign_id": campaign.campaign_id}),
+        dataset_digest=dataset.digest,
+        seed_ref=campaign.seed_ref,
+        parent_ref=campaign.best_ref,
+    )
+    return record, campaign
+
+
+def _continuable_campaign(
+    layout: StoreLayout, campaign_id: str, identity: dict[str, str | None]
+) -> CampaignState:
+    try:
+        campaign = load_campaign(layout, campaign_id)
+    except FileNotFoundError:
+        raise InputError(f"--resume-campaign {campaign_id}: no such campaign") from None
+    if campaign.status in TERMINAL_CAMPAIGN:
+        raise InputError(
+            f"--resume-campaign {campaign_id}: the campaign is {campaign.status} and cannot resume"
+        )
+    for key, value in identity.items():
+        if campaign.identity.get(key) != value:
+            raise InputError(
+                f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
+                f"({campaign.identity.get(key)!r} -> {value!r})"
+            )
+    return campaign
+
+
+def _remaining(config: CampaignConfig, spent: Usage) -> Usage:
+    """The ceilings left for this cycle after what earlier cycles spent."""
+
+    def left(ceiling: float | None, used: float | None) -> float | None:
+        return None if ceiling is None else max(_NO_ROOM, ceiling - (used or 0.0))
+
+    return Usage(
+        tokens=left(config.max_tokens, spent.tokens),
+        cost_usd=left(config.max_cost_usd, spent.cost_usd),
+    )
+
+
+def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
+    """Typical seconds (and usage) per replay unit from the newest comparable report."""
+    for run_id in reversed(layout.run_ids()):
+        path = layout.run_dir(run_id) / "report.json"
+        try:
+            report = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if report.get("config", {}).get("replay") != config.replay:
+            continue
+        units = sum(m.get("units_run", 0) for m in report.get("measurements", []))
+        if not units:
+            continue
+        lanes = report["config"].get("replay_concurrency", 1)
+        spent = report.get("budget", {}).get("spent", {})
+        tokens, cost = spent.get("tokens"), spent.get("cost_usd")
+        return UnitHistory(
+            seconds=report["wall_seconds"] * lanes / units,
+            tokens=tokens / units if tokens else None,
+            cost_usd=cost / units if cost else None,
+        )
+    return None

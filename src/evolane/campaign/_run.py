@@ -1,0 +1,399 @@
+"""A run from request to report: check the inputs, lay out the run, start the run tree
+(measurement pipeline, optimizer lanes, campaign actor), bound it by the wall-clock budget,
+then apply and write the report. This is what ``evolane optimize`` and an embedding call.
+
+    run (one_for_all)
+    ├── run.measure      budget, replay lanes, judge lanes, scheduler
+    ├── run.optimizers   optimizer lanes
+    └── run.campaign     the campaign actor
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from evolane.actors._journal import RunJournal
+from evolane.actors.campaign import Campaign, CampaignResult, CampaignSetup, RunCampaign
+from evolane.actors.lanes import StopBoard
+from evolane.actors.optimizer import OptimizerLane, OptimizerSettings
+from evolane.actors.pipeline import PipelineConfig, open_pipeline
+from evolane.actors.progress import ProgressBus
+from evolane.campaign._apply import apply_candidate, recover_apply
+from evolane.campaign._config import CampaignConfig
+from evolane.campaign._estimate import Estimate
+from evolane.campaign._prepare import Prepared, prepare_run
+from evolane.campaign._report import (
+    ApplyRecord,
+    BudgetRecord,
+    Report,
+    render_markdown,
+)
+from evolane.campaign._runs import (
+    CampaignState,
+    load_run,
+    save_campaign,
+    save_run,
+)
+from evolane.inputs import CommandTemplate
+from evolane.messages import (
+    EstimateEvent,
+    LedgerQuery,
+    RunFinished,
+    RunStarted,
+    Usage,
+)
+from evolane.sandbox import SandboxHost, open_sandbox
+from evolane.store import write_bytes_atomic, write_json_atomic
+from evolane.supervisors import ActorSpec, Runtime, SupervisorSpec, open_runtime
+
+EXIT_FOR_STATUS = {"finished": 0, "budget_limited": 3, "interrupted": 130, "failed": 1}
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What to run: a fresh cycle, a new cycle of a campaign, or a resume of a run."""
+
+    config: CampaignConfig
+    resume_run: str | None = None
+    resume_campaign: str | None = None
+    dry_run: bool = False
+
+
+@dataclass
+class RunOutcome:
+    """The result of `run_campaign`: the estimate, and the report unless it was a dry run."""
+
+    estimate: Estimate
+    report: Report | None = None
+    run_dir: Path | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.report is None else EXIT_FOR_STATUS.get(self.report.status, 1)
+
+
+async def run_campaign(
+    request: RunRequest,
+    *,
+    interrupt: trio.Event | None = None,
+    on_bus: object = None,
+) -> RunOutcome:
+    """Run one cycle of a campaign (or resume one) to its report. Bad input raises
+    `InputError` before anything is written; ``interrupt`` stops gracefully (resumable)."""
+    prepared = await trio.to_thread.run_sync(
+        prepare_run, request.config, request.resume_run, request.resume_campaign
+    )
+    if request.dry_run:
+        return RunOutcome(prepared.estimate)
+    started = time.time()
+    await trio.to_thread.run_sync(prepared.persist)
+    recovered = await trio.to_thread.run_sync(recover_apply, prepared.store, prepared.run_dir)
+    bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
+    if callable(on_bus):
+        on_bus(bus)
+    journal = RunJournal(prepared.run_dir / "journal.jsonl")
+    try:
+        report = await _run_tree(prepared, bus, journal, interrupt or trio.Event(), started)
+    finally:
+        journal.close()
+        bus.close()
+    if recovered is not None:
+        report = report.model_copy(
+            update={"message": f"{report.message} (an interrupted apply was undone)".strip()}
+        )
+    return RunOutcome(prepared.estimate, report, prepared.run_dir)
+
+
+async def _run_tree(
+    prepared: Prepared, bus: ProgressBus, journal: RunJournal, interrupt: trio.Event, started: float
+) -> Report:
+    config, run = prepared.config, prepared.run
+    sandbox_root = prepared.layout.sandbox
+    async with open_sandbox(sandbox_root, store=prepared.store) as host, open_runtime() as runtime:
+        bus.publish(
+            RunStarted(
+                run_id=run.run_id,
+                campaign_id=run.campaign_id,
+                cycle=run.cycle,
+                iterations=config.iterations,
+                population=config.population,
+                replay_lanes=config.replay_concurrency,
+                judge_lanes=config.judge_concurrency,
+                resumed=not prepared.resume.empty,
+                isolation=",".join(host.mechanisms),
+            )
+        )
+        bus.publish(EstimateEvent(run_id=run.run_id, **_estimate_fields(prepared.estimate)))
+        deadline = None
+        if config.wall_clock_budget is not None:
+            deadline = trio.current_time() + config.wall_clock_budget - (time.time() - started)
+        await runtime.start_supervisor(
+            SupervisorSpec(name="run", strategy="one_for_all", children=[])
+        )
+        async with open_pipeline(
+            runtime,
+            host,
+            prepared.store,
+            prepared.dataset,
+            _pipeline_config(prepared, journal),
+            under="run",
+        ) as pipeline:
+            result = CampaignResult()
+            board = StopBoard()
+            optimizers = await _start_optimizers(runtime, host, prepared, board)
+            setup = CampaignSetup(
+                config=config,
+                run_id=run.run_id,
+                cycle=run.cycle,
+                store=prepared.store,
+                host=host,
+                pipeline=pipeline,
+                optimizers=optimizers,
+                optimizer_board=board,
+                budget=runtime.lookup("run.measure.budget"),
+                journal=journal,
+                bus=bus,
+                gates=prepared.gates,
+                judge_case_refs=prepared.judge_case_refs,
+                seed_ref=run.seed_ref,
+                parent_ref=run.parent_ref,
+                stalled=prepared.campaign.stalled,
+                rejected=list(prepared.campaign.rejected),
+                resume=prepared.resume,
+                has_test=prepared.test_cases > 0,
+                interrupt=interrupt,
+            )
+            campaign = await runtime.supervisor("run").start_child(
+                ActorSpec(name="run.campaign", actor=Campaign, args=(setup, result))
+            )
+            await campaign.ask(RunCampaign(deadline=deadline), timeout=365 * 86_400.0)  # type: ignore[union-attr]
+            ledger = await runtime.lookup("run.measure.budget").ask(LedgerQuery(), timeout=30)
+            board.cancel_all()
+        applied = await _apply(prepared, host, result)
+        return await _finish(prepared, bus, result, ledger, applied, started, host)
+
+
+def _pipeline_config(prepared: Prepared, journal: RunJournal) -> PipelineConfig:
+    config = prepared.config
+    return PipelineConfig(
+        replay=config.replay,
+        judge=config.judge,
+        replay_concurrency=config.replay_concurrency,
+        judge_concurrency=config.judge_concurrency,
+        replay_timeout=config.replay_timeout,
+        judge_timeout=config.judge_timeout,
+        kill_grace=config.kill_grace,
+        judge_failure_retries=config.judge_failure_retries,
+        ceilings=prepared.ceilings,
+        seed=config.seed,
+        min_cases=config.gate.min_cases,
+        journal=journal,
+        restored=prepared.resume.units,
+        name="run.measure",
+    )
+
+
+async def _start_optimizers(
+    runtime: Runtime, host: SandboxHost, prepared: Prepared, board: StopBoard
+) -> list:
+    config = prepared.config
+    template = CommandTemplate.parse(
+        config.optimizer,
+        role="optimizer",
+        allowed=frozenset({"workdir", "prompt_file", "seed", "workspace"}),
+    )
+    settings = OptimizerSettings(template=template, kill_grace=config.kill_grace)
+    count = config.optimizer_concurrency
+    spec = SupervisorSpec(
+        name="run.optimizers",
+        children=[
+            ActorSpec(
+                name=f"run.optimizer-{i}",
+                actor=OptimizerLane,
+                args=(host, prepared.store, settings, board),
+                shutdown_grace=0.5,
+            )
+            for i in range(count)
+        ],
+        max_restarts=count * 3,
+        within_seconds=5,
+    )
+    await runtime.supervisor("run").start_child(spec)
+    return [runtime.lookup(f"run.optimizer-{i}") for i in range(count)]
+
+
+async def _apply(
+    prepared: Prepared, host: SandboxHost, result: CampaignResult
+) -> ApplyRecord | None:
+    best = result.best_ref
+    if best is None or best.digest == prepared.run.seed_ref.digest:
+        return None
+    policy = prepared.config.apply
+    if result.stop not in ("finished", "exhausted") and policy == "auto_verified":
+        policy = "verified_only"  # an unfinished run never touches the target
+    check = (
+        CommandTemplate.parse(
+            prepared.config.check, role="check", allowed=frozenset({"candidate", "workspace"})
+        )
+        if prepared.config.check
+        else None
+    )
+    with trio.CancelScope(shield=True):
+        outcome = await apply_candidate(
+            policy=policy,
+            store=prepared.store,
+            host=host,
+            target=Path(prepared.config.target),
+            parent_ref=prepared.run.seed_ref,
+            candidate_ref=best,
+            run_dir=prepared.run_dir,
+            check=check,
+            kill_grace=prepared.config.kill_grace,
+        )
+    return ApplyRecord(
+        policy=outcome.policy,
+        status=outcome.status,
+        message=outcome.message,
+        proposal_dir=outcome.proposal_dir,
+        diff_ref=outcome.diff_ref,
+        backup_ref=outcome.backup_ref,
+    )
+
+
+def _campaign_status(prepared: Prepared, result: CampaignResult, ledger_spent: Usage) -> str:
+    config = prepared.config
+    if result.stop == "interrupted":
+        return "active"
+    if result.stop == "budget_limited":
+        spent_out = any(
+            ceiling is not None and (ledger_spent.get(dim) or 0) >= ceiling  # type: ignore[arg-type]
+            for dim, ceiling in (
+                ("tokens", prepared.ceilings.tokens),
+                ("cost_usd", prepared.ceilings.cost_usd),
+            )
+        )
+        return "budget_limited" if spent_out else "paused"
+    if result.stop == "exhausted":
+        return "exhausted"
+    return "complete" if prepared.run.cycle + 1 >= config.max_improvement_cycles else "paused"
+
+
+async def _finish(
+    prepared: Prepared,
+    bus: ProgressBus,
+    result: CampaignResult,
+    ledger: object,
+    applied: ApplyRecord | None,
+    started: float,
+    host: SandboxHost,
+) -> Report:
+    from evolane.actors.budget import LedgerSnapshot
+
+    assert isinstance(ledger, LedgerSnapshot)
+    run = prepared.run
+    status = {"finished": "finished", "exhausted": "finished"}.get(result.stop, result.stop)
+    campaign_status = _campaign_status(prepared, result, ledger.spent)
+    previous = prepared.campaign.spent
+    campaign_spent = Usage(
+        **{
+            d: (previous.get(d) or 0.0) + (ledger.spent.get(d) or 0.0)
+            for d in ("tokens", "cost_usd", "wall_seconds")
+        }  # type: ignore[arg-type]
+    )
+    best = result.best_ref or run.seed_ref
+    book = result.book
+    report = Report(
+        run_id=run.run_id,
+        campaign_id=run.campaign_id,
+        cycle=run.cycle,
+        status=status,
+        campaign_status=campaign_status,
+        message=result.message,
+        started=started,
+        finished=time.time(),
+        wall_seconds=time.time() - started,
+        resumed=prepared.resumed,
+        isolation=",".join(host.mechanisms),
+        config=prepared.config,
+        estimate=prepared.estimate,
+        seed=run.seed_ref,
+        selected=None if best.digest == run.seed_ref.digest else best,
+        best=best,
+        apply=applied,
+        scores=result.scores,
+        test=result.test,
+        iterations=tuple(book.iterations),
+        measurements=tuple(book.measurements),
+        funnel=tuple(slot.record() for slot in book.funnel),
+        decisions=tuple(book.decisions),
+        lineage=tuple(book.lineage),
+        failures=tuple(book.failures),
+        budget=BudgetRecord(
+            ceilings=ledger.ceilings,
+            spent=ledger.spent,
+            campaign_spent=campaign_spent,
+            spent_by_stage=dict(ledger.spent_by_stage),
+            overruns=len(ledger.overruns),
+        ),
+    )
+    await trio.to_thread.run_sync(
+        _write_report, prepared, report, result, campaign_status, campaign_spent
+    )
+    bus.publish(
+        RunFinished(
+            run_id=run.run_id,
+            status=status,
+            campaign_status=campaign_status,
+            best=best.digest,
+            baseline_val=result.scores.baseline_val.mean if result.scores.baseline_val else None,
+            best_val=result.scores.best_val.mean if result.scores.best_val else None,
+            report=str(prepared.run_dir / "report.json")[-256:],
+        )
+    )
+    return report
+
+
+def _write_report(
+    prepared: Prepared, report: Report, result: CampaignResult, campaign_status: str, spent: Usage
+) -> None:
+    """Report first, then the run's status, then the campaign: a crash in between leaves a
+    run that a resume finishes again."""
+    write_json_atomic(prepared.run_dir / "report.json", report)
+    write_bytes_atomic(prepared.run_dir / "report.md", render_markdown(report).encode())
+    save_run(prepared.layout, prepared.run.model_copy(update={"status": report.status}))
+    state: CampaignState = prepared.campaign
+    finished_cycle = report.status == "finished"
+    best_val = result.scores.best_val.mean if result.scores.best_val else state.best_val
+    save_campaign(
+        prepared.layout,
+        state.model_copy(
+            update={
+                "status": campaign_status,
+                "cycles": state.cycles + (1 if finished_cycle else 0),
+                "best_ref": result.best_ref or state.best_ref,
+                "best_val": best_val,
+                "stalled": result.stalled,
+                "spent": spent if report.status != "interrupted" else state.spent,
+                "rejected": tuple(result.rejected),
+            }
+        ),
+    )
+
+
+def _estimate_fields(estimate: Estimate) -> dict[str, object]:
+    return {
+        "replays_max": estimate.replays_max,
+        "judge_calls_max": estimate.judge_calls_max,
+        "optimizer_calls_max": estimate.optimizer_calls_max,
+        "wall_low_seconds": estimate.wall_low_seconds,
+        "wall_high_seconds": estimate.wall_high_seconds,
+        "tokens": estimate.tokens,
+        "cost_usd": estimate.cost_usd,
+    }
+
+
+__all__ = ["EXIT_FOR_STATUS", "RunOutcome", "RunRequest", "load_run", "run_campaign"]
