@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.table import Table
 from typer.exceptions import TyperException
 
-from evolane.messages import message_schemas
 from evolane.stress import StressConfig, StressReport, run_actor_stress
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
@@ -91,16 +90,6 @@ def _print_stress(report: StressReport) -> None:
         console.print(f"{mark} {name}")
 
 
-@app.command()
-def schema(
-    which: Annotated[str, typer.Argument(help="messages")] = "messages",
-) -> None:
-    """Print the JSON Schema of the messages."""
-    if which != "messages":
-        fail_usage(f"unknown schema {which!r}; choose from: messages")
-    sys.stdout.write(orjson.dumps(message_schemas(), option=orjson.OPT_INDENT_2).decode() + "\n")
-
-
 def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
     try:
@@ -115,3 +104,14 @@ def main() -> None:
         typer.echo("evolane: interrupted", err=True)
         code = 130
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def _register_inspect() -> None:
+    from evolane.cli._inspect import report, runs, schema
+
+    app.command(name="report")(report)
+    app.command(name="runs")(runs)
+    app.command(name="schema")(schema)
+
+
+_register_inspect()

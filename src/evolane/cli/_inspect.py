@@ -1,0 +1,527 @@
+"""Read-only views of the store: ``evolane report``, ``evolane runs`` and ``evolane schema``.
+
+Nothing here writes to the store. The campaign modules are imported inside the commands so
+that ``import evolane.cli`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import orjson
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from evolane.cli._app import fail_usage
+
+if TYPE_CHECKING:
+    from evolane.campaign._report import Report, ScoreCI
+    from evolane.campaign._runs import RunRecord, StoreLayout
+
+FORMATS = ("text", "json", "md")
+SCHEMAS = ("messages", "events", "report")
+DEFAULT_STORE = Path(".evolane")
+TERMINALS = ("selected", "rejected", "blocked", "not_run")
+
+StoreOption = Annotated[
+    Path, typer.Option("--store", help="The store directory.", show_default=True)
+]
+
+
+def _why(error: BaseException) -> str:
+    """The first line of an error (the first field error of a validation), for one line."""
+    from pydantic import ValidationError
+
+    if isinstance(error, ValidationError) and error.errors():
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "value"
+        return f"{where}: {first['msg']} ({error.error_count()} error(s) in {error.title})"
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _write_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _stamp(seconds: float | None, spec: str = "%Y-%m-%d %H:%M:%S") -> str:
+    if not seconds:
+        return "-"
+    return time.strftime(spec, time.localtime(seconds))
+
+
+def _console() -> Console:
+    """A console; output that is not a terminal is not folded at 80 columns (ids stay whole)."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = max(console.width, 160)
+    return console
+
+
+def _number(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _short(digest: str) -> str:
+    return digest[:19]
+
+
+def open_store(store: Path) -> StoreLayout:
+    """The store's layout; a missing store is a usage error (exit 2)."""
+    from evolane.campaign._runs import StoreLayout
+
+    if not store.is_dir():
+        fail_usage(f"no evolane store at {store}")
+    return StoreLayout(store)
+
+
+def resolve_run(layout: StoreLayout, run_id: str) -> str:
+    """The run named by ``run_id`` or by a prefix matching exactly one run (else exit 2)."""
+    ids = layout.run_ids()
+    if run_id in ids:
+        return run_id
+    matches = [known for known in ids if run_id and known.startswith(run_id)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        fail_usage(
+            f"run id prefix {run_id!r} matches {len(matches)} runs in {layout.root}: {shown}"
+        )
+    fail_usage(f"unknown run {run_id!r} in store {layout.root} (see `evolane runs`)")
+
+
+def _load_record(layout: StoreLayout, run_id: str) -> RunRecord:
+    from evolane.campaign._runs import load_run
+
+    try:
+        return load_run(layout, run_id)
+    except (OSError, ValueError) as error:
+        fail_usage(f"cannot read {layout.run_dir(run_id) / 'run.json'}: {_why(error)}")
+
+
+def _load_report(path: Path) -> Report:
+    from evolane.campaign._report import Report
+    from evolane.store import read_json
+
+    try:
+        return Report.model_validate(read_json(path))
+    except (OSError, ValueError) as error:
+        fail_usage(f"cannot read {path}: {_why(error)}")
+
+
+def resume_command(run_id: str, store: Path) -> str:
+    """The command that continues an interrupted run."""
+    return f"evolane optimize --resume {shlex.quote(run_id)} --store {shlex.quote(str(store))}"
+
+
+def report(
+    run_id: Annotated[str, typer.Argument(help="The run id (or a prefix of exactly one run).")],
+    store: StoreOption = DEFAULT_STORE,
+    fmt: Annotated[str, typer.Option("--format", help="text | json | md")] = "text",
+) -> None:
+    """Show a run's report; a run without one shows its journal and how to resume it."""
+    if fmt not in FORMATS:
+        fail_usage(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    layout = open_store(store)
+    run_id = resolve_run(layout, run_id)
+    record = _load_record(layout, run_id)
+    run_dir = layout.run_dir(run_id)
+    report_json = run_dir / "report.json"
+    if not report_json.is_file():
+        _show_unfinished(unfinished_summary(layout, record, store), fmt)
+        return
+    if fmt == "json":
+        from evolane.store import read_json
+
+        try:
+            _write_json(read_json(report_json))
+        except (OSError, ValueError) as error:
+            fail_usage(f"cannot read {report_json}: {_why(error)}")
+    elif fmt == "md":
+        report_md = run_dir / "report.md"
+        if report_md.is_file():
+            sys.stdout.write(report_md.read_text(encoding="utf-8", errors="replace"))
+        else:
+            from evolane.campaign._report import render_markdown
+
+            sys.stdout.write(render_markdown(_load_report(report_json)))
+    else:
+        _print_report(_load_report(report_json), run_dir, store)
+
+
+# -- a run without report.json ---------------------------------------------------------------
+
+
+def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> dict[str, Any]:
+    """What run.json, the journal and the event stream say about a run that has no report."""
+    from evolane.campaign._runs import read_resume_state
+    from evolane.store import StoreError
+
+    run_dir = layout.run_dir(record.run_id)
+    journal: dict[str, Any] = {"units": 0, "proposals": 0, "torn": False, "error": None}
+    try:
+        state = read_resume_state(run_dir / "journal.jsonl")
+        journal.update(units=len(state.units), proposals=len(state.proposals), torn=state.torn)
+    except (OSError, ValueError, StoreError) as error:
+        journal["error"] = _why(error)
+    return {
+        "run_id": record.run_id,
+        "campaign_id": record.campaign_id,
+        "cycle": record.cycle,
+        "status": record.status,
+        "created": record.created,
+        "resumed": record.resumed,
+        "report": None,
+        "journal": journal,
+        "events": _event_summary(run_dir / "events.jsonl"),
+        "resume": resume_command(record.run_id, store),
+    }
+
+
+def _event_summary(path: Path) -> dict[str, Any]:
+    """How many events the run published, its last phase and the time of its last event."""
+    count, phase, last_t = 0, None, None
+    try:
+        with path.open("rb") as source:
+            for line in source:
+                try:
+                    event = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a torn final line of a killed run
+                if not isinstance(event, dict):
+                    continue
+                count += 1
+                last_t = event.get("t", last_t)
+                if event.get("kind") == "event.phase":
+                    phase = event.get("phase")
+    except OSError:
+        pass
+    return {"count": count, "last_phase": phase, "last_t": last_t}
+
+
+def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    status = summary["status"]
+    if status == "running":
+        status = "running (no report yet: still running, or killed)"
+    journal, events = summary["journal"], summary["events"]
+    if journal["error"]:
+        journaled = f"unreadable: {journal['error']}"
+    else:
+        journaled = f"{journal['units']} units, {journal['proposals']} proposals" + (
+            " (torn final line)" if journal["torn"] else ""
+        )
+    last = events["last_phase"] or "-"
+    if events["last_t"] is not None:
+        last += f" at {events['last_t']:.1f} s"
+    return [
+        ("status", status),
+        ("campaign", f"{summary['campaign_id']} (cycle {summary['cycle']})"),
+        ("created", _stamp(summary["created"])),
+        ("resumed", f"{summary['resumed']}x"),
+        ("journal", journaled),
+        ("events", f"{events['count']} (last phase: {last})"),
+        ("report", "none"),
+        ("resume", summary["resume"]),
+    ]
+
+
+def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
+    if fmt == "json":
+        _write_json(summary)
+        return
+    lines = _unfinished_lines(summary)
+    if fmt == "md":
+        out = [f"# evolane run {summary['run_id']}", ""]
+        out += [
+            f"- {name}: `{value}`" if name == "resume" else f"- {name}: {value}"
+            for name, value in lines
+        ]
+        sys.stdout.write("\n".join(out) + "\n")
+        return
+    console = _console()
+    table = Table(title=f"evolane run {summary['run_id']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for name, value in lines[:-1]:
+        table.add_row(name, Text(value))
+    console.print(table)
+    console.print("This run has no report. Continue it with:")
+    console.print(Text(f"  {summary['resume']}"), soft_wrap=True)
+
+
+# -- the text view of a report ---------------------------------------------------------------
+
+
+def _ci(score: ScoreCI | None) -> str:
+    if score is None:
+        return "n/a"
+    return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}] (n={score.n})"
+
+
+def _summary_rows(rep: Report) -> list[tuple[str, str]]:
+    spent, total = rep.budget.spent, rep.budget.campaign_spent
+    best = _short(rep.best.digest)
+    best += " (the seed: nothing was accepted)" if rep.selected is None else " (selected)"
+    rows = [
+        ("status", rep.status),
+        ("campaign", f"{rep.campaign_id}: {rep.campaign_status} (cycle {rep.cycle})"),
+        ("started", _stamp(rep.started)),
+        (
+            "wall",
+            f"{rep.wall_seconds:.1f} s" + (f"; resumed {rep.resumed}x" if rep.resumed else ""),
+        ),
+        ("isolation", rep.isolation or "n/a"),
+        ("best", best),
+        ("val", f"{_ci(rep.scores.baseline_val)} -> {_ci(rep.scores.best_val)}"),
+        ("test (sealed)", f"{_ci(rep.scores.baseline_test)} -> {_ci(rep.scores.best_test)}"),
+    ]
+    if rep.test is not None:
+        rows.append(
+            (
+                "test delta",
+                f"{rep.test.mean_delta:+.3f} [{rep.test.ci_low:+.3f}, "
+                f"{rep.test.ci_high:+.3f}] {rep.test.decision}: {rep.test.reason}",
+            )
+        )
+    rows.append(
+        (
+            "budget spent",
+            f"tokens {spent.tokens or 0:g}, cost ${spent.cost_usd or 0:.4f}, "
+            f"replay wall {spent.wall_seconds or 0:.1f} s "
+            f"(campaign: tokens {total.tokens or 0:g}, cost ${total.cost_usd or 0:.4f})",
+        )
+    )
+    if rep.apply is not None:
+        applied = f"{rep.apply.policy}: {rep.apply.status} {rep.apply.message}".strip()
+        if rep.apply.proposal_dir:
+            applied += f" ({rep.apply.proposal_dir})"
+        rows.append(("apply", applied))
+    if rep.message:
+        rows.append(("note", rep.message))
+    funnel = Counter(entry.terminal for entry in rep.funnel)
+    rows.append(("funnel", ", ".join(f"{name} {funnel.get(name, 0)}" for name in TERMINALS)))
+    if rep.failures:
+        rows.append(("failures", str(len(rep.failures))))
+    return rows
+
+
+def _print_report(rep: Report, run_dir: Path, store: Path) -> None:
+    console = _console()
+    table = Table(title=f"evolane run {rep.run_id}", show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for name, value in _summary_rows(rep):
+        table.add_row(name, Text(value))
+    console.print(table)
+    if rep.decisions:
+        decisions = Table(title="decisions")
+        for column in ("cycle", "iteration", "slot", "candidate", "decision", "reason"):
+            decisions.add_column(column, no_wrap=column != "reason", overflow="fold")
+        for d in rep.decisions:
+            decisions.add_row(
+                str(d.cycle),
+                str(d.iteration),
+                str(d.slot),
+                Text(d.digest[7:19]),
+                Text(d.decision),
+                Text(d.reason),
+            )
+        console.print(decisions)
+    else:
+        console.print("decisions: none")
+    for name in ("report.json", "report.md"):
+        console.print(Text(f"{name}: {run_dir / name}"), soft_wrap=True)
+    if rep.status == "interrupted":
+        console.print("Continue this run with:")
+        console.print(Text(f"  {resume_command(rep.run_id, store)}"), soft_wrap=True)
+
+
+# -- evolane runs ----------------------------------------------------------------------------
+
+
+def _report_digest(path: Path) -> dict[str, Any]:
+    """The few report fields the run list shows, read without validating the whole report."""
+    from evolane.store import read_json
+
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    scores = data.get("scores") or {}
+    means = {name: (scores.get(name) or {}).get("mean") for name in ("baseline_val", "best_val")}
+    return {**means, "wall_seconds": data.get("wall_seconds"), "report_status": data.get("status")}
+
+
+def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
+    """One row per run in the store, oldest first (an unreadable run.json is listed as such)."""
+    from evolane.campaign._runs import load_run
+
+    rows: list[dict[str, Any]] = []
+    for run_id in layout.run_ids():
+        row: dict[str, Any] = dict.fromkeys(
+            ("campaign_id", "cycle", "created", "baseline_val", "best_val", "wall_seconds")
+        )
+        row.update(run_id=run_id, status="unreadable", report=None)
+        try:
+            record = load_run(layout, run_id)
+        except (OSError, ValueError):
+            rows.append(row)
+            continue
+        row.update(
+            campaign_id=record.campaign_id,
+            cycle=record.cycle,
+            status=record.status,
+            created=record.created,
+        )
+        report_json = layout.run_dir(run_id) / "report.json"
+        if report_json.is_file():
+            digest = _report_digest(report_json)
+            digest.pop("report_status", None)
+            row.update(digest, report=str(report_json))
+        rows.append(row)
+    rows.sort(key=lambda row: (row["created"] or 0.0, row["run_id"]))
+    return rows
+
+
+def campaign_rows(layout: StoreLayout) -> list[dict[str, Any]]:
+    """One row per campaign in the store, least recently updated first."""
+    from evolane.campaign._runs import load_campaign
+
+    rows: list[dict[str, Any]] = []
+    for campaign_id in layout.campaign_ids():
+        try:
+            state = load_campaign(layout, campaign_id)
+        except (OSError, ValueError):
+            rows.append(
+                {
+                    "campaign_id": campaign_id,
+                    "status": "unreadable",
+                    "cycles": None,
+                    "best_val": None,
+                    "runs": None,
+                    "updated": None,
+                }
+            )
+            continue
+        rows.append(
+            {
+                "campaign_id": state.campaign_id,
+                "status": state.status,
+                "cycles": state.cycles,
+                "best_val": state.best_val,
+                "runs": len(state.runs),
+                "updated": state.updated,
+            }
+        )
+    rows.sort(key=lambda row: (row["updated"] or 0.0, row["campaign_id"]))
+    return rows
+
+
+def runs(
+    store: StoreOption = DEFAULT_STORE,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the lists as JSON.")] = False,
+) -> None:
+    """List the runs and campaigns in the store, newest last."""
+    from evolane.campaign._runs import StoreLayout
+
+    if store.exists() and not store.is_dir():
+        fail_usage(f"--store {store} is not a directory")
+    layout = StoreLayout(store)
+    run_list, campaigns = run_rows(layout), campaign_rows(layout)
+    if as_json:
+        _write_json({"store": str(store), "runs": run_list, "campaigns": campaigns})
+        return
+    console = _console()
+    if not run_list and not campaigns:
+        console.print(Text(f"No runs yet in {store}. Start one with `evolane optimize`."))
+        return
+    _print_runs(console, run_list)
+    _print_campaigns(console, campaigns)
+
+
+def _list_table(title: str, columns: tuple[str, ...], no_wrap: tuple[str, ...]) -> Table:
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        title_justify="left",
+    )
+    for column in columns:
+        wrap = column not in no_wrap
+        table.add_column(column, no_wrap=not wrap, overflow="fold", min_width=len(column))
+    return table
+
+
+def _print_runs(console: Console, rows: list[dict[str, Any]]) -> None:
+    columns = ("run", "campaign", "cycle", "status", "created", "best val", "wall")
+    whole = ("run", "status") if console.width >= 120 else ("status",)  # else every column fits
+    table = _list_table("runs", columns, no_wrap=whole)
+    for row in rows:
+        wall = row["wall_seconds"]
+        table.add_row(
+            Text(row["run_id"]),
+            Text(row["campaign_id"] or "-"),
+            "-" if row["cycle"] is None else str(row["cycle"]),
+            Text(row["status"]),
+            _stamp(row["created"], "%Y-%m-%d %H:%M"),
+            _number(row["best_val"]),
+            "-" if wall is None else f"{wall:.1f} s",
+        )
+    console.print(table)
+
+
+def _print_campaigns(console: Console, rows: list[dict[str, Any]]) -> None:
+    columns = ("campaign", "status", "cycles", "best val", "runs", "updated")
+    table = _list_table("campaigns", columns, no_wrap=("status",))
+    for row in rows:
+        table.add_row(
+            Text(row["campaign_id"]),
+            Text(row["status"]),
+            "-" if row["cycles"] is None else str(row["cycles"]),
+            _number(row["best_val"]),
+            "-" if row["runs"] is None else str(row["runs"]),
+            _stamp(row["updated"], "%Y-%m-%d %H:%M"),
+        )
+    console.print(table)
+
+
+# -- evolane schema --------------------------------------------------------------------------
+
+
+def schema_document(which: str) -> dict[str, Any]:
+    """The JSON Schema document named ``which`` (one of `SCHEMAS`); KeyError otherwise."""
+    if which == "messages":
+        from evolane.messages import message_schemas
+
+        return message_schemas()
+    if which == "events":
+        from evolane.messages import EVENT_TYPES
+
+        return {cls.model_fields["kind"].default: cls.model_json_schema() for cls in EVENT_TYPES}
+    if which == "report":
+        from evolane.campaign._report import Report
+
+        return Report.model_json_schema()
+    raise KeyError(which)
+
+
+def schema(
+    which: Annotated[str, typer.Argument(help="messages | events | report")] = "messages",
+) -> None:
+    """Print a JSON Schema: the messages, the progress events (by kind) or report.json."""
+    if which not in SCHEMAS:
+        fail_usage(f"unknown schema {which!r}; choose from: {', '.join(SCHEMAS)}")
+    _write_json(schema_document(which))
