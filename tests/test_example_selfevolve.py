@@ -20,7 +20,7 @@ from evolane.examples.selfevolve._cases import (
     make_dataset,
 )
 from evolane.examples.selfevolve._defaults import FAULT_RATES
-from evolane.examples.selfevolve._optimizer import EDITS, choose_edit, optimize
+from evolane.examples.selfevolve._optimizer import EDITS, _diff, choose_edit, optimize
 from evolane.examples.selfevolve._reward import WEIGHTS, score
 from evolane.examples.selfevolve._seed import SEED_SKILL
 from evolane.examples.selfevolve._skill import SkillError, parse_skill
@@ -196,11 +196,29 @@ def test_every_optimizer_edit_kind_occurs_over_a_seed_range(tmp_path: Path) -> N
             assert (target / "skill" / "SKILL.md").stat().st_size > 64 * 1024
         if kind == "tamper":
             assert done.split(": ")[1] in ("grader/rubric.json", "data/dataset.jsonl")
-        if kind == "noop":
+        if kind == "noop":  # also a "repeat" with nothing rejected to repeat
             assert (target / "skill" / "SKILL.md").read_text() == SEED_SKILL
-    assert set(outcomes) == {"edit", "noop", "malformed", "oversized", "tamper"}
+        if kind == "symlink":
+            assert (target / "skill" / "notes.md").is_symlink()
+    assert set(outcomes) == {"edit", "noop", "malformed", "oversized", "tamper", "symlink"}
     assert set(effects) == {"help", "harm", "neutral"}
-    assert outcomes["edit"] > 0.7 * 300
+    assert outcomes["edit"] > 0.6 * 300
+
+
+def test_the_repeat_fault_reapplies_the_last_rejected_edit(tmp_path: Path) -> None:
+    write_workspace(tmp_path / "w")
+    target = tmp_path / "w" / "target"
+    skill = target / "skill" / "SKILL.md"
+    edit = next(e for e in EDITS if e.apply(SEED_SKILL) is not None)
+    changed = edit.apply(SEED_SKILL)
+    assert changed is not None
+    prompt = tmp_path / "prompt.json"
+    prompt.write_text(
+        json.dumps({"rejected": [{"diff": _diff(SEED_SKILL, changed), "reason": "x"}]})
+    )
+    rates = {kind: 0.0 for kind in FAULT_RATES} | {"repeat": 1.0}
+    assert optimize(target, prompt, 0, rates) == f"repeat: {edit.name}"
+    assert skill.read_text() == changed
 
 
 def test_the_optimizer_steers_by_failure_reasons_and_skips_rejected_diffs(tmp_path: Path) -> None:

@@ -102,8 +102,9 @@ class Ledger:
             return False, f"{item} already holds a reservation"
         active = self._active()
         unknown = estimate is None or any(estimate.get(d) is None for d, _ in active)
-        if unknown and active and not zero_cost:
-            return False, "no estimate under an active ceiling (and the source is not zero-cost)"
+        probing = any(held.stage == stage for held in self._held.values())
+        if unknown and active and not zero_cost and probing:
+            return False, "no estimate under an active ceiling while a probe of the stage runs"
         for dimension, ceiling in active:
             if self._spent[dimension] + self.reserved(dimension) >= ceiling:
                 return False, f"{dimension} ceiling {ceiling:g} reached"

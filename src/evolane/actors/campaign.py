@@ -123,6 +123,7 @@ class CampaignResult:
     scores: Scores = field(default_factory=Scores)
     test: MeasurementRecord | None = None
     finalized: bool = False
+    wall_clock_hit: bool = False  # budget_limited by the run's deadline, not a ceiling
 
 
 def slot_seed(seed: int, cycle: int, iteration: int, slot: int) -> int:
@@ -176,6 +177,7 @@ class _Cycle:
                 nursery.cancel_scope.cancel()
         if scope.cancelled_caught:
             timed_out = deadline is not None and trio.current_time() >= deadline
+            self.r.wall_clock_hit = timed_out
             self.r.stop = "budget_limited" if timed_out else "interrupted"
             self.r.message = (
                 "the wall-clock budget ran out" if timed_out else "interrupted: resumable"

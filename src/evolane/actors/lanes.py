@@ -28,6 +28,7 @@ from evolane.messages import (
     Usage,
 )
 from evolane.sandbox import (
+    Isolation,
     Limits,
     ProcessOutcome,
     SandboxHost,
@@ -85,6 +86,7 @@ class LaneSettings:
     retries: int = 0
     pass_env: tuple[str, ...] = ()
     keep_failed: bool = False
+    isolation: Isolation = "process"
 
 
 def _owner(arm: str) -> str:
@@ -161,6 +163,7 @@ async def _run(
         pass_env=settings.pass_env,
         limits=settings.limits,
         kill_grace=settings.kill_grace,
+        isolation=settings.isolation,
         label=label,
     )
     return await host.run(spec, deadline=deadline, stop=stop)

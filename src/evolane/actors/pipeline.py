@@ -10,7 +10,7 @@ measure (one_for_all)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +29,8 @@ from evolane.actors.scheduler import (
     SchedulerSettings,
 )
 from evolane.inputs import JUDGE_PLACEHOLDERS, REPLAY_PLACEHOLDERS, CommandTemplate, Dataset
-from evolane.messages import ArtifactRef, LedgerQuery, Usage
-from evolane.sandbox import Limits, SandboxHost
+from evolane.messages import ArtifactRef, LedgerQuery, MeasureEvent, Usage
+from evolane.sandbox import Isolation, Limits, SandboxHost
 from evolane.store import BlobStore
 from evolane.supervisors import ActorSpec, Runtime, SupervisorSpec
 
@@ -50,6 +50,7 @@ class PipelineConfig:
     replay_retries: int = 0
     limits: Limits = field(default_factory=Limits)
     pass_env: tuple[str, ...] = ()
+    isolation: Isolation = "process"
     ceilings: Usage = field(default_factory=Usage)
     cold_start: dict[str, Usage] = field(default_factory=dict)
     workspace_seed: ArtifactRef | None = None
@@ -57,6 +58,7 @@ class PipelineConfig:
     min_cases: int = 8
     journal: RunJournal | None = None
     restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    on_progress: Callable[[MeasureEvent], object] | None = None
     name: str = "measure"
 
 
@@ -149,7 +151,12 @@ async def open_pipeline(
         split: tuple(c.id for c in dataset.split(split)) for split in ("train", "val", "test")
     }
     board = StopBoard()
-    common = {"limits": config.limits, "kill_grace": config.kill_grace, "pass_env": config.pass_env}
+    common = {
+        "limits": config.limits,
+        "kill_grace": config.kill_grace,
+        "pass_env": config.pass_env,
+        "isolation": config.isolation,
+    }
     replay_settings = LaneSettings(
         template=replay,
         workspace_seed=config.workspace_seed,
@@ -169,6 +176,7 @@ async def open_pipeline(
         seed=config.seed,
         journal=config.journal,
         restored=config.restored,
+        on_progress=config.on_progress,
     )
     ledger = Ledger(ceilings=config.ceilings, cold_start=config.cold_start)
     replay_names = [f"{name}.replay-{i}" for i in range(config.replay_concurrency)]

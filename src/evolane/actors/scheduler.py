@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -34,6 +34,7 @@ from evolane.messages import (
     FailureEvent,
     JudgeJob,
     JudgeResult,
+    MeasureEvent,
     Message,
     Name,
     ReplayJob,
@@ -97,6 +98,8 @@ class SchedulerSettings:
     seed: int = 0
     journal: RunJournal | None = None
     restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
+    on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
+    progress_interval: float = 0.1  # seconds between two progress events of a measurement
 
 
 RESTORABLE = frozenset({"succeeded", "failed", "timed_out"})
@@ -220,6 +223,7 @@ class _Measurement:
         self.message = ""
         self.cutoff: int | None = None  # cases at or beyond this index are not needed
         self.early: tuple[str, str] | None = None
+        self.last_progress = -1e9
 
     def _plan(self) -> list[_Unit]:
         units: list[_Unit] = []
@@ -311,6 +315,34 @@ class _Measurement:
         unit.status, unit.note = status, note or unit.note
         unit.done.set()
         self.wake.set()
+        self._progress()
+
+    def _progress(self) -> None:
+        """Tell the progress observer how far the measurement is (at most every interval)."""
+        publish = self.s.settings.on_progress
+        now = trio.current_time()
+        if publish is None or now - self.last_progress < self.s.settings.progress_interval:
+            return
+        self.last_progress = now
+        deltas = [d for _, d in self._complete_prefix() if d is not None]
+        mean = se = None
+        if deltas:
+            mean = sum(deltas) / len(deltas)
+            if len(deltas) > 1:
+                var = sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1)
+                se = (var / len(deltas)) ** 0.5
+        free = self.free_replay[0].statistics().current_buffer_used
+        publish(
+            MeasureEvent(
+                run_id="-",
+                measurement_id=self.request.measurement_id,
+                pairs_done=len(deltas),
+                pairs_planned=self.cutoff if self.cutoff is not None else len(self.case_ids),
+                lanes_busy=max(0, len(self.s.replay_lanes) - free),
+                mean_delta=None if mean is None else max(-1.0, min(1.0, mean)),
+                se=se,
+            )
+        )
 
     def _abandon_pending(self) -> None:
         """Units still waiting for a lane never run; those in flight finish on their own

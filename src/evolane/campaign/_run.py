@@ -98,6 +98,11 @@ async def run_campaign(
     journal = RunJournal(prepared.run_dir / "journal.jsonl")
     try:
         report = await _run_tree(prepared, bus, journal, interrupt or trio.Event(), started)
+    except BaseException:
+        with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
+            interrupted = prepared.run.model_copy(update={"status": "interrupted"})
+            await trio.to_thread.run_sync(save_run, prepared.layout, interrupted)
+        raise
     finally:
         journal.close()
         bus.close()
@@ -139,7 +144,7 @@ async def _run_tree(
             host,
             prepared.store,
             prepared.dataset,
-            _pipeline_config(prepared, journal),
+            _pipeline_config(prepared, journal, bus),
             under="run",
         ) as pipeline:
             result = CampaignResult()
@@ -177,7 +182,7 @@ async def _run_tree(
         return await _finish(prepared, bus, result, ledger, applied, started, host)
 
 
-def _pipeline_config(prepared: Prepared, journal: RunJournal) -> PipelineConfig:
+def _pipeline_config(prepared: Prepared, journal: RunJournal, bus: ProgressBus) -> PipelineConfig:
     config = prepared.config
     return PipelineConfig(
         replay=config.replay,
@@ -193,6 +198,8 @@ def _pipeline_config(prepared: Prepared, journal: RunJournal) -> PipelineConfig:
         min_cases=config.gate.min_cases,
         journal=journal,
         restored=prepared.resume.units,
+        on_progress=bus.publish,
+        isolation=config.isolation,
         name="run.measure",
     )
 
@@ -264,19 +271,12 @@ async def _apply(
     )
 
 
-def _campaign_status(prepared: Prepared, result: CampaignResult, ledger_spent: Usage) -> str:
+def _campaign_status(prepared: Prepared, result: CampaignResult) -> str:
     config = prepared.config
     if result.stop == "interrupted":
         return "active"
-    if result.stop == "budget_limited":
-        spent_out = any(
-            ceiling is not None and (ledger_spent.get(dim) or 0) >= ceiling  # type: ignore[arg-type]
-            for dim, ceiling in (
-                ("tokens", prepared.ceilings.tokens),
-                ("cost_usd", prepared.ceilings.cost_usd),
-            )
-        )
-        return "budget_limited" if spent_out else "paused"
+    if result.stop == "budget_limited":  # a spent ceiling ends the campaign; a deadline pauses it
+        return "paused" if result.wall_clock_hit else "budget_limited"
     if result.stop == "exhausted":
         return "exhausted"
     return "complete" if prepared.run.cycle + 1 >= config.max_improvement_cycles else "paused"
@@ -296,7 +296,7 @@ async def _finish(
     assert isinstance(ledger, LedgerSnapshot)
     run = prepared.run
     status = {"finished": "finished", "exhausted": "finished"}.get(result.stop, result.stop)
-    campaign_status = _campaign_status(prepared, result, ledger.spent)
+    campaign_status = _campaign_status(prepared, result)
     previous = prepared.campaign.spent
     campaign_spent = Usage(
         **{

@@ -90,6 +90,16 @@ def _print_stress(report: StressReport) -> None:
         console.print(f"{mark} {name}")
 
 
+def _register() -> None:
+    from evolane.cli._optimize import estimate, optimize
+
+    app.command(name="optimize")(optimize)
+    app.command(name="estimate")(estimate)
+
+
+_register()
+
+
 def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
     try:

@@ -331,6 +331,11 @@ def _fault(
 ) -> str:
     if kind == "noop":
         return "noop"
+    if kind == "symlink":
+        (workdir / "skill" / "notes.md").symlink_to("/etc/hostname")
+        return "symlink: skill/notes.md -> /etc/hostname"
+    if kind == "repeat":
+        return _repeat(skill_file, text, prompt)
     if kind == "malformed":
         skill_file.write_text(
             text.replace(
@@ -351,3 +356,17 @@ def _fault(
     if picked is not None:
         skill_file.write_text(picked[1])
     return f"tamper: {target.relative_to(workdir)}"
+
+
+def _repeat(skill_file: Path, text: str, prompt: dict) -> str:
+    """Apply the most recently rejected edit again, if it still applies to ``text``."""
+    rejected = [r for r in prompt.get("rejected", []) if isinstance(r, dict)]
+    if not rejected:
+        return "noop: nothing rejected to repeat"
+    last = str(rejected[-1].get("diff", ""))
+    for edit in EDITS:
+        changed = edit.apply(text)
+        if changed is not None and _diff(text, changed) == last:
+            skill_file.write_text(changed)
+            return f"repeat: {edit.name}"
+    return "noop: the rejected edit no longer applies"

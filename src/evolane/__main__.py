@@ -1,0 +1,3 @@
+from evolane.cli import main
+
+main()

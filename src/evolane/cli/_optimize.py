@@ -1,0 +1,257 @@
+"""``evolane optimize`` and ``evolane estimate``: flags -> `CampaignConfig` -> a run.
+
+Flag names, defaults and exit codes are the contract of DESIGN §10. Explicit flags win over
+an example's presets, which win over the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+EXAMPLES = ("self-evolution", "sleeper")
+_OPT = typer.Option
+
+
+def _o(help_text: str, *names: str) -> Any:
+    return _OPT(*names, help=help_text, show_default=False)
+
+
+Flags = dict[str, Any]
+
+
+def optimize(
+    example: Annotated[
+        str | None, _o("Built-in workload: self-evolution or sleeper.", "--example")
+    ] = None,
+    example_dir: Annotated[
+        Path, _o("Where --example writes its workspace.", "--example-dir")
+    ] = Path("evolane-example"),
+    target: Annotated[str | None, _o("The directory (or file) to improve.", "--target")] = None,
+    dataset: Annotated[str | None, _o("JSONL cases.", "--dataset")] = None,
+    replay: Annotated[str | None, _o("Replay command template.", "--replay")] = None,
+    judge: Annotated[str | None, _o("Judge command template.", "--judge")] = None,
+    optimizer: Annotated[str | None, _o("Optimizer command template.", "--optimizer")] = None,
+    validator: Annotated[
+        str | None, _o("Command that checks a candidate is well formed.", "--validator")
+    ] = None,
+    check: Annotated[str | None, _o("Post-apply check for auto_verified.", "--check")] = None,
+    required_file: Annotated[
+        list[str] | None, _o("A file every candidate must keep.", "--required-file")
+    ] = None,
+    store: Annotated[str, _o("Durable state directory.", "--store")] = ".evolane",
+    apply: Annotated[
+        str | None, _o("proposal | verified_only | auto_verified [proposal]", "--apply")
+    ] = None,
+    iterations: Annotated[int | None, _o("Iterations per cycle [8].", "--iterations")] = None,
+    population: Annotated[
+        int | None, _o("Candidate slots per iteration [2].", "--population")
+    ] = None,
+    max_improvement_cycles: Annotated[
+        int | None, _o("Cycles per campaign [1].", "--max-improvement-cycles")
+    ] = None,
+    stall: Annotated[
+        int | None, _o("Iterations without an accepted candidate before exhausted [4].", "--stall")
+    ] = None,
+    replay_concurrency: Annotated[
+        int | None, _o("Replay lanes [4].", "--replay-concurrency")
+    ] = None,
+    judge_concurrency: Annotated[int | None, _o("Judge lanes [2].", "--judge-concurrency")] = None,
+    optimizer_concurrency: Annotated[
+        int | None, _o("Optimizer lanes [2].", "--optimizer-concurrency")
+    ] = None,
+    replay_timeout: Annotated[
+        float | None, _o("Seconds per replay [600].", "--replay-timeout")
+    ] = None,
+    judge_timeout: Annotated[
+        float | None, _o("Seconds per judge call [120].", "--judge-timeout")
+    ] = None,
+    optimizer_timeout: Annotated[
+        float | None, _o("Seconds per optimizer call [600].", "--optimizer-timeout")
+    ] = None,
+    optimizer_idle: Annotated[
+        float | None, _o("Kill a silent, idle optimizer after S [120].", "--optimizer-idle")
+    ] = None,
+    kill_grace: Annotated[float | None, _o("SIGTERM-to-SIGKILL grace [2].", "--kill-grace")] = None,
+    wall_clock_budget: Annotated[
+        float | None, _o("Seconds for the whole run.", "--wall-clock-budget")
+    ] = None,
+    max_tokens: Annotated[int | None, _o("Token ceiling (whole campaign).", "--max-tokens")] = None,
+    max_cost_usd: Annotated[
+        float | None, _o("Cost ceiling in USD (whole campaign).", "--max-cost-usd")
+    ] = None,
+    baseline_replay_repetitions: Annotated[
+        int | None,
+        _o("Baseline repetitions (adaptive when unset).", "--baseline-replay-repetitions"),
+    ] = None,
+    candidate_replay_repetitions: Annotated[
+        int | None,
+        _o("Candidate repetitions (adaptive when unset).", "--candidate-replay-repetitions"),
+    ] = None,
+    judge_failure_retries: Annotated[
+        int | None, _o("Retries of a failed judge call [2].", "--judge-failure-retries")
+    ] = None,
+    fast_verified: Annotated[
+        bool, _o("Fast preset: screening, one repetition, one judge retry.", "--fast-verified")
+    ] = False,
+    gate: Annotated[
+        str | None, _o("paired | bootstrap | strict | threshold [paired]", "--gate")
+    ] = None,
+    k_se: Annotated[float | None, _o("Accept when mean delta > k x SE [1].", "--k-se")] = None,
+    min_effect: Annotated[
+        float | None, _o("Smallest effect worth accepting [0].", "--min-effect")
+    ] = None,
+    confidence: Annotated[float | None, _o("CI level [0.95].", "--confidence")] = None,
+    bootstrap_samples: Annotated[
+        int | None, _o("Bootstrap resamples [10000].", "--bootstrap-samples")
+    ] = None,
+    no_regression: Annotated[
+        bool, _o("Veto a candidate that fails a case the parent passed.", "--no-regression")
+    ] = False,
+    sequential: Annotated[
+        bool | None,
+        _o("Stop a measurement early once decided [on].", "--sequential/--no-sequential"),
+    ] = None,
+    focus: Annotated[str | None, _o("all | cyclic | hardest-first [all]", "--focus")] = None,
+    protected: Annotated[
+        list[str] | None, _o("Glob a candidate may not touch (repeatable).", "--protected")
+    ] = None,
+    isolation: Annotated[str | None, _o("auto | process | namespace [auto]", "--isolation")] = None,
+    cluster: Annotated[
+        str, _o("local | local:N | dask://HOST:PORT [local]", "--cluster")
+    ] = "local",
+    seed: Annotated[int | None, _o("Seed of everything [0].", "--seed")] = None,
+    progress: Annotated[
+        str, _o("auto | rich | plain | jsonl | none [auto]", "--progress")
+    ] = "auto",
+    dry_run: Annotated[bool, _o("Print the estimate and stop.", "--dry-run")] = False,
+    resume: Annotated[str | None, _o("Continue an interrupted run.", "--resume")] = None,
+    resume_campaign: Annotated[
+        str | None, _o("Run the next cycle of a campaign.", "--resume-campaign")
+    ] = None,
+    from_run: Annotated[
+        str | None, _o("Re-judge the stored replays of a run.", "--from-run")
+    ] = None,
+    rerun_evaluator: Annotated[
+        bool, _o("With --from-run: judge again, replay nothing.", "--rerun-evaluator")
+    ] = False,
+    debug: Annotated[bool, _o("Show tracebacks.", "--debug")] = False,
+) -> None:
+    """Run a campaign: propose, gate, replay, judge, decide, under hard budgets."""
+    flags = {k: v for k, v in locals().items()}
+    from evolane.cli._session import run_optimize
+
+    raise typer.Exit(run_optimize(flags, estimate_only=False))
+
+
+def estimate(
+    example: Annotated[str | None, _o("Built-in workload.", "--example")] = None,
+    example_dir: Annotated[
+        Path, _o("Where --example writes its workspace.", "--example-dir")
+    ] = Path("evolane-example"),
+    target: Annotated[str | None, _o("The directory (or file) to improve.", "--target")] = None,
+    dataset: Annotated[str | None, _o("JSONL cases.", "--dataset")] = None,
+    replay: Annotated[str | None, _o("Replay command template.", "--replay")] = None,
+    judge: Annotated[str | None, _o("Judge command template.", "--judge")] = None,
+    optimizer: Annotated[str | None, _o("Optimizer command template.", "--optimizer")] = None,
+    store: Annotated[str, _o("Durable state directory.", "--store")] = ".evolane",
+    iterations: Annotated[int | None, _o("Iterations per cycle.", "--iterations")] = None,
+    population: Annotated[int | None, _o("Candidate slots per iteration.", "--population")] = None,
+    replay_concurrency: Annotated[int | None, _o("Replay lanes.", "--replay-concurrency")] = None,
+    replay_timeout: Annotated[float | None, _o("Seconds per replay.", "--replay-timeout")] = None,
+    wall_clock_budget: Annotated[
+        float | None, _o("Seconds for the whole run.", "--wall-clock-budget")
+    ] = None,
+    seed: Annotated[int | None, _o("Seed.", "--seed")] = None,
+    as_json: Annotated[bool, _o("Print the estimate as JSON.", "--json")] = False,
+    debug: Annotated[bool, _o("Show tracebacks.", "--debug")] = False,
+) -> None:
+    """The cost and wall estimate for the same flags; nothing runs."""
+    flags = {k: v for k, v in locals().items()}
+    from evolane.cli._session import run_optimize
+
+    raise typer.Exit(run_optimize(flags, estimate_only=True))
+
+
+def example_settings(name: str, directory: Path) -> dict[str, Any]:
+    """Create (or reuse) an example's workspace and return its preset flags."""
+    marker = directory / "example.json"
+    if marker.exists():
+        settings = json.loads(marker.read_text())
+        if settings.get("example") not in (None, name):
+            raise ValueError(
+                f"--example-dir {directory}: holds the {settings.get('example')} example; "
+                "choose another directory"
+            )
+    elif directory.exists() and any(directory.iterdir()):
+        raise ValueError(f"--example-dir {directory}: exists and is not an evolane example")
+    else:
+        _write_example(name, directory)
+        settings = json.loads(marker.read_text())
+    base = directory.resolve()
+    settings["target"] = str(base / settings["target"])
+    settings["dataset"] = str(base / settings["dataset"])
+    return settings
+
+
+def _write_example(name: str, directory: Path) -> None:
+    if name == "self-evolution":
+        from evolane.examples.selfevolve._workspace import write_workspace
+
+        write_workspace(directory)
+        settings = json.loads((directory / "example.json").read_text())
+        settings.update(example=name, defaults=SELF_EVOLUTION_DEFAULTS)
+    else:
+        from evolane.examples.sleeper.commands import main as sleeper
+
+        if sleeper(["init", str(directory), "--cases", "24", "--median-seconds", "0.05"]) != 0:
+            raise ValueError(f"--example-dir {directory}: could not write the sleeper example")
+        py = f"{sys.executable} -m evolane.examples.sleeper"
+        settings = {
+            "example": name,
+            "target": "target",
+            "dataset": "dataset.jsonl",
+            "replay": f"{py} replay --case-file {{case_file}} --candidate {{candidate}} "
+            "--output-dir {output_dir} --seed {seed}",
+            "judge": f"{py} judge --case-file {{case_file}} --output-dir {{output_dir}} "
+            "--seed {seed}",
+            "optimizer": f"{py} optimize --workdir {{workdir}} --prompt-file {{prompt_file}} "
+            "--seed {seed} --relative",
+            "required_files": ["effect.json"],
+            "defaults": {
+                "iterations": 4,
+                "population": 2,
+                "replay_concurrency": 8,
+                "kill_grace": 0.5,
+            },
+        }
+        _split_sleeper(directory)
+    (directory / "example.json").write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def _split_sleeper(directory: Path) -> None:
+    """The sleeper writes every case to one split; give it val and test splits."""
+    path = directory / "dataset.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for index, row in enumerate(rows):
+        row["split"] = "test" if index % 3 == 2 else "val"
+    path.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+
+
+SELF_EVOLUTION_DEFAULTS = {
+    "iterations": 8,
+    "population": 2,
+    "replay_concurrency": 4,
+    "judge_concurrency": 2,
+    "optimizer_concurrency": 2,
+    "kill_grace": 0.5,
+    "replay_timeout": 30.0,
+    "judge_timeout": 30.0,
+    "optimizer_timeout": 60.0,
+    "optimizer_idle": 20.0,
+}
+"""The self-evolution example's presets: seconds-long units, so short deadlines."""

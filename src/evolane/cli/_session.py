@@ -1,0 +1,218 @@
+"""One ``optimize``/``estimate`` invocation: flags to config, the run under trio with the
+progress view, Ctrl-C handling (first: stop gracefully; second: cancel at once), the summary.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import trio
+from pydantic import ValidationError
+
+from evolane.cli._optimize import EXAMPLES, example_settings
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+_CHOICES = {
+    "apply": ("proposal", "verified_only", "auto_verified"),
+    "gate": ("paired", "bootstrap", "strict", "threshold"),
+    "focus": ("all", "cyclic", "hardest-first"),
+    "isolation": ("auto", "process", "namespace"),
+    "progress": ("auto", "rich", "plain", "jsonl", "none"),
+}
+_GATE_FLAGS = ("gate", "k_se", "min_effect", "confidence", "bootstrap_samples", "sequential")
+_CONFIG_FLAGS = (
+    "target", "dataset", "replay", "judge", "optimizer", "validator", "check", "apply",
+    "iterations", "population", "max_improvement_cycles", "stall", "replay_concurrency",
+    "judge_concurrency", "optimizer_concurrency", "replay_timeout", "judge_timeout",
+    "optimizer_timeout", "optimizer_idle", "kill_grace", "wall_clock_budget", "max_tokens",
+    "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
+    "judge_failure_retries", "focus", "isolation", "seed",
+)  # fmt: skip
+
+
+class UsageError(ValueError):
+    """A bad flag or input: one line, exit code 2."""
+
+
+def error_line(message: str) -> None:
+    """Print the one-line error the CLI contract asks for."""
+    print(f"evolane: error: {message}", file=sys.stderr)
+
+
+def build_config(flags: dict[str, Any]) -> Any:
+    """Merge example presets, explicit flags and defaults into a `CampaignConfig`."""
+    from evolane.campaign._config import CampaignConfig
+    from evolane.stats import GateConfig
+
+    for name, allowed in _CHOICES.items():
+        value = flags.get(name)
+        if value is not None and value not in allowed:
+            raise UsageError(f"--{name} {value}: choose from {', '.join(allowed)}")
+    values: dict[str, Any] = {}
+    example = flags.get("example")
+    if example is not None:
+        if example not in EXAMPLES:
+            raise UsageError(f"--example {example}: choose from {', '.join(EXAMPLES)}")
+        settings = example_settings(example, Path(flags["example_dir"]))
+        values.update(settings.get("defaults", {}))
+        for key in ("target", "dataset", "replay", "judge", "optimizer", "validator", "check"):
+            if settings.get(key):
+                values[key] = settings[key]
+        values["protected"] = tuple(settings.get("protected", ()))
+        values["required_files"] = tuple(settings.get("required_files", ()))
+        values["example"] = example
+    if flags.get("fast_verified"):
+        values.update(screening=True, judge_failure_retries=1)
+        values.setdefault("baseline_replay_repetitions", 1)
+        values.setdefault("candidate_replay_repetitions", 1)
+    for key in _CONFIG_FLAGS:
+        if flags.get(key) is not None:
+            values[key] = flags[key]
+    if flags.get("protected"):
+        values["protected"] = tuple(flags["protected"])
+    if flags.get("required_file"):
+        values["required_files"] = tuple(flags["required_file"])
+    for key, flag in (("target", "--target"), ("dataset", "--dataset"), ("replay", "--replay")):
+        if not values.get(key):
+            raise UsageError(f"{flag} is required (or use --example self-evolution)")
+    if not values.get("optimizer"):
+        raise UsageError("--optimizer is required (or use --example self-evolution)")
+    values["target"] = str(Path(values["target"]).absolute())
+    values["dataset"] = str(Path(values["dataset"]).absolute())
+    values["store"] = str(Path(flags["store"]).absolute())
+    gate = {k: flags[k] for k in _GATE_FLAGS if flags.get(k) is not None}
+    gate["no_regression"] = bool(flags.get("no_regression"))
+    gate["seed"] = values.get("seed", 0)
+    try:
+        values["gate"] = GateConfig(**gate)
+        return CampaignConfig(**values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
+        raise UsageError(f"{where}: {first['msg']}") from None
+
+
+def _cluster(flags: dict[str, Any]) -> None:
+    cluster = flags.get("cluster") or "local"
+    if cluster == "local":
+        return
+    if cluster.startswith("local:"):
+        count = cluster.split(":", 1)[1]
+        if not count.isdigit() or int(count) < 1:
+            raise UsageError(f"--cluster {cluster}: expected local:N with N >= 1")
+        flags["replay_concurrency"] = int(count)
+        return
+    if cluster.startswith("dask://"):
+        raise UsageError(f"--cluster {cluster}: Dask lanes are not available in this version")
+    raise UsageError(f"--cluster {cluster}: choose local, local:N or dask://HOST:PORT")
+
+
+def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
+    """Run ``optimize`` or ``estimate``; returns the exit code (DESIGN §10)."""
+    from evolane.inputs import InputError
+
+    debug = bool(flags.get("debug"))
+    try:
+        request = _request(flags, estimate_only)
+        if request.dry_run:
+            return _print_estimate(request, flags)
+        return trio.run(_main, request, flags)
+    except (UsageError, InputError) as error:
+        error_line(str(error))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as error:  # an internal error: one line unless --debug
+        if debug:
+            traceback.print_exc()
+        error_line(f"internal error: {type(error).__name__}: {error}")
+        return EXIT_INTERNAL
+
+
+def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
+    from evolane.campaign._run import RunRequest
+    from evolane.campaign._runs import StoreLayout, load_run
+
+    if flags.get("rerun_evaluator") and not flags.get("from_run"):
+        raise UsageError("--rerun-evaluator needs --from-run RUN_ID")
+    resume = flags.get("resume")
+    if resume:
+        layout = StoreLayout(Path(flags["store"]).absolute())
+        try:
+            config = load_run(layout, resume).config
+        except FileNotFoundError:
+            raise UsageError(f"--resume {resume}: no such run in {layout.root}") from None
+        return RunRequest(config, resume_run=resume)
+    _cluster(flags)
+    config = build_config(flags)
+    dry = estimate_only or bool(flags.get("dry_run"))
+    return RunRequest(config, resume_campaign=flags.get("resume_campaign"), dry_run=dry)
+
+
+def _print_estimate(request: Any, flags: dict[str, Any]) -> int:
+    from evolane.campaign._prepare import prepare_run
+
+    prepared = prepare_run(request.config, None, request.resume_campaign)
+    estimate = prepared.estimate
+    if flags.get("as_json"):
+        print(estimate.model_dump_json(indent=2))
+        return EXIT_OK
+    high = estimate.wall_high_seconds
+    low = "?" if estimate.wall_low_seconds is None else f"{estimate.wall_low_seconds:.0f} s"
+    print(
+        f"estimate: at most {estimate.replays_max} replays, {estimate.judge_calls_max} judge "
+        f"calls, {estimate.optimizer_calls_max} optimizer calls; wall {low} .. {high:.0f} s "
+        f"(val {estimate.val_cases} cases x {estimate.baseline_repetitions}/"
+        f"{estimate.candidate_repetitions} repetitions, test {estimate.test_cases}); "
+        f"{estimate.basis}"
+    )
+    return EXIT_OK
+
+
+async def _main(request: Any, flags: dict[str, Any]) -> int:
+    from evolane.campaign._run import run_campaign
+    from evolane.cli._summary import print_summary
+
+    interrupt = trio.Event()
+    outcome = None
+    async with trio.open_nursery() as nursery:
+        run_scope = trio.CancelScope()
+        nursery.start_soon(_watch_signals, interrupt, run_scope)
+
+        def observe(bus: Any) -> None:
+            _start_view(nursery, bus, flags.get("progress") or "auto")
+
+        with run_scope:
+            outcome = await run_campaign(request, interrupt=interrupt, on_bus=observe)
+        nursery.cancel_scope.cancel()
+    if outcome is None or outcome.report is None:
+        print_summary(None, request, flags)
+        return EXIT_INTERRUPTED
+    print_summary(outcome, request, flags)
+    return outcome.exit_code
+
+
+def _start_view(nursery: trio.Nursery, bus: Any, mode: str) -> None:
+    from evolane.cli._progress import render_progress, resolve_mode
+
+    resolved = resolve_mode(mode, sys.stdout)
+    events, subscription = bus.subscribe(256)
+    nursery.start_soon(render_progress, resolved, events, subscription)
+
+
+async def _watch_signals(interrupt: trio.Event, run_scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            if not interrupt.is_set():
+                print(
+                    "\nevolane: stopping after the units in flight (Ctrl-C again to cancel now)",
+                    file=sys.stderr,
+                )
+                interrupt.set()
+            else:
+                run_scope.cancel()

@@ -1,0 +1,52 @@
+"""The final summary of ``evolane optimize``: what happened, where the report is, how to resume."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+
+
+def _ci(score: Any) -> str:
+    if score is None:
+        return "n/a"
+    return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}]"
+
+
+def print_summary(outcome: Any, request: Any, flags: dict[str, Any]) -> None:
+    """Print the summary (to stderr when stdout carries the JSONL event stream)."""
+    stream = sys.stderr if flags.get("progress") == "jsonl" else sys.stdout
+    console = Console(file=stream, highlight=False, soft_wrap=True)
+    store = request.config.store
+    if outcome is None or outcome.report is None:
+        run = request.resume_run or "the run"
+        console.print("[bold]interrupted[/bold]: cancelled at once; finished units are kept.")
+        if request.resume_run:
+            console.print(f"resume: evolane optimize --resume {run} --store {store}")
+        else:
+            console.print(f"list runs: evolane runs --store {store}  (then --resume RUN_ID)")
+        return
+    report, run_dir = outcome.report, outcome.run_dir
+    scores, spent = report.scores, report.budget.spent
+    best = "the seed (nothing accepted)" if report.selected is None else report.best.digest[:19]
+    lines = [
+        f"[bold]{report.status}[/bold]  campaign {report.campaign_id}: {report.campaign_status}"
+        f"  (run {report.run_id}, {report.wall_seconds:.1f} s)",
+        f"best: {best}",
+        f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}",
+        f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: never decided on)",
+        f"budget spent: replay wall {spent.wall_seconds or 0:.1f} s, tokens {spent.tokens or 0:g},"
+        f" cost ${spent.cost_usd or 0:.4f}",
+    ]
+    if report.message:
+        lines.append(f"note: {report.message}")
+    if report.apply is not None:
+        lines.append(f"apply ({report.apply.policy}): {report.apply.status}")
+        if report.apply.proposal_dir:
+            lines.append(f"proposal: {report.apply.proposal_dir}")
+    lines += [f"report: {run_dir / 'report.json'}", f"        {run_dir / 'report.md'}"]
+    if report.status == "interrupted":
+        lines.append(f"resume: evolane optimize --resume {report.run_id} --store {store}")
+    for line in lines:
+        console.print(line)

@@ -1,0 +1,122 @@
+"""A toy campaign workload that runs in seconds: yes/no answers in files, a shell replay, the
+built-in exact-match judge, and a scripted optimizer whose every slot does what a plan says.
+
+The target holds one file per case (its JSON answer) plus a protected ``grader/`` folder and
+a required ``REQUIRED`` file. The optimizer reads ``{iteration}.{slot}`` from its prompt and
+looks up its action in the plan: ``fix:N`` flips the first N failing cases (they all expect
+``"yes"``), ``harm:N`` flips N solid ones, ``noop``, ``same`` (the same edit as slot 0:
+a duplicate), ``tamper``, ``symlink``, ``oversize``, ``malformed``, ``crash``, ``hang``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from evolane.campaign._config import CampaignConfig
+from evolane.stats import GateConfig
+
+OPTIMIZER = textwrap.dedent(
+    """
+    import json, os, sys, time, pathlib
+    workdir, prompt_file, plan_file = sys.argv[1:4]
+    prompt = json.load(open(prompt_file))
+    plan = json.load(open(plan_file))
+    key = f"{prompt['iteration']}.{prompt['slot']}"
+    action = plan.get(key, plan.get("default", "noop"))
+    wd = pathlib.Path(workdir)
+    failing = [f["id"] for f in prompt.get("failing", [])]
+    solid = list(prompt.get("solid", []))
+    def flip(ids):
+        for cid in ids:
+            path = wd / cid
+            path.write_text('"yes"' if path.read_text().strip() == '"no"' else '"no"')
+    name, _, count = action.partition(":")
+    if name in ("fix", "same"):
+        flip(failing[: int(count or 1)])
+    elif name == "harm":
+        flip(solid[: int(count or 1)])
+    elif name == "tamper":
+        (wd / "grader" / "rubric.txt").write_text(f"anything goes {key}")
+        flip(failing[:1])
+    elif name == "symlink":
+        os.symlink("/etc/hostname", wd / "link")
+    elif name == "oversize":
+        (wd / "big.txt").write_bytes(b"x" * (200 << 10))
+    elif name == "malformed":
+        (wd / "REQUIRED").unlink()
+    elif name == "crash":
+        print("boom", file=sys.stderr)
+        sys.exit(3)
+    elif name == "hang":
+        time.sleep(3600)
+    print(action)
+    """
+)
+
+REPLAY = 'sh -c \'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' replay {candidate} {output_dir}'
+
+
+def write_toy(
+    root: Path, plan: dict[str, str], *, val: int = 12, test: int = 6, passing: int = 4
+) -> dict[str, Path]:
+    """Write the target, dataset, optimizer script and plan under ``root``."""
+    target = root / "target"
+    (target / "grader").mkdir(parents=True)
+    (target / "grader" / "rubric.txt").write_text("exact match\n")
+    (target / "REQUIRED").write_text("keep me\n")
+    rows = []
+    for split, count in (("val", val), ("test", test)):
+        for index in range(count):
+            case_id = f"{split}{index:02d}"
+            rows.append(
+                {"id": case_id, "input": {"n": index}, "expected_output": "yes", "split": split}
+            )
+            good = index < passing
+            (target / case_id).write_text('"yes"' if good else '"no"')
+    dataset = root / "dataset.jsonl"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    script = root / "optimizer.py"
+    script.write_text(OPTIMIZER)
+    plan_file = root / "plan.json"
+    plan_file.write_text(json.dumps(plan))
+    return {
+        "target": target,
+        "dataset": dataset,
+        "script": script,
+        "plan": plan_file,
+        "store": root / "store",
+    }
+
+
+def toy_config(paths: dict[str, Path], **overrides: Any) -> CampaignConfig:
+    """A campaign over the toy workload: small, fast, deterministic."""
+    gate = overrides.pop("gate", GateConfig(gate="strict", min_cases=4))
+    settings: dict[str, Any] = {
+        "target": str(paths["target"]),
+        "dataset": str(paths["dataset"]),
+        "store": str(paths["store"]),
+        "replay": REPLAY,
+        "judge": None,
+        "optimizer": (
+            f"{sys.executable} -I {paths['script']} {{workdir}} {{prompt_file}} {paths['plan']}"
+        ),
+        "protected": ("grader/**",),
+        "required_files": ("REQUIRED",),
+        "max_growth_bytes": 64 << 10,
+        "iterations": 3,
+        "population": 2,
+        "stall": 3,
+        "replay_concurrency": 4,
+        "judge_concurrency": 2,
+        "kill_grace": 0.3,
+        "replay_timeout": 20.0,
+        "optimizer_timeout": 20.0,
+        "optimizer_idle": 10.0,
+        "gate": gate,
+        **overrides,
+    }
+    return CampaignConfig(**settings)

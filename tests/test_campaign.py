@@ -1,0 +1,258 @@
+"""The campaign end to end on a toy workload: the funnel and every local gate, statuses,
+campaigns across cycles, budgets, apply policies, estimate counts, the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from evolane.campaign._report import Report
+from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
+from evolane.campaign._runs import StoreLayout, load_campaign
+from evolane.inputs import InputError
+from evolane.messages import Usage
+from evolane.store import read_journal
+from tests.campaign_helpers import toy_config, write_toy
+
+
+async def _run(request: RunRequest, seconds: float = 60) -> RunOutcome:
+    with trio.fail_after(seconds):
+        return await run_campaign(request)
+
+
+def _answers(target: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(target.iterdir()) if p.is_file()}
+
+
+def _by_slot(report: Report) -> dict[str, object]:
+    return {f.slot_id: f for f in report.funnel}
+
+
+async def test_every_local_gate_rejects_before_any_replay(tmp_path: Path) -> None:
+    plan = {
+        "0.0": "fix:2",
+        "0.1": "same:2",  # the same tree as slot 0: a duplicate
+        "0.2": "noop",
+        "1.0": "tamper",
+        "1.1": "symlink",
+        "1.2": "oversize",
+        "2.0": "malformed",
+        "2.1": "crash",
+        "2.2": "harm:2",
+    }
+    paths = write_toy(tmp_path, plan)
+    before = _answers(paths["target"])
+    config = toy_config(paths, population=3, iterations=3)
+    outcome = await _run(RunRequest(config))
+    report = outcome.report
+    assert report is not None and report.status == "finished"
+    slots = _by_slot(report)
+    expect = {
+        "c0.i0.s0": ("selected", None),
+        "c0.i0.s1": ("rejected", "duplicate"),
+        "c0.i0.s2": ("rejected", "no_op"),
+        "c0.i1.s0": ("rejected", "protected_paths"),
+        "c0.i1.s1": ("rejected", "disallowed_entries"),
+        "c0.i1.s2": ("rejected", "size_limit"),
+        "c0.i2.s0": ("rejected", "malformed"),
+        "c0.i2.s1": ("blocked", None),
+        "c0.i2.s2": ("rejected", None),
+    }
+    for slot_id, (terminal, gate) in expect.items():
+        record = slots[slot_id]
+        assert record.terminal == terminal, (slot_id, record)  # type: ignore[attr-defined]
+        failed = [g.gate for g in record.gates if g.outcome != "pass"]  # type: ignore[attr-defined]
+        assert failed == ([gate] if gate else []), (slot_id, record)
+    assert slots["c0.i1.s0"].decision == "indecisive"  # type: ignore[attr-defined]
+    # zero replays for a locally rejected (or never generated) candidate
+    measured = {m.measurement_id for m in report.measurements if m.purpose == "paired"}
+    assert measured == {"c0.i0.s0", "c0.i2.s2"}
+    # the harmful candidate was measured and rejected; the fix was accepted
+    assert slots["c0.i2.s2"].stages[-3:] == ("paired_replay", "evaluation", "rejected")  # type: ignore[attr-defined]
+    assert [d.decision for d in report.decisions if d.slot == 0 and d.iteration == 0] == ["accept"]
+    assert report.scores.best_val is not None and report.scores.baseline_val is not None
+    assert report.scores.best_val.mean > report.scores.baseline_val.mean
+    # the proposal policy never touches the target
+    assert _answers(paths["target"]) == before
+    assert report.apply is not None and report.apply.status == "proposed"
+
+
+async def test_decisions_never_use_the_sealed_test_split(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:3"})
+    outcome = await _run(RunRequest(toy_config(paths, iterations=2, population=1)))
+    report = outcome.report
+    assert report is not None and report.test is not None
+    test_ids = {m.measurement_id for m in report.measurements if m.split == "test"}
+    assert test_ids == {"c0.final.test"}
+    decided = {f"c{d.cycle}.i{d.iteration}.s{d.slot}" for d in report.decisions}
+    assert not decided & test_ids
+    units = json.loads(outcome.run_dir.joinpath("report.json").read_text())["measurements"]  # type: ignore[union-attr]
+    assert all(m["split"] == "val" for m in units if m["purpose"] in ("paired", "baseline"))
+    assert report.scores.best_test is not None and report.scores.baseline_test is not None
+
+
+async def test_estimate_counts_bound_what_the_run_does(tmp_path: Path) -> None:
+    plan = {"0.0": "harm:1", "0.1": "harm:2", "1.0": "harm:3", "1.1": "harm:4"}
+    paths = write_toy(tmp_path, plan)
+    config = toy_config(paths, iterations=2, population=2, stall=5)
+    config = config.model_copy(
+        update={"gate": config.gate.model_copy(update={"sequential": False})}
+    )
+    outcome = await _run(RunRequest(config))
+    report, estimate = outcome.report, outcome.estimate
+    assert report is not None
+    ran = sum(m.units_run for m in report.measurements)
+    assert 0 < ran <= estimate.replays_max
+    optimizer_calls = sum(1 for f in report.funnel if f.optimizer)
+    assert optimizer_calls == estimate.optimizer_calls_max == 4
+    # nothing accepted, no early stop: baseline 12, 4 candidates x 12, test 6 (+6 reused)
+    assert ran == 12 + 4 * 12 + 6
+
+
+async def test_stall_ends_the_campaign_as_exhausted(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "harm:1"})
+    outcome = await _run(RunRequest(toy_config(paths, iterations=6, population=1, stall=2)))
+    report = outcome.report
+    assert report is not None and report.campaign_status == "exhausted"
+    assert len(report.iterations) == 2
+    assert report.status == "finished" and outcome.exit_code == 0
+
+
+async def test_tampering_iterations_do_not_count_toward_stall(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "tamper"})
+    outcome = await _run(RunRequest(toy_config(paths, iterations=4, population=1, stall=2)))
+    report = outcome.report
+    assert report is not None and len(report.iterations) == 4
+    assert report.campaign_status == "complete"
+    assert all(d.decision == "indecisive" for d in report.decisions)
+
+
+async def test_campaign_cycles_resume_and_refusals(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    config = toy_config(paths, iterations=1, population=1, max_improvement_cycles=2)
+    first = await _run(RunRequest(config))
+    assert first.report is not None and first.report.campaign_status == "paused"
+    campaign = first.report.campaign_id
+    layout = StoreLayout(paths["store"])
+    best_after_first = load_campaign(layout, campaign).best_ref
+    assert best_after_first == first.report.best != first.report.seed
+    changed = config.model_copy(update={"replay": config.replay + " "})
+    with pytest.raises(InputError, match="replay changed"):
+        await _run(RunRequest(changed, resume_campaign=campaign))
+    second = await _run(RunRequest(config, resume_campaign=campaign))
+    assert second.report is not None and second.report.cycle == 1
+    assert second.report.campaign_status == "complete"
+    assert second.report.iterations[0].parent == best_after_first.digest
+    with pytest.raises(InputError, match="complete and cannot resume"):
+        await _run(RunRequest(config, resume_campaign=campaign))
+    with pytest.raises(InputError, match="no such campaign"):
+        await _run(RunRequest(config, resume_campaign="c-nope"))
+
+
+async def test_auto_verified_publishes_the_best_tree(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    config = toy_config(
+        paths,
+        iterations=1,
+        population=1,
+        apply="auto_verified",
+        check="sh -c 'test -f {candidate}/REQUIRED'",
+    )
+    outcome = await _run(RunRequest(config))
+    report = outcome.report
+    assert report is not None and report.apply is not None
+    assert report.apply.status == "applied"
+    assert all((paths["target"] / f"val{i:02d}").read_text() == '"yes"' for i in range(12))
+
+
+async def test_auto_verified_rolls_back_when_the_check_fails(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    before = _answers(paths["target"])
+    config = toy_config(
+        paths, iterations=1, population=1, apply="auto_verified", check="sh -c 'exit 4'"
+    )
+    outcome = await _run(RunRequest(config))
+    assert outcome.report is not None and outcome.report.apply is not None
+    assert outcome.report.apply.status == "rolled_back"
+    assert _answers(paths["target"]) == before
+
+
+async def test_a_token_ceiling_ends_the_run_budget_limited(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:1"})
+    script = tmp_path / "replay.sh"
+    script.write_text(
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
+    )
+    replay = f"sh {script} {{candidate}} {{output_dir}}"
+    config = toy_config(paths, replay=replay, max_tokens=3000, iterations=5, population=1)
+    outcome = await _run(RunRequest(config))
+    report = outcome.report
+    assert report is not None and report.status == "budget_limited"
+    assert report.campaign_status == "budget_limited" and outcome.exit_code == 3
+    spent = report.budget.spent.tokens or 0
+    assert spent <= 3000 + 100 * config.replay_concurrency
+    with pytest.raises(InputError, match="budget_limited and cannot resume"):
+        await _run(RunRequest(config, resume_campaign=report.campaign_id))
+
+
+async def test_the_wall_clock_budget_kills_hanging_replays(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:1"})
+    config = toy_config(paths, replay="sleep 3600", wall_clock_budget=2.0, kill_grace=0.2)
+    started = trio.current_time()
+    outcome = await _run(RunRequest(config), seconds=30)
+    took = trio.current_time() - started
+    report = outcome.report
+    assert report is not None and report.status == "budget_limited"
+    assert took < 2.0 + 0.2 + 3.0  # budget + kill grace + teardown slack (the leak check follows)
+
+
+async def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {})
+    config = toy_config(paths)
+    cases = {
+        "--target": config.model_copy(update={"target": str(tmp_path / "missing")}),
+        "--dataset": config.model_copy(update={"dataset": str(tmp_path / "missing.jsonl")}),
+    }
+    for flag, bad in cases.items():
+        with pytest.raises(InputError, match=flag):
+            await _run(RunRequest(bad))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(InputError, match="empty"):
+        await _run(RunRequest(config.model_copy(update={"dataset": str(empty)})))
+    rows = paths["dataset"].read_text().splitlines()
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text("\n".join([rows[0], rows[0]]) + "\n")
+    with pytest.raises(InputError, match=r"dup.jsonl:2"):
+        await _run(RunRequest(config.model_copy(update={"dataset": str(dup)})))
+    no_val = tmp_path / "noval.jsonl"
+    no_val.write_text("\n".join(r for r in rows if '"test"' in r) + "\n")
+    with pytest.raises(InputError, match="val split is empty"):
+        await _run(RunRequest(config.model_copy(update={"dataset": str(no_val)})))
+    assert not paths["store"].exists()
+
+
+async def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {})
+    outcome = await _run(RunRequest(toy_config(paths), dry_run=True))
+    assert outcome.report is None and outcome.estimate.replays_max > 0
+    assert not (paths["store"] / "runs").exists()
+
+
+async def test_every_finished_unit_is_journaled_once(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    outcome = await _run(RunRequest(toy_config(paths)))
+    assert outcome.run_dir is not None
+    records = read_journal(outcome.run_dir / "journal.jsonl").records
+    units = [r["unit"] for r in records if r["type"] == "unit"]
+    assert len(units) == len(set(units))
+    proposals = [r for r in records if r["type"] == "proposal"]
+    assert len(proposals) == 6
+    report = Report.model_validate_json((outcome.run_dir / "report.json").read_bytes())
+    assert report.budget.spent.wall_seconds is not None
+    assert isinstance(report.budget.ceilings, Usage)
+    assert (outcome.run_dir / "report.md").read_text().startswith(f"# evolane run {report.run_id}")
