@@ -506,6 +506,26 @@ async def test_cancelling_the_live_view_restores_the_terminal() -> None:
     assert "\x1b[?25l" in output and output.endswith("\x1b[?25h")  # cursor hidden, then shown
 
 
+@pytest.mark.parametrize("mode", ["rich", "plain", "jsonl"])
+async def test_cancelled_right_after_the_run_the_view_still_shows_the_end(mode: str) -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    bus = ProgressBus(None, "r-1")
+    receive, subscription = bus.subscribe(256)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(render_progress, mode, receive, subscription, console=console, out=out)  # type: ignore[arg-type]
+            )
+            await trio.sleep(0.3)
+            for event in script():
+                bus.publish(event)
+            bus.close()
+            nursery.cancel_scope.cancel()  # what a caller does once the run has returned
+    text = ANSI.sub("", out.getvalue())
+    assert ("run_finished" if mode == "jsonl" else "finished: finished (campaign") in text
+
+
 async def test_refreshing_less_than_twice_a_second_is_refused() -> None:
     send, receive = trio.open_memory_channel[ProgressEvent](1)
     with pytest.raises(ValueError, match="twice a second"):

@@ -372,12 +372,8 @@ def _slots_table(state: ViewState) -> Table:
     slots = sorted(state.slots.values(), key=lambda s: s.slot)
     for slot in slots[:_SLOT_ROWS]:
         style = {"selected": "green", "rejected": "red", "blocked": "yellow"}.get(slot.stage, "")
-        table.add_row(
-            _slot_label(slot.iteration, slot.slot),
-            Text(slot.stage, style=style),
-            _short(slot.digest),
-            slot.reason,
-        )
+        label = _slot_label(slot.iteration, slot.slot)
+        table.add_row(label, Text(slot.stage, style=style), _short(slot.digest), slot.reason)
     if len(slots) > _SLOT_ROWS:
         table.add_row("…", f"{len(slots) - _SLOT_ROWS} more", "", "")
     return table
@@ -392,16 +388,9 @@ def _budget_table(budget: BudgetUpdate) -> Table:
         ceiling = budget.ceilings.get(dimension)
         if spent is None and reserved is None and ceiling is None:
             continue
-        shown = "no ceiling"
-        if ceiling:
-            shown = bar((spent or 0.0) / ceiling, (reserved or 0.0) / ceiling)
-        table.add_row(
-            _DIMENSION_NAMES[dimension],
-            shown,
-            _amount(dimension, spent),
-            _amount(dimension, reserved),
-            _amount(dimension, ceiling),
-        )
+        shown = bar((spent or 0) / ceiling, (reserved or 0) / ceiling) if ceiling else "no ceiling"
+        amounts = (_amount(dimension, value) for value in (spent, reserved, ceiling))
+        table.add_row(_DIMENSION_NAMES[dimension], shown, *amounts)
     return table
 
 
@@ -440,6 +429,19 @@ class _Output:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.broken = False
+        self.queue: deque[str] = deque()  # text not yet taken by a writing thread
+
+    async def write(self, text: str) -> None:
+        """Write ``text`` and whatever an earlier, cancelled write left behind."""
+        if text:
+            self.queue.append(text)
+        if self.queue:
+            await self.run(self._write_queue)
+
+    def _write_queue(self) -> None:
+        while self.queue:
+            self.stream.write(self.queue.popleft())
+        self.stream.flush()
 
     async def run(
         self, write: Callable[..., object], *args: object, even_if_broken: bool = False
@@ -482,15 +484,11 @@ async def _render_lines(
 ) -> None:
     """Plain or JSON lines, one batch of whatever has arrived per write."""
     output, reported = _Output(out), 0
-    open_ = True
-    while open_ and not output.broken:
-        try:
-            first = await events.receive()
-        except trio.EndOfChannel:
-            break
-        batch, open_ = _drain(events)
+
+    def text_of(batch: list[ProgressEvent]) -> str:
+        nonlocal reported
         lines: list[str] = []
-        for event in [first, *batch]:
+        for event in batch:
             state.fold(event)
             line = jsonl_line(event) if as_json else plain_line(event, state)
             if line is not None:
@@ -499,29 +497,26 @@ async def _render_lines(
         if dropped > reported and not as_json:  # in JSON lines the gaps in `seq` tell it
             lines.append(f"[{state.t:6.1f}s] progress view dropped {dropped - reported} events\n")
             reported = dropped
-        if lines:
-            await output.run(_write, out, "".join(lines))
-    await _fold_rest(state, events)
+        return "".join(lines)
+
+    open_ = True
+    try:
+        while open_ and not output.broken:
+            try:
+                first = await events.receive()
+            except trio.EndOfChannel:
+                break
+            batch, open_ = _drain(events)
+            await output.write(text_of([first, *batch]))
+        await _fold_rest(state, events)
+    finally:  # cancelled just after the run closed the feed: still show how it ended
+        with trio.CancelScope(deadline=trio.current_time() + 1.0, shield=True):
+            await output.write(text_of(_drain(events)[0]))
 
 
-def _write(out: TextIO, text: str) -> None:
-    out.write(text)
-    out.flush()
-
-
-class _Elapsed:
-    """Seconds since the run began, on trio's clock, anchored at the first event seen."""
-
-    def __init__(self) -> None:
-        self.anchor: float | None = None
-
-    def __call__(self, state: ViewState) -> float:
-        if state.events == 0 or state.finished is not None:
-            return state.t
-        now = trio.current_time()
-        if self.anchor is None:
-            self.anchor = now - state.t
-        return max(state.t, now - self.anchor)
+def _finish(live: Live, view: RenderableType) -> None:
+    live.update(view)
+    live.stop()
 
 
 async def _render_live(
@@ -532,34 +527,33 @@ async def _render_live(
     period: float,
 ) -> None:
     """A `rich.live.Live` redrawn every ``period`` seconds with all that arrived meanwhile."""
-    live = Live(
-        console=console,
-        auto_refresh=False,
-        transient=False,
-        redirect_stdout=False,
-        redirect_stderr=False,
-    )
-    output, elapsed = _Output(console.file), _Elapsed()
+    live = Live(console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
+    output, anchor = _Output(console.file), None
+
+    def view() -> RenderableType:
+        nonlocal anchor  # elapsed time on trio's clock, anchored at the first event seen
+        for event in _drain(events)[0]:
+            state.fold(event)
+        elapsed, now = state.t, trio.current_time()
+        if state.events and state.finished is None:
+            anchor = now - state.t if anchor is None else anchor
+            elapsed = max(state.t, now - anchor)
+        return render_view(state, elapsed, subscription.dropped if subscription else 0)
+
     console.on_broken_pipe = partial(_broken_pipe, console)  # type: ignore[method-assign]
     await output.run(live.start)
     started = not output.broken
     try:
-        deadline, open_ = trio.current_time(), True
-        while open_ and not output.broken:
+        deadline = trio.current_time()
+        while not output.broken and events.statistics().open_send_channels:
             deadline = max(deadline + period, trio.current_time())
             await trio.sleep_until(deadline)
-            batch, open_ = _drain(events)
-            for event in batch:
-                state.fold(event)
-            dropped = subscription.dropped if subscription is not None else 0
-            view = render_view(state, elapsed(state), dropped)
-            await output.run(partial(live.update, refresh=True), view)
+            await output.run(partial(live.update, refresh=True), view())
         await _fold_rest(state, events)
-    finally:
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + 1.0
+    finally:  # the final frame, also when cancelled just after the run closed the feed
+        with trio.CancelScope(deadline=trio.current_time() + 1.0, shield=True):
             if started:
-                await output.run(live.stop, even_if_broken=True)
+                await output.run(_finish, live, view(), even_if_broken=True)
         vars(console).pop("on_broken_pipe", None)
 
 
