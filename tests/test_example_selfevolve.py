@@ -200,7 +200,10 @@ def test_every_optimizer_edit_kind_occurs_over_a_seed_range(tmp_path: Path) -> N
             assert (target / "skill" / "SKILL.md").read_text() == SEED_SKILL
         if kind == "symlink":
             assert (target / "skill" / "notes.md").is_symlink()
-    assert set(outcomes) == {"edit", "noop", "malformed", "oversized", "tamper", "symlink"}
+        if kind == "restart":
+            assert (target / "skill" / "SKILL.md").read_text() == SEED_SKILL
+    expected = {"edit", "noop", "malformed", "oversized", "tamper", "symlink", "restart"}
+    assert set(outcomes) == expected
     assert set(effects) == {"help", "harm", "neutral"}
     assert outcomes["edit"] > 0.6 * 300
 

@@ -52,6 +52,7 @@ from evolane.messages import (
     BudgetUpdate,
     Debit,
     DecisionEvent,
+    FailureEvent,
     LedgerQuery,
     MeasureEvent,
     Message,
@@ -106,6 +107,7 @@ class CampaignSetup:
     rejected: list[RejectedEdit]
     resume: ResumeState
     has_test: bool
+    optimizer_allowed: bool = True  # False when re-judging stored work: proposals come from it
     interrupt: trio.Event = field(default_factory=trio.Event)
 
 
@@ -322,6 +324,9 @@ class _Cycle:
             if restored is not None:
                 results[slot] = ProposeResult.model_validate(restored["result"])
                 await self._charge(slot_id, results[slot], stage="optimizer")
+                return
+            if not self.s.optimizer_allowed:
+                results[slot] = _not_stored(slot_id)
                 return
             lane = await lanes[1].receive()
             try:
@@ -594,6 +599,16 @@ class _Cycle:
                 self.r.test = self.r.book.measurements[-1]
         self.r.scores = Scores(**scores)
         self.r.finalized = True
+
+
+def _not_stored(slot_id: str) -> ProposeResult:
+    failure = FailureEvent(
+        owner="framework",
+        stage="optimizer",
+        code="not_stored",
+        message="a re-evaluation runs no optimizer, and the run it judges has no proposal here",
+    )
+    return ProposeResult(slot_id=slot_id, status="failed", failure=failure)
 
 
 def _why(result: ProposeResult) -> str:

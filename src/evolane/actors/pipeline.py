@@ -59,6 +59,8 @@ class PipelineConfig:
     journal: RunJournal | None = None
     restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     on_progress: Callable[[MeasureEvent], object] | None = None
+    rejudge: bool = False
+    replays_allowed: bool = True
     name: str = "measure"
 
 
@@ -177,6 +179,8 @@ async def open_pipeline(
         journal=config.journal,
         restored=config.restored,
         on_progress=config.on_progress,
+        rejudge=config.rejudge,
+        replays_allowed=config.replays_allowed,
     )
     ledger = Ledger(ceilings=config.ceilings, cold_start=config.cold_start)
     replay_names = [f"{name}.replay-{i}" for i in range(config.replay_concurrency)]

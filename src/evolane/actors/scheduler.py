@@ -99,6 +99,8 @@ class SchedulerSettings:
     journal: RunJournal | None = None
     restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
+    rejudge: bool = False  # restored units are judged again (--rerun-evaluator)
+    replays_allowed: bool = True  # False: a unit without a stored replay is not run
     progress_interval: float = 0.1  # seconds between two progress events of a measurement
 
 
@@ -414,6 +416,9 @@ class _Measurement:
         if restored is not None and restored.get("status") in RESTORABLE:
             await self._restore(unit, restored)
             return None
+        if not self.s.settings.replays_allowed:
+            self._finish(unit, "not_run", "no stored replay to judge again")
+            return None
         if not await self._reserve(unit):
             self._stop("budget_limited", "the budget denied a replay")
             self._finish(unit, "not_run", "budget")
@@ -452,6 +457,8 @@ class _Measurement:
         usage is charged again so the budget sees the whole run."""
         replay = ReplayResult.model_validate(record["replay"])
         judge = JudgeResult.model_validate(record["judge"]) if record.get("judge") else None
+        if self.s.settings.rejudge:  # re-evaluation: the stored replay, judged anew
+            judge = await self._judge(unit, replay) if replay.status == "succeeded" else None
         unit.replay, unit.judge, unit.restored = replay, judge, True
         if self.s.budget is not None:
             debit = Debit(
@@ -461,11 +468,13 @@ class _Measurement:
                 stage="replay",
             )
             await self.s.budget.ask(debit, timeout=30)
-        status = self._status(unit)
+        status = unit.status = self._status(unit)
+        if self.s.settings.rejudge:
+            await self.s.record(self.request.measurement_id, unit)
         if status == "succeeded":
             assert judge is not None
             self.s.baseline_cache[self.s.baseline_key(unit)] = (replay, judge)
-        self._finish(unit, status, "restored")
+        self._finish(unit, status, "rejudged" if self.s.settings.rejudge else "restored")
         self._check_early_stop()
 
     async def _reserve(self, unit: _Unit) -> bool:

@@ -61,6 +61,7 @@ class Prepared:
     judge_case_refs: dict[str, ArtifactRef]
     test_cases: int
     ceilings: Usage
+    rejudge: bool = False  # --from-run --rerun-evaluator: judge stored replays, run nothing else
 
     @property
     def run_dir(self) -> Path:
@@ -102,11 +103,16 @@ def check_templates(config: CampaignConfig) -> GateSettings:
 
 
 def prepare_run(
-    config: CampaignConfig, resume_run: str | None = None, resume_campaign: str | None = None
+    config: CampaignConfig,
+    resume_run: str | None = None,
+    resume_campaign: str | None = None,
+    rerun_from: str | None = None,
 ) -> Prepared:
     """Check the request and build the records of its run (nothing is written here)."""
     layout = StoreLayout(Path(config.store))
     resume, resumed = ResumeState(), 0
+    if rerun_from is not None:
+        return _rerun(layout, config, rerun_from)
     if resume_run is not None:
         record, campaign = _resumable_run(layout, resume_run)
         config = record.config
@@ -138,6 +144,55 @@ def prepare_run(
         judge_case_refs=case_references(store, dataset, include_answers=True),
         test_cases=test_cases,
         ceilings=ceilings,
+    )
+
+
+def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared:
+    """A new run that judges the stored replays of ``run_id`` again (with ``config.judge``)."""
+    try:
+        old = load_run(layout, run_id)
+    except FileNotFoundError:
+        raise InputError(f"--from-run {run_id}: no such run in {layout.root}") from None
+    config = old.config.model_copy(
+        update={"judge": config.judge, "store": config.store, "campaign_id": None}
+    )
+    gates = check_templates(config)
+    dataset = _dataset(config)
+    if dataset.digest != old.dataset_digest:
+        raise InputError(f"--dataset {config.dataset}: changed since run {run_id}")
+    store = layout.blobs()
+    campaign = CampaignState(
+        campaign_id=new_id("c-"),
+        identity={**config.identity(), "dataset_digest": dataset.digest, "from_run": run_id},
+        seed_ref=old.seed_ref,
+        best_ref=old.parent_ref,
+    )
+    record = RunRecord(
+        run_id=new_id("r-"),
+        campaign_id=campaign.campaign_id,
+        cycle=old.cycle,
+        created=time.time(),
+        config=config.model_copy(update={"campaign_id": campaign.campaign_id}),
+        dataset_digest=dataset.digest,
+        seed_ref=old.seed_ref,
+        parent_ref=old.parent_ref,
+    )
+    test_cases = len(dataset.split("test"))
+    return Prepared(
+        config=config,
+        layout=layout,
+        store=store,
+        dataset=dataset,
+        run=record,
+        campaign=campaign,
+        resume=read_resume_state(layout.run_dir(run_id) / "journal.jsonl"),
+        resumed=0,
+        estimate=estimate_run(config, len(dataset.split("val")), test_cases, None),
+        gates=gates,
+        judge_case_refs=case_references(store, dataset, include_answers=True),
+        test_cases=test_cases,
+        ceilings=_remaining(config, Usage()),
+        rejudge=True,
     )
 
 

@@ -60,6 +60,7 @@ class RunRequest:
     config: CampaignConfig
     resume_run: str | None = None
     resume_campaign: str | None = None
+    rerun_from: str | None = None  # --from-run RUN_ID --rerun-evaluator
     dry_run: bool = False
 
 
@@ -85,7 +86,11 @@ async def run_campaign(
     """Run one cycle of a campaign (or resume one) to its report. Bad input raises
     `InputError` before anything is written; ``interrupt`` stops gracefully (resumable)."""
     prepared = await trio.to_thread.run_sync(
-        prepare_run, request.config, request.resume_run, request.resume_campaign
+        prepare_run,
+        request.config,
+        request.resume_run,
+        request.resume_campaign,
+        request.rerun_from,
     )
     if request.dry_run:
         return RunOutcome(prepared.estimate)
@@ -97,7 +102,8 @@ async def run_campaign(
         on_bus(bus)
     journal = RunJournal(prepared.run_dir / "journal.jsonl")
     try:
-        report = await _run_tree(prepared, bus, journal, interrupt or trio.Event(), started)
+        stop = interrupt if interrupt is not None else trio.Event()
+        report = await _run_tree(prepared, bus, journal, stop, started)
     except BaseException:
         with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
             interrupted = prepared.run.model_copy(update={"status": "interrupted"})
@@ -170,6 +176,7 @@ async def _run_tree(
                 rejected=list(prepared.campaign.rejected),
                 resume=prepared.resume,
                 has_test=prepared.test_cases > 0,
+                optimizer_allowed=not prepared.rejudge,
                 interrupt=interrupt,
             )
             campaign = await runtime.supervisor("run").start_child(
@@ -199,6 +206,8 @@ def _pipeline_config(prepared: Prepared, journal: RunJournal, bus: ProgressBus) 
         journal=journal,
         restored=prepared.resume.units,
         on_progress=bus.publish,
+        rejudge=prepared.rejudge,
+        replays_allowed=not prepared.rejudge,
         isolation=config.isolation,
         name="run.measure",
     )

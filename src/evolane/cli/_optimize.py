@@ -243,8 +243,9 @@ def _split_sleeper(directory: Path) -> None:
 
 
 SELF_EVOLUTION_DEFAULTS = {
-    "iterations": 8,
-    "population": 2,
+    "iterations": 10,
+    "population": 3,
+    "stall": 5,
     "replay_concurrency": 4,
     "judge_concurrency": 2,
     "optimizer_concurrency": 2,
@@ -253,5 +254,7 @@ SELF_EVOLUTION_DEFAULTS = {
     "judge_timeout": 30.0,
     "optimizer_timeout": 60.0,
     "optimizer_idle": 20.0,
+    "seed": 13,
 }
-"""The self-evolution example's presets: seconds-long units, so short deadlines."""
+"""The self-evolution example's presets: seconds-long units, so short deadlines; a seed under
+which the example optimizer's faults reach every local gate within the run."""

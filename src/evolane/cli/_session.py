@@ -148,6 +148,18 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
         except FileNotFoundError:
             raise UsageError(f"--resume {resume}: no such run in {layout.root}") from None
         return RunRequest(config, resume_run=resume)
+    from_run = flags.get("from_run")
+    if from_run:
+        if not flags.get("rerun_evaluator"):
+            raise UsageError("--from-run needs --rerun-evaluator (re-judging is all it does)")
+        layout = StoreLayout(Path(flags["store"]).absolute())
+        try:
+            old = load_run(layout, from_run).config
+        except FileNotFoundError:
+            raise UsageError(f"--from-run {from_run}: no such run in {layout.root}") from None
+        judge = flags.get("judge") if flags.get("judge") is not None else old.judge
+        config = old.model_copy(update={"judge": judge, "store": str(layout.root)})
+        return RunRequest(config, rerun_from=from_run)
     _cluster(flags)
     config = build_config(flags)
     dry = estimate_only or bool(flags.get("dry_run"))
@@ -181,15 +193,20 @@ async def _main(request: Any, flags: dict[str, Any]) -> int:
     interrupt = trio.Event()
     outcome = None
     async with trio.open_nursery() as nursery:
-        run_scope = trio.CancelScope()
-        nursery.start_soon(_watch_signals, interrupt, run_scope)
+        run_scope, watch_scope = trio.CancelScope(), trio.CancelScope()
+
+        async def watch() -> None:
+            with watch_scope:
+                await _watch_signals(interrupt, run_scope)
+
+        nursery.start_soon(watch)
 
         def observe(bus: Any) -> None:
             _start_view(nursery, bus, flags.get("progress") or "auto")
 
         with run_scope:
             outcome = await run_campaign(request, interrupt=interrupt, on_bus=observe)
-        nursery.cancel_scope.cancel()
+        watch_scope.cancel()  # the view ends by itself: the run closed its feed
     if outcome is None or outcome.report is None:
         print_summary(None, request, flags)
         return EXIT_INTERRUPTED

@@ -6,8 +6,10 @@ FAULT_RATES = {
     "oversized": 0.04,
     "tamper": 0.05,
     "symlink": 0.04,
-    "repeat": 0.06,
+    "repeat": 0.03,
+    "restart": 0.04,
 }
 """How often the example optimizer returns a no-op, a malformed or oversized skill, a
 tampering edit of a protected file, a symlink out of the tree, or repeats the most recently
-rejected edit (as a model that ignores its instructions would) instead of a new rule change."""
+rejected edit (as a model that ignores its instructions would), or throws its work away and
+returns the original skill, instead of a new rule change."""

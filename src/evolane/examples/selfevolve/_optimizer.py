@@ -19,6 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from evolane.examples.selfevolve._seed import SEED_SKILL
+
 SKILL_PATH = Path("skill") / "SKILL.md"
 PROTECTED_PATHS = (Path("grader") / "rubric.json", Path("data") / "dataset.jsonl")
 DIFF_BYTES = 4096
@@ -322,8 +324,15 @@ def optimize(workdir: Path, prompt_file: Path, seed: int, rates: dict[str, float
     if picked is None:
         return "noop: no applicable edit left"
     edit, changed = picked
+    names = [edit.name]
+    if prompt.get("convergence") in ("warn", "paradigm_shift"):
+        # a plateau: one small edit at a time was not enough, so combine two
+        second = choose_edit(changed, prompt, rng)
+        if second is not None:
+            names.append(second[0].name)
+            changed = second[1]
     skill_file.write_text(changed)
-    return f"edit: {edit.name}"
+    return f"edit: {' + '.join(names)}"
 
 
 def _fault(
@@ -336,6 +345,9 @@ def _fault(
         return "symlink: skill/notes.md -> /etc/hostname"
     if kind == "repeat":
         return _repeat(skill_file, text, prompt)
+    if kind == "restart":
+        skill_file.write_text(SEED_SKILL)
+        return "restart: the original skill"
     if kind == "malformed":
         skill_file.write_text(
             text.replace(

@@ -1,0 +1,112 @@
+"""Crash-consistent resume: ``evolane optimize`` killed with SIGKILL at several journal
+positions, then ``--resume``, reaches the uninterrupted run's decisions, re-running at most
+the units that were in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evolane.store import read_journal
+from tests.campaign_helpers import write_toy
+
+PLAN = {
+    "0.0": "fix:2",
+    "0.1": "harm:1",
+    "1.0": "fix:1",
+    "1.1": "noop",
+    "2.0": "harm:2",
+    "2.1": "fix:3",
+}
+LANES = 3
+
+
+def _flags(paths: dict[str, Path], store: Path, log: Path) -> list[str]:
+    replay = (
+        f'sh -c \'echo x >> {log}; cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' '
+        "replay {candidate} {output_dir}"
+    )
+    optimizer = f"{sys.executable} -I {paths['script']} {{workdir}} {{prompt_file}} {paths['plan']}"
+    return [
+        "--target", str(paths["target"]), "--dataset", str(paths["dataset"]),
+        "--store", str(store), "--replay", replay, "--optimizer", optimizer,
+        "--protected", "grader/**", "--required-file", "REQUIRED", "--gate", "strict",
+        "--iterations", "3", "--population", "2", "--replay-concurrency", str(LANES),
+        "--kill-grace", "0.3", "--progress", "none",
+    ]  # fmt: skip
+
+
+def _optimize(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "evolane", "optimize", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _finish(process: subprocess.Popen[bytes]) -> int:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, (out.decode(), err.decode())
+    return process.returncode
+
+
+def _report(store: Path) -> dict:
+    (path,) = (store / "runs").glob("*/report.json")
+    return json.loads(path.read_text())
+
+
+def _decisions(report: dict) -> list[tuple]:
+    return [
+        (d["iteration"], d["slot"], d["digest"], d["decision"], d["reason"])
+        for d in report["decisions"]
+    ]
+
+
+def _journal_records(store: Path) -> list[dict]:
+    journals = list((store / "runs").glob("*/journal.jsonl"))
+    return read_journal(journals[0]).records if journals else []
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
+    root = tmp_path_factory.mktemp("reference")
+    paths = write_toy(root, PLAN)
+    log = root / "replays.log"
+    _finish(_optimize(_flags(paths, root / "store", log)))
+    return _report(root / "store"), len(log.read_text().splitlines())
+
+
+@pytest.mark.parametrize("kill_after", [1, 12, 40])
+def test_resume_after_sigkill_reaches_the_same_decisions(
+    tmp_path: Path, reference: tuple[dict, int], kill_after: int
+) -> None:
+    expected, reference_launches = reference
+    paths = write_toy(tmp_path, PLAN)
+    store, log = tmp_path / "store", tmp_path / "replays.log"
+    process = _optimize(_flags(paths, store, log))
+    deadline = time.monotonic() + 60
+    while len(_journal_records(store)) < kill_after:
+        assert process.poll() is None, "the run ended before the kill point"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    (run_dir,) = (store / "runs").iterdir()
+    assert not (run_dir / "report.json").exists()
+    resumed = _optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
+    _finish(resumed)
+    report = _report(store)
+    assert _decisions(report) == _decisions(expected)
+    assert report["resumed"] == 1
+    assert sum(m["units_restored"] for m in report["measurements"]) > 0
+    launches = len(log.read_text().splitlines())
+    assert reference_launches <= launches <= reference_launches + LANES  # only in-flight re-ran
+    with pytest.raises(AssertionError):  # a finished run cannot be resumed again
+        _finish(_optimize(["--resume", run_dir.name, "--store", str(store)]))
