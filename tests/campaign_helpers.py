@@ -120,3 +120,22 @@ def toy_config(paths: dict[str, Path], **overrides: Any) -> CampaignConfig:
         **overrides,
     }
     return CampaignConfig(**settings)
+
+
+def toy_flags(
+    paths: dict[str, Path], store: Path, log: Path | None = None, lanes: int = 3
+) -> list[str]:
+    """``evolane optimize`` flags for the toy workload; ``log`` gets a line per replay launched."""
+    record = f"echo x >> {log}; " if log is not None else ""
+    replay = (
+        f'sh -c \'{record}cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' '
+        "replay {candidate} {output_dir}"
+    )
+    optimizer = f"{sys.executable} -I {paths['script']} {{workdir}} {{prompt_file}} {paths['plan']}"
+    return [
+        "--target", str(paths["target"]), "--dataset", str(paths["dataset"]),
+        "--store", str(store), "--replay", replay, "--optimizer", optimizer,
+        "--protected", "grader/**", "--required-file", "REQUIRED", "--gate", "strict",
+        "--iterations", "3", "--population", "2", "--replay-concurrency", str(lanes),
+        "--kill-grace", "0.3", "--progress", "none",
+    ]  # fmt: skip

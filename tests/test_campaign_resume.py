@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from evolane.store import read_journal
-from tests.campaign_helpers import write_toy
+from tests.campaign_helpers import toy_flags, write_toy
 
 PLAN = {
     "0.0": "fix:2",
@@ -26,21 +26,6 @@ PLAN = {
     "2.1": "fix:3",
 }
 LANES = 3
-
-
-def _flags(paths: dict[str, Path], store: Path, log: Path) -> list[str]:
-    replay = (
-        f'sh -c \'echo x >> {log}; cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' '
-        "replay {candidate} {output_dir}"
-    )
-    optimizer = f"{sys.executable} -I {paths['script']} {{workdir}} {{prompt_file}} {paths['plan']}"
-    return [
-        "--target", str(paths["target"]), "--dataset", str(paths["dataset"]),
-        "--store", str(store), "--replay", replay, "--optimizer", optimizer,
-        "--protected", "grader/**", "--required-file", "REQUIRED", "--gate", "strict",
-        "--iterations", "3", "--population", "2", "--replay-concurrency", str(LANES),
-        "--kill-grace", "0.3", "--progress", "none",
-    ]  # fmt: skip
 
 
 def _optimize(args: list[str]) -> subprocess.Popen[bytes]:
@@ -79,7 +64,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
     root = tmp_path_factory.mktemp("reference")
     paths = write_toy(root, PLAN)
     log = root / "replays.log"
-    _finish(_optimize(_flags(paths, root / "store", log)))
+    _finish(_optimize(toy_flags(paths, root / "store", log)))
     return _report(root / "store"), len(log.read_text().splitlines())
 
 
@@ -90,7 +75,7 @@ def test_resume_after_sigkill_reaches_the_same_decisions(
     expected, reference_launches = reference
     paths = write_toy(tmp_path, PLAN)
     store, log = tmp_path / "store", tmp_path / "replays.log"
-    process = _optimize(_flags(paths, store, log))
+    process = _optimize(toy_flags(paths, store, log))
     deadline = time.monotonic() + 60
     while len(_journal_records(store)) < kill_after:
         assert process.poll() is None, "the run ended before the kill point"
@@ -110,3 +95,39 @@ def test_resume_after_sigkill_reaches_the_same_decisions(
     assert reference_launches <= launches <= reference_launches + LANES  # only in-flight re-ran
     with pytest.raises(AssertionError):  # a finished run cannot be resumed again
         _finish(_optimize(["--resume", run_dir.name, "--store", str(store)]))
+
+
+def test_rerun_evaluator_judges_stored_replays_and_replays_nothing(
+    tmp_path: Path, reference: tuple[dict, int]
+) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    store, log = tmp_path / "store", tmp_path / "replays.log"
+    _finish(_optimize(toy_flags(paths, store, log)))
+    (first,) = (store / "runs").iterdir()
+    launches = len(log.read_text().splitlines())
+    judge = tmp_path / "lenient.sh"
+    judge.write_text("echo '{\"score\": 1.0}'\n")
+    _finish(
+        _optimize(
+            [
+                "--from-run",
+                first.name,
+                "--rerun-evaluator",
+                "--judge",
+                f"sh {judge}",
+                "--store",
+                str(store),
+                "--progress",
+                "none",
+            ]
+        )
+    )
+    assert len(log.read_text().splitlines()) == launches  # not one replay ran again
+    (second,) = [p for p in (store / "runs").iterdir() if p.name != first.name]
+    report = json.loads((second / "report.json").read_text())
+    assert report["config"]["judge"] == f"sh {judge}"
+    measured = [m for m in report["measurements"] if m["purpose"] == "paired"]
+    assert measured and all(m["units_run"] == 0 for m in measured)
+    assert sum(m["units_restored"] for m in report["measurements"]) > 0
+    # every stored replay now scores 1.0: no candidate can beat its parent under a strict gate
+    assert all(d["decision"] != "accept" for d in report["decisions"])

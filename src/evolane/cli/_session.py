@@ -113,25 +113,37 @@ def _cluster(flags: dict[str, Any]) -> None:
 
 def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
     """Run ``optimize`` or ``estimate``; returns the exit code (DESIGN §10)."""
-    from evolane.inputs import InputError
-
-    debug = bool(flags.get("debug"))
     try:
         request = _request(flags, estimate_only)
         if request.dry_run:
             return _print_estimate(request, flags)
         return trio.run(_main, request, flags)
-    except (UsageError, InputError) as error:
+    except BaseException as error:  # every error becomes one line and an exit code
+        return _exit_for(_leaf(error), bool(flags.get("debug")))
+
+
+def _leaf(error: BaseException) -> BaseException:
+    """The one error inside (nested) exception groups, else the group itself."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+def _exit_for(error: BaseException, debug: bool) -> int:
+    from evolane.inputs import InputError
+
+    if isinstance(error, UsageError | InputError):
         error_line(str(error))
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    if isinstance(error, KeyboardInterrupt):
         error_line("interrupted")
         return EXIT_INTERRUPTED
-    except Exception as error:  # an internal error: one line unless --debug
-        if debug:
-            traceback.print_exc()
-        error_line(f"internal error: {type(error).__name__}: {error}")
-        return EXIT_INTERNAL
+    if isinstance(error, SystemExit | GeneratorExit):
+        raise error
+    if debug:
+        traceback.print_exception(error)
+    error_line(f"internal error: {type(error).__name__}: {error}")
+    return EXIT_INTERNAL
 
 
 def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
@@ -202,6 +214,7 @@ async def _main(request: Any, flags: dict[str, Any]) -> int:
         nursery.start_soon(watch)
 
         def observe(bus: Any) -> None:
+            flags["run_id"] = bus.run_id
             _start_view(nursery, bus, flags.get("progress") or "auto")
 
         with run_scope:

@@ -20,12 +20,10 @@ def print_summary(outcome: Any, request: Any, flags: dict[str, Any]) -> None:
     console = Console(file=stream, highlight=False, soft_wrap=True)
     store = request.config.store
     if outcome is None or outcome.report is None:
-        run = request.resume_run or "the run"
+        run = request.resume_run or flags.get("run_id")
         console.print("[bold]interrupted[/bold]: cancelled at once; finished units are kept.")
-        if request.resume_run:
+        if run:
             console.print(f"resume: evolane optimize --resume {run} --store {store}")
-        else:
-            console.print(f"list runs: evolane runs --store {store}  (then --resume RUN_ID)")
         return
     report, run_dir = outcome.report, outcome.run_dir
     scores, spent = report.scores, report.budget.spent
