@@ -62,6 +62,7 @@ class RunRequest:
     resume_campaign: str | None = None
     rerun_from: str | None = None  # --from-run RUN_ID --rerun-evaluator
     dry_run: bool = False
+    started: float | None = None  # time.time() the wall-clock budget counts from (default: now)
 
 
 @dataclass
@@ -94,7 +95,7 @@ async def run_campaign(
     )
     if request.dry_run:
         return RunOutcome(prepared.estimate)
-    started = time.time()
+    started = request.started if request.started is not None else time.time()
     await trio.to_thread.run_sync(prepared.persist)
     recovered = await trio.to_thread.run_sync(recover_apply, prepared.store, prepared.run_dir)
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import orjson
 import trio
@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from typer.exceptions import TyperException
 
-from evolane.stress import StressConfig, StressReport, run_actor_stress
+if TYPE_CHECKING:
+    from evolane.stress import StressReport
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 
@@ -55,6 +56,8 @@ def stress(
         fail_usage(f"--faults must lie in [0, 1], got {faults}")
     if seed < 0:
         fail_usage(f"--seed must not be negative, got {seed}")
+    from evolane.stress import StressConfig, run_actor_stress
+
     config = StressConfig(actors=actors, messages=messages, faults=faults, seed=seed)
     report = trio.run(run_actor_stress, config)
     if as_json:
@@ -102,6 +105,9 @@ _register()
 
 def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
+    from evolane.cli import STARTED, _session
+
+    _session.LAUNCHED = STARTED
     try:
         code = app(standalone_mode=False)
     except TyperException as error:

@@ -4,8 +4,10 @@ progress view, Ctrl-C handling (first: stop gracefully; second: cancel at once),
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,10 @@ _CONFIG_FLAGS = (
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
     "judge_failure_retries", "focus", "isolation", "seed",
 )  # fmt: skip
+
+
+LAUNCHED: float | None = None
+"""Set by `evolane.cli.main` to when the process loaded the CLI (used by the next run only)."""
 
 
 class UsageError(ValueError):
@@ -113,8 +119,10 @@ def _cluster(flags: dict[str, Any]) -> None:
 
 def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
     """Run ``optimize`` or ``estimate``; returns the exit code (DESIGN §10)."""
+    global LAUNCHED
+    started, LAUNCHED = LAUNCHED or time.time(), None  # the budget includes starting up
     try:
-        request = _request(flags, estimate_only)
+        request = dataclasses.replace(_request(flags, estimate_only), started=started)
         if request.dry_run:
             return _print_estimate(request, flags)
         return trio.run(_main, request, flags)

@@ -299,7 +299,7 @@ def choose_edit(text: str, prompt: dict, rng: random.Random) -> tuple[Edit, str]
         changed = edit.apply(text)
         if changed is None or _diff(text, changed) in rejected:
             continue
-        weight = 1.0 + 2.0 * (reasons[edit.aims_at] > 0)
+        weight = 4.0 if reasons[edit.aims_at] > 0 else 0.5  # aim at what fails
         if shift and edit.aims_at == most_common:
             weight = 0.5  # a plateau asks for a different kind of edit
         options.append((edit, changed))
