@@ -256,3 +256,19 @@ async def test_every_finished_unit_is_journaled_once(tmp_path: Path) -> None:
     assert report.budget.spent.wall_seconds is not None
     assert isinstance(report.budget.ceilings, Usage)
     assert (outcome.run_dir / "report.md").read_text().startswith(f"# evolane run {report.run_id}")
+
+
+async def test_screening_stops_a_loser_on_the_hardest_failing_case(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"0.0": "harm:1", "0.1": "fix:1"})
+    outcome = await _run(RunRequest(toy_config(paths, iterations=1, screening=True)))
+    report = outcome.report
+    assert report is not None
+    slots = _by_slot(report)
+    loser, winner = slots["c0.i0.s0"], slots["c0.i0.s1"]
+    assert loser.stages[-2:] == ("screening", "rejected")  # type: ignore[attr-defined]
+    assert loser.reason.startswith("screening: no gain on the hardest failing case val04")  # type: ignore[attr-defined]
+    assert "paired_replay" in winner.stages  # type: ignore[attr-defined]
+    ids = {m.measurement_id: m for m in report.measurements}
+    assert "c0.i0.s0.screen" in ids and "c0.i0.s0" not in ids
+    assert ids["c0.i0.s0.screen"].units_planned == 2  # one case, both arms
+    assert "c0.i0.s1.screen" in ids and "c0.i0.s1" in ids

@@ -40,6 +40,7 @@ from evolane.campaign._runs import (
 )
 from evolane.inputs import CommandTemplate
 from evolane.messages import (
+    ArtifactRef,
     EstimateEvent,
     LedgerQuery,
     RunFinished,
@@ -342,6 +343,7 @@ async def _finish(
         decisions=tuple(book.decisions),
         lineage=tuple(book.lineage),
         failures=tuple(book.failures),
+        artifacts=_artifacts(run.seed_ref, best, applied),
         budget=BudgetRecord(
             ceilings=ledger.ceilings,
             spent=ledger.spent,
@@ -392,6 +394,16 @@ def _write_report(
             }
         ),
     )
+
+
+def _artifacts(seed: ArtifactRef, best: ArtifactRef, applied: ApplyRecord | None) -> dict:
+    """The trees and files a reader of the report may want to fetch from the store."""
+    found = {"seed_tree": seed, "best_tree": best}
+    if applied is not None and applied.diff_ref is not None:
+        found["best_diff"] = applied.diff_ref
+    if applied is not None and applied.backup_ref is not None:
+        found["target_backup"] = applied.backup_ref
+    return found
 
 
 def _estimate_fields(estimate: Estimate) -> dict[str, object]:
