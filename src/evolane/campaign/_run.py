@@ -266,7 +266,7 @@ async def _apply(
             store=prepared.store,
             host=host,
             target=Path(prepared.config.target),
-            parent_ref=prepared.run.seed_ref,
+            parent_ref=_target_now(prepared),
             candidate_ref=best,
             run_dir=prepared.run_dir,
             check=check,
@@ -280,6 +280,13 @@ async def _apply(
         diff_ref=outcome.diff_ref,
         backup_ref=outcome.backup_ref,
     )
+
+
+def _target_now(prepared: Prepared) -> ArtifactRef:
+    """What the target holds if nobody touched it: an earlier cycle's applied best, or the seed."""
+    run = prepared.run
+    applied_before = prepared.config.apply == "auto_verified" and run.cycle > 0
+    return run.parent_ref if applied_before else run.seed_ref
 
 
 def _campaign_status(prepared: Prepared, result: CampaignResult) -> str:

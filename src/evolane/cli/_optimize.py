@@ -254,7 +254,7 @@ SELF_EVOLUTION_DEFAULTS = {
     "judge_timeout": 30.0,
     "optimizer_timeout": 60.0,
     "optimizer_idle": 20.0,
-    "seed": 13,
+    "seed": 56,
 }
 """The self-evolution example's presets: seconds-long units, so short deadlines; a seed under
 which the example optimizer's faults reach every local gate within the run."""
