@@ -15,7 +15,7 @@ import orjson
 import pytest
 import trio
 
-from evolane.campaign import _apply
+from evolane.campaign import _apply, _diff
 from evolane.campaign._apply import (
     ApplyJournal,
     ApplyOutcome,
@@ -174,7 +174,7 @@ def test_the_diff_names_binaries_modes_symlinks_and_empty_files(
     os.symlink("x", old / "link")
     os.symlink("y", new / "link")
     write(new / "empty", b"")
-    monkeypatch.setattr(_apply, "MAX_DIFF_FILE_BYTES", 64)
+    monkeypatch.setattr(_diff, "MAX_DIFF_FILE_BYTES", 64)
     diff = _apply.unified_tree_diff(
         store, snapshot_tree(store, old), snapshot_tree(store, new)
     ).decode()

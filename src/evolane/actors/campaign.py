@@ -14,22 +14,26 @@ journal, reaches the decisions of an uninterrupted one.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import trio
 
-from evolane.actors._journal import RunJournal
+from evolane.actors._campaign_types import (
+    CampaignDone,
+    CampaignResult,
+    CampaignSetup,
+    RunCampaign,
+    Stopped,
+    failure_text,
+    not_stored,
+    slot_event,
+    slot_seed,
+)
 from evolane.actors._kernel import Actor, ActorRef
-from evolane.actors.lanes import StopBoard
-from evolane.actors.pipeline import Pipeline
-from evolane.actors.progress import ProgressBus
 from evolane.actors.scheduler import MeasureRequest, MeasureSummary
-from evolane.campaign._book import Book, SlotBook, arm_score, hardest_failing
-from evolane.campaign._config import CampaignConfig
-from evolane.campaign._gates import GateSettings, run_local_gates
+from evolane.campaign._book import SlotBook, arm_score, hardest_failing
+from evolane.campaign._gates import run_local_gates
 from evolane.campaign._prompt import (
     build_prompt,
     classify_cases,
@@ -39,20 +43,13 @@ from evolane.campaign._prompt import (
     focus_cases,
     write_context,
 )
-from evolane.campaign._report import (
-    IterationRecord,
-    LineageEntry,
-    MeasurementRecord,
-    Purpose,
-    Scores,
-)
-from evolane.campaign._runs import REJECTED_KEPT, RejectedEdit, ResumeState
+from evolane.campaign._report import IterationRecord, LineageEntry, Purpose, Scores
+from evolane.campaign._runs import REJECTED_KEPT, RejectedEdit
 from evolane.messages import (
     ArtifactRef,
     BudgetUpdate,
     Debit,
     DecisionEvent,
-    FailureEvent,
     LedgerQuery,
     MeasureEvent,
     Message,
@@ -61,77 +58,17 @@ from evolane.messages import (
     ProposeResult,
     Reserve,
     ReserveReply,
-    SlotEvent,
     WarningEvent,
 )
-from evolane.sandbox import SandboxHost
-from evolane.store import BlobStore
 
-Stop = Literal["budget_limited", "exhausted", "interrupted"]
-
-
-class RunCampaign(Message):
-    """Run the campaign's cycle to its end (or its deadline); answers `CampaignDone`."""
-
-    kind: Literal["campaign.run"] = "campaign.run"
-    deadline: float | None = None  # trio clock: the wall-clock budget's end
-
-
-class CampaignDone(Message):
-    """How the cycle ended; the details are in the `CampaignResult` handed to the caller."""
-
-    kind: Literal["campaign.done"] = "campaign.done"
-    stop: Literal["finished", "budget_limited", "exhausted", "interrupted"]
-
-
-@dataclass
-class CampaignSetup:
-    """What the campaign actor is given at start: settings, refs and the run's shared objects."""
-
-    config: CampaignConfig
-    run_id: str
-    cycle: int
-    store: BlobStore
-    host: SandboxHost
-    pipeline: Pipeline
-    optimizers: list[ActorRef]
-    optimizer_board: StopBoard
-    budget: ActorRef
-    journal: RunJournal
-    bus: ProgressBus
-    gates: GateSettings
-    judge_case_refs: dict[str, ArtifactRef]
-    seed_ref: ArtifactRef
-    parent_ref: ArtifactRef
-    stalled: int
-    rejected: list[RejectedEdit]
-    resume: ResumeState
-    has_test: bool
-    optimizer_allowed: bool = True  # False when re-judging stored work: proposals come from it
-    interrupt: trio.Event = field(default_factory=trio.Event)
-
-
-@dataclass
-class CampaignResult:
-    """What the cycle produced, for the report (filled in place as the run goes)."""
-
-    book: Book = field(default_factory=Book)
-    best_ref: ArtifactRef | None = None
-    best_delta: float | None = None
-    stalled: int = 0
-    rejected: list[RejectedEdit] = field(default_factory=list)
-    stop: str = "finished"
-    message: str = ""
-    scores: Scores = field(default_factory=Scores)
-    test: MeasurementRecord | None = None
-    finalized: bool = False
-    wall_clock_hit: bool = False  # budget_limited by the run's deadline, not a ceiling
-
-
-def slot_seed(seed: int, cycle: int, iteration: int, slot: int) -> int:
-    """The optimizer's seed for one slot: distinct per slot, the same on a resume."""
-    digest = hashlib.sha256(f"{seed}:{cycle}:{iteration}:{slot}".encode()).digest()
-    return int.from_bytes(digest[:7], "big")
+__all__ = [
+    "Campaign",
+    "CampaignDone",
+    "CampaignResult",
+    "CampaignSetup",
+    "RunCampaign",
+    "slot_seed",
+]
 
 
 class Campaign(Actor):
@@ -147,12 +84,6 @@ class Campaign(Actor):
         run = _Cycle(self.setup, self.result)
         await run.execute(message.deadline)
         return CampaignDone(stop=self.result.stop)  # type: ignore[arg-type]
-
-
-class _Stopped(Exception):
-    def __init__(self, stop: Stop, message: str) -> None:
-        super().__init__(message)
-        self.stop, self.message = stop, message
 
 
 class _Cycle:
@@ -188,12 +119,12 @@ class _Cycle:
     async def _run_stages(self) -> None:
         try:
             await self._iterate()
-        except _Stopped as stopped:
+        except Stopped as stopped:
             self.r.stop, self.r.message = stopped.stop, stopped.message
         if self.r.stop in ("finished", "exhausted"):  # a spent budget leaves no room to score
             try:
                 await self._finalize()
-            except _Stopped as stopped:
+            except Stopped as stopped:
                 self.r.stop, self.r.message = stopped.stop, stopped.message
 
     async def _watch_interrupt(self, scope: trio.CancelScope) -> None:
@@ -219,7 +150,7 @@ class _Cycle:
                 )
             )
             if signal == "stop":
-                raise _Stopped(
+                raise Stopped(
                     "exhausted", f"{self.r.stalled} iterations without an accepted candidate"
                 )
             accepted = await self._iteration(iteration, signal)
@@ -227,9 +158,7 @@ class _Cycle:
             if accepted is not None:
                 await self._measure_parent(iteration + 1)
         if self.r.stalled >= self.config.stall:
-            raise _Stopped(
-                "exhausted", f"{self.r.stalled} iterations without an accepted candidate"
-            )
+            raise Stopped("exhausted", f"{self.r.stalled} iterations without an accepted candidate")
 
     async def _iteration(self, iteration: int, signal: str) -> SlotBook | None:
         standings = await trio.to_thread.run_sync(
@@ -302,7 +231,7 @@ class _Cycle:
             )
         )
         for book in books:
-            self.emit(_slot_event(self.s.run_id, book, book.terminal))  # type: ignore[arg-type]
+            self.emit(slot_event(self.s.run_id, book, book.terminal))  # type: ignore[arg-type]
         return chosen
 
     def _slot_id(self, iteration: int, slot: int) -> str:
@@ -326,7 +255,7 @@ class _Cycle:
                 await self._charge(slot_id, results[slot], stage="optimizer")
                 return
             if not self.s.optimizer_allowed:
-                results[slot] = _not_stored(slot_id)
+                results[slot] = not_stored(slot_id)
                 return
             lane = await lanes[1].receive()
             try:
@@ -358,7 +287,7 @@ class _Cycle:
             Reserve(stage="optimizer", item=slot_id, zero_cost=True), timeout=30
         )
         if not reply.granted:
-            raise _Stopped("budget_limited", f"the budget denied the optimizer: {reply.reason}")
+            raise Stopped("budget_limited", f"the budget denied the optimizer: {reply.reason}")
         prompt_ref = await trio.to_thread.run_sync(
             lambda: self.s.store.put_bytes(encode_prompt(prompt), media_type="application/json")
         )
@@ -398,7 +327,11 @@ class _Cycle:
                 book.reach("local_gates")
                 book.end("rejected", result.gate.reason, "reject")
             else:
-                book.end("blocked", f"the optimizer {result.status}: {_why(result)}", "indecisive")
+                book.end(
+                    "blocked",
+                    f"the optimizer {result.status}: {failure_text(result)}",
+                    "indecisive",
+                )
             self.r.book.decide(book, book.decision or "indecisive", book.reason)
             return None
         tree = result.tree_ref
@@ -485,7 +418,7 @@ class _Cycle:
         )
         if summary.status == "budget_limited":
             book.end("not_run", summary.message or "the budget ran out", gate.decision)
-            raise _Stopped("budget_limited", summary.message or "the budget ran out")
+            raise Stopped("budget_limited", summary.message or "the budget ran out")
         if gate.decision == "accept":
             book.decision = "accept"
             return summary
@@ -523,7 +456,7 @@ class _Cycle:
         )
         summary, self.parent_units = await self._measure(request, "baseline", iteration, None)
         if summary.status == "budget_limited":
-            raise _Stopped("budget_limited", summary.message or "the budget ran out")
+            raise Stopped("budget_limited", summary.message or "the budget ran out")
 
     async def _measure(
         self, request: MeasureRequest, purpose: Purpose, iteration: int | None, slot: int | None
@@ -588,7 +521,7 @@ class _Cycle:
             )
             summary, units = await self._measure(request, purpose, None, None)  # type: ignore[arg-type]
             if summary.status == "budget_limited":
-                raise _Stopped("budget_limited", "the budget ran out while finalizing")
+                raise Stopped("budget_limited", "the budget ran out while finalizing")
             scores[f"baseline_{split}"] = arm_score(
                 units, "baseline", confidence=confidence, seed=seed
             )
@@ -599,30 +532,3 @@ class _Cycle:
                 self.r.test = self.r.book.measurements[-1]
         self.r.scores = Scores(**scores)
         self.r.finalized = True
-
-
-def _not_stored(slot_id: str) -> ProposeResult:
-    failure = FailureEvent(
-        owner="framework",
-        stage="optimizer",
-        code="not_stored",
-        message="a re-evaluation runs no optimizer, and the run it judges has no proposal here",
-    )
-    return ProposeResult(slot_id=slot_id, status="failed", failure=failure)
-
-
-def _why(result: ProposeResult) -> str:
-    if result.failure is not None:
-        return f"{result.failure.code} {result.failure.message}".strip()[:200]
-    return result.status
-
-
-def _slot_event(run_id: str, book: SlotBook, stage: str) -> SlotEvent:
-    return SlotEvent(
-        run_id=run_id,
-        iteration=book.iteration,
-        slot=book.slot,
-        stage=stage,  # type: ignore[arg-type]
-        digest=book.digest,
-        reason=book.reason,
-    )

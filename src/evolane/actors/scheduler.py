@@ -16,145 +16,49 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import orjson
 import trio
-from pydantic import Field
 
 from evolane.actors._errors import ActorError
-from evolane.actors._journal import RunJournal
 from evolane.actors._kernel import Actor, ActorRef
+from evolane.actors._scheduling import (
+    RESTORABLE,
+    MeasureRequest,
+    MeasureStatus,
+    MeasureSummary,
+    SchedulerSettings,
+    Unit,
+    framework_failure,
+    repetitions,
+    unit_seed,
+)
 from evolane.actors.lanes import StopBoard
 from evolane.messages import (
-    ArtifactRef,
     Debit,
-    FailureEvent,
     JudgeJob,
     JudgeResult,
     MeasureEvent,
     Message,
-    Name,
     ReplayJob,
     ReplayResult,
     Reserve,
     ReserveReply,
 )
-from evolane.stats import EarlyStop, GateConfig, GateResult, decide
+from evolane.stats import EarlyStop, decide
 from evolane.store import BlobStore
 
-MeasureStatus = Literal[
-    "complete", "early_stopped", "budget_limited", "shared_failure", "cancelled"
+__all__ = [
+    "RESTORABLE",
+    "MeasureRequest",
+    "MeasureStatus",
+    "MeasureSummary",
+    "MeasurementScheduler",
+    "SchedulerSettings",
+    "repetitions",
+    "unit_seed",
 ]
-
-
-class MeasureRequest(Message):
-    """Measure a candidate tree against a baseline tree on a split (or a few cases)."""
-
-    kind: Literal["measure.request"] = "measure.request"
-    measurement_id: Name
-    baseline_ref: ArtifactRef
-    candidate_ref: ArtifactRef | None = None  # None: measure the baseline alone
-    split: Literal["train", "val", "test"] = "val"
-    case_ids: tuple[Name, ...] = Field(default=(), max_length=8)  # screening: a few cases
-    baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
-    candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
-    gate: GateConfig = GateConfig()
-
-
-class MeasureSummary(Message):
-    """The outcome of a measurement; the per-unit records are in the store (``units_ref``)."""
-
-    kind: Literal["measure.summary"] = "measure.summary"
-    measurement_id: Name
-    status: MeasureStatus
-    message: Annotated[str, Field(max_length=512)] = ""
-    gate: GateResult
-    units_planned: int
-    units_run: int
-    units_reused: int
-    units_restored: int = 0  # taken from the journal of an interrupted run
-    units_failed: int
-    units_blocked: int
-    units_not_run: int
-    cases_compared: int
-    wall_seconds: float
-    units_ref: ArtifactRef
-
-
-@dataclass(frozen=True)
-class SchedulerSettings:
-    """What every measurement shares: the cases, timeouts, repetitions policy, journal."""
-
-    case_refs: dict[str, ArtifactRef]  # what a replay sees: no answers
-    judge_case_refs: dict[str, ArtifactRef]  # what a judge sees: with expected_output
-    splits: dict[str, tuple[str, ...]]
-    fingerprint: str  # dataset, workspace seed, replay and judge commands: what reuse must match
-    replay_timeout: float = 600.0
-    judge_timeout: float = 120.0
-    min_cases: int = 8
-    seed: int = 0
-    journal: RunJournal | None = None
-    restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
-    on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
-    rejudge: bool = False  # restored units are judged again (--rerun-evaluator)
-    replays_allowed: bool = True  # False: a unit without a stored replay is not run
-    progress_interval: float = 0.1  # seconds between two progress events of a measurement
-
-
-RESTORABLE = frozenset({"succeeded", "failed", "timed_out"})
-"""Unit statuses a resumed run takes from the journal; cancelled units run again."""
-
-
-@dataclass
-class _Unit:
-    index: int
-    unit_id: str
-    case_id: str
-    case_index: int
-    arm: str
-    repetition: int
-    tree_ref: ArtifactRef
-    depends_on: _Unit | None = None
-    done: trio.Event = field(default_factory=trio.Event)
-    status: str = "pending"
-    replay: ReplayResult | None = None
-    judge: JudgeResult | None = None
-    reused: bool = False
-    restored: bool = False
-    note: str = ""
-
-    @property
-    def score(self) -> float | None:
-        ok = self.replay is not None and self.replay.status == "succeeded"
-        judged = self.judge is not None and self.judge.status == "succeeded"
-        return self.judge.score if ok and judged and self.judge is not None else None
-
-
-def _framework_failure(stage: str, error: Exception) -> FailureEvent:
-    return FailureEvent(
-        owner="framework",
-        stage=stage,
-        code="lane_error",  # type: ignore[arg-type]
-        message=f"{type(error).__name__}: {error}"[:512],
-    )
-
-
-def unit_seed(run_seed: int, case_id: str, repetition: int) -> int:
-    """The seed shared by both arms of a pair (same case, same repetition)."""
-    digest = hashlib.sha256(f"{run_seed}:{case_id}:{repetition}".encode()).digest()
-    return int.from_bytes(digest[:7], "big")
-
-
-def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[int, int]:
-    """Explicit repetitions win; else 1/1 with enough independent cases, 2/3 without."""
-    adaptive = (1, 1) if cases >= min_cases else (2, 3)
-    return (
-        request.baseline_repetitions or adaptive[0],
-        request.candidate_repetitions or adaptive[1],
-    )
 
 
 class MeasurementScheduler(Actor):
@@ -180,7 +84,7 @@ class MeasurementScheduler(Actor):
         run = _Measurement(self, message)
         return await run.execute()
 
-    def baseline_key(self, unit: _Unit) -> str:
+    def baseline_key(self, unit: Unit) -> str:
         case_ref = self.settings.case_refs[unit.case_id]
         parts = (
             self.settings.fingerprint,
@@ -191,7 +95,7 @@ class MeasurementScheduler(Actor):
         )
         return hashlib.sha256(repr(parts).encode()).hexdigest()
 
-    async def record(self, measurement_id: str, unit: _Unit) -> None:
+    async def record(self, measurement_id: str, unit: Unit) -> None:
         """Journal one completed unit durably (the resume source) before it counts."""
         if self.settings.journal is None:
             return
@@ -227,14 +131,14 @@ class _Measurement:
         self.early: tuple[str, str] | None = None
         self.last_progress = -1e9
 
-    def _plan(self) -> list[_Unit]:
-        units: list[_Unit] = []
-        baseline_of: dict[tuple[int, int], _Unit] = {}
+    def _plan(self) -> list[Unit]:
+        units: list[Unit] = []
+        baseline_of: dict[tuple[int, int], Unit] = {}
         mid = self.request.measurement_id
         for rep in range(max(self.reps)):
             for index, case_id in enumerate(self.case_ids):
                 if rep < self.reps[0]:
-                    unit = _Unit(
+                    unit = Unit(
                         len(units),
                         f"{mid}.{index}.{rep}.b",
                         case_id,
@@ -248,7 +152,7 @@ class _Measurement:
                 if rep < self.reps[1] and self.request.candidate_ref is not None:
                     control = baseline_of[(index, min(rep, self.reps[0] - 1))]
                     units.append(
-                        _Unit(
+                        Unit(
                             len(units),
                             f"{mid}.{index}.{rep}.c",
                             case_id,
@@ -313,7 +217,7 @@ class _Measurement:
         except trio.WouldBlock:
             return None
 
-    def _finish(self, unit: _Unit, status: str, note: str = "") -> None:
+    def _finish(self, unit: Unit, status: str, note: str = "") -> None:
         unit.status, unit.note = status, note or unit.note
         unit.done.set()
         self.wake.set()
@@ -353,7 +257,7 @@ class _Measurement:
             _, index = heapq.heappop(self.ready)
             self._finish(self.units[index], "not_run", self.stop_reason or "")
 
-    async def _release_when_control_done(self, unit: _Unit) -> None:
+    async def _release_when_control_done(self, unit: Unit) -> None:
         assert unit.depends_on is not None
         await unit.depends_on.done.wait()
         control = unit.depends_on
@@ -375,12 +279,12 @@ class _Measurement:
         heapq.heappush(self.ready, (unit.index, unit.index))
         self.wake.set()
 
-    def _beyond_cutoff(self, unit: _Unit) -> bool:
+    def _beyond_cutoff(self, unit: Unit) -> bool:
         return self.cutoff is not None and unit.case_index >= self.cutoff
 
     # ----- one unit --------------------------------------------------------------------
 
-    async def _run_unit(self, unit: _Unit, lane: ActorRef) -> None:
+    async def _run_unit(self, unit: Unit, lane: ActorRef) -> None:
         try:
             replay = await self._replay(unit, lane)
         finally:
@@ -402,7 +306,7 @@ class _Measurement:
         self._finish(unit, unit.status)
         self._check_early_stop()
 
-    async def _replay(self, unit: _Unit, lane: ActorRef) -> ReplayResult | None:
+    async def _replay(self, unit: Unit, lane: ActorRef) -> ReplayResult | None:
         if self.stop_reason is not None or self._beyond_cutoff(unit):
             self._finish(unit, "not_run", self.stop_reason or "early_stop")
             return None
@@ -443,7 +347,7 @@ class _Measurement:
                 arm=job.arm,
                 repetition=unit.repetition,
                 status="failed",
-                failure=_framework_failure("replay", error),
+                failure=framework_failure("replay", error),
             )
         if result.failure is not None and result.failure.code == "spawn_failed":
             # Stop before this lane is handed back: no further unit may start.
@@ -452,7 +356,7 @@ class _Measurement:
             )
         return result
 
-    async def _restore(self, unit: _Unit, record: dict[str, Any]) -> None:
+    async def _restore(self, unit: Unit, record: dict[str, Any]) -> None:
         """Take a unit finished before an interruption from the journal: no rerun, but its
         usage is charged again so the budget sees the whole run."""
         replay = ReplayResult.model_validate(record["replay"])
@@ -477,7 +381,7 @@ class _Measurement:
         self._finish(unit, status, "rejudged" if self.s.settings.rejudge else "restored")
         self._check_early_stop()
 
-    async def _reserve(self, unit: _Unit) -> bool:
+    async def _reserve(self, unit: Unit) -> bool:
         if self.s.budget is None:
             return True
         reply: ReserveReply = await self.s.budget.ask(
@@ -485,7 +389,7 @@ class _Measurement:
         )
         return reply.granted
 
-    async def _judge(self, unit: _Unit, replay: ReplayResult) -> JudgeResult:
+    async def _judge(self, unit: Unit, replay: ReplayResult) -> JudgeResult:
         lane = await self.free_judge[1].receive()
         try:
             settings = self.s.settings
@@ -506,13 +410,13 @@ class _Measurement:
                     unit_id=unit.unit_id,
                     status="failed",
                     source="command",
-                    failure=_framework_failure("judge", error),
+                    failure=framework_failure("judge", error),
                 )
         finally:
             self.free_judge[0].send_nowait(lane)
 
     @staticmethod
-    def _status(unit: _Unit) -> str:
+    def _status(unit: Unit) -> str:
         assert unit.replay is not None
         if unit.replay.status != "succeeded":
             return unit.replay.status
@@ -543,7 +447,7 @@ class _Measurement:
 
     def _complete_prefix(self) -> list[tuple[int, float | None]]:
         """(case index, delta or None) for the leading run of finished cases, in plan order."""
-        by_case: dict[int, list[_Unit]] = {}
+        by_case: dict[int, list[Unit]] = {}
         for unit in self.units:
             by_case.setdefault(unit.case_index, []).append(unit)
         prefix = []

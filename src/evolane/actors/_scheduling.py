@@ -1,0 +1,138 @@
+"""The measurement scheduler's messages, settings, unit record and the seeds it derives."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import trio
+from pydantic import Field
+
+from evolane.actors._journal import RunJournal
+from evolane.messages import (
+    ArtifactRef,
+    FailureEvent,
+    JudgeResult,
+    MeasureEvent,
+    Message,
+    Name,
+    ReplayResult,
+)
+from evolane.stats import GateConfig, GateResult
+
+MeasureStatus = Literal[
+    "complete", "early_stopped", "budget_limited", "shared_failure", "cancelled"
+]
+
+
+class MeasureRequest(Message):
+    """Measure a candidate tree against a baseline tree on a split (or a few cases)."""
+
+    kind: Literal["measure.request"] = "measure.request"
+    measurement_id: Name
+    baseline_ref: ArtifactRef
+    candidate_ref: ArtifactRef | None = None  # None: measure the baseline alone
+    split: Literal["train", "val", "test"] = "val"
+    case_ids: tuple[Name, ...] = Field(default=(), max_length=8)  # screening: a few cases
+    baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
+    candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
+    gate: GateConfig = GateConfig()
+
+
+class MeasureSummary(Message):
+    """The outcome of a measurement; the per-unit records are in the store (``units_ref``)."""
+
+    kind: Literal["measure.summary"] = "measure.summary"
+    measurement_id: Name
+    status: MeasureStatus
+    message: Annotated[str, Field(max_length=512)] = ""
+    gate: GateResult
+    units_planned: int
+    units_run: int
+    units_reused: int
+    units_restored: int = 0  # taken from the journal of an interrupted run
+    units_failed: int
+    units_blocked: int
+    units_not_run: int
+    cases_compared: int
+    wall_seconds: float
+    units_ref: ArtifactRef
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """What every measurement shares: the cases, timeouts, repetitions policy, journal."""
+
+    case_refs: dict[str, ArtifactRef]  # what a replay sees: no answers
+    judge_case_refs: dict[str, ArtifactRef]  # what a judge sees: with expected_output
+    splits: dict[str, tuple[str, ...]]
+    fingerprint: str  # dataset, workspace seed, replay and judge commands: what reuse must match
+    replay_timeout: float = 600.0
+    judge_timeout: float = 120.0
+    min_cases: int = 8
+    seed: int = 0
+    journal: RunJournal | None = None
+    restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
+    on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
+    rejudge: bool = False  # restored units are judged again (--rerun-evaluator)
+    replays_allowed: bool = True  # False: a unit without a stored replay is not run
+    progress_interval: float = 0.1  # seconds between two progress events of a measurement
+
+
+RESTORABLE = frozenset({"succeeded", "failed", "timed_out"})
+"""Unit statuses a resumed run takes from the journal; cancelled units run again."""
+
+
+@dataclass
+class Unit:
+    """One replay of one case on one arm and repetition, and what became of it."""
+
+    index: int
+    unit_id: str
+    case_id: str
+    case_index: int
+    arm: str
+    repetition: int
+    tree_ref: ArtifactRef
+    depends_on: Unit | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    status: str = "pending"
+    replay: ReplayResult | None = None
+    judge: JudgeResult | None = None
+    reused: bool = False
+    restored: bool = False
+    note: str = ""
+
+    @property
+    def score(self) -> float | None:
+        """The judge's score when both the replay and the judge succeeded, else None."""
+        ok = self.replay is not None and self.replay.status == "succeeded"
+        judged = self.judge is not None and self.judge.status == "succeeded"
+        return self.judge.score if ok and judged and self.judge is not None else None
+
+
+def framework_failure(stage: str, error: Exception) -> FailureEvent:
+    """A lane that crashed or hung, as the framework's failure of ``stage``."""
+    return FailureEvent(
+        owner="framework",
+        stage=stage,
+        code="lane_error",  # type: ignore[arg-type]
+        message=f"{type(error).__name__}: {error}"[:512],
+    )
+
+
+def unit_seed(run_seed: int, case_id: str, repetition: int) -> int:
+    """The seed shared by both arms of a pair (same case, same repetition)."""
+    digest = hashlib.sha256(f"{run_seed}:{case_id}:{repetition}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[int, int]:
+    """Explicit repetitions win; else 1/1 with enough independent cases, 2/3 without."""
+    adaptive = (1, 1) if cases >= min_cases else (2, 3)
+    return (
+        request.baseline_repetitions or adaptive[0],
+        request.candidate_repetitions or adaptive[1],
+    )
