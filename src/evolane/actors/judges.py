@@ -134,7 +134,8 @@ class JudgeLane(Actor):
         stop: trio.Event,
     ) -> _Verdict:
         argv = template.render(scratch.placeholders(job.seed))
-        outcome = await _run(self.host, self.settings, argv, scratch, "judge", {}, deadline, stop)
+        env = {"EVOLANE_SEED": str(job.seed), "EVOLANE_CASE_ID": job.case_id}
+        outcome = await _run(self.host, self.settings, argv, scratch, "judge", env, deadline, stop)
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
             return _infra(f"judge_{outcome.status}", outcome.error or outcome.status)
         if outcome.exit_code != 0:

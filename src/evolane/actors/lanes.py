@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import trio
 
+from evolane.actors._backends import Backend, BackendCall, run_backend
 from evolane.actors._kernel import Actor
 from evolane.inputs import CommandTemplate
 from evolane.messages import (
@@ -87,6 +88,7 @@ class LaneSettings:
     pass_env: tuple[str, ...] = ()
     keep_failed: bool = False
     isolation: Isolation = "process"
+    backend: Backend | None = None  # an in-process callable instead of the command
 
 
 def _owner(arm: str) -> str:
@@ -156,6 +158,17 @@ async def _run(
     deadline: float,
     stop: trio.Event,
 ) -> ProcessOutcome:
+    if settings.backend is not None:
+        call = BackendCall(
+            role="judge" if label == "judge" else "replay",
+            workspace=scratch.work,
+            seed=int(env.get("EVOLANE_SEED", "0")),
+            env=env,
+            case=orjson.loads(scratch.case_file.read_bytes()),
+            candidate=scratch.candidate if scratch.candidate.exists() else None,
+            output_dir=scratch.out,
+        )
+        return await run_backend(settings.backend, call, deadline, stop)
     spec = SandboxSpec(
         argv=argv,
         workspace=str(scratch.work),
@@ -226,6 +239,7 @@ class ReplayLane(Actor):
             assert self.settings.template is not None
             argv = self.settings.template.render(scratch.placeholders(job.seed))
             env = {
+                "EVOLANE_UNIT": job.unit_id,
                 "EVOLANE_CASE_ID": job.case_id,
                 "EVOLANE_ARM": job.arm,
                 "EVOLANE_REPETITION": str(job.repetition),

@@ -19,8 +19,10 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
 import trio
 
+from evolane.actors._backends import Backend, BackendCall, run_backend
 from evolane.actors._kernel import Actor
 from evolane.actors.lanes import StopBoard, _usage
 from evolane.inputs import CommandTemplate
@@ -55,6 +57,7 @@ class OptimizerSettings:
     limits: Limits = field(default_factory=Limits)
     kill_grace: float = 2.0
     pass_env: tuple[str, ...] = ()
+    backend: Backend | None = None  # an in-process callable instead of the command
 
 
 def _scratch_name(slot_id: str) -> str:
@@ -216,6 +219,10 @@ class OptimizerLane(Actor):
     ) -> tuple[ProcessOutcome, bool]:
         """Run the command; returns the outcome and whether the idle watchdog stopped it."""
         stop = trio.Event()
+        if self.settings.backend is not None:
+            return await self._run_backend(
+                self.settings.backend, job, scratch, deadline, stop
+            ), False
         watch = _IdleWatch(scratch.workdir, job.idle_seconds, stop)
         spec = SandboxSpec(
             argv=self.settings.template.render(scratch.placeholders(job.seed)),
@@ -241,6 +248,31 @@ class OptimizerLane(Actor):
             )
             nursery.cancel_scope.cancel()
         return outcome, watch.fired and outcome.status == "cancelled"
+
+    async def _run_backend(
+        self,
+        backend: Backend,
+        job: ProposeJob,
+        scratch: _Scratch,
+        deadline: float,
+        stop: trio.Event,
+    ) -> ProcessOutcome:
+        prompt = orjson.loads(await trio.to_thread.run_sync(scratch.prompt_file.read_bytes))
+        call = BackendCall(
+            role="optimizer",
+            workspace=scratch.context,
+            seed=job.seed,
+            env={"EVOLANE_SLOT": job.slot_id},
+            workdir=scratch.workdir,
+            prompt=prompt,
+            context_dir=scratch.context,
+        )
+        async with trio.open_nursery() as nursery:
+            if self.board is not None:
+                nursery.start_soon(_relay, self.board.event(job.slot_id), stop)
+            outcome = await run_backend(backend, call, deadline, stop)
+            nursery.cancel_scope.cancel()
+        return outcome
 
     def _collect(
         self, job: ProposeJob, scratch: _Scratch, outcome: ProcessOutcome, idle: bool

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import trio
 
+from evolane.actors._backends import Backend
 from evolane.actors._journal import RunJournal
 from evolane.actors.budget import BudgetActor, Ledger, LedgerSnapshot
 from evolane.actors.judges import JudgeLane
@@ -61,6 +62,8 @@ class PipelineConfig:
     on_progress: Callable[[MeasureEvent], object] | None = None
     rejudge: bool = False
     replays_allowed: bool = True
+    replay_backend: Backend | None = None
+    judge_backend: Backend | None = None
     name: str = "measure"
 
 
@@ -163,9 +166,12 @@ async def open_pipeline(
         template=replay,
         workspace_seed=config.workspace_seed,
         retries=config.replay_retries,
+        backend=config.replay_backend,
         **common,
     )
-    judge_settings = LaneSettings(template=judge, retries=config.judge_failure_retries, **common)
+    judge_settings = LaneSettings(
+        template=judge, retries=config.judge_failure_retries, backend=config.judge_backend, **common
+    )
     name = config.name
     settings = SchedulerSettings(
         case_refs=case_refs,

@@ -11,12 +11,16 @@ then apply and write the report. This is what ``evolane optimize`` and an embedd
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
+from evolane.actors._backends import Backend
 from evolane.actors._journal import RunJournal
+from evolane.actors._kernel import ActorRef
+from evolane.actors.budget import LedgerSnapshot
 from evolane.actors.campaign import Campaign, CampaignResult, CampaignSetup, RunCampaign
 from evolane.actors.lanes import StopBoard
 from evolane.actors.optimizer import OptimizerLane, OptimizerSettings
@@ -38,7 +42,7 @@ from evolane.campaign._runs import (
     save_campaign,
     save_run,
 )
-from evolane.inputs import CommandTemplate
+from evolane.inputs import OPTIMIZER_PLACEHOLDERS, CommandTemplate
 from evolane.messages import (
     ArtifactRef,
     EstimateEvent,
@@ -79,14 +83,26 @@ class RunOutcome:
         return 0 if self.report is None else EXIT_FOR_STATUS.get(self.report.status, 1)
 
 
+@dataclass(frozen=True)
+class Backends:
+    """In-process replay, judge and optimizer callables that stand in for their commands."""
+
+    replay: Backend | None = None
+    judge: Backend | None = None
+    optimizer: Backend | None = None
+
+
 async def run_campaign(
     request: RunRequest,
     *,
+    runtime: Runtime | None = None,
     interrupt: trio.Event | None = None,
-    on_bus: object = None,
+    on_bus: Callable[[ProgressBus], object] | None = None,
+    backends: Backends | None = None,
 ) -> RunOutcome:
-    """Run one cycle of a campaign (or resume one) to its report. Bad input raises
-    `InputError` before anything is written; ``interrupt`` stops gracefully (resumable)."""
+    """Run one cycle of a campaign (or resume one) to its report, in ``runtime`` (or a runtime
+    of its own). Bad input raises `InputError` before anything is written; ``interrupt``
+    stops gracefully (resumable); cancelling the call kills every tree of the run."""
     prepared = await trio.to_thread.run_sync(
         prepare_run,
         request.config,
@@ -100,12 +116,17 @@ async def run_campaign(
     await trio.to_thread.run_sync(prepared.persist)
     recovered = await trio.to_thread.run_sync(recover_apply, prepared.store, prepared.run_dir)
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
-    if callable(on_bus):
+    if on_bus is not None:
         on_bus(bus)
     journal = RunJournal(prepared.run_dir / "journal.jsonl")
     try:
         stop = interrupt if interrupt is not None else trio.Event()
-        report = await _run_tree(prepared, bus, journal, stop, started)
+        context = _RunContext(prepared, bus, journal, stop, started, backends or Backends())
+        if runtime is not None:
+            report = await _run_in(runtime, context)
+        else:
+            async with open_runtime() as own:
+                report = await _run_in(own, context)
     except BaseException:
         with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
             interrupted = prepared.run.model_copy(update={"status": "interrupted"})
@@ -121,78 +142,102 @@ async def run_campaign(
     return RunOutcome(prepared.estimate, report, prepared.run_dir)
 
 
-async def _run_tree(
-    prepared: Prepared, bus: ProgressBus, journal: RunJournal, interrupt: trio.Event, started: float
-) -> Report:
+@dataclass
+class _RunContext:
+    prepared: Prepared
+    bus: ProgressBus
+    journal: RunJournal
+    interrupt: trio.Event
+    started: float
+    backends: Backends
+
+
+async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
+    """The run as one supervised subtree of ``runtime``, removed (every tree killed) on exit."""
+    prepared, bus = ctx.prepared, ctx.bus
     config, run = prepared.config, prepared.run
-    sandbox_root = prepared.layout.sandbox
-    async with open_sandbox(sandbox_root, store=prepared.store) as host, open_runtime() as runtime:
-        bus.publish(
-            RunStarted(
-                run_id=run.run_id,
-                campaign_id=run.campaign_id,
-                cycle=run.cycle,
-                iterations=config.iterations,
-                population=config.population,
-                replay_lanes=config.replay_concurrency,
-                judge_lanes=config.judge_concurrency,
-                resumed=not prepared.resume.empty,
-                isolation=",".join(host.mechanisms),
-            )
-        )
-        bus.publish(EstimateEvent(run_id=run.run_id, **_estimate_fields(prepared.estimate)))
+    name = f"run-{run.run_id}"
+    async with open_sandbox(prepared.layout.sandbox, store=prepared.store) as host:
+        _announce(prepared, bus, host)
         deadline = None
         if config.wall_clock_budget is not None:
-            deadline = trio.current_time() + config.wall_clock_budget - (time.time() - started)
+            deadline = trio.current_time() + config.wall_clock_budget - (time.time() - ctx.started)
         await runtime.start_supervisor(
-            SupervisorSpec(name="run", strategy="one_for_all", children=[])
+            SupervisorSpec(name=name, strategy="one_for_all", children=[])
         )
-        async with open_pipeline(
-            runtime,
-            host,
-            prepared.store,
-            prepared.dataset,
-            _pipeline_config(prepared, journal, bus),
-            under="run",
-        ) as pipeline:
-            result = CampaignResult()
-            board = StopBoard()
-            optimizers = await _start_optimizers(runtime, host, prepared, board)
-            setup = CampaignSetup(
-                config=config,
-                run_id=run.run_id,
-                cycle=run.cycle,
-                store=prepared.store,
-                host=host,
-                pipeline=pipeline,
-                optimizers=optimizers,
-                optimizer_board=board,
-                budget=runtime.lookup("run.measure.budget"),
-                journal=journal,
-                bus=bus,
-                gates=prepared.gates,
-                judge_case_refs=prepared.judge_case_refs,
-                seed_ref=run.seed_ref,
-                parent_ref=run.parent_ref,
-                stalled=prepared.campaign.stalled,
-                rejected=list(prepared.campaign.rejected),
-                resume=prepared.resume,
-                has_test=prepared.test_cases > 0,
-                optimizer_allowed=not prepared.rejudge,
-                interrupt=interrupt,
-            )
-            campaign = await runtime.supervisor("run").start_child(
-                ActorSpec(name="run.campaign", actor=Campaign, args=(setup, result))
-            )
-            await campaign.ask(RunCampaign(deadline=deadline), timeout=365 * 86_400.0)  # type: ignore[union-attr]
-            ledger = await runtime.lookup("run.measure.budget").ask(LedgerQuery(), timeout=30)
-            board.cancel_all()
+        try:
+            result, ledger = await _campaign(runtime, host, ctx, name, deadline)
+        finally:
+            with trio.CancelScope(shield=True):
+                await runtime.root.stop_child(name)
         applied = await _apply(prepared, host, result)
-        return await _finish(prepared, bus, result, ledger, applied, started, host)
+        return await _finish(prepared, bus, result, ledger, applied, ctx.started, host)
 
 
-def _pipeline_config(prepared: Prepared, journal: RunJournal, bus: ProgressBus) -> PipelineConfig:
-    config = prepared.config
+def _announce(prepared: Prepared, bus: ProgressBus, host: SandboxHost) -> None:
+    config, run = prepared.config, prepared.run
+    bus.publish(
+        RunStarted(
+            run_id=run.run_id,
+            campaign_id=run.campaign_id,
+            cycle=run.cycle,
+            iterations=config.iterations,
+            population=config.population,
+            replay_lanes=config.replay_concurrency,
+            judge_lanes=config.judge_concurrency,
+            resumed=not prepared.resume.empty,
+            isolation=",".join(host.mechanisms),
+        )
+    )
+    bus.publish(EstimateEvent(run_id=run.run_id, **_estimate_fields(prepared.estimate)))
+
+
+async def _campaign(
+    runtime: Runtime, host: SandboxHost, ctx: _RunContext, name: str, deadline: float | None
+) -> tuple[CampaignResult, LedgerSnapshot]:
+    prepared = ctx.prepared
+    config, run = prepared.config, prepared.run
+    pipeline_config = _pipeline_config(prepared, ctx, f"{name}.measure")
+    async with open_pipeline(
+        runtime, host, prepared.store, prepared.dataset, pipeline_config, under=name
+    ) as pipeline:
+        result = CampaignResult()
+        board = StopBoard()
+        optimizers = await _start_optimizers(runtime, host, ctx, board, name)
+        setup = CampaignSetup(
+            config=config,
+            run_id=run.run_id,
+            cycle=run.cycle,
+            store=prepared.store,
+            host=host,
+            pipeline=pipeline,
+            optimizers=optimizers,
+            optimizer_board=board,
+            budget=runtime.lookup(f"{name}.measure.budget"),
+            journal=ctx.journal,
+            bus=ctx.bus,
+            gates=prepared.gates,
+            judge_case_refs=prepared.judge_case_refs,
+            seed_ref=run.seed_ref,
+            parent_ref=run.parent_ref,
+            stalled=prepared.campaign.stalled,
+            rejected=list(prepared.campaign.rejected),
+            resume=prepared.resume,
+            has_test=prepared.test_cases > 0,
+            optimizer_allowed=not prepared.rejudge,
+            interrupt=ctx.interrupt,
+        )
+        campaign = await runtime.supervisor(name).start_child(
+            ActorSpec(name=f"{name}.campaign", actor=Campaign, args=(setup, result))
+        )
+        await campaign.ask(RunCampaign(deadline=deadline), timeout=365 * 86_400.0)  # type: ignore[union-attr]
+        ledger = await runtime.lookup(f"{name}.measure.budget").ask(LedgerQuery(), timeout=30)
+        board.cancel_all()
+    return result, ledger
+
+
+def _pipeline_config(prepared: Prepared, ctx: _RunContext, name: str) -> PipelineConfig:
+    config, journal, bus = prepared.config, ctx.journal, ctx.bus
     return PipelineConfig(
         replay=config.replay,
         judge=config.judge,
@@ -211,28 +256,34 @@ def _pipeline_config(prepared: Prepared, journal: RunJournal, bus: ProgressBus) 
         rejudge=prepared.rejudge,
         replays_allowed=not prepared.rejudge,
         isolation=config.isolation,
-        name="run.measure",
+        pass_env=config.pass_env,
+        replay_backend=ctx.backends.replay,
+        judge_backend=ctx.backends.judge,
+        name=name,
     )
 
 
 async def _start_optimizers(
-    runtime: Runtime, host: SandboxHost, prepared: Prepared, board: StopBoard
-) -> list:
-    config = prepared.config
+    runtime: Runtime, host: SandboxHost, ctx: _RunContext, board: StopBoard, name: str
+) -> list[ActorRef]:
+    config = ctx.prepared.config
     template = CommandTemplate.parse(
-        config.optimizer,
-        role="optimizer",
-        allowed=frozenset({"workdir", "prompt_file", "seed", "workspace"}),
+        config.optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS
     )
-    settings = OptimizerSettings(template=template, kill_grace=config.kill_grace)
+    settings = OptimizerSettings(
+        template=template,
+        kill_grace=config.kill_grace,
+        pass_env=config.pass_env,
+        backend=ctx.backends.optimizer,
+    )
     count = config.optimizer_concurrency
     spec = SupervisorSpec(
-        name="run.optimizers",
+        name=f"{name}.optimizers",
         children=[
             ActorSpec(
-                name=f"run.optimizer-{i}",
+                name=f"{name}.optimizer-{i}",
                 actor=OptimizerLane,
-                args=(host, prepared.store, settings, board),
+                args=(host, ctx.prepared.store, settings, board),
                 shutdown_grace=0.5,
             )
             for i in range(count)
@@ -240,8 +291,8 @@ async def _start_optimizers(
         max_restarts=count * 3,
         within_seconds=5,
     )
-    await runtime.supervisor("run").start_child(spec)
-    return [runtime.lookup(f"run.optimizer-{i}") for i in range(count)]
+    await runtime.supervisor(name).start_child(spec)
+    return [runtime.lookup(f"{name}.optimizer-{i}") for i in range(count)]
 
 
 async def _apply(
@@ -309,8 +360,6 @@ async def _finish(
     started: float,
     host: SandboxHost,
 ) -> Report:
-    from evolane.actors.budget import LedgerSnapshot
-
     assert isinstance(ledger, LedgerSnapshot)
     run = prepared.run
     status = {"finished": "finished", "exhausted": "finished"}.get(result.stop, result.stop)

@@ -1,0 +1,112 @@
+"""In-process backends: a replay, judge or optimizer that is an async Python callable instead
+of a command, for an agent that wants to replay inside its own process.
+
+A backend gets a `BackendCall` (the same files a command would get: the case, the candidate
+tree, a workspace, an output directory, or the optimizer's workdir and prompt) and runs under
+the unit's deadline and stop event; trio cancellation cancels it. What it returns or raises
+is turned into the same `ProcessOutcome` a command would produce, so every lane keeps one
+code path for collecting results:
+
+- replay: return ``None`` or ``{"tokens": int, "cost_usd": float}`` (written as usage.json);
+  write the answer to ``call.output_dir / "output.json"`` (or return it as ``{"output": ...}``).
+- judge: return a score in [0, 1] or a verdict dict with ``"score"``.
+- optimizer: edit ``call.workdir`` in place; return a one-line summary (or ``None``).
+
+An exception is the backend's own failure (like a non-zero exit), never a score.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from evolane.sandbox import ProcessOutcome, StreamCapture
+
+CAPTURE_BYTES = 16 << 10
+
+
+@dataclass(frozen=True)
+class BackendCall:
+    """What one backend invocation may read and write (paths are fresh per unit)."""
+
+    role: str  # replay | judge | optimizer
+    workspace: Path
+    seed: int
+    env: dict[str, str] = field(default_factory=dict)
+    case: dict[str, Any] | None = None
+    candidate: Path | None = None
+    output_dir: Path | None = None
+    workdir: Path | None = None
+    prompt: dict[str, Any] | None = None
+    context_dir: Path | None = None
+
+
+Backend = Callable[[BackendCall], Awaitable[Any]]
+"""An in-process replay, judge or optimizer: ``async def backend(call: BackendCall) -> ...``."""
+
+
+def _capture(data: bytes) -> StreamCapture:
+    return StreamCapture(
+        head=data[:CAPTURE_BYTES],
+        tail=data[-CAPTURE_BYTES:] if len(data) > CAPTURE_BYTES else b"",
+        total_bytes=len(data),
+        truncated=len(data) > CAPTURE_BYTES,
+    )
+
+
+def _stdout_for(call: BackendCall, value: Any) -> bytes:
+    """What a command in the backend's place would have printed."""
+    if call.role == "judge":
+        verdict = value if isinstance(value, dict) else {"score": value}
+        return orjson.dumps(verdict)
+    if call.role == "replay":
+        if isinstance(value, dict) and "output" in value and call.output_dir is not None:
+            (call.output_dir / "output.json").write_bytes(orjson.dumps(value["output"]))
+        if isinstance(value, dict) and {"tokens", "cost_usd"} <= value.keys():
+            usage = {"tokens": value["tokens"], "cost_usd": value["cost_usd"]}
+            if call.output_dir is not None:
+                (call.output_dir / "usage.json").write_bytes(orjson.dumps(usage))
+        return b""
+    return (str(value) + "\n").encode() if value is not None else b""
+
+
+async def run_backend(
+    backend: Backend, call: BackendCall, deadline: float, stop: trio.Event
+) -> ProcessOutcome:
+    """Run ``backend`` under ``deadline`` (trio clock) and ``stop``; never raises for the
+    backend's own errors (they become exit code 1 with the error as stderr)."""
+    started = time.monotonic()
+    status, code, out, err = "exited", 0, b"", b""
+    with trio.move_on_at(deadline) as timer:
+        async with trio.open_nursery() as nursery:
+
+            async def watch_stop() -> None:
+                await stop.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_stop)
+            try:
+                value = await backend(call)
+                out = _stdout_for(call, value)
+            except Exception as error:  # the backend's failure, reported like a crashed command
+                code = 1
+                err = "".join(traceback.format_exception_only(error)).encode()[-CAPTURE_BYTES:]
+            nursery.cancel_scope.cancel()
+    if timer.cancelled_caught:
+        status, code = "timed_out", None
+    elif stop.is_set() and not out and code == 0:
+        status, code = "cancelled", None
+    return ProcessOutcome(
+        status=status,  # type: ignore[arg-type]
+        exit_code=code,
+        wall_seconds=time.monotonic() - started,
+        stdout=_capture(out),
+        stderr=_capture(err),
+    )
