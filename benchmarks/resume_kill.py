@@ -28,7 +28,8 @@ LANES = 4
 
 def _replay(log: Path) -> str:
     module = f"{sys.executable} -m evolane.examples.selfevolve replay"
-    return (f"sh -c 'echo x >> {log}; exec {module} --case-file \"$1\" --candidate \"$2\" "
+    return (f"sh -c 'echo \"$EVOLANE_UNIT\" >> {log}; exec {module} --case-file \"$1\" "
+            "--candidate \"$2\" "
             "--output-dir \"$3\"' replay {case_file} {candidate} {output_dir}")  # fmt: skip
 
 
@@ -46,8 +47,8 @@ def _decisions(store: Path) -> list[tuple]:
     return [(d["iteration"], d["slot"], d["digest"], d["decision"]) for d in report["decisions"]]
 
 
-def _lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
+def _units(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
 
 
 def main() -> int:
@@ -62,8 +63,9 @@ def main() -> int:
         started = time.monotonic()
         assert _start(base / "ref", base / "ex", ref_log, []).wait() == 0
         ref_wall = time.monotonic() - started
-        reference, ref_launches = _decisions(base / "ref" / "store"), _lines(ref_log)
-        print(f"reference: {ref_wall:.1f} s, {len(reference)} decisions, {ref_launches} replays")
+        reference = _decisions(base / "ref" / "store")
+        print(f"reference: {ref_wall:.1f} s, {len(reference)} decisions, "
+              f"{len(_units(ref_log))} replays")  # fmt: skip
         same = 0
         for kill in range(args.kills):
             root, log = base / f"k{kill}", base / f"k{kill}.log"
@@ -73,25 +75,23 @@ def main() -> int:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()
             journals = list(root.glob("store/runs/*/journal.jsonl"))
-            journaled = (
-                sum(r.get("type") == "unit" for r in read_journal(journals[0]).records)
-                if journals
-                else 0
-            )
-            launched = _lines(log)
+            records = read_journal(journals[0]).records if journals else []
+            done = {r["unit"] for r in records if r.get("type") in ("unit", "replay")}
+            before = _units(log)
+            in_flight = set(before) - done
             (run_dir,) = root.glob("store/runs/*")
             resume = [sys.executable, "-m", "evolane", "optimize", "--resume", run_dir.name,
                       "--store", str(root / "store"), "--progress", "none"]  # fmt: skip
             assert subprocess.run(resume, capture_output=True, check=False).returncode == 0
-            rerun = _lines(log) - ref_launches
-            in_flight = launched - journaled
+            after = set(_units(log)[len(before) :])
+            rerun = set(before) & after
             equal = _decisions(root / "store") == reference
             same += equal
             verdict = "equal" if equal else "DIFFER"
-            print(f"kill {kill + 1} at {moment:5.1f} s: journaled {journaled:4d}, in flight "
-                  f"{in_flight:2d}, re-run {rerun:2d}, decisions {verdict}")  # fmt: skip
-            if rerun > max(in_flight, 0):
-                print("  more units re-ran than were in flight")
+            print(f"kill {kill + 1} at {moment:5.1f} s: finished {len(done):4d}, in flight "
+                  f"{len(in_flight):2d}, re-run {len(rerun):2d}, decisions {verdict}")  # fmt: skip
+            if not rerun <= in_flight:
+                print(f"  re-ran finished units: {sorted(rerun - in_flight)[:5]}")
                 return 1
     print(f"same decisions in {same} of {args.kills}")
     return 0 if same == args.kills else 1

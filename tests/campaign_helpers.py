@@ -126,7 +126,7 @@ def toy_flags(
     paths: dict[str, Path], store: Path, log: Path | None = None, lanes: int = 3
 ) -> list[str]:
     """``evolane optimize`` flags for the toy workload; ``log`` gets a line per replay launched."""
-    record = f"echo x >> {log}; " if log is not None else ""
+    record = f'echo "$EVOLANE_UNIT" >> {log}; ' if log is not None else ""
     replay = (
         f'sh -c \'{record}cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' '
         "replay {candidate} {output_dir}"

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from evolane.actors.budget import Ledger
+from evolane.actors.budget import PROBE_RUNNING, Ledger
 from evolane.messages import Usage
 
 
@@ -17,12 +17,17 @@ def test_a_second_reservation_for_the_same_item_is_denied() -> None:
     assert not granted and "already" in reason
 
 
-def test_an_unknown_estimate_under_an_active_ceiling_is_denied_unless_zero_cost() -> None:
+def test_without_an_estimate_one_probe_per_stage_runs_under_an_active_ceiling() -> None:
     ledger = Ledger(ceilings=Usage(cost_usd=1.0))
-    assert not ledger.reserve("judge", "u1", None)[0]
-    assert not ledger.reserve("judge", "u1", Usage(tokens=5))[0]  # cost unknown
-    assert ledger.reserve("judge", "u1", None, zero_cost=True)[0]
-    assert Ledger().reserve("judge", "u2", None)[0]  # no ceiling: nothing to protect
+    assert ledger.reserve("judge", "u1", None) == (True, "granted")  # the probe
+    assert ledger.reserve("judge", "u2", Usage(tokens=5)) == (False, PROBE_RUNNING)  # cost unknown
+    assert ledger.reserve("replay", "r1", None)[0]  # another stage has its own probe
+    assert ledger.reserve("judge", "u3", None, zero_cost=True)[0]
+    ledger.debit("u1", Usage(tokens=1, cost_usd=0.2, wall_seconds=1.0))
+    estimate = ledger.estimate("judge")
+    assert estimate is not None and estimate.cost_usd == 0.2
+    assert ledger.reserve("judge", "u4", estimate)[0]  # an estimate now exists
+    assert Ledger().reserve("judge", "u5", None)[0]  # no ceiling: nothing to protect
 
 
 def test_a_denial_changes_no_state() -> None:

@@ -20,11 +20,12 @@ class RunJournal:
         self._journal = Journal(path)
         self._lock = trio.Lock()
 
-    async def append(self, record: dict[str, Any]) -> None:
-        """Write ``record`` and fsync it; once started, an append completes even if cancelled."""
+    async def append(self, record: dict[str, Any], *, durable: bool = True) -> None:
+        """Write ``record`` (and fsync it, when ``durable``); once started, an append completes
+        even if cancelled."""
         with trio.CancelScope(shield=True):
             async with self._lock:
-                await trio.to_thread.run_sync(lambda: self._journal.append(record, durable=True))
+                await trio.to_thread.run_sync(lambda: self._journal.append(record, durable=durable))
 
     def close(self) -> None:
         """Release the file and its lock (idempotent)."""

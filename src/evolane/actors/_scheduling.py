@@ -75,6 +75,7 @@ class SchedulerSettings:
     seed: int = 0
     journal: RunJournal | None = None
     restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
+    restored_replays: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # judged next
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
     rejudge: bool = False  # restored units are judged again (--rerun-evaluator)
     replays_allowed: bool = True  # False: a unit without a stored replay is not run

@@ -35,6 +35,11 @@ SAMPLES_KEPT = 64
 LEVELS = ((0.5, "50%"), (0.8, "80%"), (1.0, "100%"))
 
 
+PROBE_RUNNING = "no estimate yet: waiting for the stage's first unit to finish"
+"""Why a reservation without an estimate is refused for now: one probe unit of a stage runs
+at a time under an active ceiling until its usage gives the ledger an estimate."""
+
+
 class Overrun(Record):
     """A unit that used more than it reserved."""
 
@@ -104,7 +109,7 @@ class Ledger:
         unknown = estimate is None or any(estimate.get(d) is None for d, _ in active)
         probing = any(held.stage == stage for held in self._held.values())
         if unknown and active and not zero_cost and probing:
-            return False, "no estimate under an active ceiling while a probe of the stage runs"
+            return False, PROBE_RUNNING
         for dimension, ceiling in active:
             if self._spent[dimension] + self.reserved(dimension) >= ceiling:
                 return False, f"{dimension} ceiling {ceiling:g} reached"
@@ -218,7 +223,7 @@ class BudgetActor(Actor):
             granted, reason = self.ledger.reserve(
                 message.stage, message.item, estimate, message.zero_cost
             )
-            return ReserveReply(granted=granted, reason=reason[:256])
+            return ReserveReply(granted=granted, reason=reason[:256], retry=reason == PROBE_RUNNING)
         if isinstance(message, Debit):
             events = self.ledger.debit(
                 message.item, message.actual, message.complete, stage=message.stage

@@ -59,6 +59,7 @@ class PipelineConfig:
     min_cases: int = 8
     journal: RunJournal | None = None
     restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    restored_replays: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     on_progress: Callable[[MeasureEvent], object] | None = None
     rejudge: bool = False
     replays_allowed: bool = True
@@ -184,6 +185,7 @@ async def open_pipeline(
         seed=config.seed,
         journal=config.journal,
         restored=config.restored,
+        restored_replays=config.restored_replays,
         on_progress=config.on_progress,
         rejudge=config.rejudge,
         replays_allowed=config.replays_allowed,

@@ -61,6 +61,10 @@ __all__ = [
 ]
 
 
+PROBE_POLL_SECONDS = 0.02
+"""How often a unit waiting for the budget's first estimate of the stage asks again."""
+
+
 class MeasurementScheduler(Actor):
     """Runs one `MeasureRequest` at a time over pools of replay and judge lanes."""
 
@@ -94,6 +98,19 @@ class MeasurementScheduler(Actor):
             unit_seed(self.settings.seed, unit.case_id, unit.repetition),
         )
         return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+    async def record_replay(self, measurement_id: str, unit_id: str, replay: ReplayResult) -> None:
+        """Journal a finished replay before its judgement (not fsynced: a process kill keeps
+        it; a power loss only costs a replay)."""
+        if self.settings.journal is None:
+            return
+        record = {
+            "type": "replay",
+            "measurement": measurement_id,
+            "unit": unit_id,
+            "replay": replay.model_dump(mode="json"),
+        }
+        await self.settings.journal.append(record, durable=False)
 
     async def record(self, measurement_id: str, unit: Unit) -> None:
         """Journal one completed unit durably (the resume source) before it counts."""
@@ -294,9 +311,16 @@ class _Measurement:
             return
         unit.replay = replay
         if self.s.budget is not None:  # after the lane is free again: the lane never waits on it
-            debit = Debit(item=unit.unit_id, actual=replay.usage, complete=replay.usage_complete)
+            debit = Debit(
+                item=unit.unit_id,
+                actual=replay.usage,
+                complete=replay.usage_complete,
+                stage="replay",
+            )
             await self.s.budget.ask(debit, timeout=30)
         if replay.status == "succeeded":
+            if not unit.restored:  # a resume judges it without replaying it again
+                await self.s.record_replay(self.request.measurement_id, unit.unit_id, replay)
             unit.judge = await self._judge(unit, replay)
         unit.status = self._status(unit)
         await self.s.record(self.request.measurement_id, unit)
@@ -320,6 +344,10 @@ class _Measurement:
         if restored is not None and restored.get("status") in RESTORABLE:
             await self._restore(unit, restored)
             return None
+        stored = self.s.settings.restored_replays.get(unit.unit_id)
+        if stored is not None:  # replayed before an interruption, not yet judged: judge only
+            unit.restored = True
+            return ReplayResult.model_validate(stored["replay"])
         if not self.s.settings.replays_allowed:
             self._finish(unit, "not_run", "no stored replay to judge again")
             return None
@@ -384,10 +412,15 @@ class _Measurement:
     async def _reserve(self, unit: Unit) -> bool:
         if self.s.budget is None:
             return True
-        reply: ReserveReply = await self.s.budget.ask(
-            Reserve(stage="replay", item=unit.unit_id), timeout=30
-        )
-        return reply.granted
+        with trio.move_on_after(self.s.settings.replay_timeout):
+            while True:
+                reply: ReserveReply = await self.s.budget.ask(
+                    Reserve(stage="replay", item=unit.unit_id), timeout=30
+                )
+                if reply.granted or not reply.retry or self.stop_reason is not None:
+                    return reply.granted
+                await trio.sleep(PROBE_POLL_SECONDS)  # the probe's debit brings an estimate
+        return False
 
     async def _judge(self, unit: Unit, replay: ReplayResult) -> JudgeResult:
         lane = await self.free_judge[1].receive()

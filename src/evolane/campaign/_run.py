@@ -252,6 +252,7 @@ def _pipeline_config(prepared: Prepared, ctx: _RunContext, name: str) -> Pipelin
         min_cases=config.gate.min_cases,
         journal=journal,
         restored=prepared.resume.units,
+        restored_replays=prepared.resume.replays,
         on_progress=bus.publish,
         rejudge=prepared.rejudge,
         replays_allowed=not prepared.rejudge,

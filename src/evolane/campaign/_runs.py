@@ -138,8 +138,17 @@ class ResumeState:
     """What an interrupted run's journal holds: finished units and optimizer proposals."""
 
     units: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replays: dict[str, dict[str, Any]] = field(default_factory=dict)  # replayed, not judged
     proposals: dict[str, dict[str, Any]] = field(default_factory=dict)
     torn: bool = False
+
+    def __post_init__(self) -> None:
+        self.prune()
+
+    def prune(self) -> None:
+        """Drop replay records of units that were judged (the unit record has them)."""
+        for unit in self.units:
+            self.replays.pop(unit, None)
 
     @property
     def empty(self) -> bool:
@@ -147,7 +156,7 @@ class ResumeState:
 
 
 def read_resume_state(journal: Path) -> ResumeState:
-    """Collect the journal's unit and proposal records (the last record of an id wins)."""
+    """Collect the journal's unit, replay and proposal records (the last of an id wins)."""
     state = ResumeState()
     if not journal.exists():
         return state
@@ -156,6 +165,9 @@ def read_resume_state(journal: Path) -> ResumeState:
     for record in read.records:
         if record.get("type") == "unit":
             state.units[str(record["unit"])] = record
+        elif record.get("type") == "replay":
+            state.replays[str(record["unit"])] = record
         elif record.get("type") == "proposal":
             state.proposals[str(record["slot"])] = record
+    state.prune()
     return state

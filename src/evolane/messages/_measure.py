@@ -54,6 +54,7 @@ class ReserveReply(Message):
     kind: Literal["budget.reserve_reply"] = "budget.reserve_reply"
     granted: bool
     reason: ShortText = ""
+    retry: bool = False  # denied for now only: ask again when a unit of the stage has finished
 
 
 class Debit(Message):
