@@ -5,7 +5,8 @@ The target holds one file per case (its JSON answer) plus a protected ``grader/`
 a required ``REQUIRED`` file. The optimizer reads ``{iteration}.{slot}`` from its prompt and
 looks up its action in the plan: ``fix:N`` flips the first N failing cases (they all expect
 ``"yes"``), ``harm:N`` flips N solid ones, ``noop``, ``same`` (the same edit as slot 0:
-a duplicate), ``tamper``, ``symlink``, ``oversize``, ``malformed``, ``crash``, ``hang``.
+a duplicate), ``break`` (rewrites REQUIRED), ``tamper``, ``symlink``, ``oversize``,
+``malformed``, ``crash``, ``hang``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ OPTIMIZER = textwrap.dedent(
         flip(failing[: int(count or 1)])
     elif name == "harm":
         flip(solid[: int(count or 1)])
+    elif name == "break":
+        (wd / "REQUIRED").write_text("changed")
     elif name == "tamper":
         (wd / "grader" / "rubric.txt").write_text(f"anything goes {key}")
         flip(failing[:1])

@@ -272,3 +272,26 @@ async def test_screening_stops_a_loser_on_the_hardest_failing_case(tmp_path: Pat
     assert "c0.i0.s0.screen" in ids and "c0.i0.s0" not in ids
     assert ids["c0.i0.s0.screen"].units_planned == 2  # one case, both arms
     assert "c0.i0.s1.screen" in ids and "c0.i0.s1" in ids
+
+
+async def test_a_candidate_that_breaks_every_replay_is_rejected_not_indecisive(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {})
+    script = tmp_path / "replay.sh"  # the agent needs REQUIRED intact, or it crashes
+    script.write_text(
+        'test "$(cat "$1/REQUIRED")" = "keep me" || exit 7\n'
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+    )
+    paths["plan"].write_text(json.dumps({"0.0": "break"}))
+    config = toy_config(
+        paths, replay=f"sh {script} {{candidate}} {{output_dir}}", iterations=1, population=1
+    )
+    outcome = await _run(RunRequest(config))
+    report = outcome.report
+    assert report is not None
+    (decision,) = report.decisions
+    assert decision.decision == "reject", decision
+    assert any(
+        f.failure.owner == "candidate" and f.failure.code == "exit_7" for f in report.failures
+    )

@@ -108,7 +108,11 @@ class Unit:
 
     @property
     def score(self) -> float | None:
-        """The judge's score when both the replay and the judge succeeded, else None."""
+        """The judge's score when both the replay and the judge succeeded; 0 when the candidate
+        itself broke the replay (a crash or no output it caused); else None (not comparable)."""
+        failure = self.replay.failure if self.replay is not None else None
+        if failure is not None and failure.owner == "candidate":
+            return 0.0
         ok = self.replay is not None and self.replay.status == "succeeded"
         judged = self.judge is not None and self.judge.status == "succeeded"
         return self.judge.score if ok and judged and self.judge is not None else None
