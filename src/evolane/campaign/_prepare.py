@@ -234,6 +234,7 @@ def _new_run(
             identity=identity,
             seed_ref=seed,
             best_ref=seed,
+            max_cycles=config.max_improvement_cycles,
         )
     record = RunRecord(
         run_id=new_id("r-"),

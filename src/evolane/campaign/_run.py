@@ -349,7 +349,8 @@ def _campaign_status(prepared: Prepared, result: CampaignResult) -> str:
         return "paused" if result.wall_clock_hit else "budget_limited"
     if result.stop == "exhausted":
         return "exhausted"
-    return "complete" if prepared.run.cycle + 1 >= config.max_improvement_cycles else "paused"
+    cycles = max(config.max_improvement_cycles, prepared.campaign.max_cycles)
+    return "complete" if prepared.run.cycle + 1 >= cycles else "paused"
 
 
 async def _finish(

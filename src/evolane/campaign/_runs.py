@@ -56,6 +56,7 @@ class CampaignState(Record):
     status: CampaignStatus = "active"
     identity: dict[Name, ShortText | None] = Field(default_factory=dict, max_length=16)
     cycles: int = Field(default=0, ge=0)
+    max_cycles: int = Field(default=1, ge=1)  # --max-improvement-cycles when it began
     runs: tuple[Name, ...] = Field(default=(), max_length=100_000)
     seed_ref: ArtifactRef
     best_ref: ArtifactRef
@@ -87,8 +88,8 @@ class StoreLayout:
         return self.root / "sandbox"
 
     def blobs(self) -> BlobStore:
-        """The content-addressed object store."""
-        return BlobStore(self.objects)
+        """The content-addressed object store (``objects/sha256/ab/<hex>``)."""
+        return BlobStore(self.root)
 
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id

@@ -6,6 +6,7 @@ an example's presets, which win over the defaults.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -45,38 +46,45 @@ def optimize(
     ] = None,
     store: Annotated[str, _o("Durable state directory.", "--store")] = ".evolane",
     apply: Annotated[
-        str | None, _o("proposal | verified_only | auto_verified [proposal]", "--apply")
+        str | None, _o("proposal | verified_only | auto_verified (default proposal).", "--apply")
     ] = None,
-    iterations: Annotated[int | None, _o("Iterations per cycle [8].", "--iterations")] = None,
+    iterations: Annotated[
+        int | None, _o("Iterations per cycle (default 8).", "--iterations")
+    ] = None,
     population: Annotated[
-        int | None, _o("Candidate slots per iteration [2].", "--population")
+        int | None, _o("Candidate slots per iteration (default 2).", "--population")
     ] = None,
     max_improvement_cycles: Annotated[
-        int | None, _o("Cycles per campaign [1].", "--max-improvement-cycles")
+        int | None, _o("Cycles per campaign (default 1).", "--max-improvement-cycles")
     ] = None,
     stall: Annotated[
-        int | None, _o("Iterations without an accepted candidate before exhausted [4].", "--stall")
+        int | None,
+        _o("Iterations without an accepted candidate before exhausted (default 4).", "--stall"),
     ] = None,
     replay_concurrency: Annotated[
-        int | None, _o("Replay lanes [4].", "--replay-concurrency")
+        int | None, _o("Replay lanes (default 4).", "--replay-concurrency")
     ] = None,
-    judge_concurrency: Annotated[int | None, _o("Judge lanes [2].", "--judge-concurrency")] = None,
+    judge_concurrency: Annotated[
+        int | None, _o("Judge lanes (default 2).", "--judge-concurrency")
+    ] = None,
     optimizer_concurrency: Annotated[
-        int | None, _o("Optimizer lanes [2].", "--optimizer-concurrency")
+        int | None, _o("Optimizer lanes (default 2).", "--optimizer-concurrency")
     ] = None,
     replay_timeout: Annotated[
-        float | None, _o("Seconds per replay [600].", "--replay-timeout")
+        float | None, _o("Seconds per replay (default 600).", "--replay-timeout")
     ] = None,
     judge_timeout: Annotated[
-        float | None, _o("Seconds per judge call [120].", "--judge-timeout")
+        float | None, _o("Seconds per judge call (default 120).", "--judge-timeout")
     ] = None,
     optimizer_timeout: Annotated[
-        float | None, _o("Seconds per optimizer call [600].", "--optimizer-timeout")
+        float | None, _o("Seconds per optimizer call (default 600).", "--optimizer-timeout")
     ] = None,
     optimizer_idle: Annotated[
-        float | None, _o("Kill a silent, idle optimizer after S [120].", "--optimizer-idle")
+        float | None, _o("Kill a silent, idle optimizer after S (default 120).", "--optimizer-idle")
     ] = None,
-    kill_grace: Annotated[float | None, _o("SIGTERM-to-SIGKILL grace [2].", "--kill-grace")] = None,
+    kill_grace: Annotated[
+        float | None, _o("SIGTERM-to-SIGKILL grace (default 2).", "--kill-grace")
+    ] = None,
     wall_clock_budget: Annotated[
         float | None, _o("Seconds for the whole run.", "--wall-clock-budget")
     ] = None,
@@ -93,40 +101,53 @@ def optimize(
         _o("Candidate repetitions (adaptive when unset).", "--candidate-replay-repetitions"),
     ] = None,
     judge_failure_retries: Annotated[
-        int | None, _o("Retries of a failed judge call [2].", "--judge-failure-retries")
+        int | None, _o("Retries of a failed judge call (default 2).", "--judge-failure-retries")
     ] = None,
     fast_verified: Annotated[
         bool, _o("Fast preset: screening, one repetition, one judge retry.", "--fast-verified")
     ] = False,
     gate: Annotated[
-        str | None, _o("paired | bootstrap | strict | threshold [paired]", "--gate")
+        str | None, _o("paired | bootstrap | strict | threshold (default paired).", "--gate")
     ] = None,
-    k_se: Annotated[float | None, _o("Accept when mean delta > k x SE [1].", "--k-se")] = None,
+    k_se: Annotated[
+        float | None, _o("Accept when mean delta > k x SE (default 1).", "--k-se")
+    ] = None,
     min_effect: Annotated[
-        float | None, _o("Smallest effect worth accepting [0].", "--min-effect")
+        float | None, _o("Smallest effect worth accepting (default 0).", "--min-effect")
     ] = None,
-    confidence: Annotated[float | None, _o("CI level [0.95].", "--confidence")] = None,
+    threshold: Annotated[
+        float | None,
+        _o("The threshold gate's bar on the candidate's mean score (default 0).", "--threshold"),
+    ] = None,
+    confidence: Annotated[float | None, _o("CI level (default 0.95).", "--confidence")] = None,
     bootstrap_samples: Annotated[
-        int | None, _o("Bootstrap resamples [10000].", "--bootstrap-samples")
+        int | None, _o("Bootstrap resamples (default 10000).", "--bootstrap-samples")
     ] = None,
     no_regression: Annotated[
         bool, _o("Veto a candidate that fails a case the parent passed.", "--no-regression")
     ] = False,
     sequential: Annotated[
         bool | None,
-        _o("Stop a measurement early once decided [on].", "--sequential/--no-sequential"),
+        _o("Stop a measurement early once decided (default on).", "--sequential/--no-sequential"),
     ] = None,
-    focus: Annotated[str | None, _o("all | cyclic | hardest-first [all]", "--focus")] = None,
+    focus: Annotated[
+        str | None, _o("all | cyclic | hardest-first (default all).", "--focus")
+    ] = None,
     protected: Annotated[
         list[str] | None, _o("Glob a candidate may not touch (repeatable).", "--protected")
     ] = None,
-    isolation: Annotated[str | None, _o("auto | process | namespace [auto]", "--isolation")] = None,
+    pass_env: Annotated[
+        list[str] | None, _o("An environment variable commands may see (repeatable).", "--pass-env")
+    ] = None,
+    isolation: Annotated[
+        str | None, _o("auto | process | namespace (default auto).", "--isolation")
+    ] = None,
     cluster: Annotated[
-        str, _o("local | local:N | dask://HOST:PORT [local]", "--cluster")
+        str, _o("local | local:N | dask://HOST:PORT (default local).", "--cluster")
     ] = "local",
-    seed: Annotated[int | None, _o("Seed of everything [0].", "--seed")] = None,
+    seed: Annotated[int | None, _o("Seed of everything (default 0).", "--seed")] = None,
     progress: Annotated[
-        str, _o("auto | rich | plain | jsonl | none [auto]", "--progress")
+        str, _o("auto | rich | plain | jsonl | none (default auto).", "--progress")
     ] = "auto",
     dry_run: Annotated[bool, _o("Print the estimate and stop.", "--dry-run")] = False,
     resume: Annotated[str | None, _o("Continue an interrupted run.", "--resume")] = None,
@@ -148,33 +169,28 @@ def optimize(
     raise typer.Exit(run_optimize(flags, estimate_only=False))
 
 
-def estimate(
-    example: Annotated[str | None, _o("Built-in workload.", "--example")] = None,
-    example_dir: Annotated[
-        Path, _o("Where --example writes its workspace.", "--example-dir")
-    ] = Path("evolane-example"),
-    target: Annotated[str | None, _o("The directory (or file) to improve.", "--target")] = None,
-    dataset: Annotated[str | None, _o("JSONL cases.", "--dataset")] = None,
-    replay: Annotated[str | None, _o("Replay command template.", "--replay")] = None,
-    judge: Annotated[str | None, _o("Judge command template.", "--judge")] = None,
-    optimizer: Annotated[str | None, _o("Optimizer command template.", "--optimizer")] = None,
-    store: Annotated[str, _o("Durable state directory.", "--store")] = ".evolane",
-    iterations: Annotated[int | None, _o("Iterations per cycle.", "--iterations")] = None,
-    population: Annotated[int | None, _o("Candidate slots per iteration.", "--population")] = None,
-    replay_concurrency: Annotated[int | None, _o("Replay lanes.", "--replay-concurrency")] = None,
-    replay_timeout: Annotated[float | None, _o("Seconds per replay.", "--replay-timeout")] = None,
-    wall_clock_budget: Annotated[
-        float | None, _o("Seconds for the whole run.", "--wall-clock-budget")
-    ] = None,
-    seed: Annotated[int | None, _o("Seed.", "--seed")] = None,
-    as_json: Annotated[bool, _o("Print the estimate as JSON.", "--json")] = False,
-    debug: Annotated[bool, _o("Show tracebacks.", "--debug")] = False,
-) -> None:
-    """The cost and wall estimate for the same flags; nothing runs."""
-    flags = {k: v for k, v in locals().items()}
+def estimate(**flags: Any) -> None:
+    """The cost and wall estimate for the same flags as ``optimize``; nothing runs."""
     from evolane.cli._session import run_optimize
 
     raise typer.Exit(run_optimize(flags, estimate_only=True))
+
+
+def _estimate_signature() -> inspect.Signature:
+    """``optimize``'s flags plus ``--json``: typer reads this signature to build the command."""
+    signature = inspect.signature(optimize, eval_str=True)
+    params = [p for p in signature.parameters.values() if p.name != "dry_run"]
+    as_json = inspect.Parameter(
+        "as_json",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[bool, _o("Print the estimate as JSON.", "--json")],
+    )
+    kinds = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+    return inspect.Signature([*kinds, as_json])
+
+
+estimate.__signature__ = _estimate_signature()  # type: ignore[attr-defined]
 
 
 def example_settings(name: str, directory: Path) -> dict[str, Any]:
@@ -204,7 +220,7 @@ def _write_example(name: str, directory: Path) -> None:
 
         write_workspace(directory)
         settings = json.loads((directory / "example.json").read_text())
-        settings.update(example=name, defaults=SELF_EVOLUTION_DEFAULTS)
+        settings.update(example=name)
     else:
         from evolane.examples.sleeper.commands import main as sleeper
 
@@ -222,12 +238,6 @@ def _write_example(name: str, directory: Path) -> None:
             "optimizer": f"{py} optimize --workdir {{workdir}} --prompt-file {{prompt_file}} "
             "--seed {seed} --relative",
             "required_files": ["effect.json"],
-            "defaults": {
-                "iterations": 4,
-                "population": 2,
-                "replay_concurrency": 8,
-                "kill_grace": 0.5,
-            },
         }
         _split_sleeper(directory)
     (directory / "example.json").write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
@@ -258,3 +268,8 @@ SELF_EVOLUTION_DEFAULTS = {
 }
 """The self-evolution example's presets: seconds-long units, so short deadlines; a seed under
 which the example optimizer's faults reach every local gate within the run."""
+
+SLEEPER_DEFAULTS = {"iterations": 4, "population": 2, "replay_concurrency": 8, "kill_grace": 0.5}
+"""The sleeper example's presets."""
+
+EXAMPLE_DEFAULTS = {"self-evolution": SELF_EVOLUTION_DEFAULTS, "sleeper": SLEEPER_DEFAULTS}

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 from pydantic import ValidationError
 
-from evolane.cli._optimize import EXAMPLES, example_settings
+from evolane.cli._optimize import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 _CHOICES = {
@@ -25,7 +25,9 @@ _CHOICES = {
     "isolation": ("auto", "process", "namespace"),
     "progress": ("auto", "rich", "plain", "jsonl", "none"),
 }
-_GATE_FLAGS = ("gate", "k_se", "min_effect", "confidence", "bootstrap_samples", "sequential")
+_GATE_FLAGS = (
+    "gate", "k_se", "min_effect", "threshold", "confidence", "bootstrap_samples", "sequential",
+)  # fmt: skip
 _CONFIG_FLAGS = (
     "target", "dataset", "replay", "judge", "optimizer", "validator", "check", "apply",
     "iterations", "population", "max_improvement_cycles", "stall", "replay_concurrency",
@@ -64,7 +66,7 @@ def build_config(flags: dict[str, Any]) -> Any:
         if example not in EXAMPLES:
             raise UsageError(f"--example {example}: choose from {', '.join(EXAMPLES)}")
         settings = example_settings(example, Path(flags["example_dir"]))
-        values.update(settings.get("defaults", {}))
+        values.update(EXAMPLE_DEFAULTS[example])  # presets from this version, not the workspace
         for key in ("target", "dataset", "replay", "judge", "optimizer", "validator", "check"):
             if settings.get(key):
                 values[key] = settings[key]
@@ -82,6 +84,8 @@ def build_config(flags: dict[str, Any]) -> Any:
         values["protected"] = tuple(flags["protected"])
     if flags.get("required_file"):
         values["required_files"] = tuple(flags["required_file"])
+    if flags.get("pass_env"):
+        values["pass_env"] = tuple(flags["pass_env"])
     for key, flag in (("target", "--target"), ("dataset", "--dataset"), ("replay", "--replay")):
         if not values.get(key):
             raise UsageError(f"{flag} is required (or use --example self-evolution)")
