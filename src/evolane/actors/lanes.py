@@ -238,13 +238,7 @@ class ReplayLane(Actor):
         try:
             assert self.settings.template is not None
             argv = self.settings.template.render(scratch.placeholders(job.seed))
-            env = {
-                "EVOLANE_UNIT": job.unit_id,
-                "EVOLANE_CASE_ID": job.case_id,
-                "EVOLANE_ARM": job.arm,
-                "EVOLANE_REPETITION": str(job.repetition),
-                "EVOLANE_SEED": str(job.seed),
-            }
+            env = replay_environment(job)
             outcome = await _run(
                 self.host, self.settings, argv, scratch, f"replay-{job.arm}", env, deadline, stop
             )
@@ -260,36 +254,50 @@ class ReplayLane(Actor):
                     await trio.to_thread.run_sync(scratch.remove)
 
     def _collect(self, job: ReplayJob, scratch: _Scratch, outcome: ProcessOutcome) -> ReplayResult:
-        base: dict[str, Any] = {
-            "unit_id": job.unit_id,
-            "case_id": job.case_id,
-            "arm": job.arm,
-            "repetition": job.repetition,
-            "stdout_ref": outcome.stdout.ref,
-            "stderr_ref": outcome.stderr.ref,
-        }
-        failure = _classify(outcome, job.arm)
-        usage, complete = _usage(scratch.out, outcome)
-        base.update(usage=usage, usage_complete=complete)
-        if failure is not None:
-            status = {"timed_out": "timed_out", "cancelled": "cancelled"}.get(
-                outcome.status, "failed"
-            )
-            return ReplayResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
-        answer = scratch.out / "output.json"
-        if not answer.exists() and outcome.stdout.total_bytes and not outcome.stdout.truncated:
-            answer.write_bytes(outcome.stdout.head)
-        if not any(scratch.out.iterdir()):
-            failure = FailureEvent(
-                owner=_owner(job.arm),
-                stage="replay",
-                code="no_output",  # type: ignore[arg-type]
-                message="the replay exited 0 but wrote no output",
-            )
-            return ReplayResult(status="failed", failure=failure, **base)
-        return ReplayResult(
-            status="succeeded", output_ref=snapshot_tree(self.store, scratch.out), **base
+        return collect_replay(self.store, job, scratch, outcome)
+
+
+def replay_environment(job: ReplayJob) -> dict[str, str]:
+    """The ``EVOLANE_*`` variables a replay command sees for ``job``."""
+    return {
+        "EVOLANE_UNIT": job.unit_id,
+        "EVOLANE_CASE_ID": job.case_id,
+        "EVOLANE_ARM": job.arm,
+        "EVOLANE_REPETITION": str(job.repetition),
+        "EVOLANE_SEED": str(job.seed),
+    }
+
+
+def collect_replay(
+    store: BlobStore, job: ReplayJob, scratch: _Scratch, outcome: ProcessOutcome
+) -> ReplayResult:
+    """Turn a finished replay into its result; outputs go to ``store`` (blocking I/O)."""
+    base: dict[str, Any] = {
+        "unit_id": job.unit_id,
+        "case_id": job.case_id,
+        "arm": job.arm,
+        "repetition": job.repetition,
+        "stdout_ref": outcome.stdout.ref,
+        "stderr_ref": outcome.stderr.ref,
+    }
+    failure = _classify(outcome, job.arm)
+    usage, complete = _usage(scratch.out, outcome)
+    base.update(usage=usage, usage_complete=complete)
+    if failure is not None:
+        status = {"timed_out": "timed_out", "cancelled": "cancelled"}.get(outcome.status, "failed")
+        return ReplayResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
+    answer = scratch.out / "output.json"
+    if not answer.exists() and outcome.stdout.total_bytes and not outcome.stdout.truncated:
+        answer.write_bytes(outcome.stdout.head)
+    if not any(scratch.out.iterdir()):
+        failure = FailureEvent(
+            owner=_owner(job.arm),
+            stage="replay",
+            code="no_output",  # type: ignore[arg-type]
+            message="the replay exited 0 but wrote no output",
         )
+        return ReplayResult(status="failed", failure=failure, **base)
+    return ReplayResult(status="succeeded", output_ref=snapshot_tree(store, scratch.out), **base)
 
 
 def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:

@@ -29,6 +29,7 @@ from evolane.actors.scheduler import (
     MeasureSummary,
     SchedulerSettings,
 )
+from evolane.distributed import DaskCluster, DaskReplayLane, open_cluster
 from evolane.inputs import JUDGE_PLACEHOLDERS, REPLAY_PLACEHOLDERS, CommandTemplate, Dataset
 from evolane.messages import ArtifactRef, LedgerQuery, MeasureEvent, Usage
 from evolane.sandbox import Isolation, Limits, SandboxHost
@@ -63,6 +64,7 @@ class PipelineConfig:
     on_progress: Callable[[MeasureEvent], object] | None = None
     rejudge: bool = False
     replays_allowed: bool = True
+    cluster: str = "local"  # where replay lanes run: local | local:N | dask://HOST:PORT
     replay_backend: Backend | None = None
     judge_backend: Backend | None = None
     name: str = "measure"
@@ -140,7 +142,27 @@ async def open_pipeline(
     under: str | None = None,
 ) -> AsyncIterator[Pipeline]:
     """Start the pipeline's subtree under the runtime's root (or the supervisor ``under``);
-    stop it on exit."""
+    stop it on exit. Replay lanes run in-process, or on the Dask cluster ``config.cluster``
+    (started here for ``local:N`` and closed after the lanes stop)."""
+    if config.cluster != "local" and config.replay_backend is not None:
+        raise ValueError("an in-process replay backend runs on --cluster local only")
+    async with (
+        open_cluster(config.cluster, host, store) as cluster,
+        _open_pipeline(runtime, host, store, dataset, config, cluster, under) as pipeline,
+    ):
+        yield pipeline
+
+
+@asynccontextmanager
+async def _open_pipeline(
+    runtime: Runtime,
+    host: SandboxHost,
+    store: BlobStore,
+    dataset: Dataset,
+    config: PipelineConfig,
+    cluster: DaskCluster | None,
+    under: str | None,
+) -> AsyncIterator[Pipeline]:
     replay = CommandTemplate.parse(config.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
     judge = (
         CommandTemplate.parse(config.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
@@ -201,8 +223,8 @@ async def open_pipeline(
             _lanes(
                 f"{name}.replay",
                 config.replay_concurrency,
-                ReplayLane,
-                (host, store, replay_settings, board),
+                ReplayLane if cluster is None else DaskReplayLane,
+                (host, store, replay_settings, board, *([] if cluster is None else [cluster])),
             ),
             _lanes(
                 f"{name}.judge",

@@ -1,0 +1,410 @@
+"""The driver side: a Dask client (and the LocalCluster it owns), one remote task per unit.
+
+The client's own event loop runs in its thread; trio talks to it only through
+``trio.to_thread`` (never blocking the trio loop). A unit's task is submitted with retries
+off, on a scheduler that allows no failures: a worker lost mid-unit is an infrastructure
+failure of the unit, never a silent re-run. What comes back is verified blob by blob
+before anything enters the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import secrets
+import shutil
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from evolane.actors.lanes import LaneSettings
+from evolane.distributed._protocol import (
+    INLINE_TOTAL,
+    PRIVATE_RESULT_BYTES,
+    RemoteSettings,
+    UnitReport,
+    UnitRequest,
+)
+from evolane.distributed._spec import EXTRA_HINT, ClusterError, ClusterSpec, check_cluster
+from evolane.distributed._worker import run_unit, sees_store, stop_unit, warm_up
+from evolane.messages import ArtifactRef, FailureEvent, ReplayJob, ReplayResult, Usage
+from evolane.sandbox import SandboxHost
+from evolane.sandbox._env import child_lease
+from evolane.sandbox._lifeline import LEASE_VARIABLE
+from evolane.store import (
+    BlobStore,
+    CorruptBlobError,
+    FileEntry,
+    StoreError,
+    TreeManifest,
+    load_manifest,
+)
+
+GUARD_SECONDS = 30.0
+"""How long past a unit's deadline (plus kill grace) the driver waits before giving it up."""
+_BUNDLES = 64
+_CONNECT_SECONDS = 10.0
+
+
+class DaskCluster:
+    """Replay lanes' handle on a Dask cluster: runs units remotely and brings results home."""
+
+    def __init__(
+        self, spec: ClusterSpec, store: BlobStore, client: Any, owned: Any, shared: bool
+    ) -> None:
+        self.spec, self.store, self.client, self.owned = spec, store, client, owned
+        self.shared = shared
+        self.root = store.root.resolve()
+        self.probe = secrets.token_hex(8)
+        self.scratch = self.root / "dask" / self.probe  # staging for large results, the probe
+        self.directory: Path | None = None  # the owned LocalCluster's local directory
+        self.start_seconds = 0.0
+        self.workers: dict[str, int] = {}
+        self._bundles: OrderedDict[str, Any] = OrderedDict()
+        self._bundle_lock = trio.Lock()
+
+    # ----- one unit -------------------------------------------------------------------------
+
+    async def replay(
+        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event, lane: LaneSettings
+    ) -> ReplayResult:
+        """Run one attempt of ``job`` on the cluster; cancelling kills its remote tree first."""
+        assert lane.template is not None
+        key = f"evolane-{job.unit_id}-{attempt}-{secrets.token_hex(4)}"
+        remaining = max(0.0, deadline - trio.current_time())
+        staging = self.scratch / "staging" / key if self.shared else None
+        request = UnitRequest(
+            key=key,
+            job=job,
+            attempt=attempt,
+            settings=RemoteSettings(
+                template=lane.template,
+                workspace_seed=lane.workspace_seed,
+                limits=lane.limits,
+                kill_grace=lane.kill_grace,
+                pass_env=lane.pass_env,
+                isolation=lane.isolation,
+            ),
+            deadline_epoch=time.time() + remaining,
+            shared=self.shared,
+            store_root=str(self.root),
+            staging=str(staging) if staging is not None else None,
+            inline_total=INLINE_TOTAL if self.shared else PRIVATE_RESULT_BYTES,
+        )
+        bundles = [] if self.shared else await self._inputs(job, lane.workspace_seed)
+        future = self.client.submit(run_unit, request, *bundles, key=key, pure=False, retries=0)
+        try:
+            answer = await self._wait(future, key, stop, remaining + lane.kill_grace)
+            if isinstance(answer, FailureEvent):
+                return _failed(job, answer)
+            return await trio.to_thread.run_sync(self._ingest, answer, staging)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._abort(future, key, lane.kill_grace)
+            raise
+        finally:
+            if staging is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(shutil.rmtree, staging, True)
+
+    async def _wait(
+        self, future: Any, key: str, stop: trio.Event, allowed: float
+    ) -> UnitReport | FailureEvent:
+        answer: UnitReport | FailureEvent | None = None
+        with trio.move_on_after(allowed + GUARD_SECONDS):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._forward_stop, stop, key)
+                answer = await trio.to_thread.run_sync(_answer, future, abandon_on_cancel=True)
+                nursery.cancel_scope.cancel()
+        if answer is None:
+            with trio.CancelScope(shield=True):
+                await self._abort(future, key, 1.0)
+            return FailureEvent(
+                owner="infrastructure",
+                stage="replay",
+                code="cluster_timeout",
+                message=f"no answer from the cluster {GUARD_SECONDS:.0f}s past the deadline",
+                repairable=True,
+            )
+        return answer
+
+    async def _forward_stop(self, stop: trio.Event, key: str) -> None:
+        """A stopped unit is killed on its worker and still reports (as cancelled)."""
+        await stop.wait()
+        await trio.to_thread.run_sync(self._stop_remote, key, 0.0, abandon_on_cancel=True)
+
+    def _stop_remote(self, key: str, wait_seconds: float) -> dict[str, Any]:
+        return self.client.run(stop_unit, key, wait_seconds, on_error="return")  # type: ignore[no-any-return]
+
+    async def _abort(self, future: Any, key: str, grace: float) -> None:
+        """Kill the unit wherever it runs, wait (bounded) until its tree is gone, drop it."""
+        with trio.move_on_after(grace + 15):
+            await trio.to_thread.run_sync(
+                self._stop_remote, key, grace + 10, abandon_on_cancel=True
+            )
+        with trio.move_on_after(5):
+            await trio.to_thread.run_sync(_cancel, future, abandon_on_cancel=True)
+
+    # ----- inputs without a shared store ----------------------------------------------------
+
+    async def _inputs(self, job: ReplayJob, seed: ArtifactRef | None) -> list[Any]:
+        case = await trio.to_thread.run_sync(self.store.read_bytes, job.case_ref)
+        bundles: list[Any] = [{job.case_ref.digest: case}]
+        for tree in (job.tree_ref, seed):
+            if tree is not None:
+                bundles.append(await self._tree_bundle(tree))
+        return bundles
+
+    async def _tree_bundle(self, tree: ArtifactRef) -> Any:
+        """A tree's blobs, scattered to the cluster once (Dask moves them to workers)."""
+        async with self._bundle_lock:
+            future = self._bundles.get(tree.digest)
+            if future is None:
+                bundle = await trio.to_thread.run_sync(_tree_blobs, self.store, tree)
+                future = await trio.to_thread.run_sync(
+                    lambda: self.client.scatter(bundle, hash=False)
+                )
+                self._bundles[tree.digest] = future
+                while len(self._bundles) > _BUNDLES:
+                    self._bundles.popitem(last=False)
+            self._bundles.move_to_end(tree.digest)
+            return future
+
+    # ----- results --------------------------------------------------------------------------
+
+    def _ingest(self, report: UnitReport, staging: Path | None) -> ReplayResult:
+        """Store the blobs the result refers to, each verified against its digest."""
+        result = report.result
+        staged = BlobStore(staging) if staging is not None else None
+        try:
+            for ref in (result.stdout_ref, result.stderr_ref):
+                if ref is not None:
+                    self._take(ref.digest, ref.size, report, staged, ref.media_type)
+            if result.output_ref is not None:
+                self._take_tree(result.output_ref, report, staged)
+        except (StoreError, OSError, ValueError) as error:
+            return _failed(
+                result.model_copy(update={"output_ref": None}),
+                FailureEvent(
+                    owner="infrastructure",
+                    stage="replay",
+                    code="bad_result",
+                    message=f"{report.worker}: {error}"[:512],
+                ),
+            )
+        return result
+
+    def _take_tree(self, ref: ArtifactRef, report: UnitReport, staged: BlobStore | None) -> None:
+        """The files first, the manifest last: the store never holds a tree with holes."""
+        if ref.digest in report.inline:
+            data = report.inline[ref.digest]
+        elif ref.digest in report.staged and staged is not None:
+            data = staged.read_bytes(ref.digest, verify=False)
+        else:
+            raise CorruptBlobError(f"the worker did not return the output tree {ref.digest}")
+        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        if actual != ref.digest:
+            raise CorruptBlobError(f"output tree {ref.digest} arrived as {actual}")
+        for entry in TreeManifest.from_json(data).values():
+            if isinstance(entry, FileEntry):
+                self._take(entry.digest, entry.size, report, staged)
+        self._take(ref.digest, ref.size, report, staged, ref.media_type)
+
+    def _take(
+        self,
+        digest: str,
+        size: int,
+        report: UnitReport,
+        staged: BlobStore | None,
+        media_type: str = "application/octet-stream",
+    ) -> None:
+        if digest in report.inline:
+            ref = self.store.put_bytes(report.inline[digest], media_type=media_type)
+        elif digest in report.staged and staged is not None:
+            ref = self.store.put_file(staged.path_of(digest), media_type=media_type)
+        else:
+            raise CorruptBlobError(f"the worker did not return blob {digest}")
+        if ref.digest != digest or ref.size != size:
+            raise CorruptBlobError(f"blob {digest} ({size} bytes) arrived as {ref.digest}")
+
+    # ----- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the client, then the LocalCluster we own (its workers exit)."""
+        self._bundles.clear()
+        try:
+            self.client.close(timeout=10)
+        finally:
+            if self.owned is not None:
+                self.owned.close(timeout=10)
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.scratch.parent.rmdir()  # when no other run uses it
+            if self.directory is not None:
+                shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _answer(future: Any) -> UnitReport | FailureEvent:
+    """Wait for the task (in a thread) and turn what Dask says into a report or a failure."""
+    from distributed import KilledWorker
+
+    try:
+        report = future.result()
+    except KilledWorker as error:
+        return FailureEvent(
+            owner="infrastructure",
+            stage="replay",
+            code="worker_lost",
+            message=f"the worker running this unit died: {error}"[:512],
+            repairable=True,
+        )
+    except BaseException as error:  # the remote function raised, or the cluster cancelled it
+        cancelled = type(error).__name__ in ("CancelledError", "FutureCancelledError")
+        return FailureEvent(
+            owner="infrastructure" if cancelled else "framework",
+            stage="replay",
+            code="cluster_cancelled" if cancelled else "remote_error",
+            message=f"{type(error).__name__}: {error}"[:512],
+            repairable=cancelled,
+        )
+    if not isinstance(report, UnitReport):
+        return FailureEvent(
+            owner="framework", stage="replay", code="remote_error", message="not a unit report"
+        )
+    return report
+
+
+def _cancel(future: Any) -> None:
+    try:
+        future.cancel()
+    except Exception:  # the client may already be closing; the task dies with its key
+        return
+
+
+def _failed(base: ReplayJob | ReplayResult, failure: FailureEvent) -> ReplayResult:
+    return ReplayResult(
+        unit_id=base.unit_id,
+        case_id=base.case_id,
+        arm=base.arm,
+        repetition=base.repetition,
+        status="failed",
+        failure=failure,
+        stdout_ref=getattr(base, "stdout_ref", None),
+        stderr_ref=getattr(base, "stderr_ref", None),
+        usage=getattr(base, "usage", None) or Usage(),
+    )
+
+
+def _tree_blobs(store: BlobStore, tree: ArtifactRef) -> dict[str, bytes]:
+    blobs = {tree.digest: store.read_bytes(tree)}
+    for entry in load_manifest(store, tree).values():
+        if isinstance(entry, FileEntry) and entry.digest not in blobs:
+            blobs[entry.digest] = store.read_bytes(entry.ref)
+    return blobs
+
+
+# ----- opening a cluster ----------------------------------------------------------------------
+
+
+def _allowed_failures(dask_scheduler: Any) -> int:
+    return int(dask_scheduler.allowed_failures)
+
+
+def _start(
+    spec: ClusterSpec, store: BlobStore, directory: Path, lease: str, share: bool | None
+) -> DaskCluster:
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as error:
+        raise ClusterError(f"Dask lanes need the distributed package: {EXTRA_HINT}") from error
+    started = time.perf_counter()
+    owned = None
+    if spec.kind == "local_dask":
+        directory.mkdir(parents=True, exist_ok=True)
+        owned = LocalCluster(
+            n_workers=spec.workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+            local_directory=str(directory),
+            scheduler_kwargs={"allowed_failures": 0, "dashboard_address": "127.0.0.1:0"},
+            env={LEASE_VARIABLE: lease},
+        )
+        client = Client(owned, set_as_default=False, direct_to_workers=True)
+    else:
+        client = Client(spec.address, set_as_default=False, timeout=_CONNECT_SECONDS)
+    cluster = DaskCluster(spec, store, client, owned, shared=True)
+    cluster.directory = directory if owned is not None else None
+    try:
+        _check_scheduler(cluster)
+        cluster.workers = client.run(warm_up)
+        cluster.shared = _shared(cluster, share)
+    except BaseException:
+        cluster.close()
+        raise
+    cluster.start_seconds = time.perf_counter() - started
+    return cluster
+
+
+def _check_scheduler(cluster: DaskCluster) -> None:
+    """Refuse a scheduler that would re-run a unit whose worker died (no silent re-execution)."""
+    where = cluster.spec.address or "the local cluster"
+    try:
+        allowed = cluster.client.run_on_scheduler(_allowed_failures)
+    except Exception as error:
+        raise ClusterError(f"{where}: cannot read the scheduler's settings: {error}") from None
+    if allowed != 0:
+        raise ClusterError(
+            f"the scheduler at {where} re-runs a task up to {allowed} times when "
+            "its worker dies; start it with DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0"
+        )
+    if not cluster.client.scheduler_info().get("workers"):
+        raise ClusterError(f"the scheduler at {where} has no workers")
+
+
+def _shared(cluster: DaskCluster, share: bool | None) -> bool:
+    """Whether every worker reads this store at the same path (then inputs are not shipped)."""
+    if share is not None:
+        return share
+    if cluster.owned is not None:
+        return True
+    probe = cluster.scratch / "probe"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text(cluster.probe)
+    try:
+        seen = cluster.client.run(sees_store, str(cluster.root), cluster.probe, on_error="return")
+    finally:
+        probe.unlink(missing_ok=True)
+    return all(value is True for value in seen.values())
+
+
+@asynccontextmanager
+async def open_cluster(
+    text: str, host: SandboxHost, store: BlobStore, *, share_store: bool | None = None
+) -> AsyncIterator[DaskCluster | None]:
+    """The cluster replay lanes run on: None for ``local`` (in-process lanes); for
+    ``local:N`` a LocalCluster of N single-threaded worker processes owned (and closed) here;
+    for ``dask://HOST:PORT`` a client of that scheduler. ``share_store`` forces whether
+    workers use the store directly (default: probe; always for ``local:N``)."""
+    spec = check_cluster(text)
+    if not spec.uses_dask:
+        yield None
+        return
+    # Trees started on owned workers carry a lease under the host's, so this host's
+    # lifeline and sweeps find them too (each worker's own lifeline is the first line).
+    lease = child_lease(host.inherited_lease, host.lease, "dask")
+    directory = host.root / "dask"
+    cluster = await trio.to_thread.run_sync(_start, spec, store, directory, lease, share_store)
+    try:
+        yield cluster
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(cluster.close)
