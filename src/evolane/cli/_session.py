@@ -124,6 +124,7 @@ def _cluster(flags: dict[str, Any]) -> None:
 def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
     """Run ``optimize`` or ``estimate``; returns the exit code (DESIGN §10)."""
     global LAUNCHED
+    from_main = LAUNCHED is not None  # the process is ours: a console-script invocation
     started, LAUNCHED = LAUNCHED or time.time(), None  # the budget includes starting up
     try:
         request = dataclasses.replace(_request(flags, estimate_only), started=started)
@@ -132,6 +133,9 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
         return trio.run(_main, request, flags)
     except BaseException as error:  # every error becomes one line and an exit code
         return _exit_for(_leaf(error), bool(flags.get("debug")))
+    finally:  # the run is over: a late Ctrl-C must not turn its exit code into a signal death
+        if from_main:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _leaf(error: BaseException) -> BaseException:
