@@ -11,7 +11,18 @@ import importlib
 TYPE_CHECKING = False  # not imported from typing, which alone costs ~10 ms of start-up
 if TYPE_CHECKING:
     from evolane.actors import Actor, ActorRef
-    from evolane.supervisors import ActorSpec, Runtime, SupervisorSpec, open_runtime
+    from evolane.campaign import CampaignConfig, Report
+    from evolane.embed import (
+        Backend,
+        BackendCall,
+        Backends,
+        EmbeddedRuntime,
+        OptimizeRequest,
+        RunCancelled,
+        RunHandle,
+        open_runtime,
+    )
+    from evolane.supervisors import ActorSpec, Runtime, SupervisorSpec
 
 __version__ = "0.1.0"
 
@@ -21,13 +32,31 @@ _LAZY = {
     "ActorSpec": "evolane.supervisors",
     "Runtime": "evolane.supervisors",
     "SupervisorSpec": "evolane.supervisors",
-    "open_runtime": "evolane.supervisors",
+    "open_runtime": "evolane.embed",
+    "EmbeddedRuntime": "evolane.embed",
+    "OptimizeRequest": "evolane.embed",
+    "RunHandle": "evolane.embed",
+    "RunCancelled": "evolane.embed",
+    "Backend": "evolane.embed",
+    "BackendCall": "evolane.embed",
+    "Backends": "evolane.embed",
+    "CampaignConfig": "evolane.campaign",
+    "Report": "evolane.campaign",
 }
 
 __all__ = [
     "Actor",
     "ActorRef",
     "ActorSpec",
+    "Backend",
+    "BackendCall",
+    "Backends",
+    "CampaignConfig",
+    "EmbeddedRuntime",
+    "OptimizeRequest",
+    "Report",
+    "RunCancelled",
+    "RunHandle",
     "Runtime",
     "SupervisorSpec",
     "__version__",

@@ -4,7 +4,6 @@ progress view, Ctrl-C handling (first: stop gracefully; second: cancel at once),
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import sys
 import time
@@ -34,7 +33,7 @@ _CONFIG_FLAGS = (
     "judge_concurrency", "optimizer_concurrency", "replay_timeout", "judge_timeout",
     "optimizer_timeout", "optimizer_idle", "kill_grace", "wall_clock_budget", "max_tokens",
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
-    "judge_failure_retries", "focus", "isolation", "seed",
+    "judge_failure_retries", "focus", "isolation", "seed", "cluster",
 )  # fmt: skip
 
 
@@ -107,18 +106,18 @@ def build_config(flags: dict[str, Any]) -> Any:
 
 
 def _cluster(flags: dict[str, Any]) -> None:
+    """Check ``--cluster`` (and that Dask is installed when it is needed); ``local:N`` runs N
+    replay lanes unless ``--replay-concurrency`` says otherwise."""
+    from evolane.distributed import ClusterError, check_cluster
+
     cluster = flags.get("cluster") or "local"
-    if cluster == "local":
-        return
-    if cluster.startswith("local:"):
-        count = cluster.split(":", 1)[1]
-        if not count.isdigit() or int(count) < 1:
-            raise UsageError(f"--cluster {cluster}: expected local:N with N >= 1")
-        flags["replay_concurrency"] = int(count)
-        return
-    if cluster.startswith("dask://"):
-        raise UsageError(f"--cluster {cluster}: Dask lanes are not available in this version")
-    raise UsageError(f"--cluster {cluster}: choose local, local:N or dask://HOST:PORT")
+    try:
+        spec = check_cluster(cluster)
+    except ClusterError as error:
+        raise UsageError(str(error)) from None
+    flags["cluster"] = cluster
+    if spec.kind == "local_dask" and flags.get("replay_concurrency") is None:
+        flags["replay_concurrency"] = spec.workers
 
 
 def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
@@ -127,10 +126,8 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
     from_main = LAUNCHED is not None  # the process is ours: a console-script invocation
     started, LAUNCHED = LAUNCHED or time.time(), None  # the budget includes starting up
     try:
-        request = dataclasses.replace(_request(flags, estimate_only), started=started)
-        if request.dry_run:
-            return _print_estimate(request, flags)
-        return trio.run(_main, request, flags)
+        request = _request(flags, estimate_only)
+        return trio.run(_main, request, flags, started)
     except BaseException as error:  # every error becomes one line and an exit code
         return _exit_for(_leaf(error), bool(flags.get("debug")))
     finally:  # the run is over: a late Ctrl-C must not turn its exit code into a signal death
@@ -163,42 +160,26 @@ def _exit_for(error: BaseException, debug: bool) -> int:
 
 
 def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
-    from evolane.campaign._run import RunRequest
-    from evolane.campaign._runs import StoreLayout, load_run
+    """The flags as the public API's `OptimizeRequest`."""
+    from evolane.embed import OptimizeRequest
 
     if flags.get("rerun_evaluator") and not flags.get("from_run"):
         raise UsageError("--rerun-evaluator needs --from-run RUN_ID")
-    resume = flags.get("resume")
-    if resume:
-        layout = StoreLayout(Path(flags["store"]).absolute())
-        try:
-            config = load_run(layout, resume).config
-        except FileNotFoundError:
-            raise UsageError(f"--resume {resume}: no such run in {layout.root}") from None
-        return RunRequest(config, resume_run=resume)
+    if flags.get("resume"):
+        return OptimizeRequest(resume=flags["resume"])
     from_run = flags.get("from_run")
     if from_run:
         if not flags.get("rerun_evaluator"):
             raise UsageError("--from-run needs --rerun-evaluator (re-judging is all it does)")
-        layout = StoreLayout(Path(flags["store"]).absolute())
-        try:
-            old = load_run(layout, from_run).config
-        except FileNotFoundError:
-            raise UsageError(f"--from-run {from_run}: no such run in {layout.root}") from None
-        judge = flags.get("judge") if flags.get("judge") is not None else old.judge
-        config = old.model_copy(update={"judge": judge, "store": str(layout.root)})
-        return RunRequest(config, rerun_from=from_run)
+        return OptimizeRequest(from_run=from_run, rerun_evaluator=True, judge=flags.get("judge"))
     _cluster(flags)
-    config = build_config(flags)
     dry = estimate_only or bool(flags.get("dry_run"))
-    return RunRequest(config, resume_campaign=flags.get("resume_campaign"), dry_run=dry)
+    return OptimizeRequest(
+        config=build_config(flags), resume_campaign=flags.get("resume_campaign"), dry_run=dry
+    )
 
 
-def _print_estimate(request: Any, flags: dict[str, Any]) -> int:
-    from evolane.campaign._prepare import prepare_run
-
-    prepared = prepare_run(request.config, None, request.resume_campaign)
-    estimate = prepared.estimate
+def _print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
     if flags.get("as_json"):
         print(estimate.model_dump_json(indent=2))
         return EXIT_OK
@@ -214,51 +195,54 @@ def _print_estimate(request: Any, flags: dict[str, Any]) -> int:
     return EXIT_OK
 
 
-async def _main(request: Any, flags: dict[str, Any]) -> int:
-    from evolane.campaign._run import run_campaign
+async def _main(request: Any, flags: dict[str, Any], started: float) -> int:
+    """One run through the public embedding API, with the view and Ctrl-C handling."""
+    import evolane
     from evolane.cli._summary import print_summary
 
-    interrupt = trio.Event()
-    outcome = None
-    async with trio.open_nursery() as nursery:
-        run_scope, watch_scope = trio.CancelScope(), trio.CancelScope()
+    store = str(Path(flags["store"]).absolute())
+    async with evolane.open_runtime(store=store) as runtime:
+        handle = await runtime.start_optimize(request, started=started)
+        if request.dry_run:
+            return _print_estimate((await handle.result()).estimate, flags)
+        flags["run_id"] = handle.run_id
+        outcome = None
+        async with trio.open_nursery() as nursery:
+            watch_scope = trio.CancelScope()
 
-        async def watch() -> None:
-            with watch_scope:
-                await _watch_signals(interrupt, run_scope)
+            async def watch() -> None:
+                with watch_scope:
+                    await _watch_signals(handle)
 
-        nursery.start_soon(watch)
-
-        def observe(bus: Any) -> None:
-            flags["run_id"] = bus.run_id
-            _start_view(nursery, bus, flags.get("progress") or "auto")
-
-        with run_scope:
-            outcome = await run_campaign(request, interrupt=interrupt, on_bus=observe)
-        watch_scope.cancel()  # the view ends by itself: the run closed its feed
+            nursery.start_soon(watch)
+            _start_view(nursery, handle, flags.get("progress") or "auto")
+            try:
+                outcome = await handle.result()
+            except evolane.RunCancelled:
+                outcome = None
+            watch_scope.cancel()  # the view ends by itself: the run closed its feed
+    print_summary(outcome, flags)
     if outcome is None or outcome.report is None:
-        print_summary(None, request, flags)
         return EXIT_INTERRUPTED
-    print_summary(outcome, request, flags)
     return outcome.exit_code
 
 
-def _start_view(nursery: trio.Nursery, bus: Any, mode: str) -> None:
+def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
     from evolane.cli._progress import render_progress, resolve_mode
 
     resolved = resolve_mode(mode, sys.stdout)
-    events, subscription = bus.subscribe(256)
-    nursery.start_soon(render_progress, resolved, events, subscription)
+    nursery.start_soon(render_progress, resolved, handle.feed, handle.subscription)
 
 
-async def _watch_signals(interrupt: trio.Event, run_scope: trio.CancelScope) -> None:
+async def _watch_signals(handle: Any) -> None:
+    """First Ctrl-C (or SIGTERM): stop gracefully; the next: cancel at once."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
-            if not interrupt.is_set():
-                print(
-                    "\nevolane: stopping after the units in flight (Ctrl-C again to cancel now)",
-                    file=sys.stderr,
-                )
-                interrupt.set()
-            else:
-                run_scope.cancel()
+            if handle._interrupt.is_set():
+                handle.cancel()
+                continue
+            print(
+                "\nevolane: stopping after the units in flight (Ctrl-C again to cancel now)",
+                file=sys.stderr,
+            )
+            handle.stop()

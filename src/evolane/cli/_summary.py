@@ -14,13 +14,13 @@ def _ci(score: Any) -> str:
     return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}]"
 
 
-def print_summary(outcome: Any, request: Any, flags: dict[str, Any]) -> None:
+def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     """Print the summary (to stderr when stdout carries the JSONL event stream)."""
     stream = sys.stderr if flags.get("progress") == "jsonl" else sys.stdout
     console = Console(file=stream, highlight=False, soft_wrap=True)
-    store = request.config.store
+    store = flags["store"]
     if outcome is None or outcome.report is None:
-        run = request.resume_run or flags.get("run_id")
+        run = flags.get("resume") or flags.get("run_id")
         console.print("[bold]interrupted[/bold]: cancelled at once; finished units are kept.")
         if run:
             console.print(f"resume: evolane optimize --resume {run} --store {store}")
