@@ -124,11 +124,8 @@ async def run_unit(
     """The body of `SandboxHost.run`."""
     unit = _Unit(host, spec)
     isolation = _isolation(spec)
-    try:
-        if spec.seed is None and not spec.overlays:
-            work = unit.prepare()  # a few mkdir calls: cheaper than a thread hop
-        else:
-            work = await trio.to_thread.run_sync(unit.prepare)
+    try:  # file system work stays off the event loop: it may host an agent's asyncio loop
+        work = await trio.to_thread.run_sync(unit.prepare)
     except FileExistsError as error:
         raise WorkspaceError(str(error)) from error
     try:
@@ -138,10 +135,8 @@ async def run_unit(
             await trio.to_thread.run_sync(unit.remove, False)
         raise
     keep = spec.keep_failed and not outcome.ok
-    kept = None
-    if keep or not unit.remove_quickly():
-        with trio.CancelScope(shield=True):
-            kept = await trio.to_thread.run_sync(unit.remove, keep)
+    with trio.CancelScope(shield=True):
+        kept = await trio.to_thread.run_sync(unit.remove, keep)
     if kept is not None:
         outcome = outcome.model_copy(update={"workspace": str(kept)})
     return outcome
@@ -167,13 +162,6 @@ async def _run_prepared(
     if _resolve_executable(spec.argv[0], work, env["PATH"]) is None:
         error = f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
         return ProcessOutcome(status="spawn_failed", error=error, **base)
-    extra = NAMESPACE_EXTRA_PROCESSES if isolation == "namespace" else 0
-    unit.cgroups = host.cgroups.unit(unit.name, spec.limits, extra)
-    procs = unit.cgroups.procs_files if unit.cgroups is not None else []
-    argv, mechanisms = launcher_argv(spec.argv, procs, spec.limits, isolation == "namespace")
-    if unit.cgroups is not None:
-        mechanisms += unit.cgroups.mechanisms
-    base["enforcement"] = (*mechanisms, *host.mechanisms)
     spool_dir = host.spool_dir if host.store is not None else None
     with ExitStack() as owned:
         captures = {}
@@ -185,9 +173,12 @@ async def _run_prepared(
         fds = {name: pipes.open() for name in _STREAMS}
         started = trio.current_time()
         try:
-            popen = await trio.to_thread.run_sync(_spawn, argv, work, env, fds)
+            popen, mechanisms = await trio.to_thread.run_sync(
+                _enter_and_spawn, unit, isolation, work, env, fds
+            )
         except (OSError, ValueError) as error:
             return ProcessOutcome(status="spawn_failed", error=str(error)[:2048], **base)
+        base["enforcement"] = (*mechanisms, *host.mechanisms)
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
@@ -206,6 +197,20 @@ async def _run_prepared(
         finally:
             popen.returncode = _returncode(tree.status)
         return await _outcome(unit, tree, watch, captures, started, base)
+
+
+def _enter_and_spawn(
+    unit: _Unit, isolation: IsolationInForce, work: Path, env: dict[str, str], fds: dict
+) -> tuple[subprocess.Popen[bytes], tuple[str, ...]]:
+    """In a worker thread: make the unit's cgroups, build the launcher chain, spawn it."""
+    spec = unit.spec
+    extra = NAMESPACE_EXTRA_PROCESSES if isolation == "namespace" else 0
+    unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
+    procs = unit.cgroups.procs_files if unit.cgroups is not None else []
+    argv, mechanisms = launcher_argv(spec.argv, procs, spec.limits, isolation == "namespace")
+    if unit.cgroups is not None:
+        mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
+    return _spawn(argv, work, env, fds), tuple(mechanisms)
 
 
 class _Pipes:

@@ -1,0 +1,214 @@
+"""evolane on asyncio: the trio runtime runs as a guest in the caller's running asyncio loop
+(`trio.lowlevel.start_guest_run`), on the same thread, and is driven through asyncio-native
+awaitables and async iterators.
+
+    async with evolane.aio.open_runtime(store=".evolane") as runtime:
+        report = await runtime.optimize(request)
+
+Cancelling the asyncio task that awaits `optimize` (or `AioRunHandle.result`) cancels the
+run; the cancellation completes only once every process tree of the run is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from evolane.campaign._run import Backends, RunOutcome
+from evolane.embed import EmbeddedRuntime, OptimizeRequest, RunHandle
+from evolane.embed import open_runtime as open_trio_runtime
+
+EVENTS_BUFFER = 256
+_END = object()
+
+
+class _Bridge:
+    """Calls from asyncio into the trio guest, answered through asyncio futures."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.nursery: trio.Nursery | None = None
+        self.closing: trio.Event | None = None
+
+    def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Future[Any]:
+        """Run ``await fn(*args)`` in trio; the future gets its result or error."""
+        future: asyncio.Future[Any] = self.loop.create_future()
+        assert self.token is not None
+        self.token.run_sync_soon(self._spawn, future, fn, args)
+        return future
+
+    def soon(self, fn: Callable[[], object]) -> None:
+        """Run a plain function in the trio guest soon."""
+        assert self.token is not None
+        self.token.run_sync_soon(fn)
+
+    def _spawn(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple) -> None:
+        assert self.nursery is not None
+        self.nursery.start_soon(self._run, future, fn, args)
+
+    async def _run(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            value = await fn(*args)
+        except trio.Cancelled:
+            self._settle(future, None, asyncio.CancelledError())
+            raise
+        except BaseException as error:  # delivered to the awaiting asyncio task
+            self._settle(future, None, error)
+        else:
+            self._settle(future, value, None)
+
+    def _settle(self, future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if isinstance(error, asyncio.CancelledError):
+                future.cancel()
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        self.loop.call_soon_threadsafe(settle)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class AioRunHandle:
+    """A run in progress, seen from asyncio: events, result, stop and cancel."""
+
+    def __init__(self, bridge: _Bridge, handle: RunHandle, buffer: int) -> None:
+        self._bridge, self._handle = bridge, handle
+        self.run_id = handle.run_id
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=buffer)
+        self.dropped = 0
+        self._result = bridge.call(handle.result)
+        self._pump = bridge.call(self._forward)
+        self._pump.add_done_callback(_retrieve)
+
+    async def _forward(self) -> None:
+        async for event in self._handle.events():
+            self._bridge.loop.call_soon_threadsafe(self._offer, event)
+        self._bridge.loop.call_soon_threadsafe(self._offer, _END)
+
+    def _offer(self, item: Any) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:  # a slow asyncio consumer loses events, counted
+            if item is _END:
+                self._queue.get_nowait()
+                self._queue.put_nowait(item)
+            self.dropped += 1
+
+    async def events(self) -> AsyncIterator[Any]:
+        """The run's progress events until it ends (lossy for a slow consumer)."""
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            yield item
+
+    async def result(self) -> RunOutcome:
+        """The run's outcome; cancelling this await cancels the run (trees killed first)."""
+        try:
+            return await asyncio.shield(self._result)
+        except asyncio.CancelledError:
+            self.cancel()
+            await asyncio.wait([self._result])  # the run's trees are gone when this returns
+            if not self._result.cancelled():
+                self._result.exception()  # retrieved: the run was cancelled on purpose
+            raise
+
+    def stop(self) -> None:
+        """Stop gracefully (the report says ``interrupted``)."""
+        self._bridge.soon(self._handle.stop)
+
+    def cancel(self) -> None:
+        """Cancel at once; every tree of the run is killed."""
+        self._bridge.soon(self._handle.cancel)
+
+
+class AioRuntime:
+    """The embedded runtime, driven from asyncio."""
+
+    def __init__(self, bridge: _Bridge, runtime: EmbeddedRuntime) -> None:
+        self._bridge, self._runtime = bridge, runtime
+
+    async def start_optimize(
+        self,
+        request: OptimizeRequest,
+        *,
+        backends: Backends | None = None,
+        events_buffer: int = EVENTS_BUFFER,
+    ) -> AioRunHandle:
+        """Check ``request`` and start its run (raises `InputError` for bad input)."""
+        handle = await self._bridge.call(self._start, request, backends)
+        return AioRunHandle(self._bridge, handle, events_buffer)
+
+    async def _start(self, request: OptimizeRequest, backends: Backends | None) -> RunHandle:
+        return await self._runtime.start_optimize(request, backends=backends)
+
+    async def optimize(self, request: OptimizeRequest, *, backends: Backends | None = None) -> Any:
+        """Run ``request`` to its report; cancelling the await cancels the run."""
+        handle = await self.start_optimize(request, backends=backends)
+        return (await handle.result()).report
+
+
+@asynccontextmanager
+async def open_runtime(*, store: str = ".evolane", **options: Any) -> AsyncIterator[AioRuntime]:
+    """Start the trio runtime as a guest of the running asyncio loop for the ``async with``."""
+    loop = asyncio.get_running_loop()
+    bridge = _Bridge(loop)
+    ready: asyncio.Future[AioRuntime] = loop.create_future()
+    finished: asyncio.Future[Any] = loop.create_future()
+
+    async def trio_main() -> None:
+        async with (
+            open_trio_runtime(store=store, **options) as runtime,
+            trio.open_nursery() as nursery,
+        ):
+            bridge.token = trio.lowlevel.current_trio_token()
+            bridge.nursery, bridge.closing = nursery, trio.Event()
+            loop.call_soon_threadsafe(ready.set_result, AioRuntime(bridge, runtime))
+            await bridge.closing.wait()
+            nursery.cancel_scope.cancel()
+
+    def done(outcome: Any) -> None:
+        def settle() -> None:
+            finished.set_result(outcome)
+            if not ready.done():  # the guest failed while starting
+                ready.set_exception(RuntimeError(f"the evolane runtime did not start: {outcome}"))
+
+        loop.call_soon_threadsafe(settle)
+
+    trio.lowlevel.start_guest_run(
+        trio_main,
+        run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+        done_callback=done,
+        host_uses_signal_set_wakeup_fd=_host_wakeup_fd_in_use(),
+    )
+    try:
+        yield await asyncio.shield(ready)
+    finally:
+        if bridge.closing is not None:
+            bridge.soon(bridge.closing.set)
+        outcome = await asyncio.shield(finished)
+        outcome.unwrap()
+
+
+def _host_wakeup_fd_in_use() -> bool:
+    """Whether asyncio already set a signal wakeup fd (then trio must leave it alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        return True  # only the main thread may touch it; leave it to the host
+    previous = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(previous)
+    return previous != -1

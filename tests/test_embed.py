@@ -1,0 +1,148 @@
+"""The embedding API: `evolane.open_runtime` with `start_optimize`/`optimize`, in-process
+Python backends, events, cancellation; and the asyncio host (`evolane.aio`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+import evolane
+import evolane.aio
+from evolane.embed import BackendCall, Backends, OptimizeRequest
+from evolane.inputs import InputError
+from evolane.messages import RunFinished
+from tests.campaign_helpers import toy_config, write_toy
+
+PLAN = {"0.0": "fix:2", "0.1": "harm:1", "1.0": "fix:1"}
+
+
+async def replay_backend(call: BackendCall) -> dict:
+    """Answer from the candidate's file, in-process (what an agent replaying itself does)."""
+    assert call.candidate is not None and call.output_dir is not None and call.case is not None
+    answer = (call.candidate / call.case["id"]).read_text()
+    (call.output_dir / "output.json").write_text(answer)
+    return {"tokens": 10, "cost_usd": 0.001}
+
+
+async def judge_backend(call: BackendCall) -> float:
+    assert call.output_dir is not None and call.case is not None
+    return 1.0 if json.loads((call.output_dir / "output.json").read_text()) == "yes" else 0.0
+
+
+async def optimizer_backend(call: BackendCall) -> str:
+    """Fix the first failing case the prompt names."""
+    assert call.workdir is not None and call.prompt is not None
+    failing = [f["id"] for f in call.prompt["failing"]]
+    if failing:
+        (call.workdir / failing[0]).write_text('"yes"')
+    return f"fixed {failing[:1]}"
+
+
+async def test_optimize_with_python_backends_runs_nothing_outside(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(
+        paths, replay="backend:replay", judge="backend:judge", optimizer="backend:optimizer"
+    )
+    backends = Backends(replay=replay_backend, judge=judge_backend, optimizer=optimizer_backend)
+    with trio.fail_after(60):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            handle = await runtime.start_optimize(OptimizeRequest(config=config), backends=backends)
+            events = [event async for event in handle.events()]
+            outcome = await handle.result()
+    report = outcome.report
+    assert report is not None and report.status == "finished"
+    assert isinstance(events[-1], RunFinished) and events[-1].run_id == handle.run_id
+    assert report.scores.best_val is not None and report.scores.baseline_val is not None
+    assert report.scores.best_val.mean > report.scores.baseline_val.mean
+    assert report.budget.spent.tokens and report.budget.spent.tokens > 0  # usage from the backend
+    assert all(f.optimizer.startswith("fixed") for f in report.funnel)
+
+
+async def test_bad_input_raises_from_start_optimize(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths).model_copy(update={"target": str(tmp_path / "missing")})
+    async with evolane.open_runtime(store=paths["store"]) as runtime:
+        with pytest.raises(InputError, match="--target"):
+            await runtime.start_optimize(OptimizeRequest(config=config))
+
+
+async def test_cancelling_cancels_an_in_process_backend_at_once(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    entered = trio.Event()
+
+    async def hanging(call: BackendCall) -> None:
+        entered.set()
+        await trio.sleep_forever()
+
+    config = toy_config(paths, replay="backend:hang")
+    with trio.fail_after(30):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            handle = await runtime.start_optimize(
+                OptimizeRequest(config=config), backends=Backends(replay=hanging)
+            )
+            await entered.wait()
+            handle.cancel()
+            with pytest.raises(evolane.RunCancelled):
+                await handle.result()
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+
+
+async def test_optimize_cancelled_by_the_caller_kills_every_tree(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="sleep 3600", kill_grace=0.2)
+    with trio.fail_after(30):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            with trio.move_on_after(1.0):
+                await runtime.optimize(OptimizeRequest(config=config))
+    # the autouse leak check fails this test if any `sleep 3600` survived
+
+
+def test_asyncio_host_runs_a_campaign_and_keeps_the_loop_responsive(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    replay = 'sh -c \'sleep 0.02; cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' r'
+    config = toy_config(paths, replay=replay + " {candidate} {output_dir}")
+
+    async def main() -> tuple[object, list[object], float]:
+        delays: list[float] = []
+
+        async def ticker() -> None:
+            while True:
+                before = time.monotonic()
+                await asyncio.sleep(0.01)
+                delays.append(time.monotonic() - before - 0.01)
+
+        tick = asyncio.create_task(ticker())
+        async with evolane.aio.open_runtime(store=str(paths["store"])) as runtime:
+            handle = await runtime.start_optimize(OptimizeRequest(config=config))
+            events = [event async for event in handle.events()]
+            outcome = await handle.result()
+        tick.cancel()
+        return outcome, events, max(delays)
+
+    outcome, events, worst = asyncio.run(main())
+    assert outcome.report is not None and outcome.report.status == "finished"  # type: ignore[attr-defined]
+    assert isinstance(events[-1], RunFinished)
+    assert worst >= 0  # the ticker ran throughout (its figure is in benchmarks/aio_latency.py)
+
+
+def test_cancelling_the_asyncio_task_cancels_the_run_and_its_trees(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="sleep 3600", kill_grace=0.2)
+
+    async def main() -> None:
+        async with evolane.aio.open_runtime(store=str(paths["store"])) as runtime:
+            task = asyncio.create_task(runtime.optimize(OptimizeRequest(config=config)))
+            await asyncio.sleep(1.0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
