@@ -43,8 +43,9 @@ def test_stress_quick_json_reports_zero_loss() -> None:
     done = _evolane("stress", "--quick", "--json")
     assert done.returncode == 0, done.stderr
     report = orjson.loads(done.stdout)
-    assert report["lost"] == 0
-    assert report["sent"] == 20_000
+    assert report["scenario"] == "actors"
+    assert report["counts"]["lost"] == 0
+    assert report["counts"]["sent"] == 20_000
     assert all(report["invariants"].values())
 
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 if TYPE_CHECKING:
-    from evolane.stress import StressReport
+    from evolane.stress import ScenarioReport
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 
@@ -34,32 +34,39 @@ def fail_usage(message: str) -> NoReturn:
 
 @app.command()
 def stress(
-    actors: Annotated[int, typer.Option(help="Actors in the supervision tree.")] = 2000,
-    messages: Annotated[int, typer.Option(help="Messages to send in all.")] = 200_000,
-    faults: Annotated[
-        float, typer.Option(help="Fraction of messages whose handler crashes.")
-    ] = 0.01,
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="actors | ask | cascade | processes | budget | slow-observer | crash-resume."
+        ),
+    ] = "actors",
     seed: Annotated[int, typer.Option(help="Seed of the fault schedule.")] = 0,
+    duration: Annotated[
+        float | None, typer.Option(help="Soak: repeat rounds (seed, seed+1, ...) for S seconds.")
+    ] = None,
+    actors: Annotated[int | None, typer.Option(help="actors: actors in the tree [2000].")] = None,
+    messages: Annotated[int | None, typer.Option(help="actors: messages in all [200000].")] = None,
+    faults: Annotated[
+        float | None, typer.Option(help="actors: fraction of handlers that crash [0.01].")
+    ] = None,
+    trees: Annotated[int | None, typer.Option(help="processes: trees to run [500].")] = None,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="KEY=VALUE for any field of the scenario's config."),
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="A small case that runs in seconds.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Load a supervision tree with messages and crashes; check that no message is lost."""
-    if quick:
-        actors, messages = min(actors, 200), min(messages, 20_000)
-    if actors < 1:
-        fail_usage(f"--actors must be at least 1, got {actors}")
-    if messages < 1:
-        fail_usage(f"--messages must be at least 1, got {messages}")
-    if not 0.0 <= faults <= 1.0:
-        fail_usage(f"--faults must lie in [0, 1], got {faults}")
-    if seed < 0:
-        fail_usage(f"--seed must not be negative, got {seed}")
-    from evolane.stress import StressConfig, run_actor_stress
+    """Run a stress scenario with seeded faults; print the invariants it checked and its figures."""
+    from evolane.stress import run_scenario
 
-    config = StressConfig(actors=actors, messages=messages, faults=faults, seed=seed)
-    report = trio.run(run_actor_stress, config)
+    given = {"actors": actors, "messages": messages, "faults": faults, "trees": trees}
+    options = _stress_options(scenario, seed, duration, quick, settings or [], given)
+    report = trio.run(
+        lambda: run_scenario(scenario, seed=seed, duration=duration, quick=quick, options=options)
+    )
     if as_json:
         sys.stdout.write(
             orjson.dumps(report.model_dump(mode="json"), option=orjson.OPT_INDENT_2).decode()
@@ -70,27 +77,67 @@ def stress(
     raise typer.Exit(EXIT_OK if report.ok else EXIT_INTERNAL)
 
 
-def _print_stress(report: StressReport) -> None:
+_STRESS_FLAGS = {"actors": "actors", "messages": "actors", "faults": "actors", "trees": "processes"}
+
+
+def _stress_options(
+    scenario: str,
+    seed: int,
+    duration: float | None,
+    quick: bool,
+    settings: list[str],
+    given: dict[str, float | None],
+) -> dict[str, object]:
+    """The scenario's config options from the flags; a usage error (exit 2) for a bad one."""
+    from pydantic import ValidationError
+
+    from evolane.stress import SCENARIOS, SettingError, explain, parse_settings, scenario_config
+
+    if scenario not in SCENARIOS:
+        fail_usage(f"unknown scenario {scenario!r}; one of: {', '.join(SCENARIOS)}")
+    try:
+        options: dict[str, object] = dict(parse_settings(settings))
+    except SettingError as error:
+        fail_usage(str(error))
+    for flag, value in given.items():
+        if value is not None:
+            owner = _STRESS_FLAGS[flag]
+            if scenario != owner:
+                fail_usage(f"--{flag} applies to --scenario {owner}; use --set for {scenario}")
+            options[flag] = value
+    if seed < 0:
+        fail_usage(f"--seed must not be negative, got {seed}")
+    if duration is not None and not duration > 0:
+        fail_usage(f"--duration must be positive, got {duration}")
+    try:
+        scenario_config(scenario, seed=seed, quick=quick, options=options)
+    except ValidationError as error:
+        fail_usage(explain(error, given, SCENARIOS[scenario].config.model_fields))
+    return options
+
+
+def _print_stress(report: ScenarioReport) -> None:
+    from evolane.stress import report_rows
+
     console = Console()
-    table = Table(title=f"evolane stress: {report.config.actors} actors", show_header=False)
-    rows = [
-        ("sent", f"{report.sent:,}"),
-        ("delivered", f"{report.delivered:,}"),
-        ("dead-lettered", f"{report.dead_lettered:,}"),
-        ("refused", f"{report.refused:,}"),
-        ("lost", f"{report.lost:,}"),
-        ("restarts", f"{report.restarts:,}"),
-        ("wall", f"{report.seconds:.2f} s"),
-        ("throughput", f"{report.throughput_per_second:,.0f} msg/s"),
-        ("ask p50 / p99", f"{report.ask_p50_ms:.2f} / {report.ask_p99_ms:.2f} ms"),
-        ("peak RSS", f"{report.peak_rss_mb:.1f} MB"),
-    ]
-    for name, value in rows:
+    rounds = f"{report.rounds} rounds" if report.rounds > 1 else "1 round"
+    title = (
+        f"evolane stress {report.scenario}: seed {report.seed}, {rounds}, {report.seconds:.1f} s"
+    )
+    table = Table(show_header=False)
+    for name, value in report_rows(report.counts, report.measures):
         table.add_row(name, value)
+    console.print(title, highlight=False)
     console.print(table)
     for name, held in report.invariants.items():
         mark = "[green]ok[/green]  " if held else "[red]FAIL[/red]"
-        console.print(f"{mark} {name}")
+        console.print(f"{mark} {name}", highlight=False)
+    if report.failed_round is not None:
+        console.print(
+            f"failed in round {report.failed_round} (seed {report.seed + report.failed_round})"
+        )
+    for detail in report.details:
+        console.print(f"  {detail}", highlight=False, markup=False)
 
 
 def _register() -> None:

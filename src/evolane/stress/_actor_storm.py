@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import resource
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ from evolane.actors import (
     NotAnswered,
 )
 from evolane.messages import Message, Record, StressWork
+from evolane.stress._harness import RoundResult, cpu_seconds, long_lived_heap, peak_rss_mb
 from evolane.supervisors import ActorSpec, SupervisorSpec, open_runtime
 
 
@@ -36,6 +36,8 @@ class StressConfig(Record):
     producers: int = Field(default=8, ge=1, le=1024)
     actors_per_supervisor: int = Field(default=100, ge=1, le=1_000_000)
     mailbox_size: int = Field(default=64, ge=1, le=1_000_000)
+    gc_tuning: bool = True
+    """Freeze the started tree out of the cyclic GC (see `long_lived_heap`)."""
 
 
 class StressReport(Record):
@@ -55,6 +57,7 @@ class StressReport(Record):
     ask_p50_ms: float
     ask_p99_ms: float
     peak_rss_mb: float
+    cpu_seconds: float = 0.0
     invariants: dict[str, bool]
 
     @property
@@ -157,17 +160,18 @@ async def run_actor_stress(config: StressConfig) -> StressReport:
         )
         for g in range((config.actors + size - 1) // size)
     ]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     async with open_runtime(name="stress") as runtime:
         for group in groups:
             await runtime.start_supervisor(group)
         refs = [runtime.lookup(f"worker-{i}") for i in range(config.actors)]
         share = (config.messages + config.producers - 1) // config.producers
-        async with trio.open_nursery() as nursery:
-            for p in range(config.producers):
-                indices = range(p * share, min(config.messages, (p + 1) * share))
-                nursery.start_soon(_produce, refs, plan, indices, tally)
-        await _until_drained(refs, deadline=60.0)
+        with long_lived_heap(config.gc_tuning):
+            async with trio.open_nursery() as nursery:
+                for p in range(config.producers):
+                    indices = range(p * share, min(config.messages, (p + 1) * share))
+                    nursery.start_soon(_produce, refs, plan, indices, tally)
+            await _until_drained(refs, deadline=60.0)
 
         def restarts_so_far() -> int:
             return sum(
@@ -210,7 +214,8 @@ async def run_actor_stress(config: StressConfig) -> StressReport:
         throughput_per_second=round(tally.sent / seconds, 1),
         ask_p50_ms=round(float(np.percentile(latencies, 50)), 3),
         ask_p99_ms=round(float(np.percentile(latencies, 99)), 3),
-        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        peak_rss_mb=peak_rss_mb(),
+        cpu_seconds=round(cpu_seconds() - cpu, 3),
         invariants=invariants,
     )
 
@@ -220,3 +225,17 @@ async def _until_drained(refs: list[ActorRef], deadline: float) -> None:
     with trio.move_on_after(deadline):
         while any(ref.stats().mailbox_depth for ref in refs):
             await trio.sleep(0.01)
+
+
+async def run_actor_round(config: StressConfig) -> RoundResult:
+    """`run_actor_stress` as one round of the harness (invariants, counts, measures)."""
+    report = await run_actor_stress(config)
+    counts = ("sent", "delivered", "dead_lettered", "refused", "lost", "restarts", "asks",
+              "ask_timeouts")  # fmt: skip
+    measures = ("seconds", "throughput_per_second", "ask_p50_ms", "ask_p99_ms", "peak_rss_mb",
+                "cpu_seconds")  # fmt: skip
+    return RoundResult(
+        invariants=dict(report.invariants),
+        counts={name: getattr(report, name) for name in counts},
+        measures={name: getattr(report, name) for name in measures},
+    )

@@ -1,0 +1,323 @@
+"""The stress scenarios: each holds its invariants in a small configuration, reproduces its fault
+schedule from the seed, and fails when the property it guards is broken on purpose."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import orjson
+import pytest
+import trio
+from typer.testing import CliRunner
+
+import evolane.stress
+from evolane.actors import ActorRef
+from evolane.actors.budget import Ledger
+from evolane.actors.progress import ProgressBus
+from evolane.sandbox import SandboxHost
+from evolane.stress import (
+    SCENARIOS,
+    AskConfig,
+    BudgetConfig,
+    CascadeConfig,
+    ProcessConfig,
+    ScenarioReport,
+    _ask_storm,
+    _cascade,
+    ask_plan,
+    budget_plan,
+    process_plan,
+    run_scenario,
+)
+from evolane.stress._cascade import build_tree, fault_plan
+
+
+def _failed(report: ScenarioReport) -> list[str]:
+    return [name for name, held in report.invariants.items() if not held]
+
+
+async def _quick(name: str, **options: Any) -> ScenarioReport:
+    with trio.fail_after(120):
+        return await run_scenario(name, quick=True, seed=1, options=options)
+
+
+# ----- every scenario holds in a small configuration ----------------------------------------
+
+
+async def test_actors_quick_loses_nothing() -> None:
+    report = await _quick("actors")
+    assert report.ok, report.details
+    assert report.counts["lost"] == 0 and report.counts["sent"] == 20_000
+    assert report.counts["restarts"] > 0
+
+
+async def test_ask_storm_ends_every_ask_in_a_reply_or_a_typed_error() -> None:
+    report = await _quick("ask")
+    assert report.ok, report.details
+    counts = report.counts
+    outcomes = ("replies", "timeouts", "crashed", "not_answered", "stopped", "hung", "untyped")
+    assert sum(counts[name] for name in outcomes) == counts["asks"]
+    assert counts["hung"] == counts["untyped"] == 0
+    # the storm really produced each kind of ending, so each was checked
+    assert counts["replies"] and counts["timeouts"] and counts["crashed"]
+    assert counts["stopped"] + counts["not_answered"] > 0
+    assert counts["responders_retired"] > 0 and counts["restarts"] > 0
+
+
+async def test_cascade_escalates_where_the_model_says_and_stops_in_reverse() -> None:
+    report = await _quick("cascade")
+    assert report.ok, report.details
+    assert report.counts["escalations"] > 0
+    assert report.counts["restarts"] > report.counts["crashes"] / 2
+    assert report.counts["given_up_at_level_0"] == 0  # the top never gives up
+
+
+async def test_process_trees_leave_no_survivor() -> None:
+    report = await _quick("processes", trees=40, concurrency=20, escaper_share=0.15)
+    assert report.ok, report.details
+    counts = report.counts
+    assert counts["survivors"] == 0
+    assert counts["status_timed_out"] >= counts["planned_deadline"]
+    assert counts["status_cancelled"] == counts["planned_stopped"]
+    assert counts["abandoned_by_caller"] == counts["planned_abandoned"]
+    assert counts["escapees_found"] > 0
+
+
+async def test_budget_spending_stays_within_ceiling_plus_one_reservation() -> None:
+    report = await _quick("budget")
+    assert report.ok, report.details
+    assert report.counts["denied"] > 0 and report.counts["overruns"] > 0
+    assert 1.0 <= report.measures["tokens_spent_over_ceiling"] < 1.02
+
+
+async def test_blocked_observer_loses_events_but_the_journal_keeps_them() -> None:
+    report = await _quick("slow-observer")
+    assert report.ok, report.details
+    assert report.counts["events_dropped_by_observer"] > 0
+    assert report.measures["wall_ratio"] <= 1.25
+
+
+async def test_crash_resume_reaches_the_same_decisions() -> None:
+    report = await _quick("crash-resume")
+    assert report.ok, report.details
+    assert report.counts["kills"] == 1 and report.counts["kills_missed"] == 0
+    assert report.counts["replays_rerun"] <= report.counts["replays_in_flight_at_kill"]
+
+
+async def test_a_soak_repeats_rounds_with_the_next_seeds() -> None:
+    options = {"faults": 5}
+    with trio.fail_after(60):
+        report = await run_scenario("cascade", quick=True, seed=5, duration=0.5, options=options)
+    assert report.ok and report.rounds >= 2
+    assert report.seed == 5 and report.failed_round is None
+    single = await run_scenario("cascade", quick=True, seed=5, options=options)
+    assert report.counts["crashes"] > single.counts["crashes"]  # summed over the rounds
+
+
+# ----- the same seed gives the same fault schedule --------------------------------------------
+
+
+def test_fault_schedules_are_reproducible_from_the_seed() -> None:
+    plans = [
+        (ask_plan, AskConfig(asks=300)),
+        (process_plan, ProcessConfig(trees=100)),
+        (budget_plan, BudgetConfig(units=300)),
+    ]
+    for plan, config in plans:
+        assert plan(config) == plan(config)
+        assert plan(config) != plan(config.model_copy(update={"seed": 9}))
+    cascade = CascadeConfig(seed=3)
+    _, _, workers = build_tree(cascade)
+    assert fault_plan(cascade, workers) == fault_plan(cascade, build_tree(cascade)[2])
+    other = cascade.model_copy(update={"seed": 4})
+    assert fault_plan(cascade, workers) != fault_plan(other, build_tree(other)[2])
+
+
+def test_process_plan_has_the_requested_shares() -> None:
+    plan = process_plan(ProcessConfig(trees=2000))
+    kinds = [tree.kind for tree in plan]
+    assert 0.17 < kinds.count("deadline") / 2000 < 0.23
+    assert 0.035 < (kinds.count("escaper") + kinds.count("daemon")) / 2000 < 0.065
+
+
+# ----- each invariant fails when its property is broken on purpose ----------------------------
+
+
+async def test_a_hanging_ask_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_ask = ActorRef.ask
+
+    async def sometimes_hangs(self: ActorRef, message: Any, timeout: float) -> Any:
+        if message.seq % 97 == 0:
+            await trio.sleep_forever()
+        return await real_ask(self, message, timeout)
+
+    monkeypatch.setattr(ActorRef, "ask", sometimes_hangs)
+    monkeypatch.setattr(_ask_storm, "HANG_SLACK", 0.2)
+    report = await _quick("ask", asks=300)
+    assert "none hung" in _failed(report)
+    assert report.counts["hung"] == len(range(0, 300, 97))
+
+
+async def test_a_supervisor_that_differs_from_the_model_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_to_spec = _cascade.to_spec
+
+    def lenient(node: _cascade.Node, log: list[Any]) -> Any:
+        spec = real_to_spec(node, log)
+        if node.name == "sup2":  # the real supervisor tolerates more than the model expects
+            spec = type(spec)(**{**spec.__dict__, "max_restarts": 1000})
+        return spec
+
+    monkeypatch.setattr(_cascade, "to_spec", lenient)
+    monkeypatch.setattr(_cascade, "EVENT_WAIT", 0.5)
+    report = await _quick("cascade", faults=60)
+    assert "starts and stops follow the model" in _failed(report)
+
+
+async def test_a_ledger_that_ignores_the_ceiling_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Ledger, "_active", lambda self: [])  # no ceiling is ever checked
+    report = await _quick("budget", overrun_rate=0.0)
+    assert "tokens spent <= ceiling + largest reservation + overruns" in _failed(report)
+    assert report.counts["denied"] == 0
+
+
+async def test_a_tree_the_sandbox_misses_is_counted_as_a_survivor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_run = SandboxHost.run
+    planted: list[trio.Process] = []
+
+    async def leaky(self: SandboxHost, spec: Any, **kwargs: Any) -> Any:
+        outcome = await real_run(self, spec, **kwargs)
+        if not planted:  # a process carrying the lease that no kill ladder knows of
+            env = {"EVOLANE_LEASE": f"{self.lease}/planted", "PATH": "/usr/bin:/bin"}
+            planted.append(await trio.lowlevel.open_process(["sleep", "60"], env=env))
+        return outcome
+
+    monkeypatch.setattr(SandboxHost, "run", leaky)
+    report = await _quick("processes", trees=10)
+    assert _failed(report) == ["0 survivors"]
+    assert report.counts["survivors"] == 1
+    with trio.fail_after(10):  # the host's own cleanup killed it once the scan was done
+        await planted[0].wait()
+
+
+async def test_an_observer_that_slows_the_run_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_publish = ProgressBus.publish
+
+    def blocking(self: ProgressBus, event: Any) -> Any:
+        if self._subscribers:
+            time.sleep(0.002)  # as if a renderer were called inline, in the run's thread
+        return real_publish(self, event)
+
+    monkeypatch.setattr(ProgressBus, "publish", blocking)
+    report = await _quick("slow-observer", max_ratio=1.05)
+    assert "wall with a blocked observer <= 1.05 x without" in _failed(report)
+
+
+# ----- the command ------------------------------------------------------------------------
+
+
+def _evolane(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "evolane", "stress", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_stress_scenario_json_lists_invariants_and_figures() -> None:
+    done = _evolane("--scenario", "budget", "--quick", "--seed", "4", "--json")
+    assert done.returncode == 0, done.stderr
+    report = orjson.loads(done.stdout)
+    assert report["scenario"] == "budget" and report["seed"] == 4 and report["rounds"] == 1
+    assert report["invariants"] and all(report["invariants"].values())
+    assert report["counts"]["granted"] > 0
+
+
+def test_stress_text_prints_each_invariant_with_ok() -> None:
+    done = _evolane("--scenario", "cascade", "--quick", "--set", "faults=10")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("evolane stress cascade: seed 0, 1 round")
+    assert "ok   escalation reaches the right level" in lines
+    assert "ok   shutdown order is reverse start order" in lines
+
+
+def test_usage_errors_are_one_line_and_exit_2() -> None:
+    for args in (
+        ["--scenario", "nope"],
+        ["--scenario", "ask", "--actors", "10"],
+        ["--scenario", "processes", "--trees", "0"],
+        ["--scenario", "budget", "--set", "lanes"],
+        ["--scenario", "budget", "--set", "lane=3"],
+        ["--duration", "-1"],
+    ):
+        done = _evolane(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("evolane: error:"), done.stderr
+
+
+def test_a_failed_invariant_exits_1_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from evolane.cli._app import app
+
+    async def failing(name: str, **kwargs: Any) -> ScenarioReport:
+        return ScenarioReport(
+            scenario=name, seed=0, rounds=3, seconds=1.0, config={},
+            invariants={"0 survivors": False, "every run returned": True},
+            counts={"survivors": 2}, measures={}, failed_round=2,
+            details=("0 survivors: pids [123, 456]",),
+        )  # fmt: skip
+
+    monkeypatch.setattr(evolane.stress, "run_scenario", failing)
+    result = CliRunner().invoke(app, ["stress", "--scenario", "processes", "--quick"])
+    assert result.exit_code == 1
+    assert "FAIL 0 survivors" in result.output
+    assert "failed in round 2 (seed 2)" in result.output
+    assert "pids [123, 456]" in result.output
+
+
+def test_every_scenario_is_registered() -> None:
+    assert set(SCENARIOS) == {
+        "actors", "ask", "cascade", "processes", "budget", "slow-observer", "crash-resume"
+    }  # fmt: skip
+
+
+# ----- the figures (slow) -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_figure_500_trees_zero_survivors() -> None:
+    with trio.fail_after(600):
+        report = await run_scenario("processes", options={"trees": 500})
+    assert report.ok, report.details
+    assert report.counts["survivors"] == 0 and report.counts["trees"] == 500
+
+
+@pytest.mark.slow
+async def test_figure_slow_observer_within_5_percent() -> None:
+    with trio.fail_after(600):
+        report = await run_scenario("slow-observer")
+    assert report.ok, report.details
+    assert report.measures["wall_ratio"] <= 1.05
+
+
+@pytest.mark.slow
+async def test_figure_actors_10000_by_1000000() -> None:
+    with trio.fail_after(900):
+        report = await run_scenario("actors", options={"actors": 10_000, "messages": 1_000_000})
+    assert report.ok, report.details
+    assert report.counts["lost"] == 0
+    assert report.measures["cpu_seconds"] < 120
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ask", "cascade", "budget", "crash-resume"])
+async def test_default_configurations_hold(name: str) -> None:
+    with trio.fail_after(900):
+        report = await run_scenario(name, seed=2)
+    assert report.ok, report.details
