@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
 
+from evolane._faults import INSTALLED
 from evolane.actors._errors import (
     ActorCrashed,
     ActorStopped,
@@ -308,6 +309,8 @@ async def serve(actor: Actor, box: Mailbox, control: ServeControl) -> None:
         box.dequeued += 1
         started = clock()
         try:
+            if INSTALLED:
+                await INSTALLED[0].before_handler(box.name, message.kind)
             result = await handle(message)
         except Exception as exc:
             box.failed += 1

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import trio
 
+from evolane._faults import INSTALLED
 from evolane.sandbox._capture import BoundedCapture, drain, open_pipe
 from evolane.sandbox._cgroups import UnitCgroups
 from evolane.sandbox._env import build_environment, child_lease
@@ -204,6 +205,8 @@ def _enter_and_spawn(
 ) -> tuple[subprocess.Popen[bytes], tuple[str, ...]]:
     """In a worker thread: make the unit's cgroups, build the launcher chain, spawn it."""
     spec = unit.spec
+    if INSTALLED:
+        INSTALLED[0].before_spawn(spec.label)
     extra = NAMESPACE_EXTRA_PROCESSES if isolation == "namespace" else 0
     unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
     procs = unit.cgroups.procs_files if unit.cgroups is not None else []

@@ -1,5 +1,7 @@
-"""Test support for evolane and its users: leak detection and hostile process trees."""
+"""Test support for evolane and its users: leak detection, hostile process trees, seeded
+fault injection (`Chaos`), and a pytest plugin (`evolane.testing.plugin`)."""
 
+from evolane.testing._chaos import Chaos, ChaosFault
 from evolane.testing._leaks import (
     LEASE_VARIABLE,
     descendants,
@@ -14,6 +16,8 @@ __all__ = [
     "EVIL_TREE_SH",
     "LEASE_VARIABLE",
     "POLITE_TREE_SH",
+    "Chaos",
+    "ChaosFault",
     "descendants",
     "kill_processes",
     "leaked_processes",

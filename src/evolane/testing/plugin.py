@@ -1,0 +1,62 @@
+"""evolane's pytest plugin (loaded automatically once evolane is installed): fixtures for
+concurrency tests of your own actors and backends.
+
+- ``runtime``: an `evolane.open_runtime` with its store in the test's tmp dir (trio tests).
+- ``chaos``: a seeded `Chaos` injector, installed for the test (set rates on it);
+  the seed comes from ``--evolane-chaos-seed`` (default 0).
+- ``no_leaks``: fails the test if it left a process of its sandboxed trees alive.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evolane.testing._chaos import Chaos
+from evolane.testing._leaks import LEASE_VARIABLE, descendants, kill_processes, leaked_processes
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--evolane-chaos-seed",
+        type=int,
+        default=0,
+        help="seed of the evolane `chaos` fixture's fault schedule",
+    )
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[Any]:
+    """An embedded evolane runtime whose store lives in the test's tmp dir."""
+    import evolane
+
+    async with evolane.open_runtime(store=tmp_path / ".evolane") as embedded:
+        yield embedded
+
+
+@pytest.fixture
+def chaos(request: pytest.FixtureRequest) -> Iterator[Chaos]:
+    """A seeded fault injector installed in the runtime for this test (rates start at 0)."""
+    injector = Chaos(seed=request.config.getoption("--evolane-chaos-seed"))
+    with injector.installed():
+        yield injector
+
+
+@pytest.fixture
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Fail the test if a process it spawned (through the sandbox) outlives it."""
+    lease = os.environ.get(LEASE_VARIABLE)
+    if lease is None:
+        lease = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.environ[LEASE_VARIABLE] = lease
+    before = descendants()
+    yield lease
+    leaked = leaked_processes(before, lease)
+    if leaked:
+        kill_processes(leaked)
+        pytest.fail(f"{request.node.nodeid} leaked processes:\n" + "\n".join(leaked))

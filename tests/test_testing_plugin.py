@@ -1,0 +1,82 @@
+"""The pytest plugin as a user meets it: a user-style test of a custom in-process backend,
+run through pytester with the plugin's `runtime`, `chaos` and `no_leaks` fixtures."""
+
+from __future__ import annotations
+
+import pytest
+
+USER_TEST = """
+import json, sys
+from pathlib import Path
+
+import evolane
+from evolane.embed import Backends, BackendCall, OptimizeRequest
+
+CASES = 12
+
+
+def workload(root: Path) -> evolane.CampaignConfig:
+    target = root / "target"
+    target.mkdir()
+    rows = []
+    for i in range(CASES):
+        (target / f"c{i}").write_text("yes" if i < 4 else "no")
+        rows.append({"id": f"c{i}", "input": {}, "expected_output": "yes", "split": "val"})
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+    fix = "sh -c 'for f in {workdir}/c*; do echo yes > $f; done'"
+    return evolane.CampaignConfig(
+        target=str(target), dataset=str(root / "data.jsonl"), store=str(root / "store"),
+        replay="backend:my-agent", optimizer=fix, iterations=2, population=2,
+        replay_concurrency=3, kill_grace=0.2,
+    )
+
+
+async def my_agent(call: BackendCall) -> None:
+    answer = (call.candidate / call.case["id"]).read_text().strip()
+    (call.output_dir / "output.json").write_text(json.dumps(answer))
+
+
+async def test_my_agent_backend_survives_injected_faults(runtime, chaos, no_leaks, tmp_path):
+    chaos.delivery_delay = 0.3
+    chaos.handler_crash = 0.05
+    chaos.only = (".replay-",)  # crash replay lanes; their supervisor restarts them
+    chaos.spawn_failure = 0.25  # the optimizer command sometimes cannot start
+    config = workload(tmp_path)
+    report = await runtime.optimize(
+        OptimizeRequest(config=config), backends=Backends(replay=my_agent)
+    )
+    assert report.status == "finished"
+    assert chaos.injected["delivery_delay"] > 0
+    assert sum(chaos.injected.values()) > 0
+    blocked = [f for f in report.funnel if f.terminal == "blocked"]
+    assert len(blocked) == sum(1 for f in report.failures if "spawn" in f.failure.message)
+"""
+
+
+@pytest.mark.parametrize("seed", ["1", "2"])
+def test_the_plugin_fixtures_drive_a_user_style_test(pytester: pytest.Pytester, seed: str) -> None:
+    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makepyfile(test_user=USER_TEST)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", f"--evolane-chaos-seed={seed}"
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_chaos_is_deterministic_for_a_seed() -> None:
+    from evolane.testing import Chaos
+
+    def schedule(seed: int) -> list[bool]:
+        chaos = Chaos(seed=seed, spawn_failure=0.5)
+        outcomes = []
+        for _ in range(50):
+            try:
+                chaos.before_spawn("x")
+                outcomes.append(False)
+            except OSError:
+                outcomes.append(True)
+        return outcomes
+
+    assert schedule(3) == schedule(3)
+    assert schedule(3) != schedule(4)
+    assert 10 < sum(schedule(3)) < 40
