@@ -252,6 +252,7 @@ def test_a_tampered_result_never_enters_the_store(tmp_path: Path) -> None:
     checked = cluster._ingest(UnitReport(result, inline, {}, "w1"), None)
     assert checked.status == "failed" and checked.failure is not None
     assert checked.failure.code == "bad_result" and checked.output_ref is None
+    assert checked.failure.owner == "infrastructure"
     assert not store.has(file_ref) and not store.has(tree)
 
 
@@ -282,3 +283,40 @@ async def test_an_existing_scheduler_must_not_rerun_units(tmp_path: Path) -> Non
                 pass
     finally:
         await trio.to_thread.run_sync(external.close)
+
+
+def test_the_cli_runs_a_campaign_on_a_local_cluster_with_the_same_decisions(
+    tmp_path: Path,
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.campaign_helpers import toy_flags, write_toy
+    from tests.test_cli_optimize import PLAN
+
+    paths = write_toy(tmp_path, PLAN)
+    reports = []
+    for cluster in ("local", "local:2"):
+        store = tmp_path / cluster.replace(":", "-")
+        flags = [*toy_flags(paths, store), "--cluster", cluster]
+        done = subprocess.run(
+            [sys.executable, "-m", "evolane", "optimize", *flags],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr
+        (run_dir,) = (store / "runs").iterdir()
+        reports.append(json.loads((run_dir / "report.json").read_text()))
+    assert reports[1]["config"]["cluster"] == "local:2"
+    for key in ("decisions", "scores", "selected", "status"):
+        assert reports[0][key] == reports[1][key], key
+    bad = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *toy_flags(paths, tmp_path / "s"),
+         "--cluster", "local:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "local:N" in bad.stderr

@@ -52,6 +52,7 @@ class CampaignConfig(Record):
     max_growth_bytes: int = Field(default=64 << 10, ge=0)
     screening: bool = False
     isolation: IsolationChoice = "auto"
+    cluster: ShortText = "local"  # where replay lanes run: local | local:N | dask://HOST:PORT
     pass_env: tuple[Name, ...] = Field(default=(), max_length=64)  # variables a command may see
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     campaign_id: Name | None = None

@@ -258,6 +258,7 @@ def _pipeline_config(prepared: Prepared, ctx: _RunContext, name: str) -> Pipelin
         replays_allowed=not prepared.rejudge,
         isolation=config.isolation,
         pass_env=config.pass_env,
+        cluster=config.cluster,
         replay_backend=ctx.backends.replay,
         judge_backend=ctx.backends.judge,
         name=name,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import pickle
 import secrets
 import shutil
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -27,13 +29,14 @@ from evolane.actors.lanes import LaneSettings
 from evolane.distributed._protocol import (
     INLINE_TOTAL,
     PRIVATE_RESULT_BYTES,
+    REPORT_FILE,
     RemoteSettings,
     UnitReport,
     UnitRequest,
 )
 from evolane.distributed._spec import EXTRA_HINT, ClusterError, ClusterSpec, check_cluster
 from evolane.distributed._worker import run_unit, sees_store, stop_unit, warm_up
-from evolane.messages import ArtifactRef, FailureEvent, ReplayJob, ReplayResult, Usage
+from evolane.messages import ArtifactRef, FailureEvent, ReplayJob, ReplayResult
 from evolane.sandbox import SandboxHost
 from evolane.sandbox._env import child_lease
 from evolane.sandbox._lifeline import LEASE_VARIABLE
@@ -100,39 +103,52 @@ class DaskCluster:
         bundles = [] if self.shared else await self._inputs(job, lane.workspace_seed)
         future = self.client.submit(run_unit, request, *bundles, key=key, pure=False, retries=0)
         try:
-            answer = await self._wait(future, key, stop, remaining + lane.kill_grace)
-            if isinstance(answer, FailureEvent):
-                return _failed(job, answer)
-            return await trio.to_thread.run_sync(self._ingest, answer, staging)
+            return await self._wait(future, job, key, stop, remaining + lane.kill_grace, staging)
         except BaseException:
             with trio.CancelScope(shield=True):
-                await self._abort(future, key, lane.kill_grace)
+                await self._abort(future, key, lane.kill_grace, staging)
             raise
-        finally:
-            if staging is not None:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(shutil.rmtree, staging, True)
 
     async def _wait(
-        self, future: Any, key: str, stop: trio.Event, allowed: float
-    ) -> UnitReport | FailureEvent:
-        answer: UnitReport | FailureEvent | None = None
+        self,
+        future: Any,
+        job: ReplayJob,
+        key: str,
+        stop: trio.Event,
+        allowed: float,
+        staging: Path | None,
+    ) -> ReplayResult:
+        result: ReplayResult | None = None
         with trio.move_on_after(allowed + GUARD_SECONDS):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._forward_stop, stop, key)
-                answer = await trio.to_thread.run_sync(_answer, future, abandon_on_cancel=True)
+                result = await trio.to_thread.run_sync(
+                    self._settle, future, job, staging, abandon_on_cancel=True
+                )
                 nursery.cancel_scope.cancel()
-        if answer is None:
+        if result is None:
             with trio.CancelScope(shield=True):
-                await self._abort(future, key, 1.0)
-            return FailureEvent(
+                await self._abort(future, key, 1.0, staging)
+            failure = FailureEvent(
                 owner="infrastructure",
                 stage="replay",
                 code="cluster_timeout",
                 message=f"no answer from the cluster {GUARD_SECONDS:.0f}s past the deadline",
                 repairable=True,
             )
-        return answer
+            return _failed(job, failure)
+        return result
+
+    def _settle(self, future: Any, job: ReplayJob, staging: Path | None) -> ReplayResult:
+        """In one thread: wait for the task, verify and store what it made, drop its staging."""
+        try:
+            answer = _answer(future, staging)
+            if isinstance(answer, FailureEvent):
+                return _failed(job, answer)
+            return self._ingest(answer, staging)
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
 
     async def _forward_stop(self, stop: trio.Event, key: str) -> None:
         """A stopped unit is killed on its worker and still reports (as cancelled)."""
@@ -142,7 +158,7 @@ class DaskCluster:
     def _stop_remote(self, key: str, wait_seconds: float) -> dict[str, Any]:
         return self.client.run(stop_unit, key, wait_seconds, on_error="return")  # type: ignore[no-any-return]
 
-    async def _abort(self, future: Any, key: str, grace: float) -> None:
+    async def _abort(self, future: Any, key: str, grace: float, staging: Path | None) -> None:
         """Kill the unit wherever it runs, wait (bounded) until its tree is gone, drop it."""
         with trio.move_on_after(grace + 15):
             await trio.to_thread.run_sync(
@@ -150,6 +166,8 @@ class DaskCluster:
             )
         with trio.move_on_after(5):
             await trio.to_thread.run_sync(_cancel, future, abandon_on_cancel=True)
+        if staging is not None:
+            await trio.to_thread.run_sync(shutil.rmtree, staging, True)
 
     # ----- inputs without a shared store ----------------------------------------------------
 
@@ -162,7 +180,8 @@ class DaskCluster:
         return bundles
 
     async def _tree_bundle(self, tree: ArtifactRef) -> Any:
-        """A tree's blobs, scattered to the cluster once (Dask moves them to workers)."""
+        """A tree's blobs scattered to the cluster once, each under its digest as its Dask
+        key (trees sharing files share them); Dask moves them to the workers that need them."""
         async with self._bundle_lock:
             future = self._bundles.get(tree.digest)
             if future is None:
@@ -189,15 +208,14 @@ class DaskCluster:
             if result.output_ref is not None:
                 self._take_tree(result.output_ref, report, staged)
         except (StoreError, OSError, ValueError) as error:
-            return _failed(
-                result.model_copy(update={"output_ref": None}),
-                FailureEvent(
-                    owner="infrastructure",
-                    stage="replay",
-                    code="bad_result",
-                    message=f"{report.worker}: {error}"[:512],
-                ),
+            failure = FailureEvent(
+                owner="infrastructure",
+                stage="replay",
+                code="bad_result",
+                message=f"{report.worker}: {error}"[:512],
             )
+            empty = {"output_ref": None, "stdout_ref": None, "stderr_ref": None}
+            return result.model_copy(update={"status": "failed", "failure": failure, **empty})
         return result
 
     def _take_tree(self, ref: ArtifactRef, report: UnitReport, staged: BlobStore | None) -> None:
@@ -250,12 +268,17 @@ class DaskCluster:
                 shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _answer(future: Any) -> UnitReport | FailureEvent:
+def _answer(future: Any, staging: Path | None) -> UnitReport | FailureEvent:
     """Wait for the task (in a thread) and turn what Dask says into a report or a failure."""
     from distributed import KilledWorker
 
+    finished = threading.Event()
+    future.add_done_callback(lambda _: finished.set())  # also on error and cancellation
     try:
-        report = future.result()
+        finished.wait()
+        report = future.result() if future.status != "finished" or staging is None else None
+        if report is None and staging is not None:
+            report = pickle.loads((staging / REPORT_FILE).read_bytes())
     except KilledWorker as error:
         return FailureEvent(
             owner="infrastructure",
@@ -287,17 +310,14 @@ def _cancel(future: Any) -> None:
         return
 
 
-def _failed(base: ReplayJob | ReplayResult, failure: FailureEvent) -> ReplayResult:
+def _failed(job: ReplayJob, failure: FailureEvent) -> ReplayResult:
     return ReplayResult(
-        unit_id=base.unit_id,
-        case_id=base.case_id,
-        arm=base.arm,
-        repetition=base.repetition,
+        unit_id=job.unit_id,
+        case_id=job.case_id,
+        arm=job.arm,
+        repetition=job.repetition,
         status="failed",
         failure=failure,
-        stdout_ref=getattr(base, "stdout_ref", None),
-        stderr_ref=getattr(base, "stderr_ref", None),
-        usage=getattr(base, "usage", None) or Usage(),
     )
 
 
@@ -316,18 +336,24 @@ def _allowed_failures(dask_scheduler: Any) -> int:
     return int(dask_scheduler.allowed_failures)
 
 
-def _start(
-    spec: ClusterSpec, store: BlobStore, directory: Path, lease: str, share: bool | None
-) -> DaskCluster:
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError as error:
-        raise ClusterError(f"Dask lanes need the distributed package: {EXTRA_HINT}") from error
-    started = time.perf_counter()
-    owned = None
-    if spec.kind == "local_dask":
-        directory.mkdir(parents=True, exist_ok=True)
-        owned = LocalCluster(
+_QUIET = {
+    # Workers here only run sandboxed subprocesses: sampling their stacks every 10 ms and
+    # checking the event loop every 20 ms costs CPU the replays need on a small machine.
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "500ms",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.admin.system-monitor.gil.enabled": False,
+    "distributed.worker.memory.monitor-interval": "1s",
+}
+
+
+def _local_cluster(spec: ClusterSpec, directory: Path, lease: str) -> Any:
+    import dask
+    from distributed import LocalCluster
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with dask.config.set(_QUIET):  # the worker processes get this configuration too
+        return LocalCluster(
             n_workers=spec.workers,
             threads_per_worker=1,
             processes=True,
@@ -338,12 +364,29 @@ def _start(
             scheduler_kwargs={"allowed_failures": 0, "dashboard_address": "127.0.0.1:0"},
             env={LEASE_VARIABLE: lease},
         )
+
+
+def _start(
+    spec: ClusterSpec, store: BlobStore, directory: Path, lease: str, share: bool | None
+) -> DaskCluster:
+    try:
+        from distributed import Client
+    except ImportError as error:
+        raise ClusterError(f"Dask lanes need the distributed package: {EXTRA_HINT}") from error
+    started = time.perf_counter()
+    owned = None
+    if spec.kind == "local_dask":
+        owned = _local_cluster(spec, directory, lease)
         client = Client(owned, set_as_default=False, direct_to_workers=True)
     else:
-        client = Client(spec.address, set_as_default=False, timeout=_CONNECT_SECONDS)
+        try:
+            client = Client(spec.address, set_as_default=False, timeout=_CONNECT_SECONDS)
+        except (OSError, TimeoutError) as error:
+            raise ClusterError(f"cannot reach the scheduler at {spec.address}: {error}") from None
     cluster = DaskCluster(spec, store, client, owned, shared=True)
     cluster.directory = directory if owned is not None else None
     try:
+        _send_at_once(client, owned)
         _check_scheduler(cluster)
         cluster.workers = client.run(warm_up)
         cluster.shared = _shared(cluster, share)
@@ -352,6 +395,17 @@ def _start(
         raise
     cluster.start_seconds = time.perf_counter() - started
     return cluster
+
+
+def _send_at_once(client: Any, owned: Any) -> None:
+    """Dask holds small messages back for up to 10 ms (client) and 5 ms (scheduler) to batch
+    them; a unit is a handful of small messages, each of which would pay that wait."""
+    with contextlib.suppress(AttributeError):
+        client.scheduler_comm.interval = 0.0
+    if owned is not None:
+        scheduler = owned.scheduler
+        for comm in [*scheduler.stream_comms.values(), *scheduler.client_comms.values()]:
+            comm.interval = 0.0
 
 
 def _check_scheduler(cluster: DaskCluster) -> None:

@@ -14,6 +14,9 @@ INLINE_BYTES = 256 << 10
 INLINE_TOTAL = 16 << 20
 """At most this much comes back inline per unit when a shared store can take the rest."""
 
+REPORT_FILE = "report.pickle"
+"""With a shared store, the worker leaves its `UnitReport` in the unit's staging directory."""
+
 PRIVATE_RESULT_BYTES = 256 << 20
 """Without a shared store everything comes back inline, at most this much per unit."""
 

@@ -7,13 +7,16 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from evolane.inputs import InputError
+
 EXTRA_HINT = "install the dask extra: pip install 'evolane[dask]'"
 _ADDRESS = re.compile(r"^dask://(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>\d{1,5})$")
 _MAX_LOCAL_WORKERS = 256
 
 
-class ClusterError(ValueError):
-    """A cluster that cannot be used: a bad ``--cluster`` value, no Dask, or an unsafe scheduler."""
+class ClusterError(InputError):
+    """A cluster that cannot be used: a bad ``--cluster`` value, no Dask, an unreachable or
+    unsafe scheduler (one line; the CLI exits with code 2)."""
 
 
 @dataclass(frozen=True)

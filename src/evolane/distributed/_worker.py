@@ -15,6 +15,7 @@ import atexit
 import collections
 import contextlib
 import os
+import pickle
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from evolane.actors.lanes import (
     replay_environment,
 )
 from evolane.distributed._outbox import Outbox
-from evolane.distributed._protocol import UnitReport, UnitRequest
+from evolane.distributed._protocol import REPORT_FILE, UnitReport, UnitRequest
 from evolane.messages import FailureEvent, ReplayResult
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, CorruptBlobError
@@ -125,8 +126,9 @@ def _current_worker() -> Any:
         return None
 
 
-def run_unit(request: UnitRequest, *bundles: dict[str, bytes]) -> UnitReport:
-    """The Dask task: run one replay attempt and report its result with the blobs it made."""
+def run_unit(request: UnitRequest, *bundles: dict[str, bytes]) -> UnitReport | None:
+    """The Dask task: run one replay attempt and report its result with the blobs it made
+    (returned, or written to the staging directory when the store is shared)."""
     worker = _current_worker()
     state = _state(worker)
     address = f"{worker.address if worker is not None else 'local'} pid {os.getpid()}"
@@ -144,7 +146,14 @@ def run_unit(request: UnitRequest, *bundles: dict[str, bytes]) -> UnitReport:
     finally:
         slot.host.store = None
         state.release(slot)
-    return UnitReport(result, outbox.inline, outbox.staged, address)
+    report = UnitReport(result, outbox.inline, outbox.staged, address)
+    if staging is None:
+        return report
+    # With a shared store the report goes there too: the driver reads it as soon as Dask
+    # says the task finished, saving a round trip to fetch the task's value.
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / REPORT_FILE).write_bytes(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL))
+    return None
 
 
 def _receive_inputs(store: BlobStore, bundle: dict[str, bytes]) -> None:
@@ -247,6 +256,8 @@ def warm_up(dask_worker: Any) -> int:
     """Import everything and start one sandbox host, so the first unit starts at full speed."""
     state = _state(dask_worker)
     state.release(state.acquire())
+    with contextlib.suppress(AttributeError):  # send results at once, not in 2 ms batches
+        dask_worker.batched_stream.interval = 0.0
     return os.getpid()
 
 

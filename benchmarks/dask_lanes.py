@@ -1,0 +1,110 @@
+"""Local lanes vs Dask lanes (``--cluster local:N``), same sleeper workload, same run (issue 9).
+
+Both ways run the same measurement through the same sandbox with N replay lanes; the Dask
+way runs each replay as one task on a LocalCluster of N single-threaded worker processes.
+Prints the per-unit replay wall time both ways (the difference is the dispatch overhead
+per unit: submit, worker-side start, result manifest, digest checks), the measurement
+wall-time ratio, and how long a LocalCluster takes to start (workers warmed up).
+Runs alternate between the two ways to spread the noise of a shared machine.
+
+    python benchmarks/dask_lanes.py [--cases 24] [--sleep 0.05] [--lanes 2] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.pipeline_helpers import sleeper_bench
+
+from evolane.actors.scheduler import MeasureRequest
+from evolane.distributed import open_cluster
+from evolane.sandbox import open_sandbox
+from evolane.stats import GateConfig
+from evolane.store import BlobStore
+
+OVERHEAD_LIMIT_MS = 15.0
+START_LIMIT_S = 2.0
+
+
+async def one_run(root: Path, cluster: str, args: argparse.Namespace) -> tuple[float, list[float]]:
+    """Measurement wall time and the per-unit replay wall times for one way."""
+    async with sleeper_bench(
+        root, cases=args.cases, median=args.sleep, replay_concurrency=args.lanes, cluster=cluster
+    ) as bench:
+        request = MeasureRequest(
+            measurement_id="m",
+            baseline_ref=bench.tree(0.0),
+            candidate_ref=bench.tree(0.1),
+            gate=GateConfig(sequential=False),
+        )
+        started = time.perf_counter()
+        summary = await bench.pipeline.measure(request)
+        wall = time.perf_counter() - started
+        records = orjson.loads(bench.store.read_bytes(summary.units_ref))
+    walls = [r["replay"]["wall_seconds"] for r in records if r["status"] == "succeeded"]
+    assert len(walls) == 2 * args.cases, summary
+    return wall, walls
+
+
+async def cluster_starts(root: Path, lanes: int, count: int) -> list[float]:
+    """Seconds from nothing to a LocalCluster whose workers are warmed up, ``count`` times."""
+    times = []
+    store = BlobStore(root / "store")
+    async with open_sandbox(root / "sandbox", store=store) as host:
+        for _ in range(count):
+            started = time.perf_counter()
+            async with open_cluster(f"local:{lanes}", host, store) as cluster:
+                assert cluster is not None
+                times.append(time.perf_counter() - started)
+    return times
+
+
+async def main(args: argparse.Namespace) -> int:
+    results: dict[str, list[tuple[float, list[float]]]] = {"local": [], "dask": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        starts = await cluster_starts(root / "starts", args.lanes, args.rounds)
+        for index in range(args.rounds):
+            for way, cluster in (("local", "local"), ("dask", f"local:{args.lanes}")):
+                results[way].append(await one_run(root / f"{way}-{index}", cluster, args))
+    unit = {
+        way: statistics.mean(w for _, walls in runs for w in walls) for way, runs in results.items()
+    }
+    wall = {way: statistics.median(w for w, _ in runs) for way, runs in results.items()}
+    overhead_ms = (unit["dask"] - unit["local"]) * 1000
+    units = 2 * args.cases
+    print(
+        f"{units} replays of ~{args.sleep * 1000:.0f} ms, {args.lanes} lanes, {args.rounds} rounds"
+    )
+    print(f"  per-unit replay wall, local lanes : {unit['local'] * 1000:7.1f} ms")
+    print(f"  per-unit replay wall, Dask lanes  : {unit['dask'] * 1000:7.1f} ms")
+    print(
+        f"  dispatch overhead per unit        : {overhead_ms:7.1f} ms (limit {OVERHEAD_LIMIT_MS:.0f})"
+    )
+    print(f"  measurement wall, local / Dask    : {wall['local']:.2f} s / {wall['dask']:.2f} s")
+    print(f"  ratio (Dask / local)              : {wall['dask'] / wall['local']:.2f}x")
+    print(
+        f"  LocalCluster start (warm workers) : median {statistics.median(starts):.2f} s, "
+        f"max {max(starts):.2f} s (limit {START_LIMIT_S:.0f})"
+    )
+    ok = overhead_ms <= OVERHEAD_LIMIT_MS and statistics.median(starts) <= START_LIMIT_S
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=24)
+    parser.add_argument("--sleep", type=float, default=0.05)
+    parser.add_argument("--lanes", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    sys.exit(trio.run(main, parser.parse_args()))
