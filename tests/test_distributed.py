@@ -25,7 +25,7 @@ from evolane.messages import ReplayJob, ReplayResult
 from evolane.sandbox import SandboxHost, lease_holders, open_sandbox
 from evolane.sandbox._lifeline import lease_of
 from evolane.store import BlobStore, load_manifest, snapshot_tree
-from evolane.testing import EVIL_TREE_SH
+from evolane.testing import EVIL_TREE_SH, LEASE_VARIABLE
 from tests.pipeline_helpers import sleeper_bench
 from tests.test_pipeline import measure, units
 
@@ -320,3 +320,44 @@ def test_the_cli_runs_a_campaign_on_a_local_cluster_with_the_same_decisions(
         timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "local:N" in bad.stderr
+
+
+DRIVER = """
+import sys
+import trio
+from pathlib import Path
+
+sys.path.insert(0, {repo!r})
+from tests.test_distributed import cluster_for, evil_lane, replay_job, run
+
+
+async def main(root: Path) -> None:
+    async with cluster_for(root) as (_host, store, cluster):
+        await run(cluster, replay_job(store, root), evil_lane(root))
+
+
+if __name__ == "__main__":
+    trio.run(main, Path(sys.argv[1]))
+"""
+
+
+async def test_a_killed_driver_leaves_no_process_behind(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(repo=str(Path(__file__).resolve().parent.parent)))
+
+    def remote() -> set[int]:  # found by lease, wherever the orphans were reparented
+        session = os.environ[LEASE_VARIABLE]
+        return {p for p in lease_holders(session) if "/dask/rt-" in (lease_of(p) or "")}
+
+    driver = subprocess.Popen([sys.executable, str(script), str(tmp_path)])
+    try:
+        await wait_for(lambda: len(remote()) >= 30, 60)
+        driver.kill()  # SIGKILL: no cleanup code of the driver runs
+        driver.wait()
+        await wait_for(lambda: not remote(), 15)
+    finally:
+        driver.kill()
+        driver.wait()

@@ -289,12 +289,18 @@ def _answer(future: Any, staging: Path | None) -> UnitReport | FailureEvent:
         )
     except BaseException as error:  # the remote function raised, or the cluster cancelled it
         cancelled = type(error).__name__ in ("CancelledError", "FutureCancelledError")
+        # A worker that cannot read the store or write its scratch space is the cluster's
+        # problem; anything else raised on the worker is a bug of ours.
+        infrastructure = cancelled or isinstance(error, StoreError | OSError)
+        code = (
+            "cluster_cancelled" if cancelled else "worker_io" if infrastructure else "remote_error"
+        )
         return FailureEvent(
-            owner="infrastructure" if cancelled else "framework",
+            owner="infrastructure" if infrastructure else "framework",
             stage="replay",
-            code="cluster_cancelled" if cancelled else "remote_error",
+            code=code,
             message=f"{type(error).__name__}: {error}"[:512],
-            repairable=cancelled,
+            repairable=infrastructure,
         )
     if not isinstance(report, UnitReport):
         return FailureEvent(
