@@ -132,10 +132,13 @@ class _Lease:
 
 
 async def _run_to_end(argv: list[str], lease: _Lease) -> tuple[int, str]:
-    done = await trio.run_process(
-        argv, env=lease.env(), capture_stdout=True, capture_stderr=True, check=False
-    )
-    return done.returncode, done.stderr.decode(errors="replace")[-400:]
+    """Run ``argv`` to its end (at most `RUN_TIMEOUT`); its exit code and its last stderr."""
+    with trio.move_on_after(RUN_TIMEOUT):
+        done = await trio.run_process(
+            argv, env=lease.env(), capture_stdout=True, capture_stderr=True, check=False
+        )
+        return done.returncode, done.stderr.decode(errors="replace")[-400:]
+    return -1, f"still running after {RUN_TIMEOUT:g} s"
 
 
 @dataclass

@@ -62,37 +62,40 @@ class PlannedTree:
 
 
 def process_plan(config: ProcessConfig) -> list[PlannedTree]:
-    """The seeded plan, tree by tree."""
+    """The seeded plan, tree by tree: exactly the configured share of each fate, shuffled.
+
+    Half the escapers are killed at a deadline (setsid and double-fork children), half exit
+    at once leaving a setsid daemon behind.
+    """
     rng = random.Random(config.seed)
-    shares: list[tuple[Kind, float]] = [
+    counts: list[tuple[Kind, float]] = [
         ("deadline", config.deadline_share),
-        ("escaper", config.escaper_share),
         ("stopped", config.stop_share),
         ("abandoned", config.abandon_share),
     ]
-    plan = []
-    for _ in range(config.trees):
-        roll, kind = rng.random(), "normal"
-        for name, share in shares:
-            if roll < share:
-                kind = name
-                break
-            roll -= share
-        if kind == "escaper" and rng.random() < 0.5:
-            kind = "daemon"
-        moment = rng.uniform(0.02, config.max_deadline)
-        grace = rng.uniform(0.05, 0.3)
-        if kind == "normal":
-            a, b = rng.choice((0, 0.01, 0.05)), rng.choice((0, 0.02, 0.1))
-            plan.append(PlannedTree(kind, NORMAL_SH.format(a=a, b=b), 60.0, 0.0, grace))
-        elif kind in ("deadline", "escaper"):
-            script = LINGER_SH if kind == "deadline" else EVIL_TREE_SH
-            plan.append(PlannedTree(kind, script, moment, 0.0, grace))
-        elif kind == "daemon":
-            plan.append(PlannedTree(kind, DAEMON_AFTER_EXIT_SH, 60.0, 0.0, grace))
-        else:
-            plan.append(PlannedTree(kind, LINGER_SH, 60.0, moment, grace))
-    return plan
+    kinds: list[Kind] = []
+    escapers = round(config.trees * config.escaper_share)
+    kinds += ["escaper" if i % 2 == 0 else "daemon" for i in range(escapers)]
+    for kind, share in counts:
+        kinds += [kind] * round(config.trees * share)
+    kinds = kinds[: config.trees]
+    kinds += ["normal"] * (config.trees - len(kinds))
+    rng.shuffle(kinds)
+    return [_planned(kind, rng, config.max_deadline) for kind in kinds]
+
+
+def _planned(kind: Kind, rng: random.Random, max_deadline: float) -> PlannedTree:
+    moment = rng.uniform(0.02, max_deadline)
+    grace = rng.uniform(0.05, 0.3)
+    if kind == "normal":
+        a, b = rng.choice((0, 0.01, 0.05)), rng.choice((0, 0.02, 0.1))
+        return PlannedTree(kind, NORMAL_SH.format(a=a, b=b), 60.0, 0.0, grace)
+    if kind in ("deadline", "escaper"):
+        script = LINGER_SH if kind == "deadline" else EVIL_TREE_SH
+        return PlannedTree(kind, script, moment, 0.0, grace)
+    if kind == "daemon":
+        return PlannedTree(kind, DAEMON_AFTER_EXIT_SH, 60.0, 0.0, grace)
+    return PlannedTree(kind, LINGER_SH, 60.0, moment, grace)
 
 
 @dataclass
@@ -111,19 +114,12 @@ async def _run_tree(
     spec = SandboxSpec(argv=("sh", "-c", tree.script), kill_grace=tree.grace, label=tree.kind)
     async with limiter:
         outcome: ProcessOutcome | None = None
-        with trio.move_on_after(tree.timeout + tree.end_after + 30.0) as guard:
-            async with trio.open_nursery() as nursery:
-                stop = trio.Event()
-                if tree.kind == "stopped":
-                    nursery.start_soon(_set_after, stop, tree.end_after)
-                if tree.kind == "abandoned":
-                    with trio.move_on_after(tree.end_after):
-                        outcome = await host.run(spec, timeout=tree.timeout)
-                else:
-                    outcome = await host.run(spec, timeout=tree.timeout, stop=stop)
-                nursery.cancel_scope.cancel()
-        if guard.cancelled_caught:
-            tally.hung += 1
+        try:
+            outcome = await _run_guarded(host, spec, tree, tally)
+        except Exception as error:  # the sandbox failed: an invariant fails, the storm goes on
+            tally.wrong.append(f"tree {index} ({tree.kind}) raised {error!r}"[:300])
+            tally.outcomes.append((tree, None))
+            return
     tally.outcomes.append((tree, outcome))
     status = "abandoned" if outcome is None else outcome.status
     expected = EXPECTED[tree.kind]
@@ -131,6 +127,27 @@ async def _run_tree(
     if status != expected or not clean_exit:
         code = None if outcome is None else outcome.exit_code
         tally.wrong.append(f"tree {index} ({tree.kind}): {status}, exit code {code}")
+
+
+async def _run_guarded(
+    host: SandboxHost, spec: SandboxSpec, tree: PlannedTree, tally: _Tally
+) -> ProcessOutcome | None:
+    """Run one tree to its planned end; None when its caller gave up on it (or it hung)."""
+    outcome = None
+    with trio.move_on_after(tree.timeout + tree.end_after + 30.0) as guard:
+        async with trio.open_nursery() as nursery:
+            stop = trio.Event()
+            if tree.kind == "stopped":
+                nursery.start_soon(_set_after, stop, tree.end_after)
+            if tree.kind == "abandoned":
+                with trio.move_on_after(tree.end_after):
+                    outcome = await host.run(spec, timeout=tree.timeout)
+            else:
+                outcome = await host.run(spec, timeout=tree.timeout, stop=stop)
+            nursery.cancel_scope.cancel()
+    if guard.cancelled_caught:
+        tally.hung += 1
+    return outcome
 
 
 async def _set_after(event: trio.Event, seconds: float) -> None:
@@ -191,7 +208,11 @@ def _result(
     outcomes = [outcome for _, outcome in tally.outcomes if outcome is not None]
     reported = sum(outcome.survivors for outcome in outcomes)
     result = RoundResult(invariants={})
-    result.check("every run returned", len(tally.outcomes) == config.trees and not tally.hung)
+    result.check(
+        "every run returned",
+        len(tally.outcomes) == config.trees and not tally.hung,
+        f"{len(tally.outcomes)} of {config.trees} returned, {tally.hung} hung",
+    )
     result.check("0 survivors", not survivors, f"pids {sorted(survivors)[:10]}")
     result.check("0 survivors reported by the kill ladder", reported == 0, f"{reported}")
     result.check("every tree ended as planned", not tally.wrong, "; ".join(tally.wrong[:3]))

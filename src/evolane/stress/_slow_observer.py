@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +43,7 @@ class ObserverConfig(Record):
     cases: int = Field(default=16, ge=2, le=10_000)
     median_seconds: float = Field(default=0.3, ge=0.0, le=60.0)
     lanes: int = Field(default=8, ge=1, le=256)
-    pairs: int = Field(default=3, ge=1, le=100)
+    pairs: int = Field(default=4, ge=1, le=100)
     events_per_second: float = Field(default=500.0, ge=0.0, le=100_000.0)
     observer_capacity: int = Field(default=4, ge=1, le=100_000)
     max_ratio: float = Field(default=1.05, ge=1.0, le=100.0)
@@ -159,7 +160,8 @@ def _count_queued(feed: trio.MemoryReceiveChannel[object]) -> int:
 
 
 async def run_slow_observer(config: ObserverConfig) -> RoundResult:
-    """One round: ``pairs`` pairs of the same measurement, observed and not, in ABBA order."""
+    """One round: ``pairs`` pairs of the same measurement, observed and not, in ABBA order;
+    the wall ratio is the median of the pairs' ratios."""
     root = Path(tempfile.mkdtemp(prefix="evolane-stress-"))
     cpu = cpu_seconds()
     try:
@@ -184,12 +186,14 @@ def _result(config: ObserverConfig, arms: list[_Arm], cpu: float) -> RoundResult
     alone = [arm for arm in arms if not arm.observed]
     wall_observed = sum(arm.wall for arm in observed)
     wall_alone = sum(arm.wall for arm in alone)
-    ratio = wall_observed / wall_alone
+    # Each pair ran back to back (ABBA); the median pair ratio shrugs off a burst of load
+    # from other processes on the host that hit one measurement.
+    ratio = statistics.median(o.wall / a.wall for o, a in zip(observed, alone, strict=True))
     result = RoundResult(invariants={})
     result.check(
         f"wall with a blocked observer <= {config.max_ratio:g} x without",
         ratio <= config.max_ratio,
-        f"{wall_observed:.3f} s vs {wall_alone:.3f} s",
+        f"median pair ratio {ratio:.3f}; {wall_observed:.3f} s vs {wall_alone:.3f} s in all",
     )
     result.check(
         "the journal has every event, seq contiguous",
@@ -208,6 +212,7 @@ def _result(config: ObserverConfig, arms: list[_Arm], cpu: float) -> RoundResult
     }
     result.measures = {
         "wall_ratio": round(ratio, 4),
+        "wall_ratio_of_totals": round(wall_observed / wall_alone, 4),
         "wall_observed_seconds": round(wall_observed, 3),
         "wall_alone_seconds": round(wall_alone, 3),
         "cpu_seconds": round(cpu, 3),
