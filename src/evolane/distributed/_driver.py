@@ -276,9 +276,12 @@ def _answer(future: Any, staging: Path | None) -> UnitReport | FailureEvent:
     future.add_done_callback(lambda _: finished.set())  # also on error and cancellation
     try:
         finished.wait()
-        report = future.result() if future.status != "finished" or staging is None else None
-        if report is None and staging is not None:
-            report = pickle.loads((staging / REPORT_FILE).read_bytes())
+        report = None
+        if future.status == "finished" and staging is not None:
+            with contextlib.suppress(FileNotFoundError):  # else the report is the task's value
+                report = pickle.loads((staging / REPORT_FILE).read_bytes())
+        if report is None:
+            report = future.result()
     except KilledWorker as error:
         return FailureEvent(
             owner="infrastructure",

@@ -194,9 +194,9 @@ async def _run_unit(
         deadline = trio.current_time() + max(0.0, request.deadline_epoch - time.time())
         scratch = _Scratch(slot.host, inputs, job.unit_id, request.attempt)
         leftover, slot.leftover = slot.leftover, None
-        # Blocking I/O right here: this trio loop and its thread serve this unit alone.
-        scratch.prepare(job.case_ref, job.tree_ref, settings.workspace_seed, None, leftover)
         try:
+            # Blocking I/O right here: this trio loop and its thread serve this unit alone.
+            scratch.prepare(job.case_ref, job.tree_ref, settings.workspace_seed, None, leftover)
             lane = LaneSettings(
                 template=settings.template,
                 limits=settings.limits,
