@@ -41,7 +41,7 @@ def remote_units(host: SandboxHost) -> set[int]:
     return {pid for pid in lease_holders(host.lease) if marker in (lease_of(pid) or "")}
 
 
-async def wait_for(predicate: Any, seconds: float = 20.0) -> None:
+async def wait_for(predicate: Any, seconds: float = 40.0) -> None:
     with trio.fail_after(seconds):
         while not predicate():
             await trio.sleep(0.05)
@@ -172,7 +172,7 @@ async def test_a_remote_deadline_kill_leaves_no_survivors(tmp_path: Path) -> Non
             elapsed = trio.current_time() - started
         assert result.status == "timed_out" and result.failure is not None
         assert (result.failure.owner, result.failure.code) == ("infrastructure", "timeout")
-        assert 2.0 <= elapsed < 10.0
+        assert 2.0 <= elapsed < 20.0  # the deadline, not the tree's 1000 s sleeps
         assert remote_units(host) == set()  # gone before the result came back
 
 
@@ -201,7 +201,7 @@ async def test_a_driver_cancelled_mid_run_leaves_nothing_on_the_workers(tmp_path
     async with sleeper_bench(
         tmp_path, cases=8, median=30, replay_concurrency=2, cluster="local:2"
     ) as bench:
-        with trio.move_on_after(20) as scope:
+        with trio.move_on_after(60) as scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(measure, bench, 0.1, None, "m")
                 await wait_for(lambda: len(remote_units(bench.host)) >= 2)
