@@ -361,3 +361,20 @@ async def test_a_killed_driver_leaves_no_process_behind(tmp_path: Path) -> None:
     finally:
         driver.kill()
         driver.wait()
+
+
+def test_the_outbox_keeps_small_blobs_inline_and_stages_the_rest(tmp_path: Path) -> None:
+    from evolane.distributed._outbox import Outbox, ResultTooLarge
+
+    box = Outbox(tmp_path / "staging", inline_bytes=1024, inline_total=4096)
+    small, large = box.put_bytes(b"x" * 100), box.put_bytes(b"y" * 5000)
+    assert small.digest in box.inline and large.digest in box.staged
+    assert BlobStore(tmp_path / "staging").read_bytes(large) == b"y" * 5000
+    for index in range(50):  # past the inline total, small blobs are staged as well
+        box.put_bytes(bytes([index]) * 1000)
+    assert sum(len(data) for data in box.inline.values()) <= 4096
+    assert len(box.inline) + len(box.staged) == 52
+    private = Outbox(None, inline_bytes=1024, inline_total=4096)
+    assert private.put_bytes(b"z" * 3000).digest in private.inline  # no staging: all inline
+    with pytest.raises(ResultTooLarge):
+        private.put_bytes(b"z" * 2000)
