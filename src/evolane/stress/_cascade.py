@@ -13,7 +13,7 @@ from typing import Any
 import trio
 from pydantic import Field
 
-from evolane.actors import Actor, ActorCrashed, ActorRef
+from evolane.actors import Actor, ActorCrashed, ActorError, ActorRef
 from evolane.messages import Message, Record, StressWork
 from evolane.stress._harness import RoundResult, count_tasks, cpu_seconds, settle_tasks
 from evolane.supervisors import ActorSpec, Runtime, Strategy, SupervisorSpec, open_runtime
@@ -205,6 +205,9 @@ async def _inject(
                 run.problems.append(f"crash {burst}.{k} at {name} was answered")
             except ActorCrashed:
                 pass
+            except ActorError as error:
+                run.problems.append(f"crash {burst}.{k} at {name}: {error!r}")
+                return
             model.crash(nodes[name])
             await _wait_for(run, len(model.events))
             if run.log != model.events:
