@@ -66,8 +66,9 @@ async def bare_run(root: Path, cases: int, sleep: float, lanes: int) -> tuple[fl
     root.mkdir(parents=True)
     rows = [{"id": f"c{i}", "input": i, "expected_output": 1} for i in range(cases)]
     (root / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    (root / "tree").mkdir()
-    (root / "tree" / "skill.md").write_text("rules")
+    for arm in ("tree", "tree2"):  # two different trees: no result is reused across the arms
+        (root / arm).mkdir()
+        (root / arm / "skill.md").write_text(f"rules of {arm}")
     store = BlobStore(root / "store")
     replay = f"sh -c 'sleep {sleep}; echo 1 > \"$1\"/output.json' replay {{output_dir}}"
     config = PipelineConfig(
@@ -81,10 +82,10 @@ async def bare_run(root: Path, cases: int, sleep: float, lanes: int) -> tuple[fl
         open_runtime() as runtime,
         open_pipeline(runtime, host, store, load_dataset(root / "d.jsonl"), config) as p,
     ):
-        tree = snapshot_tree(store, root / "tree")
+        base, cand = snapshot_tree(store, root / "tree"), snapshot_tree(store, root / "tree2")
         cpu, start = _cpu(), time.perf_counter()
         await p.measure(
-            MeasureRequest(measurement_id="b", baseline_ref=tree, candidate_ref=tree, gate=FULL)
+            MeasureRequest(measurement_id="b", baseline_ref=base, candidate_ref=cand, gate=FULL)
         )
         return time.perf_counter() - start, _cpu() - cpu
 

@@ -80,9 +80,16 @@ def main() -> int:
             before = _units(log)
             in_flight = set(before) - done
             (run_dir,) = root.glob("store/runs/*")
+            if (run_dir / "report.json").exists():
+                print(f"kill {kill + 1} at {moment:5.1f} s: the run had already finished")
+                same += _decisions(root / "store") == reference
+                continue
             resume = [sys.executable, "-m", "evolane", "optimize", "--resume", run_dir.name,
                       "--store", str(root / "store"), "--progress", "none"]  # fmt: skip
-            assert subprocess.run(resume, capture_output=True, check=False).returncode == 0
+            resumed = subprocess.run(resume, capture_output=True, text=True, check=False)
+            if resumed.returncode != 0:
+                print(f"kill {kill + 1}: resume failed ({resumed.returncode}): {resumed.stderr}")
+                return 1
             after = set(_units(log)[len(before) :])
             rerun = set(before) & after
             equal = _decisions(root / "store") == reference

@@ -124,6 +124,7 @@ async def test_seed_and_overlay_are_materialised_writable_and_removed_after(
     outcome = await host.run(spec, timeout=10)
     assert outcome.stdout.text() == "seed gradernew ruleswritable\n"
     store.verify(overlay)  # writing in the workspace never touched the store
+    await trio.to_thread.run_sync(host.settle)  # unit directories are removed in the background
     assert [p.name for p in host.lease_dir.iterdir() if p.is_dir() and p.name != ".spool"] == []
 
 

@@ -6,10 +6,12 @@ import contextlib
 import itertools
 import json
 import os
+import queue
 import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -35,6 +37,41 @@ def _process_identity(pid: int) -> float | None:
         return None
 
 
+class _Janitor:
+    """One background thread that runs deferred cleanups in order (bounded queue)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue(maxsize=4096)
+        self._thread: threading.Thread | None = None
+
+    def put(self, cleanup: Callable[[], object]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="evolane-janitor", daemon=True)
+            self._thread.start()
+        try:
+            self._queue.put_nowait(cleanup)
+        except queue.Full:  # cleaning is behind: do this one now rather than wait
+            cleanup()
+
+    def _run(self) -> None:
+        while (cleanup := self._queue.get()) is not None:
+            with contextlib.suppress(Exception):  # a cleanup failure leaves litter, not damage
+                cleanup()
+            self._queue.task_done()
+
+    def settle(self) -> None:
+        """Block until every cleanup queued so far has run."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish every queued cleanup, then stop the thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+
 class SandboxHost:
     """Runs sandboxed commands for one runtime; see `open_sandbox`.
 
@@ -58,6 +95,16 @@ class SandboxHost:
         self._lifeline: subprocess.Popen[bytes] | None = None
         self._lifeline_fd: int | None = None
         self.stale_swept = 0
+        self._janitor = _Janitor()
+
+    def defer(self, cleanup: Callable[[], object]) -> None:
+        """Run ``cleanup`` (removing a finished unit's empty cgroups and directories) off the
+        critical path, in the host's cleanup thread; `close` waits for every one."""
+        self._janitor.put(cleanup)
+
+    def settle(self) -> None:
+        """Block until every deferred cleanup has run (blocking: call it from a thread)."""
+        self._janitor.settle()
 
     def unit_name(self, label: str) -> str:
         """A unique, filesystem- and lease-safe name for the next unit."""
@@ -106,6 +153,7 @@ class SandboxHost:
 
     def close(self) -> None:
         """Kill anything left of this host's lease and remove its directories."""
+        self._janitor.close()
         for root in self.cgroups.roots():
             kill_cgroup_tree(root)
         kill_lease(self.lease)

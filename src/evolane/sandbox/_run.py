@@ -9,6 +9,7 @@ import signal
 import subprocess
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,8 +137,12 @@ async def run_unit(
             await trio.to_thread.run_sync(unit.remove, False)
         raise
     keep = spec.keep_failed and not outcome.ok
-    with trio.CancelScope(shield=True):
-        kept = await trio.to_thread.run_sync(unit.remove, keep)
+    kept = None
+    if keep:
+        with trio.CancelScope(shield=True):
+            kept = await trio.to_thread.run_sync(unit.remove, keep)
+    else:  # the tree is gone; its empty cgroups and directories go off the critical path
+        host.defer(partial(unit.remove, False))
     if kept is not None:
         outcome = outcome.model_copy(update={"workspace": str(kept)})
     return outcome
