@@ -3,11 +3,12 @@
 Both ways run the same measurement through the same sandbox with N replay lanes; the Dask
 way runs each replay as one task on a LocalCluster of N single-threaded worker processes.
 Prints the per-unit replay wall time both ways (the difference is the dispatch overhead
-per unit: submit, worker-side start, result manifest, digest checks), the measurement
-wall-time ratio, and how long a LocalCluster takes to start (workers warmed up).
+per unit: submit, worker-side start, result manifest, digest checks), the same for one tiny
+unit at a time on idle lanes, the measurement wall-time ratio, and how long a LocalCluster
+takes to start (workers warmed up).
 Runs alternate between the two ways to spread the noise of a shared machine.
 
-    python benchmarks/dask_lanes.py [--cases 24] [--sleep 0.05] [--lanes 2] [--rounds 5]
+    python benchmarks/dask_lanes.py [--cases 24] [--sleep 0.05] [--lanes 2] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.pipeline_helpers import sleeper_bench
 
+from evolane.actors.lanes import LaneSettings, ReplayLane, StopBoard
 from evolane.actors.scheduler import MeasureRequest
-from evolane.distributed import open_cluster
-from evolane.sandbox import open_sandbox
+from evolane.distributed import DaskCluster, open_cluster
+from evolane.inputs import REPLAY_PLACEHOLDERS, CommandTemplate
+from evolane.messages import ReplayJob
+from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.stats import GateConfig
-from evolane.store import BlobStore
+from evolane.store import BlobStore, snapshot_tree
 
 OVERHEAD_MS = 15.0
 START_S = 2.0
@@ -56,24 +60,64 @@ async def one_run(root: Path, cluster: str, args: argparse.Namespace) -> tuple[f
     return wall, walls
 
 
-async def cluster_starts(root: Path, lanes: int, count: int) -> list[float]:
-    """Seconds from nothing to a LocalCluster whose workers are warmed up, ``count`` times."""
-    times = []
+async def cluster_starts(root: Path, lanes: int, count: int) -> tuple[list[float], float]:
+    """Seconds from nothing to a LocalCluster whose workers are warmed up, ``count`` times;
+    and the median extra latency of one tiny unit at a time on idle lanes (ms)."""
+    times, extra = [], 0.0
     store = BlobStore(root / "store")
     async with open_sandbox(root / "sandbox", store=store) as host:
-        for _ in range(count):
+        for index in range(count):
             started = time.perf_counter()
             async with open_cluster(f"local:{lanes}", host, store) as cluster:
                 assert cluster is not None
                 times.append(time.perf_counter() - started)
-    return times
+                if index == 0:
+                    extra = await idle_latency(root, host, store, cluster)
+    return times, extra
+
+
+async def idle_latency(
+    root: Path, host: SandboxHost, store: BlobStore, cluster: DaskCluster
+) -> float:
+    """Median paired difference of one tiny replay (``sh`` writing its answer), local lane
+    vs Dask lane, one unit at a time: the dispatch latency without contention."""
+    (root / "tree").mkdir()
+    job = ReplayJob(
+        unit_id="u",
+        case_id="c",
+        case_ref=store.put_bytes(b'{"id": "c", "input": 1}'),
+        tree_ref=snapshot_tree(store, root / "tree"),
+        arm="baseline",
+        repetition=0,
+        seed=1,
+        timeout_seconds=60,
+    )
+    command = """sh -c 'echo 1 > "$1/output.json"' replay {output_dir}"""
+    template = CommandTemplate.parse(command, role="replay", allowed=REPLAY_PLACEHOLDERS)
+    settings = LaneSettings(template=template, kill_grace=0.3)
+    local = ReplayLane(host, store, settings, StopBoard())
+    differences = []
+    for index in range(40):
+        unit = job.model_copy(update={"unit_id": f"u{index}"})
+        walls = []
+        for way in ("local", "dask"):
+            started = time.perf_counter()
+            deadline = trio.current_time() + 60
+            if way == "local":
+                result = await local._attempt(unit, 1, deadline, trio.Event())
+            else:
+                result = await cluster.replay(unit, 1, deadline, trio.Event(), settings)
+            assert result.status == "succeeded", result
+            walls.append(time.perf_counter() - started)
+        differences.append((walls[1] - walls[0]) * 1000)
+    return statistics.median(differences)
 
 
 async def main(args: argparse.Namespace) -> int:
     rounds: list[dict[str, tuple[float, list[float]]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        starts = await cluster_starts(root / "starts", args.lanes, 3)
+        starts, idle = await cluster_starts(root / "starts", args.lanes, 3)
         for index in range(args.rounds):
             pair = {}
             for way, cluster in (("local", "local"), ("dask", f"local:{args.lanes}")):
@@ -96,6 +140,7 @@ async def main(args: argparse.Namespace) -> int:
     print(f"  median replay wall, local lanes : {unit['local'] * 1000:7.1f} ms")
     print(f"  median replay wall, Dask lanes  : {unit['dask'] * 1000:7.1f} ms")
     print(f"  dispatch overhead per unit      : {overhead_ms:7.1f} ms (limit {OVERHEAD_MS:.0f})")
+    print(f"  one unit at a time, idle lanes  : {idle:7.1f} ms more on Dask")
     print(f"  measurement wall, local / Dask  : {wall['local']:.2f} s / {wall['dask']:.2f} s")
     print(f"  ratio (Dask / local)            : {wall['dask'] / wall['local']:.2f}x")
     start = statistics.median(starts)
@@ -111,5 +156,5 @@ if __name__ == "__main__":
     parser.add_argument("--cases", type=int, default=24)
     parser.add_argument("--sleep", type=float, default=0.05)
     parser.add_argument("--lanes", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     sys.exit(trio.run(main, parser.parse_args()))
