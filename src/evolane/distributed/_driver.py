@@ -1,7 +1,8 @@
 """The driver side: a Dask client (and the LocalCluster it owns), one remote task per unit.
 
-The client's own event loop runs in its thread; trio talks to it only through
-``trio.to_thread`` (never blocking the trio loop). A unit's task is submitted with retries
+The client's own event loop runs in its thread. Whatever waits on it (a task's end,
+``Client.run``, scatter, close) runs through ``trio.to_thread``; ``submit`` only queues a
+message, so it is called from trio directly. A unit's task is submitted with retries
 off, on a scheduler that allows no failures: a worker lost mid-unit is an infrastructure
 failure of the unit, never a silent re-run. What comes back is verified blob by blob
 before anything enters the store.
