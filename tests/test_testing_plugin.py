@@ -48,8 +48,9 @@ async def test_my_agent_backend_survives_injected_faults(runtime, chaos, no_leak
     assert report.status == "finished"
     assert chaos.injected["delivery_delay"] > 0
     assert sum(chaos.injected.values()) > 0
-    blocked = [f for f in report.funnel if f.terminal == "blocked"]
-    assert len(blocked) == sum(1 for f in report.failures if "spawn" in f.failure.message)
+    no_optimizer = [f for f in report.funnel if f.reason.startswith("the optimizer failed")]
+    refused = [f for f in report.failures if "chaos: refused to spawn" in f.failure.message]
+    assert len(no_optimizer) == len(refused) == chaos.injected["spawn_failure"]
 """
 
 
