@@ -146,3 +146,38 @@ def test_cancelling_the_asyncio_task_cancels_the_run_and_its_trees(tmp_path: Pat
     asyncio.run(main())
     (run_dir,) = (paths["store"] / "runs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+
+
+def _sleeper_config(root: Path) -> evolane.CampaignConfig:
+    from evolane.cli._optimize import SLEEPER_DEFAULTS, example_settings
+
+    settings = example_settings("sleeper", root / "ex")
+    keys = ("target", "dataset", "replay", "judge", "optimizer")
+    presets = {**SLEEPER_DEFAULTS, "iterations": 1, "population": 1, "replay_concurrency": 4}
+    return evolane.CampaignConfig(
+        **{k: settings[k] for k in keys},
+        required_files=tuple(settings["required_files"]),
+        store=str(root / "store"),
+        **presets,
+    )
+
+
+async def test_the_trio_api_runs_the_sleeper_end_to_end(tmp_path: Path) -> None:
+    config = _sleeper_config(tmp_path)
+    with trio.fail_after(120):
+        async with evolane.open_runtime(store=config.store) as runtime:
+            report = await runtime.optimize(OptimizeRequest(config=config))
+    assert report is not None and report.status == "finished"
+    assert report.budget.spent.tokens and report.budget.spent.tokens > 0  # sleeper usage.json
+    assert report.test is not None
+
+
+def test_the_asyncio_api_runs_the_sleeper_end_to_end(tmp_path: Path) -> None:
+    config = _sleeper_config(tmp_path)
+
+    async def main() -> object:
+        async with evolane.aio.open_runtime(store=config.store) as runtime:
+            return await asyncio.wait_for(runtime.optimize(OptimizeRequest(config=config)), 120)
+
+    report = asyncio.run(main())
+    assert report is not None and report.status == "finished"  # type: ignore[attr-defined]
