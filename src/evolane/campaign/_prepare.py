@@ -166,17 +166,9 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
         identity={**config.identity(), "dataset_digest": dataset.digest, "from_run": run_id},
         seed_ref=old.seed_ref,
         best_ref=old.parent_ref,
+        cycles=old.cycle,
     )
-    record = RunRecord(
-        run_id=new_id("r-"),
-        campaign_id=campaign.campaign_id,
-        cycle=old.cycle,
-        created=time.time(),
-        config=config.model_copy(update={"campaign_id": campaign.campaign_id}),
-        dataset_digest=dataset.digest,
-        seed_ref=old.seed_ref,
-        parent_ref=old.parent_ref,
-    )
+    record = _run_record(config, campaign, dataset)
     test_cases = len(dataset.split("test"))
     return Prepared(
         config=config,
@@ -236,7 +228,12 @@ def _new_run(
             best_ref=seed,
             max_cycles=config.max_improvement_cycles,
         )
-    record = RunRecord(
+    return _run_record(config, campaign, dataset), campaign
+
+
+def _run_record(config: CampaignConfig, campaign: CampaignState, dataset: Dataset) -> RunRecord:
+    """The record of a new run: the campaign's next cycle, from its best tree."""
+    return RunRecord(
         run_id=new_id("r-"),
         campaign_id=campaign.campaign_id,
         cycle=campaign.cycles,
@@ -246,7 +243,6 @@ def _new_run(
         seed_ref=campaign.seed_ref,
         parent_ref=campaign.best_ref,
     )
-    return record, campaign
 
 
 def _continuable_campaign(
