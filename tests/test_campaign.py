@@ -297,3 +297,22 @@ async def test_a_candidate_that_breaks_every_replay_is_rejected_not_indecisive(
     assert any(
         f.failure.owner == "candidate" and f.failure.code == "exit_7" for f in report.failures
     )
+
+
+async def test_a_ceiling_reached_before_the_optimizer_ends_the_run_budget_limited(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:1"})
+    script = tmp_path / "replay.sh"
+    script.write_text(
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
+    )
+    replay = f"sh {script} {{candidate}} {{output_dir}}"
+    # the parent's 12 val cases spend exactly the ceiling; the optimizer is then refused
+    config = toy_config(paths, replay=replay, max_tokens=1200, replay_concurrency=1)
+    outcome = await _run(RunRequest(config))
+    report = outcome.report
+    assert report is not None and report.status == "budget_limited", report
+    assert outcome.exit_code == 3 and "optimizer" in report.message
+    assert report.funnel == () and report.budget.spent.tokens == 1200

@@ -133,20 +133,31 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     assert finished.returncode == 0, finished.stderr
 
 
+STALLING = {"0.0": "harm:1", "0.1": "noop", "1.0": "fix:2", "1.1": "harm:2", "2.0": "fix:1"}
+"""Iteration 0 accepts nothing: a resume that counted the stall twice would decide otherwise."""
+
+
+def _decisions(report: dict) -> list[tuple]:
+    return [(d["iteration"], d["slot"], d["digest"], d["decision"]) for d in report["decisions"]]
+
+
 def _interrupt(tmp_path: Path, signals: int) -> tuple[Path, Path]:
-    paths = write_toy(tmp_path, PLAN)
+    paths = write_toy(tmp_path, STALLING)
     store = tmp_path / "store"
     flags = toy_flags(paths, store)
     slow = 'sh -c \'sleep 0.3; cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' r'
     slow += " {candidate} {output_dir}"
     flags[flags.index("--replay") + 1] = slow
-    process = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    command = [*EVOLANE, "optimize", *flags, "--stall", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while (
-        not list(store.glob("runs/*/journal.jsonl"))
-        or len(read_journal(next(store.glob("runs/*/journal.jsonl"))).records) < 5
-    ):
+
+    def second_iteration_began() -> bool:  # iteration 0 (no accept: stall 1) is behind us
+        journals = list(store.glob("runs/*/journal.jsonl"))
+        records = read_journal(journals[0]).records if journals else []
+        return any(r.get("slot") == "c0.i1.s0" for r in records)
+
+    while not second_iteration_began():
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     for _ in range(signals):
@@ -171,6 +182,13 @@ def test_ctrl_c_then_resume_completes(tmp_path: Path, signals: int) -> None:
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "finished" and report["resumed"] == 1
     assert sum(m["units_restored"] for m in report["measurements"]) >= 1
+    reference = tmp_path / "reference"
+    ref_paths = write_toy(reference, STALLING)
+    ref_flags = [*toy_flags(ref_paths, reference / "store"), "--stall", "2"]
+    assert _run(["optimize", *ref_flags]).returncode == 0
+    (ref_dir,) = (reference / "store" / "runs").iterdir()
+    expected = json.loads((ref_dir / "report.json").read_text())
+    assert _decisions(report) == _decisions(expected)
 
 
 def test_report_and_runs_on_a_real_run(tmp_path: Path) -> None:

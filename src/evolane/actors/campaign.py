@@ -244,7 +244,7 @@ class _Cycle:
     ) -> list[ProposeResult]:
         results: list[ProposeResult | None] = [None] * len(prompts)
         lanes = trio.open_memory_channel[ActorRef](len(self.s.optimizers))
-        for lane in self.s.optimizers[: self.config.optimizer_concurrency]:
+        for lane in self.s.optimizers:
             lanes[0].send_nowait(lane)
 
         async def one(slot: int) -> None:
@@ -269,10 +269,12 @@ class _Cycle:
             async with trio.open_nursery() as nursery:
                 for slot in range(len(prompts)):
                     nursery.start_soon(one, slot)
-        except BaseException:
+        except BaseException as error:
             self.s.optimizer_board.stop_all()
-            raise
-        return [r for r in results if r is not None]
+            raise _stopped_in(error) from None
+        done = [r for r in results if r is not None]
+        assert len(done) == len(results), "every slot has a result once the nursery is done"
+        return done
 
     async def _propose_one(
         self,
@@ -532,3 +534,17 @@ class _Cycle:
                 self.r.test = self.r.book.measurements[-1]
         self.r.scores = Scores(**scores)
         self.r.finalized = True
+
+
+def _stopped_in(error: BaseException) -> BaseException:
+    """A `Stopped` raised in a slot (out of a nursery's exception group), else ``error``."""
+    leaves, pending = [], [error]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        else:
+            leaves.append(current)
+    if leaves and all(isinstance(leaf, Stopped) for leaf in leaves):
+        return leaves[0]
+    return error

@@ -258,11 +258,11 @@ class ReplayLane(Actor):
 
 
 def replay_environment(job: ReplayJob) -> dict[str, str]:
-    """The ``EVOLANE_*`` variables a replay command sees for ``job``."""
+    """The ``EVOLANE_*`` variables a replay command sees for ``job``. Not its arm: a replay
+    is blind to whether it is the baseline or the candidate, so a result serves either."""
     return {
         "EVOLANE_UNIT": job.unit_id,
         "EVOLANE_CASE_ID": job.case_id,
-        "EVOLANE_ARM": job.arm,
         "EVOLANE_REPETITION": str(job.repetition),
         "EVOLANE_SEED": str(job.seed),
     }

@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 
-PROBE_POLL_SECONDS = 0.02
+PROBE_POLL_SECONDS = 0.05
 """How often a unit waiting for the budget's first estimate of the stage asks again."""
 
 
@@ -335,8 +335,10 @@ class _Measurement:
             self._finish(unit, "not_run", self.stop_reason or "early_stop")
             return None
         cached = self.s.baseline_cache.get(self.s.baseline_key(unit))
-        if cached is not None:
-            unit.replay, unit.judge, unit.reused = cached[0], cached[1], True
+        if cached is not None:  # the same tree, case, repetition and seed: the same experiment
+            mine = {"unit_id": unit.unit_id, "arm": unit.arm}
+            unit.replay, unit.judge = cached[0].model_copy(update=mine), cached[1]
+            unit.reused = True
             self._finish(unit, "succeeded", "reused")
             self._check_early_stop()
             return None
@@ -412,14 +414,17 @@ class _Measurement:
     async def _reserve(self, unit: Unit) -> bool:
         if self.s.budget is None:
             return True
-        with trio.move_on_after(self.s.settings.replay_timeout):
+        # The first unit of a stage runs alone until its usage gives an estimate: wait for it
+        # (bounded by its own deadline and kill ladder), never give up early.
+        settings = self.s.settings
+        with trio.move_on_after(settings.replay_timeout * 2 + 60):
             while True:
                 reply: ReserveReply = await self.s.budget.ask(
                     Reserve(stage="replay", item=unit.unit_id), timeout=30
                 )
                 if reply.granted or not reply.retry or self.stop_reason is not None:
                     return reply.granted
-                await trio.sleep(PROBE_POLL_SECONDS)  # the probe's debit brings an estimate
+                await trio.sleep(PROBE_POLL_SECONDS)
         return False
 
     async def _judge(self, unit: Unit, replay: ReplayResult) -> JudgeResult:

@@ -437,6 +437,9 @@ def _write_report(
     write_bytes_atomic(prepared.run_dir / "report.md", render_markdown(report).encode())
     save_run(prepared.layout, prepared.run.model_copy(update={"status": report.status}))
     state: CampaignState = prepared.campaign
+    if report.status == "interrupted":  # a resume replays this cycle: carry nothing over twice
+        save_campaign(prepared.layout, state.model_copy(update={"status": campaign_status}))
+        return
     finished_cycle = report.status == "finished"
     best_val = result.scores.best_val.mean if result.scores.best_val else state.best_val
     save_campaign(
@@ -448,7 +451,7 @@ def _write_report(
                 "best_ref": result.best_ref or state.best_ref,
                 "best_val": best_val,
                 "stalled": result.stalled,
-                "spent": spent if report.status != "interrupted" else state.spent,
+                "spent": spent,
                 "rejected": tuple(result.rejected),
             }
         ),

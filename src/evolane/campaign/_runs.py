@@ -147,9 +147,10 @@ class ResumeState:
         self.prune()
 
     def prune(self) -> None:
-        """Drop replay records of units that were judged (the unit record has them)."""
-        for unit in self.units:
-            self.replays.pop(unit, None)
+        """Drop replay records of units whose judged record a resume restores."""
+        for unit, record in self.units.items():
+            if record.get("status") in ("succeeded", "failed", "timed_out"):
+                self.replays.pop(unit, None)
 
     @property
     def empty(self) -> bool:

@@ -34,8 +34,8 @@ class OptimizeRequest(Record):
         return self
 
     def run_request(self, store: str, started: float | None = None) -> RunRequest:
-        # a resume or re-evaluation takes its config from the stored run
-        """The campaign layer's request; a resume reads its config from the store."""
+        """The campaign layer's request in ``store``; a resume or re-evaluation reads its
+        config from the stored run."""
         from pathlib import Path
 
         from evolane.campaign._runs import StoreLayout, load_run
@@ -56,6 +56,7 @@ class OptimizeRequest(Record):
                 update["judge"] = self.judge
             config = stored.model_copy(update=update)
         assert config is not None
+        config = config.model_copy(update={"store": str(Path(store).absolute())})
         return RunRequest(
             config=config,
             resume_run=self.resume,

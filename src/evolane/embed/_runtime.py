@@ -112,8 +112,7 @@ class EmbeddedRuntime:
     ) -> RunHandle:
         """Check ``request`` and start its run; returns once the run has begun (its events
         flow from then on). Raises `InputError` for bad input."""
-        store = str(request.config.store if request.config else self.store)
-        run_request = request.run_request(store, started)
+        run_request = request.run_request(str(self.store), started)  # the runtime's store
         handle = RunHandle(events_buffer)
 
         async def run() -> None:

@@ -1,10 +1,11 @@
 """Seeded fault injection for concurrency tests: delays and crashes at message delivery, and
-failed spawns in the sandbox. The same seed gives the same fault schedule for the same
-sequence of deliveries and spawns."""
+failed spawns in the sandbox. The same seed gives the same fault schedule for the same order
+of deliveries and spawns (concurrent lanes may interleave them differently)."""
 
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ class Chaos:
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
+        self._lock = threading.Lock()  # spawns are decided in worker threads
 
     def _targets(self, actor: str) -> bool:
         return not self.only or any(part in actor for part in self.only)
@@ -48,8 +50,13 @@ class Chaos:
             raise ChaosFault(f"chaos: {actor} crashed handling {kind}")
 
     def before_spawn(self, label: str) -> None:
-        if self.spawn_failure and self._rng.random() < self.spawn_failure:
-            self.injected["spawn_failure"] += 1
+        if not self.spawn_failure:
+            return
+        with self._lock:
+            refuse = self._rng.random() < self.spawn_failure
+            if refuse:
+                self.injected["spawn_failure"] += 1
+        if refuse:
             raise OSError(f"chaos: refused to spawn {label}")
 
     @contextmanager

@@ -39,10 +39,18 @@ def leaked_processes(before: set[int], lease: str | None, settle: float = 1.0) -
     lines = []
     for pid in sorted(leaked):
         try:
-            lines.append(f"pid {pid}: {' '.join(psutil.Process(pid).cmdline())[:200]}")
+            command = " ".join(psutil.Process(pid).cmdline())
         except psutil.NoSuchProcess:
             continue
+        if _INTERPRETER_HELPER in command:
+            continue  # Python's own per-interpreter helper, started lazily; it exits with us
+        lines.append(f"pid {pid}: {command[:200]}")
     return lines
+
+
+_INTERPRETER_HELPER = "from multiprocessing.resource_tracker import main"
+"""The command line of multiprocessing's resource tracker (a library may start it in the test's
+own process; it is not a process the code under test left behind)."""
 
 
 def kill_processes(lines: list[str]) -> None:

@@ -51,11 +51,17 @@ def chaos(request: pytest.FixtureRequest) -> Iterator[Chaos]:
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[str]:
     """Fail the test if a process it spawned (through the sandbox) outlives it."""
     lease = os.environ.get(LEASE_VARIABLE)
-    if lease is None:
+    ours = lease is None
+    if ours:
         lease = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.environ[LEASE_VARIABLE] = lease
+    assert lease is not None
     before = descendants()
-    yield lease
+    try:
+        yield lease
+    finally:
+        if ours:
+            del os.environ[LEASE_VARIABLE]
     leaked = leaked_processes(before, lease)
     if leaked:
         kill_processes(leaked)
