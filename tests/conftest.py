@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
+from evolane.sandbox import SandboxHost, open_sandbox
+from evolane.store import BlobStore
 from evolane.testing import LEASE_VARIABLE, descendants, kill_processes, leaked_processes
 
 pytest_plugins = ["pytester"]
@@ -26,3 +29,16 @@ def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     if leaked:
         kill_processes(leaked)
         pytest.fail(f"{request.node.nodeid} leaked processes:\n" + "\n".join(leaked), pytrace=False)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> BlobStore:
+    """A blob store in the test's tmp dir."""
+    return BlobStore(tmp_path / "store")
+
+
+@pytest.fixture
+async def host(tmp_path: Path, store: BlobStore) -> AsyncIterator[SandboxHost]:
+    """A sandbox host in the test's tmp dir, writing captures to ``store``."""
+    async with open_sandbox(tmp_path / "sandbox", store=store) as opened:
+        yield opened

@@ -7,7 +7,6 @@ import shutil
 import stat
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from evolane.campaign._apply import (
 )
 from evolane.inputs import CommandTemplate, TemplateError
 from evolane.messages import ArtifactRef, unbounded_fields
-from evolane.sandbox import SandboxHost, SandboxSpec, open_sandbox
+from evolane.sandbox import SandboxHost, SandboxSpec
 from evolane.store import BlobStore, CorruptBlobError, load_manifest, snapshot_tree
 
 CHECK_NAMES = ("candidate", "workspace")
@@ -34,17 +33,6 @@ State = dict[str, tuple[object, ...]]
 
 class Crash(BaseException):
     """A simulated crash: no cleanup code catches it."""
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> BlobStore:
-    return BlobStore(tmp_path / "store")
-
-
-@pytest.fixture
-async def host(tmp_path: Path, store: BlobStore) -> AsyncIterator[SandboxHost]:
-    async with open_sandbox(tmp_path / "sandbox", store=store) as opened:
-        yield opened
 
 
 def write(path: Path, data: bytes | str, mode: int = 0o644) -> None:

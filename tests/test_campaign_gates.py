@@ -6,7 +6,7 @@ import fnmatch
 import os
 import shlex
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ from evolane.campaign._gates import (
 from evolane.inputs import CommandTemplate
 from evolane.messages import ArtifactRef
 from evolane.messages._optimize import LocalGateResult
-from evolane.sandbox import SandboxHost, lease_holders, open_sandbox
+from evolane.sandbox import SandboxHost, lease_holders
 from evolane.store import BlobStore, snapshot_tree
 
 PARENT: dict[str, str | bytes] = {
@@ -34,17 +34,6 @@ PARENT: dict[str, str | bytes] = {
     "data/train.jsonl": '{"id": 1}\n',
 }
 ALL_PASS = ["no_op", "duplicate", "protected_paths", "size_limit", "malformed"]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> BlobStore:
-    return BlobStore(tmp_path / "store")
-
-
-@pytest.fixture
-async def host(tmp_path: Path, store: BlobStore) -> AsyncIterator[SandboxHost]:
-    async with open_sandbox(tmp_path / "sandbox", store=store) as opened:
-        yield opened
 
 
 class Trees:

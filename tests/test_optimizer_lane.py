@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,19 +24,8 @@ from evolane.examples.selfevolve._optimizer import optimize
 from evolane.examples.selfevolve._workspace import commands, write_workspace
 from evolane.inputs import CommandTemplate
 from evolane.messages import ArtifactRef, ProposeJob, ProposeResult
-from evolane.sandbox import SandboxHost, SandboxSpec, lease_holders, open_sandbox
+from evolane.sandbox import SandboxHost, SandboxSpec, lease_holders
 from evolane.store import BlobStore, FileEntry, diff_trees, load_manifest, snapshot_tree
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> BlobStore:
-    return BlobStore(tmp_path / "store")
-
-
-@pytest.fixture
-async def host(tmp_path: Path, store: BlobStore) -> AsyncIterator[SandboxHost]:
-    async with open_sandbox(tmp_path / "sandbox", store=store) as opened:
-        yield opened
 
 
 def lane(host: SandboxHost, store: BlobStore, command: str, **extra: object) -> OptimizerLane:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,21 +16,9 @@ from evolane.sandbox import (
     SandboxSpec,
     WorkspaceError,
     lease_holders,
-    open_sandbox,
 )
 from evolane.store import BlobStore, snapshot_tree
 from tests.sandbox_helpers import sh
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> BlobStore:
-    return BlobStore(tmp_path / "store")
-
-
-@pytest.fixture
-async def host(tmp_path: Path, store: BlobStore) -> AsyncIterator[SandboxHost]:
-    async with open_sandbox(tmp_path / "sandbox", store=store) as opened:
-        yield opened
 
 
 async def test_parent_secrets_never_reach_the_child(
