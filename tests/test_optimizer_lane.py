@@ -175,21 +175,17 @@ async def test_an_idle_optimizer_is_stopped_quickly(
     assert lease_holders(host.lease) == set()
 
 
-async def test_an_optimizer_that_keeps_printing_runs_to_its_deadline(
-    host: SandboxHost, store: BlobStore, tmp_path: Path
+@pytest.mark.parametrize(
+    "script",
+    [
+        "while :; do echo thinking; sleep 0.1; done",  # keeps printing
+        "i=0; while :; do i=$((i+1)); echo $i > {workdir}/beat; sleep 0.1; done",  # keeps editing
+    ],
+    ids=["printing", "editing-silently"],
+)
+async def test_an_active_optimizer_is_not_idle_and_runs_to_its_deadline(
+    host: SandboxHost, store: BlobStore, tmp_path: Path, script: str
 ) -> None:
-    optimizer = lane(host, store, sh("while :; do echo thinking; sleep 0.1; done"))
-    with trio.fail_after(20):
-        result = await propose(
-            optimizer, job(store, parent_tree(store, tmp_path), timeout=2.5, idle=0.8)
-        )
-    assert result.status == "timed_out" and result.wall_seconds >= 2.5
-
-
-async def test_an_optimizer_that_keeps_editing_files_silently_is_not_idle(
-    host: SandboxHost, store: BlobStore, tmp_path: Path
-) -> None:
-    script = "i=0; while :; do i=$((i+1)); echo $i > {workdir}/beat; sleep 0.1; done"
     optimizer = lane(host, store, sh(script))
     with trio.fail_after(20):
         result = await propose(

@@ -2,10 +2,10 @@
 (measurement pipeline, optimizer lanes, campaign actor), bound it by the wall-clock budget,
 then apply and write the report. This is what ``evolane optimize`` and an embedding call.
 
-    run (one_for_all)
-    ├── run.measure      budget, replay lanes, judge lanes, scheduler
-    ├── run.optimizers   optimizer lanes
-    └── run.campaign     the campaign actor
+    run-<id> (one_for_all)
+    ├── run-<id>.measure      budget, replay lanes, judge lanes, scheduler
+    ├── run-<id>.optimizers   optimizer lanes
+    └── run-<id>.campaign     the campaign actor
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ def _announce(prepared: Prepared, bus: ProgressBus, host: SandboxHost) -> None:
             isolation=",".join(host.mechanisms),
         )
     )
-    bus.publish(EstimateEvent(run_id=run.run_id, **_estimate_fields(prepared.estimate)))
+    shared = prepared.estimate.model_dump(include=set(EstimateEvent.model_fields))
+    bus.publish(EstimateEvent(run_id=run.run_id, **shared))
 
 
 async def _campaign(
@@ -466,18 +467,6 @@ def _artifacts(seed: ArtifactRef, best: ArtifactRef, applied: ApplyRecord | None
     if applied is not None and applied.backup_ref is not None:
         found["target_backup"] = applied.backup_ref
     return found
-
-
-def _estimate_fields(estimate: Estimate) -> dict[str, object]:
-    return {
-        "replays_max": estimate.replays_max,
-        "judge_calls_max": estimate.judge_calls_max,
-        "optimizer_calls_max": estimate.optimizer_calls_max,
-        "wall_low_seconds": estimate.wall_low_seconds,
-        "wall_high_seconds": estimate.wall_high_seconds,
-        "tokens": estimate.tokens,
-        "cost_usd": estimate.cost_usd,
-    }
 
 
 __all__ = ["EXIT_FOR_STATUS", "RunOutcome", "RunRequest", "load_run", "run_campaign"]
