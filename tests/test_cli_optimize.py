@@ -191,6 +191,31 @@ def test_ctrl_c_then_resume_completes(tmp_path: Path, signals: int) -> None:
     assert _decisions(report) == _decisions(expected)
 
 
+def test_a_ctrl_c_after_the_run_ended_keeps_the_summary_and_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second Ctrl-C often lands after a graceful stop already ended the run: it must be
+    # ignored, not cut the summary short and turn the exit code into "interrupted".
+    from typer.testing import CliRunner
+
+    from evolane.cli import _summary
+    from evolane.cli._app import app
+
+    printed = _summary.print_summary
+
+    def print_after_a_ctrl_c(outcome: object, flags: dict) -> None:
+        signal.raise_signal(signal.SIGINT)
+        printed(outcome, flags)
+
+    monkeypatch.setattr(_summary, "print_summary", print_after_a_ctrl_c)
+    paths = write_toy(tmp_path, PLAN)
+    store = tmp_path / "store"
+    done = CliRunner().invoke(app, ["optimize", *toy_flags(paths, store)])
+    assert done.exit_code == 0, done.output
+    (run_dir,) = (store / "runs").iterdir()
+    assert f"report: {run_dir / 'report.json'}" in done.output
+
+
 def test_report_and_runs_on_a_real_run(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, PLAN)
     store = tmp_path / "store"

@@ -54,6 +54,7 @@ def _open_fds() -> int:
 
 async def test_no_descriptor_leaks_on_any_path(host: SandboxHost) -> None:
     await host.run(SandboxSpec(argv=("true",)), timeout=5)  # warm caches and threads
+    await trio.to_thread.run_sync(host.settle)  # the cleanup thread's rmtree holds dir fds
     before = _open_fds()
     for _ in range(5):
         await host.run(SandboxSpec(argv=("true",)), timeout=5)
@@ -62,6 +63,7 @@ async def test_no_descriptor_leaks_on_any_path(host: SandboxHost) -> None:
         with trio.move_on_after(0.05):
             await host.run(SandboxSpec(argv=("sleep", "10"), kill_grace=0.1), timeout=5)
         await host.run(SandboxSpec(argv=("sh", "-c", "exec 1>&-; sleep 0.01")), timeout=5)
+    await trio.to_thread.run_sync(host.settle)
     assert _open_fds() == before
 
 

@@ -201,30 +201,38 @@ async def _main(request: Any, flags: dict[str, Any], started: float) -> int:
     from evolane.cli._summary import print_summary
 
     store = str(Path(flags["store"]).absolute())
-    async with evolane.open_runtime(store=store) as runtime:
-        handle = await runtime.start_optimize(request, started=started)
-        if request.dry_run:
-            return _print_estimate((await handle.result()).estimate, flags)
-        flags["run_id"] = handle.run_id
-        outcome = None
+    # One receiver for the whole session, drained until the runtime has closed: a Ctrl-C
+    # after the run ended must not cut the summary (and its resume line) short.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        watch = _SignalWatch()
         async with trio.open_nursery() as nursery:
-            watch_scope = trio.CancelScope()
-
-            async def watch() -> None:
-                with watch_scope:
-                    await _watch_signals(handle)
-
-            nursery.start_soon(watch)
-            _start_view(nursery, handle, flags.get("progress") or "auto")
-            try:
-                outcome = await handle.result()
-            except evolane.RunCancelled:
-                outcome = None
-            watch_scope.cancel()  # the view ends by itself: the run closed its feed
-    print_summary(outcome, flags)
+            nursery.start_soon(watch.follow, signals)
+            async with evolane.open_runtime(store=store) as runtime:
+                watch.handle = await runtime.start_optimize(request, started=started)
+                if request.dry_run:
+                    outcome = await watch.handle.result()
+                    nursery.cancel_scope.cancel()
+                    return _print_estimate(outcome.estimate, flags)
+                flags["run_id"] = watch.handle.run_id
+                outcome = await _follow(watch.handle, flags)
+                watch.finished = True
+                print_summary(outcome, flags)
+            nursery.cancel_scope.cancel()
     if outcome is None or outcome.report is None:
         return EXIT_INTERRUPTED
     return outcome.exit_code
+
+
+async def _follow(handle: Any, flags: dict[str, Any]) -> Any:
+    """The run's outcome (None when cancelled), shown by the live view while it runs."""
+    import evolane
+
+    async with trio.open_nursery() as nursery:
+        _start_view(nursery, handle, flags.get("progress") or "auto")
+        try:
+            return await handle.result()
+        except evolane.RunCancelled:
+            return None  # the view ends by itself: the run closed its feed
 
 
 def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
@@ -234,15 +242,25 @@ def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
     nursery.start_soon(render_progress, resolved, handle.feed, handle.subscription)
 
 
-async def _watch_signals(handle: Any) -> None:
-    """First Ctrl-C (or SIGTERM): stop gracefully; the next: cancel at once."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+class _SignalWatch:
+    """Ctrl-C (or SIGTERM) handling: before the run exists, abort start-up; first while it
+    runs, stop gracefully; next, cancel at once; after it ended, ignore."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+        self.finished = False
+
+    async def follow(self, signals: Any) -> None:
         async for _ in signals:
-            if handle._interrupt.is_set():
-                handle.cancel()
+            if self.handle is None:
+                raise KeyboardInterrupt
+            if self.finished:
+                continue
+            if self.handle._interrupt.is_set():
+                self.handle.cancel()
                 continue
             print(
                 "\nevolane: stopping after the units in flight (Ctrl-C again to cancel now)",
                 file=sys.stderr,
             )
-            handle.stop()
+            self.handle.stop()
