@@ -122,8 +122,7 @@ class JudgeLane(Actor):
                 )
             return "exact_match", await trio.to_thread.run_sync(_exact_match, scratch, case)
         finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(scratch.remove)
+            self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
 
     async def _command(
         self,

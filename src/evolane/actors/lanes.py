@@ -119,8 +119,7 @@ class _Scratch:
     ) -> dict[str, Any]:
         """Lay the unit out and return the case row (blocking I/O: run it in a thread).
 
-        ``leftover``, the lane's previous scratch directory, is removed here: off the
-        critical path between a result and the next job."""
+        ``leftover``, a worker's previous scratch directory, is removed first."""
         if leftover is not None:
             shutil.rmtree(leftover, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -193,11 +192,6 @@ class ReplayLane(Actor):
     ) -> None:
         assert settings.template is not None
         self.host, self.store, self.settings, self.board = host, store, settings, board
-        self.leftover: Path | None = None
-
-    async def stopped(self) -> None:
-        if self.leftover is not None:
-            await trio.to_thread.run_sync(shutil.rmtree, self.leftover, True)
 
     async def receive(self, message: Message) -> ReplayResult:
         assert isinstance(message, ReplayJob)
@@ -225,14 +219,8 @@ class ReplayLane(Actor):
         self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
     ) -> ReplayResult:
         scratch = _Scratch(self.host, self.store, job.unit_id, attempt)
-        leftover, self.leftover = self.leftover, None
         await trio.to_thread.run_sync(
-            scratch.prepare,
-            job.case_ref,
-            job.tree_ref,
-            self.settings.workspace_seed,
-            None,
-            leftover,
+            scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed
         )
         keep, done = False, False
         try:
@@ -248,7 +236,7 @@ class ReplayLane(Actor):
             return result
         finally:
             if done and not keep:
-                self.leftover = scratch.dir  # removed with the next job's preparation
+                self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
             elif not keep:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(scratch.remove)

@@ -17,6 +17,7 @@ import psutil
 import trio
 
 from evolane._faults import INSTALLED
+from evolane.messages import ArtifactRef
 from evolane.sandbox._capture import BoundedCapture, drain, open_pipe
 from evolane.sandbox._cgroups import UnitCgroups
 from evolane.sandbox._env import build_environment, child_lease
@@ -66,9 +67,12 @@ class _Unit:
         self.lease = child_lease(host.inherited_lease, host.lease, self.name)
         self.tree_lease = f"{host.lease}/{self.name}"
         self.cgroups: UnitCgroups | None = None
+        self.created = False
+        given = spec.workspace
+        self.work = Path(given).resolve() if given is not None else self.dir / "work"
 
-    def prepare(self) -> Path:
-        """Create the unit directories and the workspace; returns the working directory."""
+    def prepare(self) -> None:
+        """Create the unit directories and the workspace (blocking I/O)."""
         spec, host = self.spec, self.host
         if spec.workspace is not None:
             work = Path(spec.workspace)
@@ -76,16 +80,18 @@ class _Unit:
                 raise WorkspaceError(
                     f"workspace {spec.workspace!r} is not a directory inside {host.root}"
                 )
-        self.dir.mkdir()
+        try:
+            self.dir.mkdir()
+        except FileExistsError as error:
+            raise WorkspaceError(str(error)) from error
+        self.created = True
         try:
             for sub in ("home", "tmp"):
                 (self.dir / sub).mkdir()
-            if spec.workspace is not None:
-                return Path(spec.workspace).resolve()
-            work = self.dir / "work"
-            materialize_workspace(host.store, spec.seed, spec.overlays, work)
-            return work
+            if spec.workspace is None:
+                materialize_workspace(host.store, spec.seed, spec.overlays, self.work)
         except BaseException:
+            self.created = False
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
 
@@ -103,6 +109,8 @@ class _Unit:
 
     def remove(self, keep: bool) -> Path | None:
         """Remove the unit's cgroups and directories; a kept unit moves out of the lease."""
+        if not self.created:  # prepare failed (and cleaned up) or never ran
+            return None
         if keep:
             if self.cgroups is not None:
                 self.cgroups.remove()
@@ -126,12 +134,8 @@ async def run_unit(
     """The body of `SandboxHost.run`."""
     unit = _Unit(host, spec)
     isolation = _isolation(spec)
-    try:  # file system work stays off the event loop: it may host an agent's asyncio loop
-        work = await trio.to_thread.run_sync(unit.prepare)
-    except FileExistsError as error:
-        raise WorkspaceError(str(error)) from error
     try:
-        outcome = await _run_prepared(unit, work, isolation, deadline, stop, activity)
+        outcome = await _run_prepared(unit, isolation, deadline, stop, activity)
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(unit.remove, False)
@@ -150,7 +154,6 @@ async def run_unit(
 
 async def _run_prepared(
     unit: _Unit,
-    work: Path,
     isolation: IsolationInForce,
     deadline: float,
     stop: trio.Event | None,
@@ -161,13 +164,10 @@ async def _run_prepared(
         spec,
         home=str(unit.dir / "home"),
         tmp=str(unit.dir / "tmp"),
-        workspace=str(work),
+        workspace=str(unit.work),
         lease=unit.lease,
     )
     base: dict[str, Any] = {"isolation": isolation, "lease": unit.lease}
-    if _resolve_executable(spec.argv[0], work, env["PATH"]) is None:
-        error = f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
-        return ProcessOutcome(status="spawn_failed", error=error, **base)
     spool_dir = host.spool_dir if host.store is not None else None
     with ExitStack() as owned:
         captures = {}
@@ -178,12 +178,11 @@ async def _run_prepared(
         owned.callback(pipes.close_all)
         fds = {name: pipes.open() for name in _STREAMS}
         started = trio.current_time()
-        try:
-            popen, mechanisms = await trio.to_thread.run_sync(
-                _enter_and_spawn, unit, isolation, work, env, fds
-            )
-        except (OSError, ValueError) as error:
-            return ProcessOutcome(status="spawn_failed", error=str(error)[:2048], **base)
+        # One thread hop: the file system work stays off the event loop.
+        spawned = await trio.to_thread.run_sync(_prepare_and_spawn, unit, isolation, env, fds)
+        if isinstance(spawned, str):
+            return ProcessOutcome(status="spawn_failed", error=spawned, **base)
+        popen, mechanisms = spawned
         base["enforcement"] = (*mechanisms, *host.mechanisms)
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
@@ -205,20 +204,27 @@ async def _run_prepared(
         return await _outcome(unit, tree, watch, captures, started, base)
 
 
-def _enter_and_spawn(
-    unit: _Unit, isolation: IsolationInForce, work: Path, env: dict[str, str], fds: dict
-) -> tuple[subprocess.Popen[bytes], tuple[str, ...]]:
-    """In a worker thread: make the unit's cgroups, build the launcher chain, spawn it."""
+def _prepare_and_spawn(
+    unit: _Unit, isolation: IsolationInForce, env: dict[str, str], fds: dict
+) -> tuple[subprocess.Popen[bytes], tuple[str, ...]] | str:
+    """In a worker thread: lay the unit out (errors raise), then spawn it (errors return
+    as the message of a ``spawn_failed`` outcome)."""
+    unit.prepare()
     spec = unit.spec
-    if INSTALLED:
-        INSTALLED[0].before_spawn(spec.label)
-    extra = NAMESPACE_EXTRA_PROCESSES if isolation == "namespace" else 0
-    unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
-    procs = unit.cgroups.procs_files if unit.cgroups is not None else []
-    argv, mechanisms = launcher_argv(spec.argv, procs, spec.limits, isolation == "namespace")
-    if unit.cgroups is not None:
-        mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
-    return _spawn(argv, work, env, fds), tuple(mechanisms)
+    if _resolve_executable(spec.argv[0], unit.work, env["PATH"]) is None:
+        return f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
+    try:
+        if INSTALLED:
+            INSTALLED[0].before_spawn(spec.label)
+        extra = NAMESPACE_EXTRA_PROCESSES if isolation == "namespace" else 0
+        unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
+        procs = unit.cgroups.procs_files if unit.cgroups is not None else []
+        argv, mechanisms = launcher_argv(spec.argv, procs, spec.limits, isolation == "namespace")
+        if unit.cgroups is not None:
+            mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
+        return _spawn(argv, unit.work, env, fds), tuple(mechanisms)
+    except (OSError, ValueError) as error:
+        return str(error)[:2048]
 
 
 class _Pipes:
@@ -355,10 +361,12 @@ async def _outcome(
     base: dict[str, Any],
 ) -> ProcessOutcome:
     host = unit.host
-    refs = {name: None for name in captures}
-    if host.store is not None:
-        for name, capture in captures.items():
-            refs[name] = await trio.to_thread.run_sync(capture.store, host.store)
+    refs: dict[str, ArtifactRef | None] = {name: None for name in captures}
+    store = host.store
+    if store is not None and any(capture.spooled for capture in captures.values()):
+        refs = await trio.to_thread.run_sync(
+            lambda: {name: capture.store(store) for name, capture in captures.items()}
+        )
     stdout, stderr = (captures[name].result(refs[name]) for name in _STREAMS)
     rusage: Any = tree.rusage
     cpu = unit.cgroups.cpu_seconds() if unit.cgroups is not None else None

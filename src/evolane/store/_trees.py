@@ -238,6 +238,7 @@ def materialize_tree(
     *,
     link: bool = True,
     verify: bool = True,
+    durable: bool = True,
 ) -> Materialized:
     """Recreate a tree at ``destination`` (absent or empty), all or nothing.
 
@@ -245,6 +246,7 @@ def materialize_tree(
     blob's read-only inode), otherwise copied and made read-only; executables are copied
     with mode 0o555. Symlinks must stay inside the tree. The tree is built in a temp
     sibling directory and renamed into place, so a failure leaves no destination behind.
+    ``durable=False`` skips the directory fsync: for throwaway copies such as workspaces.
     """
     destination = Path(destination)
     manifest = load_manifest(store, ref)
@@ -261,7 +263,8 @@ def materialize_tree(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    fsync_dir(destination.parent)
+    if durable:
+        fsync_dir(destination.parent)
     return Materialized(path=destination, linked=linked, copied=copied, symlinks=symlinks)
 
 
