@@ -280,6 +280,37 @@ def test_commands_import_only_the_standard_library() -> None:
     assert result.stdout.strip() == f"[] {ours}"
 
 
+def test_replay_and_judge_calls_parse_like_argparse_without_importing_it() -> None:
+    from evolane.examples.sleeper.commands import _hot_call, build_parser
+
+    calls = [
+        ["replay", "--case-file", "c.json", "--candidate", "t", "--output-dir", "o", "--seed", "7"],
+        ["judge", "--seed", "3", "--output-dir", "o", "--case-file", "c.json"],
+    ]
+    for argv in calls:
+        fast, full = _hot_call(argv), build_parser().parse_args(argv)
+        assert fast is not None
+        assert {k: v for k, v in vars(fast).items() if k != "handler"} == {
+            k: v for k, v in vars(full).items() if k != "handler"
+        }
+        assert fast.handler is full.handler
+    for odd in (  # left to argparse: its errors, its help, its negative numbers
+        ["judge", "--case-file", "c.json", "--output-dir", "o"],
+        ["judge", "--case-file", "c.json", "--output-dir", "o", "--seed", "x"],
+        ["judge", "--case-file", "c.json", "--output-dir", "o", "--seed", "-1"],
+        ["judge", "--case-file", "c.json", "--case-file", "d", "--seed", "1"],
+        ["replay", "--help"],
+        ["init", "dir"],
+    ):
+        assert _hot_call(odd) is None
+    probe = "import sys; from evolane.examples.sleeper.commands import main; " + (
+        "main(sys.argv[1:]); print('argparse' in sys.modules)"
+    )
+    argv = ["judge", "--case-file", "/nonexistent", "--output-dir", "/nonexistent", "--seed", "1"]
+    result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
+
+
 # ----- real subprocesses in the sandbox ---------------------------------------------------
 
 
