@@ -4,7 +4,7 @@ that fails is an infrastructure outcome, retried, and never turned into a score 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -13,7 +13,7 @@ import trio
 from evolane.actors._kernel import Actor
 from evolane.actors.lanes import LaneSettings, StopBoard, _excerpt, _run, _Scratch
 from evolane.inputs import VERIFICATION_PLACEHOLDERS, CommandTemplate, TemplateError
-from evolane.messages import FailureEvent, JudgeJob, JudgeResult, Message
+from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore
 
@@ -23,6 +23,7 @@ class _Verdict:
     score: float | None
     failure: FailureEvent | None = None
     detail: bytes = b""
+    detail_ref: ArtifactRef | None = None  # already stored
 
 
 def _infra(code: str, message: str) -> _Verdict:
@@ -81,8 +82,8 @@ class JudgeLane(Actor):
                     break
         finally:
             self.board.done(job.unit_id)
-        detail_ref = None
-        if verdict.detail:
+        detail_ref = verdict.detail_ref
+        if verdict.detail and detail_ref is None:
             detail_ref = await trio.to_thread.run_sync(self.store.put_bytes, verdict.detail)
         status = (
             "cancelled"
@@ -106,12 +107,9 @@ class JudgeLane(Actor):
         scratch = _Scratch(self.host, self.store, job.unit_id + "-judge", attempt)
         template = self.settings.template
         wants_candidate = template is not None and "candidate" in template.placeholders
-        case: dict[str, Any] = await trio.to_thread.run_sync(
-            scratch.prepare,
-            job.case_ref,
-            job.tree_ref if wants_candidate else None,
-            None,
-            job.output_ref,
+        tree_ref = job.tree_ref if wants_candidate else None
+        case, matched = await trio.to_thread.run_sync(
+            self._lay_out, scratch, job, tree_ref, template is None
         )
         try:
             if template is not None:
@@ -120,9 +118,23 @@ class JudgeLane(Actor):
                 return "verification_command", await self._verification(
                     str(case["verification_command"]), scratch, job, deadline, stop
                 )
-            return "exact_match", await trio.to_thread.run_sync(_exact_match, scratch, case)
+            assert matched is not None
+            return "exact_match", matched
         finally:
             self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
+
+    def _lay_out(
+        self, scratch: _Scratch, job: JudgeJob, tree_ref: ArtifactRef | None, no_command: bool
+    ) -> tuple[dict[str, Any], _Verdict | None]:
+        """In a thread: the unit's scratch directory, and the exact-match verdict (detail
+        stored) when that is how it is judged: one thread hop for the common case."""
+        case = scratch.prepare(job.case_ref, tree_ref, None, job.output_ref)
+        if not no_command or case.get("verification_command"):
+            return case, None
+        verdict = _exact_match(scratch, case)
+        if verdict.detail:
+            verdict = replace(verdict, detail_ref=self.store.put_bytes(verdict.detail))
+        return case, verdict
 
     async def _command(
         self,

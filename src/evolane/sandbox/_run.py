@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from evolane.sandbox._host import SandboxHost
 
 _DRAIN_AFTER_KILL_SECONDS = 1.0
-_SAMPLE_FIRST, _SAMPLE_MAX = 0.05, 1.0
+# The first RSS sample comes after a typical short replay has ended (its leader's rusage
+# covers it): each sample costs the event loop /proc and cgroup reads.
+_SAMPLE_FIRST, _SAMPLE_MAX = 0.25, 1.0
 _STREAMS = ("stdout", "stderr")
 
 
