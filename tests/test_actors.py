@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pydantic
 import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 import evolane
 from evolane.actors import (
@@ -15,8 +18,22 @@ from evolane.actors import (
     MessageTypeError,
     NotAnswered,
 )
-from evolane.messages import Ping, Pong, StressWork
+from evolane.messages import Message, Ping, Pong, StressWork
 from tests.helpers import Recorder
+
+
+class Gated(evolane.Actor):
+    """Each handler waits for ``gate``: busy for exactly as long as the test needs."""
+
+    accepts = (StressWork,)
+
+    def __init__(self, gate: trio.Event) -> None:
+        self.gate = gate
+
+    async def receive(self, message: Message) -> Any:
+        assert isinstance(message, StressWork)
+        await self.gate.wait()
+        return message.seq
 
 
 async def test_ask_returns_the_handler_value_and_tell_is_handled() -> None:
@@ -53,10 +70,11 @@ def test_oversized_message_cannot_be_built_so_cannot_be_sent() -> None:
 
 
 async def test_tell_applies_backpressure_and_tell_nowait_refuses_when_full() -> None:
+    gate = trio.Event()
     async with evolane.open_runtime() as rt:
-        ref = await rt.spawn(Recorder, [], name="slow", mailbox_size=2)
-        await ref.tell(StressWork(seq=300))  # the handler now sleeps 300 ms
-        await trio.sleep(0.01)
+        ref = await rt.spawn(Gated, gate, name="slow", mailbox_size=2)
+        await ref.tell(StressWork(seq=1))
+        await wait_all_tasks_blocked()  # the handler took it and waits for the gate
         await ref.tell(StressWork(seq=1))
         await ref.tell(StressWork(seq=1))
         with pytest.raises(MailboxFull):
@@ -64,6 +82,7 @@ async def test_tell_applies_backpressure_and_tell_nowait_refuses_when_full() -> 
         with trio.move_on_after(0.05) as blocked:
             await ref.tell(StressWork(seq=1))
         assert blocked.cancelled_caught, "tell must wait while the mailbox is full"
+        gate.set()
         with trio.fail_after(2):
             await ref.tell(StressWork(seq=1))  # room appears once the slow handler is done
         assert ref.stats().mailbox_peak == 2
@@ -110,8 +129,9 @@ async def test_ask_to_a_stopped_actor_fails_at_once() -> None:
 
 
 async def test_queued_asks_fail_and_become_dead_letters_when_the_actor_stops_for_good() -> None:
+    gate = trio.Event()
     async with evolane.open_runtime() as rt:
-        ref = await rt.spawn(Recorder, [], name="busy", restart="temporary")
+        ref = await rt.spawn(Gated, gate, name="busy", restart="temporary")
         outcomes: list[BaseException | object] = []
 
         async def asker(seq: int) -> None:
@@ -122,12 +142,15 @@ async def test_queued_asks_fail_and_become_dead_letters_when_the_actor_stops_for
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(asker, 200)
-            await trio.sleep(0.02)
+            await wait_all_tasks_blocked()  # its handler waits for the gate
             for _ in range(3):
                 nursery.start_soon(asker, 1)
-            await trio.sleep(0.02)
-            with trio.fail_after(3):
-                await rt.root.stop_child("busy")
+            await wait_all_tasks_blocked()  # the three are queued
+            with trio.fail_after(3):  # well inside the 5 s grace: not ended by the cancel
+                async with trio.open_nursery() as stopper:
+                    stopper.start_soon(rt.root.stop_child, "busy")
+                    await wait_all_tasks_blocked()  # the stop was asked for; it waits
+                    gate.set()
         # The in-flight handler finished within its grace; the three queued asks were refused.
         assert outcomes[0] == 200
         assert sum(isinstance(o, NotAnswered) for o in outcomes) == 3

@@ -308,51 +308,69 @@ async def test_a_broken_terminal_ends_the_live_view_quietly() -> None:
     assert state.events == len(published) and state.finished is not None
 
 
+def _drawn(console: Console) -> str:
+    return ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
+
+
+async def _shown(console: Console, texts: tuple[str, ...]) -> str:
+    """The console's text once every one of ``texts`` was drawn (or after 10 s, to assert on)."""
+    with trio.move_on_after(10):
+        while not all(text in _drawn(console) for text in texts):
+            await trio.sleep(0.05)
+    return _drawn(console)
+
+
+EARLY = (
+    "lanes 3/4 busy",
+    "screening",
+    "c0.i1.s0  ██████░░░░░░░░░░░░░░ 30%  12/40 pairs  Δ +0.0123 ± 0.0040 (SE)",
+)
+MIDDLE = (
+    "phase optimize",
+    "iteration 2/8",
+    "convergence ok",
+    "lanes 0/4 busy",
+    "i1.s0",
+    "i1.s1",
+    "blocked",
+    "touched a protected path",
+    "c0.i1.s0  ████████████████████ 100%  40/40 pairs  Δ -0.0200 ± 0.0100 (SE)  → reject",
+    "tokens",
+    "██████████▒▒░░░░░░░░ 50%",  # spent 50% and reserved 10% of the token ceiling
+    "████░░░░░░░░░░░░░░░░ 20%",  # cost
+    "$5.00",
+    "last decisions",
+    "i1.s0 reject",
+    "CI [-0.0400, +0.0010]",
+    "judge lane 2 failed",
+)
+
+
 async def test_rich_live_view_shows_the_run() -> None:
     console = Console(file=io.StringIO(), force_terminal=True, width=120)
     events = script()
     bus = ProgressBus(None, "r-1")
     receive, subscription = bus.subscribe(256)
-    with trio.fail_after(10):
+    with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(
                 partial(render_progress, "rich", receive, subscription, console=console)
             )
             for event in events[:8]:
                 bus.publish(event)
-            await trio.sleep(0.6)  # two refreshes while a measurement runs
-            early = ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
+            early = await _shown(console, EARLY)  # drawn while a measurement runs
             for event in events[8:12]:
                 bus.publish(event)
-            await trio.sleep(0.6)
-            middle = ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
+            middle = await _shown(console, MIDDLE)
             for event in events[12:]:
                 bus.publish(event)
             bus.close()
-    assert "lanes 3/4 busy" in early and "screening" in early
-    assert "c0.i1.s0  ██████░░░░░░░░░░░░░░ 30%  12/40 pairs  Δ +0.0123 ± 0.0040 (SE)" in early
-    for text in (
-        "phase optimize",
-        "iteration 2/8",
-        "convergence ok",
-        "lanes 0/4 busy",
-        "i1.s0",
-        "i1.s1",
-        "blocked",
-        "touched a protected path",
-        "c0.i1.s0  ████████████████████ 100%  40/40 pairs  Δ -0.0200 ± 0.0100 (SE)  → reject",
-        "tokens",
-        "██████████▒▒░░░░░░░░ 50%",  # spent 50% and reserved 10% of the token ceiling
-        "████░░░░░░░░░░░░░░░░ 20%",  # cost
-        "$5.00",
-        "last decisions",
-        "i1.s0 reject",
-        "CI [-0.0400, +0.0010]",
-        "judge lane 2 failed",
-    ):
+    for text in EARLY:
+        assert text in early, text
+    for text in MIDDLE:
         assert text in middle, text
     assert re.search(r"ETA (\d|\?)", middle)
-    final = ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
+    final = _drawn(console)
     assert "finished: finished (campaign improving)" in final
     assert "phase finalize" in final and "ETA done" in final
 

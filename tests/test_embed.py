@@ -144,14 +144,19 @@ def test_asyncio_host_runs_a_campaign_and_keeps_the_loop_responsive(tmp_path: Pa
 def test_cancelling_the_asyncio_task_cancels_the_run_and_its_trees(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, PLAN)
     config = toy_config(paths, replay="sleep 3600", kill_grace=0.2)
+    lease = os.environ[LEASE_VARIABLE]
+    before = lease_holders(lease)
 
     async def main() -> None:
         async with evolane.aio.open_runtime(store=str(paths["store"])) as runtime:
             task = asyncio.create_task(runtime.optimize(OptimizeRequest(config=config)))
-            await asyncio.sleep(1.0)
+            async with asyncio.timeout(30):
+                while not task.done() and not lease_holders(lease) - before:  # replays running
+                    await asyncio.sleep(0.05)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            assert not lease_holders(lease) - before  # every tree was gone when the cancel ended
 
     asyncio.run(main())
     (run_dir,) = (paths["store"] / "runs").iterdir()

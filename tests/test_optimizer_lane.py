@@ -171,7 +171,7 @@ async def test_an_idle_optimizer_is_stopped_quickly(
         )
     assert result.status == "idle_killed"
     assert result.failure is not None and result.failure.code == "idle"
-    assert trio.current_time() - started < 4
+    assert trio.current_time() - started < 8  # well before its 25 s timeout
     assert lease_holders(host.lease) == set()
 
 
@@ -189,9 +189,9 @@ async def test_an_active_optimizer_is_not_idle_and_runs_to_its_deadline(
     optimizer = lane(host, store, sh(script))
     with trio.fail_after(20):
         result = await propose(
-            optimizer, job(store, parent_tree(store, tmp_path), timeout=2.5, idle=0.8)
-        )
-    assert result.status == "timed_out" and result.wall_seconds >= 2.5
+            optimizer, job(store, parent_tree(store, tmp_path), timeout=5, idle=2.0)
+        )  # idle is timed from before the launch: 2 s leaves room for a slow start
+    assert result.status == "timed_out" and result.wall_seconds >= 5
 
 
 async def test_a_stop_on_the_board_cancels_the_slot(

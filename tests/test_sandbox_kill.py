@@ -133,15 +133,16 @@ def _wait_until(predicate: object, seconds: float) -> float | None:
     return None
 
 
-def test_sigkilled_runtime_takes_every_tree_with_it_within_one_second(tmp_path: Path) -> None:
+def test_sigkilled_runtime_takes_every_tree_with_it(tmp_path: Path) -> None:
     runtime, lease = _start_runtime(tmp_path / "sandbox")
     try:
         runtime.send_signal(signal.SIGKILL)
         runtime.wait(timeout=5)
-        took = _wait_until(lambda: not lease_holders(lease), 1.0)
-        assert took is not None, f"survivors after 1 s: {sorted(lease_holders(lease))}"
+        # Generous for loaded machines; how fast the lifeline kills is a benchmark's figure.
+        took = _wait_until(lambda: not lease_holders(lease), 10.0)
+        assert took is not None, f"survivors after 10 s: {sorted(lease_holders(lease))}"
         # The lifeline also removed the dead runtime's workspaces.
-        assert _wait_until(lambda: not (tmp_path / "sandbox" / lease).exists(), 2.0) is not None
+        assert _wait_until(lambda: not (tmp_path / "sandbox" / lease).exists(), 10.0) is not None
     finally:
         runtime.kill()
         runtime.wait(timeout=5)

@@ -190,6 +190,7 @@ async def run_process_storm(config: ProcessConfig) -> RoundResult:
             seconds = time.perf_counter() - started
             survivors = await trio.to_thread.run_sync(lease_holders, host.lease)
             survivors |= descendants() - before
+            await trio.to_thread.run_sync(host.settle)  # finished units' deferred removals
             leftovers = _leftovers(host)
     finally:
         shutil.rmtree(root, ignore_errors=True)
