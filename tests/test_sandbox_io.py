@@ -93,6 +93,34 @@ async def test_workspace_outside_the_root_is_refused(host: SandboxHost, tmp_path
         await host.run(SandboxSpec(argv=("true",), workspace="/"), timeout=5)
 
 
+async def test_setup_lays_out_a_workspace_in_the_spawning_thread(host: SandboxHost) -> None:
+    import threading
+
+    work = host.lease_dir / "laid-out"
+    seen: list[str] = []
+
+    def lay_out() -> None:
+        seen.append(threading.current_thread().name)
+        work.mkdir()
+        (work / "input.txt").write_text("from setup")
+
+    spec = SandboxSpec(**sh("cat input.txt"), workspace=str(work))
+    outcome = await host.run(spec, timeout=10, setup=lay_out)
+    assert outcome.ok and outcome.stdout.text() == "from setup"
+    assert seen and seen[0] != threading.current_thread().name  # off the event loop
+
+    def broken() -> None:
+        raise OSError("no room for the scratch files")
+
+    await trio.to_thread.run_sync(host.settle)
+    before = set(os.listdir(host.lease_dir))
+    spec = SandboxSpec(argv=("true",), workspace=str(host.lease_dir / "never-made"))
+    with pytest.raises(OSError, match="no room"):  # the caller's error, not a spawn failure
+        await host.run(spec, timeout=10, setup=broken)
+    await trio.to_thread.run_sync(host.settle)
+    assert set(os.listdir(host.lease_dir)) == before  # no unit directory left behind
+
+
 async def test_seed_and_overlay_are_materialised_writable_and_removed_after(
     host: SandboxHost, store: BlobStore, tmp_path: Path
 ) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +158,13 @@ async def _run(
     env: dict[str, str],
     deadline: float,
     stop: trio.Event,
+    setup: Callable[[], object] | None = None,
 ) -> ProcessOutcome:
+    """Run a lane's command (or its in-process backend); ``setup`` lays the scratch
+    directory out first, in the same worker thread that spawns the command."""
     if settings.backend is not None:
+        if setup is not None:
+            await trio.to_thread.run_sync(setup)
         call = BackendCall(
             role="judge" if label == "judge" else "replay",
             workspace=scratch.work,
@@ -178,7 +185,7 @@ async def _run(
         isolation=settings.isolation,
         label=label,
     )
-    return await host.run(spec, deadline=deadline, stop=stop)
+    return await host.run(spec, deadline=deadline, stop=stop, setup=setup)
 
 
 class ReplayLane(Actor):
@@ -219,16 +226,15 @@ class ReplayLane(Actor):
         self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
     ) -> ReplayResult:
         scratch = _Scratch(self.host, self.store, job.unit_id, attempt)
-        await trio.to_thread.run_sync(
-            scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed
-        )
+        lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
         keep, done = False, False
         try:
             assert self.settings.template is not None
             argv = self.settings.template.render(scratch.placeholders(job.seed))
             env = replay_environment(job)
+            label = f"replay-{job.arm}"
             outcome = await _run(
-                self.host, self.settings, argv, scratch, f"replay-{job.arm}", env, deadline, stop
+                self.host, self.settings, argv, scratch, label, env, deadline, stop, lay_out
             )
             result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
             keep = self.settings.keep_failed and result.status != "succeeded"

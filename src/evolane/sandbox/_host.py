@@ -219,20 +219,23 @@ class SandboxHost:
         deadline: float | None = None,
         stop: trio.Event | None = None,
         activity: Callable[[], object] | None = None,
+        setup: Callable[[], object] | None = None,
     ) -> ProcessOutcome:
         """Run ``spec`` to completion; returns only when its whole process tree is gone.
 
         ``timeout`` (seconds) and ``deadline`` (trio clock) bound it, the earlier wins; setting
         ``stop`` ends it with status ``cancelled``; ``activity`` is called whenever the tree
-        writes to stdout or stderr. Trio cancellation kills the tree and propagates. Raises
-        `WorkspaceError` for a workspace outside the root.
+        writes to stdout or stderr; ``setup`` (blocking, e.g. laying out the files the command
+        reads) runs in the same worker thread that spawns the tree, right before it. Trio
+        cancellation kills the tree and propagates. Raises `WorkspaceError` for a workspace
+        outside the root.
         """
         from evolane.sandbox._run import run_unit
 
         limit = float("inf") if deadline is None else deadline
         if timeout is not None:
             limit = min(limit, trio.current_time() + timeout)
-        return await run_unit(self, spec, limit, stop, activity)
+        return await run_unit(self, spec, limit, stop, activity, setup)
 
 
 @asynccontextmanager

@@ -62,20 +62,25 @@ def _resolve_executable(argv0: str, cwd: Path, path: str) -> str | None:
 class _Unit:
     """The directories and bookkeeping of one run."""
 
-    def __init__(self, host: SandboxHost, spec: SandboxSpec) -> None:
-        self.host, self.spec = host, spec
+    def __init__(
+        self, host: SandboxHost, spec: SandboxSpec, setup: Callable[[], object] | None = None
+    ) -> None:
+        self.host, self.spec, self.setup = host, spec, setup
         self.name = host.unit_name(spec.label)
         self.dir = host.lease_dir / self.name
         self.lease = child_lease(host.inherited_lease, host.lease, self.name)
         self.tree_lease = f"{host.lease}/{self.name}"
         self.cgroups: UnitCgroups | None = None
         self.created = False
-        given = spec.workspace
-        self.work = Path(given).resolve() if given is not None else self.dir / "work"
+        given = spec.workspace  # absolute without touching the disk: setup may create it
+        self.work = Path(os.path.abspath(given)) if given is not None else self.dir / "work"
 
     def prepare(self) -> None:
-        """Create the unit directories and the workspace (blocking I/O)."""
+        """Run the caller's setup, then create the unit directories and the workspace
+        (blocking I/O)."""
         spec, host = self.spec, self.host
+        if self.setup is not None:
+            self.setup()
         if spec.workspace is not None:
             work = Path(spec.workspace)
             if not inside(host.root, work) or not work.is_dir():
@@ -132,9 +137,10 @@ async def run_unit(
     deadline: float,
     stop: trio.Event | None,
     activity: Callable[[], object] | None = None,
+    setup: Callable[[], object] | None = None,
 ) -> ProcessOutcome:
     """The body of `SandboxHost.run`."""
-    unit = _Unit(host, spec)
+    unit = _Unit(host, spec, setup)
     isolation = _isolation(spec)
     try:
         outcome = await _run_prepared(unit, isolation, deadline, stop, activity)
