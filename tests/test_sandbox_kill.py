@@ -197,3 +197,23 @@ async def test_cgroups_of_a_dead_runtime_under_another_root_are_removed(tmp_path
     finally:
         runtime.kill()
         runtime.wait(timeout=5)
+
+
+def test_sweeping_stale_leases_does_not_make_the_caller_a_subreaper(tmp_path: Path) -> None:
+    # A subreaper inherits every orphan below it; a one-off sweep must not take that on.
+    probe = (
+        "import ctypes, sys\n"
+        "from evolane.sandbox import sweep_stale_leases\n"
+        "sweep_stale_leases(sys.argv[1])\n"
+        "flag = ctypes.c_int(-1)\n"
+        "ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER\n"
+        "print(flag.value)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "sandbox")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"

@@ -86,7 +86,7 @@ class SandboxHost:
         self.inherited_lease = os.environ.get(LEASE_VARIABLE) or None
         self.lease_dir = self.root / self.lease
         self.spool_dir = self.lease_dir / ".spool"
-        self.subreaper = become_subreaper()
+        self.subreaper = False  # set by `start`: sweeping alone must not adopt orphans
         self.cgroups = (
             CgroupRoots.detect(self.lease) if use_cgroups else CgroupRoots(None, None, None)
         )
@@ -124,6 +124,7 @@ class SandboxHost:
     # ----- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
+        self.subreaper = become_subreaper()
         self.root.mkdir(parents=True, exist_ok=True)
         self.stale_swept = self._sweep_stale()
         self.lease_dir.mkdir()
