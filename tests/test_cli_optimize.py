@@ -228,3 +228,19 @@ def test_report_and_runs_on_a_real_run(tmp_path: Path) -> None:
     listed = json.loads(_run(["runs", "--store", str(store), "--json"]).stdout)
     assert [r["run_id"] for r in listed["runs"]] == [run_dir.name]
     assert listed["campaigns"][0]["status"] == "complete"
+
+
+def test_the_exit_code_follows_a_ctrl_c_or_bad_input_among_several_errors() -> None:
+    from evolane.cli._session import UsageError, _leaf
+    from evolane.inputs import InputError
+
+    bad_input, crash = InputError("dataset.jsonl:3: not JSON"), RuntimeError("closing failed")
+    interrupted = KeyboardInterrupt()
+    assert _leaf(BaseExceptionGroup("g", [crash, BaseExceptionGroup("h", [interrupted])])) is (
+        interrupted
+    )
+    assert _leaf(ExceptionGroup("g", [crash, ExceptionGroup("h", [bad_input])])) is bad_input
+    usage = UsageError("--lanes 0")
+    assert _leaf(ExceptionGroup("g", [ExceptionGroup("h", [usage])])) is usage
+    group = ExceptionGroup("g", [crash, RuntimeError("another")])
+    assert _leaf(group) is group  # no single cause: reported as the group

@@ -298,6 +298,7 @@ def test_replay_and_judge_calls_parse_like_argparse_without_importing_it() -> No
         ["judge", "--case-file", "c.json", "--output-dir", "o"],
         ["judge", "--case-file", "c.json", "--output-dir", "o", "--seed", "x"],
         ["judge", "--case-file", "c.json", "--output-dir", "o", "--seed", "-1"],
+        ["judge", "--case-file", "c.json", "--output-dir", "o", "--seed", "\u00b3"],
         ["judge", "--case-file", "c.json", "--case-file", "d", "--seed", "1"],
         ["replay", "--help"],
         ["init", "dir"],

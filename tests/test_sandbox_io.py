@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,54 @@ async def test_setup_lays_out_a_workspace_in_the_spawning_thread(host: SandboxHo
         await host.run(spec, timeout=10, setup=broken)
     await trio.to_thread.run_sync(host.settle)
     assert set(os.listdir(host.lease_dir)) == before  # no unit directory left behind
+
+
+async def test_a_run_cancelled_while_it_is_laid_out_never_starts(
+    host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    import evolane.sandbox._run as run_module
+
+    spawned: list[object] = []
+    real_spawn = run_module._spawn
+
+    def counting_spawn(*args: object) -> object:
+        spawned.append(args)
+        return real_spawn(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run_module, "_spawn", counting_spawn)
+    laying_out = trio.Event()
+
+    def slow_setup() -> None:
+        trio.from_thread.run_sync(laying_out.set)
+        time.sleep(0.5)
+
+    spec = SandboxSpec(**sh("sleep 30"), kill_grace=5.0)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(host.run, spec, timeout=60, setup=slow_setup))
+            await laying_out.wait()
+            nursery.cancel_scope.cancel()
+    assert spawned == []  # cancelled during the layout: the command never started
+    await trio.to_thread.run_sync(host.settle)
+    assert [p.name for p in host.lease_dir.iterdir() if p.name.startswith("unit")] == []
+    assert lease_holders(host.lease) == set()
+
+
+async def test_a_given_workspace_is_used_exactly_as_it_was_checked(host: SandboxHost) -> None:
+    # "link/.." is the link target's parent, not "a": the directory that passed the inside-
+    # the-root check must be the one the command runs in.
+    base = host.lease_dir / "ws"
+    (base / "a").mkdir(parents=True)
+    (base / "b" / "c").mkdir(parents=True)
+    (base / "b" / "w").mkdir()
+    (base / "a" / "link").symlink_to(base / "b" / "c")
+    spec = SandboxSpec(**sh('pwd -P; echo "$EVOLANE_WORKSPACE"'), workspace=f"{base}/a/link/../w")
+    outcome = await host.run(spec, timeout=10)
+    assert outcome.ok, outcome.stderr.text()
+    expected = str((base / "b" / "w").resolve())
+    assert outcome.stdout.text().split() == [expected, expected]
 
 
 async def test_seed_and_overlay_are_materialised_writable_and_removed_after(

@@ -4,6 +4,7 @@ that fails is an infrastructure outcome, retried, and never turned into a score 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,7 +16,7 @@ from evolane.actors.lanes import LaneSettings, StopBoard, _excerpt, _run, _Scrat
 from evolane.inputs import VERIFICATION_PLACEHOLDERS, CommandTemplate, TemplateError
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message
 from evolane.sandbox import SandboxHost
-from evolane.store import BlobStore
+from evolane.store import BlobStore, FileEntry, load_manifest
 
 
 @dataclass(frozen=True)
@@ -108,10 +109,10 @@ class JudgeLane(Actor):
         template = self.settings.template
         wants_candidate = template is not None and "candidate" in template.placeholders
         tree_ref = job.tree_ref if wants_candidate else None
-        case, matched = await trio.to_thread.run_sync(
-            self._lay_out, scratch, job, tree_ref, template is None
-        )
         try:
+            case, matched = await trio.to_thread.run_sync(
+                self._lay_out, scratch, job, tree_ref, template is None
+            )
             if template is not None:
                 return "command", await self._command(template, scratch, job, deadline, stop)
             if case.get("verification_command"):
@@ -126,15 +127,25 @@ class JudgeLane(Actor):
     def _lay_out(
         self, scratch: _Scratch, job: JudgeJob, tree_ref: ArtifactRef | None, no_command: bool
     ) -> tuple[dict[str, Any], _Verdict | None]:
-        """In a thread: the unit's scratch directory, and the exact-match verdict (detail
-        stored) when that is how it is judged: one thread hop for the common case."""
+        """In a thread: the case, and the exact-match verdict (detail stored) when that is how
+        it is judged, read straight from the store when ``output.json`` is a plain file; else
+        the unit's scratch directory for a command. One thread hop either way."""
+        if no_command:
+            case = orjson.loads(self.store.read_bytes(job.case_ref))
+            if not case.get("verification_command"):
+                answer = _stored_answer(self.store, job.output_ref)
+                if answer is not None:
+                    return case, self._with_detail(_exact_match(case, lambda: answer))
         case = scratch.prepare(job.case_ref, tree_ref, None, job.output_ref)
         if not no_command or case.get("verification_command"):
             return case, None
-        verdict = _exact_match(scratch, case)
-        if verdict.detail:
-            verdict = replace(verdict, detail_ref=self.store.put_bytes(verdict.detail))
-        return case, verdict
+        verdict = _exact_match(case, (scratch.out / "output.json").read_bytes)
+        return case, self._with_detail(verdict)
+
+    def _with_detail(self, verdict: _Verdict) -> _Verdict:
+        if not verdict.detail:
+            return verdict
+        return replace(verdict, detail_ref=self.store.put_bytes(verdict.detail))
 
     async def _command(
         self,
@@ -187,7 +198,13 @@ class JudgeLane(Actor):
         )
 
 
-def _exact_match(scratch: _Scratch, case: dict[str, Any]) -> _Verdict:
+def _stored_answer(store: BlobStore, output_ref: ArtifactRef) -> bytes | None:
+    """``output.json`` of a replay's output tree, from the store; None unless a plain file."""
+    entry = load_manifest(store, output_ref).get("output.json")
+    return store.read_bytes(entry.ref) if isinstance(entry, FileEntry) else None
+
+
+def _exact_match(case: dict[str, Any], read_answer: Callable[[], bytes]) -> _Verdict:
     if "expected_output" not in case:
         return _Verdict(
             None,
@@ -199,7 +216,7 @@ def _exact_match(scratch: _Scratch, case: dict[str, Any]) -> _Verdict:
             ),
         )
     try:
-        answer = orjson.loads((scratch.out / "output.json").read_bytes())
+        answer = orjson.loads(read_answer())
     except (OSError, orjson.JSONDecodeError) as error:
         return _Verdict(0.0, detail=orjson.dumps({"error": str(error)[:200]}))
     return _Verdict(

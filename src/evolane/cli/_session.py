@@ -136,10 +136,26 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
 
 
 def _leaf(error: BaseException) -> BaseException:
-    """The one error inside (nested) exception groups, else the group itself."""
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
+    """The error that decides the exit code: a Ctrl-C, else bad input, else the one error
+    inside (nested) exception groups, else the group itself."""
+    leaves = _leaves(error)
+    for kind in (KeyboardInterrupt, UsageError, _input_error()):
+        chosen = next((leaf for leaf in leaves if isinstance(leaf, kind)), None)
+        if chosen is not None:
+            return chosen
+    return leaves[0] if len(leaves) == 1 else error
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+def _input_error() -> type[Exception]:
+    from evolane.inputs import InputError
+
+    return InputError
 
 
 def _exit_for(error: BaseException, debug: bool) -> int:
@@ -197,27 +213,30 @@ def _print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
 
 async def _main(request: Any, flags: dict[str, Any], started: float) -> int:
     """One run through the public embedding API, with the view and Ctrl-C handling."""
-    import evolane
-    from evolane.cli._summary import print_summary
-
-    store = str(Path(flags["store"]).absolute())
-    # One receiver for the whole session, drained until the runtime has closed: a Ctrl-C
-    # after the run ended must not cut the summary (and its resume line) short.
+    # One receiver for the whole session, so that a Ctrl-C is never lost between handlers;
+    # `_SignalWatch` decides what it means at each moment.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         watch = _SignalWatch()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.follow, signals)
-            async with evolane.open_runtime(store=store) as runtime:
-                watch.handle = await runtime.start_optimize(request, started=started)
-                if request.dry_run:
-                    outcome = await watch.handle.result()
-                    nursery.cancel_scope.cancel()
-                    return _print_estimate(outcome.estimate, flags)
-                flags["run_id"] = watch.handle.run_id
-                outcome = await _follow(watch.handle, flags)
-                watch.finished = True
-                print_summary(outcome, flags)
+            code = await _session(request, flags, started, watch)
             nursery.cancel_scope.cancel()
+    return code
+
+
+async def _session(request: Any, flags: dict[str, Any], started: float, watch: _SignalWatch) -> int:
+    import evolane
+    from evolane.cli._summary import print_summary
+
+    store = str(Path(flags["store"]).absolute())
+    async with evolane.open_runtime(store=store) as runtime:
+        watch.handle = await runtime.start_optimize(request, started=started)
+        if request.dry_run:
+            return _print_estimate((await watch.handle.result()).estimate, flags)
+        flags["run_id"] = watch.handle.run_id
+        outcome = await _follow(watch.handle, flags)
+        watch.ended = True
+        print_summary(outcome, flags)
     if outcome is None or outcome.report is None:
         return EXIT_INTERRUPTED
     return outcome.exit_code
@@ -243,18 +262,22 @@ def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
 
 
 class _SignalWatch:
-    """Ctrl-C (or SIGTERM) handling: before the run exists, abort start-up; first while it
-    runs, stop gracefully; next, cancel at once; after it ended, ignore."""
+    """What Ctrl-C (or SIGTERM) means at each moment of a session: before the run exists,
+    abort start-up; while it runs, stop gracefully, then (again) cancel at once; after it
+    ended, nothing the first time (a second Ctrl-C often races a quick graceful end and
+    must not cut the summary short), then abort the runtime's close."""
 
     def __init__(self) -> None:
         self.handle: Any = None
-        self.finished = False
+        self.ended = False
+        self._ignored = False
 
     async def follow(self, signals: Any) -> None:
         async for _ in signals:
-            if self.handle is None:
+            if self.handle is None or (self.ended and self._ignored):
                 raise KeyboardInterrupt
-            if self.finished:
+            if self.ended:
+                self._ignored = True
                 continue
             if self.handle._interrupt.is_set():
                 self.handle.cancel()

@@ -127,8 +127,8 @@ def _kill_subtree(path: Path) -> None:
     if kill_file.exists():  # cgroup v2: one write kills every descendant cgroup too
         with contextlib.suppress(OSError):
             kill_file.write_text("1")
-        return
-    for directory in _cgroup_dirs(path):
+            return
+    for directory in _cgroup_dirs(path):  # v1, or a v2 kill refused: each member in turn
         for pid in read_pids(directory):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

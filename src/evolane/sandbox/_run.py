@@ -72,8 +72,7 @@ class _Unit:
         self.tree_lease = f"{host.lease}/{self.name}"
         self.cgroups: UnitCgroups | None = None
         self.created = False
-        given = spec.workspace  # absolute without touching the disk: setup may create it
-        self.work = Path(os.path.abspath(given)) if given is not None else self.dir / "work"
+        self.work = self.dir / "work"  # a given workspace is resolved by `prepare`
 
     def prepare(self) -> None:
         """Run the caller's setup, then create the unit directories and the workspace
@@ -81,12 +80,13 @@ class _Unit:
         spec, host = self.spec, self.host
         if self.setup is not None:
             self.setup()
-        if spec.workspace is not None:
-            work = Path(spec.workspace)
+        if spec.workspace is not None:  # checked as resolved, and used as checked
+            work = Path(spec.workspace).resolve()
             if not inside(host.root, work) or not work.is_dir():
                 raise WorkspaceError(
                     f"workspace {spec.workspace!r} is not a directory inside {host.root}"
                 )
+            self.work = work
         try:
             self.dir.mkdir()
         except FileExistsError as error:
@@ -168,13 +168,6 @@ async def _run_prepared(
     activity: Callable[[], object] | None = None,
 ) -> ProcessOutcome:
     spec, host = unit.spec, unit.host
-    env = build_environment(
-        spec,
-        home=str(unit.dir / "home"),
-        tmp=str(unit.dir / "tmp"),
-        workspace=str(unit.work),
-        lease=unit.lease,
-    )
     base: dict[str, Any] = {"isolation": isolation, "lease": unit.lease}
     spool_dir = host.spool_dir if host.store is not None else None
     with ExitStack() as owned:
@@ -187,7 +180,7 @@ async def _run_prepared(
         fds = {name: pipes.open() for name in _STREAMS}
         started = trio.current_time()
         # One thread hop: the file system work stays off the event loop.
-        spawned = await trio.to_thread.run_sync(_prepare_and_spawn, unit, isolation, env, fds)
+        spawned = await trio.to_thread.run_sync(_prepare_and_spawn, unit, isolation, fds)
         if isinstance(spawned, str):
             return ProcessOutcome(status="spawn_failed", error=spawned, **base)
         popen, mechanisms = spawned
@@ -213,12 +206,20 @@ async def _run_prepared(
 
 
 def _prepare_and_spawn(
-    unit: _Unit, isolation: IsolationInForce, env: dict[str, str], fds: dict
+    unit: _Unit, isolation: IsolationInForce, fds: dict
 ) -> tuple[subprocess.Popen[bytes], tuple[str, ...]] | str:
     """In a worker thread: lay the unit out (errors raise), then spawn it (errors return
-    as the message of a ``spawn_failed`` outcome)."""
+    as the message of a ``spawn_failed`` outcome). A run cancelled meanwhile never starts."""
     unit.prepare()
+    trio.from_thread.check_cancelled()
     spec = unit.spec
+    env = build_environment(
+        spec,
+        home=str(unit.dir / "home"),
+        tmp=str(unit.dir / "tmp"),
+        workspace=str(unit.work),
+        lease=unit.lease,
+    )
     if _resolve_executable(spec.argv[0], unit.work, env["PATH"]) is None:
         return f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
     try:

@@ -326,7 +326,8 @@ def _hot_call(argv: list[str]) -> SimpleNamespace | None:
     flags = dict(zip(argv[1::2], argv[2::2], strict=True))
     if sorted(flags) != sorted(_HOT_FLAGS[argv[0]]) or len(flags) * 2 != len(argv) - 1:
         return None
-    if not flags["--seed"].lstrip("-").isdigit() or any(v.startswith("-") for v in flags.values()):
+    seed = flags["--seed"]
+    if not (seed.isascii() and seed.isdigit()) or any(v.startswith("-") for v in flags.values()):
         return None  # argparse reports bad values (and takes "-1" as a seed)
     values = {flag[2:].replace("-", "_"): value for flag, value in flags.items()}
     values["seed"] = int(values["seed"])
