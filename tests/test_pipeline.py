@@ -179,7 +179,8 @@ async def test_a_token_ceiling_limits_the_measurement(tmp_path) -> None:  # type
     assert {e.level for e in ledger.events} >= {"50%", "80%", "100%"}
 
 
-async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("answer", ["file", "symlink"])  # read from the store / a laid-out copy
+async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_path, answer) -> None:  # type: ignore[no-untyped-def]
     from evolane.actors.pipeline import PipelineConfig, open_pipeline
     from evolane.inputs import load_dataset
     from evolane.sandbox import open_sandbox
@@ -191,8 +192,11 @@ async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_pat
     ]
     (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     (tmp_path / "tree").mkdir()
+    write = 'echo \\"yes\\" > "$2"/output.json'
+    if answer == "symlink":
+        write = 'echo \\"yes\\" > "$2"/answer.json; ln -s answer.json "$2"/output.json'
     replay = (
-        'sh -c \'grep -q expected_output "$1" && exit 3; echo \\"yes\\" > "$2"/output.json\''
+        f"sh -c 'grep -q expected_output \"$1\" && exit 3; {write}'"
         " replay {case_file} {output_dir}"
     )
     store = BlobStore(tmp_path / "store")
