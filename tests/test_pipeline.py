@@ -250,6 +250,63 @@ def test_adaptive_repetitions_and_first_repetitions_first() -> None:
     assert all(u.depends_on is not None and u.depends_on.repetition == 1 for u in third)
 
 
+def _makespan(units: list, priority: dict, lanes: int, seed: int) -> float:  # type: ignore[type-arg]
+    """Simulated wall of dispatching ``units`` (replay 1 +- 2 %) to ``lanes`` by priority; a
+    candidate is ready once its baseline is also judged (0.05 later, off the lane): the
+    scheduler's rule, without processes."""
+    import heapq
+    import random
+
+    jitter = random.Random(seed)
+    ready = [(priority[u.index], u.index) for u in units if u.depends_on is None]
+    heapq.heapify(ready)
+    waiting = {u.index: u for u in units if u.depends_on is not None}
+    events: list[tuple[float, str, int]] = []  # (time, "replayed" | "judged", unit index)
+    now, free, last = 0.0, lanes, 0.0
+    while ready or events:
+        while free and ready:
+            _, index = heapq.heappop(ready)
+            heapq.heappush(events, (now + 1 + jitter.uniform(-0.02, 0.02), "replayed", index))
+            free -= 1
+        now, kind, done = heapq.heappop(events)
+        if kind == "replayed":
+            free, last = free + 1, now
+            heapq.heappush(events, (now + 0.05, "judged", done))
+            continue
+        for unit in [w for w in waiting.values() if w.depends_on.index == done]:
+            del waiting[unit.index]
+            heapq.heappush(ready, (priority[unit.index], unit.index))
+    return last
+
+
+def test_baselines_start_about_a_wave_ahead_so_no_pair_ends_the_run_alone() -> None:
+    from evolane.actors.scheduler import _Measurement
+    from evolane.messages import ArtifactRef
+
+    ref = ArtifactRef(digest="sha256:" + "0" * 64, size=0)
+    request = MeasureRequest(measurement_id="m", baseline_ref=ref, candidate_ref=ref)
+    lanes = 8
+
+    class Settings:
+        splits = {"val": tuple(f"c{i}" for i in range(64))}
+        min_cases = 8
+
+    class Scheduler:
+        settings = Settings()
+        replay_lanes = judge_lanes = [None] * lanes
+
+    plan = _Measurement(Scheduler(), request)  # type: ignore[arg-type]
+    waves = len(plan.units) / lanes  # 16: the critical-path bound
+    ours = [_makespan(plan.units, plan.priority, lanes, seed) for seed in range(20)]
+    in_plan_order = {u.index: (u.repetition, u.index) for u in plan.units}
+    naive = [_makespan(plan.units, in_plan_order, lanes, seed) for seed in range(20)]
+    assert max(ours) < waves + 0.5  # every lane's last unit ends in the last wave
+    assert max(naive) > waves + 0.5  # plan order: a last baseline, then its candidate alone
+    first_candidate = min(plan.priority[u.index] for u in plan.units if u.arm == "candidate")
+    early = [u for u in plan.units if plan.priority[u.index] < first_candidate]
+    assert len(early) == lanes + 1 and all(u.arm == "baseline" for u in early)
+
+
 async def test_a_crashing_lane_fails_its_unit_not_the_measurement(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from evolane.actors import lanes
 

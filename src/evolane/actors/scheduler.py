@@ -128,6 +128,23 @@ class MeasurementScheduler(Actor):
         await self.settings.journal.append(record)
 
 
+def _start_order(units: list[Unit], lanes: int) -> dict[int, tuple[int, int]]:
+    """Each unit's start priority (lower first): first repetitions before later ones, and
+    within a repetition baselines about a wave of ``lanes`` ahead of the candidates that
+    wait for them. Plan order alone lets the last baseline start in the last wave, so its
+    candidate runs in a wave of its own after it."""
+    order: dict[int, tuple[int, int]] = {}
+    baselines = candidates = 0
+    for unit in units:
+        if unit.arm == "baseline":
+            order[unit.index] = (unit.repetition, 2 * (baselines - lanes))
+            baselines += 1
+        else:
+            order[unit.index] = (unit.repetition, 2 * candidates + 1)
+            candidates += 1
+    return order
+
+
 class _Measurement:
     """One measurement's units, dispatcher and early-stop bookkeeping."""
 
@@ -138,7 +155,8 @@ class _Measurement:
         self.case_ids = case_ids
         self.reps = repetitions(request, len(case_ids), settings.min_cases)
         self.units = self._plan()
-        self.ready: list[tuple[int, int]] = []
+        self.priority = _start_order(self.units, len(scheduler.replay_lanes))
+        self.ready: list[tuple[tuple[int, int], int]] = []
         self.wake = trio.Event()
         self.free_replay = trio.open_memory_channel[ActorRef](len(scheduler.replay_lanes))
         self.free_judge = trio.open_memory_channel[ActorRef](len(scheduler.judge_lanes))
@@ -203,7 +221,7 @@ class _Measurement:
             async with trio.open_nursery() as nursery:
                 for unit in self.units:
                     if unit.depends_on is None:
-                        heapq.heappush(self.ready, (unit.index, unit.index))
+                        heapq.heappush(self.ready, (self.priority[unit.index], unit.index))
                     else:
                         nursery.start_soon(self._release_when_control_done, unit)
                 await self._dispatch(nursery)
@@ -293,7 +311,7 @@ class _Measurement:
         if self.stop_reason is not None or self._beyond_cutoff(unit):
             self._finish(unit, "not_run", self.stop_reason or "early_stop")
             return
-        heapq.heappush(self.ready, (unit.index, unit.index))
+        heapq.heappush(self.ready, (self.priority[unit.index], unit.index))
         self.wake.set()
 
     def _beyond_cutoff(self, unit: Unit) -> bool:
