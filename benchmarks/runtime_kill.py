@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from evolane.sandbox import LEASE_VARIABLE, lease_holders
+from evolane.sandbox._lifeline import stat_fields
 from evolane.testing import EVIL_TREE_SH, POLITE_TREE_SH
 
 TREES = {"evil": (EVIL_TREE_SH, 38), "polite": (POLITE_TREE_SH, 11)}  # script, processes
@@ -47,19 +48,11 @@ trio.run(main, sys.argv[1], int(sys.argv[2]), sys.argv[3])
 """
 
 
-def _stat(pid: int) -> list[bytes]:
-    """Fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...); [] if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return []
-    return stat[stat.rfind(b")") + 2 :].split()
-
-
 def _live(procs: dict[int, bytes]) -> dict[int, bytes]:
     """Those of ``procs`` (pid -> start time) still running: not zombies, pid not reused."""
-    return {p: t for p, t in procs.items() if (f := _stat(p)) and f[0] not in b"ZX" and f[19] == t}
+    return {
+        p: t for p, t in procs.items() if (f := stat_fields(p)) and f[0] not in b"ZX" and f[19] == t
+    }
 
 
 def _listing(lease: str, want: int = 0) -> dict[int, bytes]:
@@ -70,7 +63,7 @@ def _listing(lease: str, want: int = 0) -> dict[int, bytes]:
             raise RuntimeError(f"trees did not start: {count} of {want} processes")
         time.sleep(0.1)
     time.sleep(0.5 if want else 0)  # let the double-fork escapers settle
-    return _live({pid: f[19] for pid in lease_holders(lease) if (f := _stat(pid))})
+    return _live({pid: f[19] for pid in lease_holders(lease) if (f := stat_fields(pid))})
 
 
 def _watch(lease: str, procs: dict[int, bytes], t0: float, path: Path | None) -> list[float]:
@@ -129,7 +122,7 @@ def killpg_round(trees: int, script: str, want: int) -> float:
               for _ in range(trees)]  # fmt: skip
     try:
         procs = _listing(lease, want)
-        groups, t0 = {int(f[2]) for pid in procs if (f := _stat(pid))}, time.monotonic()
+        groups, t0 = {int(f[2]) for pid in procs if (f := stat_fields(pid))}, time.monotonic()
         for group in groups:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGKILL)

@@ -36,11 +36,11 @@ def lease_of(pid: int) -> str | None:
 
 def is_zombie(pid: int) -> bool:
     """True when ``pid`` has exited but is not reaped yet (or is gone entirely)."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return not fields or fields[0] in (b"Z", b"X")
 
 
-def _stat_fields(pid: int) -> list[bytes]:
+def stat_fields(pid: int) -> list[bytes]:
     """The fields of /proc/PID/stat after the command name: state, ppid, pgrp, ..."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -52,7 +52,7 @@ def _stat_fields(pid: int) -> list[bytes]:
 
 def process_group_of(pid: int) -> int | None:
     """The process group of ``pid`` (None when it is gone)."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[2]) if len(fields) > 2 else None
 
 
@@ -61,7 +61,7 @@ def group_members(pgid: int) -> set[int]:
     found: set[int] = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            fields = _stat_fields(int(entry))
+            fields = stat_fields(int(entry))
             if (
                 len(fields) > 2
                 and fields[2] == str(pgid).encode()
