@@ -316,3 +316,20 @@ async def test_a_ceiling_reached_before_the_optimizer_ends_the_run_budget_limite
     assert report is not None and report.status == "budget_limited", report
     assert outcome.exit_code == 3 and "optimizer" in report.message
     assert report.funnel == () and report.budget.spent.tokens == 1200
+
+
+async def test_a_candidate_rejected_in_an_earlier_cycle_is_a_duplicate_in_the_next(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "harm:1"})
+    config = toy_config(paths, iterations=1, population=1, max_improvement_cycles=2)
+    first = await _run(RunRequest(config))
+    assert first.report is not None and first.report.decisions[0].decision == "reject"
+    rejected_digest = first.report.decisions[0].digest
+    second = await _run(RunRequest(config, resume_campaign=first.report.campaign_id))
+    assert second.report is not None
+    (decision,) = second.report.decisions
+    assert decision.digest == rejected_digest
+    assert decision.reason.startswith("duplicate")
+    (funnel,) = second.report.funnel
+    assert "paired_replay" not in funnel.stages

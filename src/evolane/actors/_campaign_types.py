@@ -69,6 +69,7 @@ class CampaignSetup:
     resume: ResumeState
     has_test: bool
     optimizer_allowed: bool = True  # False when re-judging stored work: proposals come from it
+    seen: tuple[str, ...] = ()  # tree digests of the campaign's earlier candidates, oldest first
     interrupt: trio.Event = field(default_factory=trio.Event)
 
 
@@ -81,6 +82,7 @@ class CampaignResult:
     best_delta: float | None = None
     stalled: int = 0
     rejected: list[RejectedEdit] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)  # every candidate digest so far, oldest first
     stop: str = "finished"
     message: str = ""
     scores: Scores = field(default_factory=Scores)

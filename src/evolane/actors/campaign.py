@@ -94,9 +94,10 @@ class _Cycle:
         self.config = setup.config
         self.parent = setup.parent_ref
         self.parent_units: list[dict[str, Any]] = []
-        self.seen: set[str] = {setup.parent_ref.digest}
+        self.seen: set[str] = {setup.parent_ref.digest, *setup.seen}
         self.r.best_ref, self.r.stalled = setup.parent_ref, setup.stalled
         self.r.rejected = list(setup.rejected)
+        self.r.seen = list(setup.seen)
 
     # ----- the cycle ---------------------------------------------------------------------
 
@@ -349,6 +350,8 @@ class _Cycle:
             tree,
             self.seen - {self.parent.digest},
         )
+        if tree.digest not in self.seen:
+            self.r.seen.append(tree.digest)
         self.seen.add(tree.digest)
         book.gates.extend(gates)
         book.reach("local_gates")

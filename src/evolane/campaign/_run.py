@@ -37,6 +37,7 @@ from evolane.campaign._report import (
     render_markdown,
 )
 from evolane.campaign._runs import (
+    SEEN_KEPT,
     CampaignState,
     load_run,
     save_campaign,
@@ -223,6 +224,7 @@ async def _campaign(
             parent_ref=run.parent_ref,
             stalled=prepared.campaign.stalled,
             rejected=list(prepared.campaign.rejected),
+            seen=prepared.campaign.seen,
             resume=prepared.resume,
             has_test=prepared.test_cases > 0,
             optimizer_allowed=not prepared.rejudge,
@@ -454,6 +456,7 @@ def _write_report(
                 "stalled": result.stalled,
                 "spent": spent,
                 "rejected": tuple(result.rejected),
+                "seen": tuple(result.seen[-SEEN_KEPT:]),
             }
         ),
     )

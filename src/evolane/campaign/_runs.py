@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
-from evolane.messages import ArtifactRef, Name, Record, ShortText, Usage
+from evolane.messages import ArtifactRef, Digest, Name, Record, ShortText, Usage
 from evolane.store import BlobStore, read_journal, read_json, write_json_atomic
 
 RunStatus = Literal["running", "finished", "budget_limited", "interrupted", "failed"]
@@ -24,6 +24,8 @@ CampaignStatus = Literal["active", "paused", "budget_limited", "exhausted", "com
 TERMINAL_CAMPAIGN: frozenset[str] = frozenset({"budget_limited", "exhausted", "complete"})
 REJECTED_KEPT = 32
 """How many rejected edits the campaign remembers (the optimizer sees them, newest last)."""
+SEEN_KEPT = 10_000
+"""How many candidate tree digests the duplicate gate remembers across a campaign's cycles."""
 
 
 class RunRecord(Record):
@@ -64,6 +66,7 @@ class CampaignState(Record):
     stalled: int = Field(default=0, ge=0)
     spent: Usage = Usage()
     rejected: tuple[RejectedEdit, ...] = Field(default=(), max_length=REJECTED_KEPT)
+    seen: tuple[Digest, ...] = Field(default=(), max_length=SEEN_KEPT)  # for the duplicate gate
     updated: float = 0.0
 
 
