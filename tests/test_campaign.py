@@ -333,3 +333,18 @@ async def test_a_candidate_rejected_in_an_earlier_cycle_is_a_duplicate_in_the_ne
     assert decision.reason.startswith("duplicate")
     (funnel,) = second.report.funnel
     assert "paired_replay" not in funnel.stages
+
+
+async def test_a_crashing_optimizer_lane_costs_its_slots_not_the_run(tmp_path: Path) -> None:
+    from evolane.testing import Chaos
+
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    chaos = Chaos(seed=1, handler_crash=1.0, only=(".optimizer-",))
+    with chaos.installed():
+        outcome = await _run(RunRequest(toy_config(paths, iterations=2, population=2)))
+    report = outcome.report
+    assert report is not None and report.status == "finished"
+    assert chaos.injected["handler_crash"] >= 4
+    assert [d.decision for d in report.decisions] == ["indecisive"] * 4
+    assert all(f.terminal == "blocked" for f in report.funnel)
+    assert report.campaign_status != "exhausted"  # lost slots are not a stall

@@ -334,3 +334,27 @@ async def test_a_crashing_lane_fails_its_unit_not_the_measurement(tmp_path) -> N
     ]
     assert len(failed) == 1 and "lane bug" in failed[0]["replay"]["failure"]["message"]
     assert summary.status == "complete" and summary.units_run >= 10
+
+
+@pytest.mark.parametrize(
+    ("content", "complete"),
+    [
+        (b'{"tokens": 12, "cost_usd": 0.5}', True),
+        (b"[1]", False),
+        (b'"tokens"', False),
+        (b'{"tokens": -1, "cost_usd": 0}', False),
+        (b'{"tokens": "many", "cost_usd": 0}', False),
+        (b"not json", False),
+    ],
+)
+def test_a_usage_file_of_any_shape_never_breaks_the_lane(
+    tmp_path: Path, content: bytes, complete: bool
+) -> None:
+    from evolane.actors.lanes import _usage
+    from evolane.sandbox import ProcessOutcome
+
+    (tmp_path / "usage.json").write_bytes(content)
+    usage, read = _usage(tmp_path, ProcessOutcome(status="exited", exit_code=0, wall_seconds=2.0))
+    assert read is complete
+    assert usage.wall_seconds == 2.0
+    assert usage.tokens == (12 if complete else None)

@@ -30,6 +30,7 @@ from evolane.actors._campaign_types import (
     slot_event,
     slot_seed,
 )
+from evolane.actors._errors import ActorError
 from evolane.actors._kernel import Actor, ActorRef
 from evolane.actors.scheduler import MeasureRequest, MeasureSummary
 from evolane.campaign._book import SlotBook, arm_score, hardest_failing
@@ -50,6 +51,7 @@ from evolane.messages import (
     BudgetUpdate,
     Debit,
     DecisionEvent,
+    FailureEvent,
     LedgerQuery,
     MeasureEvent,
     Message,
@@ -303,7 +305,16 @@ class _Cycle:
             timeout_seconds=self.config.optimizer_timeout,
             idle_seconds=self.config.optimizer_idle,
         )
-        result: ProposeResult = await lane.ask(job, timeout=self.config.optimizer_timeout + 60)
+        try:
+            result: ProposeResult = await lane.ask(job, timeout=self.config.optimizer_timeout + 60)
+        except ActorError as error:  # the lane broke, not the candidate: the slot is lost
+            failure = FailureEvent(
+                owner="framework",
+                stage="optimizer",
+                code=type(error).__name__,
+                message=str(error)[:500],
+            )
+            result = ProposeResult(slot_id=slot_id, status="failed", failure=failure)
         await self.s.budget.ask(
             Debit(item=slot_id, actual=result.usage, complete=False), timeout=30
         )

@@ -328,10 +328,13 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
 
 
 def _usage(out: Path, outcome: ProcessOutcome) -> tuple[Usage, bool]:
-    """``usage.json`` if the replay wrote a valid one (complete), else wall time only."""
+    """``usage.json`` if the command wrote a valid one (complete), else wall time only; any
+    other content is the command's mistake, never a crash of the lane."""
     wall = outcome.wall_seconds
     with contextlib.suppress(OSError, ValueError, TypeError):
         data = orjson.loads((out / "usage.json").read_bytes())
+        if not isinstance(data, dict):
+            return Usage(wall_seconds=wall), False
         tokens, cost = data.get("tokens"), data.get("cost_usd")
         if isinstance(tokens, int | float) and isinstance(cost, int | float):
             return Usage(tokens=tokens, cost_usd=cost, wall_seconds=wall), True
