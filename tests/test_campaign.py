@@ -315,7 +315,9 @@ async def test_a_ceiling_reached_before_the_optimizer_ends_the_run_budget_limite
     report = outcome.report
     assert report is not None and report.status == "budget_limited", report
     assert outcome.exit_code == 3 and "optimizer" in report.message
-    assert report.funnel == () and report.budget.spent.tokens == 1200
+    assert report.budget.spent.tokens == 1200
+    assert [f.terminal for f in report.funnel] == ["not_run"] * config.population
+    assert all("optimizer" in f.reason for f in report.funnel)
 
 
 async def test_a_candidate_rejected_in_an_earlier_cycle_is_a_duplicate_in_the_next(
@@ -348,3 +350,26 @@ async def test_a_crashing_optimizer_lane_costs_its_slots_not_the_run(tmp_path: P
     assert [d.decision for d in report.decisions] == ["indecisive"] * 4
     assert all(f.terminal == "blocked" for f in report.funnel)
     assert report.campaign_status != "exhausted"  # lost slots are not a stall
+
+
+async def test_a_budget_stop_mid_iteration_keeps_the_candidate_already_accepted(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"0.0": "fix:8", "0.1": "fix:1"})
+    script = tmp_path / "replay.sh"
+    script.write_text(
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
+    )
+    replay = f"sh {script} {{candidate}} {{output_dir}}"
+    config = toy_config(paths, replay=replay, max_tokens=2600, iterations=1, population=2)
+    outcome = await _run(RunRequest(config))
+    report = outcome.report
+    assert report is not None and report.status == "budget_limited"
+    first, second = (f for f in report.funnel)
+    assert (first.terminal, first.decision) == ("selected", "accept")
+    assert (second.terminal, second.decision) == ("not_run", "indecisive")
+    assert report.best.digest == first.digest != report.seed.digest
+    assert [entry.digest for entry in report.lineage] == [first.digest]
+    assert [(d.slot, d.decision) for d in report.decisions] == [(0, "accept"), (1, "indecisive")]
+    assert load_campaign(StoreLayout(paths["store"]), report.campaign_id).best_ref == report.best

@@ -184,20 +184,40 @@ class _Cycle:
             )
             for slot in range(self.config.population)
         ]
-        results = await self._propose(iteration, prompts, context)
-        books, accepted = [], []
-        for slot, result in enumerate(results):
-            book = SlotBook(self.s.cycle, iteration, slot, self._slot_id(iteration, slot))
-            self.r.book.funnel.append(book)
-            books.append(book)
-            summary = await self._candidate(book, result)
-            if summary is not None:
-                accepted.append((summary.gate.mean_delta, -slot, book, result))
+        books = [
+            SlotBook(self.s.cycle, iteration, slot, self._slot_id(iteration, slot))
+            for slot in range(self.config.population)
+        ]
+        self.r.book.funnel.extend(books)
+        accepted: list[Any] = []
+        try:
+            results = await self._propose(iteration, prompts, context)
+            for slot, (book, result) in enumerate(zip(books, results, strict=True)):
+                summary = await self._candidate(book, result)
+                if summary is not None:
+                    accepted.append((summary.gate.mean_delta, -slot, book, result))
+        except BaseException as error:  # a stop mid-iteration keeps what was already verified
+            reason = error.message if isinstance(error, Stopped) else "the run stopped first"
+            for book in books:
+                if not book.ended and book.decision != "accept":
+                    book.end("not_run", f"not finished: {reason}")
+            self._select(iteration, signal, books, accepted, partial=True)
+            raise
         return self._select(iteration, signal, books, accepted)
 
     def _select(
-        self, iteration: int, signal: str, books: list[SlotBook], accepted: list[Any]
+        self,
+        iteration: int,
+        signal: str,
+        books: list[SlotBook],
+        accepted: list[Any],
+        *,
+        partial: bool = False,
     ) -> SlotBook | None:
+        """Promote the iteration's best accepted candidate; count a stall when nothing was.
+
+        A ``partial`` iteration (the run stopped in it) promotes what it verified but never
+        counts as a stall: its remaining slots were not tried."""
         parent = self.parent
         chosen = None
         if accepted:
@@ -221,7 +241,7 @@ class _Cycle:
                     mean_delta=delta,
                 )
             )
-        elif not all(book.decision == "indecisive" for book in books):
+        elif not partial and not all(book.decision == "indecisive" for book in books):
             self.r.stalled += 1  # tampering or infrastructure-only iterations do not count
         self.r.book.iterations.append(
             IterationRecord(
@@ -416,6 +436,11 @@ class _Cycle:
             gate=self.config.gate,
         )
         summary, _ = await self._measure(request, "paired", book.iteration, book.slot)
+        if summary.status == "budget_limited":  # part of the pairs: no decision to act on
+            reason = summary.message or "the budget ran out"
+            book.end("not_run", reason, "indecisive")
+            self.r.book.decide(book, "indecisive", f"measurement cut short: {reason}")
+            raise Stopped("budget_limited", reason)
         book.reach("evaluation")
         gate = summary.gate
         self.r.book.decide(book, gate.decision, gate.reason)
@@ -432,9 +457,6 @@ class _Cycle:
                 ci_high=gate.ci_high,
             )
         )
-        if summary.status == "budget_limited":
-            book.end("not_run", summary.message or "the budget ran out", gate.decision)
-            raise Stopped("budget_limited", summary.message or "the budget ran out")
         if gate.decision == "accept":
             book.decision = "accept"
             return summary

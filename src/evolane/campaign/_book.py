@@ -44,6 +44,11 @@ class SlotBook:
     def reach(self, stage: FunnelStage) -> None:
         self.stages.append(stage)
 
+    @property
+    def ended(self) -> bool:
+        """Whether the slot has its terminal stage (`end` was called)."""
+        return bool(self.stages) and self.stages[-1] == self.terminal
+
     def end(self, terminal: str, reason: str, decision: Decision | None = None) -> None:
         self.terminal, self.reason = terminal, reason[:256]
         if decision is not None:
