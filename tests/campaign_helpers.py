@@ -6,7 +6,7 @@ a required ``REQUIRED`` file. The optimizer reads ``{iteration}.{slot}`` from it
 looks up its action in the plan: ``fix:N`` flips the first N failing cases (they all expect
 ``"yes"``), ``harm:N`` flips N solid ones, ``noop``, ``same`` (the same edit as slot 0:
 a duplicate), ``break`` (rewrites REQUIRED), ``tamper``, ``symlink``, ``oversize``,
-``malformed``, ``crash``, ``hang``.
+``malformed``, ``crash``, ``hang``, ``peek`` (prints whether the context shows answers).
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ OPTIMIZER = textwrap.dedent(
         sys.exit(3)
     elif name == "hang":
         time.sleep(3600)
+    elif name == "peek":  # what the context folder shows of the failing cases
+        seen = [
+            json.loads(p.read_text())
+            for p in pathlib.Path(os.environ["EVOLANE_CONTEXT_DIR"]).glob("cases/*/case.json")
+        ]
+        shown = "answers-shown" if any("expected_output" in c for c in seen) else "no-answers"
+        print(f"{shown} in {len(seen)} cases")
     print(action)
     """
 )

@@ -373,3 +373,13 @@ async def test_a_budget_stop_mid_iteration_keeps_the_candidate_already_accepted(
     assert [entry.digest for entry in report.lineage] == [first.digest]
     assert [(d.slot, d.decision) for d in report.decisions] == [(0, "accept"), (1, "indecisive")]
     assert load_campaign(StoreLayout(paths["store"]), report.campaign_id).best_ref == report.best
+
+
+async def test_the_optimizer_context_shows_failing_cases_without_their_answers(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "peek"})
+    outcome = await _run(RunRequest(toy_config(paths, iterations=1, population=1)))
+    assert outcome.report is not None
+    (funnel,) = outcome.report.funnel
+    assert funnel.optimizer == "no-answers in 8 cases"

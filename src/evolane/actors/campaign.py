@@ -169,7 +169,7 @@ class _Cycle:
         )
         focus = focus_cases(standings, self.config.focus, iteration)
         context = await trio.to_thread.run_sync(
-            lambda: write_context(self.s.store, focus, self.parent_units, self.s.judge_case_refs)
+            lambda: write_context(self.s.store, focus, self.parent_units, self.s.pipeline.case_refs)
         )
         prompts = [
             build_prompt(

@@ -77,6 +77,7 @@ class Pipeline:
     runtime: Runtime
     name: str
     board: StopBoard
+    case_refs: Mapping[str, ArtifactRef] = field(default_factory=dict)  # as replays see them
 
     async def measure(self, request: MeasureRequest, timeout: float = 86_400.0) -> MeasureSummary:
         """Run one measurement; cancelling this call stops and kills every in-flight unit
@@ -246,7 +247,7 @@ async def _open_pipeline(
                 args=(settings, refs, judges, runtime.lookup(f"{name}.budget"), store, board),
             )
         )
-        yield Pipeline(runtime, name, board)
+        yield Pipeline(runtime, name, board, case_refs)
     finally:
         with trio.CancelScope(shield=True):
             board.cancel_all()
