@@ -243,7 +243,9 @@ def test_the_prompt_lists_focus_cases_standings_and_rules() -> None:
     assert set(built["omitted"].values()) == {0}
     assert encode_prompt(prompt()) == encode_prompt(built)  # deterministic bytes
     assert orjson.loads(encode_prompt(built)) == built
-    assert [f["id"] for f in prompt(focus="cyclic", iteration=1)["failing"]] == ["a"]
+    cyclic = prompt(focus="cyclic", iteration=1)
+    assert [f["id"] for f in cyclic["failing"]] == ["a"]
+    assert built["always_failing"] == cyclic["always_failing"] == ["c", "b"]
 
 
 def test_the_oldest_rejected_diffs_are_dropped_to_fit() -> None:

@@ -222,7 +222,8 @@ def build_prompt(
     """The optimizer's prompt as a JSON-able dict whose `encode_prompt` bytes fit ``max_bytes``.
 
     ``rejected`` holds (diff, reason) pairs, most recent last; the oldest are dropped first,
-    then (if still too large) the tail of the solid, infra_errored, flaky and failing lists.
+    then (if still too large) the tail of the solid, infra_errored, flaky, always_failing and
+    failing lists.
     ``omitted`` counts what was dropped. Raises ValueError if even that cannot fit.
     """
     by_category = {c: [s.id for s in standings if s.category == c] for c in _CATEGORIES}
@@ -231,6 +232,7 @@ def build_prompt(
         "solid": by_category["solid"],
         "infra_errored": by_category["infra_errored"],
         "flaky": by_category["flaky"],
+        "always_failing": by_category["always_failing"],  # whatever the focus
         "failing": [
             {"id": s.id, "reason": s.reason, "score": round(s.score, 4)}
             for s in focus_cases(standings, focus, iteration)
