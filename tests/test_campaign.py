@@ -383,3 +383,17 @@ async def test_the_optimizer_context_shows_failing_cases_without_their_answers(
     assert outcome.report is not None
     (funnel,) = outcome.report.funnel
     assert funnel.optimizer == "no-answers in 8 cases"
+
+
+async def test_symlinks_the_parent_already_had_do_not_fail_the_entries_gate(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"0.0": "fix:8", "0.1": "symlink"})
+    (paths["target"] / "alias").symlink_to("REQUIRED")
+    config = toy_config(paths, iterations=1, population=2)
+    outcome = await _run(RunRequest(config))
+    report = outcome.report
+    assert report is not None
+    inherited, added = report.funnel
+    assert inherited.decision == "accept", inherited.reason
+    assert (added.terminal, added.reason) == ("rejected", "link: symlink")

@@ -393,3 +393,16 @@ def test_the_entries_gate_flags_hard_links_and_devices(tmp_path: Path) -> None:
         return
     device = check_entries(tmp_path)
     assert device.paths == ("null",) and "device" in device.reason
+
+
+def test_only_the_parents_own_symlinks_pass_and_only_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "skill").mkdir()
+    (tmp_path / "skill" / "SKILL.md").write_text("rules\n")
+    (tmp_path / "skill" / "alias").symlink_to("SKILL.md")
+    assert check_entries(tmp_path, {"skill/alias": "SKILL.md"}).passed
+    assert not check_entries(tmp_path).passed
+    moved = check_entries(tmp_path, {"skill/alias": "../SKILL.md"})
+    assert not moved.passed and moved.paths == ("skill/alias",)
+    (tmp_path / "skill" / "other").symlink_to("SKILL.md")
+    added = check_entries(tmp_path, {"skill/alias": "SKILL.md"})
+    assert added.paths == ("skill/other",)

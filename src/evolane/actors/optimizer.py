@@ -37,7 +37,9 @@ from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec, ma
 from evolane.store import (
     BlobStore,
     StoreError,
+    SymlinkEntry,
     UnsupportedEntryError,
+    load_manifest,
     materialize_tree,
     snapshot_tree,
 )
@@ -290,7 +292,9 @@ class OptimizerLane(Actor):
         if not outcome.ok:
             status, failure = _failure(outcome, idle, job.idle_seconds)
             return ProposeResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
-        gate = check_entries(scratch.workdir)
+        parent = load_manifest(self.store, job.parent_ref)
+        kept = {path: e.target for path, e in parent.items() if isinstance(e, SymlinkEntry)}
+        gate = check_entries(scratch.workdir, kept)
         if gate.passed:
             try:
                 tree = snapshot_tree(self.store, scratch.workdir)

@@ -1,6 +1,7 @@
 """The `disallowed_entries` gate: an optimizer's workdir may hold only plain files and folders.
 
-The walk never follows a symlink. Refused: symlinks, devices, FIFOs, sockets, names that are
+The walk never follows a symlink. Refused: symlinks (except those the parent tree already had,
+unchanged: the candidate inherits them), devices, FIFOs, sockets, names that are
 not valid UTF-8 or hold a line break, mount points (another filesystem under the root),
 hard-linked files (their inode may be shared with a file outside the root) and folders that
 cannot be read. Any of these could reach outside the root or break a snapshot of the tree.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from evolane.messages import LocalGateResult
@@ -50,7 +52,7 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def _offences(root: Path) -> list[tuple[str, str]]:
+def _offences(root: Path, kept_links: Mapping[str, str]) -> list[tuple[str, str]]:
     """Every offending entry under ``root`` as (relative path, why), in sorted walk order."""
     found: list[tuple[str, str]] = []
     try:
@@ -73,12 +75,24 @@ def _offences(root: Path) -> list[tuple[str, str]]:
         for child in children:
             relative = f"{prefix}{child.name}"
             why = _bad_name(child.name) or _entry_problem(child, root_dev)
+            if why == "symlink" and _kept_link(child, kept_links.get(relative)):
+                why = None
             if why is not None:
                 found.append((relative, why))
             elif child.is_dir(follow_symlinks=False):
                 below.append((f"{relative}/", Path(child.path)))
         pending.extend(reversed(below))
     return found
+
+
+def _kept_link(child: os.DirEntry[str], parent_target: str | None) -> bool:
+    """Whether this symlink is the parent tree's own, pointing where it pointed."""
+    if parent_target is None:
+        return False
+    try:
+        return os.readlink(child.path) == parent_target
+    except OSError:
+        return False
 
 
 def _entry_problem(child: os.DirEntry[str], root_dev: int) -> str | None:
@@ -95,10 +109,11 @@ def _entry_problem(child: os.DirEntry[str], root_dev: int) -> str | None:
     return None
 
 
-def check_entries(directory: Path) -> LocalGateResult:
+def check_entries(directory: Path, kept_links: Mapping[str, str] | None = None) -> LocalGateResult:
     """Gate `disallowed_entries`: ``reject`` naming up to four offending relative paths,
-    else ``pass``. Blocking file I/O: call it from a thread."""
-    found = _offences(Path(directory))
+    else ``pass``. ``kept_links`` maps the parent tree's symlinks (relative path -> target);
+    those, unchanged, pass. Blocking file I/O: call it from a thread."""
+    found = _offences(Path(directory), kept_links or {})
     if not found:
         return LocalGateResult(gate="disallowed_entries", outcome="pass")
     first_path, first_why = found[0]
