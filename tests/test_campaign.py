@@ -92,6 +92,21 @@ async def test_decisions_never_use_the_sealed_test_split(tmp_path: Path) -> None
     units = json.loads(outcome.run_dir.joinpath("report.json").read_text())["measurements"]  # type: ignore[union-attr]
     assert all(m["split"] == "val" for m in units if m["purpose"] in ("paired", "baseline"))
     assert report.scores.best_test is not None and report.scores.baseline_test is not None
+    # the same run with the test split's answers turned around decides exactly the same
+    other = write_toy(tmp_path / "flipped", {"default": "fix:3"})
+    rows = [json.loads(line) for line in other["dataset"].read_text().splitlines()]
+    for row in rows:
+        if row["split"] == "test":
+            row["expected_output"] = "no"
+    other["dataset"].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    flipped = (await _run(RunRequest(toy_config(other, iterations=2, population=1)))).report
+    assert flipped is not None and flipped.scores.baseline_test is not None
+    assert flipped.scores.baseline_test.mean != report.scores.baseline_test.mean
+
+    def comparable(r: Report) -> list[tuple[object, ...]]:
+        return [(d.iteration, d.slot, d.digest, d.decision, d.reason) for d in r.decisions]
+
+    assert comparable(flipped) == comparable(report) and len(report.decisions) == 2
 
 
 async def test_estimate_counts_bound_what_the_run_does(tmp_path: Path) -> None:
