@@ -125,6 +125,12 @@ async def test_estimate_counts_bound_what_the_run_does(tmp_path: Path) -> None:
     assert optimizer_calls == estimate.optimizer_calls_max == 4
     # nothing accepted, no early stop: baseline 12, 4 candidates x 12, test 6 (+6 reused)
     assert ran == 12 + 4 * 12 + 6
+    # fewer val cases than the gate's min_cases: the scheduler repeats (2/3), so does this
+    from evolane.campaign._estimate import estimate_run
+
+    few = config.model_copy(update={"gate": config.gate.model_copy(update={"min_cases": 20})})
+    repeated = estimate_run(few, val_cases=12, test_cases=6)
+    assert (repeated.baseline_repetitions, repeated.candidate_repetitions) == (2, 3)
 
 
 async def test_stall_ends_the_campaign_as_exhausted(tmp_path: Path) -> None:

@@ -399,7 +399,7 @@ class _Cycle:
         return await self._paired(book, tree)
 
     async def _screen(self, book: SlotBook, tree: ArtifactRef) -> bool:
-        case = hardest_failing(self.parent_units)
+        case = hardest_failing(self.parent_units, self.config.gate.pass_score)
         if case is None:
             return True
         book.reach("screening")

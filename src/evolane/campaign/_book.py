@@ -168,9 +168,10 @@ def arm_score(
     return score_ci(arm_scores(units, arm), confidence=confidence, seed=seed)
 
 
-def hardest_failing(units: list[dict[str, Any]]) -> str | None:
-    """The case the parent scored lowest on (below full marks), for screening."""
+def hardest_failing(units: list[dict[str, Any]], pass_score: float = 1.0) -> str | None:
+    """The case the parent scored lowest on, if it fails it (below ``pass_score``): the one
+    screening tries first."""
     scores = arm_scores(units, "baseline")
     means = {case: sum(v) / len(v) for case, v in scores.items() if v}
-    failing = [(mean, case) for case, mean in means.items() if mean < 1.0]
+    failing = [(mean, case) for case, mean in means.items() if mean < pass_score]
     return min(failing)[1] if failing else None

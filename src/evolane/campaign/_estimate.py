@@ -15,9 +15,6 @@ from pydantic import Field
 from evolane.campaign._config import CampaignConfig
 from evolane.messages import Record, ShortText
 
-MIN_CASES = 8
-"""Cases needed for one repetition per arm (fewer cases get 2 baseline / 3 candidate reps)."""
-
 
 class UnitHistory(Record):
     """What earlier runs in the store measured per replay unit (replay plus judge)."""
@@ -47,7 +44,7 @@ class Estimate(Record):
 
 def repetitions_for(config: CampaignConfig, cases: int) -> tuple[int, int]:
     """The repetitions a measurement on ``cases`` cases will use (explicit flags win)."""
-    adaptive = (1, 1) if cases >= MIN_CASES else (2, 3)
+    adaptive = (1, 1) if cases >= config.gate.min_cases else (2, 3)
     return (
         config.baseline_replay_repetitions or adaptive[0],
         config.candidate_replay_repetitions or adaptive[1],
@@ -82,7 +79,7 @@ def estimate_run(
     if history is not None:
         lucky = (
             val_cases * b
-            + iterations * population * min(val_cases, MIN_CASES) * c
+            + iterations * population * min(val_cases, config.gate.min_cases) * c
             + test_cases * (tb + tc)
         )
         optimizer = (history.optimizer_seconds or 0.0) * iterations
