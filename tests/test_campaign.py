@@ -149,6 +149,10 @@ async def test_tampering_iterations_do_not_count_toward_stall(tmp_path: Path) ->
     assert report is not None and len(report.iterations) == 4
     assert report.campaign_status == "complete"
     assert all(d.decision == "indecisive" for d in report.decisions)
+    # ...but the optimizer is told, so it does not try the same tampering again
+    remembered = load_campaign(StoreLayout(paths["store"]), report.campaign_id).rejected
+    assert [r.reason.split(":")[0] for r in remembered] == ["protected_paths"] * 4
+    assert all("grader/rubric.txt" in r.diff for r in remembered)
 
 
 async def test_campaign_cycles_resume_and_refusals(tmp_path: Path) -> None:

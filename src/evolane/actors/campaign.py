@@ -391,7 +391,7 @@ class _Cycle:
             decision = "indecisive" if failed.outcome == "indecisive" else "reject"
             book.end("rejected", f"{failed.gate}: {failed.reason}", decision)
             self.r.book.decide(book, decision, book.reason)
-            if decision == "reject" and failed.gate not in ("no_op", "duplicate"):
+            if failed.gate not in ("no_op", "duplicate"):  # tampering too: never again
                 await self._remember(book, tree, book.reason)
             return None
         if self.config.screening and not await self._screen(book, tree):
