@@ -23,8 +23,10 @@ from evolane.messages import (
 from evolane.stats import GateConfig, GateResult
 
 MeasureStatus = Literal[
-    "complete", "early_stopped", "budget_limited", "shared_failure", "cancelled"
+    "complete", "early_stopped", "budget_limited", "shared_failure", "cancelled", "diverged"
 ]
+"""``diverged``: a re-judge (no replays allowed) met units its stored run replayed on
+another tree than this run plans; they were not used, and not run."""
 
 
 class MeasureRequest(Message):
@@ -75,6 +77,7 @@ class SchedulerSettings:
     seed: int = 0
     journal: RunJournal | None = None
     restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
+    # (a record counts only if its "tree" is the tree the unit plans: unit ids hold no tree)
     restored_replays: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # judged next
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
     rejudge: bool = False  # restored units are judged again (--rerun-evaluator)
@@ -141,3 +144,20 @@ def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[in
         request.baseline_repetitions or adaptive[0],
         request.candidate_repetitions or adaptive[1],
     )
+
+
+def start_order(units: list[Unit], lanes: int) -> dict[int, tuple[int, int]]:
+    """Each unit's start priority (lower first): first repetitions before later ones, and
+    within a repetition baselines about a wave of ``lanes`` ahead of the candidates that
+    wait for them. Plan order alone lets the last baseline start in the last wave, so its
+    candidate runs in a wave of its own after it."""
+    order: dict[int, tuple[int, int]] = {}
+    baselines = candidates = 0
+    for unit in units:
+        if unit.arm == "baseline":
+            order[unit.index] = (unit.repetition, 2 * (baselines - lanes))
+            baselines += 1
+        else:
+            order[unit.index] = (unit.repetition, 2 * candidates + 1)
+            candidates += 1
+    return order

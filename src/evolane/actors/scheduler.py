@@ -9,13 +9,15 @@
 - A finished unit is reused (either arm) when tree, case, repetition, seed and every
   fingerprint match: a parent's baseline across its candidates, an accepted candidate's
   results as its baseline in the next iteration.
-- Every completed unit is journaled (durably) before it counts.
+- Every completed unit is journaled (durably) before it counts, with its tree's digest: a
+  resume or re-judge takes a stored unit only for the same unit id on the same tree.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -32,6 +34,7 @@ from evolane.actors._scheduling import (
     Unit,
     framework_failure,
     repetitions,
+    start_order,
     unit_seed,
 )
 from evolane.actors.lanes import StopBoard
@@ -99,7 +102,7 @@ class MeasurementScheduler(Actor):
         )
         return hashlib.sha256(repr(parts).encode()).hexdigest()
 
-    async def record_replay(self, measurement_id: str, unit_id: str, replay: ReplayResult) -> None:
+    async def record_replay(self, measurement_id: str, unit: Unit, replay: ReplayResult) -> None:
         """Journal a finished replay before its judgement (not fsynced: a process kill keeps
         it; a power loss only costs a replay)."""
         if self.settings.journal is None:
@@ -107,7 +110,8 @@ class MeasurementScheduler(Actor):
         record = {
             "type": "replay",
             "measurement": measurement_id,
-            "unit": unit_id,
+            "unit": unit.unit_id,
+            "tree": unit.tree_ref.digest,
             "replay": replay.model_dump(mode="json"),
         }
         await self.settings.journal.append(record, durable=False)
@@ -120,29 +124,13 @@ class MeasurementScheduler(Actor):
             "type": "unit",
             "measurement": measurement_id,
             "unit": unit.unit_id,
+            "tree": unit.tree_ref.digest,
             "status": unit.status,
             "reused": unit.reused,
             "replay": unit.replay.model_dump(mode="json") if unit.replay else None,
             "judge": unit.judge.model_dump(mode="json") if unit.judge else None,
         }
         await self.settings.journal.append(record)
-
-
-def _start_order(units: list[Unit], lanes: int) -> dict[int, tuple[int, int]]:
-    """Each unit's start priority (lower first): first repetitions before later ones, and
-    within a repetition baselines about a wave of ``lanes`` ahead of the candidates that
-    wait for them. Plan order alone lets the last baseline start in the last wave, so its
-    candidate runs in a wave of its own after it."""
-    order: dict[int, tuple[int, int]] = {}
-    baselines = candidates = 0
-    for unit in units:
-        if unit.arm == "baseline":
-            order[unit.index] = (unit.repetition, 2 * (baselines - lanes))
-            baselines += 1
-        else:
-            order[unit.index] = (unit.repetition, 2 * candidates + 1)
-            candidates += 1
-    return order
 
 
 class _Measurement:
@@ -155,7 +143,7 @@ class _Measurement:
         self.case_ids = case_ids
         self.reps = repetitions(request, len(case_ids), settings.min_cases)
         self.units = self._plan()
-        self.priority = _start_order(self.units, len(scheduler.replay_lanes))
+        self.priority = start_order(self.units, len(scheduler.replay_lanes))
         self.ready: list[tuple[tuple[int, int], int]] = []
         self.wake = trio.Event()
         self.free_replay = trio.open_memory_channel[ActorRef](len(scheduler.replay_lanes))
@@ -165,6 +153,7 @@ class _Measurement:
         self.cutoff: int | None = None  # cases at or beyond this index are not needed
         self.early: tuple[str, str] | None = None
         self.last_progress = -1e9
+        self.diverged: dict[str, str] = {}  # unit id -> the other tree its stored record has
 
     def _plan(self) -> list[Unit]:
         units: list[Unit] = []
@@ -338,7 +327,7 @@ class _Measurement:
             await self.s.budget.ask(debit, timeout=30)
         if replay.status == "succeeded":
             if not unit.restored:  # a resume judges it without replaying it again
-                await self.s.record_replay(self.request.measurement_id, unit.unit_id, replay)
+                await self.s.record_replay(self.request.measurement_id, unit, replay)
             unit.judge = await self._judge(unit, replay)
         unit.status = self._status(unit)
         await self.s.record(self.request.measurement_id, unit)
@@ -360,16 +349,20 @@ class _Measurement:
             self._finish(unit, "succeeded", "reused")
             self._check_early_stop()
             return None
-        restored = self.s.settings.restored.get(unit.unit_id)
+        restored = self._stored(self.s.settings.restored, unit)
         if restored is not None and restored.get("status") in RESTORABLE:
             await self._restore(unit, restored)
             return None
-        stored = self.s.settings.restored_replays.get(unit.unit_id)
+        stored = self._stored(self.s.settings.restored_replays, unit)
         if stored is not None:  # replayed before an interruption, not yet judged: judge only
             unit.restored = True
             return ReplayResult.model_validate(stored["replay"])
         if not self.s.settings.replays_allowed:
-            self._finish(unit, "not_run", "no stored replay to judge again")
+            other = self.diverged.get(unit.unit_id)
+            why = "no stored replay to judge again"
+            if other is not None:
+                why = f"the stored run diverged: it replayed {unit.unit_id} on tree {other}"
+            self._finish(unit, "not_run", why)
             return None
         if not await self._reserve(unit):
             self._stop("budget_limited", "the budget denied a replay")
@@ -403,6 +396,17 @@ class _Measurement:
                 "shared_failure", f"{unit.arm} replay could not start: {result.failure.message}"
             )
         return result
+
+    def _stored(self, records: Mapping[str, dict[str, Any]], unit: Unit) -> dict[str, Any] | None:
+        """The journal's record of ``unit``, if it was made on the tree this unit plans (a
+        unit id names no tree: after other decisions the same id can mean another tree)."""
+        record = records.get(unit.unit_id)
+        if record is None:
+            return None
+        if record.get("tree") != unit.tree_ref.digest:
+            self.diverged[unit.unit_id] = str(record.get("tree"))[:80]
+            return None
+        return record
 
     async def _restore(self, unit: Unit, record: dict[str, Any]) -> None:
         """Take a unit finished before an interruption from the journal: no rerun, but its
@@ -566,6 +570,13 @@ class _Measurement:
             for status in ("failed", "blocked", "not_run")
         }
         status: MeasureStatus = self.stop_reason or ("early_stopped" if self.early else "complete")
+        if self.diverged and not self.s.settings.replays_allowed and self.stop_reason is None:
+            status = "diverged"
+            first = min(self.diverged)
+            self.message = (
+                f"the stored run diverged: {len(self.diverged)} unit(s) were replayed on "
+                f"another tree than this run plans (first {first}); they were not used"
+            )[:512]
         return MeasureSummary(
             measurement_id=self.request.measurement_id,
             status=status,
