@@ -10,12 +10,17 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
+import trio
 
+from evolane.campaign._config import CampaignConfig
+from evolane.campaign._run import RunRequest, run_campaign
+from evolane.campaign._runs import StoreLayout, load_run
 from evolane.store import read_journal
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import toy_config, toy_flags, write_toy
 
 # iteration 0 accepts nothing (the stall count rises); 1 and 2 accept
 PLAN = {"0.0": "harm:1", "0.1": "noop", "1.0": "fix:2", "1.1": "harm:2", "2.0": "fix:1"}
@@ -131,3 +136,93 @@ def test_rerun_evaluator_judges_stored_replays_and_replays_nothing(
     assert sum(m["units_restored"] for m in report["measurements"]) > 0
     # every stored replay now scores 1.0: no candidate can beat its parent under a strict gate
     assert all(d["decision"] != "accept" for d in report["decisions"])
+
+
+# -- a crash in the middle of an apply, recovered at the next start -------------------------
+
+DIE_MID_APPLY = """
+import os, sys, trio
+from evolane.campaign import _apply
+from evolane.campaign._config import CampaignConfig
+from evolane.campaign._run import RunRequest, run_campaign
+
+step, config = sys.argv[1], CampaignConfig.model_validate_json(sys.argv[2])
+real = _apply._write_journal
+
+def write_then_die(path, record):
+    real(path, record)
+    if record.state == step:
+        os._exit(9)  # no cleanup at all: as a SIGKILL right after the step
+
+_apply._write_journal = write_then_die
+trio.run(run_campaign, RunRequest(config))
+"""
+
+
+def _answers(target: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(target.iterdir()) if p.is_file()}
+
+
+async def _die_mid_apply(paths: dict[str, Path], step: str) -> tuple[CampaignConfig, str]:
+    """Run a cycle with ``auto_verified`` in a child that dies once the apply reaches ``step``."""
+    config = toy_config(
+        paths,
+        iterations=1,
+        population=1,
+        apply="auto_verified",
+        check="sh -c 'test -f {candidate}/REQUIRED'",
+    )
+    argv = [sys.executable, "-c", DIE_MID_APPLY, step, config.model_dump_json()]
+    died = await trio.to_thread.run_sync(
+        partial(subprocess.run, argv, capture_output=True, timeout=120)
+    )
+    assert died.returncode == 9, died.stderr.decode()
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert json.loads((run_dir / "apply.json").read_text())["state"] == step
+    return config, run_dir.name
+
+
+async def test_resume_undoes_an_apply_killed_after_the_target_was_moved_aside(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    before = _answers(paths["target"])
+    config, run_id = await _die_mid_apply(paths, "moved_aside")
+    assert not paths["target"].exists()  # the crash left no target at all
+    at_start: list[dict[str, str]] = []
+    with trio.fail_after(60):
+        outcome = await run_campaign(
+            RunRequest(config, resume_run=run_id),
+            on_bus=lambda _bus: at_start.append(_answers(paths["target"])),
+        )
+    assert at_start == [before]  # whole again before the resumed run did anything
+    report = outcome.report
+    assert report is not None and report.status == "finished" and report.resumed == 1
+    assert "an interrupted apply was undone" in report.message and run_id in report.message
+    stored = json.loads((paths["store"] / "runs" / run_id / "report.json").read_text())
+    assert stored["message"] == report.message
+    assert report.apply is not None and report.apply.status == "applied"
+    assert all(v == '"yes"' for k, v in _answers(paths["target"]).items() if k.startswith("val"))
+    events = (paths["store"] / "runs" / run_id / "events.jsonl").read_text()
+    assert "moved_aside" in events  # the recovery is told as a warning
+
+
+async def test_a_new_campaign_never_takes_an_unchecked_swapped_candidate_as_its_seed(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    before = _answers(paths["target"])
+    _, crashed = await _die_mid_apply(paths, "swapped")
+    assert _answers(paths["target"]) != before  # the candidate is in, never checked
+    seed = load_run(StoreLayout(paths["store"]), crashed).seed_ref
+    at_start: list[dict[str, str]] = []
+    with trio.fail_after(60):
+        outcome = await run_campaign(
+            RunRequest(toy_config(paths, iterations=1, population=1)),
+            on_bus=lambda _bus: at_start.append(_answers(paths["target"])),
+        )
+    assert at_start == [before]
+    assert outcome.report is not None and outcome.report.seed == seed
+    assert outcome.report.campaign_id != load_run(StoreLayout(paths["store"]), crashed).campaign_id
+    journal = json.loads((paths["store"] / "runs" / crashed / "apply.json").read_text())
+    assert journal["state"] == "recovered"

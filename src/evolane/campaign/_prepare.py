@@ -153,8 +153,14 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
         old = load_run(layout, run_id)
     except FileNotFoundError:
         raise InputError(f"--from-run {run_id}: no such run in {layout.root}") from None
+    # A re-judge only reports: it never writes to the target, whatever the run it reads did.
     config = old.config.model_copy(
-        update={"judge": config.judge, "store": config.store, "campaign_id": None}
+        update={
+            "judge": config.judge,
+            "store": config.store,
+            "campaign_id": None,
+            "apply": "proposal",
+        }
     )
     gates = check_templates(config)
     dataset = _dataset(config)
@@ -262,7 +268,27 @@ def _continuable_campaign(
                 f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
                 f"({campaign.identity.get(key)!r} -> {value!r})"
             )
+    unfinished = _unfinished_run(layout, campaign)
+    if unfinished is not None:
+        run_id, status = unfinished
+        raise InputError(
+            f"--resume-campaign {campaign_id}: its run {run_id} is unfinished ({status}); "
+            f"continue it with --resume {run_id}"
+        )
     return campaign
+
+
+def _unfinished_run(layout: StoreLayout, campaign: CampaignState) -> tuple[str, str] | None:
+    """The newest of the campaign's runs that is still running or was interrupted: a new
+    cycle would start from the same parent, and resuming that run later would overwrite it."""
+    for run_id in reversed(campaign.runs):
+        try:
+            status = load_run(layout, run_id).status
+        except FileNotFoundError:
+            continue
+        if status in ("running", "interrupted"):
+            return run_id, status
+    return None
 
 
 def _remaining(config: CampaignConfig, spent: Usage) -> Usage:

@@ -26,7 +26,7 @@ from evolane.actors.lanes import StopBoard
 from evolane.actors.optimizer import OptimizerLane, OptimizerSettings
 from evolane.actors.pipeline import PipelineConfig, open_pipeline
 from evolane.actors.progress import ProgressBus
-from evolane.campaign._apply import apply_candidate, recover_apply
+from evolane.campaign._apply import JOURNAL_NAME, ApplyJournal, apply_candidate
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._prepare import Prepared, prepare_run
@@ -39,7 +39,10 @@ from evolane.campaign._report import (
 from evolane.campaign._runs import (
     SEEN_KEPT,
     CampaignState,
+    RecoveredApply,
+    StoreLayout,
     load_run,
+    recover_interrupted_applies,
     save_campaign,
     save_run,
 )
@@ -51,9 +54,10 @@ from evolane.messages import (
     RunFinished,
     RunStarted,
     Usage,
+    WarningEvent,
 )
 from evolane.sandbox import SandboxHost, open_sandbox
-from evolane.store import write_bytes_atomic, write_json_atomic
+from evolane.store import read_json, write_bytes_atomic, write_json_atomic
 from evolane.supervisors import ActorSpec, Runtime, SupervisorSpec, open_runtime
 
 EXIT_FOR_STATUS = {"finished": 0, "budget_limited": 3, "interrupted": 130, "failed": 1}
@@ -103,7 +107,14 @@ async def run_campaign(
 ) -> RunOutcome:
     """Run one cycle of a campaign (or resume one) to its report, in ``runtime`` (or a runtime
     of its own). Bad input raises `InputError` before anything is written; ``interrupt``
-    stops gracefully (resumable); cancelling the call kills every tree of the run."""
+    stops gracefully (resumable); cancelling the call kills every tree of the run.
+
+    Every start (but a dry run) first undoes any publish a crash left half done in the
+    store, whichever run it belonged to, so the target is whole before it is read."""
+    recovered: list[RecoveredApply] = []
+    if not request.dry_run:
+        layout = StoreLayout(Path(request.config.store))
+        recovered = await trio.to_thread.run_sync(recover_interrupted_applies, layout)
     prepared = await trio.to_thread.run_sync(
         prepare_run,
         request.config,
@@ -115,14 +126,17 @@ async def run_campaign(
         return RunOutcome(prepared.estimate)
     started = request.started if request.started is not None else time.time()
     await trio.to_thread.run_sync(prepared.persist)
-    recovered = await trio.to_thread.run_sync(recover_apply, prepared.store, prepared.run_dir)
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
+    for undone in recovered:
+        bus.publish(WarningEvent(run_id=prepared.run.run_id, message=_recovery_note(undone)))
     if on_bus is not None:
         on_bus(bus)
     journal = RunJournal(prepared.run_dir / "journal.jsonl")
     try:
         stop = interrupt if interrupt is not None else trio.Event()
-        context = _RunContext(prepared, bus, journal, stop, started, backends or Backends())
+        context = _RunContext(
+            prepared, bus, journal, stop, started, backends or Backends(), _undone(recovered)
+        )
         if runtime is not None:
             report = await _run_in(runtime, context)
         else:
@@ -136,11 +150,18 @@ async def run_campaign(
     finally:
         journal.close()
         bus.close()
-    if recovered is not None:
-        report = report.model_copy(
-            update={"message": f"{report.message} (an interrupted apply was undone)".strip()}
-        )
     return RunOutcome(prepared.estimate, report, prepared.run_dir)
+
+
+def _recovery_note(undone: RecoveredApply) -> str:
+    return f"run {undone.run_id}: {undone.outcome.message}"[:256]
+
+
+def _undone(recovered: list[RecoveredApply]) -> str:
+    """The report's note on the publishes this start undid (empty when none)."""
+    if not recovered:
+        return ""
+    return f"(an interrupted apply was undone: run {', '.join(u.run_id for u in recovered)})"
 
 
 @dataclass
@@ -151,6 +172,7 @@ class _RunContext:
     interrupt: trio.Event
     started: float
     backends: Backends
+    note: str = ""  # for the report's message: what this start recovered
 
 
 async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
@@ -172,7 +194,7 @@ async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
             with trio.CancelScope(shield=True):
                 await runtime.root.stop_child(name)
         applied = await _apply(prepared, host, result)
-        return await _finish(prepared, bus, result, ledger, applied, ctx.started, host)
+        return await _finish(ctx, result, ledger, applied, host)
 
 
 def _announce(prepared: Prepared, bus: ProgressBus, host: SandboxHost) -> None:
@@ -339,10 +361,14 @@ async def _apply(
 
 
 def _target_now(prepared: Prepared) -> ArtifactRef:
-    """What the target holds if nobody touched it: an earlier cycle's applied best, or the seed."""
-    run = prepared.run
-    applied_before = prepared.config.apply == "auto_verified" and run.cycle > 0
-    return run.parent_ref if applied_before else run.seed_ref
+    """What the target holds if nobody touched it: what this run already published before a
+    crash, else what an earlier cycle published (``applied_ref``), else the seed."""
+    path = prepared.run_dir / JOURNAL_NAME
+    if path.exists():
+        journal = ApplyJournal.model_validate(read_json(path))
+        if journal.state == "committed":
+            return journal.candidate_ref
+    return prepared.campaign.applied_ref or prepared.run.seed_ref
 
 
 def _campaign_status(prepared: Prepared, result: CampaignResult) -> str:
@@ -358,15 +384,14 @@ def _campaign_status(prepared: Prepared, result: CampaignResult) -> str:
 
 
 async def _finish(
-    prepared: Prepared,
-    bus: ProgressBus,
+    ctx: _RunContext,
     result: CampaignResult,
     ledger: object,
     applied: ApplyRecord | None,
-    started: float,
     host: SandboxHost,
 ) -> Report:
     assert isinstance(ledger, LedgerSnapshot)
+    prepared, bus, started = ctx.prepared, ctx.bus, ctx.started
     run = prepared.run
     status = {"finished": "finished", "exhausted": "finished"}.get(result.stop, result.stop)
     campaign_status = _campaign_status(prepared, result)
@@ -385,7 +410,7 @@ async def _finish(
         cycle=run.cycle,
         status=status,
         campaign_status=campaign_status,
-        message=result.message,
+        message=_message(result, bus, run.run_id, ctx.note),
         started=started,
         finished=time.time(),
         wall_seconds=time.time() - started,
@@ -431,6 +456,22 @@ async def _finish(
     return report
 
 
+def _message(result: CampaignResult, bus: ProgressBus, run_id: str, recovered: str) -> str:
+    """The run's message, with what the start recovered; a re-judge whose stored run went
+    another way says so (and warns)."""
+    parts = [result.message] if result.message else []
+    diverged = [m.measurement_id for m in result.book.measurements if m.status == "diverged"]
+    if diverged:
+        note = (
+            f"the stored run diverged from this re-judge at {', '.join(diverged[:4])}: units "
+            "it replayed on other trees were not used, and a re-judge replays nothing"
+        )
+        bus.publish(WarningEvent(run_id=run_id, message=note[:256]))
+        parts.append(note)
+    message = "; ".join(parts)
+    return f"{message} {recovered}".strip()[:2048]
+
+
 def _write_report(
     prepared: Prepared, report: Report, result: CampaignResult, campaign_status: str, spent: Usage
 ) -> None:
@@ -453,6 +494,7 @@ def _write_report(
                 "cycles": state.cycles + (1 if finished_cycle else 0),
                 "best_ref": result.best_ref or state.best_ref,
                 "best_val": best_val,
+                "applied_ref": _applied(report) or state.applied_ref,
                 "stalled": result.stalled,
                 "spent": spent,
                 "rejected": tuple(result.rejected),
@@ -460,6 +502,12 @@ def _write_report(
             }
         ),
     )
+
+
+def _applied(report: Report) -> ArtifactRef | None:
+    """The tree this run published into the target, if its apply succeeded."""
+    applied = report.apply
+    return report.best if applied is not None and applied.status == "applied" else None
 
 
 def _artifacts(seed: ArtifactRef, best: ArtifactRef, applied: ApplyRecord | None) -> dict:

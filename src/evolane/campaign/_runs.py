@@ -7,14 +7,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import os
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
 from evolane.campaign._config import CampaignConfig
 from evolane.messages import ArtifactRef, Digest, Name, Record, ShortText, Usage
 from evolane.store import BlobStore, read_journal, read_json, write_json_atomic
@@ -62,6 +68,7 @@ class CampaignState(Record):
     runs: tuple[Name, ...] = Field(default=(), max_length=100_000)
     seed_ref: ArtifactRef
     best_ref: ArtifactRef
+    applied_ref: ArtifactRef | None = None  # what the last publish put in the target (or None)
     best_val: float | None = None
     stalled: int = Field(default=0, ge=0)
     spent: Usage = Usage()
@@ -176,3 +183,55 @@ def read_resume_state(journal: Path) -> ResumeState:
             state.proposals[str(record["slot"])] = record
     state.prune()
     return state
+
+
+@dataclass(frozen=True)
+class RecoveredApply:
+    """An interrupted publish that `recover_interrupted_applies` undid, and in which run."""
+
+    run_id: str
+    outcome: ApplyOutcome
+
+
+def recover_interrupted_applies(layout: StoreLayout) -> list[RecoveredApply]:
+    """Undo every publish a crash left half done: ``runs/*/apply.json`` not in a final state.
+
+    Runs at every start, before the target is read, whichever run the start is for (a crash
+    mid-apply can leave the target missing, or holding an unchecked candidate). Only apply
+    journals are read; a run whose ``journal.jsonl`` another process holds open is live and
+    left alone.
+    """
+    runs = layout.root / "runs"
+    if not runs.is_dir():
+        return []
+    recovered, store = [], layout.blobs()
+    for path in sorted(runs.glob(f"*/{JOURNAL_NAME}")):
+        run_dir = path.parent
+        with _unless_live(run_dir / "journal.jsonl") as idle:
+            outcome = recover_apply(store, run_dir) if idle else None
+        if outcome is not None:
+            recovered.append(RecoveredApply(run_dir.name, outcome))
+    return recovered
+
+
+@contextlib.contextmanager
+def _unless_live(journal: Path) -> Iterator[bool]:
+    """Hold the run journal's lock (False if a live run holds it) for the block's length."""
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    if fd is None:
+        yield True
+        return
+    try:
+        idle = True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            idle = False
+        yield idle
+    finally:
+        os.close(fd)

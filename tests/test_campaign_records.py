@@ -1,0 +1,252 @@
+"""What the run and campaign records must carry for later starts to be right: the tree the
+target holds after an apply, the tree of every stored unit, the unfinished run a campaign
+has, and the identity a campaign's next cycle must match."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+import trio
+
+from evolane.campaign import _apply
+from evolane.campaign._apply import target_tree
+from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
+from evolane.campaign._runs import (
+    StoreLayout,
+    load_campaign,
+    load_run,
+    recover_interrupted_applies,
+)
+from evolane.inputs import InputError
+from evolane.store import Journal, snapshot_tree
+from tests.campaign_helpers import toy_config, write_toy
+
+PASSING_CHECK = "sh -c 'test -f {candidate}/REQUIRED'"
+
+
+async def _run(request: RunRequest, seconds: float = 60) -> RunOutcome:
+    with trio.fail_after(seconds):
+        return await run_campaign(request)
+
+
+def _answers(target: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(target.iterdir()) if p.is_file()}
+
+
+# -- 2. the tree the target holds follows the applies that succeeded -----------------------
+
+
+async def test_a_rolled_back_cycle_leaves_the_next_cycle_free_to_publish(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    before = _answers(paths["target"])
+    config = toy_config(
+        paths,
+        iterations=1,
+        population=1,
+        max_improvement_cycles=2,
+        apply="auto_verified",
+        check="sh -c 'exit 4'",
+    )
+    first = (await _run(RunRequest(config))).report
+    assert first is not None and first.apply is not None
+    assert first.apply.status == "rolled_back" and _answers(paths["target"]) == before
+    layout = StoreLayout(paths["store"])
+    assert load_campaign(layout, first.campaign_id).applied_ref is None
+    passing = config.model_copy(update={"check": PASSING_CHECK})
+    second = (await _run(RunRequest(passing, resume_campaign=first.campaign_id))).report
+    assert second is not None and second.cycle == 1 and second.apply is not None
+    assert second.apply.status == "applied", second.apply.message  # not "target changed"
+    assert target_tree(layout.blobs(), paths["target"]) == second.best
+    assert load_campaign(layout, first.campaign_id).applied_ref == second.best
+
+
+# -- 3. a re-judge uses a stored unit only on its own tree, and never writes the target -----
+
+INVERTED_JUDGE = """grep -q no "$1/output.json" && echo '{"score": 1.0}' || echo '{"score": 0.0}'
+"""
+
+
+async def test_a_rejudge_that_decides_otherwise_says_the_stored_run_diverged(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    # two candidate repetitions: the last test-split units of the accepted tree have ids that,
+    # once the re-judge keeps the seed instead, name units of the seed no cache holds
+    config = toy_config(paths, iterations=1, population=1, candidate_replay_repetitions=2)
+    original = (await _run(RunRequest(config))).report
+    assert original is not None and original.best != original.seed
+    judge = tmp_path / "inverted.sh"
+    judge.write_text(INVERTED_JUDGE)
+    inverted = config.model_copy(update={"judge": f"sh {judge} {{output_dir}}"})
+    outcome = await _run(RunRequest(inverted, rerun_from=original.run_id))
+    report = outcome.report
+    assert report is not None and report.best == report.seed  # the new judge rejects it
+    test = {m.measurement_id: m for m in report.measurements}["c0.final.test"]
+    assert test.status == "diverged"
+    assert "the stored run diverged" in report.message
+    store = StoreLayout(paths["store"]).blobs()
+    units = orjson.loads(store.read_bytes(test.units_ref))
+    late = [u for u in units if u["arm"] == "candidate" and u["repetition"] == 1]
+    assert late and all(u["status"] == "not_run" and u["score"] is None for u in late)
+    assert all(u["note"].startswith("the stored run diverged") for u in late)
+    # the units that are the same experiment on the same tree were judged again, not dropped
+    same = [u for u in units if u["arm"] == "baseline"]
+    assert same and all(u["status"] == "succeeded" and u["restored"] for u in same)
+
+
+async def test_a_resume_runs_a_stored_unit_again_when_its_tree_is_not_the_planned_one(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"}, test=0)
+    config = toy_config(paths, iterations=1, population=1)
+    stop = trio.Event()
+    stop.set()
+    with trio.fail_after(60):
+        first = await run_campaign(RunRequest(config), interrupt=stop)
+    assert first.report is not None and first.run_dir is not None
+    # the journal holds the parent's first unit, finished, but made on another tree
+    unit = "c0.i0.base.0.0.b"
+    replay = {"unit_id": unit, "case_id": "val00", "arm": "baseline", "repetition": 0}
+    forged = {
+        "type": "unit",
+        "measurement": "c0.i0.base",
+        "unit": unit,
+        "tree": "sha256:" + "0" * 64,
+        "status": "failed",
+        "reused": False,
+        "replay": {**replay, "status": "failed"},
+        "judge": None,
+    }
+    with (first.run_dir / "journal.jsonl").open("a") as journal:
+        journal.write(json.dumps(forged) + "\n")
+    resumed = (await _run(RunRequest(config, resume_run=first.report.run_id))).report
+    assert resumed is not None and resumed.status == "finished"
+    base = {m.measurement_id: m for m in resumed.measurements}["c0.i0.base"]
+    store = StoreLayout(paths["store"]).blobs()
+    (record,) = [u for u in orjson.loads(store.read_bytes(base.units_ref)) if u["unit"] == unit]
+    assert record["status"] == "succeeded" and not record["restored"]  # replayed again
+    assert base.units_failed == 0
+
+
+async def test_a_rejudge_never_writes_to_the_target(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    before = _answers(paths["target"])
+    config = toy_config(
+        paths, iterations=1, population=1, apply="auto_verified", check="sh -c 'exit 4'"
+    )
+    original = (await _run(RunRequest(config))).report
+    assert original is not None and original.apply is not None
+    assert original.apply.status == "rolled_back" and _answers(paths["target"]) == before
+    mtimes = {p.name: p.stat().st_mtime_ns for p in paths["target"].iterdir()}
+    outcome = await _run(RunRequest(config, rerun_from=original.run_id))
+    report = outcome.report
+    assert report is not None and outcome.run_dir is not None
+    assert report.best == original.best != report.seed  # the same judge: the same winner
+    assert report.config.apply == "proposal"
+    assert report.apply is not None and report.apply.status == "proposed"
+    assert not (outcome.run_dir / "apply.json").exists()  # no publish was even started
+    assert {p.name: p.stat().st_mtime_ns for p in paths["target"].iterdir()} == mtimes
+
+
+# -- 4. a campaign with an unfinished run continues only through that run -------------------
+
+
+async def test_resume_campaign_is_refused_while_a_run_of_it_is_unfinished(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    config = toy_config(paths, iterations=1, population=1, max_improvement_cycles=2)
+    stop = trio.Event()
+    stop.set()  # interrupted at once: nothing done, the run is resumable
+    with trio.fail_after(60):
+        first = await run_campaign(RunRequest(config), interrupt=stop)
+    assert first.report is not None and first.report.status == "interrupted"
+    run_id, campaign_id = first.report.run_id, first.report.campaign_id
+    with pytest.raises(InputError, match=rf"run {run_id} is unfinished.*--resume {run_id}"):
+        await _run(RunRequest(config, resume_campaign=campaign_id))
+    layout = StoreLayout(paths["store"])
+    assert load_campaign(layout, campaign_id).runs == (run_id,)  # no second run was laid out
+    resumed = await _run(RunRequest(config, resume_run=run_id))
+    assert resumed.report is not None and resumed.report.status == "finished"
+    following = await _run(RunRequest(config, resume_campaign=campaign_id))
+    assert following.report is not None and following.report.cycle == 1
+
+
+# -- 5. what a campaign's next cycle must not change ------------------------------------------
+
+
+async def test_resume_campaign_refuses_a_changed_target_dataset_or_judge(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:2"}, test=0)
+    config = toy_config(paths, iterations=1, population=1, max_improvement_cycles=3)
+    first = (await _run(RunRequest(config))).report
+    assert first is not None and first.campaign_status == "paused"
+    campaign = first.campaign_id
+    other_target = tmp_path / "other-target"
+    shutil.copytree(paths["target"], other_target)
+    other_dataset = tmp_path / "other.jsonl"
+    shutil.copy(paths["dataset"], other_dataset)
+    changes = {
+        "target changed": {"target": str(other_target)},
+        "dataset changed": {"dataset": str(other_dataset)},
+        "judge changed": {"judge": "sh -c 'echo {{\"score\": 1}}'"},
+    }
+    for message, update in changes.items():
+        with pytest.raises(InputError, match=message):
+            await _run(RunRequest(config.model_copy(update=update), resume_campaign=campaign))
+    rows = paths["dataset"].read_text()
+    paths["dataset"].write_text(rows + rows.splitlines()[0].replace("val00", "val99") + "\n")
+    with pytest.raises(InputError, match="dataset changed"):  # same path, other rows
+        await _run(RunRequest(config, resume_campaign=campaign))
+    layout = StoreLayout(paths["store"])
+    assert load_campaign(layout, campaign).runs == (first.run_id,)
+    assert load_run(layout, first.run_id).status == "finished"
+
+
+# -- 1. the scan of apply journals at a start leaves a live run's publish alone -------------
+
+
+class Crash(BaseException):
+    """A simulated crash: no cleanup code catches it."""
+
+
+def test_the_recovery_scan_skips_a_run_whose_journal_a_live_process_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = StoreLayout(tmp_path / "store")
+    store = layout.blobs()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "a.txt").write_text("old\n")
+    parent = target_tree(store, target)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("new\n")
+    candidate = snapshot_tree(store, work)
+    run_dir = layout.run_dir("r-live")
+    run_dir.mkdir(parents=True)
+    real = _apply._write_journal
+
+    def crash_after_moving_aside(path: Path, record: _apply.ApplyJournal) -> None:
+        real(path, record)
+        if record.state == "moved_aside":
+            raise Crash
+
+    monkeypatch.setattr(_apply, "_write_journal", crash_after_moving_aside)
+    publish = _apply._prepare(store, target, parent, candidate, run_dir, "best", run_dir)
+    assert isinstance(publish, _apply._Publish)
+    live = Journal(run_dir / "journal.jsonl")  # the run's own process holds it while it lives
+    with pytest.raises(Crash):
+        _apply._publish(store, publish)
+    monkeypatch.undo()
+    assert not target.exists()
+    assert recover_interrupted_applies(layout) == []  # a live publish: not ours to undo
+    assert not target.exists()
+    live.close()  # the process is gone
+    (recovered,) = recover_interrupted_applies(layout)
+    assert recovered.run_id == "r-live" and recovered.outcome.status == "recovered"
+    assert (target / "a.txt").read_text() == "old\n"
+    assert recover_interrupted_applies(layout) == []  # recovered once, then final
