@@ -61,7 +61,6 @@ class CampaignSetup:
     journal: RunJournal
     bus: ProgressBus
     gates: GateSettings
-    judge_case_refs: dict[str, ArtifactRef]
     seed_ref: ArtifactRef
     parent_ref: ArtifactRef
     stalled: int

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolane.actors.pipeline import case_references
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run
@@ -38,7 +37,7 @@ from evolane.inputs import (
     load_dataset,
     require_split,
 )
-from evolane.messages import ArtifactRef, Usage
+from evolane.messages import Usage
 from evolane.store import BlobStore, read_json
 
 _NO_ROOM = 1e-9  # a ceiling already spent: a zero would read as "no ceiling"
@@ -58,7 +57,6 @@ class Prepared:
     resumed: int
     estimate: Estimate
     gates: GateSettings
-    judge_case_refs: dict[str, ArtifactRef]
     test_cases: int
     ceilings: Usage
     rejudge: bool = False  # --from-run --rerun-evaluator: judge stored replays, run nothing else
@@ -141,7 +139,6 @@ def prepare_run(
         resumed=resumed,
         estimate=estimate,
         gates=gates,
-        judge_case_refs=case_references(store, dataset, include_answers=True),
         test_cases=test_cases,
         ceilings=ceilings,
     )
@@ -187,7 +184,6 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
         resumed=0,
         estimate=estimate_run(config, len(dataset.split("val")), test_cases, None),
         gates=gates,
-        judge_case_refs=case_references(store, dataset, include_answers=True),
         test_cases=test_cases,
         ceilings=_remaining(config, Usage()),
         rejudge=True,

@@ -241,7 +241,6 @@ async def _campaign(
             journal=ctx.journal,
             bus=ctx.bus,
             gates=prepared.gates,
-            judge_case_refs=prepared.judge_case_refs,
             seed_ref=run.seed_ref,
             parent_ref=run.parent_ref,
             stalled=prepared.campaign.stalled,
