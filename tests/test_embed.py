@@ -196,3 +196,179 @@ def test_the_asyncio_api_runs_the_sleeper_end_to_end(tmp_path: Path) -> None:
 
     report = asyncio.run(main())
     assert report is not None and report.status == "finished"  # type: ignore[attr-defined]
+
+
+def _runs_left(store: Path) -> dict[str, tuple[str, int]]:
+    """Each run in ``store``: its status and the size of its events file."""
+    found = {}
+    for run_dir in sorted((store / "runs").glob("*")):
+        events = run_dir / "events.jsonl"
+        status = json.loads((run_dir / "run.json").read_text())["status"]
+        found[run_dir.name] = (status, events.stat().st_size if events.exists() else 0)
+    return found
+
+
+START_CANCELS = ["at-once", "after-5ms", "once-run-json-exists"]
+"""When the caller of `start_optimize` is cancelled: before its first checkpoint, a few ms
+in (preparing), and the moment the run is written (before it has begun)."""
+
+
+async def _cancel_when(moment: str, store: Path, scope: trio.CancelScope) -> None:
+    if moment == "after-5ms":
+        await trio.sleep(0.005)
+    else:
+        while not list(store.glob("runs/*/run.json")):
+            await trio.sleep(0.001)
+    scope.cancel()
+
+
+@pytest.mark.parametrize("moment", START_CANCELS)
+async def test_cancelling_the_caller_while_the_run_starts_leaves_no_run_going(
+    tmp_path: Path, moment: str
+) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="sleep 3600", kill_grace=0.2)
+    lease = os.environ[LEASE_VARIABLE]
+    before = lease_holders(lease)
+    with trio.fail_after(60):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            async with trio.open_nursery() as nursery:
+                with trio.CancelScope() as scope:
+                    if moment == "at-once":
+                        scope.cancel()
+                    else:
+                        nursery.start_soon(_cancel_when, moment, paths["store"], scope)
+                    await runtime.start_optimize(OptimizeRequest(config=config))
+                    pytest.fail("start_optimize returned in spite of the cancellation")
+                nursery.cancel_scope.cancel()
+            assert not runtime._nursery.child_tasks  # no run goes on without a handle
+            assert not lease_holders(lease) - before  # and none of its trees
+            runs = _runs_left(paths["store"])
+            assert all(status == "interrupted" for status, _ in runs.values()), runs
+        assert _runs_left(paths["store"]) == runs  # the events file stopped growing
+
+
+@pytest.mark.parametrize("moment", START_CANCELS)
+def test_cancelling_the_asyncio_start_cancels_the_run_and_kills_its_trees(
+    tmp_path: Path, moment: str
+) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="sleep 3600", kill_grace=0.2)
+    lease = os.environ[LEASE_VARIABLE]
+    before = lease_holders(lease)
+
+    async def cancel_when(task: asyncio.Task[object], runtime: evolane.aio.AioRuntime) -> None:
+        if moment == "at-once":  # as soon as trio has begun the run (it is preparing)
+            while not runtime._runtime._nursery.child_tasks:
+                await asyncio.sleep(0)
+        elif moment == "after-5ms":
+            await asyncio.sleep(0.005)
+        else:
+            while not list(paths["store"].glob("runs/*/run.json")):
+                await asyncio.sleep(0.001)
+        task.cancel()
+
+    async def main() -> dict[str, tuple[str, int]]:
+        async with evolane.aio.open_runtime(store=str(paths["store"])) as runtime:
+            task = asyncio.create_task(runtime.start_optimize(OptimizeRequest(config=config)))
+            canceller = asyncio.create_task(cancel_when(task, runtime))
+            async with asyncio.timeout(60):
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await canceller
+            assert not runtime._runtime._nursery.child_tasks  # no run goes on
+            assert not lease_holders(lease) - before
+            runs = _runs_left(paths["store"])
+        assert all(status == "interrupted" for status, _ in runs.values()), runs
+        return runs
+
+    runs = asyncio.run(main())
+    assert _runs_left(paths["store"]) == runs
+
+
+@pytest.mark.parametrize("ticks", [1, 2, 5])
+def test_cancelling_the_asyncio_host_while_the_guest_starts_ends_the_task(
+    tmp_path: Path, ticks: int
+) -> None:
+    entered = []
+
+    async def use() -> None:
+        async with evolane.aio.open_runtime(store=str(tmp_path / "store")):
+            entered.append(True)
+            await asyncio.sleep(3600)
+
+    async def main() -> None:
+        task = asyncio.create_task(use())
+        for _ in range(ticks):
+            await asyncio.sleep(0)
+        task.cancel()
+        async with asyncio.timeout(30):  # the guest closes as soon as it has started
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    assert not entered
+
+
+async def test_closing_the_runtime_under_a_run_makes_result_raise_run_cancelled(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    entered = trio.Event()
+
+    async def hanging(call: BackendCall) -> None:
+        entered.set()
+        await trio.sleep_forever()
+
+    config = toy_config(paths, replay="backend:hang")
+    with trio.fail_after(30):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            handle = await runtime.start_optimize(
+                OptimizeRequest(config=config), backends=Backends(replay=hanging)
+            )
+            await entered.wait()
+        # the runtime's close cancelled the run from outside the handle's own scope
+        assert handle.done
+        with pytest.raises(evolane.RunCancelled, match="runtime closed"):
+            await handle.result()
+
+
+async def test_a_bad_cluster_or_a_python_replay_on_dask_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    from pydantic import ValidationError
+
+    paths = write_toy(tmp_path, PLAN)
+    with pytest.raises(ValidationError, match="--cluster bogus"):
+        toy_config(paths, cluster="bogus")
+    with pytest.raises(ValidationError, match="--cluster dask://nowhere"):
+        toy_config(paths).model_copy(update={"cluster": "dask://nowhere"})
+    with pytest.raises(ValidationError, match="--cluster"):
+        OptimizeRequest(config={**toy_config(paths).model_dump(), "cluster": "local:0"})
+    config = toy_config(paths, replay="backend:replay", cluster="local:1")
+    async with evolane.open_runtime(store=paths["store"]) as runtime:
+        with pytest.raises(InputError, match="in-process replay backend"):
+            await runtime.start_optimize(
+                OptimizeRequest(config=config), backends=Backends(replay=replay_backend)
+            )
+    assert not (paths["store"] / "runs").exists()  # no run.json: nothing was persisted
+
+
+async def test_a_store_that_is_a_file_or_a_corrupt_run_record_is_bad_input(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for store in (a_file, a_file / "below"):
+        async with evolane.open_runtime(store=store) as runtime:
+            with pytest.raises(InputError, match="not a directory"):
+                await runtime.start_optimize(OptimizeRequest(config=toy_config(paths)))
+    record = paths["store"] / "runs" / "r-bad" / "run.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"status": "running"')
+    async with evolane.open_runtime(store=paths["store"]) as runtime:
+        for request in (
+            OptimizeRequest(resume="r-bad"),
+            OptimizeRequest(from_run="r-bad", rerun_evaluator=True),
+        ):
+            with pytest.raises(InputError, match=f"{record}: cannot read the run record"):
+                await runtime.start_optimize(request)

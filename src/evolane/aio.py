@@ -36,6 +36,21 @@ class _Bridge:
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         self.closing: trio.Event | None = None
+        self.closed = False  # asked to close: a guest still starting closes once it has started
+
+    def close(self) -> None:
+        """Ask the guest to close (now, or as soon as it has started)."""
+        self.closed = True
+        if self.closing is not None:
+            self.soon(self.closing.set)
+
+    def opened(self, nursery: trio.Nursery) -> trio.Event:
+        """Called by the guest once it runs: the event it waits on until asked to close."""
+        self.token = trio.lowlevel.current_trio_token()
+        self.nursery, self.closing = nursery, trio.Event()
+        if self.closed:  # the host gave up while the guest was starting
+            self.closing.set()
+        return self.closing
 
     def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Future[Any]:
         """Run ``await fn(*args)`` in trio; the future gets its result or error."""
@@ -150,12 +165,35 @@ class AioRuntime:
         backends: Backends | None = None,
         events_buffer: int = EVENTS_BUFFER,
     ) -> AioRunHandle:
-        """Check ``request`` and start its run (raises `InputError` for bad input)."""
-        handle = await self._bridge.call(self._start, request, backends)
+        """Check ``request`` and start its run (raises `InputError` for bad input). Cancelling
+        the await cancels the run; the cancellation completes once its trees are gone."""
+        scope = trio.CancelScope()
+        started = self._bridge.call(self._start, request, backends, scope)
+        try:
+            handle = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            await self._abandon(started, scope)
+            raise
+        assert handle is not None  # None only when `_abandon` cancelled the start
         return AioRunHandle(self._bridge, handle, events_buffer)
 
-    async def _start(self, request: OptimizeRequest, backends: Backends | None) -> RunHandle:
-        return await self._runtime.start_optimize(request, backends=backends)
+    async def _abandon(self, started: asyncio.Future[Any], scope: trio.CancelScope) -> None:
+        """The caller left while its run was starting: cancel the start in trio (which cancels
+        the run once it began) and, should the run have started anyway, cancel it too."""
+        self._bridge.soon(scope.cancel)
+        await asyncio.wait([started])
+        if started.cancelled() or started.exception() is not None:
+            return
+        handle = started.result()
+        if handle is not None:
+            await asyncio.wait([self._bridge.call(handle._cancel_and_wait)])
+
+    async def _start(
+        self, request: OptimizeRequest, backends: Backends | None, scope: trio.CancelScope
+    ) -> RunHandle | None:
+        with scope:  # start_optimize cancels the run (and waits for it) when cancelled
+            return await self._runtime.start_optimize(request, backends=backends)
+        return None
 
     async def optimize(self, request: OptimizeRequest, *, backends: Backends | None = None) -> Any:
         """Run ``request`` to its report; cancelling the await cancels the run."""
@@ -176,10 +214,9 @@ async def open_runtime(*, store: str = ".evolane", **options: Any) -> AsyncItera
             open_trio_runtime(store=store, **options) as runtime,
             trio.open_nursery() as nursery,
         ):
-            bridge.token = trio.lowlevel.current_trio_token()
-            bridge.nursery, bridge.closing = nursery, trio.Event()
+            closing = bridge.opened(nursery)
             loop.call_soon_threadsafe(ready.set_result, AioRuntime(bridge, runtime))
-            await bridge.closing.wait()
+            await closing.wait()
             nursery.cancel_scope.cancel()
 
     def done(outcome: Any) -> None:
@@ -196,11 +233,11 @@ async def open_runtime(*, store: str = ".evolane", **options: Any) -> AsyncItera
         done_callback=done,
         host_uses_signal_set_wakeup_fd=_host_wakeup_fd_in_use(),
     )
+    ready.add_done_callback(_retrieve)  # a start failure is raised from `finished` too
     try:
         yield await asyncio.shield(ready)
     finally:
-        if bridge.closing is not None:
-            bridge.soon(bridge.closing.set)
+        bridge.close()  # also when the caller was cancelled while the guest was starting
         outcome = await asyncio.shield(finished)
         outcome.unwrap()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from evolane.messages import Name, Record, ShortText, Text
 from evolane.stats import GateConfig
@@ -57,6 +57,16 @@ class CampaignConfig(Record):
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     campaign_id: Name | None = None
     example: Name | None = None
+
+    @field_validator("cluster")
+    @classmethod
+    def _known_cluster(cls, value: str) -> str:
+        """``local``, ``local:N`` or ``dask://HOST:PORT`` (whether Dask is installed is
+        checked when a run starts, so a stored run stays readable without it)."""
+        from evolane.distributed._spec import parse_cluster
+
+        parse_cluster(value)  # a ClusterError is a ValueError: pydantic reports it
+        return value
 
     def identity(self) -> dict[str, object]:
         """What a campaign may not change between cycles: target, dataset, replay, judge."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from pydantic import model_validator
+from pydantic import ValidationError, model_validator
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._run import RunRequest
+from evolane.inputs import InputError
 from evolane.messages import Name, Record, Text
 
 
@@ -35,28 +37,16 @@ class OptimizeRequest(Record):
 
     def run_request(self, store: str, started: float | None = None) -> RunRequest:
         """The campaign layer's request in ``store``; a resume or re-evaluation reads its
-        config from the stored run."""
-        from pathlib import Path
-
-        from evolane.campaign._runs import StoreLayout, load_run
-        from evolane.inputs import InputError
-
+        config from the stored run. Raises `InputError` for a store that is not a
+        directory and for a missing, unreadable or invalid ``run.json``."""
+        root = check_store(Path(store))
         config = self.config
         if self.resume is not None or self.from_run is not None:
-            run_id = self.resume or self.from_run
-            assert run_id is not None
-            layout = StoreLayout(Path(store).absolute())
-            try:
-                stored = load_run(layout, run_id).config
-            except FileNotFoundError:
-                flag = "--resume" if self.resume else "--from-run"
-                raise InputError(f"{flag} {run_id}: no such run in {layout.root}") from None
-            update: dict[str, object] = {"store": str(layout.root)}
+            config = self._stored_config(root)
             if self.from_run is not None and self.judge is not None:
-                update["judge"] = self.judge
-            config = stored.model_copy(update=update)
+                config = config.model_copy(update={"judge": self.judge})
         assert config is not None
-        config = config.model_copy(update={"store": str(Path(store).absolute())})
+        config = config.model_copy(update={"store": str(root)})
         return RunRequest(
             config=config,
             resume_run=self.resume,
@@ -65,3 +55,34 @@ class OptimizeRequest(Record):
             dry_run=self.dry_run,
             started=started if started is not None else time.time(),
         )
+
+    def _stored_config(self, root: Path) -> CampaignConfig:
+        """The config in the stored ``run.json`` of the run to resume or re-evaluate."""
+        from evolane.campaign._runs import StoreLayout, load_run
+
+        run_id = self.resume or self.from_run
+        assert run_id is not None
+        flag = "--resume" if self.resume else "--from-run"
+        layout = StoreLayout(root)
+        path = layout.run_dir(run_id) / "run.json"
+        try:
+            return load_run(layout, run_id).config
+        except FileNotFoundError:
+            raise InputError(f"{flag} {run_id}: no such run in {layout.root}") from None
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the record"
+            raise InputError(f"{path}: not a valid run record ({where}: {first['msg']})") from None
+        except (OSError, ValueError) as error:  # unreadable, or not JSON
+            raise InputError(f"{path}: cannot read the run record ({error})") from None
+
+
+def check_store(store: Path) -> Path:
+    """The store's absolute path; `InputError` when it (or the nearest existing folder above
+    it) is not a directory."""
+    root = store.absolute()
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "" if existing == root else f" ({existing} is a file)"
+        raise InputError(f"--store {store}: not a directory{where}")
+    return root

@@ -20,18 +20,25 @@ from typing import Any
 import trio
 
 from evolane.actors.progress import ProgressBus, Subscription
+from evolane.campaign._config import CampaignConfig
 from evolane.campaign._run import Backends, RunOutcome, run_campaign
+from evolane.distributed import check_cluster
 from evolane.embed._request import OptimizeRequest
+from evolane.inputs import InputError
 from evolane.messages import ProgressEvent
 from evolane.supervisors import Runtime
 from evolane.supervisors import open_runtime as open_actor_runtime
 
 EVENTS_BUFFER = 256
 """Events a handle holds for a consumer that falls behind; beyond it they are dropped (counted)."""
+CANCEL_WAIT_SECONDS = 60.0
+"""How long a cancelled `start_optimize` waits for its run to end (the kill ladder's grace
+included) before it re-raises anyway."""
 
 
 class RunCancelled(Exception):
-    """The run was cancelled through its handle; finished work is in its journal."""
+    """The run was cancelled (through its handle, or by closing its runtime); finished work is
+    in its journal."""
 
 
 class RunHandle:
@@ -72,11 +79,13 @@ class RunHandle:
             yield event
 
     async def result(self) -> RunOutcome:
-        """Wait for the run's outcome (the report is ``outcome.report``)."""
+        """Wait for the run's outcome (the report is ``outcome.report``); raises
+        `RunCancelled` for a run that was cancelled."""
         await self._done.wait()
         if self._error is not None:
             raise self._error
-        assert self._outcome is not None
+        if self._outcome is None:  # defensive: `_finish` always leaves one of the two
+            raise RunCancelled(f"run {self.run_id} ended without an outcome")
         return self._outcome
 
     def stop(self) -> None:
@@ -89,7 +98,23 @@ class RunHandle:
 
     @property
     def done(self) -> bool:
+        """True once the run has ended (its outcome or error is available)."""
         return self._done.is_set()
+
+    def _finish(self) -> None:
+        """The run task ended: whatever it left, `result` has an outcome or an error."""
+        if self._outcome is None and self._error is None:  # cancelled from outside its scope
+            self._error = RunCancelled(f"run {self.run_id} was cancelled (its runtime closed)")
+        self._ready.set()
+        self._done.set()
+
+    async def _cancel_and_wait(self, seconds: float = CANCEL_WAIT_SECONDS) -> None:
+        """Cancel the run and wait, shielded and bounded, until it has ended (its trees
+        killed; a run cancelled before it was written leaves nothing, one cancelled after
+        is recorded ``interrupted``)."""
+        self.cancel()
+        with trio.CancelScope(shield=True), trio.move_on_after(seconds):
+            await self._done.wait()
 
 
 class EmbeddedRuntime:
@@ -111,8 +136,10 @@ class EmbeddedRuntime:
         started: float | None = None,
     ) -> RunHandle:
         """Check ``request`` and start its run; returns once the run has begun (its events
-        flow from then on). Raises `InputError` for bad input."""
+        flow from then on). Raises `InputError` for bad input. Cancelling the call cancels
+        the run, and returns only once its trees are gone."""
         run_request = request.run_request(str(self.store), started)  # the runtime's store
+        check_backends(run_request.config, backends)
         handle = RunHandle(events_buffer)
 
         async def run() -> None:
@@ -130,11 +157,14 @@ class EmbeddedRuntime:
             except Exception as error:  # delivered through result() / start_optimize
                 handle._error = error
             finally:
-                handle._ready.set()
-                handle._done.set()
+                handle._finish()
 
         self._nursery.start_soon(run)
-        await handle._ready.wait()
+        try:
+            await handle._ready.wait()
+        except BaseException:  # the caller was cancelled: no run may go on without a handle
+            await handle._cancel_and_wait()
+            raise
         if handle._error is not None and not isinstance(handle._error, RunCancelled):
             raise handle._error
         return handle
@@ -146,11 +176,20 @@ class EmbeddedRuntime:
         try:
             outcome = await handle.result()
         except BaseException:
-            handle.cancel()
-            with trio.CancelScope(shield=True):
-                await handle._done.wait()
+            await handle._cancel_and_wait()
             raise
         return outcome.report
+
+
+def check_backends(config: CampaignConfig, backends: Backends | None) -> None:
+    """Refuse, before anything is written, a cluster that cannot be used (a bad value, Dask
+    not installed) and an in-process replay backend asked to run on a Dask cluster."""
+    spec = check_cluster(config.cluster)
+    if spec.uses_dask and backends is not None and backends.replay is not None:
+        raise InputError(
+            f"--cluster {config.cluster}: an in-process replay backend runs on --cluster "
+            "local only (Dask workers run replay commands)"
+        )
 
 
 @asynccontextmanager
