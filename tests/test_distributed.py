@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing.resource_tracker
 import os
 import signal
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,11 +15,13 @@ from typing import Any
 import orjson
 import pytest
 import trio
+import trio.testing
 
 pytest.importorskip("distributed")
 
 from evolane.actors.lanes import LaneSettings
 from evolane.distributed import ClusterError, DaskCluster, open_cluster, parse_cluster
+from evolane.distributed._driver import future_done
 from evolane.distributed._protocol import INLINE_BYTES, UnitReport
 from evolane.inputs import REPLAY_PLACEHOLDERS, CommandTemplate
 from evolane.messages import ReplayJob, ReplayResult
@@ -103,6 +106,55 @@ def test_cluster_values() -> None:
     for bad in ("local:0", "local:x", "dask://host", "dask://h:99999", "ray://h:1", ""):
         with pytest.raises(ClusterError):
             parse_cluster(bad)
+
+
+class _FakeFuture:
+    """A Dask future's done-callback contract: callbacks run in another thread once it ends."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+        self.lock = threading.Lock()
+        self.ended = False
+
+    def add_done_callback(self, fn: Any) -> None:
+        with self.lock:
+            if not self.ended:
+                self.callbacks.append(fn)
+                return
+        threading.Thread(target=fn, args=(self,)).start()
+
+    def end(self) -> None:
+        with self.lock:
+            self.ended, callbacks = True, list(self.callbacks)
+        for fn in callbacks:
+            fn(self)
+
+
+async def test_waiting_for_units_holds_no_thread_of_trio(tmp_path: Path) -> None:
+    lanes = 60  # more than trio's 40 default threads
+    futures = [_FakeFuture() for _ in range(lanes)]
+    futures[0].end()  # an already ended future wakes its waiter too
+    woken: list[int] = []
+
+    async def wait(index: int) -> None:
+        await future_done(futures[index])
+        woken.append(index)
+
+    limiter = trio.to_thread.current_default_thread_limiter()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for index in range(lanes):
+                nursery.start_soon(wait, index)
+            await wait_for(lambda: woken == [0])
+            await trio.testing.wait_all_tasks_blocked()
+            assert limiter.borrowed_tokens == 0 and woken == [0]
+            # the sandbox's own thread work still runs while every lane waits
+            assert await trio.to_thread.run_sync(lambda: "free") == "free"
+            ender = threading.Thread(target=lambda: [f.end() for f in futures[1:]])
+            ender.start()
+            await wait_for(lambda: len(woken) == lanes)
+            ender.join()
+    assert sorted(woken) == list(range(lanes))
 
 
 async def test_local_cluster_reaches_the_same_decisions_as_local_lanes(tmp_path: Path) -> None:
@@ -192,6 +244,8 @@ async def test_a_stopped_unit_is_killed_on_its_worker_and_reports_cancelled(
 
                 nursery.start_soon(replay)
                 await wait_for(lambda: len(remote_units(host)) >= 30)
+                # The running unit holds none of trio's threads (the sandbox needs them).
+                assert trio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
                 stop.set()
         assert results[0].status == "cancelled"
         assert remote_units(host) == set()

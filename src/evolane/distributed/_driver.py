@@ -1,11 +1,13 @@
 """The driver side: a Dask client (and the LocalCluster it owns), one remote task per unit.
 
-The client's own event loop runs in its thread. Whatever waits on it (a task's end,
-``Client.run``, scatter, close) runs through ``trio.to_thread``; ``submit`` only queues a
-message, so it is called from trio directly. A unit's task is submitted with retries
-off, on a scheduler that allows no failures: a worker lost mid-unit is an infrastructure
-failure of the unit, never a silent re-run. What comes back is verified blob by blob
-before anything enters the store.
+The client's own event loop runs in its thread. A task's end wakes trio through the
+future's done callback, so a running unit holds no thread (trio's default thread limiter
+is shared by the whole process, sandbox included); what then waits on the client (a
+result's transfer, ``Client.run``, scatter, close) runs through ``trio.to_thread``;
+``submit`` only queues a message, so it is called from trio directly. A unit's task is
+submitted with retries off, on a scheduler that allows no failures: a worker lost
+mid-unit is an infrastructure failure of the unit, never a silent re-run. What comes back
+is verified blob by blob before anything enters the store.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ class DaskCluster:
         with trio.move_on_after(allowed + GUARD_SECONDS):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._forward_stop, stop, key)
+                await future_done(future)  # no thread is held while the unit runs
                 result = await trio.to_thread.run_sync(
                     self._settle, future, job, staging, abandon_on_cancel=True
                 )
@@ -141,7 +144,8 @@ class DaskCluster:
         return result
 
     def _settle(self, future: Any, job: ReplayJob, staging: Path | None) -> ReplayResult:
-        """In one thread: wait for the task, verify and store what it made, drop its staging."""
+        """In one thread, once the task has ended: fetch, verify and store what it made,
+        drop its staging."""
         try:
             answer = _answer(future, staging)
             if isinstance(answer, FailureEvent):
@@ -267,6 +271,21 @@ class DaskCluster:
                 self.scratch.parent.rmdir()  # when no other run uses it
             if self.directory is not None:
                 shutil.rmtree(self.directory, ignore_errors=True)
+
+
+async def future_done(future: Any) -> None:
+    """Wait until a Dask future has ended (finished, failed or cancelled) without holding a
+    thread: its done callback (run in Dask's callback thread, also for a future that has
+    already ended) wakes this task through the trio token."""
+    token = trio.lowlevel.current_trio_token()
+    ended = trio.Event()
+
+    def wake(_: Any) -> None:
+        with contextlib.suppress(trio.RunFinishedError):  # the trio run is already gone
+            token.run_sync_soon(ended.set)
+
+    future.add_done_callback(wake)
+    await ended.wait()
 
 
 def _answer(future: Any, staging: Path | None) -> UnitReport | FailureEvent:
