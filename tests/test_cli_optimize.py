@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -131,6 +132,63 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     assert limited.returncode == 3, limited.stderr
     finished = _run(["optimize", *base])
     assert finished.returncode == 0, finished.stderr
+    (path,) = [line[8:] for line in finished.stdout.splitlines() if line.startswith("report: ")]
+    test = json.loads(Path(path).read_text())["test"]  # the sealed test result, in the summary
+    assert test is not None
+    shown = f"test delta: {test['mean_delta']:+.3f} [{test['ci_low']:+.3f}, {test['ci_high']:+.3f}]"
+    assert f"{shown} over {test['n']} cases: {test['decision']}" in finished.stdout
+
+
+def test_bad_inputs_exit_2_in_one_line_and_run_nothing(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    store = tmp_path / "store"
+    base = toy_flags(paths, store)
+    resume = ["--resume", "r-1", "--store", str(store)]
+    estimated = "only a new run can be estimated"
+    _one_error_line(_run(["estimate", *resume]), f"evolane estimate with --resume: {estimated}")
+    _one_error_line(
+        _run(["optimize", *resume, "--dry-run"]), f"--dry-run with --resume: {estimated}"
+    )
+    rerun = ["--from-run", "r-1", "--rerun-evaluator", "--store", str(store)]
+    _one_error_line(_run(["optimize", *rerun, "--dry-run"]), "--dry-run with --from-run")
+    _one_error_line(_run(["optimize", *resume, "--progress", "fancy"]), "--progress fancy")
+    not_example = tmp_path / "not-example"
+    not_example.mkdir()
+    (not_example / "notes.txt").write_text("mine")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "example.json").write_text("{not json")
+    for directory, needle in (
+        (not_example, f"--example-dir {not_example}: exists and is not an evolane example"),
+        (a_file, f"--example-dir {a_file}: is not a directory"),
+        (corrupt, "example.json: not an evolane example"),
+    ):
+        done = _run(["optimize", "--example", "sleeper", "--example-dir", str(directory),
+                     "--store", str(store), "--progress", "none"])  # fmt: skip
+        _one_error_line(done, needle)
+    assert sorted(p.name for p in not_example.iterdir()) == ["notes.txt"]  # nothing written
+    assert (corrupt / "example.json").read_text() == "{not json"
+    for command in ("optimize", "estimate"):  # --store naming a file, or a path under one
+        for where in (a_file, a_file / "store"):
+            args = [command, *base]
+            args[args.index("--store") + 1] = str(where)
+            _one_error_line(_run(args), f"--store {where}: not a directory")
+    assert not store.exists()  # nothing ran, nothing was written
+
+
+def test_a_corrupt_or_invalid_run_record_is_bad_input(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    for run_id, content in (("r-corrupt", "{not json"), ("r-invalid", '{"run_id": 3}')):
+        record = store / "runs" / run_id / "run.json"
+        record.parent.mkdir(parents=True)
+        record.write_text(content)
+        for flags in (["--resume", run_id], ["--from-run", run_id, "--rerun-evaluator"]):
+            done = _run(["optimize", *flags, "--store", str(store), "--progress", "none"])
+            _one_error_line(done, f"{record}: ")
+            assert record.read_text() == content  # untouched
+            assert {p.name for p in (store / "runs").iterdir()} <= {"r-corrupt", "r-invalid"}
 
 
 STALLING = {"0.0": "harm:1", "0.1": "noop", "1.0": "fix:2", "1.1": "harm:2", "2.0": "fix:1"}
@@ -141,40 +199,91 @@ def _decisions(report: dict) -> list[tuple]:
     return [(d["iteration"], d["slot"], d["digest"], d["decision"]) for d in report["decisions"]]
 
 
-def _interrupt(tmp_path: Path, signals: int) -> tuple[Path, Path]:
+class _Lines:
+    """A pipe read line by line in a thread, so a test can wait for a line to appear."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        self._thread.join(timeout=60)
+        return "".join(self.lines)
+
+    def has(self, needle: str) -> bool:
+        return any(needle in line for line in list(self.lines))
+
+
+def _wait(condition: Any, process: subprocess.Popen[str], err: _Lines, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert process.poll() is None, f"the run ended first: {err.text()}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _interrupt(tmp_path: Path, signals: int) -> tuple[Path, Path, str]:
+    """Run the toy, and once a replay that ignores SIGTERM is in flight, press Ctrl-C
+    ``signals`` times: the second only once the first one's "stopping" line was printed,
+    while the kill ladder still waits out the kill grace on that replay."""
     paths = write_toy(tmp_path, STALLING)
-    store = tmp_path / "store"
+    store, hold, inflight = tmp_path / "store", tmp_path / "hold", tmp_path / "inflight"
+    inflight.mkdir()
     flags = toy_flags(paths, store)
-    slow = 'sh -c \'sleep 0.3; cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' r'
-    slow += " {candidate} {output_dir}"
-    flags[flags.index("--replay") + 1] = slow
+    flags[flags.index("--kill-grace") + 1] = "3"
+    # Replays started once `hold` exists ignore SIGTERM and sleep: the stop must kill them.
+    script = tmp_path / "replay.sh"
+    script.write_text(
+        f'trap "" TERM\nif [ -e {hold} ]; then touch {inflight}/$$; sleep 60; fi\n'
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+    )
+    replay = f"sh {script} {{candidate}} {{output_dir}}"
+    flags[flags.index("--replay") + 1] = replay
     command = [*EVOLANE, "optimize", *flags, "--stall", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    out, err = _Lines(process.stdout), _Lines(process.stderr)
 
     def second_iteration_began() -> bool:  # iteration 0 (no accept: stall 1) is behind us
         journals = list(store.glob("runs/*/journal.jsonl"))
         records = read_journal(journals[0]).records if journals else []
         return any(r.get("slot") == "c0.i1.s0" for r in records)
 
-    while not second_iteration_began():
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    for _ in range(signals):
+    try:
+        _wait(second_iteration_began, process, err)
+        hold.touch()
+        _wait(lambda: any(inflight.iterdir()), process, err)
         process.send_signal(signal.SIGINT)
-        time.sleep(0.05)
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 130, (out, err)
+        _wait(lambda: err.has("evolane: stopping now"), process, err)
+        if signals == 2:
+            process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130, (out.text(), err.text())
+    finally:
+        process.kill()
+        process.wait()
+        hold.unlink(missing_ok=True)  # from now on replays answer at once
     (run_dir,) = (store / "runs").iterdir()
-    assert f"--resume {run_dir.name}" in out + err
-    return store, run_dir
+    printed = out.text() + err.text()
+    assert f"--resume {run_dir.name}" in printed
+    return store, run_dir, printed
 
 
 @pytest.mark.parametrize("signals", [1, 2])
 def test_ctrl_c_then_resume_completes(tmp_path: Path, signals: int) -> None:
-    store, run_dir = _interrupt(tmp_path, signals)
+    store, run_dir, printed = _interrupt(tmp_path, signals)
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "interrupted"
+    if signals == 1:  # stopped now, the in-flight replays killed, and the report written
+        assert json.loads((run_dir / "report.json").read_text())["status"] == "interrupted"
+        assert f"report: {run_dir / 'report.json'}" in printed
+        assert "cancelled at once" not in printed
+    else:  # the second Ctrl-C cancelled the stop itself: no report
+        assert not (run_dir / "report.json").exists()
+        assert "cancelled at once" in printed and "report:" not in printed
     resumed = _run(
         ["optimize", "--resume", run_dir.name, "--store", str(store), "--progress", "none"]
     )

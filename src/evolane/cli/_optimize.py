@@ -195,16 +195,23 @@ estimate.__signature__ = _estimate_signature()  # type: ignore[attr-defined]
 
 def example_settings(name: str, directory: Path) -> dict[str, Any]:
     """Create (or reuse) an example's workspace and return its preset flags."""
+    from evolane.inputs import InputError
+
     marker = directory / "example.json"
-    if marker.exists():
-        settings = json.loads(marker.read_text())
-        if settings.get("example") not in (None, name):
-            raise ValueError(
-                f"--example-dir {directory}: holds the {settings.get('example')} example; "
-                "choose another directory"
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"--example-dir {directory}: is not a directory")
+    if marker.is_file():
+        try:
+            settings = json.loads(marker.read_text())
+        except (OSError, ValueError) as error:
+            raise InputError(f"{marker}: not an evolane example ({error})") from None
+        if not isinstance(settings, dict) or settings.get("example") not in (None, name):
+            held = settings.get("example") if isinstance(settings, dict) else "?"
+            raise InputError(
+                f"--example-dir {directory}: holds the {held} example; choose another directory"
             )
     elif directory.exists() and any(directory.iterdir()):
-        raise ValueError(f"--example-dir {directory}: exists and is not an evolane example")
+        raise InputError(f"--example-dir {directory}: exists and is not an evolane example")
     else:
         _write_example(name, directory)
         settings = json.loads(marker.read_text())

@@ -1,5 +1,6 @@
 """One ``optimize``/``estimate`` invocation: flags to config, the run under trio with the
-progress view, Ctrl-C handling (first: stop gracefully; second: cancel at once), the summary.
+progress view, Ctrl-C handling (first: stop now, kill the units in flight, write the report;
+second: cancel at once, no report), the summary.
 """
 
 from __future__ import annotations
@@ -50,15 +51,19 @@ def error_line(message: str) -> None:
     print(f"evolane: error: {message}", file=sys.stderr)
 
 
+def _check_choices(flags: dict[str, Any]) -> None:
+    for name, allowed in _CHOICES.items():
+        value = flags.get(name)
+        if value is not None and value not in allowed:
+            raise UsageError(f"--{name} {value}: choose from {', '.join(allowed)}")
+
+
 def build_config(flags: dict[str, Any]) -> Any:
     """Merge example presets, explicit flags and defaults into a `CampaignConfig`."""
     from evolane.campaign._config import CampaignConfig
     from evolane.stats import GateConfig
 
-    for name, allowed in _CHOICES.items():
-        value = flags.get(name)
-        if value is not None and value not in allowed:
-            raise UsageError(f"--{name} {value}: choose from {', '.join(allowed)}")
+    _check_choices(flags)
     values: dict[str, Any] = {}
     example = flags.get("example")
     if example is not None:
@@ -179,8 +184,15 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     """The flags as the public API's `OptimizeRequest`."""
     from evolane.embed import OptimizeRequest
 
+    _check_choices(flags)
     if flags.get("rerun_evaluator") and not flags.get("from_run"):
         raise UsageError("--rerun-evaluator needs --from-run RUN_ID")
+    continued = (
+        "--resume" if flags.get("resume") else "--from-run" if flags.get("from_run") else None
+    )
+    if continued and (estimate_only or flags.get("dry_run")):
+        what = "evolane estimate" if estimate_only else "--dry-run"
+        raise UsageError(f"{what} with {continued}: only a new run can be estimated")
     if flags.get("resume"):
         return OptimizeRequest(resume=flags["resume"])
     from_run = flags.get("from_run")
@@ -263,9 +275,10 @@ def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
 
 class _SignalWatch:
     """What Ctrl-C (or SIGTERM) means at each moment of a session: before the run exists,
-    abort start-up; while it runs, stop gracefully, then (again) cancel at once; after it
-    ended, nothing the first time (a second Ctrl-C often races a quick graceful end and
-    must not cut the summary short), then abort the runtime's close."""
+    abort start-up; while it runs, stop it now (the units in flight are killed through the
+    kill ladder and run again on resume; the report is written), then (again) cancel at
+    once without a report; after it ended, nothing the first time (a second Ctrl-C often
+    races a quick stop and must not cut the summary short), then abort the runtime's close."""
 
     def __init__(self) -> None:
         self.handle: Any = None
@@ -283,7 +296,8 @@ class _SignalWatch:
                 self.handle.cancel()
                 continue
             print(
-                "\nevolane: stopping after the units in flight (Ctrl-C again to cancel now)",
+                "\nevolane: stopping now: units in flight are killed (SIGTERM, --kill-grace, "
+                "SIGKILL) and re-run on --resume; writing the report (Ctrl-C again: no report)",
                 file=sys.stderr,
             )
             self.handle.stop()

@@ -14,6 +14,16 @@ def _ci(score: Any) -> str:
     return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}]"
 
 
+def _test_result(test: Any) -> list[str]:
+    """The sealed test measurement of best vs seed, when the run made one."""
+    if test is None:
+        return []
+    return [
+        f"test delta: {test.mean_delta:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}]"
+        f" over {test.n} cases: {test.decision} (reported, not acted on)"
+    ]
+
+
 def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     """Print the summary (to stderr when stdout carries the JSONL event stream)."""
     stream = sys.stderr if flags.get("progress") == "jsonl" else sys.stdout
@@ -34,6 +44,7 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         f"best: {best}",
         f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}",
         f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: never decided on)",
+        *_test_result(report.test),
         f"budget spent: replay wall {spent.wall_seconds or 0:.1f} s, tokens {spent.tokens or 0:g},"
         f" cost ${spent.cost_usd or 0:.4f}",
     ]
