@@ -422,3 +422,17 @@ async def test_symlinks_the_parent_already_had_do_not_fail_the_entries_gate(
     inherited, added = report.funnel
     assert inherited.decision == "accept", inherited.reason
     assert (added.terminal, added.reason) == ("rejected", "link: symlink")
+
+
+async def test_a_long_replay_command_is_a_campaign_identity_like_any_other(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    config = toy_config(paths, iterations=1, population=1, max_improvement_cycles=2)
+    config = config.model_copy(update={"replay": config.replay + " " + "x" * 600})
+    first = await _run(RunRequest(config))
+    assert first.report is not None and first.report.campaign_status == "paused"
+    changed = config.model_copy(update={"replay": config.replay + "y"})
+    with pytest.raises(InputError, match=r"replay changed .*\.\.\.") as refused:
+        await _run(RunRequest(changed, resume_campaign=first.report.campaign_id))
+    assert len(str(refused.value)) < 300

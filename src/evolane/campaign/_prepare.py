@@ -247,6 +247,12 @@ def _run_record(config: CampaignConfig, campaign: CampaignState, dataset: Datase
     )
 
 
+def _clipped(value: object, keep: int = 80) -> str:
+    """A value for a one-line message: its repr, cut to ``keep`` characters."""
+    text = repr(value)
+    return text if len(text) <= keep else text[: keep - 3] + "..."
+
+
 def _continuable_campaign(
     layout: StoreLayout, campaign_id: str, identity: dict[str, str | None]
 ) -> CampaignState:
@@ -262,7 +268,7 @@ def _continuable_campaign(
         if campaign.identity.get(key) != value:
             raise InputError(
                 f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
-                f"({campaign.identity.get(key)!r} -> {value!r})"
+                f"({_clipped(campaign.identity.get(key))} -> {_clipped(value)})"
             )
     unfinished = _unfinished_run(layout, campaign)
     if unfinished is not None:

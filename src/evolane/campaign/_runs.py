@@ -22,7 +22,7 @@ from pydantic import Field
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
 from evolane.campaign._config import CampaignConfig
-from evolane.messages import ArtifactRef, Digest, Name, Record, ShortText, Usage
+from evolane.messages import ArtifactRef, Digest, Name, Record, ShortText, Text, Usage
 from evolane.store import BlobStore, read_journal, read_json, write_json_atomic
 
 RunStatus = Literal["running", "finished", "budget_limited", "interrupted", "failed"]
@@ -62,7 +62,7 @@ class CampaignState(Record):
 
     campaign_id: Name
     status: CampaignStatus = "active"
-    identity: dict[Name, ShortText | None] = Field(default_factory=dict, max_length=16)
+    identity: dict[Name, Text | None] = Field(default_factory=dict, max_length=16)
     cycles: int = Field(default=0, ge=0)
     max_cycles: int = Field(default=1, ge=1)  # --max-improvement-cycles when it began
     runs: tuple[Name, ...] = Field(default=(), max_length=100_000)
