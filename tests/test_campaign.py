@@ -397,7 +397,9 @@ async def test_a_budget_stop_mid_iteration_keeps_the_candidate_already_accepted(
     assert report.best.digest == first.digest != report.seed.digest
     assert [entry.digest for entry in report.lineage] == [first.digest]
     assert [(d.slot, d.decision) for d in report.decisions] == [(0, "accept"), (1, "indecisive")]
-    assert load_campaign(StoreLayout(paths["store"]), report.campaign_id).best_ref == report.best
+    state = load_campaign(StoreLayout(paths["store"]), report.campaign_id)
+    assert state.best_ref == report.best
+    assert first.digest in state.seen and second.digest not in state.seen  # not measured yet
 
 
 async def test_the_optimizer_context_shows_failing_cases_without_their_answers(

@@ -250,3 +250,45 @@ def test_the_recovery_scan_skips_a_run_whose_journal_a_live_process_holds(
     assert recovered.run_id == "r-live" and recovered.outcome.status == "recovered"
     assert (target / "a.txt").read_text() == "old\n"
     assert recover_interrupted_applies(layout) == []  # recovered once, then final
+
+
+async def test_a_journal_record_without_a_tree_digest_is_still_restored(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"}, test=0)
+    config = toy_config(paths, iterations=1, population=1)
+    stop = trio.Event()
+    stop.set()
+    with trio.fail_after(60):
+        first = await run_campaign(RunRequest(config), interrupt=stop)
+    assert first.report is not None and first.run_dir is not None
+    unit = "c0.i0.base.0.0.b"
+    replay = {"unit_id": unit, "case_id": "val00", "arm": "baseline", "repetition": 0}
+    older = {  # as journals were written before records named their tree
+        "type": "unit",
+        "measurement": "c0.i0.base",
+        "unit": unit,
+        "status": "failed",
+        "reused": False,
+        "replay": {**replay, "status": "failed"},
+        "judge": None,
+    }
+    with (first.run_dir / "journal.jsonl").open("a") as journal:
+        journal.write(json.dumps(older) + "\n")
+    resumed = (await _run(RunRequest(config, resume_run=first.report.run_id))).report
+    assert resumed is not None
+    base = {m.measurement_id: m for m in resumed.measurements}["c0.i0.base"]
+    store = StoreLayout(paths["store"]).blobs()
+    (record,) = [u for u in orjson.loads(store.read_bytes(base.units_ref)) if u["unit"] == unit]
+    assert record["restored"] and record["status"] == "failed"  # never paid for twice
+
+
+async def test_an_apply_journal_that_cannot_be_undone_stops_every_start_with_one_line(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    broken = paths["store"] / "runs" / "r-old" / "apply.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text('{"state": "swapped"}')
+    with pytest.raises(InputError, match=r"r-old/apply.json: an interrupted publish") as refused:
+        await _run(RunRequest(toy_config(paths)))
+    assert "\n" not in str(refused.value)
+    assert sorted(p.name for p in (paths["store"] / "runs").iterdir()) == ["r-old"]

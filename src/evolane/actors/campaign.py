@@ -33,7 +33,7 @@ from evolane.actors._campaign_types import (
 from evolane.actors._errors import ActorError
 from evolane.actors._kernel import Actor, ActorRef
 from evolane.actors.scheduler import MeasureRequest, MeasureSummary
-from evolane.campaign._book import SlotBook, arm_score, hardest_failing
+from evolane.campaign._book import SlotBook, arm_score, hardest_failing, settled_digests
 from evolane.campaign._gates import run_local_gates
 from evolane.campaign._prompt import (
     build_prompt,
@@ -99,11 +99,16 @@ class _Cycle:
         self.seen: set[str] = {setup.parent_ref.digest, *setup.seen}
         self.r.best_ref, self.r.stalled = setup.parent_ref, setup.stalled
         self.r.rejected = list(setup.rejected)
-        self.r.seen = list(setup.seen)
 
     # ----- the cycle ---------------------------------------------------------------------
 
     async def execute(self, deadline: float | None) -> None:
+        try:
+            await self._execute(deadline)
+        finally:
+            self.r.seen = settled_digests(self.s.seen, self.r.book.decisions)
+
+    async def _execute(self, deadline: float | None) -> None:
         with trio.CancelScope() as scope:
             if deadline is not None:
                 scope.deadline = deadline
@@ -381,8 +386,6 @@ class _Cycle:
             tree,
             self.seen - {self.parent.digest},
         )
-        if tree.digest not in self.seen:
-            self.r.seen.append(tree.digest)
         self.seen.add(tree.digest)
         book.gates.extend(gates)
         book.reach("local_gates")
@@ -391,7 +394,8 @@ class _Cycle:
             decision = "indecisive" if failed.outcome == "indecisive" else "reject"
             book.end("rejected", f"{failed.gate}: {failed.reason}", decision)
             self.r.book.decide(book, decision, book.reason)
-            if failed.gate not in ("no_op", "duplicate"):  # tampering too: never again
+            remembered = decision == "reject" and failed.gate not in ("no_op", "duplicate")
+            if remembered or failed.gate == "protected_paths":  # tampering is told too
                 await self._remember(book, tree, book.reason)
             return None
         if self.config.screening and not await self._screen(book, tree):

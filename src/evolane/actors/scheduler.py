@@ -403,8 +403,9 @@ class _Measurement:
         record = records.get(unit.unit_id)
         if record is None:
             return None
-        if record.get("tree") != unit.tree_ref.digest:
-            self.diverged[unit.unit_id] = str(record.get("tree"))[:80]
+        tree = record.get("tree")
+        if tree is not None and tree != unit.tree_ref.digest:  # None: an older journal
+            self.diverged[unit.unit_id] = str(tree)[:80]
             return None
         return record
 

@@ -3,6 +3,7 @@ scores from unit records, failures. The campaign actor fills a `Book`; the repor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +167,17 @@ def arm_score(
 ) -> ScoreCI | None:
     """One arm's mean score with its bootstrap CI."""
     return score_ci(arm_scores(units, arm), confidence=confidence, seed=seed)
+
+
+def settled_digests(earlier: Iterable[str], decisions: Iterable[DecisionRecord]) -> list[str]:
+    """The campaign's duplicate memory after a cycle: the earlier digests, then candidates
+    decided on (a tree cut short by a stop is left out: a later cycle may measure it)."""
+    seen = dict.fromkeys(earlier)
+    for record in decisions:
+        decided = record.decision in ("accept", "reject")
+        if record.digest and (decided or record.reason.startswith("protected_paths")):
+            seen.setdefault(record.digest)
+    return list(seen)
 
 
 def hardest_failing(units: list[dict[str, Any]], pass_score: float = 1.0) -> str | None:

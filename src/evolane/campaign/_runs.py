@@ -22,8 +22,9 @@ from pydantic import Field
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
 from evolane.campaign._config import CampaignConfig
+from evolane.inputs import InputError
 from evolane.messages import ArtifactRef, Digest, Name, Record, ShortText, Text, Usage
-from evolane.store import BlobStore, read_journal, read_json, write_json_atomic
+from evolane.store import BlobStore, StoreError, read_journal, read_json, write_json_atomic
 
 RunStatus = Literal["running", "finished", "budget_limited", "interrupted", "failed"]
 CampaignStatus = Literal["active", "paused", "budget_limited", "exhausted", "complete"]
@@ -199,7 +200,8 @@ def recover_interrupted_applies(layout: StoreLayout) -> list[RecoveredApply]:
     Runs at every start, before the target is read, whichever run the start is for (a crash
     mid-apply can leave the target missing, or holding an unchecked candidate). Only apply
     journals are read; a run whose ``journal.jsonl`` another process holds open is live and
-    left alone.
+    left alone. One that cannot be undone (unreadable, or its backup lost) is an `InputError`
+    naming it: nothing may read a target that could be half published.
     """
     runs = layout.root / "runs"
     if not runs.is_dir():
@@ -207,8 +209,14 @@ def recover_interrupted_applies(layout: StoreLayout) -> list[RecoveredApply]:
     recovered, store = [], layout.blobs()
     for path in sorted(runs.glob(f"*/{JOURNAL_NAME}")):
         run_dir = path.parent
-        with _unless_live(run_dir / "journal.jsonl") as idle:
-            outcome = recover_apply(store, run_dir) if idle else None
+        try:
+            with _unless_live(run_dir / "journal.jsonl") as idle:
+                outcome = recover_apply(store, run_dir) if idle else None
+        except (OSError, ValueError, StoreError) as error:  # the target may be half published
+            raise InputError(
+                f"{path}: an interrupted publish could not be undone ({type(error).__name__}: "
+                f"{error}); restore its target by hand, then remove this file"
+            ) from None
         if outcome is not None:
             recovered.append(RecoveredApply(run_dir.name, outcome))
     return recovered
