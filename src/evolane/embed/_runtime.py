@@ -32,8 +32,8 @@ from evolane.supervisors import open_runtime as open_actor_runtime
 EVENTS_BUFFER = 256
 """Events a handle holds for a consumer that falls behind; beyond it they are dropped (counted)."""
 CANCEL_WAIT_SECONDS = 60.0
-"""How long a cancelled `start_optimize` waits for its run to end (the kill ladder's grace
-included) before it re-raises anyway."""
+"""How long, beyond the run's kill grace, a cancelled `start_optimize` or `optimize` waits for
+its run to end before it re-raises anyway."""
 
 
 class RunCancelled(Exception):
@@ -44,9 +44,10 @@ class RunCancelled(Exception):
 class RunHandle:
     """A run in progress: its events, its result, and the means to stop it."""
 
-    def __init__(self, buffer: int) -> None:
+    def __init__(self, buffer: int, kill_grace: float = 0.0) -> None:
         self.run_id: str | None = None
         self._buffer = buffer
+        self._kill_grace = kill_grace
         self._scope = trio.CancelScope()
         self._interrupt = trio.Event()
         self._ready = trio.Event()
@@ -108,12 +109,15 @@ class RunHandle:
         self._ready.set()
         self._done.set()
 
-    async def _cancel_and_wait(self, seconds: float = CANCEL_WAIT_SECONDS) -> None:
-        """Cancel the run and wait, shielded and bounded, until it has ended (its trees
-        killed; a run cancelled before it was written leaves nothing, one cancelled after
-        is recorded ``interrupted``)."""
+    async def _cancel_and_wait(self) -> None:
+        """Cancel the run and wait, shielded and bounded (kill grace + `CANCEL_WAIT_SECONDS`),
+        until it has ended (its trees killed; a run cancelled before it was written leaves
+        nothing, one cancelled after is recorded ``interrupted``)."""
         self.cancel()
-        with trio.CancelScope(shield=True), trio.move_on_after(seconds):
+        with (
+            trio.CancelScope(shield=True),
+            trio.move_on_after(self._kill_grace + CANCEL_WAIT_SECONDS),
+        ):
             await self._done.wait()
 
 
@@ -140,7 +144,7 @@ class EmbeddedRuntime:
         the run, and returns only once its trees are gone."""
         run_request = request.run_request(str(self.store), started)  # the runtime's store
         check_backends(run_request.config, backends)
-        handle = RunHandle(events_buffer)
+        handle = RunHandle(events_buffer, run_request.config.kill_grace)
 
         async def run() -> None:
             try:
