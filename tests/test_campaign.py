@@ -423,7 +423,7 @@ async def test_symlinks_the_parent_already_had_do_not_fail_the_entries_gate(
     assert report is not None
     inherited, added = report.funnel
     assert inherited.decision == "accept", inherited.reason
-    assert (added.terminal, added.reason) == ("rejected", "link: symlink")
+    assert (added.terminal, added.reason) == ("rejected", "disallowed_entries: link: symlink")
 
 
 async def test_a_long_replay_command_is_a_campaign_identity_like_any_other(

@@ -364,7 +364,7 @@ class _Cycle:
                 book.reach("generated")
                 book.gates.append(result.gate)
                 book.reach("local_gates")
-                book.end("rejected", result.gate.reason, "reject")
+                book.end("rejected", f"{result.gate.gate}: {result.gate.reason}", "reject")
             else:
                 book.end(
                     "blocked",

@@ -68,8 +68,11 @@ def _validate(args: argparse.Namespace) -> int:
     path = Path(args.directory) / "skill" / "SKILL.md"
     try:
         parse_skill(path.read_text())
-    except (OSError, SkillError) as error:
-        print(f"{path}: {error}", file=sys.stderr)
+    except SkillError as error:
+        print(error, file=sys.stderr)  # "SKILL.md:<line>: why"
+        return 1
+    except OSError as error:
+        print(f"skill/SKILL.md: {error.strerror}", file=sys.stderr)
         return 1
     return 0
 
