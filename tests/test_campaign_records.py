@@ -5,7 +5,9 @@ has, and the identity a campaign's next cycle must match."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import orjson
@@ -292,3 +294,71 @@ async def test_an_apply_journal_that_cannot_be_undone_stops_every_start_with_one
         await _run(RunRequest(toy_config(paths)))
     assert "\n" not in str(refused.value)
     assert sorted(p.name for p in (paths["store"] / "runs").iterdir()) == ["r-old"]
+
+
+async def test_the_wall_clock_budget_counts_every_session_of_a_campaign(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:1"})
+    config = toy_config(paths, replay="sleep 3600", wall_clock_budget=6.0, kill_grace=0.2)
+    stop = trio.Event()
+
+    async def interrupt_later() -> None:
+        await trio.sleep(3.0)
+        stop.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(interrupt_later)
+        with trio.fail_after(60):
+            first = await run_campaign(RunRequest(config), interrupt=stop)
+    assert first.report is not None and first.report.status == "interrupted"
+    layout = StoreLayout(paths["store"])
+    spent_first = load_run(layout, first.report.run_id).elapsed_seconds
+    assert spent_first >= 3.0
+    started = trio.current_time()
+    resumed = (await _run(RunRequest(config, resume_run=first.report.run_id))).report
+    took = trio.current_time() - started
+    assert resumed is not None and resumed.status == "budget_limited"
+    assert took < 6.0 - 1.0  # what was left (about 3 s) + kill grace, not a fresh 6 s
+    total = load_run(layout, first.report.run_id).elapsed_seconds
+    assert 6.0 <= total < 6.0 + 3.0
+    campaign = load_campaign(layout, first.report.campaign_id)
+    assert campaign.status == "paused" and campaign.elapsed_seconds == total
+    with pytest.raises(InputError, match=r"--wall-clock-budget 6: the campaign has used"):
+        await _run(RunRequest(config, resume_campaign=first.report.campaign_id))
+    more = config.model_copy(update={"wall_clock_budget": total + 2.0})
+    again = (await _run(RunRequest(more, resume_campaign=first.report.campaign_id))).report
+    assert again is not None and again.status == "budget_limited" and again.wall_seconds < 5.0
+
+
+def test_a_session_that_died_counts_up_to_its_last_write(tmp_path: Path) -> None:
+    from evolane.campaign._prepare import prepare_run
+
+    paths = write_toy(tmp_path, {"default": "fix:1"})
+    config = toy_config(paths, wall_clock_budget=100.0)
+    prepared = prepare_run(config)
+    began = time.time() - 50.0
+    prepared.run = prepared.run.model_copy(
+        update={"session_started": began, "elapsed_seconds": 7.0}
+    )
+    prepared.persist()  # as a run looks after a SIGKILL: still "running"
+    events = prepared.run_dir / "events.jsonl"
+    events.write_text("{}\n")
+    os.utime(events, (began + 20.0, began + 20.0))
+    resumed = prepare_run(config, resume_run=prepared.run.run_id)
+    assert resumed.run.elapsed_seconds == pytest.approx(27.0)
+
+
+async def test_a_resumed_run_with_no_wall_clock_left_ends_budget_limited_at_once(
+    tmp_path: Path,
+) -> None:
+    from evolane.campaign._prepare import prepare_run
+
+    paths = write_toy(tmp_path, {"default": "fix:1"})
+    config = toy_config(paths, wall_clock_budget=30.0)
+    prepared = prepare_run(config)
+    prepared.run = prepared.run.model_copy(update={"elapsed_seconds": 31.0})
+    prepared.persist()
+    with trio.fail_after(20):
+        outcome = await run_campaign(RunRequest(config, resume_run=prepared.run.run_id))
+    report = outcome.report
+    assert report is not None and report.status == "budget_limited"
+    assert report.campaign_status == "paused" and report.decisions == ()

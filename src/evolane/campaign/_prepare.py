@@ -6,6 +6,7 @@ every check has passed (then ``run.json`` and ``campaign.json``, atomically).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,9 +123,17 @@ def prepare_run(
     if resume_run is not None:
         if dataset.digest != record.dataset_digest:
             raise InputError(f"--dataset {config.dataset}: changed since run {resume_run} began")
-        record = record.model_copy(update={"resumed": resumed, "status": "running"})
+        record = record.model_copy(
+            update={
+                "resumed": resumed,
+                "status": "running",
+                "elapsed_seconds": record.elapsed_seconds + _died_session(layout, record),
+            }
+        )
     else:
         record, campaign = _new_run(layout, store, config, dataset, resume_campaign)
+    if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
+        _check_wall_left(config, campaign.elapsed_seconds)
     test_cases = len(dataset.split("test"))
     ceilings = _remaining(config, campaign.spent)
     estimate = estimate_run(config, len(dataset.split("val")), test_cases, _history(layout, config))
@@ -291,6 +300,29 @@ def _unfinished_run(layout: StoreLayout, campaign: CampaignState) -> tuple[str, 
         if status in ("running", "interrupted"):
             return run_id, status
     return None
+
+
+def _died_session(layout: StoreLayout, record: RunRecord) -> float:
+    """The wall of a session that ended without saying so (SIGKILL, power loss): from its start
+    to the last moment its run folder was written (events and journal are written throughout)."""
+    if record.status != "running" or record.session_started is None:
+        return 0.0  # the session ended in order and counted itself
+    folder = layout.run_dir(record.run_id)
+    last = record.session_started
+    for name in ("events.jsonl", "journal.jsonl"):
+        with contextlib.suppress(OSError):
+            last = max(last, (folder / name).stat().st_mtime)
+    return max(0.0, min(last, time.time()) - record.session_started)
+
+
+def _check_wall_left(config: CampaignConfig, used: float) -> None:
+    """The wall-clock budget counts the whole campaign: refuse to start with none of it left."""
+    budget = config.wall_clock_budget
+    if budget is not None and used >= budget:
+        raise InputError(
+            f"--wall-clock-budget {budget:g}: the campaign has used {used:.1f} s of it already; "
+            "give a larger budget to go on"
+        )
 
 
 def _remaining(config: CampaignConfig, spent: Usage) -> Usage:

@@ -40,6 +40,7 @@ from evolane.campaign._runs import (
     SEEN_KEPT,
     CampaignState,
     RecoveredApply,
+    RunRecord,
     StoreLayout,
     load_run,
     recover_interrupted_applies,
@@ -125,6 +126,7 @@ async def run_campaign(
     if request.dry_run:
         return RunOutcome(prepared.estimate)
     started = request.started if request.started is not None else time.time()
+    prepared.run = prepared.run.model_copy(update={"session_started": started})
     await trio.to_thread.run_sync(prepared.persist)
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
     for undone in recovered:
@@ -144,7 +146,7 @@ async def run_campaign(
                 report = await _run_in(own, context)
     except BaseException:
         with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
-            interrupted = prepared.run.model_copy(update={"status": "interrupted"})
+            interrupted = _session_ended(prepared.run, "interrupted", started)
             await trio.to_thread.run_sync(save_run, prepared.layout, interrupted)
         raise
     finally:
@@ -183,8 +185,10 @@ async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
     async with open_sandbox(prepared.layout.sandbox, store=prepared.store) as host:
         _announce(prepared, bus, host)
         deadline = None
-        if config.wall_clock_budget is not None:
-            deadline = trio.current_time() + config.wall_clock_budget - (time.time() - ctx.started)
+        if config.wall_clock_budget is not None:  # the whole campaign's: earlier sessions count
+            used = prepared.campaign.elapsed_seconds + run.elapsed_seconds
+            left = config.wall_clock_budget - used - (time.time() - ctx.started)
+            deadline = trio.current_time() + left
         await runtime.start_supervisor(
             SupervisorSpec(name=name, strategy="one_for_all", children=[])
         )
@@ -478,7 +482,8 @@ def _write_report(
     run that a resume finishes again."""
     write_json_atomic(prepared.run_dir / "report.json", report)
     write_bytes_atomic(prepared.run_dir / "report.md", render_markdown(report).encode())
-    save_run(prepared.layout, prepared.run.model_copy(update={"status": report.status}))
+    run = _session_ended(prepared.run, report.status, report.started)
+    save_run(prepared.layout, run)
     state: CampaignState = prepared.campaign
     if report.status == "interrupted":  # a resume replays this cycle: carry nothing over twice
         save_campaign(prepared.layout, state.model_copy(update={"status": campaign_status}))
@@ -496,11 +501,18 @@ def _write_report(
                 "applied_ref": _applied(report) or state.applied_ref,
                 "stalled": result.stalled,
                 "spent": spent,
+                "elapsed_seconds": state.elapsed_seconds + run.elapsed_seconds,
                 "rejected": tuple(result.rejected),
                 "seen": tuple(result.seen[-SEEN_KEPT:]),
             }
         ),
     )
+
+
+def _session_ended(run: RunRecord, status: str, started: float) -> RunRecord:
+    """``run`` with this session over: its status, and its wall added to the run's."""
+    elapsed = run.elapsed_seconds + max(0.0, time.time() - started)
+    return run.model_copy(update={"status": status, "elapsed_seconds": elapsed})
 
 
 def _applied(report: Report) -> ArtifactRef | None:

@@ -48,6 +48,8 @@ class RunRecord(Record):
     parent_ref: ArtifactRef  # the best tree when this cycle began
     status: RunStatus = "running"
     resumed: int = Field(default=0, ge=0)  # how many times the run was resumed
+    elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its sessions that have ended
+    session_started: float | None = None  # time.time() the current (or last) session began
 
 
 class RejectedEdit(Record):
@@ -73,6 +75,7 @@ class CampaignState(Record):
     best_val: float | None = None
     stalled: int = Field(default=0, ge=0)
     spent: Usage = Usage()
+    elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its runs that have ended
     rejected: tuple[RejectedEdit, ...] = Field(default=(), max_length=REJECTED_KEPT)
     seen: tuple[Digest, ...] = Field(default=(), max_length=SEEN_KEPT)  # for the duplicate gate
     updated: float = 0.0
