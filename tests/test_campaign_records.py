@@ -362,3 +362,24 @@ async def test_a_resumed_run_with_no_wall_clock_left_ends_budget_limited_at_once
     report = outcome.report
     assert report is not None and report.status == "budget_limited"
     assert report.campaign_status == "paused" and report.decisions == ()
+
+
+async def test_a_run_going_on_in_another_process_cannot_be_resumed(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:1"})
+    config = toy_config(paths)
+    stop = trio.Event()
+    stop.set()
+    with trio.fail_after(60):
+        first = await run_campaign(RunRequest(config), interrupt=stop)
+    assert first.report is not None and first.run_dir is not None
+    layout = StoreLayout(paths["store"])
+    before = (first.run_dir / "run.json").read_bytes()
+    holder = Journal(first.run_dir / "journal.jsonl")  # as the live run holds it
+    try:
+        with pytest.raises(InputError, match="going on in another process"):
+            await _run(RunRequest(config, resume_run=first.report.run_id))
+    finally:
+        holder.close()
+    assert (first.run_dir / "run.json").read_bytes() == before
+    resumed = (await _run(RunRequest(config, resume_run=first.report.run_id))).report
+    assert resumed is not None and load_run(layout, resumed.run_id).status == resumed.status

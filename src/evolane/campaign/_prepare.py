@@ -25,6 +25,7 @@ from evolane.campaign._runs import (
     load_run,
     new_id,
     read_resume_state,
+    run_is_live,
     save_campaign,
     save_run,
 )
@@ -217,6 +218,8 @@ def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, Campaig
         raise InputError(f"--resume {run_id}: no such run in {layout.root}") from None
     if record.status in ("finished", "budget_limited"):
         raise InputError(f"--resume {run_id}: the run already ended ({record.status})")
+    if run_is_live(layout, run_id):
+        raise InputError(f"--resume {run_id}: the run is going on in another process")
     return record, load_campaign(layout, record.campaign_id)
 
 

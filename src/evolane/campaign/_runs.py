@@ -225,6 +225,12 @@ def recover_interrupted_applies(layout: StoreLayout) -> list[RecoveredApply]:
     return recovered
 
 
+def run_is_live(layout: StoreLayout, run_id: str) -> bool:
+    """Whether a process has run ``run_id`` open right now (it holds its journal's lock)."""
+    with _unless_live(layout.run_dir(run_id) / "journal.jsonl") as idle:
+        return not idle
+
+
 @contextlib.contextmanager
 def _unless_live(journal: Path) -> Iterator[bool]:
     """Hold the run journal's lock (False if a live run holds it) for the block's length."""
