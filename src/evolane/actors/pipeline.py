@@ -154,32 +154,14 @@ async def open_pipeline(
         yield pipeline
 
 
-@asynccontextmanager
-async def _open_pipeline(
-    runtime: Runtime,
-    host: SandboxHost,
-    store: BlobStore,
-    dataset: Dataset,
-    config: PipelineConfig,
-    cluster: DaskCluster | None,
-    under: str | None,
-) -> AsyncIterator[Pipeline]:
+def _lane_settings(config: PipelineConfig) -> tuple[LaneSettings, LaneSettings]:
+    """The replay lanes' and the judge lanes' settings (templates parsed: bad ones raise)."""
     replay = CommandTemplate.parse(config.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
     judge = (
         CommandTemplate.parse(config.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
         if config.judge
         else None
     )
-    case_refs = await trio.to_thread.run_sync(
-        lambda: case_references(store, dataset, include_answers=False)
-    )
-    judge_refs = await trio.to_thread.run_sync(
-        lambda: case_references(store, dataset, include_answers=True)
-    )
-    splits = {
-        split: tuple(c.id for c in dataset.split(split)) for split in ("train", "val", "test")
-    }
-    board = StopBoard()
     common = {
         "limits": config.limits,
         "kill_grace": config.kill_grace,
@@ -196,6 +178,30 @@ async def _open_pipeline(
     judge_settings = LaneSettings(
         template=judge, retries=config.judge_failure_retries, backend=config.judge_backend, **common
     )
+    return replay_settings, judge_settings
+
+
+@asynccontextmanager
+async def _open_pipeline(
+    runtime: Runtime,
+    host: SandboxHost,
+    store: BlobStore,
+    dataset: Dataset,
+    config: PipelineConfig,
+    cluster: DaskCluster | None,
+    under: str | None,
+) -> AsyncIterator[Pipeline]:
+    case_refs = await trio.to_thread.run_sync(
+        lambda: case_references(store, dataset, include_answers=False)
+    )
+    judge_refs = await trio.to_thread.run_sync(
+        lambda: case_references(store, dataset, include_answers=True)
+    )
+    splits = {
+        split: tuple(c.id for c in dataset.split(split)) for split in ("train", "val", "test")
+    }
+    board = StopBoard()
+    replay_settings, judge_settings = _lane_settings(config)
     name = config.name
     settings = SchedulerSettings(
         case_refs=case_refs,
