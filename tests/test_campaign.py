@@ -438,3 +438,23 @@ async def test_a_long_replay_command_is_a_campaign_identity_like_any_other(
     with pytest.raises(InputError, match=r"replay changed .*\.\.\.") as refused:
         await _run(RunRequest(changed, resume_campaign=first.report.campaign_id))
     assert len(str(refused.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("override", "quoted"),
+    [
+        ({"judge": "sh -c 'echo judge is broken >&2; exit 2'"}, "judge is broken"),
+        ({"replay": "/nonexistent/agent {candidate} {output_dir}"}, "/nonexistent/agent"),
+    ],
+)
+async def test_a_run_that_can_score_nothing_fails_loudly(
+    tmp_path: Path, override: dict[str, str], quoted: str
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    outcome = await _run(RunRequest(toy_config(paths, **override)))
+    report = outcome.report
+    assert report is not None and report.status == "failed" and outcome.exit_code == 1
+    assert "no case of the parent could be scored" in report.message
+    assert quoted in report.message
+    assert report.campaign_status == "paused" and report.decisions == ()
+    assert report.funnel == ()  # no optimizer call was paid for

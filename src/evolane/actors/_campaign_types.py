@@ -28,7 +28,7 @@ from evolane.messages import (
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore
 
-Stop = Literal["budget_limited", "exhausted", "interrupted"]
+Stop = Literal["budget_limited", "exhausted", "interrupted", "failed"]
 
 
 class RunCampaign(Message):
@@ -42,7 +42,7 @@ class CampaignDone(Message):
     """How the cycle ended; the details are in the `CampaignResult` handed to the caller."""
 
     kind: Literal["campaign.done"] = "campaign.done"
-    stop: Literal["finished", "budget_limited", "exhausted", "interrupted"]
+    stop: Literal["finished", "budget_limited", "exhausted", "interrupted", "failed"]
 
 
 @dataclass

@@ -33,7 +33,14 @@ from evolane.actors._campaign_types import (
 from evolane.actors._errors import ActorError
 from evolane.actors._kernel import Actor, ActorRef
 from evolane.actors.scheduler import MeasureRequest, MeasureSummary
-from evolane.campaign._book import SlotBook, arm_score, hardest_failing, settled_digests
+from evolane.campaign._book import (
+    SlotBook,
+    arm_score,
+    arm_scores,
+    first_failure,
+    hardest_failing,
+    settled_digests,
+)
 from evolane.campaign._gates import run_local_gates
 from evolane.campaign._prompt import (
     build_prompt,
@@ -499,6 +506,10 @@ class _Cycle:
         summary, self.parent_units = await self._measure(request, "baseline", iteration, None)
         if summary.status == "budget_limited":
             raise Stopped("budget_limited", summary.message or "the budget ran out")
+        if not arm_scores(self.parent_units, "baseline"):  # nothing to compare against
+            why = f"no case of the parent could be scored: {first_failure(self.parent_units)}"
+            self.emit(WarningEvent(run_id=self.s.run_id, message=why[:256]))
+            raise Stopped("failed", why)
 
     async def _measure(
         self, request: MeasureRequest, purpose: Purpose, iteration: int | None, slot: int | None

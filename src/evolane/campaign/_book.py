@@ -162,6 +162,20 @@ def arm_scores(units: list[dict[str, Any]], arm: str) -> dict[str, list[float]]:
     return scores
 
 
+def first_failure(units: list[dict[str, Any]]) -> str:
+    """The first unit failure in ``units`` as one quoted line (stage, code, owner, message)."""
+    for unit in units:
+        for stage in ("replay", "judge"):
+            failure = (unit.get(stage) or {}).get("failure")
+            if failure:
+                message = str(failure.get("message") or "").strip().replace("\n", " ")
+                detail = f": {message[:200]}" if message else ""
+                return f"{stage} {failure.get('code')} ({failure.get('owner')}){detail}"
+        if unit.get("status") == "not_run" and unit.get("note"):
+            return f"not run: {str(unit['note'])[:200]}"
+    return "no unit finished"
+
+
 def arm_score(
     units: list[dict[str, Any]], arm: str, *, confidence: float, seed: int
 ) -> ScoreCI | None:

@@ -378,6 +378,8 @@ def _campaign_status(prepared: Prepared, result: CampaignResult) -> str:
     config = prepared.config
     if result.stop == "interrupted":
         return "active"
+    if result.stop == "failed":  # fix what failed, then a new run of the campaign
+        return "paused"
     if result.stop == "budget_limited":  # a spent ceiling ends the campaign; a deadline pauses it
         return "paused" if result.wall_clock_hit else "budget_limited"
     if result.stop == "exhausted":
