@@ -14,6 +14,7 @@ from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.campaign._runs import StoreLayout, load_campaign
 from evolane.inputs import InputError
 from evolane.messages import Usage
+from evolane.stats import GateConfig
 from evolane.store import read_journal
 from tests.campaign_helpers import toy_config, write_toy
 
@@ -458,3 +459,32 @@ async def test_a_run_that_can_score_nothing_fails_loudly(
     assert quoted in report.message
     assert report.campaign_status == "paused" and report.decisions == ()
     assert report.funnel == ()  # no optimizer call was paid for
+
+
+async def test_judges_stopped_by_an_early_stop_are_not_reported_as_failures(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"}, val=24)
+    judge = tmp_path / "judge.sh"
+    judge.write_text(
+        "sleep 0.3\n"
+        'if grep -q yes "$1/output.json"; then echo \'{"score": 1}\'; '
+        "else echo '{\"score\": 0}'; fi\n"
+    )
+    paired = GateConfig(gate="paired", min_cases=4)  # sequential: stops early on a clear win
+    config = toy_config(
+        paths, judge=f"sh {judge} {{output_dir}}", iterations=1, population=1, gate=paired
+    )
+    report = (await _run(RunRequest(config))).report
+    assert report is not None
+    stopped = [m for m in report.measurements if m.status == "early_stopped"]
+    assert stopped and all(m.units_failed == 0 < m.units_cancelled for m in stopped)
+    store = StoreLayout(paths["store"]).blobs()
+    cancelled = [
+        u
+        for m in report.measurements
+        for u in json.loads(store.read_bytes(m.units_ref))
+        if (u.get("judge") or {}).get("status") == "cancelled"
+    ]
+    assert cancelled, "the early stop cancelled judges in flight"
+    assert not [f for f in report.failures if "cancel" in f.failure.code]

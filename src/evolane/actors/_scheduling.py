@@ -55,7 +55,8 @@ class MeasureSummary(Message):
     units_run: int
     units_reused: int
     units_restored: int = 0  # taken from the journal of an interrupted run
-    units_failed: int
+    units_failed: int  # failed or timed out
+    units_cancelled: int = 0  # stopped on purpose (early stop, a stop of the run)
     units_blocked: int
     units_not_run: int
     cases_compared: int

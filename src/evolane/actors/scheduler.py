@@ -590,8 +590,8 @@ class _Measurement:
             ),
             units_reused=sum(u.reused for u in self.units),
             units_restored=sum(u.restored for u in self.units),
-            units_failed=counts["failed"]
-            + sum(u.status in ("timed_out", "cancelled") for u in self.units),
+            units_failed=counts["failed"] + sum(u.status == "timed_out" for u in self.units),
+            units_cancelled=sum(u.status == "cancelled" for u in self.units),
             units_blocked=counts["blocked"],
             units_not_run=counts["not_run"],
             cases_compared=gate.n,

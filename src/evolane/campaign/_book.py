@@ -137,6 +137,7 @@ class Book:
             units_reused=summary.units_reused,
             units_restored=summary.units_restored,
             units_failed=summary.units_failed,
+            units_cancelled=summary.units_cancelled,
             units_blocked=summary.units_blocked,
             units_not_run=summary.units_not_run,
             wall_seconds=summary.wall_seconds,
@@ -147,8 +148,9 @@ class Book:
             if unit.get("reused"):
                 continue
             for part in ("replay", "judge"):
-                failure = (unit.get(part) or {}).get("failure")
-                if failure:
+                result = unit.get(part) or {}
+                failure = result.get("failure")
+                if failure and result.get("status") != "cancelled":  # stopped on purpose
                     self.fail(str(unit["unit"]), FailureEvent.model_validate(failure))
         return record
 

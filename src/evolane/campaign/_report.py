@@ -75,6 +75,7 @@ class MeasurementRecord(Record):
     units_reused: int = Field(ge=0)
     units_restored: int = Field(ge=0)
     units_failed: int = Field(ge=0)
+    units_cancelled: int = Field(default=0, ge=0)
     units_blocked: int = Field(ge=0)
     units_not_run: int = Field(ge=0)
     wall_seconds: float = Field(ge=0)
