@@ -555,3 +555,30 @@ async def test_none_only_folds() -> None:
     out = io.StringIO()
     state, published = await run_script("none", script(), out=out)
     assert out.getvalue() == "" and state.events == len(published)
+
+
+def test_the_wall_clock_row_counts_the_whole_campaign_apart_from_replay_time() -> None:
+    state = ViewState()
+    started = RunStarted(
+        run_id="-",
+        campaign_id="c",
+        cycle=1,
+        iterations=4,
+        population=2,
+        replay_lanes=4,
+        judge_lanes=2,
+        wall_clock_budget=600.0,
+        wall_clock_left=240.0,  # 360 s went to earlier cycles and sessions
+    )
+    budget = BudgetUpdate(
+        run_id="-", spent=Usage(wall_seconds=95.0), reserved=Usage(), ceilings=Usage()
+    )
+    for event in stamped([started, budget]):
+        state.fold(event)
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    console.print(render_view(state, 60.0))
+    text = ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
+    (wall,) = [line for line in text.splitlines() if "wall clock" in line]
+    assert "70%" in wall and "7m00s" in wall and "10m00s" in wall  # 360 + 60 of 600 s
+    (replay,) = [line for line in text.splitlines() if "replay time" in line]
+    assert "no ceiling" in replay and "1m35s" in replay

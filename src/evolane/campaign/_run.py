@@ -183,12 +183,12 @@ async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
     config, run = prepared.config, prepared.run
     name = f"run-{run.run_id}"
     async with open_sandbox(prepared.layout.sandbox, store=prepared.store) as host:
-        _announce(prepared, bus, host)
-        deadline = None
+        deadline = left = None
         if config.wall_clock_budget is not None:  # the whole campaign's: earlier sessions count
             used = prepared.campaign.elapsed_seconds + run.elapsed_seconds
             left = config.wall_clock_budget - used - (time.time() - ctx.started)
             deadline = trio.current_time() + left
+        _announce(prepared, bus, host, left)
         await runtime.start_supervisor(
             SupervisorSpec(name=name, strategy="one_for_all", children=[])
         )
@@ -201,7 +201,9 @@ async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
         return await _finish(ctx, result, ledger, applied, host)
 
 
-def _announce(prepared: Prepared, bus: ProgressBus, host: SandboxHost) -> None:
+def _announce(
+    prepared: Prepared, bus: ProgressBus, host: SandboxHost, wall_left: float | None
+) -> None:
     config, run = prepared.config, prepared.run
     bus.publish(
         RunStarted(
@@ -214,6 +216,8 @@ def _announce(prepared: Prepared, bus: ProgressBus, host: SandboxHost) -> None:
             judge_lanes=config.judge_concurrency,
             resumed=not prepared.resume.empty,
             isolation=",".join(host.mechanisms),
+            wall_clock_budget=config.wall_clock_budget,
+            wall_clock_left=wall_left,
         )
     )
     shared = prepared.estimate.model_dump(include=set(EstimateEvent.model_fields))

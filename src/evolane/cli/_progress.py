@@ -49,7 +49,7 @@ _BAR = 20  # cells of a text bar
 _END_PHASES = frozenset({"finalize", "apply", "report"})
 _LINE_PHASES = frozenset({"optimize", "finalize", "apply"})
 _DIMENSIONS: tuple[Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
-_DIMENSION_NAMES = {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "wall clock"}
+_DIMENSION_NAMES = {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "replay time"}
 
 
 def resolve_mode(mode: str, stream: TextIO) -> ProgressMode:
@@ -79,6 +79,8 @@ class ViewState:
     judge_lanes: int = 0
     resumed: bool = False
     isolation: str = ""
+    wall_budget: float | None = None  # the campaign's --wall-clock-budget
+    wall_left: float | None = None  # what was left of it when this session began
     estimate: EstimateEvent | None = None
     phase: str = ""
     iteration: int | None = None
@@ -135,6 +137,7 @@ class ViewState:
         self.iterations, self.population = event.iterations, event.population
         self.replay_lanes, self.judge_lanes = event.replay_lanes, event.judge_lanes
         self.resumed, self.isolation = event.resumed, event.isolation
+        self.wall_budget, self.wall_left = event.wall_clock_budget, event.wall_clock_left
 
     def _phase(self, event: PhaseEvent) -> None:
         self.phase, self.cycle = event.phase, event.cycle
@@ -379,10 +382,19 @@ def _slots_table(state: ViewState) -> Table:
     return table
 
 
-def _budget_table(budget: BudgetUpdate) -> Table:
+def _budget_table(budget: BudgetUpdate, state: ViewState, elapsed: float) -> Table:
     table = Table(title="budget", title_justify="left", pad_edge=False)
     for column in ("dimension", "used (█ spent ▒ reserved)", "spent", "reserved", "ceiling"):
         table.add_column(column, no_wrap=True)
+    if state.wall_budget and state.wall_left is not None:  # elapsed, for the whole campaign
+        used = state.wall_budget - state.wall_left + elapsed
+        table.add_row(
+            "wall clock",
+            bar(used / state.wall_budget, 0.0),
+            _duration(used),
+            "",
+            _duration(state.wall_budget),
+        )
     for dimension in _DIMENSIONS:
         spent, reserved = budget.spent.get(dimension), budget.reserved.get(dimension)
         ceiling = budget.ceilings.get(dimension)
@@ -404,7 +416,7 @@ def render_view(state: ViewState, elapsed: float, dropped: int = 0) -> Renderabl
         measures = [state.last_measure]
     parts.extend(Text("measure " + _measure_text(m)) for m in measures)
     if state.budget is not None:
-        parts.append(_budget_table(state.budget))
+        parts.append(_budget_table(state.budget, state, elapsed))
     if state.decisions:
         parts.append(Text("last decisions", style="bold"))
         parts.extend(Text("  " + _decision_text(d)) for d in state.decisions)

@@ -56,6 +56,8 @@ class RunStarted(ProgressEvent):
     judge_lanes: int = Field(ge=0, le=_COUNT)
     resumed: bool = False
     isolation: ShortText = ""
+    wall_clock_budget: float | None = Field(default=None, ge=0, le=_COUNT)
+    wall_clock_left: float | None = Field(default=None, le=_COUNT)  # of it, as this session began
 
 
 class EstimateEvent(ProgressEvent):
