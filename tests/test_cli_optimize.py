@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -130,6 +131,15 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     limited = _run(["optimize", *flag("--replay", f"sh {script} {{candidate}} {{output_dir}}"),
                     "--max-tokens", "1500"])  # fmt: skip
     assert limited.returncode == 3, limited.stderr
+    assert "continue:" not in limited.stdout  # a spent token ceiling ends the campaign
+    paused = _run(["optimize", *flag("--replay", "sleep 30"), "--wall-clock-budget", "1"])
+    assert paused.returncode == 3, paused.stderr
+    (again,) = [line for line in paused.stdout.splitlines() if line.startswith("continue: ")]
+    assert re.fullmatch(
+        r"continue: evolane optimize <the same flags> --resume-campaign c-\S+ "
+        r"--wall-clock-budget <larger>",
+        again,
+    )
     finished = _run(["optimize", *base])
     assert finished.returncode == 0, finished.stderr
     (path,) = [line[8:] for line in finished.stdout.splitlines() if line.startswith("report: ")]

@@ -57,5 +57,11 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     lines += [f"report: {run_dir / 'report.json'}", f"        {run_dir / 'report.md'}"]
     if report.status == "interrupted":
         lines.append(f"resume: evolane optimize --resume {report.run_id} --store {store}")
+    elif report.campaign_status in ("paused", "active"):
+        larger = " --wall-clock-budget <larger>" if report.status == "budget_limited" else ""
+        lines.append(
+            "continue: evolane optimize <the same flags> "
+            f"--resume-campaign {report.campaign_id}{larger}"
+        )
     for line in lines:
         console.print(line)
