@@ -383,3 +383,20 @@ async def test_a_run_going_on_in_another_process_cannot_be_resumed(tmp_path: Pat
     assert (first.run_dir / "run.json").read_bytes() == before
     resumed = (await _run(RunRequest(config, resume_run=first.report.run_id))).report
     assert resumed is not None and load_run(layout, resumed.run_id).status == resumed.status
+
+
+async def test_a_rejudge_is_not_charged_for_the_replays_it_reuses(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    script = tmp_path / "replay.sh"
+    script.write_text(
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
+    )
+    replay = f"sh {script} {{candidate}} {{output_dir}}"
+    config = toy_config(paths, replay=replay, iterations=1, population=1)
+    original = (await _run(RunRequest(config))).report
+    assert original is not None and (original.budget.spent.tokens or 0) >= 100 * 12
+    rejudged = (await _run(RunRequest(config, rerun_from=original.run_id))).report
+    assert rejudged is not None and rejudged.status == "finished"
+    assert not rejudged.budget.spent.tokens and not rejudged.budget.spent.cost_usd
+    assert [d.decision for d in rejudged.decisions] == [d.decision for d in original.decisions]

@@ -411,13 +411,14 @@ class _Measurement:
 
     async def _restore(self, unit: Unit, record: dict[str, Any]) -> None:
         """Take a unit finished before an interruption from the journal: no rerun, but its
-        usage is charged again so the budget sees the whole run."""
+        usage is charged again so the budget sees the whole run (not in a re-judge: the
+        stored run paid for those replays)."""
         replay = ReplayResult.model_validate(record["replay"])
         judge = JudgeResult.model_validate(record["judge"]) if record.get("judge") else None
         if self.s.settings.rejudge:  # re-evaluation: the stored replay, judged anew
             judge = await self._judge(unit, replay) if replay.status == "succeeded" else None
         unit.replay, unit.judge, unit.restored = replay, judge, True
-        if self.s.budget is not None:
+        if self.s.budget is not None and not self.s.settings.rejudge:
             debit = Debit(
                 item=unit.unit_id,
                 actual=replay.usage,
