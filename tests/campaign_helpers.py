@@ -70,6 +70,16 @@ OPTIMIZER = textwrap.dedent(
 REPLAY = 'sh -c \'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' replay {candidate} {output_dir}'
 
 
+def usage_replay(root: Path, tokens: int = 100, cost: float = 0.01) -> str:
+    """The toy replay command, also writing ``usage.json`` (``tokens``, ``cost``) per unit."""
+    script = root / "replay.sh"
+    script.write_text(
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+        f'echo \'{{"tokens": {tokens}, "cost_usd": {cost}}}\' > "$2/usage.json"\n'
+    )
+    return f"sh {script} {{candidate}} {{output_dir}}"
+
+
 def write_toy(
     root: Path, plan: dict[str, str], *, val: int = 12, test: int = 6, passing: int = 4
 ) -> dict[str, Path]:

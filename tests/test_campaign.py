@@ -16,7 +16,7 @@ from evolane.inputs import InputError
 from evolane.messages import Usage
 from evolane.stats import GateConfig
 from evolane.store import read_journal
-from tests.campaign_helpers import toy_config, write_toy
+from tests.campaign_helpers import toy_config, usage_replay, write_toy
 
 
 async def _run(request: RunRequest, seconds: float = 60) -> RunOutcome:
@@ -210,12 +210,7 @@ async def test_auto_verified_rolls_back_when_the_check_fails(tmp_path: Path) -> 
 
 async def test_a_token_ceiling_ends_the_run_budget_limited(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {"default": "fix:1"})
-    script = tmp_path / "replay.sh"
-    script.write_text(
-        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
-        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
-    )
-    replay = f"sh {script} {{candidate}} {{output_dir}}"
+    replay = usage_replay(tmp_path)
     config = toy_config(paths, replay=replay, max_tokens=3000, iterations=5, population=1)
     outcome = await _run(RunRequest(config))
     report = outcome.report
@@ -329,12 +324,7 @@ async def test_a_ceiling_reached_before_the_optimizer_ends_the_run_budget_limite
     tmp_path: Path,
 ) -> None:
     paths = write_toy(tmp_path, {"default": "fix:1"})
-    script = tmp_path / "replay.sh"
-    script.write_text(
-        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
-        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
-    )
-    replay = f"sh {script} {{candidate}} {{output_dir}}"
+    replay = usage_replay(tmp_path)
     # the parent's 12 val cases spend exactly the ceiling; the optimizer is then refused
     config = toy_config(paths, replay=replay, max_tokens=1200, replay_concurrency=1)
     outcome = await _run(RunRequest(config))
@@ -382,12 +372,7 @@ async def test_a_budget_stop_mid_iteration_keeps_the_candidate_already_accepted(
     tmp_path: Path,
 ) -> None:
     paths = write_toy(tmp_path, {"0.0": "fix:8", "0.1": "fix:1"})
-    script = tmp_path / "replay.sh"
-    script.write_text(
-        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
-        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
-    )
-    replay = f"sh {script} {{candidate}} {{output_dir}}"
+    replay = usage_replay(tmp_path)
     config = toy_config(paths, replay=replay, max_tokens=2600, iterations=1, population=2)
     outcome = await _run(RunRequest(config))
     report = outcome.report

@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 
 from evolane.store import read_journal
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import toy_flags, usage_replay, write_toy
 
 PLAN = {
     "0.0": "fix:2",
@@ -123,13 +123,7 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     dry = _run(["optimize", *base, "--dry-run"])
     assert dry.returncode == 0 and "at most" in dry.stdout
     assert not (tmp_path / "store" / "runs").exists()
-    script = tmp_path / "replay.sh"
-    script.write_text(
-        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
-        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
-    )
-    limited = _run(["optimize", *flag("--replay", f"sh {script} {{candidate}} {{output_dir}}"),
-                    "--max-tokens", "1500"])  # fmt: skip
+    limited = _run(["optimize", *flag("--replay", usage_replay(tmp_path)), "--max-tokens", "1500"])
     assert limited.returncode == 3, limited.stderr
     assert "continue:" not in limited.stdout  # a spent token ceiling ends the campaign
     paused = _run(["optimize", *flag("--replay", "sleep 30"), "--wall-clock-budget", "1"])
