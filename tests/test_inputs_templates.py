@@ -135,7 +135,8 @@ def test_unknown_placeholders_are_named_with_the_allowed_ones() -> None:
     message = refusal("run {cases} --x={bogus}")
     assert message == (
         "replay command: unknown placeholders {bogus}, {cases} "
-        "(allowed: {candidate}, {case_file}, {output_dir}, {seed}, {workspace})"
+        "(allowed: {candidate}, {case_file}, {output_dir}, {seed}, {workspace}; write {{ and }} "
+        "for a literal brace, e.g. ${{HOME}} or $HOME for an environment variable)"
     )
     assert refusal("run {0}").startswith("replay command: unknown placeholder {0} (allowed:")
 

@@ -303,7 +303,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     )
     if rep.apply is not None:
         applied = f"{rep.apply.policy}: {rep.apply.status} {rep.apply.message}".strip()
-        if rep.apply.proposal_dir:
+        if rep.apply.proposal_dir and rep.apply.proposal_dir not in applied:
             applied += f" ({rep.apply.proposal_dir})"
         rows.append(("apply", applied))
     if rep.message:

@@ -165,7 +165,11 @@ def _check_allowed(used: frozenset[str], role: str, allowed: frozenset[str]) -> 
     if unknown:
         names = ", ".join("{" + name + "}" for name in unknown)
         plural = "s" if len(unknown) > 1 else ""
-        raise TemplateError.at(role, f"unknown placeholder{plural} {names} (allowed: {listed})")
+        raise TemplateError.at(
+            role,
+            f"unknown placeholder{plural} {names} (allowed: {listed}; write {{{{ and }}}} for a "
+            "literal brace, e.g. ${{HOME}} or $HOME for an environment variable)",
+        )
     names = ", ".join("{" + name + "}" for name in sorted(refused))
     raise TemplateError.at(
         role, f"{names} cannot be used in the {role} command (allowed: {listed})"
