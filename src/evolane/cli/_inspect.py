@@ -227,7 +227,7 @@ def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("status", status),
         ("campaign", f"{summary['campaign_id']} (cycle {summary['cycle']})"),
         ("created", _stamp(summary["created"])),
-        ("resumed", f"{summary['resumed']}x"),
+        ("resumed", f"{summary['resumed']}x" if summary["resumed"] else "never"),
         ("journal", journaled),
         ("events", f"{events['count']} (last phase: {last})"),
         ("report", "none"),
