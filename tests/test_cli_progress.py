@@ -269,7 +269,7 @@ async def test_plain_prints_one_line_per_significant_event() -> None:
         "lanes replay 4 judge 2, isolation namespace",
         "estimate: at most 320 replays, 64 judge calls, 16 optimizer calls; "
         "wall 2m00s..5m00s; ~$3.20",
-        "iteration 2/8  parent sha256:ab12ab12ab12…  convergence ok",
+        "iteration 2/8 (i1)  parent sha256:ab12ab12ab12…  convergence ok",
         "slot i1.s1 blocked  touched a protected path",
         "warning: judge lane 2 failed: exit 1",
         "decision i1.s0 reject  sha256:cd34cd34cd34…  Δ -0.0200 CI [-0.0400, +0.0010]  "
@@ -327,7 +327,7 @@ EARLY = (
 )
 MIDDLE = (
     "phase optimize",
-    "iteration 2/8",
+    "iteration 2/8 (i1)",
     "convergence ok",
     "lanes 0/4 busy",
     "i1.s0",

@@ -243,7 +243,7 @@ def _iteration_text(state: ViewState, iteration: int | None) -> str:
     if iteration is None:
         return "iteration ?"
     total = f"/{state.iterations}" if state.iterations else ""
-    return f"iteration {iteration + 1}{total}"
+    return f"iteration {iteration + 1}{total} (i{iteration})"  # i: as slot ids and reports
 
 
 def _slot_label(iteration: int, slot: int) -> str:
