@@ -11,7 +11,7 @@ import trio
 
 from evolane.campaign._report import Report
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
-from evolane.campaign._runs import StoreLayout, load_campaign
+from evolane.campaign._runs import StoreLayout, load_campaign, load_run
 from evolane.inputs import InputError
 from evolane.messages import Usage
 from evolane.stats import GateConfig
@@ -444,6 +444,8 @@ async def test_a_run_that_can_score_nothing_fails_loudly(
     assert quoted in report.message
     assert report.campaign_status == "paused" and report.decisions == ()
     assert report.funnel == ()  # no optimizer call was paid for
+    with pytest.raises(InputError, match=r"the run failed .* --resume-campaign c-"):
+        await _run(RunRequest(toy_config(paths, **override), resume_run=report.run_id))
 
 
 async def test_judges_stopped_by_an_early_stop_are_not_reported_as_failures(
@@ -473,3 +475,21 @@ async def test_judges_stopped_by_an_early_stop_are_not_reported_as_failures(
     ]
     assert cancelled, "the early stop cancelled judges in flight"
     assert not [f for f in report.failures if "cancel" in f.failure.code]
+
+
+async def test_a_cancel_landing_after_the_report_was_written_leaves_the_run_as_reported(
+    tmp_path: Path,
+) -> None:
+    from evolane.campaign._prepare import prepare_run
+    from evolane.campaign._run import _save_interrupted
+
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    config = toy_config(paths, iterations=1, population=1)
+    outcome = await _run(RunRequest(config))
+    assert outcome.report is not None and outcome.report.status == "finished"
+    layout = StoreLayout(paths["store"])
+    before = load_run(layout, outcome.report.run_id)
+    prepared = prepare_run(config.model_copy(update={"store": str(paths["store"])}))
+    prepared.run = before.model_copy(update={"status": "running"})  # as the session held it
+    _save_interrupted(prepared, started=0.0)  # a second Ctrl-C right after the report
+    assert load_run(layout, outcome.report.run_id) == before

@@ -573,10 +573,11 @@ def test_the_wall_clock_row_counts_the_whole_campaign_apart_from_replay_time() -
     budget = BudgetUpdate(
         run_id="-", spent=Usage(wall_seconds=95.0), reserved=Usage(), ceilings=Usage()
     )
-    for event in stamped([started, budget]):
+    started, budget = stamped([started, budget])
+    for event in (started, budget):
         state.fold(event)
     console = Console(file=io.StringIO(), force_terminal=True, width=120)
-    console.print(render_view(state, 60.0))
+    console.print(render_view(state, started.t + 60.5))  # 60.5 s after the session began
     text = ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
     (wall,) = [line for line in text.splitlines() if "wall clock" in line]
     assert "70%" in wall and "7m00s" in wall and "10m00s" in wall  # 360 + 60 of 600 s

@@ -317,7 +317,7 @@ class _Measurement:
         if replay is None:
             return
         unit.replay = replay
-        if self.s.budget is not None:  # after the lane is free again: the lane never waits on it
+        if self.s.budget is not None and not (unit.restored and self.s.settings.rejudge):
             debit = Debit(
                 item=unit.unit_id,
                 actual=replay.usage,

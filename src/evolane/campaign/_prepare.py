@@ -218,6 +218,11 @@ def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, Campaig
         raise InputError(f"--resume {run_id}: no such run in {layout.root}") from None
     if record.status in ("finished", "budget_limited"):
         raise InputError(f"--resume {run_id}: the run already ended ({record.status})")
+    if record.status == "failed":
+        raise InputError(
+            f"--resume {run_id}: the run failed (its report says why); fix that, then run the "
+            f"campaign again with --resume-campaign {record.campaign_id}"
+        )
     if run_is_live(layout, run_id):
         raise InputError(f"--resume {run_id}: the run is going on in another process")
     return record, load_campaign(layout, record.campaign_id)

@@ -146,13 +146,19 @@ async def run_campaign(
                 report = await _run_in(own, context)
     except BaseException:
         with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
-            interrupted = _session_ended(prepared.run, "interrupted", started)
-            await trio.to_thread.run_sync(save_run, prepared.layout, interrupted)
+            await trio.to_thread.run_sync(_save_interrupted, prepared, started)
         raise
     finally:
         journal.close()
         bus.close()
     return RunOutcome(prepared.estimate, report, prepared.run_dir)
+
+
+def _save_interrupted(prepared: Prepared, started: float) -> None:
+    """Record a run cancelled at once as ``interrupted`` (resumable), unless its report was
+    already written: then run.json and campaign.json already agree on how it ended."""
+    if load_run(prepared.layout, prepared.run.run_id).status == "running":
+        save_run(prepared.layout, _session_ended(prepared.run, "interrupted", started))
 
 
 def _recovery_note(undone: RecoveredApply) -> str:

@@ -81,6 +81,7 @@ class ViewState:
     isolation: str = ""
     wall_budget: float | None = None  # the campaign's --wall-clock-budget
     wall_left: float | None = None  # what was left of it when this session began
+    wall_t: float = 0.0  # when (event time) that was measured
     estimate: EstimateEvent | None = None
     phase: str = ""
     iteration: int | None = None
@@ -138,6 +139,7 @@ class ViewState:
         self.replay_lanes, self.judge_lanes = event.replay_lanes, event.judge_lanes
         self.resumed, self.isolation = event.resumed, event.isolation
         self.wall_budget, self.wall_left = event.wall_clock_budget, event.wall_clock_left
+        self.wall_t = event.t
 
     def _phase(self, event: PhaseEvent) -> None:
         self.phase, self.cycle = event.phase, event.cycle
@@ -387,7 +389,7 @@ def _budget_table(budget: BudgetUpdate, state: ViewState, elapsed: float) -> Tab
     for column in ("dimension", "used (█ spent ▒ reserved)", "spent", "reserved", "ceiling"):
         table.add_column(column, no_wrap=True)
     if state.wall_budget and state.wall_left is not None:  # elapsed, for the whole campaign
-        used = state.wall_budget - state.wall_left + elapsed
+        used = state.wall_budget - state.wall_left + max(0.0, elapsed - state.wall_t)
         table.add_row(
             "wall clock",
             bar(used / state.wall_budget, 0.0),
