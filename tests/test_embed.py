@@ -14,7 +14,7 @@ import trio
 
 import evolane
 import evolane.aio
-from evolane.embed import BackendCall, Backends, OptimizeRequest
+from evolane.embed import Backend, BackendCall, Backends, OptimizeRequest
 from evolane.inputs import InputError
 from evolane.messages import RunFinished
 from evolane.sandbox import LEASE_VARIABLE, lease_holders
@@ -73,14 +73,20 @@ async def test_bad_input_raises_from_start_optimize(tmp_path: Path) -> None:
             await runtime.start_optimize(OptimizeRequest(config=config))
 
 
-async def test_cancelling_cancels_an_in_process_backend_at_once(tmp_path: Path) -> None:
-    paths = write_toy(tmp_path, PLAN)
+def _hanging_backend() -> tuple[trio.Event, Backend]:
+    """A replay backend that never returns, and the event it sets once it has begun."""
     entered = trio.Event()
 
     async def hanging(call: BackendCall) -> None:
         entered.set()
         await trio.sleep_forever()
 
+    return entered, hanging
+
+
+async def test_cancelling_cancels_an_in_process_backend_at_once(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    entered, hanging = _hanging_backend()
     config = toy_config(paths, replay="backend:hang")
     with trio.fail_after(30):
         async with evolane.open_runtime(store=paths["store"]) as runtime:
@@ -314,12 +320,7 @@ async def test_closing_the_runtime_under_a_run_makes_result_raise_run_cancelled(
     tmp_path: Path,
 ) -> None:
     paths = write_toy(tmp_path, PLAN)
-    entered = trio.Event()
-
-    async def hanging(call: BackendCall) -> None:
-        entered.set()
-        await trio.sleep_forever()
-
+    entered, hanging = _hanging_backend()
     config = toy_config(paths, replay="backend:hang")
     with trio.fail_after(30):
         async with evolane.open_runtime(store=paths["store"]) as runtime:
