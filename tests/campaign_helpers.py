@@ -142,6 +142,20 @@ def toy_config(paths: dict[str, Path], **overrides: Any) -> CampaignConfig:
     return CampaignConfig(**settings)
 
 
+PASSING_CHECK = "sh -c 'test -f {candidate}/REQUIRED'"
+"""A post-publish check the toy's candidates pass (they keep REQUIRED)."""
+FAILING_CHECK = "sh -c 'exit 4'"
+"""A post-publish check that always fails (the publish is rolled back)."""
+
+
+def publishing_config(
+    paths: dict[str, Path], check: str = PASSING_CHECK, **overrides: Any
+) -> CampaignConfig:
+    """One iteration, one slot, ``auto_verified`` with ``check`` after the publish."""
+    settings = {"iterations": 1, "population": 1, **overrides}
+    return toy_config(paths, apply="auto_verified", check=check, **settings)
+
+
 def toy_flags(
     paths: dict[str, Path], store: Path, log: Path | None = None, lanes: int = 3
 ) -> list[str]:

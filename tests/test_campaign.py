@@ -16,7 +16,13 @@ from evolane.inputs import InputError
 from evolane.messages import Usage
 from evolane.stats import GateConfig
 from evolane.store import read_journal
-from tests.campaign_helpers import toy_config, usage_replay, write_toy
+from tests.campaign_helpers import (
+    FAILING_CHECK,
+    publishing_config,
+    toy_config,
+    usage_replay,
+    write_toy,
+)
 
 
 async def _run(request: RunRequest, seconds: float = 60) -> RunOutcome:
@@ -182,13 +188,7 @@ async def test_campaign_cycles_resume_and_refusals(tmp_path: Path) -> None:
 
 async def test_auto_verified_publishes_the_best_tree(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {"default": "fix:8"})
-    config = toy_config(
-        paths,
-        iterations=1,
-        population=1,
-        apply="auto_verified",
-        check="sh -c 'test -f {candidate}/REQUIRED'",
-    )
+    config = publishing_config(paths)
     outcome = await _run(RunRequest(config))
     report = outcome.report
     assert report is not None and report.apply is not None
@@ -199,9 +199,7 @@ async def test_auto_verified_publishes_the_best_tree(tmp_path: Path) -> None:
 async def test_auto_verified_rolls_back_when_the_check_fails(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {"default": "fix:8"})
     before = _answers(paths["target"])
-    config = toy_config(
-        paths, iterations=1, population=1, apply="auto_verified", check="sh -c 'exit 4'"
-    )
+    config = publishing_config(paths, FAILING_CHECK)
     outcome = await _run(RunRequest(config))
     assert outcome.report is not None and outcome.report.apply is not None
     assert outcome.report.apply.status == "rolled_back"

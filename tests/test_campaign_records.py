@@ -26,9 +26,14 @@ from evolane.campaign._runs import (
 )
 from evolane.inputs import InputError
 from evolane.store import Journal, snapshot_tree
-from tests.campaign_helpers import toy_config, usage_replay, write_toy
-
-PASSING_CHECK = "sh -c 'test -f {candidate}/REQUIRED'"
+from tests.campaign_helpers import (
+    FAILING_CHECK,
+    PASSING_CHECK,
+    publishing_config,
+    toy_config,
+    usage_replay,
+    write_toy,
+)
 
 
 async def _run(request: RunRequest, seconds: float = 60) -> RunOutcome:
@@ -54,14 +59,7 @@ def _answers(target: Path) -> dict[str, str]:
 async def test_a_rolled_back_cycle_leaves_the_next_cycle_free_to_publish(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {"default": "fix:2"})
     before = _answers(paths["target"])
-    config = toy_config(
-        paths,
-        iterations=1,
-        population=1,
-        max_improvement_cycles=2,
-        apply="auto_verified",
-        check="sh -c 'exit 4'",
-    )
+    config = publishing_config(paths, FAILING_CHECK, max_improvement_cycles=2)
     first = (await _run(RunRequest(config))).report
     assert first is not None and first.apply is not None
     assert first.apply.status == "rolled_back" and _answers(paths["target"]) == before
@@ -149,9 +147,7 @@ async def test_a_resume_restores_a_stored_unit_only_from_the_planned_tree(
 async def test_a_rejudge_never_writes_to_the_target(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {"default": "fix:8"})
     before = _answers(paths["target"])
-    config = toy_config(
-        paths, iterations=1, population=1, apply="auto_verified", check="sh -c 'exit 4'"
-    )
+    config = publishing_config(paths, FAILING_CHECK)
     original = (await _run(RunRequest(config))).report
     assert original is not None and original.apply is not None
     assert original.apply.status == "rolled_back" and _answers(paths["target"]) == before

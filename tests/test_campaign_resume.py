@@ -20,7 +20,7 @@ from evolane.campaign._config import CampaignConfig
 from evolane.campaign._run import RunRequest, run_campaign
 from evolane.campaign._runs import StoreLayout, load_run
 from evolane.store import read_journal
-from tests.campaign_helpers import toy_config, toy_flags, write_toy
+from tests.campaign_helpers import publishing_config, toy_config, toy_flags, write_toy
 
 # iteration 0 accepts nothing (the stall count rises); 1 and 2 accept
 PLAN = {"0.0": "harm:1", "0.1": "noop", "1.0": "fix:2", "1.1": "harm:2", "2.0": "fix:1"}
@@ -165,13 +165,7 @@ def _answers(target: Path) -> dict[str, str]:
 
 async def _die_mid_apply(paths: dict[str, Path], step: str) -> tuple[CampaignConfig, str]:
     """Run a cycle with ``auto_verified`` in a child that dies once the apply reaches ``step``."""
-    config = toy_config(
-        paths,
-        iterations=1,
-        population=1,
-        apply="auto_verified",
-        check="sh -c 'test -f {candidate}/REQUIRED'",
-    )
+    config = publishing_config(paths)
     argv = [sys.executable, "-c", DIE_MID_APPLY, step, config.model_dump_json()]
     died = await trio.to_thread.run_sync(
         partial(subprocess.run, argv, capture_output=True, timeout=120)
