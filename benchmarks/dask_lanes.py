@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.pipeline_helpers import sleeper_bench
 
-from evolane.actors.lanes import LaneSettings, ReplayLane, StopBoard
-from evolane.actors.scheduler import MeasureRequest
 from evolane.distributed import DaskCluster, open_cluster
 from evolane.inputs import REPLAY_PLACEHOLDERS, CommandTemplate
+from evolane.lanes._replay import LaneSettings, ReplayLane, StopBoard
+from evolane.measure._scheduler import MeasureRequest
 from evolane.messages import ReplayJob
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.stats import GateConfig

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.pipeline_helpers import sleeper_bench
 
-from evolane.actors.pipeline import PipelineConfig, open_pipeline
-from evolane.actors.scheduler import MeasureRequest
 from evolane.inputs import load_dataset
+from evolane.measure._pipeline import PipelineConfig, open_pipeline
+from evolane.measure._scheduler import MeasureRequest
 from evolane.sandbox import open_sandbox
 from evolane.stats import GateConfig
 from evolane.store import BlobStore, snapshot_tree

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.pipeline_helpers import JUDGE, REPLAY, Bench, sleeper_bench
 
-from evolane.actors.scheduler import MeasureRequest
+from evolane.measure._scheduler import MeasureRequest
 from evolane.sandbox import SandboxSpec
 from evolane.stats import GateConfig
 from evolane.store import materialize_tree

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evolane.actors._journal import RunJournal
-from evolane.actors.pipeline import Pipeline, PipelineConfig, open_pipeline
 from evolane.examples.sleeper.commands import main as sleeper
 from evolane.inputs import Dataset, load_dataset
+from evolane.measure._journal import RunJournal
+from evolane.measure._pipeline import Pipeline, PipelineConfig, open_pipeline
 from evolane.messages import ArtifactRef
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.store import BlobStore, snapshot_tree

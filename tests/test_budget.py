@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from evolane.actors.budget import PROBE_RUNNING, Ledger
+from evolane.measure._budget import PROBE_RUNNING, Ledger
 from evolane.messages import Usage
 
 

@@ -14,8 +14,8 @@ import trio
 from rich.console import Console
 
 import evolane.cli._progress as progress
-from evolane.actors.progress import ProgressBus
 from evolane.cli._progress import ViewState, render_progress, render_view, resolve_mode
+from evolane.measure._progress import ProgressBus
 from evolane.messages import (
     EVENT_TYPES,
     BudgetUpdate,

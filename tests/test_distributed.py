@@ -19,11 +19,11 @@ import trio.testing
 
 pytest.importorskip("distributed")
 
-from evolane.actors.lanes import LaneSettings
 from evolane.distributed import ClusterError, DaskCluster, open_cluster, parse_cluster
 from evolane.distributed._driver import future_done
 from evolane.distributed._protocol import INLINE_BYTES, UnitReport
 from evolane.inputs import REPLAY_PLACEHOLDERS, CommandTemplate
+from evolane.lanes._replay import LaneSettings
 from evolane.messages import ReplayJob, ReplayResult
 from evolane.sandbox import SandboxHost, lease_holders, open_sandbox
 from evolane.sandbox._lifeline import lease_of

@@ -10,26 +10,25 @@ from pathlib import Path
 import pytest
 import trio
 
-from evolane.actors.lanes import StopBoard
-from evolane.actors.optimizer import (
-    PLACEHOLDERS,
-    OptimizerLane,
-    OptimizerSettings,
-    workdir_signature,
-)
-from evolane.campaign._entries import check_entries
 from evolane.campaign._prompt import build_prompt, edit_diff, encode_prompt
 from evolane.examples.selfevolve._defaults import FAULT_RATES
 from evolane.examples.selfevolve._optimizer import optimize
 from evolane.examples.selfevolve._workspace import commands, write_workspace
-from evolane.inputs import CommandTemplate
+from evolane.inputs import OPTIMIZER_PLACEHOLDERS, CommandTemplate
+from evolane.lanes._entries import check_entries
+from evolane.lanes._optimizer import (
+    OptimizerLane,
+    OptimizerSettings,
+    workdir_signature,
+)
+from evolane.lanes._replay import StopBoard
 from evolane.messages import ArtifactRef, ProposeJob, ProposeResult
 from evolane.sandbox import SandboxHost, SandboxSpec, lease_holders
 from evolane.store import BlobStore, FileEntry, diff_trees, load_manifest, snapshot_tree
 
 
 def lane(host: SandboxHost, store: BlobStore, command: str, **extra: object) -> OptimizerLane:
-    template = CommandTemplate.parse(command, role="optimizer", allowed=PLACEHOLDERS)
+    template = CommandTemplate.parse(command, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS)
     board = extra.pop("board", None)
     settings = OptimizerSettings(template=template, kill_grace=0.2, **extra)  # type: ignore[arg-type]
     return OptimizerLane(host, store, settings, board)  # type: ignore[arg-type]

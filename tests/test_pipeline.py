@@ -8,7 +8,7 @@ import orjson
 import pytest
 import trio
 
-from evolane.actors.scheduler import MeasureRequest
+from evolane.measure._scheduler import MeasureRequest
 from evolane.sandbox import lease_holders
 from evolane.stats import GateConfig
 from evolane.store import read_journal
@@ -181,8 +181,8 @@ async def test_a_token_ceiling_limits_the_measurement(tmp_path) -> None:  # type
 
 @pytest.mark.parametrize("answer", ["file", "symlink"])  # read from the store / a laid-out copy
 async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_path, answer) -> None:  # type: ignore[no-untyped-def]
-    from evolane.actors.pipeline import PipelineConfig, open_pipeline
     from evolane.inputs import load_dataset
+    from evolane.measure._pipeline import PipelineConfig, open_pipeline
     from evolane.sandbox import open_sandbox
     from evolane.store import BlobStore, snapshot_tree
     from evolane.supervisors import open_runtime
@@ -217,7 +217,7 @@ async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_pat
 
 
 def test_adaptive_repetitions_and_first_repetitions_first() -> None:
-    from evolane.actors.scheduler import _Measurement, repetitions
+    from evolane.measure._scheduler import _Measurement, repetitions
     from evolane.messages import ArtifactRef
 
     ref = ArtifactRef(digest="sha256:" + "0" * 64, size=0)
@@ -280,7 +280,7 @@ def _makespan(units: list, priority: dict, lanes: int, seed: int) -> float:  # t
 
 
 def test_baselines_start_about_a_wave_ahead_so_no_pair_ends_the_run_alone() -> None:
-    from evolane.actors.scheduler import _Measurement
+    from evolane.measure._scheduler import _Measurement
     from evolane.messages import ArtifactRef
 
     ref = ArtifactRef(digest="sha256:" + "0" * 64, size=0)
@@ -308,7 +308,7 @@ def test_baselines_start_about_a_wave_ahead_so_no_pair_ends_the_run_alone() -> N
 
 
 async def test_a_crashing_lane_fails_its_unit_not_the_measurement(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from evolane.actors import lanes
+    from evolane.lanes import _replay as lanes
 
     original = lanes.ReplayLane._collect
     calls = 0
@@ -350,7 +350,7 @@ async def test_a_crashing_lane_fails_its_unit_not_the_measurement(tmp_path) -> N
 def test_a_usage_file_of_any_shape_never_breaks_the_lane(
     tmp_path: Path, content: bytes, complete: bool
 ) -> None:
-    from evolane.actors.lanes import _usage
+    from evolane.lanes._replay import read_usage as _usage
     from evolane.sandbox import ProcessOutcome
 
     (tmp_path / "usage.json").write_bytes(content)

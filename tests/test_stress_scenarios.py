@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 import evolane.stress
 from evolane.actors import ActorRef
-from evolane.actors.budget import Ledger
-from evolane.actors.progress import ProgressBus
+from evolane.measure._budget import Ledger
+from evolane.measure._progress import ProgressBus
 from evolane.sandbox import SandboxHost
 from evolane.stress import (
     SCENARIOS,

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from evolane.campaign._run import Backends, RunOutcome
+from evolane.campaign import Backends, RunOutcome
 from evolane.embed import EmbeddedRuntime, OptimizeRequest, RunHandle
 from evolane.embed import open_runtime as open_trio_runtime
 

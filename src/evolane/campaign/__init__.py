@@ -12,10 +12,19 @@ from evolane.campaign._report import (
     Scores,
     render_markdown,
 )
-from evolane.campaign._runs import CampaignState, RunRecord, StoreLayout
+from evolane.campaign._run import Backends, RunOutcome, RunRequest, run_campaign
+from evolane.campaign._runs import (
+    CampaignState,
+    RunRecord,
+    StoreLayout,
+    load_campaign,
+    load_run,
+    read_resume_state,
+)
 
 __all__ = [
     "ApplyPolicyName",
+    "Backends",
     "CampaignConfig",
     "CampaignState",
     "DecisionRecord",
@@ -24,9 +33,15 @@ __all__ = [
     "FunnelRecord",
     "MeasurementRecord",
     "Report",
+    "RunOutcome",
     "RunRecord",
+    "RunRequest",
     "ScoreCI",
     "Scores",
     "StoreLayout",
+    "load_campaign",
+    "load_run",
+    "read_resume_state",
     "render_markdown",
+    "run_campaign",
 ]

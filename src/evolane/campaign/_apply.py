@@ -32,12 +32,14 @@ from evolane.inputs import CommandTemplate
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
 from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec
 from evolane.store import (
+    CHUNK_SIZE,
     BlobStore,
     CorruptBlobError,
     FileEntry,
     StoreError,
     TreeManifest,
     diff_trees,
+    fsync_dir,
     load_manifest,
     materialize_tree,
     read_json,
@@ -46,7 +48,6 @@ from evolane.store import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from evolane.store._blobs import CHUNK_SIZE, fsync_dir
 
 ApplyPolicy = Literal["proposal", "verified_only", "auto_verified"]
 """What happens to an accepted candidate (CLI ``--apply``)."""

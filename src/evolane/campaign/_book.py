@@ -7,7 +7,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from evolane.actors.scheduler import MeasureSummary
 from evolane.campaign._report import (
     DecisionRecord,
     FailureRecord,
@@ -19,6 +18,7 @@ from evolane.campaign._report import (
     ScoreCI,
     score_ci,
 )
+from evolane.measure import MeasureSummary
 from evolane.messages import FailureEvent, FunnelStage, LocalGateResult
 from evolane.stats import Decision
 

@@ -63,7 +63,7 @@ class CampaignConfig(Record):
     def _known_cluster(cls, value: str) -> str:
         """``local``, ``local:N`` or ``dask://HOST:PORT`` (whether Dask is installed is
         checked when a run starts, so a stored run stays readable without it)."""
-        from evolane.distributed._spec import parse_cluster
+        from evolane.distributed import parse_cluster
 
         parse_cluster(value)  # a ClusterError is a ValueError: pydantic reports it
         return value

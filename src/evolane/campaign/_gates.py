@@ -18,8 +18,7 @@ from pathlib import Path
 import trio
 
 from evolane.inputs import CommandTemplate
-from evolane.messages import ArtifactRef
-from evolane.messages._optimize import GateOutcome, LocalGate, LocalGateResult
+from evolane.messages import ArtifactRef, GateOutcome, LocalGate, LocalGateResult
 from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec, materialize_workspace
 from evolane.store import (
     BlobStore,

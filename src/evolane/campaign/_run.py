@@ -17,15 +17,8 @@ from pathlib import Path
 
 import trio
 
-from evolane.actors._backends import Backend
-from evolane.actors._journal import RunJournal
-from evolane.actors._kernel import ActorRef
-from evolane.actors.budget import LedgerSnapshot
-from evolane.actors.campaign import Campaign, CampaignResult, CampaignSetup, RunCampaign
-from evolane.actors.lanes import StopBoard
-from evolane.actors.optimizer import OptimizerLane, OptimizerSettings
-from evolane.actors.pipeline import PipelineConfig, open_pipeline
-from evolane.actors.progress import ProgressBus
+from evolane.actors import ActorRef
+from evolane.campaign._actor import Campaign, CampaignResult, CampaignSetup, RunCampaign
 from evolane.campaign._apply import JOURNAL_NAME, ApplyJournal, apply_candidate
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate
@@ -48,6 +41,8 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.inputs import OPTIMIZER_PLACEHOLDERS, CommandTemplate
+from evolane.lanes import Backend, OptimizerLane, OptimizerSettings, StopBoard
+from evolane.measure import LedgerSnapshot, PipelineConfig, ProgressBus, RunJournal, open_pipeline
 from evolane.messages import (
     ArtifactRef,
     EstimateEvent,

@@ -24,8 +24,7 @@ from rich.text import Text
 from evolane.cli._app import fail_usage
 
 if TYPE_CHECKING:
-    from evolane.campaign._report import Report, ScoreCI
-    from evolane.campaign._runs import RunRecord, StoreLayout
+    from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
 
 FORMATS = ("text", "json", "md")
 SCHEMAS = ("messages", "events", "report")
@@ -77,7 +76,7 @@ def _short(digest: str) -> str:
 
 def open_store(store: Path) -> StoreLayout:
     """The store's layout; a missing store is a usage error (exit 2)."""
-    from evolane.campaign._runs import StoreLayout
+    from evolane.campaign import StoreLayout
 
     if not store.is_dir():
         fail_usage(f"no evolane store at {store}")
@@ -101,7 +100,7 @@ def resolve_run(layout: StoreLayout, run_id: str) -> str:
 
 
 def _load_record(layout: StoreLayout, run_id: str) -> RunRecord:
-    from evolane.campaign._runs import load_run
+    from evolane.campaign import load_run
 
     try:
         return load_run(layout, run_id)
@@ -110,7 +109,7 @@ def _load_record(layout: StoreLayout, run_id: str) -> RunRecord:
 
 
 def _load_report(path: Path) -> Report:
-    from evolane.campaign._report import Report
+    from evolane.campaign import Report
     from evolane.store import read_json
 
     try:
@@ -152,7 +151,7 @@ def report(
         if report_md.is_file():
             sys.stdout.write(report_md.read_text(encoding="utf-8", errors="replace"))
         else:
-            from evolane.campaign._report import render_markdown
+            from evolane.campaign import render_markdown
 
             sys.stdout.write(render_markdown(_load_report(report_json)))
     else:
@@ -164,7 +163,7 @@ def report(
 
 def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> dict[str, Any]:
     """What run.json, the journal and the event stream say about a run that has no report."""
-    from evolane.campaign._runs import read_resume_state
+    from evolane.campaign import read_resume_state
     from evolane.store import StoreError
 
     run_dir = layout.run_dir(record.run_id)
@@ -366,7 +365,7 @@ def _report_digest(path: Path) -> dict[str, Any]:
 
 def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
     """One row per run in the store, oldest first (an unreadable run.json is listed as such)."""
-    from evolane.campaign._runs import load_run
+    from evolane.campaign import load_run
 
     rows: list[dict[str, Any]] = []
     for run_id in layout.run_ids():
@@ -397,7 +396,7 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
 
 def campaign_rows(layout: StoreLayout) -> list[dict[str, Any]]:
     """One row per campaign in the store, least recently updated first."""
-    from evolane.campaign._runs import load_campaign
+    from evolane.campaign import load_campaign
 
     rows: list[dict[str, Any]] = []
     for campaign_id in layout.campaign_ids():
@@ -434,7 +433,7 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json", help="Print the lists as JSON.")] = False,
 ) -> None:
     """List the runs and campaigns in the store, newest last."""
-    from evolane.campaign._runs import StoreLayout
+    from evolane.campaign import StoreLayout
 
     if store.exists() and not store.is_dir():
         fail_usage(f"--store {store} is not a directory")
@@ -512,7 +511,7 @@ def schema_document(which: str) -> dict[str, Any]:
 
         return {cls.model_fields["kind"].default: cls.model_json_schema() for cls in EVENT_TYPES}
     if which == "report":
-        from evolane.campaign._report import Report
+        from evolane.campaign import Report
 
         return Report.model_json_schema()
     raise KeyError(which)

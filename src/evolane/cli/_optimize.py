@@ -223,7 +223,7 @@ def example_settings(name: str, directory: Path) -> dict[str, Any]:
 
 def _write_example(name: str, directory: Path) -> None:
     if name == "self-evolution":
-        from evolane.examples.selfevolve._workspace import write_workspace
+        from evolane.examples.selfevolve import write_workspace
 
         write_workspace(directory)
         settings = json.loads((directory / "example.json").read_text())

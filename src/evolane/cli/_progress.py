@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from evolane.actors.progress import Subscription
+from evolane.measure import Subscription
 from evolane.messages import (
     BudgetUpdate,
     DecisionEvent,

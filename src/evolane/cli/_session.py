@@ -60,7 +60,7 @@ def _check_choices(flags: dict[str, Any]) -> None:
 
 def build_config(flags: dict[str, Any]) -> Any:
     """Merge example presets, explicit flags and defaults into a `CampaignConfig`."""
-    from evolane.campaign._config import CampaignConfig
+    from evolane.campaign import CampaignConfig
     from evolane.stats import GateConfig
 
     _check_choices(flags)
@@ -237,11 +237,11 @@ async def _main(request: Any, flags: dict[str, Any], started: float) -> int:
 
 
 async def _session(request: Any, flags: dict[str, Any], started: float, watch: _SignalWatch) -> int:
-    import evolane
+    from evolane import embed
     from evolane.cli._summary import print_summary
 
     store = str(Path(flags["store"]).absolute())
-    async with evolane.open_runtime(store=store) as runtime:
+    async with embed.open_runtime(store=store) as runtime:
         watch.handle = await runtime.start_optimize(request, started=started)
         if request.dry_run:
             return _print_estimate((await watch.handle.result()).estimate, flags)
@@ -256,13 +256,13 @@ async def _session(request: Any, flags: dict[str, Any], started: float, watch: _
 
 async def _follow(handle: Any, flags: dict[str, Any]) -> Any:
     """The run's outcome (None when cancelled), shown by the live view while it runs."""
-    import evolane
+    from evolane import embed
 
     async with trio.open_nursery() as nursery:
         _start_view(nursery, handle, flags.get("progress") or "auto")
         try:
             return await handle.result()
-        except evolane.RunCancelled:
+        except embed.RunCancelled:
             return None  # the view ends by itself: the run closed its feed
 
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import trio
 
-from evolane.actors.lanes import LaneSettings
 from evolane.distributed._protocol import (
     INLINE_TOTAL,
     PRIVATE_RESULT_BYTES,
@@ -39,10 +38,9 @@ from evolane.distributed._protocol import (
 )
 from evolane.distributed._spec import EXTRA_HINT, ClusterError, ClusterSpec, check_cluster
 from evolane.distributed._worker import run_unit, sees_store, stop_unit, warm_up
+from evolane.lanes import LaneSettings
 from evolane.messages import ArtifactRef, FailureEvent, ReplayJob, ReplayResult
-from evolane.sandbox import SandboxHost
-from evolane.sandbox._env import child_lease
-from evolane.sandbox._lifeline import LEASE_VARIABLE
+from evolane.sandbox import LEASE_VARIABLE, SandboxHost, child_lease
 from evolane.store import (
     BlobStore,
     CorruptBlobError,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import trio
 
-from evolane.actors.lanes import LaneSettings, ReplayLane, StopBoard
 from evolane.distributed._driver import DaskCluster
+from evolane.lanes import LaneSettings, ReplayLane, StopBoard
 from evolane.messages import ReplayJob, ReplayResult
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore

@@ -8,8 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from evolane.messages import ArtifactRef
-from evolane.store import BlobId, BlobStore, StoreError
-from evolane.store._blobs import DEFAULT_MEDIA_TYPE
+from evolane.store import DEFAULT_MEDIA_TYPE, BlobId, BlobStore, StoreError
 
 _NOWHERE = Path("/nonexistent/evolane-outbox")
 

@@ -24,15 +24,15 @@ from typing import Any
 
 import trio
 
-from evolane.actors.lanes import (
-    LaneSettings,
-    _run,
-    _Scratch,
-    collect_replay,
-    replay_environment,
-)
 from evolane.distributed._outbox import Outbox
 from evolane.distributed._protocol import REPORT_FILE, UnitReport, UnitRequest
+from evolane.lanes import (
+    LaneSettings,
+    UnitScratch,
+    collect_replay,
+    replay_environment,
+    run_lane_command,
+)
 from evolane.messages import FailureEvent, ReplayResult
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, CorruptBlobError
@@ -192,7 +192,7 @@ async def _run_unit(
         if state.stopped(request.key):
             return _cancelled(request)
         deadline = trio.current_time() + max(0.0, request.deadline_epoch - time.time())
-        scratch = _Scratch(slot.host, inputs, job.unit_id, request.attempt)
+        scratch = UnitScratch(slot.host, inputs, job.unit_id, request.attempt)
         leftover, slot.leftover = slot.leftover, None
         try:
             # Blocking I/O right here: this trio loop and its thread serve this unit alone.
@@ -209,7 +209,7 @@ async def _run_unit(
             async with trio.open_nursery() as nursery:
                 if worker is not None:
                     nursery.start_soon(_watch_task, worker, request.key, stop)
-                outcome = await _run(
+                outcome = await run_lane_command(
                     slot.host, lane, argv, scratch, f"replay-{job.arm}", env, deadline, stop
                 )
                 nursery.cancel_scope.cancel()

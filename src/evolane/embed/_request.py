@@ -7,8 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError, model_validator
 
-from evolane.campaign._config import CampaignConfig
-from evolane.campaign._run import RunRequest
+from evolane.campaign import CampaignConfig, RunRequest
 from evolane.inputs import InputError
 from evolane.messages import Name, Record, Text
 
@@ -58,7 +57,7 @@ class OptimizeRequest(Record):
 
     def _stored_config(self, root: Path) -> CampaignConfig:
         """The config in the stored ``run.json`` of the run to resume or re-evaluate."""
-        from evolane.campaign._runs import StoreLayout, load_run
+        from evolane.campaign import StoreLayout, load_run
 
         run_id = self.resume or self.from_run
         assert run_id is not None

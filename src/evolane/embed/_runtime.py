@@ -19,12 +19,11 @@ from typing import Any
 
 import trio
 
-from evolane.actors.progress import ProgressBus, Subscription
-from evolane.campaign._config import CampaignConfig
-from evolane.campaign._run import Backends, RunOutcome, run_campaign
+from evolane.campaign import Backends, CampaignConfig, RunOutcome, run_campaign
 from evolane.distributed import check_cluster
 from evolane.embed._request import OptimizeRequest
 from evolane.inputs import InputError
+from evolane.measure import ProgressBus, Subscription
 from evolane.messages import ProgressEvent
 from evolane.supervisors import Runtime
 from evolane.supervisors import open_runtime as open_actor_runtime

@@ -5,6 +5,7 @@ a launcher chain (never ``preexec_fn``), bounded output capture, a kill ladder t
 finds escapees, and a lifeline process that kills every tree if the runtime itself dies.
 """
 
+from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
 from evolane.sandbox._spec import (
@@ -31,6 +32,7 @@ __all__ = [
     "Status",
     "StreamCapture",
     "WorkspaceError",
+    "child_lease",
     "lease_holders",
     "lease_matches",
     "materialize_workspace",

@@ -7,12 +7,15 @@ file I/O: call it from trio through ``trio.to_thread.run_sync`` when it may bloc
 
 from evolane.store._atomic import dump_json, read_json, write_bytes_atomic, write_json_atomic
 from evolane.store._blobs import (
+    CHUNK_SIZE,
+    DEFAULT_MEDIA_TYPE,
     BlobId,
     BlobStore,
     CorruptBlobError,
     InvalidDigestError,
     MissingBlobError,
     StoreError,
+    fsync_dir,
 )
 from evolane.store._journal import (
     MAX_RECORD_BYTES,
@@ -42,6 +45,8 @@ from evolane.store._trees import (
 )
 
 __all__ = [
+    "CHUNK_SIZE",
+    "DEFAULT_MEDIA_TYPE",
     "MAX_RECORD_BYTES",
     "TREE_MEDIA_TYPE",
     "BlobId",
@@ -66,6 +71,7 @@ __all__ = [
     "UnsupportedEntryError",
     "diff_trees",
     "dump_json",
+    "fsync_dir",
     "load_manifest",
     "materialize_tree",
     "read_journal",

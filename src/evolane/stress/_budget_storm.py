@@ -13,7 +13,7 @@ import trio
 from pydantic import Field
 
 from evolane.actors import ActorError, ActorRef
-from evolane.actors.budget import BudgetActor, Ledger, LedgerSnapshot
+from evolane.measure import BudgetActor, Ledger, LedgerSnapshot
 from evolane.messages import Debit, LedgerQuery, Record, Release, Reserve, ReserveReply, Usage
 from evolane.stress._harness import RoundResult, cpu_seconds
 from evolane.supervisors import open_runtime

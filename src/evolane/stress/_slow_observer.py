@@ -17,11 +17,9 @@ from pathlib import Path
 import trio
 from pydantic import Field
 
-from evolane.actors.pipeline import PipelineConfig, open_pipeline
-from evolane.actors.progress import ProgressBus
-from evolane.actors.scheduler import MeasureRequest
 from evolane.examples.sleeper.commands import main as sleeper
 from evolane.inputs import Dataset, load_dataset
+from evolane.measure import MeasureRequest, PipelineConfig, ProgressBus, open_pipeline
 from evolane.messages import ArtifactRef, Record, WarningEvent
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.stats import GateConfig

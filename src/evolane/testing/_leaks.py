@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders
+from evolane.sandbox import LEASE_VARIABLE, lease_holders
 
 __all__ = ["LEASE_VARIABLE", "descendants", "kill_processes", "leaked_processes", "lease_holders"]
 

@@ -33,9 +33,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[Any]:
     """An embedded evolane runtime whose store lives in the test's tmp dir."""
-    import evolane
+    from evolane import embed
 
-    async with evolane.open_runtime(store=tmp_path / ".evolane") as embedded:
+    async with embed.open_runtime(store=tmp_path / ".evolane") as embedded:
         yield embedded
 
 

@@ -4,3 +4,7 @@ A small, honest, deterministic workload for `evolane optimize --example self-evo
 session traces from eight template families, a rule-engine agent that follows SKILL.md,
 an exact judge, and an optimizer whose edits help, hurt, change nothing, or break gates.
 """
+
+from evolane.examples.selfevolve._workspace import write_workspace
+
+__all__ = ["write_workspace"]

@@ -18,19 +18,17 @@ from typing import Any
 import orjson
 import trio
 
-from evolane.actors._backends import Backend
-from evolane.actors._journal import RunJournal
-from evolane.actors.budget import BudgetActor, Ledger, LedgerSnapshot
-from evolane.actors.judges import JudgeLane
-from evolane.actors.lanes import LaneSettings, ReplayLane, StopBoard
-from evolane.actors.scheduler import (
+from evolane.distributed import DaskCluster, DaskReplayLane, open_cluster
+from evolane.inputs import JUDGE_PLACEHOLDERS, REPLAY_PLACEHOLDERS, CommandTemplate, Dataset
+from evolane.lanes import Backend, JudgeLane, LaneSettings, ReplayLane, StopBoard
+from evolane.measure._budget import BudgetActor, Ledger, LedgerSnapshot
+from evolane.measure._journal import RunJournal
+from evolane.measure._scheduler import (
     MeasurementScheduler,
     MeasureRequest,
     MeasureSummary,
     SchedulerSettings,
 )
-from evolane.distributed import DaskCluster, DaskReplayLane, open_cluster
-from evolane.inputs import JUDGE_PLACEHOLDERS, REPLAY_PLACEHOLDERS, CommandTemplate, Dataset
 from evolane.messages import ArtifactRef, LedgerQuery, MeasureEvent, Usage
 from evolane.sandbox import Isolation, Limits, SandboxHost
 from evolane.store import BlobStore

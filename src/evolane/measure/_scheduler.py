@@ -23,9 +23,9 @@ from typing import Any
 import orjson
 import trio
 
-from evolane.actors._errors import ActorError
-from evolane.actors._kernel import Actor, ActorRef
-from evolane.actors._scheduling import (
+from evolane.actors import Actor, ActorError, ActorRef
+from evolane.lanes import StopBoard
+from evolane.measure._scheduling import (
     RESTORABLE,
     MeasureRequest,
     MeasureStatus,
@@ -37,7 +37,6 @@ from evolane.actors._scheduling import (
     start_order,
     unit_seed,
 )
-from evolane.actors.lanes import StopBoard
 from evolane.messages import (
     Debit,
     JudgeJob,

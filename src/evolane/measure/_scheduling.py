@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 import trio
 from pydantic import Field
 
-from evolane.actors._journal import RunJournal
+from evolane.measure._journal import RunJournal
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,

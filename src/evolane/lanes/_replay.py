@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 import trio
 
-from evolane.actors._backends import Backend, BackendCall, run_backend
-from evolane.actors._kernel import Actor
+from evolane.actors import Actor
 from evolane.inputs import CommandTemplate
+from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,
@@ -97,11 +97,11 @@ def _owner(arm: str) -> str:
     return "candidate" if arm == "candidate" else "task"
 
 
-def _excerpt(data: bytes) -> str:
+def excerpt(data: bytes) -> str:
     return data[:QUOTE_BYTES].decode("utf-8", "replace")
 
 
-class _Scratch:
+class UnitScratch:
     """A unit's directory under the sandbox root: case.json, candidate/, work/, out/."""
 
     def __init__(self, host: SandboxHost, store: BlobStore, unit_id: str, attempt: int) -> None:
@@ -149,11 +149,11 @@ class _Scratch:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-async def _run(
+async def run_lane_command(
     host: SandboxHost,
     settings: LaneSettings,
     argv: tuple[str, ...],
-    scratch: _Scratch,
+    scratch: UnitScratch,
     label: str,
     env: dict[str, str],
     deadline: float,
@@ -225,7 +225,7 @@ class ReplayLane(Actor):
     async def _attempt(
         self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
     ) -> ReplayResult:
-        scratch = _Scratch(self.host, self.store, job.unit_id, attempt)
+        scratch = UnitScratch(self.host, self.store, job.unit_id, attempt)
         lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
         keep, done = False, False
         try:
@@ -233,7 +233,7 @@ class ReplayLane(Actor):
             argv = self.settings.template.render(scratch.placeholders(job.seed))
             env = replay_environment(job)
             label = f"replay-{job.arm}"
-            outcome = await _run(
+            outcome = await run_lane_command(
                 self.host, self.settings, argv, scratch, label, env, deadline, stop, lay_out
             )
             result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
@@ -247,7 +247,9 @@ class ReplayLane(Actor):
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(scratch.remove)
 
-    def _collect(self, job: ReplayJob, scratch: _Scratch, outcome: ProcessOutcome) -> ReplayResult:
+    def _collect(
+        self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
+    ) -> ReplayResult:
         return collect_replay(self.store, job, scratch, outcome)
 
 
@@ -263,7 +265,7 @@ def replay_environment(job: ReplayJob) -> dict[str, str]:
 
 
 def collect_replay(
-    store: BlobStore, job: ReplayJob, scratch: _Scratch, outcome: ProcessOutcome
+    store: BlobStore, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
 ) -> ReplayResult:
     """Turn a finished replay into its result; outputs go to ``store`` (blocking I/O)."""
     base: dict[str, Any] = {
@@ -275,7 +277,7 @@ def collect_replay(
         "stderr_ref": outcome.stderr.ref,
     }
     failure = _classify(outcome, job.arm)
-    usage, complete = _usage(scratch.out, outcome)
+    usage, complete = read_usage(scratch.out, outcome)
     base.update(usage=usage, usage_complete=complete)
     if failure is not None:
         status = {"timed_out": "timed_out", "cancelled": "cancelled"}.get(outcome.status, "failed")
@@ -327,7 +329,7 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
     return FailureEvent(owner=_owner(arm), stage="replay", code=code, message=detail)  # type: ignore[arg-type]
 
 
-def _usage(out: Path, outcome: ProcessOutcome) -> tuple[Usage, bool]:
+def read_usage(out: Path, outcome: ProcessOutcome) -> tuple[Usage, bool]:
     """``usage.json`` if the command wrote a valid one (complete), else wall time only; any
     other content is the command's mistake, never a crash of the lane."""
     wall = outcome.wall_seconds

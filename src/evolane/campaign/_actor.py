@@ -19,20 +19,7 @@ from typing import Any
 import orjson
 import trio
 
-from evolane.actors._campaign_types import (
-    CampaignDone,
-    CampaignResult,
-    CampaignSetup,
-    RunCampaign,
-    Stopped,
-    failure_text,
-    not_stored,
-    slot_event,
-    slot_seed,
-)
-from evolane.actors._errors import ActorError
-from evolane.actors._kernel import Actor, ActorRef
-from evolane.actors.scheduler import MeasureRequest, MeasureSummary
+from evolane.actors import Actor, ActorError, ActorRef
 from evolane.campaign._book import (
     SlotBook,
     arm_score,
@@ -53,6 +40,18 @@ from evolane.campaign._prompt import (
 )
 from evolane.campaign._report import IterationRecord, LineageEntry, Purpose, Scores
 from evolane.campaign._runs import REJECTED_KEPT, RejectedEdit
+from evolane.campaign._types import (
+    CampaignDone,
+    CampaignResult,
+    CampaignSetup,
+    RunCampaign,
+    Stopped,
+    failure_text,
+    not_stored,
+    slot_event,
+    slot_seed,
+)
+from evolane.measure import MeasureRequest, MeasureSummary
 from evolane.messages import (
     ArtifactRef,
     BudgetUpdate,

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import trio
 
-from evolane.actors._kernel import Actor
-from evolane.actors.lanes import LaneSettings, StopBoard, _excerpt, _run, _Scratch
+from evolane.actors import Actor
 from evolane.inputs import VERIFICATION_PLACEHOLDERS, CommandTemplate, TemplateError
+from evolane.lanes._replay import LaneSettings, StopBoard, UnitScratch, excerpt, run_lane_command
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, FileEntry, load_manifest
@@ -52,9 +52,9 @@ def parse_judge_output(stdout: bytes) -> _Verdict:
         if isinstance(score, int | float) and not isinstance(score, bool) and 0.0 <= score <= 1.0:
             return _Verdict(float(score), detail=text)
         return _infra(
-            "judge_bad_score", f"the judge's score is not a number in [0, 1]: {_excerpt(text)!r}"
+            "judge_bad_score", f"the judge's score is not a number in [0, 1]: {excerpt(text)!r}"
         )
-    return _infra("judge_not_json", f"the judge printed no JSON: {_excerpt(stdout)!r}")
+    return _infra("judge_not_json", f"the judge printed no JSON: {excerpt(stdout)!r}")
 
 
 class JudgeLane(Actor):
@@ -105,7 +105,7 @@ class JudgeLane(Actor):
     async def _attempt(
         self, job: JudgeJob, attempt: int, deadline: float, stop: trio.Event
     ) -> tuple[str, _Verdict]:
-        scratch = _Scratch(self.host, self.store, job.unit_id + "-judge", attempt)
+        scratch = UnitScratch(self.host, self.store, job.unit_id + "-judge", attempt)
         template = self.settings.template
         wants_candidate = template is not None and "candidate" in template.placeholders
         tree_ref = job.tree_ref if wants_candidate else None
@@ -125,7 +125,7 @@ class JudgeLane(Actor):
             self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
 
     def _lay_out(
-        self, scratch: _Scratch, job: JudgeJob, tree_ref: ArtifactRef | None, no_command: bool
+        self, scratch: UnitScratch, job: JudgeJob, tree_ref: ArtifactRef | None, no_command: bool
     ) -> tuple[dict[str, Any], _Verdict | None]:
         """In a thread: the case, and the exact-match verdict (detail stored) when that is how
         it is judged, read straight from the store when ``output.json`` is a plain file; else
@@ -150,27 +150,29 @@ class JudgeLane(Actor):
     async def _command(
         self,
         template: CommandTemplate,
-        scratch: _Scratch,
+        scratch: UnitScratch,
         job: JudgeJob,
         deadline: float,
         stop: trio.Event,
     ) -> _Verdict:
         argv = template.render(scratch.placeholders(job.seed))
         env = {"EVOLANE_SEED": str(job.seed), "EVOLANE_CASE_ID": job.case_id}
-        outcome = await _run(self.host, self.settings, argv, scratch, "judge", env, deadline, stop)
+        outcome = await run_lane_command(
+            self.host, self.settings, argv, scratch, "judge", env, deadline, stop
+        )
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
             return _infra(f"judge_{outcome.status}", outcome.error or outcome.status)
         if outcome.exit_code != 0:
             return _infra(
                 f"judge_exit_{outcome.exit_code}",
-                f"the judge failed: {_excerpt(outcome.stderr.head)!r}",
+                f"the judge failed: {excerpt(outcome.stderr.head)!r}",
             )
         if outcome.stdout.truncated:
             return _infra("judge_output_too_long", "the judge printed more than can be kept")
         return parse_judge_output(outcome.stdout.head)
 
     async def _verification(
-        self, command: str, scratch: _Scratch, job: JudgeJob, deadline: float, stop: trio.Event
+        self, command: str, scratch: UnitScratch, job: JudgeJob, deadline: float, stop: trio.Event
     ) -> _Verdict:
         try:
             template = CommandTemplate.parse(
@@ -186,14 +188,16 @@ class JudgeLane(Actor):
         argv = template.render(
             {k: v for k, v in scratch.placeholders(job.seed).items() if k in template.placeholders}
         )
-        outcome = await _run(self.host, self.settings, argv, scratch, "verify", {}, deadline, stop)
+        outcome = await run_lane_command(
+            self.host, self.settings, argv, scratch, "verify", {}, deadline, stop
+        )
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
             return _infra(f"verification_{outcome.status}", outcome.error or outcome.status)
         passed = outcome.ok
         return _Verdict(
             1.0 if passed else 0.0,
             detail=orjson.dumps(
-                {"exit_code": outcome.exit_code, "stdout": _excerpt(outcome.stdout.head)}
+                {"exit_code": outcome.exit_code, "stdout": excerpt(outcome.stdout.head)}
             ),
         )
 

@@ -8,16 +8,14 @@ from typing import Literal
 
 import trio
 
-from evolane.actors._journal import RunJournal
-from evolane.actors._kernel import ActorRef
-from evolane.actors.lanes import StopBoard
-from evolane.actors.pipeline import Pipeline
-from evolane.actors.progress import ProgressBus
+from evolane.actors import ActorRef
 from evolane.campaign._book import Book, SlotBook
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._gates import GateSettings
 from evolane.campaign._report import MeasurementRecord, Scores
 from evolane.campaign._runs import RejectedEdit, ResumeState
+from evolane.lanes import StopBoard
+from evolane.measure import Pipeline, ProgressBus, RunJournal
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from evolane.actors._kernel import Actor, ActorRef
+from evolane.actors import Actor, ActorRef
 from evolane.messages import (
     DIMENSIONS,
     BudgetEvent,

@@ -22,10 +22,11 @@ from pathlib import Path
 import orjson
 import trio
 
-from evolane.actors._backends import Backend, BackendCall, run_backend
-from evolane.actors._kernel import Actor
-from evolane.actors.lanes import StopBoard, _usage
+from evolane.actors import Actor
 from evolane.inputs import CommandTemplate
+from evolane.lanes._backends import Backend, BackendCall, run_backend
+from evolane.lanes._entries import check_entries
+from evolane.lanes._replay import StopBoard, read_usage
 from evolane.messages import (
     FailureEvent,
     LocalGateResult,
@@ -44,7 +45,6 @@ from evolane.store import (
     snapshot_tree,
 )
 
-PLACEHOLDERS = ("workdir", "prompt_file", "seed", "workspace")
 """The placeholders an optimizer command template may use (DESIGN §8)."""
 
 _POLL_MAX_SECONDS = 1.0
@@ -279,10 +279,7 @@ class OptimizerLane(Actor):
     def _collect(
         self, job: ProposeJob, scratch: _Scratch, outcome: ProcessOutcome, idle: bool
     ) -> ProposeResult:
-        # Imported here: the campaign package builds on this lane, so a top-level import cycles.
-        from evolane.campaign._entries import check_entries
-
-        usage, _ = _usage(scratch.dir, outcome)
+        usage, _ = read_usage(scratch.dir, outcome)
         base = {
             "slot_id": job.slot_id,
             "stdout_ref": outcome.stdout.ref,
@@ -354,4 +351,4 @@ def _failure(outcome: ProcessOutcome, idle: bool, idle_seconds: float) -> tuple[
     return "failed", FailureEvent(owner="candidate", stage="optimizer", code=code, message=message)
 
 
-__all__ = ["PLACEHOLDERS", "OptimizerLane", "OptimizerSettings", "workdir_signature"]
+__all__ = ["OptimizerLane", "OptimizerSettings", "workdir_signature"]

@@ -1,0 +1,39 @@
+"""Lanes: actors that run one unit at a time (replay, judge, optimizer) through the sandbox,
+or through an in-process backend, and answer with a typed result."""
+
+from evolane.lanes._backends import Backend, BackendCall, run_backend
+from evolane.lanes._entries import check_entries
+from evolane.lanes._judge import JudgeLane, parse_judge_output
+from evolane.lanes._optimizer import OptimizerLane, OptimizerSettings, workdir_signature
+from evolane.lanes._replay import (
+    LaneSettings,
+    ReplayLane,
+    StopBoard,
+    UnitScratch,
+    collect_replay,
+    excerpt,
+    read_usage,
+    replay_environment,
+    run_lane_command,
+)
+
+__all__ = [
+    "Backend",
+    "BackendCall",
+    "JudgeLane",
+    "LaneSettings",
+    "OptimizerLane",
+    "OptimizerSettings",
+    "ReplayLane",
+    "StopBoard",
+    "UnitScratch",
+    "check_entries",
+    "collect_replay",
+    "excerpt",
+    "parse_judge_output",
+    "read_usage",
+    "replay_environment",
+    "run_backend",
+    "run_lane_command",
+    "workdir_signature",
+]

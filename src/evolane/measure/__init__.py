@@ -1,0 +1,53 @@
+"""Paired measurement: the scheduler that plans and dispatches replay and judge units, the
+budget ledger, the run journal writer, the progress bus and the pipeline that assembles them."""
+
+from evolane.measure._budget import (
+    PROBE_RUNNING,
+    BudgetActor,
+    Ledger,
+    LedgerSnapshot,
+    Overrun,
+)
+from evolane.measure._journal import RunJournal
+from evolane.measure._pipeline import (
+    Pipeline,
+    PipelineConfig,
+    case_references,
+    fingerprint,
+    open_pipeline,
+)
+from evolane.measure._progress import ProgressBus, Subscription
+from evolane.measure._scheduler import MeasurementScheduler
+from evolane.measure._scheduling import (
+    RESTORABLE,
+    MeasureRequest,
+    MeasureStatus,
+    MeasureSummary,
+    SchedulerSettings,
+    repetitions,
+    unit_seed,
+)
+
+__all__ = [
+    "PROBE_RUNNING",
+    "RESTORABLE",
+    "BudgetActor",
+    "Ledger",
+    "LedgerSnapshot",
+    "MeasureRequest",
+    "MeasureStatus",
+    "MeasureSummary",
+    "MeasurementScheduler",
+    "Overrun",
+    "Pipeline",
+    "PipelineConfig",
+    "ProgressBus",
+    "RunJournal",
+    "SchedulerSettings",
+    "Subscription",
+    "case_references",
+    "fingerprint",
+    "open_pipeline",
+    "repetitions",
+    "unit_seed",
+]
