@@ -11,6 +11,7 @@ from evolane.actors._errors import (
     NotAnswered,
 )
 from evolane.actors._kernel import (
+    DEFAULT_ASK_TIMEOUT,
     DEFAULT_MAILBOX_SIZE,
     Actor,
     ActorContext,
@@ -22,6 +23,7 @@ from evolane.actors._kernel import (
 )
 
 __all__ = [
+    "DEFAULT_ASK_TIMEOUT",
     "DEFAULT_MAILBOX_SIZE",
     "Actor",
     "ActorContext",

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from evolane.actors._deadletters import DeadLetterOffice
 
 DEFAULT_MAILBOX_SIZE = 64
+DEFAULT_ASK_TIMEOUT = 30.0
+"""How long an `ask` without its own timeout waits for an answer: long enough for any
+bookkeeping actor (budget, journal, progress) on a loaded 2-core host, short enough that a
+lost reply surfaces as an `AskTimeout` instead of a hang. A runtime may set its own."""
 
 _Envelope = tuple[Message, "_Reply | None"]
 
@@ -75,11 +79,13 @@ class Mailbox:
         accepts: tuple[type[Message], ...],
         dead_letters: DeadLetterOffice,
         size: int = DEFAULT_MAILBOX_SIZE,
+        ask_timeout: float = DEFAULT_ASK_TIMEOUT,
     ) -> None:
         if not 1 <= size < math.inf:
             raise ValueError(f"mailbox size must be a positive whole number, got {size}")
         self.name = name
         self.size = size
+        self.ask_timeout = ask_timeout
         self.accepts = accepts
         self.accepted: set[type] = set()
         self.dead_letters = dead_letters
@@ -190,8 +196,9 @@ class ActorRef:
             raise ActorStopped(f"actor {box.name!r} has stopped") from None
         box.note_enqueued()
 
-    async def ask(self, message: Message, timeout: float) -> Any:
-        """Send ``message`` and wait at most ``timeout`` seconds for the handler's return value.
+    async def ask(self, message: Message, timeout: float | None = None) -> Any:
+        """Send ``message`` and wait at most ``timeout`` seconds (default: the runtime's
+        ``ask_timeout``, see `DEFAULT_ASK_TIMEOUT`) for the handler's return value.
 
         Raises `AskTimeout`, `ActorStopped` (refused), `NotAnswered` (enqueued, then the actor
         stopped) or `ActorCrashed` (the handler raised).
@@ -199,6 +206,8 @@ class ActorRef:
         box = self._box
         if type(message) not in box.accepted:
             box.check_type(message)
+        if timeout is None:
+            timeout = box.ask_timeout
         reply = _Reply()
         envelope = (message, reply)
         with trio.move_on_after(timeout):
