@@ -154,7 +154,7 @@ def _cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def _size_problems(module: str, source: str) -> Iterable[str]:
-    lines = source.count("\n") + 1
+    lines = len(source.splitlines())
     if lines > MAX_MODULE_LINES:
         yield f"{module}: {lines} lines (at most {MAX_MODULE_LINES})"
     for node in ast.walk(ast.parse(source)):

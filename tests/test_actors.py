@@ -171,3 +171,44 @@ async def test_user_error_in_the_runtime_body_is_raised_as_itself() -> None:
         async with evolane.open_runtime() as rt:
             await rt.spawn(Recorder, [], name="x")
             raise LookupError("mine")
+
+
+class Interruptible(evolane.Actor):
+    """Its handler waits until a `Ping` signal arrives out of band: a signal must reach it
+    while it is busy, since the queued mailbox would deliver it only after the handler."""
+
+    accepts = (StressWork,)
+    signals = (Ping,)
+
+    def __init__(self) -> None:
+        self.interrupted = trio.Event()
+        self.seen: list[int] = []
+
+    def on_signal(self, message: Message) -> None:
+        assert isinstance(message, Ping)
+        self.seen.append(message.seq)
+        self.interrupted.set()
+
+    async def receive(self, message: Message) -> Any:
+        await self.interrupted.wait()
+        return self.seen
+
+
+async def test_a_signal_reaches_a_busy_actor_at_once_and_is_typed() -> None:
+    async with evolane.open_runtime() as rt:
+        ref = await rt.spawn(Interruptible, name="busy", restart="temporary")
+        async with trio.open_nursery() as nursery:
+            answers: list[Any] = []
+
+            async def ask() -> None:
+                answers.append(await ref.ask(StressWork(seq=1), timeout=5))
+
+            nursery.start_soon(ask)
+            await wait_all_tasks_blocked()
+            assert ref.stats().mailbox_depth == 0  # the handler runs: the queue is empty
+            with pytest.raises(MessageTypeError, match="takes Ping"):
+                ref.signal(StressWork(seq=2))
+            assert ref.signal(Ping(seq=9)) is True
+        assert answers == [[9]]
+        await rt.root.stop_child("busy")
+        assert ref.signal(Ping(seq=10)) is False  # nobody to stop: dropped, not raised

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
@@ -98,6 +99,9 @@ class Mailbox:
         self.restarts = 0
         self.handler_seconds = 0.0
         self.closed = False
+        self.signal_types: tuple[type[Message], ...] = ()
+        self.on_signal: Callable[[Message], None] | None = None  # the live incarnation's
+        self.signals_dropped = 0
 
     def check_type(self, message: object) -> None:
         """Admit ``message`` if its type is one the actor accepts; else raise, enqueue nothing."""
@@ -226,6 +230,26 @@ class ActorRef:
             raise reply.error
         return reply.value
 
+    def signal(self, message: Message) -> bool:
+        """Deliver a control message out of band, now: the live incarnation's `Actor.on_signal`
+        handles it even while a `receive` runs (a stop for the unit in flight cannot queue
+        behind that unit). Returns False when no incarnation is live (stopped, restarting):
+        the signal is dropped and counted, since its target work is gone with the incarnation.
+        Raises `MessageTypeError` for a type the actor does not list in ``signals``.
+        """
+        box = self._box
+        if not isinstance(message, box.signal_types) and box.on_signal is not None:
+            wanted = ", ".join(cls.__name__ for cls in box.signal_types) or "no signals"
+            raise MessageTypeError(
+                f"actor {box.name!r} takes {wanted}; got signal {type(message).__name__}"
+            )
+        handler = box.on_signal
+        if handler is None or box.closed:
+            box.signals_dropped += 1
+            return False
+        handler(message)
+        return True
+
     def stats(self) -> ActorStats:
         """A snapshot of this actor slot's counters."""
         return self._box.stats()
@@ -257,6 +281,8 @@ class Actor:
     """
 
     accepts: ClassVar[tuple[type[Message], ...]] = (Message,)
+    signals: ClassVar[tuple[type[Message], ...]] = ()
+    """Control messages handled out of band by `on_signal` (see `ActorRef.signal`)."""
     context: ActorContext
     _stop_requested: bool = False
 
@@ -269,6 +295,10 @@ class Actor:
 
     async def stopped(self) -> None:
         """Called once the actor leaves its loop normally (not after a crash)."""
+
+    def on_signal(self, message: Message) -> None:
+        """Handle one of ``signals`` at once, beside a running `receive`. It must not block
+        (it is not async): it sets this actor's own flags or events and returns."""
 
     def stop(self) -> None:
         """Leave the loop normally after the current message (a clean exit for `transient`)."""
@@ -298,6 +328,16 @@ async def serve(actor: Actor, box: Mailbox, control: ServeControl) -> None:
     A graceful stop never interrupts a handler and never drops a queued message: the loop
     leaves only from an empty wait or between two messages.
     """
+    box.signal_types, box.on_signal = type(actor).signals, actor.on_signal
+    try:
+        await _serve_loop(actor, box, control)
+    finally:
+        box.on_signal = None
+    await actor.stopped()
+
+
+async def _serve_loop(actor: Actor, box: Mailbox, control: ServeControl) -> None:
+    """The loop of `serve`: one message at a time, stopping only at a safe point."""
     channel = box.receive_channel
     handle = actor.receive
     clock = time.perf_counter
@@ -342,4 +382,3 @@ async def serve(actor: Actor, box: Mailbox, control: ServeControl) -> None:
         box.processed += 1
         if reply is not None:
             reply.succeed(result)
-    await actor.stopped()
