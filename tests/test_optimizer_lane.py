@@ -21,17 +21,16 @@ from evolane.lanes._optimizer import (
     OptimizerSettings,
     workdir_signature,
 )
-from evolane.lanes._replay import StopBoard
-from evolane.messages import ArtifactRef, ProposeJob, ProposeResult
+from evolane.messages import ArtifactRef, ProposeJob, ProposeResult, StopUnits
 from evolane.sandbox import SandboxHost, SandboxSpec, lease_holders
 from evolane.store import BlobStore, FileEntry, diff_trees, load_manifest, snapshot_tree
+from evolane.supervisors import open_runtime as open_actor_runtime
 
 
 def lane(host: SandboxHost, store: BlobStore, command: str, **extra: object) -> OptimizerLane:
     template = CommandTemplate.parse(command, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS)
-    board = extra.pop("board", None)
     settings = OptimizerSettings(template=template, kill_grace=0.2, **extra)  # type: ignore[arg-type]
-    return OptimizerLane(host, store, settings, board)  # type: ignore[arg-type]
+    return OptimizerLane(host, store, settings)
 
 
 def parent_tree(store: BlobStore, root: Path) -> ArtifactRef:
@@ -193,23 +192,31 @@ async def test_an_active_optimizer_is_not_idle_and_runs_to_its_deadline(
     assert result.status == "timed_out" and result.wall_seconds >= 5
 
 
-async def test_a_stop_on_the_board_cancels_the_slot(
-    host: SandboxHost, store: BlobStore, tmp_path: Path
+@pytest.mark.parametrize("early", [False, True], ids=["in-flight", "before-the-job"])
+async def test_a_stop_signal_cancels_the_slot(
+    host: SandboxHost, store: BlobStore, tmp_path: Path, early: bool
 ) -> None:
-    board = StopBoard()
-    optimizer = lane(host, store, "sleep 30", board=board)
+    """The stop travels as a signal through the lane's ref, also when it overtakes the job."""
     parent = parent_tree(store, tmp_path)
-    results: list[ProposeResult] = []
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
+        async with open_actor_runtime() as runtime:
+            settings = lane(host, store, "sleep 30").settings
+            ref = await runtime.spawn(
+                OptimizerLane, host, store, settings, name="optimizer", restart="temporary"
+            )
+            if early:
+                assert ref.signal(StopUnits(unit_ids=("s9",)))
+            results: list[ProposeResult] = []
+            async with trio.open_nursery() as nursery:
 
-            async def run() -> None:
-                results.append(await propose(optimizer, job(store, parent, slot="s9")))
+                async def run() -> None:
+                    results.append(await ref.ask(job(store, parent, slot="s9"), timeout=20))
 
-            nursery.start_soon(run)
-            await trio.sleep(0.5)
-            board.stop("s9")
-    assert results[0].status == "cancelled" and len(board) == 0
+                nursery.start_soon(run)
+                if not early:
+                    await trio.sleep(0.5)
+                    assert ref.signal(StopUnits(unit_ids=("s9",)))
+    assert results[0].status == "cancelled"
     assert scratch_left(host) == []
 
 

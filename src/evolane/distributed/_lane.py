@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 from evolane.distributed._driver import DaskCluster
-from evolane.lanes import LaneSettings, ReplayLane, StopBoard
+from evolane.lanes import LaneSettings, ReplayLane
 from evolane.messages import ReplayJob, ReplayResult
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore
@@ -13,7 +13,7 @@ from evolane.store import BlobStore
 
 class DaskReplayLane(ReplayLane):
     """A `ReplayLane` that runs each attempt as one Dask task: same `ReplayJob` in, same
-    `ReplayResult` out, same `StopBoard` (a stopped unit is killed on its worker), same
+    `ReplayResult` out, same stop signals (a stopped unit is killed on its worker), same
     retry policy for infrastructure failures (a lost worker is one)."""
 
     def __init__(
@@ -21,12 +21,11 @@ class DaskReplayLane(ReplayLane):
         host: SandboxHost,
         store: BlobStore,
         settings: LaneSettings,
-        board: StopBoard,
         cluster: DaskCluster,
     ) -> None:
         if settings.backend is not None:
             raise ValueError("an in-process replay backend runs on local lanes only")
-        super().__init__(host, store, settings, board)
+        super().__init__(host, store, settings)
         self.cluster = cluster
 
     async def stopped(self) -> None:

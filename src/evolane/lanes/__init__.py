@@ -8,7 +8,6 @@ from evolane.lanes._optimizer import OptimizerLane, OptimizerSettings, workdir_s
 from evolane.lanes._replay import (
     LaneSettings,
     ReplayLane,
-    StopBoard,
     UnitScratch,
     collect_replay,
     excerpt,
@@ -16,8 +15,10 @@ from evolane.lanes._replay import (
     replay_environment,
     run_lane_command,
 )
+from evolane.lanes._stop import EARLY_STOPS_KEPT, StoppableLane, StopSwitches
 
 __all__ = [
+    "EARLY_STOPS_KEPT",
     "Backend",
     "BackendCall",
     "JudgeLane",
@@ -25,7 +26,8 @@ __all__ = [
     "OptimizerLane",
     "OptimizerSettings",
     "ReplayLane",
-    "StopBoard",
+    "StopSwitches",
+    "StoppableLane",
     "UnitScratch",
     "check_entries",
     "collect_replay",

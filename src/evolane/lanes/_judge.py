@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import trio
 
-from evolane.actors import Actor
 from evolane.inputs import VERIFICATION_PLACEHOLDERS, CommandTemplate, TemplateError
-from evolane.lanes._replay import LaneSettings, StopBoard, UnitScratch, excerpt, run_lane_command
+from evolane.lanes._replay import LaneSettings, UnitScratch, excerpt, run_lane_command
+from evolane.lanes._stop import StoppableLane
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, FileEntry, load_manifest
@@ -57,21 +57,20 @@ def parse_judge_output(stdout: bytes) -> _Verdict:
     return _infra("judge_not_json", f"the judge printed no JSON: {excerpt(stdout)!r}")
 
 
-class JudgeLane(Actor):
+class JudgeLane(StoppableLane):
     """Runs `JudgeJob`s; retries infrastructure failures ``settings.retries`` times."""
 
     accepts = (JudgeJob,)
 
-    def __init__(
-        self, host: SandboxHost, store: BlobStore, settings: LaneSettings, board: StopBoard
-    ) -> None:
-        self.host, self.store, self.settings, self.board = host, store, settings, board
+    def __init__(self, host: SandboxHost, store: BlobStore, settings: LaneSettings) -> None:
+        super().__init__()
+        self.host, self.store, self.settings = host, store, settings
 
     async def receive(self, message: Message) -> JudgeResult:
         assert isinstance(message, JudgeJob)
         job, started = message, trio.current_time()
         deadline = started + job.timeout_seconds
-        stop = self.board.event(job.unit_id)
+        stop = self.stops.arm(job.unit_id)
         attempt = 0
         try:
             while True:
@@ -82,7 +81,7 @@ class JudgeLane(Actor):
                 if trio.current_time() >= deadline:
                     break
         finally:
-            self.board.done(job.unit_id)
+            self.stops.disarm(job.unit_id)
         detail_ref = verdict.detail_ref
         if verdict.detail and detail_ref is None:
             detail_ref = await trio.to_thread.run_sync(self.store.put_bytes, verdict.detail)

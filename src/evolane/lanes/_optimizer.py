@@ -22,11 +22,11 @@ from pathlib import Path
 import orjson
 import trio
 
-from evolane.actors import Actor
 from evolane.inputs import CommandTemplate
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
-from evolane.lanes._replay import StopBoard, read_usage
+from evolane.lanes._replay import read_usage
+from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
     FailureEvent,
     LocalGateResult,
@@ -170,15 +170,10 @@ class _IdleWatch:
                 return
 
 
-async def _relay(source: trio.Event, target: trio.Event) -> None:
-    await source.wait()
-    target.set()
-
-
-class OptimizerLane(Actor):
+class OptimizerLane(StoppableLane):
     """Runs `ProposeJob`s: one sandboxed optimizer run per job, answered by a `ProposeResult`.
 
-    With a `StopBoard`, setting ``board.event(slot_id)`` stops that job (status cancelled).
+    A `StopUnits` signal naming the job's slot id (or `StopAll`) stops it (status cancelled).
     """
 
     accepts = (ProposeJob,)
@@ -188,14 +183,15 @@ class OptimizerLane(Actor):
         host: SandboxHost,
         store: BlobStore,
         settings: OptimizerSettings,
-        board: StopBoard | None = None,
     ) -> None:
-        self.host, self.store, self.settings, self.board = host, store, settings, board
+        super().__init__()
+        self.host, self.store, self.settings = host, store, settings
 
     async def receive(self, message: Message) -> ProposeResult:
         assert isinstance(message, ProposeJob)
         job, started = message, trio.current_time()
         scratch = _Scratch(self.host, job.slot_id)
+        stop = self.stops.arm(job.slot_id)
         try:
             try:
                 await trio.to_thread.run_sync(scratch.prepare, self.store, job)
@@ -207,20 +203,19 @@ class OptimizerLane(Actor):
                     message=f"{type(error).__name__}: {error}"[:512],
                 )
                 return ProposeResult(slot_id=job.slot_id, status="failed", failure=failure)
-            outcome, idle = await self._run(job, scratch, started + job.timeout_seconds)
+            outcome, idle = await self._run(job, scratch, started + job.timeout_seconds, stop)
             result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome, idle)
             return result.model_copy(update={"wall_seconds": trio.current_time() - started})
         finally:
-            if self.board is not None:
-                self.board.done(job.slot_id)
+            self.stops.disarm(job.slot_id)
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(scratch.remove)
 
     async def _run(
-        self, job: ProposeJob, scratch: _Scratch, deadline: float
+        self, job: ProposeJob, scratch: _Scratch, deadline: float, stop: trio.Event
     ) -> tuple[ProcessOutcome, bool]:
-        """Run the command; returns the outcome and whether the idle watchdog stopped it."""
-        stop = trio.Event()
+        """Run the command until ``deadline`` or ``stop``; returns the outcome and whether the
+        idle watchdog stopped it."""
         if self.settings.backend is not None:
             return await self._run_backend(
                 self.settings.backend, job, scratch, deadline, stop
@@ -243,8 +238,6 @@ class OptimizerLane(Actor):
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run)
-            if self.board is not None:
-                nursery.start_soon(_relay, self.board.event(job.slot_id), stop)
             outcome = await self.host.run(
                 spec, deadline=deadline, stop=stop, activity=watch.activity
             )
@@ -269,12 +262,7 @@ class OptimizerLane(Actor):
             prompt=prompt,
             context_dir=scratch.context,
         )
-        async with trio.open_nursery() as nursery:
-            if self.board is not None:
-                nursery.start_soon(_relay, self.board.event(job.slot_id), stop)
-            outcome = await run_backend(backend, call, deadline, stop)
-            nursery.cancel_scope.cancel()
-        return outcome
+        return await run_backend(backend, call, deadline, stop)
 
     def _collect(
         self, job: ProposeJob, scratch: _Scratch, outcome: ProcessOutcome, idle: bool

@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 import trio
 
-from evolane.actors import Actor
 from evolane.inputs import CommandTemplate
 from evolane.lanes._backends import Backend, BackendCall, run_backend
+from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,
@@ -41,41 +41,6 @@ from evolane.sandbox import (
 from evolane.store import BlobStore, snapshot_tree
 
 QUOTE_BYTES = 200
-
-
-class StopBoard:
-    """Stop events for in-flight units, shared by a scheduler and its lanes (in-process)."""
-
-    def __init__(self) -> None:
-        self._events: dict[str, trio.Event] = {}
-        self.cancelled = trio.Event()
-        self.idle = trio.Event()
-        self.idle.set()
-
-    def cancel_all(self) -> None:
-        """Stop every in-flight unit and tell the scheduler to start no more."""
-        self.cancelled.set()
-        self.stop_all()
-
-    def event(self, unit_id: str) -> trio.Event:
-        return self._events.setdefault(unit_id, trio.Event())
-
-    def stop(self, unit_id: str) -> None:
-        self.event(unit_id).set()
-
-    def stop_all(self) -> None:
-        for event in self._events.values():
-            event.set()
-
-    def done(self, unit_id: str) -> None:
-        self._events.pop(unit_id, None)
-
-    def clear(self) -> None:
-        """Forget every unit (a measurement ended: none of its units is in flight)."""
-        self._events.clear()
-
-    def __len__(self) -> int:
-        return len(self._events)
 
 
 @dataclass(frozen=True)
@@ -188,23 +153,22 @@ async def run_lane_command(
     return await host.run(spec, deadline=deadline, stop=stop, setup=setup)
 
 
-class ReplayLane(Actor):
+class ReplayLane(StoppableLane):
     """Runs `ReplayJob`s: one sandboxed replay per job, retried on infrastructure failures
     while the unit's hard deadline allows."""
 
     accepts = (ReplayJob,)
 
-    def __init__(
-        self, host: SandboxHost, store: BlobStore, settings: LaneSettings, board: StopBoard
-    ) -> None:
+    def __init__(self, host: SandboxHost, store: BlobStore, settings: LaneSettings) -> None:
         assert settings.template is not None
-        self.host, self.store, self.settings, self.board = host, store, settings, board
+        super().__init__()
+        self.host, self.store, self.settings = host, store, settings
 
     async def receive(self, message: Message) -> ReplayResult:
         assert isinstance(message, ReplayJob)
         job, started = message, trio.current_time()
         deadline = started + job.timeout_seconds
-        stop = self.board.event(job.unit_id)
+        stop = self.stops.arm(job.unit_id)
         try:
             attempt, result = 0, None
             while True:
@@ -220,7 +184,7 @@ class ReplayLane(Actor):
             wall = trio.current_time() - started
             return result.model_copy(update={"attempts": attempt, "wall_seconds": wall})
         finally:
-            self.board.done(job.unit_id)
+            self.stops.disarm(job.unit_id)
 
     async def _attempt(
         self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event

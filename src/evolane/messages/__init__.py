@@ -56,12 +56,21 @@ from evolane.messages._optimize import (
     ProposeResult,
 )
 from evolane.messages._schema import message_schemas
-from evolane.messages._system import DeadLetter, Ping, Pong, StressWork
+from evolane.messages._system import (
+    MAX_STOPS_PER_SIGNAL,
+    DeadLetter,
+    Ping,
+    Pong,
+    StopAll,
+    StopUnits,
+    StressWork,
+)
 
 __all__ = [
     "DIMENSIONS",
     "EVENT_TYPES",
     "MAX_MESSAGE_BYTES",
+    "MAX_STOPS_PER_SIGNAL",
     "Arm",
     "ArtifactRef",
     "BudgetEvent",
@@ -103,6 +112,8 @@ __all__ = [
     "ShortText",
     "SlotEvent",
     "Stage",
+    "StopAll",
+    "StopUnits",
     "StressWork",
     "Text",
     "UnitStatus",

@@ -32,6 +32,24 @@ class StressWork(Message):
     crash: bool = False
 
 
+MAX_STOPS_PER_SIGNAL = 64
+"""Unit ids one `StopUnits` carries; a sender with more sends several (bounded by schema)."""
+
+
+class StopUnits(Message):
+    """A signal to a lane: stop these units if they are in flight (their kill ladder runs),
+    or as soon as they arrive (a stop may overtake its job)."""
+
+    kind: Literal["lane.stop"] = "lane.stop"
+    unit_ids: tuple[Name, ...] = Field(min_length=1, max_length=MAX_STOPS_PER_SIGNAL)
+
+
+class StopAll(Message):
+    """A signal to a lane: stop whatever it runs now (a run or a measurement is ending)."""
+
+    kind: Literal["lane.stop_all"] = "lane.stop_all"
+
+
 class DeadLetter(Record):
     """A message that reached no handler, and why (the runtime's record, not a message)."""
 
