@@ -8,12 +8,18 @@ from evolane.lanes._optimizer import OptimizerLane, OptimizerSettings, workdir_s
 from evolane.lanes._replay import (
     LaneSettings,
     ReplayLane,
-    UnitScratch,
     collect_replay,
     excerpt,
     read_usage,
     replay_environment,
     run_lane_command,
+)
+from evolane.lanes._scratch import (
+    ScratchKind,
+    SlotScratch,
+    UnitScratch,
+    safe_name,
+    scratch_dir,
 )
 from evolane.lanes._stop import EARLY_STOPS_KEPT, StoppableLane, StopSwitches
 
@@ -26,6 +32,8 @@ __all__ = [
     "OptimizerLane",
     "OptimizerSettings",
     "ReplayLane",
+    "ScratchKind",
+    "SlotScratch",
     "StopSwitches",
     "StoppableLane",
     "UnitScratch",
@@ -37,5 +45,7 @@ __all__ = [
     "replay_environment",
     "run_backend",
     "run_lane_command",
+    "safe_name",
+    "scratch_dir",
     "workdir_signature",
 ]

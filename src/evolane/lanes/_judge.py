@@ -12,7 +12,8 @@ import orjson
 import trio
 
 from evolane.inputs import VERIFICATION_PLACEHOLDERS, CommandTemplate, TemplateError
-from evolane.lanes._replay import LaneSettings, UnitScratch, excerpt, run_lane_command
+from evolane.lanes._replay import LaneSettings, excerpt, run_lane_command
+from evolane.lanes._scratch import UnitScratch
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message
 from evolane.sandbox import SandboxHost

@@ -10,11 +10,8 @@ answers with a `ProposeResult` and never raises for it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import re
-import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +23,7 @@ from evolane.inputs import CommandTemplate
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
 from evolane.lanes._replay import read_usage
+from evolane.lanes._scratch import SlotScratch
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
     FailureEvent,
@@ -34,18 +32,15 @@ from evolane.messages import (
     ProposeJob,
     ProposeResult,
 )
-from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec, materialize_workspace
+from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec
 from evolane.store import (
     BlobStore,
     StoreError,
     SymlinkEntry,
     UnsupportedEntryError,
     load_manifest,
-    materialize_tree,
     snapshot_tree,
 )
-
-"""The placeholders an optimizer command template may use (DESIGN §8)."""
 
 _POLL_MAX_SECONDS = 1.0
 _SHORT = 256
@@ -60,59 +55,6 @@ class OptimizerSettings:
     kill_grace: float = 2.0
     pass_env: tuple[str, ...] = ()
     backend: Backend | None = None  # an in-process callable instead of the command
-
-
-def _scratch_name(slot_id: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", slot_id)[:64]
-    if safe == slot_id and safe not in (".", ".."):
-        return safe
-    return f"{safe}-{hashlib.sha256(slot_id.encode()).hexdigest()[:10]}"
-
-
-class _Scratch:
-    """One job's directory: workdir/, prompt.json, context/ (read-only), usage.json."""
-
-    def __init__(self, host: SandboxHost, slot_id: str) -> None:
-        self.dir = host.lease_dir / "optimizer" / _scratch_name(slot_id)
-        self.workdir, self.context = self.dir / "workdir", self.dir / "context"
-        self.prompt_file = self.dir / "prompt.json"
-
-    def prepare(self, store: BlobStore, job: ProposeJob) -> None:
-        """Lay the job out (blocking I/O: run it in a thread)."""
-        self.remove()
-        self.dir.mkdir(parents=True)
-        # Copies, never hard links: the optimizer edits the workdir in place.
-        materialize_workspace(store, job.parent_ref, (), self.workdir)
-        self.prompt_file.write_bytes(store.read_bytes(job.prompt_ref))
-        if job.context_ref is not None:
-            materialize_tree(store, job.context_ref, self.context, link=False)
-        else:
-            self.context.mkdir()
-        _set_writable(self.context, False)
-
-    def placeholders(self, seed: int) -> dict[str, str]:
-        return {
-            "workdir": str(self.workdir),
-            "prompt_file": str(self.prompt_file),
-            "seed": str(seed),
-            "workspace": str(self.context),
-        }
-
-    def remove(self) -> None:
-        if self.context.is_dir() and not self.context.is_symlink():
-            _set_writable(self.context, True)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _set_writable(root: Path, writable: bool) -> None:
-    """Give or take write permission on every folder and file under ``root`` (no symlinks)."""
-    for path in [root, *root.rglob("*")]:
-        with contextlib.suppress(OSError):
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                continue
-            bits = stat.S_IMODE(mode)
-            path.chmod((bits | stat.S_IWUSR) if writable else (bits & ~0o222))
 
 
 def workdir_signature(root: Path) -> bytes:
@@ -190,7 +132,7 @@ class OptimizerLane(StoppableLane):
     async def receive(self, message: Message) -> ProposeResult:
         assert isinstance(message, ProposeJob)
         job, started = message, trio.current_time()
-        scratch = _Scratch(self.host, job.slot_id)
+        scratch = SlotScratch(self.host, job.slot_id)
         stop = self.stops.arm(job.slot_id)
         try:
             try:
@@ -212,7 +154,7 @@ class OptimizerLane(StoppableLane):
                 await trio.to_thread.run_sync(scratch.remove)
 
     async def _run(
-        self, job: ProposeJob, scratch: _Scratch, deadline: float, stop: trio.Event
+        self, job: ProposeJob, scratch: SlotScratch, deadline: float, stop: trio.Event
     ) -> tuple[ProcessOutcome, bool]:
         """Run the command until ``deadline`` or ``stop``; returns the outcome and whether the
         idle watchdog stopped it."""
@@ -248,7 +190,7 @@ class OptimizerLane(StoppableLane):
         self,
         backend: Backend,
         job: ProposeJob,
-        scratch: _Scratch,
+        scratch: SlotScratch,
         deadline: float,
         stop: trio.Event,
     ) -> ProcessOutcome:
@@ -265,7 +207,7 @@ class OptimizerLane(StoppableLane):
         return await run_backend(backend, call, deadline, stop)
 
     def _collect(
-        self, job: ProposeJob, scratch: _Scratch, outcome: ProcessOutcome, idle: bool
+        self, job: ProposeJob, scratch: SlotScratch, outcome: ProcessOutcome, idle: bool
     ) -> ProposeResult:
         usage, _ = read_usage(scratch.dir, outcome)
         base = {

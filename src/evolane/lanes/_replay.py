@@ -9,7 +9,6 @@ infrastructure outcome, never a score.
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,6 +20,7 @@ import trio
 
 from evolane.inputs import CommandTemplate
 from evolane.lanes._backends import Backend, BackendCall, run_backend
+from evolane.lanes._scratch import UnitScratch
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
     ArtifactRef,
@@ -36,7 +36,6 @@ from evolane.sandbox import (
     ProcessOutcome,
     SandboxHost,
     SandboxSpec,
-    materialize_workspace,
 )
 from evolane.store import BlobStore, snapshot_tree
 
@@ -64,54 +63,6 @@ def _owner(arm: str) -> str:
 
 def excerpt(data: bytes) -> str:
     return data[:QUOTE_BYTES].decode("utf-8", "replace")
-
-
-class UnitScratch:
-    """A unit's directory under the sandbox root: case.json, candidate/, work/, out/."""
-
-    def __init__(self, host: SandboxHost, store: BlobStore, unit_id: str, attempt: int) -> None:
-        self.store = store
-        # Inside the host's lease directory: whatever a crash leaves goes with the lease.
-        self.dir = host.lease_dir / "units" / f"{unit_id}.{attempt}"
-        self.case_file, self.candidate = self.dir / "case.json", self.dir / "candidate"
-        self.work, self.out = self.dir / "work", self.dir / "out"
-
-    def prepare(
-        self,
-        case_ref: ArtifactRef,
-        tree_ref: ArtifactRef | None,
-        seed_ref: ArtifactRef | None,
-        output_ref: ArtifactRef | None = None,
-        leftover: Path | None = None,
-    ) -> dict[str, Any]:
-        """Lay the unit out and return the case row (blocking I/O: run it in a thread).
-
-        ``leftover``, a worker's previous scratch directory, is removed first."""
-        if leftover is not None:
-            shutil.rmtree(leftover, ignore_errors=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True)
-        case_bytes = self.store.read_bytes(case_ref)
-        self.case_file.write_bytes(case_bytes)
-        for ref, path in (
-            (tree_ref, self.candidate),
-            (seed_ref, self.work),
-            (output_ref, self.out),
-        ):
-            materialize_workspace(self.store, ref, (), path)
-        return orjson.loads(case_bytes)
-
-    def placeholders(self, seed: int) -> dict[str, str]:
-        return {
-            "candidate": str(self.candidate),
-            "workspace": str(self.work),
-            "case_file": str(self.case_file),
-            "output_dir": str(self.out),
-            "seed": str(seed),
-        }
-
-    def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 async def run_lane_command(

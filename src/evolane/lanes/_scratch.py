@@ -1,0 +1,132 @@
+"""The one scratch layout: every directory a lane, a gate or a publish lays out for a
+command lives at ``<sandbox lease>/<kind>/<safe name>``, so whatever a crash leaves goes
+with the lease (swept at the next start) and no two layouts can collide."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import shutil
+import stat
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from evolane.messages import ArtifactRef, ProposeJob
+from evolane.sandbox import SandboxHost, materialize_workspace
+from evolane.store import BlobStore, materialize_tree
+
+ScratchKind = Literal["units", "optimizer", "gates", "apply"]
+"""What a scratch directory is for: a replay or judge unit, an optimizer slot, a local gate
+command, a publish check."""
+
+_NAME_CHARS = 64
+
+
+def safe_name(name: str) -> str:
+    """``name`` as one safe path component; names that had to change get a digest suffix,
+    so two different names never share a directory."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:_NAME_CHARS]
+    if safe == name and safe not in ("", ".", ".."):
+        return safe
+    return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+
+
+def scratch_dir(host: SandboxHost, kind: ScratchKind, name: str) -> Path:
+    """The scratch directory of ``name`` for ``kind`` under ``host``'s lease (not created)."""
+    return host.lease_dir / kind / safe_name(name)
+
+
+class UnitScratch:
+    """A unit's directory under the sandbox root: case.json, candidate/, work/, out/."""
+
+    def __init__(self, host: SandboxHost, store: BlobStore, unit_id: str, attempt: int) -> None:
+        self.store = store
+        self.dir = scratch_dir(host, "units", f"{unit_id}.{attempt}")
+        self.case_file, self.candidate = self.dir / "case.json", self.dir / "candidate"
+        self.work, self.out = self.dir / "work", self.dir / "out"
+
+    def prepare(
+        self,
+        case_ref: ArtifactRef,
+        tree_ref: ArtifactRef | None,
+        seed_ref: ArtifactRef | None,
+        output_ref: ArtifactRef | None = None,
+        leftover: Path | None = None,
+    ) -> dict[str, Any]:
+        """Lay the unit out and return the case row (blocking I/O: run it in a thread).
+
+        ``leftover``, a worker's previous scratch directory, is removed first."""
+        if leftover is not None:
+            shutil.rmtree(leftover, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        case_bytes = self.store.read_bytes(case_ref)
+        self.case_file.write_bytes(case_bytes)
+        for ref, path in (
+            (tree_ref, self.candidate),
+            (seed_ref, self.work),
+            (output_ref, self.out),
+        ):
+            materialize_workspace(self.store, ref, (), path)
+        return orjson.loads(case_bytes)
+
+    def placeholders(self, seed: int) -> dict[str, str]:
+        return {
+            "candidate": str(self.candidate),
+            "workspace": str(self.work),
+            "case_file": str(self.case_file),
+            "output_dir": str(self.out),
+            "seed": str(seed),
+        }
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SlotScratch:
+    """One job's directory: workdir/, prompt.json, context/ (read-only), usage.json."""
+
+    def __init__(self, host: SandboxHost, slot_id: str) -> None:
+        self.dir = scratch_dir(host, "optimizer", slot_id)
+        self.workdir, self.context = self.dir / "workdir", self.dir / "context"
+        self.prompt_file = self.dir / "prompt.json"
+
+    def prepare(self, store: BlobStore, job: ProposeJob) -> None:
+        """Lay the job out (blocking I/O: run it in a thread)."""
+        self.remove()
+        self.dir.mkdir(parents=True)
+        # Copies, never hard links: the optimizer edits the workdir in place.
+        materialize_workspace(store, job.parent_ref, (), self.workdir)
+        self.prompt_file.write_bytes(store.read_bytes(job.prompt_ref))
+        if job.context_ref is not None:
+            materialize_tree(store, job.context_ref, self.context, link=False)
+        else:
+            self.context.mkdir()
+        _set_writable(self.context, False)
+
+    def placeholders(self, seed: int) -> dict[str, str]:
+        return {
+            "workdir": str(self.workdir),
+            "prompt_file": str(self.prompt_file),
+            "seed": str(seed),
+            "workspace": str(self.context),
+        }
+
+    def remove(self) -> None:
+        if self.context.is_dir() and not self.context.is_symlink():
+            _set_writable(self.context, True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _set_writable(root: Path, writable: bool) -> None:
+    """Give or take write permission on every folder and file under ``root`` (no symlinks)."""
+    for path in [root, *root.rglob("*")]:
+        with contextlib.suppress(OSError):
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                continue
+            bits = stat.S_IMODE(mode)
+            path.chmod((bits | stat.S_IWUSR) if writable else (bits & ~0o222))
