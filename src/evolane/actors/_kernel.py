@@ -152,6 +152,18 @@ class Mailbox:
         )
 
 
+async def _enqueue(box: Mailbox, envelope: _Envelope) -> None:
+    """Queue ``envelope``: at once when there is room, else wait for room (backpressure)."""
+    try:
+        try:
+            box.send_channel.send_nowait(envelope)
+        except trio.WouldBlock:
+            await box.send_channel.send(envelope)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        raise ActorStopped(f"actor {box.name!r} has stopped") from None
+    box.note_enqueued()
+
+
 class ActorRef:
     """The only handle on an actor: send it messages, ask it questions, read its stats."""
 
@@ -177,15 +189,7 @@ class ActorRef:
         box = self._box
         if type(message) not in box.accepted:
             box.check_type(message)
-        envelope = (message, None)
-        try:
-            try:
-                box.send_channel.send_nowait(envelope)
-            except trio.WouldBlock:
-                await box.send_channel.send(envelope)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise ActorStopped(f"actor {box.name!r} has stopped") from None
-        box.note_enqueued()
+        await _enqueue(box, (message, None))
 
     def tell_nowait(self, message: Message) -> None:
         """Enqueue ``message`` now or raise `MailboxFull`; never waits."""
@@ -215,14 +219,7 @@ class ActorRef:
         reply = _Reply()
         envelope = (message, reply)
         with trio.move_on_after(timeout):
-            try:
-                try:
-                    box.send_channel.send_nowait(envelope)
-                except trio.WouldBlock:
-                    await box.send_channel.send(envelope)
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                raise ActorStopped(f"actor {box.name!r} has stopped") from None
-            box.note_enqueued()
+            await _enqueue(box, envelope)
             await reply.event.wait()
         if not reply.event.is_set():
             raise AskTimeout(f"actor {box.name!r} did not answer {message.kind} within {timeout}s")
