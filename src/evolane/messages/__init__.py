@@ -63,6 +63,8 @@ from evolane.messages._system import (
     Pong,
     StopAll,
     StopUnits,
+    StressAction,
+    StressAsk,
     StressWork,
 )
 
@@ -114,6 +116,8 @@ __all__ = [
     "Stage",
     "StopAll",
     "StopUnits",
+    "StressAction",
+    "StressAsk",
     "StressWork",
     "Text",
     "UnitStatus",

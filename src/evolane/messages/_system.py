@@ -50,6 +50,18 @@ class StopAll(Message):
     kind: Literal["lane.stop_all"] = "lane.stop_all"
 
 
+StressAction = Literal["reply", "slow", "crash", "stop"]
+
+
+class StressAsk(Message):
+    """One question of the ask storm: what the responder does with it, and how long it takes."""
+
+    kind: Literal["stress.ask"] = "stress.ask"
+    seq: int = Field(ge=0, le=2**63 - 1)
+    action: StressAction = "reply"
+    delay: float = Field(default=0.0, ge=0.0, le=60.0)
+
+
 class DeadLetter(Record):
     """A message that reached no handler, and why (the runtime's record, not a message)."""
 

@@ -7,7 +7,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import trio
@@ -21,22 +21,12 @@ from evolane.actors import (
     AskTimeout,
     NotAnswered,
 )
-from evolane.messages import Message, Record
+from evolane.messages import Message, Record, StressAction, StressAsk
 from evolane.stress._harness import RoundResult, count_tasks, cpu_seconds, settle_tasks
 from evolane.supervisors import ActorSpec, Runtime, SupervisorSpec, open_runtime
 
-Action = Literal["reply", "slow", "crash", "stop"]
 HANG_SLACK = 2.0
 """An ask that has not returned this long after its own timeout counts as hung."""
-
-
-class StressAsk(Message):
-    """One question of the ask storm: what the responder does with it, and how long it takes."""
-
-    kind: Literal["stress.ask"] = "stress.ask"
-    seq: int = Field(ge=0, le=2**63 - 1)
-    action: Action = "reply"
-    delay: float = Field(default=0.0, ge=0.0, le=60.0)
 
 
 class AskConfig(Record):
@@ -60,7 +50,7 @@ class PlannedAsk:
     """One ask of the seeded plan."""
 
     target: int
-    action: Action
+    action: StressAction
     delay: float
     timeout: float
 
@@ -74,7 +64,7 @@ def ask_plan(config: AskConfig) -> list[PlannedAsk]:
         target = rng.randrange(config.responders)
         timeout = rng.uniform(low, high)
         roll = rng.random()
-        action: Action = "reply"
+        action: StressAction = "reply"
         delay = rng.uniform(0.0, 0.002) if rng.random() < 0.5 else 0.0
         if roll < config.stop_rate:
             action = "stop"
