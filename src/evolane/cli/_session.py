@@ -15,7 +15,8 @@ from typing import Any
 import trio
 from pydantic import ValidationError
 
-from evolane.cli._optimize import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
+from evolane.cli._examples import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
+from evolane.supervisors import leaf_exceptions
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 _CHOICES = {
@@ -143,18 +144,12 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
 def _leaf(error: BaseException) -> BaseException:
     """The error that decides the exit code: a Ctrl-C, else bad input, else the one error
     inside (nested) exception groups, else the group itself."""
-    leaves = _leaves(error)
+    leaves = leaf_exceptions(error)
     for kind in (KeyboardInterrupt, UsageError, _input_error()):
         chosen = next((leaf for leaf in leaves if isinstance(leaf, kind)), None)
         if chosen is not None:
             return chosen
     return leaves[0] if len(leaves) == 1 else error
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 def _input_error() -> type[Exception]:
