@@ -16,9 +16,9 @@ import trio
 from pydantic import ValidationError
 
 from evolane.cli._examples import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
+from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_line
 from evolane.supervisors import leaf_exceptions
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
     "gate": ("paired", "bootstrap", "strict", "threshold"),
@@ -45,11 +45,6 @@ LAUNCHED: float | None = None
 
 class UsageError(ValueError):
     """A bad flag or input: one line, exit code 2."""
-
-
-def error_line(message: str) -> None:
-    """Print the one-line error the CLI contract asks for."""
-    print(f"evolane: error: {message}", file=sys.stderr)
 
 
 def _check_choices(flags: dict[str, Any]) -> None:
