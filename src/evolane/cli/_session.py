@@ -257,7 +257,7 @@ async def _follow(handle: Any, flags: dict[str, Any]) -> Any:
 
 
 def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
-    from evolane.cli._progress import render_progress, resolve_mode
+    from evolane.cli._render import render_progress, resolve_mode
 
     resolved = resolve_mode(mode, sys.stdout)
     nursery.start_soon(render_progress, resolved, handle.feed, handle.subscription)
