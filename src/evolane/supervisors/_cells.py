@@ -111,4 +111,3 @@ class ActorCell(Cell):
         self.mailbox.close()
         if self.env.registry.get(self.name) is self.ref:
             del self.env.registry[self.name]
-

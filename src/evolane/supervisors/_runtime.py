@@ -116,4 +116,3 @@ async def open_runtime(
         raise (leaves[0] if len(leaves) == 1 else group) from None
     finally:
         root.retire()
-
