@@ -11,14 +11,7 @@ from typing import Protocol
 
 import trio
 
-from evolane.actors import (
-    ActorContext,
-    ActorRef,
-    DeadLetterOffice,
-    Mailbox,
-    ServeControl,
-    serve,
-)
+from evolane.actors import ActorContext, ActorRef, DeadLetterOffice, Mailbox, ServeControl, serve
 from evolane.supervisors._spec import ActorSpec, ChildSpec
 
 
