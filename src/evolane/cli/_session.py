@@ -17,7 +17,6 @@ from pydantic import ValidationError
 
 from evolane.cli._examples import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_line
-from evolane.supervisors import leaf_exceptions
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
@@ -139,6 +138,8 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
 def _leaf(error: BaseException) -> BaseException:
     """The error that decides the exit code: a Ctrl-C, else bad input, else the one error
     inside (nested) exception groups, else the group itself."""
+    from evolane.supervisors import leaf_exceptions
+
     leaves = leaf_exceptions(error)
     for kind in (KeyboardInterrupt, UsageError, _input_error()):
         chosen = next((leaf for leaf in leaves if isinstance(leaf, kind)), None)
