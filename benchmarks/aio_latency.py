@@ -18,7 +18,7 @@ from pathlib import Path
 
 import evolane.aio
 from evolane.campaign import CampaignConfig
-from evolane.cli._optimize import SLEEPER_DEFAULTS, example_settings
+from evolane.cli._examples import SLEEPER_DEFAULTS, example_settings
 from evolane.embed import OptimizeRequest
 
 TICK = 0.01

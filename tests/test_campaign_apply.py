@@ -163,7 +163,7 @@ def test_the_diff_names_binaries_modes_symlinks_and_empty_files(
     os.symlink("y", new / "link")
     write(new / "empty", b"")
     monkeypatch.setattr(_diff, "MAX_DIFF_FILE_BYTES", 64)
-    diff = _apply.unified_tree_diff(
+    diff = _diff.unified_tree_diff(
         store, snapshot_tree(store, old), snapshot_tree(store, new)
     ).decode()
     assert diff.splitlines() == [

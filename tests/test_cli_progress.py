@@ -13,8 +13,9 @@ import pytest
 import trio
 from rich.console import Console
 
-import evolane.cli._progress as progress
-from evolane.cli._progress import ViewState, render_progress, render_view, resolve_mode
+import evolane.cli._render as renderer
+from evolane.cli._render import render_progress, render_view, resolve_mode
+from evolane.cli._view import ViewState
 from evolane.measure._progress import ProgressBus
 from evolane.messages import (
     EVENT_TYPES,
@@ -435,13 +436,13 @@ async def test_the_live_view_refreshes_at_least_twice_a_second(
 ) -> None:
     # Real time: the view writes from a worker thread, which a MockClock would jump over.
     renders: list[float] = []
-    real = progress.render_view
+    real = renderer.render_view
 
     def counted(state: ViewState, elapsed: float, dropped: int = 0) -> Any:
         renders.append(trio.current_time())
         return real(state, elapsed, dropped)
 
-    monkeypatch.setattr(progress, "render_view", counted)
+    monkeypatch.setattr(renderer, "render_view", counted)
     console = Console(file=io.StringIO(), force_terminal=True, width=120)
     bus = ProgressBus(None, "r-1")
     receive, subscription = bus.subscribe(64)

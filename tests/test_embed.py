@@ -170,7 +170,7 @@ def test_cancelling_the_asyncio_task_cancels_the_run_and_its_trees(tmp_path: Pat
 
 
 def _sleeper_config(root: Path) -> evolane.CampaignConfig:
-    from evolane.cli._optimize import SLEEPER_DEFAULTS, example_settings
+    from evolane.cli._examples import SLEEPER_DEFAULTS, example_settings
 
     settings = example_settings("sleeper", root / "ex")
     keys = ("target", "dataset", "replay", "judge", "optimizer")

@@ -17,6 +17,7 @@ from evolane.supervisors import (
     Strategy,
     SupervisorEscalation,
     SupervisorSpec,
+    leaf_exceptions,
 )
 from tests.helpers import Recorder, Stubborn
 
@@ -195,3 +196,15 @@ async def test_cancelled_body_still_shuts_down_in_reverse_order() -> None:
             await trio.sleep(10)
     assert scope.cancelled_caught
     assert log[-3:] == [("stop", "c"), ("stop", "b"), ("stop", "a")]
+
+
+def test_leaf_exceptions_flattens_nested_groups_left_to_right() -> None:
+    a, b, c, d = (ValueError(name) for name in "abcd")
+    group = BaseExceptionGroup("g", [a, BaseExceptionGroup("h", [b, ExceptionGroup("i", [c])]), d])
+    assert leaf_exceptions(group) == [a, b, c, d]
+    assert leaf_exceptions(a) == [a]
+    deep: BaseException = KeyboardInterrupt()
+    for _ in range(5000):  # deeper than the recursion limit: the walk is iterative
+        deep = BaseExceptionGroup("nested", [deep])
+    (leaf,) = leaf_exceptions(deep)
+    assert isinstance(leaf, KeyboardInterrupt)

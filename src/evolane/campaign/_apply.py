@@ -4,20 +4,17 @@ Every policy writes proposal artifacts under ``run_dir/proposals/<label>/``. Onl
 ``auto_verified`` touches the target, and only through a journaled publish
 (``run_dir/apply.json``): stage next to the target, swap with renames, run the post-apply
 check, then commit or roll back. `recover_apply` undoes a publish a crash interrupted.
+This module holds the policies, that journal and its recovery; the proposal artifacts are
+written by `evolane.campaign._proposal`, files copied and removed by `evolane.campaign._files`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
 import glob
-import hashlib
 import os
 import re
 import secrets
-import shutil
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -27,25 +24,26 @@ from typing import Annotated, Any, Final, Literal
 import trio
 from pydantic import Field
 
-from evolane.campaign._diff import unified_tree_diff
+from evolane.campaign._files import (
+    copy_verified,
+    keep_file_backup,
+    materialize_writable,
+    remove_path,
+)
+from evolane.campaign._proposal import write_proposal
 from evolane.inputs import CommandTemplate
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
 from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec
 from evolane.store import (
-    CHUNK_SIZE,
     BlobStore,
-    CorruptBlobError,
     FileEntry,
     StoreError,
     TreeManifest,
-    diff_trees,
     fsync_dir,
     load_manifest,
-    materialize_tree,
     read_json,
     snapshot_tree,
     store_manifest,
-    write_bytes_atomic,
     write_json_atomic,
 )
 
@@ -55,7 +53,6 @@ ApplyStatus = Literal["proposed", "kept", "applied", "rolled_back", "refused", "
 APPLY_POLICIES: Final[tuple[ApplyPolicy, ...]] = ("proposal", "verified_only", "auto_verified")
 JOURNAL_NAME: Final = "apply.json"
 """The apply journal, directly under the run directory."""
-DIFF_MEDIA_TYPE: Final = "text/x-diff"
 
 JournalState = (
     Literal["started", "backed_up", "staged", "moved_aside", "swapped"]
@@ -156,7 +153,9 @@ async def apply_candidate(
         argv = check.render({"candidate": str(target), "workspace": str(workspace)})
     # Materialising the candidate (verify=True) reads every blob once: the integrity check.
     proposal_dir, diff_ref = await trio.to_thread.run_sync(
-        partial(_write_proposal, store, run_dir, label, policy, target, parent_ref, candidate_ref)
+        partial(
+            write_proposal, store, run_dir, label, policy, target, parent_ref, candidate_ref, _now()
+        )
     )
     base: dict[str, Any] = {
         "policy": policy,
@@ -342,7 +341,7 @@ def _publish(store: BlobStore, publish: _Publish) -> None:
     journal = publish.journal
     target, old, new = Path(journal.target), Path(journal.old_path), Path(journal.new_path)
     if journal.kind == "dir":
-        _materialize_writable(store, journal.candidate_ref, new)
+        materialize_writable(store, journal.candidate_ref, new)
         publish.record("staged")
         os.rename(target, old)
         fsync_dir(target.parent)
@@ -351,14 +350,14 @@ def _publish(store: BlobStore, publish: _Publish) -> None:
         fsync_dir(target.parent)
         publish.record("swapped")
         return
-    _keep_file_backup(target, old)
+    keep_file_backup(target, old)
     publish.record("backed_up")
     entry = load_manifest(store, journal.candidate_ref)[target.name]
     assert isinstance(entry, FileEntry)
     parent_entry = load_manifest(store, journal.parent_ref)[target.name]
     same_mode = isinstance(parent_entry, FileEntry) and parent_entry.mode == entry.mode
     mode = old.stat().st_mode & 0o777 if same_mode else entry.mode
-    _copy_verified(store, entry, new, mode)
+    copy_verified(store, entry, new, mode)
     publish.record("staged")
     os.replace(new, target)
     fsync_dir(target.parent)
@@ -396,16 +395,16 @@ def _restore(store: BlobStore, journal: ApplyJournal) -> None:
 
 def _restore_from_store(store: BlobStore, journal: ApplyJournal) -> None:
     target, new, trash = Path(journal.target), Path(journal.new_path), Path(journal.trash_path)
-    _remove(new)
+    remove_path(new)
     if journal.kind == "dir":
-        _materialize_writable(store, journal.backup_ref, new)
+        materialize_writable(store, journal.backup_ref, new)
         if os.path.lexists(target):
             os.rename(target, trash)
         os.rename(new, target)
     else:
         entry = load_manifest(store, journal.backup_ref)[target.name]
         assert isinstance(entry, FileEntry)
-        _copy_verified(store, entry, new, entry.mode)
+        copy_verified(store, entry, new, entry.mode)
         os.replace(new, target)
     fsync_dir(target.parent)
 
@@ -424,9 +423,9 @@ def _clean(journal: ApplyJournal) -> None:
     parent = Path(journal.target).parent
     for name in (journal.new_path, journal.old_path, journal.trash_path):
         path = Path(name)
-        _remove(path)
+        remove_path(path)
         for leftover in parent.glob(f"{glob.escape(path.name)}*"):
-            _remove(leftover)
+            remove_path(leftover)
     with contextlib.suppress(OSError):
         fsync_dir(parent)
 
@@ -445,7 +444,7 @@ async def _run_check(
         return await host.run(spec, timeout=timeout)
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(_remove, workspace)
+            await trio.to_thread.run_sync(remove_path, workspace)
 
 
 def _check_failure(outcome: ProcessOutcome, timeout: float) -> str:
@@ -457,120 +456,6 @@ def _check_failure(outcome: ProcessOutcome, timeout: float) -> str:
         return f"post-apply check timed out after {timeout:g}s{detail}"
     why = outcome.error or ", ".join(outcome.limits_hit) or f"signal {outcome.signal}"
     return f"post-apply check {outcome.status.replace('_', ' ')} ({why}){detail}"
-
-
-# -- proposal artifacts -------------------------------------------------------------------
-
-
-def _write_proposal(
-    store: BlobStore,
-    run_dir: Path,
-    label: str,
-    policy: ApplyPolicy,
-    target: Path,
-    parent_ref: ArtifactRef,
-    candidate_ref: ArtifactRef,
-) -> tuple[Path, ArtifactRef]:
-    """Build ``proposals/<label>/`` under a temp name and rename it into place whole."""
-    proposals = run_dir / "proposals"
-    proposals.mkdir(parents=True, exist_ok=True)
-    for stale in proposals.glob(f".{label}.tmp-*"):
-        _remove(stale)
-    diff_bytes = unified_tree_diff(store, parent_ref, candidate_ref)
-    diff_ref = store.put_bytes(diff_bytes, media_type=DIFF_MEDIA_TYPE)
-    changes = diff_trees(store, parent_ref, candidate_ref)
-    record = {
-        "label": label,
-        "policy": policy,
-        "target": str(target),
-        "created": _now(),
-        "parent_ref": parent_ref,
-        "candidate_ref": candidate_ref,
-        "diff_ref": diff_ref,
-        "digests": {
-            "parent": parent_ref.digest,
-            "candidate": candidate_ref.digest,
-            "diff": diff_ref.digest,
-        },
-        "changes": dataclasses.asdict(changes),
-    }
-    final = proposals / label
-    staging = Path(tempfile.mkdtemp(dir=proposals, prefix=f".{label}.tmp-"))
-    try:
-        _materialize_writable(store, candidate_ref, staging / "candidate")
-        write_bytes_atomic(staging / "changes.diff", diff_bytes)
-        write_json_atomic(staging / "proposal.json", record)
-        os.chmod(staging, 0o755)
-        if os.path.lexists(final):
-            os.rename(final, staging.with_name(staging.name.replace(".tmp-", ".old-")))
-        os.rename(staging, final)
-    except BaseException:
-        _remove(staging)
-        raise
-    fsync_dir(proposals)
-    for old in proposals.glob(f".{label}.old-*"):
-        _remove(old)
-    return final, diff_ref
-
-
-# -- file helpers ---------------------------------------------------------------------------
-
-
-def _materialize_writable(store: BlobStore, ref: ArtifactRef, destination: Path) -> None:
-    """Copy a tree out of the store (never hard links) with ordinary writable file modes."""
-    materialize_tree(store, ref, destination, link=False, verify=True)
-    for relative, entry in load_manifest(store, ref).items():
-        if isinstance(entry, FileEntry):
-            os.chmod(destination / relative, 0o755 if entry.executable else 0o644)
-
-
-def _copy_verified(store: BlobStore, entry: FileEntry, destination: Path, mode: int) -> None:
-    """Copy one blob to a new file, hashing on the way, fsync it and set its mode."""
-    hasher, size = hashlib.sha256(), 0
-    try:
-        with store.open(entry.digest) as source, destination.open("xb") as out:
-            while chunk := source.read(CHUNK_SIZE):
-                hasher.update(chunk)
-                size += len(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fchmod(out.fileno(), mode)
-            os.fsync(out.fileno())
-        if "sha256:" + hasher.hexdigest() != entry.digest or size != entry.size:
-            raise CorruptBlobError(f"corrupt blob {entry.digest} in {store.root}")
-    except BaseException:
-        _remove(destination)
-        raise
-
-
-def _keep_file_backup(target: Path, old: Path) -> None:
-    """Keep the original file at ``old``: a hard link (atomic, exact), else a copy renamed in."""
-    try:
-        os.link(target, old)
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-            raise
-        part = old.with_name(old.name + ".part")
-        shutil.copy2(target, part)
-        with part.open("rb") as copied:
-            os.fsync(copied.fileno())
-        os.rename(part, old)
-    fsync_dir(target.parent)
-
-
-def _remove(path: Path) -> None:
-    """Remove a file, symlink or tree if present, including read-only directories."""
-    if path.is_symlink() or path.is_file():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path, onerror=_make_writable_and_retry)
-
-
-def _make_writable_and_retry(function: Any, name: str, _info: object) -> None:
-    with contextlib.suppress(OSError):
-        os.chmod(os.path.dirname(name), 0o755)
-        function(name)
 
 
 def _now() -> str:

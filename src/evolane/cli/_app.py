@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import trio
@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 from typer.exceptions import TyperException
 
+from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, fail_usage
+
 if TYPE_CHECKING:
     from evolane.stress import ScenarioReport
-
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 
 app = typer.Typer(
     name="evolane",
@@ -24,12 +24,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def fail_usage(message: str) -> NoReturn:
-    """Print one clear error line and exit with the usage code (2)."""
-    typer.echo(f"evolane: error: {message}", err=True)
-    raise typer.Exit(EXIT_USAGE)
 
 
 @app.command()
@@ -170,7 +164,8 @@ def main() -> None:
 
 
 def _register_inspect() -> None:
-    from evolane.cli._inspect import report, runs, schema
+    from evolane.cli._inspect import report, schema
+    from evolane.cli._runs import runs
 
     app.command(name="report")(report)
     app.command(name="runs")(runs)

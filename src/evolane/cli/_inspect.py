@@ -1,4 +1,4 @@
-"""Read-only views of the store: ``evolane report``, ``evolane runs`` and ``evolane schema``.
+"""Read-only views of the store: ``evolane report`` and ``evolane schema``.
 
 Nothing here writes to the store. The campaign modules are imported inside the commands so
 that ``import evolane.cli`` stays cheap.
@@ -6,34 +6,26 @@ that ``import evolane.cli`` stays cheap.
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from evolane.cli._app import fail_usage
+from evolane.cli._exits import fail_usage
+from evolane.cli._output import DEFAULT_STORE, StoreOption, stamp, wide_console, write_json
 
 if TYPE_CHECKING:
     from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
 
 FORMATS = ("text", "json", "md")
 SCHEMAS = ("messages", "events", "report")
-DEFAULT_STORE = Path(".evolane")
 TERMINALS = ("selected", "rejected", "blocked", "not_run")
-
-StoreOption = Annotated[
-    Path, typer.Option("--store", help="The store directory.", show_default=True)
-]
 
 
 def _why(error: BaseException) -> str:
@@ -46,28 +38,6 @@ def _why(error: BaseException) -> str:
         return f"{where}: {first['msg']} ({error.error_count()} error(s) in {error.title})"
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
-
-
-def _write_json(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
-
-
-def _stamp(seconds: float | None, spec: str = "%Y-%m-%d %H:%M:%S") -> str:
-    if not seconds:
-        return "-"
-    return time.strftime(spec, time.localtime(seconds))
-
-
-def _console() -> Console:
-    """A console; output that is not a terminal is not folded at 80 columns (ids stay whole)."""
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = max(console.width, 160)
-    return console
-
-
-def _number(value: float | None, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def _short(digest: str) -> str:
@@ -143,7 +113,7 @@ def report(
         from evolane.store import read_json
 
         try:
-            _write_json(read_json(report_json))
+            write_json(read_json(report_json))
         except (OSError, ValueError) as error:
             fail_usage(f"cannot read {report_json}: {_why(error)}")
     elif fmt == "md":
@@ -225,7 +195,7 @@ def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         ("status", status),
         ("campaign", f"{summary['campaign_id']} (cycle {summary['cycle']})"),
-        ("created", _stamp(summary["created"])),
+        ("created", stamp(summary["created"])),
         ("resumed", f"{summary['resumed']}x" if summary["resumed"] else "never"),
         ("journal", journaled),
         ("events", f"{events['count']} (last phase: {last})"),
@@ -236,7 +206,7 @@ def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
     if fmt == "json":
-        _write_json(summary)
+        write_json(summary)
         return
     lines = _unfinished_lines(summary)
     if fmt == "md":
@@ -247,7 +217,7 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
         ]
         sys.stdout.write("\n".join(out) + "\n")
         return
-    console = _console()
+    console = wide_console()
     table = Table(title=f"evolane run {summary['run_id']}", show_header=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
@@ -274,7 +244,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     rows = [
         ("status", rep.status),
         ("campaign", f"{rep.campaign_id}: {rep.campaign_status} (cycle {rep.cycle})"),
-        ("started", _stamp(rep.started)),
+        ("started", stamp(rep.started)),
         (
             "wall",
             f"{rep.wall_seconds:.1f} s" + (f"; resumed {rep.resumed}x" if rep.resumed else ""),
@@ -315,7 +285,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
 
 
 def _print_report(rep: Report, run_dir: Path, store: Path) -> None:
-    console = _console()
+    console = wide_console()
     table = Table(title=f"evolane run {rep.run_id}", show_header=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -345,158 +315,6 @@ def _print_report(rep: Report, run_dir: Path, store: Path) -> None:
         console.print(Text(f"  {resume_command(rep.run_id, store)}"), soft_wrap=True)
 
 
-# -- evolane runs ----------------------------------------------------------------------------
-
-
-def _report_digest(path: Path) -> dict[str, Any]:
-    """The few report fields the run list shows, read without validating the whole report."""
-    from evolane.store import read_json
-
-    try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    scores = data.get("scores") or {}
-    means = {name: (scores.get(name) or {}).get("mean") for name in ("baseline_val", "best_val")}
-    return {**means, "wall_seconds": data.get("wall_seconds"), "report_status": data.get("status")}
-
-
-def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
-    """One row per run in the store, oldest first (an unreadable run.json is listed as such)."""
-    from evolane.campaign import load_run
-
-    rows: list[dict[str, Any]] = []
-    for run_id in layout.run_ids():
-        row: dict[str, Any] = dict.fromkeys(
-            ("campaign_id", "cycle", "created", "baseline_val", "best_val", "wall_seconds")
-        )
-        row.update(run_id=run_id, status="unreadable", report=None)
-        try:
-            record = load_run(layout, run_id)
-        except (OSError, ValueError):
-            rows.append(row)
-            continue
-        row.update(
-            campaign_id=record.campaign_id,
-            cycle=record.cycle,
-            status=record.status,
-            created=record.created,
-        )
-        report_json = layout.run_dir(run_id) / "report.json"
-        if report_json.is_file():
-            digest = _report_digest(report_json)
-            digest.pop("report_status", None)
-            row.update(digest, report=str(report_json))
-        rows.append(row)
-    rows.sort(key=lambda row: (row["created"] or 0.0, row["run_id"]))
-    return rows
-
-
-def campaign_rows(layout: StoreLayout) -> list[dict[str, Any]]:
-    """One row per campaign in the store, least recently updated first."""
-    from evolane.campaign import load_campaign
-
-    rows: list[dict[str, Any]] = []
-    for campaign_id in layout.campaign_ids():
-        try:
-            state = load_campaign(layout, campaign_id)
-        except (OSError, ValueError):
-            rows.append(
-                {
-                    "campaign_id": campaign_id,
-                    "status": "unreadable",
-                    "cycles": None,
-                    "best_val": None,
-                    "runs": None,
-                    "updated": None,
-                }
-            )
-            continue
-        rows.append(
-            {
-                "campaign_id": state.campaign_id,
-                "status": state.status,
-                "cycles": state.cycles,
-                "best_val": state.best_val,
-                "runs": len(state.runs),
-                "updated": state.updated,
-            }
-        )
-    rows.sort(key=lambda row: (row["updated"] or 0.0, row["campaign_id"]))
-    return rows
-
-
-def runs(
-    store: StoreOption = DEFAULT_STORE,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the lists as JSON.")] = False,
-) -> None:
-    """List the runs and campaigns in the store, newest last."""
-    from evolane.campaign import StoreLayout
-
-    if store.exists() and not store.is_dir():
-        fail_usage(f"--store {store} is not a directory")
-    layout = StoreLayout(store)
-    run_list, campaigns = run_rows(layout), campaign_rows(layout)
-    if as_json:
-        _write_json({"store": str(store), "runs": run_list, "campaigns": campaigns})
-        return
-    console = _console()
-    if not run_list and not campaigns:
-        console.print(Text(f"No runs yet in {store}. Start one with `evolane optimize`."))
-        return
-    _print_runs(console, run_list)
-    _print_campaigns(console, campaigns)
-
-
-def _list_table(title: str, columns: tuple[str, ...], no_wrap: tuple[str, ...]) -> Table:
-    table = Table(
-        title=title,
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        title_justify="left",
-    )
-    for column in columns:
-        wrap = column not in no_wrap
-        table.add_column(column, no_wrap=not wrap, overflow="fold", min_width=len(column))
-    return table
-
-
-def _print_runs(console: Console, rows: list[dict[str, Any]]) -> None:
-    columns = ("run", "campaign", "cycle", "status", "created", "best val", "wall")
-    whole = ("run", "status") if console.width >= 120 else ("status",)  # else every column fits
-    table = _list_table("runs", columns, no_wrap=whole)
-    for row in rows:
-        wall = row["wall_seconds"]
-        table.add_row(
-            Text(row["run_id"]),
-            Text(row["campaign_id"] or "-"),
-            "-" if row["cycle"] is None else str(row["cycle"]),
-            Text(row["status"]),
-            _stamp(row["created"], "%Y-%m-%d %H:%M"),
-            _number(row["best_val"]),
-            "-" if wall is None else f"{wall:.1f} s",
-        )
-    console.print(table)
-
-
-def _print_campaigns(console: Console, rows: list[dict[str, Any]]) -> None:
-    columns = ("campaign", "status", "cycles", "best val", "runs", "updated")
-    table = _list_table("campaigns", columns, no_wrap=("status",))
-    for row in rows:
-        table.add_row(
-            Text(row["campaign_id"]),
-            Text(row["status"]),
-            "-" if row["cycles"] is None else str(row["cycles"]),
-            _number(row["best_val"]),
-            "-" if row["runs"] is None else str(row["runs"]),
-            _stamp(row["updated"], "%Y-%m-%d %H:%M"),
-        )
-    console.print(table)
-
-
 # -- evolane schema --------------------------------------------------------------------------
 
 
@@ -523,4 +341,4 @@ def schema(
     """Print a JSON Schema: the messages, the progress events (by kind) or report.json."""
     if which not in SCHEMAS:
         fail_usage(f"unknown schema {which!r}; choose from: {', '.join(SCHEMAS)}")
-    _write_json(schema_document(which))
+    write_json(schema_document(which))

@@ -15,9 +15,9 @@ from typing import Any
 import trio
 from pydantic import ValidationError
 
-from evolane.cli._optimize import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
+from evolane.cli._examples import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
+from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_line
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
     "gate": ("paired", "bootstrap", "strict", "threshold"),
@@ -44,11 +44,6 @@ LAUNCHED: float | None = None
 
 class UsageError(ValueError):
     """A bad flag or input: one line, exit code 2."""
-
-
-def error_line(message: str) -> None:
-    """Print the one-line error the CLI contract asks for."""
-    print(f"evolane: error: {message}", file=sys.stderr)
 
 
 def _check_choices(flags: dict[str, Any]) -> None:
@@ -143,18 +138,14 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
 def _leaf(error: BaseException) -> BaseException:
     """The error that decides the exit code: a Ctrl-C, else bad input, else the one error
     inside (nested) exception groups, else the group itself."""
-    leaves = _leaves(error)
+    from evolane.supervisors import leaf_exceptions
+
+    leaves = leaf_exceptions(error)
     for kind in (KeyboardInterrupt, UsageError, _input_error()):
         chosen = next((leaf for leaf in leaves if isinstance(leaf, kind)), None)
         if chosen is not None:
             return chosen
     return leaves[0] if len(leaves) == 1 else error
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 def _input_error() -> type[Exception]:
@@ -267,7 +258,7 @@ async def _follow(handle: Any, flags: dict[str, Any]) -> Any:
 
 
 def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
-    from evolane.cli._progress import render_progress, resolve_mode
+    from evolane.cli._render import render_progress, resolve_mode
 
     resolved = resolve_mode(mode, sys.stdout)
     nursery.start_soon(render_progress, resolved, handle.feed, handle.subscription)

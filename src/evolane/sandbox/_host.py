@@ -23,6 +23,7 @@ import trio
 from evolane.sandbox import _lifeline
 from evolane.sandbox._cgroups import CgroupRoots
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
+from evolane.sandbox._run import run_unit
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import become_subreaper
 from evolane.store import BlobStore, write_json_atomic
@@ -231,8 +232,6 @@ class SandboxHost:
         cancellation kills the tree and propagates. Raises `WorkspaceError` for a workspace
         outside the root.
         """
-        from evolane.sandbox._run import run_unit
-
         limit = float("inf") if deadline is None else deadline
         if timeout is not None:
             limit = min(limit, trio.current_time() + timeout)

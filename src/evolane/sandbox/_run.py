@@ -1,4 +1,8 @@
-"""One sandboxed run, from workspace to outcome: spawn, wait, kill ladder, capture, clean up."""
+"""One sandboxed run, from workspace to outcome: spawn, wait, kill ladder, capture, clean up.
+
+A run sees its host only as a `UnitHost` (what `SandboxHost` offers), so the host imports
+this module and never the reverse.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psutil
 import trio
@@ -19,7 +23,7 @@ import trio
 from evolane._faults import INSTALLED
 from evolane.messages import ArtifactRef
 from evolane.sandbox._capture import BoundedCapture, drain, open_pipe
-from evolane.sandbox._cgroups import UnitCgroups
+from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
 from evolane.sandbox._env import build_environment, child_lease
 from evolane.sandbox._launch import (
     JOIN_FAILED_MARKER,
@@ -30,15 +34,38 @@ from evolane.sandbox._launch import (
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
 from evolane.sandbox._workspace import WorkspaceError, inside, materialize_workspace
-
-if TYPE_CHECKING:
-    from evolane.sandbox._host import SandboxHost
+from evolane.store import BlobStore
 
 _DRAIN_AFTER_KILL_SECONDS = 1.0
 # The first RSS sample comes after a typical short replay has ended (its leader's rusage
 # covers it): each sample costs the event loop /proc and cgroup reads.
 _SAMPLE_FIRST, _SAMPLE_MAX = 0.25, 1.0
 _STREAMS = ("stdout", "stderr")
+
+
+class UnitHost(Protocol):
+    """What one run needs of the host it runs on (`SandboxHost` is the one host)."""
+
+    root: Path  # workspaces must lie inside it; kept units go to ``root/kept``
+    store: BlobStore | None  # seeds the workspace; a spooled capture goes here
+    lease: str
+    inherited_lease: str | None
+    lease_dir: Path  # the parent of every unit directory
+    spool_dir: Path
+    cgroups: CgroupRoots
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """Host-wide mechanisms in force."""
+        ...
+
+    def unit_name(self, label: str) -> str:
+        """A unique, filesystem- and lease-safe name for the next unit."""
+        ...
+
+    def defer(self, cleanup: Callable[[], object]) -> None:
+        """Run ``cleanup`` later, off the critical path."""
+        ...
 
 
 def _isolation(spec: SandboxSpec) -> IsolationInForce:
@@ -63,9 +90,14 @@ class _Unit:
     """The directories and bookkeeping of one run."""
 
     def __init__(
-        self, host: SandboxHost, spec: SandboxSpec, setup: Callable[[], object] | None = None
+        self,
+        host: UnitHost,
+        spec: SandboxSpec,
+        setup: Callable[[], object] | None = None,
+        activity: Callable[[], object] | None = None,
     ) -> None:
-        self.host, self.spec, self.setup = host, spec, setup
+        self.host, self.spec = host, spec
+        self.setup, self.activity = setup, activity  # the caller's hooks: before, during
         self.name = host.unit_name(spec.label)
         self.dir = host.lease_dir / self.name
         self.lease = child_lease(host.inherited_lease, host.lease, self.name)
@@ -132,7 +164,7 @@ class _Unit:
 
 
 async def run_unit(
-    host: SandboxHost,
+    host: UnitHost,
     spec: SandboxSpec,
     deadline: float,
     stop: trio.Event | None,
@@ -140,10 +172,9 @@ async def run_unit(
     setup: Callable[[], object] | None = None,
 ) -> ProcessOutcome:
     """The body of `SandboxHost.run`."""
-    unit = _Unit(host, spec, setup)
-    isolation = _isolation(spec)
+    unit = _Unit(host, spec, setup, activity)
     try:
-        outcome = await _run_prepared(unit, isolation, deadline, stop, activity)
+        outcome = await _run_prepared(unit, deadline, stop)
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(unit.remove, False)
@@ -160,14 +191,9 @@ async def run_unit(
     return outcome
 
 
-async def _run_prepared(
-    unit: _Unit,
-    isolation: IsolationInForce,
-    deadline: float,
-    stop: trio.Event | None,
-    activity: Callable[[], object] | None = None,
-) -> ProcessOutcome:
+async def _run_prepared(unit: _Unit, deadline: float, stop: trio.Event | None) -> ProcessOutcome:
     spec, host = unit.spec, unit.host
+    isolation = _isolation(spec)
     base: dict[str, Any] = {"isolation": isolation, "lease": unit.lease}
     spool_dir = host.spool_dir if host.store is not None else None
     with ExitStack() as owned:
@@ -189,7 +215,7 @@ async def _run_prepared(
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
         tree = ProcessTree(popen.pid, unit.cgroups, unit.tree_lease)
-        watch = _Watch(tree, spec.kill_grace, activity)
+        watch = _Watch(tree, spec.kill_grace, unit.activity)
         try:
             async with trio.open_nursery() as nursery:
                 for name, stream in streams.items():

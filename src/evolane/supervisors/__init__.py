@@ -1,6 +1,6 @@
 """Supervision: OTP strategies and restart intensity on trio nurseries, and the runtime root."""
 
-from evolane.supervisors._errors import StartFailed, SupervisorEscalation
+from evolane.supervisors._errors import StartFailed, SupervisorEscalation, leaf_exceptions
 from evolane.supervisors._runtime import Runtime, open_runtime
 from evolane.supervisors._spec import ActorSpec, ChildSpec, Restart, Strategy, SupervisorSpec
 from evolane.supervisors._supervisor import Supervisor
@@ -15,5 +15,6 @@ __all__ = [
     "Supervisor",
     "SupervisorEscalation",
     "SupervisorSpec",
+    "leaf_exceptions",
     "open_runtime",
 ]

@@ -1,18 +1,30 @@
-"""Cells: a supervisor's slot for one child, living across the child's incarnations."""
+"""Cells: a supervisor's slot for one child, living across the child's incarnations.
+
+A nested supervisor's cell lives beside `Supervisor` (in ``_supervisor``), so that this module
+never needs the supervisor class: the environment knows supervisors only as `Supervising`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-from evolane.actors import ActorContext, ActorRef, Mailbox, ServeControl, serve
-from evolane.supervisors._spec import ActorSpec, ChildSpec, SupervisorSpec
+from evolane.actors import ActorContext, ActorRef, DeadLetterOffice, Mailbox, ServeControl, serve
+from evolane.supervisors._spec import ActorSpec, ChildSpec
 
-if TYPE_CHECKING:
-    from evolane.actors import DeadLetterOffice
-    from evolane.supervisors._supervisor import Supervisor
+
+class Supervising(Protocol):
+    """What the environment holds of a registered supervisor (`Supervisor` is the one kind)."""
+
+    name: str
+
+    def request_stop(self) -> None:
+        """Ask it to stop its children in reverse order and return."""
+
+    def retire(self) -> None:
+        """Retire its child slots: mailboxes close, names are freed."""
 
 
 class Environment:
@@ -21,9 +33,10 @@ class Environment:
     def __init__(self, dead_letters: DeadLetterOffice) -> None:
         self.dead_letters = dead_letters
         self.registry: dict[str, ActorRef] = {}
-        self.supervisors: dict[str, Supervisor] = {}
+        self.supervisors: dict[str, Supervising] = {}
 
     def claim(self, name: str) -> None:
+        """Reserve ``name``; ValueError if an actor or a supervisor of this runtime has it."""
         if name in self.registry or name in self.supervisors:
             raise ValueError(f"name {name!r} is already taken in this runtime")
 
@@ -91,33 +104,3 @@ class ActorCell(Cell):
         self.mailbox.close()
         if self.env.registry.get(self.name) is self.ref:
             del self.env.registry[self.name]
-
-
-class SupervisorCell(Cell):
-    """The slot of a nested supervisor; its children's slots survive its restarts too."""
-
-    spec: SupervisorSpec
-
-    def __init__(self, spec: SupervisorSpec, env: Environment) -> None:
-        super().__init__(spec)
-        from evolane.supervisors._supervisor import Supervisor
-
-        self.supervisor = Supervisor(spec, env)
-
-    async def run(self, ready: Callable[[], None]) -> None:
-        await self.supervisor.run(ready)
-
-    def request_stop(self) -> None:
-        self.supervisor.request_stop()
-
-    def retire(self) -> None:
-        if not self.retired:
-            self.retired = True
-            self.supervisor.retire()
-
-
-def make_cell(spec: ChildSpec, env: Environment) -> Cell:
-    """The right cell for ``spec``."""
-    if isinstance(spec, SupervisorSpec):
-        return SupervisorCell(spec, env)
-    return ActorCell(spec, env)

@@ -1,4 +1,4 @@
-"""Errors a supervisor raises to its parent."""
+"""Errors a supervisor raises to its parent, and the one walk of trio's exception groups."""
 
 from __future__ import annotations
 
@@ -31,3 +31,21 @@ class StartFailed(Exception):
         super().__init__(f"child {child!r} failed to start: {error!r}")
         self.child = child
         self.error = error
+
+
+def leaf_exceptions(error: BaseException) -> list[BaseException]:
+    """The exceptions inside ``error``, nested groups flattened, in depth-first order.
+
+    A `BaseExceptionGroup` (what a trio nursery raises) is replaced by its leaves, left to
+    right at every depth; any other exception is its own single leaf: ``[error]``. Iterative,
+    so arbitrarily deep nesting cannot exhaust the stack.
+    """
+    leaves: list[BaseException] = []
+    pending = [error]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(reversed(current.exceptions))
+        else:
+            leaves.append(current)
+    return leaves

@@ -10,6 +10,7 @@ import trio
 
 from evolane.actors import Actor, ActorRef, ActorStats, DeadLetterOffice
 from evolane.supervisors._cells import Environment
+from evolane.supervisors._errors import leaf_exceptions
 from evolane.supervisors._spec import ActorSpec, ChildSpec, Restart, SupervisorSpec
 from evolane.supervisors._supervisor import Supervisor
 
@@ -57,8 +58,10 @@ class Runtime:
         return self._env.registry[name]
 
     def supervisor(self, name: str) -> Supervisor:
-        """The supervisor registered under ``name``."""
-        return self._env.supervisors[name]
+        """The supervisor registered under ``name``; KeyError when none has it."""
+        supervisor = self._env.supervisors[name]
+        assert isinstance(supervisor, Supervisor)
+        return supervisor
 
     def stats(self) -> list[ActorStats]:
         """A snapshot of every registered actor's counters, sorted by name."""
@@ -109,20 +112,7 @@ async def open_runtime(
                     await finished.wait()
                 tree_scope.cancel()
     except BaseExceptionGroup as group:
-        raise _single_leaf(group) from None
+        leaves = leaf_exceptions(group)
+        raise (leaves[0] if len(leaves) == 1 else group) from None
     finally:
         root.retire()
-
-
-def _single_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
-    leaves: list[BaseException] = []
-
-    def collect(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                collect(inner)
-        else:
-            leaves.append(exc)
-
-    collect(group)
-    return leaves[0] if len(leaves) == 1 else group

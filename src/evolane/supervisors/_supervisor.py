@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from evolane.actors import ActorRef
-from evolane.supervisors._cells import ActorCell, Cell, Environment, SupervisorCell, make_cell
+from evolane.supervisors._cells import ActorCell, Cell, Environment
 from evolane.supervisors._errors import StartFailed, SupervisorEscalation
 from evolane.supervisors._spec import ChildSpec, SupervisorSpec
 
@@ -242,3 +242,31 @@ class Supervisor:
     async def _stop_all(self) -> None:
         for cell in reversed(self._cells):
             await self._stop(cell)
+
+
+class SupervisorCell(Cell):
+    """The slot of a nested supervisor; its children's slots survive its restarts too."""
+
+    spec: SupervisorSpec
+
+    def __init__(self, spec: SupervisorSpec, env: Environment) -> None:
+        super().__init__(spec)
+        self.supervisor = Supervisor(spec, env)
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        await self.supervisor.run(ready)
+
+    def request_stop(self) -> None:
+        self.supervisor.request_stop()
+
+    def retire(self) -> None:
+        if not self.retired:
+            self.retired = True
+            self.supervisor.retire()
+
+
+def make_cell(spec: ChildSpec, env: Environment) -> Cell:
+    """The right cell for ``spec``: a nested supervisor's or an actor's."""
+    if isinstance(spec, SupervisorSpec):
+        return SupervisorCell(spec, env)
+    return ActorCell(spec, env)

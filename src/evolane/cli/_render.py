@@ -1,19 +1,18 @@
 """The progress renderers of ``evolane optimize``: a live view, plain lines, or JSON lines.
 
 A renderer reads a lossy observer channel of the `ProgressBus`, folds every event it gets
-into a `ViewState` and writes from a worker thread, so a slow or stalled terminal only makes
-the observer lose events (counted), never slows the run.
+into a `ViewState` (`evolane.cli._view`) and writes from a worker thread, so a slow or
+stalled terminal only makes the observer lose events (counted), never slows the run.
 """
 
 from __future__ import annotations
 
 import errno
 import sys
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal, TextIO, get_args
+from typing import Any, Literal, TextIO, get_args
 
 import orjson
 import trio
@@ -22,34 +21,21 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from evolane import messages
+from evolane.cli._view import TERMINAL_STAGES, ViewState, kind_of
 from evolane.measure import Subscription
-from evolane.messages import (
-    BudgetUpdate,
-    DecisionEvent,
-    Dimension,
-    EstimateEvent,
-    MeasureEvent,
-    PhaseEvent,
-    ProgressEvent,
-    RunFinished,
-    RunStarted,
-    SlotEvent,
-    WarningEvent,
-)
 
 ProgressMode = Literal["auto", "rich", "plain", "jsonl", "none"]
 """How ``--progress`` shows a run; ``auto`` is ``rich`` on a terminal, else ``plain``."""
 
-TERMINAL_STAGES = frozenset({"selected", "rejected", "blocked", "not_run"})
-"""Funnel stages a candidate slot never leaves."""
-
-_KEPT = 5  # decisions and warnings the view remembers
 _SLOT_ROWS = 12  # candidate slots shown in the live view before "… N more"
 _BAR = 20  # cells of a text bar
-_END_PHASES = frozenset({"finalize", "apply", "report"})
 _LINE_PHASES = frozenset({"optimize", "finalize", "apply"})
-_DIMENSIONS: tuple[Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
+_DIMENSIONS: tuple[messages.Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
 _DIMENSION_NAMES = {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "replay time"}
+
+Feed = trio.MemoryReceiveChannel[messages.ProgressEvent]
+"""An observer's end of the progress bus: the events a renderer reads."""
 
 
 def resolve_mode(mode: str, stream: TextIO) -> ProgressMode:
@@ -64,136 +50,6 @@ def resolve_mode(mode: str, stream: TextIO) -> ProgressMode:
     except (AttributeError, ValueError, OSError):
         terminal = False
     return "rich" if terminal else "plain"
-
-
-@dataclass
-class ViewState:
-    """What the run has told the observer so far; `fold` adds one event (pure, no IO)."""
-
-    run_id: str = ""
-    campaign_id: str = ""
-    cycle: int = 0
-    iterations: int = 0
-    population: int = 0
-    replay_lanes: int = 0
-    judge_lanes: int = 0
-    resumed: bool = False
-    isolation: str = ""
-    wall_budget: float | None = None  # the campaign's --wall-clock-budget
-    wall_left: float | None = None  # what was left of it when this session began
-    wall_t: float = 0.0  # when (event time) that was measured
-    estimate: EstimateEvent | None = None
-    phase: str = ""
-    iteration: int | None = None
-    parent: str = ""
-    convergence: str = ""
-    slot_iteration: int | None = None
-    slots: dict[int, SlotEvent] = field(default_factory=dict)  # of `slot_iteration`
-    funnel: Counter[str] = field(default_factory=Counter)  # terminal stages over the run
-    measures: dict[str, MeasureEvent] = field(default_factory=dict)  # unfinished, by id
-    last_measure: MeasureEvent | None = None
-    lanes_busy: int = 0
-    budget: BudgetUpdate | None = None
-    decisions: deque[DecisionEvent] = field(default_factory=lambda: deque(maxlen=_KEPT))
-    warnings: deque[WarningEvent] = field(default_factory=lambda: deque(maxlen=_KEPT))
-    warning_count: int = 0
-    finished: RunFinished | None = None
-    events: int = 0  # events folded
-    missed: int = 0  # events never seen, from gaps in the sequence numbers
-    last_seq: int = 0
-    t: float = 0.0  # the newest event's seconds since the run began
-
-    def fold(self, event: ProgressEvent) -> None:
-        """Take one event into the state."""
-        self.events += 1
-        if event.seq > self.last_seq:
-            self.missed += event.seq - self.last_seq - 1
-            self.last_seq = event.seq
-        self.t = max(self.t, event.t)
-        self.run_id = event.run_id or self.run_id
-        if isinstance(event, RunStarted):
-            self._started(event)
-        elif isinstance(event, EstimateEvent):
-            self.estimate = event
-        elif isinstance(event, PhaseEvent):
-            self._phase(event)
-        elif isinstance(event, SlotEvent):
-            self._slot(event)
-        elif isinstance(event, MeasureEvent):
-            self._measure(event)
-        elif isinstance(event, DecisionEvent):
-            self.decisions.append(event)
-        elif isinstance(event, BudgetUpdate):
-            self.budget = event
-        elif isinstance(event, WarningEvent):
-            self.warnings.append(event)
-            self.warning_count += 1
-        elif isinstance(event, RunFinished):
-            self.finished = event
-            self.measures.clear()
-            self.lanes_busy = 0
-
-    def _started(self, event: RunStarted) -> None:
-        self.campaign_id, self.cycle = event.campaign_id, event.cycle
-        self.iterations, self.population = event.iterations, event.population
-        self.replay_lanes, self.judge_lanes = event.replay_lanes, event.judge_lanes
-        self.resumed, self.isolation = event.resumed, event.isolation
-        self.wall_budget, self.wall_left = event.wall_clock_budget, event.wall_clock_left
-        self.wall_t = event.t
-
-    def _phase(self, event: PhaseEvent) -> None:
-        self.phase, self.cycle = event.phase, event.cycle
-        if event.iteration is not None:
-            self.iteration = event.iteration
-        if event.parent:
-            self.parent = event.parent
-        if event.phase == "optimize":
-            self.convergence = event.convergence
-            if event.iteration is not None and event.iteration != self.slot_iteration:
-                self.slot_iteration, self.slots = event.iteration, {}
-
-    def _slot(self, event: SlotEvent) -> None:
-        if event.iteration != self.slot_iteration:
-            self.slot_iteration, self.slots = event.iteration, {}
-        before = self.slots.get(event.slot)
-        if event.stage in TERMINAL_STAGES and (before is None or before.stage != event.stage):
-            self.funnel[event.stage] += 1
-        self.slots[event.slot] = event
-
-    def _measure(self, event: MeasureEvent) -> None:
-        self.last_measure = event
-        if event.finished:
-            self.measures.pop(event.measurement_id, None)
-            if not self.measures:
-                self.lanes_busy = 0
-        else:
-            self.measures[event.measurement_id] = event
-            self.lanes_busy = event.lanes_busy
-
-    def fraction_done(self) -> float | None:
-        """How much of the search is done (iterations and the current one's slots), if known."""
-        if self.finished is not None:
-            return 1.0
-        if not self.iterations or self.iteration is None or self.phase in _END_PHASES:
-            return None
-        within = 0.0
-        if self.phase == "optimize" and self.population:
-            current = self.slot_iteration == self.iteration
-            ended = sum(s.stage in TERMINAL_STAGES for s in self.slots.values()) if current else 0
-            active = sum(
-                m.pairs_done / m.pairs_planned for m in self.measures.values() if m.pairs_planned
-            )
-            within = min(1.0, (ended + active) / self.population)
-        fraction = (min(self.iteration, self.iterations) + within) / self.iterations
-        return min(fraction, 1.0) if fraction > 0 else None
-
-    def eta(self, elapsed: float | None = None) -> float | None:
-        """Seconds left at the pace so far (``elapsed`` defaults to the newest event's time)."""
-        fraction = self.fraction_done()
-        if fraction is None:
-            return None
-        spent = self.t if elapsed is None else elapsed
-        return max(0.0, spent / fraction - spent)
 
 
 # ----- formatting -------------------------------------------------------------------------
@@ -252,7 +108,7 @@ def _slot_label(iteration: int, slot: int) -> str:
     return f"i{iteration}.s{slot}"
 
 
-def _measure_text(event: MeasureEvent) -> str:
+def _measure_text(event: messages.MeasureEvent) -> str:
     planned = event.pairs_planned
     done = bar(event.pairs_done / planned) if planned else "?"
     evidence = ""
@@ -263,7 +119,7 @@ def _measure_text(event: MeasureEvent) -> str:
     return f"{event.measurement_id}  {done}  {event.pairs_done}/{planned} pairs{evidence}{decided}"
 
 
-def _decision_text(event: DecisionEvent) -> str:
+def _decision_text(event: messages.DecisionEvent) -> str:
     ci = ""
     if event.ci_low is not None and event.ci_high is not None:
         ci = f" CI [{_num(event.ci_low)}, {_num(event.ci_high)}]"
@@ -272,7 +128,7 @@ def _decision_text(event: DecisionEvent) -> str:
     return f"{label} {event.decision}  {_short(event.digest)}{delta}  {event.reason}".rstrip()
 
 
-def _estimate_text(event: EstimateEvent) -> str:
+def _estimate_text(event: messages.EstimateEvent) -> str:
     parts = [
         f"at most {event.replays_max} replays, {event.judge_calls_max} judge calls, "
         f"{event.optimizer_calls_max} optimizer calls"
@@ -288,7 +144,7 @@ def _estimate_text(event: EstimateEvent) -> str:
     return "estimate: " + "; ".join(parts)
 
 
-def _finished_text(event: RunFinished) -> str:
+def _finished_text(event: messages.RunFinished) -> str:
     text = f"finished: {event.status} (campaign {event.campaign_status})"
     if event.best:
         text += f"  best {_short(event.best)}"
@@ -299,40 +155,56 @@ def _finished_text(event: RunFinished) -> str:
     return text
 
 
-def plain_line(event: ProgressEvent, state: ViewState) -> str | None:
+def _started_line(event: messages.RunStarted, _state: ViewState) -> str:
+    return (
+        f"run {event.run_id} (campaign {event.campaign_id}, cycle {event.cycle}): "
+        f"{event.iterations} iterations x {event.population} candidates, "
+        f"lanes replay {event.replay_lanes} judge {event.judge_lanes}"
+        + (f", isolation {event.isolation}" if event.isolation else "")
+        + (", resumed" if event.resumed else "")
+    )
+
+
+def _phase_line(event: messages.PhaseEvent, state: ViewState) -> str | None:
+    if event.phase not in _LINE_PHASES:
+        return None
+    if event.phase != "optimize":
+        return f"{event.phase} (cycle {event.cycle})"
+    text = _iteration_text(state, event.iteration)
+    text += f"  parent {_short(event.parent)}" if event.parent else ""
+    text += f"  convergence {event.convergence}" if event.convergence else ""
+    return text
+
+
+def _slot_line(event: messages.SlotEvent, _state: ViewState) -> str | None:
+    if event.stage not in TERMINAL_STAGES:
+        return None
+    text = f"slot {_slot_label(event.iteration, event.slot)} {event.stage}"
+    text += f"  {_short(event.digest)}" if event.digest else ""
+    text += f"  {event.reason}" if event.reason else ""
+    return text
+
+
+_LINES: dict[str, Callable[[Any, ViewState], str | None]] = {
+    kind_of(messages.RunStarted): _started_line,
+    kind_of(messages.EstimateEvent): lambda event, _state: _estimate_text(event),
+    kind_of(messages.PhaseEvent): _phase_line,
+    kind_of(messages.SlotEvent): _slot_line,
+    kind_of(messages.DecisionEvent): lambda event, _state: "decision " + _decision_text(event),
+    kind_of(messages.WarningEvent): lambda event, _state: f"warning: {event.message}",
+    kind_of(messages.RunFinished): lambda event, _state: _finished_text(event),
+}
+"""The plain line of each event kind that has one (it may still be None: a minor event)."""
+
+
+def plain_line(event: messages.ProgressEvent, state: ViewState) -> str | None:
     """The plain-mode line for ``event`` (already folded into ``state``), or None if minor."""
-    text: str | None = None
-    if isinstance(event, RunStarted):
-        text = (
-            f"run {event.run_id} (campaign {event.campaign_id}, cycle {event.cycle}): "
-            f"{event.iterations} iterations x {event.population} candidates, "
-            f"lanes replay {event.replay_lanes} judge {event.judge_lanes}"
-            + (f", isolation {event.isolation}" if event.isolation else "")
-            + (", resumed" if event.resumed else "")
-        )
-    elif isinstance(event, EstimateEvent):
-        text = _estimate_text(event)
-    elif isinstance(event, PhaseEvent) and event.phase in _LINE_PHASES:
-        if event.phase == "optimize":
-            text = _iteration_text(state, event.iteration)
-            text += f"  parent {_short(event.parent)}" if event.parent else ""
-            text += f"  convergence {event.convergence}" if event.convergence else ""
-        else:
-            text = f"{event.phase} (cycle {event.cycle})"
-    elif isinstance(event, SlotEvent) and event.stage in TERMINAL_STAGES:
-        text = f"slot {_slot_label(event.iteration, event.slot)} {event.stage}"
-        text += f"  {_short(event.digest)}" if event.digest else ""
-        text += f"  {event.reason}" if event.reason else ""
-    elif isinstance(event, DecisionEvent):
-        text = "decision " + _decision_text(event)
-    elif isinstance(event, WarningEvent):
-        text = f"warning: {event.message}"
-    elif isinstance(event, RunFinished):
-        text = _finished_text(event)
+    line = _LINES.get(event.kind)
+    text = None if line is None else line(event, state)
     return None if text is None else f"[{event.t:6.1f}s] {text}"
 
 
-def jsonl_line(event: ProgressEvent) -> str:
+def jsonl_line(event: messages.ProgressEvent) -> str:
     """``event`` as one JSON line (what ``events.jsonl`` holds)."""
     return orjson.dumps(event.model_dump(mode="json")).decode() + "\n"
 
@@ -384,7 +256,7 @@ def _slots_table(state: ViewState) -> Table:
     return table
 
 
-def _budget_table(budget: BudgetUpdate, state: ViewState, elapsed: float) -> Table:
+def _budget_table(budget: messages.BudgetUpdate, state: ViewState, elapsed: float) -> Table:
     table = Table(title="budget", title_justify="left", pad_edge=False)
     for column in ("dimension", "used (█ spent ▒ reserved)", "spent", "reserved", "ceiling"):
         table.add_column(column, no_wrap=True)
@@ -472,9 +344,9 @@ class _Output:
             self.broken = True
 
 
-def _drain(events: trio.MemoryReceiveChannel[ProgressEvent]) -> tuple[list[ProgressEvent], bool]:
+def _drain(events: Feed) -> tuple[list[messages.ProgressEvent], bool]:
     """Every event available now, and whether the channel is still open."""
-    batch: list[ProgressEvent] = []
+    batch: list[messages.ProgressEvent] = []
     while True:
         try:
             batch.append(events.receive_nowait())
@@ -484,14 +356,14 @@ def _drain(events: trio.MemoryReceiveChannel[ProgressEvent]) -> tuple[list[Progr
             return batch, False
 
 
-async def _fold_rest(state: ViewState, events: trio.MemoryReceiveChannel[ProgressEvent]) -> None:
+async def _fold_rest(state: ViewState, events: Feed) -> None:
     async for event in events:
         state.fold(event)
 
 
 async def _render_lines(
     state: ViewState,
-    events: trio.MemoryReceiveChannel[ProgressEvent],
+    events: Feed,
     subscription: Subscription | None,
     out: TextIO,
     as_json: bool,
@@ -499,7 +371,7 @@ async def _render_lines(
     """Plain or JSON lines, one batch of whatever has arrived per write."""
     output, reported = _Output(out), 0
 
-    def text_of(batch: list[ProgressEvent]) -> str:
+    def text_of(batch: list[messages.ProgressEvent]) -> str:
         nonlocal reported
         lines: list[str] = []
         for event in batch:
@@ -535,7 +407,7 @@ def _finish(live: Live, view: RenderableType) -> None:
 
 async def _render_live(
     state: ViewState,
-    events: trio.MemoryReceiveChannel[ProgressEvent],
+    events: Feed,
     subscription: Subscription | None,
     console: Console,
     period: float,
@@ -579,7 +451,7 @@ def _broken_pipe(console: Console) -> None:
 
 async def render_progress(
     mode: ProgressMode,
-    events: trio.MemoryReceiveChannel[ProgressEvent],
+    events: Feed,
     subscription: Subscription | None = None,
     *,
     console: Console | None = None,

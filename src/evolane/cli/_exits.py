@@ -1,0 +1,23 @@
+"""The command line's exit codes (DESIGN §10) and its one-line errors, shared by every command."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import typer
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+"""Finished; an internal error (or a failed run); bad usage or input; the budget ran out;
+interrupted (Ctrl-C)."""
+
+
+def error_line(message: str) -> None:
+    """Print the one-line error the CLI contract asks for."""
+    print(f"evolane: error: {message}", file=sys.stderr)
+
+
+def fail_usage(message: str) -> NoReturn:
+    """Print one clear error line and exit with the usage code (2)."""
+    typer.echo(f"evolane: error: {message}", err=True)
+    raise typer.Exit(EXIT_USAGE)

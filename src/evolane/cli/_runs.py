@@ -1,0 +1,167 @@
+"""``evolane runs``: the runs and campaigns in a store, one row each (read-only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from evolane.cli._exits import fail_usage
+from evolane.cli._output import DEFAULT_STORE, StoreOption, number, stamp, wide_console, write_json
+
+if TYPE_CHECKING:
+    from evolane.campaign import StoreLayout
+
+
+def _report_digest(path: Path) -> dict[str, Any]:
+    """The few report fields the run list shows, read without validating the whole report."""
+    from evolane.store import read_json
+
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    scores = data.get("scores") or {}
+    means = {name: (scores.get(name) or {}).get("mean") for name in ("baseline_val", "best_val")}
+    return {**means, "wall_seconds": data.get("wall_seconds"), "report_status": data.get("status")}
+
+
+def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
+    """One row per run in the store, oldest first (an unreadable run.json is listed as such)."""
+    from evolane.campaign import load_run
+
+    rows: list[dict[str, Any]] = []
+    for run_id in layout.run_ids():
+        row: dict[str, Any] = dict.fromkeys(
+            ("campaign_id", "cycle", "created", "baseline_val", "best_val", "wall_seconds")
+        )
+        row.update(run_id=run_id, status="unreadable", report=None)
+        try:
+            record = load_run(layout, run_id)
+        except (OSError, ValueError):
+            rows.append(row)
+            continue
+        row.update(
+            campaign_id=record.campaign_id,
+            cycle=record.cycle,
+            status=record.status,
+            created=record.created,
+        )
+        report_json = layout.run_dir(run_id) / "report.json"
+        if report_json.is_file():
+            digest = _report_digest(report_json)
+            digest.pop("report_status", None)
+            row.update(digest, report=str(report_json))
+        rows.append(row)
+    rows.sort(key=lambda row: (row["created"] or 0.0, row["run_id"]))
+    return rows
+
+
+def campaign_rows(layout: StoreLayout) -> list[dict[str, Any]]:
+    """One row per campaign in the store, least recently updated first."""
+    from evolane.campaign import load_campaign
+
+    rows: list[dict[str, Any]] = []
+    for campaign_id in layout.campaign_ids():
+        try:
+            state = load_campaign(layout, campaign_id)
+        except (OSError, ValueError):
+            rows.append(
+                {
+                    "campaign_id": campaign_id,
+                    "status": "unreadable",
+                    "cycles": None,
+                    "best_val": None,
+                    "runs": None,
+                    "updated": None,
+                }
+            )
+            continue
+        rows.append(
+            {
+                "campaign_id": state.campaign_id,
+                "status": state.status,
+                "cycles": state.cycles,
+                "best_val": state.best_val,
+                "runs": len(state.runs),
+                "updated": state.updated,
+            }
+        )
+    rows.sort(key=lambda row: (row["updated"] or 0.0, row["campaign_id"]))
+    return rows
+
+
+def runs(
+    store: StoreOption = DEFAULT_STORE,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the lists as JSON.")] = False,
+) -> None:
+    """List the runs and campaigns in the store, newest last."""
+    from evolane.campaign import StoreLayout
+
+    if store.exists() and not store.is_dir():
+        fail_usage(f"--store {store} is not a directory")
+    layout = StoreLayout(store)
+    run_list, campaigns = run_rows(layout), campaign_rows(layout)
+    if as_json:
+        write_json({"store": str(store), "runs": run_list, "campaigns": campaigns})
+        return
+    console = wide_console()
+    if not run_list and not campaigns:
+        console.print(Text(f"No runs yet in {store}. Start one with `evolane optimize`."))
+        return
+    _print_runs(console, run_list)
+    _print_campaigns(console, campaigns)
+
+
+def _list_table(title: str, columns: tuple[str, ...], no_wrap: tuple[str, ...]) -> Table:
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        title_justify="left",
+    )
+    for column in columns:
+        wrap = column not in no_wrap
+        table.add_column(column, no_wrap=not wrap, overflow="fold", min_width=len(column))
+    return table
+
+
+def _print_runs(console: Console, rows: list[dict[str, Any]]) -> None:
+    columns = ("run", "campaign", "cycle", "status", "created", "best val", "wall")
+    whole = ("run", "status") if console.width >= 120 else ("status",)  # else every column fits
+    table = _list_table("runs", columns, no_wrap=whole)
+    for row in rows:
+        wall = row["wall_seconds"]
+        table.add_row(
+            Text(row["run_id"]),
+            Text(row["campaign_id"] or "-"),
+            "-" if row["cycle"] is None else str(row["cycle"]),
+            Text(row["status"]),
+            stamp(row["created"], "%Y-%m-%d %H:%M"),
+            number(row["best_val"]),
+            "-" if wall is None else f"{wall:.1f} s",
+        )
+    console.print(table)
+
+
+def _print_campaigns(console: Console, rows: list[dict[str, Any]]) -> None:
+    columns = ("campaign", "status", "cycles", "best val", "runs", "updated")
+    table = _list_table("campaigns", columns, no_wrap=("status",))
+    for row in rows:
+        table.add_row(
+            Text(row["campaign_id"]),
+            Text(row["status"]),
+            "-" if row["cycles"] is None else str(row["cycles"]),
+            number(row["best_val"]),
+            "-" if row["runs"] is None else str(row["runs"]),
+            stamp(row["updated"], "%Y-%m-%d %H:%M"),
+        )
+    console.print(table)

@@ -1,0 +1,171 @@
+"""What a progress observer knows of a run: the `ViewState` and its fold over events.
+
+Pure: folding takes one event and updates the state, with no IO, no clock and no trio, so
+the renderers (`evolane.cli._render`) only draw it. Each event kind has one small fold,
+found in a table by the event's ``kind``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from evolane import messages
+
+TERMINAL_STAGES = frozenset({"selected", "rejected", "blocked", "not_run"})
+"""Funnel stages a candidate slot never leaves."""
+
+_KEPT = 5  # decisions and warnings the view remembers
+_END_PHASES = frozenset({"finalize", "apply", "report"})
+
+
+def kind_of(event_type: type[messages.ProgressEvent]) -> str:
+    """The literal ``kind`` that every event of ``event_type`` carries."""
+    kind: str = event_type.model_fields["kind"].default
+    return kind
+
+
+@dataclass
+class ViewState:
+    """What the run has told the observer so far; `fold` adds one event (pure, no IO)."""
+
+    run_id: str = ""
+    campaign_id: str = ""
+    cycle: int = 0
+    iterations: int = 0
+    population: int = 0
+    replay_lanes: int = 0
+    judge_lanes: int = 0
+    resumed: bool = False
+    isolation: str = ""
+    wall_budget: float | None = None  # the campaign's --wall-clock-budget
+    wall_left: float | None = None  # what was left of it when this session began
+    wall_t: float = 0.0  # when (event time) that was measured
+    estimate: messages.EstimateEvent | None = None
+    phase: str = ""
+    iteration: int | None = None
+    parent: str = ""
+    convergence: str = ""
+    slot_iteration: int | None = None
+    slots: dict[int, messages.SlotEvent] = field(default_factory=dict)  # of `slot_iteration`
+    funnel: Counter[str] = field(default_factory=Counter)  # terminal stages over the run
+    measures: dict[str, messages.MeasureEvent] = field(default_factory=dict)  # unfinished
+    last_measure: messages.MeasureEvent | None = None
+    lanes_busy: int = 0
+    budget: messages.BudgetUpdate | None = None
+    decisions: deque[messages.DecisionEvent] = field(default_factory=lambda: deque(maxlen=_KEPT))
+    warnings: deque[messages.WarningEvent] = field(default_factory=lambda: deque(maxlen=_KEPT))
+    warning_count: int = 0
+    finished: messages.RunFinished | None = None
+    events: int = 0  # events folded
+    missed: int = 0  # events never seen, from gaps in the sequence numbers
+    last_seq: int = 0
+    t: float = 0.0  # the newest event's seconds since the run began
+
+    def fold(self, event: messages.ProgressEvent) -> None:
+        """Take one event into the state (an event of an unknown kind only counts)."""
+        self.events += 1
+        if event.seq > self.last_seq:
+            self.missed += event.seq - self.last_seq - 1
+            self.last_seq = event.seq
+        self.t = max(self.t, event.t)
+        self.run_id = event.run_id or self.run_id
+        fold = _FOLDS.get(event.kind)
+        if fold is not None:
+            fold(self, event)
+
+    def _started(self, event: messages.RunStarted) -> None:
+        self.campaign_id, self.cycle = event.campaign_id, event.cycle
+        self.iterations, self.population = event.iterations, event.population
+        self.replay_lanes, self.judge_lanes = event.replay_lanes, event.judge_lanes
+        self.resumed, self.isolation = event.resumed, event.isolation
+        self.wall_budget, self.wall_left = event.wall_clock_budget, event.wall_clock_left
+        self.wall_t = event.t
+
+    def _estimated(self, event: messages.EstimateEvent) -> None:
+        self.estimate = event
+
+    def _phase(self, event: messages.PhaseEvent) -> None:
+        self.phase, self.cycle = event.phase, event.cycle
+        if event.iteration is not None:
+            self.iteration = event.iteration
+        if event.parent:
+            self.parent = event.parent
+        if event.phase == "optimize":
+            self.convergence = event.convergence
+            if event.iteration is not None and event.iteration != self.slot_iteration:
+                self.slot_iteration, self.slots = event.iteration, {}
+
+    def _slot(self, event: messages.SlotEvent) -> None:
+        if event.iteration != self.slot_iteration:
+            self.slot_iteration, self.slots = event.iteration, {}
+        before = self.slots.get(event.slot)
+        if event.stage in TERMINAL_STAGES and (before is None or before.stage != event.stage):
+            self.funnel[event.stage] += 1
+        self.slots[event.slot] = event
+
+    def _measure(self, event: messages.MeasureEvent) -> None:
+        self.last_measure = event
+        if event.finished:
+            self.measures.pop(event.measurement_id, None)
+            if not self.measures:
+                self.lanes_busy = 0
+        else:
+            self.measures[event.measurement_id] = event
+            self.lanes_busy = event.lanes_busy
+
+    def _decided(self, event: messages.DecisionEvent) -> None:
+        self.decisions.append(event)
+
+    def _budget(self, event: messages.BudgetUpdate) -> None:
+        self.budget = event
+
+    def _warned(self, event: messages.WarningEvent) -> None:
+        self.warnings.append(event)
+        self.warning_count += 1
+
+    def _finished(self, event: messages.RunFinished) -> None:
+        self.finished = event
+        self.measures.clear()
+        self.lanes_busy = 0
+
+    def fraction_done(self) -> float | None:
+        """How much of the search is done (iterations and the current one's slots), if known."""
+        if self.finished is not None:
+            return 1.0
+        if not self.iterations or self.iteration is None or self.phase in _END_PHASES:
+            return None
+        within = 0.0
+        if self.phase == "optimize" and self.population:
+            current = self.slot_iteration == self.iteration
+            ended = sum(s.stage in TERMINAL_STAGES for s in self.slots.values()) if current else 0
+            active = sum(
+                m.pairs_done / m.pairs_planned for m in self.measures.values() if m.pairs_planned
+            )
+            within = min(1.0, (ended + active) / self.population)
+        fraction = (min(self.iteration, self.iterations) + within) / self.iterations
+        return min(fraction, 1.0) if fraction > 0 else None
+
+    def eta(self, elapsed: float | None = None) -> float | None:
+        """Seconds left at the pace so far (``elapsed`` defaults to the newest event's time)."""
+        fraction = self.fraction_done()
+        if fraction is None:
+            return None
+        spent = self.t if elapsed is None else elapsed
+        return max(0.0, spent / fraction - spent)
+
+
+_FOLDS: dict[str, Callable[[ViewState, Any], None]] = {
+    kind_of(messages.RunStarted): ViewState._started,
+    kind_of(messages.EstimateEvent): ViewState._estimated,
+    kind_of(messages.PhaseEvent): ViewState._phase,
+    kind_of(messages.SlotEvent): ViewState._slot,
+    kind_of(messages.MeasureEvent): ViewState._measure,
+    kind_of(messages.DecisionEvent): ViewState._decided,
+    kind_of(messages.BudgetUpdate): ViewState._budget,
+    kind_of(messages.WarningEvent): ViewState._warned,
+    kind_of(messages.RunFinished): ViewState._finished,
+}
+"""The fold of each event kind."""
