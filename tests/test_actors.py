@@ -19,6 +19,7 @@ from evolane.actors import (
     NotAnswered,
 )
 from evolane.messages import Message, Ping, Pong, StressWork
+from evolane.supervisors import open_runtime as open_actor_runtime
 from tests.helpers import Recorder
 
 
@@ -195,7 +196,7 @@ class Interruptible(evolane.Actor):
 
 
 async def test_a_signal_reaches_a_busy_actor_at_once_and_is_typed() -> None:
-    async with evolane.open_runtime() as rt:
+    async with open_actor_runtime() as rt:
         ref = await rt.spawn(Interruptible, name="busy", restart="temporary")
         async with trio.open_nursery() as nursery:
             answers: list[Any] = []
@@ -212,3 +213,12 @@ async def test_a_signal_reaches_a_busy_actor_at_once_and_is_typed() -> None:
         assert answers == [[9]]
         await rt.root.stop_child("busy")
         assert ref.signal(Ping(seq=10)) is False  # nobody to stop: dropped, not raised
+
+
+async def test_an_ask_without_a_timeout_waits_the_runtimes_ask_timeout() -> None:
+    gate = trio.Event()
+    async with open_actor_runtime(ask_timeout=0.2) as rt:
+        ref = await rt.spawn(Gated, gate, name="slow")
+        with trio.fail_after(10), pytest.raises(AskTimeout, match=r"within 0\.2s"):
+            await ref.ask(StressWork(seq=1))
+        gate.set()

@@ -11,7 +11,15 @@ from typing import Protocol
 
 import trio
 
-from evolane.actors import ActorContext, ActorRef, DeadLetterOffice, Mailbox, ServeControl, serve
+from evolane.actors import (
+    DEFAULT_ASK_TIMEOUT,
+    ActorContext,
+    ActorRef,
+    DeadLetterOffice,
+    Mailbox,
+    ServeControl,
+    serve,
+)
 from evolane.supervisors._spec import ActorSpec, ChildSpec
 
 
@@ -30,8 +38,11 @@ class Supervising(Protocol):
 class Environment:
     """What every cell of one runtime shares: the name registry and the dead-letter office."""
 
-    def __init__(self, dead_letters: DeadLetterOffice) -> None:
+    def __init__(
+        self, dead_letters: DeadLetterOffice, ask_timeout: float = DEFAULT_ASK_TIMEOUT
+    ) -> None:
         self.dead_letters = dead_letters
+        self.ask_timeout = ask_timeout  # every mailbox's default for an ask without a timeout
         self.registry: dict[str, ActorRef] = {}
         self.supervisors: dict[str, Supervising] = {}
 
@@ -80,7 +91,9 @@ class ActorCell(Cell):
         super().__init__(spec)
         env.claim(spec.name)
         self.env = env
-        self.mailbox = Mailbox(spec.name, spec.actor.accepts, env.dead_letters, spec.mailbox_size)
+        self.mailbox = Mailbox(
+            spec.name, spec.actor.accepts, env.dead_letters, spec.mailbox_size, env.ask_timeout
+        )
         self.ref = ActorRef(self.mailbox)
         self.control = ServeControl()
         env.registry[spec.name] = self.ref

@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from evolane.actors import Actor, ActorRef, ActorStats, DeadLetterOffice
+from evolane.actors import DEFAULT_ASK_TIMEOUT, Actor, ActorRef, ActorStats, DeadLetterOffice
 from evolane.supervisors._cells import Environment
 from evolane.supervisors._errors import leaf_exceptions
 from evolane.supervisors._spec import ActorSpec, ChildSpec, Restart, SupervisorSpec
@@ -76,14 +76,16 @@ async def open_runtime(
     within_seconds: float = 5.0,
     shutdown_timeout: float = 60.0,
     dead_letters_kept: int = 1000,
+    ask_timeout: float = DEFAULT_ASK_TIMEOUT,
 ) -> AsyncIterator[Runtime]:
     """Run a runtime for the body of the ``async with``: a one_for_one root supervisor.
 
     On exit the tree shuts down in reverse start order (each child gets its grace), even when
     the body was cancelled, bounded by ``shutdown_timeout``; then every mailbox is closed.
     An error that escapes the tree or the body is raised as itself, not wrapped in a group.
+    ``ask_timeout`` is how long an `ActorRef.ask` without its own timeout waits.
     """
-    env = Environment(DeadLetterOffice(dead_letters_kept))
+    env = Environment(DeadLetterOffice(dead_letters_kept), ask_timeout)
     root = Supervisor(
         SupervisorSpec(name=name, max_restarts=max_restarts, within_seconds=within_seconds), env
     )
