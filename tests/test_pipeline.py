@@ -8,9 +8,8 @@ import orjson
 import pytest
 import trio
 
-from evolane.measure._scheduler import MeasureRequest
+from evolane.messages import GateConfig, MeasureRequest
 from evolane.sandbox import lease_holders
-from evolane.stats import GateConfig
 from evolane.store import read_journal
 from tests.pipeline_helpers import sleeper_bench
 

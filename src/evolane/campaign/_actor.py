@@ -51,7 +51,6 @@ from evolane.campaign._types import (
     slot_event,
     slot_seed,
 )
-from evolane.measure import MeasureRequest, MeasureSummary
 from evolane.messages import (
     ArtifactRef,
     BudgetUpdate,
@@ -60,6 +59,8 @@ from evolane.messages import (
     FailureEvent,
     LedgerQuery,
     MeasureEvent,
+    MeasureRequest,
+    MeasureSummary,
     Message,
     PhaseEvent,
     ProposeJob,

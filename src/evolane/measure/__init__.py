@@ -18,15 +18,7 @@ from evolane.measure._pipeline import (
 )
 from evolane.measure._progress import ProgressBus, Subscription
 from evolane.measure._scheduler import MeasurementScheduler
-from evolane.measure._scheduling import (
-    RESTORABLE,
-    MeasureRequest,
-    MeasureStatus,
-    MeasureSummary,
-    SchedulerSettings,
-    repetitions,
-    unit_seed,
-)
+from evolane.measure._scheduling import RESTORABLE, SchedulerSettings, repetitions
 
 __all__ = [
     "PROBE_RUNNING",
@@ -34,9 +26,6 @@ __all__ = [
     "BudgetActor",
     "Ledger",
     "LedgerSnapshot",
-    "MeasureRequest",
-    "MeasureStatus",
-    "MeasureSummary",
     "MeasurementScheduler",
     "Overrun",
     "Pipeline",
@@ -49,5 +38,4 @@ __all__ = [
     "fingerprint",
     "open_pipeline",
     "repetitions",
-    "unit_seed",
 ]

@@ -27,9 +27,6 @@ from evolane.actors import Actor, ActorError, ActorRef
 from evolane.lanes import StopBoard
 from evolane.measure._scheduling import (
     RESTORABLE,
-    MeasureRequest,
-    MeasureStatus,
-    MeasureSummary,
     SchedulerSettings,
     Unit,
     framework_failure,
@@ -42,6 +39,9 @@ from evolane.messages import (
     JudgeJob,
     JudgeResult,
     MeasureEvent,
+    MeasureRequest,
+    MeasureStatus,
+    MeasureSummary,
     Message,
     ReplayJob,
     ReplayResult,
@@ -53,9 +53,6 @@ from evolane.store import BlobStore
 
 __all__ = [
     "RESTORABLE",
-    "MeasureRequest",
-    "MeasureStatus",
-    "MeasureSummary",
     "MeasurementScheduler",
     "SchedulerSettings",
     "repetitions",

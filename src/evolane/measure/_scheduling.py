@@ -1,14 +1,12 @@
-"""The measurement scheduler's messages, settings, unit record and the seeds it derives."""
+"""The measurement scheduler's settings, unit record and the seeds it derives."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import trio
-from pydantic import Field
 
 from evolane.measure._journal import RunJournal
 from evolane.messages import (
@@ -16,52 +14,10 @@ from evolane.messages import (
     FailureEvent,
     JudgeResult,
     MeasureEvent,
-    Message,
-    Name,
+    MeasureRequest,
     ReplayResult,
 )
-from evolane.stats import GateConfig, GateResult
-
-MeasureStatus = Literal[
-    "complete", "early_stopped", "budget_limited", "shared_failure", "cancelled", "diverged"
-]
-"""``diverged``: a re-judge (no replays allowed) met units its stored run replayed on
-another tree than this run plans; they were not used, and not run."""
-
-
-class MeasureRequest(Message):
-    """Measure a candidate tree against a baseline tree on a split (or a few cases)."""
-
-    kind: Literal["measure.request"] = "measure.request"
-    measurement_id: Name
-    baseline_ref: ArtifactRef
-    candidate_ref: ArtifactRef | None = None  # None: measure the baseline alone
-    split: Literal["train", "val", "test"] = "val"
-    case_ids: tuple[Name, ...] = Field(default=(), max_length=8)  # screening: a few cases
-    baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
-    candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
-    gate: GateConfig = GateConfig()
-
-
-class MeasureSummary(Message):
-    """The outcome of a measurement; the per-unit records are in the store (``units_ref``)."""
-
-    kind: Literal["measure.summary"] = "measure.summary"
-    measurement_id: Name
-    status: MeasureStatus
-    message: Annotated[str, Field(max_length=512)] = ""
-    gate: GateResult
-    units_planned: int
-    units_run: int
-    units_reused: int
-    units_restored: int = 0  # taken from the journal of an interrupted run
-    units_failed: int  # failed or timed out
-    units_cancelled: int = 0  # stopped on purpose (early stop, a stop of the run)
-    units_blocked: int
-    units_not_run: int
-    cases_compared: int
-    wall_seconds: float
-    units_ref: ArtifactRef
+from evolane.stats import seed_for
 
 
 @dataclass(frozen=True)
@@ -134,8 +90,7 @@ def framework_failure(stage: str, error: Exception) -> FailureEvent:
 
 def unit_seed(run_seed: int, case_id: str, repetition: int) -> int:
     """The seed shared by both arms of a pair (same case, same repetition)."""
-    digest = hashlib.sha256(f"{run_seed}:{case_id}:{repetition}".encode()).digest()
-    return int.from_bytes(digest[:7], "big")
+    return seed_for(run_seed, case_id, repetition)
 
 
 def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[int, int]:
