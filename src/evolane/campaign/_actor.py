@@ -286,7 +286,7 @@ class _Cycle:
             slot_id = self._slot_id(iteration, slot)
             restored = self.s.resume.proposals.get(slot_id)
             if restored is not None:
-                results[slot] = ProposeResult.model_validate(restored["result"])
+                results[slot] = restored.result
                 await self._charge(slot_id, results[slot], stage="optimizer")
                 return
             if not self.s.optimizer_allowed:

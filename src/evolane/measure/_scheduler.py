@@ -44,9 +44,11 @@ from evolane.messages import (
     MeasureSummary,
     Message,
     ReplayJob,
+    ReplayRecord,
     ReplayResult,
     Reserve,
     ReserveReply,
+    UnitRecord,
 )
 from evolane.stats import EarlyStop, decide
 from evolane.store import BlobStore
@@ -103,29 +105,24 @@ class MeasurementScheduler(Actor):
         it; a power loss only costs a replay)."""
         if self.settings.journal is None:
             return
-        record = {
-            "type": "replay",
-            "measurement": measurement_id,
-            "unit": unit.unit_id,
-            "tree": unit.tree_ref.digest,
-            "replay": replay.model_dump(mode="json"),
-        }
+        record = ReplayRecord(
+            measurement=measurement_id, unit=unit.unit_id, tree=unit.tree_ref.digest, replay=replay
+        )
         await self.settings.journal.append(record, durable=False)
 
     async def record(self, measurement_id: str, unit: Unit) -> None:
         """Journal one completed unit durably (the resume source) before it counts."""
         if self.settings.journal is None:
             return
-        record = {
-            "type": "unit",
-            "measurement": measurement_id,
-            "unit": unit.unit_id,
-            "tree": unit.tree_ref.digest,
-            "status": unit.status,
-            "reused": unit.reused,
-            "replay": unit.replay.model_dump(mode="json") if unit.replay else None,
-            "judge": unit.judge.model_dump(mode="json") if unit.judge else None,
-        }
+        record = UnitRecord(
+            measurement=measurement_id,
+            unit=unit.unit_id,
+            tree=unit.tree_ref.digest,
+            status=unit.status,  # type: ignore[arg-type]
+            reused=unit.reused,
+            replay=unit.replay,
+            judge=unit.judge,
+        )
         await self.settings.journal.append(record)
 
 
@@ -346,13 +343,13 @@ class _Measurement:
             self._check_early_stop()
             return None
         restored = self._stored(self.s.settings.restored, unit)
-        if restored is not None and restored.get("status") in RESTORABLE:
+        if restored is not None and restored.status in RESTORABLE and restored.replay:
             await self._restore(unit, restored)
             return None
         stored = self._stored(self.s.settings.restored_replays, unit)
         if stored is not None:  # replayed before an interruption, not yet judged: judge only
             unit.restored = True
-            return ReplayResult.model_validate(stored["replay"])
+            return stored.replay
         if not self.s.settings.replays_allowed:
             other = self.diverged.get(unit.unit_id)
             why = "no stored replay to judge again"
@@ -393,24 +390,23 @@ class _Measurement:
             )
         return result
 
-    def _stored(self, records: Mapping[str, dict[str, Any]], unit: Unit) -> dict[str, Any] | None:
+    def _stored(self, records: Mapping[str, Any], unit: Unit) -> Any:
         """The journal's record of ``unit``, if it was made on the tree this unit plans (a
         unit id names no tree: after other decisions the same id can mean another tree)."""
         record = records.get(unit.unit_id)
         if record is None:
             return None
-        tree = record.get("tree")
-        if tree is not None and tree != unit.tree_ref.digest:  # None: an older journal
-            self.diverged[unit.unit_id] = str(tree)[:80]
+        if record.tree is not None and record.tree != unit.tree_ref.digest:  # None: older
+            self.diverged[unit.unit_id] = record.tree[:80]
             return None
         return record
 
-    async def _restore(self, unit: Unit, record: dict[str, Any]) -> None:
+    async def _restore(self, unit: Unit, record: UnitRecord) -> None:
         """Take a unit finished before an interruption from the journal: no rerun, but its
         usage is charged again so the budget sees the whole run (not in a re-judge: the
         stored run paid for those replays)."""
-        replay = ReplayResult.model_validate(record["replay"])
-        judge = JudgeResult.model_validate(record["judge"]) if record.get("judge") else None
+        assert record.replay is not None
+        replay, judge = record.replay, record.judge
         if self.s.settings.rejudge:  # re-evaluation: the stored replay, judged anew
             judge = await self._judge(unit, replay) if replay.status == "succeeded" else None
         unit.replay, unit.judge, unit.restored = replay, judge, True

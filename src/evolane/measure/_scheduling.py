@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 
@@ -15,7 +14,9 @@ from evolane.messages import (
     JudgeResult,
     MeasureEvent,
     MeasureRequest,
+    ReplayRecord,
     ReplayResult,
+    UnitRecord,
 )
 from evolane.stats import seed_for
 
@@ -33,9 +34,9 @@ class SchedulerSettings:
     min_cases: int = 8
     seed: int = 0
     journal: RunJournal | None = None
-    restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
+    restored: Mapping[str, UnitRecord] = field(default_factory=dict)  # unit id -> record
     # (a record counts only if its "tree" is the tree the unit plans: unit ids hold no tree)
-    restored_replays: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # judged next
+    restored_replays: Mapping[str, ReplayRecord] = field(default_factory=dict)  # judged next
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
     rejudge: bool = False  # restored units are judged again (--rerun-evaluator)
     replays_allowed: bool = True  # False: a unit without a stored replay is not run

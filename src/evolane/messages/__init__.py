@@ -1,4 +1,5 @@
-"""Typed, frozen, bounded messages and the `ArtifactRef` that carries payloads by reference."""
+"""Typed, frozen, bounded messages, the run journal's records, and the `ArtifactRef` that
+carries payloads by reference."""
 
 from evolane.messages._base import (
     MAX_MESSAGE_BYTES,
@@ -34,6 +35,15 @@ from evolane.messages._gate import (
     GateConfig,
     GateName,
     GateResult,
+)
+from evolane.messages._journal import (
+    JOURNAL_RECORDS,
+    JournalRecord,
+    JournalRecordError,
+    ProposalRecord,
+    ReplayRecord,
+    UnitRecord,
+    parse_journal_record,
 )
 from evolane.messages._measure import (
     DIMENSIONS,
@@ -71,6 +81,7 @@ from evolane.messages._system import DeadLetter, Ping, Pong, StressWork
 __all__ = [
     "DIMENSIONS",
     "EVENT_TYPES",
+    "JOURNAL_RECORDS",
     "MAX_MESSAGE_BYTES",
     "MAX_VETOED_LISTED",
     "Arm",
@@ -90,6 +101,8 @@ __all__ = [
     "GateName",
     "GateOutcome",
     "GateResult",
+    "JournalRecord",
+    "JournalRecordError",
     "JudgeJob",
     "JudgeResult",
     "LedgerQuery",
@@ -108,11 +121,13 @@ __all__ = [
     "Ping",
     "Pong",
     "ProgressEvent",
+    "ProposalRecord",
     "ProposeJob",
     "ProposeResult",
     "Record",
     "Release",
     "ReplayJob",
+    "ReplayRecord",
     "ReplayResult",
     "Reserve",
     "ReserveReply",
@@ -123,10 +138,12 @@ __all__ = [
     "Stage",
     "StressWork",
     "Text",
+    "UnitRecord",
     "UnitStatus",
     "Usage",
     "WarningEvent",
     "message_classes",
     "message_schemas",
+    "parse_journal_record",
     "unbounded_fields",
 ]
