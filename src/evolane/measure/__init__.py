@@ -1,5 +1,6 @@
-"""Paired measurement: the scheduler that plans and dispatches replay and judge units, the
-budget ledger, the run journal writer, the progress bus and the pipeline that assembles them."""
+"""Paired measurement: the plan (an IO-free state machine) and the scheduler that performs
+it over replay and judge lanes, the budget ledger, the run journal writer, the progress bus
+and the pipeline that assembles them. The measurement's messages live in `evolane.messages`."""
 
 from evolane.measure._budget import (
     PROBE_RUNNING,
@@ -18,7 +19,8 @@ from evolane.measure._pipeline import (
 )
 from evolane.measure._progress import ProgressBus, Subscription
 from evolane.measure._scheduler import MeasurementScheduler
-from evolane.measure._scheduling import RESTORABLE, SchedulerSettings, repetitions
+from evolane.measure._scheduling import SchedulerSettings
+from evolane.measure._units import RESTORABLE, repetitions
 
 __all__ = [
     "PROBE_RUNNING",
