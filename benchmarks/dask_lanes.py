@@ -30,10 +30,8 @@ from tests.pipeline_helpers import sleeper_bench
 from evolane.distributed import DaskCluster, open_cluster
 from evolane.inputs import REPLAY_PLACEHOLDERS, CommandTemplate
 from evolane.lanes._replay import LaneSettings, ReplayLane, StopBoard
-from evolane.measure._scheduler import MeasureRequest
-from evolane.messages import ReplayJob
+from evolane.messages import GateConfig, MeasureRequest, ReplayJob
 from evolane.sandbox import SandboxHost, open_sandbox
-from evolane.stats import GateConfig
 from evolane.store import BlobStore, snapshot_tree
 
 OVERHEAD_MS = 15.0

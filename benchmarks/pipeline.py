@@ -29,9 +29,8 @@ from tests.pipeline_helpers import sleeper_bench
 
 from evolane.inputs import load_dataset
 from evolane.measure._pipeline import PipelineConfig, open_pipeline
-from evolane.measure._scheduler import MeasureRequest
+from evolane.messages import GateConfig, MeasureRequest
 from evolane.sandbox import open_sandbox
-from evolane.stats import GateConfig
 from evolane.store import BlobStore, snapshot_tree
 from evolane.supervisors import open_runtime
 

@@ -23,9 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.pipeline_helpers import JUDGE, REPLAY, Bench, sleeper_bench
 
-from evolane.measure._scheduler import MeasureRequest
+from evolane.messages import GateConfig, MeasureRequest
 from evolane.sandbox import SandboxSpec
-from evolane.stats import GateConfig
 from evolane.store import materialize_tree
 
 

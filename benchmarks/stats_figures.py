@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from evolane.stats import EarlyStop, GateConfig, SequentialTest, bootstrap_ci, decide
+from evolane.messages import GateConfig
+from evolane.stats import EarlyStop, SequentialTest, bootstrap_ci, decide
 
 CASES, RESAMPLES = 1_000, 10_000
 

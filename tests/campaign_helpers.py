@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evolane.campaign._config import CampaignConfig
-from evolane.stats import GateConfig
+from evolane.messages import GateConfig
 
 OPTIMIZER = textwrap.dedent(
     """

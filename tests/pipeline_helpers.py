@@ -13,8 +13,7 @@ from typing import Any
 
 from evolane.examples.sleeper.commands import main as sleeper
 from evolane.inputs import Dataset, load_dataset
-from evolane.measure._journal import RunJournal
-from evolane.measure._pipeline import Pipeline, PipelineConfig, open_pipeline
+from evolane.measure import Pipeline, PipelineConfig, RunJournal, open_pipeline
 from evolane.messages import ArtifactRef
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.store import BlobStore, snapshot_tree

@@ -13,8 +13,7 @@ from evolane.campaign._report import Report
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.campaign._runs import StoreLayout, load_campaign, load_run
 from evolane.inputs import InputError
-from evolane.messages import Usage
-from evolane.stats import GateConfig
+from evolane.messages import GateConfig, Usage
 from evolane.store import read_journal
 from tests.campaign_helpers import (
     FAILING_CHECK,

@@ -220,3 +220,102 @@ async def test_a_new_campaign_never_takes_an_unchecked_swapped_candidate_as_its_
     assert outcome.report.campaign_id != load_run(StoreLayout(paths["store"]), crashed).campaign_id
     journal = json.loads((paths["store"] / "runs" / crashed / "apply.json").read_text())
     assert journal["state"] == "recovered"
+
+
+# -- a journal written before its records were typed resumes as it is ----------------------
+
+# Lines as the untyped journal wrote them (dicts, key for key); BASE and CAND stand for the
+# trees' digests, OUTPUT for a replay's output tree. m.0.0.c is older still: no "tree".
+# m.2.0.b was replayed on another tree than this run plans.
+TODAYS_JOURNAL = """\
+{"type":"unit","measurement":"m","unit":"m.0.0.b","tree":"BASE","status":"succeeded","reused":false,"replay":{"kind":"replay.result","unit_id":"m.0.0.b","case_id":"c0","arm":"baseline","repetition":0,"status":"succeeded","failure":null,"output_ref":OUTPUT,"stdout_ref":null,"stderr_ref":null,"usage":{"tokens":null,"cost_usd":null,"wall_seconds":0.01},"usage_complete":false,"wall_seconds":0.01,"attempts":1,"blocked_by":null},"judge":{"kind":"judge.result","unit_id":"m.0.0.b","status":"succeeded","score":1.0,"source":"exact_match","failure":null,"detail_ref":null,"attempts":1,"wall_seconds":0.0}}
+{"type":"unit","measurement":"m","unit":"m.0.0.c","status":"succeeded","reused":false,"replay":{"kind":"replay.result","unit_id":"m.0.0.c","case_id":"c0","arm":"candidate","repetition":0,"status":"succeeded","failure":null,"output_ref":OUTPUT,"stdout_ref":null,"stderr_ref":null,"usage":{"tokens":null,"cost_usd":null,"wall_seconds":0.01},"usage_complete":false,"wall_seconds":0.01,"attempts":1,"blocked_by":null},"judge":{"kind":"judge.result","unit_id":"m.0.0.c","status":"succeeded","score":1.0,"source":"exact_match","failure":null,"detail_ref":null,"attempts":1,"wall_seconds":0.0}}
+{"type":"replay","measurement":"m","unit":"m.1.0.b","tree":"BASE","replay":{"kind":"replay.result","unit_id":"m.1.0.b","case_id":"c1","arm":"baseline","repetition":0,"status":"succeeded","failure":null,"output_ref":OUTPUT,"stdout_ref":null,"stderr_ref":null,"usage":{"tokens":null,"cost_usd":null,"wall_seconds":0.01},"usage_complete":false,"wall_seconds":0.01,"attempts":1,"blocked_by":null}}
+{"type":"unit","measurement":"m","unit":"m.1.0.c","tree":"CAND","status":"cancelled","reused":false,"replay":{"kind":"replay.result","unit_id":"m.1.0.c","case_id":"c1","arm":"candidate","repetition":0,"status":"cancelled","failure":null,"output_ref":null,"stdout_ref":null,"stderr_ref":null,"usage":{"tokens":null,"cost_usd":null,"wall_seconds":0.01},"usage_complete":false,"wall_seconds":0.01,"attempts":1,"blocked_by":null},"judge":null}
+{"type":"unit","measurement":"m","unit":"m.2.0.b","tree":"CAND","status":"succeeded","reused":false,"replay":{"kind":"replay.result","unit_id":"m.2.0.b","case_id":"c2","arm":"baseline","repetition":0,"status":"succeeded","failure":null,"output_ref":OUTPUT,"stdout_ref":null,"stderr_ref":null,"usage":{"tokens":null,"cost_usd":null,"wall_seconds":0.01},"usage_complete":false,"wall_seconds":0.01,"attempts":1,"blocked_by":null},"judge":{"kind":"judge.result","unit_id":"m.2.0.b","status":"succeeded","score":1.0,"source":"exact_match","failure":null,"detail_ref":null,"attempts":1,"wall_seconds":0.0}}
+{"type":"proposal","slot":"c0.i0.s0","result":{"kind":"optimizer.result","slot_id":"c0.i0.s0","status":"failed","tree_ref":null,"gate":null,"failure":null,"stdout_ref":null,"stderr_ref":null,"summary":"","usage":{"tokens":null,"cost_usd":null,"wall_seconds":null},"wall_seconds":0.0}}
+"""
+UNIT_KEYS = ["type", "measurement", "unit", "tree", "status", "reused", "replay", "judge"]
+REPLAY_KEYS = ["type", "measurement", "unit", "tree", "replay"]
+
+
+async def test_a_journal_in_the_untyped_format_resumes_without_paying_twice(
+    tmp_path: Path,
+) -> None:
+    from evolane.campaign import read_resume_state
+    from evolane.inputs import load_dataset
+    from evolane.measure import PipelineConfig, RunJournal, open_pipeline
+    from evolane.messages import GateConfig, MeasureRequest
+    from evolane.sandbox import open_sandbox
+    from evolane.store import BlobStore, snapshot_tree
+    from evolane.supervisors import open_runtime
+
+    rows = [{"id": f"c{i}", "input": i, "expected_output": "yes", "split": "val"} for i in range(4)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = BlobStore(tmp_path / "store")
+    trees = {}
+    for name in ("base", "cand"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "agent.txt").write_text(name)
+        trees[name] = snapshot_tree(store, tmp_path / name)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "output.json").write_text('"yes"\n')  # what the stored replays wrote
+    output = snapshot_tree(store, tmp_path / "out").model_dump_json()
+    journal = tmp_path / "journal.jsonl"
+    lines = TODAYS_JOURNAL.replace("BASE", trees["base"].digest)
+    written = lines.replace("CAND", trees["cand"].digest).replace("OUTPUT", output)
+    journal.write_text(written)
+
+    state = read_resume_state(journal)
+    assert set(state.units) == {"m.0.0.b", "m.0.0.c", "m.1.0.c", "m.2.0.b"}
+    assert set(state.replays) == {"m.1.0.b"} and set(state.proposals) == {"c0.i0.s0"}
+    assert state.proposals["c0.i0.s0"].result.status == "failed"
+
+    log = tmp_path / "replays.log"
+    replay = f'sh -c \'echo "$EVOLANE_UNIT" >> {log}; echo \\"yes\\" > "$1"/output.json\''
+    config = PipelineConfig(
+        replay=f"{replay} replay {{output_dir}}",
+        kill_grace=0.2,
+        journal=RunJournal(journal),
+        restored=state.units,
+        restored_replays=state.replays,
+    )
+    request = MeasureRequest(
+        measurement_id="m",
+        baseline_ref=trees["base"],
+        candidate_ref=trees["cand"],
+        baseline_repetitions=1,
+        candidate_repetitions=1,
+        gate=GateConfig(sequential=False, min_cases=2),
+    )
+    try:
+        async with open_sandbox(tmp_path / "sb", store=store) as host, open_runtime() as rt:
+            dataset = load_dataset(tmp_path / "d.jsonl")
+            async with open_pipeline(rt, host, store, dataset, config) as pipeline:
+                summary = await pipeline.measure(request)
+    finally:
+        assert config.journal is not None
+        config.journal.close()
+    replayed = set(log.read_text().split())
+    assert replayed == {"m.1.0.c", "m.2.0.b", "m.2.0.c", "m.3.0.b", "m.3.0.c"}
+    assert summary.units_restored == 3 and summary.units_run == 5
+    assert summary.status == "complete" and summary.gate.n == 4
+    records = read_journal(journal).records
+    assert journal.read_text().startswith(written)  # the old lines stay as they were
+    for record in records[6:]:  # what this run added: the same keys, in the same order
+        assert list(record) == (UNIT_KEYS if record["type"] == "unit" else REPLAY_KEYS)
+    assert {r["unit"] for r in records[6:] if r["type"] == "unit"} == replayed | {"m.1.0.b"}
+    assert set(read_resume_state(journal).units) >= replayed
+
+
+def test_a_journal_record_of_a_newer_evolane_is_one_clear_error(tmp_path: Path) -> None:
+    from evolane.campaign import read_resume_state
+    from evolane.inputs import InputError
+
+    journal = tmp_path / "journal.jsonl"
+    first = TODAYS_JOURNAL.splitlines()[5]  # the proposal: no digests to fill in
+    journal.write_text(first + "\n" + '{"type": "checkpoint", "at": 3}\n')
+    with pytest.raises(InputError) as caught:
+        read_resume_state(journal)
+    message = str(caught.value)
+    assert message.startswith(f"{journal}:2: ") and "newer or older evolane" in message

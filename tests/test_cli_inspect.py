@@ -30,7 +30,15 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.cli import app
-from evolane.messages import EVENT_TYPES, ArtifactRef, PhaseEvent, Usage
+from evolane.messages import (
+    EVENT_TYPES,
+    ArtifactRef,
+    PhaseEvent,
+    ProposalRecord,
+    ProposeResult,
+    UnitRecord,
+    Usage,
+)
 from evolane.store import Journal, write_json_atomic
 
 FINISHED = "20260101-100000-aaaaaa"
@@ -173,8 +181,9 @@ def store(tmp_path: Path) -> Store:
     save_run(layout, _record(INTERRUPTED, T0 + 3600, "interrupted"))
     with Journal(layout.run_dir(INTERRUPTED) / "journal.jsonl") as journal:
         for unit in ("m1/u1", "m1/u2", "m1/u1"):  # a re-run unit is counted once
-            journal.append({"type": "unit", "measurement": "m1", "unit": unit, "status": "ok"})
-        journal.append({"type": "proposal", "slot": "c0-i0-s0", "result": {}})
+            journal.append(UnitRecord(measurement="m1", unit=unit, status="succeeded"))
+        proposal = ProposeResult(slot_id="c0-i0-s0", status="failed")
+        journal.append(ProposalRecord(slot="c0-i0-s0", result=proposal))
     phase = PhaseEvent(run_id=INTERRUPTED, seq=1, t=7.25, phase="measure")
     (layout.run_dir(INTERRUPTED) / "events.jsonl").write_bytes(
         orjson.dumps(phase.model_dump(mode="json")) + b"\n"

@@ -1,4 +1,5 @@
-"""Messages: bounded by schema, maximal instances fit MAX_MESSAGE_BYTES, always validated."""
+"""Messages and journal records: bounded by schema, maximal instances fit their size limit
+(MAX_MESSAGE_BYTES, a journal line), always validated; each public name has one home."""
 
 from __future__ import annotations
 
@@ -15,14 +16,24 @@ from pydantic import Field
 
 import evolane
 from evolane.messages import (
+    JOURNAL_RECORDS,
     MAX_MESSAGE_BYTES,
     ArtifactRef,
+    JudgeResult,
     Message,
+    ProposalRecord,
+    ProposeResult,
     Record,
+    ReplayRecord,
+    ReplayResult,
+    UnitRecord,
     message_classes,
     message_schemas,
+    parse_journal_record,
     unbounded_fields,
 )
+from evolane.store import MAX_RECORD_BYTES
+from evolane.store._journal import encode_record
 
 
 def _import_everything() -> None:
@@ -33,6 +44,7 @@ def _import_everything() -> None:
 
 _import_everything()
 ALL_MESSAGES = list(message_classes().values())
+ALL_RECORDS = list(JOURNAL_RECORDS.values())
 # Characters whose JSON encoding is the largest per character (escapes, multi-byte UTF-8).
 HEAVY_CHARS = st.sampled_from(["a", "\x00", '"', "\\", "é", "\u2028", "\U0001f600"])
 
@@ -41,8 +53,8 @@ def test_there_are_messages_to_check() -> None:
     assert {"ping", "pong", "stress.work"} <= set(message_classes())
 
 
-@pytest.mark.parametrize("cls", ALL_MESSAGES, ids=lambda c: c.__name__)
-def test_every_message_class_is_bounded(cls: type[Message]) -> None:
+@pytest.mark.parametrize("cls", ALL_MESSAGES + ALL_RECORDS, ids=lambda c: c.__name__)
+def test_every_message_class_and_journal_record_is_bounded(cls: type[Record]) -> None:
     assert unbounded_fields(cls) == []
 
 
@@ -122,6 +134,16 @@ def test_maximal_instances_fit_the_message_size_limit(cls: type[Message], data: 
     assert size <= MAX_MESSAGE_BYTES, f"{cls.__name__}: {size} bytes"
 
 
+@pytest.mark.parametrize("cls", ALL_RECORDS, ids=lambda c: c.__name__)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_maximal_journal_records_fit_a_journal_line(cls: type[Record], data: Any) -> None:
+    schema = cls.model_json_schema(mode="validation")
+    raw = _maximal(schema, schema.get("$defs", {}), data.draw)
+    line = encode_record(cls.model_validate(raw))
+    assert len(line) <= MAX_RECORD_BYTES, f"{cls.__name__}: {len(line)} bytes"
+
+
 def test_messages_are_frozen_closed_and_always_validated() -> None:
     ping = evolane.messages.Ping(seq=1)
     with pytest.raises(pydantic.ValidationError):
@@ -147,3 +169,112 @@ def test_schema_export_covers_every_kind() -> None:
     assert set(schema["kinds"]) == set(message_classes())
     assert {cls.__name__ for cls in ALL_MESSAGES} <= set(schema["$defs"])
     orjson.dumps(schema)
+
+
+def test_each_name_of_messages_stats_and_measure_has_one_public_home() -> None:
+    homes: dict[str, list[str]] = {}
+    for module in pkgutil.iter_modules(evolane.__path__):
+        if module.ispkg:
+            package = importlib.import_module(f"evolane.{module.name}")
+            for name in getattr(package, "__all__", ()):
+                homes.setdefault(name, []).append(module.name)
+    mine = {"messages", "stats", "measure"}
+    shared = {name: where for name, where in homes.items() if len(where) > 1 and mine & set(where)}
+    assert shared == {}
+
+
+# ----- journal records ----------------------------------------------------------------------
+
+DIGEST = "sha256:" + "ab" * 32
+OUTPUT = {"digest": DIGEST, "size": 6, "media_type": "application/json"}
+
+
+def _results() -> tuple[ReplayResult, JudgeResult, ProposeResult]:
+    replay = ReplayResult(
+        unit_id="m.0.0.b",
+        case_id="c0",
+        arm="baseline",
+        repetition=0,
+        status="succeeded",
+        output_ref=ArtifactRef.model_validate(OUTPUT),
+        wall_seconds=0.25,
+    )
+    judge = JudgeResult(unit_id="m.0.0.b", status="succeeded", score=0.5, source="exact_match")
+    proposal = ProposeResult(slot_id="c0.i0.s0", status="failed")
+    return replay, judge, proposal
+
+
+def test_journal_records_write_the_lines_of_the_dicts_they_replace() -> None:
+    replay, judge, proposal = _results()
+    as_dicts = [
+        {
+            "type": "unit",
+            "measurement": "m",
+            "unit": "m.0.0.b",
+            "tree": DIGEST,
+            "status": "succeeded",
+            "reused": False,
+            "replay": replay.model_dump(mode="json"),
+            "judge": judge.model_dump(mode="json"),
+        },
+        {
+            "type": "replay",
+            "measurement": "m",
+            "unit": "m.0.0.b",
+            "tree": DIGEST,
+            "replay": replay.model_dump(mode="json"),
+        },
+        {"type": "proposal", "slot": "c0.i0.s0", "result": proposal.model_dump(mode="json")},
+    ]
+    records = [
+        UnitRecord(
+            measurement="m",
+            unit="m.0.0.b",
+            tree=DIGEST,
+            status="succeeded",
+            reused=False,
+            replay=replay,
+            judge=judge,
+        ),
+        ReplayRecord(measurement="m", unit="m.0.0.b", tree=DIGEST, replay=replay),
+        ProposalRecord(slot="c0.i0.s0", result=proposal),
+    ]
+    for old, record in zip(as_dicts, records, strict=True):
+        assert encode_record(record) == encode_record(old)
+        assert parse_journal_record(orjson.loads(encode_record(old)), "j:1") == record
+
+
+def test_an_older_unit_record_without_a_tree_still_reads() -> None:
+    replay, _, _ = _results()
+    line = {
+        "type": "unit",
+        "measurement": "m",
+        "unit": "m.0.0.b",
+        "status": "failed",
+        "reused": False,
+        "replay": replay.model_dump(mode="json"),
+        "judge": None,
+    }
+    record = parse_journal_record(line, "j:1")
+    assert isinstance(record, UnitRecord) and record.tree is None and record.judge is None
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ({"type": "checkpoint", "at": 3}, "unknown type 'checkpoint'"),
+        ({"unit": "m.0.0.b"}, "unknown type 'None'"),
+        ({"type": "unit", "measurement": "m", "unit": "u", "status": "exploded"}, "status"),
+        ({"type": "proposal", "slot": "s", "result": {}, "extra": 1}, "proposal record"),
+    ],
+)
+def test_a_journal_line_this_evolane_does_not_know_is_one_clear_error(
+    line: dict[str, Any], words: str
+) -> None:
+    from evolane.messages import JournalRecordError
+
+    with pytest.raises(JournalRecordError) as caught:
+        parse_journal_record(line, "runs/r1/journal.jsonl:7")
+    message = str(caught.value)
+    assert message.startswith("runs/r1/journal.jsonl:7: ") and words in message
+    assert "newer or older evolane" in message and "\n" not in message

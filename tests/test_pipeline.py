@@ -8,9 +8,8 @@ import orjson
 import pytest
 import trio
 
-from evolane.measure._scheduler import MeasureRequest
+from evolane.messages import GateConfig, MeasureRequest
 from evolane.sandbox import lease_holders
-from evolane.stats import GateConfig
 from evolane.store import read_journal
 from tests.pipeline_helpers import sleeper_bench
 
@@ -216,8 +215,19 @@ async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_pat
     assert all(r["judge"]["source"] == "exact_match" for r in records)
 
 
+def _plan(request: MeasureRequest, case_ids: tuple[str, ...], lanes: int):  # type: ignore[no-untyped-def]
+    """A measurement plan over ``case_ids`` (no IO: nothing is started)."""
+    from evolane.measure import SchedulerSettings
+    from evolane.measure._plan import MeasurePlan
+
+    settings = SchedulerSettings(
+        case_refs={}, judge_case_refs={}, splits={"val": case_ids}, fingerprint="f", min_cases=8
+    )
+    return MeasurePlan(request, settings, lanes=lanes)
+
+
 def test_adaptive_repetitions_and_first_repetitions_first() -> None:
-    from evolane.measure._scheduler import _Measurement, repetitions
+    from evolane.measure import repetitions
     from evolane.messages import ArtifactRef
 
     ref = ArtifactRef(digest="sha256:" + "0" * 64, size=0)
@@ -227,15 +237,7 @@ def test_adaptive_repetitions_and_first_repetitions_first() -> None:
     explicit = request.model_copy(update={"baseline_repetitions": 4, "candidate_repetitions": 1})
     assert repetitions(explicit, cases=3, min_cases=8) == (4, 1)
 
-    class Settings:
-        splits = {"val": ("a", "b", "c")}
-        min_cases = 8
-
-    class Scheduler:
-        settings = Settings()
-        replay_lanes = judge_lanes = [None]
-
-    plan = _Measurement(Scheduler(), request)  # type: ignore[arg-type]
+    plan = _plan(request, ("a", "b", "c"), lanes=1)
     order = [(u.repetition, u.case_id, u.arm) for u in plan.units]
     assert order[:6] == [
         (0, "a", "baseline"),
@@ -280,22 +282,13 @@ def _makespan(units: list, priority: dict, lanes: int, seed: int) -> float:  # t
 
 
 def test_baselines_start_about_a_wave_ahead_so_no_pair_ends_the_run_alone() -> None:
-    from evolane.measure._scheduler import _Measurement
     from evolane.messages import ArtifactRef
 
     ref = ArtifactRef(digest="sha256:" + "0" * 64, size=0)
     request = MeasureRequest(measurement_id="m", baseline_ref=ref, candidate_ref=ref)
     lanes = 8
 
-    class Settings:
-        splits = {"val": tuple(f"c{i}" for i in range(64))}
-        min_cases = 8
-
-    class Scheduler:
-        settings = Settings()
-        replay_lanes = judge_lanes = [None] * lanes
-
-    plan = _Measurement(Scheduler(), request)  # type: ignore[arg-type]
+    plan = _plan(request, tuple(f"c{i}" for i in range(64)), lanes=lanes)
     waves = len(plan.units) / lanes  # 16: the critical-path bound
     ours = [_makespan(plan.units, plan.priority, lanes, seed) for seed in range(20)]
     in_plan_order = {u.index: (u.repetition, u.index) for u in plan.units}

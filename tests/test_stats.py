@@ -11,11 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from evolane.messages import unbounded_fields
+from evolane.messages import MAX_VETOED_LISTED, GateConfig, GateResult, unbounded_fields
 from evolane.stats import (
-    MAX_VETOED_LISTED,
-    GateConfig,
-    GateResult,
     bootstrap_ci,
     bootstrap_means,
     decide,

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from evolane.stats import EarlyStop, GateConfig, SequentialTest, decide, settled
+from evolane.messages import GateConfig
+from evolane.stats import EarlyStop, SequentialTest, decide, settled
 
 ALPHA = 0.05
 Sampler = Callable[[np.random.Generator, int], np.ndarray]

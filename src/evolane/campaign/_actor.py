@@ -51,7 +51,6 @@ from evolane.campaign._types import (
     slot_event,
     slot_seed,
 )
-from evolane.measure import MeasureRequest, MeasureSummary
 from evolane.messages import (
     ArtifactRef,
     BudgetUpdate,
@@ -60,6 +59,8 @@ from evolane.messages import (
     FailureEvent,
     LedgerQuery,
     MeasureEvent,
+    MeasureRequest,
+    MeasureSummary,
     Message,
     PhaseEvent,
     ProposeJob,
@@ -285,7 +286,7 @@ class _Cycle:
             slot_id = self._slot_id(iteration, slot)
             restored = self.s.resume.proposals.get(slot_id)
             if restored is not None:
-                results[slot] = ProposeResult.model_validate(restored["result"])
+                results[slot] = restored.result
                 await self._charge(slot_id, results[slot], stage="optimizer")
                 return
             if not self.s.optimizer_allowed:

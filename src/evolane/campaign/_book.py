@@ -18,9 +18,7 @@ from evolane.campaign._report import (
     ScoreCI,
     score_ci,
 )
-from evolane.measure import MeasureSummary
-from evolane.messages import FailureEvent, FunnelStage, LocalGateResult
-from evolane.stats import Decision
+from evolane.messages import Decision, FailureEvent, FunnelStage, LocalGateResult, MeasureSummary
 
 MAX_FAILURES = 1000
 """Failure events kept in a report (the count beyond is stated)."""

@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from evolane.messages import Name, Record, ShortText, Text
-from evolane.stats import GateConfig
+from evolane.messages import GateConfig, Name, Record, ShortText, Text
 
 ApplyPolicyName = Literal["proposal", "verified_only", "auto_verified"]
 Focus = Literal["all", "cyclic", "hardest-first"]

@@ -17,6 +17,7 @@ from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate
 from evolane.messages import (
     ArtifactRef,
+    Decision,
     FailureEvent,
     FunnelStage,
     LocalGateResult,
@@ -26,7 +27,7 @@ from evolane.messages import (
     Text,
     Usage,
 )
-from evolane.stats import Decision, bootstrap_ci
+from evolane.stats import bootstrap_ci
 
 REPORT_VERSION = 1
 _MANY = 1_000_000

@@ -16,14 +16,28 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
 from evolane.campaign._config import CampaignConfig
 from evolane.inputs import InputError
-from evolane.messages import ArtifactRef, Digest, Name, Record, ShortText, Text, Usage
+from evolane.measure import RESTORABLE
+from evolane.messages import (
+    ArtifactRef,
+    Digest,
+    JournalRecordError,
+    Name,
+    ProposalRecord,
+    Record,
+    ReplayRecord,
+    ShortText,
+    Text,
+    UnitRecord,
+    Usage,
+    parse_journal_record,
+)
 from evolane.store import BlobStore, StoreError, read_journal, read_json, write_json_atomic
 
 RunStatus = Literal["running", "finished", "budget_limited", "interrupted", "failed"]
@@ -152,9 +166,9 @@ def load_campaign(layout: StoreLayout, campaign_id: str) -> CampaignState:
 class ResumeState:
     """What an interrupted run's journal holds: finished units and optimizer proposals."""
 
-    units: dict[str, dict[str, Any]] = field(default_factory=dict)
-    replays: dict[str, dict[str, Any]] = field(default_factory=dict)  # replayed, not judged
-    proposals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    units: dict[str, UnitRecord] = field(default_factory=dict)
+    replays: dict[str, ReplayRecord] = field(default_factory=dict)  # replayed, not judged
+    proposals: dict[str, ProposalRecord] = field(default_factory=dict)
     torn: bool = False
 
     def __post_init__(self) -> None:
@@ -163,7 +177,7 @@ class ResumeState:
     def prune(self) -> None:
         """Drop replay records of units whose judged record a resume restores."""
         for unit, record in self.units.items():
-            if record.get("status") in ("succeeded", "failed", "timed_out"):
+            if record.status in RESTORABLE:
                 self.replays.pop(unit, None)
 
     @property
@@ -172,19 +186,27 @@ class ResumeState:
 
 
 def read_resume_state(journal: Path) -> ResumeState:
-    """Collect the journal's unit, replay and proposal records (the last of an id wins)."""
+    """Collect the journal's unit, replay and proposal records (the last of an id wins).
+
+    Raises `InputError` (one line naming the journal line) for a record this evolane does not
+    know: the store was written by a newer or older evolane.
+    """
     state = ResumeState()
     if not journal.exists():
         return state
     read = read_journal(journal)
     state.torn = read.torn is not None
-    for record in read.records:
-        if record.get("type") == "unit":
-            state.units[str(record["unit"])] = record
-        elif record.get("type") == "replay":
-            state.replays[str(record["unit"])] = record
-        elif record.get("type") == "proposal":
-            state.proposals[str(record["slot"])] = record
+    for line, value in enumerate(read.records, start=1):  # records are lines 1..n, in order
+        try:
+            record = parse_journal_record(value, f"{journal}:{line}")
+        except JournalRecordError as error:
+            raise InputError(str(error)) from None
+        if isinstance(record, UnitRecord):
+            state.units[record.unit] = record
+        elif isinstance(record, ReplayRecord):
+            state.replays[record.unit] = record
+        else:
+            state.proposals[record.slot] = record
     state.prune()
     return state
 

@@ -56,7 +56,7 @@ def _check_choices(flags: dict[str, Any]) -> None:
 def build_config(flags: dict[str, Any]) -> Any:
     """Merge example presets, explicit flags and defaults into a `CampaignConfig`."""
     from evolane.campaign import CampaignConfig
-    from evolane.stats import GateConfig
+    from evolane.messages import GateConfig
 
     _check_choices(flags)
     values: dict[str, Any] = {}

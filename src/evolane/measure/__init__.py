@@ -1,5 +1,6 @@
-"""Paired measurement: the scheduler that plans and dispatches replay and judge units, the
-budget ledger, the run journal writer, the progress bus and the pipeline that assembles them."""
+"""Paired measurement: the plan (an IO-free state machine) and the scheduler that performs
+it over replay and judge lanes, the budget ledger, the run journal writer, the progress bus
+and the pipeline that assembles them. The measurement's messages live in `evolane.messages`."""
 
 from evolane.measure._budget import (
     PROBE_RUNNING,
@@ -18,15 +19,8 @@ from evolane.measure._pipeline import (
 )
 from evolane.measure._progress import ProgressBus, Subscription
 from evolane.measure._scheduler import MeasurementScheduler
-from evolane.measure._scheduling import (
-    RESTORABLE,
-    MeasureRequest,
-    MeasureStatus,
-    MeasureSummary,
-    SchedulerSettings,
-    repetitions,
-    unit_seed,
-)
+from evolane.measure._scheduling import SchedulerSettings
+from evolane.measure._units import RESTORABLE, repetitions
 
 __all__ = [
     "PROBE_RUNNING",
@@ -34,9 +28,6 @@ __all__ = [
     "BudgetActor",
     "Ledger",
     "LedgerSnapshot",
-    "MeasureRequest",
-    "MeasureStatus",
-    "MeasureSummary",
     "MeasurementScheduler",
     "Overrun",
     "Pipeline",
@@ -49,5 +40,4 @@ __all__ = [
     "fingerprint",
     "open_pipeline",
     "repetitions",
-    "unit_seed",
 ]

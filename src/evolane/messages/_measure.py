@@ -1,4 +1,5 @@
-"""Messages of the measurement pipeline: budget, replay and judge jobs, their results."""
+"""Messages of the measurement pipeline: budget, replay and judge jobs, their results, and
+the measurement request and its summary."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from evolane.messages._base import ArtifactRef, Message, Name, Record, ShortText
+from evolane.messages._gate import GateConfig, GateResult
 
 Arm = Literal["baseline", "candidate"]
 Owner = Literal["candidate", "task", "infrastructure", "framework"]
 Stage = Literal["replay", "judge", "optimizer", "gate", "budget", "scheduler"]
 UnitStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "blocked", "not_run"]
+MeasureStatus = Literal[
+    "complete", "early_stopped", "budget_limited", "shared_failure", "cancelled", "diverged"
+]
+"""How a measurement ended. ``diverged``: a re-judge (no replays allowed) met units its stored
+run replayed on another tree than this run plans; they were not used, and not run."""
 Dimension = Literal["tokens", "cost_usd", "wall_seconds"]
 DIMENSIONS: tuple[Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
 _BIG = 1e15
@@ -150,3 +157,38 @@ class JudgeResult(Message):
     detail_ref: ArtifactRef | None = None
     attempts: int = Field(default=1, ge=0, le=100)
     wall_seconds: float = Field(default=0.0, ge=0, le=_BIG)
+
+
+class MeasureRequest(Message):
+    """Measure a candidate tree against a baseline tree on a split (or a few cases)."""
+
+    kind: Literal["measure.request"] = "measure.request"
+    measurement_id: Name
+    baseline_ref: ArtifactRef
+    candidate_ref: ArtifactRef | None = None  # None: measure the baseline alone
+    split: Literal["train", "val", "test"] = "val"
+    case_ids: tuple[Name, ...] = Field(default=(), max_length=8)  # screening: a few cases
+    baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
+    candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
+    gate: GateConfig = GateConfig()
+
+
+class MeasureSummary(Message):
+    """The outcome of a measurement; the per-unit records are in the store (``units_ref``)."""
+
+    kind: Literal["measure.summary"] = "measure.summary"
+    measurement_id: Name
+    status: MeasureStatus
+    message: Annotated[str, Field(max_length=512)] = ""
+    gate: GateResult
+    units_planned: int
+    units_run: int
+    units_reused: int
+    units_restored: int = 0  # taken from the journal of an interrupted run
+    units_failed: int  # failed or timed out
+    units_cancelled: int = 0  # stopped on purpose (early stop, a stop of the run)
+    units_blocked: int
+    units_not_run: int
+    cases_compared: int
+    wall_seconds: float
+    units_ref: ArtifactRef

@@ -2,7 +2,8 @@
 
 The gates judge a candidate against its baseline from per-case repetition scores; cases
 are the independent sample. `SequentialTest` and `settled` let a measurement stop as soon
-as its decision is known, at a chosen error level or with certainty respectively.
+as its decision is known, at a chosen error level or with certainty respectively. The gate's
+records (`GateConfig`, `GateResult`) live in `evolane.messages`; `seed_for` derives seeds.
 """
 
 from evolane.stats._bootstrap import bootstrap_ci, bootstrap_means
@@ -15,13 +16,7 @@ from evolane.stats._gates import (
     paired_sample,
     regressions,
 )
-from evolane.stats._records import (
-    MAX_VETOED_LISTED,
-    Decision,
-    GateConfig,
-    GateName,
-    GateResult,
-)
+from evolane.stats._seeds import seed_for
 from evolane.stats._sequential import (
     DEFAULT_MAX_BET,
     EarlyStop,
@@ -32,13 +27,8 @@ from evolane.stats._sequential import (
 
 __all__ = [
     "DEFAULT_MAX_BET",
-    "MAX_VETOED_LISTED",
     "TOLERANCE",
-    "Decision",
     "EarlyStop",
-    "GateConfig",
-    "GateName",
-    "GateResult",
     "PairedSample",
     "SequentialDecision",
     "SequentialTest",
@@ -49,5 +39,6 @@ __all__ = [
     "paired_deltas",
     "paired_sample",
     "regressions",
+    "seed_for",
     "settled",
 ]

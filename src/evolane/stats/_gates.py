@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evolane.messages import MAX_VETOED_LISTED, Decision, GateConfig, GateResult
 from evolane.stats._bootstrap import bootstrap_ci
-from evolane.stats._records import MAX_VETOED_LISTED, Decision, GateConfig, GateResult
 
 TOLERANCE = 1e-12
 """Relative and absolute tolerance of every decisive comparison (see `beyond`)."""

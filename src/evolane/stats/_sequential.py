@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+from evolane.messages import Decision, GateConfig
 from evolane.stats._gates import TOLERANCE
-from evolane.stats._records import Decision, GateConfig
 
 SequentialDecision = Literal["accept", "reject", "continue"]
 

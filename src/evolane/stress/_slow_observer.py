@@ -19,10 +19,9 @@ from pydantic import Field
 
 from evolane.examples.sleeper.commands import main as sleeper
 from evolane.inputs import Dataset, load_dataset
-from evolane.measure import MeasureRequest, PipelineConfig, ProgressBus, open_pipeline
-from evolane.messages import ArtifactRef, Record, WarningEvent
+from evolane.measure import PipelineConfig, ProgressBus, open_pipeline
+from evolane.messages import ArtifactRef, GateConfig, MeasureRequest, Record, WarningEvent
 from evolane.sandbox import SandboxHost, open_sandbox
-from evolane.stats import GateConfig
 from evolane.store import BlobStore, read_journal, snapshot_tree
 from evolane.stress._harness import RoundResult, cpu_seconds
 from evolane.supervisors import Runtime, open_runtime

@@ -1,4 +1,5 @@
-"""The gate configuration and the gate result records (DESIGN §6)."""
+"""The gate configuration and the gate result records (DESIGN §6); `evolane.stats` decides
+with them, messages and reports carry them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from evolane.messages import Name, Record, ShortText
+from evolane.messages._base import Name, Record, ShortText
 
 GateName = Literal["paired", "bootstrap", "strict", "threshold"]
 Decision = Literal["accept", "reject", "indecisive"]

@@ -1,0 +1,493 @@
+"""The measurement plan as an IO-free state machine (in the style of h11): `MeasurePlan.handle`
+takes an event, updates the plan and returns the actions its IO shell (the scheduler) must
+perform; every action that does IO is answered by exactly one event. No trio, no clock, no
+files: property tests drive it with any completion order.
+
+- A candidate unit starts only after its paired baseline unit succeeded (or was reused);
+  a failed control blocks its treatment (``blocked_by``).
+- Dispatch follows `start_order` (first repetitions of all cases first, baselines about a
+  wave of lanes ahead of their candidates), so pairs complete early and early stop can bite.
+- Early stop is judged on the prefix of complete cases in plan order, so the point where
+  it stops, and the decision, never depend on completion timing.
+- A finished unit is reused (either arm) when tree, case, repetition, seed and every
+  fingerprint match: a parent's baseline across its candidates, an accepted candidate's
+  results as its baseline in the next iteration.
+- Every completed unit is journaled (durably) before it counts, with its tree's digest: a
+  resume or re-judge takes a stored unit only for the same unit id on the same tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from evolane.measure._prefix import CasePrefix, decision
+from evolane.measure._restore import not_stored, restorable, stored_replay
+from evolane.measure._units import (
+    RESTORABLE,
+    Unit,
+    UnitStep,
+    judge_job,
+    plan_units,
+    repetitions,
+    replay_debit,
+    replay_job,
+    replay_record,
+    reuse_key,
+    start_order,
+    unit_counts,
+    unit_record,
+    unit_records,
+    unit_status,
+)
+from evolane.messages import (
+    Debit,
+    JudgeJob,
+    JudgeResult,
+    MeasureEvent,
+    MeasureRequest,
+    MeasureStatus,
+    MeasureSummary,
+    ReplayJob,
+    ReplayRecord,
+    ReplayResult,
+    UnitRecord,
+)
+
+if TYPE_CHECKING:
+    from evolane.measure._scheduling import SchedulerSettings
+    from evolane.messages import ArtifactRef
+
+__all__ = ["RESTORABLE", "MeasurePlan", "Unit", "repetitions", "start_order"]
+
+ReuseCache = MutableMapping[str, tuple[ReplayResult, JudgeResult]]
+"""Succeeded units by `reuse_key`, kept across measurements."""
+
+# ----- events: what the shell tells the plan ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UnitReplayed:
+    """A replay lane answered `StartReplay` (a lane that crashed: a framework failure)."""
+
+    unit_id: str
+    replay: ReplayResult
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveDenied:
+    """The budget refused room for the replay of `StartReplay`; nothing ran."""
+
+    unit_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCharged:
+    """The budget took the debit of `ChargeUnit`."""
+
+    unit_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayJournaled:
+    """The record of `JournalReplay` is in the journal."""
+
+    unit_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnitJudged:
+    """A judge lane answered `StartJudge` (a lane that crashed: a framework failure)."""
+
+    unit_id: str
+    judge: JudgeResult
+
+
+@dataclass(frozen=True, slots=True)
+class UnitJournaled:
+    """The record of `JournalUnit` is durably in the journal: the unit may count."""
+
+    unit_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    """Start no more units (``reason``: e.g. ``cancelled``); units in flight end on their own."""
+
+    reason: MeasureStatus
+    message: str
+
+
+Event = (
+    UnitReplayed | ReserveDenied | UnitCharged | ReplayJournaled | UnitJudged | UnitJournaled
+) | StopRequested
+
+# ----- actions: what the plan asks of the shell -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartReplay:
+    """Reserve room in the budget, then replay ``job`` on a free replay lane (the plan never
+    starts more than the lanes it was given). Answer `UnitReplayed` or `ReserveDenied`."""
+
+    unit_id: str
+    job: ReplayJob
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeUnit:
+    """Charge ``debit`` to the budget. Answer `UnitCharged`."""
+
+    unit_id: str
+    debit: Debit
+
+
+@dataclass(frozen=True, slots=True)
+class JournalReplay:
+    """Append ``record`` to the run journal (need not be durable). Answer `ReplayJournaled`."""
+
+    unit_id: str
+    record: ReplayRecord
+
+
+@dataclass(frozen=True, slots=True)
+class StartJudge:
+    """Judge ``job`` on the next free judge lane. Answer `UnitJudged`."""
+
+    unit_id: str
+    job: JudgeJob
+
+
+@dataclass(frozen=True, slots=True)
+class JournalUnit:
+    """Append ``record`` to the run journal durably. Answer `UnitJournaled`."""
+
+    unit_id: str
+    record: UnitRecord
+
+
+@dataclass(frozen=True, slots=True)
+class StopUnit:
+    """Stop these units if they are in flight (their lanes answer early). No answer."""
+
+    unit_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Units ended: `MeasurePlan.progress` has news for observers. No answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Every unit ended: store `MeasurePlan.records`, then build `MeasurePlan.summary`."""
+
+
+Action = (
+    StartReplay | ChargeUnit | JournalReplay | StartJudge | JournalUnit | StopUnit | Progress
+) | Finish
+
+
+class MeasurePlan:
+    """One measurement's units, start order, early stop and decision, without IO.
+
+    ``cache`` (reused units, see `reuse_key`) outlives the plan: the shell passes the same
+    mapping to every measurement and the plan adds each unit that succeeds. ``budgeted``:
+    replays are charged (`ChargeUnit`); ``journaled``: units are journaled before they count.
+    """
+
+    def __init__(
+        self,
+        request: MeasureRequest,
+        settings: SchedulerSettings,
+        *,
+        lanes: int,
+        cache: ReuseCache | None = None,
+        budgeted: bool = False,
+        journaled: bool = False,
+    ) -> None:
+        if lanes < 1:
+            raise ValueError(f"a measurement needs at least one replay lane, got {lanes}")
+        self.request, self.settings, self.lanes = request, settings, lanes
+        self.cache: ReuseCache = {} if cache is None else cache
+        self.budgeted, self.journaled = budgeted, journaled
+        self.case_ids = list(request.case_ids) or list(settings.splits.get(request.split, ()))
+        self.reps = repetitions(request, len(self.case_ids), settings.min_cases)
+        self.units = plan_units(request, self.case_ids, self.reps)
+        self.priority = start_order(self.units, lanes)
+        self.stop_reason: MeasureStatus | None = None
+        self.message = ""
+        self.cutoff: int | None = None  # cases at or beyond this index are not needed
+        self.early: tuple[str, str] | None = None  # (decision, reason) of an early stop
+        self.diverged: dict[str, str] = {}  # unit id -> the other tree its stored record has
+        self._by_id = {unit.unit_id: unit for unit in self.units}
+        self._ready: list[tuple[tuple[int, int], int]] = []
+        self._free = lanes
+        self._left = len(self.units)
+        self._actions: list[Action] = []
+        self._moved = self._finished = False
+        self._prefix = CasePrefix(len(self.case_ids), self.units, request.gate)
+
+    # ----- the machine ------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """Whether every unit has ended (`Finish` was returned)."""
+        return self._finished
+
+    @property
+    def in_flight(self) -> int:
+        """How many units hold a replay lane now."""
+        return self.lanes - self._free
+
+    def start(self) -> list[Action]:
+        """The first actions: units without a control are ready, as many start as lanes."""
+        for unit in self.units:
+            if unit.depends_on is None:
+                self._make_ready(unit)
+        return self._settle()
+
+    def handle(self, event: Event) -> list[Action]:
+        """Take one event; the actions it leads to, in the order to perform them."""
+        if isinstance(event, StopRequested):
+            self._stop(event.reason, event.message)
+        elif isinstance(event, UnitReplayed):
+            self._replayed(self._at(event.unit_id, "replaying"), event.replay)
+        elif isinstance(event, ReserveDenied):
+            unit = self._at(event.unit_id, "replaying")
+            self._stop("budget_limited", "the budget denied a replay")
+            self._finish(unit, "not_run", "budget")
+        elif isinstance(event, UnitCharged):
+            self._charged(self._at(event.unit_id, "charging", "charging_restored"))
+        elif isinstance(event, ReplayJournaled):
+            self._judge(self._at(event.unit_id, "journaling_replay"))
+        elif isinstance(event, UnitJudged):
+            unit = self._at(event.unit_id, "judging", "rejudging")
+            unit.judge = event.judge
+            self._conclude(unit, journal=True)
+        elif isinstance(event, UnitJournaled):
+            self._counted(self._at(event.unit_id, "journaling"))
+        else:
+            raise TypeError(f"not a measurement event: {event!r}")
+        return self._settle()
+
+    def _at(self, unit_id: str, *steps: UnitStep) -> Unit:
+        unit = self._by_id.get(unit_id)
+        if unit is None or unit.step not in steps:
+            where = "unknown" if unit is None else unit.step
+            raise ValueError(f"unit {unit_id!r} is {where}, not {' or '.join(steps)}")
+        return unit
+
+    def _emit(self, action: Action) -> None:
+        self._actions.append(action)
+
+    def _settle(self) -> list[Action]:
+        """Start ready units on free lanes, then tell progress and the end, once."""
+        while self._ready and self._free > 0 and self.stop_reason is None:
+            _, index = heapq.heappop(self._ready)
+            self._begin(self.units[index])
+        if self._moved:
+            self._emit(Progress())
+            self._moved = False
+        if self._left == 0 and not self._finished:
+            self._finished = True
+            self._emit(Finish())
+        actions, self._actions = self._actions, []
+        return actions
+
+    # ----- one unit ---------------------------------------------------------------------
+
+    def _begin(self, unit: Unit) -> None:
+        """A lane is the unit's: end it at once (stopped, reused, restored), or replay it."""
+        self._free -= 1
+        unit.holds_lane = True
+        if self.stop_reason is not None or self._beyond_cutoff(unit):
+            self._finish(unit, "not_run", self.stop_reason or "early_stop")
+            return
+        cached = self.cache.get(reuse_key(self.settings, unit))
+        if cached is not None:  # the same tree, case, repetition and seed: the same experiment
+            mine = {"unit_id": unit.unit_id, "arm": unit.arm}
+            unit.replay, unit.judge = cached[0].model_copy(update=mine), cached[1]
+            unit.reused = True
+            self._finish(unit, "succeeded", "reused")
+            return
+        record = restorable(self.settings, unit, self.diverged)
+        if record is not None:
+            self._restore(unit, record)
+            return
+        stored = stored_replay(self.settings, unit, self.diverged)
+        if stored is not None:  # replayed before an interruption, not yet judged: judge only
+            unit.restored, unit.step = True, "replaying"
+            self._replayed(unit, stored.replay)
+            return
+        if not self.settings.replays_allowed:
+            self._finish(unit, "not_run", not_stored(unit, self.diverged))
+            return
+        unit.step = "replaying"
+        self._emit(StartReplay(unit.unit_id, replay_job(self.settings, unit)))
+
+    def _restore(self, unit: Unit, record: UnitRecord) -> None:
+        """Take a unit finished before an interruption from the journal: no rerun, but its
+        usage is charged again so the budget sees the whole run (not in a re-judge: the
+        stored run paid for those replays, which are judged anew)."""
+        assert record.replay is not None
+        unit.replay, unit.judge, unit.restored = record.replay, record.judge, True
+        unit.note = "rejudged" if self.settings.rejudge else "restored"
+        if self.settings.rejudge:
+            unit.judge = None
+            if unit.replay.status == "succeeded":
+                unit.step = "rejudging"
+                self._emit(StartJudge(unit.unit_id, judge_job(self.settings, unit)))
+                return
+            self._conclude(unit, journal=True)
+        elif self.budgeted:
+            unit.step = "charging_restored"
+            self._emit(ChargeUnit(unit.unit_id, replay_debit(unit)))
+        else:
+            self._conclude(unit, journal=False)
+
+    def _replayed(self, unit: Unit, replay: ReplayResult) -> None:
+        unit.replay = replay
+        if replay.failure is not None and replay.failure.code == "spawn_failed":
+            # Stop before this lane is handed back: no further unit may start.
+            why = f"{unit.arm} replay could not start: {replay.failure.message}"
+            self._stop("shared_failure", why)
+        if self.budgeted and not (unit.restored and self.settings.rejudge):
+            unit.step = "charging"  # its lane frees once charged: the next reserve sees it
+            self._emit(ChargeUnit(unit.unit_id, replay_debit(unit)))
+        else:
+            self._charged(unit)
+
+    def _charged(self, unit: Unit) -> None:
+        assert unit.replay is not None
+        self._release_lane(unit)
+        if unit.step == "charging_restored":
+            self._conclude(unit, journal=False)
+        elif unit.replay.status != "succeeded":
+            self._conclude(unit, journal=True)
+        elif not unit.restored and self.journaled:  # a resume judges it without replaying it
+            unit.step = "journaling_replay"
+            record = replay_record(self.request.measurement_id, unit)
+            self._emit(JournalReplay(unit.unit_id, record))
+        else:
+            self._judge(unit)
+
+    def _judge(self, unit: Unit) -> None:
+        unit.step = "judging"
+        self._emit(StartJudge(unit.unit_id, judge_job(self.settings, unit)))
+
+    def _conclude(self, unit: Unit, *, journal: bool) -> None:
+        """The unit's result is known: journal it (when asked), then it counts."""
+        unit.status = unit_status(unit)
+        if not (journal and self.journaled):
+            self._counted(unit)
+            return
+        unit.step = "journaling"
+        record = unit_record(self.request.measurement_id, unit)
+        self._emit(JournalUnit(unit.unit_id, record))
+
+    def _counted(self, unit: Unit) -> None:
+        if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
+            assert unit.replay is not None and unit.judge is not None
+            self.cache[reuse_key(self.settings, unit)] = (unit.replay, unit.judge)
+        self._finish(unit, unit.status)
+
+    # ----- ending units, releasing their treatments, stopping -----------------------------
+
+    def _release_lane(self, unit: Unit) -> None:
+        if unit.holds_lane:
+            unit.holds_lane = False
+            self._free += 1
+
+    def _finish(self, unit: Unit, status: str, note: str = "") -> None:
+        unit.status, unit.note = status, note or unit.note
+        unit.done, unit.step = True, "done"
+        self._release_lane(unit)
+        self._left -= 1
+        self._moved = True
+        self._prefix.ended(unit)
+        if self.early is None and self.stop_reason is None:
+            early = self._prefix.early_stop()
+            if early is not None:
+                decision, reason, self.cutoff = early
+                self.early = (decision, reason)
+                beyond = [u for u in self.units if u.case_index >= self.cutoff and not u.done]
+                self._emit(StopUnit(tuple(u.unit_id for u in beyond)))
+        for waiting in unit.dependents:
+            self._release(waiting, unit)
+
+    def _release(self, unit: Unit, control: Unit) -> None:
+        """The control of ``unit`` ended: block it, skip it, or make it ready."""
+        if control.status != "succeeded":
+            unit.replay = ReplayResult(
+                unit_id=unit.unit_id,
+                case_id=unit.case_id,
+                arm="candidate",
+                repetition=unit.repetition,
+                status="blocked",
+                blocked_by=control.unit_id,
+            )
+            self._finish(unit, "blocked" if control.status != "not_run" else "not_run")
+        elif self.stop_reason is not None or self._beyond_cutoff(unit):
+            self._finish(unit, "not_run", self.stop_reason or "early_stop")
+        else:
+            self._make_ready(unit)
+
+    def _make_ready(self, unit: Unit) -> None:
+        unit.step = "ready"
+        heapq.heappush(self._ready, (self.priority[unit.index], unit.index))
+
+    def _beyond_cutoff(self, unit: Unit) -> bool:
+        return self.cutoff is not None and unit.case_index >= self.cutoff
+
+    def _stop(self, reason: MeasureStatus, message: str) -> None:
+        """Start no more units: stop those in flight, and those waiting for a lane never
+        run (those waiting on a control follow it)."""
+        if self.stop_reason is not None:
+            return
+        self.stop_reason, self.message = reason, message[:512]
+        self._emit(StopUnit(tuple(u.unit_id for u in self.units if not u.done)))
+        while self._ready:
+            _, index = heapq.heappop(self._ready)
+            self._finish(self.units[index], "not_run", reason)
+
+    # ----- what the shell reports -------------------------------------------------------
+
+    def progress(self) -> MeasureEvent:
+        """How far the measurement is: complete pairs in plan order, their mean delta and SE."""
+        planned = self.cutoff if self.cutoff is not None else len(self.case_ids)
+        return self._prefix.event(self.request.measurement_id, planned, self.in_flight)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every unit as the blob `MeasureSummary.units_ref` points to, in case order."""
+        return unit_records(self.units)
+
+    def summary(self, units_ref: ArtifactRef, wall_seconds: float) -> MeasureSummary:
+        """The outcome, once `Finish` was returned: the decision on the cases before the
+        cutoff (an early stop's own decision, unless the measurement was stopped), the
+        counts, and why it ended."""
+        if not self._finished:
+            raise RuntimeError("the measurement has units that did not end")
+        early = self.early if self.stop_reason is None else None
+        gate = decision(self.units, len(self.case_ids), self.request.gate, self.cutoff, early)
+        status: MeasureStatus = self.stop_reason or ("early_stopped" if self.early else "complete")
+        message = self.message
+        if self.diverged and not self.settings.replays_allowed and self.stop_reason is None:
+            status = "diverged"
+            message = (
+                f"the stored run diverged: {len(self.diverged)} unit(s) were replayed on "
+                f"another tree than this run plans (first {min(self.diverged)}); they were "
+                "not used"
+            )[:512]
+        return MeasureSummary(
+            measurement_id=self.request.measurement_id,
+            status=status,
+            message=message,
+            gate=gate,
+            **unit_counts(self.units),
+            cases_compared=gate.n,
+            wall_seconds=wall_seconds,
+            units_ref=units_ref,
+        )

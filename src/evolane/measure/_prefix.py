@@ -1,0 +1,99 @@
+"""The prefix of complete cases that early stop reads, grown as units end, and the decision
+(no IO)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from evolane.measure._units import Unit, arm_scores
+from evolane.messages import Decision, GateConfig, GateResult, MeasureEvent
+from evolane.stats import EarlyStop, decide, mean_and_se
+
+
+class CasePrefix:
+    """The leading run of cases whose units all ended, in plan order, grown as units end:
+    each ended unit costs O(1) amortised (a case's delta is taken once, when it completes)
+    plus what `EarlyStop.update` costs. Early stop reads only this prefix, so where it stops
+    never depends on the order in which units end."""
+
+    def __init__(self, cases: int, units: list[Unit], gate: GateConfig) -> None:
+        self._members: list[list[Unit]] = [[] for _ in range(cases)]
+        for unit in units:
+            self._members[unit.case_index].append(unit)
+        self._open = [len(members) for members in self._members]
+        self.length = 0  # cases in the prefix
+        self._comparable: list[tuple[int, float]] = []  # (case index, delta), plan order
+        self._deltas: list[float] = []
+        self._fed = 0  # comparable deltas the early stop has taken
+        self._stopper = EarlyStop(gate, cases) if gate.sequential else None
+
+    @property
+    def pairs(self) -> int:
+        """Comparable cases in the prefix."""
+        return len(self._deltas)
+
+    def ended(self, unit: Unit) -> None:
+        """Count ``unit`` as ended; the prefix takes every case that is now complete."""
+        self._open[unit.case_index] -= 1
+        while self.length < len(self._open) and self._open[self.length] == 0:
+            delta = _case_delta(self._members[self.length])
+            if delta is not None:  # not comparable (a failure on either side): no evidence
+                self._comparable.append((self.length, delta))
+                self._deltas.append(delta)
+            self.length += 1
+
+    def early_stop(self) -> tuple[Decision, str, int] | None:
+        """(decision, reason, cutoff) once the decision on the prefix can no longer change or
+        the anytime-valid sequential test decides; None while the measurement must go on
+        (always None for a full evaluation, ``sequential=False``). The cutoff is the number
+        of cases the decision reads."""
+        stopper = self._stopper
+        if stopper is None:
+            return None
+        while self._fed < len(self._comparable):
+            index, delta = self._comparable[self._fed]
+            self._fed += 1
+            decision = stopper.update(delta)
+            if decision is not None:
+                reason = f"early stop ({stopper.source}) after {stopper.n} cases"
+                return decision, reason, index + 1
+        return None
+
+    def event(self, measurement_id: str, planned: int, lanes_busy: int) -> MeasureEvent:
+        """The progress event: the prefix's comparable pairs, their mean delta (None without
+        any) and its SE (None below two)."""
+        mean = se = None
+        if self._deltas:
+            mean, se = mean_and_se(np.asarray(self._deltas, dtype=np.float64))
+        return MeasureEvent(
+            run_id="-",
+            measurement_id=measurement_id,
+            pairs_done=self.pairs,
+            pairs_planned=planned,
+            lanes_busy=lanes_busy,
+            mean_delta=mean,
+            se=se if self.pairs > 1 else None,
+        )
+
+
+def _case_delta(units: list[Unit]) -> float | None:
+    base = [u.score for u in units if u.arm == "baseline" and u.score is not None]
+    cand = [u.score for u in units if u.arm == "candidate" and u.score is not None]
+    return sum(cand) / len(cand) - sum(base) / len(base) if base and cand else None
+
+
+def decision(
+    units: list[Unit],
+    cases: int,
+    gate: GateConfig,
+    cutoff: int | None,
+    early: tuple[str, str] | None,
+) -> GateResult:
+    """The gate's result on the cases before ``cutoff`` (all ``cases`` without one); an early
+    stop's (decision, reason), when given, replaces the gate's own."""
+    baseline, candidate = arm_scores(units, cutoff)
+    planned = cutoff if cutoff is not None else cases
+    result = decide(baseline, candidate, gate, n_planned=planned)
+    if early is not None:
+        result = result.model_copy(update={"decision": early[0], "reason": early[1]})
+    return result

@@ -1,0 +1,55 @@
+"""What a resumed run or a re-judge takes from the journal of the run it continues (no IO):
+a unit's stored record counts only if it was made on the tree this unit plans."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeVar
+
+from evolane.measure._units import RESTORABLE, Unit
+from evolane.messages import ReplayRecord, UnitRecord
+
+if TYPE_CHECKING:
+    from evolane.measure._scheduling import SchedulerSettings
+
+_Stored = TypeVar("_Stored", UnitRecord, ReplayRecord)
+
+
+def _on_tree(
+    records: Mapping[str, _Stored], unit: Unit, diverged: dict[str, str]
+) -> _Stored | None:
+    """The journal's record of ``unit``, if it was made on the tree this unit plans (a unit
+    id names no tree: after other decisions the same id can mean another tree); a record on
+    another tree is noted in ``diverged`` (unit id -> that tree)."""
+    record = records.get(unit.unit_id)
+    if record is None:
+        return None
+    if record.tree is not None and record.tree != unit.tree_ref.digest:  # None: an older journal
+        diverged[unit.unit_id] = record.tree[:80]
+        return None
+    return record
+
+
+def restorable(
+    settings: SchedulerSettings, unit: Unit, diverged: dict[str, str]
+) -> UnitRecord | None:
+    """The stored record of ``unit`` when it ended in a status a resume takes (`RESTORABLE`)."""
+    record = _on_tree(settings.restored, unit, diverged)
+    if record is None or record.status not in RESTORABLE or record.replay is None:
+        return None
+    return record
+
+
+def stored_replay(
+    settings: SchedulerSettings, unit: Unit, diverged: dict[str, str]
+) -> ReplayRecord | None:
+    """The stored replay of ``unit`` that was not judged before the interruption."""
+    return _on_tree(settings.restored_replays, unit, diverged)
+
+
+def not_stored(unit: Unit, diverged: Mapping[str, str]) -> str:
+    """Why a unit without a stored replay is not run when replays are not allowed."""
+    other = diverged.get(unit.unit_id)
+    if other is not None:
+        return f"the stored run diverged: it replayed {unit.unit_id} on tree {other}"
+    return "no stored replay to judge again"

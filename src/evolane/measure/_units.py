@@ -1,0 +1,282 @@
+"""A measurement's units and what is derived from them without IO: the plan of pairs, the
+start order, each unit's status, score and seed, its jobs, journal records and the counts of
+a summary. `MeasurePlan` (``_plan.py``) drives them."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from evolane.messages import (
+    ArtifactRef,
+    Debit,
+    JudgeJob,
+    JudgeResult,
+    MeasureRequest,
+    ReplayJob,
+    ReplayRecord,
+    ReplayResult,
+    UnitRecord,
+)
+from evolane.stats import seed_for
+
+if TYPE_CHECKING:
+    from evolane.measure._scheduling import SchedulerSettings
+
+RESTORABLE = frozenset({"succeeded", "failed", "timed_out"})
+"""Unit statuses a resumed run takes from the journal; cancelled units run again."""
+
+UnitStep = Literal[
+    "waiting",  # for its control
+    "ready",  # for a lane
+    "replaying",  # the shell reserves and replays (or the unit is restored while holding it)
+    "charging",
+    "charging_restored",
+    "journaling_replay",
+    "judging",
+    "rejudging",  # a restored replay judged again, its lane still held
+    "journaling",
+    "done",
+]
+
+
+@dataclass(eq=False)
+class Unit:
+    """One replay of one case on one arm and repetition, and what became of it."""
+
+    index: int
+    unit_id: str
+    case_id: str
+    case_index: int
+    arm: str
+    repetition: int
+    tree_ref: ArtifactRef
+    depends_on: Unit | None = None
+    dependents: list[Unit] = field(default_factory=list)  # treatments waiting on this control
+    step: UnitStep = "waiting"
+    holds_lane: bool = False
+    done: bool = False
+    status: str = "pending"
+    replay: ReplayResult | None = None
+    judge: JudgeResult | None = None
+    reused: bool = False
+    restored: bool = False
+    note: str = ""
+
+    @property
+    def score(self) -> float | None:
+        """The judge's score when both the replay and the judge succeeded; 0 when the candidate
+        itself broke the replay (a crash or no output it caused); else None (not comparable)."""
+        failure = self.replay.failure if self.replay is not None else None
+        if failure is not None and failure.owner == "candidate":
+            return 0.0
+        ok = self.replay is not None and self.replay.status == "succeeded"
+        judged = self.judge is not None and self.judge.status == "succeeded"
+        return self.judge.score if ok and judged and self.judge is not None else None
+
+
+def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[int, int]:
+    """Explicit repetitions win; else 1/1 with enough independent cases, 2/3 without."""
+    adaptive = (1, 1) if cases >= min_cases else (2, 3)
+    return (
+        request.baseline_repetitions or adaptive[0],
+        request.candidate_repetitions or adaptive[1],
+    )
+
+
+def plan_units(request: MeasureRequest, case_ids: list[str], reps: tuple[int, int]) -> list[Unit]:
+    """The units in plan order: repetition by repetition, each case's baseline then its
+    candidate; a candidate's control is its case's baseline of the same repetition (the last
+    baseline repetition when the candidate has more)."""
+    units: list[Unit] = []
+    baseline_of: dict[tuple[int, int], Unit] = {}
+    mid = request.measurement_id
+    for rep in range(max(reps)):
+        for index, case_id in enumerate(case_ids):
+            if rep < reps[0]:
+                unit = Unit(
+                    len(units),
+                    f"{mid}.{index}.{rep}.b",
+                    case_id,
+                    index,
+                    "baseline",
+                    rep,
+                    request.baseline_ref,
+                )
+                baseline_of[(index, rep)] = unit
+                units.append(unit)
+            if rep < reps[1] and request.candidate_ref is not None:
+                control = baseline_of[(index, min(rep, reps[0] - 1))]
+                treatment = Unit(
+                    len(units),
+                    f"{mid}.{index}.{rep}.c",
+                    case_id,
+                    index,
+                    "candidate",
+                    rep,
+                    request.candidate_ref,
+                    control,
+                )
+                control.dependents.append(treatment)
+                units.append(treatment)
+    return units
+
+
+def start_order(units: list[Unit], lanes: int) -> dict[int, tuple[int, int]]:
+    """Each unit's start priority (lower first): first repetitions before later ones, and
+    within a repetition baselines about a wave of ``lanes`` ahead of the candidates that
+    wait for them. Plan order alone lets the last baseline start in the last wave, so its
+    candidate runs in a wave of its own after it."""
+    order: dict[int, tuple[int, int]] = {}
+    baselines = candidates = 0
+    for unit in units:
+        if unit.arm == "baseline":
+            order[unit.index] = (unit.repetition, 2 * (baselines - lanes))
+            baselines += 1
+        else:
+            order[unit.index] = (unit.repetition, 2 * candidates + 1)
+            candidates += 1
+    return order
+
+
+def unit_status(unit: Unit) -> str:
+    """A replayed unit's status: the replay's, else the judge's (a judge that did not succeed
+    fails the unit, unless it was cancelled)."""
+    assert unit.replay is not None
+    if unit.replay.status != "succeeded":
+        return unit.replay.status
+    if unit.judge is None or unit.judge.status != "succeeded":
+        return "cancelled" if unit.judge and unit.judge.status == "cancelled" else "failed"
+    return "succeeded"
+
+
+def arm_scores(
+    units: list[Unit], upto: int | None
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per-case repetition scores of each arm (comparable units only), before case ``upto``."""
+    baseline: dict[str, list[float]] = {}
+    candidate: dict[str, list[float]] = {}
+    for unit in units:
+        if upto is not None and unit.case_index >= upto:
+            continue
+        if unit.score is not None:
+            side = baseline if unit.arm == "baseline" else candidate
+            side.setdefault(unit.case_id, []).append(unit.score)
+    return baseline, candidate
+
+
+def unit_records(units: list[Unit]) -> list[dict[str, Any]]:
+    """Every unit as stored behind `MeasureSummary.units_ref`, by case, repetition and arm."""
+    ordered = sorted(units, key=lambda u: (u.case_index, u.repetition, u.arm))
+    return [
+        {
+            "unit": u.unit_id,
+            "case": u.case_id,
+            "arm": u.arm,
+            "repetition": u.repetition,
+            "status": u.status,
+            "reused": u.reused,
+            "restored": u.restored,
+            "note": u.note,
+            "score": u.score,
+            "replay": u.replay.model_dump(mode="json") if u.replay else None,
+            "judge": u.judge.model_dump(mode="json") if u.judge else None,
+        }
+        for u in ordered
+    ]
+
+
+def unit_counts(units: list[Unit]) -> dict[str, int]:
+    """The unit counts of a `MeasureSummary`."""
+    return {
+        "units_planned": len(units),
+        "units_run": sum(
+            u.replay is not None and not (u.reused or u.restored) and u.status != "blocked"
+            for u in units
+        ),
+        "units_reused": sum(u.reused for u in units),
+        "units_restored": sum(u.restored for u in units),
+        "units_failed": sum(u.status in ("failed", "timed_out") for u in units),
+        "units_cancelled": sum(u.status == "cancelled" for u in units),
+        "units_blocked": sum(u.status == "blocked" for u in units),
+        "units_not_run": sum(u.status == "not_run" for u in units),
+    }
+
+
+# ----- what a unit asks for, derived from the run's settings -----------------------------
+
+
+def pair_seed(settings: SchedulerSettings, unit: Unit) -> int:
+    """The seed shared by both arms of a pair (same case, same repetition)."""
+    return seed_for(settings.seed, unit.case_id, unit.repetition)
+
+
+def reuse_key(settings: SchedulerSettings, unit: Unit) -> str:
+    """What a reused unit must match: fingerprint, tree, case, repetition and seed."""
+    parts = (
+        settings.fingerprint,
+        unit.tree_ref.digest,
+        settings.case_refs[unit.case_id].digest,
+        unit.repetition,
+        pair_seed(settings, unit),
+    )
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def replay_job(settings: SchedulerSettings, unit: Unit) -> ReplayJob:
+    """The replay of ``unit`` (its case without the answers)."""
+    return ReplayJob(
+        unit_id=unit.unit_id,
+        case_id=unit.case_id,
+        case_ref=settings.case_refs[unit.case_id],
+        tree_ref=unit.tree_ref,
+        arm=unit.arm,  # type: ignore[arg-type]
+        repetition=unit.repetition,
+        seed=pair_seed(settings, unit),
+        timeout_seconds=settings.replay_timeout,
+    )
+
+
+def judge_job(settings: SchedulerSettings, unit: Unit) -> JudgeJob:
+    """The judgement of ``unit``'s replay output (its case with the answers)."""
+    assert unit.replay is not None and unit.replay.output_ref is not None
+    return JudgeJob(
+        unit_id=unit.unit_id,
+        case_id=unit.case_id,
+        case_ref=settings.judge_case_refs[unit.case_id],
+        output_ref=unit.replay.output_ref,
+        tree_ref=unit.tree_ref,
+        timeout_seconds=settings.judge_timeout,
+        seed=pair_seed(settings, unit),
+    )
+
+
+def replay_debit(unit: Unit) -> Debit:
+    """The charge for ``unit``'s replay (its usage; incomplete usage as reserved)."""
+    assert unit.replay is not None
+    replay = unit.replay
+    return Debit(
+        item=unit.unit_id, actual=replay.usage, complete=replay.usage_complete, stage="replay"
+    )
+
+
+def replay_record(measurement_id: str, unit: Unit) -> ReplayRecord:
+    """The journal record of ``unit``'s replay, before its judgement."""
+    assert unit.replay is not None
+    return ReplayRecord(
+        measurement=measurement_id, unit=unit.unit_id, tree=unit.tree_ref.digest, replay=unit.replay
+    )
+
+
+def unit_record(measurement_id: str, unit: Unit) -> UnitRecord:
+    """The journal record of ``unit``, ended."""
+    return UnitRecord(
+        measurement=measurement_id,
+        unit=unit.unit_id,
+        tree=unit.tree_ref.digest,
+        status=unit.status,  # type: ignore[arg-type]
+        reused=unit.reused,
+        replay=unit.replay,
+        judge=unit.judge,
+    )

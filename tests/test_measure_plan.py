@@ -1,0 +1,557 @@
+"""`MeasurePlan` without trio: hypothesis drives it over case and lane counts, repetitions,
+results and completion orders, and checks the rules of DESIGN §6 at every step."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from evolane.measure import SchedulerSettings
+from evolane.measure._plan import (
+    Action,
+    ChargeUnit,
+    Event,
+    Finish,
+    JournalReplay,
+    JournalUnit,
+    MeasurePlan,
+    Progress,
+    ReplayJournaled,
+    ReserveDenied,
+    StartJudge,
+    StartReplay,
+    StopRequested,
+    StopUnit,
+    UnitCharged,
+    UnitJournaled,
+    UnitJudged,
+    UnitReplayed,
+)
+from evolane.messages import (
+    ArtifactRef,
+    FailureEvent,
+    GateConfig,
+    JudgeResult,
+    MeasureRequest,
+    ReplayRecord,
+    ReplayResult,
+    UnitRecord,
+)
+from evolane.stats import decide
+
+TERMINAL = {"succeeded", "failed", "timed_out", "cancelled", "blocked", "not_run"}
+FAST_GATE = {"bootstrap_samples": 200, "min_cases": 2}
+
+
+def ref(n: int) -> ArtifactRef:
+    return ArtifactRef(digest=f"sha256:{n:064x}", size=n)
+
+
+BASE, CAND, OUTPUT = ref(1), ref(2), ref(3)
+
+
+def make_settings(cases: int, **overrides: Any) -> SchedulerSettings:
+    ids = tuple(f"c{i}" for i in range(cases))
+    refs = {case: ref(100 + i) for i, case in enumerate(ids)}
+    values: dict[str, Any] = {
+        "case_refs": refs,
+        "judge_case_refs": refs,
+        "splits": {"val": ids},
+        "fingerprint": "fp",
+        "min_cases": 1,  # repetitions 1/1 unless a test asks for the adaptive ones
+        **overrides,
+    }
+    return SchedulerSettings(**values)
+
+
+def make_request(
+    name: str = "m", sequential: bool = True, reps: tuple[int, int] | None = None, **gate: Any
+) -> MeasureRequest:
+    return MeasureRequest(
+        measurement_id=name,
+        baseline_ref=BASE,
+        candidate_ref=CAND,
+        baseline_repetitions=reps[0] if reps else None,
+        candidate_repetitions=reps[1] if reps else None,
+        gate=GateConfig(sequential=sequential, **{**FAST_GATE, **gate}),
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a unit's replay and judgement come to when its lanes answer."""
+
+    replay: str = "succeeded"  # or failed / timed_out
+    owner: str = "task"  # of a failed replay: a "candidate" failure scores 0
+    score: float | None = 1.0  # None: the judge fails
+
+
+def replay_result(job: Any, outcome: Outcome, stopped: bool = False) -> ReplayResult:
+    status = "cancelled" if stopped else outcome.replay
+    failure = None
+    if status == "failed":
+        failure = FailureEvent(owner=outcome.owner, stage="replay", code="exit_1")  # type: ignore[arg-type]
+    return ReplayResult(
+        unit_id=job.unit_id,
+        case_id=job.case_id,
+        arm=job.arm,
+        repetition=job.repetition,
+        status=status,  # type: ignore[arg-type]
+        failure=failure,
+        output_ref=OUTPUT if status == "succeeded" else None,
+    )
+
+
+def judge_result(unit_id: str, outcome: Outcome, stopped: bool = False) -> JudgeResult:
+    if stopped:
+        return JudgeResult(unit_id=unit_id, status="cancelled", source="command")
+    if outcome.score is None:
+        failure = FailureEvent(owner="infrastructure", stage="judge", code="bad_output")
+        return JudgeResult(unit_id=unit_id, status="failed", source="command", failure=failure)
+    return JudgeResult(unit_id=unit_id, status="succeeded", score=outcome.score, source="command")
+
+
+@dataclass
+class Driver:
+    """Plays the scheduler's part: answers the plan's actions in an order it is told, and
+    checks the plan's rules after every step."""
+
+    plan: MeasurePlan
+    outcomes: dict[str, Outcome]
+    deny: set[str] = field(default_factory=set)  # units whose reservation the budget denies
+    pending: list[Action] = field(default_factory=list)
+    stopped: set[str] = field(default_factory=set)
+    started: dict[str, int] = field(default_factory=dict)  # StartReplay per unit
+    ended: dict[str, str] = field(default_factory=dict)  # unit id -> terminal status, once
+    finishes: int = 0
+    log: list[Action] = field(default_factory=list)
+    checking: bool = True  # check every rule after every step (off for large plans)
+
+    def take(self, actions: list[Action]) -> None:
+        for action in actions:
+            self.log.append(action)
+            if isinstance(action, StartReplay):
+                unit = self.plan._by_id[action.unit_id]
+                control = unit.depends_on
+                assert control is None or (control.done and control.status == "succeeded")
+                self.started[action.unit_id] = self.started.get(action.unit_id, 0) + 1
+                assert self.started[action.unit_id] == 1, f"{action.unit_id} started twice"
+            if isinstance(action, StopUnit):
+                self.stopped.update(action.unit_ids)
+            elif isinstance(action, Finish):
+                self.finishes += 1
+            elif not isinstance(action, Progress):
+                self.pending.append(action)
+        if self.checking:
+            self.check()
+
+    def check(self) -> None:
+        plan = self.plan
+        assert plan.finished or self.pending, "units wait, but nothing is in flight"
+        replaying = sum(isinstance(a, StartReplay) for a in self.pending)
+        assert replaying <= plan.in_flight <= plan.lanes
+        assert sum(u.holds_lane for u in plan.units) == plan.in_flight
+        for unit in plan.units:
+            if unit.done:
+                assert unit.status in TERMINAL
+                assert self.ended.setdefault(unit.unit_id, unit.status) == unit.status
+            else:
+                assert unit.unit_id not in self.ended, f"{unit.unit_id} ended twice"
+        assert self.finishes == (1 if plan.finished else 0)
+        if plan.finished:
+            assert not self.pending and len(self.ended) == len(plan.units)
+            for unit in plan.units:  # a control that did not succeed blocks its treatment
+                control = unit.depends_on
+                if control is not None and control.status != "succeeded":
+                    assert unit.status in ("blocked", "not_run")
+                    assert unit.unit_id not in self.started
+
+    def answer(self, index: int) -> None:
+        action = self.pending.pop(index)
+        self.take(self.plan.handle(self.event_for(action)))
+
+    def event_for(self, action: Action) -> Event:
+        if isinstance(action, StartReplay):
+            if action.unit_id in self.deny:
+                return ReserveDenied(action.unit_id)
+            stopped = action.unit_id in self.stopped
+            outcome = self.outcomes[action.unit_id]
+            return UnitReplayed(action.unit_id, replay_result(action.job, outcome, stopped))
+        if isinstance(action, StartJudge):
+            stopped = action.unit_id in self.stopped
+            outcome = self.outcomes[action.unit_id]
+            return UnitJudged(action.unit_id, judge_result(action.unit_id, outcome, stopped))
+        if isinstance(action, ChargeUnit):
+            return UnitCharged(action.unit_id)
+        if isinstance(action, JournalReplay):
+            return ReplayJournaled(action.unit_id)
+        assert isinstance(action, JournalUnit)
+        assert action.record.status == self.plan._by_id[action.unit_id].status
+        return UnitJournaled(action.unit_id)
+
+    def run(self, rng: random.Random) -> None:
+        """Answer every action in a random order until the measurement ends."""
+        self.take(self.plan.start())
+        while self.pending:
+            self.answer(rng.randrange(len(self.pending)))
+        assert self.plan.finished
+
+
+def outcomes_for(plan: MeasurePlan, rng: random.Random, fail: float) -> dict[str, Outcome]:
+    """Random results: scores per case and arm (repetitions vary a little), some failures."""
+    level = {case: rng.random() for case in plan.case_ids}
+    effect = rng.choice([-0.3, 0.0, 0.2, 0.5])
+    table = {}
+    for unit in plan.units:
+        base = level[unit.case_id] + (effect if unit.arm == "candidate" else 0.0)
+        score = min(1.0, max(0.0, base + rng.uniform(-0.1, 0.1)))
+        if rng.random() < fail:
+            kind = rng.choice(["failed", "timed_out", "judge", "candidate"])
+            if kind == "candidate" and unit.arm == "baseline":
+                kind = "failed"
+            if kind == "judge":
+                table[unit.unit_id] = Outcome(score=None)
+            elif kind == "candidate":
+                table[unit.unit_id] = Outcome(replay="failed", owner="candidate")
+            else:
+                table[unit.unit_id] = Outcome(replay=kind)
+        else:
+            table[unit.unit_id] = Outcome(score=round(score, 3))
+    return table
+
+
+def expected_scores(
+    plan: MeasurePlan, outcomes: dict[str, Outcome]
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each arm's per-case scores from the outcomes alone (a failed control blocks)."""
+    baseline: dict[str, list[float]] = {}
+    candidate: dict[str, list[float]] = {}
+
+    def score(unit_id: str) -> float | None:
+        outcome = outcomes[unit_id]
+        if outcome.replay == "failed" and outcome.owner == "candidate":
+            return 0.0
+        return outcome.score if outcome.replay == "succeeded" else None
+
+    def succeeded(unit_id: str) -> bool:
+        outcome = outcomes[unit_id]
+        return outcome.replay == "succeeded" and outcome.score is not None
+
+    for unit in plan.units:
+        if unit.depends_on is not None and not succeeded(unit.depends_on.unit_id):
+            continue  # blocked
+        value = score(unit.unit_id)
+        if value is not None:
+            side = baseline if unit.arm == "baseline" else candidate
+            side.setdefault(unit.case_id, []).append(value)
+    return baseline, candidate
+
+
+shapes = st.fixed_dictionaries(
+    {
+        "cases": st.integers(1, 40),
+        "lanes": st.integers(1, 8),
+        "reps": st.one_of(st.none(), st.tuples(st.integers(1, 3), st.integers(1, 3))),
+        "fail": st.sampled_from([0.0, 0.1, 0.4]),
+        "seed": st.integers(0, 2**32 - 1),
+    }
+)
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def build(shape: dict[str, Any], sequential: bool, **plan_args: Any) -> tuple[MeasurePlan, Any]:
+    plan = MeasurePlan(
+        make_request(sequential=sequential, reps=shape["reps"]),
+        make_settings(shape["cases"], min_cases=8),
+        lanes=shape["lanes"],
+        **plan_args,
+    )
+    rng = random.Random(shape["seed"])
+    return plan, outcomes_for(plan, rng, shape["fail"])
+
+
+@FAST
+@given(shape=shapes, budgeted=st.booleans(), journaled=st.booleans())
+def test_a_full_evaluation_decides_as_the_gate_on_all_the_data(
+    shape: dict[str, Any], budgeted: bool, journaled: bool
+) -> None:
+    plan, outcomes = build(shape, sequential=False, budgeted=budgeted, journaled=journaled)
+    Driver(plan, outcomes).run(random.Random(shape["seed"] + 1))
+    summary = plan.summary(OUTPUT, 0.0)
+    baseline, candidate = expected_scores(plan, outcomes)
+    expected = decide(baseline, candidate, plan.request.gate, n_planned=len(plan.case_ids))
+    assert summary.gate == expected
+    assert summary.status == "complete" and plan.cutoff is None
+    blocked = sum(
+        u.depends_on is not None and u.depends_on.status != "succeeded" for u in plan.units
+    )
+    assert summary.units_blocked == blocked
+    assert summary.units_not_run == 0
+
+
+@FAST
+@given(shape=shapes, orders=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)))
+def test_the_decision_and_the_cutoff_do_not_depend_on_completion_order(
+    shape: dict[str, Any], orders: tuple[int, int]
+) -> None:
+    results = []
+    for order in orders:
+        plan, outcomes = build(shape, sequential=True, budgeted=True, journaled=True)
+        Driver(plan, outcomes).run(random.Random(order))
+        summary = plan.summary(OUTPUT, 0.0)
+        results.append((summary.gate, summary.status, plan.cutoff, plan.early))
+    assert results[0] == results[1]
+
+
+class PlanMachine(RuleBasedStateMachine):
+    """Hypothesis picks which pending action the lanes answer next, and when a stop comes."""
+
+    @initialize(shape=shapes, sequential=st.booleans(), budgeted=st.booleans())
+    def setup(self, shape: dict[str, Any], sequential: bool, budgeted: bool) -> None:
+        plan, outcomes = build(shape, sequential, budgeted=budgeted, journaled=True)
+        self.driver = Driver(plan, outcomes)
+        self.driver.take(plan.start())
+
+    @rule(pick=st.integers(0, 10_000))
+    def answer(self, pick: int) -> None:
+        if self.driver.pending:  # else the measurement has ended
+            self.driver.answer(pick % len(self.driver.pending))
+
+    @precondition(lambda self: not self.driver.plan.finished)
+    @rule()
+    def cancel(self) -> None:
+        stop = StopRequested("cancelled", "the measurement was cancelled")
+        self.driver.take(self.driver.plan.handle(stop))
+
+    @invariant()
+    def rules_hold(self) -> None:
+        self.driver.check()
+
+    def teardown(self) -> None:
+        driver = self.driver
+        while driver.pending:  # the lanes answer the rest: every unit ends, once
+            driver.answer(0)
+        assert driver.plan.finished and driver.finishes == 1
+        assert set(driver.ended) == {u.unit_id for u in driver.plan.units}
+
+
+PlanMachine.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_the_plan_keeps_its_rules_in_any_order = PlanMachine.TestCase
+
+
+# ----- single situations ------------------------------------------------------------------
+
+
+def run_plan(plan: MeasurePlan, outcomes: dict[str, Outcome] | None = None, **kw: Any) -> Driver:
+    outcomes = outcomes or {u.unit_id: Outcome() for u in plan.units}
+    driver = Driver(plan, outcomes, **kw)
+    driver.run(random.Random(0))
+    return driver
+
+
+def kinds(driver: Driver, kind: type) -> list[Any]:
+    return [a for a in driver.log if isinstance(a, kind)]
+
+
+def test_a_reused_unit_is_neither_replayed_nor_journaled() -> None:
+    cache: dict = {}
+    first = MeasurePlan(make_request("m1", False), make_settings(4), lanes=2, cache=cache)
+    run_plan(first)
+    second = MeasurePlan(make_request("m2", False), make_settings(4), lanes=2, cache=cache)
+    driver = run_plan(second)
+    assert kinds(driver, StartReplay) == [] and kinds(driver, JournalUnit) == []
+    summary = second.summary(OUTPUT, 0.0)
+    assert summary.units_reused == 8 and summary.units_run == 0
+    assert all(u.note == "reused" and u.replay.unit_id == u.unit_id for u in second.units)
+
+
+def test_the_same_tree_on_both_arms_reuses_the_baseline_for_the_candidate() -> None:
+    request = make_request(sequential=False).model_copy(update={"candidate_ref": BASE})
+    plan = MeasurePlan(request, make_settings(3), lanes=3, journaled=True)
+    driver = run_plan(plan)
+    assert {a.unit_id for a in kinds(driver, StartReplay)} == {"m.0.0.b", "m.1.0.b", "m.2.0.b"}
+    assert plan.summary(OUTPUT, 0.0).units_reused == 3
+
+
+def stored_unit(unit_id: str, tree: ArtifactRef | None, status: str = "succeeded") -> UnitRecord:
+    replay = ReplayResult(
+        unit_id=unit_id,
+        case_id="c0",
+        arm="baseline",
+        repetition=0,
+        status=status,  # type: ignore[arg-type]
+        output_ref=OUTPUT if status == "succeeded" else None,
+    )
+    judge = JudgeResult(unit_id=unit_id, status="succeeded", score=0.5, source="command")
+    return UnitRecord(
+        measurement="m",
+        unit=unit_id,
+        tree=tree.digest if tree else None,
+        status=status,  # type: ignore[arg-type]
+        replay=replay,
+        judge=judge if status == "succeeded" else None,
+    )
+
+
+def test_a_restored_unit_is_charged_not_replayed_nor_journaled_again() -> None:
+    restored = {
+        "m.0.0.b": stored_unit("m.0.0.b", BASE),
+        "m.1.0.b": stored_unit("m.1.0.b", None),  # an older journal: no tree
+        "m.2.0.b": stored_unit("m.2.0.b", BASE, status="cancelled"),  # runs again
+    }
+    plan = MeasurePlan(
+        make_request(sequential=False),
+        make_settings(3, restored=restored),
+        lanes=2,
+        budgeted=True,
+        journaled=True,
+    )
+    driver = run_plan(plan)
+    replayed = {a.unit_id for a in kinds(driver, StartReplay)}
+    assert replayed == {"m.2.0.b", "m.0.0.c", "m.1.0.c", "m.2.0.c"}
+    assert {a.unit_id for a in kinds(driver, ChargeUnit)} == {u.unit_id for u in plan.units}
+    assert {a.unit_id for a in kinds(driver, JournalUnit)} == replayed
+    notes = {u.unit_id: u.note for u in plan.units if u.restored}
+    assert notes == {"m.0.0.b": "restored", "m.1.0.b": "restored"}
+    assert plan.summary(OUTPUT, 0.0).units_restored == 2
+
+
+def test_a_stored_replay_is_judged_only() -> None:
+    record = stored_unit("m.0.0.b", BASE)
+    stored = {
+        "m.0.0.b": ReplayRecord(
+            measurement="m", unit="m.0.0.b", tree=BASE.digest, replay=record.replay
+        )
+    }  # type: ignore[arg-type]
+    plan = MeasurePlan(
+        make_request(sequential=False),
+        make_settings(1, restored_replays=stored),
+        lanes=1,
+        journaled=True,
+    )
+    driver = run_plan(plan)
+    assert [a.unit_id for a in kinds(driver, StartReplay)] == ["m.0.0.c"]
+    assert [a.unit_id for a in kinds(driver, StartJudge)] == ["m.0.0.b", "m.0.0.c"]
+    assert [a.unit_id for a in kinds(driver, JournalReplay)] == ["m.0.0.c"]  # not again
+
+
+def test_a_rejudge_judges_stored_replays_and_diverged_trees_are_not_used() -> None:
+    restored = {
+        "m.0.0.b": stored_unit("m.0.0.b", BASE),
+        "m.1.0.b": stored_unit("m.1.0.b", CAND),  # replayed on another tree
+    }
+    settings_ = make_settings(2, restored=restored, rejudge=True, replays_allowed=False)
+    request = make_request(sequential=False).model_copy(update={"candidate_ref": None})
+    plan = MeasurePlan(request, settings_, lanes=2, budgeted=True, journaled=True)
+    driver = run_plan(plan)
+    assert kinds(driver, StartReplay) == [] and kinds(driver, ChargeUnit) == []
+    assert [a.unit_id for a in kinds(driver, JournalUnit)] == ["m.0.0.b"]
+    by_id = {u.unit_id: u for u in plan.units}
+    assert by_id["m.0.0.b"].note == "rejudged" and by_id["m.0.0.b"].judge.score == 1.0
+    assert by_id["m.1.0.b"].status == "not_run" and "diverged" in by_id["m.1.0.b"].note
+    summary = plan.summary(OUTPUT, 0.0)
+    assert summary.status == "diverged" and "m.1.0.b" in summary.message
+
+
+def test_a_budget_denial_stops_the_measurement_as_budget_limited() -> None:
+    plan = MeasurePlan(make_request(sequential=False), make_settings(8), lanes=2, budgeted=True)
+    driver = run_plan(plan, deny={"m.3.0.b"})
+    summary = plan.summary(OUTPUT, 0.0)
+    assert summary.status == "budget_limited" and summary.units_not_run > 0
+    by_id = {u.unit_id: u for u in plan.units}
+    assert by_id["m.3.0.b"].note == "budget" and by_id["m.3.0.b"].status == "not_run"
+    stops = kinds(driver, StopUnit)
+    assert len(stops) == 1 and "m.3.0.b" in stops[0].unit_ids
+    assert all(u.done for u in plan.units)
+
+
+def test_a_replay_that_cannot_spawn_is_one_shared_failure() -> None:
+    plan = MeasurePlan(make_request(), make_settings(16), lanes=4, journaled=True)
+    driver = Driver(plan, {u.unit_id: Outcome() for u in plan.units})
+    driver.take(plan.start())
+    first = driver.pending.pop(0)
+    assert isinstance(first, StartReplay)
+    failure = FailureEvent(
+        owner="infrastructure", stage="replay", code="spawn_failed", message="no-such-agent"
+    )
+    broken = ReplayResult(
+        unit_id=first.unit_id,
+        case_id=first.job.case_id,
+        arm="baseline",
+        repetition=0,
+        status="failed",
+        failure=failure,
+    )
+    after = plan.handle(UnitReplayed(first.unit_id, broken))
+    driver.take(after)
+    assert not any(isinstance(a, StartReplay) for a in after)  # no further unit starts
+    while driver.pending:
+        driver.answer(0)
+    summary = plan.summary(OUTPUT, 0.0)
+    assert summary.status == "shared_failure" and "no-such-agent" in summary.message
+    assert len(kinds(driver, StartReplay)) == 4
+    assert summary.units_blocked == 4 and summary.units_not_run == 32 - 8
+
+
+def test_a_cancelled_measurement_starts_nothing_more_and_ends() -> None:
+    plan = MeasurePlan(make_request(), make_settings(10), lanes=3)
+    driver = Driver(plan, {u.unit_id: Outcome() for u in plan.units})
+    driver.take(plan.start())
+    driver.answer(0)
+    waiting = {u.unit_id for u in plan.units if not u.done}
+    driver.take(plan.handle(StopRequested("cancelled", "the measurement was cancelled")))
+    (stop,) = [a for a in driver.log if isinstance(a, StopUnit)]
+    assert set(stop.unit_ids) == waiting
+    started = len(kinds(driver, StartReplay))
+    while driver.pending:
+        driver.answer(0)
+    assert len(kinds(driver, StartReplay)) == started
+    summary = plan.summary(OUTPUT, 0.0)
+    assert summary.status == "cancelled" and summary.units_cancelled == started  # all stopped
+    assert {u.note for u in plan.units if u.status == "not_run" and u.arm == "baseline"} == {
+        "cancelled"
+    }
+
+
+def test_events_out_of_turn_are_refused() -> None:
+    plan = MeasurePlan(make_request(), make_settings(2), lanes=1)
+    plan.start()
+    with pytest.raises(ValueError, match="not judging"):
+        plan.handle(UnitJudged("m.0.0.b", judge_result("m.0.0.b", Outcome())))
+    with pytest.raises(ValueError, match="unknown"):
+        plan.handle(UnitCharged("nope"))
+    with pytest.raises(RuntimeError, match="did not end"):
+        plan.summary(OUTPUT, 0.0)
+
+
+def test_early_stop_bookkeeping_stays_linear_in_the_cases() -> None:
+    """Each ended unit costs O(1) amortised: a case's delta is taken once (counted here)."""
+    from evolane.measure import _prefix
+
+    calls = 0
+    original = _prefix._case_delta
+
+    def counting(units: list) -> float | None:  # type: ignore[type-arg]
+        nonlocal calls
+        calls += 1
+        return original(units)
+
+    _prefix._case_delta = counting  # type: ignore[assignment]
+    try:
+        plan = MeasurePlan(make_request(min_cases=400), make_settings(400), lanes=8)
+        driver = Driver(plan, {u.unit_id: Outcome() for u in plan.units}, checking=False)
+        driver.run(random.Random(0))
+    finally:
+        _prefix._case_delta = original  # type: ignore[assignment]
+    assert calls == 400
