@@ -13,7 +13,6 @@ import orjson
 import trio
 
 from evolane.actors import Actor, ActorError, ActorRef
-from evolane.lanes import StopBoard
 from evolane.measure._plan import (
     Action,
     ChargeUnit,
@@ -35,15 +34,20 @@ from evolane.measure._plan import (
 )
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.messages import (
+    MAX_STOPS_PER_SIGNAL,
     FailureEvent,
     JournalRecord,
     JudgeResult,
     MeasureRequest,
     MeasureSummary,
     Message,
+    Ping,
+    Pong,
     ReplayResult,
     Reserve,
     ReserveReply,
+    StopAll,
+    StopUnits,
 )
 from evolane.store import BlobStore
 
@@ -66,9 +70,15 @@ PROBE_POLL_INTERVAL = 0.05
 
 
 class MeasurementScheduler(Actor):
-    """Runs one `MeasureRequest` at a time over pools of replay and judge lanes."""
+    """Runs one `MeasureRequest` at a time over pools of replay and judge lanes.
 
-    accepts = (MeasureRequest,)
+    A `StopAll` signal cancels the running measurement (every unit in flight is stopped
+    through its lane, none starts); a `Ping` is answered once no measurement runs (the
+    mailbox is served in order), which is how a caller waits for a cancelled one to end.
+    """
+
+    accepts = (MeasureRequest, Ping)
+    signals = (StopAll,)
 
     def __init__(
         self,
@@ -77,16 +87,26 @@ class MeasurementScheduler(Actor):
         judge_lanes: list[ActorRef],
         budget: ActorRef | None,
         store: BlobStore,
-        board: StopBoard,
     ) -> None:
-        self.settings, self.store, self.board, self.budget = settings, store, board, budget
+        self.settings, self.store, self.budget = settings, store, budget
         self.replay_lanes, self.judge_lanes = list(replay_lanes), list(judge_lanes)
         # Succeeded units of every measurement so far, for reuse (see `reuse_key`).
         self.reuse_cache: dict[str, tuple[ReplayResult, JudgeResult]] = {}
+        self.running: _Measurement | None = None
 
-    async def receive(self, message: Message) -> MeasureSummary:
+    async def receive(self, message: Message) -> MeasureSummary | Pong:
+        if isinstance(message, Ping):
+            return Pong(seq=message.seq, responder=self.context.name)
         assert isinstance(message, MeasureRequest)
-        return await _Measurement(self, message).execute()
+        self.running = _Measurement(self, message)
+        try:
+            return await self.running.execute()
+        finally:
+            self.running = None
+
+    def on_signal(self, message: Message) -> None:
+        if isinstance(message, StopAll) and self.running is not None:
+            self.running.cancel()
 
 
 class _Measurement:
@@ -103,25 +123,30 @@ class _Measurement:
             budgeted=scheduler.budget is not None,
             journaled=settings.journal is not None,
         )
-        # Each unit waits for at most one answer at a time: the buffer never fills.
+        # Each unit waits for at most one answer at a time, and one cancel may come: the
+        # buffer never fills.
         self.answers = trio.open_memory_channel[Event](len(self.plan.units) + 1)
+        self.cancelled = False
+        self.stop_everything = False
+        self.stopped: set[str] = set()  # stopped before a lane took them
+        self.in_lane: dict[str, ActorRef] = {}  # unit id -> the lane running it
         self.free_replay = trio.open_memory_channel[ActorRef](len(scheduler.replay_lanes))
         self.free_judge = trio.open_memory_channel[ActorRef](len(scheduler.judge_lanes))
         self.last_progress = -1e9
 
     async def execute(self) -> MeasureSummary:
         started = trio.current_time()
-        board = self.s.board
-        board.idle, board.cancelled = trio.Event(), trio.Event()
-        try:
-            await self._run()
-            wall = trio.current_time() - started
-            records = orjson.dumps(self.plan.records())
-            units_ref = await trio.to_thread.run_sync(self.s.store.put_bytes, records)
-            return self.plan.summary(units_ref, wall)
-        finally:
-            board.clear()
-            board.idle.set()
+        await self._run()
+        wall = trio.current_time() - started
+        records = orjson.dumps(self.plan.records())
+        units_ref = await trio.to_thread.run_sync(self.s.store.put_bytes, records)
+        return self.plan.summary(units_ref, wall)
+
+    def cancel(self) -> None:
+        """Stop the measurement (from a signal): the loop feeds the plan a stop request."""
+        if not self.cancelled:
+            self.cancelled = True
+            self._answer(StopRequested("cancelled", "the measurement was cancelled"))
 
     async def _run(self) -> None:
         """Feed the plan until every unit ended; a failure or cancellation here stops every
@@ -135,9 +160,8 @@ class _Measurement:
                 self._perform(nursery, self.plan.start())
                 while not self.plan.finished:
                     answer = await self.answers[1].receive()
-                    if self.s.board.cancelled.is_set() and self.plan.stop_reason is None:
-                        stop = StopRequested("cancelled", "the measurement was cancelled")
-                        self._perform(nursery, self.plan.handle(stop))
+                    if isinstance(answer, StopRequested) and self.plan.stop_reason is not None:
+                        continue  # a cancel after another stop: already stopping
                     self._perform(nursery, self.plan.handle(answer))
         except BaseException:
             self._send_stop(None)
@@ -168,13 +192,32 @@ class _Measurement:
         self.answers[0].send_nowait(event)
 
     def _send_stop(self, unit_ids: tuple[str, ...] | None) -> None:
-        """Tell in-flight units to stop (None: every unit), so their lanes answer early.
-        The only place stop signals leave the scheduler."""
+        """Tell units to stop (None: every unit), so their lanes answer early: a unit in a
+        lane through a `StopUnits` signal to that lane, one not yet in a lane when it gets
+        one (`_hand_to`). The only place stop signals leave the scheduler."""
         if unit_ids is None:
-            self.s.board.stop_all()
+            self.stop_everything = True
+            for lane in (*self.s.replay_lanes, *self.s.judge_lanes):
+                lane.signal(StopAll())
             return
+        by_lane: dict[ActorRef, list[str]] = {}
         for unit_id in unit_ids:
-            self.s.board.stop(unit_id)
+            lane = self.in_lane.get(unit_id)
+            if lane is None:
+                self.stopped.add(unit_id)
+            else:
+                by_lane.setdefault(lane, []).append(unit_id)
+        for lane, ids in by_lane.items():
+            for start in range(0, len(ids), MAX_STOPS_PER_SIGNAL):
+                lane.signal(StopUnits(unit_ids=tuple(ids[start : start + MAX_STOPS_PER_SIGNAL])))
+
+    def _hand_to(self, lane: ActorRef, unit_id: str) -> None:
+        """Note that ``lane`` runs ``unit_id`` now; a unit stopped before it got a lane is
+        stopped there at once (the lane answers it as cancelled)."""
+        self.in_lane[unit_id] = lane
+        if self.stop_everything or unit_id in self.stopped:
+            self.stopped.discard(unit_id)
+            lane.signal(StopUnits(unit_ids=(unit_id,)))
 
     def _progress(self) -> None:
         """Tell the progress observer how far the measurement is (at most every interval)."""
@@ -193,6 +236,7 @@ class _Measurement:
             self._answer(ReserveDenied(job.unit_id))
             return
         lane = await self.free_replay[1].receive()
+        self._hand_to(lane, job.unit_id)
         try:
             result: ReplayResult = await lane.ask(
                 job, timeout=job.timeout_seconds + LANE_ANSWER_MARGIN
@@ -207,6 +251,7 @@ class _Measurement:
                 failure=framework_failure("replay", error),
             )
         finally:
+            self.in_lane.pop(job.unit_id, None)
             self.free_replay[0].send_nowait(lane)
         self._answer(UnitReplayed(job.unit_id, result))
 
@@ -238,6 +283,7 @@ class _Measurement:
     async def _judge(self, action: StartJudge) -> None:
         job = action.job
         lane = await self.free_judge[1].receive()
+        self._hand_to(lane, job.unit_id)
         try:
             timeout = job.timeout_seconds * JUDGE_TIMEOUTS_ALLOWED + LANE_ANSWER_MARGIN
             result: JudgeResult = await lane.ask(job, timeout=timeout)
@@ -249,6 +295,7 @@ class _Measurement:
                 failure=framework_failure("judge", error),
             )
         finally:
+            self.in_lane.pop(job.unit_id, None)
             self.free_judge[0].send_nowait(lane)
         self._answer(UnitJudged(job.unit_id, result))
 
