@@ -391,6 +391,40 @@ def test_schema_report_describes_report_json() -> None:
     assert {"DecisionRecord", "FunnelRecord", "ScoreCI"} <= set(schema["$defs"])
 
 
+def test_schema_messages_lists_every_message_and_journal_record_kind() -> None:
+    """Every Message subclass anywhere in evolane lives in evolane.messages and is listed, and
+    so is every journal record type (the schema a reader of journal.jsonl needs)."""
+    import importlib
+    import pkgutil
+
+    import evolane
+    from evolane.messages import JOURNAL_RECORDS, Message
+
+    for module in pkgutil.walk_packages(evolane.__path__, "evolane."):
+        if ".examples." in module.name or module.name.endswith("__main__"):
+            continue
+        importlib.import_module(module.name)
+    pending, concrete = list(Message.__subclasses__()), []
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if not cls.abstract and cls.__module__.startswith("evolane."):
+            concrete.append(cls)
+    assert len(concrete) > 30
+    outside = [c.__qualname__ for c in concrete if not c.__module__.startswith("evolane.messages")]
+    assert outside == []
+    done = _evolane("schema", "messages")
+    assert done.returncode == 0, done.stderr
+    schema = orjson.loads(done.stdout)
+    listed = set(schema["kinds"].values())
+    assert {c.__name__ for c in concrete} <= listed
+    assert {"measure.request", "measure.summary", "campaign.run", "lane.stop"} <= set(
+        schema["kinds"]
+    )
+    assert set(schema["journal_records"]) == set(JOURNAL_RECORDS) == {"unit", "replay", "proposal"}
+    assert {"UnitRecord", "ReplayRecord", "ProposalRecord"} <= set(schema["$defs"])
+
+
 def test_schema_messages_is_still_the_default() -> None:
     done = _cli("schema")
     assert done.exit_code == 0 and "kinds" in orjson.loads(done.stdout)
