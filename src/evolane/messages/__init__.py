@@ -13,6 +13,7 @@ from evolane.messages._base import (
     message_classes,
 )
 from evolane.messages._bounds import unbounded_fields
+from evolane.messages._campaign import CampaignDone, CycleStop, RunCampaign
 from evolane.messages._events import (
     EVENT_TYPES,
     BudgetUpdate,
@@ -66,6 +67,8 @@ __all__ = [
     "ArtifactRef",
     "BudgetEvent",
     "BudgetUpdate",
+    "CampaignDone",
+    "CycleStop",
     "DeadLetter",
     "Debit",
     "DecisionEvent",
@@ -98,6 +101,7 @@ __all__ = [
     "ReplayResult",
     "Reserve",
     "ReserveReply",
+    "RunCampaign",
     "RunFinished",
     "RunStarted",
     "ShortText",
