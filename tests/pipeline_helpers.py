@@ -100,6 +100,7 @@ async def sleeper_bench(
     journal_path = config.pop("journal_path", None)
     journal = RunJournal(journal_path) if journal_path is not None else None
     ledger = Ledger(**{k: config.pop(k) for k in ("ceilings", "cold_start") if k in config})
+    seed = config.pop("seed", 0)
     settings = MeasureSettings(**{"replay": REPLAY, "judge": JUDGE, **config})
     commands, context = (
         CommandSettings(kill_grace=0.2, isolation="process"),
@@ -118,6 +119,7 @@ async def sleeper_bench(
             commands=commands,
             context=context,
             ledger=ledger,
+            seed=seed,
         ) as pipe,
     ):
         yield Bench(pipe, host, store, dataset, root)
