@@ -159,6 +159,8 @@ def _undone(recovered: list[RecoveredApply]) -> str:
 
 @dataclass(frozen=True)
 class _RunContext:
+    """One session of a run: what it reports, its journal, its graceful stop, its backends."""
+
     session: Session
     journal: RunJournal
     interrupt: trio.Event

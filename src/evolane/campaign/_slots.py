@@ -49,6 +49,7 @@ class Slots:
         self.config = setup.config
 
     def slot_id(self, iteration: int, slot: int) -> str:
+        """The slot's id, the same on a resume: ``c<cycle>.i<iteration>.s<slot>``."""
         return f"c{self.s.cycle}.i{iteration}.s{slot}"
 
     # ----- proposals ---------------------------------------------------------------------
