@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.pipeline_helpers import sleeper_bench
 
 from evolane.inputs import load_dataset
-from evolane.measure._pipeline import PipelineConfig, open_pipeline
+from evolane.measure import CommandSettings, MeasureSettings, open_pipeline
 from evolane.messages import GateConfig, MeasureRequest
 from evolane.sandbox import open_sandbox
 from evolane.store import BlobStore, snapshot_tree
@@ -70,16 +70,16 @@ async def bare_run(root: Path, cases: int, sleep: float, lanes: int) -> tuple[fl
         (root / arm / "skill.md").write_text(f"rules of {arm}")
     store = BlobStore(root / "store")
     replay = f"sh -c 'sleep {sleep}; echo 1 > \"$1\"/output.json' replay {{output_dir}}"
-    config = PipelineConfig(
-        replay=replay,
-        replay_concurrency=lanes,
-        judge_concurrency=max(2, lanes // 2),
-        kill_grace=0.2,
+    config = MeasureSettings(
+        replay=replay, replay_concurrency=lanes, judge_concurrency=max(2, lanes // 2)
     )
+    commands = CommandSettings(kill_grace=0.2, isolation="process")
     async with (
         open_sandbox(root / "sb", store=store) as host,
         open_runtime() as runtime,
-        open_pipeline(runtime, host, store, load_dataset(root / "d.jsonl"), config) as p,
+        open_pipeline(
+            runtime, host, store, load_dataset(root / "d.jsonl"), config, commands=commands
+        ) as p,
     ):
         base, cand = snapshot_tree(store, root / "tree"), snapshot_tree(store, root / "tree2")
         cpu, start = _cpu(), time.perf_counter()

@@ -13,7 +13,9 @@ from typing import Any
 
 from evolane.examples.sleeper.commands import main as sleeper
 from evolane.inputs import Dataset, load_dataset
-from evolane.measure import Pipeline, PipelineConfig, RunJournal, open_pipeline
+from evolane.measure import CommandSettings, Ledger, MeasureContext, MeasureSettings
+from evolane.measure._journal import RunJournal
+from evolane.measure._pipeline import Pipeline, open_pipeline
 from evolane.messages import ArtifactRef
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.store import BlobStore, snapshot_tree
@@ -97,12 +99,27 @@ async def sleeper_bench(
     store = BlobStore(root / "store")
     journal_path = config.pop("journal_path", None)
     journal = RunJournal(journal_path) if journal_path is not None else None
-    settings = {"replay": REPLAY, "judge": JUDGE, "kill_grace": 0.2, "journal": journal, **config}
-    pipeline_config = PipelineConfig(**settings)
+    ledger = Ledger(**{k: config.pop(k) for k in ("ceilings", "cold_start") if k in config})
+    seed = config.pop("seed", 0)
+    settings = MeasureSettings(**{"replay": REPLAY, "judge": JUDGE, **config})
+    commands, context = (
+        CommandSettings(kill_grace=0.2, isolation="process"),
+        MeasureContext(journal),
+    )
     async with (
         _closing(journal),
         open_sandbox(root / "sandbox", store=store) as host,
         open_runtime() as runtime,
-        open_pipeline(runtime, host, store, dataset, pipeline_config) as pipe,
+        open_pipeline(
+            runtime,
+            host,
+            store,
+            dataset,
+            settings,
+            commands=commands,
+            context=context,
+            ledger=ledger,
+            seed=seed,
+        ) as pipe,
     ):
         yield Bench(pipe, host, store, dataset, root)

@@ -170,7 +170,7 @@ async def test_campaign_cycles_resume_and_refusals(tmp_path: Path) -> None:
     layout = StoreLayout(paths["store"])
     best_after_first = load_campaign(layout, campaign).best_ref
     assert best_after_first == first.report.best != first.report.seed
-    changed = config.model_copy(update={"replay": config.replay + " "})
+    changed = config.model_copy(update={"replay": config.measure.replay + " "})
     with pytest.raises(InputError, match="replay changed"):
         await _run(RunRequest(changed, resume_campaign=campaign))
     # the next cycle keeps the campaign's cycle count even when the flag is not repeated
@@ -213,7 +213,7 @@ async def test_a_token_ceiling_ends_the_run_budget_limited(tmp_path: Path) -> No
     report = outcome.report
     assert report is not None and report.status == "budget_limited"
     assert report.campaign_status == "budget_limited" and outcome.exit_code == 3
-    spent, lanes = report.budget.spent.tokens or 0, config.replay_concurrency
+    spent, lanes = report.budget.spent.tokens or 0, config.measure.replay_concurrency
     assert 3000 - 100 * lanes <= spent <= 3000 + 100 * lanes  # ran up to the ceiling, not past
     with pytest.raises(InputError, match="budget_limited and cannot resume"):
         await _run(RunRequest(config, resume_campaign=report.campaign_id))
@@ -414,10 +414,10 @@ async def test_a_long_replay_command_is_a_campaign_identity_like_any_other(
 ) -> None:
     paths = write_toy(tmp_path, {"default": "fix:2"})
     config = toy_config(paths, iterations=1, population=1, max_improvement_cycles=2)
-    config = config.model_copy(update={"replay": config.replay + " " + "x" * 600})
+    config = config.model_copy(update={"replay": config.measure.replay + " " + "x" * 600})
     first = await _run(RunRequest(config))
     assert first.report is not None and first.report.campaign_status == "paused"
-    changed = config.model_copy(update={"replay": config.replay + "y"})
+    changed = config.model_copy(update={"replay": config.measure.replay + "y"})
     with pytest.raises(InputError, match=r"replay changed .*\.\.\.") as refused:
         await _run(RunRequest(changed, resume_campaign=first.report.campaign_id))
     assert len(str(refused.value)) < 300

@@ -22,6 +22,7 @@ from evolane.campaign._gates import (
     validate_protected,
 )
 from evolane.inputs import CommandTemplate
+from evolane.measure import CommandSettings
 from evolane.messages import ArtifactRef
 from evolane.messages._optimize import LocalGateResult
 from evolane.sandbox import SandboxHost, lease_holders
@@ -475,7 +476,11 @@ async def test_the_validator_sees_the_candidate_and_a_writable_workspace(
 async def test_a_validator_that_times_out_is_indecisive_and_leaves_nothing(
     store: BlobStore, host: SandboxHost, trees: Trees, parent: ArtifactRef
 ) -> None:
-    settings = GateSettings(validator=validator("sleep 30"), validator_timeout=0.5, kill_grace=0.5)
+    settings = GateSettings(
+        validator=validator("sleep 30"),
+        validator_timeout=0.5,
+        commands=CommandSettings(kill_grace=0.5),
+    )
     with trio.fail_after(10):
         results = await run_local_gates(store, host, settings, parent, trees.edit({"x": "1"}), ())
     verdict = results[-1]
@@ -511,7 +516,8 @@ async def test_a_cancelled_validator_leaves_no_process_and_no_scratch(
 ) -> None:
     marker = host.root / "validator-started"
     settings = GateSettings(
-        validator=validator(f"sh -c 'touch {marker}; trap \"\" TERM; sleep 30'"), kill_grace=0.3
+        validator=validator(f"sh -c 'touch {marker}; trap \"\" TERM; sleep 30'"),
+        commands=CommandSettings(kill_grace=0.3),
     )
     with trio.fail_after(15):
         with trio.move_on_after(60) as scope:

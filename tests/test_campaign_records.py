@@ -281,10 +281,11 @@ async def test_the_wall_clock_budget_counts_every_session_of_a_campaign(tmp_path
         await trio.sleep(3.0)
         stop.set()
 
+    request = RunRequest(config, started=time.time())  # the session counts from here
     async with trio.open_nursery() as nursery:
         nursery.start_soon(interrupt_later)
         with trio.fail_after(60):
-            first = await run_campaign(RunRequest(config), interrupt=stop)
+            first = await run_campaign(request, interrupt=stop)
     assert first.report is not None and first.report.status == "interrupted"
     (first_left,) = _wall_left_at_starts(first.run_dir)
     assert 3.0 < first_left <= 6.0

@@ -181,7 +181,8 @@ async def test_a_token_ceiling_limits_the_measurement(tmp_path) -> None:  # type
 @pytest.mark.parametrize("answer", ["file", "symlink"])  # read from the store / a laid-out copy
 async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_path, answer) -> None:  # type: ignore[no-untyped-def]
     from evolane.inputs import load_dataset
-    from evolane.measure._pipeline import PipelineConfig, open_pipeline
+    from evolane.measure import CommandSettings, MeasureSettings
+    from evolane.measure._pipeline import open_pipeline
     from evolane.sandbox import open_sandbox
     from evolane.store import BlobStore, snapshot_tree
     from evolane.supervisors import open_runtime
@@ -199,10 +200,15 @@ async def test_replays_never_see_the_answers_and_exact_match_judges_them(tmp_pat
         " replay {case_file} {output_dir}"
     )
     store = BlobStore(tmp_path / "store")
-    config = PipelineConfig(replay=replay, kill_grace=0.2)
+    config, commands = (
+        MeasureSettings(replay=replay),
+        CommandSettings(kill_grace=0.2, isolation="process"),
+    )
     async with open_sandbox(tmp_path / "sb", store=store) as host, open_runtime() as runtime:
         dataset = load_dataset(tmp_path / "d.jsonl")
-        async with open_pipeline(runtime, host, store, dataset, config) as pipeline:
+        async with open_pipeline(
+            runtime, host, store, dataset, config, commands=commands
+        ) as pipeline:
             tree = snapshot_tree(store, tmp_path / "tree")
             summary = await pipeline.measure(
                 MeasureRequest(

@@ -1,7 +1,7 @@
 """The campaign: hill-climbing over candidate trees (local gates, optimizer prompts, apply
 policies, the run directory, resume, the report)."""
 
-from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus
+from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._report import (
     DecisionRecord,
@@ -12,7 +12,13 @@ from evolane.campaign._report import (
     Scores,
     render_markdown,
 )
-from evolane.campaign._run import Backends, RunOutcome, RunRequest, run_campaign
+from evolane.campaign._run import (
+    CAMPAIGN_ASK_TIMEOUT,
+    Backends,
+    RunOutcome,
+    RunRequest,
+    run_campaign,
+)
 from evolane.campaign._runs import (
     CampaignState,
     RunRecord,
@@ -21,21 +27,35 @@ from evolane.campaign._runs import (
     load_run,
     read_resume_state,
 )
+from evolane.campaign._tree import OptimizerParts, run_tree
+from evolane.campaign._types import (
+    CampaignServices,
+    CampaignSetup,
+    CycleOutcome,
+    RunSlots,
+)
 
 __all__ = [
+    "CAMPAIGN_ASK_TIMEOUT",
     "ApplyPolicyName",
     "Backends",
     "CampaignConfig",
+    "CampaignServices",
+    "CampaignSetup",
     "CampaignState",
+    "CycleOutcome",
     "DecisionRecord",
     "Estimate",
     "Focus",
     "FunnelRecord",
     "MeasurementRecord",
+    "OptimizerParts",
+    "ProposeSettings",
     "Report",
     "RunOutcome",
     "RunRecord",
     "RunRequest",
+    "RunSlots",
     "ScoreCI",
     "Scores",
     "StoreLayout",
@@ -44,4 +64,5 @@ __all__ = [
     "read_resume_state",
     "render_markdown",
     "run_campaign",
+    "run_tree",
 ]

@@ -1,28 +1,68 @@
-"""The frozen request of a run: every input and setting of a campaign (mirrors the CLI flags)."""
+"""The frozen request of a run: every input and setting of a campaign (mirrors the CLI flags).
+
+`CampaignConfig` composes one settings model per concern (`MeasureSettings`,
+`CommandSettings`, `ProposeSettings`), each knob declared once. It is read and written flat,
+as the CLI's flags and every stored ``run.json`` and ``report.json`` spell it: a flat key is
+nested into its model on the way in, and the models are flattened on the way out (values,
+errors and the JSON Schema alike).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import (
+    Field,
+    GetJsonSchemaHandler,
+    ModelWrapValidatorHandler,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, InitErrorDetails
 
+from evolane.campaign._gates import MAX_GROWTH_BYTES
+from evolane.measure import MAX_TIMEOUT, CommandSettings, MeasureSettings
 from evolane.messages import GateConfig, Name, Record, ShortText, Text
 
+MAX_WALL_CLOCK_BUDGET = 365 * 86_400.0
+"""The largest wall-clock budget a campaign accepts (a year): longer is a typo."""
 ApplyPolicyName = Literal["proposal", "verified_only", "auto_verified"]
 Focus = Literal["all", "cyclic", "hardest-first"]
-IsolationChoice = Literal["auto", "process", "namespace"]
-_DAY = 86_400.0
+
+
+class ProposeSettings(Record):
+    """How the campaign proposes candidates: the optimizer command, how many run at once,
+    and the bounds of one proposal."""
+
+    optimizer: Text
+    """The optimizer command template (``{workdir}``, ``{prompt_file}``, ``{seed}``...)."""
+    optimizer_concurrency: int = Field(default=2, ge=1, le=64)
+    optimizer_timeout: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT)
+    """The deadline of one proposal, in seconds."""
+    optimizer_idle: float = Field(default=120.0, gt=0, le=MAX_TIMEOUT)
+    """A proposal that prints nothing for this long is stopped."""
 
 
 class CampaignConfig(Record):
     """Everything a run needs; stored as ``runs/<id>/run.json`` so a resume runs the same."""
 
+    # Read and written flat: see the module docstring.
+    parts: ClassVar[Mapping[str, type[Record]]] = {
+        "measure": MeasureSettings,
+        "commands": CommandSettings,
+        "propose": ProposeSettings,
+    }
+
     target: Text
     dataset: Text
     store: Text = ".evolane"
-    replay: Text
-    judge: Text | None = None
-    optimizer: Text
+    measure: MeasureSettings
+    commands: CommandSettings = CommandSettings()
+    propose: ProposeSettings
     validator: Text | None = None  # malformed gate: exit 0 = well formed
     check: Text | None = None  # post-apply check for auto_verified
     apply: ApplyPolicyName = "proposal"
@@ -30,48 +70,109 @@ class CampaignConfig(Record):
     population: int = Field(default=2, ge=1, le=64)
     max_improvement_cycles: int = Field(default=1, ge=1, le=10_000)
     stall: int = Field(default=4, ge=1, le=10_000)
-    replay_concurrency: int = Field(default=4, ge=1, le=256)
-    judge_concurrency: int = Field(default=2, ge=1, le=256)
-    optimizer_concurrency: int = Field(default=2, ge=1, le=64)
-    replay_timeout: float = Field(default=600.0, gt=0, le=_DAY)
-    judge_timeout: float = Field(default=120.0, gt=0, le=_DAY)
-    optimizer_timeout: float = Field(default=600.0, gt=0, le=_DAY)
-    optimizer_idle: float = Field(default=120.0, gt=0, le=_DAY)
-    kill_grace: float = Field(default=2.0, ge=0, le=600)
-    wall_clock_budget: float | None = Field(default=None, gt=0, le=365 * _DAY)
+    wall_clock_budget: float | None = Field(default=None, gt=0, le=MAX_WALL_CLOCK_BUDGET)
     max_tokens: int | None = Field(default=None, ge=0)
     max_cost_usd: float | None = Field(default=None, ge=0)
     baseline_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
-    judge_failure_retries: int = Field(default=2, ge=0, le=20)
     gate: GateConfig = GateConfig()
     focus: Focus = "all"
     protected: tuple[ShortText, ...] = Field(default=(), max_length=64)
     required_files: tuple[ShortText, ...] = Field(default=(), max_length=64)
-    max_growth_bytes: int = Field(default=64 << 10, ge=0)
+    max_growth_bytes: int = Field(default=MAX_GROWTH_BYTES, ge=0)
     screening: bool = False
-    isolation: IsolationChoice = "auto"
-    cluster: ShortText = "local"  # where replay lanes run: local | local:N | dask://HOST:PORT
-    pass_env: tuple[Name, ...] = Field(default=(), max_length=64)  # variables a command may see
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     campaign_id: Name | None = None
     example: Name | None = None
-
-    @field_validator("cluster")
-    @classmethod
-    def _known_cluster(cls, value: str) -> str:
-        """``local``, ``local:N`` or ``dask://HOST:PORT`` (whether Dask is installed is
-        checked when a run starts, so a stored run stays readable without it)."""
-        from evolane.distributed import parse_cluster
-
-        parse_cluster(value)  # a ClusterError is a ValueError: pydantic reports it
-        return value
 
     def identity(self) -> dict[str, object]:
         """What a campaign may not change between cycles: target, dataset, replay, judge."""
         return {
             "target": self.target,
             "dataset": self.dataset,
-            "replay": self.replay,
-            "judge": self.judge,
+            "replay": self.measure.replay,
+            "judge": self.measure.judge,
         }
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A validated copy; ``update`` may name flat keys or whole settings models."""
+        flat = _flatten(dict(update), self.parts) if update else None
+        return super().model_copy(update=flat, deep=deep)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_flat(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        if isinstance(data, Mapping):
+            data = _nest(data, cls.parts)
+        try:
+            return handler(data)
+        except ValidationError as error:
+            raise _flat_errors(error, cls.parts, cls.__name__) from None
+
+    @model_serializer(mode="wrap")
+    def _write_flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _flatten(handler(self), self.parts)
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        body = handler.resolve_ref_schema(schema)
+        properties, required = {}, list(body.get("required", []))
+        for name, value in body["properties"].items():
+            if name not in cls.parts:
+                properties[name] = value
+                continue
+            part = handler.resolve_ref_schema(value)
+            properties.update(part["properties"])
+            required = [r for r in required if r != name] + list(part.get("required", []))
+        body["properties"], body["required"] = properties, required
+        return schema
+
+
+def _nest(data: Mapping[str, Any], parts: Mapping[str, type[Record]]) -> dict[str, Any]:
+    """``data`` with each part's flat keys gathered under the part's name (a part given
+    whole is taken as it is; giving it both ways is refused)."""
+    nested = dict(data)
+    for name, model in parts.items():
+        flat = {key: nested.pop(key) for key in model.model_fields if key in nested}
+        if name in nested:
+            if flat:
+                raise ValueError(f"give {name} whole or as its flat keys, not both")
+            continue
+        nested[name] = flat
+    return nested
+
+
+def _flatten(data: dict[str, Any], parts: Mapping[str, type[Record]]) -> dict[str, Any]:
+    """``data`` with each part (a model or a dict) spread into flat keys, in place."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in parts:
+            flat[key] = value
+        elif isinstance(value, Record):
+            flat.update({name: getattr(value, name) for name in type(value).model_fields})
+        else:
+            flat.update(value)
+    return flat
+
+
+def _flat_errors(
+    error: ValidationError, parts: Mapping[str, type[Record]], title: str
+) -> ValidationError:
+    """``error`` with every location inside a part made flat (``measure.replay_timeout``
+    -> ``replay_timeout``), as the flags and the stored records name it."""
+    details: list[InitErrorDetails] = []
+    for line in error.errors():
+        loc = line["loc"]
+        if len(loc) > 1 and loc[0] in parts:
+            loc = loc[1:]
+        detail = InitErrorDetails(type=line["type"], loc=loc, input=line["input"])
+        if "ctx" in line:
+            detail["ctx"] = line["ctx"]
+        details.append(detail)
+    try:
+        return ValidationError.from_exception_data(title, details)
+    except (KeyError, TypeError, ValueError):  # an error type that cannot be rebuilt
+        return error

@@ -64,16 +64,19 @@ def estimate_run(
     final = val_cases * (b + c) + test_cases * (tb + tc)
     replays = baselines + candidates + final
     optimizer_calls = iterations * population
-    judges = replays * (1 + config.judge_failure_retries) if config.judge else replays
-    unit_worst = config.replay_timeout + config.judge_timeout * (1 + config.judge_failure_retries)
+    measure, propose = config.measure, config.propose
+    judges = replays * (1 + measure.judge_failure_retries) if measure.judge else replays
+    unit_worst = measure.replay_timeout + measure.judge_timeout * (
+        1 + measure.judge_failure_retries
+    )
     high = (
-        math.ceil(replays / config.replay_concurrency) * unit_worst
+        math.ceil(replays / measure.replay_concurrency) * unit_worst
         + iterations
-        * math.ceil(population / config.optimizer_concurrency)
-        * config.optimizer_timeout
+        * math.ceil(population / propose.optimizer_concurrency)
+        * propose.optimizer_timeout
     )
     if config.wall_clock_budget is not None:
-        high = min(high, config.wall_clock_budget + config.kill_grace + 1.0)
+        high = min(high, config.wall_clock_budget + config.commands.kill_grace + 1.0)
     low = tokens = cost = None
     basis = "no earlier run in this store: the wall's lower end is unknown"
     if history is not None:
@@ -83,7 +86,7 @@ def estimate_run(
             + test_cases * (tb + tc)
         )
         optimizer = (history.optimizer_seconds or 0.0) * iterations
-        low = min(high, lucky * history.seconds / config.replay_concurrency + optimizer)
+        low = min(high, lucky * history.seconds / measure.replay_concurrency + optimizer)
         tokens = history.tokens * replays if history.tokens is not None else None
         cost = history.cost_usd * replays if history.cost_usd is not None else None
         basis = f"typical unit {history.seconds:.2f} s from earlier runs in this store"

@@ -12,12 +12,13 @@ import functools
 import re
 import shutil
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from evolane.inputs import CommandTemplate
+from evolane.measure import CommandSettings
 from evolane.messages import ArtifactRef, GateOutcome, LocalGate, LocalGateResult
 from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec, materialize_workspace
 from evolane.store import (
@@ -31,6 +32,8 @@ from evolane.store import (
 
 VALIDATOR_PLACEHOLDERS = frozenset({"candidate", "workspace"})
 """Placeholders a validator command may use."""
+MAX_GROWTH_BYTES = 64 << 10
+"""The default bound on how much a candidate may grow over its parent (``--max-growth-bytes``)."""
 _SHORT = 256  # ShortText bound of a reason or a path in a LocalGateResult
 _MAX_PATHS = 4
 
@@ -46,13 +49,14 @@ class GateSettings:
     max_tree_bytes: int = 16 << 20
     max_file_bytes: int = 256 << 10
     """Bound on any added or changed file."""
-    max_growth_bytes: int = 64 << 10
+    max_growth_bytes: int = MAX_GROWTH_BYTES
     """Bound on the candidate's total size minus the parent's."""
     max_files: int = 10_000
     validator: CommandTemplate | None = None
     """Run on the materialised candidate; placeholders ``{candidate}`` and ``{workspace}``."""
     validator_timeout: float = 60.0
-    kill_grace: float = 2.0
+    commands: CommandSettings = field(default_factory=CommandSettings)
+    """How the validator command is run (its kill grace)."""
 
     def __post_init__(self) -> None:
         validate_protected(self.protected)
@@ -62,8 +66,8 @@ class GateSettings:
         for name in ("max_tree_bytes", "max_file_bytes", "max_growth_bytes", "max_files"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.validator_timeout > 0 or not self.kill_grace >= 0:
-            raise ValueError("validator_timeout must be > 0 and kill_grace >= 0")
+        if not self.validator_timeout > 0:
+            raise ValueError("validator_timeout must be > 0")
         if self.validator is not None:
             extra = self.validator.placeholders - VALIDATOR_PLACEHOLDERS
             if extra:
@@ -327,7 +331,7 @@ async def _run_validator(
         spec = SandboxSpec(
             argv=argv,
             workspace=str(workspace),
-            kill_grace=settings.kill_grace,
+            kill_grace=settings.commands.kill_grace,
             label=_short(label, 128) or "validator",
         )
         outcome = await host.run(spec, timeout=settings.validator_timeout, stop=stop)
@@ -371,6 +375,7 @@ def _first_line(text: str) -> str:
 
 
 __all__ = [
+    "MAX_GROWTH_BYTES",
     "VALIDATOR_PLACEHOLDERS",
     "GateSettings",
     "check_tree",

@@ -30,15 +30,13 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.inputs import (
-    JUDGE_PLACEHOLDERS,
-    OPTIMIZER_PLACEHOLDERS,
-    REPLAY_PLACEHOLDERS,
     CommandTemplate,
     Dataset,
     InputError,
     load_dataset,
     require_split,
 )
+from evolane.measure import MeasureContext, lane_settings, optimizer_settings
 from evolane.messages import Usage
 from evolane.store import BlobStore, read_json
 
@@ -79,10 +77,8 @@ class Prepared:
 
 def check_templates(config: CampaignConfig) -> GateSettings:
     """Parse every command template and the gate settings; `InputError` on the first bad one."""
-    CommandTemplate.parse(config.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
-    if config.judge:
-        CommandTemplate.parse(config.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
-    CommandTemplate.parse(config.optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS)
+    lane_settings(config.measure, config.commands, MeasureContext())
+    optimizer_settings(config.propose.optimizer, config.commands)
     validator = None
     if config.validator:
         validator = CommandTemplate.parse(
@@ -96,7 +92,7 @@ def check_templates(config: CampaignConfig) -> GateSettings:
             required_files=tuple(config.required_files),
             max_growth_bytes=config.max_growth_bytes,
             validator=validator,
-            kill_grace=config.kill_grace,
+            commands=config.commands,
         )
     except ValueError as error:
         raise InputError(f"--protected/--required-file: {error}") from None
@@ -120,7 +116,6 @@ def prepare_run(
         resumed = record.resumed + 1
     gates = check_templates(config)
     dataset = _dataset(config)
-    store = layout.blobs()
     if resume_run is not None:
         if dataset.digest != record.dataset_digest:
             raise InputError(f"--dataset {config.dataset}: changed since run {resume_run} began")
@@ -132,30 +127,59 @@ def prepare_run(
             }
         )
     else:
-        record, campaign = _new_run(layout, store, config, dataset, resume_campaign)
+        record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
     if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
         _check_wall_left(config, campaign.elapsed_seconds)
+    return _prepared(
+        layout,
+        config,
+        gates,
+        dataset,
+        record,
+        campaign,
+        resume=resume,
+        resumed=resumed,
+        spent=campaign.spent,
+        history=_history(layout, config),
+    )
+
+
+def _prepared(
+    layout: StoreLayout,
+    config: CampaignConfig,
+    gates: GateSettings,
+    dataset: Dataset,
+    run: RunRecord,
+    campaign: CampaignState,
+    *,
+    resume: ResumeState,
+    resumed: int,
+    spent: Usage,
+    history: UnitHistory | None,
+    rejudge: bool = False,
+) -> Prepared:
+    """The checked request, with its estimate and the ceilings left after ``spent``."""
     test_cases = len(dataset.split("test"))
-    ceilings = _remaining(config, campaign.spent)
-    estimate = estimate_run(config, len(dataset.split("val")), test_cases, _history(layout, config))
     return Prepared(
         config=config,
         layout=layout,
-        store=store,
+        store=layout.blobs(),
         dataset=dataset,
-        run=record,
+        run=run,
         campaign=campaign,
         resume=resume,
         resumed=resumed,
-        estimate=estimate,
+        estimate=estimate_run(config, len(dataset.split("val")), test_cases, history),
         gates=gates,
         test_cases=test_cases,
-        ceilings=ceilings,
+        ceilings=_remaining(config, spent),
+        rejudge=rejudge,
     )
 
 
 def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared:
-    """A new run that judges the stored replays of ``run_id`` again (with ``config.judge``)."""
+    """A new run that judges the stored replays of ``run_id`` again, with the judge of
+    ``config``."""
     try:
         old = load_run(layout, run_id)
     except FileNotFoundError:
@@ -163,7 +187,7 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
     # A re-judge only reports: it never writes to the target, whatever the run it reads did.
     config = old.config.model_copy(
         update={
-            "judge": config.judge,
+            "judge": config.measure.judge,
             "store": config.store,
             "campaign_id": None,
             "apply": "proposal",
@@ -173,7 +197,6 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
     dataset = _dataset(config)
     if dataset.digest != old.dataset_digest:
         raise InputError(f"--dataset {config.dataset}: changed since run {run_id}")
-    store = layout.blobs()
     campaign = CampaignState(
         campaign_id=new_id("c-"),
         identity={**config.identity(), "dataset_digest": dataset.digest, "from_run": run_id},
@@ -181,21 +204,17 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
         best_ref=old.parent_ref,
         cycles=old.cycle,
     )
-    record = _run_record(config, campaign, dataset)
-    test_cases = len(dataset.split("test"))
-    return Prepared(
-        config=config,
-        layout=layout,
-        store=store,
-        dataset=dataset,
-        run=record,
-        campaign=campaign,
+    return _prepared(
+        layout,
+        config,
+        gates,
+        dataset,
+        _run_record(config, campaign, dataset),
+        campaign,
         resume=read_resume_state(layout.run_dir(run_id) / "journal.jsonl"),
         resumed=0,
-        estimate=estimate_run(config, len(dataset.split("val")), test_cases, None),
-        gates=gates,
-        test_cases=test_cases,
-        ceilings=_remaining(config, Usage()),
+        spent=Usage(),
+        history=None,
         rejudge=True,
     )
 
@@ -353,7 +372,7 @@ def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
             report = read_json(path)
         except (OSError, ValueError):
             continue
-        if report.get("config", {}).get("replay") != config.replay:
+        if report.get("config", {}).get("replay") != config.measure.replay:
             continue
         units = sum(m.get("units_run", 0) for m in report.get("measurements", []))
         if not units:

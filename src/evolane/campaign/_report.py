@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, create_model
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate
@@ -191,6 +191,29 @@ class Report(Record):
     failures: tuple[FailureRecord, ...] = Field(default=(), max_length=_MANY)
     budget: BudgetRecord
     artifacts: dict[Name, ArtifactRef] = Field(default_factory=dict, max_length=1024)
+
+
+CYCLE_PARTS = (
+    "scores",
+    "test",
+    "iterations",
+    "measurements",
+    "funnel",
+    "decisions",
+    "lineage",
+    "failures",
+)
+"""The parts of a report that the campaign actor's cycle produces."""
+
+CycleReport: type[Record] = create_model(  # a view of `Report`: its fields are declared there
+    "CycleReport",
+    __base__=Record,
+    __doc__="The parts of a report one cycle produced, typed and bounded as in `Report`.",
+    **{
+        name: (Report.model_fields[name].annotation, Report.model_fields[name])
+        for name in CYCLE_PARTS
+    },
+)
 
 
 def score_ci(per_case: dict[str, list[float]], *, confidence: float, seed: int) -> ScoreCI | None:

@@ -1,97 +1,194 @@
-"""The campaign actor's messages, setup and result, and the small helpers its cycle uses."""
+"""What the campaign actor is started with (setup and services), the outcome it stores, its
+slot names, and the small helpers its cycle uses."""
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import trio
+from pydantic import Field
 
-from evolane.actors import ActorRef
-from evolane.campaign._book import Book, SlotBook
+from evolane.campaign._book import Book, SlotBook, settled_digests
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._gates import GateSettings
-from evolane.campaign._report import MeasurementRecord, Scores
-from evolane.campaign._runs import RejectedEdit, ResumeState
-from evolane.lanes import StopBoard
-from evolane.measure import Pipeline, ProgressBus, RunJournal
+from evolane.campaign._report import CycleReport, MeasurementRecord, Scores
+from evolane.campaign._runs import (
+    REJECTED_KEPT,
+    CampaignState,
+    RejectedEdit,
+    ResumeState,
+    RunRecord,
+)
+from evolane.measure import MeasureSlots, ProgressBus, RunJournal, lane_names
 from evolane.messages import (
     ArtifactRef,
+    CycleStop,
     FailureEvent,
-    Message,
     ProposeResult,
+    Record,
+    ShortText,
     SlotEvent,
+    Text,
 )
 from evolane.sandbox import SandboxHost
+from evolane.stats import seed_for
 from evolane.store import BlobStore
 
 Stop = Literal["budget_limited", "exhausted", "interrupted", "failed"]
+_MANY = 1_000_000  # as many digests as a campaign may have seen
 
 
-class RunCampaign(Message):
-    """Run the campaign's cycle to its end (or its deadline); answers `CampaignDone`."""
+@dataclass(frozen=True)
+class RunSlots(MeasureSlots):
+    """The slot names of a run's tree (``prefix`` is ``run-<id>``): the measurement's, the
+    optimizer lanes' pool and the campaign actor."""
 
-    kind: Literal["campaign.run"] = "campaign.run"
-    deadline: float | None = None  # trio clock: the wall-clock budget's end
+    @property
+    def optimizer(self) -> str:
+        """The optimizer lanes' pool."""
+        return f"{self.prefix}.optimizer"
+
+    @property
+    def campaign(self) -> str:
+        """The campaign actor."""
+        return f"{self.prefix}.campaign"
+
+    def optimizers(self, count: int) -> list[str]:
+        """The optimizer lanes' slot names."""
+        return lane_names(self.optimizer, count)
 
 
-class CampaignDone(Message):
-    """How the cycle ended; the details are in the `CampaignResult` handed to the caller."""
-
-    kind: Literal["campaign.done"] = "campaign.done"
-    stop: Literal["finished", "budget_limited", "exhausted", "interrupted", "failed"]
-
-
-@dataclass
+@dataclass(frozen=True)
 class CampaignSetup:
-    """What the campaign actor is given at start: settings, refs and the run's shared objects."""
+    """What the campaign actor is started with: its settings and gates, the run's record (ids,
+    seed and parent trees), the campaign's record (the state a cycle carries on from), and
+    its peers' slot names."""
 
     config: CampaignConfig
-    run_id: str
-    cycle: int
-    store: BlobStore
-    host: SandboxHost
-    pipeline: Pipeline
-    optimizers: list[ActorRef]
-    optimizer_board: StopBoard
-    budget: ActorRef
-    journal: RunJournal
-    bus: ProgressBus
     gates: GateSettings
-    seed_ref: ArtifactRef
-    parent_ref: ArtifactRef
-    stalled: int
-    rejected: list[RejectedEdit]
-    resume: ResumeState
+    run: RunRecord
+    campaign: CampaignState
+    slots: RunSlots
     has_test: bool
     optimizer_allowed: bool = True  # False when re-judging stored work: proposals come from it
-    seen: tuple[str, ...] = ()  # tree digests of the campaign's earlier candidates, oldest first
-    interrupt: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (from its record)."""
+        return self.run.run_id
+
+    @property
+    def cycle(self) -> int:
+        """Which cycle of the campaign this run is (from its record)."""
+        return self.run.cycle
+
+    @property
+    def seed_ref(self) -> ArtifactRef:
+        """The target's tree when the campaign began."""
+        return self.run.seed_ref
+
+
+@dataclass(frozen=True)
+class CampaignServices:
+    """The live objects the campaign actor uses, each because a message cannot do its job:
+
+    - ``store``: payloads (prompts, contexts, unit records, the outcome) never travel in
+      messages; they are blobs, and the store is a file service, not an actor.
+    - ``host``: runs the validator gate's command in the sandbox (spawning is a service).
+    - ``journal``: the run's one durable writer, shared with the scheduler (a record may
+      exceed a message); the campaign appends the proposals a resume takes.
+    - ``bus``: the progress fan-out to the events file and observers (lossy, never blocks).
+    - ``resume``: what the journal of an interrupted run holds (read only).
+    - ``case_refs``: the stored cases as replays see them (read only), for the optimizer's
+      context.
+    - ``interrupt``: a graceful stop; the campaign is inside one long `RunCampaign` handler,
+      so a message would only reach it after the end.
+    """
+
+    store: BlobStore
+    host: SandboxHost
+    journal: RunJournal
+    bus: ProgressBus
+    resume: ResumeState
+    case_refs: Mapping[str, ArtifactRef]
+    interrupt: trio.Event
+
+
+class CycleOutcome(Record):
+    """How one cycle ended and what it produced, for the report and the campaign's state:
+    stored as a blob when the cycle ends (`CampaignDone` carries its ref)."""
+
+    stop: CycleStop = "finished"
+    message: Text = ""
+    wall_clock_hit: bool = False  # budget_limited by the run's deadline, not a ceiling
+    best_ref: ArtifactRef | None = None
+    stalled: int = Field(default=0, ge=0)
+    rejected: tuple[RejectedEdit, ...] = Field(default=(), max_length=REJECTED_KEPT)
+    seen: tuple[ShortText, ...] = Field(default=(), max_length=_MANY)  # oldest first
+    report: CycleReport = CycleReport()
 
 
 @dataclass
-class CampaignResult:
-    """What the cycle produced, for the report (filled in place as the run goes)."""
+class CycleState:
+    """One cycle's working state, owned by the campaign actor alone: the parent it climbs
+    from, the digests it has seen, its best tree, stall count, rejected-edit memory, the
+    book the report is made of, and how it ended."""
 
-    book: Book = field(default_factory=Book)
+    parent: ArtifactRef
+    stalled: int
+    rejected: list[RejectedEdit]
+    seen: set[str]
+    parent_units: list[dict[str, Any]] = field(default_factory=list)
     best_ref: ArtifactRef | None = None
-    best_delta: float | None = None
-    stalled: int = 0
-    rejected: list[RejectedEdit] = field(default_factory=list)
-    seen: list[str] = field(default_factory=list)  # every candidate digest so far, oldest first
-    stop: str = "finished"
+    book: Book = field(default_factory=Book)
+    stop: CycleStop = "finished"
     message: str = ""
     scores: Scores = field(default_factory=Scores)
     test: MeasurementRecord | None = None
-    finalized: bool = False
-    wall_clock_hit: bool = False  # budget_limited by the run's deadline, not a ceiling
+    wall_clock_hit: bool = False
+
+    @classmethod
+    def starting(cls, setup: CampaignSetup) -> CycleState:
+        """The state a cycle starts in: from the run's parent, with the campaign's memory."""
+        parent, campaign = setup.run.parent_ref, setup.campaign
+        return cls(
+            parent=parent,
+            best_ref=parent,
+            stalled=campaign.stalled,
+            rejected=list(campaign.rejected),
+            seen={parent.digest, *campaign.seen},
+        )
+
+    def outcome(self, seen_before: tuple[str, ...]) -> CycleOutcome:
+        """The cycle's outcome (``seen_before``: the campaign's digests when it began)."""
+        book = self.book
+        report = CycleReport(
+            scores=self.scores,
+            test=self.test,
+            iterations=tuple(book.iterations),
+            measurements=tuple(book.measurements),
+            funnel=tuple(slot.record() for slot in book.funnel),
+            decisions=tuple(book.decisions),
+            lineage=tuple(book.lineage),
+            failures=tuple(book.failures),
+        )
+        return CycleOutcome(
+            stop=self.stop,
+            message=self.message[:2048],
+            wall_clock_hit=self.wall_clock_hit,
+            best_ref=self.best_ref,
+            stalled=self.stalled,
+            rejected=tuple(self.rejected),
+            seen=tuple(settled_digests(seen_before, book.decisions)),
+            report=report,
+        )
 
 
 def slot_seed(seed: int, cycle: int, iteration: int, slot: int) -> int:
     """The optimizer's seed for one slot: distinct per slot, the same on a resume."""
-    digest = hashlib.sha256(f"{seed}:{cycle}:{iteration}:{slot}".encode()).digest()
-    return int.from_bytes(digest[:7], "big")
+    return seed_for(seed, cycle, iteration, slot)
 
 
 class Stopped(Exception):

@@ -143,7 +143,7 @@ class EmbeddedRuntime:
         the run, and returns only once its trees are gone."""
         run_request = request.run_request(str(self.store), started)  # the runtime's store
         check_backends(run_request.config, backends)
-        handle = RunHandle(events_buffer, run_request.config.kill_grace)
+        handle = RunHandle(events_buffer, run_request.config.commands.kill_grace)
 
         async def run() -> None:
             try:
@@ -187,10 +187,11 @@ class EmbeddedRuntime:
 def check_backends(config: CampaignConfig, backends: Backends | None) -> None:
     """Refuse, before anything is written, a cluster that cannot be used (a bad value, Dask
     not installed) and an in-process replay backend asked to run on a Dask cluster."""
-    spec = check_cluster(config.cluster)
+    cluster = config.measure.cluster
+    spec = check_cluster(cluster)
     if spec.uses_dask and backends is not None and backends.replay is not None:
         raise InputError(
-            f"--cluster {config.cluster}: an in-process replay backend runs on --cluster "
+            f"--cluster {cluster}: an in-process replay backend runs on --cluster "
             "local only (Dask workers run replay commands)"
         )
 

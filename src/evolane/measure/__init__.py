@@ -1,6 +1,7 @@
 """Paired measurement: the plan (an IO-free state machine) and the scheduler that performs
-it over replay and judge lanes, the budget ledger, the run journal writer, the progress bus
-and the pipeline that assembles them. The measurement's messages live in `evolane.messages`."""
+it over replay and judge lanes, the budget ledger, the run journal writer, the progress bus,
+the measurement's settings and its part of a run tree (lane pools, slot names), and a
+standalone pipeline. The measurement's messages live in `evolane.messages`."""
 
 from evolane.measure._budget import (
     PROBE_RUNNING,
@@ -11,33 +12,83 @@ from evolane.measure._budget import (
 )
 from evolane.measure._journal import RunJournal
 from evolane.measure._pipeline import (
+    MEASURE_ASK_TIMEOUT,
+    UNITS_STOP_WAIT,
     Pipeline,
-    PipelineConfig,
     case_references,
     fingerprint,
+    measure_parts,
+    open_measure_cluster,
     open_pipeline,
+    store_cases,
 )
 from evolane.measure._progress import ProgressBus, Subscription
 from evolane.measure._scheduler import MeasurementScheduler
 from evolane.measure._scheduling import SchedulerSettings
+from evolane.measure._settings import (
+    MAX_TIMEOUT,
+    CaseRefs,
+    CommandSettings,
+    MeasureContext,
+    MeasureSettings,
+    lane_settings,
+    optimizer_settings,
+    scheduler_settings,
+)
+from evolane.measure._tree import (
+    LANE_RESTART_PERIOD,
+    LANE_RESTARTS,
+    LANE_SHUTDOWN_GRACE,
+    MeasureChildren,
+    MeasureParts,
+    MeasureSlots,
+    Scheduler,
+    SchedulerPeers,
+    lane_names,
+    lane_pool,
+    measure_children,
+)
 from evolane.measure._units import RESTORABLE, repetitions
 
 __all__ = [
+    "LANE_RESTARTS",
+    "LANE_RESTART_PERIOD",
+    "LANE_SHUTDOWN_GRACE",
+    "MAX_TIMEOUT",
+    "MEASURE_ASK_TIMEOUT",
     "PROBE_RUNNING",
     "RESTORABLE",
+    "UNITS_STOP_WAIT",
     "BudgetActor",
+    "CaseRefs",
+    "CommandSettings",
     "Ledger",
     "LedgerSnapshot",
+    "MeasureChildren",
+    "MeasureContext",
+    "MeasureParts",
+    "MeasureSettings",
+    "MeasureSlots",
     "MeasurementScheduler",
     "Overrun",
     "Pipeline",
-    "PipelineConfig",
     "ProgressBus",
     "RunJournal",
+    "Scheduler",
+    "SchedulerPeers",
     "SchedulerSettings",
     "Subscription",
     "case_references",
     "fingerprint",
+    "lane_names",
+    "lane_pool",
+    "lane_settings",
+    "measure_children",
+    "measure_parts",
+    "open_measure_cluster",
     "open_pipeline",
+    "optimizer_settings",
     "repetitions",
+    "scheduler_settings",
+    "store_cases",
 ]

@@ -14,6 +14,7 @@ from evolane.messages._base import (
     message_classes,
 )
 from evolane.messages._bounds import unbounded_fields
+from evolane.messages._campaign import CampaignDone, CycleStop, RunCampaign
 from evolane.messages._events import (
     EVENT_TYPES,
     BudgetUpdate,
@@ -99,6 +100,8 @@ __all__ = [
     "ArtifactRef",
     "BudgetEvent",
     "BudgetUpdate",
+    "CampaignDone",
+    "CycleStop",
     "DeadLetter",
     "Debit",
     "Decision",
@@ -142,6 +145,7 @@ __all__ = [
     "ReplayResult",
     "Reserve",
     "ReserveReply",
+    "RunCampaign",
     "RunFinished",
     "RunStarted",
     "ShortText",

@@ -19,7 +19,13 @@ from pydantic import Field
 
 from evolane.examples.sleeper.commands import main as sleeper
 from evolane.inputs import Dataset, load_dataset
-from evolane.measure import PipelineConfig, ProgressBus, open_pipeline
+from evolane.measure import (
+    CommandSettings,
+    MeasureContext,
+    MeasureSettings,
+    ProgressBus,
+    open_pipeline,
+)
 from evolane.messages import ArtifactRef, GateConfig, MeasureRequest, Record, WarningEvent
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.store import BlobStore, read_journal, snapshot_tree
@@ -112,15 +118,11 @@ async def _measure(
     bus = ProgressBus(path, f"m{index}")
     feed, subscription = bus.subscribe(config.observer_capacity) if observed else (None, None)
     sleeper_cmd = SLEEPER.format(python=sys.executable)
-    pipeline_config = PipelineConfig(
+    settings = MeasureSettings(
         replay=REPLAY.format(sleeper=sleeper_cmd),
         judge=JUDGE.format(sleeper=sleeper_cmd),
         replay_concurrency=config.lanes,
         judge_concurrency=max(1, config.lanes // 2),
-        kill_grace=0.2,
-        on_progress=bus.publish,
-        seed=config.seed,
-        name=f"measure-{index}",
     )
     request = MeasureRequest(
         measurement_id=f"m{index}",
@@ -129,7 +131,17 @@ async def _measure(
         gate=GateConfig(sequential=False),
     )
     async with (
-        open_pipeline(runtime, host, bench.store, bench.dataset, pipeline_config) as pipe,
+        open_pipeline(
+            runtime,
+            host,
+            bench.store,
+            bench.dataset,
+            settings,
+            commands=CommandSettings(kill_grace=0.2, isolation="process"),
+            context=MeasureContext(on_progress=bus.publish),
+            seed=config.seed,
+            name=f"measure-{index}",
+        ) as pipe,
         trio.open_nursery() as nursery,
     ):
         nursery.start_soon(_chatter, bus, config.events_per_second)

@@ -1,0 +1,233 @@
+"""The end of a run: apply the best tree by the apply policy, then build and write the
+report, the run's status and the campaign's state (in that order, so a crash in between
+leaves a run that a resume finishes again)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from evolane.campaign._apply import JOURNAL_NAME, ApplyJournal, apply_candidate
+from evolane.campaign._prepare import Prepared
+from evolane.campaign._report import ApplyRecord, BudgetRecord, Report, render_markdown
+from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
+from evolane.campaign._types import CycleOutcome
+from evolane.inputs import CommandTemplate
+from evolane.measure import LedgerSnapshot, ProgressBus
+from evolane.messages import ArtifactRef, RunFinished, Usage, WarningEvent
+from evolane.sandbox import SandboxHost
+from evolane.store import read_json, write_bytes_atomic, write_json_atomic
+
+
+@dataclass(frozen=True)
+class Session:
+    """This session of a run: what was prepared, where its events go, when it began, and
+    what its start recovered (for the report's message)."""
+
+    prepared: Prepared
+    bus: ProgressBus
+    started: float
+    note: str = ""
+
+
+async def apply_best(
+    prepared: Prepared, host: SandboxHost, outcome: CycleOutcome
+) -> ApplyRecord | None:
+    """Apply the cycle's best tree by the run's policy (None when it is the seed)."""
+    best = outcome.best_ref
+    if best is None or best.digest == prepared.run.seed_ref.digest:
+        return None
+    config = prepared.config
+    policy = config.apply
+    if outcome.stop not in ("finished", "exhausted") and policy == "auto_verified":
+        policy = "verified_only"  # an unfinished run never touches the target
+    check = None
+    if config.check:
+        allowed = frozenset({"candidate", "workspace"})
+        check = CommandTemplate.parse(config.check, role="check", allowed=allowed)
+    with trio.CancelScope(shield=True):
+        applied = await apply_candidate(
+            policy=policy,
+            store=prepared.store,
+            host=host,
+            target=Path(config.target),
+            parent_ref=_target_now(prepared),
+            candidate_ref=best,
+            run_dir=prepared.run_dir,
+            check=check,
+            kill_grace=config.commands.kill_grace,
+        )
+    return ApplyRecord(
+        policy=applied.policy,
+        status=applied.status,
+        message=applied.message,
+        proposal_dir=applied.proposal_dir,
+        diff_ref=applied.diff_ref,
+        backup_ref=applied.backup_ref,
+    )
+
+
+def _target_now(prepared: Prepared) -> ArtifactRef:
+    """What the target holds if nobody touched it: what this run already published before a
+    crash, else what an earlier cycle published (``applied_ref``), else the seed."""
+    path = prepared.run_dir / JOURNAL_NAME
+    if path.exists():
+        journal = ApplyJournal.model_validate(read_json(path))
+        if journal.state == "committed":
+            return journal.candidate_ref
+    return prepared.campaign.applied_ref or prepared.run.seed_ref
+
+
+def _campaign_status(prepared: Prepared, outcome: CycleOutcome) -> str:
+    if outcome.stop == "interrupted":
+        return "active"
+    if outcome.stop == "failed":  # fix what failed, then a new run of the campaign
+        return "paused"
+    if outcome.stop == "budget_limited":  # a spent ceiling ends the campaign; a deadline pauses it
+        return "paused" if outcome.wall_clock_hit else "budget_limited"
+    if outcome.stop == "exhausted":
+        return "exhausted"
+    cycles = max(prepared.config.max_improvement_cycles, prepared.campaign.max_cycles)
+    return "complete" if prepared.run.cycle + 1 >= cycles else "paused"
+
+
+async def finish(
+    session: Session,
+    outcome: CycleOutcome,
+    ledger: LedgerSnapshot,
+    applied: ApplyRecord | None,
+    host: SandboxHost,
+) -> Report:
+    """Build the report, write it with the run's and the campaign's records, and say so."""
+    prepared, bus, started = session.prepared, session.bus, session.started
+    run = prepared.run
+    status = {"finished": "finished", "exhausted": "finished"}.get(outcome.stop, outcome.stop)
+    campaign_status = _campaign_status(prepared, outcome)
+    previous = prepared.campaign.spent
+    campaign_spent = Usage(
+        **{
+            d: (previous.get(d) or 0.0) + (ledger.spent.get(d) or 0.0)
+            for d in ("tokens", "cost_usd", "wall_seconds")
+        }  # type: ignore[arg-type]
+    )
+    best = outcome.best_ref or run.seed_ref
+    report = Report(
+        run_id=run.run_id,
+        campaign_id=run.campaign_id,
+        cycle=run.cycle,
+        status=status,
+        campaign_status=campaign_status,
+        message=_message(outcome, bus, run.run_id, session.note),
+        started=started,
+        finished=time.time(),
+        wall_seconds=time.time() - started,
+        resumed=prepared.resumed,
+        isolation=",".join(host.mechanisms),
+        config=prepared.config,
+        estimate=prepared.estimate,
+        seed=run.seed_ref,
+        selected=None if best.digest == run.seed_ref.digest else best,
+        best=best,
+        apply=applied,
+        artifacts=_artifacts(run.seed_ref, best, applied),
+        budget=BudgetRecord(
+            ceilings=ledger.ceilings,
+            spent=ledger.spent,
+            campaign_spent=campaign_spent,
+            spent_by_stage=dict(ledger.spent_by_stage),
+            overruns=len(ledger.overruns),
+        ),
+        **dict(outcome.report),
+    )
+    await trio.to_thread.run_sync(
+        _write_report, prepared, report, outcome, campaign_status, campaign_spent
+    )
+    scores = report.scores
+    bus.publish(
+        RunFinished(
+            run_id=run.run_id,
+            status=status,
+            campaign_status=campaign_status,
+            best=best.digest,
+            baseline_val=scores.baseline_val.mean if scores.baseline_val else None,
+            best_val=scores.best_val.mean if scores.best_val else None,
+            report=str(prepared.run_dir / "report.json")[-256:],
+        )
+    )
+    return report
+
+
+def _message(outcome: CycleOutcome, bus: ProgressBus, run_id: str, recovered: str) -> str:
+    """The run's message, with what the start recovered; a re-judge whose stored run went
+    another way says so (and warns)."""
+    parts = [outcome.message] if outcome.message else []
+    diverged = [m.measurement_id for m in outcome.report.measurements if m.status == "diverged"]
+    if diverged:
+        note = (
+            f"the stored run diverged from this re-judge at {', '.join(diverged[:4])}: units "
+            "it replayed on other trees were not used, and a re-judge replays nothing"
+        )
+        bus.publish(WarningEvent(run_id=run_id, message=note[:256]))
+        parts.append(note)
+    message = "; ".join(parts)
+    return f"{message} {recovered}".strip()[:2048]
+
+
+def _write_report(
+    prepared: Prepared, report: Report, outcome: CycleOutcome, campaign_status: str, spent: Usage
+) -> None:
+    """Report first, then the run's status, then the campaign: a crash in between leaves a
+    run that a resume finishes again."""
+    write_json_atomic(prepared.run_dir / "report.json", report)
+    write_bytes_atomic(prepared.run_dir / "report.md", render_markdown(report).encode())
+    run = session_ended(prepared.run, report.status, report.started)
+    save_run(prepared.layout, run)
+    state: CampaignState = prepared.campaign
+    if report.status == "interrupted":  # a resume replays this cycle: carry nothing over twice
+        save_campaign(prepared.layout, state.model_copy(update={"status": campaign_status}))
+        return
+    finished_cycle = report.status == "finished"
+    scores = report.scores
+    best_val = scores.best_val.mean if scores.best_val else state.best_val
+    save_campaign(
+        prepared.layout,
+        state.model_copy(
+            update={
+                "status": campaign_status,
+                "cycles": state.cycles + (1 if finished_cycle else 0),
+                "best_ref": outcome.best_ref or state.best_ref,
+                "best_val": best_val,
+                "applied_ref": _applied(report) or state.applied_ref,
+                "stalled": outcome.stalled,
+                "spent": spent,
+                "elapsed_seconds": state.elapsed_seconds + run.elapsed_seconds,
+                "rejected": outcome.rejected,
+                "seen": outcome.seen[-SEEN_KEPT:],
+            }
+        ),
+    )
+
+
+def session_ended(run: RunRecord, status: str, started: float) -> RunRecord:
+    """``run`` with this session over: its status, and its wall added to the run's."""
+    elapsed = run.elapsed_seconds + max(0.0, time.time() - started)
+    return run.model_copy(update={"status": status, "elapsed_seconds": elapsed})
+
+
+def _applied(report: Report) -> ArtifactRef | None:
+    """The tree this run published into the target, if its apply succeeded."""
+    applied = report.apply
+    return report.best if applied is not None and applied.status == "applied" else None
+
+
+def _artifacts(seed: ArtifactRef, best: ArtifactRef, applied: ApplyRecord | None) -> dict:
+    """The trees and files a reader of the report may want to fetch from the store."""
+    found = {"seed_tree": seed, "best_tree": best}
+    if applied is not None and applied.diff_ref is not None:
+        found["best_diff"] = applied.diff_ref
+    if applied is not None and applied.backup_ref is not None:
+        found["target_backup"] = applied.backup_ref
+    return found

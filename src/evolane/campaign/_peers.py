@@ -1,0 +1,118 @@
+"""The campaign actor's view of its run: its peers, found by slot name when it starts (the
+scheduler, the budget, the optimizer lanes), the services it was given, and the asks it makes
+of them (measure, budget) with the progress events they produce."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import trio
+
+from evolane.actors import ActorRef
+from evolane.campaign._book import Book
+from evolane.campaign._report import Purpose
+from evolane.campaign._types import CampaignServices, CampaignSetup
+from evolane.measure import Pipeline
+from evolane.messages import (
+    BudgetUpdate,
+    DecisionEvent,
+    GateResult,
+    LedgerQuery,
+    MeasureEvent,
+    MeasureRequest,
+    MeasureSummary,
+    Message,
+    ProgressEvent,
+    StopAll,
+    WarningEvent,
+)
+
+
+class Peers:
+    """The refs and services one cycle works with (resolved once, when the actor starts)."""
+
+    def __init__(
+        self, setup: CampaignSetup, services: CampaignServices, lookup: Callable[[str], ActorRef]
+    ) -> None:
+        slots = setup.slots
+        self.run_id, self.cycle, self.services = setup.run_id, setup.cycle, services
+        self.budget = lookup(slots.budget)
+        self.pipeline = Pipeline(lookup(slots.scheduler), self.budget)
+        count = setup.config.propose.optimizer_concurrency
+        self.optimizers = [lookup(name) for name in slots.optimizers(count)]
+
+    def stop_optimizers(self) -> None:
+        """Stop every proposal in flight (a `StopAll` signal to each optimizer lane)."""
+        for lane in self.optimizers:
+            lane.signal(StopAll())
+
+    def emit(self, event: ProgressEvent) -> None:
+        """Publish a progress event of the run."""
+        self.services.bus.publish(event)
+
+    async def ask_budget(self, message: Message) -> Any:
+        """Ask the run's budget (reserve, debit, ledger)."""
+        return await self.budget.ask(message)
+
+    async def budget_event(self) -> BudgetUpdate:
+        """The ledger as a progress event."""
+        ledger = await self.ask_budget(LedgerQuery())
+        return BudgetUpdate(
+            run_id=self.run_id,
+            spent=ledger.spent,
+            reserved=ledger.reserved,
+            ceilings=ledger.ceilings,
+        )
+
+    async def measure(
+        self,
+        book: Book,
+        request: MeasureRequest,
+        purpose: Purpose,
+        iteration: int | None,
+        slot: int | None,
+    ) -> tuple[MeasureSummary, list[dict[str, Any]]]:
+        """Run one measurement, keep its record in ``book`` and tell the progress bus."""
+        summary = await self.pipeline.measure(request)
+        store = self.services.store
+        raw = await trio.to_thread.run_sync(store.read_bytes, summary.units_ref)
+        units: list[dict[str, Any]] = orjson.loads(raw)
+        book.measured(
+            summary,
+            units,
+            purpose=purpose,
+            cycle=self.cycle,
+            split=request.split,
+            iteration=iteration,
+            slot=slot,
+        )
+        gate = summary.gate
+        evidence = gate.model_dump(include={"mean_delta", "se", "decision"})
+        pairs = {"pairs_done": gate.n, "pairs_planned": gate.n_planned}
+        done = MeasureEvent(
+            run_id=self.run_id,
+            measurement_id=summary.measurement_id,
+            finished=True,
+            **pairs,
+            **evidence,
+        )
+        self.emit(done)
+        if summary.status == "shared_failure":
+            self.emit(WarningEvent(run_id=self.run_id, message=summary.message[:256]))
+        return summary, units
+
+    def decided(self, iteration: int, slot: int, digest: str, gate: GateResult) -> None:
+        """Tell the progress bus the gate's decision on a candidate."""
+        evidence = gate.model_dump(include={"decision", "mean_delta", "ci_low", "ci_high"})
+        self.emit(
+            DecisionEvent(
+                run_id=self.run_id,
+                iteration=iteration,
+                slot=slot,
+                digest=digest,
+                reason=gate.reason[:256],
+                **evidence,
+            )
+        )

@@ -1,0 +1,275 @@
+"""One iteration's slots: their proposals from the optimizer lanes (concurrently, restored
+from the journal on a resume), then each candidate through the funnel in slot order: unique
+-> local gates -> screening -> paired measurement -> evaluation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from evolane.actors import ActorError, ActorRef
+from evolane.campaign._book import SlotBook, arm_score, hardest_failing
+from evolane.campaign._gates import run_local_gates
+from evolane.campaign._peers import Peers
+from evolane.campaign._prompt import edit_diff, encode_prompt
+from evolane.campaign._runs import REJECTED_KEPT, RejectedEdit
+from evolane.campaign._types import (
+    CampaignServices,
+    CampaignSetup,
+    CycleState,
+    Stopped,
+    failure_text,
+    not_stored,
+    slot_seed,
+)
+from evolane.messages import (
+    ArtifactRef,
+    Debit,
+    FailureEvent,
+    MeasureRequest,
+    MeasureSummary,
+    ProposalRecord,
+    ProposeJob,
+    ProposeResult,
+    Reserve,
+    ReserveReply,
+)
+from evolane.supervisors import leaf_exceptions
+
+PROPOSAL_REPLY_SLACK = 60.0
+"""What an optimizer lane may take beyond the proposal's deadline before it answers: its kill
+ladder, then snapshotting the workdir into the store."""
+
+
+class Slots:
+    """Proposes and funnels the slots of a cycle's iterations (state in `CycleState`)."""
+
+    def __init__(
+        self, setup: CampaignSetup, services: CampaignServices, peers: Peers, state: CycleState
+    ) -> None:
+        self.s, self.services, self.peers, self.state = setup, services, peers, state
+        self.config = setup.config
+
+    def slot_id(self, iteration: int, slot: int) -> str:
+        """The slot's id, the same on a resume: ``c<cycle>.i<iteration>.s<slot>``."""
+        return f"c{self.s.cycle}.i{iteration}.s{slot}"
+
+    # ----- proposals ---------------------------------------------------------------------
+
+    async def propose(
+        self, iteration: int, prompts: list[dict[str, Any]], context: ArtifactRef
+    ) -> list[ProposeResult]:
+        """Every slot's proposal, from the journal or from a free optimizer lane."""
+        results: list[ProposeResult | None] = [None] * len(prompts)
+        optimizers = self.peers.optimizers
+        lanes = trio.open_memory_channel[ActorRef](len(optimizers))
+        for lane in optimizers:
+            lanes[0].send_nowait(lane)
+
+        async def one(slot: int) -> None:
+            slot_id = self.slot_id(iteration, slot)
+            restored = self.services.resume.proposals.get(slot_id)
+            if restored is not None:
+                results[slot] = restored.result
+                await self._charge(slot_id, results[slot], stage="optimizer")
+                return
+            if not self.s.optimizer_allowed:
+                results[slot] = not_stored(slot_id)
+                return
+            lane = await lanes[1].receive()
+            try:
+                results[slot] = await self._propose_one(
+                    slot_id, iteration, slot, prompts[slot], context, lane
+                )
+            finally:
+                lanes[0].send_nowait(lane)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for slot in range(len(prompts)):
+                    nursery.start_soon(one, slot)
+        except BaseException as error:
+            self.peers.stop_optimizers()
+            raise _stopped_in(error) from None
+        done = [r for r in results if r is not None]
+        assert len(done) == len(results), "every slot has a result once the nursery is done"
+        return done
+
+    async def _propose_one(
+        self,
+        slot_id: str,
+        iteration: int,
+        slot: int,
+        prompt: dict[str, Any],
+        context: ArtifactRef,
+        lane: ActorRef,
+    ) -> ProposeResult:
+        reply: ReserveReply = await self.peers.ask_budget(
+            Reserve(stage="optimizer", item=slot_id, zero_cost=True)
+        )
+        if not reply.granted:
+            raise Stopped("budget_limited", f"the budget denied the optimizer: {reply.reason}")
+        store = self.services.store
+        prompt_ref = await trio.to_thread.run_sync(
+            lambda: store.put_bytes(encode_prompt(prompt), media_type="application/json")
+        )
+        propose = self.config.propose
+        job = ProposeJob(
+            slot_id=slot_id,
+            parent_ref=self.state.parent,
+            prompt_ref=prompt_ref,
+            context_ref=context,
+            seed=slot_seed(self.config.seed, self.s.cycle, iteration, slot),
+            timeout_seconds=propose.optimizer_timeout,
+            idle_seconds=propose.optimizer_idle,
+        )
+        try:
+            result: ProposeResult = await lane.ask(
+                job, timeout=propose.optimizer_timeout + PROPOSAL_REPLY_SLACK
+            )
+        except ActorError as error:  # the lane broke, not the candidate: the slot is lost
+            failure = FailureEvent(
+                owner="framework",
+                stage="optimizer",
+                code=type(error).__name__,
+                message=str(error)[:500],
+            )
+            result = ProposeResult(slot_id=slot_id, status="failed", failure=failure)
+        await self.peers.ask_budget(Debit(item=slot_id, actual=result.usage, complete=False))
+        if result.status != "cancelled":
+            await self.services.journal.append(ProposalRecord(slot=slot_id, result=result))
+        return result
+
+    async def _charge(self, item: str, result: ProposeResult, *, stage: str) -> None:
+        debit = Debit(item=item, actual=result.usage, complete=False, stage=stage)
+        await self.peers.ask_budget(debit)
+
+    # ----- one candidate through the funnel ------------------------------------------------
+
+    async def candidate(self, book: SlotBook, result: ProposeResult) -> MeasureSummary | None:
+        """Take one proposal through the funnel; returns the summary when it was accepted."""
+        state = self.state
+        book.optimizer = result.summary
+        if result.failure is not None:
+            state.book.fail(book.slot_id, result.failure)
+        if result.status != "succeeded" or result.tree_ref is None:
+            if result.gate is not None:
+                book.reach("generated")
+                book.gates.append(result.gate)
+                book.reach("local_gates")
+                book.end("rejected", f"{result.gate.gate}: {result.gate.reason}", "reject")
+            else:
+                book.end(
+                    "blocked",
+                    f"the optimizer {result.status}: {failure_text(result)}",
+                    "indecisive",
+                )
+            state.book.decide(book, book.decision or "indecisive", book.reason)
+            return None
+        tree = result.tree_ref
+        book.digest = tree.digest
+        book.reach("generated")
+        duplicate = tree.digest in state.seen and tree.digest != state.parent.digest
+        book.reach("duplicate" if duplicate else "unique")
+        gates = await run_local_gates(
+            self.services.store,
+            self.services.host,
+            self.s.gates,
+            state.parent,
+            tree,
+            state.seen - {state.parent.digest},
+        )
+        state.seen.add(tree.digest)
+        book.gates.extend(gates)
+        book.reach("local_gates")
+        failed = next((g for g in gates if not g.passed), None)
+        if failed is not None:
+            decision = "indecisive" if failed.outcome == "indecisive" else "reject"
+            book.end("rejected", f"{failed.gate}: {failed.reason}", decision)
+            state.book.decide(book, decision, book.reason)
+            remembered = decision == "reject" and failed.gate not in ("no_op", "duplicate")
+            if remembered or failed.gate == "protected_paths":  # tampering is told too
+                await self._remember(book, tree, book.reason)
+            return None
+        if self.config.screening and not await self._screen(book, tree):
+            return None
+        return await self._paired(book, tree)
+
+    async def _screen(self, book: SlotBook, tree: ArtifactRef) -> bool:
+        state, seed = self.state, self.config.seed
+        case = hardest_failing(state.parent_units, self.config.gate.pass_score)
+        if case is None:
+            return True
+        book.reach("screening")
+        request = MeasureRequest(
+            measurement_id=f"{book.slot_id}.screen",
+            baseline_ref=state.parent,
+            candidate_ref=tree,
+            case_ids=(case,),
+            baseline_repetitions=1,
+            candidate_repetitions=1,
+            gate=self.config.gate.model_copy(update={"sequential": False}),
+        )
+        _, units = await self.peers.measure(
+            state.book, request, "screening", book.iteration, book.slot
+        )
+        base = arm_score(units, "baseline", confidence=0.95, seed=seed)
+        cand = arm_score(units, "candidate", confidence=0.95, seed=seed)
+        if base is None or cand is None:
+            return True  # not comparable: screening cannot judge, the full measurement will
+        if cand.mean > base.mean:
+            return True
+        reason = f"screening: no gain on the hardest failing case {case}"
+        book.end("rejected", reason, "reject")
+        state.book.decide(book, "reject", reason)
+        await self._remember(book, tree, reason)
+        return False
+
+    async def _paired(self, book: SlotBook, tree: ArtifactRef) -> MeasureSummary | None:
+        state = self.state
+        book.reach("paired_replay")
+        request = MeasureRequest(
+            measurement_id=book.slot_id,
+            baseline_ref=state.parent,
+            candidate_ref=tree,
+            baseline_repetitions=self.config.baseline_replay_repetitions,
+            candidate_repetitions=self.config.candidate_replay_repetitions,
+            gate=self.config.gate,
+        )
+        summary, _ = await self.peers.measure(
+            state.book, request, "paired", book.iteration, book.slot
+        )
+        if summary.status == "budget_limited":  # part of the pairs: no decision to act on
+            reason = summary.message or "the budget ran out"
+            book.end("not_run", reason, "indecisive")
+            state.book.decide(book, "indecisive", f"measurement cut short: {reason}")
+            raise Stopped("budget_limited", reason)
+        book.reach("evaluation")
+        gate = summary.gate
+        state.book.decide(book, gate.decision, gate.reason)
+        self.peers.decided(book.iteration, book.slot, tree.digest, gate)
+        if gate.decision == "accept":
+            book.decision = "accept"
+            return summary
+        terminal = "rejected" if gate.decision == "reject" else "blocked"
+        book.end(terminal, gate.reason, gate.decision)
+        if gate.decision == "reject":
+            await self._remember(book, tree, gate.reason)
+        return None
+
+    async def _remember(self, book: SlotBook, tree: ArtifactRef, reason: str) -> None:
+        store, state = self.services.store, self.state
+        diff = await trio.to_thread.run_sync(edit_diff, store, state.parent, tree)
+        state.rejected.append(
+            RejectedEdit(slot=book.slot_id, diff=diff[:4096], reason=reason[:256])
+        )
+        del state.rejected[:-REJECTED_KEPT]
+
+
+def _stopped_in(error: BaseException) -> BaseException:
+    """A `Stopped` raised in a slot (out of a nursery's exception group), else ``error``."""
+    leaves = leaf_exceptions(error)
+    if all(isinstance(leaf, Stopped) for leaf in leaves):
+        return leaves[-1]
+    return error

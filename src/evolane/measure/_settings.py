@@ -1,0 +1,158 @@
+"""The measurement's settings, each knob declared once, and the one place that derives the
+scheduler's and the lanes' settings from them (plus the per-run context that is not settings).
+
+`CampaignConfig` composes `MeasureSettings` and `CommandSettings`; a standalone pipeline
+(tests, benchmarks, stress) takes them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from evolane.inputs import (
+    JUDGE_PLACEHOLDERS,
+    OPTIMIZER_PLACEHOLDERS,
+    REPLAY_PLACEHOLDERS,
+    CommandTemplate,
+)
+from evolane.lanes import Backend, LaneSettings, OptimizerSettings
+from evolane.measure._journal import RunJournal
+from evolane.measure._scheduling import SchedulerSettings
+from evolane.messages import ArtifactRef, MeasureEvent, Name, Record, ShortText, Text
+from evolane.sandbox import Isolation
+
+MAX_TIMEOUT = 86_400.0
+"""The longest deadline a setting accepts for one command (a day): longer is a typo."""
+
+
+class CommandSettings(Record):
+    """How every command of a run is run in the sandbox: replays, judges, the optimizer,
+    the validator gate and the apply check."""
+
+    kill_grace: float = Field(default=2.0, ge=0, le=600)
+    """Seconds between SIGTERM and SIGKILL when a command's process tree is stopped."""
+    isolation: Isolation = "auto"
+    """How replay and judge commands are confined: ``auto``, ``process`` or ``namespace``."""
+    pass_env: tuple[Name, ...] = Field(default=(), max_length=64)
+    """Environment variables a command may see (evolane's own are never passed on)."""
+
+
+class MeasureSettings(Record):
+    """How a run measures: the replay and judge commands, how many lanes run them, their
+    deadlines, how often a judge that failed is asked again, and where replays run."""
+
+    replay: Text
+    """The replay command template (``{case_file}``, ``{candidate}``, ``{output_dir}``...)."""
+    judge: Text | None = None
+    """The judge command template; None: exact match against ``expected_output``."""
+    replay_concurrency: int = Field(default=4, ge=1, le=256)
+    judge_concurrency: int = Field(default=2, ge=1, le=256)
+    replay_timeout: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT)
+    judge_timeout: float = Field(default=120.0, gt=0, le=MAX_TIMEOUT)
+    judge_failure_retries: int = Field(default=2, ge=0, le=20)
+    cluster: ShortText = "local"
+    """Where replay lanes run: ``local``, ``local:N`` or ``dask://HOST:PORT``."""
+
+    @field_validator("cluster")
+    @classmethod
+    def _known_cluster(cls, value: str) -> str:
+        """``local``, ``local:N`` or ``dask://HOST:PORT`` (whether Dask is installed is
+        checked when a run starts, so a stored run stays readable without it)."""
+        from evolane.distributed import parse_cluster
+
+        parse_cluster(value)  # a ClusterError is a ValueError: pydantic reports it
+        return value
+
+
+@dataclass(frozen=True)
+class MeasureContext:
+    """What one run's measurement works with that is not settings: where finished units are
+    journaled, what an interrupted run's journal restored, who hears progress, and the
+    in-process backends that stand in for the replay and judge commands."""
+
+    journal: RunJournal | None = None
+    restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
+    restored_replays: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
+    rejudge: bool = False  # --rerun-evaluator: stored replays are judged again, nothing replayed
+    replay_backend: Backend | None = None
+    judge_backend: Backend | None = None
+
+
+@dataclass(frozen=True)
+class CaseRefs:
+    """The dataset as lanes see it: every case stored without its answers (for replays) and
+    with them (for judges), and the case ids of each split."""
+
+    replay: dict[str, ArtifactRef]
+    judge: dict[str, ArtifactRef]
+    splits: dict[str, tuple[str, ...]]
+
+
+def scheduler_settings(
+    cases: CaseRefs,
+    context: MeasureContext,
+    *,
+    settings: MeasureSettings,
+    fingerprint: str,
+    seed: int,
+    min_cases: int,
+) -> SchedulerSettings:
+    """The scheduler's settings: read from the settings models here and nowhere else."""
+    return SchedulerSettings(
+        case_refs=cases.replay,
+        judge_case_refs=cases.judge,
+        splits=cases.splits,
+        fingerprint=fingerprint,
+        replay_timeout=settings.replay_timeout,
+        judge_timeout=settings.judge_timeout,
+        min_cases=min_cases,
+        seed=seed,
+        journal=context.journal,
+        restored=context.restored,
+        restored_replays=context.restored_replays,
+        on_progress=context.on_progress,
+        rejudge=context.rejudge,
+        replays_allowed=not context.rejudge,
+    )
+
+
+def lane_settings(
+    settings: MeasureSettings, commands: CommandSettings, context: MeasureContext
+) -> tuple[LaneSettings, LaneSettings]:
+    """The replay lanes' and the judge lanes' settings (templates parsed: bad ones raise)."""
+    replay = CommandTemplate.parse(settings.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
+    judge = None
+    if settings.judge:
+        judge = CommandTemplate.parse(settings.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
+    sandbox = {
+        "kill_grace": commands.kill_grace,
+        "pass_env": commands.pass_env,
+        "isolation": commands.isolation,
+    }
+    return (
+        LaneSettings(template=replay, backend=context.replay_backend, **sandbox),
+        LaneSettings(
+            template=judge,
+            retries=settings.judge_failure_retries,
+            backend=context.judge_backend,
+            **sandbox,
+        ),
+    )
+
+
+def optimizer_settings(
+    optimizer: str, commands: CommandSettings, backend: Backend | None = None
+) -> OptimizerSettings:
+    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises)."""
+    template = CommandTemplate.parse(optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS)
+    return OptimizerSettings(
+        template=template,
+        kill_grace=commands.kill_grace,
+        pass_env=commands.pass_env,
+        backend=backend,
+    )
