@@ -244,7 +244,13 @@ async def test_a_journal_in_the_untyped_format_resumes_without_paying_twice(
 ) -> None:
     from evolane.campaign import read_resume_state
     from evolane.inputs import load_dataset
-    from evolane.measure import PipelineConfig, RunJournal, open_pipeline
+    from evolane.measure import (
+        CommandSettings,
+        MeasureContext,
+        MeasureSettings,
+        RunJournal,
+        open_pipeline,
+    )
     from evolane.messages import GateConfig, MeasureRequest
     from evolane.sandbox import open_sandbox
     from evolane.store import BlobStore, snapshot_tree
@@ -273,12 +279,9 @@ async def test_a_journal_in_the_untyped_format_resumes_without_paying_twice(
 
     log = tmp_path / "replays.log"
     replay = f'sh -c \'echo "$EVOLANE_UNIT" >> {log}; echo \\"yes\\" > "$1"/output.json\''
-    config = PipelineConfig(
-        replay=f"{replay} replay {{output_dir}}",
-        kill_grace=0.2,
-        journal=RunJournal(journal),
-        restored=state.units,
-        restored_replays=state.replays,
+    settings = MeasureSettings(replay=f"{replay} replay {{output_dir}}")
+    context = MeasureContext(
+        journal=RunJournal(journal), restored=state.units, restored_replays=state.replays
     )
     request = MeasureRequest(
         measurement_id="m",
@@ -291,11 +294,19 @@ async def test_a_journal_in_the_untyped_format_resumes_without_paying_twice(
     try:
         async with open_sandbox(tmp_path / "sb", store=store) as host, open_runtime() as rt:
             dataset = load_dataset(tmp_path / "d.jsonl")
-            async with open_pipeline(rt, host, store, dataset, config) as pipeline:
+            async with open_pipeline(
+                rt,
+                host,
+                store,
+                dataset,
+                settings,
+                commands=CommandSettings(kill_grace=0.2),
+                context=context,
+            ) as pipeline:
                 summary = await pipeline.measure(request)
     finally:
-        assert config.journal is not None
-        config.journal.close()
+        assert context.journal is not None
+        context.journal.close()
     replayed = set(log.read_text().split())
     assert replayed == {"m.1.0.c", "m.2.0.b", "m.2.0.c", "m.3.0.b", "m.3.0.c"}
     assert summary.units_restored == 3 and summary.units_run == 5

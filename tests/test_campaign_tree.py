@@ -20,7 +20,7 @@ from evolane.campaign import (
 from evolane.campaign._actor import Campaign
 from evolane.campaign._gates import GateSettings
 from evolane.campaign._runs import ResumeState
-from evolane.lanes import JudgeLane, OptimizerLane, ReplayLane, StopBoard
+from evolane.lanes import JudgeLane, OptimizerLane, ReplayLane
 from evolane.measure import (
     LANE_RESTART_PERIOD,
     LANE_RESTARTS,
@@ -61,7 +61,6 @@ def _tree(tmp_path: Path, cluster: Any = None, **values: Any) -> SupervisorSpec:
         ledger=Ledger(),
         host=PLACEHOLDER,
         store=store,
-        board=StopBoard(),
         cluster=cluster,
     )
     optimizer = OptimizerParts(
@@ -93,8 +92,6 @@ def _tree(tmp_path: Path, cluster: Any = None, **values: Any) -> SupervisorSpec:
         bus=PLACEHOLDER,
         resume=ResumeState(),
         case_refs={},
-        measure_board=measure.board,
-        optimizer_board=StopBoard(),
         interrupt=trio.Event(),
     )
     return run_tree(slots, measure, optimizer, setup, services)

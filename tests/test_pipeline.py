@@ -130,7 +130,6 @@ async def test_a_missing_replay_command_is_one_shared_failure(tmp_path) -> None:
             tmp_path, cases=32, replay="no-such-agent --case {case_file}", replay_concurrency=4
         ) as bench:
             summary = await measure(bench, 0.1, gate=None, name="m")
-            assert len(bench.pipeline.board) == 0  # a stopped measurement leaves no stop events
     assert summary.status == "shared_failure"
     assert "no-such-agent" in summary.message
     assert summary.units_failed <= 4 and summary.units_not_run >= 56

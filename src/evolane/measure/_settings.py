@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -22,7 +21,16 @@ from evolane.inputs import (
 from evolane.lanes import Backend, LaneSettings, OptimizerSettings
 from evolane.measure._journal import RunJournal
 from evolane.measure._scheduling import SchedulerSettings
-from evolane.messages import ArtifactRef, MeasureEvent, Name, Record, ShortText, Text
+from evolane.messages import (
+    ArtifactRef,
+    MeasureEvent,
+    Name,
+    Record,
+    ReplayRecord,
+    ShortText,
+    Text,
+    UnitRecord,
+)
 from evolane.sandbox import Isolation
 
 MAX_TIMEOUT = 86_400.0
@@ -75,8 +83,8 @@ class MeasureContext:
     in-process backends that stand in for the replay and judge commands."""
 
     journal: RunJournal | None = None
-    restored: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # unit id -> record
-    restored_replays: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    restored: Mapping[str, UnitRecord] = field(default_factory=dict)  # by unit id
+    restored_replays: Mapping[str, ReplayRecord] = field(default_factory=dict)  # judged next
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
     rejudge: bool = False  # --rerun-evaluator: stored replays are judged again, nothing replayed
     replay_backend: Backend | None = None

@@ -32,7 +32,7 @@ class StressWork(Message):
     crash: bool = False
 
 
-MAX_STOPS_PER_SIGNAL = 64
+MAX_STOPS_PER_SIGNAL = 16
 """Unit ids one `StopUnits` carries; a sender with more sends several (bounded by schema)."""
 
 
