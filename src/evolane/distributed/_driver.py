@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,6 @@ from evolane.distributed._protocol import (
     INLINE_TOTAL,
     PRIVATE_RESULT_BYTES,
     REPORT_FILE,
-    RemoteSettings,
     UnitReport,
     UnitRequest,
 )
@@ -87,14 +87,7 @@ class DaskCluster:
             key=key,
             job=job,
             attempt=attempt,
-            settings=RemoteSettings(
-                template=lane.template,
-                workspace_seed=lane.workspace_seed,
-                limits=lane.limits,
-                kill_grace=lane.kill_grace,
-                pass_env=lane.pass_env,
-                isolation=lane.isolation,
-            ),
+            settings=replace(lane, backend=None),  # a worker runs the command, never a backend
             deadline_epoch=time.time() + remaining,
             shared=self.shared,
             store_root=str(self.root),
@@ -211,11 +204,12 @@ class DaskCluster:
             if result.output_ref is not None:
                 self._take_tree(result.output_ref, report, staged)
         except (StoreError, OSError, ValueError) as error:
-            failure = FailureEvent(
+            failure = FailureEvent.of(
+                error,
                 owner="infrastructure",
                 stage="replay",
                 code="bad_result",
-                message=f"{report.worker}: {error}"[:512],
+                where=report.worker,
             )
             empty = {"output_ref": None, "stdout_ref": None, "stderr_ref": None}
             return result.model_copy(update={"status": "failed", "failure": failure, **empty})
@@ -316,11 +310,11 @@ def _answer(future: Any, staging: Path | None) -> UnitReport | FailureEvent:
         code = (
             "cluster_cancelled" if cancelled else "worker_io" if infrastructure else "remote_error"
         )
-        return FailureEvent(
+        return FailureEvent.of(
+            error,
             owner="infrastructure" if infrastructure else "framework",
             stage="replay",
             code=code,
-            message=f"{type(error).__name__}: {error}"[:512],
             repairable=infrastructure,
         )
     if not isinstance(report, UnitReport):
@@ -338,14 +332,7 @@ def _cancel(future: Any) -> None:
 
 
 def _failed(job: ReplayJob, failure: FailureEvent) -> ReplayResult:
-    return ReplayResult(
-        unit_id=job.unit_id,
-        case_id=job.case_id,
-        arm=job.arm,
-        repetition=job.repetition,
-        status="failed",
-        failure=failure,
-    )
+    return ReplayResult.without_output(job, "failed", failure)
 
 
 def _tree_blobs(store: BlobStore, tree: ArtifactRef) -> dict[str, bytes]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from evolane.inputs import CommandTemplate
-from evolane.messages import ArtifactRef, ReplayJob, ReplayResult
-from evolane.sandbox import Isolation, Limits
+from evolane.lanes import LaneSettings
+from evolane.messages import ReplayJob, ReplayResult
 
 INLINE_BYTES = 256 << 10
 """Blobs up to this size come back inside the result; larger ones through the shared store."""
@@ -22,18 +21,6 @@ PRIVATE_RESULT_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
-class RemoteSettings:
-    """The parts of `LaneSettings` a worker needs (never an in-process backend)."""
-
-    template: CommandTemplate
-    workspace_seed: ArtifactRef | None
-    limits: Limits
-    kill_grace: float
-    pass_env: tuple[str, ...]
-    isolation: Isolation
-
-
-@dataclass(frozen=True)
 class UnitRequest:
     """One attempt of one replay unit, as the worker receives it.
 
@@ -45,7 +32,7 @@ class UnitRequest:
     key: str
     job: ReplayJob
     attempt: int
-    settings: RemoteSettings
+    settings: LaneSettings  # without a backend: a worker runs the command
     deadline_epoch: float
     shared: bool
     store_root: str

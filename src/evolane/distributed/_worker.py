@@ -27,7 +27,6 @@ import trio
 from evolane.distributed._outbox import Outbox
 from evolane.distributed._protocol import REPORT_FILE, UnitReport, UnitRequest
 from evolane.lanes import (
-    LaneSettings,
     UnitScratch,
     collect_replay,
     replay_environment,
@@ -166,15 +165,8 @@ def _receive_inputs(store: BlobStore, bundle: dict[str, bytes]) -> None:
 
 
 def _cancelled(request: UnitRequest) -> ReplayResult:
-    job = request.job
-    return ReplayResult(
-        unit_id=job.unit_id,
-        case_id=job.case_id,
-        arm=job.arm,
-        repetition=job.repetition,
-        status="cancelled",
-        failure=FailureEvent(owner="framework", stage="replay", code="cancelled"),
-    )
+    failure = FailureEvent(owner="framework", stage="replay", code="cancelled")
+    return ReplayResult.without_output(request.job, "cancelled", failure)
 
 
 async def _run_unit(
@@ -197,20 +189,14 @@ async def _run_unit(
         try:
             # Blocking I/O right here: this trio loop and its thread serve this unit alone.
             scratch.prepare(job.case_ref, job.tree_ref, settings.workspace_seed, None, leftover)
-            lane = LaneSettings(
-                template=settings.template,
-                limits=settings.limits,
-                kill_grace=settings.kill_grace,
-                pass_env=settings.pass_env,
-                isolation=settings.isolation,
-            )
+            assert settings.template is not None
             argv = settings.template.render(scratch.placeholders(job.seed))
             env = replay_environment(job)
             async with trio.open_nursery() as nursery:
                 if worker is not None:
                     nursery.start_soon(_watch_task, worker, request.key, stop)
                 outcome = await run_lane_command(
-                    slot.host, lane, argv, scratch, f"replay-{job.arm}", env, deadline, stop
+                    slot.host, settings, argv, scratch, f"replay-{job.arm}", env, deadline, stop
                 )
                 nursery.cancel_scope.cancel()
             result = collect_replay(outbox, job, scratch, outcome)

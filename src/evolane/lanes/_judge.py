@@ -12,11 +12,9 @@ import orjson
 import trio
 
 from evolane.inputs import VERIFICATION_PLACEHOLDERS, CommandTemplate, TemplateError
-from evolane.lanes._replay import LaneSettings, excerpt, run_lane_command
+from evolane.lanes._replay import CommandLane, excerpt, run_lane_command
 from evolane.lanes._scratch import UnitScratch
-from evolane.lanes._stop import StoppableLane
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message
-from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, FileEntry, load_manifest
 
 
@@ -58,20 +56,15 @@ def parse_judge_output(stdout: bytes) -> _Verdict:
     return _infra("judge_not_json", f"the judge printed no JSON: {excerpt(stdout)!r}")
 
 
-class JudgeLane(StoppableLane):
+class JudgeLane(CommandLane):
     """Runs `JudgeJob`s; retries infrastructure failures ``settings.retries`` times."""
 
     accepts = (JudgeJob,)
 
-    def __init__(self, host: SandboxHost, store: BlobStore, settings: LaneSettings) -> None:
-        super().__init__()
-        self.host, self.store, self.settings = host, store, settings
-
     async def receive(self, message: Message) -> JudgeResult:
         assert isinstance(message, JudgeJob)
-        job, started = message, trio.current_time()
-        deadline = started + job.timeout_seconds
-        stop = self.stops.arm(job.unit_id)
+        job = message
+        started, deadline, stop = self.begin(job.unit_id, job.timeout_seconds)
         attempt = 0
         try:
             while True:

@@ -138,11 +138,8 @@ class OptimizerLane(StoppableLane):
             try:
                 await trio.to_thread.run_sync(scratch.prepare, self.store, job)
             except (StoreError, OSError, ValueError) as error:
-                failure = FailureEvent(
-                    owner="framework",
-                    stage="optimizer",
-                    code="prepare_failed",
-                    message=f"{type(error).__name__}: {error}"[:512],
+                failure = FailureEvent.of(
+                    error, owner="framework", stage="optimizer", code="prepare_failed"
                 )
                 return ProposeResult(slot_id=job.slot_id, status="failed", failure=failure)
             outcome, idle = await self._run(job, scratch, started + job.timeout_seconds, stop)
@@ -230,11 +227,8 @@ class OptimizerLane(StoppableLane):
                     gate="disallowed_entries", outcome="reject", reason=str(error)[:_SHORT]
                 )
             except (StoreError, OSError) as error:
-                failure = FailureEvent(
-                    owner="infrastructure",
-                    stage="optimizer",
-                    code="snapshot_failed",
-                    message=f"{type(error).__name__}: {error}"[:512],
+                failure = FailureEvent.of(
+                    error, owner="infrastructure", stage="optimizer", code="snapshot_failed"
                 )
                 return ProposeResult(status="failed", failure=failure, **base)
             else:

@@ -104,7 +104,21 @@ async def run_lane_command(
     return await host.run(spec, deadline=deadline, stop=stop, setup=setup)
 
 
-class ReplayLane(StoppableLane):
+class CommandLane(StoppableLane):
+    """Base of the replay and judge lanes: each job runs one command (or the in-process
+    backend) on ``host``, reading its inputs from and storing its outputs in ``store``."""
+
+    def __init__(self, host: SandboxHost, store: BlobStore, settings: LaneSettings) -> None:
+        super().__init__()
+        self.host, self.store, self.settings = host, store, settings
+
+    def begin(self, unit_id: str, timeout: float) -> tuple[float, float, trio.Event]:
+        """A job starts: (now, its deadline, its stop event)."""
+        started = trio.current_time()
+        return started, started + timeout, self.stops.arm(unit_id)
+
+
+class ReplayLane(CommandLane):
     """Runs `ReplayJob`s: one sandboxed replay per job, retried on infrastructure failures
     while the unit's hard deadline allows."""
 
@@ -112,14 +126,12 @@ class ReplayLane(StoppableLane):
 
     def __init__(self, host: SandboxHost, store: BlobStore, settings: LaneSettings) -> None:
         assert settings.template is not None
-        super().__init__()
-        self.host, self.store, self.settings = host, store, settings
+        super().__init__(host, store, settings)
 
     async def receive(self, message: Message) -> ReplayResult:
         assert isinstance(message, ReplayJob)
-        job, started = message, trio.current_time()
-        deadline = started + job.timeout_seconds
-        stop = self.stops.arm(job.unit_id)
+        job = message
+        started, deadline, stop = self.begin(job.unit_id, job.timeout_seconds)
         try:
             attempt, result = 0, None
             while True:

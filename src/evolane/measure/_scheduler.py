@@ -242,14 +242,7 @@ class _Measurement:
                 job, timeout=job.timeout_seconds + LANE_ANSWER_MARGIN
             )
         except ActorError as error:  # a lane that crashed or hung: the framework's fault
-            result = ReplayResult(
-                unit_id=job.unit_id,
-                case_id=job.case_id,
-                arm=job.arm,
-                repetition=job.repetition,
-                status="failed",
-                failure=framework_failure("replay", error),
-            )
+            result = ReplayResult.without_output(job, "failed", framework_failure("replay", error))
         finally:
             self.in_lane.pop(job.unit_id, None)
             self.free_replay[0].send_nowait(lane)
@@ -302,9 +295,4 @@ class _Measurement:
 
 def framework_failure(stage: str, error: Exception) -> FailureEvent:
     """A lane that crashed or hung, as the framework's failure of ``stage``."""
-    return FailureEvent(
-        owner="framework",
-        stage=stage,  # type: ignore[arg-type]
-        code="lane_error",
-        message=f"{type(error).__name__}: {error}"[:512],
-    )
+    return FailureEvent.of(error, owner="framework", stage=stage, code="lane_error")  # type: ignore[arg-type]

@@ -44,6 +44,22 @@ class FailureEvent(Record):
     message: Annotated[str, Field(max_length=512)] = ""
     repairable: bool = False
 
+    @classmethod
+    def of(
+        cls,
+        error: BaseException,
+        *,
+        owner: Owner,
+        stage: Stage,
+        code: str,
+        repairable: bool = False,
+        where: str = "",
+    ) -> FailureEvent:
+        """The failure an exception stands for: ``where`` (default: the exception's type)
+        and its text, clipped to the field's bound."""
+        message = f"{where or type(error).__name__}: {error}"[:512]
+        return cls(owner=owner, stage=stage, code=code, message=message, repairable=repairable)
+
 
 class Reserve(Message):
     """Ask the budget for room for one unit of work before starting it."""
@@ -130,6 +146,20 @@ class ReplayResult(Message):
     wall_seconds: float = Field(default=0.0, ge=0, le=_BIG)
     attempts: int = Field(default=1, ge=0, le=100)
     blocked_by: Name | None = None
+
+    @classmethod
+    def without_output(
+        cls, job: ReplayJob, status: UnitStatus, failure: FailureEvent | None = None
+    ) -> ReplayResult:
+        """The result of ``job`` when it produced nothing (it failed, or was cancelled)."""
+        return cls(
+            unit_id=job.unit_id,
+            case_id=job.case_id,
+            arm=job.arm,
+            repetition=job.repetition,
+            status=status,
+            failure=failure,
+        )
 
 
 class JudgeJob(Message):
