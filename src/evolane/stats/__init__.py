@@ -1,19 +1,39 @@
-"""Paired statistics: gates, the bootstrap CI, and early stopping (DESIGN §6).
+"""Paired statistics: gates, the bootstrap CI, early stopping and campaign error control
+(DESIGN §6).
 
 The gates judge a candidate against its baseline from per-case repetition scores; cases
-are the independent sample. `SequentialTest` and `settled` let a measurement stop as soon
-as its decision is known, at a chosen error level or with certainty respectively.
+are the independent sample. `EarlyStop` lets a measurement stop as soon as its decision is
+known, at the gate's own level (`sequential_level`) and under the same coverage rule as the
+full evaluation. `min_acceptable_gain` and `can_ever_accept` say before anything runs what
+the gate can accept; `confirm` and `OnlineErrorControl` bound the probability that a
+campaign publishes an edit with no true effect; `case_order` is the seeded reading order.
 """
 
-from evolane.stats._bootstrap import bootstrap_ci, bootstrap_means
+from evolane.stats._bootstrap import (
+    BootstrapMethod,
+    bootstrap_ci,
+    bootstrap_means,
+    expanded_tail,
+)
+from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
 from evolane.stats._gates import (
     TOLERANCE,
     PairedSample,
+    Scores,
     decide,
+    judge_sample,
     mean_and_se,
     paired_deltas,
     paired_sample,
+    regression_p_value,
     regressions,
+)
+from evolane.stats._levels import (
+    as_fraction,
+    coverage_shortfall,
+    gate_level,
+    minimum_cases,
+    required_cases,
 )
 from evolane.stats._records import (
     MAX_VETOED_LISTED,
@@ -34,20 +54,34 @@ __all__ = [
     "DEFAULT_MAX_BET",
     "MAX_VETOED_LISTED",
     "TOLERANCE",
+    "BootstrapMethod",
     "Decision",
     "EarlyStop",
     "GateConfig",
     "GateName",
     "GateResult",
     "PairedSample",
+    "Scores",
     "SequentialDecision",
     "SequentialTest",
+    "as_fraction",
     "bootstrap_ci",
     "bootstrap_means",
+    "coverage_shortfall",
     "decide",
+    "expanded_tail",
+    "gate_level",
+    "judge_sample",
     "mean_and_se",
+    "minimum_cases",
+    "normal_cdf",
+    "normal_quantile",
     "paired_deltas",
     "paired_sample",
+    "regression_p_value",
     "regressions",
+    "required_cases",
     "settled",
+    "t_cdf",
+    "t_quantile",
 ]
