@@ -18,6 +18,8 @@ from evolane.stats import (
     decide,
     mean_and_se,
     paired_deltas,
+    regression_p_value,
+    regressions,
 )
 
 GATES = ["paired", "bootstrap", "strict", "threshold"]
@@ -168,7 +170,22 @@ def test_paired_gate_follows_mean_above_k_times_sem(
 def test_paired_gate_accept_reason_reports_both_sides() -> None:
     result = run([0.1, 0.2, 0.15, 0.12, 0.18, 0.11, 0.14, 0.16])
     assert result.decision == "accept"
-    assert result.reason.startswith("mean_delta > k*SE (")
+    assert result.reason == "mean_delta +0.145 > k*SE (1.00 x 0.01225 = 0.01225): accepted"
+    floor = run([0.1, 0.2, 0.15, 0.12, 0.18, 0.11, 0.14, 0.16], min_effect=0.2)
+    assert floor.reason == "mean_delta +0.145 < min_effect 0.2: rejected"
+
+
+def test_one_case_fix_is_a_tie_at_k_1_and_the_reason_says_so() -> None:
+    # Pass/fail scores, 16 cases: fixing one and breaking none gives mean == SE == 1/16.
+    base = {f"c{i:02d}": [0.0] for i in range(16)}
+    one = decide(base, base | {"c00": [1.0]}, GateConfig(**FAST))
+    assert (one.decision, one.mean_delta, one.se) == ("reject", 0.0625, 0.0625)
+    assert one.reason == (
+        "tie: mean_delta +0.0625 = k*SE (1.00 x 0.0625 = 0.0625), not above it: rejected"
+    )
+    two = decide(base, base | {"c00": [1.0], "c01": [1.0]}, GateConfig(**FAST))
+    assert two.decision == "accept"
+    assert two.reason.startswith("mean_delta +0.125 > k*SE (1.00 x 0.08539 = 0.08539): accepted")
 
 
 @pytest.mark.parametrize(
@@ -288,15 +305,61 @@ def test_threshold_gate(cand_score: float, threshold: float, decision: str) -> N
 
 @pytest.mark.parametrize("gate", GATES)
 def test_no_regression_veto_applies_to_every_gate(gate: str) -> None:
-    base = {f"c{i}": [0.0] for i in range(12)} | {"z": [1.0, 1.0, 1.0], "y": [1.0]}
-    cand = {f"c{i}": [1.0] for i in range(12)} | {"z": [1.0, 1.0, 0.0], "y": [0.9]}
+    base = {f"c{i}": [0.0] for i in range(12)} | {"z": [1.0] * 3, "y": [1.0] * 4}
+    cand = {f"c{i}": [1.0] for i in range(12)} | {"z": [0.0, 0.2, 0.9], "y": [0.9] * 3}
     config = GateConfig(gate=gate, **FAST)
     # The strict gate rejects any worse case on its own; the veto then names the cases.
     assert decide(base, cand, config).decision == ("reject" if gate == "strict" else "accept")
     vetoed = decide(base, cand, config.model_copy(update={"no_regression": True}))
     assert vetoed.decision == "reject"
-    assert vetoed.reason.startswith("regression")
-    assert vetoed.vetoed_cases == ("y", "z")
+    assert vetoed.reason.startswith("regression: 2 case(s)")
+    assert vetoed.vetoed_cases == ("y", "z")  # p = 1/C(7,4) = 0.029 and 1/C(6,3) = 0.05
+
+
+@pytest.mark.parametrize(
+    ("base", "cand", "alpha", "vetoed"),
+    [
+        ([1.0], [0.0], 0.05, False),  # one repetition each: p = 0.5, noise cannot be ruled out
+        ([1.0], [0.0], 0.5, True),
+        ([1.0], [0.0], 1.0, True),  # regression_alpha = 1: every consistent pass -> fail
+        ([1.0] * 3, [0.0] * 3, 0.05, True),  # p = 1/20
+        ([1.0] * 2, [0.0] * 2, 0.05, False),  # p = 1/6
+        ([1.0] * 3, [0.0, 0.0, 1.0], 1.0, False),  # the candidate passed once: not consistent
+        ([1.0, 1.0, 0.0], [0.0] * 3, 1.0, False),  # the parent failed once: not consistent
+        ([1.0] * 5, [0.0], 0.2, True),  # p = 1/6
+        ([0.95] * 3, [0.94] * 3, 0.05, False),  # below pass_score 1.0 on both sides
+    ],
+)
+def test_regression_rule_needs_every_repetition_and_evidence(
+    base: list[float], cand: list[float], alpha: float, vetoed: bool
+) -> None:
+    config = GateConfig(no_regression=True, regression_alpha=alpha)
+    assert regressions({"a": base}, {"a": cand}, config) == (["a"] if vetoed else [])
+
+
+def test_regression_p_value_is_fishers_exact() -> None:
+    for rb in range(1, 6):
+        for rc in range(1, 6):
+            table = [[rb, 0], [0, rc]]  # parent passes all rb, candidate fails all rc
+            expected = sps.fisher_exact(table, alternative="greater").pvalue
+            assert regression_p_value(rb, rc) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError):
+        regression_p_value(0, 1)
+
+
+def test_veto_is_noise_tolerant_for_a_better_candidate_seeded() -> None:
+    # A truly better candidate (+0.3 on flaky cases), one noisy repetition per arm:
+    # the old per-case-mean rule vetoed almost always, the new one never can.
+    rng = np.random.default_rng(3)
+    config = GateConfig(no_regression=True)
+    old = new = 0
+    for _ in range(200):
+        p = rng.uniform(0.3, 0.7, 24)
+        base = {f"c{i}": [float(rng.random() < q)] for i, q in enumerate(p)}
+        cand = {f"c{i}": [float(rng.random() < q + 0.3)] for i, q in enumerate(p)}
+        old += any(base[c][0] == 1.0 > cand[c][0] for c in base)
+        new += bool(regressions(base, cand, config))
+    assert old >= 150 and new == 0
 
 
 def test_veto_passes_cases_at_the_pass_score_within_rounding() -> None:
@@ -307,8 +370,8 @@ def test_veto_passes_cases_at_the_pass_score_within_rounding() -> None:
 
 
 def test_vetoed_cases_are_capped_and_counted() -> None:
-    base = {f"c{i:03d}": [1.0] for i in range(40)}
-    cand = {f"c{i:03d}": [0.0] for i in range(40)}
+    base = {f"c{i:03d}": [1.0] * 3 for i in range(40)}
+    cand = {f"c{i:03d}": [0.0] * 3 for i in range(40)}
     result = decide(base, cand, GateConfig(no_regression=True, **FAST))
     assert len(result.vetoed_cases) == MAX_VETOED_LISTED
     assert list(result.vetoed_cases) == sorted(result.vetoed_cases)
@@ -316,8 +379,8 @@ def test_vetoed_cases_are_capped_and_counted() -> None:
 
 
 def test_coverage_guard_comes_first() -> None:
-    base = {f"c{i}": [1.0] for i in range(20)}
-    cand = {f"c{i}": [0.0] for i in range(5)}  # 5 comparable of 20 planned
+    base = {f"c{i}": [1.0] * 3 for i in range(20)}
+    cand = {f"c{i}": [0.0] * 3 for i in range(5)}  # 5 comparable of 20 planned
     result = decide(base, cand, GateConfig(no_regression=True, min_cases=4, **FAST))
     assert (result.decision, result.n, result.n_planned) == ("indecisive", 5, 20)
     assert result.reason.startswith("coverage")

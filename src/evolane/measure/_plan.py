@@ -31,6 +31,7 @@ from evolane.measure._units import (
     UnitStep,
     judge_job,
     plan_units,
+    reading_order,
     repetitions,
     replay_debit,
     replay_job,
@@ -213,9 +214,9 @@ class MeasurePlan:
         self.request, self.settings, self.lanes = request, settings, lanes
         self.cache: ReuseCache = {} if cache is None else cache
         self.budgeted, self.journaled = budgeted, journaled
-        self.case_ids = list(request.case_ids) or list(settings.splits.get(request.split, ()))
+        self.case_ids, numbers = reading_order(request, settings)
         self.reps = repetitions(request, len(self.case_ids), settings.min_cases)
-        self.units = plan_units(request, self.case_ids, self.reps)
+        self.units = plan_units(request, self.case_ids, self.reps, numbers)
         self.priority = start_order(self.units, lanes)
         self.stop_reason: MeasureStatus | None = None
         self.message = ""

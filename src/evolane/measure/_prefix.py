@@ -22,7 +22,7 @@ class CasePrefix:
             self._members[unit.case_index].append(unit)
         self._open = [len(members) for members in self._members]
         self.length = 0  # cases in the prefix
-        self._comparable: list[tuple[int, float]] = []  # (case index, delta), plan order
+        self._complete: list[tuple[int, float | None]] = []  # (case index, delta), plan order
         self._deltas: list[float] = []
         self._fed = 0  # comparable deltas the early stop has taken
         self._stopper = EarlyStop(gate, cases) if gate.sequential else None
@@ -37,8 +37,8 @@ class CasePrefix:
         self._open[unit.case_index] -= 1
         while self.length < len(self._open) and self._open[self.length] == 0:
             delta = _case_delta(self._members[self.length])
-            if delta is not None:  # not comparable (a failure on either side): no evidence
-                self._comparable.append((self.length, delta))
+            self._complete.append((self.length, delta))  # None: a failure on either side
+            if delta is not None:
                 self._deltas.append(delta)
             self.length += 1
 
@@ -46,17 +46,17 @@ class CasePrefix:
         """(decision, reason, cutoff) once the decision on the prefix can no longer change or
         the anytime-valid sequential test decides; None while the measurement must go on
         (always None for a full evaluation, ``sequential=False``). The cutoff is the number
-        of cases the decision reads."""
+        of cases the decision reads. A case that is not comparable is fed as such: it counts
+        against coverage, so an early decision obeys the same coverage rule as a full one."""
         stopper = self._stopper
         if stopper is None:
             return None
-        while self._fed < len(self._comparable):
-            index, delta = self._comparable[self._fed]
+        while self._fed < len(self._complete):
+            index, delta = self._complete[self._fed]
             self._fed += 1
             decision = stopper.update(delta)
             if decision is not None:
-                reason = f"early stop ({stopper.source}) after {stopper.n} cases"
-                return decision, reason, index + 1
+                return decision, f"early stop: {stopper.reason}", index + 1
         return None
 
     def event(self, measurement_id: str, planned: int, lanes_busy: int) -> MeasureEvent:

@@ -5,6 +5,7 @@ a summary. `MeasurePlan` (``_plan.py``) drives them."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,7 +20,7 @@ from evolane.messages import (
     ReplayResult,
     UnitRecord,
 )
-from evolane.stats import seed_for
+from evolane.stats import case_order, seed_for
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -85,10 +86,33 @@ def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[in
     )
 
 
-def plan_units(request: MeasureRequest, case_ids: list[str], reps: tuple[int, int]) -> list[Unit]:
-    """The units in plan order: repetition by repetition, each case's baseline then its
-    candidate; a candidate's control is its case's baseline of the same repetition (the last
-    baseline repetition when the candidate has more)."""
+def reading_order(
+    request: MeasureRequest, settings: SchedulerSettings
+) -> tuple[list[str], dict[str, int]]:
+    """The cases a measurement reads, in the order it reads them, and each case's place in
+    the dataset. A split is read in the run's seeded order (`stats.case_order`, a function
+    of the case ids and ``settings.seed`` alone), so no file order (a dataset sorted by
+    difficulty or topic) can steer an early stop; cases the request names keep its order."""
+    if request.case_ids:
+        named = list(request.case_ids)
+        return named, {case_id: index for index, case_id in enumerate(named)}
+    in_file = list(settings.splits.get(request.split, ()))
+    numbers = {case_id: index for index, case_id in enumerate(in_file)}
+    return case_order(in_file, settings.seed), numbers
+
+
+def plan_units(
+    request: MeasureRequest,
+    case_ids: list[str],
+    reps: tuple[int, int],
+    numbers: Mapping[str, int] | None = None,
+) -> list[Unit]:
+    """The units in plan order (``case_ids`` is the reading order): repetition by repetition,
+    each case's baseline then its candidate; a candidate's control is its case's baseline of
+    the same repetition (the last baseline repetition when the candidate has more). A unit
+    id names its case by ``numbers`` (the case's place in the dataset), so ids stay the same
+    whatever the reading order, and a journal resumes under any order."""
+    numbers = numbers or {case_id: index for index, case_id in enumerate(case_ids)}
     units: list[Unit] = []
     baseline_of: dict[tuple[int, int], Unit] = {}
     mid = request.measurement_id
@@ -97,7 +121,7 @@ def plan_units(request: MeasureRequest, case_ids: list[str], reps: tuple[int, in
             if rep < reps[0]:
                 unit = Unit(
                     len(units),
-                    f"{mid}.{index}.{rep}.b",
+                    f"{mid}.{numbers[case_id]}.{rep}.b",
                     case_id,
                     index,
                     "baseline",
@@ -110,7 +134,7 @@ def plan_units(request: MeasureRequest, case_ids: list[str], reps: tuple[int, in
                 control = baseline_of[(index, min(rep, reps[0] - 1))]
                 treatment = Unit(
                     len(units),
-                    f"{mid}.{index}.{rep}.c",
+                    f"{mid}.{numbers[case_id]}.{rep}.c",
                     case_id,
                     index,
                     "candidate",

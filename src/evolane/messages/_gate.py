@@ -29,6 +29,7 @@ class GateConfig(Record):
     bootstrap_samples: int = Field(default=10_000, ge=1, le=1_000_000)
     threshold: float = Field(default=0.0, ge=0.0, le=1.0)
     no_regression: bool = False
+    regression_alpha: float = Field(default=0.05, gt=0.0, le=1.0)
     pass_score: float = Field(default=1.0, ge=0.0, le=1.0)
     min_cases: int = Field(default=8, ge=1, le=MAX_CASES)
     min_coverage: float = Field(default=0.5, ge=0.0, le=1.0)

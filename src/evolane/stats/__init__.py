@@ -1,25 +1,69 @@
-"""Paired statistics: gates, the bootstrap CI, and early stopping (DESIGN §6).
+"""Paired statistics: gates, the bootstrap CI, early stopping and campaign error control
+(DESIGN §6).
 
 The gates judge a candidate against its baseline from per-case repetition scores; cases
-are the independent sample. `SequentialTest` and `settled` let a measurement stop as soon
-as its decision is known, at a chosen error level or with certainty respectively. The gate's
-records (`GateConfig`, `GateResult`) live in `evolane.messages`; `seed_for` derives seeds.
+are the independent sample. `EarlyStop` lets a measurement stop as soon as its decision is
+known, at the gate's own level (`sequential_level`) and under the same coverage rule as the
+full evaluation. `min_acceptable_gain` and `can_ever_accept` say before anything runs what
+the gate can accept; `confirm` and `OnlineErrorControl` bound the probability that a
+campaign publishes an edit with no true effect; `case_order` is the seeded reading order and
+`seed_for` derives seeds. The gate's records (`GateConfig`, `GateResult`) live in
+`evolane.messages`.
 """
 
-from evolane.stats._bootstrap import bootstrap_ci, bootstrap_means
+from evolane.stats._bootstrap import (
+    BootstrapMethod,
+    bootstrap_ci,
+    bootstrap_means,
+    expanded_tail,
+)
+from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
 from evolane.stats._gates import (
     TOLERANCE,
     PairedSample,
+    Scores,
     decide,
+    judge_sample,
     mean_and_se,
     paired_deltas,
     paired_sample,
+    regression_p_value,
     regressions,
+)
+from evolane.stats._levels import (
+    as_fraction,
+    coverage_shortfall,
+    gate_level,
+    minimum_cases,
+    required_cases,
+    sequential_level,
+    sequential_margin,
+)
+from evolane.stats._online import (
+    Confirmation,
+    ConfirmDecision,
+    OnlineErrorControl,
+    OnlineVerdict,
+    confirm,
+    sign_flip_p_value,
+)
+from evolane.stats._order import case_order
+from evolane.stats._preflight import (
+    MinimumGain,
+    Repetitions,
+    ScoreKind,
+    balanced_deltas,
+    can_ever_accept,
+    can_ever_confirm,
+    min_acceptable_gain,
+    regression_veto_note,
 )
 from evolane.stats._seeds import seed_for
 from evolane.stats._sequential import (
     DEFAULT_MAX_BET,
+    EarlySource,
     EarlyStop,
+    Running,
     SequentialDecision,
     SequentialTest,
     settled,
@@ -28,17 +72,50 @@ from evolane.stats._sequential import (
 __all__ = [
     "DEFAULT_MAX_BET",
     "TOLERANCE",
+    "BootstrapMethod",
+    "ConfirmDecision",
+    "Confirmation",
+    "EarlySource",
     "EarlyStop",
+    "MinimumGain",
+    "OnlineErrorControl",
+    "OnlineVerdict",
     "PairedSample",
+    "Repetitions",
+    "Running",
+    "ScoreKind",
+    "Scores",
     "SequentialDecision",
     "SequentialTest",
+    "as_fraction",
+    "balanced_deltas",
     "bootstrap_ci",
     "bootstrap_means",
+    "can_ever_accept",
+    "can_ever_confirm",
+    "case_order",
+    "confirm",
+    "coverage_shortfall",
     "decide",
+    "expanded_tail",
+    "gate_level",
+    "judge_sample",
     "mean_and_se",
+    "min_acceptable_gain",
+    "minimum_cases",
+    "normal_cdf",
+    "normal_quantile",
     "paired_deltas",
     "paired_sample",
+    "regression_p_value",
+    "regression_veto_note",
     "regressions",
+    "required_cases",
     "seed_for",
+    "sequential_level",
+    "sequential_margin",
     "settled",
+    "sign_flip_p_value",
+    "t_cdf",
+    "t_quantile",
 ]

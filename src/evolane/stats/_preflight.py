@@ -1,0 +1,238 @@
+"""Preflight: what a gate can accept before anything runs (DESIGN §6).
+
+Pure functions of the configuration, the number of val cases and the repetitions: the
+campaign prints `min_acceptable_gain` before spending, and refuses a configuration for which
+`can_ever_accept` is False. With pass/fail scores the answer is exact (it is the gate's own
+rule, evaluated on the most favourable sample of each size); with continuous scores it is
+the gain in units of the per-case spread of the deltas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from evolane.messages import GateConfig
+from evolane.stats._dist import t_quantile
+from evolane.stats._gates import PairedSample, judge_sample, regression_p_value
+from evolane.stats._levels import as_fraction, required_cases
+
+ScoreKind = Literal["binary", "continuous"]
+Repetitions = int | tuple[int, int]
+"""Repetitions per case: one number for both arms, or (baseline, candidate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MinimumGain:
+    """The smallest mean gain (candidate minus baseline) the gate can accept.
+
+    ``possible`` is False when no candidate can ever be accepted; then ``mean`` and
+    ``units`` are None. Binary scores: ``units`` is the smallest accepted total gain in
+    steps of ``unit`` = 1/lcm(repetitions) (with one repetition: cases fixed, none broken)
+    and ``mean`` = units * unit / n. Continuous scores: ``mean`` is the gain needed when the
+    per-case deltas have spread ``sd`` (or per unit of spread when no ``sd`` is given).
+    ``reason`` is one line for the preflight print.
+    """
+
+    possible: bool
+    mean: float | None
+    units: int | None
+    unit: float | None
+    n: int
+    reason: str
+
+
+def _reps(repetitions: Repetitions) -> tuple[int, int]:
+    base, cand = (repetitions, repetitions) if isinstance(repetitions, int) else repetitions
+    if base < 1 or cand < 1:
+        raise ValueError(f"repetitions must be >= 1, got {repetitions}")
+    return base, cand
+
+
+def balanced_deltas(n: int, units: int, per_case: int) -> np.ndarray:
+    """The most favourable sample with a total gain of ``units`` steps of 1/``per_case``:
+    spread as evenly as the steps allow (smallest spread for the mean), none negative."""
+    if not 0 <= units <= n * per_case:
+        raise ValueError(f"units must lie in [0, {n * per_case}], got {units}")
+    low, extra = divmod(units, n)
+    steps = np.full(n, low, dtype=np.int64)
+    steps[:extra] += 1
+    return steps / per_case
+
+
+def _accepts(config: GateConfig, n: int, units: int, per_case: int) -> bool:
+    deltas = balanced_deltas(n, units, per_case)
+    sample = PairedSample([f"c{i}" for i in range(n)], np.zeros(n), deltas)
+    return judge_sample(sample, config, n).decision == "accept"
+
+
+def _impossible(config: GateConfig, n: int) -> str | None:
+    needed = required_cases(n, config)
+    if n < needed:
+        return (
+            f"with {n} val cases the {config.gate} gate can never accept: it needs at least "
+            f"{needed} comparable cases (min_cases {config.min_cases}"
+            + (", and 2 for an SE" if config.gate in ("paired", "bootstrap") else "")
+            + "); add val cases or lower min_cases"
+        )
+    return None
+
+
+def _binary(config: GateConfig, n: int, repetitions: Repetitions) -> MinimumGain:
+    base, cand = _reps(repetitions)
+    per_case = math.lcm(base, cand)
+    top = n * per_case
+    if not _accepts(config, n, top, per_case):
+        reason = f"with {n} val cases not even fixing every case passes the {config.gate} gate"
+        return MinimumGain(False, None, None, None, n, reason)
+    if _accepts(config, n, 0, per_case):
+        reason = (
+            f"with {n} val cases the {config.gate} gate accepts a candidate that changes "
+            f"nothing (min_effect {config.min_effect:g} < 0 is a non-inferiority margin)"
+        )
+        return MinimumGain(True, 0.0, 0, 1.0 / per_case, n, reason)
+    low, high = 0, top  # invariant: `low` is rejected, `high` accepted
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _accepts(config, n, middle, per_case):
+            high = middle
+        else:
+            low = middle
+    mean = high / (n * per_case)
+    rule = _rule(config)
+    if per_case == 1:
+        how = f"fix at least {high} case(s) while breaking none (each broken case raises the bar)"
+    else:
+        how = (
+            f"gain at least {high} steps of 1/{per_case} of a case (e.g. {high} case(s) each "
+            f"1/{per_case} better), none worse"
+        )
+    reason = (
+        f"with {n} val cases, pass/fail scores ({base}/{cand} repetitions) and {rule}, a "
+        f"candidate must {how}: mean gain >= {mean:.4g}"
+    )
+    if config.gate == "threshold":
+        reason += f", and its mean score must reach {config.threshold:g}"
+    return MinimumGain(True, mean, high, 1.0 / per_case, n, reason)
+
+
+def _rule(config: GateConfig) -> str:
+    if config.gate == "paired":
+        floor = f", min_effect {config.min_effect:g}" if config.min_effect else ""
+        return f"k = {config.k_se:g}{floor}"
+    if config.gate == "bootstrap":
+        return f"a {config.confidence:g} bootstrap CI above min_effect {config.min_effect:g}"
+    return f"the {config.gate} gate"
+
+
+def _continuous(config: GateConfig, n: int, sd: float | None) -> MinimumGain:
+    if config.gate == "paired":
+        factor = config.k_se / math.sqrt(n)
+        what = f"k*SE = {config.k_se:g}/sqrt({n})"
+    elif config.gate == "bootstrap":
+        factor = t_quantile(1.0 - (1.0 - config.confidence) / 2.0, n - 1) / math.sqrt(n)
+        what = f"about t_{n - 1}/sqrt({n}) (the CI's half-width)"
+    else:
+        factor = 0.0
+        what = "any positive gain"
+    floor = max(0.0, config.min_effect)
+    if sd is None:
+        mean = max(factor, floor) if factor else floor
+        reason = (
+            f"with {n} val cases and continuous scores ({_rule(config)}), the mean gain must "
+            f"exceed {what} = {factor:.3g} x the per-case sd of the deltas"
+        )
+    else:
+        mean = max(factor * sd, floor)
+        reason = (
+            f"with {n} val cases, continuous scores and per-case sd {sd:g} ({_rule(config)}), "
+            f"the mean gain must exceed about {mean:.3g}"
+        )
+    if floor:
+        reason += f" and min_effect {floor:g}"
+    return MinimumGain(True, mean, None, None, n, reason)
+
+
+def min_acceptable_gain(
+    config: GateConfig,
+    n_val: int,
+    repetitions: Repetitions = 1,
+    scores: ScoreKind = "binary",
+    *,
+    sd: float | None = None,
+) -> MinimumGain:
+    """The smallest mean gain the gate can accept with ``n_val`` val cases.
+
+    Binary (pass/fail) scores: exact. Per-case deltas are multiples of 1/lcm(repetitions);
+    for a given total gain the sample with the smallest spread is the most favourable (the
+    gain spread evenly, no case worse), and acceptance grows with the gain, so a bisection
+    with the gate's own rule (`judge_sample`, the same code as `decide`, seed included)
+    finds the smallest accepted total: that sample is accepted, and *no* sample with one
+    step less is. E.g. 16 cases, 1 repetition, k = 1: fix 2 cases (mean 0.125); fixing one
+    gives mean == SE, a tie, rejected. Continuous scores: approximate (the sample SE varies).
+    The no-regression veto never blocks a candidate that breaks nothing, so it is ignored.
+    """
+    if n_val < 0:
+        raise ValueError(f"n_val must be >= 0, got {n_val}")
+    if sd is not None and not sd >= 0.0:
+        raise ValueError(f"sd must be >= 0, got {sd}")
+    refusal = _impossible(config, n_val)
+    if refusal is not None:
+        return MinimumGain(False, None, None, None, n_val, refusal)
+    if scores == "binary":
+        return _binary(config, n_val, repetitions)
+    if scores == "continuous":
+        return _continuous(config, n_val, sd)
+    raise ValueError(f"scores must be 'binary' or 'continuous', got {scores!r}")
+
+
+def can_ever_accept(
+    config: GateConfig, n_val: int, repetitions: Repetitions = 1, scores: ScoreKind = "binary"
+) -> tuple[bool, str]:
+    """Whether any candidate can be accepted with ``n_val`` val cases, and the one-line why.
+
+    False when there are fewer val cases than the coverage guard needs (``min_cases``,
+    ``min_coverage``, 2 for an SE), or when not even a candidate that fixes every case
+    would pass: the campaign should refuse to start (exit 2) rather than spend its budget.
+    """
+    gain = min_acceptable_gain(config, n_val, repetitions, scores)
+    return gain.possible, gain.reason
+
+
+def regression_veto_note(config: GateConfig, repetitions: Repetitions) -> str | None:
+    """A warning when ``no_regression`` can never veto at these repetitions, else None.
+
+    A case is vetoed only when its exact p-value 1/C(r_b + r_c, r_b) <= regression_alpha
+    (see `regressions`); with one repetition per arm that is 0.5.
+    """
+    if not config.no_regression:
+        return None
+    base, cand = _reps(repetitions)
+    p = regression_p_value(base, cand)
+    if p <= config.regression_alpha:
+        return None
+    return (
+        f"no_regression cannot veto any case with {base}/{cand} repetitions: a consistent "
+        f"pass -> fail has p = {p:.3g} > regression_alpha {config.regression_alpha:g}; use "
+        f"3/3 repetitions or more, regression_alpha = 1 for deterministic replays, or the "
+        f"strict gate"
+    )
+
+
+def can_ever_confirm(n_test: int, confidence: float) -> tuple[bool, str]:
+    """Whether `confirm` can ever confirm with ``n_test`` held-out cases at ``confidence``.
+
+    The sign-flip test's smallest p-value is 2^-n (every case better): 5 cases are the
+    fewest that can confirm at 0.95.
+    """
+    level = float(1 - as_fraction(confidence))
+    if n_test >= 1 and 0.5**n_test <= level:
+        return True, f"{n_test} held-out cases can confirm at {confidence:g}"
+    fewest = max(1, math.ceil(math.log2(1.0 / level) - 1e-12)) if level < 1 else 1
+    return False, (
+        f"{n_test} held-out cases can never confirm at {confidence:g}: the smallest possible "
+        f"p-value is 2^-{n_test} = {0.5**n_test:.3g} > {level:.3g} (needs >= {fewest} cases)"
+    )
