@@ -29,6 +29,9 @@ ProgressMode = Literal["auto", "rich", "plain", "jsonl", "none"]
 """How ``--progress`` shows a run; ``auto`` is ``rich`` on a terminal, else ``plain``."""
 
 _SLOT_ROWS = 12  # candidate slots shown in the live view before "… N more"
+FINAL_FRAME_WAIT = 1.0
+"""Seconds the view may take to write its last frame after the run ended or was cancelled:
+enough for a terminal to take one screen, short enough that a stuck one cannot hold exit."""
 _BAR = 20  # cells of a text bar
 _LINE_PHASES = frozenset({"optimize", "finalize", "apply"})
 _DIMENSIONS: tuple[messages.Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
@@ -396,7 +399,7 @@ async def _render_lines(
             await output.write(text_of([first, *batch]))
         await _fold_rest(state, events)
     finally:  # cancelled just after the run closed the feed: still show how it ended
-        with trio.CancelScope(deadline=trio.current_time() + 1.0, shield=True):
+        with trio.CancelScope(deadline=trio.current_time() + FINAL_FRAME_WAIT, shield=True):
             await output.write(text_of(_drain(events)[0]))
 
 
@@ -437,7 +440,7 @@ async def _render_live(
             await output.run(partial(live.update, refresh=True), view())
         await _fold_rest(state, events)
     finally:  # the final frame, also when cancelled just after the run closed the feed
-        with trio.CancelScope(deadline=trio.current_time() + 1.0, shield=True):
+        with trio.CancelScope(deadline=trio.current_time() + FINAL_FRAME_WAIT, shield=True):
             if started:
                 await output.run(_finish, live, view(), even_if_broken=True)
         vars(console).pop("on_broken_pipe", None)

@@ -54,6 +54,13 @@ GUARD_SECONDS = 30.0
 """How long past a unit's deadline (plus kill grace) the driver waits before giving it up."""
 _BUNDLES = 64
 _CONNECT_SECONDS = 10.0
+REMOTE_KILL_MARGIN = 10.0
+"""Seconds past the kill grace a worker may take to report a stopped unit's tree gone (the
+request crosses the Dask scheduler both ways)."""
+CANCEL_WAIT = 5.0
+"""Seconds to wait for Dask to drop a stopped unit's future (its tree is already gone)."""
+CLOSE_TIMEOUT = 10.0
+"""Seconds the client, then an owned LocalCluster, get to close."""
 
 
 class DaskCluster:
@@ -156,11 +163,11 @@ class DaskCluster:
 
     async def _abort(self, future: Any, key: str, grace: float, staging: Path | None) -> None:
         """Kill the unit wherever it runs, wait (bounded) until its tree is gone, drop it."""
-        with trio.move_on_after(grace + 15):
+        with trio.move_on_after(grace + REMOTE_KILL_MARGIN + CANCEL_WAIT):
             await trio.to_thread.run_sync(
-                self._stop_remote, key, grace + 10, abandon_on_cancel=True
+                self._stop_remote, key, grace + REMOTE_KILL_MARGIN, abandon_on_cancel=True
             )
-        with trio.move_on_after(5):
+        with trio.move_on_after(CANCEL_WAIT):
             await trio.to_thread.run_sync(_cancel, future, abandon_on_cancel=True)
         if staging is not None:
             await trio.to_thread.run_sync(shutil.rmtree, staging, True)
@@ -254,10 +261,10 @@ class DaskCluster:
         """Close the client, then the LocalCluster we own (its workers exit)."""
         self._bundles.clear()
         try:
-            self.client.close(timeout=10)
+            self.client.close(timeout=CLOSE_TIMEOUT)
         finally:
             if self.owned is not None:
-                self.owned.close(timeout=10)
+                self.owned.close(timeout=CLOSE_TIMEOUT)
             shutil.rmtree(self.scratch, ignore_errors=True)
             with contextlib.suppress(OSError):
                 self.scratch.parent.rmdir()  # when no other run uses it

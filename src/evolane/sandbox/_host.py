@@ -29,6 +29,9 @@ from evolane.sandbox._tree import become_subreaper
 from evolane.store import BlobStore, write_json_atomic
 
 _OWNER_FILE = "owner.json"
+LIFELINE_EXIT_WAIT = 5.0
+"""Seconds the lifeline process gets to exit once its pipe closes (it kills the lease and
+leaves at once); past them it is killed."""
 
 
 def _process_identity(pid: int) -> float | None:
@@ -165,10 +168,10 @@ class SandboxHost:
             self._lifeline_fd = None
         if self._lifeline is not None:
             try:
-                self._lifeline.wait(timeout=5)
+                self._lifeline.wait(timeout=LIFELINE_EXIT_WAIT)
             except subprocess.TimeoutExpired:
                 self._lifeline.kill()
-                self._lifeline.wait(timeout=5)
+                self._lifeline.wait(timeout=LIFELINE_EXIT_WAIT)
             self._lifeline = None
 
     def _sweep_stale(self) -> int:

@@ -25,6 +25,9 @@ _JOIN_CGROUPS = (
 # under a shell that only waits (the trailing "exit" keeps dash from exec'ing the command).
 _NAMESPACE_INIT = '"$@"; exit $?'
 NAMESPACE_EXTRA_PROCESSES = 2
+PROBE_TIMEOUT = 5.0
+"""Seconds the one-off namespace probe (`unshare ... true`) may take before the host counts as
+unable to make namespaces."""
 """unshare and the namespace's init shell, counted against the pids limit on top."""
 # Fallback when prlimit is missing: the same limits from a tiny isolated Python.
 _SET_RLIMITS = (
@@ -67,7 +70,7 @@ def namespaces_available() -> bool:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            timeout=5,
+            timeout=PROBE_TIMEOUT,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
