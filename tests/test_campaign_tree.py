@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-import trio
-
 from evolane.campaign import (
     CampaignConfig,
     CampaignServices,
@@ -92,7 +90,6 @@ def _tree(tmp_path: Path, cluster: Any = None, **values: Any) -> SupervisorSpec:
         bus=PLACEHOLDER,
         resume=ResumeState(),
         case_refs={},
-        interrupt=trio.Event(),
     )
     return run_tree(slots, measure, optimizer, setup, services)
 

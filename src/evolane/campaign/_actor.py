@@ -48,6 +48,7 @@ from evolane.messages import (
     Message,
     PhaseEvent,
     RunCampaign,
+    StopAll,
     WarningEvent,
 )
 
@@ -59,10 +60,16 @@ class Campaign(Actor):
     slot name when it starts, and its outcome is stored and referenced in `CampaignDone`."""
 
     accepts = (RunCampaign,)
+    signals = (StopAll,)  # a graceful stop: the cycle ends at once, resumable
 
     def __init__(self, setup: CampaignSetup, services: CampaignServices) -> None:
         self.setup, self.services = setup, services
         self.peers: Peers | None = None
+        self.interrupted = trio.Event()
+
+    def on_signal(self, message: Message) -> None:
+        if isinstance(message, StopAll):
+            self.interrupted.set()
 
     async def started(self) -> None:
         self.peers = Peers(self.setup, self.services, self.context.lookup)
@@ -70,7 +77,7 @@ class Campaign(Actor):
     async def receive(self, message: Message) -> CampaignDone:
         assert isinstance(message, RunCampaign) and self.peers is not None
         cycle = _Cycle(self.setup, self.services, self.peers)
-        await cycle.execute(message.deadline)
+        await cycle.execute(message.deadline, self.interrupted)
         outcome = cycle.state.outcome(self.setup.campaign.seen)
         store = self.services.store
         ref = await trio.to_thread.run_sync(
@@ -90,13 +97,13 @@ class _Cycle:
         self.state = CycleState.starting(setup)
         self.slots = Slots(setup, services, peers, self.state)
 
-    async def execute(self, deadline: float | None) -> None:
-        """Run the cycle to its end, its deadline (``budget_limited``) or an interrupt."""
+    async def execute(self, deadline: float | None, interrupted: trio.Event) -> None:
+        """Run the cycle to its end, its deadline (``budget_limited``) or ``interrupted``."""
         with trio.CancelScope() as scope:
             if deadline is not None:
                 scope.deadline = deadline
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_interrupt, scope)
+                nursery.start_soon(_cancel_when, interrupted, scope)
                 await self._run_stages()
                 nursery.cancel_scope.cancel()
         if scope.cancelled_caught:
@@ -118,10 +125,6 @@ class _Cycle:
                 await self._finalize()
             except Stopped as stopped:
                 state.stop, state.message = stopped.stop, stopped.message
-
-    async def _watch_interrupt(self, scope: trio.CancelScope) -> None:
-        await self.services.interrupt.wait()
-        scope.cancel()
 
     async def _iterate(self) -> None:
         state, cycle = self.state, self.s.cycle
@@ -303,3 +306,8 @@ class _Cycle:
             if split == "test":
                 state.test = state.book.measurements[-1]
         state.scores = Scores(**scores)
+
+
+async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()

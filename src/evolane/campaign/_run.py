@@ -12,6 +12,7 @@ from pathlib import Path
 
 import trio
 
+from evolane.actors import ActorRef
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._finish import Session, apply_best, finish, session_ended
@@ -52,6 +53,8 @@ from evolane.supervisors import Runtime, open_runtime
 CAMPAIGN_ASK_TIMEOUT = float("inf")
 """The cycle bounds itself (the wall-clock budget is its deadline, every unit and proposal
 has one) and the caller cancels it otherwise: waiting for its answer needs no timeout."""
+SIGNAL_RETRY_INTERVAL = 0.01
+"""How often an interrupt that found the campaign not yet serving is sent again."""
 EXIT_FOR_STATUS = {"finished": 0, "budget_limited": 3, "interrupted": 130, "failed": 1}
 
 
@@ -240,7 +243,6 @@ async def _cycle(
             bus=ctx.session.bus,
             resume=prepared.resume,
             case_refs=cases.replay,
-            interrupt=ctx.interrupt,
         )
         measure = measure_parts(
             config.measure,
@@ -265,7 +267,12 @@ async def _cycle(
         )
         try:
             campaign = runtime.lookup(slots.campaign)
-            done = await campaign.ask(RunCampaign(deadline=deadline), timeout=CAMPAIGN_ASK_TIMEOUT)
+            async with trio.open_nursery() as relay:
+                relay.start_soon(_relay_interrupt, ctx.interrupt, campaign)
+                done = await campaign.ask(
+                    RunCampaign(deadline=deadline), timeout=CAMPAIGN_ASK_TIMEOUT
+                )
+                relay.cancel_scope.cancel()
             ledger = await runtime.lookup(slots.budget).ask(LedgerQuery())
         finally:
             with trio.CancelScope(shield=True):
@@ -277,6 +284,14 @@ async def _cycle(
                 await runtime.root.stop_child(slots.prefix)
     raw = await trio.to_thread.run_sync(store.read_bytes, done.outcome)
     return CycleOutcome.model_validate_json(raw), ledger
+
+
+async def _relay_interrupt(interrupt: trio.Event, campaign: ActorRef) -> None:
+    """The caller's graceful stop (its own event) reaches the campaign as a `StopAll` signal;
+    until the actor serves, a signal finds no one, so it is sent again."""
+    await interrupt.wait()
+    while not campaign.signal(StopAll()):
+        await trio.sleep(SIGNAL_RETRY_INTERVAL)
 
 
 def _setup(prepared: Prepared, slots: RunSlots) -> CampaignSetup:

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import trio
 from pydantic import Field
 
 from evolane.campaign._book import Book, SlotBook, settled_digests
@@ -103,8 +102,6 @@ class CampaignServices:
     - ``resume``: what the journal of an interrupted run holds (read only).
     - ``case_refs``: the stored cases as replays see them (read only), for the optimizer's
       context.
-    - ``interrupt``: a graceful stop; the campaign is inside one long `RunCampaign` handler,
-      so a message would only reach it after the end.
     """
 
     store: BlobStore
@@ -113,7 +110,6 @@ class CampaignServices:
     bus: ProgressBus
     resume: ResumeState
     case_refs: Mapping[str, ArtifactRef]
-    interrupt: trio.Event
 
 
 class CycleOutcome(Record):
