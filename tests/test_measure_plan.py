@@ -555,3 +555,26 @@ def test_early_stop_bookkeeping_stays_linear_in_the_cases() -> None:
     finally:
         _prefix._case_delta = original  # type: ignore[assignment]
     assert calls == 400
+
+
+def test_a_baseline_measured_alone_is_measured_whole() -> None:
+    """No candidate, no delta: early stop has nothing to decide, so no case is skipped (a
+    coverage rule fed only incomparable cases would stop it at once)."""
+    request = make_request(sequential=True).model_copy(update={"candidate_ref": None})
+    plan = MeasurePlan(request, make_settings(12), lanes=3)
+    driver = run_plan(plan)
+    assert len(kinds(driver, StartReplay)) == 12
+    summary = plan.summary(OUTPUT, 0.0)
+    assert summary.status == "complete" and summary.units_not_run == 0
+
+
+def test_a_split_is_read_in_the_seeded_order_and_units_keep_their_dataset_numbers() -> None:
+    from evolane.stats import case_order
+
+    ids = [f"c{i}" for i in range(10)]
+    plan = MeasurePlan(make_request(sequential=False), make_settings(10, seed=7), lanes=2)
+    assert plan.case_ids == case_order(ids, 7) != ids
+    for unit in plan.units:
+        number = ids.index(unit.case_id)
+        assert unit.unit_id.split(".")[1] == str(number) and unit.case_number == number
+        assert plan.case_ids[unit.case_index] == unit.case_id

@@ -229,7 +229,8 @@ class MeasurePlan:
         self._left = len(self.units)
         self._actions: list[Action] = []
         self._moved = self._finished = False
-        self._prefix = CasePrefix(len(self.case_ids), self.units, request.gate)
+        paired = request.candidate_ref is not None
+        self._prefix = CasePrefix(len(self.case_ids), self.units, request.gate, paired)
 
     # ----- the machine ------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ class Unit:
     index: int
     unit_id: str
     case_id: str
-    case_index: int
+    case_index: int  # the case's place in the reading order (the prefix early stop reads)
     arm: str
     repetition: int
     tree_ref: ArtifactRef
@@ -64,6 +64,7 @@ class Unit:
     reused: bool = False
     restored: bool = False
     note: str = ""
+    case_number: int = 0  # the case's place in the dataset (names the unit, orders records)
 
     @property
     def score(self) -> float | None:
@@ -127,6 +128,7 @@ def plan_units(
                     "baseline",
                     rep,
                     request.baseline_ref,
+                    case_number=numbers[case_id],
                 )
                 baseline_of[(index, rep)] = unit
                 units.append(unit)
@@ -141,6 +143,7 @@ def plan_units(
                     rep,
                     request.candidate_ref,
                     control,
+                    case_number=numbers[case_id],
                 )
                 control.dependents.append(treatment)
                 units.append(treatment)
@@ -192,7 +195,7 @@ def arm_scores(
 
 def unit_records(units: list[Unit]) -> list[dict[str, Any]]:
     """Every unit as stored behind `MeasureSummary.units_ref`, by case, repetition and arm."""
-    ordered = sorted(units, key=lambda u: (u.case_index, u.repetition, u.arm))
+    ordered = sorted(units, key=lambda u: (u.case_number, u.repetition, u.arm))
     return [
         {
             "unit": u.unit_id,
