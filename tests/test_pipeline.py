@@ -244,13 +244,15 @@ def test_adaptive_repetitions_and_first_repetitions_first() -> None:
 
     plan = _plan(request, ("a", "b", "c"), lanes=1)
     order = [(u.repetition, u.case_id, u.arm) for u in plan.units]
+    first, second, third = plan.case_ids  # the run's seeded reading order
+    assert sorted(plan.case_ids) == ["a", "b", "c"]
     assert order[:6] == [
-        (0, "a", "baseline"),
-        (0, "a", "candidate"),
-        (0, "b", "baseline"),
-        (0, "b", "candidate"),
-        (0, "c", "baseline"),
-        (0, "c", "candidate"),
+        (0, first, "baseline"),
+        (0, first, "candidate"),
+        (0, second, "baseline"),
+        (0, second, "candidate"),
+        (0, third, "baseline"),
+        (0, third, "candidate"),
     ]
     assert [r for r, _, _ in order] == sorted(r for r, _, _ in order)  # first repetitions first
     third = [u for u in plan.units if u.arm == "candidate" and u.repetition == 2]

@@ -50,7 +50,6 @@ async def test_cpu_spinner_is_stopped_by_the_cpu_limit(host: SandboxHost) -> Non
     assert outcome.status == "limit_exceeded"
     assert outcome.limits_hit == ("cpu",)
     assert outcome.cpu_seconds >= 0.9
-    assert outcome.wall_seconds < 10
 
 
 async def test_file_size_flood_is_stopped_by_the_file_size_limit(host: SandboxHost) -> None:

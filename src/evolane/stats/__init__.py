@@ -20,8 +20,8 @@ from evolane.stats._bootstrap import (
 from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
 from evolane.stats._gates import (
     TOLERANCE,
+    CaseScores,
     PairedSample,
-    Scores,
     decide,
     judge_sample,
     mean_and_se,
@@ -73,6 +73,7 @@ __all__ = [
     "DEFAULT_MAX_BET",
     "TOLERANCE",
     "BootstrapMethod",
+    "CaseScores",
     "ConfirmDecision",
     "Confirmation",
     "EarlySource",
@@ -84,7 +85,6 @@ __all__ = [
     "Repetitions",
     "Running",
     "ScoreKind",
-    "Scores",
     "SequentialDecision",
     "SequentialTest",
     "as_fraction",

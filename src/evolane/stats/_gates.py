@@ -27,7 +27,7 @@ from evolane.stats._levels import coverage_shortfall
 TOLERANCE = 1e-12
 """Relative and absolute tolerance of every decisive comparison (see `beyond`)."""
 
-Scores = Mapping[str, Sequence[float]]
+CaseScores = Mapping[str, Sequence[float]]
 """Per case id, the scores of each repetition in [0, 1] (a list per case, in any order)."""
 
 
@@ -63,7 +63,7 @@ class PairedSample:
         return self.candidate - self.baseline
 
 
-def paired_sample(baseline: Scores, candidate: Scores) -> PairedSample:
+def paired_sample(baseline: CaseScores, candidate: CaseScores) -> PairedSample:
     """Pair the cases that both arms scored at least once, averaging repetitions per case."""
     ids = sorted(c for c in baseline.keys() & candidate.keys() if baseline[c] and candidate[c])
     base = np.array([_case_mean(c, baseline[c]) for c in ids], dtype=np.float64)
@@ -71,7 +71,7 @@ def paired_sample(baseline: Scores, candidate: Scores) -> PairedSample:
     return PairedSample(ids, base, cand)
 
 
-def paired_deltas(baseline: Scores, candidate: Scores) -> tuple[list[str], np.ndarray]:
+def paired_deltas(baseline: CaseScores, candidate: CaseScores) -> tuple[list[str], np.ndarray]:
     """Comparable case ids (sorted) and their per-case mean deltas (candidate - baseline)."""
     sample = paired_sample(baseline, candidate)
     return sample.ids, sample.deltas
@@ -203,7 +203,7 @@ def regression_p_value(baseline_reps: int, candidate_reps: int) -> float:
     return 1.0 / math.comb(baseline_reps + candidate_reps, baseline_reps)
 
 
-def regressions(baseline: Scores, candidate: Scores, config: GateConfig) -> list[str]:
+def regressions(baseline: CaseScores, candidate: CaseScores, config: GateConfig) -> list[str]:
     """Sorted ids of the comparable cases the no-regression veto counts as regressions.
 
     A case is a regression when the parent (``baseline``) passed it on *every* repetition,
@@ -269,7 +269,7 @@ def judge_sample(sample: PairedSample, config: GateConfig, n_planned: int) -> Ga
 
 
 def decide(
-    baseline: Scores, candidate: Scores, config: GateConfig, n_planned: int | None = None
+    baseline: CaseScores, candidate: CaseScores, config: GateConfig, n_planned: int | None = None
 ) -> GateResult:
     """Judge ``candidate`` against ``baseline`` (per case, each repetition's score in [0, 1]).
 

@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 
 from evolane.messages import Decision, GateConfig
-from evolane.stats._gates import Scores, paired_sample
+from evolane.stats._gates import CaseScores, paired_sample
 from evolane.stats._levels import as_fraction
 
 _EXACT_ENUMERATION = 16
@@ -119,8 +119,8 @@ class Confirmation:
 
 
 def confirm(
-    baseline: Scores,
-    candidate: Scores,
+    baseline: CaseScores,
+    candidate: CaseScores,
     config: GateConfig,
     n_planned: int | None = None,
     *,
