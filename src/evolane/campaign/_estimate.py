@@ -13,6 +13,7 @@ import math
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._confirm import confirm_repetitions
 from evolane.messages import Record, ShortText
 
 
@@ -56,7 +57,7 @@ def estimate_run(
 ) -> Estimate:
     """The estimate for one cycle of ``config`` on a dataset of this shape."""
     b, c = repetitions_for(config, val_cases)
-    tb, tc = repetitions_for(config, test_cases)
+    tb = tc = confirm_repetitions(config, test_cases)  # the confirmation's, both arms alike
     iterations, population = config.iterations, config.population
     screening = (b + c) if config.screening else 0
     baselines = iterations * val_cases * b
