@@ -4,9 +4,11 @@ built-in exact-match judge, and a scripted optimizer whose every slot does what 
 The target holds one file per case (its JSON answer) plus a protected ``grader/`` folder and
 a required ``REQUIRED`` file. The optimizer reads ``{iteration}.{slot}`` from its prompt and
 looks up its action in the plan: ``fix:N`` flips the first N failing cases (they all expect
-``"yes"``), ``harm:N`` flips N solid ones, ``noop``, ``same`` (the same edit as slot 0:
-a duplicate), ``break`` (rewrites REQUIRED), ``tamper``, ``symlink``, ``oversize``,
-``malformed``, ``crash``, ``hang``, ``peek`` (prints whether the context shows answers).
+``"yes"``) and, as a real fix would, every failing held-out ``test*`` case too; ``overfit:N``
+flips only the first N failing cases (a fix that fits val alone), ``harm:N`` flips N solid
+ones, ``noop``, ``same`` (the same edit as slot 0: a duplicate), ``break`` (rewrites
+REQUIRED), ``tamper``, ``symlink``, ``oversize``, ``malformed``, ``crash``, ``hang``,
+``peek`` (prints whether the context shows answers).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ OPTIMIZER = textwrap.dedent(
             path.write_text('"yes"' if path.read_text().strip() == '"no"' else '"no"')
     name, _, count = action.partition(":")
     if name in ("fix", "same"):
+        flip(failing[: int(count or 1)])
+        flip(sorted(p.name for p in wd.glob("test*") if p.read_text().strip() == '"no"'))
+    elif name == "overfit":
         flip(failing[: int(count or 1)])
     elif name == "harm":
         flip(solid[: int(count or 1)])
@@ -81,9 +86,16 @@ def usage_replay(root: Path, tokens: int = 100, cost: float = 0.01) -> str:
 
 
 def write_toy(
-    root: Path, plan: dict[str, str], *, val: int = 12, test: int = 6, passing: int = 4
+    root: Path,
+    plan: dict[str, str],
+    *,
+    val: int = 12,
+    test: int = 6,
+    passing: int = 4,
+    test_passing: int = 1,
 ) -> dict[str, Path]:
-    """Write the target, dataset, optimizer script and plan under ``root``."""
+    """Write the target, dataset, optimizer script and plan under ``root``: the first
+    ``passing`` val cases and the first ``test_passing`` test cases pass at the seed."""
     target = root / "target"
     (target / "grader").mkdir(parents=True)
     (target / "grader" / "rubric.txt").write_text("exact match\n")
@@ -95,7 +107,7 @@ def write_toy(
             rows.append(
                 {"id": case_id, "input": {"n": index}, "expected_output": "yes", "split": split}
             )
-            good = index < passing
+            good = index < (passing if split == "val" else test_passing)
             (target / case_id).write_text('"yes"' if good else '"no"')
     dataset = root / "dataset.jsonl"
     dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -81,7 +81,7 @@ def _tree(tmp_path: Path, cluster: Any = None, **values: Any) -> SupervisorSpec:
         run=run,
         campaign=CampaignState(campaign_id="c1", seed_ref=TREE, best_ref=TREE),
         slots=slots,
-        has_test=False,
+        test_cases=0,
     )
     services = CampaignServices(
         store=store,

@@ -137,10 +137,14 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     finished = _run(["optimize", *base])
     assert finished.returncode == 0, finished.stderr
     (path,) = [line[8:] for line in finished.stdout.splitlines() if line.startswith("report: ")]
-    test = json.loads(Path(path).read_text())["test"]  # the sealed test result, in the summary
+    stored = json.loads(Path(path).read_text())
+    test = stored["test"]  # the sealed test result, in the summary
     assert test is not None
     shown = f"test delta: {test['mean_delta']:+.3f} [{test['ci_low']:+.3f}, {test['ci_high']:+.3f}]"
-    assert f"{shown} over {test['n']} cases: {test['decision']}" in finished.stdout
+    assert f"{shown} over {test['n']} cases" in finished.stdout
+    # the confirmation made on it, and the campaign's error control, in words
+    assert f"confirmation: {stored['confirmation']['sentence']}" in finished.stdout
+    assert "error control: confirm before publish" in finished.stdout
 
 
 def test_bad_inputs_exit_2_in_one_line_and_run_nothing(tmp_path: Path) -> None:

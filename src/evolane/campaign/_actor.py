@@ -25,6 +25,7 @@ from evolane.campaign._book import (
     arm_scores,
     first_failure,
 )
+from evolane.campaign._confirm import confirm_repetitions, confirmation_of
 from evolane.campaign._peers import Peers
 from evolane.campaign._prompt import (
     build_prompt,
@@ -285,13 +286,19 @@ class _Cycle:
         scores: dict[str, Any] = {}
         splits = [("val", "final_val")] + ([("test", "final_test")] if self.s.has_test else [])
         for split, purpose in splits:
+            reps = (
+                self.config.baseline_replay_repetitions,
+                self.config.candidate_replay_repetitions,
+            )
+            if split == "test" and best.digest != self.s.seed_ref.digest:  # to confirm
+                reps = (confirm_repetitions(self.config, self.s.test_cases),) * 2
             request = MeasureRequest(
                 measurement_id=f"c{self.s.cycle}.final.{split}",
                 baseline_ref=self.s.seed_ref,
                 candidate_ref=best,
                 split=split,  # type: ignore[arg-type]
-                baseline_repetitions=self.config.baseline_replay_repetitions,
-                candidate_repetitions=self.config.candidate_replay_repetitions,
+                baseline_repetitions=reps[0],
+                candidate_repetitions=reps[1],
                 gate=full,
             )
             summary, units = await self.peers.measure(state.book, request, purpose, None, None)  # type: ignore[arg-type]
@@ -305,6 +312,13 @@ class _Cycle:
             )
             if split == "test":
                 state.test = state.book.measurements[-1]
+                if best.digest != self.s.seed_ref.digest:  # confirm before publish
+                    state.confirmation = confirmation_of(
+                        arm_scores(units, "baseline"),
+                        arm_scores(units, "candidate"),
+                        self.config,
+                        self.s.test_cases,
+                    )
         state.scores = Scores(**scores)
 
 

@@ -13,6 +13,8 @@ import math
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._confirm import confirm_repetitions
+from evolane.campaign._preflight import preflight
 from evolane.messages import Record, ShortText
 
 
@@ -40,6 +42,10 @@ class Estimate(Record):
     tokens: float | None = Field(default=None, ge=0)
     cost_usd: float | None = Field(default=None, ge=0)
     basis: ShortText = ""
+    min_gain: float | None = None
+    """The smallest mean gain the gate can accept with pass/fail scores (preflight)."""
+    preflight: tuple[ShortText, ...] = Field(default=(), max_length=8)
+    """What the gate can accept, in words, before anything runs (`campaign._preflight`)."""
 
 
 def repetitions_for(config: CampaignConfig, cases: int) -> tuple[int, int]:
@@ -56,7 +62,7 @@ def estimate_run(
 ) -> Estimate:
     """The estimate for one cycle of ``config`` on a dataset of this shape."""
     b, c = repetitions_for(config, val_cases)
-    tb, tc = repetitions_for(config, test_cases)
+    tb = tc = confirm_repetitions(config, test_cases)  # the confirmation's, both arms alike
     iterations, population = config.iterations, config.population
     screening = (b + c) if config.screening else 0
     baselines = iterations * val_cases * b
@@ -90,7 +96,10 @@ def estimate_run(
         tokens = history.tokens * replays if history.tokens is not None else None
         cost = history.cost_usd * replays if history.cost_usd is not None else None
         basis = f"typical unit {history.seconds:.2f} s from earlier runs in this store"
+    checked = preflight(config, val_cases, test_cases, (b, c))
     return Estimate(
+        min_gain=checked.min_gain,
+        preflight=checked.lines,
         val_cases=val_cases,
         test_cases=test_cases,
         baseline_repetitions=b,

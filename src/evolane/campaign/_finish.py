@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyJournal, apply_candidate
+from evolane.campaign._confirm import error_control, publish_blocked
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report, render_markdown
 from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
@@ -44,6 +45,10 @@ async def apply_best(
     policy = config.apply
     if outcome.stop not in ("finished", "exhausted") and policy == "auto_verified":
         policy = "verified_only"  # an unfinished run never touches the target
+    confirmation = outcome.report.confirmation
+    blocked = publish_blocked(confirmation) and policy != "proposal"
+    if blocked:  # an unconfirmed best is only proposed, for a person to read
+        policy = "proposal"
     check = None
     if config.check:
         allowed = frozenset({"candidate", "workspace"})
@@ -59,6 +64,15 @@ async def apply_best(
             run_dir=prepared.run_dir,
             check=check,
             kill_grace=config.commands.kill_grace,
+        )
+    if blocked:
+        assert confirmation is not None
+        return ApplyRecord(
+            policy=config.apply,
+            status="unconfirmed",
+            message=f"{confirmation.sentence}; proposal in {applied.proposal_dir}"[:2048],
+            proposal_dir=applied.proposal_dir,
+            diff_ref=applied.diff_ref,
         )
     return ApplyRecord(
         policy=applied.policy,
@@ -132,6 +146,7 @@ async def finish(
         selected=None if best.digest == run.seed_ref.digest else best,
         best=best,
         apply=applied,
+        error_control=error_control(prepared.config, prepared.test_cases),
         artifacts=_artifacts(run.seed_ref, best, applied),
         budget=BudgetRecord(
             ceilings=ledger.ceilings,

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run
+from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run, repetitions_for
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._preflight import preflight
 from evolane.campaign._runs import (
     TERMINAL_CAMPAIGN,
     CampaignState,
@@ -127,6 +128,7 @@ def prepare_run(
             }
         )
     else:
+        _refuse_hopeless(config, dataset)
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
     if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
         _check_wall_left(config, campaign.elapsed_seconds)
@@ -142,6 +144,14 @@ def prepare_run(
         spent=campaign.spent,
         history=_history(layout, config),
     )
+
+
+def _refuse_hopeless(config: CampaignConfig, dataset: Dataset) -> None:
+    """Refuse, before anything is written, a configuration that can never accept."""
+    val = len(dataset.split("val"))
+    checked = preflight(config, val, len(dataset.split("test")), repetitions_for(config, val))
+    if not checked.possible:
+        raise InputError(f"--dataset {config.dataset}: {checked.refusal}")
 
 
 def _prepared(

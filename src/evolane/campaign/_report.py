@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import Field, create_model
 
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._estimate import Estimate
 from evolane.messages import (
     ArtifactRef,
@@ -183,6 +184,10 @@ class Report(Record):
     apply: ApplyRecord | None = None
     scores: Scores = Scores()
     test: MeasurementRecord | None = None
+    confirmation: ConfirmationRecord | None = None
+    """The best confirmed (or not) against the seed on the test split before a publish."""
+    error_control: Text = ""
+    """The campaign's error control, in words."""
     iterations: tuple[IterationRecord, ...] = Field(default=(), max_length=_MANY)
     measurements: tuple[MeasurementRecord, ...] = Field(default=(), max_length=_MANY)
     funnel: tuple[FunnelRecord, ...] = Field(default=(), max_length=_MANY)
@@ -196,6 +201,7 @@ class Report(Record):
 CYCLE_PARTS = (
     "scores",
     "test",
+    "confirmation",
     "iterations",
     "measurements",
     "funnel",
@@ -245,8 +251,13 @@ def render_markdown(report: Report) -> str:
         f"- best: `{report.best.digest[:19]}`"
         + (" (the seed: nothing was accepted)" if report.selected is None else ""),
         f"- val: {_ci(s.baseline_val)} -> {_ci(s.best_val)}",
-        f"- test (sealed, never used to decide): {_ci(s.baseline_test)} -> {_ci(s.best_test)}",
+        f"- test (sealed: never used to choose, only to confirm): {_ci(s.baseline_test)} -> "
+        f"{_ci(s.best_test)}",
     ]
+    if report.confirmation is not None:
+        lines.append(f"- confirmation: {report.confirmation.sentence}")
+    if report.error_control:
+        lines.append(f"- error control: {report.error_control}")
     if report.message:
         lines.append(f"- note: {report.message}")
     if report.apply is not None:

@@ -297,8 +297,8 @@ async def _relay_interrupt(interrupt: trio.Event, campaign: ActorRef) -> None:
 def _setup(prepared: Prepared, slots: RunSlots) -> CampaignSetup:
     """The campaign actor's setup: settings, the run's and the campaign's records, slots."""
     records = (prepared.config, prepared.gates, prepared.run, prepared.campaign)
-    rejudge, has_test = prepared.rejudge, prepared.test_cases > 0
-    return CampaignSetup(*records, slots, has_test=has_test, optimizer_allowed=not rejudge)
+    rejudge, tests = prepared.rejudge, prepared.test_cases
+    return CampaignSetup(*records, slots, test_cases=tests, optimizer_allowed=not rejudge)
 
 
 __all__ = ["EXIT_FOR_STATUS", "RunOutcome", "RunRequest", "load_run", "run_campaign"]

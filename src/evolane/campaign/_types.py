@@ -11,6 +11,7 @@ from pydantic import Field
 
 from evolane.campaign._book import Book, SlotBook, settled_digests
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._gates import GateSettings
 from evolane.campaign._report import CycleReport, MeasurementRecord, Scores
 from evolane.campaign._runs import (
@@ -70,8 +71,13 @@ class CampaignSetup:
     run: RunRecord
     campaign: CampaignState
     slots: RunSlots
-    has_test: bool
+    test_cases: int
     optimizer_allowed: bool = True  # False when re-judging stored work: proposals come from it
+
+    @property
+    def has_test(self) -> bool:
+        """Whether the dataset has a sealed test split (the best is confirmed on it)."""
+        return self.test_cases > 0
 
     @property
     def run_id(self) -> str:
@@ -143,6 +149,7 @@ class CycleState:
     message: str = ""
     scores: Scores = field(default_factory=Scores)
     test: MeasurementRecord | None = None
+    confirmation: ConfirmationRecord | None = None
     wall_clock_hit: bool = False
 
     @classmethod
@@ -163,6 +170,7 @@ class CycleState:
         report = CycleReport(
             scores=self.scores,
             test=self.test,
+            confirmation=self.confirmation,
             iterations=tuple(book.iterations),
             measurements=tuple(book.measurements),
             funnel=tuple(slot.record() for slot in book.funnel),

@@ -262,6 +262,10 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
                 f"{rep.test.ci_high:+.3f}] {rep.test.decision}: {rep.test.reason}",
             )
         )
+    if rep.confirmation is not None:
+        rows.append(("confirmation", rep.confirmation.sentence))
+    if rep.error_control:
+        rows.append(("error control", rep.error_control))
     rows.append(
         (
             "budget spent",

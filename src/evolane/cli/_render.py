@@ -144,7 +144,11 @@ def _estimate_text(event: messages.EstimateEvent) -> str:
         parts.append(f"~{_count(event.tokens)} tokens")
     if event.cost_usd is not None:
         parts.append(f"~${event.cost_usd:.2f}")
-    return "estimate: " + "; ".join(parts)
+    return "\n".join(["estimate: " + "; ".join(parts), *_preflight_lines(event)])
+
+
+def _preflight_lines(event: messages.EstimateEvent) -> list[str]:
+    return [f"preflight: {line}" for line in event.preflight]
 
 
 def _finished_text(event: messages.RunFinished) -> str:
@@ -294,6 +298,8 @@ def render_view(state: ViewState, elapsed: float, dropped: int = 0) -> Renderabl
     parts.extend(Text("measure " + _measure_text(m)) for m in measures)
     if state.budget is not None:
         parts.append(_budget_table(state.budget, state, elapsed))
+    if state.estimate is not None and not state.decisions:  # until the first decision
+        parts.extend(Text(line, style="dim") for line in _preflight_lines(state.estimate))
     if state.decisions:
         parts.append(Text("last decisions", style="bold"))
         parts.extend(Text("  " + _decision_text(d)) for d in state.decisions)

@@ -211,6 +211,8 @@ def _print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
         f"{estimate.candidate_repetitions} repetitions, test {estimate.test_cases}); "
         f"{estimate.basis}"
     )
+    for line in estimate.preflight:
+        print(f"preflight: {line}")
     return EXIT_OK
 
 

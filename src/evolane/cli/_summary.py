@@ -14,14 +14,20 @@ def _ci(score: Any) -> str:
     return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}]"
 
 
-def _test_result(test: Any) -> list[str]:
-    """The sealed test measurement of best vs seed, when the run made one."""
-    if test is None:
-        return []
-    return [
-        f"test delta: {test.mean_delta:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}]"
-        f" over {test.n} cases: {test.decision} (reported, not acted on)"
-    ]
+def _test_result(report: Any) -> list[str]:
+    """The sealed test measurement of best vs seed, the confirmation made on it, and the
+    campaign's error control in words."""
+    test, lines = report.test, []
+    if test is not None:
+        lines.append(
+            f"test delta: {test.mean_delta:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}]"
+            f" over {test.n} cases"
+        )
+    if report.confirmation is not None:
+        lines.append(f"confirmation: {report.confirmation.sentence}")
+    if report.error_control:
+        lines.append(f"error control: {report.error_control}")
+    return lines
 
 
 def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
@@ -43,8 +49,8 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         f"  (run {report.run_id}, {report.wall_seconds:.1f} s)",
         f"best: {best}",
         f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}",
-        f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: never decided on)",
-        *_test_result(report.test),
+        f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: only confirms)",
+        *_test_result(report),
         f"budget spent: replay wall {spent.wall_seconds or 0:.1f} s, tokens {spent.tokens or 0:g},"
         f" cost ${spent.cost_usd or 0:.4f}",
     ]

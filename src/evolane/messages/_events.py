@@ -71,6 +71,8 @@ class EstimateEvent(ProgressEvent):
     wall_high_seconds: float | None = Field(default=None, ge=0, le=_COUNT)
     tokens: float | None = Field(default=None, ge=0, le=_COUNT)
     cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
+    preflight: tuple[ShortText, ...] = Field(default=(), max_length=8)
+    """What the gate can accept with these cases and repetitions, in words."""
 
 
 class PhaseEvent(ProgressEvent):

@@ -1,0 +1,135 @@
+"""Confirm before publish: the campaign's default error control (DESIGN §6).
+
+A campaign tries many candidates on the same val cases; each useless one passes the val
+gate with some probability (about 16% at k = 1), so the best of a campaign is often useless
+(about half of default campaigns, by the simulation in ``benchmarks/decisions.py``). The
+sealed test split took no part in choosing the best, so a one-sided test of the best
+against the seed on it (`stats.confirm`, at the gate's ``confidence``) confirms a best with
+no true gain with probability at most 1 - confidence, however many candidates were tried.
+`verified_only` and `auto_verified` publish only a confirmed best; `proposal` only reports.
+
+The test split is measured with `confirm_repetitions` replays per case and arm: with a small
+split one replay per case leaves the test little power (16 cases: 8.6% at a true +0.15;
+three replays per case: 34%), so below `SMALL_TEST_SPLIT` cases each case is replayed
+`SMALL_TEST_REPETITIONS` times, the same number for both arms (the sign-flip test wants the
+two arms exchangeable under no effect). Explicit repetition flags win.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from evolane.campaign._config import CampaignConfig
+from evolane.messages import Record, ShortText, Text
+from evolane.stats import can_ever_confirm, confirm
+
+SMALL_TEST_SPLIT = 32
+"""Below this many test cases the confirmation replays each case `SMALL_TEST_REPETITIONS`
+times (per arm)."""
+SMALL_TEST_REPETITIONS = 3
+
+ConfirmVerdict = Literal["confirmed", "unconfirmed", "indecisive"]
+
+
+class ConfirmationRecord(Record):
+    """The confirmation of the best tree against the seed on the held-out test split."""
+
+    decision: ConfirmVerdict
+    published: bool = False
+    """Whether the apply policy may publish the best: only when confirmed."""
+    n: int = Field(ge=0)
+    n_planned: int = Field(ge=0)
+    repetitions: int = Field(ge=1)
+    mean_delta: float
+    p_value: float = Field(ge=0.0, le=1.0)
+    level: float = Field(gt=0.0, lt=1.0)
+    confidence: float = Field(gt=0.0, lt=1.0)
+    reason: ShortText
+    sentence: Text
+    """The verdict in words, for the summary and report.md."""
+
+
+def confirm_repetitions(config: CampaignConfig, test_cases: int) -> int:
+    """Replays per test case and arm in the confirmation: the larger explicit repetition
+    flag when one is given, else `SMALL_TEST_REPETITIONS` below `SMALL_TEST_SPLIT` cases,
+    else 1."""
+    explicit = [
+        r
+        for r in (config.baseline_replay_repetitions, config.candidate_replay_repetitions)
+        if r is not None
+    ]
+    if explicit:
+        return max(explicit)
+    return SMALL_TEST_REPETITIONS if test_cases < SMALL_TEST_SPLIT else 1
+
+
+def confirmation_of(
+    baseline: dict[str, list[float]],
+    candidate: dict[str, list[float]],
+    config: CampaignConfig,
+    test_cases: int,
+) -> ConfirmationRecord:
+    """`stats.confirm` of the best (``candidate``) against the seed on the test split."""
+    gate = config.gate
+    result = confirm(baseline, candidate, gate, n_planned=test_cases)
+    level = f"{result.level:.2g}"
+    stats = f"mean {result.mean_delta:+.3g}, p = {result.p_value:.2g}"
+    cases = f"the {test_cases} held-out test cases"
+    if result.decision == "confirmed":
+        sentence = f"the best candidate was confirmed on {cases} ({stats} <= {level})"
+    elif result.decision == "unconfirmed":
+        sentence = f"the best candidate was not confirmed on {cases} ({stats} > {level})"
+    else:
+        sentence = (
+            f"the best candidate could not be confirmed: only {result.n} of {cases} could be "
+            "compared"
+        )
+    possible, why = can_ever_confirm(test_cases, gate.confidence)
+    if result.decision != "confirmed" and not possible:
+        sentence += f" ({why})"
+    published = result.decision == "confirmed"
+    if not published and config.apply != "proposal":
+        sentence += ": not published"
+    return ConfirmationRecord(
+        decision=result.decision,
+        published=published,
+        n=result.n,
+        n_planned=result.n_planned,
+        repetitions=confirm_repetitions(config, test_cases),
+        mean_delta=result.mean_delta,
+        p_value=result.p_value,
+        level=result.level,
+        confidence=gate.confidence,
+        reason=result.reason[:256],
+        sentence=sentence[:2048],
+    )
+
+
+def error_control(config: CampaignConfig, test_cases: int) -> str:
+    """The campaign's error control, in words, for the report."""
+    gate = config.gate
+    level = 1 - gate.confidence
+    if test_cases == 0:
+        return (
+            "none at the campaign level: the dataset has no test cases, so the best is not "
+            "confirmed before it is published, and each candidate tried is one more chance "
+            "that a useless edit passes the val gate (about half of default campaigns end "
+            "with one); add test cases to confirm the best"
+        )
+    possible, why = can_ever_confirm(test_cases, gate.confidence)
+    text = (
+        f"confirm before publish: the best is tested against the seed on the "
+        f"{test_cases} held-out test cases (one-sided sign-flip test at confidence "
+        f"{gate.confidence:g}); a best with no true gain is published with probability at "
+        f"most {level:.2g}, however many candidates were tried"
+    )
+    if not possible:
+        text += f"; but {why}, so nothing can be published"
+    return text
+
+
+def publish_blocked(confirmation: ConfirmationRecord | None) -> bool:
+    """Whether a confirmation stops `verified_only` / `auto_verified` from publishing."""
+    return confirmation is not None and not confirmation.published

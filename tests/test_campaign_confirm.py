@@ -1,0 +1,120 @@
+"""Confirm before publish (issue 16): an accepted best is tested against the seed on the
+sealed test split, and `verified_only` / `auto_verified` publish it only when confirmed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from evolane.campaign._confirm import (
+    SMALL_TEST_REPETITIONS,
+    confirm_repetitions,
+    confirmation_of,
+    error_control,
+)
+from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
+from tests.campaign_helpers import publishing_config, toy_config, write_toy
+
+
+async def _run(request: RunRequest, seconds: float = 60) -> RunOutcome:
+    with trio.fail_after(seconds):
+        return await run_campaign(request)
+
+
+def _answers(target: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(target.iterdir()) if p.is_file()}
+
+
+async def test_a_best_useless_on_test_is_unconfirmed_and_not_published(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "overfit:8"})  # fits val, changes no test case
+    before = _answers(paths["target"])
+    outcome = await _run(RunRequest(publishing_config(paths)))
+    report = outcome.report
+    assert report is not None and report.status == "finished" and outcome.exit_code == 0
+    assert report.selected is not None  # the val gate accepted it
+    confirmation = report.confirmation
+    assert confirmation is not None and confirmation.decision == "unconfirmed"
+    assert not confirmation.published and confirmation.n == 6
+    assert confirmation.repetitions == SMALL_TEST_REPETITIONS
+    assert report.apply is not None and report.apply.status == "unconfirmed"
+    assert report.apply.policy == "auto_verified"
+    assert _answers(paths["target"]) == before  # never published
+    assert outcome.run_dir is not None
+    assert (outcome.run_dir / "proposals" / "best" / "changes.diff").exists()  # to read
+    sentence = "the best candidate was not confirmed on the 6 held-out test cases"
+    assert confirmation.sentence.startswith(sentence)
+    assert "p = 1 > 0.05" in confirmation.sentence
+    assert confirmation.sentence.endswith("not published")
+    markdown = (outcome.run_dir / "report.md").read_text()
+    assert sentence in markdown and "error control: confirm before publish" in markdown
+    stored = json.loads((outcome.run_dir / "report.json").read_text())
+    assert stored["confirmation"]["decision"] == "unconfirmed"
+    assert "probability at most 0.05" in stored["error_control"]
+    test = {m.measurement_id: m for m in report.measurements}["c0.final.test"]
+    assert test.units_planned == 6 * 2 * SMALL_TEST_REPETITIONS
+
+
+async def test_a_truly_better_best_is_confirmed_and_published(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})  # also fixes the held-out cases
+    outcome = await _run(RunRequest(publishing_config(paths)))
+    report = outcome.report
+    assert report is not None and report.confirmation is not None
+    assert report.confirmation.decision == "confirmed" and report.confirmation.published
+    assert report.confirmation.sentence.startswith(
+        "the best candidate was confirmed on the 6 held-out test cases"
+    )
+    assert report.apply is not None and report.apply.status == "applied"
+    assert all(v == '"yes"' for k, v in _answers(paths["target"]).items() if k.startswith("test"))
+
+
+@pytest.mark.parametrize(
+    ("policy", "status"), [("verified_only", "unconfirmed"), ("proposal", "proposed")]
+)
+async def test_other_policies_with_an_unconfirmed_best(
+    tmp_path: Path, policy: str, status: str
+) -> None:
+    paths = write_toy(tmp_path, {"default": "overfit:8"})
+    config = toy_config(paths, iterations=1, population=1, apply=policy)
+    report = (await _run(RunRequest(config))).report
+    assert report is not None and report.confirmation is not None
+    assert report.confirmation.decision == "unconfirmed"
+    assert report.apply is not None and report.apply.status == status
+    # a proposal only reports: nothing was going to be published
+    assert report.confirmation.sentence.endswith("not published") == (policy != "proposal")
+
+
+async def test_nothing_accepted_needs_no_confirmation(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "harm:1"})
+    report = (await _run(RunRequest(toy_config(paths, iterations=1, population=1)))).report
+    assert report is not None and report.selected is None and report.confirmation is None
+    assert report.error_control.startswith("confirm before publish")
+
+
+async def test_without_a_test_split_the_report_says_there_is_no_error_control(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "overfit:8"}, test=0)
+    report = (await _run(RunRequest(publishing_config(paths)))).report
+    assert report is not None and report.confirmation is None
+    assert report.error_control.startswith("none at the campaign level")
+    assert report.apply is not None and report.apply.status == "applied"  # as before
+
+
+def test_confirm_repetitions_and_the_words(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {})
+    config = toy_config(paths)
+    assert confirm_repetitions(config, 16) == SMALL_TEST_REPETITIONS
+    assert confirm_repetitions(config, 40) == 1
+    explicit = config.model_copy(update={"candidate_replay_repetitions": 2})
+    assert confirm_repetitions(explicit, 16) == 2  # an explicit flag wins
+    assert "can never confirm" in error_control(config, 3)  # 2^-3 > 0.05
+    better = confirmation_of(
+        {"a": [0.0]} | {f"c{i}": [0.0] for i in range(7)},
+        {"a": [1.0], **{f"c{i}": [1.0] for i in range(7)}},
+        config,
+        8,
+    )
+    assert better.decision == "confirmed" and better.published

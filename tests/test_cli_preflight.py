@@ -1,0 +1,63 @@
+"""Preflight through the real CLI (issue 16): ``optimize`` and ``estimate`` say the smallest
+gain the gate can accept before anything runs, and refuse (exit 2, one line, nothing
+written) a configuration in which no candidate can ever be accepted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.campaign_helpers import toy_flags, write_toy
+
+EVOLANE = [sys.executable, "-m", "evolane"]
+SIXTEEN = (
+    "with 16 val cases, pass/fail scores (1/1 repetitions) and k = 1, a candidate must fix "
+    "at least 2 case(s) while breaking none"
+)
+
+
+def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EVOLANE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _paired(flags: list[str]) -> list[str]:
+    flags = list(flags)
+    flags[flags.index("--gate") + 1] = "paired"
+    return flags
+
+
+def test_estimate_prints_the_smallest_acceptable_gain(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "noop"}, val=16, test=16)
+    flags = _paired(toy_flags(paths, tmp_path / "store"))
+    done = _run(["estimate", *flags])
+    assert done.returncode == 0, done.stderr
+    assert f"preflight: {SIXTEEN}" in done.stdout and "mean gain >= 0.125" in done.stdout
+    as_json = json.loads(_run(["estimate", *flags, "--json"]).stdout)
+    assert as_json["min_gain"] == 0.125 and as_json["preflight"][0].startswith(SIXTEEN)
+
+
+def test_optimize_shows_the_preflight_before_the_run(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "noop"}, val=16, test=16)
+    flags = _paired(toy_flags(paths, tmp_path / "store"))
+    flags[flags.index("--progress") + 1] = "plain"
+    done = _run(["optimize", *flags, "--iterations", "1", "--population", "1"])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith(f"preflight: {SIXTEEN}")]
+    assert not any("decision" in line.lower() for line in lines[:at])
+
+
+def test_a_configuration_that_can_never_accept_is_refused(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:2"}, val=6, test=6)
+    store = tmp_path / "store"
+    flags = _paired(toy_flags(paths, store))
+    for command in (["optimize"], ["estimate"], ["optimize", "--dry-run"]):
+        done = _run([*command, *flags])
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("evolane: error: --dataset"), lines
+        assert "with 6 val cases the paired gate can never accept" in lines[0]
+        assert "at least 8 comparable cases" in lines[0]
+        assert not store.exists()  # no run directory, no spend
