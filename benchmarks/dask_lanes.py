@@ -29,7 +29,7 @@ from tests.pipeline_helpers import sleeper_bench
 
 from evolane.distributed import DaskCluster, open_cluster
 from evolane.inputs import REPLAY_PLACEHOLDERS, CommandTemplate
-from evolane.lanes._replay import LaneSettings, ReplayLane, StopBoard
+from evolane.lanes._replay import LaneSettings, ReplayLane
 from evolane.messages import GateConfig, MeasureRequest, ReplayJob
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.store import BlobStore, snapshot_tree
@@ -93,7 +93,7 @@ async def idle_latency(
     command = """sh -c 'echo 1 > "$1/output.json"' replay {output_dir}"""
     template = CommandTemplate.parse(command, role="replay", allowed=REPLAY_PLACEHOLDERS)
     settings = LaneSettings(template=template, kill_grace=0.3)
-    local = ReplayLane(host, store, settings, StopBoard())
+    local = ReplayLane(host, store, settings)
     differences = []
     for index in range(40):
         unit = job.model_copy(update={"unit_id": f"u{index}"})
