@@ -578,3 +578,13 @@ def test_a_split_is_read_in_the_seeded_order_and_units_keep_their_dataset_number
         number = ids.index(unit.case_id)
         assert unit.unit_id.split(".")[1] == str(number) and unit.case_number == number
         assert plan.case_ids[unit.case_index] == unit.case_id
+
+
+def test_a_stop_before_the_start_runs_no_unit_and_ends() -> None:
+    plan = MeasurePlan(make_request(), make_settings(6), lanes=3)
+    first = plan.handle(StopRequested("cancelled", "stopped before it was served"))
+    actions = [*first, *plan.start()]
+    assert not any(isinstance(a, StartReplay) for a in actions)
+    assert plan.finished and any(isinstance(a, Finish) for a in actions)
+    summary = plan.summary(OUTPUT, 0.0)
+    assert summary.status == "cancelled" and summary.units_not_run == len(plan.units)

@@ -156,6 +156,23 @@ async def test_cancelling_a_measurement_kills_every_tree_before_it_returns(tmp_p
         assert lease_holders(bench.host.lease) == set()
 
 
+async def test_a_stop_that_finds_no_measurement_cancels_the_one_queued_until_the_ping(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A caller cancelled before the scheduler served its request stops the scheduler while
+    nothing runs: the request still queued must start cancelled (else it runs whole while the
+    stopper waits), and the stopper's `Ping` ends that, so later requests run."""
+    from evolane.messages import Ping, StopAll
+
+    async with sleeper_bench(tmp_path, cases=4, median=0.05, replay_concurrency=2) as bench:
+        scheduler = bench.pipeline.scheduler
+        assert scheduler.signal(StopAll())  # nothing runs: remembered
+        queued = await measure(bench, 0.1, gate=None, name="queued")
+        assert queued.status == "cancelled"
+        assert queued.units_not_run == len(units(bench, queued)) > 0
+        await scheduler.ask(Ping(seq=1))
+        later = await measure(bench, 0.1, gate=None, name="later")
+        assert later.status != "cancelled" and later.units_run > 0
+
+
 async def test_a_token_ceiling_limits_the_measurement(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from evolane.messages import Usage
 

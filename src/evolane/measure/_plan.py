@@ -249,6 +249,8 @@ class MeasurePlan:
         for unit in self.units:
             if unit.depends_on is None:
                 self._make_ready(unit)
+        if self.stop_reason is not None:  # stopped before it started: no unit runs
+            self._drop_ready(self.stop_reason)
         return self._settle()
 
     def handle(self, event: Event) -> list[Action]:
@@ -451,6 +453,9 @@ class MeasurePlan:
             return
         self.stop_reason, self.message = reason, message[:512]
         self._emit(StopUnit(tuple(u.unit_id for u in self.units if not u.done)))
+        self._drop_ready(reason)
+
+    def _drop_ready(self, reason: MeasureStatus) -> None:
         while self._ready:
             _, index = heapq.heappop(self._ready)
             self._finish(self.units[index], "not_run", reason)

@@ -93,20 +93,31 @@ class MeasurementScheduler(Actor):
         # Succeeded units of every measurement so far, for reuse (see `reuse_key`).
         self.reuse_cache: dict[str, tuple[ReplayResult, JudgeResult]] = {}
         self.running: _Measurement | None = None
+        # A stop that found no measurement running: one asked before it may still be queued
+        # (its caller was cancelled before it was served), so requests up to the stopper's
+        # `Ping` start cancelled.
+        self.stop_pending = False
 
     async def receive(self, message: Message) -> MeasureSummary | Pong:
         if isinstance(message, Ping):
+            self.stop_pending = False
             return Pong(seq=message.seq, responder=self.context.name)
         assert isinstance(message, MeasureRequest)
         self.running = _Measurement(self, message)
+        if self.stop_pending:
+            self.running.cancel()
         try:
             return await self.running.execute()
         finally:
             self.running = None
 
     def on_signal(self, message: Message) -> None:
-        if isinstance(message, StopAll) and self.running is not None:
+        if not isinstance(message, StopAll):
+            return
+        if self.running is not None:
             self.running.cancel()
+        else:
+            self.stop_pending = True
 
 
 class _Measurement:
@@ -157,6 +168,8 @@ class _Measurement:
             self.free_judge[0].send_nowait(lane)
         try:
             async with trio.open_nursery() as nursery:
+                if self.cancelled:  # stopped before it was served: no unit starts
+                    self._perform(nursery, self.plan.handle(self.answers[1].receive_nowait()))
                 self._perform(nursery, self.plan.start())
                 while not self.plan.finished:
                     answer = await self.answers[1].receive()
