@@ -156,7 +156,7 @@ async def test_cancelling_a_measurement_kills_every_tree_before_it_returns(tmp_p
         assert lease_holders(bench.host.lease) == set()
 
 
-async def test_a_stop_that_finds_no_measurement_cancels_the_one_queued_until_the_ping(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_stop_finding_no_measurement_cancels_the_queued_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A caller cancelled before the scheduler served its request stops the scheduler while
     nothing runs: the request still queued must start cancelled (else it runs whole while the
     stopper waits), and the stopper's `Ping` ends that, so later requests run."""

@@ -4,7 +4,7 @@ of them (measure, budget) with the progress events they produce."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -26,6 +26,7 @@ from evolane.messages import (
     Message,
     ProgressEvent,
     StopAll,
+    StopUnits,
     WarningEvent,
 )
 
@@ -43,10 +44,14 @@ class Peers:
         count = setup.config.propose.optimizer_concurrency
         self.optimizers = [lookup(name) for name in slots.optimizers(count)]
 
-    def stop_optimizers(self) -> None:
-        """Stop every proposal in flight (a `StopAll` signal to each optimizer lane)."""
+    def stop_optimizers(self, slot_ids: Sequence[str]) -> None:
+        """Stop every proposal in flight (a `StopAll` signal to each optimizer lane) and these
+        slots by name, since a job may still be queued in a lane's mailbox."""
+        stops = StopUnits.batches(slot_ids)
         for lane in self.optimizers:
             lane.signal(StopAll())
+            for stop in stops:
+                lane.signal(stop)
 
     def emit(self, event: ProgressEvent) -> None:
         """Publish a progress event of the run."""

@@ -90,7 +90,7 @@ class Slots:
                 for slot in range(len(prompts)):
                     nursery.start_soon(one, slot)
         except BaseException as error:
-            self.peers.stop_optimizers()
+            self.peers.stop_optimizers([self.slot_id(iteration, s) for s in range(len(prompts))])
             raise _stopped_in(error) from None
         done = [r for r in results if r is not None]
         assert len(done) == len(results), "every slot has a result once the nursery is done"

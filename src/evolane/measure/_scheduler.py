@@ -34,7 +34,6 @@ from evolane.measure._plan import (
 )
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.messages import (
-    MAX_STOPS_PER_SIGNAL,
     FailureEvent,
     JournalRecord,
     JudgeResult,
@@ -209,10 +208,12 @@ class _Measurement:
         lane through a `StopUnits` signal to that lane, one not yet in a lane when it gets
         one (`_hand_to`). The only place stop signals leave the scheduler."""
         if unit_ids is None:
+            # StopAll stops what a lane runs; a job still queued in its mailbox is stopped
+            # by name, like every unit handed to a lane from now on.
             self.stop_everything = True
             for lane in (*self.s.replay_lanes, *self.s.judge_lanes):
                 lane.signal(StopAll())
-            return
+            unit_ids = tuple(self.in_lane)
         by_lane: dict[ActorRef, list[str]] = {}
         for unit_id in unit_ids:
             lane = self.in_lane.get(unit_id)
@@ -221,8 +222,8 @@ class _Measurement:
             else:
                 by_lane.setdefault(lane, []).append(unit_id)
         for lane, ids in by_lane.items():
-            for start in range(0, len(ids), MAX_STOPS_PER_SIGNAL):
-                lane.signal(StopUnits(unit_ids=tuple(ids[start : start + MAX_STOPS_PER_SIGNAL])))
+            for stop in StopUnits.batches(ids):
+                lane.signal(stop)
 
     def _hand_to(self, lane: ActorRef, unit_id: str) -> None:
         """Note that ``lane`` runs ``unit_id`` now; a unit stopped before it got a lane is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field
@@ -42,6 +43,13 @@ class StopUnits(Message):
 
     kind: Literal["lane.stop"] = "lane.stop"
     unit_ids: tuple[Name, ...] = Field(min_length=1, max_length=MAX_STOPS_PER_SIGNAL)
+
+    @classmethod
+    def batches(cls, unit_ids: Iterable[str]) -> list[StopUnits]:
+        """The signals that stop these units, at most `MAX_STOPS_PER_SIGNAL` ids each."""
+        ids = tuple(unit_ids)
+        step = MAX_STOPS_PER_SIGNAL
+        return [cls(unit_ids=ids[i : i + step]) for i in range(0, len(ids), step)]
 
 
 class StopAll(Message):
