@@ -32,6 +32,7 @@ from evolane.campaign._files import (
 )
 from evolane.campaign._proposal import write_proposal
 from evolane.inputs import CommandTemplate
+from evolane.lanes import scratch_dir
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
 from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec
 from evolane.store import (
@@ -146,7 +147,7 @@ async def apply_candidate(
         raise ValueError(f"invalid proposal label {label!r}")
     given, target = str(target), Path(os.path.abspath(target))
     run_dir = Path(os.path.abspath(run_dir))
-    workspace = host.lease_dir / f"apply-{label}-{secrets.token_hex(4)}"
+    workspace = scratch_dir(host, "apply", f"{label}-{secrets.token_hex(4)}")
     argv = None
     if check is not None:
         # Rendered before anything is written, so a bad template costs nothing.

@@ -18,6 +18,7 @@ from pathlib import Path
 import trio
 
 from evolane.inputs import CommandTemplate
+from evolane.lanes import scratch_dir
 from evolane.measure import CommandSettings
 from evolane.messages import ArtifactRef, GateOutcome, LocalGate, LocalGateResult
 from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec, materialize_workspace
@@ -318,7 +319,7 @@ async def _run_validator(
     stop: trio.Event | None,
 ) -> LocalGateResult:
     assert settings.validator is not None
-    scratch = host.lease_dir / "gates" / host.unit_name(label)
+    scratch = scratch_dir(host, "gates", host.unit_name(label))
     candidate, workspace = scratch / "candidate", scratch / "workspace"
     try:
         try:
