@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -41,6 +42,14 @@ class MissingBlobError(StoreError, FileNotFoundError):
 
 class CorruptBlobError(StoreError):
     """A stored blob's bytes no longer hash to its digest (or its size differs)."""
+
+
+class BlobTooLargeError(StoreError):
+    """A capped read met more bytes than its cap (nothing was stored)."""
+
+
+class NotRegularFileError(StoreError):
+    """A path to be stored or read is not a regular file (a symlink, FIFO, device...)."""
 
 
 def digest_hex(blob: BlobId) -> str:
@@ -88,20 +97,32 @@ class BlobStore:
 
     def put_file(self, path: Path | str, *, media_type: str = DEFAULT_MEDIA_TYPE) -> ArtifactRef:
         """Store a file's content; it is hashed first so already-stored content costs no write."""
-        path = Path(path)
+        with Path(path).open("rb") as source:
+            return self._put_source(source, media_type, None)
+
+    def put_regular_file(
+        self, path: Path | str, max_bytes: int, *, media_type: str = DEFAULT_MEDIA_TYPE
+    ) -> ArtifactRef:
+        """Store the regular file at ``path``, reading at most ``max_bytes`` of it: for files a
+        command wrote. A symlink is never followed and a FIFO never waited on
+        (`NotRegularFileError`); a file holding more bytes raises `BlobTooLargeError` before
+        anything is stored."""
+        with _open_regular(path) as source:
+            return self._put_source(source, media_type, max_bytes)
+
+    def _put_source(self, source: BinaryIO, media_type: str, max_bytes: int | None) -> ArtifactRef:
         hasher = hashlib.sha256()
         size = 0
-        with path.open("rb") as source:
-            for chunk in _read_chunks(source):
-                hasher.update(chunk)
-                size += len(chunk)
+        for chunk in _read_chunks(source, max_bytes):
+            hasher.update(chunk)
+            size += len(chunk)
         digest = "sha256:" + hasher.hexdigest()
         if self.has(digest):
             return ArtifactRef(digest=digest, size=size, media_type=media_type)
-        with path.open("rb") as source:
-            # The ref is taken from this second read, so a file that changed meanwhile is
-            # still stored under the digest of the bytes actually written.
-            return self.put_stream(_read_chunks(source), media_type=media_type)
+        source.seek(0)
+        # The ref is taken from this second read, so a file that changed meanwhile is
+        # still stored under the digest of the bytes actually written.
+        return self.put_stream(_read_chunks(source, max_bytes), media_type=media_type)
 
     def put_stream(
         self, chunks: Iterable[bytes], *, media_type: str = DEFAULT_MEDIA_TYPE
@@ -214,10 +235,46 @@ class BlobStore:
             )
 
 
+def read_regular_file(path: Path | str, max_bytes: int, *, follow_symlinks: bool = False) -> bytes:
+    """The content of the regular file at ``path``, for files a command wrote: at most
+    ``max_bytes`` are read (`BlobTooLargeError` when it holds more), a symlink is not
+    followed (unless ``follow_symlinks``: for a tree evolane laid out itself, whose links
+    were checked to stay inside) and a FIFO or device is not read (`NotRegularFileError`);
+    ``FileNotFoundError`` and other ``OSError`` as usual."""
+    with _open_regular(path, follow_symlinks=follow_symlinks) as source:
+        data = source.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise BlobTooLargeError(f"{path} holds more than {max_bytes} bytes")
+    return data
+
+
+def _open_regular(path: Path | str, *, follow_symlinks: bool = False) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file (never through a symlink
+    unless asked, never blocking on a FIFO)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    flags |= 0 if follow_symlinks else os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise NotRegularFileError(f"{path} is a symlink, not a regular file") from None
+        raise
+    source = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        source.close()
+        raise NotRegularFileError(f"{path} is not a regular file")
+    return source
+
+
 def _digest(blob: BlobId) -> str:
     return blob.digest if isinstance(blob, ArtifactRef) else blob
 
 
-def _read_chunks(source: BinaryIO) -> Iterator[bytes]:
+def _read_chunks(source: BinaryIO, max_bytes: int | None = None) -> Iterator[bytes]:
+    """The source's bytes in chunks; past ``max_bytes`` (if given) `BlobTooLargeError`."""
+    total = 0
     while chunk := source.read(CHUNK_SIZE):
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:
+            raise BlobTooLargeError(f"more than {max_bytes} bytes")
         yield chunk

@@ -7,10 +7,10 @@ and directory modes are not recorded.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -24,10 +24,20 @@ from evolane.messages import ArtifactRef, Digest
 from evolane.store._blobs import (
     CHUNK_SIZE,
     BlobStore,
+    BlobTooLargeError,
     CorruptBlobError,
     MissingBlobError,
+    NotRegularFileError,
     StoreError,
     fsync_dir,
+)
+from evolane.store._remove import remove_tree
+from evolane.store._scan import (
+    TreeLimitError,
+    TreeLimits,
+    TreeScan,
+    UnsupportedEntryError,
+    scan_tree,
 )
 
 TREE_MEDIA_TYPE = "application/vnd.evolane.tree+json"
@@ -37,10 +47,6 @@ FileMode = Literal[0o644, 0o755]
 """The only recorded modes: any execute bit means 0o755, otherwise 0o644."""
 EXECUTABLE_MODE: Final = 0o755
 REGULAR_MODE: Final = 0o644
-
-
-class UnsupportedEntryError(StoreError):
-    """A directory holds something a tree cannot record (device, fifo, socket, bad name)."""
 
 
 class UnsafeEntryError(StoreError):
@@ -165,49 +171,45 @@ def _check_paths(entries: Mapping[str, object]) -> None:
 # -- snapshot -----------------------------------------------------------------------------
 
 
-def snapshot_tree(store: BlobStore, directory: Path | str) -> ArtifactRef:
-    """Store every file under ``directory`` and return the ref of the resulting manifest."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise NotADirectoryError(f"cannot snapshot {root}: not a directory")
+def snapshot_tree(
+    store: BlobStore, directory: Path | str, limits: TreeLimits | None = None
+) -> ArtifactRef:
+    """Store every file under ``directory`` and return the ref of the resulting manifest.
+
+    The tree is walked within ``limits`` first (`scan_tree`: `TreeLimitError` at the first
+    cap passed, before anything is read or stored), then stored (`store_scan`)."""
+    return store_scan(store, scan_tree(directory, limits))
+
+
+def store_scan(store: BlobStore, scan: TreeScan) -> ArtifactRef:
+    """Store the files of a scan and its manifest. Each file is read only if it is still a
+    regular file (never through a symlink swapped in since), and never past what is left
+    of the scan's byte cap: a file that grew after the walk raises `TreeLimitError`."""
     entries: dict[str, FileEntry | SymlinkEntry] = {}
-    for relative, entry in _walk(root, ()):
-        if entry.is_symlink():
-            entries[relative] = SymlinkEntry(target=_utf8(os.readlink(entry.path), entry.path))
+    left = scan.limits.max_bytes
+    for found in scan.entries:
+        if found.kind == "symlink":
+            entries[found.relative] = SymlinkEntry(target=found.target)
             continue
-        executable = entry.stat(follow_symlinks=False).st_mode & 0o111
-        mode: FileMode = EXECUTABLE_MODE if executable else REGULAR_MODE
-        ref = store.put_file(entry.path)
-        entries[relative] = FileEntry(digest=ref.digest, mode=mode, size=ref.size)
+        try:
+            ref = store.put_regular_file(found.path, left)
+        except BlobTooLargeError:
+            raise TreeLimitError(
+                "max_bytes",
+                f"over {scan.limits.max_bytes} bytes of files (max_bytes): "
+                f"{found.relative!r} grew after the walk",
+            ) from None
+        except NotRegularFileError as error:
+            raise UnsupportedEntryError(f"cannot snapshot {found.path}: {error}") from None
+        left -= ref.size
+        mode: FileMode = EXECUTABLE_MODE if found.executable else REGULAR_MODE
+        entries[found.relative] = FileEntry(digest=ref.digest, mode=mode, size=ref.size)
     return store_manifest(store, TreeManifest(entries))
 
 
 def store_manifest(store: BlobStore, manifest: TreeManifest) -> ArtifactRef:
     """Store a manifest as a blob; its ref is the tree ref."""
     return store.put_bytes(manifest.to_json(), media_type=TREE_MEDIA_TYPE)
-
-
-def _walk(directory: Path, prefix: tuple[str, ...]) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    with os.scandir(directory) as scan:
-        children = sorted(scan, key=lambda child: child.name)
-    for child in children:
-        parts = (*prefix, _utf8(child.name, child.path))
-        if child.is_symlink() or child.is_file(follow_symlinks=False):
-            yield "/".join(parts), child
-        elif child.is_dir(follow_symlinks=False):
-            yield from _walk(Path(child.path), parts)
-        else:
-            raise UnsupportedEntryError(
-                f"cannot snapshot {child.path}: not a regular file, directory or symlink"
-            )
-
-
-def _utf8(text: str, where: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UnsupportedEntryError(f"cannot snapshot {where!r}: name is not UTF-8") from None
-    return text
 
 
 # -- load / diff --------------------------------------------------------------------------
@@ -239,6 +241,7 @@ def materialize_tree(
     link: bool = True,
     verify: bool = True,
     durable: bool = True,
+    writable: bool = False,
 ) -> Materialized:
     """Recreate a tree at ``destination`` (absent or empty), all or nothing.
 
@@ -247,6 +250,8 @@ def materialize_tree(
     with mode 0o555. Symlinks must stay inside the tree. The tree is built in a temp
     sibling directory and renamed into place, so a failure leaves no destination behind.
     ``durable=False`` skips the directory fsync: for throwaway copies such as workspaces.
+    ``writable=True`` (with ``link=False``) leaves copies writable by their owner (0o644,
+    0o755): a workspace a command edits.
     """
     destination = Path(destination)
     manifest = load_manifest(store, ref)
@@ -257,11 +262,13 @@ def materialize_tree(
         tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.materialize-")
     )
     try:
-        linked, copied, symlinks = _populate(store, manifest, staging, link=link, verify=verify)
+        linked, copied, symlinks = _populate(
+            store, manifest, staging, link=link, verify=verify, writable=writable
+        )
         os.chmod(staging, 0o755)
         os.replace(staging, destination)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         raise
     if durable:
         fsync_dir(destination.parent)
@@ -293,25 +300,44 @@ def _check_symlink_targets(manifest: TreeManifest) -> None:
 
 
 def _populate(
-    store: BlobStore, manifest: TreeManifest, root: Path, *, link: bool, verify: bool
+    store: BlobStore,
+    manifest: TreeManifest,
+    root: Path,
+    *,
+    link: bool,
+    verify: bool,
+    writable: bool,
 ) -> tuple[int, int, int]:
     linked = copied = 0
     symlinks: list[tuple[Path, str]] = []
+    made: set[str] = set()
     for relative, entry in manifest.items():
-        target = root.joinpath(*PurePosixPath(relative).parts)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        parts = PurePosixPath(relative).parts
+        _make_folders(root, parts[:-1], made)
+        target = root.joinpath(*parts)
         if isinstance(entry, SymlinkEntry):
             symlinks.append((target, entry.target))
         elif link and not entry.executable and _try_link(store, entry, target, verify=verify):
             linked += 1
         else:
-            _copy_blob(store, entry, target, verify=verify)
+            _copy_blob(store, entry, target, verify=verify, writable=writable)
             copied += 1
     # Symlinks are created last so no file is ever written through one.
     for target, link_target in symlinks:
         os.symlink(link_target, target)
     _check_symlinks_resolved(root, [target for target, _ in symlinks])
     return linked, copied, len(symlinks)
+
+
+def _make_folders(root: Path, parts: tuple[str, ...], made: set[str]) -> None:
+    """Create ``root/parts...`` one level at a time (``Path.mkdir(parents=True)`` recurses
+    once per missing level: a tree stored before depths were capped must still go)."""
+    for depth in range(1, len(parts) + 1):
+        key = "/".join(parts[:depth])
+        if key not in made:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(root.joinpath(*parts[:depth]))
+            made.add(key)
 
 
 def _try_link(store: BlobStore, entry: FileEntry, target: Path, *, verify: bool) -> bool:
@@ -330,7 +356,9 @@ def _try_link(store: BlobStore, entry: FileEntry, target: Path, *, verify: bool)
     return True
 
 
-def _copy_blob(store: BlobStore, entry: FileEntry, target: Path, *, verify: bool) -> None:
+def _copy_blob(
+    store: BlobStore, entry: FileEntry, target: Path, *, verify: bool, writable: bool = False
+) -> None:
     """Copy the blob, hashing as it goes so verification costs no second read."""
     hasher = hashlib.sha256()
     size = 0
@@ -344,7 +372,8 @@ def _copy_blob(store: BlobStore, entry: FileEntry, target: Path, *, verify: bool
             f"corrupt blob {entry.digest} at {store.path_of(entry.digest)}: "
             f"copied bytes hash to sha256:{hasher.hexdigest()} ({size} bytes)"
         )
-    os.chmod(target, 0o555 if entry.executable else 0o444)
+    read_only = 0o555 if entry.executable else 0o444
+    os.chmod(target, (read_only | 0o200) if writable else read_only)
 
 
 def _check_symlinks_resolved(root: Path, links: list[Path]) -> None:
