@@ -4,13 +4,11 @@ record what they did (`evolane.campaign._apply`)."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 from evolane.messages import ArtifactRef
 from evolane.store import (
@@ -21,6 +19,7 @@ from evolane.store import (
     fsync_dir,
     load_manifest,
     materialize_tree,
+    remove_tree,
 )
 
 
@@ -67,15 +66,6 @@ def keep_file_backup(target: Path, old: Path) -> None:
 
 
 def remove_path(path: Path) -> None:
-    """Remove a file, symlink or tree if present, including read-only directories."""
-    if path.is_symlink() or path.is_file():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path, onerror=_make_writable_and_retry)
-
-
-def _make_writable_and_retry(function: Any, name: str, _info: object) -> None:
-    with contextlib.suppress(OSError):
-        os.chmod(os.path.dirname(name), 0o755)
-        function(name)
+    """Remove a file, symlink or tree if present, including read-only directories (no
+    recursion: a tree of any depth goes)."""
+    remove_tree(path)

@@ -17,7 +17,6 @@ import hashlib
 import logging
 import pickle
 import secrets
-import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -48,6 +47,7 @@ from evolane.store import (
     StoreError,
     TreeManifest,
     load_manifest,
+    remove_tree,
 )
 
 GUARD_SECONDS = 30.0
@@ -151,7 +151,7 @@ class DaskCluster:
             return self._ingest(answer, staging)
         finally:
             if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
+                remove_tree(staging)
 
     async def _forward_stop(self, stop: trio.Event, key: str) -> None:
         """A stopped unit is killed on its worker and still reports (as cancelled)."""
@@ -170,7 +170,7 @@ class DaskCluster:
         with trio.move_on_after(CANCEL_WAIT):
             await trio.to_thread.run_sync(_cancel, future, abandon_on_cancel=True)
         if staging is not None:
-            await trio.to_thread.run_sync(shutil.rmtree, staging, True)
+            await trio.to_thread.run_sync(remove_tree, staging)
 
     # ----- inputs without a shared store ----------------------------------------------------
 
@@ -265,11 +265,11 @@ class DaskCluster:
         finally:
             if self.owned is not None:
                 self.owned.close(timeout=CLOSE_TIMEOUT)
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_tree(self.scratch)
             with contextlib.suppress(OSError):
                 self.scratch.parent.rmdir()  # when no other run uses it
             if self.directory is not None:
-                shutil.rmtree(self.directory, ignore_errors=True)
+                remove_tree(self.directory)
 
 
 async def future_done(future: Any) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import shutil
 import stat
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +15,7 @@ import orjson
 
 from evolane.messages import ArtifactRef, ProposeJob
 from evolane.sandbox import SandboxHost, materialize_workspace
-from evolane.store import BlobStore, materialize_tree
+from evolane.store import BlobStore, materialize_tree, remove_tree
 
 ScratchKind = Literal["units", "optimizer", "gates", "apply"]
 """What a scratch directory is for: a replay or judge unit, an optimizer slot, a local gate
@@ -60,8 +59,8 @@ class UnitScratch:
 
         ``leftover``, a worker's previous scratch directory, is removed first."""
         if leftover is not None:
-            shutil.rmtree(leftover, ignore_errors=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
+            remove_tree(leftover)
+        remove_tree(self.dir)
         self.dir.mkdir(parents=True)
         case_bytes = self.store.read_bytes(case_ref)
         self.case_file.write_bytes(case_bytes)
@@ -83,7 +82,7 @@ class UnitScratch:
         }
 
     def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)
 
 
 class SlotScratch:
@@ -116,17 +115,20 @@ class SlotScratch:
         }
 
     def remove(self) -> None:
-        if self.context.is_dir() and not self.context.is_symlink():
-            _set_writable(self.context, True)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)  # read-only folders are made writable as it goes
 
 
 def _set_writable(root: Path, writable: bool) -> None:
-    """Give or take write permission on every folder and file under ``root`` (no symlinks)."""
-    for path in [root, *root.rglob("*")]:
+    """Give or take write permission on every folder and file under ``root`` (no symlinks
+    followed, no recursion)."""
+    pending = [root]
+    while pending:
+        path = pending.pop()
         with contextlib.suppress(OSError):
             mode = path.lstat().st_mode
             if stat.S_ISLNK(mode):
                 continue
             bits = stat.S_IMODE(mode)
             path.chmod((bits | stat.S_IWUSR) if writable else (bits & ~0o222))
+            if stat.S_ISDIR(mode):
+                pending.extend(path.iterdir())

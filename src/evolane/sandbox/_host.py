@@ -8,7 +8,6 @@ import json
 import os
 import queue
 import secrets
-import shutil
 import subprocess
 import sys
 import threading
@@ -26,9 +25,16 @@ from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lea
 from evolane.sandbox._run import run_unit
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import become_subreaper
-from evolane.store import BlobStore, write_json_atomic
+from evolane.store import (
+    BlobStore,
+    StoreError,
+    read_regular_file,
+    remove_tree,
+    write_json_atomic,
+)
 
 _OWNER_FILE = "owner.json"
+_OWNER_MAX_BYTES = 4096  # a pid and a time; a command could have replaced the file
 LIFELINE_EXIT_WAIT = 5.0
 """Seconds the lifeline process gets to exit once its pipe closes (it kills the lease and
 leaves at once); past them it is killed."""
@@ -162,7 +168,7 @@ class SandboxHost:
         for root in self.cgroups.roots():
             kill_cgroup_tree(root)
         kill_lease(self.lease)
-        shutil.rmtree(self.lease_dir, ignore_errors=True)
+        remove_tree(self.lease_dir)
         if self._lifeline_fd is not None:
             os.close(self._lifeline_fd)
             self._lifeline_fd = None
@@ -201,14 +207,14 @@ class SandboxHost:
     def _owner_is_dead(lease_dir: Path) -> bool:
         """Only a provably dead owner counts; anything unreadable is left alone."""
         try:
-            owner = json.loads((lease_dir / _OWNER_FILE).read_text())
+            owner = json.loads(read_regular_file(lease_dir / _OWNER_FILE, _OWNER_MAX_BYTES))
             return _process_identity(int(owner["pid"])) != owner["create_time"]
         except FileNotFoundError:
             try:  # no owner file: a host being created right now, or one that died doing so
                 return time.time() - lease_dir.stat().st_mtime > 60
             except OSError:
                 return False
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, StoreError):
             return False
 
     def _cgroup_dirs_of(self, lease: str) -> list[Path]:

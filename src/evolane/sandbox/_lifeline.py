@@ -10,12 +10,28 @@ Standard library only, so it starts in milliseconds; the runtime imports its hel
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
-import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+if __package__:
+    from evolane.store import remove_tree
+else:  # run as a script (python -I -S): only the standard library is importable
+
+    def _load_remove_tree() -> Callable[[Path | str], bool]:
+        """`evolane.store.remove_tree`, loaded from its (standard library only) file."""
+        path = Path(__file__).resolve().parents[1] / "store" / "_remove.py"
+        spec = importlib.util.spec_from_file_location("_evolane_remove", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.remove_tree  # type: ignore[no-any-return]
+
+    remove_tree = _load_remove_tree()
 
 LEASE_VARIABLE = "EVOLANE_LEASE"
 _MARKER = LEASE_VARIABLE.encode() + b"="
@@ -168,7 +184,7 @@ def sweep(lease: str, directories: list[Path]) -> None:
     kill_lease(lease)
     for path in directories:
         if path.exists() and not (path / "cgroup.procs").exists():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)  # iterative: a 1,500-deep folder chain must not stop the sweep
 
 
 def main(argv: list[str]) -> int:

@@ -34,7 +34,7 @@ from evolane.sandbox._launch import (
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
 from evolane.sandbox._workspace import WorkspaceError, inside, materialize_workspace
-from evolane.store import BlobStore
+from evolane.store import BlobStore, remove_tree
 
 _DRAIN_AFTER_KILL_SECONDS = 1.0
 # The first RSS sample comes after a typical short replay has ended (its leader's rusage
@@ -131,7 +131,7 @@ class _Unit:
                 materialize_workspace(host.store, spec.seed, spec.overlays, self.work)
         except BaseException:
             self.created = False
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove_tree(self.dir)
             raise
 
     def remove_quickly(self) -> bool:
@@ -159,7 +159,7 @@ class _Unit:
             self.dir.rename(kept)
             return kept
         if not self.remove_quickly():
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove_tree(self.dir)
         return None
 
 

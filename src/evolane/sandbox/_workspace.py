@@ -57,8 +57,5 @@ def materialize_workspace(
         raise WorkspaceError("a workspace seed or overlay needs a store")
     tree = combined_tree(store, seed, overlays)
     assert tree is not None
-    materialize_tree(store, tree, destination, link=False, durable=False)  # a throwaway copy
-    for path in [destination, *destination.rglob("*")]:
-        if not path.is_symlink():
-            mode = path.stat().st_mode
-            path.chmod(mode | 0o200)
+    # A throwaway, writable copy (no second walk: Path.rglob recurses once per level).
+    materialize_tree(store, tree, destination, link=False, durable=False, writable=True)
