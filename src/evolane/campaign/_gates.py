@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +24,12 @@ from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec, materializ
 from evolane.store import (
     BlobStore,
     FileEntry,
+    TreeLimits,
     TreeManifest,
     UnsafeEntryError,
     diff_trees,
     load_manifest,
+    remove_tree,
 )
 
 VALIDATOR_PLACEHOLDERS = frozenset({"candidate", "workspace"})
@@ -74,6 +75,15 @@ class GateSettings:
             if extra:
                 names = ", ".join("{" + name + "}" for name in sorted(extra))
                 raise ValueError(f"the validator command cannot use {names}")
+
+    @property
+    def tree_limits(self) -> TreeLimits:
+        """The size gate's caps as walk caps for the optimizer's workdir, so a tree the gate
+        would refuse is refused while it is walked, before it is hashed or stored: at most
+        ``max_files`` files and as many folders, ``max_tree_bytes`` bytes in all."""
+        return TreeLimits(
+            max_files=self.max_files, max_folders=self.max_files, max_bytes=self.max_tree_bytes
+        )
 
 
 # -- protected globs ----------------------------------------------------------------------
@@ -338,7 +348,7 @@ async def _run_validator(
         outcome = await host.run(spec, timeout=settings.validator_timeout, stop=stop)
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
+            await trio.to_thread.run_sync(remove_tree, scratch)
     return _validator_verdict(outcome, settings.validator_timeout)
 
 

@@ -259,7 +259,12 @@ async def _cycle(
         )
         propose = config.propose
         optimizer = OptimizerParts(
-            optimizer_settings(propose.optimizer, config.commands, ctx.backends.optimizer),
+            optimizer_settings(
+                propose.optimizer,
+                config.commands,
+                ctx.backends.optimizer,
+                tree_limits=prepared.gates.tree_limits,  # the size gate, applied while walking
+            ),
             propose.optimizer_concurrency,
         )
         await runtime.start_supervisor(

@@ -3,9 +3,17 @@ or through an in-process backend, and answer with a typed result."""
 
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
-from evolane.lanes._judge import JudgeLane, parse_judge_output
-from evolane.lanes._optimizer import OptimizerLane, OptimizerSettings, workdir_signature
+from evolane.lanes._judge import MAX_ANSWER_BYTES, JudgeLane, parse_judge_output
+from evolane.lanes._optimizer import (
+    SIGNATURE_MAX_ENTRIES,
+    OptimizerLane,
+    OptimizerSettings,
+    workdir_signature,
+)
 from evolane.lanes._replay import (
+    MAX_OUTPUT_BYTES,
+    MAX_USAGE_BYTES,
+    OUTPUT_LIMITS,
     LaneSettings,
     ReplayLane,
     collect_replay,
@@ -25,6 +33,11 @@ from evolane.lanes._stop import EARLY_STOPS_KEPT, StoppableLane, StopSwitches
 
 __all__ = [
     "EARLY_STOPS_KEPT",
+    "MAX_ANSWER_BYTES",
+    "MAX_OUTPUT_BYTES",
+    "MAX_USAGE_BYTES",
+    "OUTPUT_LIMITS",
+    "SIGNATURE_MAX_ENTRIES",
     "Backend",
     "BackendCall",
     "JudgeLane",

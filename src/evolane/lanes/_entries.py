@@ -52,8 +52,11 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def _offences(root: Path, kept_links: Mapping[str, str]) -> list[tuple[str, str]]:
-    """Every offending entry under ``root`` as (relative path, why), in sorted walk order."""
+def _offences(
+    root: Path, kept_links: Mapping[str, str], max_entries: int | None
+) -> list[tuple[str, str]]:
+    """Every offending entry under ``root`` as (relative path, why), in sorted walk order;
+    past ``max_entries`` entries the walk stops with one more offence saying so."""
     found: list[tuple[str, str]] = []
     try:
         info = os.lstat(root)
@@ -63,6 +66,7 @@ def _offences(root: Path, kept_links: Mapping[str, str]) -> list[tuple[str, str]
         return [(".", f"the workdir itself is a {_kind(info.st_mode)}")]
     root_dev = info.st_dev
     pending = [("", root)]
+    seen = 0
     while pending:
         prefix, folder = pending.pop()
         try:
@@ -72,6 +76,10 @@ def _offences(root: Path, kept_links: Mapping[str, str]) -> list[tuple[str, str]
             found.append((prefix or ".", f"cannot read the folder: {error.strerror}"))
             continue
         below = []
+        seen += len(children)
+        if max_entries is not None and seen > max_entries:
+            found.append((prefix or ".", f"over {max_entries} entries in the tree"))
+            return found
         for child in children:
             relative = f"{prefix}{child.name}"
             why = _bad_name(child.name) or _entry_problem(child, root_dev)
@@ -109,11 +117,17 @@ def _entry_problem(child: os.DirEntry[str], root_dev: int) -> str | None:
     return None
 
 
-def check_entries(directory: Path, kept_links: Mapping[str, str] | None = None) -> LocalGateResult:
+def check_entries(
+    directory: Path,
+    kept_links: Mapping[str, str] | None = None,
+    *,
+    max_entries: int | None = None,
+) -> LocalGateResult:
     """Gate `disallowed_entries`: ``reject`` naming up to four offending relative paths,
     else ``pass``. ``kept_links`` maps the parent tree's symlinks (relative path -> target);
-    those, unchanged, pass. Blocking file I/O: call it from a thread."""
-    found = _offences(Path(directory), kept_links or {})
+    those, unchanged, pass. The walk never recurses and stops past ``max_entries`` entries
+    (a reject). Blocking file I/O: call it from a thread."""
+    found = _offences(Path(directory), kept_links or {}, max_entries)
     if not found:
         return LocalGateResult(gate="disallowed_entries", outcome="pass")
     first_path, first_why = found[0]

@@ -26,6 +26,7 @@ from evolane.lanes._replay import read_usage
 from evolane.lanes._scratch import SlotScratch
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
+    ArtifactRef,
     FailureEvent,
     LocalGateResult,
     Message,
@@ -37,13 +38,20 @@ from evolane.store import (
     BlobStore,
     StoreError,
     SymlinkEntry,
+    TreeLimitError,
+    TreeLimits,
+    TreeScan,
     UnsupportedEntryError,
     load_manifest,
-    snapshot_tree,
+    scan_tree,
+    store_scan,
 )
 
 _POLL_MAX_SECONDS = 1.0
 _SHORT = 256
+SIGNATURE_MAX_ENTRIES = 100_000
+"""Entries the idle watchdog looks at per poll: a workdir bigger than that is refused at the
+end anyway, and each poll must stay cheap."""
 
 
 @dataclass(frozen=True)
@@ -55,21 +63,27 @@ class OptimizerSettings:
     kill_grace: float = 2.0
     pass_env: tuple[str, ...] = ()
     backend: Backend | None = None  # an in-process callable instead of the command
+    tree_limits: TreeLimits = field(default_factory=TreeLimits)
+    """Caps on the workdir, checked while it is walked, before anything of it is stored
+    (a campaign passes its size gate's: `GateSettings.tree_limits`)."""
 
 
-def workdir_signature(root: Path) -> bytes:
+def workdir_signature(root: Path, max_entries: int = SIGNATURE_MAX_ENTRIES) -> bytes:
     """A digest of every entry's path, type, size and mtime under ``root`` (no symlinks
-    followed): it changes whenever a file is created, removed, written or touched."""
+    followed): it changes whenever a file is created, removed, written or touched. Only the
+    first ``max_entries`` entries met count (the walk is bounded like every other)."""
     digest = hashlib.blake2b(digest_size=16)
     pending = [root]
-    while pending:
+    seen = 0
+    while pending and seen < max_entries:
         folder = pending.pop()
         try:
             with os.scandir(folder) as scan:
                 children = sorted(scan, key=lambda child: child.name)
         except OSError:
             continue
-        for child in children:
+        for child in children[: max_entries - seen]:
+            seen += 1
             try:
                 info = child.stat(follow_symlinks=False)
             except OSError:
@@ -216,26 +230,53 @@ class OptimizerLane(StoppableLane):
         if not outcome.ok:
             status, failure = _failure(outcome, idle, job.idle_seconds)
             return ProposeResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
+        gate, tree = self._gate_and_store(job, scratch)
+        if gate is None and isinstance(tree, FailureEvent):
+            return ProposeResult(status="failed", failure=tree, **base)
+        if gate is None:
+            return ProposeResult(
+                status="succeeded", tree_ref=tree, summary=_summary(outcome), **base
+            )
+        return ProposeResult(status="rejected", gate=gate, summary=_summary(outcome), **base)
+
+    def _gate_and_store(
+        self, job: ProposeJob, scratch: SlotScratch
+    ) -> tuple[LocalGateResult | None, ArtifactRef | FailureEvent | None]:
+        """Walk the workdir within the caps, gate its entries, then store it: (the gate that
+        refused it, None) or (None, the tree ref) or (None, a failure of the store)."""
+        limits = self.settings.tree_limits
+        scan: TreeScan | StoreError | OSError
+        try:
+            scan = scan_tree(scratch.workdir, limits)
+        except TreeLimitError as error:
+            return _over_cap(error), None
+        except (UnsupportedEntryError, OSError) as error:  # check_entries says which and why
+            scan = error
         parent = load_manifest(self.store, job.parent_ref)
         kept = {path: e.target for path, e in parent.items() if isinstance(e, SymlinkEntry)}
-        gate = check_entries(scratch.workdir, kept)
-        if gate.passed:
-            try:
-                tree = snapshot_tree(self.store, scratch.workdir)
-            except UnsupportedEntryError as error:
-                gate = LocalGateResult(
-                    gate="disallowed_entries", outcome="reject", reason=str(error)[:_SHORT]
-                )
-            except (StoreError, OSError) as error:
-                failure = FailureEvent.of(
-                    error, owner="infrastructure", stage="optimizer", code="snapshot_failed"
-                )
-                return ProposeResult(status="failed", failure=failure, **base)
-            else:
-                return ProposeResult(
-                    status="succeeded", tree_ref=tree, summary=_summary(outcome), **base
-                )
-        return ProposeResult(status="rejected", gate=gate, summary=_summary(outcome), **base)
+        bound = limits.max_files + limits.max_folders
+        gate = check_entries(scratch.workdir, kept, max_entries=bound)
+        if not gate.passed:
+            return gate, None
+        try:
+            if isinstance(scan, BaseException):
+                raise scan
+            return None, store_scan(self.store, scan)
+        except TreeLimitError as error:
+            return _over_cap(error), None
+        except UnsupportedEntryError as error:
+            reason = str(error)[:_SHORT]
+            return LocalGateResult(gate="disallowed_entries", outcome="reject", reason=reason), None
+        except (StoreError, OSError) as error:
+            return None, FailureEvent.of(
+                error, owner="infrastructure", stage="optimizer", code="snapshot_failed"
+            )
+
+
+def _over_cap(error: TreeLimitError) -> LocalGateResult:
+    """The candidate's fault: its workdir is over a cap (named in the reason)."""
+    reason = f"the workdir is over a cap, refused before storing: {error}"
+    return LocalGateResult(gate="size_limit", outcome="reject", reason=reason[:_SHORT])
 
 
 def _summary(outcome: ProcessOutcome) -> str:

@@ -9,6 +9,7 @@ infrastructure outcome, never a score.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,9 +38,25 @@ from evolane.sandbox import (
     SandboxHost,
     SandboxSpec,
 )
-from evolane.store import BlobStore, snapshot_tree
+from evolane.store import (
+    BlobStore,
+    StoreError,
+    TreeLimitError,
+    TreeLimits,
+    UnsupportedEntryError,
+    read_regular_file,
+    scan_tree,
+    store_scan,
+)
 
 QUOTE_BYTES = 200
+MAX_OUTPUT_BYTES = 256 << 20
+"""Bytes of all the files a replay leaves in its output folder: the answer, usage and what a
+judge command reads; more is a runaway writer, refused before anything is hashed."""
+OUTPUT_LIMITS = TreeLimits(max_files=10_000, max_folders=10_000, max_bytes=MAX_OUTPUT_BYTES)
+"""Caps on a replay's output folder, checked while it is walked (`scan_tree`)."""
+MAX_USAGE_BYTES = 64 << 10
+"""Bytes read of a ``usage.json`` a command wrote (it holds two numbers)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,8 @@ class LaneSettings:
     keep_failed: bool = False
     isolation: Isolation = "process"
     backend: Backend | None = None  # an in-process callable instead of the command
+    output_limits: TreeLimits = OUTPUT_LIMITS
+    """Caps on a replay's output folder (over one: the replay failed, by its own fault)."""
 
 
 def _owner(arm: str) -> str:
@@ -177,7 +196,7 @@ class ReplayLane(CommandLane):
     def _collect(
         self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
     ) -> ReplayResult:
-        return collect_replay(self.store, job, scratch, outcome)
+        return collect_replay(self.store, job, scratch, outcome, self.settings.output_limits)
 
 
 def replay_environment(job: ReplayJob) -> dict[str, str]:
@@ -192,9 +211,15 @@ def replay_environment(job: ReplayJob) -> dict[str, str]:
 
 
 def collect_replay(
-    store: BlobStore, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
+    store: BlobStore,
+    job: ReplayJob,
+    scratch: UnitScratch,
+    outcome: ProcessOutcome,
+    limits: TreeLimits = OUTPUT_LIMITS,
 ) -> ReplayResult:
-    """Turn a finished replay into its result; outputs go to ``store`` (blocking I/O)."""
+    """Turn a finished replay into its result; outputs go to ``store`` (blocking I/O), walked
+    within ``limits`` first: an output over a cap or holding what a tree cannot record is
+    the replay's failure (``output_over_limit``, ``output_unsupported``), nothing stored."""
     base: dict[str, Any] = {
         "unit_id": job.unit_id,
         "case_id": job.case_id,
@@ -210,17 +235,55 @@ def collect_replay(
         status = {"timed_out": "timed_out", "cancelled": "cancelled"}.get(outcome.status, "failed")
         return ReplayResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
     answer = scratch.out / "output.json"
-    if not answer.exists() and outcome.stdout.total_bytes and not outcome.stdout.truncated:
-        answer.write_bytes(outcome.stdout.head)
-    if not any(scratch.out.iterdir()):
-        failure = FailureEvent(
-            owner=_owner(job.arm),
+    if not os.path.lexists(answer) and outcome.stdout.total_bytes and not outcome.stdout.truncated:
+        with contextlib.suppress(OSError):  # never through a symlink the command left
+            _write_new(answer, outcome.stdout.head + outcome.stdout.tail)  # all of it
+    stored = _store_output(store, job, scratch.out, limits)
+    if isinstance(stored, ArtifactRef):
+        return ReplayResult(status="succeeded", output_ref=stored, **base)
+    return ReplayResult(status="failed", failure=stored, **base)
+
+
+def _store_output(
+    store: BlobStore, job: ReplayJob, out: Path, limits: TreeLimits
+) -> ArtifactRef | FailureEvent:
+    """The output folder stored as a tree, or the replay's failure: over a cap, holding
+    what a tree cannot record, or empty. The store's own errors (a full disk) propagate."""
+    try:
+        scan = scan_tree(out, limits)
+    except TreeLimitError as error:
+        return _output_failure(job, "output_over_limit", error)
+    except (UnsupportedEntryError, OSError) as error:  # a FIFO, a folder made unreadable...
+        return _output_failure(job, "output_unsupported", error)
+    if not scan.entries:
+        return FailureEvent(
+            owner=_owner(job.arm),  # type: ignore[arg-type]
             stage="replay",
-            code="no_output",  # type: ignore[arg-type]
+            code="no_output",
             message="the replay exited 0 but wrote no output",
         )
-        return ReplayResult(status="failed", failure=failure, **base)
-    return ReplayResult(status="succeeded", output_ref=snapshot_tree(store, scratch.out), **base)
+    try:
+        return store_scan(store, scan)
+    except TreeLimitError as error:  # a file grew after the walk
+        return _output_failure(job, "output_over_limit", error)
+    except UnsupportedEntryError as error:  # a file became a symlink or FIFO after it
+        return _output_failure(job, "output_unsupported", error)
+
+
+def _output_failure(job: ReplayJob, code: str, error: BaseException) -> FailureEvent:
+    return FailureEvent(
+        owner=_owner(job.arm),  # type: ignore[arg-type]
+        stage="replay",
+        code=code,
+        message=f"the replay's output folder was refused: {error}"[:512],
+    )
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Create ``path`` (never an existing file or a symlink) holding ``data``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, 0o644), "wb") as out:
+        out.write(data)
 
 
 def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
@@ -258,10 +321,11 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
 
 def read_usage(out: Path, outcome: ProcessOutcome) -> tuple[Usage, bool]:
     """``usage.json`` if the command wrote a valid one (complete), else wall time only; any
-    other content is the command's mistake, never a crash of the lane."""
+    other content (too large, not a regular file, not JSON) is the command's mistake, never
+    a crash of the lane."""
     wall = outcome.wall_seconds
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        data = orjson.loads((out / "usage.json").read_bytes())
+    with contextlib.suppress(OSError, ValueError, TypeError, StoreError):
+        data = orjson.loads(read_regular_file(out / "usage.json", MAX_USAGE_BYTES))
         if not isinstance(data, dict):
             return Usage(wall_seconds=wall), False
         tokens, cost = data.get("tokens"), data.get("cost_usd")

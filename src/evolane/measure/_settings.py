@@ -32,6 +32,7 @@ from evolane.messages import (
     UnitRecord,
 )
 from evolane.sandbox import Isolation
+from evolane.store import TreeLimits
 
 MAX_TIMEOUT = 86_400.0
 """The longest deadline a setting accepts for one command (a day): longer is a typo."""
@@ -154,13 +155,18 @@ def lane_settings(
 
 
 def optimizer_settings(
-    optimizer: str, commands: CommandSettings, backend: Backend | None = None
+    optimizer: str,
+    commands: CommandSettings,
+    backend: Backend | None = None,
+    tree_limits: TreeLimits | None = None,
 ) -> OptimizerSettings:
-    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises)."""
+    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises);
+    ``tree_limits`` caps the workdir's walk (default: `TreeLimits()`)."""
     template = CommandTemplate.parse(optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS)
     return OptimizerSettings(
         template=template,
         kill_grace=commands.kill_grace,
         pass_env=commands.pass_env,
         backend=backend,
+        tree_limits=tree_limits or TreeLimits(),
     )
