@@ -6,16 +6,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import orjson
 import trio
 
-from evolane.inputs import VERIFICATION_PLACEHOLDERS, CommandTemplate, TemplateError
+from evolane.inputs import (
+    MAX_LINE_BYTES,
+    VERIFICATION_PLACEHOLDERS,
+    CommandTemplate,
+    TemplateError,
+)
 from evolane.lanes._replay import CommandLane, excerpt, run_lane_command
 from evolane.lanes._scratch import UnitScratch
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message
-from evolane.store import BlobStore, FileEntry, load_manifest
+from evolane.store import (
+    BlobStore,
+    BlobTooLargeError,
+    FileEntry,
+    NotRegularFileError,
+    load_manifest,
+    read_regular_file,
+)
+
+MAX_ANSWER_BYTES = MAX_LINE_BYTES
+"""Bytes of ``output.json`` the exact-match judge reads: an expected output comes from one
+dataset line (at most `MAX_LINE_BYTES`), so a longer answer is scored 0 unread (a 150 MB
+answer once took the judge from 62 to 820 MiB of memory)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +57,23 @@ def _infra(code: str, message: str) -> _Verdict:
     )
 
 
-def parse_judge_output(stdout: bytes) -> _Verdict:
-    """``{"score": float in [0, 1], ...}`` on stdout (the whole of it, or its last line)."""
-    candidates = [stdout, *reversed([line for line in stdout.splitlines() if line.strip()])]
+def parse_judge_output(stdout: bytes, *, complete: bool = True) -> _Verdict:
+    """``{"score": float in [0, 1], ...}`` on stdout (the whole of it, or its last line).
+
+    ``complete=False``: ``stdout`` is only the tail of a longer output (the capture keeps head
+    and tail): its first line may be cut, so only the lines after it are read."""
+    if complete:
+        lines, candidates = stdout.splitlines(), [stdout]
+    else:
+        cut = stdout.find(b"\n")
+        if cut < 0:
+            return _infra(
+                "judge_output_too_long",
+                f"the judge printed over {len(stdout)} bytes and its last line is longer than "
+                "the tail kept of its output",
+            )
+        lines, candidates = stdout[cut + 1 :].splitlines(), []
+    candidates += reversed([line for line in lines if line.strip()])
     for text in candidates:
         try:
             data = orjson.loads(text)
@@ -128,11 +160,14 @@ class JudgeLane(CommandLane):
             if not case.get("verification_command"):
                 answer = _stored_answer(self.store, job.output_ref)
                 if answer is not None:
-                    return case, self._with_detail(_exact_match(case, lambda: answer))
+                    return case, self._with_detail(_exact_match(case, answer))
         case = scratch.prepare(job.case_ref, tree_ref, None, job.output_ref)
         if not no_command or case.get("verification_command"):
             return case, None
-        verdict = _exact_match(case, (scratch.out / "output.json").read_bytes)
+        answer = scratch.out / "output.json"  # laid out by us: its links stay inside
+        verdict = _exact_match(
+            case, partial(read_regular_file, answer, MAX_ANSWER_BYTES, follow_symlinks=True)
+        )
         return case, self._with_detail(verdict)
 
     def _with_detail(self, verdict: _Verdict) -> _Verdict:
@@ -160,9 +195,10 @@ class JudgeLane(CommandLane):
                 f"judge_exit_{outcome.exit_code}",
                 f"the judge failed: {excerpt(outcome.stderr.head)!r}",
             )
-        if outcome.stdout.truncated:
-            return _infra("judge_output_too_long", "the judge printed more than can be kept")
-        return parse_judge_output(outcome.stdout.head)
+        stdout = outcome.stdout
+        if stdout.truncated:  # the last-line rule holds for any size: read the tail
+            return parse_judge_output(stdout.tail, complete=False)
+        return parse_judge_output(stdout.head + stdout.tail)  # all of it: nothing was dropped
 
     async def _verification(
         self, command: str, scratch: UnitScratch, job: JudgeJob, deadline: float, stop: trio.Event
@@ -195,10 +231,19 @@ class JudgeLane(CommandLane):
         )
 
 
-def _stored_answer(store: BlobStore, output_ref: ArtifactRef) -> bytes | None:
-    """``output.json`` of a replay's output tree, from the store; None unless a plain file."""
+def _stored_answer(store: BlobStore, output_ref: ArtifactRef) -> Callable[[], bytes] | None:
+    """How to read ``output.json`` of a replay's output tree from the store (None unless a
+    plain file): an answer over `MAX_ANSWER_BYTES` is refused by its recorded size, unread."""
     entry = load_manifest(store, output_ref).get("output.json")
-    return store.read_bytes(entry.ref) if isinstance(entry, FileEntry) else None
+    if not isinstance(entry, FileEntry):
+        return None
+
+    def read() -> bytes:
+        if entry.size > MAX_ANSWER_BYTES:
+            raise BlobTooLargeError(f"output.json holds {entry.size} bytes")
+        return store.read_bytes(entry.ref)
+
+    return read
 
 
 def _exact_match(case: dict[str, Any], read_answer: Callable[[], bytes]) -> _Verdict:
@@ -214,7 +259,10 @@ def _exact_match(case: dict[str, Any], read_answer: Callable[[], bytes]) -> _Ver
         )
     try:
         answer = orjson.loads(read_answer())
-    except (OSError, orjson.JSONDecodeError) as error:
+    except BlobTooLargeError as error:
+        why = f"{error}, over the cap of {MAX_ANSWER_BYTES} bytes (MAX_ANSWER_BYTES): not read"
+        return _Verdict(0.0, detail=orjson.dumps({"match": False, "error": why[:200]}))
+    except (OSError, orjson.JSONDecodeError, NotRegularFileError) as error:
         return _Verdict(0.0, detail=orjson.dumps({"error": str(error)[:200]}))
     return _Verdict(
         1.0 if answer == case["expected_output"] else 0.0,

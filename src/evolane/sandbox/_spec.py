@@ -81,9 +81,9 @@ class StreamCapture(Record):
 
     def text(self) -> str:
         """Head and tail decoded for display (undecodable bytes replaced, a gap marked)."""
+        if not self.truncated:  # nothing dropped: the tail, if any, continues the head
+            return (self.head + self.tail).decode("utf-8", "replace")
         head = self.head.decode("utf-8", "replace")
-        if not self.truncated:
-            return head
         return f"{head}\n[... {self.total_bytes - len(self.head) - len(self.tail)} bytes ...]\n" + (
             self.tail.decode("utf-8", "replace")
         )
