@@ -23,6 +23,7 @@ from evolane.sandbox import _lifeline
 from evolane.sandbox._cgroups import CgroupRoots
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._run import run_unit
+from evolane.sandbox._secrets import make_undumpable
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import become_subreaper
 from evolane.store import (
@@ -97,6 +98,7 @@ class SandboxHost:
         self.lease_dir = self.root / self.lease
         self.spool_dir = self.lease_dir / ".spool"
         self.subreaper = False  # set by `start`: sweeping alone must not adopt orphans
+        self.undumpable = False  # set by `start`: /proc/<our pid>/ closed to our commands
         self.cgroups = (
             CgroupRoots.detect(self.lease) if use_cgroups else CgroupRoots(None, None, None)
         )
@@ -127,6 +129,8 @@ class SandboxHost:
         names = ["lease_sweep"]
         if self.subreaper:
             names.append("subreaper")
+        if self.undumpable:
+            names.append("non_dumpable")
         if self._lifeline is not None:
             names.append("lifeline")
         return tuple(names)
@@ -134,6 +138,10 @@ class SandboxHost:
     # ----- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
+        """Become the reaper of escapees and non-dumpable (before any command runs: see
+        `evolane.sandbox._secrets`), sweep stale leases, lay out this lease, start the
+        lifeline."""
+        self.undumpable = make_undumpable()
         self.subreaper = become_subreaper()
         self.root.mkdir(parents=True, exist_ok=True)
         self.stale_swept = self._sweep_stale()

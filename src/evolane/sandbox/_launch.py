@@ -3,6 +3,8 @@
 No ``preexec_fn`` (it deadlocks with threads and costs ~15 ms): a ``/bin/sh`` one-liner writes
 its own pid into the unit's cgroups and execs util-linux ``prlimit`` (limits), which execs
 ``unshare`` (namespaces), which execs the command. Each step is an exec of a small binary.
+When evolane runs as root, util-linux ``setpriv`` comes last and drops the capabilities that
+would let the command read evolane's memory or environment (`evolane.sandbox._secrets`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 
+from evolane.sandbox._secrets import dropped_capabilities_argv
 from evolane.sandbox._spec import Limits
 
 JOIN_FAILED_MARKER = b"evolane-launch: cannot join cgroup"
@@ -129,4 +132,8 @@ def launcher_argv(
         assert tools.unshare is not None and tools.sh is not None
         argv += [tools.unshare, *_NAMESPACE, "--", tools.sh, "-c", _NAMESPACE_INIT, "evolane-init"]
         mechanisms += ["pid_namespace", "net_namespace"]
+    drop = dropped_capabilities_argv()  # last: unshare above still needs CAP_SYS_ADMIN
+    if drop:
+        argv += drop
+        mechanisms.append("root_caps_dropped")
     return [*argv, *command], tuple(mechanisms)

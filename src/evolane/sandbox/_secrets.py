@@ -1,0 +1,91 @@
+"""Keep evolane's own secrets out of its commands' reach (DESIGN §5, issue 17 item 2).
+
+A command gets an allowlisted environment (`evolane.sandbox._env`), but evolane's own
+environment, memory and file descriptors stay readable through ``/proc/<evolane pid>/``
+(``environ``, ``mem``, ``fd/``) by any process of the same uid, and by root. Two measures:
+
+* `make_undumpable`: ``prctl(PR_SET_DUMPABLE, 0)``. The kernel then owns evolane's
+  ``/proc/<pid>/`` files as root and allows ``environ``, ``mem``, ``ptrace`` and
+  ``process_vm_readv`` only to a caller with CAP_SYS_PTRACE over it. It is called by
+  `SandboxHost.start`, the one place every process that runs commands goes through (the CLI,
+  the embedded API, stress harnesses, Dask workers), before the first command is spawned.
+  Side effects: no core dump of evolane, and a debugger or ``py-spy`` of the same non-root
+  user can no longer attach (root can: ``sudo py-spy dump --pid PID``). Commands are not
+  affected: the flag is reset when they exec.
+* `dropped_capabilities_argv`: when evolane runs as root its commands would run as root
+  too, and root holds CAP_SYS_PTRACE. The launcher chain then ends with util-linux
+  ``setpriv`` removing the capabilities that read another process's memory or the kernel's
+  (ptrace, admin, BPF, perf, raw I/O, modules, checkpoint/restore, file handles) from the
+  command's bounding set: its tree can never get them back, so evolane's ``/proc`` files
+  stay closed to it. The command keeps uid 0 and so its access to files (a different uid
+  is the confined level's job: a user namespace over an allowlisted mount view).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from functools import cache
+
+_PR_SET_DUMPABLE = 4
+
+DROPPED_CAPABILITIES = (
+    "sys_ptrace",
+    "sys_admin",
+    "bpf",
+    "perfmon",
+    "sys_rawio",
+    "sys_module",
+    "checkpoint_restore",
+    "dac_read_search",
+)
+"""Capabilities a command started by root never holds: each reads or writes another
+process's memory or the kernel's, or opens files by handle past every mount."""
+_ESSENTIAL = ("sys_ptrace",)  # what an older setpriv or kernel must at least drop
+_PROBE_TIMEOUT = 5.0
+
+
+def make_undumpable() -> bool:
+    """Make this process non-dumpable (Linux); True when the flag is set."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@cache
+def _setpriv_flags() -> tuple[str, ...] | None:
+    """The ``setpriv`` argv prefix that drops the capabilities this host knows (probed once);
+    None without a working ``setpriv``."""
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    true = shutil.which("true", path="/usr/bin:/bin")
+    if setpriv is None or true is None:
+        return None
+    for names in (DROPPED_CAPABILITIES, _ESSENTIAL):
+        argv = (setpriv, "--bounding-set=" + ",".join("-" + name for name in names), "--")
+        try:
+            probe = subprocess.run(
+                [*argv, true],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=_PROBE_TIMEOUT,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if probe.returncode == 0:
+            return argv
+    return None
+
+
+def dropped_capabilities_argv() -> tuple[str, ...] | None:
+    """The launcher step that drops `DROPPED_CAPABILITIES` from a command's bounding set
+    when evolane runs as root; ``()`` when not root (nothing to drop); None when root but
+    this host has no working ``setpriv`` (the caller records that nothing was dropped)."""
+    if os.geteuid() != 0:
+        return ()
+    return _setpriv_flags()
