@@ -1,0 +1,151 @@
+"""Walking, storing and removing trees a command wrote: iterative, capped, never through a
+symlink or into a FIFO (issue 17, item 4)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from evolane.lanes import parse_judge_output
+from evolane.store import (
+    BlobStore,
+    BlobTooLargeError,
+    NotRegularFileError,
+    TreeLimitError,
+    TreeLimits,
+    UnsupportedEntryError,
+    load_manifest,
+    read_regular_file,
+    remove_tree,
+    scan_tree,
+    snapshot_tree,
+)
+
+
+def _chain(root: Path, depth: int) -> None:
+    """A ``depth``-deep chain of folders ``d/d/d/...`` under ``root``, a file at each level
+    (built with relative paths: the whole path would pass PATH_MAX)."""
+    here = os.getcwd()
+    root.mkdir(parents=True, exist_ok=True)
+    os.chdir(root)
+    try:
+        for _ in range(depth):
+            os.mkdir("d")
+            os.chdir("d")
+            Path("f").write_text("x")
+    finally:
+        os.chdir(here)
+
+
+def test_remove_tree_removes_a_chain_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
+    _chain(tmp_path / "deep", 1500)
+    (tmp_path / "deep" / "ro").mkdir()
+    (tmp_path / "deep" / "ro" / "x").write_text("x")
+    (tmp_path / "deep" / "ro").chmod(0o500)
+    assert remove_tree(tmp_path / "deep")
+    assert not (tmp_path / "deep").exists()
+
+
+def test_remove_tree_never_follows_a_symlink(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "link").symlink_to(outside)
+    (tmp_path / "top-link").symlink_to(outside)
+    assert remove_tree(tree) and remove_tree(tmp_path / "top-link")
+    assert (outside / "keep.txt").read_text() == "keep"
+
+
+def test_a_deep_chain_is_refused_by_max_depth_without_recursion(tmp_path: Path) -> None:
+    _chain(tmp_path / "deep", 1500)
+    with pytest.raises(TreeLimitError) as caught:
+        scan_tree(tmp_path / "deep")
+    assert caught.value.cap == "max_depth" and "max_depth" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("limits", "cap"),
+    [
+        (TreeLimits(max_files=5), "max_files"),
+        (TreeLimits(max_folders=2), "max_folders"),
+        (TreeLimits(max_bytes=1000), "max_bytes"),
+        (TreeLimits(max_path_bytes=10), "max_path_bytes"),
+    ],
+)
+def test_each_cap_is_checked_while_walking_and_named(
+    tmp_path: Path, limits: TreeLimits, cap: str
+) -> None:
+    for folder in ("a", "b", "c"):
+        (tmp_path / "t" / folder).mkdir(parents=True)
+        for index in range(3):
+            (tmp_path / "t" / folder / f"file-{index}.txt").write_bytes(b"x" * 200)
+    store = BlobStore(tmp_path / "store")
+    with pytest.raises(TreeLimitError) as caught:
+        snapshot_tree(store, tmp_path / "t", limits)
+    assert caught.value.cap == cap and cap in str(caught.value)
+    assert not (tmp_path / "store" / "objects").exists()  # refused before anything stored
+
+
+def test_a_sparse_file_counts_at_its_length_and_is_never_read(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    with (tmp_path / "t" / "huge.bin").open("wb") as out:
+        out.truncate(150_000_000)
+    with pytest.raises(TreeLimitError, match=r"max_bytes.*huge\.bin"):
+        scan_tree(tmp_path / "t", TreeLimits(max_bytes=16 << 20))
+
+
+def test_a_tree_within_its_caps_is_stored_as_before(tmp_path: Path) -> None:
+    (tmp_path / "t" / "a").mkdir(parents=True)
+    (tmp_path / "t" / "a" / "x.txt").write_text("x")
+    (tmp_path / "t" / "run.sh").write_text("echo")
+    (tmp_path / "t" / "run.sh").chmod(0o755)
+    (tmp_path / "t" / "link").symlink_to("a/x.txt")
+    store = BlobStore(tmp_path / "store")
+    manifest = load_manifest(store, snapshot_tree(store, tmp_path / "t", TreeLimits()))
+    assert sorted(manifest) == ["a/x.txt", "link", "run.sh"]
+    assert manifest["run.sh"].executable  # type: ignore[union-attr]
+
+
+def test_a_fifo_is_refused_and_never_opened(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    os.mkfifo(tmp_path / "t" / "pipe")
+    with pytest.raises(UnsupportedEntryError):
+        scan_tree(tmp_path / "t")
+    with pytest.raises(NotRegularFileError):
+        read_regular_file(tmp_path / "t" / "pipe", 100)  # returns at once: no writer needed
+
+
+def test_read_regular_file_is_capped_and_does_not_follow_symlinks(tmp_path: Path) -> None:
+    (tmp_path / "big").write_bytes(b"y" * 2000)
+    (tmp_path / "link").symlink_to(tmp_path / "big")
+    assert read_regular_file(tmp_path / "big", 2000) == b"y" * 2000
+    with pytest.raises(BlobTooLargeError):
+        read_regular_file(tmp_path / "big", 1999)
+    with pytest.raises(NotRegularFileError):
+        read_regular_file(tmp_path / "link", 4000)
+    assert read_regular_file(tmp_path / "link", 4000, follow_symlinks=True) == b"y" * 2000
+
+
+def test_put_regular_file_never_stores_through_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("secret")
+    (tmp_path / "link").symlink_to(tmp_path / "secret")
+    store = BlobStore(tmp_path / "store")
+    with pytest.raises(NotRegularFileError):
+        store.put_regular_file(tmp_path / "link", 1 << 20)
+    with pytest.raises(BlobTooLargeError):
+        store.put_regular_file(tmp_path / "secret", 3)
+    assert store.put_regular_file(tmp_path / "secret", 6).size == 6
+
+
+def test_the_judges_last_line_is_read_from_the_tail_of_a_long_output() -> None:
+    tail = b"oise\n" + b"noise\n" * 100 + b'{"score": 0.75}\n'
+    verdict = parse_judge_output(tail, complete=False)
+    assert verdict.score == 0.75 and verdict.failure is None
+    cut = parse_judge_output(b"x" * 4000, complete=False)  # no line starts in the tail
+    assert cut.failure is not None and cut.failure.code == "judge_output_too_long"
+    partial = parse_judge_output(b'"score": 1.0}\nnoise\n', complete=False)
+    assert partial.failure is not None  # a cut first line is never taken for the score
