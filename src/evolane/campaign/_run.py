@@ -276,9 +276,11 @@ async def _cycle(
             ledger = await runtime.lookup(slots.budget).ask(LedgerQuery())
         finally:
             with trio.CancelScope(shield=True):
-                # Units and proposals in flight stop through their lanes before the tree is
-                # cancelled (the lanes' kill ladders run either way).
-                for name in (slots.scheduler, *slots.optimizers(optimizer.count)):
+                # The campaign starts no more work, and units and proposals in flight stop
+                # through their lanes, before the tree is cancelled (the lanes' kill ladders
+                # run either way).
+                names = (slots.campaign, slots.scheduler, *slots.optimizers(optimizer.count))
+                for name in names:
                     with contextlib.suppress(KeyError):
                         runtime.lookup(name).signal(StopAll())
                 await runtime.root.stop_child(slots.prefix)
