@@ -91,7 +91,7 @@ OPTIMIZER = textwrap.dedent(
             ),
         }
         with open(plan["_record"], "a") as out:
-            out.write(json.dumps(shown) + "\n")
+            out.write(json.dumps(shown) + "\\n")
     print(action)
     """
 )
