@@ -142,6 +142,7 @@ async def finish(
         isolation=",".join(host.mechanisms),
         config=prepared.config,
         estimate=prepared.estimate,
+        splits=prepared.splits,
         seed=run.seed_ref,
         selected=None if best.digest == run.seed_ref.digest else best,
         best=best,

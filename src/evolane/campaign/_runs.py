@@ -16,12 +16,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
-from evolane.campaign._config import CampaignConfig
+from evolane.campaign._config import CampaignConfig, with_legacy_feedback
+from evolane.campaign._splits import SplitPlan
 from evolane.inputs import InputError
 from evolane.measure import RESTORABLE
 from evolane.messages import (
@@ -64,6 +65,15 @@ class RunRecord(Record):
     resumed: int = Field(default=0, ge=0)  # how many times the run was resumed
     elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its sessions that have ended
     session_started: float | None = None  # time.time() the current (or last) session began
+    splits: SplitPlan | None = None  # which split fed the optimizer, and the carve (None: val)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """A ``run.json`` written before ``feedback_split`` existed ran with val feedback."""
+        if isinstance(data, dict) and "config" in data:
+            return {**data, "config": with_legacy_feedback(data["config"])}
+        return data
 
 
 class RejectedEdit(Record):
@@ -92,6 +102,7 @@ class CampaignState(Record):
     elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its runs that have ended
     rejected: tuple[RejectedEdit, ...] = Field(default=(), max_length=REJECTED_KEPT)
     seen: tuple[Digest, ...] = Field(default=(), max_length=SEEN_KEPT)  # for the duplicate gate
+    splits: SplitPlan | None = None  # the carve its cycles share (set by its first carve)
     updated: float = 0.0
 
 

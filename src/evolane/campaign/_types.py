@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evolane.campaign._book import Book, SlotBook, settled_digests
-from evolane.campaign._config import CampaignConfig
+from evolane.campaign._config import CampaignConfig, FeedbackSplit
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._gates import GateSettings
 from evolane.campaign._report import CycleReport, MeasurementRecord, Scores
@@ -73,6 +73,7 @@ class CampaignSetup:
     slots: RunSlots
     test_cases: int
     optimizer_allowed: bool = True  # False when re-judging stored work: proposals come from it
+    feedback_split: FeedbackSplit = "train"  # whose results the optimizer sees (`_splits`)
 
     @property
     def has_test(self) -> bool:

@@ -130,6 +130,14 @@ def optimize(
     focus: Annotated[
         str | None, _o("all | cyclic | hardest-first (default all).", "--focus")
     ] = None,
+    feedback_split: Annotated[
+        str | None,
+        _o(
+            "train | val (default train): whose results the optimizer sees; val makes val "
+            "scores optimistic.",
+            "--feedback-split",
+        ),
+    ] = None,
     protected: Annotated[
         list[str] | None, _o("Glob a candidate may not touch (repeatable).", "--protected")
     ] = None,
