@@ -32,6 +32,11 @@ MAX_WALL_CLOCK_BUDGET = 365 * 86_400.0
 """The largest wall-clock budget a campaign accepts (a year): longer is a typo."""
 ApplyPolicyName = Literal["proposal", "verified_only", "auto_verified"]
 Focus = Literal["all", "cyclic", "hardest-first"]
+ErrorControlMode = Literal["auto", "confirm", "online", "none", "legacy"]
+"""How a campaign bounds the chance that it publishes an edit with no true gain (see
+`campaign._online`). ``legacy`` is not a flag value: it is what a run.json written before
+the setting existed means (confirm when there are test cases, else none), so such a run
+resumes as it ran."""
 
 
 class ProposeSettings(Record):
@@ -76,6 +81,9 @@ class CampaignConfig(Record):
     baseline_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     gate: GateConfig = GateConfig()
+    error_control: ErrorControlMode = "auto"
+    """``confirm`` the best on the test split, ``online`` (alpha = 1 - confidence spent over
+    the candidates), ``none``; ``auto``: confirm when the dataset has test cases, else online."""
     focus: Focus = "all"
     protected: tuple[ShortText, ...] = Field(default=(), max_length=64)
     required_files: tuple[ShortText, ...] = Field(default=(), max_length=64)

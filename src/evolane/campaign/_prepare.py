@@ -15,6 +15,7 @@ from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run, repetitions_for
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.campaign._runs import (
     TERMINAL_CAMPAIGN,
@@ -128,7 +129,7 @@ def prepare_run(
             }
         )
     else:
-        _refuse_hopeless(config, dataset)
+        _refuse_hopeless(config, dataset, _stored_budget(layout, resume_campaign))
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
     if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
         _check_wall_left(config, campaign.elapsed_seconds)
@@ -146,12 +147,26 @@ def prepare_run(
     )
 
 
-def _refuse_hopeless(config: CampaignConfig, dataset: Dataset) -> None:
-    """Refuse, before anything is written, a configuration that can never accept."""
+def _refuse_hopeless(
+    config: CampaignConfig, dataset: Dataset, online: OnlineBudget | None = None
+) -> None:
+    """Refuse, before anything is written, a configuration that can never accept (under
+    the campaign's stored online budget, when it has one)."""
     val = len(dataset.split("val"))
-    checked = preflight(config, val, len(dataset.split("test")), repetitions_for(config, val))
+    tests, reps = len(dataset.split("test")), repetitions_for(config, val)
+    checked = preflight(config, val, tests, reps, online)
     if not checked.possible:
         raise InputError(f"--dataset {config.dataset}: {checked.refusal}")
+
+
+def _stored_budget(layout: StoreLayout, campaign_id: str | None) -> OnlineBudget | None:
+    """The online error budget a continued campaign has spent so far (None: none yet)."""
+    if campaign_id is None:
+        return None
+    try:
+        return load_campaign(layout, campaign_id).online
+    except FileNotFoundError:  # refused with its own message when the campaign is loaded
+        return None
 
 
 def _prepared(

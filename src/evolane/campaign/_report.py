@@ -16,6 +16,7 @@ from pydantic import Field, create_model
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._estimate import Estimate
+from evolane.campaign._online import OnlineBudget
 from evolane.messages import (
     ArtifactRef,
     Decision,
@@ -188,6 +189,9 @@ class Report(Record):
     """The best confirmed (or not) against the seed on the test split before a publish."""
     error_control: Text = ""
     """The campaign's error control, in words."""
+    online: OnlineBudget | None = None
+    """The campaign's online error budget after this run (``online`` mode): alpha, horizon
+    and every candidate tested so far with its p-value, level and decision."""
     iterations: tuple[IterationRecord, ...] = Field(default=(), max_length=_MANY)
     measurements: tuple[MeasurementRecord, ...] = Field(default=(), max_length=_MANY)
     funnel: tuple[FunnelRecord, ...] = Field(default=(), max_length=_MANY)
@@ -202,6 +206,7 @@ CYCLE_PARTS = (
     "scores",
     "test",
     "confirmation",
+    "online",
     "iterations",
     "measurements",
     "funnel",
@@ -236,6 +241,24 @@ def _ci(score: ScoreCI | None) -> str:
     if score is None:
         return "n/a"
     return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}] (n={score.n})"
+
+
+def _online_lines(budget: OnlineBudget | None) -> list[str]:
+    """The online error budget's tests as a table (none outside ``online`` mode)."""
+    if budget is None:
+        return []
+    lines = [
+        "",
+        f"## Online error control (alpha {budget.alpha:g} over {budget.horizon} candidates)",
+        "",
+        "| candidate | slot | gate | p-value | level | decision |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {t.index} | {t.slot} | {t.gate} | {t.p_value:.3g} | {t.level:.3g} | {t.decision} |"
+        for t in budget.tests
+    ]
+    return lines
 
 
 def render_markdown(report: Report) -> str:
@@ -278,6 +301,7 @@ def render_markdown(report: Report) -> str:
         f"| {d.cycle} | {d.iteration} | {d.slot} | `{d.digest[7:19]}` | {d.decision} | {d.reason} |"
         for d in report.decisions
     ]
+    lines += _online_lines(report.online)
     lines += ["", "## Funnel", "", "| slot | stages | terminal | reason |", "|---|---|---|---|"]
     lines += [
         f"| {f.slot_id} | {' > '.join(f.stages)} | {f.terminal} | {f.reason} |"

@@ -16,12 +16,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._online import OnlineBudget
 from evolane.inputs import InputError
 from evolane.measure import RESTORABLE
 from evolane.messages import (
@@ -65,6 +66,16 @@ class RunRecord(Record):
     elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its sessions that have ended
     session_started: float | None = None  # time.time() the current (or last) session began
 
+    @model_validator(mode="before")
+    @classmethod
+    def _as_it_ran(cls, data: Any) -> Any:
+        """A run.json written before ``error_control`` existed resumes as it ran: ``legacy``
+        (confirm with test cases, else no campaign-level control)."""
+        config = data.get("config") if isinstance(data, dict) else None
+        if isinstance(config, dict) and "error_control" not in config:
+            data = {**data, "config": {**config, "error_control": "legacy"}}
+        return data
+
 
 class RejectedEdit(Record):
     """One entry of the rejected-edit memory: what was tried and why it lost."""
@@ -92,6 +103,8 @@ class CampaignState(Record):
     elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its runs that have ended
     rejected: tuple[RejectedEdit, ...] = Field(default=(), max_length=REJECTED_KEPT)
     seen: tuple[Digest, ...] = Field(default=(), max_length=SEEN_KEPT)  # for the duplicate gate
+    online: OnlineBudget | None = None
+    """The online error budget, once a cycle ran in ``online`` mode: later cycles continue it."""
     updated: float = 0.0
 
 

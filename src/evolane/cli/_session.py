@@ -20,6 +20,7 @@ from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_US
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
+    "error_control": ("auto", "confirm", "online", "none"),
     "gate": ("paired", "bootstrap", "strict", "threshold"),
     "focus": ("all", "cyclic", "hardest-first"),
     "isolation": ("auto", "process", "namespace"),
@@ -34,7 +35,7 @@ _CONFIG_FLAGS = (
     "judge_concurrency", "optimizer_concurrency", "replay_timeout", "judge_timeout",
     "optimizer_timeout", "optimizer_idle", "kill_grace", "wall_clock_budget", "max_tokens",
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
-    "judge_failure_retries", "focus", "isolation", "seed", "cluster",
+    "judge_failure_retries", "focus", "isolation", "seed", "cluster", "error_control",
 )  # fmt: skip
 
 
@@ -50,7 +51,8 @@ def _check_choices(flags: dict[str, Any]) -> None:
     for name, allowed in _CHOICES.items():
         value = flags.get(name)
         if value is not None and value not in allowed:
-            raise UsageError(f"--{name} {value}: choose from {', '.join(allowed)}")
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {value}: choose from {', '.join(allowed)}")
 
 
 def build_config(flags: dict[str, Any]) -> Any:
