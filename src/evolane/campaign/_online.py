@@ -67,7 +67,8 @@ class OnlineTest(Record):
     slot: Name
     index: int = Field(ge=1)
     gate: Decision
-    p_value: float = Field(ge=0.0, le=1.0)
+    p_value: float | None = Field(default=None, ge=0.0, le=1.0)
+    """None when the gate did not accept: the gate decided, the p-value was not needed."""
     level: float = Field(ge=0.0, le=1.0)
     decision: Decision
 
@@ -90,7 +91,7 @@ class OnlineBudget(Record):
                     f"online budget: {test.slot} was tested at level {test.level:g}, but the "
                     f"stored history gives {level:g}"
                 )
-            control.record(test.gate, p_value=test.p_value)
+            control.record(test.gate, p_value=1.0 if test.p_value is None else test.p_value)
         return control
 
     @property
@@ -133,8 +134,19 @@ class OnlineRule:
     ) -> GateResult:
         """Test one candidate (``deltas``: per-case candidate - parent on val, the full
         evaluation when the gate accepted); returns ``gate`` with the campaign's decision
-        and, when the gate accepted, a reason naming the online rule with its numbers."""
-        p = online_p_value(deltas, config) if deltas.size else 1.0
+        and, when the gate accepted, a reason naming the online rule with its numbers. A
+        candidate the gate did not accept is recorded too (it spends its share of the
+        budget and ends a carried level), without a p-value."""
+        tested = gate.decision == "accept"  # else the gate decides: no p-value is needed
+        p = online_p_value(deltas, config) if tested and deltas.size else 1.0
+        return self.decide(slot, gate, p if tested else None)
+
+    def decide(self, slot: str, gate: GateResult, p_value: float | None) -> GateResult:
+        """The rule itself, given the candidate's p-value (None: the gate did not accept):
+        accepted iff the gate accepts and p <= the next level; the test is recorded."""
+        if gate.decision == "accept" and p_value is None:
+            raise ValueError("a candidate the gate accepts needs its p-value")
+        tested, p = p_value is not None, 1.0 if p_value is None else p_value
         index = self._control.tested + 1
         verdict = self._control.record(gate.decision, p_value=p)
         self._tests.append(
@@ -142,7 +154,7 @@ class OnlineRule:
                 slot=slot,
                 index=index,
                 gate=gate.decision,
-                p_value=p,
+                p_value=p if tested else None,
                 level=verdict.level,
                 decision=verdict.decision,
             )

@@ -255,7 +255,9 @@ def _online_lines(budget: OnlineBudget | None) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {t.index} | {t.slot} | {t.gate} | {t.p_value:.3g} | {t.level:.3g} | {t.decision} |"
+        f"| {t.index} | {t.slot} | {t.gate} | "
+        + ("-" if t.p_value is None else f"{t.p_value:.3g}")
+        + f" | {t.level:.3g} | {t.decision} |"
         for t in budget.tests
     ]
     return lines
