@@ -307,7 +307,8 @@ class _Cycle:
                 self.config.baseline_replay_repetitions,
                 self.config.candidate_replay_repetitions,
             )
-            if split == "test" and best.digest != self.s.seed_ref.digest:  # to confirm
+            confirming = self.s.confirms and best.digest != self.s.seed_ref.digest
+            if split == "test" and confirming:
                 reps = (confirm_repetitions(self.config, self.s.test_cases),) * 2
             request = MeasureRequest(
                 measurement_id=f"c{self.s.cycle}.final.{split}",
@@ -329,7 +330,7 @@ class _Cycle:
             )
             if split == "test":
                 state.test = state.book.measurements[-1]
-                if best.digest != self.s.seed_ref.digest:  # confirm before publish
+                if confirming:  # confirm before publish
                     state.confirmation = confirmation_of(
                         arm_scores(units, "baseline"),
                         arm_scores(units, "candidate"),

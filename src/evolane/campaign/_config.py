@@ -37,6 +37,11 @@ FeedbackSplit = Literal["train", "val"]
 LEGACY_FEEDBACK_SPLIT: FeedbackSplit = "val"
 """What a stored config without ``feedback_split`` ran with: runs before honest splits fed
 the optimizer the val results."""
+ErrorControlMode = Literal["auto", "confirm", "online", "none", "legacy"]
+"""How a campaign bounds the chance that it publishes an edit with no true gain (see
+`campaign._online`). ``legacy`` is not a flag value: it is what a run.json written before
+the setting existed means (confirm when there are test cases, else none), so such a run
+resumes as it ran."""
 
 
 class ProposeSettings(Record):
@@ -81,6 +86,9 @@ class CampaignConfig(Record):
     baseline_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     gate: GateConfig = GateConfig()
+    error_control: ErrorControlMode = "auto"
+    """``confirm`` the best on the test split, ``online`` (alpha = 1 - confidence spent over
+    the candidates), ``none``; ``auto``: confirm when the dataset has test cases, else online."""
     focus: Focus = "all"
     feedback_split: FeedbackSplit = "train"
     """Whose results the optimizer sees: ``train`` (honest; carved from val when the dataset

@@ -15,6 +15,7 @@ from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run, repetitions_for
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.campaign._runs import (
     TERMINAL_CAMPAIGN,
@@ -135,7 +136,7 @@ def prepare_run(
         plan = plan_splits(
             config, _in_file(dataset), seed=_carve_seed(layout, config, resume_campaign)
         )
-        _refuse_hopeless(config, plan)
+        _refuse_hopeless(config, plan, _stored_budget(layout, resume_campaign))
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
         record = record.model_copy(update={"splits": plan})
         if campaign.splits is None and plan.carved:  # the campaign's later cycles carve alike
@@ -172,12 +173,25 @@ def _carve_seed(layout: StoreLayout, config: CampaignConfig, campaign_id: str | 
     return config.seed
 
 
-def _refuse_hopeless(config: CampaignConfig, plan: SplitPlan) -> None:
-    """Refuse, before anything is written, a configuration that can never accept."""
+def _refuse_hopeless(
+    config: CampaignConfig, plan: SplitPlan, online: OnlineBudget | None = None
+) -> None:
+    """Refuse, before anything is written, a configuration that can never accept (under
+    the campaign's stored online budget, when it has one)."""
     val = plan.val_cases
-    checked = preflight(config, val, plan.test_cases, repetitions_for(config, val))
+    checked = preflight(config, val, plan.test_cases, repetitions_for(config, val), online)
     if not checked.possible:
         raise InputError(f"--dataset {config.dataset}: {checked.refusal}")
+
+
+def _stored_budget(layout: StoreLayout, campaign_id: str | None) -> OnlineBudget | None:
+    """The online error budget a continued campaign has spent so far (None: none yet)."""
+    if campaign_id is None:
+        return None
+    try:
+        return load_campaign(layout, campaign_id).online
+    except FileNotFoundError:  # refused with its own message when the campaign is loaded
+        return None
 
 
 def _prepared(

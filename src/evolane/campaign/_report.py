@@ -16,6 +16,7 @@ from pydantic import Field, create_model, model_validator
 from evolane.campaign._config import CampaignConfig, with_legacy_feedback
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._estimate import Estimate
+from evolane.campaign._online import OnlineBudget
 from evolane.campaign._splits import SplitPlan
 from evolane.messages import (
     ArtifactRef,
@@ -200,6 +201,9 @@ class Report(Record):
     """The best confirmed (or not) against the seed on the test split before a publish."""
     error_control: Text = ""
     """The campaign's error control, in words."""
+    online: OnlineBudget | None = None
+    """The campaign's online error budget after this run (``online`` mode): alpha, horizon
+    and every candidate tested so far with its p-value, level and decision."""
     iterations: tuple[IterationRecord, ...] = Field(default=(), max_length=_MANY)
     measurements: tuple[MeasurementRecord, ...] = Field(default=(), max_length=_MANY)
     funnel: tuple[FunnelRecord, ...] = Field(default=(), max_length=_MANY)
@@ -214,6 +218,7 @@ CYCLE_PARTS = (
     "scores",
     "test",
     "confirmation",
+    "online",
     "iterations",
     "measurements",
     "funnel",
@@ -260,6 +265,26 @@ def _splits_lines(plan: SplitPlan | None) -> list[str]:
     return lines
 
 
+def _online_lines(budget: OnlineBudget | None) -> list[str]:
+    """The online error budget's tests as a table (none outside ``online`` mode)."""
+    if budget is None:
+        return []
+    lines = [
+        "",
+        f"## Online error control (alpha {budget.alpha:g} over {budget.horizon} candidates)",
+        "",
+        "| candidate | slot | gate | p-value | level | decision |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {t.index} | {t.slot} | {t.gate} | "
+        + ("-" if t.p_value is None else f"{t.p_value:.3g}")
+        + f" | {t.level:.3g} | {t.decision} |"
+        for t in budget.tests
+    ]
+    return lines
+
+
 def render_markdown(report: Report) -> str:
     """The human summary of a report."""
     s = report.scores
@@ -301,6 +326,7 @@ def render_markdown(report: Report) -> str:
         f"| {d.cycle} | {d.iteration} | {d.slot} | `{d.digest[7:19]}` | {d.decision} | {d.reason} |"
         for d in report.decisions
     ]
+    lines += _online_lines(report.online)
     lines += ["", "## Funnel", "", "| slot | stages | terminal | reason |", "|---|---|---|---|"]
     lines += [
         f"| {f.slot_id} | {' > '.join(f.stages)} | {f.terminal} | {f.reason} |"

@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
 from evolane.campaign._config import CampaignConfig, with_legacy_feedback
+from evolane.campaign._online import OnlineBudget
 from evolane.campaign._splits import SplitPlan
 from evolane.inputs import InputError
 from evolane.measure import RESTORABLE
@@ -75,6 +76,16 @@ class RunRecord(Record):
             return {**data, "config": with_legacy_feedback(data["config"])}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _as_it_ran(cls, data: Any) -> Any:
+        """A run.json written before ``error_control`` existed resumes as it ran: ``legacy``
+        (confirm with test cases, else no campaign-level control)."""
+        config = data.get("config") if isinstance(data, dict) else None
+        if isinstance(config, dict) and "error_control" not in config:
+            data = {**data, "config": {**config, "error_control": "legacy"}}
+        return data
+
 
 class RejectedEdit(Record):
     """One entry of the rejected-edit memory: what was tried and why it lost."""
@@ -103,6 +114,8 @@ class CampaignState(Record):
     rejected: tuple[RejectedEdit, ...] = Field(default=(), max_length=REJECTED_KEPT)
     seen: tuple[Digest, ...] = Field(default=(), max_length=SEEN_KEPT)  # for the duplicate gate
     splits: SplitPlan | None = None  # the carve its cycles share (set by its first carve)
+    online: OnlineBudget | None = None
+    """The online error budget, once a cycle ran in ``online`` mode: later cycles continue it."""
     updated: float = 0.0
 
 

@@ -127,6 +127,14 @@ def optimize(
         bool | None,
         _o("Stop a measurement early once decided (default on).", "--sequential/--no-sequential"),
     ] = None,
+    error_control: Annotated[
+        str | None,
+        _o(
+            "Campaign-level error control: auto | confirm | online | none (default auto: "
+            "confirm on the test split when the dataset has one, else online).",
+            "--error-control",
+        ),
+    ] = None,
     focus: Annotated[
         str | None, _o("all | cyclic | hardest-first (default all).", "--focus")
     ] = None,

@@ -20,6 +20,7 @@ from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_US
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
+    "error_control": ("auto", "confirm", "online", "none"),
     "gate": ("paired", "bootstrap", "strict", "threshold"),
     "focus": ("all", "cyclic", "hardest-first"),
     "feedback_split": ("train", "val"),
@@ -36,6 +37,7 @@ _CONFIG_FLAGS = (
     "optimizer_timeout", "optimizer_idle", "kill_grace", "wall_clock_budget", "max_tokens",
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
     "judge_failure_retries", "focus", "feedback_split", "isolation", "seed", "cluster",
+    "error_control",
 )  # fmt: skip
 
 

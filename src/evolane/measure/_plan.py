@@ -221,8 +221,8 @@ class MeasurePlan:
         self._left = len(self.units)
         self._actions: list[Action] = []
         self._moved = self._finished = False
-        paired = request.candidate_ref is not None
-        self._prefix = CasePrefix(len(self.case_ids), self.units, request.gate, paired)
+        prefix = (len(self.case_ids), self.units, request.gate, request.candidate_ref is not None)
+        self._prefix = CasePrefix(*prefix, allow_accept=request.early_accept)
 
     # ----- the machine ------------------------------------------------------------------
 
