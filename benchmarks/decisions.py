@@ -10,6 +10,7 @@ it unchanged. Rates carry 95% Wilson intervals.
 
     python benchmarks/decisions.py            # the full grid, a few minutes
     python benchmarks/decisions.py --quick    # a smoke run, seconds
+    python benchmarks/decisions.py --only per_campaign,online_power   # error control alone
 """
 
 from __future__ import annotations
@@ -229,6 +230,25 @@ def power_at_defaults(trials: int, seed: int) -> None:
     target("power at +0.15 with 32 val cases >= 60%", hits / trials >= 0.6, fmt(hits, trials))
 
 
+def online_power(trials: int, seed: int) -> None:
+    """Per-candidate power at +0.15 with 32 val cases under online error control at the
+    defaults (alpha 0.05 over 8 iterations x 2 slots: level 0.05/16; no early accept)."""
+    config = GateConfig(bootstrap_samples=200)
+    rng = np.random.default_rng([seed, 32, 7])
+    level = OnlineErrorControl(0.05, horizon=16).level_for_next()
+    hits = {0.15: 0, 0.25: 0}
+    for effect in hits:
+        for trial in range(trials):
+            p = draw_cases(rng, 32)
+            base, cand = replay(rng, p), replay(rng, improve(p, effect))
+            out = measure(base, cand, seeded(32, trial), config, allow_accept=False)
+            hits[effect] += out.final == "accept" and sign_flip_p_value(out.deltas) <= level
+    print(
+        f"   online control (no test split, level {level:.2g} = 0.05/16), 32 val cases: power "
+        f"{fmt(hits[0.15], trials)} at +0.15, {fmt(hits[0.25], trials)} at +0.25"
+    )
+
+
 # --- 2. per campaign ---------------------------------------------------------------------
 
 
@@ -279,6 +299,8 @@ def run_campaign(rng: np.random.Generator, c: Campaign, seed: int) -> tuple[bool
     return True, improved
 
 
+ONLY_POLICY = ""
+"""Set by ``--policy``: run only this policy's rows (none, confirm or online)."""
 POLICIES: list[tuple[str, str, dict[str, int]]] = [
     ("none (today: publish any accepted best)", "none", {}),
     ("confirm on 16 test cases at 0.95 (default)", "confirm", {}),
@@ -297,6 +319,8 @@ def per_campaign(campaigns: int, seed: int) -> None:
         "publishes a true +0.15 (1 of 16)"
     )
     for index, (name, policy, extra) in enumerate(POLICIES):
+        if ONLY_POLICY and policy != ONLY_POLICY:
+            continue
         rng = np.random.default_rng([seed, index])
         null = sum(
             run_campaign(rng, Campaign(policy, None, **extra), s)[0] for s in range(campaigns)
@@ -467,7 +491,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, help="measurements per cell")
     parser.add_argument("--campaigns", type=int, help="campaigns per policy")
     parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument("--policy", choices=("none", "confirm", "online"), help="one policy")
+    parser.add_argument("--only", help="comma-separated sections, e.g. per_campaign,online_power")
     args = parser.parse_args()
+    global ONLY_POLICY
+    ONLY_POLICY = args.policy or ""
     trials = args.trials or (20 if args.quick else 1000)
     campaigns = args.campaigns or (10 if args.quick else 500)
     start = time.perf_counter()
@@ -475,12 +503,16 @@ def main() -> None:
         (preflight, ()),
         (per_candidate, (trials, args.seed)),
         (power_at_defaults, (trials * 2, args.seed)),
+        (online_power, (trials * 2, args.seed)),
         (per_campaign, (campaigns, args.seed)),
         (adversarial_order, (trials, args.seed)),
         (ci_coverage, (max(50, trials // 2), args.seed)),
         (veto, (trials, args.seed)),
         (bookkeeping, (args.quick,)),
     ]
+    if args.only:
+        chosen = set(args.only.split(","))
+        sections = [(f, a) for f, a in sections if f.__name__ in chosen]
     for section, section_args in sections:
         began = time.perf_counter()
         section(*section_args)

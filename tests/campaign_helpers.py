@@ -8,7 +8,16 @@ looks up its action in the plan: ``fix:N`` flips the first N failing cases (they
 flips only the first N failing cases (a fix that fits val alone), ``harm:N`` flips N solid
 ones, ``noop``, ``same`` (the same edit as slot 0: a duplicate), ``break`` (rewrites
 REQUIRED), ``tamper``, ``symlink``, ``oversize``, ``malformed``, ``crash``, ``hang``,
-``peek`` (prints whether the context shows answers).
+``peek`` (prints whether the context shows answers), ``cure`` (flips every failing case
+file of the target, whatever the optimizer was shown: a fix that generalises). A plan with a
+``_record`` path gets one JSON line per proposal: the prompt and the context's case folders
+(what the optimizer was shown).
+
+The toy's plans name the cases a slot flips by their place among the *failing* cases of its
+prompt, and the toy datasets have val and test splits only, so `toy_config` and `toy_flags`
+feed back val (``feedback_split="val"``) unless told otherwise: the tests that use them are
+about the funnel, gates, budgets and resume, not about which split feeds the optimizer
+(tests/test_campaign_splits.py is).
 """
 
 from __future__ import annotations
@@ -61,6 +70,9 @@ OPTIMIZER = textwrap.dedent(
         sys.exit(3)
     elif name == "hang":
         time.sleep(3600)
+    elif name == "cure":
+        files = [p for p in wd.iterdir() if p.is_file()]
+        flip(sorted(p.name for p in files if p.read_text().strip() == '"no"'))
     elif name == "peek":  # what the context folder shows of the failing cases
         seen = [
             json.loads(p.read_text())
@@ -68,6 +80,18 @@ OPTIMIZER = textwrap.dedent(
         ]
         shown = "answers-shown" if any("expected_output" in c for c in seen) else "no-answers"
         print(f"{shown} in {len(seen)} cases")
+    if plan.get("_record"):
+        context = pathlib.Path(os.environ["EVOLANE_CONTEXT_DIR"])
+        shown = {
+            "key": key,
+            "prompt": open(prompt_file).read(),
+            "context": sorted(p.name for p in (context / "cases").glob("*")),
+            "context_text": "".join(
+                p.read_text(errors="replace") for p in sorted(context.rglob("*")) if p.is_file()
+            ),
+        }
+        with open(plan["_record"], "a") as out:
+            out.write(json.dumps(shown) + "\\n")
     print(action)
     """
 )
@@ -93,21 +117,23 @@ def write_toy(
     test: int = 6,
     passing: int = 4,
     test_passing: int = 1,
+    train: int = 0,
 ) -> dict[str, Path]:
     """Write the target, dataset, optimizer script and plan under ``root``: the first
-    ``passing`` val cases and the first ``test_passing`` test cases pass at the seed."""
+    ``passing`` val cases and the first ``test_passing`` test cases pass at the seed (``train``
+    cases, ids ``train00``..., pass from the second on)."""
     target = root / "target"
     (target / "grader").mkdir(parents=True)
     (target / "grader" / "rubric.txt").write_text("exact match\n")
     (target / "REQUIRED").write_text("keep me\n")
     rows = []
-    for split, count in (("val", val), ("test", test)):
+    for split, count in (("train", train), ("val", val), ("test", test)):
         for index in range(count):
             case_id = f"{split}{index:02d}"
             rows.append(
                 {"id": case_id, "input": {"n": index}, "expected_output": "yes", "split": split}
             )
-            good = index < (passing if split == "val" else test_passing)
+            good = {"val": index < passing, "test": index < test_passing}.get(split, index > 0)
             (target / case_id).write_text('"yes"' if good else '"no"')
     dataset = root / "dataset.jsonl"
     dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -149,6 +175,7 @@ def toy_config(paths: dict[str, Path], **overrides: Any) -> CampaignConfig:
         "optimizer_timeout": 20.0,
         "optimizer_idle": 10.0,
         "gate": gate,
+        "feedback_split": "val",  # the toy's plans are about val cases: see the module docstring
         **overrides,
     }
     return CampaignConfig(**settings)
@@ -169,9 +196,14 @@ def publishing_config(
 
 
 def toy_flags(
-    paths: dict[str, Path], store: Path, log: Path | None = None, lanes: int = 3
+    paths: dict[str, Path],
+    store: Path,
+    log: Path | None = None,
+    lanes: int = 3,
+    feedback: str = "val",
 ) -> list[str]:
-    """``evolane optimize`` flags for the toy workload; ``log`` gets a line per replay launched."""
+    """``evolane optimize`` flags for the toy workload; ``log`` gets a line per replay launched;
+    ``feedback`` is ``--feedback-split`` (val: see the module docstring)."""
     record = f'echo "$EVOLANE_UNIT" >> {log}; ' if log is not None else ""
     replay = (
         f'sh -c \'{record}cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' '
@@ -183,5 +215,5 @@ def toy_flags(
         "--store", str(store), "--replay", replay, "--optimizer", optimizer,
         "--protected", "grader/**", "--required-file", "REQUIRED", "--gate", "strict",
         "--iterations", "3", "--population", "2", "--replay-concurrency", str(lanes),
-        "--kill-grace", "0.3", "--progress", "none",
+        "--kill-grace", "0.3", "--progress", "none", "--feedback-split", feedback,
     ]  # fmt: skip

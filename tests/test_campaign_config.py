@@ -96,8 +96,15 @@ def test_an_old_flat_run_json_loads_into_the_settings_models() -> None:
         optimizer_idle=90.0,
     )
     assert (config.iterations, config.population, config.seed) == (5, 3, 7)
+    assert config.feedback_split == "val"  # what a run before honest splits fed back
     written = record.model_dump(mode="json")  # what run.json holds after a resume rewrites it
-    assert written["config"] == {**OLD_RUN_JSON["config"], "gate": config.gate.model_dump()}
+    assert config.error_control == "legacy"  # no key: it ran without online control
+    assert written["config"] == {
+        **OLD_RUN_JSON["config"],
+        "gate": config.gate.model_dump(),
+        "feedback_split": "val",
+        "error_control": "legacy",
+    }
     assert RunRecord.model_validate_json(record.model_dump_json()) == record
 
 

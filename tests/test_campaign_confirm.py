@@ -93,13 +93,14 @@ async def test_nothing_accepted_needs_no_confirmation(tmp_path: Path) -> None:
     assert report.error_control.startswith("confirm before publish")
 
 
-async def test_without_a_test_split_the_report_says_there_is_no_error_control(
+async def test_error_control_none_says_the_campaign_level_rate_is_uncontrolled(
     tmp_path: Path,
 ) -> None:
     paths = write_toy(tmp_path, {"default": "overfit:8"}, test=0)
-    report = (await _run(RunRequest(publishing_config(paths)))).report
-    assert report is not None and report.confirmation is None
+    report = (await _run(RunRequest(publishing_config(paths, error_control="none")))).report
+    assert report is not None and report.confirmation is None and report.online is None
     assert report.error_control.startswith("none at the campaign level")
+    assert "false-publish rate is uncontrolled" in report.error_control
     assert report.apply is not None and report.apply.status == "applied"  # as before
 
 

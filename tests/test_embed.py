@@ -373,3 +373,69 @@ async def test_a_store_that_is_a_file_or_a_corrupt_run_record_is_bad_input(tmp_p
         ):
             with pytest.raises(InputError, match=f"{record}: cannot read the run record"):
                 await runtime.start_optimize(request)
+
+
+async def test_a_scheduler_that_crashes_mid_campaign_ends_the_run_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal's disk fills while a candidate is measured: the scheduler crashes. The
+    campaign must not wait for the dead scheduler to answer a Ping (it never can before the
+    run's tree restarts it): the wait is made longer than the hang guard, so a wait fails it."""
+    import errno
+
+    from evolane.measure import _pipeline
+    from evolane.store import _journal
+
+    monkeypatch.setattr(_pipeline, "UNITS_STOP_WAIT", 200.0)
+    real_append = _journal.Journal.append
+
+    def full_disk(self: _journal.Journal, record: object, *, durable: bool = False) -> None:
+        unit = getattr(record, "type", None) == "unit"
+        if unit and getattr(record, "measurement", None) == "c0.i0.s0":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(self, record, durable=durable)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_journal.Journal, "append", full_disk)
+    paths = write_toy(tmp_path, {"0.0": "fix:2", "0.1": "fix:1"})
+    config = toy_config(paths, replay="backend:replay", iterations=1, screening=False)
+    with trio.fail_after(90):  # a hang guard, below the wait (shielded: it fails after it)
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            handle = await runtime.start_optimize(
+                OptimizeRequest(config=config), backends=Backends(replay=replay_backend)
+            )
+            with pytest.raises(BaseException) as caught:
+                await handle.result()
+    from evolane.supervisors import leaf_exceptions
+
+    (leaf,) = leaf_exceptions(caught.value)  # the scheduler's crash, not a timeout
+    assert "scheduler' crashed" in str(leaf) and "OSError(28" in str(leaf)
+
+
+async def test_a_cancelled_run_starts_no_new_measurement(tmp_path: Path) -> None:
+    """Cancelled while a candidate is measured, the campaign must not take the cancelled
+    measurement as a result and go on (the next slot, the final scores) in its grace."""
+    started: list[tuple[bool, str]] = []  # (after the cancel, unit id)
+    cancelled, in_flight = False, trio.Event()
+
+    async def slow_replay(call: BackendCall) -> dict:
+        unit = call.env["EVOLANE_UNIT"]
+        started.append((cancelled, unit))
+        if unit.startswith("c0.i0.s0.") and ".screen" not in unit:
+            in_flight.set()
+            await trio.sleep(3)
+        return await replay_backend(call)
+
+    paths = write_toy(tmp_path, {"0.0": "fix:2", "0.1": "fix:1"})
+    config = toy_config(paths, replay="backend:replay", iterations=1, screening=False)
+    with trio.fail_after(60):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            handle = await runtime.start_optimize(
+                OptimizeRequest(config=config), backends=Backends(replay=slow_replay)
+            )
+            await in_flight.wait()
+            cancelled = True
+            handle.cancel()
+            with pytest.raises(evolane.RunCancelled):
+                await handle.result()
+    late = sorted({unit.rsplit(".", 3)[0] for after, unit in started if after})
+    assert late in ([], ["c0.i0.s0"]), late  # at most the units of the measurement in flight

@@ -142,6 +142,9 @@ class Driver:
                 assert control is None or (control.done and control.status == "succeeded")
                 self.started[action.unit_id] = self.started.get(action.unit_id, 0) + 1
                 assert self.started[action.unit_id] == 1, f"{action.unit_id} started twice"
+            if isinstance(action, StartJudge):  # nothing is judged once it is not wanted
+                unit = self.plan._by_id[action.unit_id]
+                assert self.plan.stop_reason is None and not self.plan._beyond_cutoff(unit)
             if isinstance(action, StopUnit):
                 self.stopped.update(action.unit_ids)
             elif isinstance(action, Finish):
@@ -588,3 +591,23 @@ def test_a_stop_before_the_start_runs_no_unit_and_ends() -> None:
     assert plan.finished and any(isinstance(a, Finish) for a in actions)
     summary = plan.summary(OUTPUT, 0.0)
     assert summary.status == "cancelled" and summary.units_not_run == len(plan.units)
+    assert summary.units_run == 0  # a treatment blocked by its control never ran
+
+
+def test_a_replay_that_ends_as_the_stop_comes_is_kept_but_not_judged() -> None:
+    plan = MeasurePlan(make_request(), make_settings(4), lanes=2)
+    driver = Driver(plan, {u.unit_id: Outcome() for u in plan.units})
+    driver.take(plan.start())
+    in_flight = [a for a in driver.pending if isinstance(a, StartReplay)]
+    driver.take(plan.handle(StopRequested("cancelled", "the run is stopping")))
+    for action in in_flight:  # each replay had already exited: it comes back succeeded
+        driver.pending.remove(action)
+        job = action.job
+        driver.take(plan.handle(UnitReplayed(job.unit_id, replay_result(job, Outcome()))))
+    while driver.pending:
+        driver.answer(0)
+    assert not kinds(driver, StartJudge)
+    assert {plan._by_id[a.unit_id].status for a in in_flight} == {"cancelled"}
+    summary = plan.summary(OUTPUT, 0.0)
+    assert summary.units_run == len(in_flight)  # replayed (and kept), then stopped
+    assert summary.units_not_run + summary.units_blocked == len(plan.units) - len(in_flight)

@@ -2,9 +2,11 @@
 
 An iteration asks the optimizer lanes for up to ``population`` candidates (concurrently),
 sends each through the funnel (unique -> local gates -> screening -> paired measurement ->
-evaluation) in slot order, and promotes the best accepted one to parent. After the last
-iteration the seed and the best tree are scored on the val split and the sealed test split
-(never used to decide), the apply policy runs, and the report is written.
+evaluation) in slot order, and promotes the best accepted one to parent. The optimizer is
+shown the parent's results on the feedback split (train; val only when asked or when no
+train could be carved: `campaign._splits`), never the val cases the gate decides on. After
+the last iteration the seed and the best tree are scored on the val split and the sealed
+test split (never used to decide), the apply policy runs, and the report is written.
 
 Everything that decides is deterministic given the seed: slot seeds, measurement ids and unit
 ids are derived, candidates are measured in slot order, and early stopping is judged on the
@@ -250,7 +252,9 @@ class _Cycle:
         return chosen
 
     async def _measure_parent(self, iteration: int) -> None:
-        """The parent's val results (what the optimizer prompt is made of); mostly reused."""
+        """The parent's val results (the baselines candidates are paired with; mostly reused)
+        and, for an iteration still to come, its results on the feedback split (what the
+        optimizer is shown: train unless val feeds it, see `campaign._splits`)."""
         state = self.state
         self.peers.emit(
             PhaseEvent(
@@ -261,20 +265,33 @@ class _Cycle:
                 parent=state.parent.digest,
             )
         )
-        request = MeasureRequest(
-            measurement_id=f"c{self.s.cycle}.i{iteration}.base",
-            baseline_ref=state.parent,
-            baseline_repetitions=self.config.baseline_replay_repetitions,
-            gate=self.config.gate,
-        )
-        summary, units = await self.peers.measure(state.book, request, "baseline", iteration, None)
-        state.parent_units = units
-        if summary.status == "budget_limited":
-            raise Stopped("budget_limited", summary.message or "the budget ran out")
+        units = await self._measure_baseline(f"c{self.s.cycle}.i{iteration}.base", "val", iteration)
         if not arm_scores(units, "baseline"):  # nothing to compare against
             why = f"no case of the parent could be scored: {first_failure(units)}"
             self.peers.emit(WarningEvent(run_id=self.s.run_id, message=why[:256]))
             raise Stopped("failed", why)
+        if self.s.feedback_split == "val":
+            state.parent_units = units
+        elif iteration < self.config.iterations:  # the last accepted parent gets no prompt
+            mid = f"c{self.s.cycle}.i{iteration}.train"
+            state.parent_units = await self._measure_baseline(mid, "train", iteration)
+
+    async def _measure_baseline(
+        self, measurement_id: str, split: str, iteration: int
+    ) -> list[dict[str, Any]]:
+        """The parent alone on ``split``: its units (`Stopped` when the budget ran out)."""
+        state = self.state
+        request = MeasureRequest(
+            measurement_id=measurement_id,
+            baseline_ref=state.parent,
+            split=split,  # type: ignore[arg-type]
+            baseline_repetitions=self.config.baseline_replay_repetitions,
+            gate=self.config.gate,
+        )
+        summary, units = await self.peers.measure(state.book, request, "baseline", iteration, None)
+        if summary.status == "budget_limited":
+            raise Stopped("budget_limited", summary.message or "the budget ran out")
+        return units
 
     async def _finalize(self) -> None:
         """Score the seed and the best tree on val (mostly reused) and the sealed test split."""
@@ -290,7 +307,8 @@ class _Cycle:
                 self.config.baseline_replay_repetitions,
                 self.config.candidate_replay_repetitions,
             )
-            if split == "test" and best.digest != self.s.seed_ref.digest:  # to confirm
+            confirming = self.s.confirms and best.digest != self.s.seed_ref.digest
+            if split == "test" and confirming:
                 reps = (confirm_repetitions(self.config, self.s.test_cases),) * 2
             request = MeasureRequest(
                 measurement_id=f"c{self.s.cycle}.final.{split}",
@@ -312,7 +330,7 @@ class _Cycle:
             )
             if split == "test":
                 state.test = state.book.measurements[-1]
-                if best.digest != self.s.seed_ref.digest:  # confirm before publish
+                if confirming:  # confirm before publish
                     state.confirmation = confirmation_of(
                         arm_scores(units, "baseline"),
                         arm_scores(units, "candidate"),

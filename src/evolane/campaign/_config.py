@@ -32,6 +32,16 @@ MAX_WALL_CLOCK_BUDGET = 365 * 86_400.0
 """The largest wall-clock budget a campaign accepts (a year): longer is a typo."""
 ApplyPolicyName = Literal["proposal", "verified_only", "auto_verified"]
 Focus = Literal["all", "cyclic", "hardest-first"]
+FeedbackSplit = Literal["train", "val"]
+"""The split whose results the optimizer is shown (``--feedback-split``)."""
+LEGACY_FEEDBACK_SPLIT: FeedbackSplit = "val"
+"""What a stored config without ``feedback_split`` ran with: runs before honest splits fed
+the optimizer the val results."""
+ErrorControlMode = Literal["auto", "confirm", "online", "none", "legacy"]
+"""How a campaign bounds the chance that it publishes an edit with no true gain (see
+`campaign._online`). ``legacy`` is not a flag value: it is what a run.json written before
+the setting existed means (confirm when there are test cases, else none), so such a run
+resumes as it ran."""
 
 
 class ProposeSettings(Record):
@@ -76,7 +86,13 @@ class CampaignConfig(Record):
     baseline_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     gate: GateConfig = GateConfig()
+    error_control: ErrorControlMode = "auto"
+    """``confirm`` the best on the test split, ``online`` (alpha = 1 - confidence spent over
+    the candidates), ``none``; ``auto``: confirm when the dataset has test cases, else online."""
     focus: Focus = "all"
+    feedback_split: FeedbackSplit = "train"
+    """Whose results the optimizer sees: ``train`` (honest; carved from val when the dataset
+    has none, see `campaign._splits`) or ``val`` (the gate's own cases: val is optimistic)."""
     protected: tuple[ShortText, ...] = Field(default=(), max_length=64)
     required_files: tuple[ShortText, ...] = Field(default=(), max_length=64)
     max_growth_bytes: int = Field(default=MAX_GROWTH_BYTES, ge=0)
@@ -129,6 +145,14 @@ class CampaignConfig(Record):
             required = [r for r in required if r != name] + list(part.get("required", []))
         body["properties"], body["required"] = properties, required
         return schema
+
+
+def with_legacy_feedback(data: Any) -> Any:
+    """``data`` (a stored config) with ``feedback_split`` set to what it ran with when it
+    was written before the key existed (`LEGACY_FEEDBACK_SPLIT`); anything else as given."""
+    if isinstance(data, Mapping) and "feedback_split" not in data:
+        return {**data, "feedback_split": LEGACY_FEEDBACK_SPLIT}
+    return data
 
 
 def _nest(data: Mapping[str, Any], parts: Mapping[str, type[Record]]) -> dict[str, Any]:

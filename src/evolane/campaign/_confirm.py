@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._online import OnlineBudget, online_words, opening_budget, resolved_mode
 from evolane.messages import Record, ShortText, Text
 from evolane.stats import can_ever_confirm, confirm
 
@@ -107,16 +108,32 @@ def confirmation_of(
     )
 
 
-def error_control(config: CampaignConfig, test_cases: int) -> str:
-    """The campaign's error control, in words, for the report."""
+def error_control(
+    config: CampaignConfig,
+    test_cases: int,
+    online: OnlineBudget | None = None,
+    val_cases: int | None = None,
+) -> str:
+    """The campaign's error control, in words, for the report: ``online`` with its budget
+    (``online``, else a fresh one) and price with ``val_cases``; ``confirm``; or ``none``."""
     gate = config.gate
     level = 1 - gate.confidence
-    if test_cases == 0:
+    mode = resolved_mode(config.error_control, test_cases)
+    if mode == "online":
+        budget = online or opening_budget(config, config.max_improvement_cycles)
+        return online_words(budget, val_cases)
+    if mode == "none":
+        where = (
+            f"the best is not confirmed on the {test_cases} test cases before it is published"
+            if test_cases
+            else "the dataset has no test cases, so the best is not confirmed before it is "
+            "published"
+        )
         return (
-            "none at the campaign level: the dataset has no test cases, so the best is not "
-            "confirmed before it is published, and each candidate tried is one more chance "
-            "that a useless edit passes the val gate (about half of default campaigns end "
-            "with one); add test cases to confirm the best"
+            f"none at the campaign level: {where}, and each candidate tried is one more chance "
+            "that a useless edit passes the val gate (about half of default campaigns end with "
+            "one): the campaign-level false-publish rate is uncontrolled; use --error-control "
+            "online, or add test cases to confirm the best"
         )
     possible, why = can_ever_confirm(test_cases, gate.confidence)
     text = (

@@ -1,9 +1,11 @@
 """The estimate made before any expensive work: how many subprocesses at most, how long.
 
 Counts are upper bounds (every candidate measured in full, no baseline reused across
-parents, every judge call retried to the limit). The wall range runs from a lucky run
-(nothing accepted, every candidate stopped early at the coverage floor) at the typical unit
-time seen before in this store, to every unit running into its timeout.
+parents, every judge call retried to the limit); when train feeds the optimizer
+(`campaign._splits`), the parent of every iteration is also measured on train, and those
+replays count too. The wall range runs from a lucky run (nothing accepted, every candidate
+stopped early at the coverage floor) at the typical unit time seen before in this store, to
+every unit running into its timeout.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Estimate(Record):
 
     val_cases: int = Field(ge=0)
     test_cases: int = Field(ge=0)
+    train_cases: int = Field(default=0, ge=0)
+    """The train cases each parent is measured on (0 when val feeds the optimizer)."""
     baseline_repetitions: int = Field(ge=1)
     candidate_repetitions: int = Field(ge=1)
     replays_max: int = Field(ge=0)
@@ -46,6 +50,8 @@ class Estimate(Record):
     """The smallest mean gain the gate can accept with pass/fail scores (preflight)."""
     preflight: tuple[ShortText, ...] = Field(default=(), max_length=8)
     """What the gate can accept, in words, before anything runs (`campaign._preflight`)."""
+    splits: ShortText = ""
+    """Which split feeds the optimizer and each split's cases, in words (`campaign._splits`)."""
 
 
 def repetitions_for(config: CampaignConfig, cases: int) -> tuple[int, int]:
@@ -58,14 +64,21 @@ def repetitions_for(config: CampaignConfig, cases: int) -> tuple[int, int]:
 
 
 def estimate_run(
-    config: CampaignConfig, val_cases: int, test_cases: int, history: UnitHistory | None = None
+    config: CampaignConfig,
+    val_cases: int,
+    test_cases: int,
+    history: UnitHistory | None = None,
+    *,
+    train_cases: int = 0,
 ) -> Estimate:
-    """The estimate for one cycle of ``config`` on a dataset of this shape."""
+    """The estimate for one cycle of ``config`` on a dataset of this shape (``train_cases``:
+    the cases each parent is measured on for the optimizer's feedback, besides val)."""
     b, c = repetitions_for(config, val_cases)
     tb = tc = confirm_repetitions(config, test_cases)  # the confirmation's, both arms alike
     iterations, population = config.iterations, config.population
     screening = (b + c) if config.screening else 0
-    baselines = iterations * val_cases * b
+    feedback = train_cases * repetitions_for(config, train_cases)[0]  # per parent
+    baselines = iterations * (val_cases * b + feedback)
     candidates = iterations * population * (val_cases * c + screening)
     final = val_cases * (b + c) + test_cases * (tb + tc)
     replays = baselines + candidates + final
@@ -88,6 +101,7 @@ def estimate_run(
     if history is not None:
         lucky = (
             val_cases * b
+            + feedback
             + iterations * population * min(val_cases, config.gate.min_cases) * c
             + test_cases * (tb + tc)
         )
@@ -102,6 +116,7 @@ def estimate_run(
         preflight=checked.lines,
         val_cases=val_cases,
         test_cases=test_cases,
+        train_cases=train_cases,
         baseline_repetitions=b,
         candidate_repetitions=c,
         replays_max=replays,

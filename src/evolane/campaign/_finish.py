@@ -142,11 +142,17 @@ async def finish(
         isolation=",".join(host.mechanisms),
         config=prepared.config,
         estimate=prepared.estimate,
+        splits=prepared.splits,
         seed=run.seed_ref,
         selected=None if best.digest == run.seed_ref.digest else best,
         best=best,
         apply=applied,
-        error_control=error_control(prepared.config, prepared.test_cases),
+        error_control=error_control(
+            prepared.config,
+            prepared.test_cases,
+            outcome.report.online,
+            len(prepared.dataset.split("val")),
+        ),
         artifacts=_artifacts(run.seed_ref, best, applied),
         budget=BudgetRecord(
             ceilings=ledger.ceilings,
@@ -221,6 +227,7 @@ def _write_report(
                 "elapsed_seconds": state.elapsed_seconds + run.elapsed_seconds,
                 "rejected": outcome.rejected,
                 "seen": outcome.seen[-SEEN_KEPT:],
+                "online": report.online or state.online,  # the budget spent, never reset
             }
         ),
     )

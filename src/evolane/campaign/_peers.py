@@ -13,7 +13,7 @@ import trio
 from evolane.actors import ActorRef
 from evolane.campaign._book import Book
 from evolane.campaign._report import Purpose
-from evolane.campaign._types import CampaignServices, CampaignSetup
+from evolane.campaign._types import CampaignServices, CampaignSetup, Stopped
 from evolane.measure import Pipeline
 from evolane.messages import (
     BudgetUpdate,
@@ -81,6 +81,8 @@ class Peers:
     ) -> tuple[MeasureSummary, list[dict[str, Any]]]:
         """Run one measurement, keep its record in ``book`` and tell the progress bus."""
         summary = await self.pipeline.measure(request)
+        if summary.status == "cancelled":  # stopped from outside: nothing to decide on
+            raise Stopped("interrupted", summary.message or "the measurement was cancelled")
         store = self.services.store
         raw = await trio.to_thread.run_sync(store.read_bytes, summary.units_ref)
         units: list[dict[str, Any]] = orjson.loads(raw)

@@ -4,9 +4,12 @@ hopeless configuration refused) before anything runs or is written (DESIGN §6).
 The lines come from `stats.min_acceptable_gain` and its siblings: the smallest mean gain the
 gate can accept with this many val cases and repetitions (exact for pass/fail scores; with
 a judge that grades, also the gain in units of the per-case spread), a `--no-regression`
-that can never veto, a test split too small to ever confirm. A configuration in which no
-candidate can ever be accepted (fewer val cases than the coverage guard needs) is refused
-with an `InputError` (exit 2) naming the reason.
+that can never veto, a test split too small to ever confirm, and in ``online`` error control
+the level each candidate is tested at and how many val cases it must improve. A
+configuration in which no candidate can ever be accepted (fewer val cases than the coverage
+guard needs; in online mode, too few val cases for the sign-flip p-value to reach the
+highest level any candidate can get; ``confirm`` without test cases) is refused with an
+`InputError` (exit 2) naming the reason.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._online import OnlineBudget, opening_budget, resolved_mode
 from evolane.stats import (
     can_ever_accept,
     can_ever_confirm,
+    can_ever_pass_online,
     min_acceptable_gain,
     regression_veto_note,
 )
@@ -34,25 +39,77 @@ class Preflight:
 
 
 def preflight(
-    config: CampaignConfig, val_cases: int, test_cases: int, repetitions: tuple[int, int]
+    config: CampaignConfig,
+    val_cases: int,
+    test_cases: int,
+    repetitions: tuple[int, int],
+    online: OnlineBudget | None = None,
 ) -> Preflight:
     """The preflight of ``config`` on a dataset with ``val_cases`` and ``test_cases``, with
-    the val measurement's (baseline, candidate) ``repetitions``."""
+    the val measurement's (baseline, candidate) ``repetitions``; in ``online`` mode, under
+    the campaign's stored budget ``online`` (else a fresh one)."""
     gate = config.gate
+    mode = resolved_mode(config.error_control, test_cases)
+    if mode == "confirm" and not test_cases:
+        why = (
+            "--error-control confirm: the dataset has no test cases to confirm the best on; "
+            "add some, or use --error-control online"
+        )
+        return Preflight(False, why, None, (why,))
     possible, why = can_ever_accept(gate, val_cases, repetitions)
     if not possible:
         return Preflight(False, why, None, (why,))
-    binary = min_acceptable_gain(gate, val_cases, repetitions, "binary")
+    level, online_lines = None, []
+    if mode == "online":
+        budget = online or opening_budget(config, config.max_improvement_cycles)
+        refusal, level, online_lines = _online(budget, val_cases)
+        if refusal is not None:
+            return Preflight(False, refusal, None, (refusal,))
+    binary = min_acceptable_gain(gate, val_cases, repetitions, "binary", level=level)
     lines = [binary.reason]
     if config.measure.judge and gate.gate in ("paired", "bootstrap"):  # a judge may grade
         lines.append(min_acceptable_gain(gate, val_cases, repetitions, "continuous").reason)
     veto = regression_veto_note(gate, repetitions)
     if veto is not None:
         lines.append(veto)
-    if test_cases > 0:
+    lines += online_lines
+    if mode == "confirm":
         confirmable, reason = can_ever_confirm(test_cases, gate.confidence)
         if not confirmable:
             lines.append(f"{reason}: verified_only / auto_verified will never publish")
-    else:
-        lines.append("no test cases: the best is published without a confirmation")
+    elif mode == "none":
+        where = "no test cases" if not test_cases else "--error-control none"
+        lines.append(
+            f"{where}: the best is published without a confirmation (the campaign-level "
+            "false-publish rate is uncontrolled)"
+        )
+    elif test_cases:
+        lines.append(f"the {test_cases} test cases are scored, not used to confirm the best")
     return Preflight(True, None, binary.mean, tuple(line[:256] for line in lines))
+
+
+def _online(budget: OnlineBudget, val_cases: int) -> tuple[str | None, float, list[str]]:
+    """(refusal, level, lines) of online mode: refused only when no candidate can reach the
+    highest level any can get (the budget's own, or one carried from an accepted
+    predecessor), warned when only a carried level can be reached."""
+    base, carried = budget.base_level, budget.next_level
+    best = max(base, carried)
+    spread = f"alpha {budget.alpha:g} over {budget.horizon} candidates"
+    advice = "add val cases, add test cases (the best is then confirmed instead) or use "
+    advice += "--error-control none"
+    if best <= 0.0:
+        why = f"the online error budget ({spread}) is spent: no candidate can be accepted"
+        return f"{why}; {advice}", best, []
+    reachable, why = can_ever_pass_online(val_cases, best)
+    if not reachable:
+        return f"{why} ({spread}); {advice}", best, []
+    if base > 0.0 and can_ever_pass_online(val_cases, base)[0]:
+        tested = f", {len(budget.tests)} tested" if budget.tests else ""
+        why = can_ever_pass_online(val_cases, base)[1]
+        return None, base, [f"{why} ({spread}{tested})"]
+    warning = (
+        f"warning: at the budget's own level ({base:.2g}, {spread}) no candidate can be "
+        f"accepted with {val_cases} val cases; only the next one can, at the level {carried:.2g} "
+        "carried from the last accepted candidate"
+    )
+    return None, carried, [warning]

@@ -15,6 +15,7 @@ from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run, repetitions_for
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.campaign._runs import (
     TERMINAL_CAMPAIGN,
@@ -30,7 +31,9 @@ from evolane.campaign._runs import (
     save_campaign,
     save_run,
 )
+from evolane.campaign._splits import SplitPlan, legacy_plan, plan_splits
 from evolane.inputs import (
+    SPLITS,
     CommandTemplate,
     Dataset,
     InputError,
@@ -60,6 +63,7 @@ class Prepared:
     gates: GateSettings
     test_cases: int
     ceilings: Usage
+    splits: SplitPlan
     rejudge: bool = False  # --from-run --rerun-evaluator: judge stored replays, run nothing else
 
     @property
@@ -122,14 +126,21 @@ def prepare_run(
             raise InputError(f"--dataset {config.dataset}: changed since run {resume_run} began")
         record = record.model_copy(
             update={
+                "splits": record.splits or legacy_plan(_in_file(dataset)),
                 "resumed": resumed,
                 "status": "running",
                 "elapsed_seconds": record.elapsed_seconds + _died_session(layout, record),
             }
         )
     else:
-        _refuse_hopeless(config, dataset)
+        plan = plan_splits(
+            config, _in_file(dataset), seed=_carve_seed(layout, config, resume_campaign)
+        )
+        _refuse_hopeless(config, plan, _stored_budget(layout, resume_campaign))
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
+        record = record.model_copy(update={"splits": plan})
+        if campaign.splits is None and plan.carved:  # the campaign's later cycles carve alike
+            campaign = campaign.model_copy(update={"splits": plan})
     if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
         _check_wall_left(config, campaign.elapsed_seconds)
     return _prepared(
@@ -146,12 +157,41 @@ def prepare_run(
     )
 
 
-def _refuse_hopeless(config: CampaignConfig, dataset: Dataset) -> None:
-    """Refuse, before anything is written, a configuration that can never accept."""
-    val = len(dataset.split("val"))
-    checked = preflight(config, val, len(dataset.split("test")), repetitions_for(config, val))
+def _in_file(dataset: Dataset) -> dict[str, tuple[str, ...]]:
+    """The case ids of each split as the dataset file assigns them."""
+    return {name: tuple(case.id for case in dataset.split(name)) for name in SPLITS}
+
+
+def _carve_seed(layout: StoreLayout, config: CampaignConfig, campaign_id: str | None) -> int:
+    """The seed a carve uses: the campaign's earlier carve's, so that every cycle of a
+    campaign holds out the same val cases, else the run's seed."""
+    if campaign_id is not None:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            earlier = load_campaign(layout, campaign_id).splits
+            if earlier is not None and earlier.carve_seed is not None:
+                return earlier.carve_seed
+    return config.seed
+
+
+def _refuse_hopeless(
+    config: CampaignConfig, plan: SplitPlan, online: OnlineBudget | None = None
+) -> None:
+    """Refuse, before anything is written, a configuration that can never accept (under
+    the campaign's stored online budget, when it has one)."""
+    val = plan.val_cases
+    checked = preflight(config, val, plan.test_cases, repetitions_for(config, val), online)
     if not checked.possible:
         raise InputError(f"--dataset {config.dataset}: {checked.refusal}")
+
+
+def _stored_budget(layout: StoreLayout, campaign_id: str | None) -> OnlineBudget | None:
+    """The online error budget a continued campaign has spent so far (None: none yet)."""
+    if campaign_id is None:
+        return None
+    try:
+        return load_campaign(layout, campaign_id).online
+    except FileNotFoundError:  # refused with its own message when the campaign is loaded
+        return None
 
 
 def _prepared(
@@ -170,6 +210,8 @@ def _prepared(
 ) -> Prepared:
     """The checked request, with its estimate and the ceilings left after ``spent``."""
     test_cases = len(dataset.split("test"))
+    plan = run.splits or legacy_plan(_in_file(dataset))
+    train = plan.train_cases if plan.feedback == "train" else 0
     return Prepared(
         config=config,
         layout=layout,
@@ -179,12 +221,22 @@ def _prepared(
         campaign=campaign,
         resume=resume,
         resumed=resumed,
-        estimate=estimate_run(config, len(dataset.split("val")), test_cases, history),
+        estimate=_with_splits(
+            estimate_run(config, plan.val_cases, test_cases, history, train_cases=train), plan
+        ),
         gates=gates,
         test_cases=test_cases,
         ceilings=_remaining(config, spent),
+        splits=plan,
         rejudge=rejudge,
     )
+
+
+def _with_splits(estimate: Estimate, plan: SplitPlan) -> Estimate:
+    """``estimate`` saying which split feeds the optimizer (and warning when it is val)."""
+    notes = (plan.note[:256],) if plan.note else ()
+    preflight = (*estimate.preflight, *notes)[:8]
+    return estimate.model_copy(update={"splits": plan.sentence()[:256], "preflight": preflight})
 
 
 def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared:
@@ -214,12 +266,14 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
         best_ref=old.parent_ref,
         cycles=old.cycle,
     )
+    plan = old.splits or legacy_plan(_in_file(dataset))  # the splits it was judged on
+    record = _run_record(config, campaign, dataset).model_copy(update={"splits": plan})
     return _prepared(
         layout,
         config,
         gates,
         dataset,
-        _run_record(config, campaign, dataset),
+        record,
         campaign,
         resume=read_resume_state(layout.run_dir(run_id) / "journal.jsonl"),
         resumed=0,

@@ -8,14 +8,16 @@ the same seed are compared. Lists are in a stable order.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, create_model
+from pydantic import Field, create_model, model_validator
 
-from evolane.campaign._config import CampaignConfig
+from evolane.campaign._config import CampaignConfig, with_legacy_feedback
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._estimate import Estimate
+from evolane.campaign._online import OnlineBudget
+from evolane.campaign._splits import SplitPlan
 from evolane.messages import (
     ArtifactRef,
     Decision,
@@ -178,6 +180,17 @@ class Report(Record):
     isolation: ShortText = ""
     config: CampaignConfig
     estimate: Estimate | None = None
+    splits: SplitPlan | None = None
+    """Which split fed the optimizer, each split's cases, the carve (None: an older report)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """A report written before ``feedback_split`` existed is of a run that fed back val."""
+        if isinstance(data, dict) and "config" in data:
+            return {**data, "config": with_legacy_feedback(data["config"])}
+        return data
+
     seed: ArtifactRef
     selected: ArtifactRef | None = None  # the best tree, when it is not the seed
     best: ArtifactRef
@@ -188,6 +201,9 @@ class Report(Record):
     """The best confirmed (or not) against the seed on the test split before a publish."""
     error_control: Text = ""
     """The campaign's error control, in words."""
+    online: OnlineBudget | None = None
+    """The campaign's online error budget after this run (``online`` mode): alpha, horizon
+    and every candidate tested so far with its p-value, level and decision."""
     iterations: tuple[IterationRecord, ...] = Field(default=(), max_length=_MANY)
     measurements: tuple[MeasurementRecord, ...] = Field(default=(), max_length=_MANY)
     funnel: tuple[FunnelRecord, ...] = Field(default=(), max_length=_MANY)
@@ -202,6 +218,7 @@ CYCLE_PARTS = (
     "scores",
     "test",
     "confirmation",
+    "online",
     "iterations",
     "measurements",
     "funnel",
@@ -238,6 +255,36 @@ def _ci(score: ScoreCI | None) -> str:
     return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}] (n={score.n})"
 
 
+def _splits_lines(plan: SplitPlan | None) -> list[str]:
+    """The report's lines on the splits: which one fed the optimizer, and any warning."""
+    if plan is None:
+        return []
+    lines = [f"- splits: {plan.sentence()}"]
+    if plan.note:
+        lines.append(f"- **warning**: {plan.note}")
+    return lines
+
+
+def _online_lines(budget: OnlineBudget | None) -> list[str]:
+    """The online error budget's tests as a table (none outside ``online`` mode)."""
+    if budget is None:
+        return []
+    lines = [
+        "",
+        f"## Online error control (alpha {budget.alpha:g} over {budget.horizon} candidates)",
+        "",
+        "| candidate | slot | gate | p-value | level | decision |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {t.index} | {t.slot} | {t.gate} | "
+        + ("-" if t.p_value is None else f"{t.p_value:.3g}")
+        + f" | {t.level:.3g} | {t.decision} |"
+        for t in budget.tests
+    ]
+    return lines
+
+
 def render_markdown(report: Report) -> str:
     """The human summary of a report."""
     s = report.scores
@@ -254,6 +301,7 @@ def render_markdown(report: Report) -> str:
         f"- test (sealed: never used to choose, only to confirm): {_ci(s.baseline_test)} -> "
         f"{_ci(s.best_test)}",
     ]
+    lines += _splits_lines(report.splits)
     if report.confirmation is not None:
         lines.append(f"- confirmation: {report.confirmation.sentence}")
     if report.error_control:
@@ -278,6 +326,7 @@ def render_markdown(report: Report) -> str:
         f"| {d.cycle} | {d.iteration} | {d.slot} | `{d.digest[7:19]}` | {d.decision} | {d.reason} |"
         for d in report.decisions
     ]
+    lines += _online_lines(report.online)
     lines += ["", "## Funnel", "", "| slot | stages | terminal | reason |", "|---|---|---|---|"]
     lines += [
         f"| {f.slot_id} | {' > '.join(f.stages)} | {f.terminal} | {f.reason} |"

@@ -5,6 +5,7 @@ write the report. This is what ``evolane optimize`` and an embedding call."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -216,6 +217,8 @@ def _announce(
     )
     shared = prepared.estimate.model_dump(include=set(EstimateEvent.model_fields))
     bus.publish(EstimateEvent(run_id=run.run_id, **shared))
+    if prepared.splits.optimistic:
+        bus.publish(WarningEvent(run_id=run.run_id, message=prepared.splits.note[:256]))
 
 
 async def _cycle(
@@ -236,6 +239,7 @@ async def _cycle(
     )
     async with open_measure_cluster(config.measure, context, host, store) as cluster:
         cases = await trio.to_thread.run_sync(store_cases, store, prepared.dataset)
+        cases = dataclasses.replace(cases, splits=prepared.splits.splits(cases.splits))
         services = CampaignServices(
             store=store,
             host=host,
@@ -281,9 +285,11 @@ async def _cycle(
             ledger = await runtime.lookup(slots.budget).ask(LedgerQuery())
         finally:
             with trio.CancelScope(shield=True):
-                # Units and proposals in flight stop through their lanes before the tree is
-                # cancelled (the lanes' kill ladders run either way).
-                for name in (slots.scheduler, *slots.optimizers(optimizer.count)):
+                # The campaign starts no more work, and units and proposals in flight stop
+                # through their lanes, before the tree is cancelled (the lanes' kill ladders
+                # run either way).
+                names = (slots.campaign, slots.scheduler, *slots.optimizers(optimizer.count))
+                for name in names:
                     with contextlib.suppress(KeyError):
                         runtime.lookup(name).signal(StopAll())
                 await runtime.root.stop_child(slots.prefix)
@@ -303,7 +309,13 @@ def _setup(prepared: Prepared, slots: RunSlots) -> CampaignSetup:
     """The campaign actor's setup: settings, the run's and the campaign's records, slots."""
     records = (prepared.config, prepared.gates, prepared.run, prepared.campaign)
     rejudge, tests = prepared.rejudge, prepared.test_cases
-    return CampaignSetup(*records, slots, test_cases=tests, optimizer_allowed=not rejudge)
+    return CampaignSetup(
+        *records,
+        slots,
+        test_cases=tests,
+        optimizer_allowed=not rejudge,
+        feedback_split=prepared.splits.feedback,
+    )
 
 
 __all__ = ["EXIT_FOR_STATUS", "RunOutcome", "RunRequest", "load_run", "run_campaign"]

@@ -16,12 +16,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
-from evolane.campaign._config import CampaignConfig
+from evolane.campaign._config import CampaignConfig, with_legacy_feedback
+from evolane.campaign._online import OnlineBudget
+from evolane.campaign._splits import SplitPlan
 from evolane.inputs import InputError
 from evolane.measure import RESTORABLE
 from evolane.messages import (
@@ -64,6 +66,25 @@ class RunRecord(Record):
     resumed: int = Field(default=0, ge=0)  # how many times the run was resumed
     elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its sessions that have ended
     session_started: float | None = None  # time.time() the current (or last) session began
+    splits: SplitPlan | None = None  # which split fed the optimizer, and the carve (None: val)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """A ``run.json`` written before ``feedback_split`` existed ran with val feedback."""
+        if isinstance(data, dict) and "config" in data:
+            return {**data, "config": with_legacy_feedback(data["config"])}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_it_ran(cls, data: Any) -> Any:
+        """A run.json written before ``error_control`` existed resumes as it ran: ``legacy``
+        (confirm with test cases, else no campaign-level control)."""
+        config = data.get("config") if isinstance(data, dict) else None
+        if isinstance(config, dict) and "error_control" not in config:
+            data = {**data, "config": {**config, "error_control": "legacy"}}
+        return data
 
 
 class RejectedEdit(Record):
@@ -92,6 +113,9 @@ class CampaignState(Record):
     elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its runs that have ended
     rejected: tuple[RejectedEdit, ...] = Field(default=(), max_length=REJECTED_KEPT)
     seen: tuple[Digest, ...] = Field(default=(), max_length=SEEN_KEPT)  # for the duplicate gate
+    splits: SplitPlan | None = None  # the carve its cycles share (set by its first carve)
+    online: OnlineBudget | None = None
+    """The online error budget, once a cycle ran in ``online`` mode: later cycles continue it."""
     updated: float = 0.0
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from evolane.actors import ActorError, ActorRef
-from evolane.campaign._book import SlotBook, arm_score, hardest_failing
+from evolane.campaign._book import SlotBook, arm_score, arm_scores, hardest_failing
 from evolane.campaign._gates import run_local_gates
 from evolane.campaign._peers import Peers
 from evolane.campaign._prompt import edit_diff, encode_prompt
@@ -35,6 +35,7 @@ from evolane.messages import (
     Reserve,
     ReserveReply,
 )
+from evolane.stats import paired_sample
 from evolane.supervisors import leaf_exceptions
 
 PROPOSAL_REPLY_SLACK = 60.0
@@ -236,8 +237,9 @@ class Slots:
             baseline_repetitions=self.config.baseline_replay_repetitions,
             candidate_repetitions=self.config.candidate_replay_repetitions,
             gate=self.config.gate,
+            early_accept=state.online is None,  # online control reads the full evaluation
         )
-        summary, _ = await self.peers.measure(
+        summary, units = await self.peers.measure(
             state.book, request, "paired", book.iteration, book.slot
         )
         if summary.status == "budget_limited":  # part of the pairs: no decision to act on
@@ -247,6 +249,9 @@ class Slots:
             raise Stopped("budget_limited", reason)
         book.reach("evaluation")
         gate = summary.gate
+        if state.online is not None:  # the campaign's rule: the gate and the online budget
+            sample = paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate"))
+            gate = state.online.judge(book.slot_id, gate, sample.deltas, self.config.gate)
         state.book.decide(book, gate.decision, gate.reason)
         self.peers.decided(book.iteration, book.slot, tree.digest, gate)
         if gate.decision == "accept":

@@ -10,9 +10,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evolane.campaign._book import Book, SlotBook, settled_digests
-from evolane.campaign._config import CampaignConfig
+from evolane.campaign._config import CampaignConfig, FeedbackSplit
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._gates import GateSettings
+from evolane.campaign._online import Mode, OnlineBudget, OnlineRule, opening_budget, resolved_mode
 from evolane.campaign._report import CycleReport, MeasurementRecord, Scores
 from evolane.campaign._runs import (
     REJECTED_KEPT,
@@ -73,11 +74,33 @@ class CampaignSetup:
     slots: RunSlots
     test_cases: int
     optimizer_allowed: bool = True  # False when re-judging stored work: proposals come from it
+    feedback_split: FeedbackSplit = "train"  # whose results the optimizer sees (`_splits`)
 
     @property
     def has_test(self) -> bool:
         """Whether the dataset has a sealed test split (the best is confirmed on it)."""
         return self.test_cases > 0
+
+    @property
+    def error_control(self) -> Mode:
+        """The campaign-level error control this cycle runs (``auto`` resolved)."""
+        return resolved_mode(self.config.error_control, self.test_cases)
+
+    @property
+    def confirms(self) -> bool:
+        """Whether an accepted best is confirmed on the test split before a publish."""
+        return self.error_control == "confirm" and self.has_test
+
+    def online_budget(self) -> OnlineBudget | None:
+        """The error budget this cycle continues (``online`` mode): the campaign's stored
+        one, else a fresh one over the cycles left; None in other modes."""
+        if self.error_control != "online":
+            return None
+        campaign = self.campaign
+        if campaign.online is not None:
+            return campaign.online
+        cycles = max(self.config.max_improvement_cycles, campaign.max_cycles) - campaign.cycles
+        return opening_budget(self.config, cycles)
 
     @property
     def run_id(self) -> str:
@@ -151,17 +174,21 @@ class CycleState:
     test: MeasurementRecord | None = None
     confirmation: ConfirmationRecord | None = None
     wall_clock_hit: bool = False
+    online: OnlineRule | None = None  # the campaign's acceptance rule in ``online`` mode
 
     @classmethod
     def starting(cls, setup: CampaignSetup) -> CycleState:
-        """The state a cycle starts in: from the run's parent, with the campaign's memory."""
+        """The state a cycle starts in: from the run's parent, with the campaign's memory
+        (its online error budget included)."""
         parent, campaign = setup.run.parent_ref, setup.campaign
+        budget = setup.online_budget()
         return cls(
             parent=parent,
             best_ref=parent,
             stalled=campaign.stalled,
             rejected=list(campaign.rejected),
             seen={parent.digest, *campaign.seen},
+            online=OnlineRule(budget) if budget is not None else None,
         )
 
     def outcome(self, seen_before: tuple[str, ...]) -> CycleOutcome:
@@ -171,6 +198,7 @@ class CycleState:
             scores=self.scores,
             test=self.test,
             confirmation=self.confirmation,
+            online=self.online.budget if self.online is not None else None,
             iterations=tuple(book.iterations),
             measurements=tuple(book.measurements),
             funnel=tuple(slot.record() for slot in book.funnel),

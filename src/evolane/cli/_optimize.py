@@ -127,8 +127,24 @@ def optimize(
         bool | None,
         _o("Stop a measurement early once decided (default on).", "--sequential/--no-sequential"),
     ] = None,
+    error_control: Annotated[
+        str | None,
+        _o(
+            "Campaign-level error control: auto | confirm | online | none (default auto: "
+            "confirm on the test split when the dataset has one, else online).",
+            "--error-control",
+        ),
+    ] = None,
     focus: Annotated[
         str | None, _o("all | cyclic | hardest-first (default all).", "--focus")
+    ] = None,
+    feedback_split: Annotated[
+        str | None,
+        _o(
+            "train | val (default train): whose results the optimizer sees; val makes val "
+            "scores optimistic.",
+            "--feedback-split",
+        ),
     ] = None,
     protected: Annotated[
         list[str] | None, _o("Glob a candidate may not touch (repeatable).", "--protected")

@@ -148,7 +148,8 @@ def _estimate_text(event: messages.EstimateEvent) -> str:
 
 
 def _preflight_lines(event: messages.EstimateEvent) -> list[str]:
-    return [f"preflight: {line}" for line in event.preflight]
+    splits = [f"splits: {event.splits}"] if event.splits else []
+    return splits + [f"preflight: {line}" for line in event.preflight]
 
 
 def _finished_text(event: messages.RunFinished) -> str:

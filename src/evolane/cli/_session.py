@@ -20,8 +20,10 @@ from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_US
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
+    "error_control": ("auto", "confirm", "online", "none"),
     "gate": ("paired", "bootstrap", "strict", "threshold"),
     "focus": ("all", "cyclic", "hardest-first"),
+    "feedback_split": ("train", "val"),
     "isolation": ("auto", "process", "namespace"),
     "progress": ("auto", "rich", "plain", "jsonl", "none"),
 }
@@ -34,7 +36,8 @@ _CONFIG_FLAGS = (
     "judge_concurrency", "optimizer_concurrency", "replay_timeout", "judge_timeout",
     "optimizer_timeout", "optimizer_idle", "kill_grace", "wall_clock_budget", "max_tokens",
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
-    "judge_failure_retries", "focus", "isolation", "seed", "cluster",
+    "judge_failure_retries", "focus", "feedback_split", "isolation", "seed", "cluster",
+    "error_control",
 )  # fmt: skip
 
 
@@ -50,7 +53,8 @@ def _check_choices(flags: dict[str, Any]) -> None:
     for name, allowed in _CHOICES.items():
         value = flags.get(name)
         if value is not None and value not in allowed:
-            raise UsageError(f"--{name} {value}: choose from {', '.join(allowed)}")
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {value}: choose from {', '.join(allowed)}")
 
 
 def build_config(flags: dict[str, Any]) -> Any:
@@ -211,6 +215,8 @@ def _print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
         f"{estimate.candidate_repetitions} repetitions, test {estimate.test_cases}); "
         f"{estimate.basis}"
     )
+    if estimate.splits:
+        print(f"splits: {estimate.splits}")
     for line in estimate.preflight:
         print(f"preflight: {line}")
     return EXIT_OK

@@ -30,6 +30,12 @@ def _test_result(report: Any) -> list[str]:
     return lines
 
 
+def _val_note(report: Any) -> str:
+    """A warning on the val line when val fed the optimizer (its scores are optimistic)."""
+    splits = report.splits
+    return "  (optimistic: val fed the optimizer)" if splits and splits.optimistic else ""
+
+
 def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     """Print the summary (to stderr when stdout carries the JSONL event stream)."""
     stream = sys.stderr if flags.get("progress") == "jsonl" else sys.stdout
@@ -48,7 +54,7 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         f"[bold]{report.status}[/bold]  campaign {report.campaign_id}: {report.campaign_status}"
         f"  (run {report.run_id}, {report.wall_seconds:.1f} s)",
         f"best: {best}",
-        f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}",
+        f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}{_val_note(report)}",
         f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: only confirms)",
         *_test_result(report),
         f"budget spent: replay wall {spent.wall_seconds or 0:.1f} s, tokens {spent.tokens or 0:g},"

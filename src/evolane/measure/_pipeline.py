@@ -76,6 +76,11 @@ class Pipeline:
         before it returns (bounded by `UNITS_STOP_WAIT`)."""
         try:
             return await self.scheduler.ask(request, timeout=MEASURE_ASK_TIMEOUT)
+        except ActorError:
+            # The scheduler crashed or stopped: its measurement ended with it (its lanes were
+            # told to stop on the way out) and no Ping could be answered before it restarts.
+            self.scheduler.signal(StopAll())
+            raise
         except BaseException:
             with trio.CancelScope(shield=True):
                 await stop_measurement(self.scheduler)

@@ -70,47 +70,44 @@ ReuseCache = MutableMapping[str, tuple[ReplayResult, JudgeResult]]
 
 
 @dataclass(frozen=True, slots=True)
-class UnitReplayed:
-    """A replay lane answered `StartReplay` (a lane that crashed: a framework failure)."""
+class _OfUnit:
+    """An event or action about one unit."""
 
     unit_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnitReplayed(_OfUnit):
+    """A replay lane answered `StartReplay` (a lane that crashed: a framework failure)."""
+
     replay: ReplayResult
 
 
 @dataclass(frozen=True, slots=True)
-class ReserveDenied:
+class ReserveDenied(_OfUnit):
     """The budget refused room for the replay of `StartReplay`; nothing ran."""
 
-    unit_id: str
-
 
 @dataclass(frozen=True, slots=True)
-class UnitCharged:
+class UnitCharged(_OfUnit):
     """The budget took the debit of `ChargeUnit`."""
 
-    unit_id: str
-
 
 @dataclass(frozen=True, slots=True)
-class ReplayJournaled:
+class ReplayJournaled(_OfUnit):
     """The record of `JournalReplay` is in the journal."""
 
-    unit_id: str
-
 
 @dataclass(frozen=True, slots=True)
-class UnitJudged:
+class UnitJudged(_OfUnit):
     """A judge lane answered `StartJudge` (a lane that crashed: a framework failure)."""
 
-    unit_id: str
     judge: JudgeResult
 
 
 @dataclass(frozen=True, slots=True)
-class UnitJournaled:
+class UnitJournaled(_OfUnit):
     """The record of `JournalUnit` is durably in the journal: the unit may count."""
-
-    unit_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,43 +126,38 @@ Event = (
 
 
 @dataclass(frozen=True, slots=True)
-class StartReplay:
+class StartReplay(_OfUnit):
     """Reserve room in the budget, then replay ``job`` on a free replay lane (the plan never
     starts more than the lanes it was given). Answer `UnitReplayed` or `ReserveDenied`."""
 
-    unit_id: str
     job: ReplayJob
 
 
 @dataclass(frozen=True, slots=True)
-class ChargeUnit:
+class ChargeUnit(_OfUnit):
     """Charge ``debit`` to the budget. Answer `UnitCharged`."""
 
-    unit_id: str
     debit: Debit
 
 
 @dataclass(frozen=True, slots=True)
-class JournalReplay:
+class JournalReplay(_OfUnit):
     """Append ``record`` to the run journal (need not be durable). Answer `ReplayJournaled`."""
 
-    unit_id: str
     record: ReplayRecord
 
 
 @dataclass(frozen=True, slots=True)
-class StartJudge:
+class StartJudge(_OfUnit):
     """Judge ``job`` on the next free judge lane. Answer `UnitJudged`."""
 
-    unit_id: str
     job: JudgeJob
 
 
 @dataclass(frozen=True, slots=True)
-class JournalUnit:
+class JournalUnit(_OfUnit):
     """Append ``record`` to the run journal durably. Answer `UnitJournaled`."""
 
-    unit_id: str
     record: UnitRecord
 
 
@@ -229,8 +221,8 @@ class MeasurePlan:
         self._left = len(self.units)
         self._actions: list[Action] = []
         self._moved = self._finished = False
-        paired = request.candidate_ref is not None
-        self._prefix = CasePrefix(len(self.case_ids), self.units, request.gate, paired)
+        prefix = (len(self.case_ids), self.units, request.gate, request.candidate_ref is not None)
+        self._prefix = CasePrefix(*prefix, allow_accept=request.early_accept)
 
     # ----- the machine ------------------------------------------------------------------
 
@@ -379,6 +371,9 @@ class MeasurePlan:
             self._judge(unit)
 
     def _judge(self, unit: Unit) -> None:
+        if self.stop_reason is not None or self._beyond_cutoff(unit):  # its replay is kept
+            self._finish(unit, "cancelled", self.stop_reason or "early_stop")
+            return
         unit.step = "judging"
         self._emit(StartJudge(unit.unit_id, judge_job(self.settings, unit)))
 

@@ -16,9 +16,18 @@ class CasePrefix:
     plus what `EarlyStop.update` costs. Early stop reads only this prefix, so where it stops
     never depends on the order in which units end."""
 
-    def __init__(self, cases: int, units: list[Unit], gate: GateConfig, paired: bool) -> None:
+    def __init__(
+        self,
+        cases: int,
+        units: list[Unit],
+        gate: GateConfig,
+        paired: bool,
+        *,
+        allow_accept: bool = True,
+    ) -> None:
         """``paired``: the measurement has a candidate arm (a baseline alone is measured
-        whole: there is nothing to decide early)."""
+        whole: there is nothing to decide early); ``allow_accept`` False: an early stop may
+        only reject (`EarlyStop`)."""
         self._members: list[list[Unit]] = [[] for _ in range(cases)]
         for unit in units:
             self._members[unit.case_index].append(unit)
@@ -27,7 +36,11 @@ class CasePrefix:
         self._complete: list[tuple[int, float | None]] = []  # (case index, delta), plan order
         self._deltas: list[float] = []
         self._fed = 0  # comparable deltas the early stop has taken
-        self._stopper = EarlyStop(gate, cases) if gate.sequential and paired else None
+        self._stopper = (
+            EarlyStop(gate, cases, allow_accept=allow_accept)
+            if gate.sequential and paired
+            else None
+        )
 
     @property
     def pairs(self) -> int:

@@ -9,6 +9,8 @@ with one event, which the measurement's loop feeds back to the plan.
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import trio
 
@@ -36,12 +38,14 @@ from evolane.measure._scheduling import SchedulerSettings
 from evolane.messages import (
     FailureEvent,
     JournalRecord,
+    JudgeJob,
     JudgeResult,
     MeasureRequest,
     MeasureSummary,
     Message,
     Ping,
     Pong,
+    ReplayJob,
     ReplayResult,
     Reserve,
     ReserveReply,
@@ -208,12 +212,10 @@ class _Measurement:
         lane through a `StopUnits` signal to that lane, one not yet in a lane when it gets
         one (`_hand_to`). The only place stop signals leave the scheduler."""
         if unit_ids is None:
-            # StopAll stops what a lane runs; a job still queued in its mailbox is stopped
-            # by name, like every unit handed to a lane from now on.
             self.stop_everything = True
             for lane in (*self.s.replay_lanes, *self.s.judge_lanes):
                 lane.signal(StopAll())
-            unit_ids = tuple(self.in_lane)
+            return
         by_lane: dict[ActorRef, list[str]] = {}
         for unit_id in unit_ids:
             lane = self.in_lane.get(unit_id)
@@ -250,17 +252,26 @@ class _Measurement:
             self._answer(ReserveDenied(job.unit_id))
             return
         lane = await self.free_replay[1].receive()
-        self._hand_to(lane, job.unit_id)
         try:
-            result: ReplayResult = await lane.ask(
-                job, timeout=job.timeout_seconds + LANE_ANSWER_MARGIN
-            )
+            timeout = job.timeout_seconds + LANE_ANSWER_MARGIN
+            result: ReplayResult = await self._ask_lane(lane, job, timeout)
         except ActorError as error:  # a lane that crashed or hung: the framework's fault
             result = ReplayResult.without_output(job, "failed", framework_failure("replay", error))
         finally:
-            self.in_lane.pop(job.unit_id, None)
             self.free_replay[0].send_nowait(lane)
         self._answer(UnitReplayed(job.unit_id, result))
+
+    async def _ask_lane(self, lane: ActorRef, job: ReplayJob | JudgeJob, timeout: float) -> Any:
+        """Ask ``lane`` to run ``job``; an ask that ends without its answer (cancelled, timed
+        out) stops the unit by name there, since its job may still wait in the lane's mailbox."""
+        self._hand_to(lane, job.unit_id)
+        try:
+            return await lane.ask(job, timeout=timeout)
+        except BaseException:
+            lane.signal(StopUnits(unit_ids=(job.unit_id,)))
+            raise
+        finally:
+            self.in_lane.pop(job.unit_id, None)
 
     async def _reserve(self, unit_id: str, replay_timeout: float) -> bool:
         budget = self.s.budget
@@ -290,10 +301,9 @@ class _Measurement:
     async def _judge(self, action: StartJudge) -> None:
         job = action.job
         lane = await self.free_judge[1].receive()
-        self._hand_to(lane, job.unit_id)
         try:
             timeout = job.timeout_seconds * JUDGE_TIMEOUTS_ALLOWED + LANE_ANSWER_MARGIN
-            result: JudgeResult = await lane.ask(job, timeout=timeout)
+            result: JudgeResult = await self._ask_lane(lane, job, timeout)
         except ActorError as error:
             result = JudgeResult(
                 unit_id=job.unit_id,
@@ -302,7 +312,6 @@ class _Measurement:
                 failure=framework_failure("judge", error),
             )
         finally:
-            self.in_lane.pop(job.unit_id, None)
             self.free_judge[0].send_nowait(lane)
         self._answer(UnitJudged(job.unit_id, result))
 

@@ -219,7 +219,7 @@ def unit_counts(units: list[Unit]) -> dict[str, int]:
     return {
         "units_planned": len(units),
         "units_run": sum(
-            u.replay is not None and not (u.reused or u.restored) and u.status != "blocked"
+            u.replay is not None and u.replay.status != "blocked" and not (u.reused or u.restored)
             for u in units
         ),
         "units_reused": sum(u.reused for u in units),

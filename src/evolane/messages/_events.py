@@ -73,6 +73,8 @@ class EstimateEvent(ProgressEvent):
     cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
     preflight: tuple[ShortText, ...] = Field(default=(), max_length=8)
     """What the gate can accept with these cases and repetitions, in words."""
+    splits: ShortText = ""
+    """Which split feeds the optimizer and how many cases each split has, in words."""
 
 
 class PhaseEvent(ProgressEvent):

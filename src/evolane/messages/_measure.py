@@ -201,6 +201,9 @@ class MeasureRequest(Message):
     baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
     gate: GateConfig = GateConfig()
+    early_accept: bool = True
+    """False: an early stop may reject but never accept (online error control reads the
+    p-value of the full evaluation, which a data-chosen stop would make invalid)."""
 
 
 class MeasureSummary(Message):

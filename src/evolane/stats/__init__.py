@@ -55,7 +55,10 @@ from evolane.stats._preflight import (
     balanced_deltas,
     can_ever_accept,
     can_ever_confirm,
+    can_ever_pass_online,
     min_acceptable_gain,
+    online_cases_needed,
+    online_p_value,
     regression_veto_note,
 )
 from evolane.stats._seeds import seed_for
@@ -93,6 +96,7 @@ __all__ = [
     "bootstrap_means",
     "can_ever_accept",
     "can_ever_confirm",
+    "can_ever_pass_online",
     "case_order",
     "confirm",
     "coverage_shortfall",
@@ -105,6 +109,8 @@ __all__ = [
     "minimum_cases",
     "normal_cdf",
     "normal_quantile",
+    "online_cases_needed",
+    "online_p_value",
     "paired_deltas",
     "paired_sample",
     "regression_p_value",

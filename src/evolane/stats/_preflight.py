@@ -19,6 +19,7 @@ from evolane.messages import GateConfig
 from evolane.stats._dist import t_quantile
 from evolane.stats._gates import PairedSample, judge_sample, regression_p_value
 from evolane.stats._levels import as_fraction, required_cases
+from evolane.stats._online import sign_flip_p_value
 
 ScoreKind = Literal["binary", "continuous"]
 Repetitions = int | tuple[int, int]
@@ -63,10 +64,23 @@ def balanced_deltas(n: int, units: int, per_case: int) -> np.ndarray:
     return steps / per_case
 
 
-def _accepts(config: GateConfig, n: int, units: int, per_case: int) -> bool:
+def _accepts(
+    config: GateConfig, n: int, units: int, per_case: int, level: float | None = None
+) -> bool:
     deltas = balanced_deltas(n, units, per_case)
     sample = PairedSample([f"c{i}" for i in range(n)], np.zeros(n), deltas)
-    return judge_sample(sample, config, n).decision == "accept"
+    if judge_sample(sample, config, n).decision != "accept":
+        return False
+    return level is None or online_p_value(deltas, config) <= level
+
+
+def online_p_value(deltas: np.ndarray, config: GateConfig) -> float:
+    """The p-value online error control reads: `sign_flip_p_value` of the per-case deltas
+    against the margin max(0, ``min_effect``), seeded by the gate."""
+    margin = max(0.0, config.min_effect)
+    return sign_flip_p_value(
+        deltas, margin=margin, samples=config.bootstrap_samples, seed=config.seed
+    )
 
 
 def _impossible(config: GateConfig, n: int) -> str | None:
@@ -81,14 +95,17 @@ def _impossible(config: GateConfig, n: int) -> str | None:
     return None
 
 
-def _binary(config: GateConfig, n: int, repetitions: Repetitions) -> MinimumGain:
+def _binary(
+    config: GateConfig, n: int, repetitions: Repetitions, level: float | None = None
+) -> MinimumGain:
     base, cand = _reps(repetitions)
     per_case = math.lcm(base, cand)
     top = n * per_case
-    if not _accepts(config, n, top, per_case):
+    online = "" if level is None else f" and online control at level {level:.2g}"
+    if not _accepts(config, n, top, per_case, level):
         reason = f"with {n} val cases not even fixing every case passes the {config.gate} gate"
-        return MinimumGain(False, None, None, None, n, reason)
-    if _accepts(config, n, 0, per_case):
+        return MinimumGain(False, None, None, None, n, reason + online)
+    if _accepts(config, n, 0, per_case, level):
         reason = (
             f"with {n} val cases the {config.gate} gate accepts a candidate that changes "
             f"nothing (min_effect {config.min_effect:g} < 0 is a non-inferiority margin)"
@@ -97,12 +114,12 @@ def _binary(config: GateConfig, n: int, repetitions: Repetitions) -> MinimumGain
     low, high = 0, top  # invariant: `low` is rejected, `high` accepted
     while high - low > 1:
         middle = (low + high) // 2
-        if _accepts(config, n, middle, per_case):
+        if _accepts(config, n, middle, per_case, level):
             high = middle
         else:
             low = middle
     mean = high / (n * per_case)
-    rule = _rule(config)
+    rule = _rule(config) + online
     if per_case == 1:
         how = f"fix at least {high} case(s) while breaking none (each broken case raises the bar)"
     else:
@@ -163,8 +180,10 @@ def min_acceptable_gain(
     scores: ScoreKind = "binary",
     *,
     sd: float | None = None,
+    level: float | None = None,
 ) -> MinimumGain:
-    """The smallest mean gain the gate can accept with ``n_val`` val cases.
+    """The smallest mean gain the gate can accept with ``n_val`` val cases (and, with an
+    online ``level``, whose `online_p_value` also reaches it: binary scores only).
 
     Binary (pass/fail) scores: exact. Per-case deltas are multiples of 1/lcm(repetitions);
     for a given total gain the sample with the smallest spread is the most favourable (the
@@ -183,7 +202,7 @@ def min_acceptable_gain(
     if refusal is not None:
         return MinimumGain(False, None, None, None, n_val, refusal)
     if scores == "binary":
-        return _binary(config, n_val, repetitions)
+        return _binary(config, n_val, repetitions, level)
     if scores == "continuous":
         return _continuous(config, n_val, sd)
     raise ValueError(f"scores must be 'binary' or 'continuous', got {scores!r}")
@@ -235,4 +254,31 @@ def can_ever_confirm(n_test: int, confidence: float) -> tuple[bool, str]:
     return False, (
         f"{n_test} held-out cases can never confirm at {confidence:g}: the smallest possible "
         f"p-value is 2^-{n_test} = {0.5**n_test:.3g} > {level:.3g} (needs >= {fewest} cases)"
+    )
+
+
+def online_cases_needed(level: float) -> int:
+    """The fewest val cases a candidate must improve (none worse) for its sign-flip p-value
+    to reach ``level``: with k cases better and the rest equal the p-value is 2^-k (every
+    flip of those k signs but one gives a smaller sum), so k = ceil(log2(1/level))."""
+    if not 0.0 < level <= 1.0:
+        raise ValueError(f"level must lie in (0, 1], got {level}")
+    return max(0, math.ceil(math.log2(1.0 / level) - 1e-12))
+
+
+def can_ever_pass_online(n_val: int, level: float) -> tuple[bool, str]:
+    """Whether a candidate measured on ``n_val`` val cases can reach the online ``level``,
+    and the one-line why: the smallest sign-flip p-value is 2^-n (every case better), so
+    False when n_val < `online_cases_needed` (whatever the scores and repetitions)."""
+    needed = online_cases_needed(level)
+    if n_val >= needed:
+        return True, (
+            f"online error control tests each candidate at level {level:.2g}: it must "
+            f"improve at least {needed} of the {n_val} val cases (p = 2^-{needed} = "
+            f"{0.5**needed:.2g} with none worse)"
+        )
+    return False, (
+        f"with {n_val} val cases online error control can never accept: the smallest "
+        f"sign-flip p-value is 2^-{n_val} = {0.5**n_val:.2g} > level {level:.2g} (needs "
+        f">= {needed} val cases)"
     )

@@ -1,0 +1,154 @@
+"""Honest splits (DESIGN §6): ``train`` feeds the optimizer, ``val`` decides, ``test`` confirms.
+
+The optimizer is shown the parent's results on the *feedback* split only: its failing cases,
+their reasons and the context folder. With ``--feedback-split train`` (the default) that is
+the dataset's ``train`` split, so the gate decides on val cases the optimizer never saw.
+
+A dataset without ``train`` cases gets one carved out of its val cases: `TRAIN_SHARE` of them
+(one third, rounded down), chosen by a seeded hash of the case ids (`stats.case_order` under
+a seed derived from the run's), so the carve depends only on the ids and the seed. The test
+split is never touched. The carve is recorded (`SplitPlan`, in ``run.json`` and
+``campaign.json``): a resume, and a later cycle of the campaign, use the same cases.
+
+No carve is made when it would leave the optimizer fewer than `MIN_TRAIN_CASES` cases, or
+leave val too small for the gate to ever accept (`stats.can_ever_accept`: the coverage
+guard's minimum and the gate's bar). Then val feeds the optimizer, and the live view and the
+report say that val scores are optimistic, as they say when ``--feedback-split val`` asks
+for it. A run stored before this existed fed back val; it resumes that way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+from pydantic import Field
+
+from evolane.campaign._config import CampaignConfig, FeedbackSplit
+from evolane.campaign._estimate import repetitions_for
+from evolane.messages import Record, ShortText, Text
+from evolane.stats import can_ever_accept, case_order, seed_for
+
+TRAIN_SHARE = Fraction(1, 3)
+"""The share of val cases a carve moves to train (rounded down): enough failures for the
+optimizer to learn from, while val keeps two thirds of its power to decide."""
+MIN_TRAIN_CASES = 4
+"""The fewest cases a carve gives train: fewer rarely show the optimizer a failure at all."""
+_MANY = 1_000_000
+_SHARE_WORDS = {Fraction(1, 3): "one third"}
+
+
+class SplitPlan(Record):
+    """Which split fed the optimizer, how many cases each split has, and the carve (if any)."""
+
+    requested: FeedbackSplit
+    """What ``--feedback-split`` asked for."""
+    feedback: FeedbackSplit
+    """The split whose results the optimizer saw."""
+    train_cases: int = Field(ge=0)
+    val_cases: int = Field(ge=0)
+    test_cases: int = Field(ge=0)
+    carved: bool = False
+    """Whether train was carved out of val (the dataset has no train cases)."""
+    carve_seed: int | None = Field(default=None, ge=0)
+    carve_share: ShortText = ""
+    carved_ids: tuple[ShortText, ...] = Field(default=(), max_length=_MANY)
+    """The val cases the carve moved to train, in file order."""
+    note: Text = ""
+    """The warning when val fed the optimizer (its scores are then optimistic)."""
+
+    @property
+    def optimistic(self) -> bool:
+        """Whether the optimizer saw the cases the gate decides on."""
+        return self.feedback == "val"
+
+    def splits(self, in_file: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+        """The case ids of each split as measurements read them: the dataset's (``in_file``),
+        with the carved cases moved from val to train."""
+        out = {name: tuple(ids) for name, ids in in_file.items()}
+        if self.carved:
+            moved = set(self.carved_ids)
+            out["train"] = tuple(self.carved_ids)
+            out["val"] = tuple(i for i in out.get("val", ()) if i not in moved)
+        return out
+
+    def sentence(self) -> str:
+        """The splits in one line, for the live view and the report (`note` says more)."""
+        if self.carved:
+            train = (
+                f"train {self.train_cases} (carved from val: {self.carve_share}, "
+                f"seed {self.carve_seed})"
+            )
+        else:
+            train = f"train {self.train_cases}"
+        return (
+            f"{self.feedback} feeds the optimizer; {train}, val {self.val_cases} decides, "
+            f"test {self.test_cases} confirms"
+        )
+
+
+def carve(val_ids: Sequence[str], seed: int) -> tuple[str, ...]:
+    """The val cases a carve under ``seed`` moves to train (`TRAIN_SHARE`, rounded down), in
+    the order given: a function of the set of ids and ``seed`` alone."""
+    count = int(len(val_ids) * TRAIN_SHARE)
+    chosen = set(case_order(val_ids, seed_for(seed, "train-carve"))[:count])
+    return tuple(case_id for case_id in val_ids if case_id in chosen)
+
+
+def plan_splits(
+    config: CampaignConfig,
+    in_file: Mapping[str, Sequence[str]],
+    *,
+    seed: int,
+) -> SplitPlan:
+    """The splits of a new run of ``config`` on a dataset whose splits hold ``in_file`` (case
+    ids by split); a carve uses ``seed``."""
+    train, val = tuple(in_file.get("train", ())), tuple(in_file.get("val", ()))
+    test = len(in_file.get("test", ()))
+    counts = {"train_cases": len(train), "val_cases": len(val), "test_cases": test}
+    requested = config.feedback_split
+    if requested == "val":
+        note = (
+            "--feedback-split val: the optimizer saw the val cases the gate decides on, so val "
+            "scores are optimistic (the test split is the honest one)"
+        )
+        return SplitPlan(requested="val", feedback="val", note=note, **counts)
+    if train:
+        return SplitPlan(requested="train", feedback="train", **counts)
+    carved = carve(val, seed)
+    left = len(val) - len(carved)
+    possible, why = can_ever_accept(config.gate, left, repetitions_for(config, left))
+    if len(carved) < MIN_TRAIN_CASES or not possible:
+        reason = (
+            f"it would give train {len(carved)} cases (fewer than {MIN_TRAIN_CASES})"
+            if len(carved) < MIN_TRAIN_CASES
+            else f"with {left} val cases left, {why.rstrip('.')}"
+        )
+        note = (
+            f"no train split, and carving one from {len(val)} val cases is not worth it "
+            f"({reason}): val feeds the optimizer, so val scores are optimistic; add train cases"
+        )
+        return SplitPlan(requested="train", feedback="val", note=note[:2048], **counts)
+    return SplitPlan(
+        requested="train",
+        feedback="train",
+        train_cases=len(carved),
+        val_cases=left,
+        test_cases=test,
+        carved=True,
+        carve_seed=seed,
+        carve_share=_SHARE_WORDS.get(TRAIN_SHARE, str(TRAIN_SHARE)),
+        carved_ids=carved,
+    )
+
+
+def legacy_plan(in_file: Mapping[str, Sequence[str]]) -> SplitPlan:
+    """The splits of a run stored before honest splits existed: val fed the optimizer."""
+    return SplitPlan(
+        requested="val",
+        feedback="val",
+        train_cases=len(in_file.get("train", ())),
+        val_cases=len(in_file.get("val", ())),
+        test_cases=len(in_file.get("test", ())),
+        note="this run began before honest splits: val fed the optimizer, so val is optimistic",
+    )
