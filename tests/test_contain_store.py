@@ -13,11 +13,23 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from evolane.store import read_journal
+import pytest
+
+from evolane.store import read_journal, remove_tree
 from tests.campaign_helpers import toy_flags, write_toy
+
+
+@pytest.fixture(autouse=True)
+def _remove_deep_trees(tmp_path: Path) -> Iterator[None]:
+    """These tests leave trees deeper than the recursion limit: pytest's own clean-up of old
+    temporary folders (shutil.rmtree) would crash on them in a later session."""
+    yield
+    remove_tree(tmp_path)
+
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 

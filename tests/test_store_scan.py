@@ -4,6 +4,7 @@ symlink or into a FIFO (issue 17, item 4)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,14 @@ from evolane.store import (
     scan_tree,
     snapshot_tree,
 )
+
+
+@pytest.fixture(autouse=True)
+def _remove_deep_trees(tmp_path: Path) -> Iterator[None]:
+    """These tests leave trees deeper than the recursion limit: pytest's own clean-up of old
+    temporary folders (shutil.rmtree) would crash on them in a later session."""
+    yield
+    remove_tree(tmp_path)
 
 
 def _chain(root: Path, depth: int) -> None:
