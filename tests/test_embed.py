@@ -439,3 +439,37 @@ async def test_a_cancelled_run_starts_no_new_measurement(tmp_path: Path) -> None
                 await handle.result()
     late = sorted({unit.rsplit(".", 3)[0] for after, unit in started if after})
     assert late in ([], ["c0.i0.s0"]), late  # at most the units of the measurement in flight
+
+
+async def test_a_proposal_paid_for_is_journaled_even_if_the_run_stops_before_its_debit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The optimizer answered; the run is cancelled while its usage is debited. The proposal
+    must already be in the journal, so a resume takes it instead of paying for it again."""
+    from evolane.campaign import _peers
+    from evolane.messages import Debit
+    from evolane.store import read_journal
+
+    debiting = trio.Event()
+    real_ask = _peers.Peers.ask_budget
+
+    async def stuck_debit(self: _peers.Peers, message: object) -> object:
+        if isinstance(message, Debit) and message.item == "c0.i0.s0":
+            debiting.set()
+            await trio.sleep_forever()
+        return await real_ask(self, message)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_peers.Peers, "ask_budget", stuck_debit)
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="backend:replay", optimizer="backend:optimizer")
+    backends = Backends(replay=replay_backend, optimizer=optimizer_backend)
+    with trio.fail_after(60):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            handle = await runtime.start_optimize(OptimizeRequest(config=config), backends=backends)
+            await debiting.wait()
+            handle.cancel()
+            with pytest.raises(evolane.RunCancelled):
+                await handle.result()
+    (journal,) = (paths["store"] / "runs").glob("*/journal.jsonl")
+    slots = [r["slot"] for r in read_journal(journal).records if r.get("type") == "proposal"]
+    assert "c0.i0.s0" in slots

@@ -137,9 +137,11 @@ class Slots:
                 message=str(error)[:500],
             )
             result = ProposeResult(slot_id=slot_id, status="failed", failure=failure)
-        await self.peers.ask_budget(Debit(item=slot_id, actual=result.usage, complete=False))
+        # Journal first (a shielded append): a cancel between the two then loses no paid
+        # proposal, since a resume takes it from the journal and charges it again.
         if result.status != "cancelled":
             await self.services.journal.append(ProposalRecord(slot=slot_id, result=result))
+        await self.peers.ask_budget(Debit(item=slot_id, actual=result.usage, complete=False))
         return result
 
     async def _charge(self, item: str, result: ProposeResult, *, stage: str) -> None:
