@@ -209,8 +209,9 @@ class _Measurement:
 
     def _send_stop(self, unit_ids: tuple[str, ...] | None) -> None:
         """Tell units to stop (None: every unit), so their lanes answer early: a unit in a
-        lane through a `StopUnits` signal to that lane, one not yet in a lane when it gets
-        one (`_hand_to`). The only place stop signals leave the scheduler."""
+        lane through a `StopUnits` signal to that lane; one not yet in a lane is answered
+        cancelled without being sent (`_ask_lane`). The only place stop signals leave the
+        scheduler."""
         if unit_ids is None:
             self.stop_everything = True
             for lane in (*self.s.replay_lanes, *self.s.judge_lanes):
@@ -226,14 +227,6 @@ class _Measurement:
         for lane, ids in by_lane.items():
             for stop in StopUnits.batches(ids):
                 lane.signal(stop)
-
-    def _hand_to(self, lane: ActorRef, unit_id: str) -> None:
-        """Note that ``lane`` runs ``unit_id`` now; a unit stopped before it got a lane is
-        stopped there at once (the lane answers it as cancelled)."""
-        self.in_lane[unit_id] = lane
-        if self.stop_everything or unit_id in self.stopped:
-            self.stopped.discard(unit_id)
-            lane.signal(StopUnits(unit_ids=(unit_id,)))
 
     def _progress(self) -> None:
         """Tell the progress observer how far the measurement is (at most every interval)."""
@@ -254,17 +247,24 @@ class _Measurement:
         lane = await self.free_replay[1].receive()
         try:
             timeout = job.timeout_seconds + LANE_ANSWER_MARGIN
-            result: ReplayResult = await self._ask_lane(lane, job, timeout)
+            answer = await self._ask_lane(lane, job, timeout)
+            result: ReplayResult = answer or ReplayResult.without_output(job, "cancelled")
         except ActorError as error:  # a lane that crashed or hung: the framework's fault
             result = ReplayResult.without_output(job, "failed", framework_failure("replay", error))
         finally:
             self.free_replay[0].send_nowait(lane)
         self._answer(UnitReplayed(job.unit_id, result))
 
-    async def _ask_lane(self, lane: ActorRef, job: ReplayJob | JudgeJob, timeout: float) -> Any:
-        """Ask ``lane`` to run ``job``; an ask that ends without its answer (cancelled, timed
-        out) stops the unit by name there, since its job may still wait in the lane's mailbox."""
-        self._hand_to(lane, job.unit_id)
+    async def _ask_lane(
+        self, lane: ActorRef, job: ReplayJob | JudgeJob, timeout: float
+    ) -> Any | None:
+        """Ask ``lane`` to run ``job``: None, and nothing sent, for a unit stopped before it
+        got a lane. An ask that ends without its answer (cancelled, timed out) stops the unit
+        by name there, since its job may still wait in the lane's mailbox."""
+        if self.stop_everything or job.unit_id in self.stopped:
+            self.stopped.discard(job.unit_id)
+            return None
+        self.in_lane[job.unit_id] = lane
         try:
             return await lane.ask(job, timeout=timeout)
         except BaseException:
@@ -303,7 +303,10 @@ class _Measurement:
         lane = await self.free_judge[1].receive()
         try:
             timeout = job.timeout_seconds * JUDGE_TIMEOUTS_ALLOWED + LANE_ANSWER_MARGIN
-            result: JudgeResult = await self._ask_lane(lane, job, timeout)
+            answer = await self._ask_lane(lane, job, timeout)
+            result: JudgeResult = answer or JudgeResult(
+                unit_id=job.unit_id, status="cancelled", source="command"
+            )
         except ActorError as error:
             result = JudgeResult(
                 unit_id=job.unit_id,
