@@ -20,6 +20,12 @@ from evolane.store._blobs import (
     fsync_dir,
     read_regular_file,
 )
+from evolane.store._failure import (
+    WRITE_ERRNOS,
+    StorageFailure,
+    describe_failure,
+    storage_failure,
+)
 from evolane.store._journal import (
     MAX_RECORD_BYTES,
     Journal,
@@ -71,6 +77,7 @@ __all__ = [
     "MAX_TREE_FILES",
     "MAX_TREE_FOLDERS",
     "TREE_MEDIA_TYPE",
+    "WRITE_ERRNOS",
     "BlobId",
     "BlobStore",
     "BlobTooLargeError",
@@ -86,6 +93,7 @@ __all__ = [
     "MissingBlobError",
     "NotRegularFileError",
     "ScannedEntry",
+    "StorageFailure",
     "StoreError",
     "SymlinkEntry",
     "TornLine",
@@ -97,6 +105,7 @@ __all__ = [
     "TreeScan",
     "UnsafeEntryError",
     "UnsupportedEntryError",
+    "describe_failure",
     "diff_trees",
     "dump_json",
     "fsync_dir",
@@ -108,6 +117,7 @@ __all__ = [
     "remove_tree",
     "scan_tree",
     "snapshot_tree",
+    "storage_failure",
     "store_manifest",
     "store_scan",
     "write_bytes_atomic",
