@@ -26,6 +26,7 @@ from evolane.store._failure import (
     describe_failure,
     storage_failure,
 )
+from evolane.store._fsck import FsckResult, Problem, check_store
 from evolane.store._journal import (
     MAX_RECORD_BYTES,
     Journal,
@@ -83,6 +84,7 @@ __all__ = [
     "BlobTooLargeError",
     "CorruptBlobError",
     "FileEntry",
+    "FsckResult",
     "InvalidDigestError",
     "InvalidManifestError",
     "Journal",
@@ -92,6 +94,7 @@ __all__ = [
     "Materialized",
     "MissingBlobError",
     "NotRegularFileError",
+    "Problem",
     "ScannedEntry",
     "StorageFailure",
     "StoreError",
@@ -105,6 +108,7 @@ __all__ = [
     "TreeScan",
     "UnsafeEntryError",
     "UnsupportedEntryError",
+    "check_store",
     "describe_failure",
     "diff_trees",
     "dump_json",
