@@ -11,7 +11,7 @@ import errno
 import os
 
 from evolane.store._blobs import CorruptBlobError, MissingBlobError, StoreError
-from evolane.store._journal import JournalError
+from evolane.store._journal import JournalCorruptError
 
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 """The errno values that mean the store's device refuses writes (full, quota, read-only,
@@ -25,7 +25,7 @@ class StorageFailure(StoreError):
     message is the one line to show (it names the path, and ``evolane fsck`` for damage)."""
 
 
-_DAMAGE = (StorageFailure, CorruptBlobError, MissingBlobError, JournalError)
+_DAMAGE = (StorageFailure, CorruptBlobError, MissingBlobError, JournalCorruptError)
 
 
 def storage_failure(error: BaseException) -> BaseException | None:
