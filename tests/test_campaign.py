@@ -478,7 +478,7 @@ async def test_a_cancel_landing_after_the_report_was_written_leaves_the_run_as_r
     tmp_path: Path,
 ) -> None:
     from evolane.campaign._prepare import prepare_run
-    from evolane.campaign._run import _save_interrupted
+    from evolane.campaign._run import _save_ended
 
     paths = write_toy(tmp_path, {"default": "fix:2"})
     config = toy_config(paths, iterations=1, population=1)
@@ -488,5 +488,5 @@ async def test_a_cancel_landing_after_the_report_was_written_leaves_the_run_as_r
     before = load_run(layout, outcome.report.run_id)
     prepared = prepare_run(config.model_copy(update={"store": str(paths["store"])}))
     prepared.run = before.model_copy(update={"status": "running"})  # as the session held it
-    _save_interrupted(prepared, started=0.0)  # a second Ctrl-C right after the report
+    _save_ended(prepared, started=0.0, failed=False)  # a second Ctrl-C right after the report
     assert load_run(layout, outcome.report.run_id) == before

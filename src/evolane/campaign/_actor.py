@@ -54,6 +54,7 @@ from evolane.messages import (
     StopAll,
     WarningEvent,
 )
+from evolane.store import describe_failure, storage_failure
 
 __all__ = ["Campaign"]
 
@@ -123,6 +124,11 @@ class _Cycle:
             await self._iterate()
         except Stopped as stopped:
             state.stop, state.message = stopped.stop, stopped.message
+        except Exception as error:  # a full disk or a damaged store ends the run failed
+            failure = storage_failure(error)
+            if failure is None:
+                raise
+            state.stop, state.message = "failed", describe_failure(failure, self.config.store)
         if state.stop in ("finished", "exhausted"):  # a spent budget leaves no room to score
             try:
                 await self._finalize()

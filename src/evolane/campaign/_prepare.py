@@ -287,11 +287,29 @@ def _dataset(config: CampaignConfig) -> Dataset:
     target = Path(config.target)
     if not target.exists():
         raise InputError(f"--target {config.target}: no such file or directory")
+    check_store_placement(Path(config.store), target)
     if not Path(config.dataset).is_file():
         raise InputError(f"--dataset {config.dataset}: no such file")
     dataset = load_dataset(config.dataset)
     require_split(dataset, "val")
     return dataset
+
+
+def check_store_placement(store: Path, target: Path) -> None:
+    """Refuse a store inside the target, or a target inside the store (`InputError`), once
+    symlinks and ``..`` are resolved: a candidate would be snapshotted with evolane's own
+    state in it, and a publish could rewrite the store."""
+    real_store, real_target = store.resolve(), target.resolve()
+    if real_store == real_target or real_target in real_store.parents:
+        raise InputError(
+            f"--store {store} is inside --target {target} ({real_store} in {real_target});"
+            " put the store outside the target"
+        )
+    if real_store in real_target.parents:
+        raise InputError(
+            f"--target {target} is inside --store {store} ({real_target} in {real_store});"
+            " put the target outside the store"
+        )
 
 
 def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, CampaignState]:

@@ -49,6 +49,7 @@ from evolane.messages import (
     WarningEvent,
 )
 from evolane.sandbox import SandboxHost, open_sandbox
+from evolane.store import StorageFailure, StoreError, describe_failure, storage_failure
 from evolane.supervisors import Runtime, open_runtime
 
 CAMPAIGN_ASK_TIMEOUT = float("inf")
@@ -141,9 +142,12 @@ async def run_campaign(
         else:
             async with open_runtime() as own:
                 report = await _run_in(own, context)
-    except BaseException:
+    except BaseException as error:
+        failure = storage_failure(error)
         with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
-            await trio.to_thread.run_sync(_save_interrupted, prepared, started)
+            await trio.to_thread.run_sync(_save_ended, prepared, started, failure is not None)
+        if failure is not None:  # one line, not a traceback: the run ended failed
+            raise StorageFailure(describe_failure(failure, prepared.layout.root)) from error
         raise
     finally:
         journal.close()
@@ -151,11 +155,17 @@ async def run_campaign(
     return RunOutcome(prepared.estimate, report, prepared.run_dir)
 
 
-def _save_interrupted(prepared: Prepared, started: float) -> None:
-    """Record a run cancelled at once as ``interrupted`` (resumable), unless its report was
+def _save_ended(prepared: Prepared, started: float, failed: bool) -> None:
+    """Record a run cancelled at once as ``interrupted`` (resumable), or one whose store
+    failed as ``failed`` (as far as the store still takes writes), unless its report was
     already written: then run.json and campaign.json already agree on how it ended."""
-    if load_run(prepared.layout, prepared.run.run_id).status == "running":
-        save_run(prepared.layout, session_ended(prepared.run, "interrupted", started))
+    try:
+        if load_run(prepared.layout, prepared.run.run_id).status == "running":
+            status = "failed" if failed else "interrupted"
+            save_run(prepared.layout, session_ended(prepared.run, status, started))
+    except (OSError, StoreError, ValueError):
+        if not failed:  # a failed store may refuse this too: its error is already raised
+            raise
 
 
 def _recovery_note(undone: RecoveredApply) -> str:

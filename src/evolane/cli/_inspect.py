@@ -19,6 +19,7 @@ from rich.text import Text
 
 from evolane.cli._exits import fail_usage
 from evolane.cli._output import DEFAULT_STORE, StoreOption, stamp, wide_console, write_json
+from evolane.cli._resumable import resume_blocker
 
 if TYPE_CHECKING:
     from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
@@ -125,7 +126,8 @@ def report(
 
             sys.stdout.write(render_markdown(_load_report(report_json)))
     else:
-        _print_report(_load_report(report_json), run_dir, store)
+        blocked = resume_blocker(layout, record, store)
+        _print_report(_load_report(report_json), run_dir, store, blocked)
 
 
 # -- a run without report.json ---------------------------------------------------------------
@@ -137,6 +139,7 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
     from evolane.store import StoreError
 
     run_dir = layout.run_dir(record.run_id)
+    blocked = resume_blocker(layout, record, store)
     journal: dict[str, Any] = {"units": 0, "proposals": 0, "torn": False, "error": None}
     try:
         state = read_resume_state(run_dir / "journal.jsonl")
@@ -153,7 +156,8 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
         "report": None,
         "journal": journal,
         "events": _event_summary(run_dir / "events.jsonl"),
-        "resume": resume_command(record.run_id, store),
+        "resume": None if blocked else resume_command(record.run_id, store),
+        "resume_blocked": blocked,
     }
 
 
@@ -200,7 +204,7 @@ def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("journal", journaled),
         ("events", f"{events['count']} (last phase: {last})"),
         ("report", "none"),
-        ("resume", summary["resume"]),
+        ("resume", summary["resume"] or f"not possible: {summary['resume_blocked']}"),
     ]
 
 
@@ -224,6 +228,11 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
     for name, value in lines[:-1]:
         table.add_row(name, Text(value))
     console.print(table)
+    if summary["resume"] is None:
+        console.print(
+            Text(f"This run has no report and cannot resume: {summary['resume_blocked']}")
+        )
+        return
     console.print("This run has no report. Continue it with:")
     console.print(Text(f"  {summary['resume']}"), soft_wrap=True)
 
@@ -288,7 +297,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     return rows
 
 
-def _print_report(rep: Report, run_dir: Path, store: Path) -> None:
+def _print_report(rep: Report, run_dir: Path, store: Path, blocked: str | None) -> None:
     console = wide_console()
     table = Table(title=f"evolane run {rep.run_id}", show_header=False)
     table.add_column(style="bold", no_wrap=True)
@@ -314,9 +323,11 @@ def _print_report(rep: Report, run_dir: Path, store: Path) -> None:
         console.print("decisions: none")
     for name in ("report.json", "report.md"):
         console.print(Text(f"{name}: {run_dir / name}"), soft_wrap=True)
-    if rep.status == "interrupted":
+    if rep.status == "interrupted" and blocked is None:
         console.print("Continue this run with:")
         console.print(Text(f"  {resume_command(rep.run_id, store)}"), soft_wrap=True)
+    elif rep.status == "interrupted":
+        console.print(Text(f"This run cannot resume: {blocked}"))
 
 
 # -- evolane schema --------------------------------------------------------------------------

@@ -158,12 +158,21 @@ def _input_error() -> type[Exception]:
     return InputError
 
 
+def _storage_failure() -> type[Exception]:
+    from evolane.store import StorageFailure
+
+    return StorageFailure
+
+
 def _exit_for(error: BaseException, debug: bool) -> int:
     from evolane.inputs import InputError
 
     if isinstance(error, UsageError | InputError):
         error_line(str(error))
         return EXIT_USAGE
+    if isinstance(error, _storage_failure()):  # the run ended failed; the line names the path
+        error_line(str(error))
+        return EXIT_INTERNAL
     if isinstance(error, KeyboardInterrupt):
         error_line("interrupted")
         return EXIT_INTERRUPTED

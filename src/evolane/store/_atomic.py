@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from evolane.store._blobs import fsync_dir
+from evolane.store._blobs import fsync_dir, with_path
 
 JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 """How state files are rendered: stable key order and diff-friendly indentation."""
@@ -42,9 +42,11 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> None:
             os.fchmod(out.fileno(), 0o644)
             os.fsync(out.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        if isinstance(error, OSError):
+            raise with_path(error, path) from None
         raise
     fsync_dir(path.parent)
 

@@ -61,6 +61,16 @@ def digest_hex(blob: BlobId) -> str:
     return match.group(1)
 
 
+def with_path(error: OSError, path: os.PathLike[str] | str) -> OSError:
+    """``error`` naming ``path`` when it names no file (``os.write`` and ``os.fsync`` do
+    not), so a full disk is reported with the file that could not be written."""
+    if error.filename is not None or error.errno is None:
+        return error
+    named = OSError(error.errno, error.strerror, os.fspath(path))
+    named.__cause__ = error
+    return named
+
+
 def fsync_dir(directory: Path) -> None:
     """Flush a directory's entries so a rename or link into it survives a crash."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -144,6 +154,8 @@ class BlobStore:
                 os.fchmod(out.fileno(), 0o444)
             digest = "sha256:" + hasher.hexdigest()
             self._place(tmp_path, self.path_of(digest))
+        except OSError as error:
+            raise with_path(error, tmp_path) from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp_path.unlink()

@@ -20,7 +20,7 @@ import orjson
 from pydantic import BaseModel
 
 from evolane.store._atomic import json_default
-from evolane.store._blobs import StoreError, fsync_dir
+from evolane.store._blobs import StoreError, fsync_dir, with_path
 
 MAX_RECORD_BYTES = 64 * 1024
 """Largest journal line accepted, newline included; payloads belong in the blob store."""
@@ -167,15 +167,18 @@ class Journal:
                 "store payloads as blobs and journal their refs"
             )
         fd = self._require_open()
-        written = os.write(fd, line)
+        try:
+            written = os.write(fd, line)
+            if durable and written == len(line):
+                os.fsync(fd)
+        except OSError as error:
+            raise with_path(error, self.path) from None
         if written != len(line):
             # The tail is now torn; refuse more appends so it stays the last line.
             self._broken = True
             raise JournalError(
                 f"short write to {self.path} ({written} of {len(line)} bytes); reopen to repair"
             )
-        if durable:
-            os.fsync(fd)
 
     def sync(self) -> None:
         """Flush every record appended so far to disk (for batching non-durable appends)."""

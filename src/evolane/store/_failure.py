@@ -1,0 +1,56 @@
+"""Telling a damaged or full store apart from other errors, and saying so in one line.
+
+A run that cannot write its journal or blobs (a full disk, a read-only or failing device),
+or that reads back a blob or journal line that is not what was written, cannot go on: it
+ends ``failed`` with the line `describe_failure` gives, never ``complete``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from evolane.store._blobs import CorruptBlobError, MissingBlobError, StoreError
+from evolane.store._journal import JournalCorruptError
+
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
+"""The errno values that mean the store's device refuses writes (full, quota, read-only,
+failing, file too large), as opposed to a command's own file errors."""
+
+_MAX_WALK = 1000  # exceptions looked at: groups and causes are walked, never recursed
+
+
+class StorageFailure(StoreError):
+    """The store could not be written, or read back whole: the run ended ``failed``; its
+    message is the one line to show (it names the path, and ``evolane fsck`` for damage)."""
+
+
+_DAMAGE = (StorageFailure, CorruptBlobError, MissingBlobError, JournalCorruptError)
+
+
+def storage_failure(error: BaseException) -> BaseException | None:
+    """The write error or store damage inside ``error`` (its exception groups and
+    ``__cause__`` chain, walked iteratively), or None when there is none."""
+    pending, seen = [error], 0
+    while pending and seen < _MAX_WALK:
+        current = pending.pop()
+        seen += 1
+        if isinstance(current, _DAMAGE):
+            return current
+        if isinstance(current, OSError) and current.errno in WRITE_ERRNOS:
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(reversed(current.exceptions))
+        if current.__cause__ is not None:
+            pending.append(current.__cause__)
+    return None
+
+
+def describe_failure(failure: BaseException, store: os.PathLike[str] | str) -> str:
+    """One plain line for a failure `storage_failure` found in the store at ``store``."""
+    if isinstance(failure, StorageFailure):
+        return str(failure)
+    if isinstance(failure, OSError) and not isinstance(failure, MissingBlobError):
+        where = failure.filename if failure.filename is not None else store
+        return f"cannot write {where}: {failure.strerror or failure}"
+    return f"{failure}; run `evolane fsck --store {store}` to find and quarantine it"

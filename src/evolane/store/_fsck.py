@@ -1,0 +1,197 @@
+"""``evolane fsck``: verify every object of a store, find damaged journal lines, quarantine
+bad objects, and name the runs each problem touches (DESIGN §7, issue 17 item 6).
+
+Walks are iterative and bounded by the store's fixed layout (``objects/sha256/<ab>/<hex>``,
+``runs/<id>/<file>``): nothing here recurses, however deep a folder someone made inside.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evolane.store._blobs import CHUNK_SIZE, fsync_dir
+from evolane.store._journal import JournalCorruptError, read_journal
+
+RUN_FILES = ("run.json", "report.json", "apply.json", "journal.jsonl")
+"""The files of a run folder whose digests say which objects the run uses."""
+
+JOURNALS = ("journal.jsonl", "events.jsonl")
+"""The append-only files of a run folder whose lines are checked."""
+
+MANIFEST_SCAN_BYTES = 64 * 1024 * 1024
+"""A referenced object up to this size that reads as JSON is searched for the digests it
+holds (a tree manifest names its files); larger ones are not searched."""
+
+_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+_REF_RE = re.compile(rb"sha256:([0-9a-f]{64})")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One damaged thing and the runs that use it. ``kind``: ``object`` (bad bytes, name or
+    type: quarantined by a repair), ``mode`` (an intact object left writable: made read-only
+    by a repair) or ``journal`` (a damaged line before the last)."""
+
+    kind: str
+    path: Path
+    reason: str
+    digest: str | None = None
+    runs: tuple[str, ...] = ()
+    quarantined: Path | None = None
+
+
+@dataclass
+class FsckResult:
+    """What `check_store` found: objects checked, and every problem (empty when clean)."""
+
+    root: Path
+    objects: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing is damaged."""
+        return not self.problems
+
+
+def check_store(root: Path | str, *, repair: bool = False) -> FsckResult:
+    """Verify every object's digest and every run journal's lines under the store ``root``;
+    with ``repair``, move each bad object to ``quarantine/<stamp>/`` inside the store (a
+    run that needs it then fails with a clear missing-blob error instead of a wrong one)."""
+    root = Path(root)
+    result = FsckResult(root)
+    bad: list[tuple[Path, str, str]] = []
+    for path, name in _object_files(root / "objects" / "sha256"):
+        result.objects += 1
+        reason = _object_problem(path, name)
+        if reason is not None:
+            bad.append((path, name, reason))
+        elif _writable(path):  # intact, but open to the next overwrite
+            if repair:
+                os.chmod(path, 0o444)
+            fixed = " (made read-only)" if repair else ""
+            reason = f"writable: objects are read-only{fixed}"
+            result.problems.append(Problem("mode", path, reason, f"sha256:{name}"))
+    users = _users(root, {name for _, name, _ in bad}) if bad else {}
+    quarantine = root / "quarantine" / time.strftime("%Y%m%d-%H%M%S")
+    for path, name, reason in bad:
+        moved = _quarantine(path, quarantine) if repair else None
+        runs = tuple(sorted(users.get(name, ())))
+        result.problems.append(Problem("object", path, reason, f"sha256:{name}", runs, moved))
+    result.problems.extend(_journal_problems(root))
+    return result
+
+
+def _object_files(objects: Path) -> Iterator[tuple[Path, str]]:
+    """Every entry two levels under ``objects`` (``<ab>/<name>``), by a flat scan of each
+    fan-out folder; anything else at the first level is yielded as itself."""
+    if not objects.is_dir():
+        return
+    for fan in sorted(os.scandir(objects), key=lambda e: e.name):
+        if not fan.is_dir(follow_symlinks=False):
+            yield Path(fan.path), fan.name
+            continue
+        for entry in sorted(os.scandir(fan.path), key=lambda e: e.name):
+            yield Path(entry.path), entry.name
+
+
+def _object_problem(path: Path, name: str) -> str | None:
+    """Why the object at ``path`` is bad (one phrase), or None when it hashes to its name."""
+    if not _HEX_RE.match(name) or path.parent.name != name[:2]:
+        return "not an object of this store (bad name or place)"
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode):
+            return "not a regular file"
+        hasher = hashlib.sha256()
+        with path.open("rb") as source:
+            while chunk := source.read(CHUNK_SIZE):
+                hasher.update(chunk)
+    except OSError as error:
+        return f"unreadable: {error.strerror or error}"
+    if hasher.hexdigest() != name:
+        return f"its bytes hash to sha256:{hasher.hexdigest()}"
+    return None
+
+
+def _writable(path: Path) -> bool:
+    """Whether an intact object can be written (objects are stored read-only, 0444)."""
+    try:
+        return bool(path.lstat().st_mode & 0o222)
+    except OSError:
+        return False
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    runs = root / "runs"
+    if not runs.is_dir():
+        return []
+    return sorted(Path(e.path) for e in os.scandir(runs) if e.is_dir(follow_symlinks=False))
+
+
+def _users(root: Path, wanted: set[str]) -> dict[str, set[str]]:
+    """For each wanted object name, the runs that reference it: directly from a run file,
+    or through a referenced tree manifest (one level: manifests are flat)."""
+    users: dict[str, set[str]] = {}
+    objects = root / "objects" / "sha256"
+    for run_dir in _run_dirs(root):
+        direct: set[str] = set()
+        for name in RUN_FILES:
+            try:
+                direct |= {m.decode() for m in _REF_RE.findall((run_dir / name).read_bytes())}
+            except OSError:
+                continue
+        reached = set(direct)
+        for digest in direct - wanted:  # intact objects: search the manifests among them
+            reached |= _digests_in(objects / digest[:2] / digest)
+        for digest in reached & wanted:
+            users.setdefault(digest, set()).add(run_dir.name)
+    return users
+
+
+def _digests_in(path: Path) -> set[str]:
+    """The digests a JSON object (a tree manifest) names; empty for anything else."""
+    try:
+        if path.stat().st_size > MANIFEST_SCAN_BYTES:
+            return set()
+        with path.open("rb") as source:
+            data = source.read(MANIFEST_SCAN_BYTES)
+    except OSError:
+        return set()
+    if not data.lstrip().startswith(b"{"):
+        return set()
+    return {m.decode() for m in _REF_RE.findall(data)}
+
+
+def _quarantine(path: Path, folder: Path) -> Path:
+    """Move a bad object out of the object tree, into ``folder`` (same file system)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    destination = folder / f"{path.parent.name}-{path.name}"
+    os.replace(path, destination)
+    fsync_dir(path.parent)
+    fsync_dir(folder)
+    return destination
+
+
+def _journal_problems(root: Path) -> list[Problem]:
+    """Every run journal with a damaged line before its last (a torn last line is what a
+    kill leaves, and is not damage: a resume repairs it)."""
+    problems = []
+    for run_dir in _run_dirs(root):
+        for name in JOURNALS:
+            path = run_dir / name
+            try:
+                read_journal(path)
+            except JournalCorruptError as error:
+                problems.append(Problem("journal", path, str(error), runs=(run_dir.name,)))
+            except OSError as error:
+                reason = f"unreadable: {error.strerror or error}"
+                problems.append(Problem("journal", path, reason, runs=(run_dir.name,)))
+    return problems
