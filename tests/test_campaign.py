@@ -448,21 +448,29 @@ async def test_a_run_that_can_score_nothing_fails_loudly(
 async def test_judges_stopped_by_an_early_stop_are_not_reported_as_failures(
     tmp_path: Path,
 ) -> None:
-    paths = write_toy(tmp_path, {"default": "fix:8"}, val=24)
+    # A large effect on many cases, judged one at a time: the early stop comes well before the
+    # last case, with replayed units still queued for the judge (they must end cancelled).
+    paths = write_toy(tmp_path, {"default": "fix:16"}, val=32)
     judge = tmp_path / "judge.sh"
     judge.write_text(
-        "sleep 0.3\n"
+        "sleep 0.15\n"
         'if grep -q yes "$1/output.json"; then echo \'{"score": 1}\'; '
         "else echo '{\"score\": 0}'; fi\n"
     )
     paired = GateConfig(gate="paired", min_cases=4)  # sequential: stops early on a clear win
     config = toy_config(
-        paths, judge=f"sh {judge} {{output_dir}}", iterations=1, population=1, gate=paired
+        paths,
+        judge=f"sh {judge} {{output_dir}}",
+        iterations=1,
+        population=1,
+        gate=paired,
+        judge_concurrency=1,
     )
     report = (await _run(RunRequest(config))).report
     assert report is not None
     stopped = [m for m in report.measurements if m.status == "early_stopped"]
-    assert stopped and all(m.units_failed == 0 < m.units_cancelled for m in stopped)
+    counts = [(m.measurement_id, m.units_failed, m.units_cancelled) for m in stopped]
+    assert stopped and all(m.units_failed == 0 < m.units_cancelled for m in stopped), counts
     store = StoreLayout(paths["store"]).blobs()
     cancelled = [
         u
