@@ -80,16 +80,22 @@ main()
 """
 
 
-def test_a_full_disk_ends_the_run_failed_naming_the_journal(tmp_path: Path) -> None:
-    paths = write_toy(tmp_path, PLAN)
+def _optimize_on_a_full_disk(paths: dict[str, Path], tmp_path: Path, **env: str) -> Any:
+    """`evolane optimize` on the toy with the journal's disk full after 3 records."""
     script = tmp_path / "full_disk.py"
     script.write_text(FULL_DISK)
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(script), "3", "optimize", *toy_flags(paths, paths["store"])],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **env},
     )
+
+
+def test_a_full_disk_ends_the_run_failed_naming_the_journal(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    done = _optimize_on_a_full_disk(paths, tmp_path)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert "Traceback" not in done.stdout + done.stderr
     (run_dir,) = (paths["store"] / "runs").iterdir()
@@ -104,15 +110,7 @@ def test_a_full_disk_ends_the_run_failed_naming_the_journal(tmp_path: Path) -> N
 
 def test_a_run_whose_report_cannot_be_written_fails_in_one_line(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, PLAN)
-    script = tmp_path / "full_disk.py"
-    script.write_text(FULL_DISK)
-    done = subprocess.run(
-        [sys.executable, str(script), "3", "optimize", *toy_flags(paths, paths["store"])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "FULL_DISK_REPORT": "1"},
-    )
+    done = _optimize_on_a_full_disk(paths, tmp_path, FULL_DISK_REPORT="1")
     (run_dir,) = (paths["store"] / "runs").iterdir()
     line = _one_line(done, 1)
     report = run_dir / "report.json"

@@ -147,12 +147,20 @@ class CampaignConfig(Record):
         return schema
 
 
-def with_legacy_feedback(data: Any) -> Any:
-    """``data`` (a stored config) with ``feedback_split`` set to what it ran with when it
-    was written before the key existed (`LEGACY_FEEDBACK_SPLIT`); anything else as given."""
-    if isinstance(data, Mapping) and "feedback_split" not in data:
-        return {**data, "feedback_split": LEGACY_FEEDBACK_SPLIT}
-    return data
+STORED_DEFAULTS: dict[str, str] = {
+    "feedback_split": LEGACY_FEEDBACK_SPLIT,
+    "error_control": "legacy",
+}
+"""What a stored config without each key ran with (it was written before the key existed)."""
+
+
+def with_stored_defaults(data: Any, keys: tuple[str, ...] = tuple(STORED_DEFAULTS)) -> Any:
+    """``data`` (a stored config) with each of ``keys`` it lacks set to what it ran with
+    (`STORED_DEFAULTS`); anything else as given."""
+    if not isinstance(data, Mapping):
+        return data
+    missing = {key: STORED_DEFAULTS[key] for key in keys if key not in data}
+    return {**data, **missing} if missing else data
 
 
 def _nest(data: Mapping[str, Any], parts: Mapping[str, type[Record]]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, create_model, model_validator
 
-from evolane.campaign._config import CampaignConfig, with_legacy_feedback
+from evolane.campaign._config import CampaignConfig, with_stored_defaults
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._online import OnlineBudget
@@ -188,7 +188,7 @@ class Report(Record):
     def _legacy(cls, data: Any) -> Any:
         """A report written before ``feedback_split`` existed is of a run that fed back val."""
         if isinstance(data, dict) and "config" in data:
-            return {**data, "config": with_legacy_feedback(data["config"])}
+            return {**data, "config": with_stored_defaults(data["config"], ("feedback_split",))}
         return data
 
     seed: ArtifactRef

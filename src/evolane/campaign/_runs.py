@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
-from evolane.campaign._config import CampaignConfig, with_legacy_feedback
+from evolane.campaign._config import CampaignConfig, with_stored_defaults
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._splits import SplitPlan
 from evolane.inputs import InputError
@@ -70,20 +70,12 @@ class RunRecord(Record):
 
     @model_validator(mode="before")
     @classmethod
-    def _legacy(cls, data: Any) -> Any:
-        """A ``run.json`` written before ``feedback_split`` existed ran with val feedback."""
-        if isinstance(data, dict) and "config" in data:
-            return {**data, "config": with_legacy_feedback(data["config"])}
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
     def _as_it_ran(cls, data: Any) -> Any:
-        """A run.json written before ``error_control`` existed resumes as it ran: ``legacy``
-        (confirm with test cases, else no campaign-level control)."""
-        config = data.get("config") if isinstance(data, dict) else None
-        if isinstance(config, dict) and "error_control" not in config:
-            data = {**data, "config": {**config, "error_control": "legacy"}}
+        """A run.json written before ``feedback_split`` or ``error_control`` existed resumes
+        as it ran: val feedback, ``legacy`` error control (confirm with test cases, else
+        none)."""
+        if isinstance(data, dict) and "config" in data:
+            return {**data, "config": with_stored_defaults(data["config"])}
         return data
 
 

@@ -10,12 +10,11 @@ would let the command read evolane's memory or environment (`evolane.sandbox._se
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from functools import cache
 
-from evolane.sandbox._secrets import dropped_capabilities_argv
+from evolane.sandbox._secrets import dropped_capabilities_argv, probe_succeeds
 from evolane.sandbox._spec import Limits
 
 JOIN_FAILED_MARKER = b"evolane-launch: cannot join cgroup"
@@ -28,9 +27,6 @@ _JOIN_CGROUPS = (
 # under a shell that only waits (the trailing "exit" keeps dash from exec'ing the command).
 _NAMESPACE_INIT = '"$@"; exit $?'
 NAMESPACE_EXTRA_PROCESSES = 2
-PROBE_TIMEOUT = 5.0
-"""Seconds the one-off namespace probe (`unshare ... true`) may take before the host counts as
-unable to make namespaces."""
 """unshare and the namespace's init shell, counted against the pids limit on top."""
 # Fallback when prlimit is missing: the same limits from a tiny isolated Python.
 _SET_RLIMITS = (
@@ -67,18 +63,7 @@ def namespaces_available() -> bool:
     tools = host_tools()
     if tools.unshare is None or tools.sh is None:
         return False
-    try:
-        probe = subprocess.run(
-            [tools.unshare, *_NAMESPACE, "true"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=PROBE_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+    return probe_succeeds([tools.unshare, *_NAMESPACE, "true"])
 
 
 def rlimit_triples(limits: Limits) -> list[tuple[str, int, int]]:

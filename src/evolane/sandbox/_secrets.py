@@ -44,7 +44,25 @@ DROPPED_CAPABILITIES = (
 """Capabilities a command started by root never holds: each reads or writes another
 process's memory or the kernel's, or opens files by handle past every mount."""
 _ESSENTIAL = ("sys_ptrace",)  # what an older setpriv or kernel must at least drop
-_PROBE_TIMEOUT = 5.0
+PROBE_TIMEOUT = 5.0
+"""Seconds a one-off capability probe (`setpriv ... true`, `unshare ... true`) may take before
+the host counts as unable to do it."""
+
+
+def probe_succeeds(argv: list[str]) -> bool:
+    """Whether ``argv`` runs and exits 0 (quietly, bounded by `PROBE_TIMEOUT`)."""
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=PROBE_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def make_undumpable() -> bool:
@@ -66,18 +84,7 @@ def _setpriv_flags() -> tuple[str, ...] | None:
         return None
     for names in (DROPPED_CAPABILITIES, _ESSENTIAL):
         argv = (setpriv, "--bounding-set=" + ",".join("-" + name for name in names), "--")
-        try:
-            probe = subprocess.run(
-                [*argv, true],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=_PROBE_TIMEOUT,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if probe.returncode == 0:
+        if probe_succeeds([*argv, true]):
             return argv
     return None
 
