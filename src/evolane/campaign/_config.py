@@ -9,6 +9,7 @@ errors and the JSON Schema alike).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Self
 
@@ -101,6 +102,15 @@ class CampaignConfig(Record):
     campaign_id: Name | None = None
     example: Name | None = None
 
+    @model_validator(mode="after")
+    def _hide_inputs(self) -> Self:
+        """No command may see the store, the target or the dataset (`CommandSettings.hidden`)."""
+        hidden = tuple(os.path.abspath(path) for path in (self.store, self.target, self.dataset))
+        if self.commands.hidden != hidden:
+            commands = self.commands.model_copy(update={"hidden": hidden})
+            object.__setattr__(self, "commands", commands)
+        return self
+
     def identity(self) -> dict[str, object]:
         """What a campaign may not change between cycles: target, dataset, replay, judge."""
         return {
@@ -113,7 +123,7 @@ class CampaignConfig(Record):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A validated copy; ``update`` may name flat keys or whole settings models."""
         flat = _flatten(dict(update), self.parts) if update else None
-        return super().model_copy(update=flat, deep=deep)
+        return super().model_copy(update=flat, deep=deep)._hide_inputs()
 
     @model_validator(mode="wrap")
     @classmethod

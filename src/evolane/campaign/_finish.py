@@ -12,6 +12,7 @@ import trio
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyJournal, apply_candidate
 from evolane.campaign._confirm import error_control, publish_blocked
+from evolane.campaign._containment import containment
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report, render_markdown
 from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
@@ -139,7 +140,7 @@ async def finish(
         finished=time.time(),
         wall_seconds=time.time() - started,
         resumed=prepared.resumed,
-        isolation=",".join(host.mechanisms),
+        isolation=f"{containment(prepared.config).description}; {', '.join(host.mechanisms)}",
         config=prepared.config,
         estimate=prepared.estimate,
         splits=prepared.splits,

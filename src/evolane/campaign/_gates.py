@@ -343,6 +343,10 @@ async def _run_validator(
             argv=argv,
             workspace=str(workspace),
             kill_grace=settings.commands.kill_grace,
+            isolation=settings.commands.isolation,
+            view=settings.commands.view(settings.validator).model_copy(
+                update={"own": ((str(scratch), True),)}
+            ),
             label=_short(label, 128) or "validator",
         )
         outcome = await host.run(spec, timeout=settings.validator_timeout, stop=stop)

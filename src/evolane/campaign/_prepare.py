@@ -13,6 +13,7 @@ from pathlib import Path
 
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run, repetitions_for
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
 from evolane.campaign._online import OnlineBudget
@@ -81,7 +82,9 @@ class Prepared:
 
 
 def check_templates(config: CampaignConfig) -> GateSettings:
-    """Parse every command template and the gate settings; `InputError` on the first bad one."""
+    """Parse every command template and the gate settings, and check what the commands
+    may reach (`campaign._containment`); `InputError` on the first bad one."""
+    containment(config)
     lane_settings(config.measure, config.commands, MeasureContext())
     optimizer_settings(config.propose.optimizer, config.commands)
     validator = None

@@ -15,6 +15,7 @@ import trio
 
 from evolane.actors import ActorRef
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._finish import Session, apply_best, finish, session_ended
 from evolane.campaign._prepare import Prepared, prepare_run
@@ -210,6 +211,7 @@ def _announce(
     prepared: Prepared, bus: ProgressBus, host: SandboxHost, wall_left: float | None
 ) -> None:
     config, run = prepared.config, prepared.run
+    contained = containment(config)
     bus.publish(
         RunStarted(
             run_id=run.run_id,
@@ -220,7 +222,7 @@ def _announce(
             replay_lanes=config.measure.replay_concurrency,
             judge_lanes=config.measure.judge_concurrency,
             resumed=not prepared.resume.empty,
-            isolation=",".join(host.mechanisms),
+            isolation=contained.description,
             wall_clock_budget=config.wall_clock_budget,
             wall_clock_left=wall_left,
         )
@@ -229,6 +231,8 @@ def _announce(
     bus.publish(EstimateEvent(run_id=run.run_id, **shared))
     if prepared.splits.optimistic:
         bus.publish(WarningEvent(run_id=run.run_id, message=prepared.splits.note[:256]))
+    if contained.warning is not None:
+        bus.publish(WarningEvent(run_id=run.run_id, message=contained.warning[:256]))
 
 
 async def _cycle(

@@ -153,7 +153,22 @@ def optimize(
         list[str] | None, _o("An environment variable commands may see (repeatable).", "--pass-env")
     ] = None,
     isolation: Annotated[
-        str | None, _o("auto | process | namespace (default auto).", "--isolation")
+        str | None,
+        _o(
+            "auto | confined | process (default auto: confined where bubblewrap works).",
+            "--isolation",
+        ),
+    ] = None,
+    network: Annotated[
+        bool | None, _o("Let confined commands use the network (default: none).", "--network")
+    ] = None,
+    expose: Annotated[
+        list[str] | None,
+        _o("A host path confined commands may read (repeatable).", "--expose"),
+    ] = None,
+    expose_rw: Annotated[
+        list[str] | None,
+        _o("A host path confined commands may write (repeatable).", "--expose-rw"),
     ] = None,
     cluster: Annotated[
         str, _o("local | local:N | dask://HOST:PORT (default local).", "--cluster")

@@ -24,7 +24,7 @@ _CHOICES = {
     "gate": ("paired", "bootstrap", "strict", "threshold"),
     "focus": ("all", "cyclic", "hardest-first"),
     "feedback_split": ("train", "val"),
-    "isolation": ("auto", "process", "namespace"),
+    "isolation": ("auto", "confined", "process", "namespace"),
     "progress": ("auto", "rich", "plain", "jsonl", "none"),
 }
 _GATE_FLAGS = (
@@ -37,7 +37,7 @@ _CONFIG_FLAGS = (
     "optimizer_timeout", "optimizer_idle", "kill_grace", "wall_clock_budget", "max_tokens",
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
     "judge_failure_retries", "focus", "feedback_split", "isolation", "seed", "cluster",
-    "error_control",
+    "error_control", "network",
 )  # fmt: skip
 
 
@@ -89,6 +89,9 @@ def build_config(flags: dict[str, Any]) -> Any:
         values["required_files"] = tuple(flags["required_file"])
     if flags.get("pass_env"):
         values["pass_env"] = tuple(flags["pass_env"])
+    for key in ("expose", "expose_rw"):
+        if flags.get(key):
+            values[key] = _exposed(key, flags[key])
     for key, flag in (("target", "--target"), ("dataset", "--dataset"), ("replay", "--replay")):
         if not values.get(key):
             raise UsageError(f"{flag} is required (or use --example self-evolution)")
@@ -107,6 +110,17 @@ def build_config(flags: dict[str, Any]) -> Any:
         first = error.errors()[0]
         where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
         raise UsageError(f"{where}: {first['msg']}") from None
+
+
+def _exposed(key: str, paths: list[str]) -> tuple[str, ...]:
+    """``--expose``/``--expose-rw`` paths, absolute; each must exist."""
+    flag = "--" + key.replace("_", "-")
+    absolute = []
+    for path in paths:
+        if not Path(path).exists():
+            raise UsageError(f"{flag} {path}: no such file or folder")
+        absolute.append(str(Path(path).absolute()))
+    return tuple(absolute)
 
 
 def _cluster(flags: dict[str, Any]) -> None:

@@ -77,6 +77,11 @@ class CommandTemplate(Record):
     def _sorted_placeholders(self, value: frozenset[str]) -> _PlaceholderList:
         return sorted(value)
 
+    def literal_words(self) -> tuple[str, ...]:
+        """The argv with every placeholder blanked: what the user wrote literally (the
+        absolute paths in it are what a confined command is shown, see `evolane.sandbox`)."""
+        return tuple(_TOKEN.sub(" ", arg) for arg in self.argv)
+
     def render(self, values: Mapping[str, str]) -> tuple[str, ...]:
         """The argv with every placeholder replaced by its value, each value kept literal.
 

@@ -33,7 +33,7 @@ from evolane.messages import (
     ProposeJob,
     ProposeResult,
 )
-from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec
+from evolane.sandbox import Isolation, Limits, ProcessOutcome, SandboxHost, SandboxSpec, View
 from evolane.store import (
     BlobStore,
     StoreError,
@@ -62,6 +62,9 @@ class OptimizerSettings:
     limits: Limits = field(default_factory=Limits)
     kill_grace: float = 2.0
     pass_env: tuple[str, ...] = ()
+    isolation: Isolation = "process"
+    view: View = field(default_factory=View)
+    """What the command sees when confined (its job directory is added per job)."""
     backend: Backend | None = None  # an in-process callable instead of the command
     tree_limits: TreeLimits = field(default_factory=TreeLimits)
     """Caps on the workdir, checked while it is walked, before anything of it is stored
@@ -187,6 +190,8 @@ class OptimizerLane(StoppableLane):
             pass_env=self.settings.pass_env,
             limits=self.settings.limits,
             kill_grace=self.settings.kill_grace,
+            isolation=self.settings.isolation,
+            view=self.settings.view.model_copy(update={"own": scratch.own()}),
             label="optimizer",
         )
         async with trio.open_nursery() as nursery:

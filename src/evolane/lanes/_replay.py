@@ -37,6 +37,7 @@ from evolane.sandbox import (
     ProcessOutcome,
     SandboxHost,
     SandboxSpec,
+    View,
 )
 from evolane.store import (
     BlobStore,
@@ -71,6 +72,8 @@ class LaneSettings:
     pass_env: tuple[str, ...] = ()
     keep_failed: bool = False
     isolation: Isolation = "process"
+    view: View = field(default_factory=View)
+    """What the command sees when confined (its unit directory is added per unit)."""
     backend: Backend | None = None  # an in-process callable instead of the command
     output_limits: TreeLimits = OUTPUT_LIMITS
     """Caps on a replay's output folder (over one: the replay failed, by its own fault)."""
@@ -118,6 +121,7 @@ async def run_lane_command(
         limits=settings.limits,
         kill_grace=settings.kill_grace,
         isolation=settings.isolation,
+        view=settings.view.model_copy(update={"own": scratch.own()}),
         label=label,
     )
     return await host.run(spec, deadline=deadline, stop=stop, setup=setup)

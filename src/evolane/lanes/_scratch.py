@@ -81,6 +81,11 @@ class UnitScratch:
             "seed": str(seed),
         }
 
+    def own(self) -> tuple[tuple[str, bool], ...]:
+        """What a confined command of this unit sees of it: the directory, writable, with
+        the candidate read-only over it (a replay may not edit the tree it runs)."""
+        return ((str(self.dir), True), (str(self.candidate), False))
+
     def remove(self) -> None:
         remove_tree(self.dir)
 
@@ -113,6 +118,15 @@ class SlotScratch:
             "seed": str(seed),
             "workspace": str(self.context),
         }
+
+    def own(self) -> tuple[tuple[str, bool], ...]:
+        """What a confined optimizer sees of its job: the directory, writable (its workdir
+        and usage file), with the context folder and the prompt read-only over it."""
+        return (
+            (str(self.dir), True),
+            (str(self.context), False),
+            (str(self.prompt_file), False),
+        )
 
     def remove(self) -> None:
         remove_tree(self.dir)  # read-only folders are made writable as it goes

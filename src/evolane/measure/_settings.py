@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from pydantic import Field, field_validator
 
@@ -31,9 +32,10 @@ from evolane.messages import (
     Text,
     UnitRecord,
 )
-from evolane.sandbox import Isolation
+from evolane.sandbox import Isolation, View, folders_to_expose, template_paths
 from evolane.store import TreeLimits
 
+PathText = Annotated[str, Field(min_length=1, max_length=4096)]
 MAX_TIMEOUT = 86_400.0
 """The longest deadline a setting accepts for one command (a day): longer is a typo."""
 
@@ -45,9 +47,33 @@ class CommandSettings(Record):
     kill_grace: float = Field(default=2.0, ge=0, le=600)
     """Seconds between SIGTERM and SIGKILL when a command's process tree is stopped."""
     isolation: Isolation = "auto"
-    """How replay and judge commands are confined: ``auto``, ``process`` or ``namespace``."""
+    """How every command is confined: ``confined`` (a bubblewrap view; refuses to run
+    without it), ``auto`` (confined where possible, else weaker with a warning),
+    ``process``; ``namespace`` (pid and network namespaces only) is kept for old runs."""
     pass_env: tuple[Name, ...] = Field(default=(), max_length=64)
     """Environment variables a command may see (evolane's own are never passed on)."""
+    network: bool = False
+    """Whether a confined command may use the network (``--network``: an agent that calls
+    an LLM API needs it)."""
+    expose: tuple[PathText, ...] = Field(default=(), max_length=64)
+    """Host paths a confined command is shown read-only besides those its template names."""
+    expose_rw: tuple[PathText, ...] = Field(default=(), max_length=64)
+    """Host paths a confined command may write."""
+    hidden: tuple[PathText, ...] = Field(default=(), max_length=16, exclude=True)
+    """Paths no command may see even under an exposed folder: a campaign fills in its
+    store, target and dataset (derived, so never stored)."""
+
+    def view(self, *templates: CommandTemplate | None) -> View:
+        """What a confined command of ``templates`` sees: the folders of the absolute paths
+        the templates name and the exposed paths, minus the hidden ones."""
+        words = [word for template in templates if template for word in template.literal_words()]
+        named = folders_to_expose(template_paths(words))
+        return View(
+            read_only=tuple(dict.fromkeys((*named, *self.expose))),
+            read_write=self.expose_rw,
+            hidden=self.hidden,
+            network=self.network,
+        )
 
 
 class MeasureSettings(Record):
@@ -144,9 +170,12 @@ def lane_settings(
         "isolation": commands.isolation,
     }
     return (
-        LaneSettings(template=replay, backend=context.replay_backend, **sandbox),
+        LaneSettings(
+            template=replay, backend=context.replay_backend, view=commands.view(replay), **sandbox
+        ),
         LaneSettings(
             template=judge,
+            view=commands.view(judge),
             retries=settings.judge_failure_retries,
             backend=context.judge_backend,
             **sandbox,
@@ -167,6 +196,8 @@ def optimizer_settings(
         template=template,
         kill_grace=commands.kill_grace,
         pass_env=commands.pass_env,
+        isolation=commands.isolation,
+        view=commands.view(template),
         backend=backend,
         tree_limits=tree_limits or TreeLimits(),
     )

@@ -5,6 +5,7 @@ a launcher chain (never ``preexec_fn``), bounded output capture, a kill ladder t
 finds escapees, and a lifeline process that kills every tree if the runtime itself dies.
 """
 
+from evolane.sandbox._confine import folders_to_expose, resolve_isolation, template_paths
 from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
@@ -17,6 +18,7 @@ from evolane.sandbox._spec import (
     SandboxSpec,
     Status,
     StreamCapture,
+    View,
 )
 from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
 
@@ -31,11 +33,15 @@ __all__ = [
     "SandboxSpec",
     "Status",
     "StreamCapture",
+    "View",
     "WorkspaceError",
     "child_lease",
+    "folders_to_expose",
     "lease_holders",
     "lease_matches",
     "materialize_workspace",
     "open_sandbox",
+    "resolve_isolation",
     "sweep_stale_leases",
+    "template_paths",
 ]

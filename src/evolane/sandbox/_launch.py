@@ -95,9 +95,16 @@ _PRLIMIT_FLAGS = {
 
 
 def launcher_argv(
-    command: tuple[str, ...], procs_files: list[str], limits: Limits, namespace: bool
+    command: tuple[str, ...],
+    procs_files: list[str],
+    limits: Limits,
+    namespace: bool,
+    confine: list[str] | None = None,
 ) -> tuple[list[str], tuple[str, ...]]:
-    """The full argv that runs ``command`` confined, and the mechanisms it puts in force."""
+    """The full argv that runs ``command`` confined, and the mechanisms it puts in force.
+
+    ``confine`` is a bwrap prefix (`evolane.sandbox._confine.bwrap_argv`): it replaces the
+    ``unshare`` step, and drops root itself."""
     tools = host_tools()
     argv: list[str] = []
     mechanisms: list[str] = ["session", "env_allowlist"]
@@ -113,6 +120,8 @@ def launcher_argv(
         spec = ",".join(f"{name},{soft},{hard}" for name, soft, hard in triples)
         argv += [sys.executable, "-I", "-S", "-c", _SET_RLIMITS, spec]
     mechanisms.append("rlimits")
+    if confine is not None:
+        return [*argv, *confine, *command], (*mechanisms, *confined_mechanisms(confine))
     if namespace:
         assert tools.unshare is not None and tools.sh is not None
         argv += [tools.unshare, *_NAMESPACE, "--", tools.sh, "-c", _NAMESPACE_INIT, "evolane-init"]
@@ -122,3 +131,12 @@ def launcher_argv(
         argv += drop
         mechanisms.append("root_caps_dropped")
     return [*argv, *command], tuple(mechanisms)
+
+
+def confined_mechanisms(confine: list[str]) -> tuple[str, ...]:
+    """The names of what a bwrap prefix puts in force (recorded with each outcome)."""
+    names = ["pid_namespace", "mount_view", "private_tmp", "no_new_privs"]
+    if "--unshare-net" in confine:
+        names.append("net_namespace")
+    names.append("user_namespace")
+    return tuple(names)

@@ -24,12 +24,17 @@ from evolane._faults import INSTALLED
 from evolane.messages import ArtifactRef
 from evolane.sandbox._capture import BoundedCapture, drain, open_pipe
 from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
+from evolane.sandbox._confine import (
+    bwrap_argv,
+    interpreter_folders,
+    program_folders,
+    resolve_isolation,
+)
 from evolane.sandbox._env import build_environment, child_lease
 from evolane.sandbox._launch import (
     JOIN_FAILED_MARKER,
     NAMESPACE_EXTRA_PROCESSES,
     launcher_argv,
-    namespaces_available,
 )
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
@@ -69,13 +74,10 @@ class UnitHost(Protocol):
 
 
 def _isolation(spec: SandboxSpec) -> IsolationInForce:
-    if spec.isolation == "process":
-        return "process"
-    if namespaces_available():
-        return "namespace"
-    if spec.isolation == "namespace":
-        raise WorkspaceError("isolation 'namespace' is not available on this host")
-    return "process"
+    level, problem = resolve_isolation(spec.isolation)
+    if problem is not None and spec.isolation != "auto":
+        raise WorkspaceError(f"isolation {spec.isolation!r} is not available: {problem}")
+    return level
 
 
 def _resolve_executable(argv0: str, cwd: Path, path: str) -> str | None:
@@ -242,24 +244,38 @@ def _prepare_and_spawn(
     env = build_environment(
         spec,
         home=str(unit.dir / "home"),
-        tmp=str(unit.dir / "tmp"),
+        tmp="/tmp" if isolation == "confined" else str(unit.dir / "tmp"),
         workspace=str(unit.work),
         lease=unit.lease,
     )
-    if _resolve_executable(spec.argv[0], unit.work, env["PATH"]) is None:
+    program = _resolve_executable(spec.argv[0], unit.work, env["PATH"])
+    if program is None:
         return f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
     try:
         if INSTALLED:
             INSTALLED[0].before_spawn(spec.label)
-        extra = NAMESPACE_EXTRA_PROCESSES if isolation == "namespace" else 0
+        extra = NAMESPACE_EXTRA_PROCESSES if isolation != "process" else 0
         unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
         procs = unit.cgroups.procs_files if unit.cgroups is not None else []
-        argv, mechanisms = launcher_argv(spec.argv, procs, spec.limits, isolation == "namespace")
+        confine = _confinement(unit, program) if isolation == "confined" else None
+        argv, mechanisms = launcher_argv(
+            spec.argv, procs, spec.limits, isolation == "namespace", confine
+        )
         if unit.cgroups is not None:
             mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
         return _spawn(argv, unit.work, env, fds), tuple(mechanisms)
     except (OSError, ValueError) as error:
         return str(error)[:2048]
+
+
+def _confinement(unit: _Unit, program: str) -> list[str]:
+    """The bwrap prefix of a confined unit: its view plus the interpreters and the program's
+    prefix read-only, its unit directory and workspace writable."""
+    spec = unit.spec
+    own = [(str(unit.dir), True), (str(unit.work), True), *spec.view.own]
+    shown = (*interpreter_folders(), *program_folders(program), *spec.view.read_only)
+    view = spec.view.model_copy(update={"read_only": tuple(dict.fromkeys(shown))})
+    return bwrap_argv(view, own=own, workspace=unit.work)
 
 
 class _Pipes:

@@ -8,9 +8,11 @@ from pydantic import AfterValidator, Field
 
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
 
-Isolation = Literal["auto", "process", "namespace"]
-"""`process`: session, rlimits, cgroups, lease; `namespace` adds PID and network namespaces."""
-IsolationInForce = Literal["process", "namespace"]
+Isolation = Literal["auto", "confined", "process", "namespace"]
+"""`process`: session, rlimits, cgroups, lease; `namespace` adds PID and network namespaces;
+`confined` runs the command in a bubblewrap view (`View`); `auto`: confined where the host
+can, else namespace, else process."""
+IsolationInForce = Literal["process", "namespace", "confined"]
 Status = Literal["exited", "timed_out", "cancelled", "limit_exceeded", "spawn_failed"]
 
 
@@ -52,6 +54,25 @@ class Overlay(Record):
     tree: ArtifactRef
 
 
+class View(Record):
+    """What a confined command sees besides the system folders, the interpreters and its
+    own unit directory (`evolane.sandbox._confine`)."""
+
+    read_only: tuple[PathText, ...] = Field(default=(), max_length=256)
+    """Folders (or files) shown read-only: those a command template names, ``--expose``."""
+    read_write: tuple[PathText, ...] = Field(default=(), max_length=64)
+    """Folders shown writable (``--expose-rw``)."""
+    hidden: tuple[PathText, ...] = Field(default=(), max_length=64)
+    """Never shown, even under a shown folder: the store, the target, the dataset."""
+    own: tuple[tuple[PathText, bool], ...] = Field(default=(), max_length=64)
+    """The command's own paths (path, writable), shown last, over any mask: its scratch
+    directory, a read-only candidate or context folder inside it."""
+    network: bool = False
+    """Whether the command shares the host's network (``--network``)."""
+    tmp_bytes: int = Field(default=256 << 20, ge=1 << 20, le=1 << 40)
+    """The size of the private ``/tmp``."""
+
+
 class SandboxSpec(Record):
     """One command to run: argv (never a shell), its workspace, environment, limits, deadlines."""
 
@@ -65,6 +86,8 @@ class SandboxSpec(Record):
     output: OutputCaps = OutputCaps()
     kill_grace: float = Field(default=2.0, ge=0.0, le=600.0)
     isolation: Isolation = "process"
+    view: View = View()
+    """What the command sees under ``confined`` (ignored by the other levels)."""
     keep_failed: bool = False
     label: Name = "unit"
 

@@ -1,0 +1,84 @@
+"""What a run's commands can reach, checked before anything is written (issue 17, DESIGN §5).
+
+The level a request gets on this host (`sandbox.resolve_isolation`), said in the live view
+and the report; ``--isolation confined`` refused where bubblewrap cannot work; an ``auto``
+that had to fall back warned about loudly; exposed paths and the paths a template names
+checked against what no command may see (the store, the target, the dataset).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from evolane.campaign._config import CampaignConfig
+from evolane.inputs import InputError
+from evolane.sandbox import resolve_isolation, template_paths
+
+
+@dataclass(frozen=True)
+class Containment:
+    """The level in force (``confined``, ``namespace``, ``process``), how the report says
+    it, and the warning when it is weaker than asked."""
+
+    level: str
+    description: str
+    warning: str | None
+
+
+def containment(config: CampaignConfig) -> Containment:
+    """The containment ``config``'s commands get here; `InputError` when it cannot be had
+    or a path given would show a command what it may never see."""
+    commands = config.commands
+    level, problem = resolve_isolation(commands.isolation)
+    if problem is not None and commands.isolation != "auto":
+        raise InputError(f"--isolation {commands.isolation}: {problem}")
+    for flag, paths in (("--expose", commands.expose), ("--expose-rw", commands.expose_rw)):
+        for path in paths:
+            inside = _hidden_holding(path, commands.hidden)
+            if inside is not None:
+                raise InputError(f"{flag} {path}: inside {inside}, which no command may see")
+    if level == "confined":
+        _check_templates(config)
+    warning = None
+    if problem is not None:
+        warning = (
+            f"commands are NOT confined ({problem}): they run with {level} isolation and can "
+            "read the host's files; install bubblewrap, or pass --isolation process to accept"
+        )
+    network = "network" if commands.network else "no network"
+    description = f"{level} ({network})" if level != "process" else "process"
+    return Containment(level, description, warning)
+
+
+def _check_templates(config: CampaignConfig) -> None:
+    """A confined command is never shown the store, target or dataset: a template that
+    names a path in them could not run, so it is refused now rather than fail each unit."""
+    templates = {
+        "--replay": config.measure.replay,
+        "--judge": config.measure.judge,
+        "--optimizer": config.propose.optimizer,
+        "--validator": config.validator,
+        "--check": config.check,
+    }
+    for flag, text in templates.items():
+        if not text:
+            continue
+        for path in template_paths([text]):
+            inside = _hidden_holding(path, config.commands.hidden)
+            if inside is not None:
+                raise InputError(
+                    f"{flag} names {path}, inside {inside}: a confined command never sees "
+                    "the store, the target or the dataset (use the placeholders, or copy "
+                    "the file elsewhere)"
+                )
+
+
+def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
+    """The hidden path that ``path`` is or lies inside (after resolving), or None."""
+    real = os.path.realpath(path)
+    for name in hidden:
+        top = os.path.realpath(name)
+        if real == top or real.startswith(top.rstrip("/") + "/"):
+            return name
+    return None

@@ -1,0 +1,207 @@
+"""The confined level: every command in a bubblewrap (``bwrap``) view built from an allowlist.
+
+A confined command sees the system folders read-only, the interpreters' prefixes
+read-only, what its `View` exposes, its own directories, a fresh ``/proc`` of its own pid
+namespace, a private size-capped ``/tmp``, no network unless the view allows it, and
+nothing else: the store, the target and the dataset are masked even when an exposed folder
+holds them. The mounts are bubblewrap's (what Flatpak uses), never hand-rolled.
+
+It runs as ``nobody`` (uid 65534) in an unprivileged user namespace with no capability
+outside it (``--disable-userns``: no nested namespace gets any either). The namespace maps
+that uid to evolane's own: the files the command writes belong to evolane's user, and a
+root evolane's commands can read root-owned files they are *shown* (the mount view is
+what keeps them in). A real unprivileged host uid would also need every exposed folder
+readable by that uid, which ``mkdtemp`` folders (0700) and ``/root`` are not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+
+from evolane.sandbox._launch import namespaces_available
+from evolane.sandbox._secrets import probe_succeeds
+from evolane.sandbox._spec import Isolation, IsolationInForce, View
+
+SANDBOX_UID = 65_534
+"""The uid (and gid) a confined command has inside its user namespace: ``nobody``."""
+SYSTEM_FOLDERS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""Shown read-only to every confined command (a top-level symlink such as ``/bin ->
+usr/bin`` is recreated as the same symlink)."""
+HOST_ONLY = ("/proc", "/sys", "/dev", "/run")
+"""Never exposed from the host, nor anything in them, even when a template names a path
+there (the command gets its own ``/proc`` and ``/dev``)."""
+PRIVATE = ("/tmp", "/var/tmp")
+"""Never exposed as a whole (the command gets its own ``/tmp``); a folder inside may be."""
+_PATH_IN_TEXT = re.compile(r"""(?:^|(?<=[\s'"=:,(]))(/[^\s'"`;|&<>()*?$,:=]+)""")
+
+
+def bwrap_path() -> str | None:
+    """The bubblewrap binary, or None."""
+    return shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin:/usr/sbin")
+
+
+@cache
+def confinement_problem() -> str | None:
+    """Why this host cannot confine commands (one line), or None when it can (probed once)."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed (apt-get install -y bubblewrap)"
+    true = shutil.which("true", path="/usr/bin:/bin")
+    if true is None:
+        return "no 'true' binary to probe bubblewrap with"
+    view = View()
+    argv = bwrap_argv(view, own=(), workspace=Path("/"))
+    if probe_succeeds([*argv, true]):
+        return None
+    return f"bubblewrap cannot create namespaces on this host ({bwrap} {' '.join(argv[1:4])}...)"
+
+
+def template_paths(argv: Iterable[str]) -> list[str]:
+    """Absolute paths written literally in a command's words (``python3 /x/judge.py``,
+    ``--config=/x/c.toml``, inside ``sh -c '...'``); placeholders must be removed first."""
+    found: list[str] = []
+    for word in argv:
+        found += [match.group(1).rstrip("/.") or "/" for match in _PATH_IN_TEXT.finditer(word)]
+    return found
+
+
+def folders_to_expose(paths: Iterable[str]) -> list[str]:
+    """What to show read-only for paths a command names: an existing folder itself; an
+    existing file's folder (so its siblings import), but only the file when that folder is
+    ``/`` or a home folder; nothing for missing paths or what the system view covers."""
+    shown: list[str] = []
+    homes = {str(Path.home()), "/root"}
+    for text in paths:
+        path = Path(text)
+        try:
+            if not path.exists():
+                continue
+        except OSError:
+            continue
+        folder = path if path.is_dir() else path.parent
+        if str(folder) == "/" or str(folder) in homes or folder.parent == Path("/home"):
+            folder = path
+        if _covered(str(folder)) or str(folder) in (*HOST_ONLY, *PRIVATE):
+            continue
+        if any(str(folder).startswith(top + "/") for top in HOST_ONLY):
+            continue
+        shown.append(str(folder))
+    return sorted(set(shown))
+
+
+def _covered(path: str) -> bool:
+    return any(path == top or path.startswith(top + "/") for top in SYSTEM_FOLDERS)
+
+
+@cache
+def interpreter_folders() -> tuple[str, ...]:
+    """The running interpreter's prefixes and import path (minus the working folder), so a
+    command run with evolane's own Python finds its standard library and packages."""
+    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    cwd = os.getcwd()
+    folders |= {entry for entry in sys.path if entry and entry != cwd and os.path.isdir(entry)}
+    real = {os.path.realpath(folder) for folder in folders}
+    return tuple(sorted(p for p in folders | real if p != "/" and not _covered(p)))
+
+
+def program_folders(program: str) -> list[str]:
+    """The prefix of the program a command runs (``/x/venv`` for ``/x/venv/bin/python``)
+    and of the file its symlinks resolve to, unless the system view covers them."""
+    folders = []
+    for path in (Path(program), Path(os.path.realpath(program))):
+        folder = path.parent.parent if path.parent.name == "bin" else path.parent
+        if str(folder) != "/" and not _covered(str(folder)):
+            folders.append(str(folder))
+    return folders
+
+
+def _system_args() -> list[str]:
+    args: list[str] = []
+    for top in SYSTEM_FOLDERS:
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    resolv = Path("/etc/resolv.conf")
+    if resolv.is_symlink() and not _covered(os.path.realpath(resolv)):
+        args += ["--ro-bind-try", os.path.realpath(resolv), os.path.realpath(resolv)]
+    return args
+
+
+def _binds(paths: Iterable[str], writable: bool) -> list[str]:
+    """Bind each path at its own name and, when that name goes through a symlink, at the
+    resolved name too (so either spelling works inside)."""
+    args: list[str] = []
+    flag = "--bind-try" if writable else "--ro-bind-try"
+    for path in paths:
+        real = os.path.realpath(path)
+        for dest in dict.fromkeys((real, os.path.abspath(path))):
+            args += [flag, real, dest]
+    return args
+
+
+def _masks(view: View, shown: list[str]) -> tuple[list[str], list[str]]:
+    """Cover each hidden path that something shown holds: an empty folder over a folder
+    (made read-only by the second list, once the command's own directories inside it are
+    mounted), an empty file over a file."""
+    args: list[str] = []
+    seal: list[str] = []
+    for hidden in view.hidden:
+        for name in dict.fromkeys((os.path.realpath(hidden), os.path.abspath(hidden))):
+            if not any(name == top or name.startswith(top.rstrip("/") + "/") for top in shown):
+                continue
+            if os.path.isdir(name):
+                args += ["--size", str(1 << 20), "--tmpfs", name]
+                seal += ["--remount-ro", name]
+            elif os.path.lexists(name):
+                args += ["--ro-bind", "/dev/null", name]
+    return args, seal
+
+
+def bwrap_argv(view: View, *, own: Iterable[tuple[str, bool]], workspace: Path) -> list[str]:
+    """The bwrap argv prefix that runs a command confined by ``view``, with ``own`` (path,
+    writable) directories shown last and ``workspace`` as its working folder."""
+    bwrap = bwrap_path()
+    assert bwrap is not None
+    args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    args += ["--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID)]
+    args += ["--gid", str(SANDBOX_UID)]
+    if not view.network:
+        args.append("--unshare-net")
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(view.tmp_bytes), "--tmpfs", "/tmp"]
+    args += _system_args()
+    shown = [*SYSTEM_FOLDERS, *view.read_only, *view.read_write]
+    args += _binds(view.read_only, writable=False)
+    args += _binds(view.read_write, writable=True)
+    masks, seal = _masks(view, shown)
+    args += masks
+    for path, writable in own:
+        args += _binds([path], writable)
+    args += seal
+    # The root the mounts hang on is bwrap's own tmpfs: read-only, so a command can store
+    # nothing outside its own directories and /tmp (whose size is capped).
+    args += ["--remount-ro", "/", "--chdir", str(workspace)]
+    return [*args, "--"]
+
+
+def resolve_isolation(requested: Isolation) -> tuple[IsolationInForce, str | None]:
+    """The level a request gets on this host, and why it is weaker than asked (None when
+    it is not): ``auto`` is confined where bubblewrap works, else namespace, else process."""
+    if requested == "process":
+        return "process", None
+    problem = None
+    if requested in ("auto", "confined"):
+        problem = confinement_problem()
+        if problem is None:
+            return "confined", None
+        if requested == "confined":
+            return "process", problem
+    if namespaces_available():
+        return "namespace", problem
+    return "process", problem or "this host cannot create pid and network namespaces"
