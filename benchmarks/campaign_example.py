@@ -5,7 +5,7 @@ then reads the report: wall time (target <= 90 s on 2 cores), val baseline -> be
 ~0.3 -> >= 0.7), every local gate exercised, every harmful candidate (by the example's ground
 truth) rejected, and zero replays spent on locally rejected candidates.
 
-    python benchmarks/campaign_example.py [--seed N]
+    python benchmarks/campaign_example.py [--seed N] [--isolation auto|confined|process]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ GATES = ("disallowed_entries", "no_op", "duplicate", "protected_paths", "size_li
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, default=None, help="default: the example's preset")
+    parser.add_argument("--isolation", default=None, help="default: evolane's (auto)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -34,6 +35,8 @@ def main() -> int:
                    "--progress", "none"]  # fmt: skip
         if args.seed is not None:
             command += ["--seed", str(args.seed)]
+        if args.isolation is not None:
+            command += ["--isolation", args.isolation]
         started = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         wall = time.monotonic() - started
@@ -59,6 +62,7 @@ def main() -> int:
     base, best = scores["baseline_val"]["mean"], scores["best_val"]["mean"]
     test_base, test_best = scores["baseline_test"]["mean"], scores["best_test"]["mean"]
     print(f"wall {wall:.1f} s (target <= 90 s); {report['status']} / {report['campaign_status']}")
+    print(f"isolation: {report['isolation']}")
     print(f"val {base:.3f} -> {best:.3f} (target >= 0.7); test {test_base:.3f} -> {test_best:.3f}")
     print(f"gates exercised: {sorted(gates_hit)}; missing: {sorted(set(GATES) - gates_hit)}")
     print(f"harmful candidates: {len(harmful)}, accepted: {harmful_accepted}")
