@@ -86,8 +86,9 @@ def test_an_old_flat_run_json_loads_into_the_settings_models() -> None:
         judge_failure_retries=1,
         cluster="local",
     )
-    assert config.commands == CommandSettings(
-        kill_grace=0.5, isolation="process", pass_env=("OPENAI_API_KEY",)
+    no_limits = dict.fromkeys(("max_procs", "max_memory", "max_file_size", "max_open_files"))
+    assert config.commands == CommandSettings(  # it ran before the command limits: none
+        kill_grace=0.5, isolation="process", pass_env=("OPENAI_API_KEY",), **no_limits
     )
     assert config.propose == ProposeSettings(
         optimizer="improve {workdir} {prompt_file}",
@@ -104,6 +105,7 @@ def test_an_old_flat_run_json_loads_into_the_settings_models() -> None:
         "gate": config.gate.model_dump(),
         "feedback_split": "val",
         "error_control": "legacy",
+        **no_limits,
     }
     assert RunRecord.model_validate_json(record.model_dump_json()) == record
 

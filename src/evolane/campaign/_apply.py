@@ -32,9 +32,9 @@ from evolane.campaign._files import (
 )
 from evolane.campaign._proposal import write_proposal
 from evolane.inputs import CommandTemplate
-from evolane.lanes import scratch_dir
+from evolane.lanes import limit_reason, limits_hit, scratch_dir
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
-from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec
+from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec
 from evolane.store import (
     BlobStore,
     FileEntry,
@@ -134,11 +134,13 @@ async def apply_candidate(
     check_timeout: float = 120.0,
     kill_grace: float = 2.0,
     label: str = "best",
+    limits: Limits | None = None,
 ) -> ApplyOutcome:
     """Write the proposal artifacts, then keep or publish the candidate as ``policy`` says.
 
     ``check`` (placeholders ``{candidate}`` = the target, ``{workspace}``) runs in the sandbox
-    after an ``auto_verified`` publish; a non-zero exit, timeout or kill rolls it back.
+    after an ``auto_verified`` publish, under ``limits`` (default none); a non-zero exit,
+    timeout, kill or limit hit rolls it back.
     Store errors (a corrupt or missing candidate blob) raise.
     """
     if policy not in APPLY_POLICIES:
@@ -181,7 +183,7 @@ async def apply_candidate(
         )
     base["backup_ref"] = prepared.journal.backup_ref
     return await _publish_and_check(
-        store, host, prepared, argv, workspace, check_timeout, kill_grace, base
+        store, host, prepared, argv, workspace, check_timeout, kill_grace, base, limits or Limits()
     )
 
 
@@ -250,6 +252,7 @@ async def _publish_and_check(
     check_timeout: float,
     kill_grace: float,
     base: dict[str, Any],
+    limits: Limits,
 ) -> ApplyOutcome:
     """Swap the candidate in, check it, commit or roll back; the target is never left mixed."""
     try:
@@ -266,12 +269,12 @@ async def _publish_and_check(
     failure, code = None, None
     if argv is not None:
         try:
-            outcome = await _run_check(host, argv, workspace, check_timeout, kill_grace)
+            outcome = await _run_check(host, argv, workspace, check_timeout, kill_grace, limits)
         except BaseException:
             await _undo(store, publish, "interrupted during the post-apply check")
             raise
         code = outcome.exit_code
-        failure = None if outcome.ok else _check_failure(outcome, check_timeout)
+        failure = None if outcome.ok else _check_failure(outcome, check_timeout, limits)
     if failure is not None:
         await _undo(store, publish, failure)
         return ApplyOutcome(
@@ -435,12 +438,21 @@ def _clean(journal: ApplyJournal) -> None:
 
 
 async def _run_check(
-    host: SandboxHost, argv: tuple[str, ...], workspace: Path, timeout: float, kill_grace: float
+    host: SandboxHost,
+    argv: tuple[str, ...],
+    workspace: Path,
+    timeout: float,
+    kill_grace: float,
+    limits: Limits,
 ) -> ProcessOutcome:
     await trio.to_thread.run_sync(partial(workspace.mkdir, parents=True))
     try:
         spec = SandboxSpec(
-            argv=argv, workspace=str(workspace), kill_grace=kill_grace, label="apply-check"
+            argv=argv,
+            workspace=str(workspace),
+            kill_grace=kill_grace,
+            limits=limits,
+            label="apply-check",
         )
         return await host.run(spec, timeout=timeout)
     finally:
@@ -448,9 +460,12 @@ async def _run_check(
             await trio.to_thread.run_sync(remove_path, workspace)
 
 
-def _check_failure(outcome: ProcessOutcome, timeout: float) -> str:
+def _check_failure(outcome: ProcessOutcome, timeout: float, limits: Limits) -> str:
     stderr = next((line for line in outcome.stderr.text().splitlines() if line.strip()), "")
     detail = f": {stderr.strip()}" if stderr else ""
+    hit = limits_hit(outcome, limits)
+    if hit:  # the check ran out of room: say which limit and the flag that raises it
+        return f"post-apply check stopped: {limit_reason(hit, limits)}{detail}"
     if outcome.status == "exited":
         return f"post-apply check failed with exit code {outcome.exit_code}{detail}"
     if outcome.status == "timed_out":

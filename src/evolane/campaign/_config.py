@@ -26,7 +26,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails
 
 from evolane.campaign._gates import MAX_GROWTH_BYTES
-from evolane.measure import MAX_TIMEOUT, CommandSettings, MeasureSettings
+from evolane.measure import MAX_TIMEOUT, STORED_LIMITS, CommandSettings, MeasureSettings
 from evolane.messages import GateConfig, Name, Record, ShortText, Text
 
 MAX_WALL_CLOCK_BUDGET = 365 * 86_400.0
@@ -157,11 +157,13 @@ class CampaignConfig(Record):
         return schema
 
 
-STORED_DEFAULTS: dict[str, str] = {
+STORED_DEFAULTS: dict[str, str | None] = {
     "feedback_split": LEGACY_FEEDBACK_SPLIT,
     "error_control": "legacy",
+    **STORED_LIMITS,
 }
-"""What a stored config without each key ran with (it was written before the key existed)."""
+"""What a stored config without each key ran with (it was written before the key existed):
+a run from before the command limits ran its commands without any."""
 
 
 def with_stored_defaults(data: Any, keys: tuple[str, ...] = tuple(STORED_DEFAULTS)) -> Any:

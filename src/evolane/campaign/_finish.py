@@ -18,7 +18,7 @@ from evolane.campaign._report import ApplyRecord, BudgetRecord, Report, render_m
 from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
 from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
-from evolane.measure import LedgerSnapshot, ProgressBus
+from evolane.measure import LedgerSnapshot, ProgressBus, describe_limits
 from evolane.messages import ArtifactRef, RunFinished, Usage, WarningEvent
 from evolane.sandbox import SandboxHost
 from evolane.store import read_json, write_bytes_atomic, write_json_atomic
@@ -65,6 +65,7 @@ async def apply_best(
             run_dir=prepared.run_dir,
             check=check,
             kill_grace=config.commands.kill_grace,
+            limits=config.commands.sandbox_limits(),
         )
     if blocked:
         assert confirmation is not None
@@ -141,6 +142,7 @@ async def finish(
         wall_seconds=time.time() - started,
         resumed=prepared.resumed,
         isolation=f"{containment(prepared.config).description}; {', '.join(host.mechanisms)}",
+        limits=describe_limits(prepared.config.commands, host.cgroups.mechanisms),
         config=prepared.config,
         estimate=prepared.estimate,
         splits=prepared.splits,

@@ -17,10 +17,16 @@ from pathlib import Path
 import trio
 
 from evolane.inputs import CommandTemplate
-from evolane.lanes import scratch_dir
+from evolane.lanes import limit_reason, limits_hit, scratch_dir
 from evolane.measure import CommandSettings
 from evolane.messages import ArtifactRef, GateOutcome, LocalGate, LocalGateResult
-from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec, materialize_workspace
+from evolane.sandbox import (
+    Limits,
+    ProcessOutcome,
+    SandboxHost,
+    SandboxSpec,
+    materialize_workspace,
+)
 from evolane.store import (
     BlobStore,
     FileEntry,
@@ -58,7 +64,7 @@ class GateSettings:
     """Run on the materialised candidate; placeholders ``{candidate}`` and ``{workspace}``."""
     validator_timeout: float = 60.0
     commands: CommandSettings = field(default_factory=CommandSettings)
-    """How the validator command is run (its kill grace)."""
+    """How the validator command is run (its kill grace and resource limits)."""
 
     def __post_init__(self) -> None:
         validate_protected(self.protected)
@@ -309,7 +315,7 @@ async def run_local_gates(
     """`check_tree`, then the validator command (if any) on the materialised candidate.
 
     The validator's verdict replaces the required-files pass of ``malformed``: exit 0 passes,
-    any other exit rejects, a timeout, spawn failure or ``stop`` is ``indecisive``.
+    any other exit rejects, a timeout, spawn failure, limit hit or ``stop`` is ``indecisive``.
     """
     results = await trio.to_thread.run_sync(
         check_tree, store, settings, parent_ref, candidate_ref, seen
@@ -347,13 +353,14 @@ async def _run_validator(
             view=settings.commands.view(settings.validator).model_copy(
                 update={"own": ((str(scratch), True),)}
             ),
+            limits=settings.commands.sandbox_limits(),
             label=_short(label, 128) or "validator",
         )
         outcome = await host.run(spec, timeout=settings.validator_timeout, stop=stop)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(remove_tree, scratch)
-    return _validator_verdict(outcome, settings.validator_timeout)
+    return _validator_verdict(outcome, settings.validator_timeout, spec.limits)
 
 
 def _prepare(store: BlobStore, ref: ArtifactRef, candidate: Path, workspace: Path) -> None:
@@ -363,9 +370,13 @@ def _prepare(store: BlobStore, ref: ArtifactRef, candidate: Path, workspace: Pat
     workspace.mkdir()
 
 
-def _validator_verdict(outcome: ProcessOutcome, timeout: float) -> LocalGateResult:
+def _validator_verdict(outcome: ProcessOutcome, timeout: float, limits: Limits) -> LocalGateResult:
     if outcome.ok:
         return _result("malformed", "pass")
+    hit = limits_hit(outcome, limits)
+    if hit:  # out of the room the run gave it: that says nothing of the candidate
+        why = f"the validator stopped: {limit_reason(hit, limits)}"
+        return _result("malformed", "indecisive", why)
     if outcome.status == "timed_out":
         return _result("malformed", "indecisive", f"the validator timed out after {timeout:g}s")
     if outcome.status == "spawn_failed":
@@ -378,8 +389,6 @@ def _validator_verdict(outcome: ProcessOutcome, timeout: float) -> LocalGateResu
         how = f"signal {outcome.signal}"
     else:
         how = outcome.status
-    if outcome.limits_hit:
-        how += f", limits hit: {', '.join(outcome.limits_hit)}"
     reason = f"the validator failed ({how})"
     line = _first_line(outcome.stderr.text()) or _first_line(outcome.stdout.text())
     return _result("malformed", "reject", f"{reason}: {line}" if line else reason)

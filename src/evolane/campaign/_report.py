@@ -18,6 +18,7 @@ from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._splits import SplitPlan
+from evolane.measure import STORED_LIMITS
 from evolane.messages import (
     ArtifactRef,
     Decision,
@@ -178,6 +179,9 @@ class Report(Record):
     wall_seconds: float = Field(ge=0)
     resumed: int = Field(default=0, ge=0)
     isolation: ShortText = ""
+    limits: Text = ""
+    """The commands' resource limits in force and what enforced each (`describe_limits`);
+    empty in a report written before the limits existed."""
     config: CampaignConfig
     estimate: Estimate | None = None
     splits: SplitPlan | None = None
@@ -186,9 +190,11 @@ class Report(Record):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
-        """A report written before ``feedback_split`` existed is of a run that fed back val."""
+        """A report written before ``feedback_split`` existed is of a run that fed back val;
+        one written before the command limits, of a run whose commands had none."""
         if isinstance(data, dict) and "config" in data:
-            return {**data, "config": with_stored_defaults(data["config"], ("feedback_split",))}
+            keys = ("feedback_split", *STORED_LIMITS)
+            return {**data, "config": with_stored_defaults(data["config"], keys)}
         return data
 
     seed: ArtifactRef
@@ -295,6 +301,7 @@ def render_markdown(report: Report) -> str:
         f"**{report.campaign_status}** (cycle {report.cycle})",
         f"- wall: {report.wall_seconds:.1f} s; isolation: {report.isolation or 'n/a'}"
         + (f"; resumed {report.resumed}x" if report.resumed else ""),
+        f"- limits per command: {report.limits or 'n/a'}",
         f"- best: `{report.best.digest[:19]}`"
         + (" (the seed: nothing was accepted)" if report.selected is None else ""),
         f"- val: {_ci(s.baseline_val)} -> {_ci(s.best_val)}",

@@ -259,6 +259,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
             f"{rep.wall_seconds:.1f} s" + (f"; resumed {rep.resumed}x" if rep.resumed else ""),
         ),
         ("isolation", rep.isolation or "n/a"),
+        ("limits", rep.limits or "n/a"),
         ("best", best),
         ("val", f"{_ci(rep.scores.baseline_val)} -> {_ci(rep.scores.best_val)}"),
         ("test (sealed)", f"{_ci(rep.scores.baseline_test)} -> {_ci(rep.scores.best_test)}"),

@@ -173,6 +173,35 @@ def optimize(
     cluster: Annotated[
         str, _o("local | local:N | dask://HOST:PORT (default local).", "--cluster")
     ] = "local",
+    max_procs: Annotated[
+        str | None,
+        _o(
+            "Processes per command tree, pids cgroup; 0 or none: no limit (default 512).",
+            "--max-procs",
+        ),
+    ] = None,
+    max_memory: Annotated[
+        str | None,
+        _o(
+            "Memory per command tree (memory cgroup): 512M, 4G, bytes; 0 or none: no limit "
+            "(default 4G).",
+            "--max-memory",
+        ),
+    ] = None,
+    max_file_size: Annotated[
+        str | None,
+        _o(
+            "Largest file a command writes: bytes, 512M, 1G; 0 or none: no limit (default 1G).",
+            "--max-file-size",
+        ),
+    ] = None,
+    max_open_files: Annotated[
+        str | None,
+        _o(
+            "Open files per command process; 0 or none: no limit (default 4096).",
+            "--max-open-files",
+        ),
+    ] = None,
     seed: Annotated[int | None, _o("Seed of everything (default 0).", "--seed")] = None,
     progress: Annotated[
         str, _o("auto | rich | plain | jsonl | none (default auto).", "--progress")

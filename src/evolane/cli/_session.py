@@ -37,7 +37,8 @@ _CONFIG_FLAGS = (
     "optimizer_timeout", "optimizer_idle", "kill_grace", "wall_clock_budget", "max_tokens",
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
     "judge_failure_retries", "focus", "feedback_split", "isolation", "seed", "cluster",
-    "error_control", "network",
+    "error_control", "network", "max_procs", "max_memory", "max_file_size",
+    "max_open_files",
 )  # fmt: skip
 
 

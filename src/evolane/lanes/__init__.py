@@ -4,6 +4,13 @@ or through an in-process backend, and answer with a typed result."""
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
 from evolane.lanes._judge import MAX_ANSWER_BYTES, JudgeLane, parse_judge_output
+from evolane.lanes._limits import (
+    LIMIT_FLAGS,
+    format_size,
+    limit_reason,
+    limits_hit,
+    note_limits,
+)
 from evolane.lanes._optimizer import (
     SIGNATURE_MAX_ENTRIES,
     OptimizerLane,
@@ -33,6 +40,7 @@ from evolane.lanes._stop import EARLY_STOPS_KEPT, StoppableLane, StopSwitches
 
 __all__ = [
     "EARLY_STOPS_KEPT",
+    "LIMIT_FLAGS",
     "MAX_ANSWER_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_USAGE_BYTES",
@@ -53,6 +61,10 @@ __all__ = [
     "check_entries",
     "collect_replay",
     "excerpt",
+    "format_size",
+    "limit_reason",
+    "limits_hit",
+    "note_limits",
     "parse_judge_output",
     "read_usage",
     "replay_environment",

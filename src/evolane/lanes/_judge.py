@@ -104,6 +104,8 @@ class JudgeLane(CommandLane):
                 source, verdict = await self._attempt(job, attempt, deadline, stop)
                 if verdict.failure is None or attempt > self.settings.retries or stop.is_set():
                     break
+                if verdict.failure.code.startswith("limit_"):  # it would hit it again
+                    break
                 if trio.current_time() >= deadline:
                     break
         finally:
@@ -188,6 +190,8 @@ class JudgeLane(CommandLane):
         outcome = await run_lane_command(
             self.host, self.settings, argv, scratch, "judge", env, deadline, stop
         )
+        if outcome.status == "limit_exceeded":
+            return _infra(f"limit_{'_'.join(outcome.limits_hit)}", f"the judge: {outcome.error}")
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
             return _infra(f"judge_{outcome.status}", outcome.error or outcome.status)
         if outcome.exit_code != 0:
@@ -220,6 +224,9 @@ class JudgeLane(CommandLane):
         outcome = await run_lane_command(
             self.host, self.settings, argv, scratch, "verify", {}, deadline, stop
         )
+        if outcome.status == "limit_exceeded":
+            code, why = f"limit_{'_'.join(outcome.limits_hit)}", outcome.error
+            return _infra(code, f"the verification command: {why}")
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
             return _infra(f"verification_{outcome.status}", outcome.error or outcome.status)
         passed = outcome.ok

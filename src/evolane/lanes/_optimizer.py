@@ -22,6 +22,7 @@ import trio
 from evolane.inputs import CommandTemplate
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
+from evolane.lanes._limits import note_limits
 from evolane.lanes._replay import read_usage
 from evolane.lanes._scratch import SlotScratch
 from evolane.lanes._stop import StoppableLane
@@ -199,6 +200,7 @@ class OptimizerLane(StoppableLane):
             outcome = await self.host.run(
                 spec, deadline=deadline, stop=stop, activity=watch.activity
             )
+            outcome = note_limits(outcome, self.settings.limits)
             nursery.cancel_scope.cancel()
         return outcome, watch.fired and outcome.status == "cancelled"
 
@@ -312,8 +314,10 @@ def _failure(outcome: ProcessOutcome, idle: bool, idle_seconds: float) -> tuple[
             message=outcome.error[:512],
         )
     if outcome.status == "limit_exceeded":
-        code = f"limit_{'_'.join(outcome.limits_hit)}"
-        return "failed", FailureEvent(owner="candidate", stage="optimizer", code=code)
+        code, why = f"limit_{'_'.join(outcome.limits_hit)}", outcome.error[:512]
+        return "failed", FailureEvent(
+            owner="infrastructure", stage="optimizer", code=code, message=why
+        )
     code = (
         f"exit_{outcome.exit_code}" if outcome.exit_code is not None else f"signal_{outcome.signal}"
     )

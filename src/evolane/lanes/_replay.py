@@ -21,6 +21,7 @@ import trio
 
 from evolane.inputs import CommandTemplate
 from evolane.lanes._backends import Backend, BackendCall, run_backend
+from evolane.lanes._limits import note_limits
 from evolane.lanes._scratch import UnitScratch
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
@@ -124,7 +125,8 @@ async def run_lane_command(
         view=settings.view.model_copy(update={"own": scratch.own()}),
         label=label,
     )
-    return await host.run(spec, deadline=deadline, stop=stop, setup=setup)
+    outcome = await host.run(spec, deadline=deadline, stop=stop, setup=setup)
+    return note_limits(outcome, settings.limits)  # a limit hit says which, and its flag
 
 
 class CommandLane(StoppableLane):
@@ -164,6 +166,7 @@ class ReplayLane(CommandLane):
                     result.failure is not None
                     and result.failure.owner == "infrastructure"
                     and result.failure.code != "spawn_failed"
+                    and not result.failure.code.startswith("limit_")  # it would hit it again
                 )
                 if not retry or attempt > self.settings.retries or trio.current_time() >= deadline:
                     break
@@ -310,11 +313,12 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
         )
     if outcome.status == "cancelled":
         return FailureEvent(owner="framework", stage="replay", code="cancelled")
-    if outcome.status == "limit_exceeded":
+    if outcome.status == "limit_exceeded":  # the room the run gave it, not a score of 0
         return FailureEvent(
-            owner=_owner(arm),
-            stage="replay",  # type: ignore[arg-type]
+            owner="infrastructure",
+            stage="replay",
             code=f"limit_{'_'.join(outcome.limits_hit)}",
+            message=outcome.error[:512],
         )
     detail = outcome.stderr.text()[-500:]
     code = (

@@ -11,6 +11,17 @@ from evolane.measure._budget import (
     Overrun,
 )
 from evolane.measure._journal import RunJournal
+from evolane.measure._limits import (
+    DEFAULT_MAX_FILE_SIZE,
+    DEFAULT_MAX_MEMORY,
+    DEFAULT_MAX_OPEN_FILES,
+    DEFAULT_MAX_PROCS,
+    STORED_LIMITS,
+    CommandLimits,
+    describe_limits,
+    parse_count,
+    parse_size,
+)
 from evolane.measure._pipeline import (
     MEASURE_ASK_TIMEOUT,
     UNITS_STOP_WAIT,
@@ -51,6 +62,10 @@ from evolane.measure._tree import (
 from evolane.measure._units import RESTORABLE, repetitions
 
 __all__ = [
+    "DEFAULT_MAX_FILE_SIZE",
+    "DEFAULT_MAX_MEMORY",
+    "DEFAULT_MAX_OPEN_FILES",
+    "DEFAULT_MAX_PROCS",
     "LANE_RESTARTS",
     "LANE_RESTART_PERIOD",
     "LANE_SHUTDOWN_GRACE",
@@ -58,9 +73,11 @@ __all__ = [
     "MEASURE_ASK_TIMEOUT",
     "PROBE_RUNNING",
     "RESTORABLE",
+    "STORED_LIMITS",
     "UNITS_STOP_WAIT",
     "BudgetActor",
     "CaseRefs",
+    "CommandLimits",
     "CommandSettings",
     "Ledger",
     "LedgerSnapshot",
@@ -79,6 +96,7 @@ __all__ = [
     "SchedulerSettings",
     "Subscription",
     "case_references",
+    "describe_limits",
     "fingerprint",
     "lane_names",
     "lane_pool",
@@ -88,6 +106,8 @@ __all__ = [
     "open_measure_cluster",
     "open_pipeline",
     "optimizer_settings",
+    "parse_count",
+    "parse_size",
     "repetitions",
     "scheduler_settings",
     "store_cases",

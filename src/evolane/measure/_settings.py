@@ -21,6 +21,7 @@ from evolane.inputs import (
 )
 from evolane.lanes import Backend, LaneSettings, OptimizerSettings
 from evolane.measure._journal import RunJournal
+from evolane.measure._limits import CommandLimits
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.messages import (
     ArtifactRef,
@@ -40,9 +41,9 @@ MAX_TIMEOUT = 86_400.0
 """The longest deadline a setting accepts for one command (a day): longer is a typo."""
 
 
-class CommandSettings(Record):
+class CommandSettings(CommandLimits):
     """How every command of a run is run in the sandbox: replays, judges, the optimizer,
-    the validator gate and the apply check."""
+    the validator gate and the apply check (their resource limits: `CommandLimits`)."""
 
     kill_grace: float = Field(default=2.0, ge=0, le=600)
     """Seconds between SIGTERM and SIGKILL when a command's process tree is stopped."""
@@ -168,6 +169,7 @@ def lane_settings(
         "kill_grace": commands.kill_grace,
         "pass_env": commands.pass_env,
         "isolation": commands.isolation,
+        "limits": commands.sandbox_limits(),
     }
     return (
         LaneSettings(
@@ -198,6 +200,7 @@ def optimizer_settings(
         pass_env=commands.pass_env,
         isolation=commands.isolation,
         view=commands.view(template),
+        limits=commands.sandbox_limits(),
         backend=backend,
         tree_limits=tree_limits or TreeLimits(),
     )
