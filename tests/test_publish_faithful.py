@@ -5,6 +5,7 @@ one run at a time holds a target."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -443,3 +444,30 @@ def test_a_second_optimize_on_the_same_target_exits_2_naming_the_first_run(
             first.kill()
         first.wait()
     assert not lock_path(paths["target"]).exists()
+
+
+async def test_a_journal_ended_under_the_whole_folder_publish_is_nothing_pending(
+    tmp_path: Path, store: BlobStore, host: SandboxHost
+) -> None:
+    site = Site(tmp_path, store, foreign=False)
+    site.run_dir.mkdir()
+    legacy = {  # as earlier versions wrote it once committed
+        "state": "committed",
+        "kind": "dir",
+        "target": str(site.target),
+        "old_path": f"{site.target}-old",
+        "new_path": f"{site.target}-new",
+        "trash_path": f"{site.target}-trash",
+        "backup_ref": site.parent.model_dump(),
+        "candidate_ref": site.candidate.model_dump(),
+        "parent_ref": site.parent.model_dump(),
+        "label": "best",
+        "proposal_dir": str(site.run_dir),
+        "updated": "2025-01-01T00:00:00.000+00:00",
+    }
+    (site.run_dir / "apply.json").write_text(json.dumps(legacy))
+    assert recover_apply(store, site.run_dir) is None
+    assert _apply.journal_state(site.run_dir / "apply.json") == ("committed", site.candidate)
+    with trio.fail_after(30):
+        outcome = await site.apply(host)
+    assert outcome.status == "applied", outcome.message

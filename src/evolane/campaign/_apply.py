@@ -196,7 +196,10 @@ def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
     path = Path(run_dir) / JOURNAL_NAME
     if not path.exists():
         return None
-    journal = ApplyJournal.model_validate(read_json(path))
+    raw = read_json(path)
+    if isinstance(raw, dict) and raw.get("state") in _TERMINAL and "plan" not in raw:
+        return None  # ended under the whole-folder publish of earlier versions: nothing pending
+    journal = ApplyJournal.model_validate(raw)
     if journal.state in _TERMINAL:
         clean(journal.plan)
         return None
@@ -214,6 +217,16 @@ def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
         backup_ref=journal.backup_ref,
         message=message,
     )
+
+
+def journal_state(path: Path) -> tuple[str, ArtifactRef]:
+    """The state and candidate of the apply journal at ``path``, in this version's format or
+    the whole-folder one of earlier versions (`ValueError` for neither)."""
+    raw = read_json(path)
+    try:
+        return str(raw["state"]), ArtifactRef.model_validate(raw["candidate_ref"])
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not an apply journal ({error})") from None
 
 
 # -- the publish ----------------------------------------------------------------------------
@@ -308,9 +321,9 @@ def _prepare(
     write (the plan holds what undoing needs)."""
     journal_path = run_dir / JOURNAL_NAME
     if journal_path.exists():
-        pending = ApplyJournal.model_validate(read_json(journal_path))
-        if pending.state not in _TERMINAL:
-            return _Refusal(f"an apply interrupted in state {pending.state!r} awaits recover_apply")
+        state, _ = journal_state(journal_path)
+        if state not in _TERMINAL:
+            return _Refusal(f"an apply interrupted in state {state!r} awaits recover_apply")
     if target.is_symlink():
         return _Refusal(f"target {target} is a symlink; refusing to replace it")
     if not target.exists():
