@@ -14,7 +14,7 @@ import orjson
 import pytest
 import trio
 
-from evolane.campaign import _apply, _diff
+from evolane.campaign import _apply, _diff, _publish
 from evolane.campaign._apply import (
     ApplyJournal,
     ApplyOutcome,
@@ -79,17 +79,18 @@ def state(path: Path) -> State:
     return {".": one(path)} | {str(p.relative_to(path)): one(p) for p in sorted(path.rglob("*"))}
 
 
-def content(path: Path) -> dict[str, object]:
-    """Entry contents only (for restores that cannot keep mtimes)."""
-    return {name: entry[0] for name, entry in state(path).items() if name != "."}
-
-
 def hidden(directory: Path) -> list[str]:
     return sorted(name for name in os.listdir(directory) if name.startswith("."))
 
 
 def journal(run_dir: Path) -> ApplyJournal:
     return ApplyJournal.model_validate(orjson.loads((run_dir / "apply.json").read_bytes()))
+
+
+def touched(setup: Setup) -> dict[str, object]:
+    """The parent's entries of the paths the candidate changes or removes."""
+    parent = load_manifest(setup.store, setup.parent)
+    return {path: parent[path] for path in ("blob.bin", "old.txt", "prompt.md")}
 
 
 def check(text: str) -> CommandTemplate:
@@ -301,7 +302,8 @@ async def test_auto_verified_publishes_a_candidate_that_passes_its_check(
     assert outcome.status == "applied", outcome.message
     assert outcome.check_exit_code == 0
     assert target_tree(setup.store, setup.target) == setup.candidate
-    assert outcome.backup_ref is not None and outcome.backup_ref.digest == setup.parent.digest
+    assert outcome.backup_ref is not None
+    assert dict(load_manifest(setup.store, outcome.backup_ref)) == touched(setup)
     assert os.stat(setup.target / "prompt.md").st_mode & 0o777 == 0o644
     assert os.stat(setup.target / "run.sh").st_mode & 0o777 == 0o755
     assert os.readlink(setup.target / "link.md") == "prompt.md"
@@ -346,7 +348,7 @@ async def test_a_target_edited_during_the_campaign_is_refused(
         before = state(setup.target)
         outcome = await setup.apply(host, "auto_verified", check=check("true"))
     assert outcome.status == "refused" and "changed" in outcome.message
-    assert outcome.backup_ref is not None and outcome.backup_ref.digest != setup.parent.digest
+    assert "'prompt.md'" in outcome.message and outcome.backup_ref is None
     assert state(setup.target) == before
     assert not (setup.run_dir / "apply.json").exists()
     assert hidden(setup.target.parent) == []
@@ -374,7 +376,7 @@ async def test_cancellation_mid_swap_still_finishes_the_swap_then_rolls_back(
 
     def cancel_midway(path: Path, record: ApplyJournal) -> None:
         real(path, record)
-        if record.state == "moved_aside":
+        if record.state == "swapping" and record.done == 1:
             trio.from_thread.run_sync(scope.cancel)
         seen.append((record.state, setup.target.exists()))
 
@@ -385,7 +387,8 @@ async def test_cancellation_mid_swap_still_finishes_the_swap_then_rolls_back(
             await setup.apply(host, "auto_verified", check=check("true"))
     assert scope.cancelled_caught
     assert [name for name, _ in seen] == [
-        *("started", "staged", "moved_aside", "swapped", "rolling_back", "rolled_back")
+        *("started", "backed_up", "staged", *["swapping"] * 4, "swapped"),
+        *("rolling_back", "rolled_back"),
     ]
     assert state(setup.target) == before
     assert hidden(setup.target.parent) == []
@@ -412,10 +415,12 @@ async def test_a_pending_journal_blocks_a_new_apply_until_recovered(
 
 PUBLISH_CRASHES = [
     ("started", True),
+    ("backed_up", False),
+    ("backed_up", True),
     ("staged", False),
     ("staged", True),
-    ("moved_aside", False),
-    ("moved_aside", True),
+    ("swapping", False),
+    ("swapping", True),
     ("swapped", False),
     ("swapped", True),
 ]
@@ -434,7 +439,7 @@ async def test_recovery_after_a_crash_at_each_publish_step_restores_the_old_tree
     recovered = recover_apply(setup.store, setup.run_dir)
     assert recovered is not None and recovered.status == "recovered"
     assert recovered.backup_ref is not None
-    assert recovered.backup_ref.digest == setup.parent.digest
+    assert dict(load_manifest(setup.store, recovered.backup_ref)) == touched(setup)
     assert state(setup.target) == before
     assert hidden(setup.target.parent) == []
     assert journal(setup.run_dir).state == "recovered"
@@ -475,23 +480,23 @@ async def test_recovery_after_a_crash_while_finishing(
     assert hidden(setup.target.parent) == []
 
 
-@pytest.mark.parametrize("step", ["moved_aside", "swapped"])
+@pytest.mark.parametrize("step", ["swapping", "swapped"])
 async def test_recovery_uses_the_store_backup_when_the_old_copy_is_gone(
     setup: Setup, host: SandboxHost, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
     crash_at(monkeypatch, step, written=True)
     with trio.fail_after(30):
-        before = content(setup.target)
+        before = state(setup.target)
         with pytest.raises(Crash):
             await setup.apply(host, "auto_verified")
     monkeypatch.undo()
     pending = journal(setup.run_dir)
-    shutil.rmtree(pending.old_path)
-    leftover = Path(pending.new_path + ".materialize-x")  # as a crash mid-materialize leaves
-    leftover.mkdir()
+    shutil.rmtree(pending.plan.stash)
+    leftover = _publish.temp_path(pending.plan, 0)  # as a crash mid-copy leaves
+    leftover.write_bytes(b"half")
     outcome = recover_apply(setup.store, setup.run_dir)
     assert outcome is not None and outcome.status == "recovered"
-    assert content(setup.target) == before
+    assert state(setup.target) == before  # rewritten with the recorded modes and mtimes
     assert target_tree(setup.store, setup.target).digest == setup.parent.digest
     assert hidden(setup.target.parent) == []
 
@@ -534,14 +539,15 @@ async def test_recovery_after_a_real_process_death_mid_swap(
         str(setup.run_dir),
         setup.parent.model_dump_json(),
         setup.candidate.model_dump_json(),
-        "moved_aside",
+        "swapping",
     )
     setup.run_dir.mkdir()
     (host.lease_dir / "child").mkdir()
     with trio.fail_after(30):
         died = await host.run(SandboxSpec(argv=argv, workspace=str(host.lease_dir / "child")))
     assert died.exit_code == 9, died.stderr.text()
-    assert not setup.target.exists()  # the crash left no target at all
+    assert (setup.target / "blob.bin").read_bytes() == b"\x00\x09"  # the first path is in
+    assert (setup.target / "old.txt").exists()  # the rest is not
     outcome = recover_apply(setup.store, setup.run_dir)
     assert outcome is not None and outcome.status == "recovered"
     assert state(setup.target) == before

@@ -237,21 +237,21 @@ def test_the_recovery_scan_skips_a_run_whose_journal_a_live_process_holds(
     run_dir.mkdir(parents=True)
     real = _apply._write_journal
 
-    def crash_after_moving_aside(path: Path, record: _apply.ApplyJournal) -> None:
+    def crash_after_swapping(path: Path, record: _apply.ApplyJournal) -> None:
         real(path, record)
-        if record.state == "moved_aside":
+        if record.state == "swapping":
             raise Crash
 
-    monkeypatch.setattr(_apply, "_write_journal", crash_after_moving_aside)
+    monkeypatch.setattr(_apply, "_write_journal", crash_after_swapping)
     publish = _apply._prepare(store, target, parent, candidate, run_dir, "best", run_dir)
     assert isinstance(publish, _apply._Publish)
     live = Journal(run_dir / "journal.jsonl")  # the run's own process holds it while it lives
     with pytest.raises(Crash):
         _apply._publish(store, publish)
     monkeypatch.undo()
-    assert not target.exists()
+    assert (target / "a.txt").read_text() == "new\n"
     assert recover_interrupted_applies(layout) == []  # a live publish: not ours to undo
-    assert not target.exists()
+    assert (target / "a.txt").read_text() == "new\n"
     live.close()  # the process is gone
     (recovered,) = recover_interrupted_applies(layout)
     assert recovered.run_id == "r-live" and recovered.outcome.status == "recovered"

@@ -176,13 +176,13 @@ async def _die_mid_apply(paths: dict[str, Path], step: str) -> tuple[CampaignCon
     return config, run_dir.name
 
 
-async def test_resume_undoes_an_apply_killed_after_the_target_was_moved_aside(
+async def test_resume_undoes_an_apply_killed_after_its_first_path_was_swapped(
     tmp_path: Path,
 ) -> None:
     paths = write_toy(tmp_path, {"default": "fix:8"})
     before = _answers(paths["target"])
-    config, run_id = await _die_mid_apply(paths, "moved_aside")
-    assert not paths["target"].exists()  # the crash left no target at all
+    config, run_id = await _die_mid_apply(paths, "swapping")
+    assert _answers(paths["target"]) != before  # the crash left it half published
     at_start: list[dict[str, str]] = []
     with trio.fail_after(60):
         outcome = await run_campaign(
@@ -198,7 +198,7 @@ async def test_resume_undoes_an_apply_killed_after_the_target_was_moved_aside(
     assert report.apply is not None and report.apply.status == "applied"
     assert all(v == '"yes"' for k, v in _answers(paths["target"]).items() if k.startswith("val"))
     events = (paths["store"] / "runs" / run_id / "events.jsonl").read_text()
-    assert "moved_aside" in events  # the recovery is told as a warning
+    assert "swapping" in events  # the recovery is told as a warning
 
 
 async def test_a_new_campaign_never_takes_an_unchecked_swapped_candidate_as_its_seed(

@@ -2,16 +2,15 @@
 
 Every policy writes proposal artifacts under ``run_dir/proposals/<label>/``. Only
 ``auto_verified`` touches the target, and only through a journaled publish
-(``run_dir/apply.json``): stage next to the target, swap with renames, run the post-apply
-check, then commit or roll back. `recover_apply` undoes a publish a crash interrupted.
-This module holds the policies, that journal and its recovery; the proposal artifacts are
-written by `evolane.campaign._proposal`, files copied and removed by `evolane.campaign._files`.
+(``run_dir/apply.json``) of the candidate's diff, path by path (`evolane.campaign._publish`:
+what a publish keeps, and how each step is undone): plan, back up, stage, swap, run the
+post-apply check, then commit or roll back. `recover_apply` undoes a publish a crash
+interrupted. This module holds the policies, that journal and its recovery; the proposal
+artifacts are written by `evolane.campaign._proposal`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
 import re
 import secrets
@@ -24,13 +23,19 @@ from typing import Annotated, Any, Final, Literal
 import trio
 from pydantic import Field
 
-from evolane.campaign._files import (
-    copy_verified,
-    keep_file_backup,
-    materialize_writable,
-    remove_path,
-)
+from evolane.campaign._files import remove_path
 from evolane.campaign._proposal import write_proposal
+from evolane.campaign._publish import (
+    PublishPlan,
+    TargetChanged,
+    back_up,
+    clean,
+    plan_publish,
+    restore,
+    stage,
+    swap,
+    touched_entries,
+)
 from evolane.inputs import CommandTemplate
 from evolane.lanes import limit_reason, limits_hit, scratch_dir
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
@@ -40,7 +45,6 @@ from evolane.store import (
     FileEntry,
     StoreError,
     TreeManifest,
-    fsync_dir,
     load_manifest,
     read_json,
     snapshot_tree,
@@ -56,13 +60,12 @@ JOURNAL_NAME: Final = "apply.json"
 """The apply journal, directly under the run directory."""
 
 JournalState = (
-    Literal["started", "backed_up", "staged", "moved_aside", "swapped"]
+    Literal["started", "backed_up", "staged", "swapping", "swapped"]
     | Literal["rolling_back", "committed", "rolled_back", "recovered"]
 )
-"""Publish steps in order, then the ways out (each recorded once the step is done)."""
+"""Publish steps in order (``swapping`` once per path swapped), then the ways out (each
+recorded once the step is done)."""
 _TERMINAL: Final = frozenset({"committed", "rolled_back", "recovered"})
-# Before these states' next step the target itself has not been replaced or moved.
-_UNTOUCHED: Final = frozenset({"started", "backed_up", "staged"})
 _LABEL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _PathText = Annotated[str, Field(min_length=1, max_length=4096)]
 
@@ -79,7 +82,8 @@ class ApplyOutcome(Record):
     diff_ref: ArtifactRef | None = None
     """The unified diff parent -> candidate, stored as a blob."""
     backup_ref: ArtifactRef | None = None
-    """The target's tree as it was just before publishing."""
+    """The target's versions of the paths the publish changes or removes, as a tree: what
+    undoing it puts back (the rest of the target is never touched)."""
     check_exit_code: int | None = None
     message: Text = ""
 
@@ -90,12 +94,10 @@ class ApplyJournal(Record):
     state: JournalState
     kind: Literal["dir", "file"]
     target: _PathText
-    old_path: _PathText
-    """Where the original target is kept (renamed aside, or hard-linked for a file)."""
-    new_path: _PathText
-    """Where the candidate is staged before the swap."""
-    trash_path: _PathText
-    """Where a replaced tree goes while a rollback puts the original back."""
+    plan: PublishPlan
+    """The paths to publish, where their originals are kept, and what undoing needs."""
+    done: int = Field(default=0, ge=0)
+    """Paths swapped so far (informative: undoing looks at the paths themselves)."""
     backup_ref: ArtifactRef
     candidate_ref: ArtifactRef
     parent_ref: ArtifactRef
@@ -178,9 +180,7 @@ async def apply_candidate(
             )
         )
     if isinstance(prepared, _Refusal):
-        return ApplyOutcome(
-            **base, status="refused", backup_ref=prepared.backup_ref, message=prepared.reason
-        )
+        return ApplyOutcome(**base, status="refused", message=_clip_head(prepared.reason))
     base["backup_ref"] = prepared.journal.backup_ref
     return await _publish_and_check(
         store, host, prepared, argv, workspace, check_timeout, kill_grace, base, limits or Limits()
@@ -190,19 +190,23 @@ async def apply_candidate(
 def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
     """Undo an interrupted ``auto_verified`` publish recorded in ``run_dir/apply.json``.
 
-    Restores the target to its backup (the kept original, else ``backup_ref`` from the
-    store), removes temp leftovers and records state ``recovered``; None when nothing was
-    pending (no journal, or a committed / rolled back / recovered one).
+    Every path that holds what the publish put there gets its original back (content,
+    mode, owner, mtime), added files and the folders made for them go, temps and the stash
+    are removed, and the journal records state ``recovered``; None when nothing was pending
+    (no journal, or a committed / rolled back / recovered one).
     """
     path = Path(run_dir) / JOURNAL_NAME
     if not path.exists():
         return None
-    journal = ApplyJournal.model_validate(read_json(path))
+    raw = read_json(path)
+    if isinstance(raw, dict) and raw.get("state") in _TERMINAL and "plan" not in raw:
+        return None  # ended under the whole-folder publish of earlier versions: nothing pending
+    journal = ApplyJournal.model_validate(raw)
     if journal.state in _TERMINAL:
-        _clean(journal)
+        clean(journal.plan)
         return None
     interrupted = journal.state
-    _restore(store, journal)
+    restore(store, journal.plan)
     message = f"an apply interrupted in state {interrupted!r} was undone: target restored"
     update = {"state": "recovered", "updated": _now(), "message": message}
     _write_journal(path, journal.model_copy(update=update))
@@ -217,13 +221,22 @@ def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
     )
 
 
+def journal_state(path: Path) -> tuple[str, ArtifactRef]:
+    """The state and candidate of the apply journal at ``path``, in this version's format or
+    the whole-folder one of earlier versions (`ValueError` for neither)."""
+    raw = read_json(path)
+    try:
+        return str(raw["state"]), ArtifactRef.model_validate(raw["candidate_ref"])
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not an apply journal ({error})") from None
+
+
 # -- the publish ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class _Refusal:
     reason: str
-    backup_ref: ArtifactRef | None = None
 
 
 @dataclass(slots=True)
@@ -233,8 +246,10 @@ class _Publish:
     path: Path
     journal: ApplyJournal
 
-    def record(self, state: JournalState, message: str = "") -> None:
-        update = {"state": state, "updated": _now(), "message": _clip_head(message)}
+    def record(self, state: JournalState, message: str = "", done: int | None = None) -> None:
+        update: dict[str, Any] = {"state": state, "updated": _now(), "message": _clip_head(message)}
+        if done is not None:
+            update["done"] = done
         self.journal = self.journal.model_copy(update=update)
         _write_journal(self.path, self.journal)
 
@@ -254,11 +269,15 @@ async def _publish_and_check(
     base: dict[str, Any],
     limits: Limits,
 ) -> ApplyOutcome:
-    """Swap the candidate in, check it, commit or roll back; the target is never left mixed."""
+    """Swap the candidate's paths in, check, commit or roll back; never left half published."""
     try:
         await trio.lowlevel.checkpoint_if_cancelled()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_publish, store, publish)
+    except TargetChanged as exc:  # someone edited the target meanwhile: theirs stays
+        reason = f"{exc}; the publish was undone, nothing of the edit overwritten"
+        await _undo(store, publish, reason)
+        return ApplyOutcome(**base, status="refused", message=_clip_head(reason))
     except (OSError, StoreError) as exc:
         reason = f"publishing failed: {type(exc).__name__}: {exc}"
         await _undo(store, publish, reason)
@@ -301,33 +320,34 @@ def _prepare(
     label: str,
     proposal_dir: Path,
 ) -> _Publish | _Refusal:
-    """Snapshot the target, refuse if it moved on, and journal ``started`` before any write."""
+    """Plan the publish, refuse if the target moved on, and journal ``started`` before any
+    write (the plan holds what undoing needs)."""
     journal_path = run_dir / JOURNAL_NAME
     if journal_path.exists():
-        pending = ApplyJournal.model_validate(read_json(journal_path))
-        if pending.state not in _TERMINAL:
-            return _Refusal(f"an apply interrupted in state {pending.state!r} awaits recover_apply")
+        state, _ = journal_state(journal_path)
+        if state not in _TERMINAL:
+            return _Refusal(f"an apply interrupted in state {state!r} awaits recover_apply")
     if target.is_symlink():
         return _Refusal(f"target {target} is a symlink; refusing to replace it")
     if not target.exists():
         return _Refusal(f"target {target} does not exist")
-    backup = target_tree(store, target)
-    if backup.digest != parent_ref.digest:
-        reason = "the target changed since the campaign read it (it no longer matches the parent)"
-        return _Refusal(f"{reason}; nothing written", backup)
     kind: Literal["dir", "file"] = "dir" if target.is_dir() else "file"
     if kind == "file":
         entries = load_manifest(store, candidate_ref)
         if list(entries) != [target.name] or not isinstance(entries[target.name], FileEntry):
-            return _Refusal(f"a file target needs a candidate holding just {target.name!r}", backup)
-    stem = target.parent / f".{target.name[:100]}.evolane-{secrets.token_hex(4)}"
+            return _Refusal(f"a file target needs a candidate holding just {target.name!r}")
+    token = secrets.token_hex(4)
+    stash = target.parent / f".{target.name[:100]}.evolane-{token}"
+    root = target if kind == "dir" else target.parent
+    plan = plan_publish(store, root, parent_ref, candidate_ref, token=token, stash=stash)
+    if isinstance(plan, str):
+        return _Refusal(f"the target changed since the run began: {plan}; nothing written")
+    backup = store_manifest(store, TreeManifest(touched_entries(plan)))
     journal = ApplyJournal(
         state="started",
         kind=kind,
         target=str(target),
-        old_path=f"{stem}-old",
-        new_path=f"{stem}-new",
-        trash_path=f"{stem}-trash",
+        plan=plan,
         backup_ref=backup,
         candidate_ref=candidate_ref,
         parent_ref=parent_ref,
@@ -341,97 +361,27 @@ def _prepare(
 
 
 def _publish(store: BlobStore, publish: _Publish) -> None:
-    """Stage the candidate next to the target and swap it in, journaling each step."""
-    journal = publish.journal
-    target, old, new = Path(journal.target), Path(journal.old_path), Path(journal.new_path)
-    if journal.kind == "dir":
-        materialize_writable(store, journal.candidate_ref, new)
-        publish.record("staged")
-        os.rename(target, old)
-        fsync_dir(target.parent)
-        publish.record("moved_aside")
-        os.rename(new, target)
-        fsync_dir(target.parent)
-        publish.record("swapped")
-        return
-    keep_file_backup(target, old)
+    """Back up the originals, stage the new versions, swap path by path, journaling each."""
+    plan = publish.journal.plan
+    back_up(plan)
     publish.record("backed_up")
-    entry = load_manifest(store, journal.candidate_ref)[target.name]
-    assert isinstance(entry, FileEntry)
-    parent_entry = load_manifest(store, journal.parent_ref)[target.name]
-    same_mode = isinstance(parent_entry, FileEntry) and parent_entry.mode == entry.mode
-    mode = old.stat().st_mode & 0o777 if same_mode else entry.mode
-    copy_verified(store, entry, new, mode)
+    stage(store, plan)
     publish.record("staged")
-    os.replace(new, target)
-    fsync_dir(target.parent)
+    for index in range(len(plan.ops)):
+        swap(plan, index)
+        publish.record("swapping", done=index + 1)
     publish.record("swapped")
 
 
 def _commit(publish: _Publish) -> None:
     publish.record("committed")
-    _clean(publish.journal)
+    clean(publish.journal.plan)
 
 
 def _roll_back(store: BlobStore, publish: _Publish, reason: str) -> None:
     publish.record("rolling_back", reason)
-    _restore(store, publish.journal)
+    restore(store, publish.journal.plan)
     publish.record("rolled_back", reason)
-
-
-def _restore(store: BlobStore, journal: ApplyJournal) -> None:
-    """Put the original target back: from the kept copy if present, else from the store."""
-    target, old, trash = Path(journal.target), Path(journal.old_path), Path(journal.trash_path)
-    if os.path.lexists(old):
-        if journal.kind == "dir":
-            if os.path.lexists(target):
-                os.rename(target, trash)
-            os.rename(old, target)
-        else:
-            os.replace(old, target)
-        fsync_dir(target.parent)
-    elif (journal.state not in _UNTOUCHED or not os.path.lexists(target)) and not _matches(
-        store, target, journal.backup_ref
-    ):
-        _restore_from_store(store, journal)
-    _clean(journal)
-
-
-def _restore_from_store(store: BlobStore, journal: ApplyJournal) -> None:
-    target, new, trash = Path(journal.target), Path(journal.new_path), Path(journal.trash_path)
-    remove_path(new)
-    if journal.kind == "dir":
-        materialize_writable(store, journal.backup_ref, new)
-        if os.path.lexists(target):
-            os.rename(target, trash)
-        os.rename(new, target)
-    else:
-        entry = load_manifest(store, journal.backup_ref)[target.name]
-        assert isinstance(entry, FileEntry)
-        copy_verified(store, entry, new, entry.mode)
-        os.replace(new, target)
-    fsync_dir(target.parent)
-
-
-def _matches(store: BlobStore, target: Path, ref: ArtifactRef) -> bool:
-    if target.is_symlink() or not target.exists():
-        return False
-    try:
-        return target_tree(store, target).digest == ref.digest
-    except (OSError, StoreError):
-        return False
-
-
-def _clean(journal: ApplyJournal) -> None:
-    """Remove the staged, kept and trashed copies and any half-made temp beside them."""
-    parent = Path(journal.target).parent
-    for name in (journal.new_path, journal.old_path, journal.trash_path):
-        path = Path(name)
-        remove_path(path)
-        for leftover in parent.glob(f"{glob.escape(path.name)}*"):
-            remove_path(leftover)
-    with contextlib.suppress(OSError):
-        fsync_dir(parent)
 
 
 # -- check --------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from evolane.campaign._apply import JOURNAL_NAME, ApplyJournal, apply_candidate
+from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
 from evolane.campaign._confirm import error_control, publish_blocked
 from evolane.campaign._containment import containment
 from evolane.campaign._prepare import Prepared
@@ -21,7 +21,7 @@ from evolane.inputs import CommandTemplate
 from evolane.measure import LedgerSnapshot, ProgressBus, describe_limits
 from evolane.messages import ArtifactRef, RunFinished, Usage, WarningEvent
 from evolane.sandbox import SandboxHost
-from evolane.store import read_json, write_bytes_atomic, write_json_atomic
+from evolane.store import write_bytes_atomic, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,9 @@ def _target_now(prepared: Prepared) -> ArtifactRef:
     crash, else what an earlier cycle published (``applied_ref``), else the seed."""
     path = prepared.run_dir / JOURNAL_NAME
     if path.exists():
-        journal = ApplyJournal.model_validate(read_json(path))
-        if journal.state == "committed":
-            return journal.candidate_ref
+        state, candidate = journal_state(path)
+        if state == "committed":
+            return candidate
     return prepared.campaign.applied_ref or prepared.run.seed_ref
 
 

@@ -18,6 +18,7 @@ from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._finish import Session, apply_best, finish, session_ended
+from evolane.campaign._lock import TargetLock, lock_target
 from evolane.campaign._prepare import Prepared, prepare_run
 from evolane.campaign._report import Report
 from evolane.campaign._runs import (
@@ -107,10 +108,31 @@ async def run_campaign(
     of its own). Bad input raises `InputError` before anything is written; ``interrupt``
     stops gracefully (resumable); cancelling the call kills every tree of the run.
 
-    Every start (but a dry run) first undoes any publish a crash left half done in the
-    store, whichever run it belonged to, so the target is whole before it is read."""
+    Every run but a dry run holds its target's lock (`evolane.campaign._lock`) from before
+    it reads the target until it returns: while another run holds it, `InputError` names
+    that run. Every start (but a dry run) then undoes any publish a crash left half done in
+    the store, whichever run it belonged to, so the target is whole before it is read."""
+    if request.dry_run:
+        return await _run(request, None, runtime, interrupt, on_bus, backends)
+    target = Path(request.config.target)
+    lock = await trio.to_thread.run_sync(lock_target, target, request.resume_run)
+    try:
+        return await _run(request, lock, runtime, interrupt, on_bus, backends)
+    finally:
+        lock.release()
+
+
+async def _run(
+    request: RunRequest,
+    lock: TargetLock | None,
+    runtime: Runtime | None,
+    interrupt: trio.Event | None,
+    on_bus: Callable[[ProgressBus], object] | None,
+    backends: Backends | None,
+) -> RunOutcome:
+    """`run_campaign` once the target is locked (``lock`` is None for a dry run)."""
     recovered: list[RecoveredApply] = []
-    if not request.dry_run:
+    if lock is not None:
         layout = StoreLayout(Path(request.config.store))
         recovered = await trio.to_thread.run_sync(recover_interrupted_applies, layout)
     prepared = await trio.to_thread.run_sync(
@@ -120,8 +142,9 @@ async def run_campaign(
         request.resume_campaign,
         request.rerun_from,
     )
-    if request.dry_run:
+    if lock is None:
         return RunOutcome(prepared.estimate)
+    lock.name_run(prepared.run.run_id)
     started = request.started if request.started is not None else time.time()
     prepared.run = prepared.run.model_copy(update={"session_started": started})
     await trio.to_thread.run_sync(prepared.persist)
