@@ -39,7 +39,7 @@ from evolane.campaign._publish import (
 from evolane.inputs import CommandTemplate
 from evolane.lanes import limit_reason, limits_hit, scratch_dir
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
-from evolane.sandbox import Limits, ProcessOutcome, SandboxHost, SandboxSpec
+from evolane.sandbox import Isolation, Limits, ProcessOutcome, SandboxHost, SandboxSpec, View
 from evolane.store import (
     BlobStore,
     FileEntry,
@@ -137,11 +137,14 @@ async def apply_candidate(
     kill_grace: float = 2.0,
     label: str = "best",
     limits: Limits | None = None,
+    isolation: Isolation = "process",
+    view: View | None = None,
 ) -> ApplyOutcome:
     """Write the proposal artifacts, then keep or publish the candidate as ``policy`` says.
 
     ``check`` (placeholders ``{candidate}`` = the target, ``{workspace}``) runs in the sandbox
-    after an ``auto_verified`` publish, under ``limits`` (default none); a non-zero exit,
+    after an ``auto_verified`` publish, under ``limits`` (default none) and ``isolation``
+    (confined: it sees ``view`` and the published target read-only); a non-zero exit,
     timeout, kill or limit hit rolls it back.
     Store errors (a corrupt or missing candidate blob) raise.
     """
@@ -152,10 +155,22 @@ async def apply_candidate(
     given, target = str(target), Path(os.path.abspath(target))
     run_dir = Path(os.path.abspath(run_dir))
     workspace = scratch_dir(host, "apply", f"{label}-{secrets.token_hex(4)}")
-    argv = None
+    spec = None
     if check is not None:
         # Rendered before anything is written, so a bad template costs nothing.
         argv = check.render({"candidate": str(target), "workspace": str(workspace)})
+        shown = (view or View()).model_copy(
+            update={"own": ((str(workspace), True), (str(target), False))}
+        )
+        spec = SandboxSpec(
+            argv=argv,
+            workspace=str(workspace),
+            kill_grace=kill_grace,
+            limits=limits or Limits(),
+            isolation=isolation,
+            view=shown,
+            label="apply-check",
+        )
     # Materialising the candidate (verify=True) reads every blob once: the integrity check.
     proposal_dir, diff_ref = await trio.to_thread.run_sync(
         partial(
@@ -182,9 +197,7 @@ async def apply_candidate(
     if isinstance(prepared, _Refusal):
         return ApplyOutcome(**base, status="refused", message=_clip_head(prepared.reason))
     base["backup_ref"] = prepared.journal.backup_ref
-    return await _publish_and_check(
-        store, host, prepared, argv, workspace, check_timeout, kill_grace, base, limits or Limits()
-    )
+    return await _publish_and_check(store, host, prepared, spec, check_timeout, base)
 
 
 def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
@@ -262,12 +275,9 @@ async def _publish_and_check(
     store: BlobStore,
     host: SandboxHost,
     publish: _Publish,
-    argv: tuple[str, ...] | None,
-    workspace: Path,
+    check: SandboxSpec | None,
     check_timeout: float,
-    kill_grace: float,
     base: dict[str, Any],
-    limits: Limits,
 ) -> ApplyOutcome:
     """Swap the candidate's paths in, check, commit or roll back; never left half published."""
     try:
@@ -286,14 +296,14 @@ async def _publish_and_check(
         await _undo(store, publish, "publishing failed or was cancelled")
         raise
     failure, code = None, None
-    if argv is not None:
+    if check is not None:
         try:
-            outcome = await _run_check(host, argv, workspace, check_timeout, kill_grace, limits)
+            outcome = await _run_check(host, check, check_timeout)
         except BaseException:
             await _undo(store, publish, "interrupted during the post-apply check")
             raise
         code = outcome.exit_code
-        failure = None if outcome.ok else _check_failure(outcome, check_timeout, limits)
+        failure = None if outcome.ok else _check_failure(outcome, check_timeout, check.limits)
     if failure is not None:
         await _undo(store, publish, failure)
         return ApplyOutcome(
@@ -301,7 +311,7 @@ async def _publish_and_check(
         )
     with trio.CancelScope(shield=True):
         await trio.to_thread.run_sync(_commit, publish)
-    message = "published; post-apply check passed" if argv else "published (no check given)"
+    message = "published; post-apply check passed" if check else "published (no check given)"
     return ApplyOutcome(**base, status="applied", check_exit_code=code, message=message)
 
 
@@ -387,23 +397,11 @@ def _roll_back(store: BlobStore, publish: _Publish, reason: str) -> None:
 # -- check --------------------------------------------------------------------------------
 
 
-async def _run_check(
-    host: SandboxHost,
-    argv: tuple[str, ...],
-    workspace: Path,
-    timeout: float,
-    kill_grace: float,
-    limits: Limits,
-) -> ProcessOutcome:
+async def _run_check(host: SandboxHost, spec: SandboxSpec, timeout: float) -> ProcessOutcome:
+    assert spec.workspace is not None
+    workspace = Path(spec.workspace)
     await trio.to_thread.run_sync(partial(workspace.mkdir, parents=True))
     try:
-        spec = SandboxSpec(
-            argv=argv,
-            workspace=str(workspace),
-            kill_grace=kill_grace,
-            limits=limits,
-            label="apply-check",
-        )
         return await host.run(spec, timeout=timeout)
     finally:
         with trio.CancelScope(shield=True):

@@ -66,6 +66,8 @@ async def apply_best(
             check=check,
             kill_grace=config.commands.kill_grace,
             limits=config.commands.sandbox_limits(),
+            isolation=config.commands.isolation,
+            view=config.commands.view(check),
         )
     if blocked:
         assert confirmation is not None
