@@ -215,5 +215,14 @@ def toy_flags(
         "--store", str(store), "--replay", replay, "--optimizer", optimizer,
         "--protected", "grader/**", "--required-file", "REQUIRED", "--gate", "strict",
         "--iterations", "3", "--population", "2", "--replay-concurrency", str(lanes),
-        "--kill-grace", "0.3", "--progress", "none", "--feedback-split", feedback,
+        "--kill-grace", "0.3", "--progress", "none", *_exposed(paths, log),
+        "--feedback-split", feedback,
     ]  # fmt: skip
+
+
+def _exposed(paths: dict[str, Path], log: Path | None) -> list[str]:
+    """``--expose-rw`` for the files the toy's commands record to (the replay ``log``, the
+    plan's ``_record``): confined, they could write nowhere else."""
+    record = json.loads(paths["plan"].read_text()).get("_record")
+    folders = {str(Path(name).parent) for name in (log, record) if name}
+    return [word for folder in sorted(folders) for word in ("--expose-rw", folder)]

@@ -106,6 +106,9 @@ def test_an_old_flat_run_json_loads_into_the_settings_models() -> None:
         "feedback_split": "val",
         "error_control": "legacy",
         **no_limits,
+        "network": False,  # confinement's settings, at their defaults
+        "expose": [],
+        "expose_rw": [],
     }
     assert RunRecord.model_validate_json(record.model_dump_json()) == record
 

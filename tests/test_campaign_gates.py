@@ -512,12 +512,12 @@ async def _set_later(event: trio.Event, seconds: float) -> None:
 
 
 async def test_a_cancelled_validator_leaves_no_process_and_no_scratch(
-    store: BlobStore, host: SandboxHost, trees: Trees, parent: ArtifactRef
+    store: BlobStore, host: SandboxHost, trees: Trees, parent: ArtifactRef, tmp_path: Path
 ) -> None:
-    marker = host.root / "validator-started"
+    marker = tmp_path / "validator-started"  # a confined validator may write only there
     settings = GateSettings(
         validator=validator(f"sh -c 'touch {marker}; trap \"\" TERM; sleep 30'"),
-        commands=CommandSettings(kill_grace=0.3),
+        commands=CommandSettings(kill_grace=0.3, expose_rw=(str(tmp_path),)),
     )
     with trio.fail_after(15):
         with trio.move_on_after(60) as scope:
@@ -537,13 +537,14 @@ async def test_a_cancelled_validator_leaves_no_process_and_no_scratch(
 
 
 async def test_the_validator_runs_only_after_every_other_gate_passes(
-    store: BlobStore, host: SandboxHost, trees: Trees, parent: ArtifactRef
+    store: BlobStore, host: SandboxHost, trees: Trees, parent: ArtifactRef, tmp_path: Path
 ) -> None:
-    marker = host.root / "validator-ran"
+    marker = tmp_path / "validator-ran"  # a confined validator may write only there
     settings = GateSettings(
         protected=("grader",),
         required_files=("main.py",),
         validator=validator(f"touch {marker}"),
+        commands=CommandSettings(expose_rw=(str(tmp_path),)),
     )
     tampering = trees.edit({"grader/rubric.json": "{}"})
     missing_main = trees.edit({"main.py": None})

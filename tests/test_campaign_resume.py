@@ -300,7 +300,7 @@ async def test_a_journal_in_the_untyped_format_resumes_without_paying_twice(
                 store,
                 dataset,
                 settings,
-                commands=CommandSettings(kill_grace=0.2),
+                commands=CommandSettings(kill_grace=0.2, expose_rw=(str(tmp_path),)),
                 context=context,
             ) as pipeline:
                 summary = await pipeline.measure(request)

@@ -102,14 +102,12 @@ class CampaignConfig(Record):
     campaign_id: Name | None = None
     example: Name | None = None
 
-    @model_validator(mode="after")
-    def _hide_inputs(self) -> Self:
-        """No command may see the store, the target or the dataset (`CommandSettings.hidden`)."""
+    @property
+    def run_commands(self) -> CommandSettings:
+        """`commands` as the run's commands get them: the store, the target and the dataset
+        hidden from every one (`CommandSettings.hidden`)."""
         hidden = tuple(os.path.abspath(path) for path in (self.store, self.target, self.dataset))
-        if self.commands.hidden != hidden:
-            commands = self.commands.model_copy(update={"hidden": hidden})
-            object.__setattr__(self, "commands", commands)
-        return self
+        return self.commands.model_copy(update={"hidden": hidden})
 
     def identity(self) -> dict[str, object]:
         """What a campaign may not change between cycles: target, dataset, replay, judge."""
@@ -123,7 +121,7 @@ class CampaignConfig(Record):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A validated copy; ``update`` may name flat keys or whole settings models."""
         flat = _flatten(dict(update), self.parts) if update else None
-        return super().model_copy(update=flat, deep=deep)._hide_inputs()
+        return super().model_copy(update=flat, deep=deep)
 
     @model_validator(mode="wrap")
     @classmethod

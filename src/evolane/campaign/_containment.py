@@ -29,7 +29,7 @@ class Containment:
 def containment(config: CampaignConfig) -> Containment:
     """The containment ``config``'s commands get here; `InputError` when it cannot be had
     or a path given would show a command what it may never see."""
-    commands = config.commands
+    commands = config.run_commands
     level, problem = resolve_isolation(commands.isolation)
     if problem is not None and commands.isolation != "auto":
         raise InputError(f"--isolation {commands.isolation}: {problem}")
@@ -65,7 +65,7 @@ def _check_templates(config: CampaignConfig) -> None:
         if not text:
             continue
         for path in template_paths([text]):
-            inside = _hidden_holding(path, config.commands.hidden)
+            inside = _hidden_holding(path, config.run_commands.hidden)
             if inside is not None:
                 raise InputError(
                     f"{flag} names {path}, inside {inside}: a confined command never sees "

@@ -67,7 +67,7 @@ async def apply_best(
             kill_grace=config.commands.kill_grace,
             limits=config.commands.sandbox_limits(),
             isolation=config.commands.isolation,
-            view=config.commands.view(check),
+            view=config.run_commands.view(check),
         )
     if blocked:
         assert confirmation is not None

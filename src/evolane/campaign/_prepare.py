@@ -85,8 +85,8 @@ def check_templates(config: CampaignConfig) -> GateSettings:
     """Parse every command template and the gate settings, and check what the commands
     may reach (`campaign._containment`); `InputError` on the first bad one."""
     containment(config)
-    lane_settings(config.measure, config.commands, MeasureContext())
-    optimizer_settings(config.propose.optimizer, config.commands)
+    lane_settings(config.measure, config.run_commands, MeasureContext())
+    optimizer_settings(config.propose.optimizer, config.run_commands)
     validator = None
     if config.validator:
         validator = CommandTemplate.parse(
@@ -100,7 +100,7 @@ def check_templates(config: CampaignConfig) -> GateSettings:
             required_files=tuple(config.required_files),
             max_growth_bytes=config.max_growth_bytes,
             validator=validator,
-            commands=config.commands,
+            commands=config.run_commands,
         )
     except ValueError as error:
         raise InputError(f"--protected/--required-file: {error}") from None

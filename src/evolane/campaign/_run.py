@@ -287,7 +287,7 @@ async def _cycle(
         )
         measure = measure_parts(
             config.measure,
-            config.commands,
+            config.run_commands,
             context,
             dataset=prepared.dataset,
             cases=cases,
@@ -302,7 +302,7 @@ async def _cycle(
         optimizer = OptimizerParts(
             optimizer_settings(
                 propose.optimizer,
-                config.commands,
+                config.run_commands,
                 ctx.backends.optimizer,
                 tree_limits=prepared.gates.tree_limits,  # the size gate, applied while walking
             ),

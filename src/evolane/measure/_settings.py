@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from pydantic import Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from evolane.inputs import (
     JUDGE_PLACEHOLDERS,
@@ -60,7 +61,7 @@ class CommandSettings(CommandLimits):
     """Host paths a confined command is shown read-only besides those its template names."""
     expose_rw: tuple[PathText, ...] = Field(default=(), max_length=64)
     """Host paths a confined command may write."""
-    hidden: tuple[PathText, ...] = Field(default=(), max_length=16, exclude=True)
+    hidden: SkipJsonSchema[tuple[PathText, ...]] = Field(default=(), max_length=16, exclude=True)
     """Paths no command may see even under an exposed folder: a campaign fills in its
     store, target and dataset (derived, so never stored)."""
 
