@@ -2,9 +2,11 @@
 
 Through the real CLI (``evolane optimize --isolation process``): a replay that forks without
 end, allocates past ``--max-memory``, writes past ``--max-file-size`` or opens past
-``--max-open-files`` is stopped by that limit, the run ends normally, and the unit is an
-infrastructure failure (never a score of 0) whose reason names the limit and its flag, in
-the journal and the report. The values in force are in run.json and the report; a bad value
+``--max-open-files`` is stopped by that limit, the run ends normally, and the unit is a
+failure of the tree the replay ran (the task's for the baseline: not comparable; the
+candidate's: scored 0, so a candidate cannot drop the cases it fails from the comparison by
+exhausting a limit) whose reason names the limit and its flag, in the journal and the
+report. The values in force are in run.json and the report; a bad value
 is one line and exit 2; a run.json from before the limits resumes as it ran (no limits).
 """
 
@@ -62,7 +64,7 @@ REPLAY = textwrap.dedent(
 LIMIT_KEYS = ("max_procs", "max_memory", "max_file_size", "max_open_files")
 
 
-def _flags(root: Path, mode: str, *extra: str) -> list[str]:
+def _flags(root: Path, mode: str, *extra: str, isolation: str = "process") -> list[str]:
     paths = write_toy(root, {"default": "fix:2"}, val=8, test=2)
     script = root / "replay.py"
     script.write_text(REPLAY)
@@ -72,7 +74,7 @@ def _flags(root: Path, mode: str, *extra: str) -> list[str]:
     )
     flags[flags.index("--iterations") + 1] = "1"
     flags[flags.index("--population") + 1] = "1"
-    return [*flags, "--isolation", "process", "--replay-timeout", "60", *extra]
+    return [*flags, "--isolation", isolation, "--replay-timeout", "60", *extra]
 
 
 def _evolane(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -103,21 +105,24 @@ def _val00_failures(run_dir: Path) -> list[dict]:
 
 
 def _assert_limit_failure(root: Path, code: str, reason: str) -> Path:
-    """Every unit of val00 is an infrastructure failure ``code`` whose message is
-    ``reason``, in the journal and in report.md; returns the run's folder."""
+    """Every unit of val00 is a failure ``code`` of the tree it ran (owner ``task`` for the
+    baseline, ``candidate`` for a candidate) whose message is ``reason``, in the journal and
+    in report.md; returns the run's folder."""
     run_dir = _run_dir(root)
     failures = _val00_failures(run_dir)
     assert failures, "no unit of val00 was journaled"
     for failure in failures:
-        assert failure["owner"] == "infrastructure", failure
+        assert failure["owner"] in ("task", "candidate"), failure
         assert failure["code"] == code, failure
         assert failure["message"].startswith(reason), failure
-    assert f"infrastructure/replay {code} {reason}" in (run_dir / "report.md").read_text()
+    assert f"/replay {code} {reason}" in (run_dir / "report.md").read_text()
     return run_dir
 
 
-def test_a_fork_bomb_replay_is_bounded_by_max_procs(tmp_path: Path) -> None:
-    done = _evolane("optimize", *_flags(tmp_path, "fork", "--max-procs", "20"), cwd=tmp_path)
+@pytest.mark.parametrize("isolation", ["process", "auto"])
+def test_a_fork_bomb_replay_is_bounded_by_max_procs(tmp_path: Path, isolation: str) -> None:
+    flags = _flags(tmp_path, "fork", "--max-procs", "20", isolation=isolation)
+    done = _evolane("optimize", *flags, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     _assert_limit_failure(tmp_path, "limit_processes", "processes limit 20 hit (--max-procs)")
 

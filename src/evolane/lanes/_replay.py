@@ -313,9 +313,14 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
         )
     if outcome.status == "cancelled":
         return FailureEvent(owner="framework", stage="replay", code="cancelled")
-    if outcome.status == "limit_exceeded":  # the room the run gave it, not a score of 0
+    if outcome.status == "limit_exceeded":
+        # The replay ran the tree under test and it used more than the run allows: that is
+        # the tree's doing, like a crash (a candidate's case scores 0; a baseline's is not
+        # comparable). Were it an infrastructure failure, a candidate could drop the cases
+        # it fails from the comparison by exhausting a limit (or by printing "Too many open
+        # files") on them.
         return FailureEvent(
-            owner="infrastructure",
+            owner=_owner(arm),  # type: ignore[arg-type]
             stage="replay",
             code=f"limit_{'_'.join(outcome.limits_hit)}",
             message=outcome.error[:512],
