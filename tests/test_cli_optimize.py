@@ -252,7 +252,7 @@ def _interrupt(tmp_path: Path, signals: int) -> tuple[Path, Path, str]:
     )
     replay = f"sh {script} {{candidate}} {{output_dir}}"
     flags[flags.index("--replay") + 1] = replay
-    command = [*EVOLANE, "optimize", *flags, "--stall", "2"]
+    command = [*EVOLANE, "optimize", *flags, "--stall", "2", "--expose-rw", str(inflight)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = _Lines(process.stdout), _Lines(process.stderr)
 

@@ -154,14 +154,17 @@ class _Listener:
 
 
 def _hostile_run(
-    tmp_path: Path, *extra: str, only: tuple[str, ...] = ()
+    tmp_path: Path, *extra: str, only: tuple[str, ...] = (), alias: bool = False
 ) -> tuple[subprocess.CompletedProcess, list, dict]:
     """One `evolane optimize` whose optimizer, replay and judge all attack; returns the
-    finished process, every spy account, and the paths involved."""
+    finished process, every spy account, and the paths involved. ``alias``: every path
+    evolane is given is spelled through a symlink to ``tmp_path``, and that whole folder
+    is exposed writable (the attacker still knows the real paths)."""
     paths = write_toy(tmp_path, {"default": "noop"}, val=8, test=0, passing=8)
     spy, judge_dir, other = tmp_path / "spy", tmp_path / "judge", tmp_path / "other"
     for folder in (spy, judge_dir, other):
         folder.mkdir()
+    spy.chmod(0o777)  # under process isolation a root evolane's commands run as another uid
     (other / "secret.txt").write_text("other uid's secret")
     os.chown(other, 12345, 12345)
     os.chmod(other, 0o700)
@@ -193,6 +196,11 @@ def _hostile_run(
     flags[flags.index("--gate") + 1] = "paired"
     flags += ["--judge", f"{sys.executable} -I {judge} {{case_file}} {{output_dir}}"]
     flags += ["--expose-rw", str(spy), "--population", "1", *extra]
+    if alias:
+        link = tmp_path.parent / f"{tmp_path.name}-link"
+        link.symlink_to(tmp_path)
+        flags = [flag.replace(str(tmp_path), str(link)) for flag in flags]
+        flags += ["--expose-rw", f"{link}/../{link.name}"]
     judge_before = judge.read_bytes()
     try:
         done = subprocess.run(
@@ -349,3 +357,71 @@ def test_confined_refuses_to_run_without_bubblewrap(tmp_path: Path) -> None:
     assert not report["isolation"].startswith("confined"), report["isolation"]
     events = next(paths["store"].glob("runs/*/events.jsonl")).read_text()
     assert "NOT confined" in events  # the loud warning of an auto that fell back
+
+
+def test_a_symlinked_spelling_of_everything_hides_nothing_less(tmp_path: Path) -> None:
+    """The store, target and dataset given through a symlink, a folder holding them all
+    exposed writable through that symlink and ``..``: each is still masked where it really
+    is, so the attacker who knows the real paths finds nothing."""
+    done, accounts, facts = _hostile_run(tmp_path, alias=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {account["role"] for account in accounts} == {"optimizer", "replay"}
+    for account in accounts:
+        for name in ("write_target", "store_listing", "write_store", "journal_forge"):
+            assert account[name].startswith("blocked"), (account["role"], name, account[name])
+        assert account["read_dataset"].startswith("blocked"), account
+    paths = facts["paths"]
+    assert not (paths["target"] / "pwned").exists() and not (paths["store"] / "pwned").exists()
+
+
+ESCAPING_OUTPUT = textwrap.dedent(
+    """
+    import os, pathlib, sys
+    cand, out = map(pathlib.Path, sys.argv[1:3])
+    case = os.environ["EVOLANE_CASE_ID"]
+    if (cand / "evil").exists() and int(case[3:]) < 6:  # the candidate decides
+        (out / "d").mkdir()
+        (out / "d" / "l").symlink_to("..")
+        (out / "output.json").symlink_to("d/l/../x")  # each target in the tree; really out/../x
+    else:
+        (out / "output.json").write_text((cand / case).read_text())
+    """
+)
+EVIL_OPTIMIZER = (
+    "import pathlib, sys\nwd = pathlib.Path(sys.argv[1])\n(wd / 'evil').write_text('1')\n"
+    "for i in range(8, 16):\n    (wd / f'val{i:02d}').write_text('\"yes\"')\n"
+)
+
+
+def test_an_output_whose_symlinks_chain_outside_is_the_candidates_failure(tmp_path: Path) -> None:
+    """Found by review: such an output used to crash the judge lanes until the run ended in
+    an internal error (and, with fewer cases, left the candidate's failures unscored)."""
+    paths = write_toy(tmp_path, {"default": "noop"}, val=16, test=0, passing=8)
+    (tmp_path / "replay.py").write_text(ESCAPING_OUTPUT)
+    (tmp_path / "opt.py").write_text(EVIL_OPTIMIZER)
+    flags = toy_flags(paths, paths["store"])
+    flags[flags.index("--replay") + 1] = (
+        f"{sys.executable} -I {tmp_path / 'replay.py'} {{candidate}} {{output_dir}}"
+    )
+    flags[flags.index("--optimizer") + 1] = f"{sys.executable} -I {tmp_path / 'opt.py'} {{workdir}}"
+    flags[flags.index("--iterations") + 1] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *flags, "--population", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    journal = next(paths["store"].glob("runs/*/journal.jsonl")).read_text().splitlines()
+    failures = [
+        json.loads(line)["replay"]["failure"]
+        for line in journal
+        if json.loads(line).get("type") == "unit"
+        and (json.loads(line).get("replay") or {}).get("failure")
+    ]
+    failures = [f for f in failures if f["code"] != "cancelled"]  # stopped once decided
+    assert failures and all(f["code"] == "output_unsupported" for f in failures), failures
+    assert all(f["owner"] == "candidate" for f in failures), failures
+    report = json.loads(next(paths["store"].glob("runs/*/report.json")).read_text())
+    assert report["selected"] is None  # 6 cases it broke score 0: no better than the seed

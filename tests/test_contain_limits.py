@@ -195,7 +195,10 @@ def test_a_bad_limit_is_one_line_naming_the_flag_and_exit_2(
 def test_an_old_run_json_without_the_limits_resumes_and_reports_without_limits(
     tmp_path: Path,
 ) -> None:
-    marker = tmp_path / "paused"
+    shared = tmp_path / "shared"  # a root evolane's replay runs as another uid: it may
+    shared.mkdir()  # write only where that uid may
+    shared.chmod(0o777)
+    marker = shared / "paused"
     flags = _flags(tmp_path, f"pause={marker}")
     process = subprocess.Popen(
         [sys.executable, "-m", "evolane", "optimize", *flags],

@@ -169,6 +169,7 @@ async def apply_candidate(
             limits=limits or Limits(),
             isolation=isolation,
             view=shown,
+            drop_root=True,
             label="apply-check",
         )
     # Materialising the candidate (verify=True) reads every blob once: the integrity check.

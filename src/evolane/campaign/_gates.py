@@ -353,6 +353,7 @@ async def _run_validator(
             view=settings.commands.view(settings.validator).model_copy(
                 update={"own": ((str(scratch), True),)}
             ),
+            drop_root=True,
             limits=settings.commands.sandbox_limits(),
             label=_short(label, 128) or "validator",
         )

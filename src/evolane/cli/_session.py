@@ -5,6 +5,7 @@ second: cancel at once, no report), the summary.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -120,7 +121,7 @@ def _exposed(key: str, paths: list[str]) -> tuple[str, ...]:
     for path in paths:
         if not Path(path).exists():
             raise UsageError(f"{flag} {path}: no such file or folder")
-        absolute.append(str(Path(path).absolute()))
+        absolute.append(os.path.abspath(path))  # shown at this name and its real one
     return tuple(absolute)
 
 

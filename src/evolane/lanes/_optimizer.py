@@ -193,6 +193,7 @@ class OptimizerLane(StoppableLane):
             kill_grace=self.settings.kill_grace,
             isolation=self.settings.isolation,
             view=self.settings.view.model_copy(update={"own": scratch.own()}),
+            drop_root=True,
             label="optimizer",
         )
         async with trio.open_nursery() as nursery:

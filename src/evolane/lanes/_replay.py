@@ -45,6 +45,7 @@ from evolane.store import (
     StoreError,
     TreeLimitError,
     TreeLimits,
+    TreeScan,
     UnsupportedEntryError,
     read_regular_file,
     scan_tree,
@@ -123,6 +124,7 @@ async def run_lane_command(
         kill_grace=settings.kill_grace,
         isolation=settings.isolation,
         view=settings.view.model_copy(update={"own": scratch.own()}),
+        drop_root=True,
         label=label,
     )
     outcome = await host.run(spec, deadline=deadline, stop=stop, setup=setup)
@@ -262,6 +264,9 @@ def _store_output(
         return _output_failure(job, "output_over_limit", error)
     except (UnsupportedEntryError, OSError) as error:  # a FIFO, a folder made unreadable...
         return _output_failure(job, "output_unsupported", error)
+    escaping = _escaping_link(out, scan)
+    if escaping is not None:  # a judge laying the output out would refuse it: refuse it now
+        return _output_failure(job, "output_unsupported", escaping)
     if not scan.entries:
         return FailureEvent(
             owner=_owner(job.arm),  # type: ignore[arg-type]
@@ -275,6 +280,19 @@ def _store_output(
         return _output_failure(job, "output_over_limit", error)
     except UnsupportedEntryError as error:  # a file became a symlink or FIFO after it
         return _output_failure(job, "output_unsupported", error)
+
+
+def _escaping_link(out: Path, scan: TreeScan) -> ValueError | None:
+    """The first symlink of the output that resolves outside it through other links (each
+    target is relative and in the tree, but ``d/l -> ..`` plus ``x -> d/l/../y`` leaves)."""
+    root = os.path.realpath(out)
+    for entry in scan.entries:
+        if entry.kind != "symlink":
+            continue
+        resolved = os.path.realpath(entry.path)
+        if resolved != root and not resolved.startswith(root + os.sep):
+            return ValueError(f"symlink {entry.relative!r} resolves outside the output folder")
+    return None
 
 
 def _output_failure(job: ReplayJob, code: str, error: BaseException) -> FailureEvent:

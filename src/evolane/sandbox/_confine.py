@@ -134,34 +134,49 @@ def _system_args() -> list[str]:
     return args
 
 
+def _spellings(path: str) -> tuple[str, list[str]]:
+    """A path's real location and every name it is shown at: the real one and, when the
+    given spelling differs (a symlink, ``..``, ``//``), that one too."""
+    real = os.path.realpath(path)
+    given = "/" + os.path.abspath(path).lstrip("/")
+    return real, list(dict.fromkeys((real, given)))
+
+
 def _binds(paths: Iterable[str], writable: bool) -> list[str]:
-    """Bind each path at its own name and, when that name goes through a symlink, at the
-    resolved name too (so either spelling works inside)."""
+    """Bind each path's real location at each of its names (so either spelling works)."""
     args: list[str] = []
     flag = "--bind-try" if writable else "--ro-bind-try"
     for path in paths:
-        real = os.path.realpath(path)
-        for dest in dict.fromkeys((real, os.path.abspath(path))):
-            args += [flag, real, dest]
+        real, names = _spellings(path)
+        for name in names:
+            args += [flag, real, name]
     return args
 
 
 def _masks(view: View, shown: list[str]) -> tuple[list[str], list[str]]:
-    """Cover each hidden path that something shown holds: an empty folder over a folder
+    """Cover each hidden path wherever something shown holds it, compared by real location
+    and covered under every name the holder is shown at: an empty folder over a folder
     (made read-only by the second list, once the command's own directories inside it are
     mounted), an empty file over a file."""
     args: list[str] = []
     seal: list[str] = []
     for hidden in view.hidden:
-        for name in dict.fromkeys((os.path.realpath(hidden), os.path.abspath(hidden))):
-            if not any(name == top or name.startswith(top.rstrip("/") + "/") for top in shown):
+        target = os.path.realpath(hidden)
+        if not os.path.lexists(target):
+            continue
+        for top in shown:
+            real, names = _spellings(top)
+            if target != real and not target.startswith(real.rstrip("/") + "/"):
                 continue
-            if os.path.isdir(name):
-                args += ["--size", str(1 << 20), "--tmpfs", name]
-                seal += ["--remount-ro", name]
-            elif os.path.lexists(name):
-                args += ["--ro-bind", "/dev/null", name]
-    return args, seal
+            rest = os.path.relpath(target, real)
+            for name in names:
+                cover = name if rest == "." else os.path.join(name, rest)
+                if os.path.isdir(target):
+                    args += ["--size", str(1 << 20), "--tmpfs", cover]
+                    seal.append(cover)
+                else:
+                    args += ["--ro-bind", "/dev/null", cover]
+    return args, [word for cover in dict.fromkeys(seal) for word in ("--remount-ro", cover)]
 
 
 def bwrap_argv(view: View, *, own: Iterable[tuple[str, bool]], workspace: Path) -> list[str]:

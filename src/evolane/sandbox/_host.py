@@ -23,7 +23,7 @@ from evolane.sandbox import _lifeline
 from evolane.sandbox._cgroups import CgroupRoots
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._run import run_unit
-from evolane.sandbox._secrets import make_undumpable
+from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, make_undumpable
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import become_subreaper
 from evolane.store import (
@@ -103,6 +103,8 @@ class SandboxHost:
             CgroupRoots.detect(self.lease) if use_cgroups else CgroupRoots(None, None, None)
         )
         self._counter = itertools.count(1)
+        # Hosts rarely share a uid: each starts at its own random place in the span.
+        self._uids = itertools.count(secrets.randbelow(UNIT_UID_SPAN))
         self.active_leaders: set[int] = set()
         self._lifeline: subprocess.Popen[bytes] | None = None
         self._lifeline_fd: int | None = None
@@ -122,6 +124,11 @@ class SandboxHost:
         """A unique, filesystem- and lease-safe name for the next unit."""
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in label)[:40] or "unit"
         return f"{safe}-{next(self._counter)}-{secrets.token_hex(3)}"
+
+    def unit_uid(self) -> int:
+        """The uid the next ``drop_root`` command runs as when evolane is root: one per unit,
+        so units can neither signal nor write one another."""
+        return UNIT_UID_BASE + next(self._uids) % UNIT_UID_SPAN
 
     @property
     def mechanisms(self) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 
-from evolane.sandbox._secrets import dropped_capabilities_argv, probe_succeeds
+from evolane.sandbox._secrets import dropped_capabilities_argv, probe_succeeds, unit_uid_argv
 from evolane.sandbox._spec import Limits
 
 JOIN_FAILED_MARKER = b"evolane-launch: cannot join cgroup"
@@ -100,11 +100,13 @@ def launcher_argv(
     limits: Limits,
     namespace: bool,
     confine: list[str] | None = None,
+    uid: int | None = None,
 ) -> tuple[list[str], tuple[str, ...]]:
     """The full argv that runs ``command`` confined, and the mechanisms it puts in force.
 
     ``confine`` is a bwrap prefix (`evolane.sandbox._confine.bwrap_argv`): it replaces the
-    ``unshare`` step, and drops root itself."""
+    ``unshare`` step, and drops root itself. ``uid``: a root evolane's command runs as that
+    uid (`evolane.sandbox._secrets.unit_uid_argv`)."""
     tools = host_tools()
     argv: list[str] = []
     mechanisms: list[str] = ["session", "env_allowlist"]
@@ -126,8 +128,12 @@ def launcher_argv(
         assert tools.unshare is not None and tools.sh is not None
         argv += [tools.unshare, *_NAMESPACE, "--", tools.sh, "-c", _NAMESPACE_INIT, "evolane-init"]
         mechanisms += ["pid_namespace", "net_namespace"]
-    drop = dropped_capabilities_argv()  # last: unshare above still needs CAP_SYS_ADMIN
-    if drop:
+    # Last: unshare above still needs CAP_SYS_ADMIN.
+    switch = unit_uid_argv(uid) if uid is not None else None
+    if switch is not None:
+        argv += switch
+        mechanisms.append("unprivileged_uid")
+    elif drop := dropped_capabilities_argv():
         argv += drop
         mechanisms.append("root_caps_dropped")
     return [*argv, *command], tuple(mechanisms)

@@ -38,7 +38,7 @@ from evolane.sandbox._launch import (
 )
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
-from evolane.sandbox._workspace import WorkspaceError, inside, materialize_workspace
+from evolane.sandbox._workspace import WorkspaceError, hand_over, inside, materialize_workspace
 from evolane.store import BlobStore, remove_tree
 
 _DRAIN_AFTER_KILL_SECONDS = 1.0
@@ -66,6 +66,10 @@ class UnitHost(Protocol):
 
     def unit_name(self, label: str) -> str:
         """A unique, filesystem- and lease-safe name for the next unit."""
+        ...
+
+    def unit_uid(self) -> int:
+        """The uid the next ``drop_root`` command runs as when evolane is root."""
         ...
 
     def defer(self, cleanup: Callable[[], object]) -> None:
@@ -258,14 +262,26 @@ def _prepare_and_spawn(
         unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
         procs = unit.cgroups.procs_files if unit.cgroups is not None else []
         confine = _confinement(unit, program) if isolation == "confined" else None
+        uid = _unit_uid(unit) if confine is None else None
         argv, mechanisms = launcher_argv(
-            spec.argv, procs, spec.limits, isolation == "namespace", confine
+            spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
         )
         if unit.cgroups is not None:
             mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
         return _spawn(argv, unit.work, env, fds), tuple(mechanisms)
     except (OSError, ValueError) as error:
         return str(error)[:2048]
+
+
+def _unit_uid(unit: _Unit) -> int | None:
+    """The uid a ``drop_root`` command of a root evolane runs as (None: evolane's own),
+    with its unit directory and its writable own paths (inside the root) handed to it."""
+    if not unit.spec.drop_root or os.geteuid() != 0:
+        return None
+    uid = unit.host.unit_uid()
+    writable = [Path(path) for path, rw in unit.spec.view.own if rw]
+    hand_over([unit.dir, unit.work, *(p for p in writable if inside(unit.host.root, p))], uid)
+    return uid
 
 
 def _confinement(unit: _Unit, program: str) -> list[str]:

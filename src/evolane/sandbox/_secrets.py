@@ -89,6 +89,44 @@ def _setpriv_flags() -> tuple[str, ...] | None:
     return None
 
 
+UNIT_UID_BASE = 2_000_000_000
+"""The first uid a root evolane runs a ``drop_root`` command as under the ``process`` and
+``namespace`` levels (one per unit, modulo `UNIT_UID_SPAN`): far above the ranges
+distributions give users and container subuids."""
+UNIT_UID_SPAN = 65_536
+
+
+@cache
+def _setpriv() -> str | None:
+    return shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+
+
+def unit_uid_argv(uid: int) -> tuple[str, ...] | None:
+    """The launcher step that runs a command as ``uid`` (and gid) with no capability but
+    CAP_DAC_READ_SEARCH, which it keeps across exec, and ``no_new_privs``: it reads what
+    root may read (an interpreter under /root, a folder made by ``mkdtemp``; what ``process``
+    never hid), but writes only what ``uid`` owns (its own directories, handed over), and
+    cannot signal or trace evolane, the store's files or another unit's. None without a
+    usable ``setpriv`` (the caller keeps root and records it)."""
+    setpriv = _setpriv()
+    if setpriv is None or not _uid_switch_works(setpriv):
+        return None
+    caps = "-all,+dac_read_search"
+    return (
+        setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", f"--inh-caps={caps}",
+        f"--ambient-caps={caps}", f"--bounding-set={caps}", "--no-new-privs", "--",
+    )  # fmt: skip
+
+
+@cache
+def _uid_switch_works(setpriv: str) -> bool:
+    true = shutil.which("true", path="/usr/bin:/bin")
+    caps = "-all,+dac_read_search"
+    argv = [setpriv, f"--reuid={UNIT_UID_BASE}", f"--regid={UNIT_UID_BASE}", "--clear-groups"]
+    argv += [f"--inh-caps={caps}", f"--ambient-caps={caps}", f"--bounding-set={caps}"]
+    return true is not None and probe_succeeds([*argv, "--no-new-privs", "--", true])
+
+
 def dropped_capabilities_argv() -> tuple[str, ...] | None:
     """The launcher step that drops `DROPPED_CAPABILITIES` from a command's bounding set
     when evolane runs as root; ``()`` when not root (nothing to drop); None when root but

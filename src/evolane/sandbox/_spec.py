@@ -88,6 +88,10 @@ class SandboxSpec(Record):
     isolation: Isolation = "process"
     view: View = View()
     """What the command sees under ``confined`` (ignored by the other levels)."""
+    drop_root: bool = False
+    """When evolane runs as root, run the command (``process``/``namespace`` levels) under
+    its own unprivileged uid that may read but not write what root owns (see
+    `evolane.sandbox._secrets.unit_uid_argv`); campaign commands set it."""
     keep_failed: bool = False
     label: Name = "unit"
 

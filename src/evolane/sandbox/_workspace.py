@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from evolane.messages import ArtifactRef
@@ -59,3 +62,28 @@ def materialize_workspace(
     assert tree is not None
     # A throwaway, writable copy (no second walk: Path.rglob recurses once per level).
     materialize_tree(store, tree, destination, link=False, durable=False, writable=True)
+
+
+HAND_OVER_MAX_ENTRIES = 200_000
+"""Entries `hand_over` changes at most (the trees are ones evolane laid out itself, bounded
+by the tree limits; this only bounds a walk gone wrong)."""
+
+
+def hand_over(paths: Iterable[Path], uid: int) -> None:
+    """Make ``uid`` the owner of every entry under ``paths`` (a unit's own directories),
+    walking iteratively without following symlinks."""
+    pending = list(paths)
+    changed = 0
+    while pending and changed < HAND_OVER_MAX_ENTRIES:
+        path = pending.pop()
+        try:
+            mode = path.lstat().st_mode
+            os.lchown(path, uid, uid)
+        except OSError:
+            continue
+        changed += 1
+        if stat.S_ISDIR(mode):
+            try:
+                pending.extend(Path(entry.path) for entry in os.scandir(path))
+            except OSError:
+                continue
