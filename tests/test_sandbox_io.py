@@ -211,6 +211,7 @@ async def test_symlink_escaping_the_workspace_is_refused(
 
 
 async def test_namespace_isolation_has_no_network_and_its_own_pids(host: SandboxHost) -> None:
+    from evolane.sandbox._confine import confinement_problem
     from evolane.sandbox._launch import namespaces_available
 
     if not namespaces_available():
@@ -227,7 +228,17 @@ async def test_namespace_isolation_has_no_network_and_its_own_pids(host: Sandbox
     assert int(pid) <= 3  # a fresh PID namespace
     assert connect != "connected"  # no usable network, not even loopback
     auto = await host.run(SandboxSpec(argv=("true",), isolation="auto"), timeout=10)
-    assert auto.isolation == "namespace"
+    assert auto.isolation == ("confined" if confinement_problem() is None else "namespace")
+
+
+async def test_a_command_cannot_pass_its_failure_off_as_a_spawn_failure(host: SandboxHost) -> None:
+    """The launcher's "cannot join cgroup" line carries a per-unit secret: a command that
+    prints the line (without it) and exits 125 has simply failed."""
+    forged = "echo 'evolane-launch: cannot join cgroup /sys/fs/cgroup/x' >&2; exit 125"
+    outcome = await host.run(
+        SandboxSpec(argv=("sh", "-c", forged), isolation="process"), timeout=10
+    )
+    assert outcome.status == "exited" and outcome.exit_code == 125, outcome
 
 
 async def test_namespace_tree_dies_at_the_deadline(host: SandboxHost) -> None:

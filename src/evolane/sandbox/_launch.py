@@ -17,10 +17,17 @@ from functools import cache
 from evolane.sandbox._secrets import dropped_capabilities_argv, probe_succeeds, unit_uid_argv
 from evolane.sandbox._spec import Limits
 
-JOIN_FAILED_MARKER = b"evolane-launch: cannot join cgroup"
+
+def join_failed_marker(nonce: str) -> bytes:
+    """What the launcher prints when it cannot join a cgroup. ``nonce`` is the unit's own
+    secret: it is only in the launcher shell's argv, which the command's exec replaces, so
+    a command cannot print it to pass its own failure off as a spawn failure."""
+    return f"evolane-launch-{nonce}: cannot join cgroup".encode()
+
+
 _JOIN_CGROUPS = (
     'while [ "$1" != "--" ]; do echo $$ > "$1" || '
-    '{ echo "evolane-launch: cannot join cgroup $1" >&2; exit 125; }; shift; done; shift; '
+    '{ echo "$0: cannot join cgroup $1" >&2; exit 125; }; shift; done; shift; '
     'ulimit -c 0; exec "$@"'
 )
 # PID 1 of a namespace ignores signals it has no handler for; so the command runs as PID 2
@@ -101,17 +108,18 @@ def launcher_argv(
     namespace: bool,
     confine: list[str] | None = None,
     uid: int | None = None,
+    nonce: str = "",
 ) -> tuple[list[str], tuple[str, ...]]:
     """The full argv that runs ``command`` confined, and the mechanisms it puts in force.
 
     ``confine`` is a bwrap prefix (`evolane.sandbox._confine.bwrap_argv`): it replaces the
     ``unshare`` step, and drops root itself. ``uid``: a root evolane's command runs as that
-    uid (`evolane.sandbox._secrets.unit_uid_argv`)."""
+    uid (`evolane.sandbox._secrets.unit_uid_argv`). ``nonce``: see `join_failed_marker`."""
     tools = host_tools()
     argv: list[str] = []
     mechanisms: list[str] = ["session", "env_allowlist"]
     if procs_files and tools.sh is not None:
-        argv += [tools.sh, "-c", _JOIN_CGROUPS, "evolane-launch", *procs_files, "--"]
+        argv += [tools.sh, "-c", _JOIN_CGROUPS, f"evolane-launch-{nonce}", *procs_files, "--"]
     triples = rlimit_triples(limits)
     if procs_files and tools.sh is not None and len(triples) == 1:
         pass  # only "no core dumps": the launcher shell's own `ulimit -c 0` did it

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -32,8 +33,8 @@ from evolane.sandbox._confine import (
 )
 from evolane.sandbox._env import build_environment, child_lease
 from evolane.sandbox._launch import (
-    JOIN_FAILED_MARKER,
     NAMESPACE_EXTRA_PROCESSES,
+    join_failed_marker,
     launcher_argv,
 )
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
@@ -108,6 +109,7 @@ class _Unit:
         self.dir = host.lease_dir / self.name
         self.lease = child_lease(host.inherited_lease, host.lease, self.name)
         self.tree_lease = f"{host.lease}/{self.name}"
+        self.nonce = secrets.token_hex(8)  # see `join_failed_marker`
         self.cgroups: UnitCgroups | None = None
         self.created = False
         self.work = self.dir / "work"  # a given workspace is resolved by `prepare`
@@ -264,7 +266,7 @@ def _prepare_and_spawn(
         confine = _confinement(unit, program) if isolation == "confined" else None
         uid = _unit_uid(unit) if confine is None else None
         argv, mechanisms = launcher_argv(
-            spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
+            spec.argv, procs, spec.limits, isolation == "namespace", confine, uid, unit.nonce
         )
         if unit.cgroups is not None:
             mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
@@ -457,7 +459,7 @@ async def _outcome(
         return ProcessOutcome(status=watch.reason, error=error, **common)  # type: ignore[arg-type]
     exit_code = os.WEXITSTATUS(tree.status) if os.WIFEXITED(tree.status) else None
     signum = os.WTERMSIG(tree.status) if os.WIFSIGNALED(tree.status) else None
-    if exit_code == 125 and stderr.head.startswith(JOIN_FAILED_MARKER):
+    if exit_code == 125 and stderr.head.startswith(join_failed_marker(unit.nonce)):
         return ProcessOutcome(status="spawn_failed", error=stderr.text()[:2048], **common)
     limits_hit = _limits_hit(unit, signum, exit_code, watch.kill.escalated, cpu or 0.0)
     reason = watch.reason
