@@ -425,3 +425,29 @@ def test_an_output_whose_symlinks_chain_outside_is_the_candidates_failure(tmp_pa
     assert all(f["owner"] == "candidate" for f in failures), failures
     report = json.loads(next(paths["store"].glob("runs/*/report.json")).read_text())
     assert report["selected"] is None  # 6 cases it broke score 0: no better than the seed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the unit uid is what a root evolane does")
+def test_process_isolation_as_root_stops_writes_to_the_store_target_and_signals(
+    tmp_path: Path,
+) -> None:
+    """Without a mount view a command still reads the host (documented), but a root
+    evolane runs it as its own unprivileged uid: the store, the journal and the target are
+    not its to write, evolane is not its to signal, and it cannot leave its cgroup."""
+    attacks = ("write_target", "write_store", "journal_forge", "signal_evolane", "escape")
+    done, accounts, facts = _hostile_run(tmp_path, "--isolation", "process", only=attacks)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {account["role"] for account in accounts} == {"optimizer", "replay"}
+    for account in accounts:
+        assert account["uid"] != 0, account
+        for name in ("write_target", "write_store", "journal_forge", "escape"):
+            assert account[name].startswith("blocked"), (account["role"], name, account[name])
+        assert account["signal_evolane"] == "blocked: PermissionError", account
+    paths = facts["paths"]
+    assert not (paths["target"] / "pwned").exists() and not (paths["store"] / "pwned").exists()
+    for journal in paths["store"].glob("runs/*/journal.jsonl"):
+        assert b"forged" not in journal.read_bytes()
+    left = _escapees(facts["marker"])
+    for pid in left:
+        os.kill(pid, 9)
+    assert left == []

@@ -401,7 +401,10 @@ def test_a_second_optimize_on_the_same_target_exits_2_naming_the_first_run(
     tmp_path: Path,
 ) -> None:
     paths = write_toy(tmp_path, {"default": "noop"})
-    release, started = tmp_path / "release", tmp_path / "started"
+    signals = tmp_path / "signals"  # a root evolane's replay runs as another uid:
+    signals.mkdir()  # it writes only where that uid may
+    signals.chmod(0o777)
+    release, started = signals / "release", signals / "started"
     replay = _blocking_replay(tmp_path, release, started)
     first = subprocess.Popen(
         [*EVOLANE, "optimize", *_flags(paths, paths["store"], replay)],
