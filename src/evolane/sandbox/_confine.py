@@ -110,6 +110,15 @@ def interpreter_folders() -> tuple[str, ...]:
     return tuple(sorted(p for p in folders | real if p != "/" and not _covered(p)))
 
 
+def outermost(paths: Iterable[str]) -> tuple[str, ...]:
+    """``paths`` without those another one of them holds (each bind is a mount to make)."""
+    kept: list[str] = []
+    for path in sorted({"/" + os.path.abspath(p).lstrip("/") for p in paths}, key=len):
+        if not any(path == top or path.startswith(top.rstrip("/") + "/") for top in kept):
+            kept.append(path)
+    return tuple(kept)
+
+
 def program_folders(program: str) -> list[str]:
     """The prefix of the program a command runs (``/x/venv`` for ``/x/venv/bin/python``)
     and of the file its symlinks resolve to, unless the system view covers them."""

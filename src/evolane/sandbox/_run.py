@@ -28,6 +28,7 @@ from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
 from evolane.sandbox._confine import (
     bwrap_argv,
     interpreter_folders,
+    outermost,
     program_folders,
     resolve_isolation,
 )
@@ -292,7 +293,7 @@ def _confinement(unit: _Unit, program: str) -> list[str]:
     spec = unit.spec
     own = [(str(unit.dir), True), (str(unit.work), True), *spec.view.own]
     shown = (*interpreter_folders(), *program_folders(program), *spec.view.read_only)
-    view = spec.view.model_copy(update={"read_only": tuple(dict.fromkeys(shown))})
+    view = spec.view.model_copy(update={"read_only": outermost(shown)})
     return bwrap_argv(view, own=own, workspace=unit.work)
 
 
