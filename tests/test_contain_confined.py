@@ -95,6 +95,10 @@ ATTACK = textwrap.dedent(
     blobs = [p for part in ("objects", "runs") for p in (store / part).rglob("*") if p.is_file()]
     attempt("store_listing", lambda: len(blobs) or 1 / 0)
     attempt("write_store", lambda: append(store / "pwned"))
+    here = str(pathlib.Path.cwd())  # another unit's folder: any unit folder not holding this one
+    attempt("siblings", lambda: [u for kind in ("units", "optimizer")
+                                 for u in glob.glob(f"{store}/sandbox/*/{kind}/*")
+                                 if not here.startswith(u + "/")] or 1 / 0)
     attempt("journal_forge", lambda: [append(j, '{"forged": 1}\\n')
                                       for j in glob.glob(f"{store}/runs/*/journal.jsonl")] or 1 / 0)
     attempt("read_dataset", lambda: open(setup["dataset"]).read()[:40])
@@ -252,7 +256,7 @@ def test_the_hostile_run_ends_normally_and_every_role_attacked(hostile: tuple) -
 def test_no_command_reaches_the_target_store_dataset_or_run_folder(hostile: tuple) -> None:
     _, accounts, facts = hostile
     for account in accounts:
-        for name in ("write_target", "store_listing", "write_store"):
+        for name in ("write_target", "store_listing", "write_store", "siblings"):
             assert account[name].startswith("blocked"), (account["role"], name, account[name])
         assert account["read_target"] in ("done: []", "blocked: FileNotFoundError"), account
         assert account["journal_forge"].startswith("blocked"), account

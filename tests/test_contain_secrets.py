@@ -16,6 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.campaign_helpers import toy_flags, write_toy
 
 SECRET = "evolane-test-secret-3f9c1d7a2b"
@@ -91,9 +93,8 @@ def test_the_attack_reads_the_environment_of_a_process_that_does_not_hide_it(
     assert SECRET.encode() in done.stdout
 
 
-def test_a_replay_cannot_read_evolanes_environment_under_process_isolation(
-    tmp_path: Path,
-) -> None:
+@pytest.mark.parametrize("isolation", ["process", "auto"])
+def test_a_replay_cannot_read_evolanes_environment(tmp_path: Path, isolation: str) -> None:
     paths = write_toy(tmp_path, {"default": "fix:2"})
     store = tmp_path / "store"
     script = _attack_script(tmp_path)
@@ -106,7 +107,7 @@ def test_a_replay_cannot_read_evolanes_environment_under_process_isolation(
     flags = toy_flags(paths, store)
     flags[flags.index("--replay") + 1] = f"sh {replay} {{candidate}} {{output_dir}}"
     flags[flags.index("--iterations") + 1] = "1"
-    flags += ["--isolation", "process"]
+    flags += ["--isolation", isolation]
     assert "EVOLANE_TEST_SECRET" not in os.environ  # only evolane's environment holds it
     done = subprocess.run(
         [sys.executable, "-m", "evolane", "optimize", *flags],
