@@ -118,6 +118,35 @@ def test_a_run_whose_report_cannot_be_written_fails_in_one_line(tmp_path: Path) 
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
 
 
+RUN_JSON_ON_A_FULL_DISK = """
+import errno, os
+import evolane.campaign._runs as runs
+def refuse(path, value):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+runs.write_json_atomic = refuse
+from evolane.cli import main
+main()
+"""
+
+
+def test_a_full_disk_before_the_run_starts_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """run.json cannot be written: nothing ran, and the error names the file (it used to be
+    "internal error" with the exception's repr)."""
+    paths = write_toy(tmp_path, PLAN)
+    script = tmp_path / "full_disk_at_start.py"
+    script.write_text(RUN_JSON_ON_A_FULL_DISK)
+    done = subprocess.run(
+        [sys.executable, str(script), "optimize", *toy_flags(paths, paths["store"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = _one_line(done, 1)
+    assert line.startswith("evolane: error: cannot write ") and "internal error" not in line
+    assert line.endswith("/run.json: No space left on device"), line
+    assert not list(paths["store"].glob("runs/*/run.json"))
+
+
 async def _corrupting_run(paths: dict[str, Path]) -> Any:
     """A run whose optimizer overwrites every object of the store (as a hostile one could
     without confinement): the next read of one ends the run."""

@@ -149,7 +149,7 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
         request = _request(flags, estimate_only)
         return trio.run(_main, request, flags, started)
     except BaseException as error:  # every error becomes one line and an exit code
-        return _exit_for(_leaf(error), bool(flags.get("debug")))
+        return _exit_for(_leaf(error), bool(flags.get("debug")), flags.get("store"))
     finally:  # the run is over: a late Ctrl-C must not turn its exit code into a signal death
         if from_main:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -180,14 +180,19 @@ def _storage_failure() -> type[Exception]:
     return StorageFailure
 
 
-def _exit_for(error: BaseException, debug: bool) -> int:
+def _exit_for(error: BaseException, debug: bool, store: str | None = None) -> int:
     from evolane.inputs import InputError
+    from evolane.store import describe_failure, storage_failure
 
     if isinstance(error, UsageError | InputError):
         error_line(str(error))
         return EXIT_USAGE
     if isinstance(error, _storage_failure()):  # the run ended failed; the line names the path
         error_line(str(error))
+        return EXIT_INTERNAL
+    failure = storage_failure(error)
+    if failure is not None:  # a full disk or store damage before the run began, or after
+        error_line(describe_failure(failure, store or "the store"))
         return EXIT_INTERNAL
     if isinstance(error, KeyboardInterrupt):
         error_line("interrupted")
