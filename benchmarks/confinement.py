@@ -1,8 +1,9 @@
 """What confinement costs: a confined spawn over a bare one, and the example campaign's wall
 time confined vs ``--isolation process`` (issue 17).
 
-Spawn: ``true`` run 200 times each way, interleaved (bare ``subprocess.run``, the sandbox
-with ``process`` isolation, the sandbox ``confined``); medians, and the overhead of confined
+Spawn: ``true`` run 200 times each way, in turns of 25 of a kind (see `BLOCK`): bare
+``subprocess.run``, bare under the confined level's bwrap namespaces, the sandbox with
+``process`` isolation, the sandbox ``confined``; medians, and the overhead of confined
 over bare (target <= 15 ms) and over process. Example: ``benchmarks/campaign_example.py``
 run alternately confined and with process isolation, ``--pairs`` times (ABBA order); the
 ratio of the median walls (target <= 1.1x).
@@ -23,25 +24,37 @@ from pathlib import Path
 
 import trio
 
-from evolane.sandbox import SandboxSpec, open_sandbox
-from evolane.sandbox._confine import confinement_problem
+from evolane.sandbox import SandboxHost, SandboxSpec, View, open_sandbox
+from evolane.sandbox._confine import bwrap_argv, confinement_problem
+
+BLOCK = 25
+"""Spawns of one kind back to back: a spawn in a namespace leaves the kernel tearing that
+namespace down after it exits, which slows the next spawns' cgroup work, so each kind is
+timed in runs of its own (teardown included), the kinds taking turns."""
 
 
 async def _spawns(count: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {"bare": [], "process": [], "confined": []}
+    bwrap = [*bwrap_argv(View(), own=(), workspace=Path("/")), "true"]  # its namespaces alone
+    times: dict[str, list[float]] = {"bare": [], "bwrap": [], "process": [], "confined": []}
     with tempfile.TemporaryDirectory() as tmp:
         async with open_sandbox(Path(tmp) / "sandbox") as host:
-            for _ in range(count):
-                started = time.perf_counter()
-                subprocess.run(["true"], check=True)
-                times["bare"].append(time.perf_counter() - started)
-                for level in ("process", "confined"):
-                    spec = SandboxSpec(argv=("true",), isolation=level)  # type: ignore[arg-type]
-                    started = time.perf_counter()
-                    outcome = await host.run(spec, timeout=60)
-                    times[level].append(time.perf_counter() - started)
-                    assert outcome.ok and outcome.isolation == level, outcome
+            for turn in range(max(1, count // BLOCK)):
+                kinds = list(times) if turn % 2 == 0 else list(reversed(times))
+                for kind in kinds:
+                    for _ in range(BLOCK):
+                        times[kind].append(await _spawn(host, kind, bwrap))
     return times
+
+
+async def _spawn(host: SandboxHost, kind: str, bwrap: list[str]) -> float:
+    started = time.perf_counter()
+    if kind in ("bare", "bwrap"):
+        subprocess.run(["true"] if kind == "bare" else bwrap, check=True)
+    else:
+        spec = SandboxSpec(argv=("true",), isolation=kind)  # type: ignore[arg-type]
+        outcome = await host.run(spec, timeout=60)
+        assert outcome.ok and outcome.isolation == kind, outcome
+    return time.perf_counter() - started
 
 
 def _example(isolation: str) -> float:
@@ -72,7 +85,8 @@ def main() -> int:
     median = {name: statistics.median(values) * 1000 for name, values in times.items()}
     print(
         f"spawn of `true`, median of {args.spawns}: bare {median['bare']:.1f} ms, "
-        f"process {median['process']:.1f} ms, confined {median['confined']:.1f} ms"
+        f"bwrap alone {median['bwrap']:.1f} ms, sandbox process {median['process']:.1f} ms, "
+        f"sandbox confined {median['confined']:.1f} ms"
     )
     overhead = median["confined"] - median["bare"]
     print(

@@ -23,8 +23,10 @@ about the funnel, gates, budgets and resume, not about which split feeds the opt
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +228,36 @@ def _exposed(paths: dict[str, Path], log: Path | None) -> list[str]:
     record = json.loads(paths["plan"].read_text()).get("_record")
     folders = {str(Path(name).parent) for name in (log, record) if name}
     return [word for folder in sorted(folders) for word in ("--expose-rw", folder)]
+
+
+def shared_folder(path: Path) -> Path:
+    """``path`` made a folder every uid may write: under ``--isolation process`` a root
+    evolane runs each command as a uid of its own, which may write nowhere else."""
+    path.mkdir()
+    path.chmod(0o777)
+    return path
+
+
+def wait_for(path: Path, process: subprocess.Popen[Any], what: str, seconds: float = 120) -> None:
+    """Poll until ``path`` exists; fail when ``process`` ends first or after ``seconds``
+    (a guard against a hang, not a timing figure)."""
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert process.poll() is None, f"the run ended before {what}"
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.05)
+
+
+async def apply_layout(layout: Any, host: Any, **arguments: Any) -> Any:
+    """`apply_candidate` on a test layout's store, target, parent, candidate and run
+    folder (attributes of ``layout``); ``arguments`` (the policy, a check...) win."""
+    from evolane.campaign._apply import apply_candidate
+
+    defaults = {
+        "store": layout.store,
+        "target": layout.target,
+        "parent_ref": layout.parent,
+        "candidate_ref": layout.candidate,
+        "run_dir": layout.run_dir,
+    }
+    return await apply_candidate(host=host, **(defaults | arguments))

@@ -18,7 +18,6 @@ from evolane.campaign import _apply, _diff, _publish
 from evolane.campaign._apply import (
     ApplyJournal,
     ApplyOutcome,
-    apply_candidate,
     recover_apply,
     target_tree,
 )
@@ -26,6 +25,7 @@ from evolane.inputs import CommandTemplate, TemplateError
 from evolane.messages import ArtifactRef, unbounded_fields
 from evolane.sandbox import SandboxHost, SandboxSpec
 from evolane.store import BlobStore, CorruptBlobError, load_manifest, snapshot_tree
+from tests.campaign_helpers import apply_layout
 
 CHECK_NAMES = ("candidate", "workspace")
 State = dict[str, tuple[object, ...]]
@@ -107,16 +107,7 @@ class Setup:
         self.candidate = make_candidate(store, self.target, root / "work")
 
     async def apply(self, host: SandboxHost, policy: Any, **extra: Any) -> ApplyOutcome:
-        arguments: dict[str, Any] = {
-            "policy": policy,
-            "store": self.store,
-            "host": host,
-            "target": self.target,
-            "parent_ref": self.parent,
-            "candidate_ref": self.candidate,
-            "run_dir": self.run_dir,
-        }
-        return await apply_candidate(**(arguments | extra))
+        return await apply_layout(self, host, policy=policy, **extra)
 
 
 @pytest.fixture

@@ -125,7 +125,7 @@ def test_the_rule_accepts_only_within_its_level_and_a_resume_continues_it(
 ) -> None:
     whole = OnlineRule(OnlineBudget(alpha=ALPHA, horizon=horizon))
     part = OnlineRule(OnlineBudget(alpha=ALPHA, horizon=horizon))
-    carried, alpha_spent = 0.0, 0.0
+    carried, levels_sum = 0.0, 0.0
     for index, (decision, p) in enumerate(steps):
         if index == cut:  # a resume: the stored budget, through JSON, continues
             part = OnlineRule(OnlineBudget.model_validate_json(part.budget.model_dump_json()))
@@ -137,8 +137,8 @@ def test_the_rule_accepts_only_within_its_level_and_a_resume_continues_it(
         assert level == pytest.approx(base + carried)
         assert (out.decision == "accept") == (decision == "accept" and p <= level)
         carried = level if out.decision == "accept" else 0.0
-        alpha_spent += base
-    assert alpha_spent <= ALPHA + 1e-12  # the budget's own levels never sum past alpha
+        levels_sum += base
+    assert levels_sum <= ALPHA + 1e-12  # the budget's own levels never sum past alpha
     assert part.budget == whole.budget
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from evolane.sandbox._confine import confinement_problem
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import shared_folder, toy_flags, write_toy
 
 pytestmark = pytest.mark.skipif(
     confinement_problem() is not None, reason=f"no confinement here: {confinement_problem()}"
@@ -165,10 +165,9 @@ def _hostile_run(
     evolane is given is spelled through a symlink to ``tmp_path``, and that whole folder
     is exposed writable (the attacker still knows the real paths)."""
     paths = write_toy(tmp_path, {"default": "noop"}, val=8, test=0, passing=8)
-    spy, judge_dir, other = tmp_path / "spy", tmp_path / "judge", tmp_path / "other"
-    for folder in (spy, judge_dir, other):
+    spy, judge_dir, other = shared_folder(tmp_path / "spy"), tmp_path / "judge", tmp_path / "other"
+    for folder in (judge_dir, other):
         folder.mkdir()
-    spy.chmod(0o777)  # under process isolation a root evolane's commands run as another uid
     (other / "secret.txt").write_text("other uid's secret")
     os.chown(other, 12345, 12345)
     os.chmod(other, 0o700)

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from evolane.campaign._gates import _validator_verdict
 from evolane.lanes import limit_reason, limits_hit, note_limits
 from evolane.measure import CommandLimits, parse_size
 from evolane.sandbox import Limits, ProcessOutcome, StreamCapture
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import shared_folder, toy_flags, wait_for, write_toy
 
 # The replay answers every case from the candidate; on case val00 it first misbehaves as
 # its mode says (on a resume, "pause" answers at once: the marker exists).
@@ -195,10 +194,7 @@ def test_a_bad_limit_is_one_line_naming_the_flag_and_exit_2(
 def test_an_old_run_json_without_the_limits_resumes_and_reports_without_limits(
     tmp_path: Path,
 ) -> None:
-    shared = tmp_path / "shared"  # a root evolane's replay runs as another uid: it may
-    shared.mkdir()  # write only where that uid may
-    shared.chmod(0o777)
-    marker = shared / "paused"
+    marker = shared_folder(tmp_path / "shared") / "paused"
     flags = _flags(tmp_path, f"pause={marker}")
     process = subprocess.Popen(
         [sys.executable, "-m", "evolane", "optimize", *flags],
@@ -207,11 +203,7 @@ def test_an_old_run_json_without_the_limits_resumes_and_reports_without_limits(
         cwd=tmp_path,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert process.poll() is None, "the run ended before the replay paused"
-            assert time.monotonic() < deadline, "the replay never paused"
-            time.sleep(0.05)
+        wait_for(marker, process, "the replay paused")
     finally:
         os.kill(process.pid, signal.SIGKILL)  # our own child, by its pid
         process.wait(timeout=60)

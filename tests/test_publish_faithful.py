@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,14 @@ from evolane.campaign._lock import lock_path, lock_target
 from evolane.inputs import InputError
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, snapshot_tree
-from tests.campaign_helpers import toy_config, toy_flags, write_toy
+from tests.campaign_helpers import (
+    apply_layout,
+    shared_folder,
+    toy_config,
+    toy_flags,
+    wait_for,
+    write_toy,
+)
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 OTHER_UID = 12345
@@ -95,16 +101,7 @@ class Site:
         self.candidate = snapshot_tree(store, work)
 
     async def apply(self, host: SandboxHost, **extra: Any) -> ApplyOutcome:
-        arguments: dict[str, Any] = {
-            "policy": "auto_verified",
-            "store": self.store,
-            "host": host,
-            "target": self.target,
-            "parent_ref": self.parent,
-            "candidate_ref": self.candidate,
-            "run_dir": self.run_dir,
-        }
-        return await apply_candidate(**(arguments | extra))
+        return await apply_layout(self, host, **({"policy": "auto_verified"} | extra))
 
 
 TOUCHED = {"prompt.md", "flip.sh", "unx.sh", "old.txt", "sub/z.md", "new", "new/deep"}
@@ -401,9 +398,7 @@ def test_a_second_optimize_on_the_same_target_exits_2_naming_the_first_run(
     tmp_path: Path,
 ) -> None:
     paths = write_toy(tmp_path, {"default": "noop"})
-    signals = tmp_path / "signals"  # a root evolane's replay runs as another uid:
-    signals.mkdir()  # it writes only where that uid may
-    signals.chmod(0o777)
+    signals = shared_folder(tmp_path / "signals")
     release, started = signals / "release", signals / "started"
     replay = _blocking_replay(tmp_path, release, started)
     first = subprocess.Popen(
@@ -413,11 +408,7 @@ def test_a_second_optimize_on_the_same_target_exits_2_naming_the_first_run(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not started.exists():
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "the first run never replayed"
-            time.sleep(0.05)
+        wait_for(started, first, "the first run replayed")
         (run_dir,) = (paths["store"] / "runs").iterdir()
         other_store = tmp_path / "other-store"  # a lock on the target, whatever the store
         second = subprocess.run(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from evolane.campaign._config import CampaignConfig
 from evolane.inputs import InputError
-from evolane.sandbox import resolve_isolation, template_paths
+from evolane.sandbox import resolve_isolation, template_paths, within
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,4 @@ def _check_templates(config: CampaignConfig) -> None:
 def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
     """The hidden path that ``path`` is or lies inside (after resolving), or None."""
     real = os.path.realpath(path)
-    for name in hidden:
-        top = os.path.realpath(name)
-        if real == top or real.startswith(top.rstrip("/") + "/"):
-            return name
-    return None
+    return next((name for name in hidden if within(real, os.path.realpath(name))), None)

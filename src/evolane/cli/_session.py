@@ -174,12 +174,6 @@ def _input_error() -> type[Exception]:
     return InputError
 
 
-def _storage_failure() -> type[Exception]:
-    from evolane.store import StorageFailure
-
-    return StorageFailure
-
-
 def _exit_for(error: BaseException, debug: bool, store: str | None = None) -> int:
     from evolane.inputs import InputError
     from evolane.store import describe_failure, storage_failure
@@ -187,11 +181,8 @@ def _exit_for(error: BaseException, debug: bool, store: str | None = None) -> in
     if isinstance(error, UsageError | InputError):
         error_line(str(error))
         return EXIT_USAGE
-    if isinstance(error, _storage_failure()):  # the run ended failed; the line names the path
-        error_line(str(error))
-        return EXIT_INTERNAL
     failure = storage_failure(error)
-    if failure is not None:  # a full disk or store damage before the run began, or after
+    if failure is not None:  # a full disk or store damage (the run ended failed), one line
         error_line(describe_failure(failure, store or "the store"))
         return EXIT_INTERNAL
     if isinstance(error, KeyboardInterrupt):

@@ -1,9 +1,11 @@
 """A command that hit a resource limit: which limits, and the failure that says so.
 
-A limit hit is an infrastructure outcome, never a score: the command (a replay, a judge, an
-optimizer, the validator gate, the apply check) ran out of room the run gave it, so its
-result says nothing about the candidate's quality. The reason names the limit, its value
-and the flag that raises it, e.g. ``memory limit 4 GiB hit (--max-memory)``.
+A judge, an optimizer, the validator gate or the apply check that hits a limit ran out of
+the room the run gave it: an infrastructure outcome, never a score. A replay that hits one
+failed because of the tree it ran (`evolane.lanes._replay`): a candidate's case scores 0,
+so no candidate drops the cases it fails from the comparison by exhausting a limit. The
+reason names the limit, its value and the flag that raises it, e.g. ``memory limit 4 GiB
+hit (--max-memory)``.
 
 The sandbox reports what it saw (`ProcessOutcome.limits_hit`: a SIGXFSZ or SIGXCPU death,
 the memory cgroup's OOM kill, the pids cgroup's refused forks). Two limits end a program

@@ -59,9 +59,9 @@ _NO_LIMIT = ("none", "0", "unlimited")
 def parse_size(value: Any) -> int | None:
     """``value`` (bytes, or a string such as ``512M``, ``4G``, ``none``) as bytes; None for no
     limit (``0``, ``none``, ``unlimited``). Raises ``ValueError`` for anything else."""
-    if value is None or isinstance(value, bool):
-        if value is None:
-            return None
+    if value is None:
+        return None
+    if isinstance(value, bool):
         raise ValueError("a size must be bytes or a number with K, M, G or T")
     if isinstance(value, int | float):
         if value < 0:

@@ -5,7 +5,7 @@ a launcher chain (never ``preexec_fn``), bounded output capture, a kill ladder t
 finds escapees, and a lifeline process that kills every tree if the runtime itself dies.
 """
 
-from evolane.sandbox._confine import folders_to_expose, resolve_isolation, template_paths
+from evolane.sandbox._confine import folders_to_expose, resolve_isolation, template_paths, within
 from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
@@ -44,4 +44,5 @@ __all__ = [
     "resolve_isolation",
     "sweep_stale_leases",
     "template_paths",
+    "within",
 ]

@@ -22,7 +22,7 @@ import shutil
 import sys
 from collections.abc import Iterable
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from evolane.sandbox._launch import namespaces_available
 from evolane.sandbox._secrets import probe_succeeds
@@ -89,14 +89,19 @@ def folders_to_expose(paths: Iterable[str]) -> list[str]:
             folder = path
         if _covered(str(folder)) or str(folder) in (*HOST_ONLY, *PRIVATE):
             continue
-        if any(str(folder).startswith(top + "/") for top in HOST_ONLY):
+        if any(within(str(folder), top) for top in HOST_ONLY):
             continue
         shown.append(str(folder))
     return sorted(set(shown))
 
 
+def within(path: str, top: str) -> bool:
+    """Whether ``path`` is ``top`` or lies inside it, by their names alone (no I/O)."""
+    return PurePosixPath(path).is_relative_to(top)
+
+
 def _covered(path: str) -> bool:
-    return any(path == top or path.startswith(top + "/") for top in SYSTEM_FOLDERS)
+    return any(within(path, top) for top in SYSTEM_FOLDERS)
 
 
 @cache
@@ -114,7 +119,7 @@ def outermost(paths: Iterable[str]) -> tuple[str, ...]:
     """``paths`` without those another one of them holds (each bind is a mount to make)."""
     kept: list[str] = []
     for path in sorted({"/" + os.path.abspath(p).lstrip("/") for p in paths}, key=len):
-        if not any(path == top or path.startswith(top.rstrip("/") + "/") for top in kept):
+        if not any(within(path, top) for top in kept):
             kept.append(path)
     return tuple(kept)
 
@@ -130,7 +135,8 @@ def program_folders(program: str) -> list[str]:
     return folders
 
 
-def _system_args() -> list[str]:
+@cache
+def _system_args() -> tuple[str, ...]:
     args: list[str] = []
     for top in SYSTEM_FOLDERS:
         if os.path.islink(top):
@@ -140,7 +146,7 @@ def _system_args() -> list[str]:
     resolv = Path("/etc/resolv.conf")
     if resolv.is_symlink() and not _covered(os.path.realpath(resolv)):
         args += ["--ro-bind-try", os.path.realpath(resolv), os.path.realpath(resolv)]
-    return args
+    return tuple(args)
 
 
 def _spellings(path: str) -> tuple[str, list[str]]:
@@ -169,13 +175,13 @@ def _masks(view: View, shown: list[str]) -> tuple[list[str], list[str]]:
     mounted), an empty file over a file."""
     args: list[str] = []
     seal: list[str] = []
+    holders = [_spellings(top) for top in shown]
     for hidden in view.hidden:
         target = os.path.realpath(hidden)
         if not os.path.lexists(target):
             continue
-        for top in shown:
-            real, names = _spellings(top)
-            if target != real and not target.startswith(real.rstrip("/") + "/"):
+        for real, names in holders:
+            if not within(target, real):
                 continue
             rest = os.path.relpath(target, real)
             for name in names:

@@ -78,8 +78,7 @@ def make_undumpable() -> bool:
 def _setpriv_flags() -> tuple[str, ...] | None:
     """The ``setpriv`` argv prefix that drops the capabilities this host knows (probed once);
     None without a working ``setpriv``."""
-    setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
-    true = shutil.which("true", path="/usr/bin:/bin")
+    setpriv, true = _setpriv(), shutil.which("true", path="/usr/bin:/bin")
     if setpriv is None or true is None:
         return None
     for names in (DROPPED_CAPABILITIES, _ESSENTIAL):
@@ -111,6 +110,10 @@ def unit_uid_argv(uid: int) -> tuple[str, ...] | None:
     setpriv = _setpriv()
     if setpriv is None or not _uid_switch_works(setpriv):
         return None
+    return _uid_switch(setpriv, uid)
+
+
+def _uid_switch(setpriv: str, uid: int) -> tuple[str, ...]:
     caps = "-all,+dac_read_search"
     return (
         setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", f"--inh-caps={caps}",
@@ -121,10 +124,7 @@ def unit_uid_argv(uid: int) -> tuple[str, ...] | None:
 @cache
 def _uid_switch_works(setpriv: str) -> bool:
     true = shutil.which("true", path="/usr/bin:/bin")
-    caps = "-all,+dac_read_search"
-    argv = [setpriv, f"--reuid={UNIT_UID_BASE}", f"--regid={UNIT_UID_BASE}", "--clear-groups"]
-    argv += [f"--inh-caps={caps}", f"--ambient-caps={caps}", f"--bounding-set={caps}"]
-    return true is not None and probe_succeeds([*argv, "--no-new-privs", "--", true])
+    return true is not None and probe_succeeds([*_uid_switch(setpriv, UNIT_UID_BASE), true])
 
 
 def dropped_capabilities_argv() -> tuple[str, ...] | None:
