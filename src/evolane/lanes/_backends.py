@@ -10,7 +10,12 @@ code path for collecting results:
 - replay: return ``None`` or ``{"tokens": int, "cost_usd": float}`` (written as usage.json);
   write the answer to ``call.output_dir / "output.json"`` (or return it as ``{"output": ...}``).
 - judge: return a score in [0, 1] or a verdict dict with ``"score"``.
-- optimizer: edit ``call.workdir`` in place; return a one-line summary (or ``None``).
+- optimizer: edit ``call.workdir`` in place; return a one-line summary (or ``None``), or
+  ``{"summary": str}``.
+
+Any role may return a dict with ``"usage"``: a usage document (``tokens``, ``cost_usd``, or
+``model`` with ``input_tokens``/``output_tokens``/``cached_input_tokens``, and ``cached``),
+written to ``call.usage_file`` as a command would write ``$EVOLANE_USAGE_FILE``.
 
 An exception is the backend's own failure (like a non-zero exit), never a score.
 """
@@ -46,6 +51,8 @@ class BackendCall:
     workdir: Path | None = None
     prompt: dict[str, Any] | None = None
     context_dir: Path | None = None
+    usage_file: Path | None = None
+    """Where the call's usage document goes (the command's ``$EVOLANE_USAGE_FILE``)."""
 
 
 Backend = Callable[[BackendCall], Awaitable[Any]]
@@ -62,7 +69,13 @@ def _capture(data: bytes) -> StreamCapture:
 
 
 def _stdout_for(call: BackendCall, value: Any) -> bytes:
-    """What a command in the backend's place would have printed."""
+    """What a command in the backend's place would have printed (and its usage file)."""
+    if isinstance(value, dict) and isinstance(value.get("usage"), dict):
+        if call.usage_file is not None:
+            call.usage_file.write_bytes(orjson.dumps(value["usage"]))
+        value = {k: v for k, v in value.items() if k != "usage"}
+        if call.role == "optimizer":
+            value = value.get("summary")
     if call.role == "judge":
         verdict = value if isinstance(value, dict) else {"score": value}
         return orjson.dumps(verdict)

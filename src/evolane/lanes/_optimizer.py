@@ -222,6 +222,7 @@ class OptimizerLane(StoppableLane):
             workdir=scratch.workdir,
             prompt=prompt,
             context_dir=scratch.context,
+            usage_file=scratch.dir / "usage.json",
         )
         return await run_backend(backend, call, deadline, stop)
 

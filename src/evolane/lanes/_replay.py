@@ -113,6 +113,7 @@ async def run_lane_command(
             case=orjson.loads(scratch.case_file.read_bytes()),
             candidate=scratch.candidate if scratch.candidate.exists() else None,
             output_dir=scratch.out,
+            usage_file=scratch.usage_file(label),
         )
         return await run_backend(settings.backend, call, deadline, stop)
     spec = SandboxSpec(

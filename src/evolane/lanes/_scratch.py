@@ -81,6 +81,11 @@ class UnitScratch:
             "seed": str(seed),
         }
 
+    def usage_file(self, label: str) -> Path:
+        """Where the unit's ``label`` command (replay or judge) writes its usage document:
+        a replay's in its output folder (``{output_dir}/usage.json``), a judge's beside it."""
+        return self.out / "usage.json" if label == "replay" else self.dir / "judge-usage.json"
+
     def own(self) -> tuple[tuple[str, bool], ...]:
         """What a confined command of this unit sees of it: the directory, writable, with
         the candidate read-only over it (a replay may not edit the tree it runs)."""
