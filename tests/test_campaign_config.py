@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from evolane.campaign import CampaignConfig, ProposeSettings, Report, RunRecord
-from evolane.measure import CommandSettings, MeasureSettings
+from evolane.measure import CommandSettings, MeasureSettings, ModelSettings
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -109,6 +109,7 @@ def test_an_old_flat_run_json_loads_into_the_settings_models() -> None:
         "network": False,  # confinement's settings, at their defaults
         "expose": [],
         "expose_rw": [],
+        **ModelSettings().model_dump(mode="json"),  # models in the loop: none, no prices
     }
     assert RunRecord.model_validate_json(record.model_dump_json()) == record
 

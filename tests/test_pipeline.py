@@ -371,7 +371,8 @@ def test_a_usage_file_of_any_shape_never_breaks_the_lane(
     from evolane.sandbox import ProcessOutcome
 
     (tmp_path / "usage.json").write_bytes(content)
-    usage, read = _usage(tmp_path, ProcessOutcome(status="exited", exit_code=0, wall_seconds=2.0))
+    outcome = ProcessOutcome(status="exited", exit_code=0, wall_seconds=2.0)
+    usage, read = _usage(tmp_path / "usage.json", outcome)
     assert read is complete
     assert usage.wall_seconds == 2.0
     assert usage.tokens == (12 if complete else None)

@@ -9,6 +9,7 @@ errors and the JSON Schema alike).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Self
@@ -26,7 +27,13 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails
 
 from evolane.campaign._gates import MAX_GROWTH_BYTES
-from evolane.measure import MAX_TIMEOUT, STORED_LIMITS, CommandSettings, MeasureSettings
+from evolane.measure import (
+    MAX_TIMEOUT,
+    STORED_LIMITS,
+    CommandSettings,
+    MeasureSettings,
+    ModelSettings,
+)
 from evolane.messages import GateConfig, Name, Record, ShortText, Text
 
 MAX_WALL_CLOCK_BUDGET = 365 * 86_400.0
@@ -50,7 +57,8 @@ class ProposeSettings(Record):
     and the bounds of one proposal."""
 
     optimizer: Text
-    """The optimizer command template (``{workdir}``, ``{prompt_file}``, ``{seed}``...)."""
+    """The optimizer command template (``{workdir}``, ``{prompt_file}``, ``{seed}``...), or
+    ``llm:MODEL`` for the built-in model optimizer."""
     optimizer_concurrency: int = Field(default=2, ge=1, le=64)
     optimizer_timeout: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT)
     """The deadline of one proposal, in seconds."""
@@ -66,6 +74,7 @@ class CampaignConfig(Record):
         "measure": MeasureSettings,
         "commands": CommandSettings,
         "propose": ProposeSettings,
+        "models": ModelSettings,
     }
 
     target: Text
@@ -74,6 +83,7 @@ class CampaignConfig(Record):
     measure: MeasureSettings
     commands: CommandSettings = CommandSettings()
     propose: ProposeSettings
+    models: ModelSettings = ModelSettings()
     validator: Text | None = None  # malformed gate: exit 0 = well formed
     check: Text | None = None  # post-apply check for auto_verified
     apply: ApplyPolicyName = "proposal"
@@ -110,13 +120,17 @@ class CampaignConfig(Record):
         return self.commands.model_copy(update={"hidden": hidden})
 
     def identity(self) -> dict[str, object]:
-        """What a campaign may not change between cycles: target, dataset, replay, judge."""
-        return {
+        """What a campaign may not change between cycles: target, dataset, replay, judge
+        (and a model judge's rubric, by its digest)."""
+        identity: dict[str, object] = {
             "target": self.target,
             "dataset": self.dataset,
             "replay": self.measure.replay,
             "judge": self.measure.judge,
         }
+        if self.models.rubric is not None:
+            identity["rubric"] = hashlib.sha256(self.models.rubric.encode()).hexdigest()
+        return identity
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A validated copy; ``update`` may name flat keys or whole settings models."""

@@ -69,6 +69,7 @@ class Peers:
             spent=ledger.spent,
             reserved=ledger.reserved,
             ceilings=ledger.ceilings,
+            by_role=ledger.by_role(),
         )
 
     async def measure(

@@ -16,6 +16,7 @@ from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run, repetitions_for
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._models import check_models
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.campaign._runs import (
@@ -85,6 +86,7 @@ def check_templates(config: CampaignConfig) -> GateSettings:
     """Parse every command template and the gate settings, and check what the commands
     may reach (`campaign._containment`); `InputError` on the first bad one."""
     containment(config)
+    check_models(config)
     lane_settings(config.measure, config.run_commands, MeasureContext())
     optimizer_settings(config.propose.optimizer, config.run_commands)
     validator = None

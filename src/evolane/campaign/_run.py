@@ -19,6 +19,7 @@ from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._finish import Session, apply_best, finish, session_ended
 from evolane.campaign._lock import TargetLock, lock_target
+from evolane.campaign._models import llm_models, model_backends
 from evolane.campaign._prepare import Prepared, prepare_run
 from evolane.campaign._report import Report
 from evolane.campaign._runs import (
@@ -96,6 +97,17 @@ class Backends:
     optimizer: Backend | None = None
 
 
+def _with_models(backends: Backends | None, config: CampaignConfig) -> Backends:
+    """``backends`` with the built-in model backends ``config`` names where none is given."""
+    given = backends or Backends()
+    if not llm_models(config):
+        return given
+    judge, optimizer = model_backends(config)
+    return dataclasses.replace(
+        given, judge=given.judge or judge, optimizer=given.optimizer or optimizer
+    )
+
+
 async def run_campaign(
     request: RunRequest,
     *,
@@ -159,7 +171,7 @@ async def _run(
             Session(prepared, bus, started, _undone(recovered)),
             journal,
             interrupt if interrupt is not None else trio.Event(),
-            backends or Backends(),
+            _with_models(backends, prepared.config),
         )
         if runtime is not None:
             report = await _run_in(runtime, context)
@@ -297,6 +309,7 @@ async def _cycle(
             host=host,
             store=store,
             cluster=cluster,
+            models=config.models,
         )
         propose = config.propose
         optimizer = OptimizerParts(
@@ -305,6 +318,7 @@ async def _cycle(
                 config.run_commands,
                 ctx.backends.optimizer,
                 tree_limits=prepared.gates.tree_limits,  # the size gate, applied while walking
+                prices=config.models.prices,
             ),
             propose.optimizer_concurrency,
         )

@@ -32,8 +32,10 @@ def optimize(
     target: Annotated[str | None, _o("The directory (or file) to improve.", "--target")] = None,
     dataset: Annotated[str | None, _o("JSONL cases.", "--dataset")] = None,
     replay: Annotated[str | None, _o("Replay command template.", "--replay")] = None,
-    judge: Annotated[str | None, _o("Judge command template.", "--judge")] = None,
-    optimizer: Annotated[str | None, _o("Optimizer command template.", "--optimizer")] = None,
+    judge: Annotated[str | None, _o("Judge command template, or llm:MODEL.", "--judge")] = None,
+    optimizer: Annotated[
+        str | None, _o("Optimizer command template, llm:MODEL or agent:NAME.", "--optimizer")
+    ] = None,
     validator: Annotated[
         str | None, _o("Command that checks a candidate is well formed.", "--validator")
     ] = None,
@@ -201,6 +203,42 @@ def optimize(
             "Open files per command process; 0 or none: no limit (default 4096).",
             "--max-open-files",
         ),
+    ] = None,
+    rubric: Annotated[
+        Path | None, _o("The rubric a model judge (--judge llm:MODEL) scores by.", "--rubric")
+    ] = None,
+    judge_samples: Annotated[
+        int | None, _o("Answers a model judge averages (default 1).", "--judge-samples")
+    ] = None,
+    llm_base_url: Annotated[
+        list[str] | None,
+        _o("[judge=|optimizer=]URL of an OpenAI-compatible endpoint.", "--llm-base-url"),
+    ] = None,
+    llm_api_key_env: Annotated[
+        list[str] | None,
+        _o("[ROLE=]NAME of the variable holding the API key.", "--llm-api-key-env"),
+    ] = None,
+    llm_temperature: Annotated[
+        list[str] | None, _o("[ROLE=]T sampling temperature.", "--llm-temperature")
+    ] = None,
+    llm_max_tokens: Annotated[
+        list[str] | None, _o("[ROLE=]N tokens per answer.", "--llm-max-tokens")
+    ] = None,
+    llm_timeout: Annotated[
+        list[str] | None, _o("[ROLE=]S seconds per request.", "--llm-timeout")
+    ] = None,
+    llm_retries: Annotated[
+        list[str] | None, _o("[ROLE=]N retries of a failed request (default 2).", "--llm-retries")
+    ] = None,
+    llm_cache: Annotated[
+        bool, _o("Answer repeated model requests from a cache (development).", "--llm-cache")
+    ] = False,
+    prices: Annotated[
+        Path | None, _o("Dollars per million tokens per model (YAML or JSON).", "--prices")
+    ] = None,
+    unknown_price: Annotated[
+        str | None,
+        _o("refuse | reserve: a model with no price under --max-cost-usd.", "--unknown-price"),
     ] = None,
     seed: Annotated[int | None, _o("Seed of everything (default 0).", "--seed")] = None,
     progress: Annotated[

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from evolane.cli._examples import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_line
+from evolane.cli._models import model_flags
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
@@ -27,6 +28,7 @@ _CHOICES = {
     "feedback_split": ("train", "val"),
     "isolation": ("auto", "confined", "process", "namespace"),
     "progress": ("auto", "rich", "plain", "jsonl", "none"),
+    "unknown_price": ("refuse", "reserve"),
 }
 _GATE_FLAGS = (
     "gate", "k_se", "min_effect", "threshold", "confidence", "bootstrap_samples", "sequential",
@@ -39,7 +41,7 @@ _CONFIG_FLAGS = (
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
     "judge_failure_retries", "focus", "feedback_split", "isolation", "seed", "cluster",
     "error_control", "network", "max_procs", "max_memory", "max_file_size",
-    "max_open_files",
+    "max_open_files", "judge_samples", "unknown_price",
 )  # fmt: skip
 
 
@@ -94,6 +96,7 @@ def build_config(flags: dict[str, Any]) -> Any:
     for key in ("expose", "expose_rw"):
         if flags.get(key):
             values[key] = _exposed(key, flags[key])
+    values.update(model_flags(flags))
     for key, flag in (("target", "--target"), ("dataset", "--dataset"), ("replay", "--replay")):
         if not values.get(key):
             raise UsageError(f"{flag} is required (or use --example self-evolution)")

@@ -22,6 +22,15 @@ from evolane.inputs._dataset import (
     require_split,
 )
 from evolane.inputs._errors import DatasetError, InputError, TemplateError
+from evolane.inputs._prices import (
+    ModelPrice,
+    PriceTable,
+    UsageReading,
+    load_prices,
+    priced_cost,
+    read_usage_document,
+)
+from evolane.inputs._specs import LLM_PREFIX, llm_model
 from evolane.inputs._templates import (
     ALL_PLACEHOLDERS,
     JUDGE_PLACEHOLDERS,
@@ -36,6 +45,7 @@ from evolane.inputs._templates import (
 __all__ = [
     "ALL_PLACEHOLDERS",
     "JUDGE_PLACEHOLDERS",
+    "LLM_PREFIX",
     "MAX_CASE_ID_CHARS",
     "MAX_FILE_BYTES",
     "MAX_LINE_BYTES",
@@ -51,11 +61,18 @@ __all__ = [
     "Dataset",
     "DatasetError",
     "InputError",
+    "ModelPrice",
+    "PriceTable",
     "Split",
     "TemplateError",
+    "UsageReading",
     "case_json",
     "case_row",
+    "llm_model",
     "load_dataset",
+    "load_prices",
     "parse_dataset",
+    "priced_cost",
+    "read_usage_document",
     "require_split",
 ]

@@ -18,9 +18,10 @@ from evolane.inputs import (
     CommandTemplate,
     TemplateError,
 )
-from evolane.lanes._replay import CommandLane, excerpt, run_lane_command
+from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._scratch import UnitScratch
-from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message
+from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
+from evolane.sandbox import ProcessOutcome
 from evolane.store import (
     BlobStore,
     BlobTooLargeError,
@@ -36,12 +37,27 @@ dataset line (at most `MAX_LINE_BYTES`), so a longer answer is scored 0 unread (
 answer once took the judge from 62 to 820 MiB of memory)."""
 
 
+FREE = Usage(tokens=0.0, cost_usd=0.0)
+"""What an exact match or a verification command costs: no model is asked."""
+
+
 @dataclass(frozen=True)
 class _Verdict:
     score: float | None
     failure: FailureEvent | None = None
     detail: bytes = b""
     detail_ref: ArtifactRef | None = None  # already stored
+    usage: Usage = FREE
+    usage_complete: bool = True
+
+
+def add_usage(total: Usage, part: Usage) -> Usage:
+    """``total`` plus ``part`` per dimension (unknown stays unknown only where both are)."""
+    values = {}
+    for name in ("tokens", "cost_usd", "wall_seconds"):
+        a, b = getattr(total, name), getattr(part, name)
+        values[name] = None if a is None and b is None else (a or 0.0) + (b or 0.0)
+    return Usage(**values, cached=total.cached or part.cached)
 
 
 def _infra(code: str, message: str) -> _Verdict:
@@ -97,11 +113,13 @@ class JudgeLane(CommandLane):
         assert isinstance(message, JudgeJob)
         job = message
         started, deadline, stop = self.begin(job.unit_id, job.timeout_seconds)
-        attempt = 0
+        attempt, usage, complete = 0, Usage(), True
         try:
             while True:
                 attempt += 1
                 source, verdict = await self._attempt(job, attempt, deadline, stop)
+                usage = add_usage(usage, verdict.usage)
+                complete = complete and verdict.usage_complete
                 if verdict.failure is None or attempt > self.settings.retries or stop.is_set():
                     break
                 if verdict.failure.code.startswith("limit_"):  # it would hit it again
@@ -127,6 +145,8 @@ class JudgeLane(CommandLane):
             detail_ref=detail_ref,  # type: ignore[arg-type]
             attempts=attempt,
             wall_seconds=trio.current_time() - started,
+            usage=usage.model_copy(update={"wall_seconds": trio.current_time() - started}),
+            usage_complete=complete,
         )
 
     async def _attempt(
@@ -136,11 +156,12 @@ class JudgeLane(CommandLane):
         template = self.settings.template
         wants_candidate = template is not None and "candidate" in template.placeholders
         tree_ref = job.tree_ref if wants_candidate else None
+        by_command = template is not None or self.settings.backend is not None
         try:
             case, matched = await trio.to_thread.run_sync(
-                self._lay_out, scratch, job, tree_ref, template is None
+                self._lay_out, scratch, job, tree_ref, not by_command
             )
-            if template is not None:
+            if by_command:
                 return "command", await self._command(template, scratch, job, deadline, stop)
             if case.get("verification_command"):
                 return "verification_command", await self._verification(
@@ -179,17 +200,31 @@ class JudgeLane(CommandLane):
 
     async def _command(
         self,
-        template: CommandTemplate,
+        template: CommandTemplate | None,
         scratch: UnitScratch,
         job: JudgeJob,
         deadline: float,
         stop: trio.Event,
     ) -> _Verdict:
-        argv = template.render(scratch.placeholders(job.seed))
-        env = {"EVOLANE_SEED": str(job.seed), "EVOLANE_CASE_ID": job.case_id}
+        """The judge command (or backend), its verdict priced by the usage it reported."""
+        argv = template.render(scratch.placeholders(job.seed)) if template is not None else ()
+        usage_file = scratch.usage_file("judge")
+        env = {
+            "EVOLANE_SEED": str(job.seed),
+            "EVOLANE_CASE_ID": job.case_id,
+            "EVOLANE_USAGE_FILE": str(usage_file),
+        }
         outcome = await run_lane_command(
             self.host, self.settings, argv, scratch, "judge", env, deadline, stop
         )
+        verdict = self._verdict(outcome)
+        usage, complete = await trio.to_thread.run_sync(
+            read_usage, usage_file, outcome, self.settings.prices
+        )
+        return replace(verdict, usage=usage, usage_complete=complete)
+
+    def _verdict(self, outcome: ProcessOutcome) -> _Verdict:
+        """What a judge command's outcome says: a score, or an infrastructure failure."""
         if outcome.status == "limit_exceeded":
             return _infra(f"limit_{'_'.join(outcome.limits_hit)}", f"the judge: {outcome.error}")
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):

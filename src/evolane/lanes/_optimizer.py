@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import trio
 
-from evolane.inputs import CommandTemplate
+from evolane.inputs import CommandTemplate, PriceTable
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
 from evolane.lanes._limits import note_limits
@@ -59,7 +59,7 @@ end anyway, and each poll must stay cheap."""
 class OptimizerSettings:
     """How the lane runs the optimizer: template, limits, grace, passed-through variables."""
 
-    template: CommandTemplate  # placeholders {workdir} {prompt_file} {seed} {workspace}
+    template: CommandTemplate | None  # {workdir} {prompt_file} {seed} {workspace}; None: backend
     limits: Limits = field(default_factory=Limits)
     kill_grace: float = 2.0
     pass_env: tuple[str, ...] = ()
@@ -70,6 +70,8 @@ class OptimizerSettings:
     tree_limits: TreeLimits = field(default_factory=TreeLimits)
     """Caps on the workdir, checked while it is walked, before anything of it is stored
     (a campaign passes its size gate's: `GateSettings.tree_limits`)."""
+    prices: PriceTable | None = None
+    """The run's price table: a usage document naming a model is priced by it."""
 
 
 def workdir_signature(root: Path, max_entries: int = SIGNATURE_MAX_ENTRIES) -> bytes:
@@ -178,6 +180,7 @@ class OptimizerLane(StoppableLane):
                 self.settings.backend, job, scratch, deadline, stop
             ), False
         watch = _IdleWatch(scratch.workdir, job.idle_seconds, stop)
+        assert self.settings.template is not None  # no backend: a command
         spec = SandboxSpec(
             argv=self.settings.template.render(scratch.placeholders(job.seed)),
             workspace=str(scratch.workdir),
@@ -229,7 +232,7 @@ class OptimizerLane(StoppableLane):
     def _collect(
         self, job: ProposeJob, scratch: SlotScratch, outcome: ProcessOutcome, idle: bool
     ) -> ProposeResult:
-        usage, _ = read_usage(scratch.dir, outcome)
+        usage, _ = read_usage(scratch.dir / "usage.json", outcome, self.settings.prices)
         base = {
             "slot_id": job.slot_id,
             "stdout_ref": outcome.stdout.ref,

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import trio
 
-from evolane.inputs import CommandTemplate
+from evolane.inputs import CommandTemplate, PriceTable, read_usage_document
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._limits import note_limits
 from evolane.lanes._scratch import UnitScratch
@@ -79,6 +79,8 @@ class LaneSettings:
     backend: Backend | None = None  # an in-process callable instead of the command
     output_limits: TreeLimits = OUTPUT_LIMITS
     """Caps on a replay's output folder (over one: the replay failed, by its own fault)."""
+    prices: PriceTable | None = None
+    """The run's price table: usage documents naming a model are priced by it."""
 
 
 def _owner(arm: str) -> str:
@@ -206,7 +208,10 @@ class ReplayLane(CommandLane):
     def _collect(
         self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
     ) -> ReplayResult:
-        return collect_replay(self.store, job, scratch, outcome, self.settings.output_limits)
+        settings = self.settings
+        return collect_replay(
+            self.store, job, scratch, outcome, settings.output_limits, settings.prices
+        )
 
 
 def replay_environment(job: ReplayJob) -> dict[str, str]:
@@ -226,6 +231,7 @@ def collect_replay(
     scratch: UnitScratch,
     outcome: ProcessOutcome,
     limits: TreeLimits = OUTPUT_LIMITS,
+    prices: PriceTable | None = None,
 ) -> ReplayResult:
     """Turn a finished replay into its result; outputs go to ``store`` (blocking I/O), walked
     within ``limits`` first: an output over a cap or holding what a tree cannot record is
@@ -239,7 +245,7 @@ def collect_replay(
         "stderr_ref": outcome.stderr.ref,
     }
     failure = _classify(outcome, job.arm)
-    usage, complete = read_usage(scratch.out, outcome)
+    usage, complete = read_usage(scratch.usage_file("replay"), outcome, prices)
     base.update(usage=usage, usage_complete=complete)
     if failure is not None:
         status = {"timed_out": "timed_out", "cancelled": "cancelled"}.get(outcome.status, "failed")
@@ -351,16 +357,23 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
     return FailureEvent(owner=_owner(arm), stage="replay", code=code, message=detail)  # type: ignore[arg-type]
 
 
-def read_usage(out: Path, outcome: ProcessOutcome) -> tuple[Usage, bool]:
-    """``usage.json`` if the command wrote a valid one (complete), else wall time only; any
-    other content (too large, not a regular file, not JSON) is the command's mistake, never
-    a crash of the lane."""
+def read_usage(
+    path: Path, outcome: ProcessOutcome, prices: PriceTable | None = None
+) -> tuple[Usage, bool]:
+    """The usage document at ``path`` (see `evolane.inputs.read_usage_document`), priced by
+    ``prices``: complete when it gives both tokens and dollars; else what it gives, plus the
+    wall time. Any other content (too large, not a regular file, not JSON) is the command's
+    mistake, never a crash of the lane."""
     wall = outcome.wall_seconds
     with contextlib.suppress(OSError, ValueError, TypeError, StoreError):
-        data = orjson.loads(read_regular_file(out / "usage.json", MAX_USAGE_BYTES))
-        if not isinstance(data, dict):
-            return Usage(wall_seconds=wall), False
-        tokens, cost = data.get("tokens"), data.get("cost_usd")
-        if isinstance(tokens, int | float) and isinstance(cost, int | float):
-            return Usage(tokens=tokens, cost_usd=cost, wall_seconds=wall), True
+        data = orjson.loads(read_regular_file(path, MAX_USAGE_BYTES))
+        if isinstance(data, dict):
+            reading = read_usage_document(data, prices)
+            usage = Usage(
+                tokens=reading.tokens,
+                cost_usd=reading.cost_usd,
+                wall_seconds=wall,
+                cached=reading.cached,
+            )
+            return usage, reading.complete
     return Usage(wall_seconds=wall), False

@@ -5,6 +5,7 @@ standalone pipeline. The measurement's messages live in `evolane.messages`."""
 
 from evolane.measure._budget import (
     PROBE_RUNNING,
+    ROLES,
     BudgetActor,
     Ledger,
     LedgerSnapshot,
@@ -42,6 +43,7 @@ from evolane.measure._settings import (
     CommandSettings,
     MeasureContext,
     MeasureSettings,
+    ModelSettings,
     lane_settings,
     optimizer_settings,
     scheduler_settings,
@@ -73,6 +75,7 @@ __all__ = [
     "MEASURE_ASK_TIMEOUT",
     "PROBE_RUNNING",
     "RESTORABLE",
+    "ROLES",
     "STORED_LIMITS",
     "UNITS_STOP_WAIT",
     "BudgetActor",
@@ -87,6 +90,7 @@ __all__ = [
     "MeasureSettings",
     "MeasureSlots",
     "MeasurementScheduler",
+    "ModelSettings",
     "Overrun",
     "Pipeline",
     "ProgressBus",

@@ -35,6 +35,9 @@ SAMPLES_KEPT = 64
 LEVELS = ((0.5, "50%"), (0.8, "80%"), (1.0, "100%"))
 
 
+ROLES = ("optimizer", "replay", "judge")
+"""Who spends: the ledger's stages as a report names them."""
+
 PROBE_RUNNING = "no estimate yet: waiting for the stage's first unit to finish"
 """Why a reservation without an estimate is refused for now: one probe unit of a stage runs
 at a time under an active ceiling until its usage gives the ledger an estimate."""
@@ -59,6 +62,10 @@ class LedgerSnapshot(Record):
     in_flight: int
     overruns: tuple[Overrun, ...]
     events: tuple[BudgetEvent, ...]
+
+    def by_role(self) -> dict[str, Usage]:
+        """Spent by each role (`ROLES`) that spent anything, in that order."""
+        return {role: self.spent_by_stage[role] for role in ROLES if role in self.spent_by_stage}
 
 
 @dataclass

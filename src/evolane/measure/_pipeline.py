@@ -29,6 +29,7 @@ from evolane.measure._settings import (
     CommandSettings,
     MeasureContext,
     MeasureSettings,
+    ModelSettings,
     lane_settings,
     scheduler_settings,
 )
@@ -116,16 +117,24 @@ def store_cases(store: BlobStore, dataset: Dataset) -> CaseRefs:
     )
 
 
-def fingerprint(dataset: Dataset, settings: MeasureSettings, replay_lane: LaneSettings) -> str:
-    """What a reused baseline must match besides its tree, case, repetition and seed."""
+def fingerprint(
+    dataset: Dataset,
+    settings: MeasureSettings,
+    replay_lane: LaneSettings,
+    models: ModelSettings | None = None,
+) -> str:
+    """What a reused baseline must match besides its tree, case, repetition and seed (a
+    model judge's rubric and samples too, only when set: older fingerprints stay valid)."""
     seed_tree = replay_lane.workspace_seed
-    parts = {
+    parts: dict[str, object] = {
         "dataset": dataset.digest,
         "replay": settings.replay,
         "judge": settings.judge,
         "seed_tree": seed_tree.digest if seed_tree else None,
         "limits": replay_lane.limits.model_dump(mode="json"),
     }
+    if models is not None and models.rubric is not None:
+        parts.update(rubric=models.rubric, judge_samples=models.judge_samples)
     return hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
@@ -142,14 +151,17 @@ def measure_parts(
     host: SandboxHost,
     store: BlobStore,
     cluster: DaskCluster | None,
+    models: ModelSettings | None = None,
 ) -> MeasureParts:
-    """Everything the measure actors are built from (no IO: ``cases`` are already stored)."""
-    replay_lane, judge_lane = lane_settings(settings, commands, context)
+    """Everything the measure actors are built from (no IO: ``cases`` are already stored);
+    ``models``: the run's price table and model judge settings."""
+    prices = models.prices if models is not None else None
+    replay_lane, judge_lane = lane_settings(settings, commands, context, prices)
     scheduler = scheduler_settings(
         cases,
         context,
         settings=settings,
-        fingerprint=fingerprint(dataset, settings, replay_lane),
+        fingerprint=fingerprint(dataset, settings, replay_lane, models),
         seed=seed,
         min_cases=min_cases,
     )

@@ -20,11 +20,30 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import MutableMapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from evolane.measure._prefix import CasePrefix, decision
 from evolane.measure._restore import not_stored, restorable, stored_replay
+from evolane.measure._steps import (
+    Action,
+    ChargeUnit,
+    Event,
+    Finish,
+    JournalReplay,
+    JournalUnit,
+    JudgeDenied,
+    Progress,
+    ReplayJournaled,
+    ReserveDenied,
+    StartJudge,
+    StartReplay,
+    StopRequested,
+    StopUnit,
+    UnitCharged,
+    UnitJournaled,
+    UnitJudged,
+    UnitReplayed,
+)
 from evolane.measure._units import (
     RESTORABLE,
     Unit,
@@ -39,20 +58,17 @@ from evolane.measure._units import (
     reuse_key,
     start_order,
     unit_counts,
+    unit_debits,
     unit_record,
     unit_records,
     unit_status,
 )
 from evolane.messages import (
-    Debit,
-    JudgeJob,
     JudgeResult,
     MeasureEvent,
     MeasureRequest,
     MeasureStatus,
     MeasureSummary,
-    ReplayJob,
-    ReplayRecord,
     ReplayResult,
     UnitRecord,
 )
@@ -65,122 +81,6 @@ __all__ = ["RESTORABLE", "MeasurePlan", "Unit", "repetitions", "start_order"]
 
 ReuseCache = MutableMapping[str, tuple[ReplayResult, JudgeResult]]
 """Succeeded units by `reuse_key`, kept across measurements."""
-
-# ----- events: what the shell tells the plan ----------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _OfUnit:
-    """An event or action about one unit."""
-
-    unit_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class UnitReplayed(_OfUnit):
-    """A replay lane answered `StartReplay` (a lane that crashed: a framework failure)."""
-
-    replay: ReplayResult
-
-
-@dataclass(frozen=True, slots=True)
-class ReserveDenied(_OfUnit):
-    """The budget refused room for the replay of `StartReplay`; nothing ran."""
-
-
-@dataclass(frozen=True, slots=True)
-class UnitCharged(_OfUnit):
-    """The budget took the debit of `ChargeUnit`."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayJournaled(_OfUnit):
-    """The record of `JournalReplay` is in the journal."""
-
-
-@dataclass(frozen=True, slots=True)
-class UnitJudged(_OfUnit):
-    """A judge lane answered `StartJudge` (a lane that crashed: a framework failure)."""
-
-    judge: JudgeResult
-
-
-@dataclass(frozen=True, slots=True)
-class UnitJournaled(_OfUnit):
-    """The record of `JournalUnit` is durably in the journal: the unit may count."""
-
-
-@dataclass(frozen=True, slots=True)
-class StopRequested:
-    """Start no more units (``reason``: e.g. ``cancelled``); units in flight end on their own."""
-
-    reason: MeasureStatus
-    message: str
-
-
-Event = (
-    UnitReplayed | ReserveDenied | UnitCharged | ReplayJournaled | UnitJudged | UnitJournaled
-) | StopRequested
-
-# ----- actions: what the plan asks of the shell -------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StartReplay(_OfUnit):
-    """Reserve room in the budget, then replay ``job`` on a free replay lane (the plan never
-    starts more than the lanes it was given). Answer `UnitReplayed` or `ReserveDenied`."""
-
-    job: ReplayJob
-
-
-@dataclass(frozen=True, slots=True)
-class ChargeUnit(_OfUnit):
-    """Charge ``debit`` to the budget. Answer `UnitCharged`."""
-
-    debit: Debit
-
-
-@dataclass(frozen=True, slots=True)
-class JournalReplay(_OfUnit):
-    """Append ``record`` to the run journal (need not be durable). Answer `ReplayJournaled`."""
-
-    record: ReplayRecord
-
-
-@dataclass(frozen=True, slots=True)
-class StartJudge(_OfUnit):
-    """Judge ``job`` on the next free judge lane. Answer `UnitJudged`."""
-
-    job: JudgeJob
-
-
-@dataclass(frozen=True, slots=True)
-class JournalUnit(_OfUnit):
-    """Append ``record`` to the run journal durably. Answer `UnitJournaled`."""
-
-    record: UnitRecord
-
-
-@dataclass(frozen=True, slots=True)
-class StopUnit:
-    """Stop these units if they are in flight (their lanes answer early). No answer."""
-
-    unit_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """Units ended: `MeasurePlan.progress` has news for observers. No answer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """Every unit ended: store `MeasurePlan.records`, then build `MeasurePlan.summary`."""
-
-
-Action = (
-    StartReplay | ChargeUnit | JournalReplay | StartJudge | JournalUnit | StopUnit | Progress
-) | Finish
 
 
 class MeasurePlan:
@@ -255,6 +155,10 @@ class MeasurePlan:
             unit = self._at(event.unit_id, "replaying")
             self._stop("budget_limited", "the budget denied a replay")
             self._finish(unit, "not_run", "budget")
+        elif isinstance(event, JudgeDenied):
+            unit = self._at(event.unit_id, "judging", "rejudging")
+            self._stop("budget_limited", "the budget denied a judge")
+            self._finish(unit, "cancelled", "budget")
         elif isinstance(event, UnitCharged):
             self._charged(self._at(event.unit_id, "charging", "charging_restored"))
         elif isinstance(event, ReplayJournaled):
@@ -340,7 +244,7 @@ class MeasurePlan:
             self._conclude(unit, journal=True)
         elif self.budgeted:
             unit.step = "charging_restored"
-            self._emit(ChargeUnit(unit.unit_id, replay_debit(unit)))
+            self._emit(ChargeUnit(unit.unit_id, unit_debits(unit)))
         else:
             self._conclude(unit, journal=False)
 
@@ -352,7 +256,7 @@ class MeasurePlan:
             self._stop("shared_failure", why)
         if self.budgeted and not (unit.restored and self.settings.rejudge):
             unit.step = "charging"  # its lane frees once charged: the next reserve sees it
-            self._emit(ChargeUnit(unit.unit_id, replay_debit(unit)))
+            self._emit(ChargeUnit(unit.unit_id, (replay_debit(unit),)))
         else:
             self._charged(unit)
 

@@ -21,6 +21,7 @@ from evolane.measure._plan import (
     Event,
     JournalReplay,
     JournalUnit,
+    JudgeDenied,
     MeasurePlan,
     Progress,
     ReplayJournaled,
@@ -36,6 +37,7 @@ from evolane.measure._plan import (
 )
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.messages import (
+    Debit,
     FailureEvent,
     JournalRecord,
     JudgeJob,
@@ -51,6 +53,7 @@ from evolane.messages import (
     ReserveReply,
     StopAll,
     StopUnits,
+    Usage,
 )
 from evolane.store import BlobStore
 
@@ -241,7 +244,7 @@ class _Measurement:
 
     async def _replay(self, action: StartReplay) -> None:
         job = action.job
-        if not await self._reserve(job.unit_id, job.timeout_seconds):
+        if not await self._reserve("replay", job.unit_id, job.timeout_seconds):
             self._answer(ReserveDenied(job.unit_id))
             return
         lane = await self.free_replay[1].receive()
@@ -273,15 +276,16 @@ class _Measurement:
         finally:
             self.in_lane.pop(job.unit_id, None)
 
-    async def _reserve(self, unit_id: str, replay_timeout: float) -> bool:
+    async def _reserve(self, stage: str, unit_id: str, timeout: float) -> bool:
+        """Room in the budget for ``unit_id``'s ``stage`` (a unit of ``timeout`` seconds)."""
         budget = self.s.budget
         if budget is None:
             return True
         # The first unit of a stage runs alone until its usage gives an estimate: wait for it
         # (bounded by its own deadline and kill ladder), never give up early.
-        with trio.move_on_after(replay_timeout * ESTIMATE_WAIT_REPLAYS + LANE_ANSWER_MARGIN):
+        with trio.move_on_after(timeout * ESTIMATE_WAIT_REPLAYS + LANE_ANSWER_MARGIN):
             while True:
-                reply: ReserveReply = await budget.ask(Reserve(stage="replay", item=unit_id))
+                reply: ReserveReply = await budget.ask(Reserve(stage=stage, item=unit_id))
                 if reply.granted or not reply.retry or self.plan.stop_reason is not None:
                     return reply.granted
                 await trio.sleep(PROBE_POLL_INTERVAL)
@@ -289,7 +293,8 @@ class _Measurement:
 
     async def _charge(self, action: ChargeUnit) -> None:
         assert self.s.budget is not None
-        await self.s.budget.ask(action.debit)
+        for debit in action.debits:
+            await self.s.budget.ask(debit)
         self._answer(UnitCharged(action.unit_id))
 
     async def _journal(self, record: JournalRecord, durable: bool, answer: Event) -> None:
@@ -300,9 +305,33 @@ class _Measurement:
 
     async def _judge(self, action: StartJudge) -> None:
         job = action.job
+        timeout = job.timeout_seconds * JUDGE_TIMEOUTS_ALLOWED + LANE_ANSWER_MARGIN
+        charged = self.s.budget is not None and self.s.settings.judge_costs
+        if charged and not await self._reserve("judge", job.unit_id, timeout):
+            self._answer(JudgeDenied(job.unit_id))
+            return
+        result: JudgeResult | None = None
+        try:
+            result = await self._judged(job, timeout)
+        finally:
+            if charged:  # what it used; a judge cut short is charged at least its reservation
+                with trio.CancelScope(shield=True):
+                    await self._charge_judge(job.unit_id, result)
+        assert result is not None
+        self._answer(UnitJudged(job.unit_id, result))
+
+    async def _charge_judge(self, unit_id: str, result: JudgeResult | None) -> None:
+        assert self.s.budget is not None
+        usage, complete = (result.usage, result.usage_complete) if result else (Usage(), False)
+        await self.s.budget.ask(
+            Debit(item=unit_id, actual=usage, complete=complete, stage="judge"),
+            timeout=LANE_ANSWER_MARGIN,
+        )
+
+    async def _judged(self, job: JudgeJob, timeout: float) -> JudgeResult:
+        """``job``'s result from the next free judge lane (a lane's crash: a failure)."""
         lane = await self.free_judge[1].receive()
         try:
-            timeout = job.timeout_seconds * JUDGE_TIMEOUTS_ALLOWED + LANE_ANSWER_MARGIN
             answer = await self._ask_lane(lane, job, timeout)
             result: JudgeResult = answer or JudgeResult(
                 unit_id=job.unit_id, status="cancelled", source="command"
@@ -316,7 +345,7 @@ class _Measurement:
             )
         finally:
             self.free_judge[0].send_nowait(lane)
-        self._answer(UnitJudged(job.unit_id, result))
+        return result
 
 
 def framework_failure(stage: str, error: Exception) -> FailureEvent:

@@ -28,4 +28,7 @@ class SchedulerSettings:
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
     rejudge: bool = False  # restored units are judged again (--rerun-evaluator)
     replays_allowed: bool = True  # False: a unit without a stored replay is not run
+    judge_costs: bool = False
+    """Judges may spend (a judge command or a model backend): each judgement is reserved and
+    charged under stage ``judge``. False: exact match or verification commands, free."""
     progress_interval: float = 0.1  # seconds between two progress events of a measurement

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -19,6 +19,8 @@ from evolane.inputs import (
     OPTIMIZER_PLACEHOLDERS,
     REPLAY_PLACEHOLDERS,
     CommandTemplate,
+    PriceTable,
+    llm_model,
 )
 from evolane.lanes import Backend, LaneSettings, OptimizerSettings
 from evolane.measure._journal import RunJournal
@@ -76,6 +78,45 @@ class CommandSettings(CommandLimits):
             hidden=self.hidden,
             network=self.network,
         )
+
+
+LLMRole = Literal["judge", "optimizer"]
+"""Who a built-in model backend works for (each role may have its own endpoint)."""
+UnknownPrice = Literal["refuse", "reserve"]
+MAX_RUBRIC_CHARS = 32 << 10
+
+
+class ModelSettings(Record):
+    """Models in the loop: the price table, the built-in judge's rubric and samples, and the
+    endpoint of each role's built-in model backend (``--judge``/``--optimizer llm:MODEL``).
+    Only the NAME of the variable holding an API key is kept, never the key."""
+
+    prices: PriceTable | None = None
+    """Dollars per million tokens per model, frozen into run.json (``--prices FILE``)."""
+    unknown_price: UnknownPrice = "refuse"
+    """A model with no price while ``--max-cost-usd`` is set: refuse before the run, or
+    ``reserve`` (its cost is unknown, charged at least its reservation)."""
+    rubric: Annotated[str, Field(max_length=MAX_RUBRIC_CHARS)] | None = None
+    """The built-in judge's rubric, as read from ``--rubric FILE`` (frozen with the run)."""
+    judge_samples: int = Field(default=1, ge=1, le=16)
+    """Answers the built-in judge averages per judgement."""
+    llm_base_url: dict[LLMRole, ShortText] = Field(default_factory=dict, max_length=2)
+    llm_api_key_env: dict[LLMRole, Name] = Field(default_factory=dict, max_length=2)
+    llm_temperature: dict[LLMRole, Annotated[float, Field(ge=0, le=2)]] = Field(
+        default_factory=dict, max_length=2
+    )
+    llm_max_tokens: dict[LLMRole, Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
+        default_factory=dict, max_length=2
+    )
+    llm_timeout: dict[LLMRole, Annotated[float, Field(gt=0, le=MAX_TIMEOUT)]] = Field(
+        default_factory=dict, max_length=2
+    )
+    """Seconds per request (always cut at the phase's own deadline)."""
+    llm_retries: dict[LLMRole, Annotated[int, Field(ge=0, le=10)]] = Field(
+        default_factory=dict, max_length=2
+    )
+    llm_cache: bool = False
+    """Answer repeated requests from a response cache in the store (development runs)."""
 
 
 class MeasureSettings(Record):
@@ -155,22 +196,29 @@ def scheduler_settings(
         on_progress=context.on_progress,
         rejudge=context.rejudge,
         replays_allowed=not context.rejudge,
+        judge_costs=settings.judge is not None or context.judge_backend is not None,
     )
 
 
 def lane_settings(
-    settings: MeasureSettings, commands: CommandSettings, context: MeasureContext
+    settings: MeasureSettings,
+    commands: CommandSettings,
+    context: MeasureContext,
+    prices: PriceTable | None = None,
 ) -> tuple[LaneSettings, LaneSettings]:
-    """The replay lanes' and the judge lanes' settings (templates parsed: bad ones raise)."""
+    """The replay lanes' and the judge lanes' settings (templates parsed: bad ones raise);
+    usage documents are priced by ``prices``. A judge ``llm:MODEL`` has no template: its
+    backend (``context.judge_backend``) is the model."""
     replay = CommandTemplate.parse(settings.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
     judge = None
-    if settings.judge:
+    if settings.judge and llm_model(settings.judge, "--judge") is None:
         judge = CommandTemplate.parse(settings.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
     sandbox = {
         "kill_grace": commands.kill_grace,
         "pass_env": commands.pass_env,
         "isolation": commands.isolation,
         "limits": commands.sandbox_limits(),
+        "prices": prices,
     }
     return (
         LaneSettings(
@@ -191,10 +239,16 @@ def optimizer_settings(
     commands: CommandSettings,
     backend: Backend | None = None,
     tree_limits: TreeLimits | None = None,
+    prices: PriceTable | None = None,
 ) -> OptimizerSettings:
-    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises);
-    ``tree_limits`` caps the workdir's walk (default: `TreeLimits()`)."""
-    template = CommandTemplate.parse(optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS)
+    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises;
+    ``llm:MODEL`` has no template, its ``backend`` is the model); ``tree_limits`` caps the
+    workdir's walk (default: `TreeLimits()`)."""
+    template = None
+    if llm_model(optimizer, "--optimizer") is None:
+        template = CommandTemplate.parse(
+            optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS
+        )
     return OptimizerSettings(
         template=template,
         kill_grace=commands.kill_grace,
@@ -204,4 +258,5 @@ def optimizer_settings(
         limits=commands.sandbox_limits(),
         backend=backend,
         tree_limits=tree_limits or TreeLimits(),
+        prices=prices,
     )

@@ -288,6 +288,17 @@ def replay_debit(unit: Unit) -> Debit:
     )
 
 
+def unit_debits(unit: Unit) -> tuple[Debit, ...]:
+    """The charges of a unit restored from the journal: its replay, then its judgement."""
+    judge = unit.judge
+    if judge is None or not (judge.usage.tokens or judge.usage.cost_usd):  # it cost nothing
+        return (replay_debit(unit),)
+    return (
+        replay_debit(unit),
+        Debit(item=unit.unit_id, actual=judge.usage, complete=judge.usage_complete, stage="judge"),
+    )
+
+
 def replay_record(measurement_id: str, unit: Unit) -> ReplayRecord:
     """The journal record of ``unit``'s replay, before its judgement."""
     assert unit.replay is not None

@@ -135,6 +135,8 @@ class BudgetUpdate(ProgressEvent):
     spent: Usage
     reserved: Usage
     ceilings: Usage
+    by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
+    """Spent by role: ``optimizer``, ``replay``, ``judge``."""
 
 
 class WarningEvent(ProgressEvent):

@@ -30,6 +30,8 @@ class Usage(Record):
     tokens: float | None = Field(default=None, ge=0, le=_BIG)
     cost_usd: float | None = Field(default=None, ge=0, le=_BIG)
     wall_seconds: float | None = Field(default=None, ge=0, le=_BIG)
+    cached: bool = False
+    """A model's answer taken from the response cache (``--llm-cache``): it cost nothing."""
 
     def get(self, dimension: Dimension) -> float | None:
         return getattr(self, dimension)
@@ -187,6 +189,10 @@ class JudgeResult(Message):
     detail_ref: ArtifactRef | None = None
     attempts: int = Field(default=1, ge=0, le=100)
     wall_seconds: float = Field(default=0.0, ge=0, le=_BIG)
+    usage: Usage = Usage()
+    """What the judge's attempts used together (a model judge's tokens and dollars)."""
+    usage_complete: bool = False
+    """Every attempt reported its usage (else the charge is at least the reservation)."""
 
 
 class MeasureRequest(Message):

@@ -1,0 +1,85 @@
+"""Models in the loop, as a run uses them: the built-in model backends a config names
+(``--judge llm:MODEL``, ``--optimizer llm:MODEL``) with each role's endpoint, and the check
+that every model evolane will call has a price when a cost ceiling is set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from evolane.inputs import InputError, llm_model
+from evolane.lanes import Backend
+from evolane.measure import ModelSettings
+
+if TYPE_CHECKING:
+    from evolane.campaign._config import CampaignConfig
+    from evolane.lanes import Endpoint
+
+LLM_CACHE_FOLDER = "llm-cache"
+"""The response cache's folder in the store (``--llm-cache``)."""
+
+
+def llm_models(config: CampaignConfig) -> dict[str, str]:
+    """The models a run calls itself, by flag (``--judge``, ``--optimizer``)."""
+    named = {
+        "--judge": llm_model(config.measure.judge, "--judge"),
+        "--optimizer": llm_model(config.propose.optimizer, "--optimizer"),
+    }
+    return {flag: model for flag, model in named.items() if model is not None}
+
+
+def check_models(config: CampaignConfig) -> None:
+    """Refuse (`InputError`, exit 2) what cannot run: a model judge without a rubric, and a
+    model with no price while ``--max-cost-usd`` is set (unless ``--unknown-price reserve``)."""
+    models = config.models
+    named = llm_models(config)
+    if "--judge" in named and not models.rubric:
+        raise InputError(f"--judge {config.measure.judge}: a model judge needs --rubric FILE")
+    if config.max_cost_usd is None or models.unknown_price == "reserve":
+        return
+    for flag, model in named.items():
+        if models.prices is None or models.prices.get(model) is None:
+            raise InputError(
+                f"{flag} llm:{model}: no price for model {model!r} (--prices FILE) while "
+                "--max-cost-usd is set; add it, or pass --unknown-price reserve"
+            )
+
+
+def endpoint(models: ModelSettings, role: str, model: str, store: str) -> Endpoint:
+    """``role``'s endpoint for ``model``: its flags (``--llm-base-url judge=...``), the
+    response cache under the store when ``--llm-cache``."""
+    from evolane.lanes import Endpoint
+
+    def pick(values: dict) -> object:  # type: ignore[type-arg]
+        return values.get(role)
+
+    settings: dict[str, object] = {"model": model}
+    for field, values in (
+        ("base_url", models.llm_base_url),
+        ("api_key_env", models.llm_api_key_env),
+        ("temperature", models.llm_temperature),
+        ("max_tokens", models.llm_max_tokens),
+        ("timeout", models.llm_timeout),
+        ("retries", models.llm_retries),
+    ):
+        value = pick(values)
+        if value is not None:
+            settings[field] = value
+    if models.llm_cache:
+        settings["cache_dir"] = Path(store) / LLM_CACHE_FOLDER
+    return Endpoint(**settings)  # type: ignore[arg-type]
+
+
+def model_backends(config: CampaignConfig) -> tuple[Backend | None, Backend | None]:
+    """The built-in (judge, optimizer) backends ``config`` names (None: a command)."""
+    from evolane.lanes import llm_judge, llm_optimizer
+
+    named = llm_models(config)
+    models = config.models
+    judge = optimizer = None
+    if "--judge" in named:
+        judge_point = endpoint(models, "judge", named["--judge"], config.store)
+        judge = llm_judge(judge_point, models.rubric or "", models.judge_samples)
+    if "--optimizer" in named:
+        optimizer = llm_optimizer(endpoint(models, "optimizer", named["--optimizer"], config.store))
+    return judge, optimizer
