@@ -11,13 +11,15 @@ every unit running into its timeout.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import confirm_repetitions
 from evolane.campaign._preflight import preflight
-from evolane.messages import Record, ShortText
+from evolane.measure import ROLES
+from evolane.messages import Name, Record, ShortText, Usage
 
 
 class UnitHistory(Record):
@@ -27,6 +29,9 @@ class UnitHistory(Record):
     tokens: float | None = Field(default=None, ge=0)
     cost_usd: float | None = Field(default=None, ge=0)
     optimizer_seconds: float | None = Field(default=None, ge=0)
+    by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
+    """Tokens and dollars per replay unit (``replay``, ``judge``) and per proposal
+    (``optimizer``), where an earlier report says."""
 
 
 class Estimate(Record):
@@ -45,6 +50,9 @@ class Estimate(Record):
     wall_high_seconds: float = Field(ge=0)
     tokens: float | None = Field(default=None, ge=0)
     cost_usd: float | None = Field(default=None, ge=0)
+    by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
+    """The tokens and dollars each role (optimizer, replay, judge) is expected to spend, at
+    the counts above and the per-unit spend of an earlier run."""
     basis: ShortText = ""
     min_gain: float | None = None
     """The smallest mean gain the gate can accept with pass/fail scores (preflight)."""
@@ -97,6 +105,7 @@ def estimate_run(
     if config.wall_clock_budget is not None:
         high = min(high, config.wall_clock_budget + config.commands.kill_grace + 1.0)
     low = tokens = cost = None
+    by_role: dict[str, Usage] = {}
     basis = "no earlier run in this store: the wall's lower end is unknown"
     if history is not None:
         lucky = (
@@ -109,6 +118,11 @@ def estimate_run(
         low = min(high, lucky * history.seconds / measure.replay_concurrency + optimizer)
         tokens = history.tokens * replays if history.tokens is not None else None
         cost = history.cost_usd * replays if history.cost_usd is not None else None
+        by_role = _role_spend(history, {"optimizer": optimizer_calls, "replay": replays,
+                                        "judge": replays})  # fmt: skip
+        if by_role:  # the roles add up to the whole (an old history: the whole per unit)
+            tokens = _total(by_role, "tokens")
+            cost = _total(by_role, "cost_usd")
         basis = f"typical unit {history.seconds:.2f} s from earlier runs in this store"
     checked = preflight(config, val_cases, test_cases, (b, c))
     return Estimate(
@@ -126,5 +140,42 @@ def estimate_run(
         wall_high_seconds=high,
         tokens=tokens,
         cost_usd=cost,
+        by_role=by_role,
         basis=basis,
     )
+
+
+def _role_spend(history: UnitHistory, counts: dict[str, int]) -> dict[str, Usage]:
+    """Each role's expected spend: its per-unit (per-call) spend times its count."""
+    spend = {}
+    for role, count in counts.items():
+        unit = history.by_role.get(role)
+        if unit is None:
+            continue
+        tokens = unit.tokens * count if unit.tokens is not None else None
+        cost = unit.cost_usd * count if unit.cost_usd is not None else None
+        spend[role] = Usage(tokens=tokens, cost_usd=cost)
+    return spend
+
+
+def _total(by_role: dict[str, Usage], dimension: str) -> float | None:
+    values = [getattr(usage, dimension) for usage in by_role.values()]
+    known = [value for value in values if value is not None]
+    return sum(known) if known else None
+
+
+def per_unit_by_role(report: dict[str, Any], units: int) -> dict[str, Usage]:
+    """A report's spend by role, per replay unit (per proposal for the optimizer)."""
+    by_stage = report.get("budget", {}).get("spent_by_stage", {})
+    proposals = max(1, len(report.get("funnel", [])))
+    per_role = {}
+    for role in ROLES:
+        spent = by_stage.get(role)
+        if not isinstance(spent, dict):
+            continue
+        count = proposals if role == "optimizer" else units
+        values = {d: spent.get(d) for d in ("tokens", "cost_usd")}
+        per_role[role] = Usage(
+            **{d: v / count if isinstance(v, int | float) else None for d, v in values.items()}
+        )
+    return per_role

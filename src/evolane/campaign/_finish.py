@@ -18,7 +18,7 @@ from evolane.campaign._report import ApplyRecord, BudgetRecord, Report, render_m
 from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
 from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
-from evolane.measure import LedgerSnapshot, ProgressBus, describe_limits
+from evolane.measure import ROLES, LedgerSnapshot, ProgressBus, describe_limits
 from evolane.messages import ArtifactRef, RunFinished, Usage, WarningEvent
 from evolane.sandbox import SandboxHost
 from evolane.store import write_bytes_atomic, write_json_atomic
@@ -164,6 +164,8 @@ async def finish(
             spent=ledger.spent,
             campaign_spent=campaign_spent,
             spent_by_stage=dict(ledger.spent_by_stage),
+            spent_by_role=ledger.by_role(),
+            cached={k: v for k, v in ledger.cached_by_stage.items() if k in ROLES},
             overruns=len(ledger.overruns),
         ),
         **dict(outcome.report),

@@ -14,7 +14,13 @@ from pathlib import Path
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
-from evolane.campaign._estimate import Estimate, UnitHistory, estimate_run, repetitions_for
+from evolane.campaign._estimate import (
+    Estimate,
+    UnitHistory,
+    estimate_run,
+    per_unit_by_role,
+    repetitions_for,
+)
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
 from evolane.campaign._models import check_models
 from evolane.campaign._online import OnlineBudget
@@ -471,5 +477,6 @@ def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
             seconds=report["wall_seconds"] * lanes / units,
             tokens=tokens / units if tokens else None,
             cost_usd=cost / units if cost else None,
+            by_role=per_unit_by_role(report, units),
         )
     return None

@@ -150,6 +150,10 @@ class BudgetRecord(Record):
     spent: Usage
     campaign_spent: Usage
     spent_by_stage: dict[Name, Usage] = Field(default_factory=dict, max_length=64)
+    spent_by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
+    """This run's spend by role: ``optimizer``, ``replay``, ``judge``."""
+    cached: dict[Name, int] = Field(default_factory=dict, max_length=8)
+    """Model answers taken from the response cache (free), by role."""
     overruns: int = Field(default=0, ge=0)
 
 
@@ -323,6 +327,7 @@ def render_markdown(report: Report) -> str:
     lines += [
         f"- budget spent: tokens {spent.tokens or 0:g}, cost ${spent.cost_usd or 0:.4f}, "
         f"replay wall {spent.wall_seconds or 0:.1f} s",
+        *_role_lines(report.budget),
         "",
         "## Decisions",
         "",
@@ -360,3 +365,26 @@ def render_markdown(report: Report) -> str:
             for f in report.failures[:50]
         ]
     return "\n".join(lines) + "\n"
+
+
+def _role_lines(budget: BudgetRecord) -> list[str]:
+    """Spend by role against each ceiling, as a small table (nothing when none spent)."""
+    if not budget.spent_by_role:
+        return []
+    ceilings = budget.ceilings
+    lines = [
+        "",
+        "| role | tokens | share of token ceiling | cost | share of cost ceiling | cached |",
+        "|---|---|---|---|---|---|",
+    ]
+    for role, usage in budget.spent_by_role.items():
+        tokens, cost = usage.tokens or 0.0, usage.cost_usd or 0.0
+        lines.append(
+            f"| {role} | {tokens:g} | {_share(tokens, ceilings.tokens)} | ${cost:.4f} | "
+            f"{_share(cost, ceilings.cost_usd)} | {budget.cached.get(role, 0)} |"
+        )
+    return lines
+
+
+def _share(value: float, ceiling: float | None) -> str:
+    return f"{100 * value / ceiling:.1f}%" if ceiling else "no ceiling"

@@ -22,6 +22,10 @@ from rich.table import Table
 from rich.text import Text
 
 from evolane import messages
+from evolane.cli._amounts import amount as _amount
+from evolane.cli._amounts import count as _count
+from evolane.cli._amounts import duration as _duration
+from evolane.cli._amounts import role_spend
 from evolane.cli._view import TERMINAL_STAGES, ViewState, kind_of
 from evolane.measure import Subscription
 
@@ -60,32 +64,6 @@ def resolve_mode(mode: str, stream: TextIO) -> ProgressMode:
 
 def _short(digest: str) -> str:
     return digest if len(digest) <= 19 else digest[:19] + "…"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    return f"{minutes // 60}h{minutes % 60:02d}m"
-
-
-def _count(value: float) -> str:
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.1f}{suffix}"
-    return f"{value:.0f}"
-
-
-def _amount(dimension: str, value: float | None) -> str:
-    if value is None:
-        return "?"
-    if dimension == "cost_usd":
-        return f"${value:.2f}"
-    if dimension == "wall_seconds":
-        return _duration(value)
-    return _count(value)
 
 
 def _num(value: float | None, spec: str = "+.4f") -> str:
@@ -144,6 +122,8 @@ def _estimate_text(event: messages.EstimateEvent) -> str:
         parts.append(f"~{_count(event.tokens)} tokens")
     if event.cost_usd is not None:
         parts.append(f"~${event.cost_usd:.2f}")
+    if event.by_role:
+        parts.append("by role " + role_spend(event.by_role))
     return "\n".join(["estimate: " + "; ".join(parts), *_preflight_lines(event)])
 
 
@@ -266,7 +246,8 @@ def _slots_table(state: ViewState) -> Table:
 
 def _budget_table(budget: messages.BudgetUpdate, state: ViewState, elapsed: float) -> Table:
     table = Table(title="budget", title_justify="left", pad_edge=False)
-    for column in ("dimension", "used (█ spent ▒ reserved)", "spent", "reserved", "ceiling"):
+    columns = ["dimension", "used (█ spent ▒ reserved)", "spent", "reserved", "ceiling"]
+    for column in [*columns, "by role"] if budget.by_role else columns:
         table.add_column(column, no_wrap=True)
     if state.wall_budget and state.wall_left is not None:  # elapsed, for the whole campaign
         used = state.wall_budget - state.wall_left + max(0.0, elapsed - state.wall_t)
@@ -283,7 +264,9 @@ def _budget_table(budget: messages.BudgetUpdate, state: ViewState, elapsed: floa
         if spent is None and reserved is None and ceiling is None:
             continue
         shown = bar((spent or 0) / ceiling, (reserved or 0) / ceiling) if ceiling else "no ceiling"
-        amounts = (_amount(dimension, value) for value in (spent, reserved, ceiling))
+        amounts = [_amount(dimension, value) for value in (spent, reserved, ceiling)]
+        if budget.by_role:
+            amounts.append(role_spend(budget.by_role, dimension))
         table.add_row(_DIMENSION_NAMES[dimension], shown, *amounts)
     return table
 

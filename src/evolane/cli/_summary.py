@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.console import Console
 
+from evolane.cli._amounts import role_spend
+
 
 def _ci(score: Any) -> str:
     if score is None:
@@ -60,6 +62,8 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         f"budget spent: replay wall {spent.wall_seconds or 0:.1f} s, tokens {spent.tokens or 0:g},"
         f" cost ${spent.cost_usd or 0:.4f}",
     ]
+    if report.budget.spent_by_role:
+        lines.append(f"spent by role: {role_spend(report.budget.spent_by_role)}")
     if report.message:
         lines.append(f"note: {report.message}")
     if report.apply is not None:

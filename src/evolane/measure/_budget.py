@@ -59,6 +59,8 @@ class LedgerSnapshot(Record):
     spent: Usage
     reserved: Usage
     spent_by_stage: dict[str, Usage]
+    cached_by_stage: dict[str, int] = {}
+    """Charges of answers taken from a response cache (free), by stage."""
     in_flight: int
     overruns: tuple[Overrun, ...]
     events: tuple[BudgetEvent, ...]
@@ -97,6 +99,7 @@ class Ledger:
     _by_stage: dict[str, dict[Dimension, float]] = field(default_factory=dict)
     _samples: dict[tuple[str, Dimension], deque[float]] = field(default_factory=dict)
     _crossed: set[tuple[Dimension, str]] = field(default_factory=set)
+    _cached: dict[str, int] = field(default_factory=dict)
     overruns: list[Overrun] = field(default_factory=list)
     events: list[BudgetEvent] = field(default_factory=list)
 
@@ -140,6 +143,8 @@ class Ledger:
         reserved = held.estimate if held is not None else Usage()
         before = len(self.events)
         stage_totals = self._by_stage.setdefault(stage, dict.fromkeys(DIMENSIONS, 0.0))
+        if actual.cached:
+            self._cached[stage] = self._cached.get(stage, 0) + 1
         for dimension in DIMENSIONS:
             known = actual.get(dimension)
             charged = (
@@ -208,6 +213,7 @@ class Ledger:
             spent=Usage(**self._spent),
             reserved=Usage(**{d: self.reserved(d) for d in DIMENSIONS}),
             spent_by_stage={stage: Usage(**totals) for stage, totals in self._by_stage.items()},
+            cached_by_stage=dict(self._cached),
             in_flight=len(self._held),
             overruns=tuple(self.overruns),
             events=tuple(self.events),

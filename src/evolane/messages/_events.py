@@ -71,6 +71,8 @@ class EstimateEvent(ProgressEvent):
     wall_high_seconds: float | None = Field(default=None, ge=0, le=_COUNT)
     tokens: float | None = Field(default=None, ge=0, le=_COUNT)
     cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
+    by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
+    """Tokens and dollars expected per role (optimizer, replay, judge)."""
     preflight: tuple[ShortText, ...] = Field(default=(), max_length=8)
     """What the gate can accept with these cases and repetitions, in words."""
     splits: ShortText = ""

@@ -1,0 +1,49 @@
+"""How amounts read in the live view, the estimate and the summary: durations, counts,
+tokens and dollars, and spend by role."""
+
+from __future__ import annotations
+
+from evolane import messages
+
+
+def duration(seconds: float) -> str:
+    """``42.0s``, ``3m05s``, ``2h07m``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def count(value: float) -> str:
+    """``950``, ``12.3k``, ``4.0M``."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f}{suffix}"
+    return f"{value:.0f}"
+
+
+def amount(dimension: str, value: float | None) -> str:
+    """``value`` of a budget dimension as a person reads it (``?``: unknown)."""
+    if value is None:
+        return "?"
+    if dimension == "cost_usd":
+        return f"${value:.2f}"
+    if dimension == "wall_seconds":
+        return duration(value)
+    return count(value)
+
+
+def role_spend(by_role: dict[str, messages.Usage], dimension: str | None = None) -> str:
+    """``optimizer $0.12 · replay $1.03 · judge $0.40`` (tokens where no dollars are known,
+    or ``dimension`` only)."""
+    parts = []
+    for role, usage in by_role.items():
+        shown = [
+            amount(d, usage.get(d))
+            for d in (("cost_usd", "tokens") if dimension is None else (dimension,))
+            if usage.get(d) is not None
+        ]
+        parts.append(f"{role} {' '.join(shown[:1]) or '?'}")
+    return " · ".join(parts)
