@@ -20,6 +20,7 @@ from evolane.measure._plan import (
     Finish,
     JournalReplay,
     JournalUnit,
+    JudgeDenied,
     MeasurePlan,
     Progress,
     ReplayJournaled,
@@ -125,6 +126,7 @@ class Driver:
     plan: MeasurePlan
     outcomes: dict[str, Outcome]
     deny: set[str] = field(default_factory=set)  # units whose reservation the budget denies
+    deny_judge: set[str] = field(default_factory=set)  # units whose judgement it denies
     pending: list[Action] = field(default_factory=list)
     stopped: set[str] = field(default_factory=set)
     started: dict[str, int] = field(default_factory=dict)  # StartReplay per unit
@@ -187,6 +189,8 @@ class Driver:
             outcome = self.outcomes[action.unit_id]
             return UnitReplayed(action.unit_id, replay_result(action.job, outcome, stopped))
         if isinstance(action, StartJudge):
+            if action.unit_id in self.deny_judge:
+                return JudgeDenied(action.unit_id)
             stopped = action.unit_id in self.stopped
             outcome = self.outcomes[action.unit_id]
             return UnitJudged(action.unit_id, judge_result(action.unit_id, outcome, stopped))
@@ -477,6 +481,25 @@ def test_a_budget_denial_stops_the_measurement_as_budget_limited() -> None:
     stops = kinds(driver, StopUnit)
     assert len(stops) == 1 and "m.3.0.b" in stops[0].unit_ids
     assert all(u.done for u in plan.units)
+
+
+def test_a_judge_the_budget_denies_stops_the_measurement_and_keeps_its_replay() -> None:
+    """A judge that may spend is reserved like a replay: denied, the measurement ends
+    budget-limited, the unit is cancelled (not counted; its journaled replay lets a resume
+    judge it), and no unit starts after the denial."""
+    plan = MeasurePlan(
+        make_request(sequential=False), make_settings(8), lanes=2, budgeted=True, journaled=True
+    )
+    driver = Driver(plan, {u.unit_id: Outcome() for u in plan.units}, deny_judge={"m.2.0.b"})
+    driver.run(random.Random(3))
+    summary = plan.summary(OUTPUT, 0.0)
+    denied = plan._by_id["m.2.0.b"]
+    assert summary.status == "budget_limited"
+    assert denied.status == "cancelled" and denied.note == "budget"
+    replays = [a for a in driver.log if isinstance(a, JournalReplay)]
+    assert any(a.unit_id == "m.2.0.b" for a in replays)  # its replay is on record
+    at = next(i for i, a in enumerate(driver.log) if isinstance(a, StopUnit))
+    assert not any(isinstance(a, StartReplay) for a in driver.log[at:])
 
 
 def test_a_replay_that_cannot_spawn_is_one_shared_failure() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +50,9 @@ def _judge(args: argparse.Namespace) -> int:
     case = _read_json(Path(args.case_file), "case")
     answer = _read_json(Path(args.output_dir) / "output.json", "replay output")
     verdict = score(answer, case["expected_output"], case["input"]["trace"])  # type: ignore[index]
+    usage_file = os.environ.get("EVOLANE_USAGE_FILE")
+    if usage_file:  # a rule, not a model: it costs nothing, and says so
+        Path(usage_file).write_text('{"tokens": 0, "cost_usd": 0}\n')
     print(json.dumps(verdict, sort_keys=True))
     return 0
 
