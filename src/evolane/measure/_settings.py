@@ -20,7 +20,13 @@ from evolane.inputs import (
     REPLAY_PLACEHOLDERS,
     CommandTemplate,
 )
-from evolane.lanes import Backend, LaneSettings, OptimizerSettings
+from evolane.lanes import (
+    Backend,
+    LaneSettings,
+    OptimizerSettings,
+    is_agent_spec,
+    resolve_agent,
+)
 from evolane.measure._journal import RunJournal
 from evolane.measure._limits import CommandLimits
 from evolane.measure._scheduling import SchedulerSettings
@@ -192,11 +198,19 @@ def optimizer_settings(
     backend: Backend | None = None,
     tree_limits: TreeLimits | None = None,
 ) -> OptimizerSettings:
-    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises);
+    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises),
+    or for the coding-agent preset ``agent:NAME`` (resolved on PATH: `resolve_agent`);
     ``tree_limits`` caps the workdir's walk (default: `TreeLimits()`)."""
-    template = CommandTemplate.parse(optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS)
+    agent = resolve_agent(optimizer) if is_agent_spec(optimizer) else None
+    if agent is not None:
+        template = agent.template()
+    else:
+        template = CommandTemplate.parse(
+            optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS
+        )
     return OptimizerSettings(
         template=template,
+        agent=agent,
         kill_grace=commands.kill_grace,
         pass_env=commands.pass_env,
         isolation=commands.isolation,
