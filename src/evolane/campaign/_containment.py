@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from evolane.campaign._config import CampaignConfig
 from evolane.inputs import InputError
+from evolane.lanes import optimizer_command
 from evolane.sandbox import resolve_isolation, template_paths, within
 
 
@@ -57,7 +58,7 @@ def _check_templates(config: CampaignConfig) -> None:
     templates = {
         "--replay": config.measure.replay,
         "--judge": config.measure.judge,
-        "--optimizer": config.propose.optimizer,
+        "--optimizer": optimizer_command(config.propose.optimizer),  # agent:NAME: its CLI
         "--validator": config.validator,
         "--check": config.check,
     }

@@ -1,6 +1,21 @@
 """Lanes: actors that run one unit at a time (replay, judge, optimizer) through the sandbox,
 or through an in-process backend, and answer with a typed result."""
 
+from evolane.lanes._agent_kit import AgentCall, AgentPreset, usage_document
+from evolane.lanes._agent_presets import BUILTIN_AGENTS
+from evolane.lanes._agents import (
+    AGENT_ENTRY_POINTS,
+    AGENT_PREFIX,
+    AGENT_PROMPT_BYTES,
+    AgentCommand,
+    AgentNotInstalledError,
+    AgentSpecError,
+    agent_presets,
+    agent_prompt,
+    is_agent_spec,
+    optimizer_command,
+    resolve_agent,
+)
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
 from evolane.lanes._judge import MAX_ANSWER_BYTES, JudgeLane, parse_judge_output
@@ -39,6 +54,10 @@ from evolane.lanes._scratch import (
 from evolane.lanes._stop import EARLY_STOPS_KEPT, StoppableLane, StopSwitches
 
 __all__ = [
+    "AGENT_ENTRY_POINTS",
+    "AGENT_PREFIX",
+    "AGENT_PROMPT_BYTES",
+    "BUILTIN_AGENTS",
     "EARLY_STOPS_KEPT",
     "LIMIT_FLAGS",
     "MAX_ANSWER_BYTES",
@@ -46,6 +65,11 @@ __all__ = [
     "MAX_USAGE_BYTES",
     "OUTPUT_LIMITS",
     "SIGNATURE_MAX_ENTRIES",
+    "AgentCall",
+    "AgentCommand",
+    "AgentNotInstalledError",
+    "AgentPreset",
+    "AgentSpecError",
     "Backend",
     "BackendCall",
     "JudgeLane",
@@ -58,19 +82,25 @@ __all__ = [
     "StopSwitches",
     "StoppableLane",
     "UnitScratch",
+    "agent_presets",
+    "agent_prompt",
     "check_entries",
     "collect_replay",
     "excerpt",
     "format_size",
+    "is_agent_spec",
     "limit_reason",
     "limits_hit",
     "note_limits",
+    "optimizer_command",
     "parse_judge_output",
     "read_usage",
     "replay_environment",
+    "resolve_agent",
     "run_backend",
     "run_lane_command",
     "safe_name",
     "scratch_dir",
+    "usage_document",
     "workdir_signature",
 ]

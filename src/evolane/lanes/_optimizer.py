@@ -6,6 +6,10 @@ and ``context/`` (read-only, never part of the candidate). The run is bounded by
 deadline and by an idle watchdog: no output and no file change in the workdir for
 ``idle_seconds`` stops it. An optimizer that fails or hangs costs its slot only: the lane
 answers with a `ProposeResult` and never raises for it.
+
+With ``settings.agent`` (``--optimizer agent:NAME``, `evolane.lanes._agents`) the command is
+the coding-agent CLI's: the prompt is rendered as text to ``prompt.md`` first, and the CLI's
+stdout gives the usage document (unless it wrote one) and the summary.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import orjson
 import trio
 
 from evolane.inputs import CommandTemplate, PriceTable
+from evolane.lanes._agents import AGENT_TAIL_BYTES, AgentCommand, captured_bytes
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
 from evolane.lanes._limits import note_limits
@@ -34,7 +39,15 @@ from evolane.messages import (
     ProposeJob,
     ProposeResult,
 )
-from evolane.sandbox import Isolation, Limits, ProcessOutcome, SandboxHost, SandboxSpec, View
+from evolane.sandbox import (
+    Isolation,
+    Limits,
+    OutputCaps,
+    ProcessOutcome,
+    SandboxHost,
+    SandboxSpec,
+    View,
+)
 from evolane.store import (
     BlobStore,
     StoreError,
@@ -60,6 +73,7 @@ class OptimizerSettings:
     """How the lane runs the optimizer: template, limits, grace, passed-through variables."""
 
     template: CommandTemplate | None  # {workdir} {prompt_file} {seed} {workspace}; None: backend
+    """The command; with ``agent`` it only names the agent CLI (`AgentCommand.template`)."""
     limits: Limits = field(default_factory=Limits)
     kill_grace: float = 2.0
     pass_env: tuple[str, ...] = ()
@@ -72,6 +86,8 @@ class OptimizerSettings:
     (a campaign passes its size gate's: `GateSettings.tree_limits`)."""
     prices: PriceTable | None = None
     """The run's price table: a usage document naming a model is priced by it."""
+    agent: AgentCommand | None = None
+    """A coding-agent CLI run instead of ``template`` (``--optimizer agent:NAME``)."""
 
 
 def workdir_signature(root: Path, max_entries: int = SIGNATURE_MAX_ENTRIES) -> bytes:
@@ -157,12 +173,16 @@ class OptimizerLane(StoppableLane):
         try:
             try:
                 await trio.to_thread.run_sync(scratch.prepare, self.store, job)
+                spec = None
+                if self.settings.backend is None:
+                    spec = await trio.to_thread.run_sync(self._spec, job, scratch)
             except (StoreError, OSError, ValueError) as error:
                 failure = FailureEvent.of(
                     error, owner="framework", stage="optimizer", code="prepare_failed"
                 )
                 return ProposeResult(slot_id=job.slot_id, status="failed", failure=failure)
-            outcome, idle = await self._run(job, scratch, started + job.timeout_seconds, stop)
+            deadline = started + job.timeout_seconds
+            outcome, idle = await self._run(job, scratch, spec, deadline, stop)
             result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome, idle)
             return result.model_copy(update={"wall_seconds": trio.current_time() - started})
         finally:
@@ -171,34 +191,21 @@ class OptimizerLane(StoppableLane):
                 await trio.to_thread.run_sync(scratch.remove)
 
     async def _run(
-        self, job: ProposeJob, scratch: SlotScratch, deadline: float, stop: trio.Event
+        self,
+        job: ProposeJob,
+        scratch: SlotScratch,
+        spec: SandboxSpec | None,
+        deadline: float,
+        stop: trio.Event,
     ) -> tuple[ProcessOutcome, bool]:
-        """Run the command until ``deadline`` or ``stop``; returns the outcome and whether the
-        idle watchdog stopped it."""
-        if self.settings.backend is not None:
+        """Run ``spec`` (None: the backend) until ``deadline`` or ``stop``; returns the
+        outcome and whether the idle watchdog stopped it."""
+        if spec is None:
+            assert self.settings.backend is not None
             return await self._run_backend(
                 self.settings.backend, job, scratch, deadline, stop
             ), False
         watch = _IdleWatch(scratch.workdir, job.idle_seconds, stop)
-        assert self.settings.template is not None  # no backend: a command
-        spec = SandboxSpec(
-            argv=self.settings.template.render(scratch.placeholders(job.seed)),
-            workspace=str(scratch.workdir),
-            env={
-                "EVOLANE_CONTEXT_DIR": str(scratch.context),
-                "EVOLANE_SLOT": job.slot_id,
-                "EVOLANE_SEED": str(job.seed),
-                "EVOLANE_PROMPT_FILE": str(scratch.prompt_file),
-                "EVOLANE_USAGE_FILE": str(scratch.dir / "usage.json"),
-            },
-            pass_env=self.settings.pass_env,
-            limits=self.settings.limits,
-            kill_grace=self.settings.kill_grace,
-            isolation=self.settings.isolation,
-            view=self.settings.view.model_copy(update={"own": scratch.own()}),
-            drop_root=True,
-            label="optimizer",
-        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run)
             outcome = await self.host.run(
@@ -207,6 +214,42 @@ class OptimizerLane(StoppableLane):
             outcome = note_limits(outcome, self.settings.limits)
             nursery.cancel_scope.cancel()
         return outcome, watch.fired and outcome.status == "cancelled"
+
+    def _spec(self, job: ProposeJob, scratch: SlotScratch) -> SandboxSpec:
+        """The job's sandbox spec: the command rendered, or the agent CLI's command line
+        (its prompt written to ``prompt.md`` first; blocking I/O: run it in a thread).
+        Raises ValueError or OSError when it cannot be laid out."""
+        env = {
+            "EVOLANE_CONTEXT_DIR": str(scratch.context),
+            "EVOLANE_SLOT": job.slot_id,
+            "EVOLANE_SEED": str(job.seed),
+            "EVOLANE_PROMPT_FILE": str(scratch.prompt_file),
+            "EVOLANE_USAGE_FILE": str(scratch.dir / "usage.json"),
+        }
+        agent, output = self.settings.agent, OutputCaps()
+        if agent is None:
+            assert self.settings.template is not None  # no backend: a command
+            argv = self.settings.template.render(scratch.placeholders(job.seed))
+        else:
+            call = agent.call(
+                scratch.prompt_file, scratch.prompt_text_file, scratch.workdir, scratch.context
+            )
+            argv = agent.argv(call)
+            env = {**agent.preset.env, **env}
+            output = OutputCaps(tail_bytes=AGENT_TAIL_BYTES)
+        return SandboxSpec(
+            argv=argv,
+            workspace=str(scratch.workdir),
+            env=env,
+            pass_env=self.settings.pass_env,
+            limits=self.settings.limits,
+            output=output,
+            kill_grace=self.settings.kill_grace,
+            isolation=self.settings.isolation,
+            view=self.settings.view.model_copy(update={"own": scratch.own()}),
+            drop_root=True,
+            label="optimizer",
+        )
 
     async def _run_backend(
         self,
@@ -232,6 +275,12 @@ class OptimizerLane(StoppableLane):
     def _collect(
         self, job: ProposeJob, scratch: SlotScratch, outcome: ProcessOutcome, idle: bool
     ) -> ProposeResult:
+        summary = _summary(outcome)
+        if self.settings.agent is not None:
+            out = outcome.stdout
+            stdout = captured_bytes(out.head, out.tail, out.truncated)
+            self.settings.agent.record_usage(scratch.dir / "usage.json", stdout)
+            summary = self.settings.agent.summary(stdout)
         usage, _ = read_usage(scratch.dir / "usage.json", outcome, self.settings.prices)
         base = {
             "slot_id": job.slot_id,
@@ -246,10 +295,8 @@ class OptimizerLane(StoppableLane):
         if gate is None and isinstance(tree, FailureEvent):
             return ProposeResult(status="failed", failure=tree, **base)
         if gate is None:
-            return ProposeResult(
-                status="succeeded", tree_ref=tree, summary=_summary(outcome), **base
-            )
-        return ProposeResult(status="rejected", gate=gate, summary=_summary(outcome), **base)
+            return ProposeResult(status="succeeded", tree_ref=tree, summary=summary, **base)
+        return ProposeResult(status="rejected", gate=gate, summary=summary, **base)
 
     def _gate_and_store(
         self, job: ProposeJob, scratch: SlotScratch

@@ -96,12 +96,14 @@ class UnitScratch:
 
 
 class SlotScratch:
-    """One job's directory: workdir/, prompt.json, context/ (read-only), usage.json."""
+    """One job's directory: workdir/, prompt.json, context/ (read-only), usage.json, and for
+    a coding-agent CLI prompt.md (the prompt as text, read-only)."""
 
     def __init__(self, host: SandboxHost, slot_id: str) -> None:
         self.dir = scratch_dir(host, "optimizer", slot_id)
         self.workdir, self.context = self.dir / "workdir", self.dir / "context"
         self.prompt_file = self.dir / "prompt.json"
+        self.prompt_text_file = self.dir / "prompt.md"
 
     def prepare(self, store: BlobStore, job: ProposeJob) -> None:
         """Lay the job out (blocking I/O: run it in a thread)."""
@@ -126,12 +128,12 @@ class SlotScratch:
 
     def own(self) -> tuple[tuple[str, bool], ...]:
         """What a confined optimizer sees of its job: the directory, writable (its workdir
-        and usage file), with the context folder and the prompt read-only over it."""
-        return (
-            (str(self.dir), True),
-            (str(self.context), False),
-            (str(self.prompt_file), False),
-        )
+        and usage file), with the context folder and the prompt (and prompt.md, once
+        written) read-only over it."""
+        shown = [(str(self.dir), True), (str(self.context), False), (str(self.prompt_file), False)]
+        if self.prompt_text_file.is_file():
+            shown.append((str(self.prompt_text_file), False))
+        return tuple(shown)
 
     def remove(self) -> None:
         remove_tree(self.dir)  # read-only folders are made writable as it goes

@@ -22,7 +22,13 @@ from evolane.inputs import (
     PriceTable,
     llm_model,
 )
-from evolane.lanes import Backend, LaneSettings, OptimizerSettings
+from evolane.lanes import (
+    Backend,
+    LaneSettings,
+    OptimizerSettings,
+    is_agent_spec,
+    resolve_agent,
+)
 from evolane.measure._journal import RunJournal
 from evolane.measure._limits import CommandLimits
 from evolane.measure._scheduling import SchedulerSettings
@@ -241,16 +247,21 @@ def optimizer_settings(
     tree_limits: TreeLimits | None = None,
     prices: PriceTable | None = None,
 ) -> OptimizerSettings:
-    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises;
-    ``llm:MODEL`` has no template, its ``backend`` is the model); ``tree_limits`` caps the
+    """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises),
+    the coding-agent preset ``agent:NAME`` (resolved on PATH: `resolve_agent`) or
+    ``llm:MODEL`` (no template: its ``backend`` is the model); ``tree_limits`` caps the
     workdir's walk (default: `TreeLimits()`)."""
+    agent = resolve_agent(optimizer) if is_agent_spec(optimizer) else None
     template = None
-    if llm_model(optimizer, "--optimizer") is None:
+    if agent is not None:
+        template = agent.template()
+    elif llm_model(optimizer, "--optimizer") is None:
         template = CommandTemplate.parse(
             optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS
         )
     return OptimizerSettings(
         template=template,
+        agent=agent,
         kill_grace=commands.kill_grace,
         pass_env=commands.pass_env,
         isolation=commands.isolation,
