@@ -1,5 +1,6 @@
 """Lanes: actors that run one unit at a time (replay, judge, optimizer) through the sandbox,
-or through an in-process backend, and answer with a typed result."""
+or through an in-process backend, and answer with a typed result. The built-in model
+backends (`llm_judge`, `llm_optimizer`) call OpenAI-compatible endpoints through `chat`."""
 
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
@@ -11,6 +12,11 @@ from evolane.lanes._limits import (
     limits_hit,
     note_limits,
 )
+from evolane.lanes._llm import ChatAnswer, Endpoint, ModelError, chat, usage_document
+from evolane.lanes._llm_edits import EDIT_FORMAT, Edit, EditError, apply_edits, parse_edits
+from evolane.lanes._llm_judge import MalformedVerdictError, llm_judge, parse_verdict
+from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_snapshot
+from evolane.lanes._llm_optimizer import llm_optimizer
 from evolane.lanes._optimizer import (
     SIGNATURE_MAX_ENTRIES,
     OptimizerLane,
@@ -40,16 +46,25 @@ from evolane.lanes._stop import EARLY_STOPS_KEPT, StoppableLane, StopSwitches
 
 __all__ = [
     "EARLY_STOPS_KEPT",
+    "EDIT_FORMAT",
     "LIMIT_FLAGS",
     "MAX_ANSWER_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_USAGE_BYTES",
     "OUTPUT_LIMITS",
     "SIGNATURE_MAX_ENTRIES",
+    "AdaptiveLimiter",
     "Backend",
     "BackendCall",
+    "ChatAnswer",
+    "Edit",
+    "EditError",
+    "Endpoint",
     "JudgeLane",
     "LaneSettings",
+    "LimiterSettings",
+    "MalformedVerdictError",
+    "ModelError",
     "OptimizerLane",
     "OptimizerSettings",
     "ReplayLane",
@@ -58,19 +73,27 @@ __all__ = [
     "StopSwitches",
     "StoppableLane",
     "UnitScratch",
+    "apply_edits",
+    "chat",
     "check_entries",
     "collect_replay",
     "excerpt",
     "format_size",
     "limit_reason",
+    "limiter_snapshot",
     "limits_hit",
+    "llm_judge",
+    "llm_optimizer",
     "note_limits",
+    "parse_edits",
     "parse_judge_output",
+    "parse_verdict",
     "read_usage",
     "replay_environment",
     "run_backend",
     "run_lane_command",
     "safe_name",
     "scratch_dir",
+    "usage_document",
     "workdir_signature",
 ]

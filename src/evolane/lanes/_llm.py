@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import orjson
 import trio
 
+from evolane.lanes._backends import BackendCall
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_for
 from evolane.store import StoreError, read_regular_file, write_bytes_atomic
 
@@ -110,6 +111,13 @@ def add_usage(total: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, A
         total["cached_input_tokens"] + more["cached_input_tokens"],
         cached=bool(total["cached"] and more["cached"]),
     )
+
+
+def write_usage(call: BackendCall, usage: dict[str, Any]) -> None:
+    """Meter ``usage`` in ``call.usage_file`` (for a backend about to raise: `run_backend`
+    writes the usage of a returned value only)."""
+    if call.usage_file is not None:
+        call.usage_file.write_bytes(orjson.dumps(usage))
 
 
 def api_key(endpoint: Endpoint) -> str:

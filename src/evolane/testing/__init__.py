@@ -1,7 +1,9 @@
 """Test support for evolane and its users: leak detection, hostile process trees, seeded
-fault injection (`Chaos`), and a pytest plugin (`evolane.testing.plugin`)."""
+fault injection (`Chaos`), a chat-completions stub server for the model backends
+(`ChatStub`), and a pytest plugin (`evolane.testing.plugin`)."""
 
 from evolane.testing._chaos import Chaos, ChaosFault
+from evolane.testing._chat_stub import ChatStub, StubRule, StubScript, StubStats
 from evolane.testing._leaks import (
     LEASE_VARIABLE,
     descendants,
@@ -18,6 +20,10 @@ __all__ = [
     "POLITE_TREE_SH",
     "Chaos",
     "ChaosFault",
+    "ChatStub",
+    "StubRule",
+    "StubScript",
+    "StubStats",
     "descendants",
     "kill_processes",
     "leaked_processes",

@@ -14,6 +14,7 @@ It records every request and the most requests it had in flight at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -142,10 +143,8 @@ class _Handler(BaseHTTPRequestHandler):
         for name, text in (headers or {}).items():
             self.send_header(name, text)
         self.end_headers()
-        try:
+        with contextlib.suppress(OSError):
             self.wfile.write(data)
-        except OSError:
-            pass
 
 
 def _completion(body: dict[str, Any], content: str, script: StubScript) -> dict[str, Any]:
