@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from evolane.lanes import (
+    AdaptiveLimiter,
     BackendCall,
     Endpoint,
     LimiterSettings,
@@ -357,3 +358,64 @@ async def test_the_stub_runs_as_a_process(tmp_path: Path) -> None:
         process.terminate()
         process.wait(timeout=LIMIT)
     assert process.returncode == 0
+
+
+async def test_a_transient_failure_is_retried_and_a_bad_request_is_not(
+    chat_stub: ChatStub,
+) -> None:
+    messages = [{"role": "user", "content": "x"}]
+    chat_stub.script.fail_count = 2  # two 500s, then an answer
+    answer = await chat(
+        Endpoint("m", base_url=chat_stub.base_url, retries=2),
+        messages,
+        seed=0,
+        sample=0,
+        deadline=trio.current_time() + LIMIT,
+    )
+    assert answer.usage["tokens"] == 15 and chat_stub.stats.requests == 3
+    chat_stub.script.fail_count, chat_stub.script.fail_status = 5, 503
+    with pytest.raises(ModelError, match=r"failed \(HTTP 503\)"):
+        await chat(
+            Endpoint("m", base_url=chat_stub.base_url, retries=1),
+            messages,
+            seed=0,
+            sample=1,
+            deadline=trio.current_time() + LIMIT,
+        )
+    assert chat_stub.stats.requests == 5
+    chat_stub.script.fail_count, chat_stub.script.fail_status = 1, 400
+    with pytest.raises(ModelError, match=r"failed \(HTTP 400\)"):
+        await chat(
+            Endpoint("m", base_url=chat_stub.base_url),
+            messages,
+            seed=0,
+            sample=2,
+            deadline=trio.current_time() + LIMIT,
+        )
+    assert chat_stub.stats.requests == 6  # not retried
+
+
+async def test_the_limiter_halves_once_per_window_and_honours_retry_after() -> None:
+    limiter = AdaptiveLimiter("unit", LimiterSettings(initial=8, maximum=9, minimum=1))
+    async with limiter.slot() as first, limiter.slot() as second:
+        assert limiter.in_flight == 2
+        limiter.rate_limited(first, None)
+        limiter.rate_limited(second, None)  # admitted before the decrease: no second halving
+    assert list(limiter.history) == [8, 4]
+    for _ in range(4):
+        limiter.succeeded()
+    assert limiter.limit == 5
+    async with limiter.slot() as third:
+        limiter.rate_limited(third, 30.0)  # Retry-After: 30 s
+    assert limiter.limit == 2 and limiter.snapshot()["paused_for"] > 0
+    with trio.move_on_after(0.2) as waited:
+        async with limiter.slot():
+            pass
+    assert waited.cancelled_caught  # a new caller waits for the pause (far longer than 0.2 s)
+    assert limiter.in_flight == 0
+    limiter.resume_at = 0.0
+    async with limiter.slot(), limiter.slot():
+        with trio.move_on_after(0.2) as full:
+            async with limiter.slot():
+                pass
+        assert full.cancelled_caught  # a third caller waits while the limit is 2

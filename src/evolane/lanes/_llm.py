@@ -32,11 +32,11 @@ from evolane.store import StoreError, read_regular_file, write_bytes_atomic
 EXTRA_HINT = "the llm backends need the extra: pip install 'evolane[llm]'"
 RATE_LIMIT_TRIES = 100
 """429 answers one call accepts before it gives up (the deadline usually ends it first)."""
-DEFAULT_RATE_LIMIT_PAUSE = 1.0
+RATE_LIMIT_RETRY_INTERVAL = 1.0
 """Seconds new callers wait after a 429 that says no ``Retry-After``."""
-BACKOFF_BASE = 0.25
-BACKOFF_MAX = 4.0
-"""A transient failure's n-th retry waits ``min(BACKOFF_BASE * 2**n, BACKOFF_MAX)`` seconds."""
+RETRY_INTERVAL = 0.25
+MAX_RETRY_INTERVAL = 4.0
+"""A transient failure's n-th retry waits ``min(RETRY_INTERVAL * 2**n, MAX_RETRY_INTERVAL)``."""
 CACHE_ENTRY_BYTES = 4 << 20
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SDK_DEFAULT_URL = "sdk-default"  # the limiter key of an endpoint without a base_url
@@ -277,17 +277,17 @@ async def _ask(
                 if rate_limits >= RATE_LIMIT_TRIES:
                     raise ModelError(_describe(endpoint, error, "rate limited")) from None
                 continue
-            except (openai.APIConnectionError, openai.APIStatusError) as error:
+            except openai.APIError as error:
                 failure = error
             else:
                 limiter.succeeded()
                 return _answer(endpoint, response)
         if isinstance(failure, openai.APITimeoutError) and trio.current_time() >= deadline:
             await trio.sleep_until(deadline)  # the deadline's own cancellation ends the call
-        if not _transient(failure) or failures >= endpoint.retries:
+        if not _transient(openai, failure) or failures >= endpoint.retries:
             raise ModelError(_describe(endpoint, failure, "failed"))
         failures += 1
-        await trio.sleep(min(BACKOFF_BASE * 2 ** (failures - 1), BACKOFF_MAX))
+        await trio.sleep(min(RETRY_INTERVAL * 2 ** (failures - 1), MAX_RETRY_INTERVAL))
 
 
 def _request_timeout(endpoint: Endpoint, deadline: float) -> float | None:
@@ -296,14 +296,17 @@ def _request_timeout(endpoint: Endpoint, deadline: float) -> float | None:
     return None if math.isinf(timeout) else max(timeout, 0.001)
 
 
-def _transient(error: Exception) -> bool:
+def _transient(openai: Any, error: Exception | None) -> bool:
+    """A connection error, a request timeout, 408, 409 or 5xx: worth asking again."""
+    if isinstance(error, openai.APIConnectionError):
+        return True
     status = getattr(error, "status_code", None)
-    return status is None or status in (408, 409) or status >= 500
+    return isinstance(status, int) and (status in (408, 409) or status >= 500)
 
 
 def _retry_after(headers: Any) -> float:
     """Seconds the server asks callers to wait: ``retry-after-ms``, or ``retry-after`` as
-    seconds or an HTTP date; `DEFAULT_RATE_LIMIT_PAUSE` when it says nothing usable."""
+    seconds or an HTTP date; `RATE_LIMIT_RETRY_INTERVAL` when it says nothing usable."""
     try:
         if headers.get("retry-after-ms") is not None:
             return float(headers["retry-after-ms"]) / 1000
@@ -316,7 +319,7 @@ def _retry_after(headers: Any) -> float:
                 return max(0.0, when - time.time())
     except (ValueError, TypeError):
         pass
-    return DEFAULT_RATE_LIMIT_PAUSE
+    return RATE_LIMIT_RETRY_INTERVAL
 
 
 def _describe(endpoint: Endpoint, error: Exception, what: str) -> str:

@@ -63,7 +63,9 @@ def parse_verdict(text: str) -> tuple[float, str]:
     raise MalformedVerdictError(f"the answer is not JSON: {text[:200]!r}")
 
 
-def judge_messages(rubric: str, case: dict[str, Any] | None, output_dir: Path | None) -> list:
+def judge_messages(
+    rubric: str, case: dict[str, Any] | None, output_dir: Path | None
+) -> list[dict[str, str]]:
     """The chat messages for one judgement (reads bounded excerpts of ``output_dir``)."""
     case_text = orjson.dumps(case or {}, option=orjson.OPT_INDENT_2)[:CASE_BYTES]
     output = "(no output)"
@@ -85,7 +87,12 @@ def judge_messages(rubric: str, case: dict[str, Any] | None, output_dir: Path | 
 
 
 async def _sample(
-    endpoint: Endpoint, messages: list, seed: int, sample: int, deadline: float, spent: list
+    endpoint: Endpoint,
+    messages: list[dict[str, str]],
+    seed: int,
+    sample: int,
+    deadline: float,
+    spent: list[dict[str, Any]],
 ) -> tuple[float, str]:
     """One sample's verdict, asking again after a malformed answer; each answer's usage is
     appended to ``spent`` as it comes."""

@@ -16,7 +16,7 @@ import trio
 
 HISTORY_KEPT = 1024
 """Limit changes a limiter remembers (for tests and the live view)."""
-MAX_RETRY_AFTER = 60.0
+MAX_PAUSE_INTERVAL = 60.0
 """The longest pause a server's ``Retry-After`` may impose on new callers (seconds)."""
 
 
@@ -84,7 +84,7 @@ class AdaptiveLimiter:
         the last decrease) and pause new callers for ``retry_after`` seconds."""
         self.rate_limits += 1
         if retry_after is not None and retry_after > 0:
-            until = time.monotonic() + min(retry_after, MAX_RETRY_AFTER)
+            until = time.monotonic() + min(retry_after, MAX_PAUSE_INTERVAL)
             self.resume_at = max(self.resume_at, until)
         if ticket.epoch == self.epoch:
             self.epoch += 1

@@ -52,6 +52,9 @@ class StubScript:
     rate_limit_count: int = 0
     retry_after: float = 0.0
     hang: bool = False
+    fail_count: int = 0
+    """The first N requests (after any 429s) are answered ``fail_status``."""
+    fail_status: int = 500
     rules: list[StubRule] = field(default_factory=list)
     contents: list[str] = field(default_factory=list)
     """A queue of contents, answered in order before the rules and the default."""
@@ -103,12 +106,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return
         stub = self.server.stub
-        script, limited = stub.admit(body)
+        script, limited, failed = stub.admit(body)
         try:
             if limited:
                 headers = {"Retry-After": str(script.retry_after)}
                 headers["retry-after-ms"] = str(int(script.retry_after * 1000))
                 self._send(429, {"error": {"message": "rate limited", "type": "rate"}}, headers)
+                return
+            if failed:
+                self._send(script.fail_status, {"error": {"message": "scripted failure"}})
                 return
             wait = float("inf") if script.hang else script.latency
             if not self._wait(wait):
@@ -223,8 +229,9 @@ class ChatStub:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def admit(self, body: dict[str, Any]) -> tuple[StubScript, bool]:
-        """Count a request in; True when it is to be answered 429."""
+    def admit(self, body: dict[str, Any]) -> tuple[StubScript, bool, bool]:
+        """Count a request in; whether it is to be answered 429, and whether with a
+        scripted failure."""
         with self._lock:
             script, stats = self.script, self.stats
             stats.requests += 1
@@ -238,10 +245,12 @@ class ChatStub:
             elif script.rate_limit_fraction > 0:
                 limited = self._rng.random() < script.rate_limit_fraction
             stats.rate_limited += limited
+            failed = not limited and script.fail_count > 0
+            script.fail_count -= failed
             if self.record is not None:
                 with self.record.open("a") as out:
                     out.write(json.dumps({"body": body, "rate_limited": limited}) + "\n")
-            return script, limited
+            return script, limited, failed
 
     def content_for(self, body: dict[str, Any]) -> str:
         """The scripted content for a request: the queue first, then the first rule whose
