@@ -148,10 +148,12 @@ async def test_samples_are_averaged_and_a_rerun_is_served_from_the_cache(
 async def test_a_malformed_verdict_is_asked_again(chat_stub: ChatStub, tmp_path: Path) -> None:
     chat_stub.script.contents = ["I think it is good.", '{"score": 2}', '{"score": 0.5}']
     call = _judge_call(tmp_path)
-    outcome = await _run(llm_judge(Endpoint("m", base_url=chat_stub.base_url), RUBRIC), call)
+    endpoint = Endpoint("m", base_url=chat_stub.base_url, cache_dir=tmp_path / "cache")
+    outcome = await _run(llm_judge(endpoint, RUBRIC), call)
     assert orjson.loads(outcome.stdout.head)["score"] == 0.5
     assert chat_stub.stats.requests == 3
     assert _usage(call)["tokens"] == 45  # the rejected answers cost tokens too
+    assert len(list((tmp_path / "cache").rglob("*.json"))) == 1  # only the valid one is kept
 
 
 async def test_a_judge_that_never_answers_validly_fails_and_meters(

@@ -12,11 +12,13 @@ request and is never stored in evolane's objects, files or messages.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import hashlib
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,14 @@ class Endpoint:
     initial_concurrency: int = 8
     max_concurrency: int = 64
     """The AIMD limit of the endpoint's calls in flight starts and tops out here."""
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ValueError(f"retries must be 0 or more, not {self.retries}")
+        if not 1 <= self.initial_concurrency <= self.max_concurrency:
+            raise ValueError("need 1 <= initial_concurrency <= max_concurrency")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"timeout must be positive, not {self.timeout}")
 
     @property
     def key(self) -> str:
@@ -227,10 +237,15 @@ async def chat(
     sample: int,
     deadline: float,
     attempt: int = 0,
+    cache_if: Callable[[str], object] | None = None,
 ) -> ChatAnswer:
     """Ask ``endpoint`` once (``sample``: which of several answers to the same question,
     ``attempt``: which retry of a rejected answer; both are part of the cache key and of the
     API seed, so repeated samples never collapse into one).
+
+    With ``endpoint.cache_dir``, a new answer is kept there unless ``cache_if(text)`` raises
+    (an answer its caller rejects is asked afresh next time); a cache that cannot be written
+    is skipped, the answer still returned.
 
     ``deadline`` is on the trio clock (``math.inf``: none). Raises `ModelError` when the call
     fails for good or no answer came by the deadline (when an enclosing cancel scope has the
@@ -252,9 +267,20 @@ async def chat(
         answer = await _ask(client, limiter, endpoint, body, deadline)
     if answer is None:
         raise ModelError(f"no answer from {endpoint.model} by the deadline")
-    if endpoint.cache_dir is not None:
-        await trio.to_thread.run_sync(_cache_write, endpoint.cache_dir, key, answer.text)
+    if endpoint.cache_dir is not None and _acceptable(cache_if, answer.text):
+        with contextlib.suppress(OSError):
+            await trio.to_thread.run_sync(_cache_write, endpoint.cache_dir, key, answer.text)
     return answer
+
+
+def _acceptable(check: Callable[[str], object] | None, text: str) -> bool:
+    if check is None:
+        return True
+    try:
+        check(text)
+    except Exception:
+        return False
+    return True
 
 
 async def _ask(

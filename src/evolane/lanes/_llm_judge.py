@@ -98,7 +98,13 @@ async def _sample(
     appended to ``spent`` as it comes."""
     for attempt in range(MALFORMED_RETRIES + 1):
         answer = await chat(
-            endpoint, messages, seed=seed, sample=sample, deadline=deadline, attempt=attempt
+            endpoint,
+            messages,
+            seed=seed,
+            sample=sample,
+            deadline=deadline,
+            attempt=attempt,
+            cache_if=parse_verdict,  # a malformed verdict is not kept
         )
         spent.append(answer.usage)
         try:

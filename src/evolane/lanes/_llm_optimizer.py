@@ -79,7 +79,13 @@ def llm_optimizer(endpoint: Endpoint) -> Backend:
         try:
             for attempt in range(EDIT_RETRIES + 1):
                 answer = await chat(
-                    endpoint, messages, seed=call.seed, sample=0, deadline=deadline, attempt=attempt
+                    endpoint,
+                    messages,
+                    seed=call.seed,
+                    sample=0,
+                    deadline=deadline,
+                    attempt=attempt,
+                    cache_if=parse_edits,  # an answer that does not parse is not kept
                 )
                 usage = add_usage(usage, answer.usage)
                 try:
