@@ -421,3 +421,35 @@ async def test_the_limiter_halves_once_per_window_and_honours_retry_after() -> N
             async with limiter.slot():
                 pass
         assert full.cancelled_caught  # a third caller waits while the limit is 2
+
+
+async def test_a_campaign_runs_on_the_model_backends(chat_stub: ChatStub, tmp_path: Path) -> None:
+    """End to end through the embedding API: the stub's optimizer answer fixes every val case
+    (whole files), its judge gives 1 to an output of "yes" and 0 otherwise."""
+    import evolane
+    from evolane.embed import Backends, OptimizeRequest
+    from tests.campaign_helpers import toy_config, write_toy
+
+    paths = write_toy(tmp_path, {})
+    fixes = "".join(_file_block(f"val{index:02d}", '"yes"') for index in range(12))
+    chat_stub.script.rules = [
+        StubRule(match="--- file: REQUIRED", content=f"SUMMARY: all yes\n{fixes}"),
+        StubRule(match='output.json ---\n"yes"', content='{"score": 1, "reason": "yes"}'),
+        StubRule(match="output.json ---", content='{"score": 0, "reason": "no"}'),
+    ]
+    endpoint = Endpoint("m", base_url=chat_stub.base_url)
+    config = toy_config(paths, judge="backend:llm", optimizer="backend:llm", iterations=1)
+    backends = Backends(
+        judge=llm_judge(endpoint, "1 when the output is yes"), optimizer=llm_optimizer(endpoint)
+    )
+    with trio.fail_after(120):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
+    assert report.status == "finished"
+    assert report.scores.best_val is not None and report.scores.baseline_val is not None
+    assert report.scores.best_val.mean > report.scores.baseline_val.mean
+    assert [f.optimizer for f in report.funnel] == ["all yes"] * len(report.funnel)
+
+
+def _file_block(path: str, content: str) -> str:
+    return f"=== FILE: {path} ===\n{content}\n=== END FILE ===\n"
