@@ -11,7 +11,13 @@ import pytest
 
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.store import BlobStore
-from evolane.testing import LEASE_VARIABLE, descendants, kill_processes, leaked_processes
+from evolane.testing import (
+    LEASE_VARIABLE,
+    ChatStub,
+    descendants,
+    kill_processes,
+    leaked_processes,
+)
 
 pytest_plugins = ["pytester"]
 
@@ -42,3 +48,11 @@ async def host(tmp_path: Path, store: BlobStore) -> AsyncIterator[SandboxHost]:
     """A sandbox host in the test's tmp dir, writing captures to ``store``."""
     async with open_sandbox(tmp_path / "sandbox", store=store) as opened:
         yield opened
+
+
+@pytest.fixture
+def chat_stub() -> Iterator[ChatStub]:
+    """A chat-completions server on 127.0.0.1 in a background thread; change ``.script``
+    to script its answers, read ``.stats`` for what it saw."""
+    with ChatStub() as stub:
+        yield stub

@@ -1,7 +1,8 @@
 """Lanes: actors that run one unit at a time (replay, judge, optimizer) through the sandbox,
-or through an in-process backend, and answer with a typed result."""
+or through an in-process backend, and answer with a typed result. The built-in model
+backends (`llm_judge`, `llm_optimizer`) call OpenAI-compatible endpoints through `chat`."""
 
-from evolane.lanes._agent_kit import AgentCall, AgentPreset, usage_document
+from evolane.lanes._agent_kit import AgentCall, AgentPreset
 from evolane.lanes._agent_presets import BUILTIN_AGENTS
 from evolane.lanes._agents import (
     AGENT_ENTRY_POINTS,
@@ -26,6 +27,11 @@ from evolane.lanes._limits import (
     limits_hit,
     note_limits,
 )
+from evolane.lanes._llm import ChatAnswer, Endpoint, ModelError, chat
+from evolane.lanes._llm_edits import EDIT_FORMAT, Edit, EditError, apply_edits, parse_edits
+from evolane.lanes._llm_judge import MalformedVerdictError, llm_judge, parse_verdict
+from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_snapshot
+from evolane.lanes._llm_optimizer import llm_optimizer
 from evolane.lanes._optimizer import (
     SIGNATURE_MAX_ENTRIES,
     OptimizerLane,
@@ -52,6 +58,7 @@ from evolane.lanes._scratch import (
     scratch_dir,
 )
 from evolane.lanes._stop import EARLY_STOPS_KEPT, StoppableLane, StopSwitches
+from evolane.lanes._usage import usage_document
 
 __all__ = [
     "AGENT_ENTRY_POINTS",
@@ -59,12 +66,14 @@ __all__ = [
     "AGENT_PROMPT_BYTES",
     "BUILTIN_AGENTS",
     "EARLY_STOPS_KEPT",
+    "EDIT_FORMAT",
     "LIMIT_FLAGS",
     "MAX_ANSWER_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_USAGE_BYTES",
     "OUTPUT_LIMITS",
     "SIGNATURE_MAX_ENTRIES",
+    "AdaptiveLimiter",
     "AgentCall",
     "AgentCommand",
     "AgentNotInstalledError",
@@ -72,8 +81,15 @@ __all__ = [
     "AgentSpecError",
     "Backend",
     "BackendCall",
+    "ChatAnswer",
+    "Edit",
+    "EditError",
+    "Endpoint",
     "JudgeLane",
     "LaneSettings",
+    "LimiterSettings",
+    "MalformedVerdictError",
+    "ModelError",
     "OptimizerLane",
     "OptimizerSettings",
     "ReplayLane",
@@ -84,16 +100,23 @@ __all__ = [
     "UnitScratch",
     "agent_presets",
     "agent_prompt",
+    "apply_edits",
+    "chat",
     "check_entries",
     "collect_replay",
     "excerpt",
     "format_size",
     "is_agent_spec",
     "limit_reason",
+    "limiter_snapshot",
     "limits_hit",
+    "llm_judge",
+    "llm_optimizer",
     "note_limits",
     "optimizer_command",
+    "parse_edits",
     "parse_judge_output",
+    "parse_verdict",
     "read_usage",
     "replay_environment",
     "resolve_agent",

@@ -107,37 +107,6 @@ def field_of(value: object, *path: str) -> object:
     return value
 
 
-def usage_document(
-    input_tokens: int | None,
-    output_tokens: int | None,
-    *,
-    cached_input_tokens: int | None = None,
-    cost_usd: float | None = None,
-    model: str | None = None,
-) -> dict[str, Any] | None:
-    """The usage document a command writes to ``usage.json``: ``tokens`` (input + output)
-    and ``cost_usd`` when known, with ``model``, ``input_tokens``, ``output_tokens`` and
-    ``cached_input_tokens`` (a part of the input) when reported. None when nothing is known.
-
-    A document without ``cost_usd`` leaves the spend unknown to `read_usage` (fail-closed)."""
-    if input_tokens is None and output_tokens is None and cost_usd is None:
-        return None
-    document: dict[str, Any] = {}
-    if input_tokens is not None or output_tokens is not None:
-        document["tokens"] = (input_tokens or 0) + (output_tokens or 0)
-    for key, value in (
-        ("input_tokens", input_tokens),
-        ("output_tokens", output_tokens),
-        ("cached_input_tokens", cached_input_tokens),
-        ("cost_usd", cost_usd),
-    ):
-        if value is not None:
-            document[key] = value
-    if isinstance(model, str) and model:
-        document["model"] = model[:SUMMARY_CHARS]
-    return document
-
-
 def one_line(text: object) -> str:
     """The first non-empty line of ``text`` (a str), stripped and cut; "" otherwise."""
     if not isinstance(text, str):

@@ -23,8 +23,8 @@ from evolane.lanes._agent_kit import (
     field_of,
     json_objects,
     one_line,
-    usage_document,
 )
+from evolane.lanes._usage import usage_document
 
 CLAUDE_MAX_TURNS = 40
 """Claude Code's ``--max-turns``: agentic turns per optimizer call (the deadline bounds it too)."""

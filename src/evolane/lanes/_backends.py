@@ -53,6 +53,8 @@ class BackendCall:
     context_dir: Path | None = None
     usage_file: Path | None = None
     """Where the call's usage document goes (the command's ``$EVOLANE_USAGE_FILE``)."""
+    attempt: int = 1
+    """The lane's attempt at this job (a judge retried after a failure asks afresh)."""
 
 
 Backend = Callable[[BackendCall], Awaitable[Any]]

@@ -51,7 +51,7 @@ class _Verdict:
     usage_complete: bool = True
 
 
-def add_usage(total: Usage, part: Usage) -> Usage:
+def _sum_usage(total: Usage, part: Usage) -> Usage:
     """``total`` plus ``part`` per dimension (unknown stays unknown only where both are)."""
     values = {}
     for name in ("tokens", "cost_usd", "wall_seconds"):
@@ -118,7 +118,7 @@ class JudgeLane(CommandLane):
             while True:
                 attempt += 1
                 source, verdict = await self._attempt(job, attempt, deadline, stop)
-                usage = add_usage(usage, verdict.usage)
+                usage = _sum_usage(usage, verdict.usage)
                 complete = complete and verdict.usage_complete
                 if verdict.failure is None or attempt > self.settings.retries or stop.is_set():
                     break

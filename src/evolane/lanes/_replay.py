@@ -116,6 +116,7 @@ async def run_lane_command(
             candidate=scratch.candidate if scratch.candidate.exists() else None,
             output_dir=scratch.out,
             usage_file=scratch.usage_file(label),
+            attempt=scratch.attempt,
         )
         return await run_backend(settings.backend, call, deadline, stop)
     spec = SandboxSpec(

@@ -42,7 +42,7 @@ class UnitScratch:
     """A unit's directory under the sandbox root: case.json, candidate/, work/, out/."""
 
     def __init__(self, host: SandboxHost, store: BlobStore, unit_id: str, attempt: int) -> None:
-        self.store = store
+        self.store, self.attempt = store, attempt
         self.dir = scratch_dir(host, "units", f"{unit_id}.{attempt}")
         self.case_file, self.candidate = self.dir / "case.json", self.dir / "candidate"
         self.work, self.out = self.dir / "work", self.dir / "out"

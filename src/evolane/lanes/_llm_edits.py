@@ -1,0 +1,254 @@
+"""Edits in a model's answer, parsed and applied inside a workdir only.
+
+The format (told to the model by `EDIT_FORMAT`), each marker a whole line:
+
+    SUMMARY: one line saying what changed
+    === FILE: path/inside/the/folder ===
+    the whole new content of the file
+    === END FILE ===
+    === EDIT: path/inside/the/folder ===
+    <<<<<<< SEARCH
+    lines exactly as they are now
+    =======
+    the lines to put in their place
+    >>>>>>> REPLACE
+    === END EDIT ===
+
+An EDIT holds one or more SEARCH/REPLACE blocks; the search text must match whole lines,
+exactly once. Text outside the blocks is ignored (the summary is the ``SUMMARY:`` line).
+A FILE block's content is taken verbatim (it cannot hold its own end marker line).
+
+Applying is atomic: every edit is checked and computed first, and one that cannot apply
+(path outside the folder, through or onto a symlink, a binary file, search text missing or
+ambiguous) raises `EditError` naming it, with nothing written. Edits apply in order, so
+later edits see earlier ones.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from evolane.store import StoreError, read_regular_file, write_bytes_atomic
+
+MAX_EDIT_FILE_BYTES = 1 << 20
+"""The largest file an edit may read (a larger one is refused, not cut)."""
+MAX_PATH_CHARS = 512
+
+EDIT_FORMAT = """Answer with edits in exactly this format (each marker alone on its line):
+
+SUMMARY: one line saying what you changed and why
+=== FILE: relative/path ===
+the complete new content of a file (a new file, or a whole rewrite)
+=== END FILE ===
+=== EDIT: relative/path ===
+<<<<<<< SEARCH
+lines copied exactly from the current file (whole lines, found exactly once)
+=======
+the lines that replace them
+>>>>>>> REPLACE
+=== END EDIT ===
+
+An EDIT may hold several SEARCH/REPLACE blocks. Paths are relative to the folder you edit,
+with no "..". Do not wrap the blocks in code fences. Text outside the blocks is ignored."""
+
+
+class EditError(ValueError):
+    """An answer whose edits cannot be parsed or applied; the message names the edit."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One edit: a whole file (``kind="file"``: ``content``) or one search/replace."""
+
+    index: int  # 1-based, in the answer's order
+    path: str
+    kind: Literal["file", "replace"]
+    content: str = ""
+    search: str = ""
+    replace: str = ""
+
+    @property
+    def name(self) -> str:
+        what = "whole file" if self.kind == "file" else "search/replace"
+        return f"edit {self.index} ({what} {self.path!r})"
+
+
+def check_path(path: str) -> PurePosixPath:
+    """``path`` as a relative path inside the folder, or `ValueError` saying why not."""
+    if not path or len(path) > MAX_PATH_CHARS:
+        raise ValueError("an empty or overlong path")
+    if "\x00" in path or "\\" in path:
+        raise ValueError("a NUL or backslash in the path")
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        raise ValueError("an absolute path")
+    parts = [part for part in pure.parts if part != "."]
+    if not parts:
+        raise ValueError("the folder itself is not a file")
+    if ".." in parts:
+        raise ValueError("a '..' in the path")
+    return PurePosixPath(*parts)
+
+
+def _header(line: str, tag: str) -> str | None:
+    prefix, suffix = f"=== {tag}: ", " ==="
+    if line.startswith(prefix) and line.endswith(suffix) and len(line) > len(prefix + suffix):
+        return line[len(prefix) : -len(suffix)].strip()
+    return None
+
+
+def parse_edits(answer: str) -> tuple[str, list[Edit]]:
+    """The summary line and the edits of ``answer``; `EditError` for a block that is not
+    closed, a malformed SEARCH/REPLACE or a path that is not inside the folder."""
+    lines = answer.replace("\r\n", "\n").split("\n")
+    summary, edits, at = "", [], 0
+    while at < len(lines):
+        line = lines[at]
+        file_path, edit_path = _header(line, "FILE"), _header(line, "EDIT")
+        if file_path is not None:
+            body, at = _until(lines, at + 1, "=== END FILE ===", len(edits) + 1, file_path)
+            content = "\n".join(body) + "\n" if body else ""
+            edits.append(_checked(Edit(len(edits) + 1, file_path, "file", content=content)))
+        elif edit_path is not None:
+            body, at = _until(lines, at + 1, "=== END EDIT ===", len(edits) + 1, edit_path)
+            for search, replace in _blocks(body, len(edits) + 1, edit_path):
+                edit = Edit(len(edits) + 1, edit_path, "replace", search=search, replace=replace)
+                edits.append(_checked(edit))
+        elif line.startswith("SUMMARY:") and not summary:
+            summary = line[len("SUMMARY:") :].strip()
+        at += 1
+    return summary[:200], edits
+
+
+def _until(lines: list[str], start: int, end: str, index: int, path: str) -> tuple[list[str], int]:
+    for at in range(start, len(lines)):
+        if lines[at] == end:
+            return lines[start:at], at
+    raise EditError(f"edit {index} ({path!r}) has no '{end}' line")
+
+
+def _blocks(body: list[str], index: int, path: str) -> list[tuple[str, str]]:
+    """The SEARCH/REPLACE pairs of one EDIT block's lines."""
+    pairs: list[tuple[str, str]] = []
+    at = 0
+    while at < len(body):
+        if not body[at].strip():
+            at += 1
+            continue
+        name = f"edit {index + len(pairs)} (search/replace {path!r})"
+        if body[at] != "<<<<<<< SEARCH":
+            raise EditError(f"{name}: expected '<<<<<<< SEARCH', found {body[at][:80]!r}")
+        try:
+            middle = body.index("=======", at + 1)
+            end = body.index(">>>>>>> REPLACE", middle + 1)
+        except ValueError:
+            why = "a SEARCH block without '=======' and '>>>>>>> REPLACE'"
+            raise EditError(f"{name}: {why}") from None
+        search, replace = body[at + 1 : middle], body[middle + 1 : end]
+        if not search:
+            raise EditError(f"{name}: the search text is empty (write a whole FILE instead)")
+        pairs.append(("\n".join(search), "\n".join(replace)))
+        at = end + 1
+    if not pairs:
+        raise EditError(f"edit {index} ({path!r}) holds no SEARCH/REPLACE block")
+    return pairs
+
+
+def _checked(edit: Edit) -> Edit:
+    try:
+        path = check_path(edit.path)
+    except ValueError as error:
+        raise EditError(f"{edit.name} is refused: {error}") from None
+    return Edit(edit.index, str(path), edit.kind, edit.content, edit.search, edit.replace)
+
+
+def _replace_once(text: str, search: str, replace: str) -> str:
+    """``text`` with the one whole-line occurrence of ``search`` replaced; `ValueError`
+    when there is none or more than one."""
+    found, start = [], 0
+    while (at := text.find(search, start)) >= 0:
+        end = at + len(search)
+        if (at == 0 or text[at - 1] == "\n") and (end == len(text) or text[end] == "\n"):
+            found.append(at)
+        start = at + 1
+    if not found:
+        raise ValueError("the search text is not in the file (it must match whole lines)")
+    if len(found) > 1:
+        raise ValueError(f"the search text is found {len(found)} times (it must be unique)")
+    return text[: found[0]] + replace + text[found[0] + len(search) :]
+
+
+def _target(root: Path, relative: str) -> tuple[Path, int | None]:
+    """The file at ``relative`` under ``root`` and its mode (None: absent); `ValueError` when
+    a folder on the way is a symlink or not a folder, or the target is not a regular file."""
+    path = root
+    parts = PurePosixPath(relative).parts
+    for part in parts[:-1]:
+        path = path / part
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return root / relative, None
+        if stat.S_ISLNK(info.st_mode):
+            raise ValueError(f"the path goes through a symlink ({path.relative_to(root)})")
+        if not stat.S_ISDIR(info.st_mode):
+            raise ValueError(f"{path.relative_to(root)} is not a folder")
+    path = root / relative
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return path, None
+    if stat.S_ISLNK(info.st_mode):
+        raise ValueError("the target is a symlink")
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("the target is not a regular file")
+    return path, stat.S_IMODE(info.st_mode)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = read_regular_file(path, MAX_EDIT_FILE_BYTES)
+    except StoreError as error:
+        raise ValueError(f"the file cannot be read: {error}") from None
+    if b"\x00" in data:
+        raise ValueError("the file is binary (it holds NUL bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the file is binary (not UTF-8)") from None
+
+
+def apply_edits(workdir: Path, edits: list[Edit]) -> list[str]:
+    """Apply ``edits`` inside ``workdir``: all of them or, when one cannot apply, none
+    (`EditError` naming it). Returns the paths written, in order."""
+    pending: dict[str, tuple[Path, str, int | None]] = {}
+    for edit in edits:
+        try:
+            relative = str(check_path(edit.path))
+            if relative in pending:
+                path, text, mode = pending[relative]
+            else:
+                path, mode = _target(workdir, relative)
+                text = _read_text(path) if mode is not None else None
+            if edit.kind == "file":
+                text = edit.content
+            elif text is None:
+                raise ValueError("the file does not exist (write a whole FILE to create it)")
+            else:
+                text = _replace_once(text, edit.search, edit.replace)
+        except (ValueError, OSError) as error:
+            raise EditError(f"{edit.name} cannot apply: {error}") from None
+        pending[relative] = (path, text, mode)
+    for relative, (path, text, mode) in pending.items():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(path, text.encode())
+            if mode is not None:
+                os.chmod(path, mode)
+        except OSError as error:
+            raise EditError(f"writing {relative!r} failed: {error}") from None
+    return list(pending)

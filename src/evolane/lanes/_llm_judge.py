@@ -1,0 +1,170 @@
+"""The built-in LLM judge: an in-process judge backend that asks a chat model to score a
+replay's output against a rubric, ``{"score": 0..1, "reason": str}``, averaged over samples.
+
+A malformed answer (not JSON, no score, a score outside [0, 1]) is asked again
+(`MALFORMED_RETRIES` times, as a new attempt: its own cache entry and API seed) and then
+raises: the judge lane reports the exception as the judge's infrastructure failure, never
+as a score. The tokens of every answer, the rejected ones included, are metered: the usage
+document is written to ``call.usage_file`` even when the backend raises.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from evolane.lanes._backends import Backend, BackendCall
+from evolane.lanes._llm import Endpoint, add_usage, answer_usage, chat, write_usage
+from evolane.lanes._llm_files import folder_texts, render_texts
+
+MALFORMED_RETRIES = 2
+"""Extra asks after an answer that is not a valid verdict."""
+CASE_BYTES = 8 << 10
+OUTPUT_FILES = 32
+OUTPUT_FILE_BYTES = 8 << 10
+OUTPUT_BYTES = 24 << 10
+"""The judge sees the case and the replay's output within these bounds."""
+REASON_CHARS = 500
+
+JUDGE_SYSTEM = (
+    "You are a strict, fair judge. Score how well the output of an agent's run satisfies the "
+    "rubric for the given case. Answer with one JSON object and nothing else: "
+    '{"score": <number from 0 to 1>, "reason": "<one or two sentences>"}.'
+)
+
+
+class MalformedVerdictError(ValueError):
+    """A judge model's answer that is not ``{"score": number in [0, 1], ...}``."""
+
+
+def parse_verdict(text: str) -> tuple[float, str]:
+    """The score and reason of a judge model's answer (a JSON object, possibly in a code
+    fence or surrounded by prose); `MalformedVerdictError` otherwise."""
+    stripped = text.strip()
+    candidates = [stripped]
+    start, end = stripped.find("{"), stripped.rfind("}")
+    if 0 <= start < end:
+        candidates.append(stripped[start : end + 1])
+    for candidate in candidates:
+        try:
+            value = orjson.loads(candidate)
+        except orjson.JSONDecodeError:
+            continue
+        score = value.get("score") if isinstance(value, dict) else None
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            raise MalformedVerdictError(f"no numeric score in the answer: {text[:200]!r}")
+        if not 0.0 <= score <= 1.0:
+            raise MalformedVerdictError(f"the score {score} is outside [0, 1]")
+        return float(score), str(value.get("reason", ""))[:REASON_CHARS]
+    raise MalformedVerdictError(f"the answer is not JSON: {text[:200]!r}")
+
+
+def judge_messages(
+    rubric: str, case: dict[str, Any] | None, output_dir: Path | None
+) -> list[dict[str, str]]:
+    """The chat messages for one judgement (reads bounded excerpts of ``output_dir``)."""
+    case_text = orjson.dumps(case or {}, option=orjson.OPT_INDENT_2)[:CASE_BYTES]
+    output = "(no output)"
+    if output_dir is not None:
+        files = folder_texts(
+            output_dir,
+            max_files=OUTPUT_FILES,
+            max_file_bytes=OUTPUT_FILE_BYTES,
+            max_total_bytes=OUTPUT_BYTES,
+            first=("output.json",),
+        )
+        output = render_texts(files, "output file") or output
+    user = (
+        f"Rubric:\n{rubric.strip()}\n\n"
+        f"The case:\n{case_text.decode('utf-8', 'ignore')}\n\n"
+        f"The agent's output:\n{output}"
+    )
+    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+async def _sample(
+    endpoint: Endpoint,
+    messages: list[dict[str, str]],
+    call: BackendCall,
+    sample: int,
+    deadline: float,
+    spent: list[dict[str, Any]],
+) -> tuple[float, str]:
+    """One sample's verdict, asking again after a malformed answer; each answer's usage is
+    appended to ``spent`` as it comes. A lane's retry of the judgement asks afresh (its
+    attempts are numbered after those of the lane's earlier tries)."""
+    first = (call.attempt - 1) * (MALFORMED_RETRIES + 1)
+    for attempt in range(MALFORMED_RETRIES + 1):
+        answer = await chat(
+            endpoint,
+            messages,
+            seed=call.seed,
+            sample=sample,
+            deadline=deadline,
+            attempt=first + attempt,
+            cache_if=parse_verdict,  # a malformed verdict is not kept
+        )
+        spent.append(answer.usage)
+        try:
+            return parse_verdict(answer.text)
+        except MalformedVerdictError as error:
+            if attempt == MALFORMED_RETRIES:
+                raise MalformedVerdictError(
+                    f"{endpoint.model} gave no valid verdict in {attempt + 1} answers: {error}"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+def _total(endpoint: Endpoint, spent: list[dict[str, Any]]) -> dict[str, Any]:
+    total = None
+    for usage in spent:
+        total = add_usage(total, usage)
+    return total or answer_usage(endpoint.model, cached=False)
+
+
+def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
+    """A judge backend scoring with ``endpoint``'s model against ``rubric``: the mean of
+    ``samples`` verdicts (asked at once, each its own cache entry). Returns ``{"score",
+    "reason", "samples", "usage"}``; raises when a sample gets no valid verdict or the
+    model call fails (the lane's infrastructure failure, never a score)."""
+    if samples < 1:
+        raise ValueError("an LLM judge needs at least one sample")
+
+    async def judge(call: BackendCall) -> dict[str, Any]:
+        messages = await trio.to_thread.run_sync(judge_messages, rubric, call.case, call.output_dir)
+        deadline = trio.current_effective_deadline()
+        verdicts: list[tuple[float, str] | None] = [None] * samples
+        errors: list[Exception] = []
+        spent: list[dict[str, Any]] = []
+
+        async def one(index: int) -> None:
+            try:
+                verdicts[index] = await _sample(endpoint, messages, call, index, deadline, spent)
+            except Exception as error:  # reported below, after the others' usage is in
+                errors.append(error)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for index in range(samples):
+                    nursery.start_soon(one, index)
+        except BaseException:  # cancelled or timed out: what was answered is still spent
+            write_usage(call, _total(endpoint, spent))
+            raise
+        usage = _total(endpoint, spent)
+        if errors:
+            write_usage(call, usage)
+            raise errors[0]
+        scores = [v[0] for v in verdicts if v is not None]
+        reasons = [v[1] for v in verdicts if v is not None and v[1]]
+        return {
+            "score": math.fsum(scores) / len(scores),
+            "reason": " | ".join(reasons)[:REASON_CHARS],
+            "samples": len(scores),
+            "usage": usage,
+        }
+
+    return judge

@@ -1,0 +1,113 @@
+"""The built-in LLM optimizer: an in-process optimizer backend that shows a chat model the
+prompt (as text) and the target's text files, and applies the edits it answers with
+(`evolane.lanes._llm_edits`: whole files or search/replace blocks, all or none).
+
+An answer whose edits cannot be parsed or applied is shown its error and asked again
+(`EDIT_RETRIES` times); then the backend raises `EditError` naming the edit, which the lane
+reports as the optimizer's failure. An answer without edits proposes nothing (the summary
+says so). Every answer's tokens are metered, also when the backend raises.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from evolane.lanes._backends import Backend, BackendCall
+from evolane.lanes._llm import Endpoint, add_usage, chat, write_usage
+from evolane.lanes._llm_edits import EDIT_FORMAT, EditError, apply_edits, parse_edits
+from evolane.lanes._llm_files import folder_texts, render_texts
+from evolane.lanes._prompt_text import prompt_text
+
+EDIT_RETRIES = 1
+"""Asks again after an answer whose edits do not apply (with the error shown)."""
+TARGET_FILES = 200
+TARGET_FILE_BYTES = 32 << 10
+TARGET_BYTES = 96 << 10
+"""The model sees the target's text files within these bounds (a cut file says so)."""
+
+OPTIMIZER_SYSTEM = (
+    "You improve a target folder (an agent's skill, prompt or harness) so that it scores "
+    "better on the failing cases without breaking the passing ones. Make small, focused "
+    "edits. A file shown cut short must be edited with SEARCH/REPLACE, never rewritten whole.\n\n"
+    + EDIT_FORMAT
+)
+
+
+def optimizer_messages(
+    prompt: dict[str, Any], context_dir: Path | None, workdir: Path
+) -> list[dict[str, str]]:
+    """The chat messages for one proposal (reads bounded excerpts of both folders)."""
+    files = folder_texts(
+        workdir,
+        max_files=TARGET_FILES,
+        max_file_bytes=TARGET_FILE_BYTES,
+        max_total_bytes=TARGET_BYTES,
+    )
+    user = (
+        f"{prompt_text(prompt, context_dir)}\n\n"
+        "The files of the target (paths relative to the folder you edit):\n"
+        f"{render_texts(files, 'file') or '(the folder is empty)'}"
+    )
+    return [{"role": "system", "content": OPTIMIZER_SYSTEM}, {"role": "user", "content": user}]
+
+
+def _apply(workdir: Path, answer: str) -> str:
+    """Apply the answer's edits; the one-line summary of what was done."""
+    summary, edits = parse_edits(answer)
+    if not edits:
+        return f"no edits proposed{': ' + summary if summary else ''}"
+    written = apply_edits(workdir, edits)
+    return summary or f"edited {', '.join(written)}"[:200]
+
+
+def llm_optimizer(endpoint: Endpoint) -> Backend:
+    """An optimizer backend proposing with ``endpoint``'s model: it edits ``call.workdir``
+    in place and returns ``{"summary": str, "usage": {...}}``; raises `EditError` when the
+    edits cannot apply after `EDIT_RETRIES` more asks, `ModelError` when the model fails."""
+
+    async def optimize(call: BackendCall) -> dict[str, Any]:
+        assert call.workdir is not None, "an optimizer call has a workdir"
+        workdir = call.workdir
+        messages = await trio.to_thread.run_sync(
+            optimizer_messages, call.prompt or {}, call.context_dir, workdir
+        )
+        deadline = trio.current_effective_deadline()
+        usage: dict[str, Any] | None = None
+        try:
+            for attempt in range(EDIT_RETRIES + 1):
+                answer = await chat(
+                    endpoint,
+                    messages,
+                    seed=call.seed,
+                    sample=0,
+                    deadline=deadline,
+                    attempt=attempt,
+                    cache_if=parse_edits,  # an answer that does not parse is not kept
+                )
+                usage = add_usage(usage, answer.usage)
+                try:
+                    summary = await trio.to_thread.run_sync(_apply, workdir, answer.text)
+                except EditError as error:
+                    if attempt == EDIT_RETRIES:
+                        raise
+                    messages = [
+                        *messages,
+                        {"role": "assistant", "content": answer.text},
+                        {
+                            "role": "user",
+                            "content": f"Nothing was applied: {error}. Answer again with the "
+                            "complete set of edits, in the format given.",
+                        },
+                    ]
+                    continue
+                return {"summary": summary.splitlines()[0] if summary else "", "usage": usage}
+        except BaseException:
+            if usage is not None:
+                write_usage(call, usage)
+            raise
+        raise AssertionError("unreachable")
+
+    return optimize

@@ -1,0 +1,313 @@
+"""A real HTTP server on 127.0.0.1 that speaks the chat-completions API, for tests and
+benchmarks of the model backends (never a mocked SDK).
+
+Run it in a background thread (`ChatStub`) or as a process::
+
+    python -m evolane.testing._chat_stub --port-file F [--script S.json] [--record R.jsonl]
+
+It answers ``POST /v1/chat/completions`` as its `StubScript` says: a fixed latency, 429s
+(a seeded fraction or the first N) with ``Retry-After``, a hang until the client leaves,
+scripted contents (by a substring of the last user message, or a queue) and usage numbers.
+It records every request and the most requests it had in flight at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import select
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+POLL_INTERVAL = 0.02
+"""How often a waiting answer checks whether its client left (seconds)."""
+DEFAULT_CONTENT = '{"score": 1.0, "reason": "stub"}'
+
+
+@dataclass
+class StubRule:
+    """Answer ``content`` when the last user message contains ``match`` ("" matches all);
+    ``times``: how many requests it answers before it is used up (None: all)."""
+
+    match: str
+    content: str
+    times: int | None = None
+
+
+@dataclass
+class StubScript:
+    """How the stub answers (read for each request: a test may change it between calls)."""
+
+    latency: float = 0.0
+    rate_limit_fraction: float = 0.0
+    rate_limit_count: int = 0
+    retry_after: float = 0.0
+    hang: bool = False
+    fail_count: int = 0
+    """The first N requests (after any 429s) are answered ``fail_status``."""
+    fail_status: int = 500
+    rules: list[StubRule] = field(default_factory=list)
+    contents: list[str] = field(default_factory=list)
+    """A queue of contents, answered in order before the rules and the default."""
+    default_content: str = DEFAULT_CONTENT
+    prompt_tokens: int = 10
+    completion_tokens: int = 5
+    cached_tokens: int = 0
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StubScript:
+        """A script from its JSON form (``rules`` as a list of objects)."""
+        values = dict(data)
+        values["rules"] = [StubRule(**rule) for rule in values.get("rules", [])]
+        return cls(**values)
+
+
+@dataclass
+class StubStats:
+    """What the stub saw."""
+
+    requests: int = 0
+    answered: int = 0
+    rate_limited: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    disconnects: int = 0
+    """Requests whose client left before the answer (a hang or latency cut short)."""
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the client's pool reuses connections
+    disable_nagle_algorithm = True  # else headers and body wait on a delayed ACK (40 ms)
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            self._send(400, {"error": {"message": "not JSON"}})
+            return
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        stub = self.server.stub
+        script, limited, failed = stub.admit(body)
+        try:
+            if limited:
+                headers = {"Retry-After": str(script.retry_after)}
+                headers["retry-after-ms"] = str(int(script.retry_after * 1000))
+                self._send(429, {"error": {"message": "rate limited", "type": "rate"}}, headers)
+                return
+            if failed:
+                self._send(script.fail_status, {"error": {"message": "scripted failure"}})
+                return
+            wait = float("inf") if script.hang else script.latency
+            if not self._wait(wait):
+                stub.note_disconnect()
+                return
+            content = stub.content_for(body)
+            self._send(200, _completion(body, content, script))
+            stub.note_answered()
+        finally:
+            stub.leave()
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` (inf: until the server closes); False when the client left."""
+        end = time.monotonic() + seconds
+        while not self.server.closing.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            readable, _, _ = select.select([self.connection], [], [], min(left, POLL_INTERVAL))
+            if readable:
+                try:
+                    if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                        return False
+                except OSError:
+                    return False
+        return False
+
+    def _send(self, status: int, value: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, text in (headers or {}).items():
+            self.send_header(name, text)
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(data)
+
+
+def _completion(body: dict[str, Any], content: str, script: StubScript) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "stub"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": script.prompt_tokens,
+            "completion_tokens": script.completion_tokens,
+            "total_tokens": script.prompt_tokens + script.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": script.cached_tokens},
+        },
+    }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, stub: ChatStub, port: int) -> None:
+        self.stub = stub
+        self.closing = threading.Event()
+        super().__init__(("127.0.0.1", port), _Handler)
+
+
+class ChatStub:
+    """The stub server, started with `start` (or ``with ChatStub() as stub``), served from a
+    background thread; ``base_url`` is what an `Endpoint` points at."""
+
+    def __init__(self, script: StubScript | None = None, record: Path | None = None) -> None:
+        self.script = script or StubScript()
+        self.record = record
+        self.stats = StubStats()
+        self._lock = threading.Lock()
+        self._rng = random.Random(self.script.seed)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "the stub is not started"
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, port: int = 0) -> ChatStub:
+        """Listen on 127.0.0.1:``port`` (0: a free one) and serve from a daemon thread."""
+        self._server = _Server(self, port)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; waiting answers end (their clients see the connection close)."""
+        if self._server is not None:
+            self._server.closing.set()
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> ChatStub:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def admit(self, body: dict[str, Any]) -> tuple[StubScript, bool, bool]:
+        """Count a request in; whether it is to be answered 429, and whether with a
+        scripted failure."""
+        with self._lock:
+            script, stats = self.script, self.stats
+            stats.requests += 1
+            stats.bodies.append(body)
+            stats.in_flight += 1
+            stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+            limited = False
+            if script.rate_limit_count > 0:
+                script.rate_limit_count -= 1
+                limited = True
+            elif script.rate_limit_fraction > 0:
+                limited = self._rng.random() < script.rate_limit_fraction
+            stats.rate_limited += limited
+            failed = not limited and script.fail_count > 0
+            script.fail_count -= failed
+            if self.record is not None:
+                with self.record.open("a") as out:
+                    out.write(json.dumps({"body": body, "rate_limited": limited}) + "\n")
+            return script, limited, failed
+
+    def content_for(self, body: dict[str, Any]) -> str:
+        """The scripted content for a request: the queue first, then the first rule whose
+        substring is in the last user message, then the default."""
+        last = ""
+        for message in body.get("messages") or []:
+            if isinstance(message, dict) and message.get("role") == "user":
+                last = str(message.get("content", ""))
+        with self._lock:
+            if self.script.contents:
+                return self.script.contents.pop(0)
+            for rule in self.script.rules:
+                if rule.match in last and (rule.times is None or rule.times > 0):
+                    if rule.times is not None:
+                        rule.times -= 1
+                    return rule.content
+            return self.script.default_content
+
+    def note_answered(self) -> None:
+        with self._lock:
+            self.stats.answered += 1
+
+    def note_disconnect(self) -> None:
+        with self._lock:
+            self.stats.disconnects += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.stats.in_flight -= 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The stats without the request bodies."""
+        with self._lock:
+            return {k: v for k, v in asdict(self.stats).items() if k != "bodies"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT; the port is written to ``--port-file`` once listening."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port-file", type=Path, required=True)
+    parser.add_argument("--script", type=Path)
+    parser.add_argument("--record", type=Path, help="append one JSON line per request")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    script = StubScript()
+    if args.script is not None:
+        script = StubScript.from_dict(json.loads(args.script.read_text()))
+    stub = ChatStub(script, record=args.record).start(args.port)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    tmp = args.port_file.with_name(args.port_file.name + ".tmp")
+    tmp.write_text(str(stub.port))
+    os.replace(tmp, args.port_file)
+    done.wait()
+    stub.stop()
+
+
+if __name__ == "__main__":
+    main()
