@@ -29,21 +29,21 @@ def amount(dimension: str, value: float | None) -> str:
     if value is None:
         return "?"
     if dimension == "cost_usd":
-        return f"${value:.2f}"
+        return f"${value:.2f}" if value >= 1 or value == 0 else f"${value:.4f}"
     if dimension == "wall_seconds":
         return duration(value)
     return count(value)
 
 
 def role_spend(by_role: dict[str, messages.Usage], dimension: str | None = None) -> str:
-    """``optimizer $0.12 · replay $1.03 · judge $0.40`` (tokens where no dollars are known,
-    or ``dimension`` only)."""
+    """``optimizer 2.1k tokens $0.12 · replay ...`` (or only ``dimension`` of each role)."""
+    shown = ("tokens", "cost_usd") if dimension is None else (dimension,)
     parts = []
     for role, usage in by_role.items():
-        shown = [
-            amount(d, usage.get(d))
-            for d in (("cost_usd", "tokens") if dimension is None else (dimension,))
-            if usage.get(d) is not None
-        ]
-        parts.append(f"{role} {' '.join(shown[:1]) or '?'}")
+        values = [(d, usage.get(d)) for d in shown if usage.get(d) is not None]
+        text = " ".join(
+            f"{count(v)} tokens" if d == "tokens" and dimension is None else amount(d, v)
+            for d, v in values
+        )
+        parts.append(f"{role} {text or '?'}")
     return " · ".join(parts)

@@ -59,6 +59,10 @@ class StubScript:
     contents: list[str] = field(default_factory=list)
     """A queue of contents, answered in order before the rules and the default."""
     default_content: str = DEFAULT_CONTENT
+    grade: list[str] | None = None
+    """Answer a judge request (after the rules) like a competent judge (`grade_request`):
+    ``[]`` scores 1 when the output's ``output.json`` equals the case's ``expected_output``;
+    field names score the share of those fields that are equal in both."""
     prompt_tokens: int = 10
     completion_tokens: int = 5
     cached_tokens: int = 0
@@ -176,6 +180,39 @@ def _completion(body: dict[str, Any], content: str, script: StubScript) -> dict[
     }
 
 
+_CASE, _OUTPUT, _ANSWER = "The case:\n", "\n\nThe agent's output:\n", "--- output file: output.json"
+
+
+def grade_request(message: str, fields: list[str]) -> str | None:
+    """The verdict on a built-in judge's request (its case and output excerpts): ``output.json``
+    against the case's ``expected_output``, whole (no ``fields``) or by ``fields``; None when
+    ``message`` is not a judge request."""
+    case_at, output_at = message.find(_CASE), message.find(_OUTPUT)
+    if case_at < 0 or output_at < case_at:
+        return None
+    try:
+        case = json.loads(message[case_at + len(_CASE) : output_at])
+    except ValueError:
+        return None
+    answer_at = message.find(_ANSWER, output_at)
+    if answer_at < 0 or not isinstance(case, dict):
+        return json.dumps({"score": 0.0, "reason": "no output.json"})
+    text = message[message.find("\n", answer_at) + 1 :]
+    text = text.split("\n--- output file: ", 1)[0]
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return json.dumps({"score": 0.0, "reason": "output.json is not JSON"})
+    expected = case.get("expected_output")
+    if not fields:
+        score = float(answer == expected)
+    elif not isinstance(answer, dict) or not isinstance(expected, dict):
+        score = 0.0
+    else:
+        score = sum(answer.get(f) == expected.get(f) for f in fields) / len(fields)
+    return json.dumps({"score": score, "reason": f"{score:.2f} of the fields match"})
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
@@ -267,7 +304,9 @@ class ChatStub:
                     if rule.times is not None:
                         rule.times -= 1
                     return rule.content
-            return self.script.default_content
+            fields = self.script.grade
+            graded = grade_request(last, fields) if fields is not None else None
+            return graded if graded is not None else self.script.default_content
 
     def note_answered(self) -> None:
         with self._lock:
