@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import trio
@@ -14,10 +15,12 @@ from evolane.actors import ActorRef
 from evolane.campaign._book import Book
 from evolane.campaign._report import Purpose
 from evolane.campaign._types import CampaignServices, CampaignSetup, Stopped
+from evolane.lanes import limiter_snapshot
 from evolane.measure import Pipeline
 from evolane.messages import (
     BudgetUpdate,
     DecisionEvent,
+    EndpointLoad,
     GateResult,
     LedgerQuery,
     MeasureEvent,
@@ -70,6 +73,7 @@ class Peers:
             reserved=ledger.reserved,
             ceilings=ledger.ceilings,
             by_role=ledger.by_role(),
+            endpoints=endpoint_loads(),
         )
 
     async def measure(
@@ -107,6 +111,7 @@ class Peers:
             **evidence,
         )
         self.emit(done)
+        self.emit(await self.budget_event())
         if summary.status == "shared_failure":
             self.emit(WarningEvent(run_id=self.run_id, message=summary.message[:256]))
         return summary, units
@@ -124,3 +129,26 @@ class Peers:
                 **evidence,
             )
         )
+
+
+def endpoint_loads() -> tuple[EndpointLoad, ...]:
+    """The model endpoints' limits (`evolane.lanes.limiter_snapshot`), at most 8."""
+    loads = [
+        EndpointLoad(
+            endpoint=_shown(key)[:256],
+            limit=state["limit"],
+            in_flight=state["in_flight"],
+            rate_limited=state["rate_limited"],
+        )
+        for key, state in limiter_snapshot().items()
+    ]
+    return tuple(loads[:8])
+
+
+def _shown(url: str) -> str:
+    """``url`` without any user or password it carries (events are stored and shown)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=host))

@@ -271,6 +271,11 @@ def _budget_table(budget: messages.BudgetUpdate, state: ViewState, elapsed: floa
     return table
 
 
+def _endpoint_text(load: messages.EndpointLoad) -> str:
+    limited = f", {load.rate_limited} answered 429" if load.rate_limited else ""
+    return f"model {load.endpoint}: limit {load.limit}, in flight {load.in_flight}{limited}"
+
+
 def render_view(state: ViewState, elapsed: float, dropped: int = 0) -> RenderableType:
     """The live view of ``state``: a few lines and two small tables, cheap to redraw."""
     parts: list[RenderableType] = [_header(state, elapsed), _context(state)]
@@ -282,6 +287,7 @@ def render_view(state: ViewState, elapsed: float, dropped: int = 0) -> Renderabl
     parts.extend(Text("measure " + _measure_text(m)) for m in measures)
     if state.budget is not None:
         parts.append(_budget_table(state.budget, state, elapsed))
+        parts.extend(Text(_endpoint_text(load)) for load in state.budget.endpoints)
     if state.estimate is not None and not state.decisions:  # until the first decision
         parts.extend(Text(line, style="dim") for line in _preflight_lines(state.estimate))
     if state.decisions:

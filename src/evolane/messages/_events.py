@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from evolane.messages._base import Message, Name, ShortText
+from evolane.messages._base import Message, Name, Record, ShortText
 from evolane.messages._measure import Usage
 from evolane.messages._optimize import LocalGateResult
 
@@ -130,6 +130,16 @@ class DecisionEvent(ProgressEvent):
     ci_high: float | None = None
 
 
+class EndpointLoad(Record):
+    """A model endpoint's adaptive concurrency limit (AIMD on 429), as the live view shows it."""
+
+    endpoint: ShortText
+    limit: int = Field(ge=0, le=_COUNT)
+    in_flight: int = Field(ge=0, le=_COUNT)
+    rate_limited: int = Field(ge=0, le=_COUNT)
+    """Answers 429 so far."""
+
+
 class BudgetUpdate(ProgressEvent):
     """The ledger: spent, reserved and the ceilings, per dimension."""
 
@@ -139,6 +149,8 @@ class BudgetUpdate(ProgressEvent):
     ceilings: Usage
     by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
     """Spent by role: ``optimizer``, ``replay``, ``judge``."""
+    endpoints: tuple[EndpointLoad, ...] = Field(default=(), max_length=8)
+    """The model endpoints the run calls, with their rate limits."""
 
 
 class WarningEvent(ProgressEvent):
