@@ -584,3 +584,28 @@ def test_the_wall_clock_row_counts_the_whole_campaign_apart_from_replay_time() -
     assert "70%" in wall and "7m00s" in wall and "10m00s" in wall  # 360 + 60 of 600 s
     (replay,) = [line for line in text.splitlines() if "replay time" in line]
     assert "no ceiling" in replay and "1m35s" in replay
+
+
+def test_the_budget_shows_spend_by_role_and_each_model_endpoints_limit() -> None:
+    from evolane.messages import EndpointLoad
+
+    state = ViewState()
+    budget = BudgetUpdate(
+        run_id="-",
+        spent=Usage(tokens=3000, cost_usd=1.5),
+        reserved=Usage(tokens=0, cost_usd=0.0),
+        ceilings=Usage(cost_usd=10.0),
+        by_role={
+            "optimizer": Usage(tokens=1000, cost_usd=1.0),
+            "judge": Usage(tokens=2000, cost_usd=0.5),
+        },
+        endpoints=(EndpointLoad(endpoint="http://h:1/v1", limit=3, in_flight=2, rate_limited=7),),
+    )
+    (budget,) = stamped([budget])
+    state.fold(budget)
+    console = Console(file=io.StringIO(), force_terminal=True, width=160)
+    console.print(render_view(state, budget.t))
+    text = ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
+    (cost,) = [line for line in text.splitlines() if line.lstrip("│ ").startswith("cost")]
+    assert "optimizer $1.00" in cost and "judge $0.5000" in cost
+    assert "model http://h:1/v1: limit 3, in flight 2, 7 answered 429" in text

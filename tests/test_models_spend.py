@@ -96,6 +96,14 @@ def test_judge_and_replay_spend_are_priced_by_the_table_and_reported_by_role(
     assert PriceTable(**frozen) == load_prices(prices)  # the dollars can be computed again
     markdown = (run_dir / "report.md").read_text()
     assert "| judge |" in markdown and "| replay |" in markdown
+    estimate = _run(["estimate", *flags, "--prices", str(prices), "--json"])
+    assert estimate.returncode == 0, estimate.stderr
+    expected = json.loads(estimate.stdout)
+    roles = expected["by_role"]  # from this run's spend per unit, at the next run's counts
+    assert roles["judge"]["cost_usd"] == pytest.approx(
+        roles["judge"]["tokens"] / JUDGE_TOKENS * JUDGE_COST
+    )
+    assert expected["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in roles.values()))
 
 
 def test_a_cost_ceiling_stops_a_judge_that_spends(tmp_path: Path) -> None:
