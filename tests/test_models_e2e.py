@@ -232,3 +232,30 @@ def test_ctrl_c_ends_the_model_calls_in_flight(chat_stub: ChatStub, tmp_path: Pa
     while chat_stub.stats.in_flight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert chat_stub.stats.in_flight == 0 and chat_stub.stats.disconnects >= 1
+
+
+def test_a_rejudge_with_a_model_judge_pays_its_judgements_and_only_those(
+    chat_stub: ChatStub, tmp_path: Path
+) -> None:
+    """``--from-run RUN --rerun-evaluator --judge llm:MODEL``: the new judge's rubric and
+    endpoint come from the new flags; every judgement is asked and charged under ``judge``,
+    nothing is replayed, and the optimizer is never asked."""
+    flags = _toy_flags(tmp_path, chat_stub, "st")
+    at = flags.index("--judge")
+    first = _run([*flags[:at], *flags[at + 4 :]])  # the exact-match judge, a model optimizer
+    assert first.returncode == 0, first.stderr
+    (run_id,) = os.listdir(tmp_path / "st" / "runs")
+    asked = chat_stub.stats.requests
+    rubric = tmp_path / "rubric.md"
+    again = _run([
+        "optimize", "--from-run", run_id, "--rerun-evaluator", "--judge", "llm:judge-m",
+        "--rubric", str(rubric), "--llm-base-url", chat_stub.base_url,
+        "--store", str(tmp_path / "st"), "--progress", "none",
+    ])  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    rejudged = next(r for r in _reports(tmp_path / "st") if r["run_id"] != run_id)
+    bodies = chat_stub.stats.bodies[asked:]
+    assert bodies and all("The case:" in b["messages"][-1]["content"] for b in bodies)
+    per_call = 10 + 5  # the stub's default usage
+    assert rejudged["budget"]["spent_by_role"]["judge"]["tokens"] == len(bodies) * per_call
+    assert rejudged["config"]["rubric"] == rubric.read_text()

@@ -252,7 +252,7 @@ def _with_splits(estimate: Estimate, plan: SplitPlan) -> Estimate:
 
 def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared:
     """A new run that judges the stored replays of ``run_id`` again, with the judge of
-    ``config``."""
+    ``config`` and its model settings (rubric, endpoints, prices)."""
     try:
         old = load_run(layout, run_id)
     except FileNotFoundError:
@@ -261,6 +261,7 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
     config = old.config.model_copy(
         update={
             "judge": config.measure.judge,
+            "models": config.models,  # the new judge's rubric, endpoint and prices
             "store": config.store,
             "campaign_id": None,
             "apply": "proposal",

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from evolane.inputs import InputError, load_prices
 
 ROLES = ("judge", "optimizer")
@@ -69,3 +71,22 @@ def read_rubric(path: Path) -> str:
     if not text.strip():
         raise InputError(f"--rubric {path}: empty")
     return text
+
+
+def rejudge_models(flags: dict[str, Any]) -> Any:
+    """The model settings a re-judge (``--from-run``) gives its new judge, or None when no
+    model flag is given (the run's own are kept)."""
+    from evolane.measure import ModelSettings
+
+    values = model_flags(flags)
+    for key in ("judge_samples", "unknown_price"):
+        if flags.get(key) is not None:
+            values[key] = flags[key]
+    if not values:
+        return None
+    try:
+        return ModelSettings(**values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
+        raise InputError(f"{where}: {first['msg']}") from None

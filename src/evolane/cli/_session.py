@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from evolane.cli._examples import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_line
-from evolane.cli._models import model_flags
+from evolane.cli._models import model_flags, rejudge_models
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
@@ -218,7 +218,8 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     if from_run:
         if not flags.get("rerun_evaluator"):
             raise UsageError("--from-run needs --rerun-evaluator (re-judging is all it does)")
-        return OptimizeRequest(from_run=from_run, rerun_evaluator=True, judge=flags.get("judge"))
+        judge, models = flags.get("judge"), rejudge_models(flags)
+        return OptimizeRequest(from_run=from_run, rerun_evaluator=True, judge=judge, models=models)
     _cluster(flags)
     dry = estimate_only or bool(flags.get("dry_run"))
     return OptimizeRequest(

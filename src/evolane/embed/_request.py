@@ -9,6 +9,7 @@ from pydantic import ValidationError, model_validator
 
 from evolane.campaign import CampaignConfig, RunRequest
 from evolane.inputs import InputError
+from evolane.measure import ModelSettings
 from evolane.messages import Name, Record, Text
 
 
@@ -22,6 +23,9 @@ class OptimizeRequest(Record):
     from_run: Name | None = None
     rerun_evaluator: bool = False
     judge: Text | None = None  # with from_run: the new evaluator (default: the run's own)
+    models: ModelSettings | None = None
+    """With from_run: the new judge's model settings (rubric, endpoint, prices); default:
+    the run's own."""
     dry_run: bool = False
 
     @model_validator(mode="after")
@@ -44,6 +48,8 @@ class OptimizeRequest(Record):
             config = self._stored_config(root)
             if self.from_run is not None and self.judge is not None:
                 config = config.model_copy(update={"judge": self.judge})
+            if self.from_run is not None and self.models is not None:
+                config = config.model_copy(update={"models": self.models})
         assert config is not None
         config = config.model_copy(update={"store": str(root)})
         return RunRequest(
