@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 
@@ -21,3 +21,10 @@ def fail_usage(message: str) -> NoReturn:
     """Print one clear error line and exit with the usage code (2)."""
     typer.echo(f"evolane: error: {message}", err=True)
     raise typer.Exit(EXIT_USAGE)
+
+
+def flag_problem(error: Any) -> str:
+    """A pydantic ``ValidationError`` on config values as one line naming the flag."""
+    first = error.errors()[0]
+    where = "--" + "-".join(str(part) for part in first["loc"]).replace("_", "-")
+    return f"{where}: {first['msg']}"

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from evolane.cli._exits import flag_problem
 from evolane.inputs import InputError, load_prices
 
 ROLES = ("judge", "optimizer")
@@ -87,6 +88,4 @@ def rejudge_models(flags: dict[str, Any]) -> Any:
     try:
         return ModelSettings(**values)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
-        raise InputError(f"{where}: {first['msg']}") from None
+        raise InputError(flag_problem(error)) from None

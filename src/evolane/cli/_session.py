@@ -17,7 +17,14 @@ import trio
 from pydantic import ValidationError
 
 from evolane.cli._examples import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
-from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_line
+from evolane.cli._exits import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    error_line,
+    flag_problem,
+)
 from evolane.cli._models import model_flags, rejudge_models
 
 _CHOICES = {
@@ -112,9 +119,7 @@ def build_config(flags: dict[str, Any]) -> Any:
         values["gate"] = GateConfig(**gate)
         return CampaignConfig(**values)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
-        raise UsageError(f"{where}: {first['msg']}") from None
+        raise UsageError(flag_problem(error)) from None
 
 
 def _exposed(key: str, paths: list[str]) -> tuple[str, ...]:
