@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evolane.inputs import InputError, PriceTable, load_prices, read_usage_document
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import shared_folder, toy_flags, write_toy
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 PLAN = {"0.0": "fix:2", "0.1": "noop", "1.0": "fix:1", "1.1": "noop", "2.0": "noop", "2.1": "noop"}
@@ -199,3 +199,67 @@ def test_any_usage_document_reads_without_error_and_never_negative(doc: dict) ->
 def test_a_missing_price_file_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no-such"):
         load_prices(tmp_path / "no-such.json")
+
+
+COUNTING_JUDGE = """\
+import glob, json, os, sys, time, uuid
+log = sys.argv[3]
+mine = os.path.join(log, f"running-{uuid.uuid4().hex}")  # pids repeat across pid namespaces
+open(mine, "w").close()
+with open(os.path.join(log, "calls"), "a") as out:
+    out.write(f"{len(glob.glob(os.path.join(log, 'running-*')))}\\n")
+time.sleep(0.2)
+os.remove(mine)
+case = json.load(open(sys.argv[1]))
+answer = json.load(open(os.path.join(sys.argv[2], "output.json")))
+if COST is not None:
+    with open(os.environ["EVOLANE_USAGE_FILE"], "w") as out:
+        json.dump({"tokens": 10, "cost_usd": COST}, out)
+print(json.dumps({"score": 1.0 if answer == case["expected_output"] else 0.0}))
+"""
+
+
+def _counting(tmp_path: Path, cost: float | None, lanes: int) -> tuple[list[str], Path, Path]:
+    """The toy with free replays and a judge that logs how many judges run at once (one line
+    per call) and reports ``cost`` dollars per call (None: no usage document)."""
+    flags, store = _workload(tmp_path)
+    replay = tmp_path / "free.sh"
+    replay.write_text(
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+        'echo \'{"tokens": 0, "cost_usd": 0}\' > "$2/usage.json"\n'
+    )
+    log = shared_folder(tmp_path / "log")
+    judge = tmp_path / "counting.py"
+    judge.write_text(COUNTING_JUDGE.replace("COST", repr(cost)))
+    flags[flags.index("--replay") + 1] = f"sh {replay} {{candidate}} {{output_dir}}"
+    flags[flags.index("--judge") + 1] = (
+        f"{sys.executable} -I {judge} {{case_file}} {{output_dir}} {log}"
+    )
+    flags += ["--judge-concurrency", str(lanes), "--expose-rw", str(log)]
+    return flags, store, log
+
+
+def test_judges_waiting_for_a_lane_hold_no_budget_and_are_never_charged(tmp_path: Path) -> None:
+    """One slow judge lane, fast replays: many judgements queue. Only judges that ran are
+    charged (a queued judge once held a reservation and was charged it at the stop, so the
+    campaign ended at a fraction of its budget)."""
+    flags, store, log = _counting(tmp_path, cost=0.001, lanes=1)
+    done = _run(["optimize", *flags, "--max-cost-usd", "0.02"])
+    assert done.returncode == 3, done.stderr
+    calls = len((log / "calls").read_text().splitlines())
+    budget = _report(store)["budget"]
+    assert budget["spent_by_role"]["judge"]["cost_usd"] == pytest.approx(calls * 0.001)
+    assert budget["spent"]["cost_usd"] >= 0.02  # it ran until the ceiling, not before
+
+
+def test_a_judge_that_reports_no_usage_spends_nothing_and_is_not_serialised(
+    tmp_path: Path,
+) -> None:
+    """A judge command that writes no usage document is a rule, not a model: under a cost
+    ceiling it runs on every judge lane (not one at a time) and costs nothing."""
+    flags, store, log = _counting(tmp_path, cost=None, lanes=2)
+    done = _run(["optimize", *flags, "--max-cost-usd", "1"])
+    assert done.returncode == 0, done.stderr
+    running = [int(n) for n in (log / "calls").read_text().split()]
+    assert max(running) == 2  # two judges overlapped
+    assert _report(store)["budget"]["spent_by_role"]["judge"]["cost_usd"] == 0

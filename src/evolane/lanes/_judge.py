@@ -4,9 +4,11 @@ that fails is an infrastructure outcome, retried, and never turned into a score 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,6 +18,7 @@ from evolane.inputs import (
     MAX_LINE_BYTES,
     VERIFICATION_PLACEHOLDERS,
     CommandTemplate,
+    PriceTable,
     TemplateError,
 )
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
@@ -219,7 +222,7 @@ class JudgeLane(CommandLane):
         )
         verdict = self._verdict(outcome)
         usage, complete = await trio.to_thread.run_sync(
-            read_usage, usage_file, outcome, self.settings.prices
+            judge_usage, usage_file, outcome, self.settings.prices
         )
         return replace(verdict, usage=usage, usage_complete=complete)
 
@@ -271,6 +274,17 @@ class JudgeLane(CommandLane):
                 {"exit_code": outcome.exit_code, "stdout": excerpt(outcome.stdout.head)}
             ),
         )
+
+
+def judge_usage(
+    path: Path, outcome: ProcessOutcome, prices: PriceTable | None
+) -> tuple[Usage, bool]:
+    """What a judge used: its usage document (`read_usage`); none from a judge that
+    succeeded says it spent nothing (a rule, not a model), none from one that failed or was
+    stopped (deadline, cancel, limit) leaves it unknown (charged its reservation)."""
+    if not os.path.lexists(path) and outcome.ok:
+        return FREE.model_copy(update={"wall_seconds": outcome.wall_seconds}), True
+    return read_usage(path, outcome, prices)
 
 
 def _stored_answer(store: BlobStore, output_ref: ArtifactRef) -> Callable[[], bytes] | None:

@@ -47,6 +47,7 @@ from evolane.messages import (
     Message,
     Ping,
     Pong,
+    Release,
     ReplayJob,
     ReplayResult,
     Reserve,
@@ -306,34 +307,29 @@ class _Measurement:
     async def _judge(self, action: StartJudge) -> None:
         job = action.job
         timeout = job.timeout_seconds * JUDGE_TIMEOUTS_ALLOWED + LANE_ANSWER_MARGIN
-        charged = self.s.budget is not None and self.s.settings.judge_costs
-        if charged and not await self._reserve("judge", job.unit_id, timeout):
-            self._answer(JudgeDenied(job.unit_id))
-            return
-        result: JudgeResult | None = None
-        try:
-            result = await self._judged(job, timeout)
-        finally:
-            if charged:  # what it used; a judge cut short is charged at least its reservation
-                with trio.CancelScope(shield=True):
-                    await self._charge_judge(job.unit_id, result)
-        assert result is not None
-        self._answer(UnitJudged(job.unit_id, result))
-
-    async def _charge_judge(self, unit_id: str, result: JudgeResult | None) -> None:
-        assert self.s.budget is not None
-        usage, complete = (result.usage, result.usage_complete) if result else (Usage(), False)
-        await self.s.budget.ask(
-            Debit(item=unit_id, actual=usage, complete=complete, stage="judge"),
-            timeout=LANE_ANSWER_MARGIN,
-        )
-
-    async def _judged(self, job: JudgeJob, timeout: float) -> JudgeResult:
-        """``job``'s result from the next free judge lane (a lane's crash: a failure)."""
+        budgeted = self.s.budget is not None and self.s.settings.judge_costs
         lane = await self.free_judge[1].receive()
         try:
+            # Reserved once it has a lane: a judge waiting for one holds no room.
+            if budgeted and not await self._reserve("judge", job.unit_id, timeout):
+                self._answer(JudgeDenied(job.unit_id))
+                return
+            result = await self._judged(lane, job, timeout, budgeted)
+        finally:
+            self.free_judge[0].send_nowait(lane)
+        self._answer(UnitJudged(job.unit_id, result))
+
+    async def _judged(
+        self, lane: ActorRef, job: JudgeJob, timeout: float, budgeted: bool
+    ) -> JudgeResult:
+        """``job``'s result from ``lane`` (a lane's crash: a failure); when ``budgeted``, what
+        it used is charged, at least its reservation if it was cut short, and a judge never
+        sent (its unit stopped first) only gives its reservation back."""
+        sent = not (self.stop_everything or job.unit_id in self.stopped)  # as `_ask_lane` sees
+        result: JudgeResult | None = None
+        try:
             answer = await self._ask_lane(lane, job, timeout)
-            result: JudgeResult = answer or JudgeResult(
+            result = answer or JudgeResult(
                 unit_id=job.unit_id, status="cancelled", source="command"
             )
         except ActorError as error:
@@ -344,8 +340,21 @@ class _Measurement:
                 failure=framework_failure("judge", error),
             )
         finally:
-            self.free_judge[0].send_nowait(lane)
+            if budgeted:
+                with trio.CancelScope(shield=True):
+                    await self._settle_judge(job.unit_id, result if sent else None, sent)
         return result
+
+    async def _settle_judge(self, unit_id: str, result: JudgeResult | None, sent: bool) -> None:
+        assert self.s.budget is not None
+        if not sent:
+            await self.s.budget.ask(Release(item=unit_id), timeout=LANE_ANSWER_MARGIN)
+            return
+        usage, complete = (result.usage, result.usage_complete) if result else (Usage(), False)
+        await self.s.budget.ask(
+            Debit(item=unit_id, actual=usage, complete=complete, stage="judge"),
+            timeout=LANE_ANSWER_MARGIN,
+        )
 
 
 def framework_failure(stage: str, error: Exception) -> FailureEvent:
