@@ -259,3 +259,28 @@ def test_a_rejudge_with_a_model_judge_pays_its_judgements_and_only_those(
     per_call = 10 + 5  # the stub's default usage
     assert rejudged["budget"]["spent_by_role"]["judge"]["tokens"] == len(bodies) * per_call
     assert rejudged["config"]["rubric"] == rubric.read_text()
+
+
+def test_a_rejudge_keeps_the_model_settings_it_is_not_given_and_takes_its_own_ceiling(
+    chat_stub: ChatStub, tmp_path: Path
+) -> None:
+    """Only ``--judge-samples 2`` and a ceiling are given: the run's rubric and endpoint are
+    kept (every request still goes to the stub), each judgement asks twice, the new ceiling
+    is in force, and the proposals it reads are not charged to it."""
+    first = _run(_toy_flags(tmp_path, chat_stub, "st"))
+    assert first.returncode == 0, first.stderr
+    (run_id,) = os.listdir(tmp_path / "st" / "runs")
+    asked = chat_stub.stats.requests
+    again = _run([
+        "optimize", "--from-run", run_id, "--rerun-evaluator", "--judge-samples", "2",
+        "--max-tokens", "100000", "--store", str(tmp_path / "st"), "--progress", "none",
+    ])  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    rejudged = next(r for r in _reports(tmp_path / "st") if r["run_id"] != run_id)
+    judged = chat_stub.stats.requests - asked
+    assert judged > 0 and judged % 2 == 0  # two samples per judgement
+    assert rejudged["config"]["judge_samples"] == 2 and rejudged["config"]["rubric"]
+    assert rejudged["budget"]["ceilings"]["tokens"] == 100000
+    roles = rejudged["budget"]["spent_by_role"]
+    assert roles["judge"]["tokens"] == judged * 15
+    assert roles.get("optimizer", {}).get("tokens", 0) == 0  # it proposed nothing

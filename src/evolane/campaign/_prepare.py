@@ -262,6 +262,8 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
         update={
             "judge": config.measure.judge,
             "models": config.models,  # the new judge's rubric, endpoint and prices
+            "max_tokens": config.max_tokens,  # and its ceilings
+            "max_cost_usd": config.max_cost_usd,
             "store": config.store,
             "campaign_id": None,
             "apply": "proposal",

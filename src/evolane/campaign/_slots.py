@@ -73,7 +73,8 @@ class Slots:
             restored = self.services.resume.proposals.get(slot_id)
             if restored is not None:
                 results[slot] = restored.result
-                await self._charge(slot_id, results[slot], stage="optimizer")
+                if self.s.optimizer_allowed:  # a re-judge reads proposals it did not pay for
+                    await self._charge(slot_id, results[slot], stage="optimizer")
                 return
             if not self.s.optimizer_allowed:
                 results[slot] = not_stored(slot_id)

@@ -223,8 +223,14 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     if from_run:
         if not flags.get("rerun_evaluator"):
             raise UsageError("--from-run needs --rerun-evaluator (re-judging is all it does)")
-        judge, models = flags.get("judge"), rejudge_models(flags)
-        return OptimizeRequest(from_run=from_run, rerun_evaluator=True, judge=judge, models=models)
+        ceilings = {k: flags[k] for k in ("max_tokens", "max_cost_usd") if flags.get(k) is not None}
+        return OptimizeRequest(
+            from_run=from_run,
+            rerun_evaluator=True,
+            judge=flags.get("judge"),
+            models=rejudge_models(flags),
+            **ceilings,
+        )
     _cluster(flags)
     dry = estimate_only or bool(flags.get("dry_run"))
     return OptimizeRequest(

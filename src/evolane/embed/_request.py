@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from evolane.campaign import CampaignConfig, RunRequest
 from evolane.inputs import InputError
@@ -24,8 +24,12 @@ class OptimizeRequest(Record):
     rerun_evaluator: bool = False
     judge: Text | None = None  # with from_run: the new evaluator (default: the run's own)
     models: ModelSettings | None = None
-    """With from_run: the new judge's model settings (rubric, endpoint, prices); default:
-    the run's own."""
+    """With from_run: the new judge's model settings (rubric, endpoint, prices); the fields
+    set here replace the run's own, the others are kept."""
+    max_tokens: int | None = Field(default=None, ge=0)
+    """With from_run: the re-judge's token ceiling (default: the run's own)."""
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    """With from_run: the re-judge's cost ceiling (default: the run's own)."""
     dry_run: bool = False
 
     @model_validator(mode="after")
@@ -48,8 +52,8 @@ class OptimizeRequest(Record):
             config = self._stored_config(root)
             if self.from_run is not None and self.judge is not None:
                 config = config.model_copy(update={"judge": self.judge})
-            if self.from_run is not None and self.models is not None:
-                config = config.model_copy(update={"models": self.models})
+            if self.from_run is not None:
+                config = self._rejudge_config(config)
         assert config is not None
         config = config.model_copy(update={"store": str(root)})
         return RunRequest(
@@ -60,6 +64,18 @@ class OptimizeRequest(Record):
             dry_run=self.dry_run,
             started=started if started is not None else time.time(),
         )
+
+    def _rejudge_config(self, config: CampaignConfig) -> CampaignConfig:
+        """The stored ``config`` with what a re-judge set: model settings merged field by
+        field, and its own ceilings."""
+        update: dict[str, object] = {}
+        if self.models is not None:
+            given = self.models.model_dump(exclude_unset=True)
+            update["models"] = ModelSettings(**{**config.models.model_dump(), **given})
+        for key in ("max_tokens", "max_cost_usd"):
+            if getattr(self, key) is not None:
+                update[key] = getattr(self, key)
+        return config.model_copy(update=update) if update else config
 
     def _stored_config(self, root: Path) -> CampaignConfig:
         """The config in the stored ``run.json`` of the run to resume or re-evaluate."""
