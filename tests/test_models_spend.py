@@ -104,6 +104,8 @@ def test_judge_and_replay_spend_are_priced_by_the_table_and_reported_by_role(
         roles["judge"]["tokens"] / JUDGE_TOKENS * JUDGE_COST
     )
     assert expected["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in roles.values()))
+    text = _run(["estimate", *flags, "--prices", str(prices)])
+    assert "spend: ~" in text.stdout and "by role " in text.stdout and "judge" in text.stdout
 
 
 def test_a_cost_ceiling_stops_a_judge_that_spends(tmp_path: Path) -> None:
@@ -143,11 +145,16 @@ def test_a_model_without_a_price_under_a_cost_ceiling_is_refused_before_the_run(
     prices.write_text(json.dumps({"models": {"other": {"input": 1, "output": 1}}}))
     flags[flags.index("--judge") + 1] = "llm:mystery-model"
     model = ["--rubric", str(rubric), "--prices", str(prices)]
+    model += ["--llm-base-url", "http://127.0.0.1:9/v1"]  # a local server needs no key
     done = _run(["optimize", *flags, *model, "--max-cost-usd", "1"])
     _one_error_line(done, "'mystery-model'")
     assert not store.exists()  # nothing written
     no_rubric = _run(["optimize", *flags, "--max-cost-usd", "1"])
     _one_error_line(no_rubric, "--rubric")
+    remote = [*model[:-1], "https://models.example.invalid/v1", "--llm-api-key-env", "NO_KEY_X"]
+    no_key = _run(["optimize", *flags, *remote])  # found before any replay runs
+    _one_error_line(no_key, "NO_KEY_X is not set")
+    assert not store.exists()
     estimate = _run(
         ["estimate", *flags, *model, "--max-cost-usd", "1", "--unknown-price", "reserve"]
     )

@@ -5,15 +5,14 @@ that every model evolane will call has a price when a cost ceiling is set."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from evolane.inputs import InputError, llm_model
-from evolane.lanes import Backend
+from evolane.lanes import Backend, Endpoint, ModelError, api_key, llm_judge, llm_optimizer
 from evolane.measure import ModelSettings
 
 if TYPE_CHECKING:
     from evolane.campaign._config import CampaignConfig
-    from evolane.lanes import Endpoint
 
 LLM_CACHE_FOLDER = "llm-cache"
 """The response cache's folder in the store (``--llm-cache``)."""
@@ -35,6 +34,12 @@ def check_models(config: CampaignConfig) -> None:
     named = llm_models(config)
     if "--judge" in named and not models.rubric:
         raise InputError(f"--judge {config.measure.judge}: a model judge needs --rubric FILE")
+    for flag, model in named.items():  # a missing key: now, not after the replays ran
+        role = flag.removeprefix("--")
+        try:
+            api_key(endpoint(models, role, model, config.store))
+        except ModelError as error:
+            raise InputError(f"{flag} llm:{model}: {error}") from None
     if config.max_cost_usd is None or models.unknown_price == "reserve":
         return
     for flag, model in named.items():
@@ -45,15 +50,24 @@ def check_models(config: CampaignConfig) -> None:
             )
 
 
+def model_warnings(config: CampaignConfig) -> list[str]:
+    """What a person must know before the run: a model evolane calls with no price while
+    ``--max-cost-usd`` is set (allowed by ``--unknown-price reserve``) spends unseen dollars."""
+    if config.max_cost_usd is None:
+        return []
+    prices = config.models.prices
+    return [
+        f"{flag} llm:{model} has no price: its dollars are unknown and only what earlier "
+        "units reported is charged for it; bound it with --max-tokens"
+        for flag, model in llm_models(config).items()
+        if prices is None or prices.get(model) is None
+    ]
+
+
 def endpoint(models: ModelSettings, role: str, model: str, store: str) -> Endpoint:
     """``role``'s endpoint for ``model``: its flags (``--llm-base-url judge=...``), the
     response cache under the store when ``--llm-cache``."""
-    from evolane.lanes import Endpoint
-
-    def pick(values: dict) -> object:  # type: ignore[type-arg]
-        return values.get(role)
-
-    settings: dict[str, object] = {"model": model}
+    settings: dict[str, Any] = {"model": model}
     for field, values in (
         ("base_url", models.llm_base_url),
         ("api_key_env", models.llm_api_key_env),
@@ -62,18 +76,16 @@ def endpoint(models: ModelSettings, role: str, model: str, store: str) -> Endpoi
         ("timeout", models.llm_timeout),
         ("retries", models.llm_retries),
     ):
-        value = pick(values)
+        value = values.get(role)  # type: ignore[call-overload]
         if value is not None:
             settings[field] = value
     if models.llm_cache:
         settings["cache_dir"] = Path(store) / LLM_CACHE_FOLDER
-    return Endpoint(**settings)  # type: ignore[arg-type]
+    return Endpoint(**settings)
 
 
 def model_backends(config: CampaignConfig) -> tuple[Backend | None, Backend | None]:
     """The built-in (judge, optimizer) backends ``config`` names (None: a command)."""
-    from evolane.lanes import llm_judge, llm_optimizer
-
     named = llm_models(config)
     models = config.models
     judge = optimizer = None

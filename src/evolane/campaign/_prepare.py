@@ -471,8 +471,8 @@ def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
         if report.get("config", {}).get("replay") != config.measure.replay:
             continue
         units = sum(m.get("units_run", 0) for m in report.get("measurements", []))
-        if not units:
-            continue
+        if not units or report.get("budget", {}).get("cached"):
+            continue  # a run answered from the response cache spent less than a real one
         lanes = report["config"].get("replay_concurrency", 1)
         spent = report.get("budget", {}).get("spent", {})
         tokens, cost = spent.get("tokens"), spent.get("cost_usd")

@@ -19,7 +19,7 @@ from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._finish import Session, apply_best, finish, session_ended
 from evolane.campaign._lock import TargetLock, lock_target
-from evolane.campaign._models import llm_models, model_backends
+from evolane.campaign._models import llm_models, model_backends, model_warnings
 from evolane.campaign._prepare import Prepared, prepare_run
 from evolane.campaign._report import Report
 from evolane.campaign._runs import (
@@ -268,6 +268,8 @@ def _announce(
         bus.publish(WarningEvent(run_id=run.run_id, message=prepared.splits.note[:256]))
     if contained.warning is not None:
         bus.publish(WarningEvent(run_id=run.run_id, message=contained.warning[:256]))
+    for warning in model_warnings(prepared.config):
+        bus.publish(WarningEvent(run_id=run.run_id, message=warning[:256]))
 
 
 async def _cycle(

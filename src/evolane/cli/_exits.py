@@ -26,5 +26,6 @@ def fail_usage(message: str) -> NoReturn:
 def flag_problem(error: Any) -> str:
     """A pydantic ``ValidationError`` on config values as one line naming the flag."""
     first = error.errors()[0]
-    where = "--" + "-".join(str(part) for part in first["loc"]).replace("_", "-")
-    return f"{where}: {first['msg']}"
+    flag, *within = [str(part) for part in first["loc"]] or ["config"]
+    where = f" ({'.'.join(within)})" if within else ""  # e.g. a role of a per-role flag
+    return f"--{flag.replace('_', '-')}{where}: {first['msg']}"

@@ -16,6 +16,7 @@ from typing import Any
 import trio
 from pydantic import ValidationError
 
+from evolane.cli._amounts import count, role_spend
 from evolane.cli._examples import EXAMPLE_DEFAULTS, EXAMPLES, example_settings
 from evolane.cli._exits import (
     EXIT_INTERNAL,
@@ -251,6 +252,12 @@ def _print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
         f"{estimate.candidate_repetitions} repetitions, test {estimate.test_cases}); "
         f"{estimate.basis}"
     )
+    spend = [f"~{count(estimate.tokens)} tokens"] if estimate.tokens is not None else []
+    spend += [f"~${estimate.cost_usd:.2f}"] if estimate.cost_usd is not None else []
+    if estimate.by_role:
+        spend.append(f"by role {role_spend(estimate.by_role)}")
+    if spend:
+        print(f"spend: {'; '.join(spend)} (from an earlier run in this store)")
     if estimate.splits:
         print(f"splits: {estimate.splits}")
     for line in estimate.preflight:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -123,6 +124,22 @@ class ModelSettings(Record):
     )
     llm_cache: bool = False
     """Answer repeated requests from a response cache in the store (development runs)."""
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _plain_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        """http(s) URLs without a user or password (they would be stored: a key belongs in
+        the variable ``--llm-api-key-env`` names)."""
+        for url in value.values():
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{url!r} is not an http(s) URL")
+            if parts.username is not None or parts.password is not None:
+                raise ValueError(
+                    "a URL with a user or password would be stored: name the variable "
+                    "holding the key with --llm-api-key-env"
+                )
+        return value
 
 
 class MeasureSettings(Record):
