@@ -453,3 +453,122 @@ async def test_a_campaign_runs_on_the_model_backends(chat_stub: ChatStub, tmp_pa
 
 def _file_block(path: str, content: str) -> str:
     return f"=== FILE: {path} ===\n{content}\n=== END FILE ===\n"
+
+
+def _stub_answers(monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
+    """Let ``change(completion, script)`` alter each answer the stub sends (the real server,
+    its answer edited: e.g. no ``usage`` field, or hang from then on)."""
+    from evolane.testing import _chat_stub
+
+    made = _chat_stub._completion
+
+    def edited(body: dict[str, Any], content: str, script: Any) -> dict[str, Any]:
+        completion = made(body, content, script)
+        change(completion, script)
+        return completion
+
+    monkeypatch.setattr(_chat_stub, "_completion", edited)
+
+
+async def test_an_answer_without_usage_is_metered_as_unknown_not_zero(
+    chat_stub: ChatStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from evolane.inputs import read_usage_document
+
+    def drop(completion: dict[str, Any], script: Any) -> None:
+        if "no usage" in completion["choices"][0]["message"]["content"]:
+            del completion["usage"]
+
+    _stub_answers(monkeypatch, drop)
+    chat_stub.script.contents = ['{"score": 1, "reason": "no usage"}', '{"score": 0.5}']
+    endpoint = Endpoint("m", base_url=chat_stub.base_url)
+    answer = await chat(
+        endpoint, [{"role": "user", "content": "x"}], seed=0, sample=0, deadline=1e9
+    )
+    assert answer.usage == {"model": "m", "partial": True, "cached": False}  # no counts
+    assert not read_usage_document(answer.usage, None).complete
+
+    chat_stub.script.contents = ['{"score": 1, "reason": "no usage"}', '{"score": 0.5}']
+    call = _judge_call(tmp_path)
+    outcome = await _run(llm_judge(endpoint, RUBRIC, samples=2), call)
+    assert outcome.ok, outcome.stderr.head
+    usage = _usage(call)
+    assert usage["partial"] is True and usage["tokens"] == 15  # the other answer's counts
+    reading = read_usage_document(usage, None)
+    assert reading.tokens == 15 and not reading.complete
+
+
+async def test_a_call_cut_off_or_failed_makes_the_usage_partial(
+    chat_stub: ChatStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from evolane.inputs import read_usage_document
+
+    def hang_after(completion: dict[str, Any], script: Any) -> None:
+        script.hang = True  # this answer is sent; the next request hangs
+
+    _stub_answers(monkeypatch, hang_after)
+    chat_stub.script.contents = ["not a verdict"]  # answered, then asked again: no answer
+    call = _judge_call(tmp_path / "judge")
+    endpoint = Endpoint("m", base_url=chat_stub.base_url)
+    outcome = await _run(llm_judge(endpoint, RUBRIC), call, 1.0)
+    assert outcome.status == "timed_out"
+    assert _usage(call) == {
+        "model": "m",
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "cached_input_tokens": 0,
+        "tokens": 15,
+        "cached": False,
+        "partial": True,
+    }
+    assert not read_usage_document(_usage(call), None).complete
+
+    chat_stub.script.hang = False
+    chat_stub.script.default_content = "SUMMARY: x\n=== FILE: ../out ===\nx\n=== END FILE ===\n"
+    call = _optimizer_call(tmp_path / "optimizer")
+    outcome = await _run(llm_optimizer(endpoint), call, 1.0)
+    assert outcome.status == "timed_out"
+    assert _usage(call)["tokens"] == 15 and _usage(call)["partial"] is True
+
+    chat_stub.script.hang = False
+    chat_stub.script.fail_count, chat_stub.script.fail_status = 1, 400  # sent, then refused
+    call = _judge_call(tmp_path / "refused")
+    outcome = await _run(llm_judge(endpoint, RUBRIC), call)
+    assert outcome.exit_code == 1 and b"HTTP 400" in outcome.stderr.head
+    assert _usage(call) == {"model": "m", "partial": True, "cached": False}  # no counts
+
+
+async def test_429s_without_retry_after_back_off(chat_stub: ChatStub) -> None:
+    chat_stub.script.rate_limit_count = 10**6
+    chat_stub.script.retry_after = 0.0  # "Retry-After: 0": no pause from the server
+    endpoint = Endpoint("m", base_url=chat_stub.base_url)
+    with pytest.raises(ModelError, match="by the deadline"), trio.fail_after(LIMIT):
+        await chat(
+            endpoint,
+            [{"role": "user", "content": "x"}],
+            seed=0,
+            sample=0,
+            deadline=trio.current_time() + 1.0,
+        )
+    assert 2 <= chat_stub.stats.requests <= 10  # backed off: not ~100 in a second
+
+
+async def test_the_credentials_of_a_base_url_never_show_in_messages(
+    chat_stub: ChatStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = chat_stub.base_url.replace("http://", "http://user:s3cret@")
+    chat_stub.script.fail_count, chat_stub.script.fail_status = 1, 400
+    endpoint = Endpoint("m", base_url=url)
+    with pytest.raises(ModelError) as caught:
+        await chat(endpoint, [{"role": "user", "content": "x"}], seed=0, sample=0, deadline=1e9)
+    assert "s3cret" not in str(caught.value) and "127.0.0.1" in str(caught.value)
+    assert chat_stub.stats.requests == 1
+    assert not [key for key in limiter_snapshot() if "s3cret" in key]
+
+    monkeypatch.delenv("EVOLANE_TEST_NO_KEY", raising=False)
+    remote = Endpoint(
+        "m", base_url="https://t0ken:s3cret@models.invalid/v1", api_key_env="EVOLANE_TEST_NO_KEY"
+    )
+    with pytest.raises(ModelError, match="EVOLANE_TEST_NO_KEY is not set") as caught:
+        await chat(remote, [{"role": "user", "content": "x"}], seed=0, sample=0, deadline=1e9)
+    assert "s3cret" not in str(caught.value) and "t0ken" not in str(caught.value)

@@ -195,3 +195,68 @@ def test_a_checked_path_stays_inside(path: str) -> None:
         return
     joined = os.path.normpath(os.path.join(ROOT, checked))
     assert joined.startswith(str(ROOT) + "/"), path
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every path under ``root`` with its bytes (None: a folder) and mode."""
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.stat().st_mode)
+        for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize(
+    ("answer", "refused", "other"),
+    [
+        (_file("a", "x\n") + _file("a/b", "y\n"), "edit 2 (whole file 'a/b')", "edit 1"),
+        (_file("a/b", "y\n") + _file("a", "x\n"), "edit 2 (whole file 'a')", "edit 1"),
+        (
+            _file("new/c", "c\n") + _file("skill", "s\n"),
+            "edit 2 (whole file 'skill')",
+            "not a regular file",
+        ),
+        (
+            _file("ok.txt", "ok\n") + _file("d", "x\n") + _edit("d/e/f", ("a", "b")),
+            "edit 3 (search/replace 'd/e/f')",
+            "edit 2 (whole file 'd')",
+        ),
+    ],
+)
+def test_a_file_that_is_also_a_folder_of_another_edit_is_refused_before_writing(
+    workdir: Path, answer: str, refused: str, other: str
+) -> None:
+    before = _tree(workdir)
+    _, edits = parse_edits(answer)
+    with pytest.raises(EditError) as caught:
+        apply_edits(workdir, edits)
+    message = str(caught.value)
+    assert message.startswith(refused) and other in message
+    assert _tree(workdir) == before  # nothing written, not even the first edit
+
+
+def test_a_write_that_fails_undoes_the_others(workdir: Path) -> None:
+    (workdir / "run.sh").chmod(0o750)
+    before = _tree(workdir)
+    long_name = "x" * 300  # passes the checks (its folder is new), refused by the file system
+    answer = (
+        _edit("skill/SKILL.md", ("be brief", "be long"))
+        + _file("run.sh", "#!/bin/sh\necho bye\n")
+        + _file("fresh.txt", "new\n")
+        + _file(f"deep/er/{long_name}", "never\n")
+    )
+    _, edits = parse_edits(answer)
+    with pytest.raises(EditError) as caught:
+        apply_edits(workdir, edits)
+    message = str(caught.value)
+    assert message.startswith("edit 4 (whole file") and "nothing was applied" in message
+    assert str(workdir) not in message and str(workdir.parent) not in message
+    assert _tree(workdir) == before  # old bytes and modes back, new files and folders gone
+
+
+def test_an_error_names_relative_paths_only(workdir: Path) -> None:
+    name = "skill/" + "x" * 300  # the file system refuses the name when it is looked up
+    _, edits = parse_edits(_edit(name, ("a", "b")))
+    with pytest.raises(EditError) as caught:
+        apply_edits(workdir, edits)
+    assert str(workdir) not in str(caught.value)
+    assert str(caught.value).startswith(f"edit 1 (search/replace {name!r}) cannot apply")

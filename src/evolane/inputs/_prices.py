@@ -5,7 +5,9 @@ A usage document is what a command writes to ``usage.json`` (or ``$EVOLANE_USAGE
 what a built-in model backend returns: ``{"tokens", "cost_usd"}``, or ``{"model",
 "input_tokens", "output_tokens", "cached_input_tokens", "cache_write_tokens"}``, or both.
 ``input_tokens`` counts every input token; ``cached_input_tokens`` and ``cache_write_tokens``
-are the parts of them read from and written to the provider's prompt cache. Where the table
+are the parts of them read from and written to the provider's prompt cache. ``"partial":
+true`` says some of the spend is not counted in the document (a request whose answer or usage
+never came): such a document is never complete, whatever else it says. Where the table
 prices the model, its cost wins over a ``cost_usd`` the command wrote (the table in force is
 frozen into run.json, so a report's dollars can be computed again)."""
 
@@ -51,18 +53,20 @@ class PriceTable(Record):
 @dataclass(frozen=True)
 class UsageReading:
     """A usage document read: tokens and dollars (None where unknown), the model it names,
-    whether a price was missing for it, and whether the answer came from a cache."""
+    whether a price was missing for it, whether the answer came from a cache, and whether the
+    document says some spend is not counted in it (``partial``)."""
 
     tokens: float | None
     cost_usd: float | None
     model: str | None = None
     unpriced: bool = False
     cached: bool = False
+    partial: bool = False
 
     @property
     def complete(self) -> bool:
-        """Both tokens and dollars are known."""
-        return self.tokens is not None and self.cost_usd is not None
+        """Both tokens and dollars are known, and nothing is left uncounted (not partial)."""
+        return self.tokens is not None and self.cost_usd is not None and not self.partial
 
 
 def _count(doc: dict[str, Any], key: str) -> float | None:
@@ -88,7 +92,8 @@ def read_usage_document(doc: dict[str, Any], prices: PriceTable | None) -> Usage
             _count(doc, "cache_write_tokens") or 0.0,
         )  # fmt: skip
     unpriced = model is not None and price is None and cost is None
-    return UsageReading(tokens, cost, model[:128] if model else None, unpriced, cached)
+    partial = doc.get("partial") is True
+    return UsageReading(tokens, cost, model[:128] if model else None, unpriced, cached, partial)
 
 
 def priced_cost(

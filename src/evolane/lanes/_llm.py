@@ -2,12 +2,19 @@
 (the official ``openai`` SDK, extra ``evolane[llm]``), shared by the LLM judge and optimizer.
 
 Retries (decided here, once): the SDK's own retries are off (``max_retries=0``) so that our
-AIMD limiter sees every 429. A 429 halves the endpoint's limit, pauses new callers for its
-``Retry-After`` and is retried without counting against ``Endpoint.retries``, bounded by the
-deadline (and by `RATE_LIMIT_TRIES`). A transient failure (connection error, request timeout,
-408, 409, 5xx) is retried ``Endpoint.retries`` times with a short backoff. Any other HTTP
-error is raised at once as `ModelError`. The API key is read from the environment for each
-request and is never stored in evolane's objects, files or messages.
+AIMD limiter sees every 429. A 429 halves the endpoint's limit and is retried without
+counting against ``Endpoint.retries``, bounded by the deadline (and by `RATE_LIMIT_TRIES`): a
+positive ``Retry-After`` pauses every new caller of the endpoint for that long (capped); without
+one (absent, 0 or negative) the call itself backs off exponentially (`rate_limit_backoff`). A
+transient failure (connection error, request timeout, 408, 409, 5xx) is retried
+``Endpoint.retries`` times with a short backoff. Any other HTTP error is raised at once as
+`ModelError`. The API key is read from the environment for each request and is never stored
+in evolane's objects, files or messages; the credentials a ``base_url`` may carry
+(``user:pass@``) are taken out of every message (`redact`).
+
+An answer without a ``usage`` field is metered as unknown (``"partial": true``, no counts),
+never as 0 tokens; `Spend` meters the calls of one backend invocation, a call cut off or
+failed after sending included (see `evolane.lanes.usage_document`).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import email.utils
 import hashlib
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,8 +43,10 @@ from evolane.store import StoreError, read_regular_file, write_bytes_atomic
 EXTRA_HINT = "the llm backends need the extra: pip install 'evolane[llm]'"
 RATE_LIMIT_TRIES = 100
 """429 answers one call accepts before it gives up (the deadline usually ends it first)."""
-RATE_LIMIT_RETRY_INTERVAL = 1.0
-"""Seconds new callers wait after a 429 that says no ``Retry-After``."""
+RATE_LIMIT_BACKOFF = 0.05
+MAX_RATE_LIMIT_BACKOFF = 4.0
+"""A 429 without a positive ``Retry-After``: the n-th waits about
+``min(RATE_LIMIT_BACKOFF * 2**(n-1), MAX_RATE_LIMIT_BACKOFF)`` (half to all of it)."""
 RETRY_INTERVAL = 0.25
 MAX_RETRY_INTERVAL = 4.0
 """A transient failure's n-th retry waits ``min(RETRY_INTERVAL * 2**n, MAX_RETRY_INTERVAL)``."""
@@ -45,8 +55,22 @@ LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SDK_DEFAULT_URL = "sdk-default"  # the limiter key of an endpoint without a base_url
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it (``scheme://user:pass@``) hidden."""
+    return _USERINFO.sub("***@", text)
+
+
 class ModelError(RuntimeError):
-    """A model call that failed for good (HTTP error, retries spent, deadline passed)."""
+    """A model call that failed for good (HTTP error, retries spent, deadline passed); its
+    message never holds a URL's credentials. ``sent``: whether a request may have reached
+    the endpoint (and may be billed)."""
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(redact(message))
+        self.sent = sent
 
 
 @dataclass(frozen=True)
@@ -80,8 +104,9 @@ class Endpoint:
 
     @property
     def key(self) -> str:
-        """The endpoint's identity for the shared limiter: its base URL."""
-        return self.base_url or SDK_DEFAULT_URL
+        """The endpoint's identity for the shared limiter: its base URL (credentials hidden:
+        the key is shown in the live view)."""
+        return redact(self.base_url) if self.base_url else SDK_DEFAULT_URL
 
 
 @dataclass(frozen=True)
@@ -92,27 +117,59 @@ class ChatAnswer:
     usage: dict[str, Any]
 
 
+COUNTS = ("input_tokens", "output_tokens", "cached_input_tokens")
+
+
+def _count(document: dict[str, Any], key: str) -> int | None:
+    value = document.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def add_usage(total: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
-    """Two usage documents summed; ``cached`` only when both answers came from the cache."""
+    """Two usage documents summed: the counts either one has are added, and the sum is
+    ``partial`` when either is (or lacks its input or output count: an answer whose usage
+    was not reported); ``cached`` only when both answers came from the cache."""
     if total is None:
         return dict(more)
+    both = (total, more)
+    sums = []
+    for key in COUNTS:
+        values = [value for value in (_count(d, key) for d in both) if value is not None]
+        sums.append(sum(values) if values else None)
+    partial = any(
+        d.get("partial") is True or _count(d, "input_tokens") is None
+        or _count(d, "output_tokens") is None
+        for d in both
+    )  # fmt: skip
+    model = total.get("model") or more.get("model")
     return answer_usage(
-        str(total["model"]),
-        total["input_tokens"] + more["input_tokens"],
-        total["output_tokens"] + more["output_tokens"],
-        total["cached_input_tokens"] + more["cached_input_tokens"],
+        str(model or ""),
+        *sums,
         cached=bool(total.get("cached") and more.get("cached")),
+        partial=partial,
     )
 
 
 def answer_usage(
-    model: str, inputs: int = 0, outputs: int = 0, cached_input: int = 0, *, cached: bool
+    model: str,
+    inputs: int | None = 0,
+    outputs: int | None = 0,
+    cached_input: int | None = 0,
+    *,
+    cached: bool,
+    partial: bool = False,
 ) -> dict[str, Any]:
-    """The usage document of model answers: every count present (0 when none)."""
+    """The usage document of model answers: the counts given (0 when none was used; None:
+    unknown, left out) and ``partial`` when some spend is not counted in it."""
     document = usage_document(
-        inputs, outputs, cached_input_tokens=cached_input, model=model, cached=cached
+        inputs,
+        outputs,
+        cached_input_tokens=cached_input,
+        model=model,
+        cached=cached,
+        partial=partial,
     )
-    assert document is not None  # counts given: never empty
+    assert document is not None  # counts given or partial: never empty
     return {**document, "cached": cached}
 
 
@@ -134,7 +191,8 @@ def api_key(endpoint: Endpoint) -> str:
     where = endpoint.base_url or "the OpenAI API"
     raise ModelError(
         f"the environment variable {endpoint.api_key_env} is not set: it must hold the API key "
-        f"for {where} (model {endpoint.model})"
+        f"for {where} (model {endpoint.model})",
+        sent=False,
     )
 
 
@@ -147,7 +205,7 @@ def _client(endpoint: Endpoint) -> Any:
     try:
         import openai
     except ImportError as error:
-        raise ModelError(EXTRA_HINT) from error
+        raise ModelError(EXTRA_HINT, sent=False) from error
     try:
         clients = _CLIENTS.get()
     except LookupError:
@@ -285,6 +343,7 @@ async def _ask(
     failures = rate_limits = 0
     while True:
         failure: Exception | None = None
+        retry_after: float | None = None
         async with limiter.slot() as ticket:
             timeout = _request_timeout(endpoint, deadline)
             options = {} if timeout is None else {"timeout": timeout}
@@ -292,21 +351,35 @@ async def _ask(
                 response = await client.chat.completions.create(**body, **options)
             except openai.RateLimitError as error:
                 rate_limits += 1
-                limiter.rate_limited(ticket, _retry_after(error.response.headers))
+                retry_after = _retry_after(error.response.headers)
+                limiter.rate_limited(ticket, retry_after)
                 if rate_limits >= RATE_LIMIT_TRIES:
                     raise ModelError(_describe(endpoint, error, "rate limited")) from None
-                continue
             except openai.APIError as error:
                 failure = error
             else:
                 limiter.succeeded()
                 return _answer(endpoint, response)
+        if failure is None:  # a 429: a positive Retry-After pauses the limiter, else back off
+            if retry_after is None or retry_after <= 0:
+                pause = rate_limit_backoff(int(body["seed"]), rate_limits)
+                await trio.sleep(min(pause, max(0.0, deadline - trio.current_time())))
+            continue
         if isinstance(failure, openai.APITimeoutError) and trio.current_time() >= deadline:
             await trio.sleep_until(deadline)  # the deadline's own cancellation ends the call
         if not _transient(openai, failure) or failures >= endpoint.retries:
             raise ModelError(_describe(endpoint, failure, "failed"))
         failures += 1
         await trio.sleep(min(RETRY_INTERVAL * 2 ** (failures - 1), MAX_RETRY_INTERVAL))
+
+
+def rate_limit_backoff(seed: int, tries: int) -> float:
+    """Seconds a call waits after its ``tries``-th 429 that gave no positive ``Retry-After``:
+    exponential from `RATE_LIMIT_BACKOFF`, capped at `MAX_RATE_LIMIT_BACKOFF`, with a jitter
+    (half to all of it) drawn from the request's seed and the try, so calls spread out."""
+    step = min(RATE_LIMIT_BACKOFF * 2 ** max(0, tries - 1), MAX_RATE_LIMIT_BACKOFF)
+    digest = hashlib.sha256(f"{seed}:{tries}".encode()).digest()
+    return step * (0.5 + 0.5 * int.from_bytes(digest[:4], "big") / 2**32)
 
 
 def _request_timeout(endpoint: Endpoint, deadline: float) -> float | None:
@@ -323,9 +396,9 @@ def _transient(openai: Any, error: Exception | None) -> bool:
     return isinstance(status, int) and (status in (408, 409) or status >= 500)
 
 
-def _retry_after(headers: Any) -> float:
+def _retry_after(headers: Any) -> float | None:
     """Seconds the server asks callers to wait: ``retry-after-ms``, or ``retry-after`` as
-    seconds or an HTTP date; `RATE_LIMIT_RETRY_INTERVAL` when it says nothing usable."""
+    seconds or an HTTP date; None when it says nothing usable."""
     try:
         if headers.get("retry-after-ms") is not None:
             return float(headers["retry-after-ms"]) / 1000
@@ -338,7 +411,7 @@ def _retry_after(headers: Any) -> float:
                 return max(0.0, when - time.time())
     except (ValueError, TypeError):
         pass
-    return RATE_LIMIT_RETRY_INTERVAL
+    return None
 
 
 def _describe(endpoint: Endpoint, error: Exception, what: str) -> str:
@@ -346,22 +419,67 @@ def _describe(endpoint: Endpoint, error: Exception, what: str) -> str:
     where = endpoint.base_url or "the OpenAI API"
     head = f"{endpoint.model} at {where} {what}"
     head += f" (HTTP {status})" if status is not None else f" ({type(error).__name__})"
-    return f"{head}: {str(error)[:300]}"
+    return redact(f"{head}: {redact(str(error))[:300]}")  # hidden before the cut
 
 
 def _answer(endpoint: Endpoint, response: Any) -> ChatAnswer:
-    """The first choice's text and the API's usage as a usage document."""
+    """The first choice's text and the API's usage as a usage document; an answer that
+    reports no input or output count is metered as unknown (``partial``, no counts)."""
     choices = getattr(response, "choices", None) or []
     text = (choices[0].message.content if choices else None) or ""
     usage = getattr(response, "usage", None)
+    inputs = _token_count(getattr(usage, "prompt_tokens", None))
+    outputs = _token_count(getattr(usage, "completion_tokens", None))
+    if inputs is None or outputs is None:
+        return ChatAnswer(
+            text, answer_usage(endpoint.model, None, None, None, cached=False, partial=True)
+        )
     details = getattr(usage, "prompt_tokens_details", None)
-    return ChatAnswer(
-        text,
-        answer_usage(
-            endpoint.model,
-            int(getattr(usage, "prompt_tokens", 0) or 0),
-            int(getattr(usage, "completion_tokens", 0) or 0),
-            int(getattr(details, "cached_tokens", 0) or 0),
-            cached=False,
-        ),
-    )
+    cached_input = _token_count(getattr(details, "cached_tokens", None)) or 0
+    usage_doc = answer_usage(endpoint.model, inputs, outputs, cached_input, cached=False)
+    return ChatAnswer(text, usage_doc)
+
+
+def _token_count(value: Any) -> int | None:
+    """A token count the API reported (None: absent or not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        return None
+    return int(value) if math.isfinite(value) else None
+
+
+@dataclass
+class Spend:
+    """The usage of one backend invocation's model calls, as they come (`ask`): the answers'
+    usage summed, and whether a call ended without its answer (cut by the deadline,
+    cancelled, or failed after sending: a request the provider may bill), which makes the
+    `document` ``partial``."""
+
+    model: str
+    total: dict[str, Any] | None = None
+    unanswered: bool = False
+
+    async def ask(
+        self, endpoint: Endpoint, messages: list[dict[str, str]], **options: Any
+    ) -> ChatAnswer:
+        """`chat` with ``options``, its answer's usage (or its lack of one) metered."""
+        try:
+            answer = await chat(endpoint, messages, **options)
+        except ModelError as error:
+            self.unanswered = self.unanswered or error.sent
+            raise
+        except BaseException:
+            self.unanswered = True
+            raise
+        self.total = add_usage(self.total, answer.usage)
+        return answer
+
+    def document(self) -> dict[str, Any]:
+        """The usage document of the calls so far (no counts when none answered and one was
+        cut off: unknown, not 0)."""
+        if self.total is None:
+            if self.unanswered:
+                return answer_usage(self.model, None, None, None, cached=False, partial=True)
+            return answer_usage(self.model, cached=False)
+        if self.unanswered:
+            return {**self.total, "partial": True, "cached": False}
+        return dict(self.total)

@@ -18,25 +18,31 @@ An EDIT holds one or more SEARCH/REPLACE blocks; the search text must match whol
 exactly once. Text outside the blocks is ignored (the summary is the ``SUMMARY:`` line).
 A FILE block's content is taken verbatim (it cannot hold its own end marker line).
 
-Applying is atomic: every edit is checked and computed first, and one that cannot apply
-(path outside the folder, through or onto a symlink, a binary file, search text missing or
-ambiguous) raises `EditError` naming it, with nothing written. Edits apply in order, so
-later edits see earlier ones.
+Applying is all or none: every edit is checked and computed first, against the disk and
+against the tree the whole batch makes, and one that cannot apply (path outside the folder,
+through or onto a symlink, a binary file, search text missing or ambiguous, a path that is a
+file of one edit and a folder of another) raises `EditError` naming it, with nothing written.
+A write that still fails (the disk) is undone: replaced files get their old bytes and mode
+back, created files and folders are removed. Edits apply in order, so later edits see earlier
+ones. Error messages name paths relative to the folder only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from evolane.store import StoreError, read_regular_file, write_bytes_atomic
+from evolane.store import BlobTooLargeError, StoreError, read_regular_file, write_bytes_atomic
 
 MAX_EDIT_FILE_BYTES = 1 << 20
 """The largest file an edit may read (a larger one is refused, not cut)."""
 MAX_PATH_CHARS = 512
+MAX_BACKUP_BYTES = 64 << 20
+"""The largest file a whole-file edit may replace (its old bytes are kept to undo)."""
 
 EDIT_FORMAT = """Answer with edits in exactly this format (each marker alone on its line):
 
@@ -209,11 +215,75 @@ def _target(root: Path, relative: str) -> tuple[Path, int | None]:
     return path, stat.S_IMODE(info.st_mode)
 
 
-def _read_text(path: Path) -> str:
+@dataclass
+class _Pending:
+    """One file the batch writes: where, its new text, and what was there (None: absent)."""
+
+    path: Path
+    text: str
+    mode: int | None
+    old: bytes | None
+    edit: Edit  # the first edit of the file
+
+
+@dataclass
+class _Batch:
+    """The edits computed so far, as the tree they make (checked before anything is written)."""
+
+    workdir: Path
+    files: dict[str, _Pending] = field(default_factory=dict)
+    folders: dict[str, Edit] = field(default_factory=dict)
+    """Every folder on the way to a file of the batch, and the first edit that needs it."""
+
+    def add(self, edit: Edit) -> None:
+        """Compute ``edit`` onto the batch; `ValueError` or `OSError` when it cannot apply."""
+        relative = str(check_path(edit.path))
+        entry = self.files.get(relative)
+        if entry is None:
+            self._check_tree(edit, relative)
+            path, mode = _target(self.workdir, relative)
+            old = _read_bytes(path, MAX_BACKUP_BYTES) if mode is not None else None
+            text = _decode(old) if old is not None and edit.kind == "replace" else None
+            entry = _Pending(path, "", mode, old, edit)
+        else:
+            text = entry.text
+        if edit.kind == "file":
+            text = edit.content
+        elif text is None:
+            raise ValueError("the file does not exist (write a whole FILE to create it)")
+        else:
+            text = _replace_once(text, edit.search, edit.replace)
+        entry.text = text
+        if relative not in self.files:
+            self.files[relative] = entry
+            for parent in PurePosixPath(relative).parents:
+                if str(parent) != ".":
+                    self.folders.setdefault(str(parent), edit)
+
+    def _check_tree(self, edit: Edit, relative: str) -> None:
+        """A new file of the batch may be neither a folder of another edit's file nor inside
+        one of its files."""
+        if relative in self.folders:
+            other = self.folders[relative]
+            raise ValueError(f"{relative!r} is a folder of {other.name}, not a file")
+        for parent in PurePosixPath(relative).parents:
+            if str(parent) in self.files:
+                other = self.files[str(parent)].edit
+                raise ValueError(f"{str(parent)!r} is a file written by {other.name}")
+
+
+def _read_bytes(path: Path, limit: int) -> bytes:
     try:
-        data = read_regular_file(path, MAX_EDIT_FILE_BYTES)
-    except StoreError as error:
-        raise ValueError(f"the file cannot be read: {error}") from None
+        return read_regular_file(path, limit)
+    except BlobTooLargeError:
+        raise ValueError(f"the file is over {limit} bytes") from None
+    except StoreError:
+        raise ValueError("the file cannot be read (not a regular file)") from None
+
+
+def _decode(data: bytes) -> str:
+    if len(data) > MAX_EDIT_FILE_BYTES:
+        raise ValueError(f"the file is over {MAX_EDIT_FILE_BYTES} bytes")
     if b"\x00" in data:
         raise ValueError("the file is binary (it holds NUL bytes)")
     try:
@@ -222,33 +292,61 @@ def _read_text(path: Path) -> str:
         raise ValueError("the file is binary (not UTF-8)") from None
 
 
+def _why(error: Exception) -> str:
+    """An error's reason without the absolute paths an `OSError` carries."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error)
+
+
 def apply_edits(workdir: Path, edits: list[Edit]) -> list[str]:
     """Apply ``edits`` inside ``workdir``: all of them or, when one cannot apply, none
-    (`EditError` naming it). Returns the paths written, in order."""
-    pending: dict[str, tuple[Path, str, int | None]] = {}
+    (`EditError` naming it; a failed write undoes the others). Returns the paths written,
+    in order."""
+    batch = _Batch(workdir)
     for edit in edits:
         try:
-            relative = str(check_path(edit.path))
-            if relative in pending:
-                path, text, mode = pending[relative]
-            else:
-                path, mode = _target(workdir, relative)
-                text = _read_text(path) if mode is not None else None
-            if edit.kind == "file":
-                text = edit.content
-            elif text is None:
-                raise ValueError("the file does not exist (write a whole FILE to create it)")
-            else:
-                text = _replace_once(text, edit.search, edit.replace)
+            batch.add(edit)
         except (ValueError, OSError) as error:
-            raise EditError(f"{edit.name} cannot apply: {error}") from None
-        pending[relative] = (path, text, mode)
-    for relative, (path, text, mode) in pending.items():
+            raise EditError(f"{edit.name} cannot apply: {_why(error)}") from None
+    done: list[tuple[str, _Pending]] = []
+    created: list[Path] = []  # folders made, outermost first
+    for relative, entry in batch.files.items():
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(path, text.encode())
-            if mode is not None:
-                os.chmod(path, mode)
+            created += _make_folders(workdir, PurePosixPath(relative).parent)
+            done.append((relative, entry))
+            write_bytes_atomic(entry.path, entry.text.encode())
+            if entry.mode is not None:
+                os.chmod(entry.path, entry.mode)
         except OSError as error:
-            raise EditError(f"writing {relative!r} failed: {error}") from None
-    return list(pending)
+            _undo(done, created)
+            why = f"writing {relative!r} failed: {_why(error)}; nothing was applied"
+            raise EditError(f"{entry.edit.name} cannot apply: {why}") from None
+    return list(batch.files)
+
+
+def _make_folders(workdir: Path, relative: PurePosixPath) -> list[Path]:
+    """Make the missing folders of ``relative`` under ``workdir``; those made, outermost first."""
+    made, path = [], workdir
+    for part in relative.parts:
+        path = path / part
+        if not os.path.lexists(path):
+            os.mkdir(path)
+            made.append(path)
+    return made
+
+
+def _undo(done: list[tuple[str, _Pending]], created: list[Path]) -> None:
+    """Best effort: put back the old bytes and mode of replaced files, remove created files
+    and folders."""
+    for _, entry in reversed(done):
+        with contextlib.suppress(OSError):
+            if entry.old is None:
+                entry.path.unlink(missing_ok=True)
+            else:
+                write_bytes_atomic(entry.path, entry.old)
+                if entry.mode is not None:
+                    os.chmod(entry.path, entry.mode)
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -5,7 +5,9 @@ A malformed answer (not JSON, no score, a score outside [0, 1]) is asked again
 (`MALFORMED_RETRIES` times, as a new attempt: its own cache entry and API seed) and then
 raises: the judge lane reports the exception as the judge's infrastructure failure, never
 as a score. The tokens of every answer, the rejected ones included, are metered: the usage
-document is written to ``call.usage_file`` even when the backend raises.
+document is written to ``call.usage_file`` even when the backend raises, and says
+``"partial": true`` when a call got no answer (cut by the deadline, cancelled, failed after
+sending: the provider may bill it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import orjson
 import trio
 
 from evolane.lanes._backends import Backend, BackendCall
-from evolane.lanes._llm import Endpoint, add_usage, answer_usage, chat, write_usage
+from evolane.lanes._llm import Endpoint, Spend, write_usage
 from evolane.lanes._llm_files import folder_texts, render_texts
 
 MALFORMED_RETRIES = 2
@@ -92,14 +94,14 @@ async def _sample(
     call: BackendCall,
     sample: int,
     deadline: float,
-    spent: list[dict[str, Any]],
+    spend: Spend,
 ) -> tuple[float, str]:
-    """One sample's verdict, asking again after a malformed answer; each answer's usage is
-    appended to ``spent`` as it comes. A lane's retry of the judgement asks afresh (its
+    """One sample's verdict, asking again after a malformed answer; each call is metered in
+    ``spend`` as it ends. A lane's retry of the judgement asks afresh (its
     attempts are numbered after those of the lane's earlier tries)."""
     first = (call.attempt - 1) * (MALFORMED_RETRIES + 1)
     for attempt in range(MALFORMED_RETRIES + 1):
-        answer = await chat(
+        answer = await spend.ask(
             endpoint,
             messages,
             seed=call.seed,
@@ -108,7 +110,6 @@ async def _sample(
             attempt=first + attempt,
             cache_if=parse_verdict,  # a malformed verdict is not kept
         )
-        spent.append(answer.usage)
         try:
             return parse_verdict(answer.text)
         except MalformedVerdictError as error:
@@ -117,13 +118,6 @@ async def _sample(
                     f"{endpoint.model} gave no valid verdict in {attempt + 1} answers: {error}"
                 ) from None
     raise AssertionError("unreachable")
-
-
-def _total(endpoint: Endpoint, spent: list[dict[str, Any]]) -> dict[str, Any]:
-    total = None
-    for usage in spent:
-        total = add_usage(total, usage)
-    return total or answer_usage(endpoint.model, cached=False)
 
 
 def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
@@ -139,11 +133,11 @@ def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
         deadline = trio.current_effective_deadline()
         verdicts: list[tuple[float, str] | None] = [None] * samples
         errors: list[Exception] = []
-        spent: list[dict[str, Any]] = []
+        spend = Spend(endpoint.model)
 
         async def one(index: int) -> None:
             try:
-                verdicts[index] = await _sample(endpoint, messages, call, index, deadline, spent)
+                verdicts[index] = await _sample(endpoint, messages, call, index, deadline, spend)
             except Exception as error:  # reported below, after the others' usage is in
                 errors.append(error)
 
@@ -152,9 +146,9 @@ def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
                 for index in range(samples):
                     nursery.start_soon(one, index)
         except BaseException:  # cancelled or timed out: what was answered is still spent
-            write_usage(call, _total(endpoint, spent))
+            write_usage(call, spend.document())
             raise
-        usage = _total(endpoint, spent)
+        usage = spend.document()
         if errors:
             write_usage(call, usage)
             raise errors[0]

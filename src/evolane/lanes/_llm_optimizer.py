@@ -5,7 +5,9 @@ prompt (as text) and the target's text files, and applies the edits it answers w
 An answer whose edits cannot be parsed or applied is shown its error and asked again
 (`EDIT_RETRIES` times); then the backend raises `EditError` naming the edit, which the lane
 reports as the optimizer's failure. An answer without edits proposes nothing (the summary
-says so). Every answer's tokens are metered, also when the backend raises.
+says so). Every answer's tokens are metered, also when the backend raises; the usage says
+``"partial": true`` when a call got no answer (cut by the deadline, cancelled, failed after
+sending: the provider may bill it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import trio
 
 from evolane.lanes._backends import Backend, BackendCall
-from evolane.lanes._llm import Endpoint, add_usage, chat, write_usage
+from evolane.lanes._llm import Endpoint, Spend, write_usage
 from evolane.lanes._llm_edits import EDIT_FORMAT, EditError, apply_edits, parse_edits
 from evolane.lanes._llm_files import folder_texts, render_texts
 from evolane.lanes._prompt_text import prompt_text
@@ -75,10 +77,10 @@ def llm_optimizer(endpoint: Endpoint) -> Backend:
             optimizer_messages, call.prompt or {}, call.context_dir, workdir
         )
         deadline = trio.current_effective_deadline()
-        usage: dict[str, Any] | None = None
+        spend = Spend(endpoint.model)
         try:
             for attempt in range(EDIT_RETRIES + 1):
-                answer = await chat(
+                answer = await spend.ask(
                     endpoint,
                     messages,
                     seed=call.seed,
@@ -87,7 +89,6 @@ def llm_optimizer(endpoint: Endpoint) -> Backend:
                     attempt=attempt,
                     cache_if=parse_edits,  # an answer that does not parse is not kept
                 )
-                usage = add_usage(usage, answer.usage)
                 try:
                     summary = await trio.to_thread.run_sync(_apply, workdir, answer.text)
                 except EditError as error:
@@ -103,10 +104,11 @@ def llm_optimizer(endpoint: Endpoint) -> Backend:
                         },
                     ]
                     continue
-                return {"summary": summary.splitlines()[0] if summary else "", "usage": usage}
+                first_line = summary.splitlines()[0] if summary else ""
+                return {"summary": first_line, "usage": spend.document()}
         except BaseException:
-            if usage is not None:
-                write_usage(call, usage)
+            if spend.total is not None or spend.unanswered:
+                write_usage(call, spend.document())
             raise
         raise AssertionError("unreachable")
 

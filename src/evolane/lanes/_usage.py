@@ -17,14 +17,19 @@ def usage_document(
     cost_usd: float | None = None,
     model: str | None = None,
     cached: bool = False,
+    partial: bool = False,
 ) -> dict[str, Any] | None:
     """The usage document a command writes to ``usage.json``: ``tokens`` (input + output)
     and ``cost_usd`` when known, with ``model``, ``input_tokens``, ``output_tokens`` and
     ``cached_input_tokens`` (a part of the input) when reported, ``cached`` for an answer
-    taken from a response cache. None when nothing is known.
+    taken from a response cache. None when nothing is known (and not ``partial``).
+
+    ``partial`` adds ``"partial": true``: some of the spend is not counted here (a request
+    sent whose answer, or whose usage, never came), so the document is never complete to
+    `read_usage` whatever its counts say (the ledger charges at least the reservation).
 
     A document without ``cost_usd`` leaves the spend unknown to `read_usage` (fail-closed)."""
-    if input_tokens is None and output_tokens is None and cost_usd is None:
+    if input_tokens is None and output_tokens is None and cost_usd is None and not partial:
         return None
     document: dict[str, Any] = {}
     if input_tokens is not None or output_tokens is not None:
@@ -41,4 +46,6 @@ def usage_document(
         document["model"] = model[:MODEL_CHARS]
     if cached:
         document["cached"] = True
+    if partial:
+        document["partial"] = True
     return document
