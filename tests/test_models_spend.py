@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evolane.inputs import InputError, PriceTable, load_prices, read_usage_document
@@ -192,6 +192,7 @@ def test_a_usage_document_is_priced_with_cache_reads_and_writes() -> None:
     assert claimed.complete and claimed.cost_usd == 0.1  # no price: the claim stands
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a loaded host
 @given(st.dictionaries(st.sampled_from(["model", "tokens", "cost_usd", "input_tokens",
                                         "output_tokens", "cached_input_tokens", "cached"]),
                        st.none() | st.booleans() | st.integers(-5, 10**9) | st.text(max_size=5)
