@@ -1,14 +1,28 @@
-"""Models in the loop, as a run uses them: the built-in model backends a config names
-(``--judge llm:MODEL``, ``--optimizer llm:MODEL``) with each role's endpoint, and the check
-that every model evolane will call has a price when a cost ceiling is set."""
+"""Models and plugins in the loop, as a run uses them: the built-in model backends a config
+names (``--judge llm:MODEL``, ``--optimizer llm:MODEL``) with each role's endpoint, the check
+that every model evolane will call has a price when a cost ceiling is set, and the plugin
+backends a config names (``--replay/--judge/--optimizer NAME:ARGS``, `evolane.lanes.
+plugin_spec`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from evolane.distributed import parse_cluster
 from evolane.inputs import InputError, llm_model
-from evolane.lanes import Backend, Endpoint, ModelError, api_key, llm_judge, llm_optimizer
+from evolane.lanes import (
+    Backend,
+    Endpoint,
+    ModelError,
+    PluginSpec,
+    api_key,
+    check_plugin,
+    llm_judge,
+    llm_optimizer,
+    plugin_backend,
+    plugin_spec,
+)
 from evolane.measure import ModelSettings
 
 if TYPE_CHECKING:
@@ -95,3 +109,32 @@ def model_backends(config: CampaignConfig) -> tuple[Backend | None, Backend | No
     if "--optimizer" in named:
         optimizer = llm_optimizer(endpoint(models, "optimizer", named["--optimizer"], config.store))
     return judge, optimizer
+
+
+def plugin_specs(config: CampaignConfig) -> dict[str, PluginSpec]:
+    """The plugins ``config`` names, by role (``replay``, ``judge``, ``optimizer``)."""
+    named = {
+        "replay": plugin_spec(config.measure.replay, "replay"),
+        "judge": plugin_spec(config.measure.judge, "judge"),
+        "optimizer": plugin_spec(config.propose.optimizer, "optimizer"),
+    }
+    return {role: spec for role, spec in named.items() if spec is not None}
+
+
+def check_plugins(config: CampaignConfig) -> None:
+    """Refuse (`InputError`, exit 2) a plugin that does not load, and a plugin replay on a
+    Dask cluster (Dask workers run replay commands, not in-process backends)."""
+    specs = plugin_specs(config)
+    for spec in specs.values():
+        check_plugin(spec)
+    replay = specs.get("replay")
+    if replay is not None and parse_cluster(config.measure.cluster).uses_dask:
+        raise InputError(
+            f"{replay.where}: an in-process replay backend runs on --cluster local only"
+        )
+
+
+def plugin_backends(config: CampaignConfig) -> dict[str, Backend]:
+    """The plugin backends ``config`` names, by role, each factory called once for this
+    run (`evolane.lanes.plugin_backend`: a factory that raises is a `PluginError`)."""
+    return {role: plugin_backend(spec) for role, spec in plugin_specs(config).items()}

@@ -22,7 +22,7 @@ from evolane.campaign._estimate import (
     repetitions_for,
 )
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
-from evolane.campaign._models import check_models
+from evolane.campaign._models import check_models, check_plugins
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.campaign._runs import (
@@ -93,6 +93,7 @@ def check_templates(config: CampaignConfig) -> GateSettings:
     may reach (`campaign._containment`); `InputError` on the first bad one."""
     containment(config)
     check_models(config)
+    check_plugins(config)
     lane_settings(config.measure, config.run_commands, MeasureContext())
     optimizer_settings(config.propose.optimizer, config.run_commands)
     validator = None

@@ -19,7 +19,7 @@ from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._finish import Session, apply_best, finish, session_ended
 from evolane.campaign._lock import TargetLock, lock_target
-from evolane.campaign._models import llm_models, model_backends, model_warnings
+from evolane.campaign._models import model_backends, model_warnings, plugin_backends
 from evolane.campaign._prepare import Prepared, prepare_run
 from evolane.campaign._report import Report
 from evolane.campaign._runs import (
@@ -98,13 +98,15 @@ class Backends:
 
 
 def _with_models(backends: Backends | None, config: CampaignConfig) -> Backends:
-    """``backends`` with the built-in model backends ``config`` names where none is given."""
+    """``backends`` with the built-in model backends and the plugin backends ``config``
+    names where none is given (a plugin factory that raises: `PluginError`, exit 2)."""
     given = backends or Backends()
-    if not llm_models(config):
-        return given
     judge, optimizer = model_backends(config)
-    return dataclasses.replace(
-        given, judge=given.judge or judge, optimizer=given.optimizer or optimizer
+    plugins = plugin_backends(config)
+    return Backends(
+        replay=given.replay or plugins.get("replay"),
+        judge=given.judge or judge or plugins.get("judge"),
+        optimizer=given.optimizer or optimizer or plugins.get("optimizer"),
     )
 
 
@@ -156,6 +158,7 @@ async def _run(
     )
     if lock is None:
         return RunOutcome(prepared.estimate)
+    chosen = _with_models(backends, prepared.config)  # a failing plugin: nothing written yet
     lock.name_run(prepared.run.run_id)
     started = request.started if request.started is not None else time.time()
     prepared.run = prepared.run.model_copy(update={"session_started": started})
@@ -171,7 +174,7 @@ async def _run(
             Session(prepared, bus, started, _undone(recovered)),
             journal,
             interrupt if interrupt is not None else trio.Event(),
-            _with_models(backends, prepared.config),
+            chosen,
         )
         if runtime is not None:
             report = await _run_in(runtime, context)

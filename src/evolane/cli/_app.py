@@ -166,12 +166,14 @@ def main() -> None:
 def _register_inspect() -> None:
     from evolane.cli._fsck import fsck
     from evolane.cli._inspect import report, schema
+    from evolane.cli._plugins import plugins
     from evolane.cli._runs import runs
 
     app.command(name="report")(report)
     app.command(name="runs")(runs)
     app.command(name="schema")(schema)
     app.command(name="fsck")(fsck)
+    app.command(name="plugins")(plugins)
 
 
 _register_inspect()

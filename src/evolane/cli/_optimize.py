@@ -244,6 +244,10 @@ def optimize(
     progress: Annotated[
         str, _o("auto | rich | plain | jsonl | none (default auto).", "--progress")
     ] = "auto",
+    observer: Annotated[
+        list[str] | None,
+        _o("An installed observer plugin that hears the run's events (repeatable).", "--observer"),
+    ] = None,
     dry_run: Annotated[bool, _o("Print the estimate and stop.", "--dry-run")] = False,
     resume: Annotated[str | None, _o("Continue an interrupted run.", "--resume")] = None,
     resume_campaign: Annotated[

@@ -283,17 +283,28 @@ async def _session(request: Any, flags: dict[str, Any], started: float, watch: _
     from evolane.cli._summary import print_summary
 
     store = str(Path(flags["store"]).absolute())
+    names = [] if request.dry_run else flags.get("observer") or []
+    observers = [embed.observer_plugin(name) for name in dict.fromkeys(names)]
     async with embed.open_runtime(store=store) as runtime:
-        watch.handle = await runtime.start_optimize(request, started=started)
+        watch.handle = await runtime.start_optimize(request, started=started, observers=observers)
         if request.dry_run:
             return _print_estimate((await watch.handle.result()).estimate, flags)
         flags["run_id"] = watch.handle.run_id
         outcome = await _follow(watch.handle, flags)
         watch.ended = True
         print_summary(outcome, flags)
+        _observer_notes(watch.handle)
     if outcome is None or outcome.report is None:
         return EXIT_INTERRUPTED
     return outcome.exit_code
+
+
+def _observer_notes(handle: Any) -> None:
+    """One line per observer that lost events, or failed unannounced (after the run)."""
+    for report in handle.observers:
+        note = report.note()
+        if note is not None and not report.announced:
+            print(f"evolane: {note}", file=sys.stderr)
 
 
 async def _follow(handle: Any, flags: dict[str, Any]) -> Any:

@@ -1,19 +1,37 @@
 """evolane inside an agent process: a runtime that runs actors and optimize runs, with Python
-backends for replay, judge and optimizer (`evolane.aio` hosts the same on asyncio)."""
+backends for replay, judge and optimizer, and observers of a run's progress (`evolane.aio`
+hosts the same on asyncio)."""
 
 from evolane.campaign import Backends, RunOutcome
+from evolane.embed._observers import (
+    OBSERVER_BUFFER,
+    OBSERVER_CLOSE_TIMEOUT,
+    OBSERVER_DRAIN_TIMEOUT,
+    Observer,
+    ObserverLike,
+    ObserverReport,
+    observer_plugin,
+)
 from evolane.embed._request import OptimizeRequest
 from evolane.embed._runtime import EmbeddedRuntime, RunCancelled, RunHandle, open_runtime
-from evolane.lanes import Backend, BackendCall
+from evolane.lanes import Backend, BackendCall, PluginError
 
 __all__ = [
+    "OBSERVER_BUFFER",
+    "OBSERVER_CLOSE_TIMEOUT",
+    "OBSERVER_DRAIN_TIMEOUT",
     "Backend",
     "BackendCall",
     "Backends",
     "EmbeddedRuntime",
+    "Observer",
+    "ObserverLike",
+    "ObserverReport",
     "OptimizeRequest",
+    "PluginError",
     "RunCancelled",
     "RunHandle",
     "RunOutcome",
+    "observer_plugin",
     "open_runtime",
 ]

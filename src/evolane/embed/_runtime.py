@@ -6,13 +6,16 @@
             ...
         outcome = await handle.result()
 
+Observers (`evolane.embed.Observer`) given to `start_optimize` hear every event of the run
+through their own lossy subscriptions and are closed before `result` returns.
+
 Bad input raises `InputError` from `start_optimize`, before anything is written. Cancelling
 a handle (or the caller's scope around `optimize`) kills every process tree of the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ import trio
 
 from evolane.campaign import Backends, CampaignConfig, RunOutcome, run_campaign
 from evolane.distributed import check_cluster
+from evolane.embed._observers import ObserverLike, ObserverReport, Observing
 from evolane.embed._request import OptimizeRequest
 from evolane.inputs import InputError
 from evolane.measure import ProgressBus, Subscription
@@ -55,6 +59,7 @@ class RunHandle:
         self._error: BaseException | None = None
         self._feed: trio.MemoryReceiveChannel[ProgressEvent] | None = None
         self.subscription: Subscription | None = None
+        self._observing: Observing | None = None
 
     def _attach(self, bus: ProgressBus) -> None:
         self.run_id = bus.run_id
@@ -65,6 +70,11 @@ class RunHandle:
     def feed(self) -> trio.MemoryReceiveChannel[ProgressEvent] | None:
         """The raw bounded event channel (closed when the run ends); None for a dry run."""
         return self._feed
+
+    @property
+    def observers(self) -> list[ObserverReport]:
+        """How each of the run's observers fared (final once `result` has returned)."""
+        return self._observing.reports if self._observing is not None else []
 
     @property
     def dropped(self) -> int:
@@ -135,15 +145,23 @@ class EmbeddedRuntime:
         request: OptimizeRequest,
         *,
         backends: Backends | None = None,
+        observers: Sequence[ObserverLike] = (),
         events_buffer: int = EVENTS_BUFFER,
         started: float | None = None,
     ) -> RunHandle:
         """Check ``request`` and start its run; returns once the run has begun (its events
         flow from then on). Raises `InputError` for bad input. Cancelling the call cancels
-        the run, and returns only once its trees are gone."""
+        the run, and returns only once its trees are gone. ``observers`` hear every event
+        of the run (`evolane.embed.Observer`; lossy when slow, disabled when they raise)
+        and are closed when it ends, before `RunHandle.result` returns."""
         run_request = request.run_request(str(self.store), started)  # the runtime's store
         check_backends(run_request.config, backends)
         handle = RunHandle(events_buffer, run_request.config.commands.kill_grace)
+        observing = handle._observing = Observing(observers)
+
+        def on_bus(bus: ProgressBus) -> None:
+            handle._attach(bus)
+            observing.attach(bus, self._nursery)
 
         async def run() -> None:
             try:
@@ -152,7 +170,7 @@ class EmbeddedRuntime:
                         run_request,
                         runtime=self.actors,
                         interrupt=handle._interrupt,
-                        on_bus=handle._attach,
+                        on_bus=on_bus,
                         backends=backends,
                     )
                 if handle._scope.cancelled_caught:
@@ -160,6 +178,7 @@ class EmbeddedRuntime:
             except Exception as error:  # delivered through result() / start_optimize
                 handle._error = error
             finally:
+                await observing.close()  # shielded and bounded
                 handle._finish()
 
         self._nursery.start_soon(run)
@@ -172,10 +191,16 @@ class EmbeddedRuntime:
             raise handle._error
         return handle
 
-    async def optimize(self, request: OptimizeRequest, *, backends: Backends | None = None) -> Any:
+    async def optimize(
+        self,
+        request: OptimizeRequest,
+        *,
+        backends: Backends | None = None,
+        observers: Sequence[ObserverLike] = (),
+    ) -> Any:
         """Run ``request`` to its report (None for a dry run); cancelling the call cancels
         the run and kills its trees."""
-        handle = await self.start_optimize(request, backends=backends)
+        handle = await self.start_optimize(request, backends=backends, observers=observers)
         try:
             outcome = await handle.result()
         except BaseException:

@@ -30,7 +30,7 @@ from evolane.inputs._prices import (
     priced_cost,
     read_usage_document,
 )
-from evolane.inputs._specs import LLM_PREFIX, llm_model
+from evolane.inputs._specs import LLM_PREFIX, PLUGIN_SPEC, llm_model, plugin_words
 from evolane.inputs._templates import (
     ALL_PLACEHOLDERS,
     JUDGE_PLACEHOLDERS,
@@ -52,6 +52,7 @@ __all__ = [
     "MAX_TEMPLATE_ARGS",
     "MAX_TEMPLATE_CHARS",
     "OPTIMIZER_PLACEHOLDERS",
+    "PLUGIN_SPEC",
     "REPLAY_PLACEHOLDERS",
     "SPLITS",
     "VERIFICATION_PLACEHOLDERS",
@@ -72,6 +73,7 @@ __all__ = [
     "load_dataset",
     "load_prices",
     "parse_dataset",
+    "plugin_words",
     "priced_cost",
     "read_usage_document",
     "require_split",

@@ -156,7 +156,7 @@ class ReplayLane(CommandLane):
     accepts = (ReplayJob,)
 
     def __init__(self, host: SandboxHost, store: BlobStore, settings: LaneSettings) -> None:
-        assert settings.template is not None
+        assert settings.template is not None or settings.backend is not None
         super().__init__(host, store, settings)
 
     async def receive(self, message: Message) -> ReplayResult:
@@ -188,8 +188,8 @@ class ReplayLane(CommandLane):
         lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
         keep, done = False, False
         try:
-            assert self.settings.template is not None
-            argv = self.settings.template.render(scratch.placeholders(job.seed))
+            template = self.settings.template  # None: a plugin backend, which takes no argv
+            argv = template.render(scratch.placeholders(job.seed)) if template else ()
             env = replay_environment(job)
             label = f"replay-{job.arm}"
             outcome = await run_lane_command(

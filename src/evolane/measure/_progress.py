@@ -34,6 +34,8 @@ class ProgressBus:
         self._file = Journal(path) if path is not None else None
         self._subscribers: list[Subscription] = []
         self.last: dict[str, ProgressEvent] = {}  # the newest event of each kind
+        self.closed = False
+        """True once `close` ran: nothing may be published any more."""
 
     def subscribe(
         self, capacity: int = 256
@@ -64,6 +66,7 @@ class ProgressBus:
 
     def close(self) -> None:
         """Flush the file and end every observer's feed."""
+        self.closed = True
         for subscription in self._subscribers:
             subscription.channel.close()
         if self._file is not None:

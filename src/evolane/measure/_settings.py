@@ -28,6 +28,7 @@ from evolane.lanes import (
     LaneSettings,
     OptimizerSettings,
     is_agent_spec,
+    plugin_spec,
     resolve_agent,
 )
 from evolane.measure._journal import RunJournal
@@ -230,11 +231,18 @@ def lane_settings(
     prices: PriceTable | None = None,
 ) -> tuple[LaneSettings, LaneSettings]:
     """The replay lanes' and the judge lanes' settings (templates parsed: bad ones raise);
-    usage documents are priced by ``prices``. A judge ``llm:MODEL`` has no template: its
-    backend (``context.judge_backend``) is the model."""
-    replay = CommandTemplate.parse(settings.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
+    usage documents are priced by ``prices``. A judge ``llm:MODEL`` and a plugin spec
+    (``NAME:ARGS``, `evolane.lanes.plugin_spec`) have no template: the context's backend
+    stands in for them."""
+    replay = None
+    if plugin_spec(settings.replay, "replay") is None:
+        replay = CommandTemplate.parse(settings.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
     judge = None
-    if settings.judge and llm_model(settings.judge, "--judge") is None:
+    if (
+        settings.judge
+        and llm_model(settings.judge, "--judge") is None
+        and plugin_spec(settings.judge, "judge") is None
+    ):
         judge = CommandTemplate.parse(settings.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
     sandbox = {
         "kill_grace": commands.kill_grace,
@@ -266,13 +274,13 @@ def optimizer_settings(
 ) -> OptimizerSettings:
     """The optimizer lanes' settings for the command ``optimizer`` (parsed: a bad one raises),
     the coding-agent preset ``agent:NAME`` (resolved on PATH: `resolve_agent`) or
-    ``llm:MODEL`` (no template: its ``backend`` is the model); ``tree_limits`` caps the
-    workdir's walk (default: `TreeLimits()`)."""
+    ``llm:MODEL`` or a plugin's ``NAME:ARGS`` (no template: its ``backend`` stands in);
+    ``tree_limits`` caps the workdir's walk (default: `TreeLimits()`)."""
     agent = resolve_agent(optimizer) if is_agent_spec(optimizer) else None
     template = None
     if agent is not None:
         template = agent.template()
-    elif llm_model(optimizer, "--optimizer") is None:
+    elif llm_model(optimizer, "--optimizer") is None and not plugin_spec(optimizer, "optimizer"):
         template = CommandTemplate.parse(
             optimizer, role="optimizer", allowed=OPTIMIZER_PLACEHOLDERS
         )

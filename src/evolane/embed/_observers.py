@@ -1,0 +1,222 @@
+"""Observers: code that hears every progress event of a run (a tracker, a dashboard, a log).
+
+An observer is either an object with ``async def on_event(self, event) -> None`` (and, if
+it holds resources, ``async def close(self) -> None``), or a plain async callable
+``async def observer(event) -> None``. Attach observers to one run with
+``runtime.start_optimize(request, observers=[...])``; the CLI's ``--observer NAME`` loads
+one from the ``evolane.observers`` entry-point group (a factory taking no argument).
+
+Each observer gets every event through its own bounded subscription of the run's progress
+bus, so a slow one never slows the run: what it cannot take is dropped and counted (the
+run's ``events.jsonl`` has every event), and reported once, when the run ends
+(`ObserverReport.note`). An observer that raises is disabled: the run publishes one
+`WarningEvent` naming it and goes on. When the run ends the observers take the events they
+still hold (at most `OBSERVER_DRAIN_TIMEOUT`) and are closed (each at most
+`OBSERVER_CLOSE_TIMEOUT`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import trio
+
+from evolane.lanes import OBSERVER_GROUP, PluginError, load_entry, plugin_points
+from evolane.measure import ProgressBus, Subscription
+from evolane.messages import ProgressEvent, WarningEvent
+
+OBSERVER_BUFFER = 256
+"""Events an observer's subscription holds for it; beyond that they are dropped (counted)."""
+OBSERVER_DRAIN_TIMEOUT = 10.0
+"""Seconds a finished run waits for its observers to take the events they still hold."""
+OBSERVER_CLOSE_TIMEOUT = 5.0
+"""Seconds a finished run waits for each observer's ``close()``."""
+MAX_WARNING_CHARS = 256
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """Hears each progress event of a run; ``close()`` (optional) is awaited at its end."""
+
+    async def on_event(self, event: ProgressEvent) -> None:
+        """Take one event (it must not block for long: a slow observer loses events)."""
+        ...
+
+
+ObserverLike = Observer | Callable[[ProgressEvent], Awaitable[None]]
+"""What a run accepts as an observer: an `Observer` or a plain async callable."""
+
+
+@dataclass
+class ObserverReport:
+    """How one observer fared in a run."""
+
+    name: str
+    delivered: int = 0
+    """Events it took."""
+    dropped: int = 0
+    """Events it lost because it was too slow (``events.jsonl`` has them)."""
+    failed: str | None = None
+    """Why it was disabled (it raised), or None."""
+    announced: bool = False
+    """Whether its failure was published as a `WarningEvent` (the run was still going)."""
+
+    def note(self) -> str | None:
+        """One line for a person when something was lost or failed, else None."""
+        if self.failed is not None:
+            return f"observer {self.name} was disabled: {self.failed}"
+        if self.dropped:
+            return (
+                f"observer {self.name} missed {self.dropped} events (too slow); the run's "
+                "events.jsonl has them all"
+            )
+        return None
+
+
+def observer_plugin(name: str) -> Any:
+    """A new observer from the ``evolane.observers`` plugin ``name`` (its factory called
+    with no argument; the observer is named after the entry point). `PluginError` (one
+    line naming the plugin) for an unknown name, a failed load or a raising factory."""
+    points = plugin_points(OBSERVER_GROUP)
+    if name not in points:
+        known = ", ".join(sorted(points)) or "none installed"
+        raise PluginError(f"--observer {name}: unknown observer (installed: {known})")
+    where = f"--observer {name} (plugin {points[name].value})"
+    factory = load_entry(points[name], where)
+    try:
+        observer = factory()
+    except Exception as error:
+        raise PluginError(f"{where}: the factory raised {type(error).__name__}: {error}") from None
+    if not (hasattr(observer, "on_event") or callable(observer)):
+        raise PluginError(f"{where}: the factory returned {type(observer).__name__}, no observer")
+    return _Named(observer, name)
+
+
+@dataclass
+class _Named:
+    """A plugin observer under its entry point's name."""
+
+    inner: Any
+    name: str
+
+    async def on_event(self, event: ProgressEvent) -> None:
+        handler = getattr(self.inner, "on_event", None)
+        await (handler(event) if handler is not None else self.inner(event))
+
+    async def close(self) -> None:
+        closer = getattr(self.inner, "close", None) if hasattr(self.inner, "on_event") else None
+        if closer is not None:
+            await closer()
+
+
+def observer_name(observer: Any) -> str:
+    """How messages name ``observer``: its ``name`` attribute, else its type or function."""
+    name = getattr(observer, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if hasattr(observer, "on_event"):
+        return type(observer).__name__
+    return str(getattr(observer, "__name__", type(observer).__name__))
+
+
+@dataclass
+class _Entry:
+    """One observer of a run, its relay's scope and how it fared."""
+
+    observer: Any
+    report: ObserverReport
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    relayed: trio.Event = field(default_factory=trio.Event)
+    attached: bool = False
+
+    async def deliver(self, event: ProgressEvent) -> None:
+        handler = getattr(self.observer, "on_event", None)
+        await (handler(event) if handler is not None else self.observer(event))
+
+
+class Observing:
+    """The observers of one run: `attach` them to its bus, `close` them when it ends."""
+
+    def __init__(self, observers: Sequence[ObserverLike], buffer: int = OBSERVER_BUFFER) -> None:
+        for observer in observers:
+            if not (hasattr(observer, "on_event") or callable(observer)):
+                raise TypeError(f"{observer!r} is no observer (on_event or an async callable)")
+        self._entries = [_Entry(o, ObserverReport(observer_name(o))) for o in observers]
+        self._buffer = buffer
+
+    @property
+    def reports(self) -> list[ObserverReport]:
+        """How each observer fared (final once `close` returned)."""
+        return [entry.report for entry in self._entries]
+
+    def attach(self, bus: ProgressBus, nursery: trio.Nursery) -> None:
+        """Subscribe every observer to ``bus`` and start its relay in ``nursery``."""
+        for entry in self._entries:
+            feed, subscription = bus.subscribe(self._buffer)
+            entry.attached = True
+            nursery.start_soon(self._relay, entry, feed, subscription, bus)
+
+    async def _relay(
+        self,
+        entry: _Entry,
+        feed: trio.MemoryReceiveChannel[ProgressEvent],
+        subscription: Subscription,
+        bus: ProgressBus,
+    ) -> None:
+        """Hand ``entry`` each event until the feed ends, the relay is cut, or it raises."""
+        report = entry.report
+        try:
+            with entry.scope:
+                async for event in feed:
+                    try:
+                        await entry.deliver(event)
+                    except Exception as error:  # the observer's bug, never the run's
+                        report.failed = f"it raised {type(error).__name__}: {error}"
+                        feed.close()  # the bus stops feeding it
+                        _warn(bus, report)
+                        return
+                    report.delivered += 1
+        finally:
+            left = feed.statistics().current_buffer_used if not report.failed else 0
+            feed.close()
+            report.dropped = subscription.dropped + left
+            entry.relayed.set()
+
+    async def close(self) -> None:
+        """Let the observers take what they hold (bounded), then close each (bounded); runs
+        shielded, so a cancelled run still closes its observers."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(OBSERVER_DRAIN_TIMEOUT):
+                for entry in self._entries:
+                    if entry.attached:
+                        await entry.relayed.wait()
+            for entry in self._entries:
+                entry.scope.cancel()
+                if entry.attached:
+                    with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT):  # one that ignores it
+                        await entry.relayed.wait()
+                await self._close_one(entry)
+
+    async def _close_one(self, entry: _Entry) -> None:
+        closer = getattr(entry.observer, "close", None)
+        if closer is None or not hasattr(entry.observer, "on_event"):
+            return
+        with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT) as scope:
+            try:
+                await closer()
+            except Exception as error:
+                if entry.report.failed is None:
+                    entry.report.failed = f"close() raised {type(error).__name__}: {error}"
+        if scope.cancelled_caught and entry.report.failed is None:
+            entry.report.failed = f"close() took over {OBSERVER_CLOSE_TIMEOUT:g} s"
+
+
+def _warn(bus: ProgressBus, report: ObserverReport) -> None:
+    """One warning event for a disabled observer (while the run can still publish)."""
+    if bus.closed:
+        return
+    message = f"{report.note()}; the run goes on"
+    bus.publish(WarningEvent(run_id=bus.run_id, message=message[:MAX_WARNING_CHARS]))
+    report.announced = True
