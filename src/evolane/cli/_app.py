@@ -167,11 +167,13 @@ def _register_inspect() -> None:
     from evolane.cli._fsck import fsck
     from evolane.cli._inspect import report, schema
     from evolane.cli._runs import runs
+    from evolane.cli._watch import watch
 
     app.command(name="report")(report)
     app.command(name="runs")(runs)
     app.command(name="schema")(schema)
     app.command(name="fsck")(fsck)
+    app.command(name="watch")(watch)
 
 
 _register_inspect()
