@@ -14,6 +14,7 @@ from evolane.campaign._report import (
 )
 from evolane.campaign._run import (
     CAMPAIGN_ASK_TIMEOUT,
+    EXIT_FOR_STATUS,
     Backends,
     RunOutcome,
     RunRequest,
@@ -26,6 +27,7 @@ from evolane.campaign._runs import (
     load_campaign,
     load_run,
     read_resume_state,
+    run_is_live,
 )
 from evolane.campaign._tree import OptimizerParts, run_tree
 from evolane.campaign._types import (
@@ -37,6 +39,7 @@ from evolane.campaign._types import (
 
 __all__ = [
     "CAMPAIGN_ASK_TIMEOUT",
+    "EXIT_FOR_STATUS",
     "ApplyPolicyName",
     "Backends",
     "CampaignConfig",
@@ -64,5 +67,6 @@ __all__ = [
     "read_resume_state",
     "render_markdown",
     "run_campaign",
+    "run_is_live",
     "run_tree",
 ]

@@ -168,12 +168,14 @@ def _register_inspect() -> None:
     from evolane.cli._inspect import report, schema
     from evolane.cli._plugins import plugins
     from evolane.cli._runs import runs
+    from evolane.cli._watch import watch
 
     app.command(name="report")(report)
     app.command(name="runs")(runs)
     app.command(name="schema")(schema)
     app.command(name="fsck")(fsck)
     app.command(name="plugins")(plugins)
+    app.command(name="watch")(watch)
 
 
 _register_inspect()

@@ -6,7 +6,6 @@ that ``import evolane.cli`` stays cheap.
 
 from __future__ import annotations
 
-import shlex
 import sys
 from collections import Counter
 from pathlib import Path
@@ -18,8 +17,16 @@ from rich.table import Table
 from rich.text import Text
 
 from evolane.cli._exits import fail_usage
-from evolane.cli._output import DEFAULT_STORE, StoreOption, stamp, wide_console, write_json
-from evolane.cli._resumable import resume_blocker
+from evolane.cli._output import (
+    DEFAULT_STORE,
+    StoreOption,
+    open_store,
+    resolve_run,
+    stamp,
+    wide_console,
+    write_json,
+)
+from evolane.cli._resumable import resume_blocker, resume_command
 
 if TYPE_CHECKING:
     from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
@@ -45,31 +52,6 @@ def _short(digest: str) -> str:
     return digest[:19]
 
 
-def open_store(store: Path) -> StoreLayout:
-    """The store's layout; a missing store is a usage error (exit 2)."""
-    from evolane.campaign import StoreLayout
-
-    if not store.is_dir():
-        fail_usage(f"no evolane store at {store}")
-    return StoreLayout(store)
-
-
-def resolve_run(layout: StoreLayout, run_id: str) -> str:
-    """The run named by ``run_id`` or by a prefix matching exactly one run (else exit 2)."""
-    ids = layout.run_ids()
-    if run_id in ids:
-        return run_id
-    matches = [known for known in ids if run_id and known.startswith(run_id)]
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
-        fail_usage(
-            f"run id prefix {run_id!r} matches {len(matches)} runs in {layout.root}: {shown}"
-        )
-    fail_usage(f"unknown run {run_id!r} in store {layout.root} (see `evolane runs`)")
-
-
 def _load_record(layout: StoreLayout, run_id: str) -> RunRecord:
     from evolane.campaign import load_run
 
@@ -89,21 +71,37 @@ def _load_report(path: Path) -> Report:
         fail_usage(f"cannot read {path}: {_why(error)}")
 
 
-def resume_command(run_id: str, store: Path) -> str:
-    """The command that continues an interrupted run."""
-    return f"evolane optimize --resume {shlex.quote(run_id)} --store {shlex.quote(str(store))}"
-
-
 def report(
     run_id: Annotated[str, typer.Argument(help="The run id (or a prefix of exactly one run).")],
     store: StoreOption = DEFAULT_STORE,
     fmt: Annotated[str, typer.Option("--format", help="text | json | md")] = "text",
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Watch the run until it ends (as `watch`) first.")
+    ] = False,
 ) -> None:
-    """Show a run's report; a run without one shows its journal and how to resume it."""
+    """Show a run's report; a run without one shows its journal and how to resume it.
+
+    With ``--follow`` the run is watched to its end first (`evolane watch`), the report is
+    then shown and the command exits with the run's own exit code; Ctrl-C detaches (exit 0).
+    """
     if fmt not in FORMATS:
         fail_usage(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
     layout = open_store(store)
     run_id = resolve_run(layout, run_id)
+    if follow:
+        from evolane.cli._watch import follow_run
+
+        shown = (sys.stdout, "auto") if fmt == "text" else (sys.stderr, "plain")  # stdout: data
+        ending = follow_run(layout, run_id, store, shown[1], out=shown[0])
+        if ending.detached:
+            raise typer.Exit(ending.exit_code)
+        _show_report(layout, run_id, store, fmt)
+        raise typer.Exit(ending.exit_code)
+    _show_report(layout, run_id, store, fmt)
+
+
+def _show_report(layout: StoreLayout, run_id: str, store: Path, fmt: str) -> None:
+    """Print the report of run ``run_id`` in ``fmt`` (or what is known of it without one)."""
     record = _load_record(layout, run_id)
     run_dir = layout.run_dir(run_id)
     report_json = run_dir / "report.json"

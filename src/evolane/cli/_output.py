@@ -1,5 +1,6 @@
-"""What the read-only commands (``report``, ``runs``) share: the ``--store`` option and the
-formatting of their output (JSON, times, numbers, a console that keeps ids whole)."""
+"""What the read-only commands (``report``, ``runs``, ``watch``) share: the ``--store``
+option, finding a run by its id or a prefix, and the formatting of their output (JSON,
+times, numbers, a console that keeps ids whole)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
 from rich.console import Console
+
+from evolane.cli._exits import fail_usage
+
+if TYPE_CHECKING:
+    from evolane.campaign import StoreLayout
 
 DEFAULT_STORE = Path(".evolane")
 """The store a command reads when ``--store`` is not given."""
@@ -44,3 +50,28 @@ def wide_console() -> Console:
 def number(value: float | None, spec: str = ".3f") -> str:
     """``value`` formatted by ``spec``, ``-`` when there is none."""
     return "-" if value is None else format(value, spec)
+
+
+def open_store(store: Path) -> StoreLayout:
+    """The store's layout; a missing store is a usage error (exit 2)."""
+    from evolane.campaign import StoreLayout
+
+    if not store.is_dir():
+        fail_usage(f"no evolane store at {store}")
+    return StoreLayout(store)
+
+
+def resolve_run(layout: StoreLayout, run_id: str) -> str:
+    """The run named by ``run_id`` or by a prefix matching exactly one run (else exit 2)."""
+    ids = layout.run_ids()
+    if run_id in ids:
+        return run_id
+    matches = [known for known in ids if run_id and known.startswith(run_id)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        fail_usage(
+            f"run id prefix {run_id!r} matches {len(matches)} runs in {layout.root}: {shown}"
+        )
+    fail_usage(f"unknown run {run_id!r} in store {layout.root} (see `evolane runs`)")

@@ -3,6 +3,7 @@ says why not (an ended run, or a damaged journal or blob: ``evolane fsck`` finds
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,3 +38,8 @@ def resume_blocker(layout: StoreLayout, record: RunRecord, store: Path) -> str |
         except OSError as error:
             return f"blob {ref.digest} cannot be read ({error.strerror}); {fsck}"
     return None
+
+
+def resume_command(run_id: str, store: Path) -> str:
+    """The command that continues an interrupted run."""
+    return f"evolane optimize --resume {shlex.quote(run_id)} --store {shlex.quote(str(store))}"

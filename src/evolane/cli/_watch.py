@@ -1,0 +1,303 @@
+"""``evolane watch RUN_ID``: follow a run from any terminal by tailing its ``events.jsonl``.
+
+The watcher only reads: the run's event stream, run.json and report.json, and it asks
+whether a process still holds the run's journal (`evolane.campaign.run_is_live`). Every
+event it reads is folded through the same `ViewState` and drawn by the same renderers as
+the live view of ``evolane optimize`` (`evolane.cli._render.render_progress`), so the two
+cannot disagree. It ends when the run ends: its ``event.run_finished`` arrives, or its
+process is gone (killed) and nothing more comes. Ctrl-C only detaches (exit 0).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TextIO
+
+import orjson
+import trio
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from evolane import messages
+from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, fail_usage
+from evolane.cli._output import DEFAULT_STORE, StoreOption, open_store, resolve_run
+from evolane.cli._render import ProgressMode, render_progress, resolve_mode
+from evolane.cli._resumable import resume_blocker, resume_command
+
+if TYPE_CHECKING:
+    from evolane.campaign import StoreLayout
+
+WATCH_MODES = ("auto", "rich", "plain", "jsonl")
+"""The ``--progress`` choices of ``watch`` (``none`` would show nothing)."""
+
+READ_CHUNK = 64 * 1024
+"""Bytes of ``events.jsonl`` read per poll at most; a backlog is read a chunk at a time."""
+POLL_INTERVAL = 0.2
+"""Seconds between two looks at a run that has nothing new to say."""
+DEAD_GRACE = 1.0
+"""Seconds a run marked ``running`` must stay without a process (and silent) before the
+watcher calls it dead: a session that is opening its run holds no lock yet."""
+_MAX_WARNINGS = 5  # malformed lines warned about one by one; the rest only counted
+
+
+@dataclass
+class EventTail:
+    """The complete lines appended to a file since the last read, at most ``chunk`` bytes
+    per read; a partial last line waits for its newline, a line longer than ``max_line``
+    is dropped (reported by `read` as None)."""
+
+    path: Path
+    chunk: int = READ_CHUNK
+    max_line: int = 64 * 1024
+    offset: int = 0
+    line_number: int = 0  # of the last line returned
+    _partial: bytes = b""
+    _dropping: bool = False  # inside an overlong line, until its newline
+
+    def read(self) -> tuple[list[bytes | None], bool]:
+        """The complete lines read now (None for an overlong one) and whether the end of
+        the file was reached (a missing file is an empty one)."""
+        try:
+            with self.path.open("rb") as source:
+                source.seek(self.offset)
+                data = source.read(self.chunk)
+        except FileNotFoundError:
+            return [], True
+        self.offset += len(data)
+        *complete, rest = (self._partial + data).split(b"\n")
+        lines: list[bytes | None] = []
+        for line in complete:
+            self.line_number += 1
+            lines.append(None if self._dropping else line)
+            self._dropping = False
+        self._partial = b"" if self._dropping else rest
+        if len(self._partial) > self.max_line:
+            self._partial, self._dropping = b"", True
+        return lines, len(data) < self.chunk
+
+
+def _event_types() -> dict[str, type[messages.ProgressEvent]]:
+    return {cls.model_fields["kind"].default: cls for cls in messages.EVENT_TYPES}
+
+
+class EventDecoder:
+    """One line of ``events.jsonl`` as its event; a malformed line is skipped with a warning
+    (the first few one by one on ``warn_to``), an event of an unknown kind silently."""
+
+    def __init__(self, path: Path, warn_to: TextIO) -> None:
+        self.path, self.warn_to = path, warn_to
+        self.types = _event_types()
+        self.skipped = 0
+
+    def decode(self, line: bytes | None, number: int) -> messages.ProgressEvent | None:
+        """The event on ``line`` (line ``number`` of the file), or None when there is none."""
+        if line is not None and not line.strip():
+            return None
+        try:
+            if line is None:
+                raise ValueError("the line is longer than any event")
+            data = orjson.loads(line)
+            kind = data.get("kind") if isinstance(data, dict) else None
+            if not isinstance(kind, str):
+                raise ValueError("not an event object")
+            event_type = self.types.get(kind)
+            return None if event_type is None else event_type.model_validate(data)
+        except (ValueError, ValidationError) as error:  # JSONDecodeError is a ValueError
+            self._warn(number, error)
+            return None
+
+    def _warn(self, number: int, error: Exception) -> None:
+        self.skipped += 1
+        if self.skipped <= _MAX_WARNINGS:
+            why = str(error).strip().splitlines()[0] if str(error).strip() else "malformed"
+            where = f"{self.path}:{number}"
+            print(f"evolane: warning: {where}: skipped a bad event ({why})", file=self.warn_to)
+        if self.skipped == _MAX_WARNINGS:
+            print("evolane: warning: further bad events are skipped silently", file=self.warn_to)
+
+
+@dataclass
+class Ending:
+    """How a watched run ended, as far as the watcher could tell."""
+
+    status: str | None = None  # the run's own status; None when it died without saying
+    detached: bool = False  # Ctrl-C on the watcher: the run goes on
+
+    @property
+    def exit_code(self) -> int:
+        """The run's own exit code; a run that died unfinished is interrupted (resumable)."""
+        from evolane.campaign import EXIT_FOR_STATUS
+
+        if self.detached:
+            return EXIT_OK
+        if self.status is None:
+            return EXIT_INTERRUPTED
+        return EXIT_FOR_STATUS.get(self.status, EXIT_INTERNAL)
+
+
+@dataclass
+class _Follower:
+    """Tails one run's events into a channel until the run ends (IO: reads only)."""
+
+    layout: StoreLayout
+    run_id: str
+    tail: EventTail
+    decoder: EventDecoder
+    last: messages.ProgressEvent | None = None
+    quiet_since: float | None = None  # when the run was first seen without a process
+
+    async def follow(self, send: trio.MemorySendChannel[messages.ProgressEvent]) -> Ending:
+        """Send every event of the run, from its first, until it ends; then close ``send``."""
+        async with send:
+            while True:
+                lines, at_end = self.tail.read()
+                first = self.tail.line_number - len(lines) + 1
+                for number, line in enumerate(lines, start=first):
+                    event = self.decoder.decode(line, number)
+                    if event is not None:
+                        self.last = event
+                        try:
+                            await send.send(event)
+                        except trio.BrokenResourceError:  # the view's output went away
+                            return Ending(detached=True)
+                if not at_end:
+                    await trio.lowlevel.checkpoint()
+                    continue
+                ending = self._ended(bool(lines))
+                if ending is not None:
+                    return ending
+                await trio.sleep(POLL_INTERVAL)
+
+    def _ended(self, fresh: bool) -> Ending | None:
+        """How the run ended, once the whole file is read; None while it may go on."""
+        from evolane.campaign import run_is_live
+
+        if isinstance(self.last, messages.RunFinished):
+            return Ending(self.last.status)
+        if fresh or run_is_live(self.layout, self.run_id):
+            self.quiet_since = None
+            return None
+        status = self._recorded_status()
+        if status == "running":  # no process, yet not ended in order: opening, or killed
+            now = trio.current_time()
+            self.quiet_since = now if self.quiet_since is None else self.quiet_since
+            if now - self.quiet_since < DEAD_GRACE:
+                return None
+        ended = None if status == "running" else status  # e.g. interrupted, with no report
+        return Ending(self._report_status() or ended)
+
+    def _recorded_status(self) -> str:
+        from evolane.campaign import load_run
+
+        try:
+            return load_run(self.layout, self.run_id).status
+        except (OSError, ValueError):
+            return "running"
+
+    def _report_status(self) -> str | None:
+        """The status report.json gives (a run that ended without its final event), if any."""
+        from evolane.store import read_json
+
+        try:
+            data = read_json(self.layout.run_dir(self.run_id) / "report.json")
+        except (OSError, ValueError):
+            return None
+        status = data.get("status") if isinstance(data, dict) else None
+        return status if isinstance(status, str) else None
+
+
+async def _watch(follower: _Follower, mode: ProgressMode, out: TextIO) -> Ending:
+    """Render the run until it ends; Ctrl-C stops the tail only, and the view draws its end."""
+    send, receive = trio.open_memory_channel[messages.ProgressEvent](256)
+    endings: list[Ending] = []
+    async with trio.open_nursery() as nursery:
+        console = Console(file=out) if mode == "rich" else None
+        nursery.start_soon(partial(render_progress, mode, receive, console=console, out=out))
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            async with trio.open_nursery() as tailing:
+
+                async def tail() -> None:
+                    endings.append(await follower.follow(send))
+                    tailing.cancel_scope.cancel()
+
+                async def detach() -> None:
+                    async for _ in signals:
+                        tailing.cancel_scope.cancel()
+                        return
+
+                tailing.start_soon(tail)
+                tailing.start_soon(detach)
+        send.close()  # the view then draws its last frame and returns
+    return endings[0] if endings else Ending(detached=True)
+
+
+def follow_run(
+    layout: StoreLayout, run_id: str, store: Path, progress: str, out: TextIO | None = None
+) -> Ending:
+    """Show run ``run_id`` (already resolved) on ``out`` (default stdout) until it ends or
+    Ctrl-C detaches; then say how it ended (on stderr when ``out`` carries JSON lines). The
+    command's exit code is ``Ending.exit_code``."""
+    if progress not in WATCH_MODES:
+        fail_usage(f"unknown --progress {progress!r}; choose from: {', '.join(WATCH_MODES)}")
+    view_out = out if out is not None else sys.stdout
+    mode = resolve_mode(progress, view_out)
+    events = layout.run_dir(run_id) / "events.jsonl"
+    follower = _Follower(layout, run_id, EventTail(events), EventDecoder(events, sys.stderr))
+    ending = trio.run(_watch, follower, mode, view_out)
+    try:
+        view_out.flush()
+        _say_how_it_ended(
+            ending, layout, run_id, store, sys.stderr if mode == "jsonl" else view_out
+        )
+    except (BrokenPipeError, ValueError):  # the reader went away: nothing more to say
+        pass
+    return ending
+
+
+def _say_how_it_ended(
+    ending: Ending, layout: StoreLayout, run_id: str, store: Path, out: TextIO
+) -> None:
+
+    if ending.detached:
+        again = f"evolane watch {run_id} --store {store}"
+        print(f"detached from run {run_id}; it goes on (follow it again: {again})", file=out)
+        return
+    if ending.status is not None:
+        print(f"run {run_id} ended {ending.status} (exit {ending.exit_code})", file=out)
+        if ending.status != "interrupted":
+            return
+    else:
+        print(f"run {run_id} ended without finishing: its process is gone (killed?)", file=out)
+    from evolane.campaign import load_run
+
+    try:
+        blocked = resume_blocker(layout, load_run(layout, run_id), store)
+    except (OSError, ValueError) as error:
+        blocked = f"its run.json cannot be read ({type(error).__name__})"
+    if blocked is None:
+        print(f"resume: {resume_command(run_id, store)}", file=out)
+    else:
+        print(f"it cannot resume: {blocked}", file=out)
+
+
+def watch(
+    run_id: Annotated[str, typer.Argument(help="The run id (or a prefix of exactly one run).")],
+    store: StoreOption = DEFAULT_STORE,
+    progress: Annotated[
+        str, typer.Option(help="auto | rich | plain | jsonl (auto: rich on a terminal).")
+    ] = "auto",
+) -> None:
+    """Follow a run from any terminal until it ends; exit with the run's own exit code.
+
+    Ctrl-C only detaches (exit 0): the run goes on.
+    """
+    if progress not in WATCH_MODES:
+        fail_usage(f"unknown --progress {progress!r}; choose from: {', '.join(WATCH_MODES)}")
+    layout = open_store(store)
+    run_id = resolve_run(layout, run_id)
+    raise typer.Exit(follow_run(layout, run_id, store, progress).exit_code)

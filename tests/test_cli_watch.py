@@ -1,0 +1,240 @@
+"""``evolane watch`` and ``evolane report --follow`` through the real CLI: on a finished run
+(the same final figures as the run's own view, the run's exit code), on a running one (it
+follows to the end), on one killed mid-way (the resume line), and on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from evolane.cli._watch import EventTail
+from tests.campaign_helpers import toy_flags, usage_replay, write_toy
+
+EVOLANE = [sys.executable, "-m", "evolane"]
+PLAN = {"0.0": "fix:2", "0.1": "harm:1", "1.0": "fix:1", "1.1": "noop"}
+GATED_REPLAY = (
+    "sh -c 'while [ ! -e {gate}/open ]; do sleep 0.05; done; "
+    'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' replay {{candidate}} {{output_dir}}'
+)
+"""A replay that waits until the test creates ``open`` in the gate folder: the run stays
+running for as long as the test needs it to."""
+
+
+def _gated(tmp_path: Path, **values: str) -> tuple[list[str], Path]:
+    """Flags whose replays wait for the gate (one iteration), and the gate folder."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    flags = _flags(tmp_path, replay=GATED_REPLAY.format(gate=gate), iterations="1", **values)
+    return [*flags, "--expose", str(gate)], gate
+
+
+def _flags(tmp_path: Path, progress: str = "none", **values: str) -> list[str]:
+    """The toy workload's flags (two iterations), with ``values`` replacing flags by name."""
+    paths = write_toy(tmp_path / "toy", PLAN)
+    flags = toy_flags(paths, tmp_path / "store")
+    values = {"iterations": "2", "progress": progress, **values}
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if flag in flags:
+            flags[flags.index(flag) + 1] = value
+        else:
+            flags += [flag, value]
+    return flags
+
+
+def _evolane(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EVOLANE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _finished_line(out: str) -> str:
+    (line,) = [line for line in out.splitlines() if "] finished: " in line]
+    return line
+
+
+def _run_dir(store: Path) -> Path:
+    (run_dir,) = (store / "runs").iterdir()
+    return run_dir
+
+
+def _wait_for_events(store: Path, process: subprocess.Popen[str]) -> Path:
+    """The run's events.jsonl, once it exists; fail if the run ends first."""
+    deadline = time.monotonic() + 120  # a guard against a hang, not a timing assertion
+    while not list(store.glob("runs/*/events.jsonl")):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"no events.jsonl in {store}"
+        time.sleep(0.05)
+    return _run_dir(store) / "events.jsonl"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished toy run: its store, its id and what its own plain view printed."""
+
+    store: Path
+    run_id: str
+    out: str
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    root = tmp_path_factory.mktemp("finished")
+    run = _evolane("optimize", *_flags(root, progress="plain"))
+    assert run.returncode == 0, run.stderr
+    return Finished(root / "store", _run_dir(root / "store").name, run.stdout)
+
+
+def test_watch_on_a_finished_run_shows_the_figures_of_its_own_view(finished: Finished) -> None:
+    store, run_id = finished.store, finished.run_id
+    watched = _evolane("watch", run_id[:12], "--store", str(store), "--progress", "plain")
+    assert watched.returncode == 0, watched.stderr
+    assert _finished_line(watched.stdout) == _finished_line(finished.out)
+    decisions = [line for line in finished.out.splitlines() if "] decision " in line]
+    assert decisions and [line for line in watched.stdout.splitlines() if line in decisions] == (
+        decisions
+    )
+    assert watched.stdout.splitlines()[-1] == f"run {run_id} ended finished (exit 0)"
+    rich = _evolane("watch", run_id, "--store", str(store), "--progress", "rich")
+    assert rich.returncode == 0 and "finished: finished" in rich.stdout, rich.stderr
+
+
+def test_report_follow_watches_then_prints_the_report(finished: Finished) -> None:
+    store, run_id = finished.store, finished.run_id
+    followed = _evolane("report", run_id, "--store", str(store), "--follow")
+    assert followed.returncode == 0, followed.stderr
+    assert _finished_line(followed.stdout) == _finished_line(finished.out)
+    assert "decisions" in followed.stdout
+    assert f"report.json: {store / 'runs' / run_id / 'report.json'}" in followed.stdout
+    as_json = _evolane("report", run_id, "--store", str(store), "--follow", "--format", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["run_id"] == run_id  # the view went to stderr
+    assert "finished: finished" in as_json.stderr
+
+
+def test_watch_exits_with_a_budget_limited_runs_code(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    flags = _flags(tmp_path, replay=usage_replay(tmp_path), max_tokens="1500")
+    run = _evolane("optimize", *flags)
+    assert run.returncode == 3, run.stderr
+    watched = _evolane("watch", _run_dir(store).name, "--store", str(store), "--progress", "plain")
+    assert watched.returncode == 3, watched.stderr
+    assert "finished: budget_limited" in watched.stdout
+
+
+def test_watch_follows_a_running_run_to_its_end_and_ctrl_c_only_detaches(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    flags, gate = _gated(tmp_path)
+    run = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL)
+    watchers: list[subprocess.Popen[str]] = []
+    try:
+        run_id = _wait_for_events(store, run).parent.name
+        command = [*EVOLANE, "watch", run_id, "--store", str(store), "--progress", "plain"]
+        for _ in range(2):
+            watchers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+        detached, watched = watchers
+        assert detached.stdout is not None and watched.stdout is not None
+        first = detached.stdout.readline()  # it is following: a Ctrl-C now detaches
+        detached.send_signal(signal.SIGINT)
+        rest, _ = detached.communicate(timeout=60)
+        assert run.poll() is None  # the run goes on
+        watched_first = watched.stdout.readline()
+        (gate / "open").touch()
+        watched_rest, _ = watched.communicate(timeout=120)
+        assert run.wait(timeout=120) == 0
+    finally:
+        (gate / "open").touch()
+        for process in [run, *watchers]:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert detached.returncode == 0
+    assert f"] run {run_id}" in first
+    assert f"detached from run {run_id}; it goes on" in rest
+    assert watched.returncode == 0
+    assert f"] run {run_id}" in watched_first  # from its first event on
+    assert "finished: finished" in watched_rest
+
+
+def test_watch_of_a_killed_run_ends_with_the_resume_line(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    flags, _gate = _gated(tmp_path)  # never opened: the run is killed mid-way
+    run = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL, text=True)
+    watch: subprocess.Popen[str] | None = None
+    try:
+        run_dir = _wait_for_events(store, run).parent
+        command = [*EVOLANE, "watch", run_dir.name, "--store", str(store), "--progress", "plain"]
+        watch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert watch.stdout is not None
+        first = watch.stdout.readline()  # the watcher is following the run
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=30)
+        rest, err = watch.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if watch is not None and watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 130, err
+    assert f"] run {run_dir.name}" in first
+    lines = rest.splitlines()
+    assert "finished:" not in rest
+    assert lines[-2] == f"run {run_dir.name} ended without finishing: its process is gone (killed?)"
+    assert lines[-1] == f"resume: evolane optimize --resume {run_dir.name} --store {store}"
+
+
+def test_watch_skips_a_garbage_line_with_a_warning(tmp_path: Path, finished: Finished) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(finished.store, store)
+    events = store / "runs" / finished.run_id / "events.jsonl"
+    lines = events.read_bytes().splitlines(keepends=True)
+    garbage = [b"not json at all\n", b'{"kind": "event.phase"}\n', b"[1, 2]\n"]
+    events.write_bytes(b"".join(lines[:2] + garbage + lines[2:]))
+    watched = _evolane("watch", finished.run_id, "--store", str(store), "--progress", "plain")
+    assert watched.returncode == 0, watched.stderr
+    assert _finished_line(watched.stdout) == _finished_line(finished.out)
+    warnings = watched.stderr.strip().splitlines()
+    assert [w.split(": skipped")[0] for w in warnings] == [
+        f"evolane: warning: {events}:{n}" for n in (3, 4, 5)
+    ]
+    assert "Traceback" not in watched.stderr
+
+
+def test_watch_of_an_unknown_run_is_one_error_line(tmp_path: Path) -> None:
+    (tmp_path / "store" / "runs").mkdir(parents=True)
+    done = _evolane("watch", "nope", "--store", str(tmp_path / "store"))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("evolane: error: unknown run"), done.stderr
+    bad = _evolane("watch", "x", "--store", str(tmp_path / "store"), "--progress", "none")
+    assert bad.returncode == 2 and "--progress" in bad.stderr
+
+
+def test_the_tail_reads_bounded_chunks_and_waits_for_a_whole_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    tail = EventTail(path, chunk=8, max_line=12)
+    assert tail.read() == ([], True)  # no file yet: nothing, and at its end
+    path.write_bytes(b'{"a":1}\n{"b":')
+    assert tail.read() == ([b'{"a":1}'], False)  # 8 bytes at most
+    assert tail.read() == ([], True)  # a partial line waits
+    with path.open("ab") as out:
+        out.write(b"2}\n" + b"x" * 20 + b"\n{}\n")
+    seen: list[bytes | None] = []
+    while True:
+        lines, at_end = tail.read()
+        seen += lines
+        if at_end:
+            break
+    assert seen == [b'{"b":2}', None, b"{}"]  # the overlong line is reported as None
+    assert tail.line_number == 4
