@@ -49,7 +49,9 @@ async def test_cpu_spinner_is_stopped_by_the_cpu_limit(host: SandboxHost) -> Non
         outcome = await host.run(python("while True: pass", cpu_seconds=1), timeout=15)
     assert outcome.status == "limit_exceeded"
     assert outcome.limits_hit == ("cpu",)
-    assert outcome.cpu_seconds >= 0.9
+    # RLIMIT_CPU fires after 1 s of CPU; the reading is the cgroup's or rusage's, which can
+    # trail it by a few scheduler ticks on a loaded host (0.898 s seen at load 5).
+    assert outcome.cpu_seconds >= 0.8
 
 
 async def test_file_size_flood_is_stopped_by_the_file_size_limit(host: SandboxHost) -> None:
