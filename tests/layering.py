@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lanes",),
     ("distributed",),
     ("measure",),
+    ("views",),
     ("campaign",),
     ("embed",),
     ("aio",),

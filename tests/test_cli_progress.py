@@ -15,7 +15,6 @@ from rich.console import Console
 
 import evolane.cli._render as renderer
 from evolane.cli._render import render_progress, render_view, resolve_mode
-from evolane.cli._view import ViewState
 from evolane.measure._progress import ProgressBus
 from evolane.messages import (
     EVENT_TYPES,
@@ -31,6 +30,7 @@ from evolane.messages import (
     Usage,
     WarningEvent,
 )
+from evolane.views import ViewState
 
 PARENT = "sha256:" + "ab12" * 16
 CAND = "sha256:" + "cd34" * 16

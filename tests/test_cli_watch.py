@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from evolane.cli._watch import EventTail
+from evolane.views import EventTail
 from tests.campaign_helpers import toy_flags, usage_replay, write_toy
 
 EVOLANE = [sys.executable, "-m", "evolane"]

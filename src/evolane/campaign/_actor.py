@@ -24,7 +24,6 @@ from evolane.actors import Actor
 from evolane.campaign._book import (
     SlotBook,
     arm_score,
-    arm_scores,
     first_failure,
 )
 from evolane.campaign._confirm import confirm_repetitions, confirmation_of
@@ -55,6 +54,7 @@ from evolane.messages import (
     WarningEvent,
 )
 from evolane.store import describe_failure, storage_failure
+from evolane.views import arm_scores
 
 __all__ = ["Campaign"]
 

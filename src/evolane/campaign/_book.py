@@ -19,6 +19,7 @@ from evolane.campaign._report import (
     score_ci,
 )
 from evolane.messages import Decision, FailureEvent, FunnelStage, LocalGateResult, MeasureSummary
+from evolane.views import arm_scores
 
 MAX_FAILURES = 1000
 """Failure events kept in a report (the count beyond is stated)."""
@@ -151,15 +152,6 @@ class Book:
                 if failure and result.get("status") != "cancelled":  # stopped on purpose
                     self.fail(str(unit["unit"]), FailureEvent.model_validate(failure))
         return record
-
-
-def arm_scores(units: list[dict[str, Any]], arm: str) -> dict[str, list[float]]:
-    """Per-case scores of one arm from a measurement's unit records."""
-    scores: dict[str, list[float]] = {}
-    for unit in units:
-        if unit.get("arm") == arm and unit.get("score") is not None:
-            scores.setdefault(str(unit["case"]), []).append(float(unit["score"]))
-    return scores
 
 
 def first_failure(units: list[dict[str, Any]]) -> str:

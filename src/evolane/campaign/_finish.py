@@ -22,6 +22,7 @@ from evolane.measure import ROLES, LedgerSnapshot, ProgressBus, describe_limits
 from evolane.messages import ArtifactRef, RunFinished, Usage, WarningEvent
 from evolane.sandbox import SandboxHost
 from evolane.store import write_bytes_atomic, write_json_atomic
+from evolane.views import write_report_html
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,20 @@ async def finish(
             report=str(prepared.run_dir / "report.json")[-256:],
         )
     )
+    await _write_page(prepared, bus)  # after run_finished, so it plots the whole stream
     return report
+
+
+async def _write_page(prepared: Prepared, bus: ProgressBus) -> None:
+    """Draw report.html from what was just written; a page that cannot be drawn is a
+    warning, never a failed run (``evolane report RUN_ID --format html`` draws it again)."""
+    try:
+        await trio.to_thread.run_sync(
+            write_report_html, prepared.run_dir, prepared.layout.blobs(), lambda _: None
+        )
+    except Exception as error:
+        why = f"report.html was not written: {type(error).__name__}: {error}"
+        bus.publish(WarningEvent(run_id=prepared.run.run_id, message=why[:256]))
 
 
 def _message(outcome: CycleOutcome, bus: ProgressBus, run_id: str, recovered: str) -> str:

@@ -18,13 +18,12 @@ from pydantic import Field
 
 from evolane.messages import ArtifactRef, Name, Record, ShortText
 from evolane.store import BlobStore, FileEntry, SymlinkEntry, load_manifest, snapshot_tree
+from evolane.views import Category, case_runs
 
 Convergence = Literal["ok", "warn", "paradigm_shift", "stop"]
-Category = Literal["always_failing", "flaky", "infra_errored", "solid"]
 Focus = Literal["all", "cyclic", "hardest-first"]
 FAILING: tuple[Category, ...] = ("always_failing", "flaky")
 PROMPT_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2
-_INFRA_OWNERS = ("infrastructure", "framework")
 _DETAIL_READ_BYTES = 64 << 10
 _DIFF_FILE_BYTES = 1 << 20
 _SHORT = 256
@@ -87,21 +86,6 @@ def _failure_code(unit: dict[str, Any], or_status: bool = False) -> str:
     return str(unit.get("status", ""))[:_SHORT] if or_status else ""
 
 
-def _run_kind(unit: dict[str, Any]) -> Literal["scored", "own_failure", "infra", "none"]:
-    """A scored run, a replay the parent failed itself, an infrastructure failure, or none."""
-    if isinstance(unit.get("score"), int | float):
-        return "scored"
-    replay, judge = unit.get("replay") or {}, unit.get("judge") or {}
-    failure = replay.get("failure")
-    if isinstance(failure, dict):
-        return "infra" if failure.get("owner") in _INFRA_OWNERS else "own_failure"
-    if judge.get("status") in ("failed", "cancelled"):
-        return "infra"
-    if unit.get("status") in ("timed_out", "cancelled") or replay.get("status") == "timed_out":
-        return "infra"
-    return "none"
-
-
 def classify_cases(
     units: list[dict[str, Any]], store: BlobStore, pass_threshold: float = 1.0
 ) -> list[CaseStanding]:
@@ -127,40 +111,21 @@ def classify_cases(
 def _standing(
     case_id: str, runs: list[dict[str, Any]], store: BlobStore, threshold: float
 ) -> CaseStanding | None:
-    scored: list[tuple[float, dict[str, Any]]] = []
-    infra: list[dict[str, Any]] = []
-    for unit in runs:
-        kind = _run_kind(unit)
-        if kind == "scored":
-            scored.append((float(unit["score"]), unit))
-        elif kind == "own_failure":
-            scored.append((0.0, unit))
-        elif kind == "infra":
-            infra.append(unit)
-    if not scored:
-        if not infra:
-            return None
-        return CaseStanding(
-            id=case_id,
-            category="infra_errored",
-            score=0.0,
-            runs=0,
-            reason=_failure_code(infra[0], or_status=True),
-        )
-    failing = [(score, unit) for score, unit in scored if score < threshold]
-    category: Category = (
-        "solid" if not failing else "always_failing" if len(failing) == len(scored) else "flaky"
-    )
+    sorted_runs = case_runs(runs, threshold)
+    if sorted_runs is None:
+        return None
+    if sorted_runs.category == "infra_errored":
+        reason = _failure_code(sorted_runs.infra[0], or_status=True)
+        return CaseStanding(id=case_id, category="infra_errored", score=0.0, runs=0, reason=reason)
     reason = ""
-    if failing:
-        unit = failing[0][1]
+    if sorted_runs.failing:
+        unit = sorted_runs.failing[0][1]
         reason = _judge_reason(store, unit.get("judge")) or _failure_code(unit)
-    mean = sum(score for score, _ in scored) / len(scored)
     return CaseStanding(
         id=case_id,
-        category=category,
-        score=min(1.0, max(0.0, mean)),
-        runs=len(scored),
+        category=sorted_runs.category,
+        score=sorted_runs.mean,
+        runs=len(sorted_runs.scored),
         reason=reason,
     )
 

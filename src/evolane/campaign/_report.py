@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import Field, create_model, model_validator
 
 from evolane.campaign._config import CampaignConfig, with_stored_defaults
@@ -31,7 +30,7 @@ from evolane.messages import (
     Text,
     Usage,
 )
-from evolane.stats import bootstrap_ci
+from evolane.stats import case_mean_ci
 
 REPORT_VERSION = 1
 _MANY = 1_000_000
@@ -251,12 +250,11 @@ CycleReport: type[Record] = create_model(  # a view of `Report`: its fields are 
 
 def score_ci(per_case: dict[str, list[float]], *, confidence: float, seed: int) -> ScoreCI | None:
     """Mean over cases of each case's mean score, with a seeded percentile bootstrap CI."""
-    means = np.array([sum(v) / len(v) for v in per_case.values() if v], dtype=np.float64)
-    if means.size == 0:
+    found = case_mean_ci(per_case, confidence=confidence, seed=seed)
+    if found is None:
         return None
-    low, high = bootstrap_ci(means, confidence, 2000, seed)
-    clip = lambda x: float(min(1.0, max(0.0, x)))  # noqa: E731
-    return ScoreCI(mean=clip(means.mean()), ci_low=clip(low), ci_high=clip(high), n=means.size)
+    mean, low, high, n = found
+    return ScoreCI(mean=mean, ci_low=low, ci_high=high, n=n)
 
 
 def _ci(score: ScoreCI | None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from evolane.actors import ActorError, ActorRef
-from evolane.campaign._book import SlotBook, arm_score, arm_scores, hardest_failing
+from evolane.campaign._book import SlotBook, arm_score, hardest_failing
 from evolane.campaign._gates import run_local_gates
 from evolane.campaign._peers import Peers
 from evolane.campaign._prompt import edit_diff, encode_prompt
@@ -37,6 +37,7 @@ from evolane.messages import (
 )
 from evolane.stats import paired_sample
 from evolane.supervisors import leaf_exceptions
+from evolane.views import arm_scores
 
 PROPOSAL_REPLY_SLACK = 60.0
 """What an optimizer lane may take beyond the proposal's deadline before it answers: its kill

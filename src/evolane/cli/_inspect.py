@@ -31,7 +31,7 @@ from evolane.cli._resumable import resume_blocker, resume_command
 if TYPE_CHECKING:
     from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
 
-FORMATS = ("text", "json", "md")
+FORMATS = ("text", "json", "md", "html")
 SCHEMAS = ("messages", "events", "report")
 TERMINALS = ("selected", "rejected", "blocked", "not_run")
 
@@ -74,12 +74,15 @@ def _load_report(path: Path) -> Report:
 def report(
     run_id: Annotated[str, typer.Argument(help="The run id (or a prefix of exactly one run).")],
     store: StoreOption = DEFAULT_STORE,
-    fmt: Annotated[str, typer.Option("--format", help="text | json | md")] = "text",
+    fmt: Annotated[str, typer.Option("--format", help="text | json | md | html")] = "text",
     follow: Annotated[
         bool, typer.Option("--follow", help="Watch the run until it ends (as `watch`) first.")
     ] = False,
 ) -> None:
     """Show a run's report; a run without one shows its journal and how to resume it.
+
+    ``--format html`` (re)draws the run's self-contained ``report.html`` beside its
+    report.json and prints the page.
 
     With ``--follow`` the run is watched to its end first (`evolane watch`), the report is
     then shown and the command exits with the run's own exit code; Ctrl-C detaches (exit 0).
@@ -105,6 +108,9 @@ def _show_report(layout: StoreLayout, run_id: str, store: Path, fmt: str) -> Non
     record = _load_record(layout, run_id)
     run_dir = layout.run_dir(run_id)
     report_json = run_dir / "report.json"
+    if fmt == "html":
+        _show_html(layout, run_dir)
+        return
     if not report_json.is_file():
         _show_unfinished(unfinished_summary(layout, record, store), fmt)
         return
@@ -126,6 +132,20 @@ def _show_report(layout: StoreLayout, run_id: str, store: Path, fmt: str) -> Non
     else:
         blocked = resume_blocker(layout, record, store)
         _print_report(_load_report(report_json), run_dir, store, blocked)
+
+
+def _show_html(layout: StoreLayout, run_dir: Path) -> None:
+    """Draw the run's report.html again (an older run may have none) and print it."""
+    from evolane.views import ReportPageError, write_report_html
+
+    def warn(message: str) -> None:
+        print(f"evolane: warning: {message}", file=sys.stderr)
+
+    try:
+        path = write_report_html(run_dir, layout.blobs(), warn)
+    except (ReportPageError, OSError) as error:
+        fail_usage(f"cannot draw report.html: {_why(error)}")
+    sys.stdout.write(path.read_text(encoding="utf-8"))
 
 
 # -- a run without report.json ---------------------------------------------------------------
@@ -320,8 +340,9 @@ def _print_report(rep: Report, run_dir: Path, store: Path, blocked: str | None) 
         console.print(decisions)
     else:
         console.print("decisions: none")
-    for name in ("report.json", "report.md"):
-        console.print(Text(f"{name}: {run_dir / name}"), soft_wrap=True)
+    for name in ("report.json", "report.md", "report.html"):
+        if (run_dir / name).is_file():
+            console.print(Text(f"{name}: {run_dir / name}"), soft_wrap=True)
     if rep.status == "interrupted" and blocked is None:
         console.print("Continue this run with:")
         console.print(Text(f"  {resume_command(rep.run_id, store)}"), soft_wrap=True)

@@ -1,7 +1,7 @@
 """The progress renderers of ``evolane optimize``: a live view, plain lines, or JSON lines.
 
 A renderer reads a lossy observer channel of the `ProgressBus`, folds every event it gets
-into a `ViewState` (`evolane.cli._view`) and writes from a worker thread, so a slow or
+into a `ViewState` (`evolane.views`) and writes from a worker thread, so a slow or
 stalled terminal only makes the observer lose events (counted), never slows the run.
 """
 
@@ -26,8 +26,8 @@ from evolane.cli._amounts import amount as _amount
 from evolane.cli._amounts import count as _count
 from evolane.cli._amounts import duration as _duration
 from evolane.cli._amounts import role_spend
-from evolane.cli._view import TERMINAL_STAGES, ViewState, kind_of
 from evolane.measure import Subscription
+from evolane.views import TERMINAL_STAGES, ViewState, kind_of
 
 ProgressMode = Literal["auto", "rich", "plain", "jsonl", "none"]
 """How ``--progress`` shows a run; ``auto`` is ``rich`` on a terminal, else ``plain``."""

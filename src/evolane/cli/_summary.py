@@ -71,6 +71,8 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         if report.apply.proposal_dir:
             lines.append(f"proposal: {report.apply.proposal_dir}")
     lines += [f"report: {run_dir / 'report.json'}", f"        {run_dir / 'report.md'}"]
+    if (run_dir / "report.html").is_file():
+        lines.append(f"        {run_dir / 'report.html'}")
     if report.status == "interrupted":
         lines.append(f"resume: evolane optimize --resume {report.run_id} --store {store}")
     elif report.campaign_status in ("paused", "active"):

@@ -17,10 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TextIO
 
-import orjson
 import trio
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
 from evolane import messages
@@ -28,6 +26,7 @@ from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, fail_us
 from evolane.cli._output import DEFAULT_STORE, StoreOption, open_store, resolve_run
 from evolane.cli._render import ProgressMode, render_progress, resolve_mode
 from evolane.cli._resumable import resume_blocker, resume_command
+from evolane.views import EventDecoder, EventTail
 
 if TYPE_CHECKING:
     from evolane.campaign import StoreLayout
@@ -35,90 +34,15 @@ if TYPE_CHECKING:
 WATCH_MODES = ("auto", "rich", "plain", "jsonl")
 """The ``--progress`` choices of ``watch`` (``none`` would show nothing)."""
 
-READ_CHUNK = 64 * 1024
-"""Bytes of ``events.jsonl`` read per poll at most; a backlog is read a chunk at a time."""
 POLL_INTERVAL = 0.2
 """Seconds between two looks at a run that has nothing new to say."""
 DEAD_GRACE = 1.0
 """Seconds a run marked ``running`` must stay without a process (and silent) before the
 watcher calls it dead: a session that is opening its run holds no lock yet."""
-_MAX_WARNINGS = 5  # malformed lines warned about one by one; the rest only counted
 
 
-@dataclass
-class EventTail:
-    """The complete lines appended to a file since the last read, at most ``chunk`` bytes
-    per read; a partial last line waits for its newline, a line longer than ``max_line``
-    is dropped (reported by `read` as None)."""
-
-    path: Path
-    chunk: int = READ_CHUNK
-    max_line: int = 64 * 1024
-    offset: int = 0
-    line_number: int = 0  # of the last line returned
-    _partial: bytes = b""
-    _dropping: bool = False  # inside an overlong line, until its newline
-
-    def read(self) -> tuple[list[bytes | None], bool]:
-        """The complete lines read now (None for an overlong one) and whether the end of
-        the file was reached (a missing file is an empty one)."""
-        try:
-            with self.path.open("rb") as source:
-                source.seek(self.offset)
-                data = source.read(self.chunk)
-        except FileNotFoundError:
-            return [], True
-        self.offset += len(data)
-        *complete, rest = (self._partial + data).split(b"\n")
-        lines: list[bytes | None] = []
-        for line in complete:
-            self.line_number += 1
-            lines.append(None if self._dropping else line)
-            self._dropping = False
-        self._partial = b"" if self._dropping else rest
-        if len(self._partial) > self.max_line:
-            self._partial, self._dropping = b"", True
-        return lines, len(data) < self.chunk
-
-
-def _event_types() -> dict[str, type[messages.ProgressEvent]]:
-    return {cls.model_fields["kind"].default: cls for cls in messages.EVENT_TYPES}
-
-
-class EventDecoder:
-    """One line of ``events.jsonl`` as its event; a malformed line is skipped with a warning
-    (the first few one by one on ``warn_to``), an event of an unknown kind silently."""
-
-    def __init__(self, path: Path, warn_to: TextIO) -> None:
-        self.path, self.warn_to = path, warn_to
-        self.types = _event_types()
-        self.skipped = 0
-
-    def decode(self, line: bytes | None, number: int) -> messages.ProgressEvent | None:
-        """The event on ``line`` (line ``number`` of the file), or None when there is none."""
-        if line is not None and not line.strip():
-            return None
-        try:
-            if line is None:
-                raise ValueError("the line is longer than any event")
-            data = orjson.loads(line)
-            kind = data.get("kind") if isinstance(data, dict) else None
-            if not isinstance(kind, str):
-                raise ValueError("not an event object")
-            event_type = self.types.get(kind)
-            return None if event_type is None else event_type.model_validate(data)
-        except (ValueError, ValidationError) as error:  # JSONDecodeError is a ValueError
-            self._warn(number, error)
-            return None
-
-    def _warn(self, number: int, error: Exception) -> None:
-        self.skipped += 1
-        if self.skipped <= _MAX_WARNINGS:
-            why = str(error).strip().splitlines()[0] if str(error).strip() else "malformed"
-            where = f"{self.path}:{number}"
-            print(f"evolane: warning: {where}: skipped a bad event ({why})", file=self.warn_to)
-        if self.skipped == _MAX_WARNINGS:
-            print("evolane: warning: further bad events are skipped silently", file=self.warn_to)
+def _warn(message: str) -> None:
+    print(f"evolane: warning: {message}", file=sys.stderr)
 
 
 @dataclass
@@ -247,7 +171,7 @@ def follow_run(
     view_out = out if out is not None else sys.stdout
     mode = resolve_mode(progress, view_out)
     events = layout.run_dir(run_id) / "events.jsonl"
-    follower = _Follower(layout, run_id, EventTail(events), EventDecoder(events, sys.stderr))
+    follower = _Follower(layout, run_id, EventTail(events), EventDecoder(events, _warn))
     ending = trio.run(_watch, follower, mode, view_out)
     try:
         view_out.flush()

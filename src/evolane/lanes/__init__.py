@@ -27,7 +27,7 @@ from evolane.lanes._limits import (
     limits_hit,
     note_limits,
 )
-from evolane.lanes._llm import ChatAnswer, Endpoint, ModelError, api_key, chat
+from evolane.lanes._llm import ChatAnswer, Endpoint, ModelError, api_key, chat, redact
 from evolane.lanes._llm_edits import EDIT_FORMAT, Edit, EditError, apply_edits, parse_edits
 from evolane.lanes._llm_judge import MalformedVerdictError, llm_judge, parse_verdict
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_snapshot
@@ -143,6 +143,7 @@ __all__ = [
     "plugin_points",
     "plugin_spec",
     "read_usage",
+    "redact",
     "replay_environment",
     "resolve_agent",
     "run_backend",

@@ -364,7 +364,8 @@ class MeasurePlan:
     def progress(self) -> MeasureEvent:
         """How far the measurement is: complete pairs in plan order, their mean delta and SE."""
         planned = self.cutoff if self.cutoff is not None else len(self.case_ids)
-        return self._prefix.event(self.request.measurement_id, planned, self.in_flight)
+        judging = sum(unit.step in ("judging", "rejudging") for unit in self.units)
+        return self._prefix.event(self.request.measurement_id, planned, self.in_flight, judging)
 
     def records(self) -> list[dict[str, Any]]:
         """Every unit as the blob `MeasureSummary.units_ref` points to, in case order."""

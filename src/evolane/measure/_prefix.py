@@ -74,7 +74,9 @@ class CasePrefix:
                 return decision, f"early stop: {stopper.reason}", index + 1
         return None
 
-    def event(self, measurement_id: str, planned: int, lanes_busy: int) -> MeasureEvent:
+    def event(
+        self, measurement_id: str, planned: int, lanes_busy: int, judges_busy: int = 0
+    ) -> MeasureEvent:
         """The progress event: the prefix's comparable pairs, their mean delta (None without
         any) and its SE (None below two)."""
         mean = se = None
@@ -86,6 +88,7 @@ class CasePrefix:
             pairs_done=self.pairs,
             pairs_planned=planned,
             lanes_busy=lanes_busy,
+            judges_busy=judges_busy,
             mean_delta=mean,
             se=se if self.pairs > 1 else None,
         )

@@ -110,6 +110,9 @@ class MeasureEvent(ProgressEvent):
     pairs_done: int = Field(ge=0, le=_COUNT)
     pairs_planned: int = Field(ge=0, le=_COUNT)
     lanes_busy: int = Field(default=0, ge=0, le=_COUNT)
+    """Replay lanes this measurement holds now."""
+    judges_busy: int = Field(default=0, ge=0, le=_COUNT)
+    """Its units being judged now."""
     mean_delta: float | None = None
     se: float | None = None
     finished: bool = False

@@ -15,6 +15,7 @@ from evolane.stats._bootstrap import (
     BootstrapMethod,
     bootstrap_ci,
     bootstrap_means,
+    case_mean_ci,
     expanded_tail,
 )
 from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
@@ -97,6 +98,7 @@ __all__ = [
     "can_ever_accept",
     "can_ever_confirm",
     "can_ever_pass_online",
+    "case_mean_ci",
     "case_order",
     "confirm",
     "coverage_shortfall",

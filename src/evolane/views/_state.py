@@ -1,8 +1,9 @@
 """What a progress observer knows of a run: the `ViewState` and its fold over events.
 
 Pure: folding takes one event and updates the state, with no IO, no clock and no trio, so
-the renderers (`evolane.cli._render`) only draw it. Each event kind has one small fold,
-found in a table by the event's ``kind``.
+the renderers only draw it: the live view and ``evolane watch`` (`evolane.cli._render`) and
+the HTML report (`evolane.views.render_html`), which reads the run's series (`History`).
+Each event kind has one small fold, found in a table by the event's ``kind``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evolane import messages
+from evolane.views._history import History
 
 TERMINAL_STAGES = frozenset({"selected", "rejected", "blocked", "not_run"})
 """Funnel stages a candidate slot never leaves."""
@@ -63,6 +65,7 @@ class ViewState:
     missed: int = 0  # events never seen, from gaps in the sequence numbers
     last_seq: int = 0
     t: float = 0.0  # the newest event's seconds since the run began
+    history: History = field(default_factory=History)  # the series the HTML report plots
 
     def fold(self, event: messages.ProgressEvent) -> None:
         """Take one event into the state (an event of an unknown kind only counts)."""
@@ -72,6 +75,7 @@ class ViewState:
             self.last_seq = event.seq
         self.t = max(self.t, event.t)
         self.run_id = event.run_id or self.run_id
+        self.history.fold(event)
         fold = _FOLDS.get(event.kind)
         if fold is not None:
             fold(self, event)

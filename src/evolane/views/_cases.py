@@ -1,0 +1,87 @@
+"""How one case fared over its runs: scored, failed on its own account, or an infrastructure
+failure, and its category against the pass threshold.
+
+One rule for the optimizer prompt (which cases are failing) and the report's heatmap
+(pass / fail / flaky / infra), so the two name a case alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Category = Literal["always_failing", "flaky", "infra_errored", "solid"]
+"""``solid``: every scored run passes; ``always_failing``: none does; ``flaky``: both;
+``infra_errored``: no scored run, only infrastructure or judge failures."""
+RunKind = Literal["scored", "own_failure", "infra", "none"]
+INFRA_OWNERS = ("infrastructure", "framework")
+"""Failure owners that are not the tree's fault."""
+
+
+def run_kind(unit: dict[str, Any]) -> RunKind:
+    """A scored run, a replay the tree failed itself, an infrastructure failure, or none
+    (never ran: not_run, blocked)."""
+    if isinstance(unit.get("score"), int | float):
+        return "scored"
+    replay, judge = unit.get("replay") or {}, unit.get("judge") or {}
+    failure = replay.get("failure")
+    if isinstance(failure, dict):
+        return "infra" if failure.get("owner") in INFRA_OWNERS else "own_failure"
+    if judge.get("status") in ("failed", "cancelled"):
+        return "infra"
+    if unit.get("status") in ("timed_out", "cancelled") or replay.get("status") == "timed_out":
+        return "infra"
+    return "none"
+
+
+@dataclass(frozen=True)
+class CaseRuns:
+    """A case's runs sorted by kind, and its category."""
+
+    category: Category
+    scored: list[tuple[float, dict[str, Any]]]
+    """(score, unit) of each scored run; a run the tree failed itself scores 0."""
+    infra: list[dict[str, Any]]
+    threshold: float
+
+    @property
+    def mean(self) -> float:
+        """The mean score of the scored runs (0 without any), within 0..1."""
+        if not self.scored:
+            return 0.0
+        return min(1.0, max(0.0, sum(score for score, _ in self.scored) / len(self.scored)))
+
+    @property
+    def failing(self) -> list[tuple[float, dict[str, Any]]]:
+        """The scored runs below the threshold."""
+        return [(score, unit) for score, unit in self.scored if score < self.threshold]
+
+
+def case_runs(units: list[dict[str, Any]], threshold: float = 1.0) -> CaseRuns | None:
+    """The runs of one case (``units``) and its category; None when none of them ran."""
+    scored: list[tuple[float, dict[str, Any]]] = []
+    infra: list[dict[str, Any]] = []
+    for unit in units:
+        kind = run_kind(unit)
+        if kind == "scored":
+            scored.append((float(unit["score"]), unit))
+        elif kind == "own_failure":
+            scored.append((0.0, unit))
+        elif kind == "infra":
+            infra.append(unit)
+    if not scored:
+        return CaseRuns("infra_errored", [], infra, threshold) if infra else None
+    failing = sum(score < threshold for score, _ in scored)
+    category: Category = (
+        "solid" if not failing else "always_failing" if failing == len(scored) else "flaky"
+    )
+    return CaseRuns(category, scored, infra, threshold)
+
+
+def arm_scores(units: list[dict[str, Any]], arm: str) -> dict[str, list[float]]:
+    """Per-case scores of one arm (``baseline`` or ``candidate``) from unit records."""
+    scores: dict[str, list[float]] = {}
+    for unit in units:
+        if unit.get("arm") == arm and unit.get("score") is not None:
+            scores.setdefault(str(unit["case"]), []).append(float(unit["score"]))
+    return scores
