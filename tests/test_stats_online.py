@@ -25,7 +25,9 @@ def brute_force(deltas: list[float], margin: float = 0.0) -> float:
     slack = 1e-9 * max(1.0, abs(observed))
     hits = 0
     for signs in itertools.product((-1.0, 1.0), repeat=len(values)):
-        hits += math.fsum(s * abs(v) for s, v in zip(signs, values, strict=True)) >= observed - slack
+        hits += (
+            math.fsum(s * abs(v) for s, v in zip(signs, values, strict=True)) >= observed - slack
+        )
     return hits / 2 ** len(values)
 
 
