@@ -110,6 +110,7 @@ def test_an_old_flat_run_json_loads_into_the_settings_models() -> None:
         "expose": [],
         "expose_rw": [],
         **ModelSettings().model_dump(mode="json"),  # models in the loop: none, no prices
+        "plugins": {},  # no role recorded as a plugin: each value as it was written
     }
     assert RunRecord.model_validate_json(record.model_dump_json()) == record
 

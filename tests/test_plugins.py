@@ -9,15 +9,18 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
 import evolane
+from evolane.campaign import CampaignConfig
 from evolane.embed import BackendCall, Backends, ObserverReport, OptimizeRequest
 from evolane.inputs import plugin_words
 from evolane.lanes import PluginError, installed_plugins, plugin_backend, plugin_spec
@@ -33,11 +36,17 @@ PLUGIN = textwrap.dedent(
     """
     import json, os
 
+    import trio
+
     def judge_factory(args):
         if args not in ("strict", "lenient"):
             raise ValueError(f"unknown mode {args!r}")
 
         async def judge(call):
+            gate = os.environ.get("TESTPLUG_JUDGE_GATE")  # wait at the first judge call
+            if gate:
+                open(gate, "a").close()
+                await trio.sleep_forever()
             answer = json.loads((call.output_dir / "output.json").read_text())
             right = answer == call.case["expected_output"]
             log = os.environ.get("TESTPLUG_JUDGE_LOG")
@@ -292,6 +301,87 @@ def test_a_plugin_factory_that_raises_is_one_line_naming_it(
     assert not (store / "runs").exists() or not any((store / "runs").iterdir())
     unknown = _run(["optimize", *toy_flags(paths, store), "--observer", "nosuch"], plugin_dir)
     _one_error_line(unknown, "--observer nosuch: unknown observer (installed: boom, filelog)")
+
+
+def _killed_mid_judge(plugin_dir: Path, tmp_path: Path, paths: dict[str, Path]) -> Path:
+    """Start a run judged by ``myjudge:strict`` and SIGKILL it at its first judge call: the
+    run folder of a resumable run."""
+    store, gate = tmp_path / "store", tmp_path / "judging"
+    pythonpath = os.pathsep.join([str(plugin_dir), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": pythonpath, "TESTPLUG_JUDGE_GATE": str(gate)}
+    flags = [*toy_flags(paths, store), "--judge", "myjudge:strict", "--iterations", "1"]
+    process = subprocess.Popen([*EVOLANE, "optimize", *flags], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120  # a guard against a hang, not a timing figure
+    while not gate.exists():
+        assert process.poll() is None, "the run ended before its first judge call"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    (run_dir,) = (store / "runs").iterdir()
+    return run_dir
+
+
+def test_a_stored_plugin_stays_a_plugin_on_resume(plugin_dir: Path, tmp_path: Path) -> None:
+    """run.json records that ``--judge myjudge:strict`` named a plugin; resumed where it is
+    not installed, the run is refused (exit 2, one line naming the plugin and the role)
+    before anything is spent, instead of running the value as a command; resumed where it
+    is installed, it finishes with the plugin's scores."""
+    paths = write_toy(tmp_path, PLAN)
+    run_dir = _killed_mid_judge(plugin_dir, tmp_path, paths)
+    stored = json.loads((run_dir / "run.json").read_text())
+    assert stored["config"]["plugins"] == {"judge": "myjudge"}
+    assert stored["config"]["judge"] == "myjudge:strict"
+    journal = (run_dir / "journal.jsonl").read_text()
+    resume = ["optimize", "--resume", run_dir.name, "--store", str(run_dir.parent.parent)]
+    empty = tmp_path / "no-plugins"
+    empty.mkdir()
+    refused = _run(resume, empty)
+    _one_error_line(refused, f"--resume {run_dir.name}: the run's --judge myjudge:strict")
+    assert "plugin 'myjudge', which is not installed (entry-point group evolane.judges)" in (
+        refused.stderr
+    )
+    assert json.loads((run_dir / "run.json").read_text()) == stored  # nothing was started
+    assert (run_dir / "journal.jsonl").read_text() == journal
+    judged = tmp_path / "judged.log"
+    done = _run([*resume, "--progress", "none"], plugin_dir, TESTPLUG_JUDGE_LOG=str(judged))
+    assert done.returncode == 0, done.stderr
+    report = json.loads((run_dir / "report.json").read_text())
+    assert (report["status"], report["resumed"]) == ("finished", 1)
+    assert report["config"]["plugins"] == {"judge": "myjudge"}
+    calls = judged.read_text().splitlines()
+    assert calls and all(line.startswith("strict ") for line in calls)  # the plugin judged
+
+
+def test_the_recorded_plugins_are_checked_role_by_role() -> None:
+    """Without the plugin installed: a recorded role that still names it is refused; a role
+    whose value changed (a re-judge's new ``--judge``), or one not checked, is not."""
+    from evolane.campaign._models import check_recorded_plugins, with_recorded_plugins
+    from evolane.inputs import InputError
+
+    config = CampaignConfig(
+        target="t", dataset="d", replay="r", optimizer="o", judge="myjudge:strict",
+        plugins={"judge": "myjudge"},
+    )  # fmt: skip
+    assert with_recorded_plugins(config).plugins == {}  # not installed: a command template
+    with pytest.raises(InputError, match=r"^--from-run r-1: the run's --judge myjudge:strict "):
+        check_recorded_plugins(config, "--from-run r-1", roles=("judge",))
+    check_recorded_plugins(config, "--from-run r-1", roles=("replay", "optimizer"))
+    check_recorded_plugins(config.model_copy(update={"judge": "python3 judge.py"}), "--resume r")
+    check_recorded_plugins(config, "--resume r", recorded={})
+
+
+def test_recording_names_the_installed_plugins(installed: Path) -> None:
+    from evolane.campaign._models import check_recorded_plugins, with_recorded_plugins
+
+    config = CampaignConfig(
+        target="t", dataset="d", replay="myreplay:", optimizer="python3 o.py:x",
+        judge="myjudge:strict",
+    )  # fmt: skip
+    recorded = with_recorded_plugins(config)
+    assert recorded.plugins == {"replay": "myreplay", "judge": "myjudge"}
+    check_recorded_plugins(recorded, "--resume r")  # installed: nothing to refuse
 
 
 # -- the embedding API -----------------------------------------------------------------------

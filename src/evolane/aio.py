@@ -7,21 +7,38 @@ awaitables and async iterators.
 
 Cancelling the asyncio task that awaits `optimize` (or `AioRunHandle.result`) cancels the
 run; the cancellation completes only once every process tree of the run is gone.
+
+Observers (`evolane.embed.Observer`, or a plain ``async def observer(event)``) are written
+for asyncio: ``open_runtime(observers=...)`` (every run) and ``start_optimize(...,
+observers=...)`` (one run) take them, and each call (``on_event``, ``close``) runs as a task
+on the asyncio loop, in the context of the call that handed them over, while the trio side
+awaits it. Their contract is the trio API's: a slow one loses events (counted), one that
+raises is disabled for the run with one warning event, and a run's own are closed when it
+ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
 from evolane.campaign import Backends, RunOutcome
-from evolane.embed import EmbeddedRuntime, OptimizeRequest, RunHandle
+from evolane.embed import (
+    EmbeddedRuntime,
+    ObserverLike,
+    ObserverReport,
+    OptimizeRequest,
+    RunHandle,
+    observer_name,
+)
 from evolane.embed import open_runtime as open_trio_runtime
 
 EVENTS_BUFFER = 256
@@ -98,6 +115,54 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+class _HostObserver:
+    """An asyncio observer as the trio runtime calls it: each ``on_event`` and ``close`` runs
+    as a task on the host loop (in ``context``, a copy per call) and the guest awaits it."""
+
+    def __init__(
+        self, observer: ObserverLike, loop: asyncio.AbstractEventLoop, context: contextvars.Context
+    ) -> None:
+        if not (hasattr(observer, "on_event") or callable(observer)):
+            raise TypeError(f"{observer!r} is no observer (on_event or an async callable)")
+        self.inner, self.loop, self.context = observer, loop, context
+        self.name = observer_name(observer)
+
+    async def on_event(self, event: Any) -> None:
+        handler = getattr(self.inner, "on_event", None)
+        await self._on_host(handler if handler is not None else self.inner, event)
+
+    async def close(self) -> None:
+        closer = getattr(self.inner, "close", None) if hasattr(self.inner, "on_event") else None
+        if closer is not None:
+            await self._on_host(closer)
+
+    async def _on_host(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """``await fn(*args)`` as an asyncio task, awaited from trio: its result or error is
+        this call's; cancelling this call cancels the task."""
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        async def call() -> Any:
+            return await fn(*args)
+
+        def wake(_: asyncio.Task[Any]) -> None:
+            with contextlib.suppress(trio.RunFinishedError):  # the guest is gone: nobody waits
+                token.run_sync_soon(done.set)
+
+        # The guest runs on the host loop's thread, between its callbacks: a task may start.
+        task = self.loop.create_task(call(), context=self.context.copy())
+        task.add_done_callback(wake)
+        try:
+            await done.wait()
+        except BaseException:
+            task.cancel()
+            task.add_done_callback(_retrieve)
+            raise
+        if task.cancelled():  # not ours: never let asyncio's CancelledError into trio
+            raise RuntimeError("its asyncio task was cancelled")
+        return task.result()
+
+
 class AioRunHandle:
     """A run in progress, seen from asyncio: events, result, stop and cancel."""
 
@@ -123,6 +188,11 @@ class AioRunHandle:
                 self._queue.get_nowait()
                 self._queue.put_nowait(item)
             self.dropped += 1
+
+    @property
+    def observers(self) -> list[ObserverReport]:
+        """How each observer of the run fared (final once `result` has returned)."""
+        return self._handle.observers
 
     async def events(self) -> AsyncIterator[Any]:
         """The run's progress events until it ends (lossy for a slow consumer)."""
@@ -163,12 +233,16 @@ class AioRuntime:
         request: OptimizeRequest,
         *,
         backends: Backends | None = None,
+        observers: Sequence[ObserverLike] = (),
         events_buffer: int = EVENTS_BUFFER,
     ) -> AioRunHandle:
         """Check ``request`` and start its run (raises `InputError` for bad input). Cancelling
-        the await cancels the run; the cancellation completes once its trees are gone."""
+        the await cancels the run; the cancellation completes once its trees are gone.
+        ``observers`` (asyncio code: see the module docstring) hear every event of this run
+        and are closed when it ends; the runtime's own hear it too."""
+        hosted = _hosted(observers)
         scope = trio.CancelScope()
-        started = self._bridge.call(self._start, request, backends, scope)
+        started = self._bridge.call(self._start, request, backends, hosted, scope)
         try:
             handle = await asyncio.shield(started)
         except asyncio.CancelledError:
@@ -189,21 +263,45 @@ class AioRuntime:
             await asyncio.wait([self._bridge.call(handle._cancel_and_wait)])
 
     async def _start(
-        self, request: OptimizeRequest, backends: Backends | None, scope: trio.CancelScope
+        self,
+        request: OptimizeRequest,
+        backends: Backends | None,
+        observers: list[_HostObserver],
+        scope: trio.CancelScope,
     ) -> RunHandle | None:
         with scope:  # start_optimize cancels the run (and waits for it) when cancelled
-            return await self._runtime.start_optimize(request, backends=backends)
+            return await self._runtime.start_optimize(
+                request, backends=backends, observers=observers
+            )
         return None
 
-    async def optimize(self, request: OptimizeRequest, *, backends: Backends | None = None) -> Any:
+    async def optimize(
+        self,
+        request: OptimizeRequest,
+        *,
+        backends: Backends | None = None,
+        observers: Sequence[ObserverLike] = (),
+    ) -> Any:
         """Run ``request`` to its report; cancelling the await cancels the run."""
-        handle = await self.start_optimize(request, backends=backends)
+        handle = await self.start_optimize(request, backends=backends, observers=observers)
         return (await handle.result()).report
 
 
+def _hosted(observers: Sequence[ObserverLike]) -> list[_HostObserver]:
+    """``observers`` run on the running asyncio loop, in the caller's context (`TypeError`
+    for anything that is no observer)."""
+    loop, context = asyncio.get_running_loop(), contextvars.copy_context()
+    return [_HostObserver(observer, loop, context) for observer in observers]
+
+
 @asynccontextmanager
-async def open_runtime(*, store: str = ".evolane", **options: Any) -> AsyncIterator[AioRuntime]:
-    """Start the trio runtime as a guest of the running asyncio loop for the ``async with``."""
+async def open_runtime(
+    *, store: str = ".evolane", observers: Sequence[ObserverLike] = (), **options: Any
+) -> AsyncIterator[AioRuntime]:
+    """Start the trio runtime as a guest of the running asyncio loop for the ``async with``.
+    ``observers`` (asyncio code: see the module docstring) hear every run it starts and are
+    closed when it closes (`evolane.embed.open_runtime`)."""
+    hosted = _hosted(observers)
     loop = asyncio.get_running_loop()
     bridge = _Bridge(loop)
     ready: asyncio.Future[AioRuntime] = loop.create_future()
@@ -211,7 +309,7 @@ async def open_runtime(*, store: str = ".evolane", **options: Any) -> AsyncItera
 
     async def trio_main() -> None:
         async with (
-            open_trio_runtime(store=store, **options) as runtime,
+            open_trio_runtime(store=store, observers=hosted, **options) as runtime,
             trio.open_nursery() as nursery,
         ):
             closing = bridge.opened(nursery)

@@ -50,6 +50,8 @@ ErrorControlMode = Literal["auto", "confirm", "online", "none", "legacy"]
 `campaign._online`). ``legacy`` is not a flag value: it is what a run.json written before
 the setting existed means (confirm when there are test cases, else none), so such a run
 resumes as it ran."""
+PluginRole = Literal["replay", "judge", "optimizer"]
+"""A role whose value may name a plugin (``--replay/--judge/--optimizer NAME:ARGS``)."""
 
 
 class ProposeSettings(Record):
@@ -111,6 +113,12 @@ class CampaignConfig(Record):
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     campaign_id: Name | None = None
     example: Name | None = None
+    plugins: dict[PluginRole, Name] = Field(default_factory=dict)
+    """The roles whose value named an installed plugin when the run was laid out, with the
+    plugin's name (``{"judge": "myjudge"}``): set by evolane, not a flag. A resume or
+    re-judge refuses to run without them rather than read such a value as a command
+    template (`campaign._models.check_recorded_plugins`). Empty in a run.json written
+    before plugins were recorded."""
 
     @property
     def run_commands(self) -> CommandSettings:

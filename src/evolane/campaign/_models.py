@@ -6,12 +6,14 @@ plugin_spec`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evolane.distributed import parse_cluster
-from evolane.inputs import InputError, llm_model
+from evolane.inputs import InputError, llm_model, plugin_words
 from evolane.lanes import (
+    BACKEND_GROUPS,
     Backend,
     Endpoint,
     ModelError,
@@ -111,14 +113,50 @@ def model_backends(config: CampaignConfig) -> tuple[Backend | None, Backend | No
     return judge, optimizer
 
 
+def role_values(config: CampaignConfig) -> dict[str, str | None]:
+    """The value of each role that may name a plugin (``replay``, ``judge``, ``optimizer``)."""
+    return {
+        "replay": config.measure.replay,
+        "judge": config.measure.judge,
+        "optimizer": config.propose.optimizer,
+    }
+
+
 def plugin_specs(config: CampaignConfig) -> dict[str, PluginSpec]:
     """The plugins ``config`` names, by role (``replay``, ``judge``, ``optimizer``)."""
-    named = {
-        "replay": plugin_spec(config.measure.replay, "replay"),
-        "judge": plugin_spec(config.measure.judge, "judge"),
-        "optimizer": plugin_spec(config.propose.optimizer, "optimizer"),
-    }
+    named = {role: plugin_spec(value, role) for role, value in role_values(config).items()}
     return {role: spec for role, spec in named.items() if spec is not None}
+
+
+def with_recorded_plugins(config: CampaignConfig) -> CampaignConfig:
+    """``config`` recording which of its roles name an installed plugin (its ``plugins``),
+    as a new run freezes it into run.json."""
+    named = {role: spec.name for role, spec in plugin_specs(config).items()}
+    return config.model_copy(update={"plugins": named})
+
+
+def check_recorded_plugins(
+    config: CampaignConfig,
+    flag: str,
+    roles: tuple[str, ...] = ("replay", "judge", "optimizer"),
+    recorded: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse (`InputError`, exit 2, before any spend) to continue stored work (``flag``:
+    ``--resume RUN_ID``...) when one of ``roles`` recorded as a plugin (``recorded``, by
+    default ``config.plugins``) still names it but that plugin is no longer installed: the
+    value would otherwise be read as a command template and every call of the role fail.
+    A role whose value names another plugin or a command since (a re-judge's new
+    ``--judge``) follows the usual rule."""
+    values = role_values(config)
+    for role, name in (config.plugins if recorded is None else recorded).items():
+        words = plugin_words(values.get(role))
+        if role not in roles or words is None or words[0] != name:
+            continue
+        if plugin_spec(values[role], role) is None:
+            raise InputError(
+                f"{flag}: the run's --{role} {values[role]} names the plugin {name!r}, which is "
+                f"not installed (entry-point group {BACKEND_GROUPS[role]}); install it to go on"
+            )
 
 
 def check_plugins(config: CampaignConfig) -> None:

@@ -22,7 +22,12 @@ from evolane.campaign._estimate import (
     repetitions_for,
 )
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
-from evolane.campaign._models import check_models, check_plugins
+from evolane.campaign._models import (
+    check_models,
+    check_plugins,
+    check_recorded_plugins,
+    with_recorded_plugins,
+)
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.campaign._runs import (
@@ -31,6 +36,7 @@ from evolane.campaign._runs import (
     ResumeState,
     RunRecord,
     StoreLayout,
+    last_run_plugins,
     load_campaign,
     load_run,
     new_id,
@@ -129,6 +135,7 @@ def prepare_run(
     if resume_run is not None:
         record, campaign = _resumable_run(layout, resume_run)
         config = record.config
+        check_recorded_plugins(config, f"--resume {resume_run}")
         resume = read_resume_state(layout.run_dir(resume_run) / "journal.jsonl")
         resumed = record.resumed + 1
     gates = check_templates(config)
@@ -145,6 +152,10 @@ def prepare_run(
             }
         )
     else:
+        config = with_recorded_plugins(config)  # frozen into run.json: a resume needs them
+        if resume_campaign is not None:  # the next cycle runs its plugins as the last did
+            last = last_run_plugins(layout, resume_campaign)
+            check_recorded_plugins(config, f"--resume-campaign {resume_campaign}", recorded=last)
         plan = plan_splits(
             config, _in_file(dataset), seed=_carve_seed(layout, config, resume_campaign)
         )
@@ -270,6 +281,8 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
             "apply": "proposal",
         }
     )
+    check_recorded_plugins(config, f"--from-run {run_id}", roles=("judge",))  # all it runs
+    config = with_recorded_plugins(config)
     gates = check_templates(config)
     dataset = _dataset(config)
     if dataset.digest != old.dataset_digest:

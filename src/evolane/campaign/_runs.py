@@ -166,6 +166,16 @@ def load_run(layout: StoreLayout, run_id: str) -> RunRecord:
     return RunRecord.model_validate(read_json(layout.run_dir(run_id) / "run.json"))
 
 
+def last_run_plugins(layout: StoreLayout, campaign_id: str) -> dict[str, str]:
+    """The plugins the newest run of ``campaign_id`` recorded (`CampaignConfig.plugins`);
+    empty when it has no run or its records cannot be read (refused where they are read)."""
+    try:
+        runs = load_campaign(layout, campaign_id).runs
+        return dict(load_run(layout, runs[-1]).config.plugins) if runs else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def save_campaign(layout: StoreLayout, state: CampaignState) -> None:
     """Write ``campaign.json`` atomically, stamped with the time."""
     stamped = state.model_copy(update={"updated": time.time()})

@@ -10,6 +10,7 @@ from evolane.embed._observers import (
     Observer,
     ObserverLike,
     ObserverReport,
+    observer_name,
     observer_plugin,
 )
 from evolane.embed._request import OptimizeRequest
@@ -32,6 +33,7 @@ __all__ = [
     "RunCancelled",
     "RunHandle",
     "RunOutcome",
+    "observer_name",
     "observer_plugin",
     "open_runtime",
 ]

@@ -3,16 +3,19 @@
 An observer is either an object with ``async def on_event(self, event) -> None`` (and, if
 it holds resources, ``async def close(self) -> None``), or a plain async callable
 ``async def observer(event) -> None``. Attach observers to one run with
-``runtime.start_optimize(request, observers=[...])``; the CLI's ``--observer NAME`` loads
-one from the ``evolane.observers`` entry-point group (a factory taking no argument).
+``runtime.start_optimize(request, observers=[...])``, or to every run of a runtime with
+``open_runtime(observers=[...])`` (runtime-wide: they hear each run, events carry its
+``run_id``, and are closed once, when the runtime closes); the CLI's ``--observer NAME``
+loads one from the ``evolane.observers`` entry-point group (a factory taking no argument).
 
 Each observer gets every event through its own bounded subscription of the run's progress
 bus, so a slow one never slows the run: what it cannot take is dropped and counted (the
 run's ``events.jsonl`` has every event), and reported once, when the run ends
 (`ObserverReport.note`). An observer that raises is disabled: the run publishes one
 `WarningEvent` naming it and goes on. When the run ends the observers take the events they
-still hold (at most `OBSERVER_DRAIN_TIMEOUT`) and are closed (each at most
-`OBSERVER_CLOSE_TIMEOUT`).
+still hold (at most `OBSERVER_DRAIN_TIMEOUT`) and the run's own are closed (each at most
+`OBSERVER_CLOSE_TIMEOUT`). A runtime-wide observer that raises is disabled for that run
+only: the next run feeds it again.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ OBSERVER_BUFFER = 256
 OBSERVER_DRAIN_TIMEOUT = 10.0
 """Seconds a finished run waits for its observers to take the events they still hold."""
 OBSERVER_CLOSE_TIMEOUT = 5.0
-"""Seconds a finished run waits for each observer's ``close()``."""
+"""Seconds a finished run (or, for runtime-wide observers, a closing runtime) waits for each
+observer's ``close()``."""
 MAX_WARNING_CHARS = 256
 
 
@@ -127,6 +131,8 @@ class _Entry:
 
     observer: Any
     report: ObserverReport
+    owned: bool = True
+    """Closed when the run ends (False: a runtime-wide observer, closed with its runtime)."""
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     relayed: trio.Event = field(default_factory=trio.Event)
     attached: bool = False
@@ -136,14 +142,29 @@ class _Entry:
         await (handler(event) if handler is not None else self.observer(event))
 
 
-class Observing:
-    """The observers of one run: `attach` them to its bus, `close` them when it ends."""
+def check_observers(observers: Sequence[ObserverLike]) -> None:
+    """Raise `TypeError` for anything in ``observers`` that is no observer."""
+    for observer in observers:
+        if not (hasattr(observer, "on_event") or callable(observer)):
+            raise TypeError(f"{observer!r} is no observer (on_event or an async callable)")
 
-    def __init__(self, observers: Sequence[ObserverLike], buffer: int = OBSERVER_BUFFER) -> None:
-        for observer in observers:
-            if not (hasattr(observer, "on_event") or callable(observer)):
-                raise TypeError(f"{observer!r} is no observer (on_event or an async callable)")
-        self._entries = [_Entry(o, ObserverReport(observer_name(o))) for o in observers]
+
+class Observing:
+    """The observers of one run: `attach` them to its bus, `close` them when it ends.
+
+    ``shared`` observers (runtime-wide ones) hear the run like the run's own ``observers``
+    (they come first) but are not closed with it: their runtime closes them
+    (`close_observers`)."""
+
+    def __init__(
+        self,
+        observers: Sequence[ObserverLike],
+        buffer: int = OBSERVER_BUFFER,
+        shared: Sequence[ObserverLike] = (),
+    ) -> None:
+        check_observers([*shared, *observers])
+        mine = [(o, False) for o in shared] + [(o, True) for o in observers]
+        self._entries = [_Entry(o, ObserverReport(observer_name(o)), owned) for o, owned in mine]
         self._buffer = buffer
 
     @property
@@ -185,8 +206,8 @@ class Observing:
             entry.relayed.set()
 
     async def close(self) -> None:
-        """Let the observers take what they hold (bounded), then close each (bounded); runs
-        shielded, so a cancelled run still closes its observers."""
+        """Let the observers take what they hold (bounded), then close each of the run's own
+        (bounded); runs shielded, so a cancelled run still closes its observers."""
         with trio.CancelScope(shield=True):
             with trio.move_on_after(OBSERVER_DRAIN_TIMEOUT):
                 for entry in self._entries:
@@ -197,20 +218,39 @@ class Observing:
                 if entry.attached:
                     with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT):  # one that ignores it
                         await entry.relayed.wait()
-                await self._close_one(entry)
+                if entry.owned:
+                    failed = await close_observer(entry.observer)
+                    if entry.report.failed is None:
+                        entry.report.failed = failed
 
-    async def _close_one(self, entry: _Entry) -> None:
-        closer = getattr(entry.observer, "close", None)
-        if closer is None or not hasattr(entry.observer, "on_event"):
-            return
-        with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT) as scope:
-            try:
-                await closer()
-            except Exception as error:
-                if entry.report.failed is None:
-                    entry.report.failed = f"close() raised {type(error).__name__}: {error}"
-        if scope.cancelled_caught and entry.report.failed is None:
-            entry.report.failed = f"close() took over {OBSERVER_CLOSE_TIMEOUT:g} s"
+
+async def close_observer(observer: Any) -> str | None:
+    """Await ``observer.close()`` if it has one (at most `OBSERVER_CLOSE_TIMEOUT`); returns
+    why that failed (it raised, it took too long), else None. Never raises."""
+    closer = getattr(observer, "close", None)
+    if closer is None or not hasattr(observer, "on_event"):
+        return None
+    failed = None
+    with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT) as scope:
+        try:
+            await closer()
+        except Exception as error:
+            failed = f"close() raised {type(error).__name__}: {error}"
+    if scope.cancelled_caught and failed is None:
+        failed = f"close() took over {OBSERVER_CLOSE_TIMEOUT:g} s"
+    return failed
+
+
+async def close_observers(observers: Sequence[ObserverLike]) -> list[str]:
+    """Close runtime-wide ``observers`` one by one (each bounded, shielded); returns one
+    line per observer whose close failed, naming it."""
+    failures = []
+    with trio.CancelScope(shield=True):
+        for observer in observers:
+            failed = await close_observer(observer)
+            if failed is not None:
+                failures.append(f"observer {observer_name(observer)}: {failed}")
+    return failures
 
 
 def _warn(bus: ProgressBus, report: ObserverReport) -> None:

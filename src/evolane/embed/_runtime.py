@@ -7,7 +7,9 @@
         outcome = await handle.result()
 
 Observers (`evolane.embed.Observer`) given to `start_optimize` hear every event of the run
-through their own lossy subscriptions and are closed before `result` returns.
+through their own lossy subscriptions and are closed before `result` returns; observers given
+to `open_runtime` hear every run the runtime starts (in addition to each run's own) and are
+closed when the runtime closes.
 
 Bad input raises `InputError` from `start_optimize`, before anything is written. Cancelling
 a handle (or the caller's scope around `optimize`) kills every process tree of the run.
@@ -15,6 +17,7 @@ a handle (or the caller's scope around `optimize`) kills every process tree of t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +27,13 @@ import trio
 
 from evolane.campaign import Backends, CampaignConfig, RunOutcome, run_campaign
 from evolane.distributed import check_cluster
-from evolane.embed._observers import ObserverLike, ObserverReport, Observing
+from evolane.embed._observers import (
+    ObserverLike,
+    ObserverReport,
+    Observing,
+    check_observers,
+    close_observers,
+)
 from evolane.embed._request import OptimizeRequest
 from evolane.inputs import InputError
 from evolane.measure import ProgressBus, Subscription
@@ -131,10 +140,19 @@ class RunHandle:
 
 
 class EmbeddedRuntime:
-    """The actor runtime of `evolane.supervisors` plus optimize runs, for an agent process."""
+    """The actor runtime of `evolane.supervisors` plus optimize runs, for an agent process.
 
-    def __init__(self, actors: Runtime, store: Path, nursery: trio.Nursery) -> None:
+    ``observers`` are runtime-wide: every run it starts is heard by them too."""
+
+    def __init__(
+        self,
+        actors: Runtime,
+        store: Path,
+        nursery: trio.Nursery,
+        observers: Sequence[ObserverLike] = (),
+    ) -> None:
         self.actors, self.store, self._nursery = actors, store, nursery
+        self.observers: tuple[ObserverLike, ...] = tuple(observers)
 
     # the actor API, unchanged
     def __getattr__(self, name: str) -> Any:
@@ -153,11 +171,14 @@ class EmbeddedRuntime:
         flow from then on). Raises `InputError` for bad input. Cancelling the call cancels
         the run, and returns only once its trees are gone. ``observers`` hear every event
         of the run (`evolane.embed.Observer`; lossy when slow, disabled when they raise)
-        and are closed when it ends, before `RunHandle.result` returns."""
+        and are closed when it ends, before `RunHandle.result` returns; the runtime's own
+        observers (`open_runtime(observers=...)`) hear it too, first, and stay open."""
+        check_observers(observers)
         run_request = request.run_request(str(self.store), started)  # the runtime's store
         check_backends(run_request.config, backends)
         handle = RunHandle(events_buffer, run_request.config.commands.kill_grace)
-        observing = handle._observing = Observing(observers)
+        observing = Observing(observers, shared=self.observers)
+        handle._observing = observing
 
         def on_bus(bus: ProgressBus) -> None:
             handle._attach(bus)
@@ -223,13 +244,28 @@ def check_backends(config: CampaignConfig, backends: Backends | None) -> None:
 
 @asynccontextmanager
 async def open_runtime(
-    *, store: str | Path = ".evolane", **options: Any
+    *,
+    store: str | Path = ".evolane",
+    observers: Sequence[ObserverLike] = (),
+    **options: Any,
 ) -> AsyncIterator[EmbeddedRuntime]:
     """Run evolane for the body of the ``async with`` (``options`` go to the actor runtime:
-    ``max_restarts``, ``shutdown_timeout``, ...). Runs still going at exit are cancelled."""
-    async with open_actor_runtime(**options) as actors, trio.open_nursery() as nursery:
-        runtime = EmbeddedRuntime(actors, Path(store), nursery)
+    ``max_restarts``, ``shutdown_timeout``, ...). Runs still going at exit are cancelled.
+
+    ``observers`` hear every run the runtime starts, besides each run's own (a run's
+    `RunHandle.observers` reports on them too; one that raises is disabled for that run).
+    They are closed once, after the last run has ended, each at most
+    `OBSERVER_CLOSE_TIMEOUT`; a close that fails is a `RuntimeWarning` naming it. Raises
+    `TypeError` for anything in ``observers`` that is no observer."""
+    check_observers(observers)
+    async with open_actor_runtime(**options) as actors:
         try:
-            yield runtime
-        finally:
-            nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                runtime = EmbeddedRuntime(actors, Path(store), nursery, observers)
+                try:
+                    yield runtime
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:  # every run has ended (and let its observers drain): close the shared ones
+            for failure in await close_observers(observers):
+                warnings.warn(failure, RuntimeWarning, stacklevel=2)

@@ -1,0 +1,199 @@
+"""Observers everywhere in the embedding API: runtime-wide observers (`open_runtime(observers=
+...)`) hear every run a runtime starts besides each run's own and are closed once, with the
+runtime; `evolane.aio` takes observers written for asyncio (both forms) and runs them on the
+asyncio loop. (Per-run observers and the ``--observer`` plugins: tests/test_plugins.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+from pathlib import Path
+
+import sniffio
+import trio
+
+import evolane
+import evolane.aio
+from evolane.embed import BackendCall, Backends, OptimizeRequest
+from evolane.messages import ProgressEvent
+from tests.campaign_helpers import toy_config, write_toy
+
+PLAN = {"0.0": "fix:2", "0.1": "noop"}
+CALLER = contextvars.ContextVar("CALLER", default="unset")
+
+
+class Recorder:
+    """Keeps the (run id, kind) of every event it hears; counts its closes."""
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.heard: list[tuple[str, str]] = []
+        self.closes = 0
+        self._fail_first = fail_first
+
+    async def on_event(self, event: ProgressEvent) -> None:
+        if self._fail_first:
+            self._fail_first = False
+            raise RuntimeError("first event")
+        self.heard.append((event.run_id, event.kind))
+
+    async def close(self) -> None:
+        self.closes += 1
+
+    def kinds(self, run_id: str | None) -> list[str]:
+        return [kind for run, kind in self.heard if run == run_id]
+
+
+async def _replay(call: BackendCall) -> None:
+    assert call.candidate is not None and call.output_dir is not None and call.case is not None
+    (call.output_dir / "output.json").write_text((call.candidate / call.case["id"]).read_text())
+
+
+def _request(tmp_path: Path) -> OptimizeRequest:
+    paths = write_toy(tmp_path, PLAN)
+    return OptimizeRequest(config=toy_config(paths, replay="backend:replay", iterations=1))
+
+
+def _stored_kinds(outcome: object) -> list[str]:
+    """The kinds in the run's own events.jsonl, in order."""
+    path = outcome.run_dir / "events.jsonl"  # type: ignore[attr-defined]
+    return [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+
+
+async def test_runtime_wide_observers_hear_every_run_besides_each_runs_own(
+    tmp_path: Path,
+) -> None:
+    """Two runs of one runtime: the runtime-wide observers hear both (in order, closed once,
+    when the runtime closes); the first run's own observer hears that run only and is closed
+    with it; a runtime-wide observer that raises is disabled for that run only."""
+    request = _request(tmp_path)
+    shared, flaky, own = Recorder(), Recorder(fail_first=True), Recorder()
+    with trio.fail_after(120):  # a guard against a hang, not a timing figure
+        async with evolane.open_runtime(
+            store=request.config.store,  # type: ignore[union-attr]
+            observers=[shared, flaky],
+        ) as runtime:
+            first = await runtime.start_optimize(
+                request, backends=Backends(replay=_replay), observers=[own]
+            )
+            one = await first.result()
+            assert own.closes == 1 and shared.closes == 0 and flaky.closes == 0
+            second = await runtime.start_optimize(request, backends=Backends(replay=_replay))
+            two = await second.result()
+        assert shared.closes == 1 and flaky.closes == 1 and own.closes == 1
+    assert first.run_id != second.run_id
+    for handle, outcome in ((first, one), (second, two)):
+        kinds = shared.kinds(handle.run_id)
+        assert kinds[0] == "event.run_started" and kinds[-1] == "event.run_finished"
+        assert kinds == _stored_kinds(outcome)  # every event, in order
+    assert {run for run, _ in own.heard} == {first.run_id}
+    assert own.kinds(first.run_id) == shared.kinds(first.run_id)
+    assert [r.name for r in first.observers] == ["Recorder", "Recorder", "Recorder"]
+    assert first.observers[1].failed == "it raised RuntimeError: first event"
+    assert sum("observer Recorder was disabled" in k for k in _warnings(one)) == 1
+    assert flaky.kinds(first.run_id) == []  # disabled for the first run ...
+    assert flaky.kinds(second.run_id) == shared.kinds(second.run_id)  # ... and back for the next
+    assert all(r.failed is None for r in second.observers) and len(second.observers) == 2
+    assert first.observers[0].delivered == len(shared.kinds(first.run_id))
+
+
+def _warnings(outcome: object) -> list[str]:
+    """The messages of the warning events in the run's own events.jsonl."""
+    path = outcome.run_dir / "events.jsonl"  # type: ignore[attr-defined]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [line["message"] for line in lines if line["kind"] == "event.warning"]
+
+
+class AsyncioRecorder:
+    """An observer written for asyncio: it awaits asyncio primitives in every call and notes
+    what it sees of its surroundings."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str, int]] = []
+        self.lock = asyncio.Lock()
+        self.libraries: set[str] = set()
+        self.callers: set[str] = set()
+        self.closes = 0
+
+    async def on_event(self, event: ProgressEvent) -> None:
+        async with self.lock:
+            await asyncio.sleep(0)
+            self.libraries.add(sniffio.current_async_library())
+            self.callers.add(CALLER.get())
+            assert asyncio.current_task() is not None
+            self.heard.append((event.run_id, event.kind, event.seq))
+
+    async def close(self) -> None:
+        await asyncio.sleep(0)
+        self.closes += 1
+
+
+def test_asyncio_observers_hear_a_run_started_through_aio(tmp_path: Path) -> None:
+    """A runtime-wide and a per-run asyncio observer (a class and a plain coroutine function)
+    hear every event of a run started through `evolane.aio`, on the asyncio loop, in the
+    context of the call that gave them; the run's own is closed with the run, the
+    runtime-wide one with the runtime."""
+    request = _request(tmp_path)
+    shared, own, plain = AsyncioRecorder(), AsyncioRecorder(), []
+
+    async def listen(event: ProgressEvent) -> None:
+        await asyncio.sleep(0)
+        plain.append(event.kind)
+
+    async def main() -> tuple[object, object]:
+        CALLER.set("runtime")
+        async with evolane.aio.open_runtime(
+            store=str(request.config.store),  # type: ignore[union-attr]
+            observers=[shared],
+        ) as runtime:
+            CALLER.set("run")
+            handle = await runtime.start_optimize(
+                request, backends=Backends(replay=_replay), observers=[own, listen]
+            )
+            outcome = await handle.result()
+            assert own.closes == 1 and shared.closes == 0
+        assert shared.closes == 1
+        return handle, outcome
+
+    handle, outcome = asyncio.run(asyncio.wait_for(main(), 120))  # a guard against a hang
+    stored = _stored_kinds(outcome)
+    for recorder in (shared, own):
+        assert [kind for _, kind, _ in recorder.heard] == stored
+        assert [seq for _, _, seq in recorder.heard] == sorted(seq for _, _, seq in recorder.heard)
+        assert recorder.libraries == {"asyncio"}
+    assert plain == stored
+    assert shared.callers == {"runtime"} and own.callers == {"run"}
+    reports = handle.observers  # type: ignore[attr-defined]
+    assert [r.name for r in reports] == ["AsyncioRecorder", "AsyncioRecorder", "listen"]
+    assert all(r.failed is None and r.delivered == len(stored) for r in reports)
+
+
+def test_a_raising_asyncio_observer_is_disabled_with_one_warning(tmp_path: Path) -> None:
+    request = _request(tmp_path)
+    heard: list[str] = []
+
+    async def explode(event: ProgressEvent) -> None:
+        await asyncio.sleep(0)
+        raise ValueError("observer bug")
+
+    async def listen(event: ProgressEvent) -> None:
+        await asyncio.sleep(0)
+        heard.append(event.kind)
+
+    async def main() -> tuple[object, object]:
+        async with evolane.aio.open_runtime(
+            store=str(request.config.store),  # type: ignore[union-attr]
+            observers=[listen],
+        ) as runtime:
+            handle = await runtime.start_optimize(
+                request, backends=Backends(replay=_replay), observers=[explode]
+            )
+            return handle, await handle.result()
+
+    handle, outcome = asyncio.run(asyncio.wait_for(main(), 120))
+    assert outcome.report.status == "finished"  # type: ignore[attr-defined]
+    reports = {r.name: r for r in handle.observers}  # type: ignore[attr-defined]
+    assert reports["explode"].failed == "it raised ValueError: observer bug"
+    assert reports["explode"].announced and reports["listen"].failed is None
+    assert sum("observer explode was disabled" in w for w in _warnings(outcome)) == 1
+    assert "event.warning" in heard and heard == _stored_kinds(outcome)
