@@ -30,6 +30,7 @@ from evolane.measure._plan import (
     StopRequested,
     StopUnit,
     UnitCharged,
+    UnitEnded,
     UnitJournaled,
     UnitJudged,
     UnitReplayed,
@@ -132,6 +133,7 @@ class Driver:
     started: dict[str, int] = field(default_factory=dict)  # StartReplay per unit
     ended: dict[str, str] = field(default_factory=dict)  # unit id -> terminal status, once
     finishes: int = 0
+    told: list[str] = field(default_factory=list)  # UnitEnded, in order
     log: list[Action] = field(default_factory=list)
     checking: bool = True  # check every rule after every step (off for large plans)
 
@@ -151,6 +153,14 @@ class Driver:
                 self.stopped.update(action.unit_ids)
             elif isinstance(action, Finish):
                 self.finishes += 1
+            elif isinstance(action, UnitEnded):  # told once it ended, journaled if it is
+                unit = self.plan._by_id[action.unit_id]
+                assert unit.done and action.unit_id not in self.told
+                journaling = [a for a in self.pending if isinstance(a, JournalUnit)]
+                assert unit.unit_id not in {a.unit_id for a in journaling}
+                self.told.append(action.unit_id)
+                event = self.plan.unit_event(action.unit_id)
+                assert (event.unit_id, event.status) == (unit.unit_id, unit.status)
             elif not isinstance(action, Progress):
                 self.pending.append(action)
         if self.checking:
@@ -171,6 +181,8 @@ class Driver:
         assert self.finishes == (1 if plan.finished else 0)
         if plan.finished:
             assert not self.pending and len(self.ended) == len(plan.units)
+            took_part = [u.unit_id for u in plan.units if u.replay and u.replay.status != "blocked"]
+            assert sorted(self.told) == sorted(took_part)  # every unit that ran, told once
             for unit in plan.units:  # a control that did not succeed blocks its treatment
                 control = unit.depends_on
                 if control is not None and control.status != "succeeded":

@@ -300,7 +300,7 @@ def test_a_plugin_factory_that_raises_is_one_line_naming_it(
     assert "no licence for x" in done.stderr
     assert not (store / "runs").exists() or not any((store / "runs").iterdir())
     unknown = _run(["optimize", *toy_flags(paths, store), "--observer", "nosuch"], plugin_dir)
-    _one_error_line(unknown, "--observer nosuch: unknown observer (installed: boom, filelog)")
+    _one_error_line(unknown, "--observer nosuch: unknown observer (installed: boom, filelog, otel)")
 
 
 def _killed_mid_judge(plugin_dir: Path, tmp_path: Path, paths: dict[str, Path]) -> Path:

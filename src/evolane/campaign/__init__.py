@@ -35,6 +35,8 @@ from evolane.campaign._types import (
     CampaignSetup,
     CycleOutcome,
     RunSlots,
+    slot_id,
+    slot_of,
 )
 
 __all__ = [
@@ -69,4 +71,6 @@ __all__ = [
     "run_campaign",
     "run_is_live",
     "run_tree",
+    "slot_id",
+    "slot_of",
 ]

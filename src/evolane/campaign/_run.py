@@ -287,6 +287,7 @@ async def _cycle(
         restored=prepared.resume.units,
         restored_replays=prepared.resume.replays,
         on_progress=ctx.session.bus.publish,
+        on_unit=ctx.session.bus.publish,
         rejudge=prepared.rejudge,
         replay_backend=ctx.backends.replay,
         judge_backend=ctx.backends.judge,

@@ -21,6 +21,7 @@ from evolane.campaign._types import (
     Stopped,
     failure_text,
     not_stored,
+    slot_id,
     slot_seed,
 )
 from evolane.messages import (
@@ -55,7 +56,7 @@ class Slots:
 
     def slot_id(self, iteration: int, slot: int) -> str:
         """The slot's id, the same on a resume: ``c<cycle>.i<iteration>.s<slot>``."""
-        return f"c{self.s.cycle}.i{iteration}.s{slot}"
+        return slot_id(self.s.cycle, iteration, slot)
 
     # ----- proposals ---------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ slot names, and the small helpers its cycle uses."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -247,6 +248,22 @@ def failure_text(result: ProposeResult) -> str:
     if result.failure is not None:
         return f"{result.failure.code} {result.failure.message}".strip()[:200]
     return result.status
+
+
+def slot_id(cycle: int, iteration: int, slot: int) -> str:
+    """A candidate slot's id, the same on a resume: ``c<cycle>.i<iteration>.s<slot>``. Its
+    measurements are named after it: the slot id (paired) and ``<slot id>.<purpose>``."""
+    return f"c{cycle}.i{iteration}.s{slot}"
+
+
+_SLOT_ID = re.compile(r"c(\d+)\.i(\d+)\.s(\d+)(?:\.|$)")
+
+
+def slot_of(measurement_id: str) -> tuple[int, int, int] | None:
+    """The candidate slot (cycle, iteration, slot) a measurement is of, read from its id
+    (see `slot_id`); None for a parent's baseline or a final measurement."""
+    found = _SLOT_ID.match(measurement_id)
+    return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
 
 
 def slot_event(run_id: str, book: SlotBook, stage: str) -> SlotEvent:

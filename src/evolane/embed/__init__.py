@@ -1,6 +1,6 @@
 """evolane inside an agent process: a runtime that runs actors and optimize runs, with Python
-backends for replay, judge and optimizer, and observers of a run's progress (`evolane.aio`
-hosts the same on asyncio)."""
+backends for replay, judge and optimizer, and observers of a run's progress, among them an
+OpenTelemetry exporter (extra ``evolane[otel]``; `evolane.aio` hosts the same on asyncio)."""
 
 from evolane.campaign import Backends, RunOutcome
 from evolane.embed._observers import (
@@ -13,6 +13,7 @@ from evolane.embed._observers import (
     observer_name,
     observer_plugin,
 )
+from evolane.embed._otel import OpenTelemetryObserver
 from evolane.embed._request import OptimizeRequest
 from evolane.embed._runtime import EmbeddedRuntime, RunCancelled, RunHandle, open_runtime
 from evolane.lanes import Backend, BackendCall, PluginError
@@ -28,6 +29,7 @@ __all__ = [
     "Observer",
     "ObserverLike",
     "ObserverReport",
+    "OpenTelemetryObserver",
     "OptimizeRequest",
     "PluginError",
     "RunCancelled",

@@ -40,6 +40,7 @@ from evolane.measure._steps import (
     StopRequested,
     StopUnit,
     UnitCharged,
+    UnitEnded,
     UnitJournaled,
     UnitJudged,
     UnitReplayed,
@@ -57,8 +58,10 @@ from evolane.measure._units import (
     replay_record,
     reuse_key,
     start_order,
+    took_part,
     unit_counts,
     unit_debits,
+    unit_event,
     unit_record,
     unit_records,
     unit_status,
@@ -70,6 +73,7 @@ from evolane.messages import (
     MeasureStatus,
     MeasureSummary,
     ReplayResult,
+    UnitEvent,
     UnitRecord,
 )
 
@@ -310,6 +314,8 @@ class MeasurePlan:
         self._release_lane(unit)
         self._left -= 1
         self._moved = True
+        if took_part(unit):
+            self._emit(UnitEnded(unit.unit_id))
         self._prefix.ended(unit)
         if self.early is None and self.stop_reason is None:
             early = self._prefix.early_stop()
@@ -366,6 +372,13 @@ class MeasurePlan:
         planned = self.cutoff if self.cutoff is not None else len(self.case_ids)
         judging = sum(unit.step in ("judging", "rejudging") for unit in self.units)
         return self._prefix.event(self.request.measurement_id, planned, self.in_flight, judging)
+
+    def unit_event(self, unit_id: str) -> UnitEvent:
+        """The unit of a `UnitEnded` action, as a progress event for observers."""
+        unit = self._by_id[unit_id]
+        if not (unit.done and took_part(unit)):
+            raise ValueError(f"unit {unit_id!r} did not end after taking part")
+        return unit_event(self.request.measurement_id, unit)
 
     def records(self) -> list[dict[str, Any]]:
         """Every unit as the blob `MeasureSummary.units_ref` points to, in case order."""

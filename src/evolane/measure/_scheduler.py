@@ -31,6 +31,7 @@ from evolane.measure._plan import (
     StopRequested,
     StopUnit,
     UnitCharged,
+    UnitEnded,
     UnitJournaled,
     UnitJudged,
     UnitReplayed,
@@ -203,6 +204,9 @@ class _Measurement:
                     nursery.start_soon(self._journal, record, True, UnitJournaled(unit_id))
                 case StopUnit(unit_ids=unit_ids):
                     self._send_stop(unit_ids)
+                case UnitEnded(unit_id=unit_id):
+                    if self.s.settings.on_unit is not None:
+                        self.s.settings.on_unit(self.plan.unit_event(unit_id))
                 case Progress():
                     self._progress()
                 case _:  # Finish: the loop sees `plan.finished`

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from evolane.measure._journal import RunJournal
-from evolane.messages import ArtifactRef, MeasureEvent, ReplayRecord, UnitRecord
+from evolane.messages import ArtifactRef, MeasureEvent, ReplayRecord, UnitEvent, UnitRecord
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class SchedulerSettings:
     # (a record counts only if its "tree" is the tree the unit plans: unit ids hold no tree)
     restored_replays: Mapping[str, ReplayRecord] = field(default_factory=dict)  # judged next
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
+    on_unit: Callable[[UnitEvent], object] | None = None  # hears each unit that ended
     rejudge: bool = False  # restored units are judged again (--rerun-evaluator)
     replays_allowed: bool = True  # False: a unit without a stored replay is not run
     judge_costs: bool = False

@@ -42,6 +42,7 @@ from evolane.messages import (
     ReplayRecord,
     ShortText,
     Text,
+    UnitEvent,
     UnitRecord,
 )
 from evolane.sandbox import Isolation, View, folders_to_expose, template_paths
@@ -180,6 +181,7 @@ class MeasureContext:
     restored: Mapping[str, UnitRecord] = field(default_factory=dict)  # by unit id
     restored_replays: Mapping[str, ReplayRecord] = field(default_factory=dict)  # judged next
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
+    on_unit: Callable[[UnitEvent], object] | None = None  # hears each unit that ended
     rejudge: bool = False  # --rerun-evaluator: stored replays are judged again, nothing replayed
     replay_backend: Backend | None = None
     judge_backend: Backend | None = None
@@ -218,6 +220,7 @@ def scheduler_settings(
         restored=context.restored,
         restored_replays=context.restored_replays,
         on_progress=context.on_progress,
+        on_unit=context.on_unit,
         rejudge=context.rejudge,
         replays_allowed=not context.rejudge,
         judge_costs=settings.judge is not None or context.judge_backend is not None,

@@ -129,6 +129,12 @@ class StopUnit:
 
 
 @dataclass(frozen=True, slots=True)
+class UnitEnded(_OfUnit):
+    """A unit that ran, was reused or was restored ended (after its record was journaled,
+    when it is): `MeasurePlan.unit_event` describes it for observers. No answer."""
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     """Units ended: `MeasurePlan.progress` has news for observers. No answer."""
 
@@ -139,5 +145,8 @@ class Finish:
 
 
 Action = (
-    StartReplay | ChargeUnit | JournalReplay | StartJudge | JournalUnit | StopUnit | Progress
-) | Finish
+    (StartReplay | ChargeUnit | JournalReplay | StartJudge | JournalUnit | StopUnit)
+    | UnitEnded
+    | Progress
+    | Finish
+)

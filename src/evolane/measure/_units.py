@@ -18,7 +18,9 @@ from evolane.messages import (
     ReplayJob,
     ReplayRecord,
     ReplayResult,
+    UnitEvent,
     UnitRecord,
+    Usage,
 )
 from evolane.stats import case_order, seed_for
 
@@ -212,6 +214,45 @@ def unit_records(units: list[Unit]) -> list[dict[str, Any]]:
         }
         for u in ordered
     ]
+
+
+def took_part(unit: Unit) -> bool:
+    """Whether ``unit`` ran, was reused or was restored (observers hear of it when it ends);
+    units never started or blocked by their control are only counted."""
+    return unit.replay is not None and unit.replay.status != "blocked"
+
+
+def unit_event(measurement_id: str, unit: Unit) -> UnitEvent:
+    """``unit``, ended, as a progress event (the bus stamps the run id, sequence and time)."""
+    assert unit.replay is not None
+    judge = unit.judge
+    usages = [unit.replay.usage] + ([judge.usage] if judge is not None else [])
+    failure = unit.replay.failure or (judge.failure if judge is not None else None)
+    why = "" if failure is None else f"{failure.owner} {failure.stage} {failure.code}: "
+    return UnitEvent(
+        run_id="-",
+        measurement_id=measurement_id,
+        unit_id=unit.unit_id,
+        case_id=unit.case_id,
+        arm=unit.arm,  # type: ignore[arg-type]
+        repetition=unit.repetition,
+        status=unit.status,  # type: ignore[arg-type]
+        note=unit.note[:256],
+        reused=unit.reused,
+        restored=unit.restored,
+        score=unit.score,
+        replay_seconds=unit.replay.wall_seconds,
+        judge_seconds=judge.wall_seconds if judge is not None else 0.0,
+        tokens=_total(usages, "tokens"),
+        cost_usd=_total(usages, "cost_usd"),
+        failure=(why + failure.message)[:256] if failure is not None else "",
+    )
+
+
+def _total(usages: list[Usage], dimension: Literal["tokens", "cost_usd"]) -> float | None:
+    """The sum of the known amounts of ``dimension`` (None when none is known)."""
+    known = [amount for usage in usages if (amount := usage.get(dimension)) is not None]
+    return sum(known) if known else None
 
 
 def unit_counts(units: list[Unit]) -> dict[str, int]:

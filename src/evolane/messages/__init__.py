@@ -29,6 +29,7 @@ from evolane.messages._events import (
     RunFinished,
     RunStarted,
     SlotEvent,
+    UnitEvent,
     WarningEvent,
 )
 from evolane.messages._gate import (
@@ -159,6 +160,7 @@ __all__ = [
     "StressAsk",
     "StressWork",
     "Text",
+    "UnitEvent",
     "UnitRecord",
     "UnitStatus",
     "Usage",

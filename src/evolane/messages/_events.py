@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from evolane.messages._base import Message, Name, Record, ShortText
-from evolane.messages._measure import Usage
+from evolane.messages._measure import Arm, UnitStatus, Usage
 from evolane.messages._optimize import LocalGateResult
 
 _COUNT = 10**15
@@ -119,6 +119,34 @@ class MeasureEvent(ProgressEvent):
     decision: ShortText = ""
 
 
+class UnitEvent(ProgressEvent):
+    """A unit (one replay and judgement of one case, on one arm and repetition) ended:
+    published once, after its record was journaled, for each unit that ran, was reused or
+    was restored (units never started, or blocked by their control, are only counted)."""
+
+    kind: Literal["event.unit"] = "event.unit"
+    measurement_id: Name
+    unit_id: Name
+    case_id: Name
+    arm: Arm
+    repetition: int = Field(ge=0, le=_COUNT)
+    status: UnitStatus
+    note: ShortText = ""
+    """Why it ended so, when not plainly: ``reused``, ``restored``, ``early_stop``, ..."""
+    reused: bool = False
+    """Taken from an earlier unit of the same experiment: nothing ran."""
+    restored: bool = False
+    """Taken from an interrupted run's journal (or judged again from its stored replay)."""
+    score: float | None = Field(default=None, ge=0, le=1)
+    replay_seconds: float = Field(default=0.0, ge=0, le=_COUNT)
+    judge_seconds: float = Field(default=0.0, ge=0, le=_COUNT)
+    tokens: float | None = Field(default=None, ge=0, le=_COUNT)
+    """What its replay and judgement used together (None: unknown)."""
+    cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
+    failure: ShortText = ""
+    """Whose fault and why, for a unit that did not succeed (``owner stage code: message``)."""
+
+
 class DecisionEvent(ProgressEvent):
     """The gate decided on a candidate (accept, reject or indecisive) and why."""
 
@@ -181,6 +209,7 @@ EVENT_TYPES: tuple[type[ProgressEvent], ...] = (
     PhaseEvent,
     SlotEvent,
     MeasureEvent,
+    UnitEvent,
     DecisionEvent,
     BudgetUpdate,
     WarningEvent,
