@@ -222,12 +222,10 @@ async def test_a_token_ceiling_ends_the_run_budget_limited(tmp_path: Path) -> No
 async def test_the_wall_clock_budget_kills_hanging_replays(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {"default": "fix:1"})
     config = toy_config(paths, replay="sleep 3600", wall_clock_budget=2.0, kill_grace=0.2)
-    started = trio.current_time()
-    outcome = await _run(RunRequest(config), seconds=30)
-    took = trio.current_time() - started
+    outcome = await _run(RunRequest(config), seconds=30)  # replays of an hour: a hang guard
     report = outcome.report
     assert report is not None and report.status == "budget_limited"
-    assert took < 2.0 + 0.2 + 3.0  # budget + kill grace + teardown slack (the leak check follows)
+    # the speed figure (exit within budget + grace + 1 s) is benchmarks/wall_clock_budget.py
 
 
 async def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -273,31 +273,34 @@ async def test_an_apply_journal_that_cannot_be_undone_stops_every_start_with_one
 
 
 async def test_the_wall_clock_budget_counts_every_session_of_a_campaign(tmp_path: Path) -> None:
+    """Each session starts with what the earlier ones left. No assertion reads the clock
+    against a number of seconds: only the run's own records against each other and the
+    budget's rule (a session ends once the campaign's total reaches the budget)."""
     paths = write_toy(tmp_path, {"default": "fix:1"})
     config = toy_config(paths, replay="sleep 3600", wall_clock_budget=6.0, kill_grace=0.2)
     stop = trio.Event()
 
-    async def interrupt_later() -> None:
-        await trio.sleep(3.0)
+    async def interrupt_soon() -> None:
+        await trio.sleep(1.0)  # well inside the budget: the first session is interrupted
         stop.set()
 
     request = RunRequest(config, started=time.time())  # the session counts from here
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(interrupt_later)
+        nursery.start_soon(interrupt_soon)
         with trio.fail_after(60):
             first = await run_campaign(request, interrupt=stop)
     assert first.report is not None and first.report.status == "interrupted"
     (first_left,) = _wall_left_at_starts(first.run_dir)
-    assert 3.0 < first_left <= 6.0
+    assert 0 < first_left <= 6.0
     layout = StoreLayout(paths["store"])
     spent_first = load_run(layout, first.report.run_id).elapsed_seconds
-    assert spent_first >= 3.0
+    assert 0 < spent_first < 6.0
     resumed = (await _run(RunRequest(config, resume_run=first.report.run_id))).report
     assert resumed is not None and resumed.status == "budget_limited"
     *_, left = _wall_left_at_starts(first.run_dir)
     assert 0 < left <= 6.0 - spent_first  # what the first session left, not a fresh 6 s
     total = load_run(layout, first.report.run_id).elapsed_seconds
-    assert total >= 6.0  # the resumed session ran out what was left
+    assert total >= 6.0 > spent_first  # the resumed session ran out what was left
     campaign = load_campaign(layout, first.report.campaign_id)
     assert campaign.status == "paused" and campaign.elapsed_seconds == total
     with pytest.raises(InputError, match=r"--wall-clock-budget 6: the campaign has used"):

@@ -97,7 +97,7 @@ async def test_blocked_observer_loses_events_but_the_journal_keeps_them() -> Non
     report = await _quick("slow-observer", pairs=3)  # median of 3 pairs: one stall is shrugged off
     assert report.ok, report.details
     assert report.counts["events_dropped_by_observer"] > 0
-    assert report.measures["wall_ratio"] <= 1.25
+    # the wall ratio is a figure, checked by the slow test below, not under any load here
 
 
 async def test_crash_resume_reaches_the_same_decisions() -> None:
