@@ -64,7 +64,7 @@ def main() -> None:
             decoder = EventDecoder(events_path, lambda _: None)
             return [decoder.decode(line, n) for n, line in enumerate(lines, 1)]
 
-        events = read_events(events_path, lambda _: None)
+        events = list(read_events(events_path, lambda _: None))
 
         def fold() -> None:
             state = ViewState()

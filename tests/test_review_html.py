@@ -322,7 +322,10 @@ def test_a_later_cycle_without_an_accept_plots_its_starting_tree_not_the_seed() 
         "seed": {"digest": SEED},
         "scores": {"baseline_val": {"mean": 0.47, "ci_low": 0.32, "ci_high": 0.61, "n": 11}},
         "funnel": [{**_funnel(0, 0, RUNNER_UP, "reject", "rejected"), "cycle": 1}],
-        "measurements": [],
+        "measurements": [  # every iteration measures its parent first (its units: the arm)
+            {"measurement_id": "c1.i0.base", "purpose": "baseline", "split": "val", "cycle": 1}
+            | {"iteration": 0, "slot": None, "n": 0}
+        ],
         "iterations": [
             {
                 "cycle": 1,
@@ -333,5 +336,7 @@ def test_a_later_cycle_without_an_accept_plots_its_starting_tree_not_the_seed() 
             }
         ],
     }
-    path = best_path(report, candidates_of(report), {})
-    assert path[-1].digest == start
+    parent_units = [{**u, "arm": "baseline"} for u in _units(0.78)]
+    path = best_path(report, candidates_of(report), {"c1.i0.base": parent_units})
+    assert [p.digest for p in path] == [start, start]
+    assert path[-1].mean == pytest.approx(0.78)

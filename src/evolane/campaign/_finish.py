@@ -186,16 +186,17 @@ async def finish(
             report=str(prepared.run_dir / "report.json")[-256:],
         )
     )
-    await _write_page(prepared, bus)  # after run_finished, so it plots the whole stream
+    await _write_page(prepared, bus, report)  # after run_finished: it plots the whole stream
     return report
 
 
-async def _write_page(prepared: Prepared, bus: ProgressBus) -> None:
+async def _write_page(prepared: Prepared, bus: ProgressBus, report: Report) -> None:
     """Draw report.html from what was just written; a page that cannot be drawn is a
     warning, never a failed run (``evolane report RUN_ID --format html`` draws it again)."""
     try:
+        fields = report.model_dump(mode="json")
         await trio.to_thread.run_sync(
-            write_report_html, prepared.run_dir, prepared.layout.blobs(), lambda _: None
+            write_report_html, prepared.run_dir, prepared.layout.blobs(), lambda _: None, fields
         )
     except Exception as error:
         why = f"report.html was not written: {type(error).__name__}: {error}"

@@ -135,14 +135,19 @@ def _show_report(layout: StoreLayout, run_id: str, store: Path, fmt: str) -> Non
 
 
 def _show_html(layout: StoreLayout, run_dir: Path) -> None:
-    """Draw the run's report.html again (an older run may have none) and print it."""
+    """Draw the run's report.html again (an older run may have none) and print it; a
+    report.json its model refuses is one error line."""
     from evolane.views import ReportPageError, write_report_html
 
     def warn(message: str) -> None:
         print(f"evolane: warning: {message}", file=sys.stderr)
 
+    report_json = run_dir / "report.json"
+    if not report_json.is_file():
+        fail_usage(f"cannot draw report.html: {report_json}: no report (the run has not finished)")
+    report = _load_report(report_json).model_dump(mode="json")
     try:
-        path = write_report_html(run_dir, layout.blobs(), warn)
+        path = write_report_html(run_dir, layout.blobs(), warn, report)
     except (ReportPageError, OSError) as error:
         fail_usage(f"cannot draw report.html: {_why(error)}")
     sys.stdout.write(path.read_text(encoding="utf-8"))

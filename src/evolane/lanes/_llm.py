@@ -55,7 +55,7 @@ LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SDK_DEFAULT_URL = "sdk-default"  # the limiter key of an endpoint without a base_url
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+_USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # greedy: a password may hold an "@"
 
 
 def redact(text: str) -> str:

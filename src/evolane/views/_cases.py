@@ -7,6 +7,7 @@ One rule for the optimizer prompt (which cases are failing) and the report's hea
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,9 +22,13 @@ INFRA_OWNERS = ("infrastructure", "framework")
 def run_kind(unit: dict[str, Any]) -> RunKind:
     """A scored run, a replay the tree failed itself, an infrastructure failure, or none
     (never ran: not_run, blocked)."""
-    if isinstance(unit.get("score"), int | float):
+    if _score(unit) is not None:
         return "scored"
-    replay, judge = unit.get("replay") or {}, unit.get("judge") or {}
+    replay, judge = unit.get("replay"), unit.get("judge")
+    replay, judge = (
+        replay if isinstance(replay, dict) else {},
+        judge if isinstance(judge, dict) else {},
+    )
     failure = replay.get("failure")
     if isinstance(failure, dict):
         return "infra" if failure.get("owner") in INFRA_OWNERS else "own_failure"
@@ -64,7 +69,7 @@ def case_runs(units: list[dict[str, Any]], threshold: float = 1.0) -> CaseRuns |
     for unit in units:
         kind = run_kind(unit)
         if kind == "scored":
-            scored.append((float(unit["score"]), unit))
+            scored.append((float(unit["score"]), unit))  # a finite number: `_score`
         elif kind == "own_failure":
             scored.append((0.0, unit))
         elif kind == "infra":
@@ -82,6 +87,16 @@ def arm_scores(units: list[dict[str, Any]], arm: str) -> dict[str, list[float]]:
     """Per-case scores of one arm (``baseline`` or ``candidate``) from unit records."""
     scores: dict[str, list[float]] = {}
     for unit in units:
-        if unit.get("arm") == arm and unit.get("score") is not None:
-            scores.setdefault(str(unit["case"]), []).append(float(unit["score"]))
+        score = _score(unit)
+        if unit.get("arm") == arm and score is not None:
+            scores.setdefault(str(unit.get("case")), []).append(score)
     return scores
+
+
+def _score(unit: dict[str, Any]) -> float | None:
+    """A unit record's score when it is a finite number (a record read from a file may hold
+    anything)."""
+    score = unit.get("score")
+    if isinstance(score, bool) or not isinstance(score, int | float):
+        return None
+    return float(score) if math.isfinite(score) else None

@@ -35,6 +35,8 @@ class Candidate:
     ci_low: float | None = None
     ci_high: float | None = None
     n: int = 0
+    se: float | None = None
+    purpose: str = ""  # paired, or screening when the candidate went no further
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,20 @@ class PageData:
 
 
 def _measurements(report: dict[str, Any]) -> dict[tuple[int, int, int], dict[str, Any]]:
-    """The paired (val) measurement of each (cycle, iteration, slot)."""
+    """The gate's measurement of each (cycle, iteration, slot): the paired one, or the
+    screening one of a candidate that went no further (``--fast-verified``)."""
     found: dict[tuple[int, int, int], dict[str, Any]] = {}
     for m in report.get("measurements") or []:
-        if m.get("purpose") == "paired" and m.get("slot") is not None:
-            found[(int(m.get("cycle") or 0), int(m["iteration"]), int(m["slot"]))] = m
+        if m.get("purpose") in ("paired", "screening") and m.get("slot") is not None:
+            key = (int(m.get("cycle") or 0), int(m["iteration"]), int(m["slot"]))
+            if m["purpose"] == "paired" or key not in found:
+                found[key] = m
     return found
+
+
+def _figure(m: dict[str, Any] | None, name: str) -> float | None:
+    """A measurement's figure when it compared any pair (None otherwise)."""
+    return m.get(name) if m and m.get("n") else None
 
 
 def candidates_of(report: dict[str, Any]) -> list[Candidate]:
@@ -107,10 +117,12 @@ def candidates_of(report: dict[str, Any]) -> list[Candidate]:
                 outcome=outcome,
                 reason=str(entry.get("reason") or ""),
                 measurement_id=str(m.get("measurement_id") or "") if m else "",
-                mean_delta=m.get("mean_delta") if m and m.get("n") else None,
-                ci_low=m.get("ci_low") if m and m.get("n") else None,
-                ci_high=m.get("ci_high") if m and m.get("n") else None,
+                mean_delta=_figure(m, "mean_delta"),
+                ci_low=_figure(m, "ci_low"),
+                ci_high=_figure(m, "ci_high"),
                 n=int(m.get("n") or 0) if m else 0,
+                se=_figure(m, "se"),
+                purpose=str(m.get("purpose") or "") if m else "",
             )
         )
     return sorted(out, key=lambda c: (c.cycle, c.iteration, c.slot))
@@ -120,33 +132,57 @@ def _score(units: list[dict[str, Any]], arm: str, confidence: float) -> tuple[fl
     return case_mean_ci(arm_scores(units, arm), confidence=confidence, seed=0)
 
 
+def _start_point(
+    report: dict[str, Any], units: dict[str, list[dict[str, Any]]], confidence: float
+) -> ScorePoint | None:
+    """The tree the run started from, with its val score: the campaign's seed (its score in
+    report.json), or in a later cycle the best it started from (scored from the units of
+    its first val measurement, the parent arm)."""
+    iterations = report.get("iterations") or []
+    seed = str((report.get("seed") or {}).get("digest") or "")
+    start = str(iterations[0].get("parent") or "") if iterations else seed
+    scored = (report.get("scores") or {}).get("baseline_val")
+    if start == seed and scored:
+        return ScorePoint(-1, scored["mean"], scored["ci_low"], scored["ci_high"], seed)
+    first = (
+        (int(iterations[0].get("cycle") or 0), int(iterations[0]["iteration"]))
+        if iterations
+        else None
+    )
+    for m in report.get("measurements") or []:
+        if (
+            first
+            and m.get("split") == "val"
+            and (int(m.get("cycle") or 0), m.get("iteration")) == first
+        ):
+            found = _score(units.get(str(m.get("measurement_id")), []), "baseline", confidence)
+            if found is not None:
+                return ScorePoint(-1, found[0], found[1], found[2], start)
+    return None
+
+
 def best_path(
     report: dict[str, Any], candidates: list[Candidate], units: dict[str, list[dict[str, Any]]]
 ) -> list[ScorePoint]:
-    """The best tree's val score with its CI: the seed, then after each iteration (an
-    accepted candidate's own arm of its paired measurement), as far as units are known."""
+    """The best tree's val score with its CI: the tree the run started from, then after
+    each iteration (the selected candidate's own arm of its paired measurement), as far as
+    unit records are known."""
     confidence = float(((report.get("config") or {}).get("gate") or {}).get("confidence", 0.95))
-    scores = report.get("scores") or {}
-    seed = scores.get("baseline_val")
-    points: list[ScorePoint] = []
-    seed_digest = str((report.get("seed") or {}).get("digest") or "")
-    if seed:
-        points.append(ScorePoint(-1, seed["mean"], seed["ci_low"], seed["ci_high"], seed_digest))
-    accepted = {(c.cycle, c.iteration): c for c in candidates if c.outcome == "accept"}
+    by_slot = {(c.cycle, c.iteration, c.slot): c for c in candidates}
+    start = _start_point(report, units, confidence)
+    points = [start] if start is not None else []
     for it in report.get("iterations") or []:
-        key = (int(it.get("cycle") or 0), int(it["iteration"]))
-        chosen = accepted.get(key)
-        found = (
-            _score(units.get(chosen.measurement_id, []), "candidate", confidence)
-            if chosen
-            else None
-        )
+        cycle, iteration = int(it.get("cycle") or 0), int(it["iteration"])
+        slot = it.get("accepted_slot")
+        chosen = by_slot.get((cycle, iteration, int(slot))) if slot is not None else None
+        found = None
+        if chosen is not None:
+            found = _score(units.get(chosen.measurement_id, []), "candidate", confidence)
         if found is not None and chosen is not None:
-            mean, low, high, _ = found
-            points.append(ScorePoint(key[1], mean, low, high, chosen.digest))
+            points.append(ScorePoint(iteration, found[0], found[1], found[2], chosen.digest))
         elif points:
             last = points[-1]
-            points.append(ScorePoint(key[1], last.mean, last.low, last.high, last.digest))
+            points.append(ScorePoint(iteration, last.mean, last.low, last.high, last.digest))
     return points
 
 

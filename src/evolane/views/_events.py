@@ -8,7 +8,7 @@ skipped silently (a newer writer).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,20 +105,23 @@ class EventDecoder:
 
 def read_events(
     path: Path, warn: Callable[[str], None], max_bytes: int = MAX_EVENTS_BYTES
-) -> list[messages.ProgressEvent]:
-    """Every event of a (finished) ``events.jsonl``, in file order, reading at most
-    ``max_bytes`` (a longer file is cut there, with a warning)."""
+) -> Iterator[messages.ProgressEvent]:
+    """Every event of a (finished) ``events.jsonl``, in file order, one at a time (a fold
+    holds no list of them), reading at most ``max_bytes`` (a longer file is cut there,
+    with a warning). Anything but a regular file is no event stream."""
+    if path.exists() and not path.is_file():
+        warn(f"{path}: not a regular file; no events read")
+        return
     tail, decoder = EventTail(path), EventDecoder(path, warn)
-    events: list[messages.ProgressEvent] = []
     while True:
         lines, at_end = tail.read()
         first = tail.line_number - len(lines) + 1
         for number, line in enumerate(lines, start=first):
             event = decoder.decode(line, number)
             if event is not None:
-                events.append(event)
+                yield event
         if at_end:
-            return events
+            return
         if tail.offset >= max_bytes:
             warn(f"{path}: only the first {max_bytes} bytes were read")
-            return events
+            return

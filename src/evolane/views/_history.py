@@ -24,22 +24,32 @@ P = TypeVar("P")
 @dataclass
 class Series(Generic[P]):
     """A bounded time series: beyond ``limit`` points it keeps every other one and from
-    then on takes only every ``stride``-th point offered."""
+    then on takes only every ``stride``-th point offered; the newest point is always in
+    `points` (a plot ends where the run ended)."""
 
     limit: int = MAX_POINTS
-    points: list[P] = field(default_factory=list)
     stride: int = 1
+    _kept: list[P] = field(default_factory=list)
+    _newest: P | None = None
     _offered: int = 0
 
     def add(self, point: P) -> None:
         """Offer one point (the newest)."""
         self._offered += 1
+        self._newest = point
         if self._offered % self.stride:
             return
-        self.points.append(point)
-        if len(self.points) > self.limit:
-            self.points = self.points[::2]
+        self._kept.append(point)
+        if len(self._kept) > self.limit:
+            self._kept = self._kept[::2]
             self.stride *= 2
+
+    @property
+    def points(self) -> list[P]:
+        """The kept points, oldest first, ending with the newest one offered."""
+        if self._newest is None or (self._kept and self._kept[-1] is self._newest):
+            return list(self._kept)
+        return [*self._kept, self._newest]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +109,7 @@ class History:
         self.clock = max(self.clock, self.offset + event.t)
         match event:
             case messages.BudgetUpdate():
-                self._spent = event.spent
-                point = SpendPoint(self.clock, event.spent, event.ceilings, dict(event.by_role))
-                self.spend.add(point)
+                self._budget(event)
             case messages.MeasureEvent():
                 self._measured(event)
             case messages.PhaseEvent(phase="optimize", iteration=int(iteration)):
@@ -126,6 +134,18 @@ class History:
             case _:
                 pass
 
+    def _budget(self, event: messages.BudgetUpdate) -> None:
+        """Spend only grows: a resumed session's ledger counts its restored units again
+        from zero, so each figure is the most seen so far."""
+        last = self.spend.points[-1] if self.spend.points else None
+        spent = _at_least(event.spent, last.spent if last else None)
+        by_role = {
+            role: _at_least(usage, last.by_role.get(role) if last else None)
+            for role, usage in event.by_role.items()
+        }
+        self._spent = spent
+        self.spend.add(SpendPoint(self.clock, spent, event.ceilings, by_role))
+
     def _measured(self, event: messages.MeasureEvent) -> None:
         if event.finished:
             self._busy.pop(event.measurement_id, None)
@@ -137,3 +157,15 @@ class History:
         replay = sum(busy[0] for busy in self._busy.values())
         judge = sum(busy[1] for busy in self._busy.values())
         self.lanes.add(LanePoint(self.clock, replay, judge, len(self._awaited)))
+
+
+def _at_least(usage: messages.Usage, floor: messages.Usage | None) -> messages.Usage:
+    """``usage`` with each figure raised to ``floor``'s (None: as it is)."""
+    if floor is None:
+        return usage
+    raised: dict[str, float] = {}
+    for name in ("tokens", "cost_usd", "wall_seconds"):
+        now, before = getattr(usage, name), getattr(floor, name)
+        if before is not None and (now is None or before > now):
+            raised[name] = before
+    return usage.model_copy(update=raised) if raised else usage

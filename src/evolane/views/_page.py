@@ -22,7 +22,9 @@ def _num(value: Any, spec: str = ".4f") -> str:
 def _score_row(name: str, score: dict[str, Any] | None) -> str:
     if not score:
         return f"<tr><th>{name}</th><td>n/a</td></tr>"
-    text = f"{score['mean']:.4f} [{score['ci_low']:.4f}, {score['ci_high']:.4f}] (n={score['n']})"
+    text = scrub(
+        f"{score['mean']:.4f} [{score['ci_low']:.4f}, {score['ci_high']:.4f}] (n={score['n']})"
+    )
     return f"<tr><th>{name}</th><td class='num'>{text}</td></tr>"
 
 
@@ -124,9 +126,9 @@ def _diff(data: PageData) -> str:
     return f"<pre class='diff'>{chr(10).join(lines)}</pre>" + (cut if data.diff_cut else "")
 
 
-def _legend() -> str:
+def _legend(rule: str) -> str:
     keys = "".join(f"<span class='key {o}'>{o.replace('_', ' ')}</span>" for o in panels.OUTCOMES)
-    return f"<p class='legend'>{keys}</p>"
+    return f"<p class='legend'>{keys} <span class='rule'>{scrub(rule)}</span></p>"
 
 
 def _artifacts(links: dict[str, str]) -> str:
@@ -154,8 +156,8 @@ TITLES = {
 CAPTIONS = {
     "score": "The best tree's mean val score with its bootstrap interval, by iteration and "
     "by spend when each accept was decided.",
-    "gate": "Each candidate's mean delta against its parent with the interval the gate read; "
-    "a candidate is accepted when its interval clears the line.",
+    "gate": "Each candidate's mean delta against its parent with the bar the gate read "
+    "(hover for its reason; an early decision may come from the sequential test).",
     "lineage": "Parents to candidates by iteration; the accepted path is bold.",
     "funnel": "Per iteration: " + ", ".join(panels.FUNNEL_STEPS) + ".",
     "heatmap": "The parent's standing on each val case at each iteration, and the final "
@@ -172,7 +174,7 @@ def render_html(data: PageData, links: dict[str, str]) -> str:
     run_id = scrub(report.get("run_id") or "")
     plots = {
         "score": panels.score_vs_iteration(data) + panels.score_vs_spend(data),
-        "gate": _legend() + panels.gate_plot(data),
+        "gate": _legend(panels.gate_rule(report)[3]) + panels.gate_plot(data),
         "lineage": panels.lineage_tree(data),
         "funnel": panels.funnel_bars(data),
         "heatmap": panels.heatmap(data),
@@ -188,12 +190,14 @@ def render_html(data: PageData, links: dict[str, str]) -> str:
         _section("artifacts", "Artifacts in the store", _artifacts(links)),
     ]
     notes = "".join(f"<li>{scrub(n)}</li>" for n in data.notes)
+    campaign = (
+        f"{scrub(report.get('campaign_id') or '')}</code>, cycle {scrub(report.get('cycle', 0))}"
+    )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>evolane report {run_id}</title><style>{STYLE}</style></head><body>"
         f"<header><h1>evolane report <code>{run_id}</code></h1><p>campaign "
-        f"<code>{scrub(report.get('campaign_id') or '')}</code>, cycle {report.get('cycle', 0)}"
-        "</p></header>"
+        f"<code>{campaign}</p></header>"
         f"<main>{''.join(sections)}</main>"
         + (f"<footer><ul class='notes'>{notes}</ul></footer>" if notes else "")
         + "</body></html>\n"

@@ -15,6 +15,8 @@ from evolane.views._svg import Plot, fmt_number, span
 
 WIDTH, HEIGHT = 640, 260
 ROLES = ("optimizer", "replay", "judge")
+MAX_TIP = 160
+"""Characters of a reason a tooltip shows (the table has it whole)."""
 MAX_HEAT_ROWS = 120
 """Cases the heatmap draws at most (the rest are counted below it)."""
 
@@ -25,7 +27,8 @@ def _tip(c: Candidate) -> str:
     if c.ci_low is not None and c.ci_high is not None:
         ci = f" [{c.ci_low:+.4f}, {c.ci_high:+.4f}] n={c.n}"
     where = f"cycle {c.cycle} iteration {c.iteration} slot {c.slot} {c.digest[:19]}"
-    return f"{where}: {c.outcome}, {delta}{ci}. {c.reason}"
+    reason = c.reason if len(c.reason) <= MAX_TIP else c.reason[: MAX_TIP - 1] + "…"
+    return f"{where}: {c.outcome}, {delta}{ci}. {reason}"
 
 
 def score_vs_iteration(data: PageData) -> str:
@@ -89,32 +92,67 @@ def score_vs_spend(data: PageData) -> str:
     return plot.svg("best-so-far val score against spend")
 
 
+def gate_rule(report: dict[str, Any]) -> tuple[str, float, float, str]:
+    """The gate in force: (gate, k, line, rule in words). ``paired`` draws mean +- k*SE and
+    the line its lower end must clear (0; the mean must also clear min_effect);
+    ``bootstrap`` draws the CI and min_effect, the line its lower end must clear; the
+    others draw the CI for reference only."""
+    gate = (report.get("config") or {}).get("gate") or {}
+    name = str(gate.get("gate") or "paired")
+    k, floor = float(gate.get("k_se") or 1.0), float(gate.get("min_effect") or 0.0)
+    if name == "paired":
+        words = f"accepted when mean - {k:g} x SE > 0" + (
+            f" and mean > {floor:g}" if floor > 0 else ""
+        )
+        return name, k, 0.0, words
+    if name == "bootstrap":
+        return name, k, floor, f"accepted when the bootstrap interval's lower end > {floor:g}"
+    if name == "strict":
+        return name, k, 0.0, "accepted when no case is worse and one is better (interval shown)"
+    threshold = float(gate.get("threshold") or 0.0)
+    return name, k, 0.0, f"accepted when the mean score >= {threshold:g} and mean delta > 0"
+
+
+def _bar(c: Candidate, gate: str, k: float) -> tuple[float, float] | None:
+    if c.mean_delta is None:
+        return None
+    if gate == "paired" and c.se is not None:
+        return c.mean_delta - k * c.se, c.mean_delta + k * c.se
+    if c.ci_low is not None and c.ci_high is not None:
+        return c.ci_low, c.ci_high
+    return None
+
+
 def gate_plot(data: PageData) -> str:
-    """Each candidate's mean delta with the interval the gate read, against the line."""
-    gate = (data.report.get("config") or {}).get("gate") or {}
-    line = float(gate.get("min_effect") or 0.0)
+    """Each candidate's mean delta with the bar the gate read, against its line."""
+    gate, k, line, words = gate_rule(data.report)
     cands = data.candidates
-    values = [v for c in cands for v in (c.ci_low, c.ci_high, c.mean_delta) if v is not None]
+    bars = [_bar(c, gate, k) for c in cands]
+    values = [v for bar in bars if bar for v in bar]
+    values += [c.mean_delta for c in cands if c.mean_delta is not None]
     low, high = span([*values, line, 0.0], 0.08)
     floor = low - (high - low) * 0.06
     plot = Plot(WIDTH, HEIGHT, (-0.5, max(len(cands), 1) - 0.5), (floor, high))
     plot.axes("candidate (in order proposed)", "mean delta vs parent", lambda x: f"{x:.0f}")
     plot.hline(0.0, "zero")
-    plot.hline(line, "accept-line", f"acceptance: interval above {line:g}")
-    for index, c in enumerate(cands):
+    plot.hline(line, "accept-line", words if gate in ("paired", "bootstrap") else "")
+    for index, (c, bar) in enumerate(zip(cands, bars, strict=True)):
         if c.mean_delta is None:
             plot.dot(index, floor + (low - floor) / 2, f"mark {c.outcome}", _tip(c), r=3)
             continue
-        if c.ci_low is not None and c.ci_high is not None:
-            plot.bar(index, c.ci_low, c.ci_high, f"err {c.outcome}", _tip(c))
+        if bar is not None:
+            plot.bar(index, bar[0], bar[1], f"err {c.outcome}", _tip(c))
         plot.dot(index, c.mean_delta, f"mark {c.outcome}", _tip(c))
-    return plot.svg("gate plot: mean delta and interval per candidate")
+    return plot.svg("gate plot: mean delta and the gate's bar per candidate")
 
 
 def lineage_tree(data: PageData) -> str:
     """Parents to candidates by iteration; the accepted path drawn bold."""
     cands = data.candidates
+    iterations = data.report.get("iterations") or []
     seed = str((data.report.get("seed") or {}).get("digest") or "")
+    root = str(iterations[0].get("parent") or seed) if iterations else seed
+    root_name = "seed" if root == seed else "start"
     path = {str(e.get("digest")) for e in data.report.get("lineage") or []}
     columns = sorted({(c.cycle, c.iteration) for c in cands})
     col_of = {key: index + 1 for index, key in enumerate(columns)}
@@ -123,7 +161,7 @@ def lineage_tree(data: PageData) -> str:
         WIDTH, max(120, min(600, 26 * rows + 60)), (-0.5, len(columns) + 0.5), (rows - 0.5, -0.8)
     )
     plot.left, plot.bottom = 16, 24
-    where: dict[str, tuple[float, float]] = {seed: (0.0, 0.0)}
+    where: dict[str, tuple[float, float]] = {root: (0.0, 0.0)}
     for c in cands:
         if c.outcome == "accept" and c.digest:
             where.setdefault(c.digest, (col_of[(c.cycle, c.iteration)], c.slot))
@@ -132,14 +170,14 @@ def lineage_tree(data: PageData) -> str:
         px, py = where.get(c.parent, (x - 1, 0))
         cls = "edge path" if c.digest in path and c.outcome == "accept" else "edge"
         plot.line([(px, py), (x, y)], cls)
-    plot.dot(0, 0, "node seed", f"seed {seed[:19]}", r=6)
+    plot.dot(0, 0, "node seed", f"{root_name} {root[:19]}", r=6)
     for c in cands:
         cls = f"node {c.outcome}" + (" on-path" if c.digest in path else "")
         plot.dot(col_of[(c.cycle, c.iteration)], c.slot, cls, _tip(c), r=5)
     for (cycle, iteration), col in col_of.items():
         label = f"i{iteration}" if cycle == 0 else f"c{cycle}i{iteration}"
         plot.text(plot.x(col), plot.height - 6, label, "tick mid")
-    plot.text(plot.x(0), plot.height - 6, "seed", "tick mid")
+    plot.text(plot.x(0), plot.height - 6, root_name, "tick mid")
     return plot.svg("lineage tree of the candidates")
 
 
@@ -152,8 +190,9 @@ def funnel_counts(report: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
         stages = set(entry.get("stages") or [])
         decision = entry.get("decision")
         row[0] += 1
-        row[1] += bool(stages & measured_stages) or decision in ("accept", "reject", "indecisive")
-        row[2] += decision in ("accept", "reject", "indecisive")
+        reached = bool(stages & measured_stages)
+        row[1] += reached
+        row[2] += reached and entry.get("terminal") != "not_run"
         row[3] += decision == "accept"
     return counts
 

@@ -6,6 +6,7 @@ The one place the page touches files; `render_html` itself is pure.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -48,26 +49,37 @@ def _read_report(run_dir: Path) -> dict[str, Any]:
     return report
 
 
+def _read_blob(blobs: BlobStore, digest: str, limit: int) -> bytes | None:
+    """A blob's bytes, read at most ``limit`` (None when longer or not what its digest
+    says: a ref's recorded size is not trusted)."""
+    with blobs.open(digest) as source:
+        data = source.read(limit + 1)
+    if len(data) > limit or "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+        return None
+    return data
+
+
 def _read_units(
     report: dict[str, Any], blobs: BlobStore, notes: list[str]
 ) -> dict[str, list[dict[str, Any]]]:
     units: dict[str, list[dict[str, Any]]] = {}
     budget = MAX_UNITS_BYTES
     for m in report.get("measurements") or []:
-        ref = m.get("units_ref") or {}
-        size = int(ref.get("size") or 0)
-        if not ref.get("digest") or size > budget:
-            if ref.get("digest"):
-                notes.append(f"unit records of {m.get('measurement_id')} not read (size cap)")
+        name, digest = m.get("measurement_id"), (m.get("units_ref") or {}).get("digest")
+        if not digest:
             continue
         try:
-            loaded = orjson.loads(blobs.read_bytes(ref["digest"]))
+            data = _read_blob(blobs, digest, budget)
+            loaded = orjson.loads(data) if data is not None else None
         except (StoreError, OSError, orjson.JSONDecodeError, ValueError) as error:
-            notes.append(f"unit records of {m.get('measurement_id')} unreadable: {error}")
+            notes.append(f"unit records of {name} unreadable: {error}")
             continue
-        budget -= size
+        if data is None:
+            notes.append(f"unit records of {name} not read (over the size cap, or corrupt)")
+            continue
+        budget -= len(data)
         if isinstance(loaded, list):
-            units[str(m.get("measurement_id"))] = [u for u in loaded if isinstance(u, dict)]
+            units[str(name)] = [u for u in loaded if isinstance(u, dict)]
     return units
 
 
@@ -99,9 +111,12 @@ def _links(report: dict[str, Any], run_dir: Path, blobs: BlobStore) -> dict[str,
     return links
 
 
-def page_data(run_dir: Path, blobs: BlobStore, warn: Warn) -> tuple[PageData, dict[str, str]]:
-    """Everything the page of the run in ``run_dir`` draws, and its artifact links."""
-    report = _read_report(run_dir)
+def page_data(
+    run_dir: Path, blobs: BlobStore, warn: Warn, report: dict[str, Any] | None = None
+) -> tuple[PageData, dict[str, str]]:
+    """Everything the page of the run in ``run_dir`` draws, and its artifact links.
+    ``report``: report.json as validated by its model (read raw from the file if None)."""
+    report = _read_report(run_dir) if report is None else report
     state = ViewState()
     for event in read_events(run_dir / "events.jsonl", warn):
         state.fold(event)
@@ -132,9 +147,11 @@ def page_data(run_dir: Path, blobs: BlobStore, warn: Warn) -> tuple[PageData, di
     return data, _links(report, run_dir, blobs)
 
 
-def write_report_html(run_dir: Path, blobs: BlobStore, warn: Warn) -> Path:
+def write_report_html(
+    run_dir: Path, blobs: BlobStore, warn: Warn, report: dict[str, Any] | None = None
+) -> Path:
     """Draw ``report.html`` beside the run's ``report.json`` (atomically) and say where."""
-    data, links = page_data(run_dir, blobs, warn)
+    data, links = page_data(run_dir, blobs, warn, report)
     path = run_dir / "report.html"
     write_bytes_atomic(path, render_html(data, links).encode("utf-8"))
     return path
