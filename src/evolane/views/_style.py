@@ -73,5 +73,6 @@ pre.diff{background:#fbfbfc;border:1px solid #eceef2;padding:8px;overflow-x:auto
 pre.diff .add{color:#1f8a4c}
 pre.diff .del{color:#c8412f}
 pre.diff .hunk{color:#3b6fd8}
+.legend .rule{font-size:12px;color:#5b6475;margin-left:6px}
 footer{padding:0 24px 16px;color:#5b6475;font-size:12px}
 """
