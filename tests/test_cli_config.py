@@ -154,6 +154,7 @@ def test_pyproject_tool_evolane_is_read_when_there_is_no_evolane_toml(tmp_path: 
         ("k-se = -1.0", ["evolane.toml:14: k-se: ", "greater than or equal to 0"]),
         ('resume = "r-1"', ["evolane.toml:14: resume: not a setting", "give it as a flag"]),
         ("[broken", ["evolane.toml: not valid TOML"]),
+        ("max_tokens = 5\nmax-tokens = 6", ["evolane.toml:15: max-tokens: set twice"]),
     ],
 )
 def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(

@@ -126,6 +126,9 @@ def load_config(path: Path) -> ConfigFile:
     types = flag_types()
     for key, value in table.items():
         name = key.replace("-", "_")
+        if name in config.lines:
+            config.lines[name] = _line_of(text, key, path.name == _PYPROJECT)
+            raise ConfigError(f"{config.where(name)}: {key}: set twice (- and _ name one flag)")
         config.lines[name] = _line_of(text, key, path.name == _PYPROJECT)
         if name not in types:
             hint = " (it asks for one invocation: give it as a flag)" if name in NOT_IN_FILE else ""
