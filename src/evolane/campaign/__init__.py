@@ -22,6 +22,7 @@ from evolane.campaign._run import (
 )
 from evolane.campaign._runs import (
     CampaignState,
+    ResolvedSetting,
     RunRecord,
     StoreLayout,
     load_campaign,
@@ -57,6 +58,7 @@ __all__ = [
     "OptimizerParts",
     "ProposeSettings",
     "Report",
+    "ResolvedSetting",
     "RunOutcome",
     "RunRecord",
     "RunRequest",

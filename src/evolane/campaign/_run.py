@@ -24,6 +24,7 @@ from evolane.campaign._prepare import Prepared, prepare_run
 from evolane.campaign._report import Report
 from evolane.campaign._runs import (
     RecoveredApply,
+    ResolvedSetting,
     StoreLayout,
     load_run,
     recover_interrupted_applies,
@@ -73,6 +74,7 @@ class RunRequest:
     rerun_from: str | None = None  # --from-run RUN_ID --rerun-evaluator
     dry_run: bool = False
     started: float | None = None  # time.time() the wall-clock budget counts from (default: now)
+    settings: dict[str, ResolvedSetting] | None = None  # a new run's settings and their sources
 
 
 @dataclass
@@ -161,7 +163,10 @@ async def _run(
     chosen = _with_models(backends, prepared.config)  # a failing plugin: nothing written yet
     lock.name_run(prepared.run.run_id)
     started = request.started if request.started is not None else time.time()
-    prepared.run = prepared.run.model_copy(update={"session_started": started})
+    update: dict[str, object] = {"session_started": started}
+    if request.settings is not None and request.resume_run is None:
+        update["settings"] = request.settings
+    prepared.run = prepared.run.model_copy(update=update)
     await trio.to_thread.run_sync(prepared.persist)
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
     for undone in recovered:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, JsonValue, model_validator
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
 from evolane.campaign._config import CampaignConfig, with_stored_defaults
@@ -51,6 +51,14 @@ SEEN_KEPT = 10_000
 """How many candidate tree digests the duplicate gate remembers across a campaign's cycles."""
 
 
+class ResolvedSetting(Record):
+    """One setting of a run as it was resolved: its value and where it came from
+    (``default``, ``flag``, ``example NAME``, ``--fast-verified``, or a config file's path)."""
+
+    value: JsonValue
+    source: Text
+
+
 class RunRecord(Record):
     """``run.json``: the request as given, where it stands, and what a resume must match."""
 
@@ -67,6 +75,9 @@ class RunRecord(Record):
     elapsed_seconds: float = Field(default=0.0, ge=0)  # wall of its sessions that have ended
     session_started: float | None = None  # time.time() the current (or last) session began
     splits: SplitPlan | None = None  # which split fed the optimizer, and the carve (None: val)
+    settings: dict[Name, ResolvedSetting] | None = None
+    """The resolved settings with their sources (`evolane config show`); None when the run
+    was not started from the command line, or before they were recorded."""
 
     @model_validator(mode="before")
     @classmethod

@@ -139,6 +139,9 @@ def _register() -> None:
 
     app.command(name="optimize")(optimize)
     app.command(name="estimate")(estimate)
+    from evolane.cli._config_show import config_app
+
+    app.add_typer(config_app, name="config")
 
 
 _register()

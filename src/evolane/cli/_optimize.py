@@ -12,11 +12,37 @@ from typing import Annotated, Any
 
 import typer
 
+from evolane.cli._config import use_flags
+
 _OPT = typer.Option
 
 
+_PANELS = {
+    "Inputs": "example example-dir config target dataset replay judge optimizer validator check "
+    "required-file rubric",
+    "Search": "iterations population max-improvement-cycles stall focus feedback-split "
+    "protected seed",
+    "Decision": "apply gate k-se min-effect threshold confidence bootstrap-samples "
+    "no-regression sequential error-control",
+    "Measurement": "baseline-replay-repetitions candidate-replay-repetitions "
+    "judge-failure-retries fast-verified",
+    "Budgets and deadlines": "wall-clock-budget max-tokens max-cost-usd replay-timeout "
+    "judge-timeout optimizer-timeout optimizer-idle kill-grace",
+    "Lanes": "replay-concurrency judge-concurrency optimizer-concurrency cluster",
+    "Isolation": "isolation network expose expose-rw pass-env max-procs max-memory "
+    "max-file-size max-open-files",
+    "Models": "judge-samples llm-base-url llm-api-key-env llm-temperature llm-max-tokens "
+    "llm-timeout llm-retries llm-cache prices unknown-price",
+    "Output, store and continuing": "store progress observer dry-run json resume "
+    "resume-campaign from-run rerun-evaluator debug",
+}
+_PANEL_OF = {f"--{flag}": panel for panel, flags in _PANELS.items() for flag in flags.split()}
+"""The help panel of each flag (``optimize --help`` groups its flags by purpose)."""
+
+
 def _o(help_text: str, *names: str) -> Any:
-    return _OPT(*names, help=help_text, show_default=False)
+    panel = _PANEL_OF[names[0].split("/")[0]]
+    return _OPT(*names, help=help_text, show_default=False, rich_help_panel=panel)
 
 
 Flags = dict[str, Any]
@@ -27,8 +53,17 @@ def optimize(
         str | None, _o("Built-in workload: self-evolution or sleeper.", "--example")
     ] = None,
     example_dir: Annotated[
-        Path, _o("Where --example writes its workspace.", "--example-dir")
-    ] = Path("evolane-example"),
+        Path | None,
+        _o("Where --example writes its workspace (default STORE/examples/NAME).", "--example-dir"),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        _o(
+            "Config file (default: evolane.toml, else the tool.evolane table of "
+            "pyproject.toml, here or in a parent folder).",
+            "--config",
+        ),
+    ] = None,
     target: Annotated[str | None, _o("The directory (or file) to improve.", "--target")] = None,
     dataset: Annotated[str | None, _o("JSONL cases.", "--dataset")] = None,
     replay: Annotated[str | None, _o("Replay command template.", "--replay")] = None,
@@ -42,10 +77,6 @@ def optimize(
     check: Annotated[str | None, _o("Post-apply check for auto_verified.", "--check")] = None,
     required_file: Annotated[
         list[str] | None, _o("A file every candidate must keep.", "--required-file")
-    ] = None,
-    store: Annotated[str, _o("Durable state directory.", "--store")] = ".evolane",
-    apply: Annotated[
-        str | None, _o("proposal | verified_only | auto_verified (default proposal).", "--apply")
     ] = None,
     iterations: Annotated[
         int | None, _o("Iterations per cycle (default 8).", "--iterations")
@@ -105,6 +136,9 @@ def optimize(
     fast_verified: Annotated[
         bool, _o("Fast preset: screening, one repetition, one judge retry.", "--fast-verified")
     ] = False,
+    apply: Annotated[
+        str | None, _o("proposal | verified_only | auto_verified (default proposal).", "--apply")
+    ] = None,
     gate: Annotated[
         str | None, _o("paired | bootstrap | strict | threshold (default paired).", "--gate")
     ] = None,
@@ -241,6 +275,7 @@ def optimize(
         _o("refuse | reserve: a model with no price under --max-cost-usd.", "--unknown-price"),
     ] = None,
     seed: Annotated[int | None, _o("Seed of everything (default 0).", "--seed")] = None,
+    store: Annotated[str, _o("Durable state directory.", "--store")] = ".evolane",
     progress: Annotated[
         str, _o("auto | rich | plain | jsonl | none (default auto).", "--progress")
     ] = "auto",
@@ -266,6 +301,9 @@ def optimize(
     from evolane.cli._session import run_optimize
 
     raise typer.Exit(run_optimize(flags, estimate_only=False))
+
+
+use_flags(optimize)
 
 
 def estimate(**flags: Any) -> None:

@@ -70,28 +70,28 @@ def _check_choices(flags: dict[str, Any]) -> None:
 
 
 def build_config(flags: dict[str, Any]) -> Any:
-    """Merge example presets, explicit flags and defaults into a `CampaignConfig`."""
+    """Merge explicit flags, the config file (`evolane.cli._config`), example presets and
+    defaults into a `CampaignConfig`. Fills ``flags`` in place with the file's values and
+    the source of each value (`sources`)."""
+    from evolane.cli._config import ConfigError, locate, merge_config_file
+
+    try:
+        merge_config_file(flags)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    try:
+        return _build_config(flags)
+    except UsageError as error:
+        raise UsageError(locate(str(error), flags)) from None
+
+
+def _build_config(flags: dict[str, Any]) -> Any:
     from evolane.campaign import CampaignConfig
     from evolane.messages import GateConfig
 
     _check_choices(flags)
-    values: dict[str, Any] = {}
-    example = flags.get("example")
-    if example is not None:
-        if example not in EXAMPLES:
-            raise UsageError(f"--example {example}: choose from {', '.join(EXAMPLES)}")
-        settings = example_settings(example, Path(flags["example_dir"]))
-        values.update(EXAMPLE_DEFAULTS[example])  # presets from this version, not the workspace
-        for key in ("target", "dataset", "replay", "judge", "optimizer", "validator", "check"):
-            if settings.get(key):
-                values[key] = settings[key]
-        values["protected"] = tuple(settings.get("protected", ()))
-        values["required_files"] = tuple(settings.get("required_files", ()))
-        values["example"] = example
-    if flags.get("fast_verified"):
-        values.update(screening=True, judge_failure_retries=1)
-        values.setdefault("baseline_replay_repetitions", 1)
-        values.setdefault("candidate_replay_repetitions", 1)
+    _cluster(flags)
+    values = _presets(flags)
     for key in _CONFIG_FLAGS:
         if flags.get(key) is not None:
             values[key] = flags[key]
@@ -121,6 +121,41 @@ def build_config(flags: dict[str, Any]) -> Any:
         return CampaignConfig(**values)
     except ValidationError as error:
         raise UsageError(flag_problem(error)) from None
+
+
+def _presets(flags: dict[str, Any]) -> dict[str, Any]:
+    """The values an example (``--example``) and ``--fast-verified`` preset; their sources
+    join ``flags``'s where no flag or file set them."""
+    from evolane.cli._config import FAST, SOURCES_KEY
+
+    values: dict[str, Any] = {}
+    sources = flags.setdefault(SOURCES_KEY, {})
+    example = flags.get("example")
+    if example is not None:
+        if example not in EXAMPLES:
+            raise UsageError(f"--example {example}: choose from {', '.join(EXAMPLES)}")
+        store = Path(flags["store"]).absolute()
+        flags["example_dir"] = flags.get("example_dir") or store / "examples" / example
+        settings = example_settings(example, Path(flags["example_dir"]))
+        values.update(EXAMPLE_DEFAULTS[example])  # presets from this version, not the workspace
+        for key in ("target", "dataset", "replay", "judge", "optimizer", "validator", "check"):
+            if settings.get(key):
+                values[key] = settings[key]
+        values["protected"] = tuple(settings.get("protected", ()))
+        values["required_files"] = tuple(settings.get("required_files", ()))
+        for key in values:
+            sources.setdefault(key.replace("required_files", "required_file"), f"example {example}")
+        values["example"] = example
+    if flags.get("fast_verified"):
+        values.update(screening=True, judge_failure_retries=1)
+        values.setdefault("baseline_replay_repetitions", 1)
+        values.setdefault("candidate_replay_repetitions", 1)
+        for key in ("judge_failure_retries", "baseline_replay_repetitions"):
+            sources.setdefault(key, FAST)
+        sources.setdefault("candidate_replay_repetitions", FAST)
+        if sources["judge_failure_retries"].startswith("example "):  # the preset wins over it
+            sources["judge_failure_retries"] = FAST
+    return values
 
 
 def _exposed(key: str, paths: list[str]) -> tuple[str, ...]:
@@ -207,9 +242,14 @@ def _exit_for(error: BaseException, debug: bool, store: str | None = None) -> in
 
 def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     """The flags as the public API's `OptimizeRequest`."""
+    from evolane.cli._config import ConfigError, locate, merge_config_file, resolved_settings
     from evolane.embed import OptimizeRequest
 
-    _check_choices(flags)
+    try:  # a continued run takes only the session's keys (store, view) from the file
+        merge_config_file(flags, session_only=bool(flags.get("resume") or flags.get("from_run")))
+        _check_choices(flags)
+    except (ConfigError, UsageError) as error:
+        raise UsageError(locate(str(error), flags)) from None
     if flags.get("rerun_evaluator") and not flags.get("from_run"):
         raise UsageError("--rerun-evaluator needs --from-run RUN_ID")
     continued = (
@@ -232,10 +272,13 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
             models=rejudge_models(flags),
             **ceilings,
         )
-    _cluster(flags)
     dry = estimate_only or bool(flags.get("dry_run"))
+    config = build_config(flags)
     return OptimizeRequest(
-        config=build_config(flags), resume_campaign=flags.get("resume_campaign"), dry_run=dry
+        config=config,
+        settings=resolved_settings(config, flags),
+        resume_campaign=flags.get("resume_campaign"),
+        dry_run=dry,
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, model_validator
 
-from evolane.campaign import CampaignConfig, RunRequest
+from evolane.campaign import CampaignConfig, ResolvedSetting, RunRequest
 from evolane.inputs import InputError
 from evolane.measure import ModelSettings
 from evolane.messages import Name, Record, Text
@@ -31,6 +31,8 @@ class OptimizeRequest(Record):
     max_cost_usd: float | None = Field(default=None, ge=0)
     """With from_run: the re-judge's cost ceiling (default: the run's own)."""
     dry_run: bool = False
+    settings: dict[Name, ResolvedSetting] | None = None
+    """With config: the settings as resolved (value and source of each), kept in run.json."""
 
     @model_validator(mode="after")
     def _one_kind_of_run(self) -> OptimizeRequest:
@@ -62,6 +64,7 @@ class OptimizeRequest(Record):
             resume_campaign=self.resume_campaign,
             rerun_from=self.from_run,
             dry_run=self.dry_run,
+            settings=self.settings,
             started=started if started is not None else time.time(),
         )
 

@@ -1,0 +1,272 @@
+"""The configuration file of ``optimize``'s flags: ``evolane.toml`` (or ``[tool.evolane]`` in
+``pyproject.toml``), found in the current folder or its parents as ruff and pytest find
+theirs, or named by ``--config PATH``.
+
+Keys are the flag names (``max-tokens`` or ``max_tokens``; a repeatable flag takes an
+array); paths are relative to the file's folder. A flag given on the command line wins over
+the file, which wins over an example's presets, which win over the defaults. Every value's
+source is kept (`sources`) so that ``evolane config show`` and run.json can say it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import re
+import tomllib
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+FLAG, DEFAULT, FAST = "flag", "default", "--fast-verified"
+"""Sources of a value besides a config file (its path) and an example (``example NAME``)."""
+SOURCES_KEY = "_sources"
+"""Where the flags dict keeps the source of each value once the file is merged in."""
+NOT_IN_FILE = frozenset(
+    ("config", "dry_run", "debug", "resume", "resume_campaign", "from_run", "rerun_evaluator")
+)
+"""Flags that ask for one invocation and have no place in a config file."""
+SESSION_KEYS = ("store", "progress", "observer")
+"""The keys a ``--resume`` or ``--from-run`` takes from the file (the run has the rest)."""
+_PATH_KEYS = frozenset(
+    ("target", "dataset", "store", "example_dir", "rubric", "prices", "expose", "expose_rw")
+)
+_FILE_NAME, _PYPROJECT = "evolane.toml", "pyproject.toml"
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used: one line naming the file (and line) and the key."""
+
+
+@dataclass
+class ConfigFile:
+    """A parsed config file: its values by flag name (paths made absolute) and their lines."""
+
+    path: Path
+    values: dict[str, Any] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def where(self, key: str, *, absolute: bool = False) -> str:
+        """``FILE:LINE`` of ``key`` (``FILE`` when its line is unknown); the file's path is
+        relative when it is in the current folder or below, unless ``absolute``."""
+        line = self.lines.get(key)
+        path = self.path if absolute else shown_path(self.path)
+        return f"{path}:{line}" if line else str(path)
+
+
+def shown_path(path: Path) -> Path:
+    """``path`` relative to the current folder when it is inside it."""
+    with contextlib.suppress(ValueError):
+        return path.relative_to(Path.cwd())
+    return path
+
+
+_COMMANDS: list[Callable[..., Any]] = []
+
+
+def use_flags(command: Callable[..., Any]) -> None:
+    """Declare the command whose parameters are the flags (``optimize``, which calls this
+    when it is defined: the flags' module depends on this one, not the other way)."""
+    _COMMANDS[:] = [command]
+
+
+def _command() -> Callable[..., Any]:
+    if not _COMMANDS:
+        raise RuntimeError("evolane.cli._optimize is not loaded (it declares the flags)")
+    return _COMMANDS[0]
+
+
+def flag_types() -> dict[str, Any]:
+    """Every flag a config file may set, by parameter name, with its Python type."""
+    command = _command()
+    hints = typing.get_type_hints(command)
+    names = inspect.signature(command).parameters
+    return {name: hints[name] for name in names if name not in NOT_IN_FILE}
+
+
+def find_config(start: Path) -> Path | None:
+    """The nearest ``evolane.toml``, else ``pyproject.toml`` holding ``[tool.evolane]``, in
+    ``start`` or a parent, up to the repository's root (a folder holding ``.git``)."""
+    for folder in (start, *start.parents):
+        if (folder / _FILE_NAME).is_file():
+            return folder / _FILE_NAME
+        pyproject = folder / _PYPROJECT
+        if pyproject.is_file() and re.search(r"(?m)^\s*\[tool\.evolane\]", _text(pyproject)):
+            return pyproject
+        if (folder / ".git").exists():
+            return None
+    return None
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{shown_path(path)}: cannot read the config file ({error})") from None
+
+
+def load_config(path: Path) -> ConfigFile:
+    """Parse and check ``path``: every key a known flag, every value of its flag's type."""
+    text = _text(path)
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{shown_path(path)}: not valid TOML ({error})") from None
+    table: Any = document
+    if path.name == _PYPROJECT:
+        table = document.get("tool", {}).get("evolane", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{shown_path(path)}: [tool.evolane] must be a table")
+    config = ConfigFile(path.absolute())
+    types = flag_types()
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name in config.lines:
+            config.lines[name] = _line_of(text, key, path.name == _PYPROJECT)
+            raise ConfigError(f"{config.where(name)}: {key}: set twice (- and _ name one flag)")
+        config.lines[name] = _line_of(text, key, path.name == _PYPROJECT)
+        if name not in types:
+            hint = " (it asks for one invocation: give it as a flag)" if name in NOT_IN_FILE else ""
+            raise ConfigError(f"{config.where(name)}: {key}: not a setting{hint}")
+        config.values[name] = _checked(config, key, value, types[name])
+    return config
+
+
+def _line_of(text: str, key: str, in_pyproject: bool) -> int:
+    """The 1-based line that sets ``key`` (in ``[tool.evolane]`` for a pyproject), else 0."""
+    pattern = re.compile(rf"""^\s*["']?{re.escape(key)}["']?\s*=""")
+    inside = not in_pyproject
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = re.match(r"^\s*\[([^\]]*)\]", line)
+        if header is not None and in_pyproject:
+            inside = header.group(1).strip() == "tool.evolane"
+        elif inside and pattern.match(line):
+            return number
+    return 0
+
+
+def _checked(config: ConfigFile, key: str, value: Any, kind: Any) -> Any:
+    """``value`` as its flag's type (paths made absolute against the file's folder)."""
+    name = key.replace("-", "_")
+    kinds = set(typing.get_args(kind)) or {kind}
+    is_list = any(typing.get_origin(each) is list for each in kinds)
+    if is_list and not isinstance(value, list):
+        value = [value]  # one value of a repeatable flag
+    if is_list or str in kinds:  # e.g. max-procs = 512, expose = ["data", 2024]
+        items = value if is_list else [value]
+        numbers = [
+            str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in items
+        ]
+        value = numbers if is_list else numbers[0]
+    try:
+        checked = TypeAdapter(kind).validate_python(value, strict=False)
+    except ValidationError as error:
+        message = error.errors()[0]["msg"]
+        raise ConfigError(f"{config.where(name)}: {key}: {message} (got {value!r})") from None
+    if name in _PATH_KEYS and checked is not None:
+        folder = config.path.parent
+        if isinstance(checked, list):
+            return [str(folder / Path(item).expanduser()) for item in checked]
+        return type(checked)(folder / Path(str(checked)).expanduser())
+    return checked
+
+
+def explicit_flags(flags: dict[str, Any]) -> set[str]:
+    """The flags given on the command line: click's parameter source when a command is
+    running, else those whose value differs from the default (a direct call)."""
+    ctx = _current_context()
+    parameters = inspect.signature(_command()).parameters
+    defaults = {name: param.default for name, param in parameters.items()}
+    given = set()
+    for name, value in flags.items():
+        source = ctx.get_parameter_source(name) if ctx is not None else None
+        if source is not None:
+            if source.name in ("COMMANDLINE", "ENVIRONMENT"):
+                given.add(name)
+        elif name in defaults and value != defaults[name] and value not in (None, []):
+            given.add(name)
+    return given
+
+
+def _current_context() -> Any:
+    """The running command's click context, or None: typer 0.2x runs its commands on a
+    vendored copy of click (whose context stack is its own), older typer on click."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+    return get_current_context(silent=True)
+
+
+def merge_config_file(flags: dict[str, Any], *, session_only: bool = False) -> dict[str, str]:
+    """Fill ``flags`` in place with the config file's values where no flag was given, and
+    return (and keep under `SOURCES_KEY`) the source of each flag set so far: ``flag`` or
+    the file's path. Idempotent. Raises `ConfigError`."""
+    if SOURCES_KEY in flags:
+        return flags[SOURCES_KEY]
+    given = explicit_flags(flags)
+    sources = {name: FLAG for name in given}
+    named = flags.get("config")
+    if named is not None:
+        path = Path(named)
+        if not path.is_file():
+            raise ConfigError(f"--config {named}: no such file")
+    else:
+        path = find_config(Path.cwd())
+    if path is not None:
+        config = load_config(path)
+        for name, value in config.values.items():
+            if name in given or (session_only and name not in SESSION_KEYS):
+                continue
+            flags[name] = value
+            sources[name] = config.where(name, absolute=True)
+    flags[SOURCES_KEY] = sources
+    return sources
+
+
+def locate(message: str, flags: dict[str, Any]) -> str:
+    """A usage error about a flag (``--name ...``) that the config file set, told at the
+    file's line: ``FILE:LINE: name ...``."""
+    match = re.match(r"--([a-z][a-z0-9-]*)(.*)", message, re.DOTALL)
+    if match is None:
+        return message
+    name = match.group(1).replace("-", "_")
+    if name == "required_files":
+        name = "required_file"
+    source = flags.get(SOURCES_KEY, {}).get(name)
+    if source is None or source == FLAG:
+        return message
+    path, _, line = source.rpartition(":")
+    shown = f"{shown_path(Path(path))}:{line}" if line.isdigit() else shown_path(Path(source))
+    return f"{shown}: {match.group(1)}{match.group(2)}"
+
+
+_GATE_KEYS = frozenset(
+    ("gate", "k_se", "min_effect", "threshold", "confidence", "bootstrap_samples", "sequential")
+)
+_AS_GIVEN = frozenset(("rubric", "prices"))  # the config holds their contents: show the path
+
+
+def resolved_settings(config: Any, flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every setting a config file may hold, as resolved for ``config`` from ``flags``:
+    ``{name: {"value": ..., "source": ...}}``; the source is ``flag``, a config file's
+    ``PATH:LINE``, ``example NAME``, ``--fast-verified`` or ``default``."""
+    dumped = config.model_dump(mode="json")
+    sources = flags.get(SOURCES_KEY, {})
+    settings = {}
+    for name in flag_types():
+        field_name = "required_files" if name == "required_file" else name
+        if name in _GATE_KEYS or name == "no_regression":
+            value = dumped["gate"][name]
+        elif field_name in dumped and name not in _AS_GIVEN:
+            value = dumped[field_name]
+        else:
+            value = flags.get(name)
+        value = json.loads(json.dumps(value, default=str))  # paths and tuples as JSON
+        settings[name] = {"value": value, "source": sources.get(name, DEFAULT)}
+    return settings

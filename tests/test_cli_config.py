@@ -1,0 +1,227 @@
+"""The configuration file (``evolane.toml`` / ``[tool.evolane]`` / ``--config``): found as ruff
+and pytest find theirs, flags win over it, its errors name the file, line and key, its paths
+are relative to its folder, and the resolved settings with their sources reach run.json and
+``evolane config show``. Also: ``optimize --help`` at 80 columns, and where ``--example``
+writes its workspace."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+from evolane.campaign import RunRecord
+from evolane.cli._app import app
+from tests.campaign_helpers import write_toy
+
+EVOLANE = [sys.executable, "-m", "evolane"]
+PLAN = {"0.0": "fix:2", "default": "noop"}
+
+
+def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EVOLANE, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**os.environ, **env},
+    )
+
+
+def _toml(settings: dict[str, Any]) -> str:
+    """``settings`` as TOML (JSON strings, numbers and arrays are TOML values)."""
+    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
+
+
+def _project(root: Path) -> dict[str, Any]:
+    """The toy workload under ``root`` and the config file settings that run it, with its
+    paths relative to ``root``."""
+    paths = write_toy(root, PLAN)
+    replay = (
+        'sh -c \'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' replay {candidate} {output_dir}'
+    )
+    optimizer = f"{sys.executable} -I {paths['script']} {{workdir}} {{prompt_file}} {paths['plan']}"
+    return {
+        "target": "target",
+        "dataset": "dataset.jsonl",
+        "store": "store",
+        "replay": replay,
+        "optimizer": optimizer,
+        "protected": ["grader/**"],
+        "required-file": "REQUIRED",  # one value of a repeatable flag
+        "gate": "strict",
+        "iterations": 2,
+        "population": 2,
+        "kill_grace": 0.3,
+        "progress": "none",
+        "feedback-split": "val",
+    }
+
+
+def _show(cwd: Path, *flags: str) -> dict[str, dict[str, Any]]:
+    done = _run(["config", "show", "--json", *flags], cwd)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["settings"]
+
+
+def _one_error(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("evolane: error: "), done.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_file_found_from_a_subfolder_runs_the_campaign_and_run_json_says_why(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "evolane.toml").write_text(_toml(_project(project)))
+    below = project / "sub" / "deeper"
+    below.mkdir(parents=True)
+    done = _run(["optimize", "--population", "1"], below)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (below / "store").exists()  # relative to the file's folder, not the cwd
+    (run_dir,) = (project / "store" / "runs").iterdir()
+    stored = json.loads((run_dir / "run.json").read_text())
+    config, settings = stored["config"], stored["settings"]
+    assert config["target"] == str(project / "target")
+    assert config["iterations"] == 2 and config["population"] == 1
+    assert config["required_files"] == ["REQUIRED"] and config["protected"] == ["grader/**"]
+    file = str(project / "evolane.toml")
+    assert settings["iterations"] == {"value": 2, "source": f"{file}:9"}
+    assert settings["target"] == {"value": str(project / "target"), "source": f"{file}:1"}
+    assert settings["population"] == {"value": 1, "source": "flag"}
+    assert settings["stall"] == {"value": 4, "source": "default"}
+    assert settings["gate"]["source"] == f"{file}:8" and config["gate"]["gate"] == "strict"
+    older = {key: value for key, value in stored.items() if key != "settings"}
+    assert RunRecord.model_validate(older).settings is None  # a run.json from before loads
+    report = _run(["report", run_dir.name, "--store", str(project / "store")], tmp_path)
+    assert report.returncode == 0, report.stderr
+
+
+def test_config_names_a_file_elsewhere_and_flags_win_over_it(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    settings = {**_project(project), "progress": "plain"}
+    (project / "other.toml").write_text(_toml(settings))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    config = str(project / "other.toml")
+    shown = _show(elsewhere, "--config", config, "--iterations", "5", "--progress", "auto")
+    assert shown["iterations"] == {"value": 5, "source": "flag"}
+    assert shown["progress"] == {"value": "auto", "source": "flag"}  # the default, given
+    assert shown["population"] == {"value": 2, "source": f"{config}:10"}
+    assert shown["dataset"]["value"] == str(project / "dataset.jsonl")
+    assert shown["store"]["value"] == str(project / "store")
+    assert shown["seed"] == {"value": 0, "source": "default"}
+    alone = _show(elsewhere, "--example", "sleeper")  # no file here or above: the defaults
+    assert alone["store"] == {"value": str(elsewhere / ".evolane"), "source": "default"}
+    missing = _run(["estimate", "--config", "nope.toml"], elsewhere)
+    _one_error(missing, "--config nope.toml: no such file")
+
+
+def test_pyproject_tool_evolane_is_read_when_there_is_no_evolane_toml(tmp_path: Path) -> None:
+    settings = _project(tmp_path)
+    pyproject = '[project]\nname = "x"\niterations = "not ours"\n\n[tool.evolane]\n'
+    (tmp_path / "pyproject.toml").write_text(pyproject + _toml(settings) + "\n[tool.other]\n")
+    shown = _show(tmp_path)
+    assert shown["iterations"] == {"value": 2, "source": f"{tmp_path / 'pyproject.toml'}:14"}
+    assert shown["target"]["value"] == str(tmp_path / "target")
+    (tmp_path / "pyproject.toml").write_text(pyproject + "iterationz = 3\n")
+    _one_error(_run(["optimize"], tmp_path), "pyproject.toml:6: iterationz: not a setting")
+    (tmp_path / "evolane.toml").write_text(_toml({**settings, "iterations": 3}))
+    assert _show(tmp_path)["iterations"]["value"] == 3  # evolane.toml comes first
+
+
+@pytest.mark.parametrize(
+    ("line", "needles"),
+    [
+        ("iterationz = 3", ["evolane.toml:14: iterationz: not a setting"]),
+        ('iterations = "ten"', ["evolane.toml:9: iterations: ", "valid integer"]),
+        ("iterations = 0", ["evolane.toml:9: iterations: ", "greater than or equal to 1"]),
+        ('gate = "nope"', ["evolane.toml:8: gate nope: choose from paired"]),
+        ("k-se = -1.0", ["evolane.toml:14: k-se: ", "greater than or equal to 0"]),
+        ('resume = "r-1"', ["evolane.toml:14: resume: not a setting", "give it as a flag"]),
+        ("[broken", ["evolane.toml: not valid TOML"]),
+        ("max_tokens = 5\nmax-tokens = 6", ["evolane.toml:15: max-tokens: set twice"]),
+    ],
+)
+def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(
+    tmp_path: Path, line: str, needles: list[str]
+) -> None:
+    body = _toml(_project(tmp_path))
+    name = line.split("=")[0].strip()
+    if re.search(rf"(?m)^{re.escape(name)} = ", body):  # the value replaced in place
+        body = re.sub(rf"(?m)^{re.escape(name)} = .*$", line, body)
+    else:
+        body += line + "\n"
+    (tmp_path / "evolane.toml").write_text(body)
+    _one_error(_run(["optimize"], tmp_path), *needles)
+    assert not (tmp_path / "store").exists()  # nothing ran
+
+
+def test_config_show_prints_each_value_with_its_source(tmp_path: Path) -> None:
+    (tmp_path / "evolane.toml").write_text(_toml(_project(tmp_path)))
+    done = _run(["config", "show", "--population", "3"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert re.search(r"^iterations +=\s2  # evolane\.toml:9$", done.stdout, re.M), lines
+    assert re.search(r"^population +=\s3  # flag$", done.stdout, re.M)
+    assert re.search(r"^stall +=\s4  # default$", done.stdout, re.M)
+    assert re.search(r"^max-tokens +=\s\(not set\)  # default$", done.stdout, re.M)
+    assert re.search(r'^required-file += \["REQUIRED"\]  # evolane\.toml:7$', done.stdout, re.M)
+    shown = _show(tmp_path, "--example", "sleeper", "--iterations", "1")
+    assert shown["replay_concurrency"] == {"value": 8, "source": "example sleeper"}
+    assert shown["population"] == {"value": 2, "source": str(tmp_path / "evolane.toml") + ":10"}
+    assert shown["iterations"]["source"] == "flag"
+
+
+def test_optimize_help_at_80_columns_shows_every_flag_whole_in_panels(tmp_path: Path) -> None:
+    command = typer.main.get_command(app)
+    for name in ("optimize", "estimate"):
+        done = _run([name, "--help"], tmp_path, COLUMNS="80", TERM="dumb")
+        assert done.returncode == 0, done.stderr
+        assert max(len(line) for line in done.stdout.splitlines()) <= 80
+        params = command.commands[name].params  # type: ignore[attr-defined]
+        flags = [opt for param in params for opt in (*param.opts, *param.secondary_opts)]
+        assert "--max-improvement-cycles" in flags and len(flags) > 60
+        for flag in flags:
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", done.stdout), flag
+        for panel in ("Inputs", "Search", "Decision", "Budgets", "Lanes", "Isolation", "Models"):
+            assert re.search(rf"─ {panel}\b", done.stdout), panel
+
+
+def test_the_example_writes_its_workspace_under_the_store_unless_told(tmp_path: Path) -> None:
+    done = _run(["optimize", "--example", "sleeper", "--dry-run"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / ".evolane" / "examples" / "sleeper" / "example.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".evolane"]  # nothing else in cwd
+    store = tmp_path / "s2"
+    done = _run(["estimate", "--example", "sleeper", "--store", str(store)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (store / "examples" / "sleeper" / "dataset.jsonl").is_file()
+    chosen = tmp_path / "mine"
+    done = _run(["optimize", "--example", "sleeper", "--example-dir", "mine", "--dry-run"], store)
+    assert done.returncode == 0, done.stderr
+    assert not chosen.exists() and (store / "mine" / "example.json").is_file()
+    (tmp_path / "evolane.toml").write_text('example = "sleeper"\nexample-dir = "ws"\n')
+    shown = _show(tmp_path / "s2")  # found in the parent; relative to the file's folder
+    assert shown["example_dir"] == {
+        "value": str(tmp_path / "ws"),
+        "source": f"{tmp_path}/evolane.toml:2",
+    }
+    assert shown["target"] == {
+        "value": str(tmp_path / "ws" / "target"),
+        "source": "example sleeper",
+    }
