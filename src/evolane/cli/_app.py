@@ -139,6 +139,15 @@ def _register() -> None:
 
     app.command(name="optimize")(optimize)
     app.command(name="estimate")(estimate)
+    _register_starter()
+
+
+def _register_starter() -> None:
+    from evolane.cli._init import init
+    from evolane.cli._optimize import doctor
+
+    app.command(name="init")(init)
+    app.command(name="doctor")(doctor)
 
 
 _register()
