@@ -136,3 +136,28 @@ def test_doctor_refuses_bad_input_with_one_line(tmp_path: Path) -> None:
     bad = _run(["doctor", *args, "--dataset", str(tmp_path / "none.jsonl")], cwd=tmp_path)
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert "none.jsonl" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_estimate_range_scales_with_its_timing_and_keeps_retries_apart(
+    tmp_path: Path,
+) -> None:
+    from evolane.campaign._estimate import ProbeTiming, UnitHistory, estimate_run
+    from tests.campaign_helpers import toy_config, write_toy
+
+    config = toy_config(write_toy(tmp_path, {}), judge="true", judge_failure_retries=2)
+    worst = estimate_run(config, val_cases=12, test_cases=6)
+    assert worst.wall_low_seconds is None and worst.wall_worst_seconds is None  # no timing
+    assert worst.judge_calls_max == worst.replays_max and worst.judge_retries_max == 2 * (
+        worst.replays_max
+    )
+    fast = estimate_run(config, 12, 6, probe=ProbeTiming(replay_seconds=0.1, judge_seconds=0.1))
+    slow = estimate_run(config, 12, 6, probe=ProbeTiming(replay_seconds=1.0, judge_seconds=1.0))
+    for probed in (fast, slow):
+        assert probed.wall_worst_seconds == worst.wall_high_seconds
+        assert 0 < probed.wall_low_seconds < probed.wall_high_seconds < worst.wall_high_seconds
+    assert slow.wall_low_seconds > fast.wall_low_seconds
+    assert slow.wall_high_seconds > fast.wall_high_seconds
+    # An earlier run's unit time paces the upper end too (the worst case kept apart).
+    seen = estimate_run(config, 12, 6, UnitHistory(seconds=0.5))
+    assert seen.wall_worst_seconds == worst.wall_high_seconds
+    assert seen.wall_low_seconds <= seen.wall_high_seconds < worst.wall_high_seconds

@@ -37,6 +37,8 @@ class HostReport:
     problem: str | None
     mechanisms: tuple[str, ...]
     cgroups: tuple[str, ...]
+    confinable: str | None
+    """Why ``confined`` cannot be had here (None: it can), whatever was asked."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ async def probe_run(config: CampaignConfig, resume_campaign: str | None = None) 
     store = prepared.store
     async with open_sandbox(prepared.layout.sandbox, store=store) as host:
         level, problem = resolve_isolation(config.run_commands.isolation)
-        report = HostReport(level, problem, host.mechanisms, host.cgroups.mechanisms)
+        confinable = resolve_isolation("confined")[1]
+        report = HostReport(level, problem, host.mechanisms, host.cgroups.mechanisms, confinable)
         probed = await _probe_case(config, host, store, case, parent)
     plan, tests = prepared.splits, prepared.test_cases
     train = plan.train_cases if plan.feedback == "train" else 0

@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from evolane.cli._estimates import estimate_lines
-from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, error_line
+from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK
 
 Check = tuple[str, str, str]
 """(level ``ok``/``warn``/``FAIL``, what, why or how to fix)."""
@@ -30,11 +30,20 @@ LOW_DISK_BYTES = 1 << 30
 def _host_checks(probe: Any, store: str) -> list[Check]:
     host = probe.host
     checks: list[Check] = []
-    if host.problem is None:
-        checks.append(("ok", f"isolation {host.isolation}", "commands run confined"))
+    asked = probe.prepared.config.commands.isolation
+    if host.problem is not None:
+        level = "FAIL" if asked == "confined" else "warn"
+        how = "install bubblewrap, or pass --isolation process to accept it"
+        checks.append((level, f"isolation {host.isolation}", f"{host.problem}; {how}"))
+    elif host.isolation == "confined":
+        why = "bubblewrap: the system read-only, nothing of the store, target or dataset"
+        checks.append(("ok", "isolation confined", why))
     else:
-        level = "FAIL" if probe.prepared.config.commands.isolation == "confined" else "warn"
-        checks.append((level, f"isolation {host.isolation}", host.problem))
+        can = host.confinable is None
+        why = f"as asked (--isolation {asked}); confined is " + (
+            "available" if can else f"not: {host.confinable}"
+        )
+        checks.append(("ok", f"isolation {host.isolation}", why))
     limits = ", ".join(host.cgroups) or "none"
     cgroups = ("ok", f"cgroups: {limits}", "memory and process limits, tree kill")
     if not host.cgroups:
@@ -80,6 +89,11 @@ def _program_check(flag: str, template: str) -> list[Check]:
         return [("FAIL", f"{flag}: program {found} is not executable", f"chmod +x {found}")]
     if not os.path.isabs(program) and os.sep in program:
         checks.append(_relative(flag, program))
+    elif f"{os.sep}shims{os.sep}" in found:
+        why = "a version manager's shim (pyenv, asdf...): a confined command does not see the "
+        why += "manager; give the interpreter's absolute path (python3 -c 'import sys; "
+        why += "print(sys.executable)')"
+        checks.append(("warn", f"{flag}: program {found}", why))
     else:
         checks.append(("ok", f"{flag}: program {found}", "found"))
     for word in words[1:]:
@@ -124,15 +138,16 @@ def _case_checks(case: Any) -> list[Check]:
     if replay.status != "succeeded" or judge is None:
         failure = replay.failure
         why = f"{failure.code}: {failure.message}" if failure is not None else replay.status
-        detail = case.stderr or why
-        return [("FAIL", f"{where}: the replay {replay.status}", f"{why}; stderr: {detail}"[:400])]
+        if case.stderr and case.stderr not in why:
+            why += f"; stderr: {case.stderr}"
+        return [("FAIL", f"{where}: the replay {replay.status}", _one_line(why))]
     checks: list[Check] = [
         ("ok", f"{where}: replay {replay.wall_seconds:.2f} s", f"output: {case.output}"[:300])
     ]
     if judge.score is None:
         failure = judge.failure
         why = f"{failure.code}: {failure.message}" if failure is not None else judge.status
-        checks.append(("FAIL", f"{where}: the judge {judge.status}", why[:400]))
+        checks.append(("FAIL", f"{where}: the judge {judge.status}", _one_line(why)))
     else:
         checks.append(
             (
@@ -143,6 +158,10 @@ def _case_checks(case: Any) -> list[Check]:
             )
         )
     return checks
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    return " ".join(text.split())[:limit]
 
 
 def _print(checks: list[Check]) -> None:
@@ -160,14 +179,11 @@ def run_probe(flags: dict[str, Any]) -> tuple[Any, Any]:
     return config, trio.run(probe_run, config, flags.get("resume_campaign"))
 
 
-def _bad_input(error: BaseException) -> int:
-    from evolane.cli._session import UsageError
-    from evolane.inputs import InputError
+def _failed(error: BaseException, flags: dict[str, Any]) -> int:
+    """One line and the exit code for an error (bad input: 2), as ``optimize`` gives them."""
+    from evolane.cli._session import _exit_for, _leaf
 
-    if isinstance(error, UsageError | InputError):
-        error_line(str(error))
-        return EXIT_USAGE
-    raise error
+    return _exit_for(_leaf(error), bool(flags.get("debug")), flags.get("store"))
 
 
 def run_doctor(flags: dict[str, Any]) -> int:
@@ -176,8 +192,8 @@ def run_doctor(flags: dict[str, Any]) -> int:
 
     try:
         config = build_config(flags)
-    except Exception as error:
-        return _bad_input(error)
+    except BaseException as error:  # every error: one line and an exit code
+        return _failed(error, flags)
     commands = _command_checks(config)
     if any(level == "FAIL" for level, _, _ in commands):
         _print(commands)
@@ -185,14 +201,15 @@ def run_doctor(flags: dict[str, Any]) -> int:
         return EXIT_INTERNAL
     try:
         _, probe = run_probe(flags)
-    except Exception as error:
+    except BaseException as error:  # every error: one line and an exit code
         _print(commands)
-        return _bad_input(error)
+        return _failed(error, flags)
     checks = _host_checks(probe, config.store) + _input_checks(probe) + commands
     checks += _case_checks(probe.case)
     _print(checks)
-    for line in estimate_lines(probe.estimate):
-        print(line)
+    if probe.case.ok:  # a failed probe times nothing worth drawing a range from
+        for line in estimate_lines(probe.estimate):
+            print(line)
     failed = [what for level, what, _ in checks if level == "FAIL"]
     if failed:
         print(f"doctor: {len(failed)} check(s) failed: a campaign cannot run yet")
@@ -206,8 +223,8 @@ def estimate_probe(flags: dict[str, Any]) -> int:
     call; exit 1 when the probe could not score its case."""
     try:
         _, probe = run_probe(flags)
-    except Exception as error:
-        return _bad_input(error)
+    except BaseException as error:  # every error: one line and an exit code
+        return _failed(error, flags)
     estimate = probe.estimate
     if flags.get("as_json"):
         print(estimate.model_dump_json(indent=2))

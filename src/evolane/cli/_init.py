@@ -90,6 +90,6 @@ def init(
     prefix = "" if root == here else f"cd {shlex.quote(str(directory))} && "
     print("check it (host, inputs, one real replay and judge):")
     print(f"  {prefix}evolane doctor")
-    print("run it (a campaign of a few seconds that accepts better skills):")
+    print("run it (a campaign of about half a minute that accepts better skills):")
     print(f"  {prefix}evolane optimize")
     raise typer.Exit(EXIT_OK)
