@@ -231,6 +231,8 @@ def estimate_probe(flags: dict[str, Any]) -> int:
     else:
         for line in estimate_lines(estimate):
             print(line)
+        if estimate.splits:
+            print(f"splits: {estimate.splits}")
         for line in estimate.preflight:
             print(f"preflight: {line}")
     if not probe.case.ok:
