@@ -3,6 +3,7 @@ policies, the run directory, resume, the report)."""
 
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
 from evolane.campaign._estimate import Estimate
+from evolane.campaign._probe import CaseProbe, HostReport, Probe, probe_run
 from evolane.campaign._report import (
     DecisionRecord,
     FunnelRecord,
@@ -49,13 +50,16 @@ __all__ = [
     "CampaignServices",
     "CampaignSetup",
     "CampaignState",
+    "CaseProbe",
     "CycleOutcome",
     "DecisionRecord",
     "Estimate",
     "Focus",
     "FunnelRecord",
+    "HostReport",
     "MeasurementRecord",
     "OptimizerParts",
+    "Probe",
     "ProposeSettings",
     "Report",
     "ResolvedSetting",
@@ -68,6 +72,7 @@ __all__ = [
     "StoreLayout",
     "load_campaign",
     "load_run",
+    "probe_run",
     "read_resume_state",
     "render_markdown",
     "run_campaign",

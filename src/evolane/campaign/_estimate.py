@@ -6,11 +6,17 @@ parents, every judge call retried to the limit); when train feeds the optimizer
 replays count too. The wall range runs from a lucky run (nothing accepted, every candidate
 stopped early at the coverage floor) at the typical unit time seen before in this store, to
 every unit running into its timeout.
+
+With a timing (`ProbeTiming`: one replay and one judge call timed by ``estimate --probe`` or
+``doctor``, `campaign._probe`) the wall range is a realistic one: from the lucky run at the
+probe's unit time to every planned unit (retries not counted: they are not certain spend)
+at `PROBE_MARGIN` times it; the ceiling-based bound stays as ``wall_worst_seconds``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from pydantic import Field
@@ -20,6 +26,23 @@ from evolane.campaign._confirm import confirm_repetitions
 from evolane.campaign._preflight import preflight
 from evolane.measure import ROLES
 from evolane.messages import Name, Record, ShortText, Usage
+
+PROBE_MARGIN = 3.0
+"""How much slower than the probe a unit may run in the realistic upper bound: one timed
+unit is a sample of one, and a busy host slows every lane."""
+RUN_OVERHEAD_SECONDS = 5.0
+"""Setting a run up and writing its report (snapshots, sandbox, report files) in the
+realistic upper bound."""
+STEP_OVERHEAD_SECONDS = 1.0
+"""Per optimizer call in the realistic upper bound when no earlier run timed the optimizer:
+spawning, the gates and snapshotting its candidate."""
+
+
+class ProbeTiming(Record):
+    """One replay's and one judge call's wall seconds, timed on this host before a run."""
+
+    replay_seconds: float = Field(ge=0)
+    judge_seconds: float = Field(ge=0)
 
 
 class UnitHistory(Record):
@@ -48,6 +71,13 @@ class Estimate(Record):
     optimizer_calls_max: int = Field(ge=0)
     wall_low_seconds: float | None = Field(default=None, ge=0)
     wall_high_seconds: float = Field(ge=0)
+    wall_worst_seconds: float | None = Field(default=None, ge=0)
+    """Every unit into its timeout and every judge retried (set when the high end above is
+    a realistic one, from a probe)."""
+    judge_retries_max: int = Field(default=0, ge=0)
+    """Judge retries at most, on top of one call per replay (not certain spend)."""
+    probe: ProbeTiming | None = None
+    """The one-case timing the range is drawn from (``--probe``)."""
     tokens: float | None = Field(default=None, ge=0)
     cost_usd: float | None = Field(default=None, ge=0)
     by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
@@ -78,9 +108,11 @@ def estimate_run(
     history: UnitHistory | None = None,
     *,
     train_cases: int = 0,
+    probe: ProbeTiming | None = None,
 ) -> Estimate:
     """The estimate for one cycle of ``config`` on a dataset of this shape (``train_cases``:
-    the cases each parent is measured on for the optimizer's feedback, besides val)."""
+    the cases each parent is measured on for the optimizer's feedback, besides val); with a
+    ``probe``, a realistic wall range from its timing (`probe_range`)."""
     b, c = repetitions_for(config, val_cases)
     tb = tc = confirm_repetitions(config, test_cases)  # the confirmation's, both arms alike
     iterations, population = config.iterations, config.population
@@ -108,12 +140,7 @@ def estimate_run(
     by_role: dict[str, Usage] = {}
     basis = "no earlier run in this store: the wall's lower end is unknown"
     if history is not None:
-        lucky = (
-            val_cases * b
-            + feedback
-            + iterations * population * min(val_cases, config.gate.min_cases) * c
-            + test_cases * (tb + tc)
-        )
+        lucky = _lucky(config, val_cases, test_cases, train_cases)
         optimizer = (history.optimizer_seconds or 0.0) * iterations
         low = min(high, lucky * history.seconds / measure.replay_concurrency + optimizer)
         tokens = history.tokens * replays if history.tokens is not None else None
@@ -124,8 +151,22 @@ def estimate_run(
             tokens = _total(by_role, "tokens")
             cost = _total(by_role, "cost_usd")
         basis = f"typical unit {history.seconds:.2f} s from earlier runs in this store"
+    worst = None
+    if probe is None and history is not None:  # the unit time seen before paces the run
+        timing = ProbeTiming(replay_seconds=history.seconds, judge_seconds=0.0)
+        worst, high = high, max(low or 0.0, probe_range(config, replays, 0, timing)[1])
+    if probe is not None:
+        lucky_units = _lucky(config, val_cases, test_cases, train_cases)
+        worst, (low, high) = high, probe_range(config, replays, lucky_units, probe)
+        basis = (
+            f"probe: one replay {probe.replay_seconds:.2f} s, one judge call "
+            f"{probe.judge_seconds:.2f} s on this host"
+        )
     checked = preflight(config, val_cases, test_cases, (b, c))
     return Estimate(
+        wall_worst_seconds=worst,
+        judge_retries_max=judges - replays if measure.judge else 0,
+        probe=probe,
         min_gain=checked.min_gain,
         preflight=checked.lines,
         val_cases=val_cases,
@@ -134,7 +175,7 @@ def estimate_run(
         baseline_repetitions=b,
         candidate_repetitions=c,
         replays_max=replays,
-        judge_calls_max=judges,
+        judge_calls_max=replays,
         optimizer_calls_max=optimizer_calls,
         wall_low_seconds=low,
         wall_high_seconds=high,
@@ -143,6 +184,52 @@ def estimate_run(
         by_role=by_role,
         basis=basis,
     )
+
+
+def _lucky(config: CampaignConfig, val_cases: int, test_cases: int, train_cases: int) -> int:
+    """Replays of a lucky run: nothing accepted, every candidate stopped at the coverage
+    floor (the lower end of the wall range)."""
+    b, c = repetitions_for(config, val_cases)
+    tb = confirm_repetitions(config, test_cases)
+    feedback = train_cases * repetitions_for(config, train_cases)[0]
+    floor = min(val_cases, config.gate.min_cases)
+    return (
+        val_cases * b
+        + feedback
+        + config.iterations * config.population * floor * c
+        + (test_cases * 2 * tb)
+    )
+
+
+def probe_range(
+    config: CampaignConfig, replays: int, lucky: int, probe: ProbeTiming
+) -> tuple[float, float]:
+    """The wall range from a probe: the ``lucky`` run's replays at the probed times, the
+    replay and judge pools overlapping (the slower paces the run), to all ``replays``
+    planned (retries not counted) at `PROBE_MARGIN` times the probed times, one after the
+    other, spread over no more lanes than this host has CPUs (a unit timed alone runs
+    slower beside others on a busy host), plus the optimizer calls and the run's set-up."""
+    measure, propose = config.measure, config.propose
+    replaying = math.ceil(lucky / measure.replay_concurrency) * probe.replay_seconds
+    judging = math.ceil(lucky / measure.judge_concurrency) * probe.judge_seconds
+    low = max(replaying, judging)
+    parallel = max(1, min(measure.replay_concurrency, _free_cpus()))
+    unit = probe.replay_seconds + probe.judge_seconds
+    steps = config.iterations * math.ceil(config.population / propose.optimizer_concurrency)
+    step = max(STEP_OVERHEAD_SECONDS, probe.replay_seconds)  # an optimizer is a process too
+    high = PROBE_MARGIN * (math.ceil(replays / parallel) * unit + steps * step)
+    high += RUN_OVERHEAD_SECONDS
+    if config.wall_clock_budget is not None:
+        cap = config.wall_clock_budget + config.commands.kill_grace + 1.0
+        low, high = min(low, cap), min(high, cap)
+    return low, high
+
+
+def _free_cpus() -> int:
+    """The CPUs this process may use, or 1 when the host is already busier than that (a
+    load average at or over the CPU count: the lanes will not run side by side)."""
+    cpus = len(os.sched_getaffinity(0))
+    return 1 if os.getloadavg()[0] >= cpus else cpus
 
 
 def _role_spend(history: UnitHistory, counts: dict[str, int]) -> dict[str, Usage]:

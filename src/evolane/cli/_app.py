@@ -142,6 +142,15 @@ def _register() -> None:
     from evolane.cli._config_show import config_app
 
     app.add_typer(config_app, name="config")
+    _register_starter()
+
+
+def _register_starter() -> None:
+    from evolane.cli._init import init
+    from evolane.cli._optimize import doctor
+
+    app.command(name="init")(init)
+    app.command(name="doctor")(doctor)
 
 
 _register()

@@ -307,8 +307,14 @@ use_flags(optimize)
 
 
 def estimate(**flags: Any) -> None:
-    """The cost and wall estimate for the same flags as ``optimize``; nothing runs."""
+    """The cost and wall estimate for the same flags as ``optimize``; nothing runs (with
+    ``--probe``: one replay and one judge call, timed, give the wall range)."""
     from evolane.cli._session import run_optimize
+
+    if flags.pop("probe", False):
+        from evolane.cli._doctor import estimate_probe
+
+        raise typer.Exit(estimate_probe(flags))
 
     raise typer.Exit(run_optimize(flags, estimate_only=True))
 
@@ -323,8 +329,35 @@ def _estimate_signature() -> inspect.Signature:
         default=False,
         annotation=Annotated[bool, _o("Print the estimate as JSON.", "--json")],
     )
+    probe = inspect.Parameter(
+        "probe",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[
+            bool,
+            _o("Time one replay and one judge call; draw the wall range from them.", "--probe"),
+        ],
+    )
     kinds = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
-    return inspect.Signature([*kinds, as_json])
+    return inspect.Signature([*kinds, as_json, probe])
 
 
 estimate.__signature__ = _estimate_signature()  # type: ignore[attr-defined]
+
+
+def doctor(**flags: Any) -> None:
+    """Check the host, the inputs and the commands, and run one real replay and judge."""
+    from evolane.cli._doctor import run_doctor
+
+    raise typer.Exit(run_doctor(flags))
+
+
+def _doctor_signature() -> inspect.Signature:
+    """``optimize``'s flags without those only a run has (as ``estimate`` takes them)."""
+    signature = inspect.signature(optimize, eval_str=True)
+    dropped = ("dry_run", "resume", "from_run", "rerun_evaluator", "progress", "observer")
+    kept = [p for p in signature.parameters.values() if p.name not in dropped]
+    return inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in kept])
+
+
+doctor.__signature__ = _doctor_signature()  # type: ignore[attr-defined]

@@ -286,15 +286,10 @@ def _print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
     if flags.get("as_json"):
         print(estimate.model_dump_json(indent=2))
         return EXIT_OK
-    high = estimate.wall_high_seconds
-    low = "?" if estimate.wall_low_seconds is None else f"{estimate.wall_low_seconds:.0f} s"
-    print(
-        f"estimate: at most {estimate.replays_max} replays, {estimate.judge_calls_max} judge "
-        f"calls, {estimate.optimizer_calls_max} optimizer calls; wall {low} .. {high:.0f} s "
-        f"(val {estimate.val_cases} cases x {estimate.baseline_repetitions}/"
-        f"{estimate.candidate_repetitions} repetitions, test {estimate.test_cases}); "
-        f"{estimate.basis}"
-    )
+    from evolane.cli._estimates import estimate_lines
+
+    for line in estimate_lines(estimate):
+        print(line)
     spend = [f"~{count(estimate.tokens)} tokens"] if estimate.tokens is not None else []
     spend += [f"~${estimate.cost_usd:.2f}"] if estimate.cost_usd is not None else []
     if estimate.by_role:

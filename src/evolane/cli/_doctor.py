@@ -1,0 +1,241 @@
+"""``evolane doctor`` (the same flags as ``optimize``): can a campaign run here, as asked?
+
+One line per check, ``ok|warn|FAIL  what  (why / how to fix)``: the host (isolation, kill and
+limit mechanisms, free disk under the store), the inputs (dataset, splits, the smallest gain
+the gate can accept), the commands (each template's program found and executable; a
+relative script path), then the parent's replay and judge on ONE val case through the real
+sandbox (`evolane.campaign.probe_run`), with the output, score and times. Exit 0 when a
+campaign can run, 1 when a check failed, 2 for bad input. Also ``estimate --probe``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from evolane.cli._estimates import estimate_lines
+from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK
+
+Check = tuple[str, str, str]
+"""(level ``ok``/``warn``/``FAIL``, what, why or how to fix)."""
+LOW_DISK_BYTES = 1 << 30
+"""Free space under the store below which a run may fill the disk (blobs, outputs)."""
+
+
+def _host_checks(probe: Any, store: str) -> list[Check]:
+    host = probe.host
+    checks: list[Check] = []
+    asked = probe.prepared.config.commands.isolation
+    if host.problem is not None:
+        level = "FAIL" if asked == "confined" else "warn"
+        how = "install bubblewrap, or pass --isolation process to accept it"
+        checks.append((level, f"isolation {host.isolation}", f"{host.problem}; {how}"))
+    elif host.isolation == "confined":
+        why = "bubblewrap: the system read-only, nothing of the store, target or dataset"
+        checks.append(("ok", "isolation confined", why))
+    else:
+        can = host.confinable is None
+        why = f"as asked (--isolation {asked}); confined is " + (
+            "available" if can else f"not: {host.confinable}"
+        )
+        checks.append(("ok", f"isolation {host.isolation}", why))
+    limits = ", ".join(host.cgroups) or "none"
+    cgroups = ("ok", f"cgroups: {limits}", "memory and process limits, tree kill")
+    if not host.cgroups:
+        cgroups = ("warn", "cgroups: none writable", "limits fall back to rlimits per process")
+    checks.append(cgroups)
+    where = Path(store)
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    level = "ok" if free >= LOW_DISK_BYTES else "warn"
+    checks.append((level, f"disk: {free / (1 << 30):.1f} GiB free under {store}", "blobs, outputs"))
+    return checks
+
+
+def _input_checks(probe: Any) -> list[Check]:
+    estimate, prepared = probe.estimate, probe.prepared
+    plan = prepared.splits
+    splits = f"train {plan.train_cases}, val {plan.val_cases}, test {prepared.test_cases}"
+    checks: list[Check] = [
+        ("ok", f"dataset {prepared.config.dataset}", f"{len(prepared.dataset.cases)} cases read"),
+        ("warn" if plan.optimistic else "ok", f"splits: {splits}", estimate.splits or "as given"),
+    ]
+    gain = "n/a" if estimate.min_gain is None else f"{estimate.min_gain:.4f}"
+    reason = estimate.preflight[0] if estimate.preflight else ""
+    checks.append(("ok", f"smallest acceptable mean gain {gain}", reason))
+    return checks
+
+
+def _program_check(flag: str, template: str) -> list[Check]:
+    """The program of ``template`` found and executable; its relative script paths."""
+    try:
+        words = shlex.split(template)
+    except ValueError as error:
+        return [("FAIL", f"{flag}: cannot split", str(error))]
+    if not words or "{" in words[0]:
+        return []
+    program, checks = words[0], []
+    found = program if os.sep in program else shutil.which(program)
+    if found is None or not os.path.isfile(found):
+        how = "give its absolute path" if os.sep not in program else "no such file"
+        return [("FAIL", f"{flag}: program {program} not found", how)]
+    if not os.access(found, os.X_OK):
+        return [("FAIL", f"{flag}: program {found} is not executable", f"chmod +x {found}")]
+    if not os.path.isabs(program) and os.sep in program:
+        checks.append(_relative(flag, program))
+    elif f"{os.sep}shims{os.sep}" in found:
+        why = "a version manager's shim (pyenv, asdf...): a confined command does not see the "
+        why += "manager; give the interpreter's absolute path (python3 -c 'import sys; "
+        why += "print(sys.executable)')"
+        checks.append(("warn", f"{flag}: program {found}", why))
+    else:
+        checks.append(("ok", f"{flag}: program {found}", "found"))
+    for word in words[1:]:
+        relative = "{" not in word and not os.path.isabs(word) and os.sep in word
+        if relative and os.path.exists(word):
+            checks.append(_relative(flag, word))
+    return checks
+
+
+def _relative(flag: str, path: str) -> Check:
+    return (
+        "warn",
+        f"{flag}: relative path {path}",
+        f"commands run in a fresh folder of their own: write {os.path.abspath(path)}",
+    )
+
+
+def _command_checks(config: Any) -> list[Check]:
+    templates = {
+        "--replay": config.measure.replay,
+        "--judge": config.measure.judge,
+        "--optimizer": config.propose.optimizer,
+        "--validator": config.validator,
+        "--check": config.check,
+    }
+    checks: list[Check] = []
+    for flag, text in templates.items():
+        if text and not _is_spec(text):
+            checks += _program_check(flag, text)
+    return checks
+
+
+def _is_spec(text: str) -> bool:
+    """``llm:MODEL``, ``agent:NAME`` or a plugin's ``NAME:ARGS``: no program to look up."""
+    head = text.split()[0] if text.split() else ""
+    return ":" in head and os.sep not in head.split(":", 1)[0]
+
+
+def _case_checks(case: Any) -> list[Check]:
+    replay, judge = case.replay, case.judge
+    where = f"one val case ({case.case_id})"
+    if replay.status != "succeeded" or judge is None:
+        failure = replay.failure
+        why = f"{failure.code}: {failure.message}" if failure is not None else replay.status
+        if case.stderr and case.stderr not in why:
+            why += f"; stderr: {case.stderr}"
+        return [("FAIL", f"{where}: the replay {replay.status}", _one_line(why))]
+    checks: list[Check] = [
+        ("ok", f"{where}: replay {replay.wall_seconds:.2f} s", f"output: {case.output}"[:300])
+    ]
+    if judge.score is None:
+        failure = judge.failure
+        why = f"{failure.code}: {failure.message}" if failure is not None else judge.status
+        checks.append(("FAIL", f"{where}: the judge {judge.status}", _one_line(why)))
+    else:
+        checks.append(
+            (
+                "ok",
+                f"{where}: judge {judge.wall_seconds:.2f} s, score {judge.score:.3f} "
+                f"({judge.source})",
+                f"verdict: {case.verdict}"[:300] if case.verdict else "scored",
+            )
+        )
+    return checks
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _print(checks: list[Check]) -> None:
+    for level, what, why in checks:
+        print(f"{level:<4}  {what}  ({why})" if why else f"{level:<4}  {what}")
+
+
+def run_probe(flags: dict[str, Any]) -> tuple[Any, Any]:
+    """The config from ``flags`` and its probe (`evolane.campaign.probe_run`); bad input is
+    a `UsageError` or an `InputError`."""
+    from evolane.campaign import probe_run
+    from evolane.cli._session import build_config
+
+    config = build_config(flags)
+    return config, trio.run(probe_run, config, flags.get("resume_campaign"))
+
+
+def _failed(error: BaseException, flags: dict[str, Any]) -> int:
+    """One line and the exit code for an error (bad input: 2), as ``optimize`` gives them."""
+    from evolane.cli._session import _exit_for, _leaf
+
+    return _exit_for(_leaf(error), bool(flags.get("debug")), flags.get("store"))
+
+
+def run_doctor(flags: dict[str, Any]) -> int:
+    """``evolane doctor``: print the checks; the exit code (0 when a campaign can run)."""
+    from evolane.cli._session import build_config
+
+    try:
+        config = build_config(flags)
+    except BaseException as error:  # every error: one line and an exit code
+        return _failed(error, flags)
+    commands = _command_checks(config)
+    if any(level == "FAIL" for level, _, _ in commands):
+        _print(commands)
+        print("doctor: a command cannot run; fix it before a campaign")
+        return EXIT_INTERNAL
+    try:
+        _, probe = run_probe(flags)
+    except BaseException as error:  # every error: one line and an exit code
+        _print(commands)
+        return _failed(error, flags)
+    checks = _host_checks(probe, config.store) + _input_checks(probe) + commands
+    checks += _case_checks(probe.case)
+    _print(checks)
+    if probe.case.ok:  # a failed probe times nothing worth drawing a range from
+        for line in estimate_lines(probe.estimate):
+            print(line)
+    failed = [what for level, what, _ in checks if level == "FAIL"]
+    if failed:
+        print(f"doctor: {len(failed)} check(s) failed: a campaign cannot run yet")
+        return EXIT_INTERNAL
+    print("doctor: a campaign can run")
+    return EXIT_OK
+
+
+def estimate_probe(flags: dict[str, Any]) -> int:
+    """``estimate --probe``: the estimate with its wall range from one timed replay and judge
+    call; exit 1 when the probe could not score its case."""
+    try:
+        _, probe = run_probe(flags)
+    except BaseException as error:  # every error: one line and an exit code
+        return _failed(error, flags)
+    estimate = probe.estimate
+    if flags.get("as_json"):
+        print(estimate.model_dump_json(indent=2))
+    else:
+        for line in estimate_lines(estimate):
+            print(line)
+        if estimate.splits:
+            print(f"splits: {estimate.splits}")
+        for line in estimate.preflight:
+            print(f"preflight: {line}")
+    if not probe.case.ok:
+        _print(_case_checks(probe.case))
+        return EXIT_INTERNAL
+    return EXIT_OK
