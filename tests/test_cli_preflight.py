@@ -5,6 +5,7 @@ written) a configuration in which no candidate can ever be accepted."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,8 +45,9 @@ def test_optimize_shows_the_preflight_before_the_run(tmp_path: Path) -> None:
     flags[flags.index("--progress") + 1] = "plain"
     done = _run(["optimize", *flags, "--iterations", "1", "--population", "1"])
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    (at,) = [i for i, line in enumerate(lines) if line.startswith(f"preflight: {SIXTEEN}")]
+    unwrapped = re.sub(r"\n\[ *\d+\.\ds\]     ", " ", done.stdout)  # plain lines fit 80 columns
+    lines = unwrapped.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if f"] preflight: {SIXTEEN}" in line]
     assert not any("decision" in line.lower() for line in lines[:at])
 
 

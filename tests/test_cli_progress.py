@@ -99,10 +99,19 @@ def script() -> list[ProgressEvent]:
             slot=0,
             digest=CAND,
             decision="reject",
-            reason="worse on val",
+            reason="mean_delta -0.02 < k*SE (1.00 x 0.01 = 0.01): rejected",
             mean_delta=-0.02,
             ci_low=-0.04,
             ci_high=0.001,
+            summary="Retry the fetch step on timeouts",
+            gate="paired",
+            se=0.01,
+            k_se=1.0,
+            min_effect=0.0,
+            n=40,
+            n_planned=40,
+            fixed=1,
+            broken=2,
         ),
         SlotEvent(run_id="-", iteration=1, slot=0, stage="rejected", digest=CAND, reason="worse"),
         PhaseEvent(run_id="-", phase="finalize"),
@@ -266,20 +275,21 @@ async def test_plain_prints_one_line_per_significant_event() -> None:
     lines = out.getvalue().splitlines()
     assert all(re.match(r"^\[ *\d+\.\ds\] ", line) for line in lines), lines
     assert [line.split("] ", 1)[1] for line in lines] == [
-        "run r-1 (campaign camp-1, cycle 0): 8 iterations x 2 candidates, "
-        "lanes replay 4 judge 2, isolation namespace",
-        "estimate: at most 320 replays, 64 judge calls, 16 optimizer calls; "
-        "wall 2m00s..5m00s; ~$3.20",
-        "iteration 2/8 (i1)  parent sha256:ab12ab12ab12…  convergence ok",
+        "run r-1  campaign camp-1, cycle 0  8 iterations x 2 candidates",
+        "    4 replay lanes, 2 judge lanes  commands in own namespaces",
+        "estimate: at most 320 replays, 64 judge calls, 16 optimizer calls",
+        "    wall 2m00s..5m00s  ~$3.20",
+        "iteration 2/8 (i1)  parent sha256:ab12ab12…ab12  convergence ok",
         "slot i1.s1 blocked  touched a protected path",
         "warning: judge lane 2 failed: exit 1",
-        "decision i1.s0 reject  sha256:cd34cd34cd34…  Δ -0.0200 CI [-0.0400, +0.0010]  "
-        "worse on val",
-        "slot i1.s0 rejected  sha256:cd34cd34cd34…  worse",
+        "decision i1.s0 reject  delta -0.0200 <= 1.0 x SE 0.0100",
+        "    fixed 1, broken 2  edit: Retry the fetch step on timeouts",
+        "slot i1.s0 rejected  sha256:cd34cd34…cd34",  # the decision said why
         "finalize (cycle 0)",
-        "finished: finished (campaign improving)  best sha256:ef56ef56ef56…  "
-        "val 0.610 -> 0.720  report runs/r-1/report.json",
+        "finished: finished (campaign improving)  best sha256:ef56ef56…ef56",
+        "    val 0.610 -> 0.720  report runs/r-1/report.json",
     ]
+    assert max(len(line) for line in lines) <= 80
     assert state.events == len(script()) and state.finished is not None
 
 
@@ -341,8 +351,8 @@ MIDDLE = (
     "████░░░░░░░░░░░░░░░░ 20%",  # cost
     "$5.00",
     "last decisions",
-    "i1.s0 reject",
-    "CI [-0.0400, +0.0010]",
+    "i1.s0 reject  delta -0.0200 <= 1.0 x SE 0.0100  fixed 1, broken 2",
+    "edit: Retry the fetch step on timeouts",
     "judge lane 2 failed",
 )
 
@@ -583,7 +593,8 @@ def test_the_wall_clock_row_counts_the_whole_campaign_apart_from_replay_time() -
     (wall,) = [line for line in text.splitlines() if "wall clock" in line]
     assert "70%" in wall and "7m00s" in wall and "10m00s" in wall  # 360 + 60 of 600 s
     (replay,) = [line for line in text.splitlines() if "replay time" in line]
-    assert "no ceiling" in replay and "1m35s" in replay
+    assert replay == "also spent: 1m35s replay time"  # no ceiling: no bar row
+    assert "no ceiling" not in text
 
 
 def test_the_budget_shows_spend_by_role_and_each_model_endpoints_limit() -> None:
@@ -606,6 +617,10 @@ def test_the_budget_shows_spend_by_role_and_each_model_endpoints_limit() -> None
     console = Console(file=io.StringIO(), force_terminal=True, width=160)
     console.print(render_view(state, budget.t))
     text = ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
-    (cost,) = [line for line in text.splitlines() if line.lstrip("│ ").startswith("cost")]
-    assert "optimizer $1.00" in cost and "judge $0.5000" in cost
+    (cost,) = [line for line in text.splitlines() if line.startswith("cost")]
+    assert "15%" in cost and "$1.50" in cost and "$10.00" in cost  # the one ceiling set
+    assert "also spent: 3.0k tokens" in text and not any(
+        line.startswith("tokens") for line in text.splitlines()
+    )
+    assert "by role: optimizer 1.0k tokens $1.00 · judge 2.0k tokens $0.5000" in text
     assert "model http://h:1/v1: limit 3, in flight 2, 7 answered 429" in text

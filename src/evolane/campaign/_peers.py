@@ -15,12 +15,14 @@ from evolane.actors import ActorRef
 from evolane.campaign._book import Book
 from evolane.campaign._report import Purpose
 from evolane.campaign._types import CampaignServices, CampaignSetup, Stopped
+from evolane.campaign._verdict import arm_mean, decision_fields
 from evolane.lanes import limiter_snapshot
 from evolane.measure import Pipeline
 from evolane.messages import (
     BudgetUpdate,
     DecisionEvent,
     EndpointLoad,
+    GateConfig,
     GateResult,
     LedgerQuery,
     MeasureEvent,
@@ -103,10 +105,20 @@ class Peers:
         gate = summary.gate
         evidence = gate.model_dump(include={"mean_delta", "se", "decision"})
         pairs = {"pairs_done": gate.n, "pairs_planned": gate.n_planned}
+        if request.candidate_ref is None:  # the parent alone: cases scored, no decision
+            scored = len({unit.get("case") for unit in units if unit.get("score") is not None})
+            pairs = {"pairs_done": scored, "pairs_planned": max(gate.n_planned, scored)}
+            evidence = {}
         done = MeasureEvent(
             run_id=self.run_id,
             measurement_id=summary.measurement_id,
             finished=True,
+            parent_only=request.candidate_ref is None,
+            purpose=purpose,
+            split=request.split,
+            iteration=iteration,
+            baseline_mean=arm_mean(units, "baseline"),
+            candidate_mean=arm_mean(units, "candidate"),
             **pairs,
             **evidence,
         )
@@ -116,17 +128,30 @@ class Peers:
             self.emit(WarningEvent(run_id=self.run_id, message=summary.message[:256]))
         return summary, units
 
-    def decided(self, iteration: int, slot: int, digest: str, gate: GateResult) -> None:
-        """Tell the progress bus the gate's decision on a candidate."""
+    def decided(
+        self,
+        where: tuple[int, int],
+        digest: str,
+        gate: GateResult,
+        config: GateConfig,
+        *,
+        summary: str = "",
+        units: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Tell the progress bus the gate's decision on a candidate (slot ``where``:
+        iteration and slot), with the optimizer's ``summary`` of the edit, the rule's
+        numbers and, from the measurement's ``units``, the cases it fixed and broke."""
         evidence = gate.model_dump(include={"decision", "mean_delta", "ci_low", "ci_high"})
         self.emit(
             DecisionEvent(
                 run_id=self.run_id,
-                iteration=iteration,
-                slot=slot,
+                iteration=where[0],
+                slot=where[1],
                 digest=digest,
                 reason=gate.reason[:256],
+                summary=" ".join(summary.split())[:256],
                 **evidence,
+                **decision_fields(gate, config, units),
             )
         )
 

@@ -268,6 +268,7 @@ def _announce(
             isolation=contained.description,
             wall_clock_budget=config.wall_clock_budget,
             wall_clock_left=wall_left,
+            safeguards=host.mechanisms[:8],
         )
     )
     shared = prepared.estimate.model_dump(include=set(EstimateEvent.model_fields))

@@ -258,7 +258,14 @@ class Slots:
             sample = paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate"))
             gate = state.online.judge(book.slot_id, gate, sample.deltas, self.config.gate)
         state.book.decide(book, gate.decision, gate.reason)
-        self.peers.decided(book.iteration, book.slot, tree.digest, gate)
+        self.peers.decided(
+            (book.iteration, book.slot),
+            tree.digest,
+            gate,
+            self.config.gate,
+            summary=book.optimizer,
+            units=units,
+        )
         if gate.decision == "accept":
             book.decision = "accept"
             return summary

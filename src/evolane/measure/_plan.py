@@ -371,7 +371,11 @@ class MeasurePlan:
         """How far the measurement is: complete pairs in plan order, their mean delta and SE."""
         planned = self.cutoff if self.cutoff is not None else len(self.case_ids)
         judging = sum(unit.step in ("judging", "rejudging") for unit in self.units)
-        return self._prefix.event(self.request.measurement_id, planned, self.in_flight, judging)
+        event = self._prefix.event(self.request.measurement_id, planned, self.in_flight, judging)
+        if self.request.candidate_ref is None:  # the parent alone: no pairs, no decision
+            cases = {"pairs_done": self._prefix.length, "mean_delta": None, "se": None}
+            event = event.model_copy(update={"parent_only": True, **cases})
+        return event
 
     def unit_event(self, unit_id: str) -> UnitEvent:
         """The unit of a `UnitEnded` action, as a progress event for observers."""

@@ -58,6 +58,8 @@ class RunStarted(ProgressEvent):
     isolation: ShortText = ""
     wall_clock_budget: float | None = Field(default=None, ge=0, le=_COUNT)
     wall_clock_left: float | None = Field(default=None, le=_COUNT)  # of it, as this session began
+    safeguards: tuple[ShortText, ...] = Field(default=(), max_length=8)
+    """The host-wide safeguards in force (``lease_sweep``, ``subreaper``, ``lifeline``, ...)."""
 
 
 class EstimateEvent(ProgressEvent):
@@ -117,6 +119,17 @@ class MeasureEvent(ProgressEvent):
     se: float | None = None
     finished: bool = False
     decision: ShortText = ""
+    parent_only: bool = False
+    """A measurement of the parent alone (a baseline): cases, not pairs, and no decision."""
+    purpose: ShortText = ""
+    """What the finished measurement was for: ``baseline`` (the parent alone), ``paired``,
+    ``screening``, ``final_val``, ``final_test`` ("": not told)."""
+    split: ShortText = ""
+    iteration: int | None = Field(default=None, ge=0, le=_COUNT)
+    baseline_mean: float | None = Field(default=None, ge=0, le=1)
+    """The parent's (baseline arm's) mean score over cases, when finished."""
+    candidate_mean: float | None = Field(default=None, ge=0, le=1)
+    """The candidate arm's mean score over cases, when finished."""
 
 
 class UnitEvent(ProgressEvent):
@@ -159,6 +172,24 @@ class DecisionEvent(ProgressEvent):
     mean_delta: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
+    summary: ShortText = ""
+    """The optimizer's one-line summary of the edit."""
+    gate: ShortText = ""
+    """The gate that decided (``paired``, ``bootstrap``, ``strict``, ``threshold``)."""
+    se: float | None = Field(default=None, ge=0)
+    k_se: float | None = Field(default=None, ge=0)
+    min_effect: float | None = None
+    n: int | None = Field(default=None, ge=0, le=_COUNT)
+    """Comparable cases the decision read."""
+    n_planned: int | None = Field(default=None, ge=0, le=_COUNT)
+    early: Literal["", "settled", "sequential", "coverage"] = ""
+    """Why the measurement stopped before its last case, if it did."""
+    fixed: int | None = Field(default=None, ge=0, le=_COUNT)
+    """Cases the candidate passes and the parent failed (a pass: mean score >= pass_score)."""
+    broken: int | None = Field(default=None, ge=0, le=_COUNT)
+    """Cases the parent passed and the candidate fails."""
+    candidate_mean: float | None = Field(default=None, ge=0, le=1)
+    """The candidate's mean score over the cases measured."""
 
 
 class EndpointLoad(Record):

@@ -20,6 +20,7 @@ TERMINAL_STAGES = frozenset({"selected", "rejected", "blocked", "not_run"})
 """Funnel stages a candidate slot never leaves."""
 
 _KEPT = 5  # decisions and warnings the view remembers
+_SCORES_KEPT = 64  # iterations whose best-so-far score the view remembers (the newest)
 _END_PHASES = frozenset({"finalize", "apply", "report"})
 
 
@@ -42,6 +43,7 @@ class ViewState:
     judge_lanes: int = 0
     resumed: bool = False
     isolation: str = ""
+    safeguards: tuple[str, ...] = ()  # host-wide: lease sweep, subreaper, lifeline
     wall_budget: float | None = None  # the campaign's --wall-clock-budget
     wall_left: float | None = None  # what was left of it when this session began
     wall_t: float = 0.0  # when (event time) that was measured
@@ -60,6 +62,9 @@ class ViewState:
     decisions: deque[messages.DecisionEvent] = field(default_factory=lambda: deque(maxlen=_KEPT))
     warnings: deque[messages.WarningEvent] = field(default_factory=lambda: deque(maxlen=_KEPT))
     warning_count: int = 0
+    baseline_score: float | None = None  # the first parent's mean val score
+    best_score: float | None = None  # the best val score so far (a parent or an accept)
+    scores: dict[int, float] = field(default_factory=dict)  # best at each iteration's end
     finished: messages.RunFinished | None = None
     events: int = 0  # events folded
     missed: int = 0  # events never seen, from gaps in the sequence numbers
@@ -85,6 +90,7 @@ class ViewState:
         self.iterations, self.population = event.iterations, event.population
         self.replay_lanes, self.judge_lanes = event.replay_lanes, event.judge_lanes
         self.resumed, self.isolation = event.resumed, event.isolation
+        self.safeguards = tuple(event.safeguards)
         self.wall_budget, self.wall_left = event.wall_clock_budget, event.wall_clock_left
         self.wall_t = event.t
 
@@ -116,12 +122,44 @@ class ViewState:
             self.measures.pop(event.measurement_id, None)
             if not self.measures:
                 self.lanes_busy = 0
+            self._scored(event)
         else:
             self.measures[event.measurement_id] = event
             self.lanes_busy = event.lanes_busy
 
+    def _scored(self, event: messages.MeasureEvent) -> None:
+        """A finished measurement's scores: a parent's on val, or the final val figures."""
+        if event.parent_only and event.split == "val" and event.baseline_mean is not None:
+            if self.baseline_score is None:
+                self.baseline_score = event.baseline_mean
+            # the parent of iteration i is the best at the end of iteration i - 1
+            before = None if event.iteration is None else event.iteration - 1
+            self._improved(before, event.baseline_mean)
+        elif event.purpose == "final_val":
+            if self.baseline_score is None:
+                self.baseline_score = event.baseline_mean
+            if event.candidate_mean is not None:  # the best tree on the whole of val
+                self.best_score = event.candidate_mean
+                if self.scores:
+                    self.scores[max(self.scores)] = event.candidate_mean
+
+    def _improved(self, iteration: int | None, score: float) -> None:
+        self.best_score = score if self.best_score is None else max(self.best_score, score)
+        if iteration is None:
+            iteration = max(self.scores, default=-1)
+        self.scores[iteration] = max(self.best_score, self.scores.get(iteration, 0.0))
+        for old in sorted(self.scores)[:-_SCORES_KEPT]:
+            del self.scores[old]
+
     def _decided(self, event: messages.DecisionEvent) -> None:
         self.decisions.append(event)
+        if event.decision == "accept" and event.candidate_mean is not None:
+            self._improved(event.iteration, event.candidate_mean)
+
+    def best_series(self) -> list[float]:
+        """The best val score so far at the end of each iteration seen, oldest first (the
+        first parent's score first, under key -1)."""
+        return [self.scores[iteration] for iteration in sorted(self.scores)]
 
     def _budget(self, event: messages.BudgetUpdate) -> None:
         self.budget = event
