@@ -2,7 +2,10 @@
 policies, the run directory, resume, the report)."""
 
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
+from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
+from evolane.campaign._lock import holder_pid
+from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._report import (
     DecisionRecord,
     FunnelRecord,
@@ -10,7 +13,6 @@ from evolane.campaign._report import (
     Report,
     ScoreCI,
     Scores,
-    render_markdown,
 )
 from evolane.campaign._run import (
     CAMPAIGN_ASK_TIMEOUT,
@@ -64,6 +66,8 @@ __all__ = [
     "ScoreCI",
     "Scores",
     "StoreLayout",
+    "case_rows",
+    "holder_pid",
     "load_campaign",
     "load_run",
     "read_resume_state",
@@ -73,4 +77,5 @@ __all__ = [
     "run_tree",
     "slot_id",
     "slot_of",
+    "unified_tree_diff",
 ]

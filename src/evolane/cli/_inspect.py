@@ -26,7 +26,7 @@ from evolane.cli._output import (
     wide_console,
     write_json,
 )
-from evolane.cli._resumable import resume_blocker, resume_command
+from evolane.cli._resumable import live_note, resume_blocker, resume_command
 
 if TYPE_CHECKING:
     from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
@@ -126,9 +126,10 @@ def _show_report(layout: StoreLayout, run_id: str, store: Path, fmt: str) -> Non
         if report_md.is_file():
             sys.stdout.write(report_md.read_text(encoding="utf-8", errors="replace"))
         else:
-            from evolane.campaign import render_markdown
+            from evolane.campaign import case_rows, render_markdown
 
-            sys.stdout.write(render_markdown(_load_report(report_json)))
+            rep = _load_report(report_json)
+            sys.stdout.write(render_markdown(rep, case_rows(rep, layout.blobs())))
     else:
         blocked = resume_blocker(layout, record, store)
         _print_report(_load_report(report_json), run_dir, store, blocked)
@@ -176,6 +177,7 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
         "events": _event_summary(run_dir / "events.jsonl"),
         "resume": None if blocked else resume_command(record.run_id, store),
         "resume_blocked": blocked,
+        "live": live_note(layout, record, store),  # a process runs it: watch, never resume
     }
 
 
@@ -202,7 +204,9 @@ def _event_summary(path: Path) -> dict[str, Any]:
 
 def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     status = summary["status"]
-    if status == "running":
+    if summary["live"]:
+        status = summary["live"].split(":")[0]  # "it is running (pid N) in another process"
+    elif status == "running":
         status = "running (no report yet: still running, or killed)"
     journal, events = summary["journal"], summary["events"]
     if journal["error"]:
@@ -246,6 +250,9 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
     for name, value in lines[:-1]:
         table.add_row(name, Text(value))
     console.print(table)
+    if summary["live"]:
+        console.print(Text(f"This run has no report yet: {summary['live']}"), soft_wrap=True)
+        return
     if summary["resume"] is None:
         console.print(
             Text(f"This run has no report and cannot resume: {summary['resume_blocked']}")
