@@ -5,7 +5,7 @@ from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, Pro
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._lock import holder_pid
-from evolane.campaign._markdown import case_rows, render_markdown
+from evolane.campaign._markdown import candidate_cell, case_rows, render_markdown
 from evolane.campaign._report import (
     DecisionRecord,
     FunnelRecord,
@@ -66,6 +66,7 @@ __all__ = [
     "ScoreCI",
     "Scores",
     "StoreLayout",
+    "candidate_cell",
     "case_rows",
     "holder_pid",
     "load_campaign",

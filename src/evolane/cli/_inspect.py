@@ -332,6 +332,9 @@ def _print_report(rep: Report, run_dir: Path, store: Path, blocked: str | None) 
         table.add_row(name, Text(value))
     console.print(table)
     if rep.decisions:
+        from evolane.campaign import candidate_cell
+
+        slots = {(f.cycle, f.iteration, f.slot): f for f in rep.funnel}
         decisions = Table(title="decisions")
         for column in ("cycle", "iteration", "slot", "candidate", "decision", "reason"):
             decisions.add_column(column, no_wrap=column != "reason", overflow="fold")
@@ -340,7 +343,9 @@ def _print_report(rep: Report, run_dir: Path, store: Path, blocked: str | None) 
                 str(d.cycle),
                 str(d.iteration),
                 str(d.slot),
-                Text(d.digest[7:19]),
+                Text(
+                    candidate_cell(d.digest, slots.get((d.cycle, d.iteration, d.slot))).strip("`")
+                ),
                 Text(d.decision),
                 Text(d.reason),
             )
