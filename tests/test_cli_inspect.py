@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._markdown import render_markdown
 from evolane.campaign._report import (
     BudgetRecord,
     DecisionRecord,
@@ -20,7 +21,6 @@ from evolane.campaign._report import (
     Report,
     ScoreCI,
     Scores,
-    render_markdown,
 )
 from evolane.campaign._runs import (
     CampaignState,

@@ -2,7 +2,10 @@
 policies, the run directory, resume, the report)."""
 
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
+from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
+from evolane.campaign._lock import holder_pid
+from evolane.campaign._markdown import candidate_cell, case_rows, render_markdown
 from evolane.campaign._probe import CaseProbe, HostReport, Probe, probe_run
 from evolane.campaign._report import (
     DecisionRecord,
@@ -11,7 +14,6 @@ from evolane.campaign._report import (
     Report,
     ScoreCI,
     Scores,
-    render_markdown,
 )
 from evolane.campaign._run import (
     CAMPAIGN_ASK_TIMEOUT,
@@ -70,6 +72,9 @@ __all__ = [
     "ScoreCI",
     "Scores",
     "StoreLayout",
+    "candidate_cell",
+    "case_rows",
+    "holder_pid",
     "load_campaign",
     "load_run",
     "probe_run",
@@ -80,4 +85,5 @@ __all__ = [
     "run_tree",
     "slot_id",
     "slot_of",
+    "unified_tree_diff",
 ]

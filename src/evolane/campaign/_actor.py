@@ -156,8 +156,8 @@ class _Cycle:
                 )
             accepted = await self._iteration(iteration, signal)
             self.peers.emit(await self.peers.budget_event())
-            if accepted is not None:
-                await self._measure_parent(iteration + 1)
+            if accepted is not None and iteration + 1 < self.config.iterations:
+                await self._measure_parent(iteration + 1)  # none for an iteration not to run
         if state.stalled >= self.config.stall:
             raise Stopped("exhausted", f"{state.stalled} iterations without an accepted candidate")
 

@@ -13,7 +13,9 @@ MAX_DIFF_FILE_BYTES: Final = 1 << 20
 """Files larger than this are named in the diff, not diffed (difflib is quadratic)."""
 
 
-def unified_tree_diff(store: BlobStore, old_ref: ArtifactRef, new_ref: ArtifactRef) -> bytes:
+def unified_tree_diff(
+    store: BlobStore, old_ref: ArtifactRef | str, new_ref: ArtifactRef | str
+) -> bytes:
     """A unified diff (``a/<path>`` -> ``b/<path>``) of every differing file; binaries named."""
     old, new = load_manifest(store, old_ref), load_manifest(store, new_ref)
     out: list[str] = []

@@ -13,8 +13,9 @@ import trio
 from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
 from evolane.campaign._confirm import error_control, publish_blocked
 from evolane.campaign._containment import containment
+from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._prepare import Prepared
-from evolane.campaign._report import ApplyRecord, BudgetRecord, Report, render_markdown
+from evolane.campaign._report import ApplyRecord, BudgetRecord, Report
 from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
 from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
@@ -225,7 +226,8 @@ def _write_report(
     """Report first, then the run's status, then the campaign: a crash in between leaves a
     run that a resume finishes again."""
     write_json_atomic(prepared.run_dir / "report.json", report)
-    write_bytes_atomic(prepared.run_dir / "report.md", render_markdown(report).encode())
+    markdown = render_markdown(report, case_rows(report, prepared.store))
+    write_bytes_atomic(prepared.run_dir / "report.md", markdown.encode())
     run = session_ended(prepared.run, report.status, report.started)
     save_run(prepared.layout, run)
     state: CampaignState = prepared.campaign

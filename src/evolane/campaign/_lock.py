@@ -101,19 +101,19 @@ def lock_target(target: Path, run_id: str | None = None) -> TargetLock:
     if not resolved.parent.is_dir():
         return TargetLock(resolved, lock_path(resolved), None)
     try:
-        lock = _take(resolved, lock_path(resolved))
+        lock = _take(resolved, lock_path(resolved), run_id)
     except OSError as exc:
         if exc.errno not in _UNWRITABLE:
             raise
         fallback = fallback_lock_path(resolved)
         fallback.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock = _take(resolved, fallback)
+        lock = _take(resolved, fallback, run_id)
     if run_id is not None:
         lock.name_run(run_id)
     return lock
 
 
-def _take(target: Path, path: Path) -> TargetLock:
+def _take(target: Path, path: Path, run_id: str | None = None) -> TargetLock:
     for _ in range(_TAKE_ATTEMPTS):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
@@ -121,6 +121,12 @@ def _take(target: Path, path: Path) -> TargetLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
+            if run_id is not None and holder.startswith(f"run {run_id} "):  # a resume of it
+                pid = holder.removeprefix(f"run {run_id}")
+                raise InputError(
+                    f"--resume {run_id}: the run is going on in another process{pid}; "
+                    f"follow it with `evolane watch {run_id}`"
+                ) from None
             raise InputError(
                 f"target {target} is locked by {holder}; wait for it to end (or stop it), "
                 "then start again"
@@ -151,3 +157,17 @@ def _holder(fd: int) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         return "another run (still starting)"
     return f"run {run_id} (pid {pid})"
+
+
+def holder_pid(target: Path, run_id: str) -> int | None:
+    """The pid of the process running ``run_id`` on ``target``, as the target's lock file
+    says (None when no lock file names that run: it ended, or it is still starting)."""
+    for path in (lock_path(target), fallback_lock_path(target)):
+        try:
+            with path.open("rb") as source:
+                record = orjson.loads(source.read(_HOLDER_BYTES))
+            if str(record["run_id"]) == run_id:
+                return int(record["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None

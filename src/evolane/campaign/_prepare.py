@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from evolane.campaign._advice import NEW_CAMPAIGN, after_failure, still_running
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
@@ -348,12 +349,9 @@ def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, Campaig
     if record.status in ("finished", "budget_limited"):
         raise InputError(f"--resume {run_id}: the run already ended ({record.status})")
     if record.status == "failed":
-        raise InputError(
-            f"--resume {run_id}: the run failed (its report says why); fix that, then run the "
-            f"campaign again with --resume-campaign {record.campaign_id}"
-        )
+        raise InputError(f"--resume {run_id}: {after_failure(record.campaign_id)}")
     if run_is_live(layout, run_id):
-        raise InputError(f"--resume {run_id}: the run is going on in another process")
+        raise InputError(f"--resume {run_id}: {still_running(record.config.target, run_id)}")
     return record, load_campaign(layout, record.campaign_id)
 
 
@@ -414,7 +412,7 @@ def _continuable_campaign(
         if campaign.identity.get(key) != value:
             raise InputError(
                 f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
-                f"({_clipped(campaign.identity.get(key))} -> {_clipped(value)})"
+                f"({_clipped(campaign.identity.get(key))} -> {_clipped(value)}): {NEW_CAMPAIGN}"
             )
     unfinished = _unfinished_run(layout, campaign)
     if unfinished is not None:

@@ -176,6 +176,8 @@ def main() -> None:
 
 
 def _register_inspect() -> None:
+    from evolane.cli._compare import compare
+    from evolane.cli._diff import diff
     from evolane.cli._fsck import fsck
     from evolane.cli._inspect import report, schema
     from evolane.cli._plugins import plugins
@@ -188,6 +190,8 @@ def _register_inspect() -> None:
     app.command(name="fsck")(fsck)
     app.command(name="plugins")(plugins)
     app.command(name="watch")(watch)
+    app.command(name="diff")(diff)
+    app.command(name="compare")(compare)
 
 
 _register_inspect()

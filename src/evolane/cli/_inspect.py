@@ -26,7 +26,7 @@ from evolane.cli._output import (
     wide_console,
     write_json,
 )
-from evolane.cli._resumable import resume_blocker, resume_command
+from evolane.cli._resumable import live_note, resume_blocker, resume_command
 
 if TYPE_CHECKING:
     from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
@@ -126,9 +126,10 @@ def _show_report(layout: StoreLayout, run_id: str, store: Path, fmt: str) -> Non
         if report_md.is_file():
             sys.stdout.write(report_md.read_text(encoding="utf-8", errors="replace"))
         else:
-            from evolane.campaign import render_markdown
+            from evolane.campaign import case_rows, render_markdown
 
-            sys.stdout.write(render_markdown(_load_report(report_json)))
+            rep = _load_report(report_json)
+            sys.stdout.write(render_markdown(rep, case_rows(rep, layout.blobs())))
     else:
         blocked = resume_blocker(layout, record, store)
         _print_report(_load_report(report_json), run_dir, store, blocked)
@@ -181,6 +182,7 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
         "events": _event_summary(run_dir / "events.jsonl"),
         "resume": None if blocked else resume_command(record.run_id, store),
         "resume_blocked": blocked,
+        "live": live_note(layout, record, store),  # a process runs it: watch, never resume
     }
 
 
@@ -207,7 +209,9 @@ def _event_summary(path: Path) -> dict[str, Any]:
 
 def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     status = summary["status"]
-    if status == "running":
+    if summary["live"]:
+        status = summary["live"].split(":")[0]  # "it is running (pid N) in another process"
+    elif status == "running":
         status = "running (no report yet: still running, or killed)"
     journal, events = summary["journal"], summary["events"]
     if journal["error"]:
@@ -251,6 +255,9 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
     for name, value in lines[:-1]:
         table.add_row(name, Text(value))
     console.print(table)
+    if summary["live"]:
+        console.print(Text(f"This run has no report yet: {summary['live']}"), soft_wrap=True)
+        return
     if summary["resume"] is None:
         console.print(
             Text(f"This run has no report and cannot resume: {summary['resume_blocked']}")
@@ -330,6 +337,9 @@ def _print_report(rep: Report, run_dir: Path, store: Path, blocked: str | None) 
         table.add_row(name, Text(value))
     console.print(table)
     if rep.decisions:
+        from evolane.campaign import candidate_cell
+
+        slots = {(f.cycle, f.iteration, f.slot): f for f in rep.funnel}
         decisions = Table(title="decisions")
         for column in ("cycle", "iteration", "slot", "candidate", "decision", "reason"):
             decisions.add_column(column, no_wrap=column != "reason", overflow="fold")
@@ -338,7 +348,9 @@ def _print_report(rep: Report, run_dir: Path, store: Path, blocked: str | None) 
                 str(d.cycle),
                 str(d.iteration),
                 str(d.slot),
-                Text(d.digest[7:19]),
+                Text(
+                    candidate_cell(d.digest, slots.get((d.cycle, d.iteration, d.slot))).strip("`")
+                ),
                 Text(d.decision),
                 Text(d.reason),
             )

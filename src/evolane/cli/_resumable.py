@@ -1,14 +1,17 @@
 """Whether ``--resume`` can work for a run: `report` suggests it only then, and otherwise
-says why not (an ended run, or a damaged journal or blob: ``evolane fsck`` finds those)."""
+says why not (an ended run, a run still going on, or a damaged journal or blob: ``evolane
+fsck`` finds those); and, after a failed run, the advice that names a command that works."""
 
 from __future__ import annotations
 
+import os
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from evolane.campaign import RunRecord, StoreLayout
+    from evolane.campaign import CampaignConfig, RunRecord, StoreLayout
 
 RESUMABLE = ("running", "interrupted")
 """The run statuses `--resume` accepts."""
@@ -20,8 +23,17 @@ def resume_blocker(layout: StoreLayout, record: RunRecord, store: Path) -> str |
     from evolane.campaign import read_resume_state
     from evolane.store import CorruptBlobError, StoreError
 
+    if record.status == "failed":
+        return (
+            "the run failed: fix what its report names, then start a new campaign with the "
+            f"same flags (or --resume-campaign {record.campaign_id} if the target, dataset, "
+            "replay and judge stay the same)"
+        )
     if record.status not in RESUMABLE:
         return f"the run ended {record.status}; start a new run (or --resume-campaign)"
+    live = live_note(layout, record, store)
+    if live is not None:
+        return live
     fsck = f"run `evolane fsck --store {store}`"
     try:
         read_resume_state(layout.run_dir(record.run_id) / "journal.jsonl")
@@ -43,3 +55,74 @@ def resume_blocker(layout: StoreLayout, record: RunRecord, store: Path) -> str |
 def resume_command(run_id: str, store: Path) -> str:
     """The command that continues an interrupted run."""
     return f"evolane optimize --resume {shlex.quote(run_id)} --store {shlex.quote(str(store))}"
+
+
+def live_note(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:
+    """ "it is running (pid N) ...: follow it with `evolane watch ...`", or None when no
+    process runs ``record``'s run (it holds the run's journal while it runs)."""
+    from evolane.campaign import holder_pid, run_is_live
+
+    if record.status != "running" or not run_is_live(layout, record.run_id):
+        return None
+    pid = holder_pid(Path(record.config.target), record.run_id)
+    held = f" (pid {pid})" if pid else ""
+    watch = watch_command(record.run_id, store)
+    return f"it is running{held} in another process: follow it with `{watch}`"
+
+
+def watch_command(run_id: str, store: Path) -> str:
+    """The command that follows a run from any terminal."""
+    return f"evolane watch {shlex.quote(run_id)} --store {shlex.quote(str(store))}"
+
+
+SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".js", ".mjs", ".ts", ".rb", ".pl", ".R")
+"""Words of a command that name a script even without a slash."""
+
+
+def relative_paths(config: CampaignConfig) -> Iterator[tuple[str, str]]:
+    """(role, word) for each word of a command that names a file by a relative path: the
+    commands run in a folder of their own, where such a path names nothing."""
+    commands = {
+        "replay": config.measure.replay,
+        "judge": config.measure.judge,
+        "optimizer": config.propose.optimizer,
+        "check": config.check,
+        "validator": config.validator,
+    }
+    for role, command in commands.items():
+        try:
+            words = shlex.split(command or "")
+        except ValueError:
+            continue
+        for word in words:
+            if os.path.isabs(word) or word.startswith("-") or any(c in word for c in "{}$ \n"):
+                continue
+            if "/" in word or word.endswith(SCRIPT_SUFFIXES):
+                yield role, word
+
+
+def failed_advice(config: CampaignConfig, campaign_id: str) -> list[str]:
+    """What to do after a failed run: a hint per relative script path, then a command that
+    works (a changed replay or judge cannot continue the campaign: a new one must start)."""
+    lines, changed = [], []
+    for role, word in relative_paths(config):
+        found = Path.cwd() / word
+        absolute = f" ({found})" if found.exists() else ""
+        lines.append(
+            f"hint: the {role} command names {word} by a relative path, but commands run in a "
+            f"folder of their own: give its absolute path{absolute}"
+        )
+        changed.append(role)
+    if {"replay", "judge"} & set(changed):
+        fixed = " and ".join(dict.fromkeys(r for r in changed if r in ("replay", "judge")))
+        lines.append(
+            f"then: evolane optimize <the same flags, the {fixed} fixed> (a new campaign: "
+            f"--resume-campaign {campaign_id} refuses a changed {fixed})"
+        )
+    else:
+        lines.append(
+            "fix what failed, then: evolane optimize <the same flags> (a new campaign), or add "
+            f"--resume-campaign {campaign_id} if the target, dataset, replay and judge stay "
+            "the same"
+        )
+    return lines

@@ -6,8 +6,10 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from evolane.cli._amounts import role_spend
+from evolane.cli._resumable import failed_advice
 
 
 def _ci(score: Any) -> str:
@@ -75,6 +77,8 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         lines.append(f"        {run_dir / 'report.html'}")
     if report.status == "interrupted":
         lines.append(f"resume: evolane optimize --resume {report.run_id} --store {store}")
+    elif report.status == "failed":
+        lines += [escape(line) for line in failed_advice(report.config, report.campaign_id)]
     elif report.campaign_status in ("paused", "active"):
         larger = " --wall-clock-budget <larger>" if report.status == "budget_limited" else ""
         lines.append(

@@ -1,0 +1,387 @@
+"""``report.md``: the human summary of a report.
+
+Besides the scores and the budget it holds the per-case table of the best against the seed
+(read from the final measurements' unit records: which cases the best fixes, breaks or leaves
+alone, with the judge's reason for a case still failing) and, for every decision, the
+optimizer's one-line summary, the delta with its SE and the rule with its numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import orjson
+
+from evolane.campaign._online import OnlineBudget
+from evolane.campaign._prompt import _failure_code, _judge_reason
+from evolane.campaign._report import (
+    BudgetRecord,
+    DecisionRecord,
+    FunnelRecord,
+    MeasurementRecord,
+    Report,
+    ScoreCI,
+)
+from evolane.campaign._splits import SplitPlan
+from evolane.store import BlobStore, StoreError
+from evolane.views import CaseRuns, case_runs
+
+Change = Literal["fixed", "broken", "same"]
+MAX_CASE_ROWS: Final = 200
+"""Above this many cases, the cases passing at both ends are counted, not listed."""
+_ORDER: Final = {"broken": 0, "fixed": 1, "same": 2}
+
+
+@dataclass(frozen=True)
+class CaseRow:
+    """One case of the final measurements: the seed's and the best's scores and the change."""
+
+    split: str
+    case: str
+    seed: float | None  # the mean score over the seed's scored runs (None: none scored)
+    best: float | None
+    change: Change  # against the gate's pass_score: fixed, broken or the same
+    passing: bool  # whether the best passes it (every scored run >= pass_score)
+    reason: str = ""  # the judge's reason (else a failure code) for a case the best fails
+
+
+def case_rows(report: Report, blobs: BlobStore) -> tuple[CaseRow, ...]:
+    """The per-case rows of the report's ``final_val`` and ``final_test`` measurements; a
+    measurement whose unit records cannot be read gives none."""
+    threshold = report.config.gate.pass_score
+    rows: list[CaseRow] = []
+    for measurement in report.measurements:
+        if measurement.purpose not in ("final_val", "final_test"):
+            continue
+        try:
+            units = orjson.loads(blobs.read_bytes(measurement.units_ref))
+        except (StoreError, OSError, ValueError):
+            continue
+        arms: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for unit in units if isinstance(units, list) else []:
+            if isinstance(unit, dict) and unit.get("arm") in ("baseline", "candidate"):
+                case = arms.setdefault(str(unit.get("case")), {"baseline": [], "candidate": []})
+                case[unit["arm"]].append(unit)
+        for case_id, runs in arms.items():
+            row = _case_row(measurement.split, case_id, runs, blobs, threshold)
+            if row is not None:
+                rows.append(row)
+    return tuple(rows)
+
+
+def _case_row(
+    split: str,
+    case_id: str,
+    runs: dict[str, list[dict[str, Any]]],
+    blobs: BlobStore,
+    threshold: float,
+) -> CaseRow | None:
+    seed = case_runs(runs["baseline"], threshold)
+    best = case_runs(runs["candidate"] or runs["baseline"], threshold)
+    if seed is None and best is None:
+        return None  # it never ran (not_run, blocked)
+    seed_passes, best_passes = _passes(seed), _passes(best)
+    change: Change = "same"
+    if best_passes and not seed_passes:
+        change = "fixed"
+    elif seed_passes and not best_passes:
+        change = "broken"
+    return CaseRow(
+        split=split,
+        case=case_id,
+        seed=_mean(seed),
+        best=_mean(best),
+        change=change,
+        passing=best_passes,
+        reason="" if best_passes else _reason(best, blobs),
+    )
+
+
+def _passes(runs: CaseRuns | None) -> bool:
+    return runs is not None and runs.category == "solid"
+
+
+def _mean(runs: CaseRuns | None) -> float | None:
+    return runs.mean if runs is not None and runs.scored else None
+
+
+def _reason(runs: CaseRuns | None, blobs: BlobStore) -> str:
+    """Why the best fails a case: its judge's reason, else the failure code of a run."""
+    if runs is None:
+        return "not run"
+    if runs.failing:
+        unit = runs.failing[0][1]
+        found = _judge_reason(blobs, unit.get("judge")) or _failure_code(unit)
+        return found or "the judge gave no reason"
+    return _failure_code(runs.infra[0], or_status=True) if runs.infra else ""
+
+
+def case_counts(rows: tuple[CaseRow, ...] | list[CaseRow], split: str) -> dict[str, int]:
+    """How many cases of ``split`` the best fixed, broke, and left passing or failing."""
+    mine = [row for row in rows if row.split == split]
+    return {
+        "fixed": sum(row.change == "fixed" for row in mine),
+        "broken": sum(row.change == "broken" for row in mine),
+        "same_passing": sum(row.change == "same" and row.passing for row in mine),
+        "same_failing": sum(row.change == "same" and not row.passing for row in mine),
+    }
+
+
+def _cell(text: str) -> str:
+    """Text made safe for one markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _score(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _case_lines(report: Report, rows: tuple[CaseRow, ...]) -> list[str]:
+    """The per-case section: counts by split, then a row per case (changes first)."""
+    if not rows:
+        return []
+    gate = report.config.gate
+    lines = [
+        "",
+        "## Cases: the best against the seed",
+        "",
+        f"A case passes when every run scores >= {gate.pass_score:g} (the gate's pass_score).",
+        "",
+    ]
+    for split in ("val", "test"):
+        n = case_counts(rows, split)
+        if any(n.values()):
+            lines.append(
+                f"- {split}: {n['fixed']} fixed, {n['broken']} broken, "
+                f"{n['same_passing'] + n['same_failing']} same "
+                f"({n['same_passing']} passing, {n['same_failing']} still failing)"
+            )
+    ordered = sorted(rows, key=lambda r: (r.split != "val", _ORDER[r.change], r.passing))
+    hidden = 0
+    if len(ordered) > MAX_CASE_ROWS:
+        hidden = sum(r.change == "same" and r.passing for r in ordered)
+        ordered = [r for r in ordered if not (r.change == "same" and r.passing)]
+    lines += [
+        "",
+        "| split | case | seed | best | change | judge's reason |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.split} | {_cell(r.case)} | {_score(r.seed)} | {_score(r.best)} | "
+        f"{r.change if r.change != 'same' else 'same' + (' (pass)' if r.passing else ' (fail)')}"
+        f" | {_cell(r.reason)} |"
+        for r in ordered
+    ]
+    if hidden:
+        lines.append(f"\n{hidden} cases passing at both ends are not listed.")
+    return lines
+
+
+# -- decisions ---------------------------------------------------------------------------
+
+
+def _funnel_entry(report: Report, d: DecisionRecord) -> FunnelRecord | None:
+    for entry in report.funnel:
+        if (entry.cycle, entry.iteration, entry.slot) == (d.cycle, d.iteration, d.slot):
+            return entry
+    return None
+
+
+def _deciding(report: Report, d: DecisionRecord) -> MeasurementRecord | None:
+    """The last screening or paired measurement of the decision's slot (the one that decided)."""
+    found = None
+    for m in report.measurements:
+        if m.purpose in ("screening", "paired") and (m.cycle, m.iteration, m.slot) == (
+            d.cycle,
+            d.iteration,
+            d.slot,
+        ):
+            found = m
+    return found
+
+
+def candidate_cell(digest: str, entry: FunnelRecord | None) -> str:
+    """A candidate's short digest, or what stopped it before it became a tree."""
+    if digest:
+        return f"`{digest[7:19]}`"
+    if entry is not None:
+        for gate in entry.gates:
+            if gate.outcome != "pass":
+                paths = f" ({', '.join(gate.paths[:3])})" if gate.paths else ""
+                return f"no tree: rejected by local gate {gate.gate}{paths}"
+        if entry.reason:
+            return f"no tree: {entry.reason[:80]}"
+    return "no tree"
+
+
+def _decision_lines(report: Report) -> list[str]:
+    lines = [
+        "",
+        "## Decisions",
+        "",
+        "| cycle | iteration | slot | candidate | optimizer said | delta (SE) | decision | rule |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for d in report.decisions:
+        entry = _funnel_entry(report, d)
+        m = _deciding(report, d)
+        delta = "-" if m is None else f"{m.mean_delta:+.3f} ({m.se:.4f})"
+        said = entry.optimizer if entry is not None and entry.optimizer else "-"
+        lines.append(
+            f"| {d.cycle} | {d.iteration} | {d.slot} | {_cell(candidate_cell(d.digest, entry))} "
+            f"| {_cell(said)} | {delta} | {d.decision} | {_cell(d.reason)} |"
+        )
+    if not report.decisions:
+        lines.append("| - | - | - | - | - | - | - | no candidate was decided |")
+    return lines
+
+
+# -- the page ------------------------------------------------------------------------------
+
+
+def _ci(score: ScoreCI | None) -> str:
+    if score is None:
+        return "n/a"
+    return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}] (n={score.n})"
+
+
+def _splits_lines(plan: SplitPlan | None) -> list[str]:
+    """The report's lines on the splits: which one fed the optimizer, and any warning."""
+    if plan is None:
+        return []
+    lines = [f"- splits: {plan.sentence()}"]
+    if plan.note:
+        lines.append(f"- **warning**: {plan.note}")
+    return lines
+
+
+def _online_lines(budget: OnlineBudget | None) -> list[str]:
+    """The online error budget's tests as a table (none outside ``online`` mode)."""
+    if budget is None:
+        return []
+    lines = [
+        "",
+        f"## Online error control (alpha {budget.alpha:g} over {budget.horizon} candidates)",
+        "",
+        "| candidate | slot | gate | p-value | level | decision |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {t.index} | {t.slot} | {t.gate} | "
+        + ("-" if t.p_value is None else f"{t.p_value:.3g}")
+        + f" | {t.level:.3g} | {t.decision} |"
+        for t in budget.tests
+    ]
+    return lines
+
+
+def _head_lines(report: Report) -> list[str]:
+    s = report.scores
+    lines = [
+        f"# evolane run {report.run_id}",
+        "",
+        f"- status: **{report.status}**; campaign {report.campaign_id}: "
+        f"**{report.campaign_status}** (cycle {report.cycle})",
+        f"- wall: {report.wall_seconds:.1f} s; isolation: {report.isolation or 'n/a'}"
+        + (f"; resumed {report.resumed}x" if report.resumed else ""),
+        f"- limits per command: {report.limits or 'n/a'}",
+        f"- best: `{report.best.digest[:19]}`"
+        + (" (the seed: nothing was accepted)" if report.selected is None else ""),
+        f"- val: {_ci(s.baseline_val)} -> {_ci(s.best_val)}",
+        f"- test (sealed: never used to choose, only to confirm): {_ci(s.baseline_test)} -> "
+        f"{_ci(s.best_test)}",
+    ]
+    lines += _splits_lines(report.splits)
+    if report.confirmation is not None:
+        lines.append(f"- confirmation: {report.confirmation.sentence}")
+    if report.error_control:
+        lines.append(f"- error control: {report.error_control}")
+    if report.message:
+        lines.append(f"- note: {report.message}")
+    if report.apply is not None:
+        lines.append(
+            f"- apply ({report.apply.policy}): {report.apply.status} {report.apply.message}"
+        )
+    spent = report.budget.spent
+    lines += [
+        f"- budget spent: tokens {spent.tokens or 0:g}, cost ${spent.cost_usd or 0:.4f}, "
+        f"replay wall {spent.wall_seconds or 0:.1f} s",
+        *_role_lines(report.budget),
+    ]
+    return lines
+
+
+def shown_measurements(report: Report) -> list[MeasurementRecord]:
+    """The report's measurements without the parent's baseline for an iteration past the
+    last one (an older run measured it after its last accept; no iteration used it)."""
+    last = report.config.iterations
+    return [
+        m
+        for m in report.measurements
+        if not (m.purpose == "baseline" and m.iteration is not None and m.iteration >= last)
+    ]
+
+
+def render_markdown(report: Report, cases: tuple[CaseRow, ...] = ()) -> str:
+    """The human summary of a report; ``cases`` (see `case_rows`) fill its per-case table."""
+    lines = _head_lines(report)
+    lines += _case_lines(report, cases)
+    lines += _decision_lines(report)
+    lines += _online_lines(report.online)
+    lines += [
+        "",
+        "## Funnel",
+        "",
+        "| slot | optimizer said | stages | terminal | reason |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {f.slot_id} | {_cell(f.optimizer or '-')} | {' > '.join(f.stages)} | {f.terminal} "
+        f"| {_cell(f.reason)} |"
+        for f in report.funnel
+    ]
+    lines += [
+        "",
+        "## Measurements",
+        "",
+        "| id | n | mean delta | SE | CI | decision | units run/reused/restored |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {m.measurement_id} | {m.n}/{m.n_planned} | {m.mean_delta:+.3f} | {m.se:.3f} | "
+        f"[{m.ci_low:+.3f}, {m.ci_high:+.3f}] | {m.decision} | "
+        f"{m.units_run}/{m.units_reused}/{m.units_restored} |"
+        for m in shown_measurements(report)
+    ]
+    if report.failures:
+        lines += ["", f"## Failures ({len(report.failures)})", ""]
+        lines += [
+            f"- {f.where}: {f.failure.owner}/{f.failure.stage} {f.failure.code} "
+            f"{f.failure.message[:120]}"
+            for f in report.failures[:50]
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _role_lines(budget: BudgetRecord) -> list[str]:
+    """Spend by role against each ceiling, as a small table (nothing when none spent)."""
+    if not budget.spent_by_role:
+        return []
+    ceilings = budget.ceilings
+    lines = [
+        "",
+        "| role | tokens | share of token ceiling | cost | share of cost ceiling | cached |",
+        "|---|---|---|---|---|---|",
+    ]
+    for role, usage in budget.spent_by_role.items():
+        tokens, cost = usage.tokens or 0.0, usage.cost_usd or 0.0
+        lines.append(
+            f"| {role} | {tokens:g} | {_share(tokens, ceilings.tokens)} | ${cost:.4f} | "
+            f"{_share(cost, ceilings.cost_usd)} | {budget.cached.get(role, 0)} |"
+        )
+    return lines
+
+
+def _share(value: float, ceiling: float | None) -> str:
+    return f"{100 * value / ceiling:.1f}%" if ceiling else "no ceiling"

@@ -1,0 +1,269 @@
+"""What a person reads after a run, through the real CLI: report.md's per-case table, its
+decisions (rule, delta, the optimizer's summary) and no phantom rows; `evolane diff` and
+`evolane compare`; and advice that names a command that works (a failed run, a live run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from evolane.campaign import StoreLayout, unified_tree_diff
+from evolane.store import BlobStore
+from tests.campaign_helpers import toy_flags, write_toy
+
+EVOLANE = [sys.executable, "-m", "evolane"]
+PLAN = {"0.0": "fix:2", "0.1": "symlink", "1.0": "fix:1", "1.1": "harm:1"}
+GATED_REPLAY = (
+    "sh -c 'while [ ! -e {gate}/open ]; do sleep 0.05; done; "
+    'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' replay {{candidate}} {{output_dir}}'
+)
+"""A replay that waits until the test creates ``open`` in the gate folder (as in
+tests/test_cli_watch.py): the run stays live for as long as the test needs."""
+
+
+def _evolane(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EVOLANE, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def _set(flags: list[str], flag: str, value: str) -> list[str]:
+    flags = list(flags)
+    if flag in flags:
+        flags[flags.index(flag) + 1] = value
+    else:
+        flags += [flag, value]
+    return flags
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Two finished toy runs in one store (two iterations; then one), and their reports."""
+
+    store: Path
+    first: str
+    second: str
+
+    def report(self, run_id: str) -> dict:
+        return json.loads((self.store / "runs" / run_id / "report.json").read_text())
+
+    def md(self, run_id: str) -> str:
+        return (self.store / "runs" / run_id / "report.md").read_text()
+
+    def blobs(self) -> BlobStore:
+        return StoreLayout(self.store).blobs()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    root = tmp_path_factory.mktemp("words")
+    paths = write_toy(root / "toy", PLAN)
+    flags = _set(toy_flags(paths, root / "store"), "--iterations", "2")
+    ids = []
+    for iterations in ("2", "1"):
+        done = _evolane("optimize", *_set(flags, "--iterations", iterations), cwd=root)
+        assert done.returncode == 0, done.stderr
+        known = {p.name for p in (root / "store" / "runs").iterdir()}
+        (new,) = known - set(ids)
+        ids.append(new)
+    return Runs(root / "store", ids[0], ids[1])
+
+
+def _units(runs: Runs, report: dict, purpose: str) -> list[dict]:
+    (m,) = [m for m in report["measurements"] if m["purpose"] == purpose]
+    return orjson.loads(runs.blobs().read_bytes(m["units_ref"]["digest"]))
+
+
+def _changes(units: list[dict]) -> dict[str, str]:
+    """fixed / broken / same of each case, from the unit records (pass: every run >= 1)."""
+    passes: dict[str, dict[str, bool]] = {}
+    for unit in units:
+        if unit.get("score") is not None:
+            arm = passes.setdefault(unit["case"], {})
+            arm[unit["arm"]] = arm.get(unit["arm"], True) and unit["score"] >= 1.0
+    return {
+        case: "fixed"
+        if arms["candidate"] and not arms["baseline"]
+        else "broken"
+        if arms["baseline"] and not arms["candidate"]
+        else "same"
+        for case, arms in passes.items()
+    }
+
+
+def _table_rows(md: str, split: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[0] == split:
+            rows[cells[1]] = cells
+    return rows
+
+
+def test_report_md_holds_the_per_case_table_of_the_best_against_the_seed(runs: Runs) -> None:
+    report, md = runs.report(runs.first), runs.md(runs.first)
+    assert "## Cases: the best against the seed" in md
+    for split, purpose in (("val", "final_val"), ("test", "final_test")):
+        changes = _changes(_units(runs, report, purpose))
+        rows = _table_rows(md, split)
+        assert set(rows) == set(changes)  # every case of the split, once
+        for case, change in changes.items():
+            assert rows[case][4].split()[0] == change, (case, rows[case])
+        fixed = sum(c == "fixed" for c in changes.values())
+        broken = sum(c == "broken" for c in changes.values())
+        assert f"- {split}: {fixed} fixed, {broken} broken, " in md
+    assert sum(c == "fixed" for c in _changes(_units(runs, report, "final_val")).values()) == 3
+    still = [r for r in _table_rows(md, "val").values() if r[4] == "same (fail)"]
+    assert still and all(r[5] for r in still)  # a still-failing case says why
+
+
+def test_every_decision_shows_its_rule_delta_and_the_optimizers_summary(runs: Runs) -> None:
+    report, md = runs.report(runs.first), runs.md(runs.first)
+    deciding = {m["measurement_id"]: m for m in report["measurements"]}
+    lines = [line for line in md.splitlines() if line.startswith("| 0 | ")]
+    assert len(lines) == len(report["decisions"]) == 4
+    for line, decision in zip(lines, report["decisions"], strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        slot = f"c0.i{decision['iteration']}.s{decision['slot']}"
+        assert cells[4] == PLAN[f"{decision['iteration']}.{decision['slot']}"]  # its summary
+        assert cells[7] == decision["reason"] and cells[6] == decision["decision"]
+        assert cells[3], "an empty candidate cell"
+        if slot in deciding:
+            m = deciding[slot]
+            assert cells[5] == f"{m['mean_delta']:+.3f} ({m['se']:.4f})"
+            assert "accepted" in cells[7] or "rejected" in cells[7]  # the rule's verdict
+    symlink = lines[1]
+    assert "rejected by local gate disallowed_entries (link)" in symlink
+
+
+def test_no_baseline_row_for_an_iteration_that_did_not_run(runs: Runs) -> None:
+    report = runs.report(runs.first)
+    ran = {i["iteration"] for i in report["iterations"]}
+    assert ran == {0, 1}
+    bases = [m for m in report["measurements"] if m["purpose"] == "baseline"]
+    assert {m["iteration"] for m in bases} <= ran and bases
+    assert "c0.i2.base" not in runs.md(runs.first)
+    final = [m for m in report["measurements"] if m["purpose"] == "final_val"]
+    assert final[0]["n"] == final[0]["n_planned"] == 12  # the final val still ran whole
+
+
+def test_diff_prints_the_best_or_a_candidate_against_the_seed(runs: Runs) -> None:
+    report, store = runs.report(runs.first), str(runs.store)
+    best = subprocess.run(
+        [*EVOLANE, "diff", runs.first, "--store", store], capture_output=True, timeout=120
+    )
+    assert best.returncode == 0, best.stderr
+    stored = runs.blobs().read_bytes(report["artifacts"]["best_diff"]["digest"])
+    assert best.stdout == stored and b"+++ b/val04" in stored
+    (harm,) = [
+        d["digest"] for d in report["decisions"] if d["decision"] == "reject" and d["digest"]
+    ]
+    one = subprocess.run(
+        [*EVOLANE, "diff", runs.first, "--candidate", harm[7:17], "--store", store],
+        capture_output=True,
+        timeout=120,
+    )
+    assert one.returncode == 0, one.stderr
+    expected = unified_tree_diff(runs.blobs(), report["seed"]["digest"], harm)
+    assert one.stdout == expected and one.stdout != best.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--candidate", "0000ffff"], "no candidate of run"),
+        (["--best", "--candidate", "ab"], "exclusive"),
+    ],
+)
+def test_diff_of_an_unknown_digest_or_bad_flags_is_one_line_exit_2(
+    runs: Runs, args: list[str], words: str
+) -> None:
+    bad = _evolane("diff", runs.first, *args, "--store", str(runs.store))
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert len(bad.stderr.strip().splitlines()) == 1 and words in bad.stderr
+    unknown = _evolane("diff", "r-nope", "--store", str(runs.store))
+    assert unknown.returncode == 2 and "unknown run 'r-nope'" in unknown.stderr
+
+
+def test_compare_puts_two_runs_side_by_side(runs: Runs) -> None:
+    a, b = runs.report(runs.first), runs.report(runs.second)
+    shown = _evolane("compare", runs.first, runs.second, "--store", str(runs.store))
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert runs.first in text and runs.second in text
+    (line,) = [ln for ln in text.splitlines() if ln.split()[:1] == ["iterations"]]
+    assert line.split() == ["iterations", "2", "1"]
+    for report in (a, b):
+        val = report["scores"]["best_val"]
+        assert f"{val['mean']:.3f} [{val['ci_low']:.3f}, {val['ci_high']:.3f}]" in text
+    assert "replay wall" in text and "c0.i1.s1" in text  # spend, and a decision of A only
+    as_json = _evolane("compare", runs.first, runs.second, "--store", str(runs.store), "--json")
+    found = json.loads(as_json.stdout)
+    assert found["runs"] == [runs.first, runs.second]
+    assert found["settings"]["iterations"] == {"a": "2", "b": "1"}
+    assert "target" in found["settings"]  # a main setting, equal in both
+    assert found["decisions"]["c0.i1.s1"]["b"] == "-"
+
+
+def test_a_failed_run_with_a_relative_script_advises_a_command_that_works(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path / "toy", PLAN)
+    (tmp_path / "replay.sh").write_text('cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n')
+    flags = _set(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    relative = _set(flags, "--replay", "sh replay.sh {candidate} {output_dir}")
+    failed = _evolane("optimize", *relative, cwd=tmp_path)
+    assert failed.returncode != 0 and failed.stdout.startswith("failed")
+    assert (
+        "hint: the replay command names replay.sh by a relative path, but commands run in a "
+        f"folder of their own: give its absolute path ({tmp_path / 'replay.sh'})"
+    ) in failed.stdout
+    assert "a new campaign" in failed.stdout and "continue:" not in failed.stdout
+    campaign = failed.stdout.split()[2].rstrip(":")
+    fixed = _set(flags, "--replay", f"sh {tmp_path / 'replay.sh'} {{candidate}} {{output_dir}}")
+    refused = _evolane("optimize", *fixed, "--resume-campaign", campaign, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "the replay changed" in refused.stderr
+    assert "start a new campaign with the same flags instead" in refused.stderr
+    advised = _evolane("optimize", *fixed, cwd=tmp_path)  # what both pieces of advice say
+    assert advised.returncode == 0 and advised.stdout.startswith("finished"), advised.stderr
+
+
+def test_report_on_a_live_run_says_it_is_running_and_suggests_watch(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    paths = write_toy(tmp_path / "toy", PLAN)
+    flags = _set(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    flags = [*_set(flags, "--replay", GATED_REPLAY.format(gate=gate)), "--expose", str(gate)]
+    store = tmp_path / "store"
+    run = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing figure
+        while True:
+            assert run.poll() is None and time.monotonic() < deadline
+            found = list(store.glob("runs/*/events.jsonl"))
+            if found:
+                run_id = found[0].parent.name
+                shown = _evolane("report", run_id, "--store", str(store))
+                if f"pid {run.pid}" in shown.stdout:
+                    break
+            time.sleep(0.1)
+        assert shown.returncode == 0, shown.stderr
+        assert f"evolane watch {run_id} --store {store}" in shown.stdout
+        assert "--resume" not in shown.stdout
+        resumed = _evolane("optimize", "--resume", run_id, "--store", str(store))
+        assert resumed.returncode == 2
+        assert f"(pid {run.pid})" in resumed.stderr
+        assert f"follow it with `evolane watch {run_id}`" in resumed.stderr
+        (gate / "open").touch()
+        assert run.wait(timeout=120) == 0
+    finally:
+        (gate / "open").touch()
+        if run.poll() is None:
+            run.kill()
+            run.wait()
