@@ -33,7 +33,7 @@ _PANELS = {
     "max-file-size max-open-files",
     "Models": "judge-samples llm-base-url llm-api-key-env llm-temperature llm-max-tokens "
     "llm-timeout llm-retries llm-cache prices unknown-price",
-    "Output, store and continuing": "store progress observer dry-run json resume "
+    "Output, store and continuing": "store progress observer dry-run json probe resume "
     "resume-campaign from-run rerun-evaluator debug",
 }
 _PANEL_OF = {f"--{flag}": panel for panel, flags in _PANELS.items() for flag in flags.split()}
