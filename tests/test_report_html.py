@@ -110,7 +110,7 @@ def example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The sleeper example, run once through the CLI: (store, run directory)."""
     store = tmp_path_factory.mktemp("html") / "store"
     args = ["optimize", "--example", "sleeper", "--store", str(store), "--progress", "none"]
-    done = subprocess.run(  # in its own folder: the example writes ./evolane-example
+    done = subprocess.run(  # in its own folder: nothing lands in the checkout
         [*EVOLANE, *args], capture_output=True, text=True, timeout=600, cwd=store.parent
     )
     assert done.returncode == 0, done.stderr[-2000:]
