@@ -108,6 +108,18 @@ def test_a_file_found_from_a_subfolder_runs_the_campaign_and_run_json_says_why(
     assert RunRecord.model_validate(older).settings is None  # a run.json from before loads
     report = _run(["report", run_dir.name, "--store", str(project / "store")], tmp_path)
     assert report.returncode == 0, report.stderr
+    # the read-only commands find the same store through the file, from the same subfolder
+    runs = _run(["runs", "--json"], below)
+    assert runs.returncode == 0, runs.stderr
+    assert json.loads(runs.stdout)["store"] == str(project / "store")
+    assert [row["run_id"] for row in json.loads(runs.stdout)["runs"]] == [run_dir.name]
+    for args in (["report", run_dir.name], ["diff", run_dir.name], ["fsck"],
+                 ["compare", run_dir.name, run_dir.name]):  # fmt: skip
+        done = _run(args, below)
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+    assert not (below / ".evolane").exists()
+    elsewhere = _run(["runs", "--json"], tmp_path)  # no file above: the default store
+    assert json.loads(elsewhere.stdout)["store"] == ".evolane"
 
 
 def test_config_names_a_file_elsewhere_and_flags_win_over_it(tmp_path: Path) -> None:

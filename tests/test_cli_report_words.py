@@ -152,6 +152,15 @@ def test_no_baseline_row_for_an_iteration_that_did_not_run(runs: Runs) -> None:
     assert final[0]["n"] == final[0]["n_planned"] == 12  # the final val still ran whole
 
 
+def test_report_md_names_the_isolation_in_words_and_json_keeps_the_names(runs: Runs) -> None:
+    report, md = runs.report(runs.first), runs.md(runs.first)
+    assert "lease_sweep" in report["isolation"]  # report.json is data: mechanism names
+    (line,) = [row for row in md.splitlines() if "isolation:" in row]
+    assert "processes reaped on exit" in line
+    for jargon in ("lease_sweep", "subreaper", "lifeline"):
+        assert jargon not in line
+
+
 def test_diff_prints_the_best_or_a_candidate_against_the_seed(runs: Runs) -> None:
     report, store = runs.report(runs.first), str(runs.store)
     best = subprocess.run(

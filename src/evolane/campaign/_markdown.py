@@ -25,7 +25,7 @@ from evolane.campaign._report import (
 )
 from evolane.campaign._splits import SplitPlan
 from evolane.store import BlobStore, StoreError
-from evolane.views import CaseRuns, case_runs
+from evolane.views import CaseRuns, case_runs, isolation_text
 
 Change = Literal["fixed", "broken", "same"]
 MAX_CASE_ROWS: Final = 200
@@ -283,7 +283,8 @@ def _head_lines(report: Report) -> list[str]:
         "",
         f"- status: **{report.status}**; campaign {report.campaign_id}: "
         f"**{report.campaign_status}** (cycle {report.cycle})",
-        f"- wall: {report.wall_seconds:.1f} s; isolation: {report.isolation or 'n/a'}"
+        f"- wall: {report.wall_seconds:.1f} s; "
+        f"isolation: {isolation_text(report.isolation or 'n/a')}"
         + (f"; resumed {report.resumed}x" if report.resumed else ""),
         f"- limits per command: {report.limits or 'n/a'}",
         f"- best: `{report.best.digest[:19]}`"

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evolane.cli._diff import load_finished_report
-from evolane.cli._output import DEFAULT_STORE, StoreOption, open_store, resolve_run, write_json
+from evolane.cli._output import StoreOption, open_store, resolve_run, store_of, write_json
 
 if TYPE_CHECKING:
     from evolane.campaign import Report, ScoreCI
@@ -121,10 +121,11 @@ def comparison(a: Report, b: Report) -> dict[str, Any]:
 def compare(
     run_a: Annotated[str, typer.Argument(help="The first run (an id or a unique prefix).")],
     run_b: Annotated[str, typer.Argument(help="The second run.")],
-    store: StoreOption = DEFAULT_STORE,
+    store: StoreOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
 ) -> None:
     """Put two runs side by side: settings, scores, spend by role and decisions."""
+    store = store_of(store)
     layout = open_store(store)
     ids = [resolve_run(layout, run) for run in (run_a, run_b)]
     a, b = (load_finished_report(layout, run) for run in ids)

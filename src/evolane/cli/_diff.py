@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from evolane.cli._exits import fail_usage
-from evolane.cli._output import DEFAULT_STORE, StoreOption, open_store, resolve_run
+from evolane.cli._output import StoreOption, open_store, resolve_run, store_of
 
 if TYPE_CHECKING:
     from evolane.campaign import Report, StoreLayout
@@ -61,7 +61,7 @@ def diff(
         str | None,
         typer.Option("--candidate", help="A candidate's digest prefix (from the decisions)."),
     ] = None,
-    store: StoreOption = DEFAULT_STORE,
+    store: StoreOption = None,
 ) -> None:
     """Print the unified diff of the best tree (or a candidate) against the seed."""
     from evolane.campaign import unified_tree_diff
@@ -69,6 +69,7 @@ def diff(
 
     if best and candidate is not None:
         fail_usage("--best and --candidate are exclusive: give one")
+    store = store_of(store)
     layout = open_store(store)
     run_id = resolve_run(layout, run_id)
     report = load_finished_report(layout, run_id)

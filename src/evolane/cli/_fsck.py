@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, fail_usage
-from evolane.cli._output import DEFAULT_STORE, StoreOption
+from evolane.cli._output import StoreOption, store_of
 
 if TYPE_CHECKING:
     from evolane.store import Problem
@@ -17,7 +17,7 @@ EXIT_DAMAGED = EXIT_INTERNAL
 
 
 def fsck(
-    store: StoreOption = DEFAULT_STORE,
+    store: StoreOption = None,
     repair: Annotated[
         bool,
         typer.Option(
@@ -29,6 +29,7 @@ def fsck(
     """Verify every object's digest and every run journal; exit 0 when clean, 1 on damage."""
     from evolane.store import check_store
 
+    store = store_of(store)
     if not store.is_dir():
         fail_usage(f"--store {store}: no evolane store there")
     try:

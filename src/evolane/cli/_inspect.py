@@ -18,11 +18,11 @@ from rich.text import Text
 
 from evolane.cli._exits import fail_usage
 from evolane.cli._output import (
-    DEFAULT_STORE,
     StoreOption,
     open_store,
     resolve_run,
     stamp,
+    store_of,
     wide_console,
     write_json,
 )
@@ -73,7 +73,7 @@ def _load_report(path: Path) -> Report:
 
 def report(
     run_id: Annotated[str, typer.Argument(help="The run id (or a prefix of exactly one run).")],
-    store: StoreOption = DEFAULT_STORE,
+    store: StoreOption = None,
     fmt: Annotated[str, typer.Option("--format", help="text | json | md | html")] = "text",
     follow: Annotated[
         bool, typer.Option("--follow", help="Watch the run until it ends (as `watch`) first.")
@@ -89,6 +89,7 @@ def report(
     """
     if fmt not in FORMATS:
         fail_usage(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    store = store_of(store)
     layout = open_store(store)
     run_id = resolve_run(layout, run_id)
     if follow:

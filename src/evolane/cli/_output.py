@@ -23,8 +23,28 @@ DEFAULT_STORE = Path(".evolane")
 """The store a command reads when ``--store`` is not given."""
 
 StoreOption = Annotated[
-    Path, typer.Option("--store", help="The store directory.", show_default=True)
+    Path | None,
+    typer.Option(
+        "--store",
+        help="The store directory [default: the store of the nearest evolane.toml, else .evolane].",
+        show_default=False,
+    ),
 ]
+
+
+def store_of(store: Path | None) -> Path:
+    """``--store`` when given, else the store the nearest ``evolane.toml`` (or
+    ``[tool.evolane]``) names, as ``optimize`` reads it, else `DEFAULT_STORE`."""
+    if store is not None:
+        return store
+    from evolane.cli._config import ConfigError, find_config, load_config
+
+    try:
+        path = find_config(Path.cwd())
+        named = load_config(path).values.get("store") if path is not None else None
+    except ConfigError as error:
+        fail_usage(str(error))
+    return Path(named) if named is not None else DEFAULT_STORE
 
 
 def write_json(value: Any) -> None:

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evolane.cli._exits import fail_usage
-from evolane.cli._output import DEFAULT_STORE, StoreOption, number, stamp, wide_console, write_json
+from evolane.cli._output import StoreOption, number, stamp, store_of, wide_console, write_json
 
 if TYPE_CHECKING:
     from evolane.campaign import StoreLayout
@@ -99,12 +99,13 @@ def campaign_rows(layout: StoreLayout) -> list[dict[str, Any]]:
 
 
 def runs(
-    store: StoreOption = DEFAULT_STORE,
+    store: StoreOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the lists as JSON.")] = False,
 ) -> None:
     """List the runs and campaigns in the store, newest last."""
     from evolane.campaign import StoreLayout
 
+    store = store_of(store)
     if store.exists() and not store.is_dir():
         fail_usage(f"--store {store} is not a directory")
     layout = StoreLayout(store)

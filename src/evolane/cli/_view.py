@@ -20,7 +20,6 @@ from evolane.cli._amounts import amount, count, duration, role_spend
 from evolane.cli._viewtext import (
     decision_segments,
     fit,
-    isolation_words,
     middle,
     pack,
     reason_words,
@@ -29,7 +28,7 @@ from evolane.cli._viewtext import (
     short_digest,
     spent_text,
 )
-from evolane.views import TERMINAL_STAGES, ViewState, kind_of
+from evolane.views import TERMINAL_STAGES, ViewState, isolation_words, kind_of
 
 PLAIN_WIDTH = 80
 """Columns every plain line fits in, its time stamp included."""
@@ -92,10 +91,16 @@ def _estimate_segments(event: messages.EstimateEvent) -> list[str]:
         f"estimate: at most {event.replays_max} replays, {event.judge_calls_max} judge calls, "
         f"{event.optimizer_calls_max} optimizer calls"
     ]
+    if event.judge_retries_max:  # possible, not certain: a segment of its own
+        parts.append(f"+ up to {event.judge_retries_max} judge retries")
     if event.wall_low_seconds is not None and event.wall_high_seconds is not None:
         parts.append(
             f"wall {duration(event.wall_low_seconds)}..{duration(event.wall_high_seconds)}"
         )
+    elif event.wall_high_seconds is not None:
+        parts.append(f"wall at most {duration(event.wall_high_seconds)}")
+    if event.wall_worst_seconds is not None:
+        parts.append(f"worst case {duration(event.wall_worst_seconds)}")
     if event.tokens is not None:
         parts.append(f"~{count(event.tokens)} tokens")
     if event.cost_usd is not None:

@@ -23,12 +23,6 @@ _EARLY_WORDS = {
     "sequential": "decided early: the sequential test is already sure",
     "coverage": "stopped early: too few comparable cases left",
 }
-_LEVEL_WORDS = {
-    "confined": "confined (bubblewrap{})",
-    "namespace": "in own namespaces{}",
-    "process": "plain processes, not confined",
-}
-_REAPING = frozenset({"lease_sweep", "subreaper", "lifeline"})
 _SPENT_NAMES = {"tokens": " tokens", "cost_usd": "", "wall_seconds": " replay time"}
 _EARLY_PREFIX = re.compile(r"^early stop: (early stop after \d+ of \d+ cases, (settled: )?)?")
 _CLOSE = 1e-12  # as the gate's tie tolerance: a delta equal to its bar is not above it
@@ -184,23 +178,6 @@ def decision_segments(event: messages.DecisionEvent, label: str) -> list[str]:
     elif event.digest:
         parts.append(short_digest(event.digest))
     return parts
-
-
-def isolation_words(isolation: str, safeguards: tuple[str, ...] = ()) -> list[str]:
-    """``confined (bubblewrap)``, ``processes reaped on exit``: the isolation in words rather
-    than mechanism names, as segments."""
-    level, _, rest = isolation.partition(" ")
-    template = _LEVEL_WORDS.get(level)
-    network = rest.strip("()")
-    if template is None:
-        words = isolation
-    elif level == "confined":
-        words = template.format(", no network" if network == "no network" else "")
-    else:
-        words = template.format(" (no network)" if network == "no network" else "")
-    if _REAPING & set(safeguards):
-        return [words + ",", "processes reaped on exit"]
-    return [words]
 
 
 def spent_text(spent: messages.Usage, dimensions: tuple[messages.Dimension, ...]) -> str:

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from evolane import messages
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, fail_usage
-from evolane.cli._output import DEFAULT_STORE, StoreOption, open_store, resolve_run
+from evolane.cli._output import StoreOption, open_store, resolve_run, store_of
 from evolane.cli._render import ProgressMode, render_progress, resolve_mode
 from evolane.cli._resumable import resume_blocker, resume_command
 from evolane.views import EventDecoder, EventTail
@@ -211,7 +211,7 @@ def _say_how_it_ended(
 
 def watch(
     run_id: Annotated[str, typer.Argument(help="The run id (or a prefix of exactly one run).")],
-    store: StoreOption = DEFAULT_STORE,
+    store: StoreOption = None,
     progress: Annotated[
         str, typer.Option(help="auto | rich | plain | jsonl (auto: rich on a terminal).")
     ] = "auto",
@@ -222,6 +222,7 @@ def watch(
     """
     if progress not in WATCH_MODES:
         fail_usage(f"unknown --progress {progress!r}; choose from: {', '.join(WATCH_MODES)}")
+    store = store_of(store)
     layout = open_store(store)
     run_id = resolve_run(layout, run_id)
     raise typer.Exit(follow_run(layout, run_id, store, progress).exit_code)

@@ -71,6 +71,11 @@ class EstimateEvent(ProgressEvent):
     optimizer_calls_max: int = Field(ge=0, le=_COUNT)
     wall_low_seconds: float | None = Field(default=None, ge=0, le=_COUNT)
     wall_high_seconds: float | None = Field(default=None, ge=0, le=_COUNT)
+    wall_worst_seconds: float | None = Field(default=None, ge=0, le=_COUNT)
+    """Every unit into its timeout and every judge call retried (when the range above is a
+    realistic one, from a probe or earlier runs)."""
+    judge_retries_max: int = Field(default=0, ge=0, le=_COUNT)
+    """Judge retries at most, on top of the judge calls above: possible, not certain spend."""
     tokens: float | None = Field(default=None, ge=0, le=_COUNT)
     cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
     by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)

@@ -28,6 +28,7 @@ from evolane.views._history import (
 from evolane.views._page import render_html
 from evolane.views._scrub import scrub
 from evolane.views._state import TERMINAL_STAGES, ViewState, kind_of
+from evolane.views._words import isolation_text, isolation_words
 from evolane.views._write import ReportPageError, page_data, write_report_html
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "ViewState",
     "arm_scores",
     "case_runs",
+    "isolation_text",
+    "isolation_words",
     "kind_of",
     "page_data",
     "read_events",

@@ -1,0 +1,36 @@
+"""The isolation in words rather than mechanism names, for the live view, ``watch`` and
+report.md alike (report.json keeps the names: it is data)."""
+
+from __future__ import annotations
+
+_LEVEL_WORDS = {
+    "confined": "confined (bubblewrap{})",
+    "namespace": "in own namespaces{}",
+    "process": "plain processes, not confined",
+}
+_REAPING = frozenset({"lease_sweep", "subreaper", "lifeline"})
+
+
+def isolation_words(isolation: str, safeguards: tuple[str, ...] = ()) -> list[str]:
+    """``confined (bubblewrap)``, ``processes reaped on exit``: the isolation in words rather
+    than mechanism names, as segments."""
+    level, _, rest = isolation.partition(" ")
+    template = _LEVEL_WORDS.get(level)
+    network = rest.strip("()")
+    if template is None:
+        words = isolation
+    elif level == "confined":
+        words = template.format(", no network" if network == "no network" else "")
+    else:
+        words = template.format(" (no network)" if network == "no network" else "")
+    if _REAPING & set(safeguards):
+        return [words + ",", "processes reaped on exit"]
+    return [words]
+
+
+def isolation_text(isolation: str) -> str:
+    """A report's ``confined (no network); lease_sweep, subreaper`` as
+    ``confined (bubblewrap, no network), processes reaped on exit``."""
+    level, _, mechanisms = isolation.partition("; ")
+    safeguards = tuple(name.strip() for name in mechanisms.split(",") if name.strip())
+    return " ".join(isolation_words(level, safeguards))
