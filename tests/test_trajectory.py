@@ -344,3 +344,25 @@ def test_schema_trajectory_prints_the_record_schema() -> None:
         schema["properties"]
     )
     TrajectoryRecord.model_validate({"messages": [{"role": "user", "content": "x"}]})
+
+
+def test_an_inline_history_keeps_its_first_turns_attachment_under_a_small_budget(
+    tmp_path: Path,
+) -> None:
+    first = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Check https://x.io/spec against it"},
+            {"type": "file", "file": {"filename": "spec-v2.pdf", "file_data": "..."}},
+        ],
+    }
+    later = [
+        {"role": "assistant" if i % 2 == 0 else "user", "content": f"turn {i} " + "y" * 300}
+        for i in range(10)
+    ]
+    line = {"messages": [first, *later, {"role": "user", "content": "and the appendix?"}]}
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", [line])], context_budget=900)
+    messages = derived.dataset.cases[0].input["messages"]
+    text = json.dumps(messages)
+    assert "https://x.io/spec" in text and "spec-v2.pdf" in text
+    assert "turn 0 " not in text and "turn 9 " in text  # the oldest went, the newest stayed

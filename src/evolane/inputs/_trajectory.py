@@ -13,7 +13,6 @@ import random
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import Field, JsonValue
 
@@ -314,8 +313,3 @@ def _excluded(turn: Turn, group: str) -> ExcludedCase:
         reason=f"context_incomplete: {turn.incomplete}"[:256],
         source=turn.located.where[:256],
     )
-
-
-def summary_json(summary: TrajectorySummary) -> dict[str, Any]:
-    """The summary as a JSON object."""
-    return summary.model_dump(mode="json")
