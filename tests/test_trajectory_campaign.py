@@ -115,9 +115,15 @@ def test_optimize_from_trajectory_runs_and_reports_groups_and_excluded_turns(
     assert recorded[case] == f"bad {int(case[1:])} | assistant: no"
 
 
-def test_dataset_and_from_trajectory_are_exclusive(tmp_path: Path) -> None:
+def test_the_choice_is_printed_and_dataset_and_from_trajectory_are_exclusive(
+    tmp_path: Path,
+) -> None:
     paths = _workload(tmp_path, {})
     flags = [*_flags(paths), "--from-trajectory", str(paths["trajectory"])]
+    done = _run(["optimize", *flags, "--dry-run"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "preflight: trajectories: group toy: the largest group with failures" in done.stdout
+    assert "1 turns left out (context_incomplete)" in done.stdout
     done = _run(["optimize", *flags, "--dataset", str(paths["trajectory"])], tmp_path)
     assert done.returncode == 2
     assert "--dataset and --from-trajectory: give one of them" in done.stderr
