@@ -366,3 +366,16 @@ def test_an_inline_history_keeps_its_first_turns_attachment_under_a_small_budget
     text = json.dumps(messages)
     assert "https://x.io/spec" in text and "spec-v2.pdf" in text
     assert "turn 0 " not in text and "turn 9 " in text  # the oldest went, the newest stayed
+
+
+def test_a_long_group_list_keeps_the_chosen_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import evolane.inputs._trajectory as trajectory
+
+    monkeypatch.setattr(trajectory, "MAX_LISTED", 2)
+    rows = [_turn(f"s{i}", 0, f"task {i}", "failure", target=f"g{i}") for i in range(4)]
+    rows.append(_turn("big", 0, "a", target="g0"))
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], group="g3")
+    assert [g.name for g in derived.summary.groups] == ["g0", "g3"]
+    assert derived.summary.omitted == {"groups": 2}

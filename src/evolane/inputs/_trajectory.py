@@ -127,10 +127,7 @@ def ingest_trajectories(
         "failures": len(failures),
     }
     summary = TrajectorySummary(
-        groups=tuple(
-            s.model_copy(update={"chosen": s.name == chosen})
-            for s in sorted(summaries.values(), key=lambda s: (-s.cases, s.name))
-        )[:MAX_LISTED],
+        groups=_listed_groups(summaries, chosen),
         chosen=chosen,
         choice=choice,
         excluded=tuple(excluded[:MAX_LISTED]),
@@ -139,6 +136,14 @@ def ingest_trajectories(
         sources=tuple(path[:256] for path in given[:256]),
     )
     return Trajectories(Dataset(cases, path=f"trajectories:{chosen}"), summary)
+
+
+def _listed_groups(summaries: dict[str, GroupSummary], chosen: str) -> tuple[GroupSummary, ...]:
+    """The largest groups first (at most `MAX_LISTED`, the chosen one always among them)."""
+    ranked = sorted(summaries.values(), key=lambda s: (-s.cases, s.name))[:MAX_LISTED]
+    if all(s.name != chosen for s in ranked):
+        ranked[-1] = summaries[chosen]
+    return tuple(s.model_copy(update={"chosen": s.name == chosen}) for s in ranked)
 
 
 def group_of(turns: list[Turn]) -> str:
