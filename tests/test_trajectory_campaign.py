@@ -157,6 +157,27 @@ def _config(paths: dict[str, Path]) -> CampaignConfig:
     )
 
 
+async def test_the_embedded_api_runs_a_campaign_from_trajectories(tmp_path: Path) -> None:
+    import evolane
+    from evolane.embed import OptimizeRequest
+
+    paths = _workload(tmp_path, {"default": "cure"})
+    root = paths["root"]
+    optimizer = f"{sys.executable} -I {root / 'optimizer.py'} {{workdir}} {{prompt_file}} "
+    config = _config(paths).model_copy(
+        update={"optimizer": optimizer + str(root / "plan.json"), "iterations": 1,
+                "population": 1, "from_trajectory": (str(paths["trajectory"]), str(paths["logs"]))}
+    )  # fmt: skip
+    async with evolane.open_runtime(store=root / "store") as runtime:
+        handle = await runtime.start_optimize(OptimizeRequest(config=config))
+        outcome = await handle.result()
+    report = outcome.report
+    assert report is not None and report.status == "finished" and report.selected is not None
+    assert report.trajectories is not None and report.trajectories.chosen == "toy"
+    assert [e.id for e in report.trajectories.excluded] == ["lost"]
+    assert report.config.from_trajectory == config.from_trajectory
+
+
 @pytest.mark.parametrize("change", ["edited", "removed"])
 def test_a_resume_replays_the_cases_of_its_start(tmp_path: Path, change: str) -> None:
     paths = _workload(tmp_path, {})
