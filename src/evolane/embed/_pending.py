@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -65,7 +65,8 @@ class PendingJob(Record):
     consumed: tuple[Name, ...] = Field(default=(), max_length=MAX_QUEUE)
     """The queue files this job took (removed once the job is durable)."""
     config: CampaignConfig
-    """The campaign settings; its trajectory input is the job's ``trajectories.jsonl``."""
+    """The campaign the job runs: the service's settings, the job's ``trajectories.jsonl``
+    as its input."""
     state: JobState = "pending"
     run_id: Name | None = None
     """The run this job started: a crash resumes it (``--resume``) rather than start over."""
@@ -159,9 +160,12 @@ class RecordQueue:
         self.names.append(name)
         return name
 
-    def take(self, mode: EvolveMode, config: CampaignConfig, limit: int) -> PendingJob:
-        """Turn up to ``limit`` queued records into a durable pending job, then remove them
-        from the queue (journal before state: see the module docstring)."""
+    def take(
+        self, mode: EvolveMode, make_config: Callable[[Path], CampaignConfig], limit: int
+    ) -> PendingJob:
+        """Turn up to ``limit`` queued records into a durable pending job whose campaign is
+        ``make_config(its trajectory file)``, then remove them from the queue (journal
+        before state: see the module docstring)."""
         names = self.names[:limit]
         job_id = f"job-{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:6]}"
         folder = self.dirs.pending / job_id
@@ -175,7 +179,7 @@ class RecordQueue:
             records=len(names),
             failures=sum(name.endswith("-f.json") for name in names),
             consumed=tuple(names),
-            config=config,
+            config=make_config(folder / TRAJECTORIES),
         )
         write_json_atomic(folder / JOB_FILE, job)
         fsync_dir(self.dirs.pending)

@@ -26,7 +26,6 @@ from evolane.embed._pending import (
     EvolveMode,
     PendingJob,
     StoreDirs,
-    job_trajectories,
     load_jobs,
     retire_job,
     save_job,
@@ -43,14 +42,9 @@ through the campaign's journaled publish (post-apply check, rollback on failure)
 
 
 def job_config(dirs: StoreDirs, job: PendingJob) -> CampaignConfig:
-    """The campaign a job runs: its settings, its trajectory file as the input, the apply
-    policy of its mode, and the store it lives in."""
-    update: dict[str, Any] = {
-        "apply": APPLY_FOR_MODE[job.mode],
-        "store": str(dirs.root),
-    }
-    if "from_trajectory" in CampaignConfig.model_fields:  # TODO(i21a merge): always
-        update["from_trajectory"] = (str(job_trajectories(dirs, job)),)
+    """The campaign a job runs: its stored config in this store, with the apply policy of
+    its mode (so a shadow job never publishes, whatever its file says)."""
+    update = {"apply": APPLY_FOR_MODE[job.mode], "store": str(dirs.root)}
     return job.config.model_copy(update=update)
 
 

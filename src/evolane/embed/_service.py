@@ -29,12 +29,13 @@ from __future__ import annotations
 import math
 import shlex
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from evolane.campaign import Backends, CampaignConfig
 from evolane.embed._pending import (
@@ -48,6 +49,7 @@ from evolane.embed._pending import (
     record_bytes,
 )
 from evolane.embed._pending_run import (
+    APPLY_FOR_MODE,
     fail_job,
     finish_job,
     job_lock,
@@ -55,6 +57,7 @@ from evolane.embed._pending_run import (
     start_job,
 )
 from evolane.embed._request import check_store
+from evolane.inputs import InputError
 from evolane.messages import Record
 
 if TYPE_CHECKING:
@@ -117,20 +120,46 @@ class ServiceSettings(Record):
         return self
 
 
-def job_settings(config: CampaignConfig, settings: ServiceSettings) -> CampaignConfig:
-    """``config`` as a background job runs it: small lanes, a wall clock, nice'd commands."""
-    update: dict[str, Any] = {
-        "replay_concurrency": min(config.measure.replay_concurrency, settings.lanes),
-        "judge_concurrency": min(config.measure.judge_concurrency, settings.lanes),
-        "optimizer_concurrency": min(config.propose.optimizer_concurrency, settings.lanes),
-    }
-    if config.wall_clock_budget is None:
-        update["wall_clock_budget"] = settings.job_wall_clock
+_INPUTS = ("dataset", "from_trajectory", "group")
+
+
+def job_template(
+    config: CampaignConfig | Mapping[str, Any], settings: ServiceSettings
+) -> dict[str, Any]:
+    """The flat settings every job of the service runs with: ``config`` (a `CampaignConfig`
+    or its flat fields; its input is replaced by each job's trajectories) with small lanes,
+    a wall clock, nice'd commands and the apply policy of the mode."""
+    flat = dict(config.model_dump(mode="json") if isinstance(config, CampaignConfig) else config)
+    for key in _INPUTS:
+        flat.pop(key, None)
+    checked = trajectory_config(flat, Path("trajectories.jsonl"))  # validates the settings
+    for key, value in (
+        ("replay_concurrency", checked.measure.replay_concurrency),
+        ("judge_concurrency", checked.measure.judge_concurrency),
+        ("optimizer_concurrency", checked.propose.optimizer_concurrency),
+    ):
+        flat[key] = min(value, settings.lanes)
+    if checked.wall_clock_budget is None:
+        flat["wall_clock_budget"] = settings.job_wall_clock
     if settings.nice:
-        flat = config.model_dump(mode="json")
         for role in _COMMAND_ROLES:
-            update[role] = niced(flat.get(role), settings.nice)
-    return config.model_copy(update=update)
+            if flat.get(role):
+                flat[role] = niced(flat[role], settings.nice)
+    flat["apply"] = APPLY_FOR_MODE[settings.mode]
+    return flat
+
+
+def trajectory_config(flat: Mapping[str, Any], path: Path) -> CampaignConfig:
+    """A campaign from the trajectory file ``path`` with the flat settings ``flat``; raises
+    `InputError` (naming the setting) for a refused one."""
+    try:
+        return CampaignConfig(**flat, from_trajectory=(str(path),))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "config"
+        raise InputError(f"evolve service config: {where}: {first['msg']}") from None
+    except TypeError as error:
+        raise InputError(f"evolve service config: {error}") from None
 
 
 def niced(template: str | None, nice: int) -> str | None:
@@ -151,12 +180,12 @@ class EvolveService:
     def __init__(
         self,
         runtime: EmbeddedRuntime,
-        config: CampaignConfig,
+        config: CampaignConfig | Mapping[str, Any],
         settings: ServiceSettings,
         backends: Backends | None = None,
     ) -> None:
         self.runtime, self.settings, self.backends = runtime, settings, backends
-        self.config = job_settings(config, settings)
+        self.template = job_template(config, settings)
         self.dirs = StoreDirs(check_store(runtime.store))
         self.queue: RecordQueue | None = None
         self.recorded = 0
@@ -215,8 +244,12 @@ class EvolveService:
             ):
                 return None
             limit = self.settings.max_job_records
-            config, mode = self.config, self.settings.mode
-            job = await trio.to_thread.run_sync(queue.take, mode, config, limit)
+            mode, template = self.settings.mode, self.template
+
+            def make_config(path: Path) -> CampaignConfig:
+                return trajectory_config(template, path)
+
+            job = await trio.to_thread.run_sync(queue.take, mode, make_config, limit)
             self._last_job = time.monotonic()
             self.jobs_made += 1
             return job
@@ -281,14 +314,16 @@ class EvolveService:
 @asynccontextmanager
 async def open_evolve_service(
     runtime: EmbeddedRuntime,
-    config: CampaignConfig,
+    config: CampaignConfig | Mapping[str, Any],
     settings: ServiceSettings | None = None,
     *,
     backends: Backends | None = None,
 ) -> AsyncIterator[EvolveService]:
     """Open the record queue in ``runtime``'s store and run the background worker for the
-    body of the ``async with``. At exit the worker is cancelled: a running job's trees are
-    killed and the job stays pending (resumable). Raises `InputError` for a bad store."""
+    body of the ``async with``. ``config`` is the campaign every job runs (a `CampaignConfig`
+    or its flat fields; each job's trajectories replace its input). At exit the worker is
+    cancelled: a running job's trees are killed and the job stays pending (resumable).
+    Raises `InputError` for a bad store or campaign settings."""
     service = EvolveService(runtime, config, settings or ServiceSettings(), backends)
     service.queue = await trio.to_thread.run_sync(
         RecordQueue.open, service.dirs, service.settings.max_queue
