@@ -4,9 +4,7 @@ shadow and online mode (issue 21, item 2)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,6 @@ from hypothesis import strategies as st
 
 import evolane
 from evolane.embed import (
-    Backends,
-    BackendCall,
     EvolvePolicy,
     PendingJobs,
     QueueFull,
@@ -27,8 +23,6 @@ from evolane.embed import (
 )
 from evolane.inputs import InputError
 from tests.trace_helpers import (
-    judge_backend,
-    replay_backend,
     trace_config,
     trace_record,
     write_trace_target,
@@ -82,7 +76,8 @@ def test_settings_refuse_a_job_larger_than_the_queue() -> None:
 
 async def test_a_full_queue_refuses_the_record_and_counts_it(tmp_path: Path) -> None:
     paths = write_trace_target(tmp_path, 8)
-    settings = ServiceSettings(max_queue=3, max_job_records=3, policy=EvolvePolicy(every=None))
+    policy = EvolvePolicy(every=None)
+    settings = ServiceSettings(max_queue=3, max_job_records=3, policy=policy, run_jobs=False)
     async with (
         evolane.open_runtime(store=paths["store"]) as runtime,
         open_evolve_service(runtime, trace_config(paths), settings) as service,
@@ -124,15 +119,16 @@ async def test_the_policy_turns_queued_records_into_pending_jobs(
     tmp_path: Path, policy: EvolvePolicy, records: int, jobs: int
 ) -> None:
     paths = write_trace_target(tmp_path, records)
-    settings = ServiceSettings(policy=policy, max_pending_jobs=100)
+    settings = ServiceSettings(policy=policy, max_pending_jobs=100, run_jobs=False)
     made = []
-    async with evolane.open_runtime(store=paths["store"]) as runtime:
-        async with open_evolve_service(runtime, trace_config(paths), settings) as service:
-            service._run_jobs = _idle  # type: ignore[method-assign]  # jobs stay pending
-            for index in range(records):
-                await service.record(trace_record(index, failed=index % 4 == 0))
-                await _settle(service)
-            made = PendingJobs(paths["store"]).list()
+    async with (
+        evolane.open_runtime(store=paths["store"]) as runtime,
+        open_evolve_service(runtime, trace_config(paths), settings) as service,
+    ):
+        for index in range(records):
+            await service.record(trace_record(index, failed=index % 4 == 0))
+            await _settle(service)
+        made = PendingJobs(paths["store"]).list()
     assert len(made) == jobs
     assert [job.records for job in made] == [4] * jobs if policy.every else True
     taken = sum(job.records for job in made)
@@ -141,10 +137,6 @@ async def test_the_policy_turns_queued_records_into_pending_jobs(
     for job in made:
         lines = (paths["store"] / "pending" / job.job_id / "trajectories.jsonl").read_text()
         assert len(lines.splitlines()) == job.records
-
-
-async def _idle() -> None:
-    await trio.sleep_forever()
 
 
 async def _settle(service: Any) -> None:
@@ -161,24 +153,26 @@ async def test_a_crash_between_job_and_queue_removal_neither_loses_nor_doubles(
     """A job file is durable before its records leave the queue: a reopened queue drops the
     records a job already took, and an uncommitted job folder is removed."""
     paths = write_trace_target(tmp_path, 6)
-    settings = ServiceSettings(policy=EvolvePolicy(every=None))
-    async with evolane.open_runtime(store=paths["store"]) as runtime:
-        async with open_evolve_service(runtime, trace_config(paths), settings) as service:
-            service._run_jobs = _idle  # type: ignore[method-assign]
-            for index in range(6):
-                await service.record(trace_record(index))
-            queue_dir = paths["store"] / "evolve" / "queue"
-            saved = {name: (queue_dir / name).read_bytes() for name in os.listdir(queue_dir)}
-            job = await service.flush()
+    settings = ServiceSettings(policy=EvolvePolicy(every=None), run_jobs=False)
+    async with (
+        evolane.open_runtime(store=paths["store"]) as runtime,
+        open_evolve_service(runtime, trace_config(paths), settings) as service,
+    ):
+        for index in range(6):
+            await service.record(trace_record(index))
+        queue_dir = paths["store"] / "evolve" / "queue"
+        saved = {name: (queue_dir / name).read_bytes() for name in os.listdir(queue_dir)}
+        job = await service.flush()
     assert job is not None and job.records == 6
     for name, data in saved.items():  # the crash: the records were not removed yet
         (queue_dir / name).write_bytes(data)
     (paths["store"] / "pending" / "job-0000000000000-broken").mkdir()  # never committed
-    async with evolane.open_runtime(store=paths["store"]) as runtime:
-        async with open_evolve_service(runtime, trace_config(paths), settings) as service:
-            service._run_jobs = _idle  # type: ignore[method-assign]
-            assert service.queued == 0
-            assert [j.job_id for j in service.pending()] == [job.job_id]
+    async with (
+        evolane.open_runtime(store=paths["store"]) as runtime,
+        open_evolve_service(runtime, trace_config(paths), settings) as service,
+    ):
+        assert service.queued == 0
+        assert [j.job_id for j in service.pending()] == [job.job_id]
     assert not (paths["store"] / "pending" / "job-0000000000000-broken").exists()
 
 

@@ -110,6 +110,8 @@ class ServiceSettings(Record):
     """Replay, judge and optimizer lanes of a job (each at most its config's own)."""
     nice: int = Field(default=10, ge=0, le=19)
     """Niceness of a job's commands (``nice -n N`` before each template; 0: none)."""
+    run_jobs: bool = True
+    """False: the service records and makes jobs but runs none (``evolane drain`` does)."""
     check_interval: float = Field(default=1.0, gt=0, le=3600.0)
     """How often the worker looks at the policy's interval when no record arrives."""
 
@@ -330,7 +332,8 @@ async def open_evolve_service(
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(service._make_jobs)
-        nursery.start_soon(service._run_jobs)
+        if service.settings.run_jobs:
+            nursery.start_soon(service._run_jobs)
         try:
             yield service
         finally:
