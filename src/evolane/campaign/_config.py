@@ -80,7 +80,13 @@ class CampaignConfig(Record):
     }
 
     target: Text
-    dataset: Text
+    dataset: Text | None = None
+    """The JSONL cases; for a run from trajectories, the cases derived from them (stored
+    content-addressed under ``STORE/trajectories/``, so a resume replays exactly those)."""
+    from_trajectory: tuple[Text, ...] = Field(default=(), max_length=256)
+    """Trajectory files or folders to derive the cases from (instead of ``dataset``)."""
+    group: Name | None = None
+    """The task family of the trajectories to run on (default: the largest with failures)."""
     store: Text = ".evolane"
     measure: MeasureSettings
     commands: CommandSettings = CommandSettings()
@@ -124,7 +130,8 @@ class CampaignConfig(Record):
     def run_commands(self) -> CommandSettings:
         """`commands` as the run's commands get them: the store, the target and the dataset
         hidden from every one (`CommandSettings.hidden`)."""
-        hidden = tuple(os.path.abspath(path) for path in (self.store, self.target, self.dataset))
+        paths = (self.store, self.target, self.dataset, *self.from_trajectory)
+        hidden = tuple(os.path.abspath(path) for path in paths if path)
         return self.commands.model_copy(update={"hidden": hidden})
 
     def identity(self) -> dict[str, object]:
@@ -139,6 +146,12 @@ class CampaignConfig(Record):
         if self.models.rubric is not None:
             identity["rubric"] = hashlib.sha256(self.models.rubric.encode()).hexdigest()
         return identity
+
+    @model_validator(mode="after")
+    def _has_cases(self) -> Self:
+        if not self.dataset and not self.from_trajectory:
+            raise ValueError("give dataset or from_trajectory")
+        return self
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A validated copy; ``update`` may name flat keys or whole settings models."""
@@ -157,7 +170,11 @@ class CampaignConfig(Record):
 
     @model_serializer(mode="wrap")
     def _write_flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _flatten(handler(self), self.parts)
+        flat = _flatten(handler(self), self.parts)
+        if not self.from_trajectory:  # written only when used: older records read the same
+            flat.pop("from_trajectory", None)
+            flat.pop("group", None)
+        return flat
 
     @classmethod
     def __get_pydantic_json_schema__(

@@ -47,6 +47,7 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.campaign._splits import SplitPlan, legacy_plan, plan_splits
+from evolane.campaign._trajectories import with_trajectory_cases
 from evolane.inputs import (
     SPLITS,
     CommandTemplate,
@@ -139,6 +140,8 @@ def prepare_run(
         check_recorded_plugins(config, f"--resume {resume_run}")
         resume = read_resume_state(layout.run_dir(resume_run) / "journal.jsonl")
         resumed = record.resumed + 1
+    else:
+        config = with_trajectory_cases(config)  # the run's cases, fixed in the store
     gates = check_templates(config)
     dataset = _dataset(config)
     if resume_run is not None:

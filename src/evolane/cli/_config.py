@@ -34,7 +34,17 @@ NOT_IN_FILE = frozenset(
 SESSION_KEYS = ("store", "progress", "observer")
 """The keys a ``--resume`` or ``--from-run`` takes from the file (the run has the rest)."""
 _PATH_KEYS = frozenset(
-    ("target", "dataset", "store", "example_dir", "rubric", "prices", "expose", "expose_rw")
+    (
+        "target",
+        "dataset",
+        "from_trajectory",
+        "store",
+        "example_dir",
+        "rubric",
+        "prices",
+        "expose",
+        "expose_rw",
+    )
 )
 _FILE_NAME, _PYPROJECT = "evolane.toml", "pyproject.toml"
 

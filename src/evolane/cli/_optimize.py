@@ -18,8 +18,8 @@ _OPT = typer.Option
 
 
 _PANELS = {
-    "Inputs": "example example-dir config target dataset replay judge optimizer validator check "
-    "required-file rubric",
+    "Inputs": "example example-dir config target dataset from-trajectory group replay judge "
+    "optimizer validator check required-file rubric",
     "Search": "iterations population max-improvement-cycles stall focus feedback-split "
     "protected seed",
     "Decision": "apply gate k-se min-effect threshold confidence bootstrap-samples "
@@ -66,6 +66,22 @@ def optimize(
     ] = None,
     target: Annotated[str | None, _o("The directory (or file) to improve.", "--target")] = None,
     dataset: Annotated[str | None, _o("JSONL cases.", "--dataset")] = None,
+    from_trajectory: Annotated[
+        list[str] | None,
+        _o(
+            "Agent trajectory JSONL file or folder to derive the cases from (repeatable; "
+            "instead of --dataset).",
+            "--from-trajectory",
+        ),
+    ] = None,
+    group: Annotated[
+        str | None,
+        _o(
+            "With --from-trajectory: the task family to run on (default: the largest with "
+            "failures).",
+            "--group",
+        ),
+    ] = None,
     replay: Annotated[str | None, _o("Replay command template.", "--replay")] = None,
     judge: Annotated[str | None, _o("Judge command template, or llm:MODEL.", "--judge")] = None,
     optimizer: Annotated[

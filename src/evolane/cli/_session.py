@@ -42,7 +42,7 @@ _GATE_FLAGS = (
     "gate", "k_se", "min_effect", "threshold", "confidence", "bootstrap_samples", "sequential",
 )  # fmt: skip
 _CONFIG_FLAGS = (
-    "target", "dataset", "replay", "judge", "optimizer", "validator", "check", "apply",
+    "target", "dataset", "group", "replay", "judge", "optimizer", "validator", "check", "apply",
     "iterations", "population", "max_improvement_cycles", "stall", "replay_concurrency",
     "judge_concurrency", "optimizer_concurrency", "replay_timeout", "judge_timeout",
     "optimizer_timeout", "optimizer_idle", "kill_grace", "wall_clock_budget", "max_tokens",
@@ -105,13 +105,21 @@ def _build_config(flags: dict[str, Any]) -> Any:
         if flags.get(key):
             values[key] = _exposed(key, flags[key])
     values.update(model_flags(flags))
+    if flags.get("from_trajectory"):
+        if flags.get("dataset"):
+            raise UsageError("--dataset and --from-trajectory: give one of them, not both")
+        values["from_trajectory"] = tuple(
+            str(Path(path).absolute()) for path in flags["from_trajectory"]
+        )
+        values["dataset"] = None  # an example's dataset gives way to the trajectories
     for key, flag in (("target", "--target"), ("dataset", "--dataset"), ("replay", "--replay")):
-        if not values.get(key):
+        if not values.get(key) and not (key == "dataset" and values.get("from_trajectory")):
             raise UsageError(f"{flag} is required (or use --example self-evolution)")
     if not values.get("optimizer"):
         raise UsageError("--optimizer is required (or use --example self-evolution)")
     values["target"] = str(Path(values["target"]).absolute())
-    values["dataset"] = str(Path(values["dataset"]).absolute())
+    if values["dataset"]:
+        values["dataset"] = str(Path(values["dataset"]).absolute())
     values["store"] = str(Path(flags["store"]).absolute())
     gate = {k: flags[k] for k in _GATE_FLAGS if flags.get(k) is not None}
     gate["no_regression"] = bool(flags.get("no_regression"))

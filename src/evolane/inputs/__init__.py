@@ -1,4 +1,5 @@
-"""User inputs, checked at the door: JSONL datasets (`load_dataset`) and command templates.
+"""User inputs, checked at the door: JSONL datasets (`load_dataset`), trajectory files
+(`ingest_trajectories`) and command templates.
 
 Every refusal is an `InputError` (a ValueError) whose message is one line naming the input
 (``file:line`` for a dataset row, ``<role> command`` for a template); the CLI exits with 2.
@@ -41,9 +42,33 @@ from evolane.inputs._templates import (
     VERIFICATION_PLACEHOLDERS,
     CommandTemplate,
 )
+from evolane.inputs._trajectory import (
+    ExcludedCase,
+    GroupSummary,
+    TraceFailure,
+    Trajectories,
+    TrajectorySummary,
+    ingest_trajectories,
+    summary_lines,
+    task_fingerprint,
+)
+from evolane.inputs._trajectory_read import MAX_TRAJECTORY_FILES, trajectory_files
+from evolane.inputs._trajectory_records import (
+    ChatMessage,
+    Outcome,
+    TrajectoryRecord,
+    trajectory_schema,
+)
+from evolane.inputs._trajectory_sessions import (
+    DEFAULT_CONTEXT_BUDGET,
+    Pinned,
+    fit_chain,
+    refers_back,
+)
 
 __all__ = [
     "ALL_PLACEHOLDERS",
+    "DEFAULT_CONTEXT_BUDGET",
     "JUDGE_PLACEHOLDERS",
     "LLM_PREFIX",
     "MAX_CASE_ID_CHARS",
@@ -51,6 +76,7 @@ __all__ = [
     "MAX_LINE_BYTES",
     "MAX_TEMPLATE_ARGS",
     "MAX_TEMPLATE_CHARS",
+    "MAX_TRAJECTORY_FILES",
     "OPTIMIZER_PLACEHOLDERS",
     "PLUGIN_SPEC",
     "REPLAY_PLACEHOLDERS",
@@ -58,17 +84,28 @@ __all__ = [
     "VERIFICATION_PLACEHOLDERS",
     "Case",
     "CaseId",
+    "ChatMessage",
     "CommandTemplate",
     "Dataset",
     "DatasetError",
+    "ExcludedCase",
+    "GroupSummary",
     "InputError",
     "ModelPrice",
+    "Outcome",
+    "Pinned",
     "PriceTable",
     "Split",
     "TemplateError",
+    "TraceFailure",
+    "Trajectories",
+    "TrajectoryRecord",
+    "TrajectorySummary",
     "UsageReading",
     "case_json",
     "case_row",
+    "fit_chain",
+    "ingest_trajectories",
     "llm_model",
     "load_dataset",
     "load_prices",
@@ -76,5 +113,10 @@ __all__ = [
     "plugin_words",
     "priced_cost",
     "read_usage_document",
+    "refers_back",
     "require_split",
+    "summary_lines",
+    "task_fingerprint",
+    "trajectory_files",
+    "trajectory_schema",
 ]

@@ -1,0 +1,48 @@
+"""A campaign from trajectory files: the derived cases, fixed for the run.
+
+A new run with ``from_trajectory`` ingests the files (`evolane.inputs.ingest_trajectories`)
+and stores the chosen group's cases content-addressed as
+``STORE/trajectories/<hex of the dataset digest>/cases.jsonl`` (with ``summary.json``
+beside it); the run's ``dataset`` names that file. A ``--resume`` reads ``run.json``, so it
+replays exactly those cases even when the trajectory files have changed or are gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evolane.campaign._config import CampaignConfig
+from evolane.inputs import InputError, TrajectorySummary, ingest_trajectories
+from evolane.store import read_json, write_bytes_atomic, write_json_atomic
+
+CASES_FILE = "cases.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def with_trajectory_cases(config: CampaignConfig) -> CampaignConfig:
+    """``config`` with ``dataset`` set to the stored cases derived from its trajectories
+    (as given when it has none); `InputError` for both or a bad trajectory."""
+    if not config.from_trajectory:
+        return config
+    if config.dataset:
+        raise InputError("--dataset and --from-trajectory: give one of them, not both")
+    derived = ingest_trajectories(config.from_trajectory, group=config.group, seed=config.seed)
+    folder = Path(config.store) / "trajectories" / derived.dataset.digest.removeprefix("sha256:")
+    folder.mkdir(parents=True, exist_ok=True)
+    cases = folder / CASES_FILE
+    if not cases.is_file():  # content-addressed: an existing file holds the same bytes
+        write_bytes_atomic(cases, derived.dataset.canonical_jsonl())
+    write_json_atomic(folder / SUMMARY_FILE, derived.summary)
+    return config.model_copy(update={"dataset": str(cases.absolute())})
+
+
+def trajectory_summary(config: CampaignConfig) -> TrajectorySummary | None:
+    """The ingestion summary stored beside a run's derived cases (None: not a run from
+    trajectories, or the summary is unreadable)."""
+    if not config.from_trajectory or not config.dataset:
+        return None
+    try:
+        data = read_json(Path(config.dataset).with_name(SUMMARY_FILE))
+        return TrajectorySummary.model_validate(data)
+    except (OSError, ValueError):
+        return None
