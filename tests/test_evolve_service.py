@@ -22,7 +22,7 @@ from evolane.embed import (
     open_evolve_service,
 )
 from evolane.inputs import InputError
-from tests.trace_helpers import (
+from tests.evolve_helpers import (
     trace_config,
     trace_record,
     write_trace_target,
@@ -94,16 +94,16 @@ async def test_a_full_queue_refuses_the_record_and_counts_it(tmp_path: Path) -> 
         assert service.queued == 1
 
 
-async def test_a_record_that_is_no_json_object_is_bad_input(tmp_path: Path) -> None:
+async def test_a_record_that_is_no_trajectory_record_is_bad_input(tmp_path: Path) -> None:
     paths = write_trace_target(tmp_path, 2)
     async with (
         evolane.open_runtime(store=paths["store"]) as runtime,
         open_evolve_service(runtime, trace_config(paths)) as service,
     ):
-        with pytest.raises(InputError, match="JSON object"):
+        with pytest.raises(InputError, match="not a trajectory record"):
             await service.record(["not", "an", "object"])
-        with pytest.raises(InputError, match="serialisable"):
-            await service.record({"x": object()})
+        with pytest.raises(InputError, match=r"not a trajectory record \(outcome"):
+            await service.record({**trace_record(0), "outcome": {"status": "meh"}})
         assert service.queued == 0
 
 

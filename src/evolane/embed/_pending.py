@@ -30,7 +30,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from evolane.campaign import CampaignConfig
-from evolane.inputs import InputError
+from evolane.inputs import InputError, TrajectoryRecord
 from evolane.messages import Name, Record, ShortText
 from evolane.store import fsync_dir, read_json, write_bytes_atomic, write_json_atomic
 
@@ -95,26 +95,20 @@ class StoreDirs:
 
 
 def record_bytes(record: Any) -> tuple[bytes, bool]:
-    """A trajectory record (a pydantic model or a JSON object) as one JSON line, and whether
-    its ``outcome.status`` is ``failure``. Raises `InputError` for a record that is no JSON
-    object or is larger than `MAX_RECORD_BYTES`."""
-    value = (
-        record.model_dump(mode="json", exclude_none=True)
-        if hasattr(record, "model_dump")
-        else record
-    )
-    if not isinstance(value, dict):
-        raise InputError(
-            f"record: a trajectory record is a JSON object, got {type(value).__name__}"
-        )
-    try:
-        data = orjson.dumps(value)
-    except TypeError as error:
-        raise InputError(f"record: not JSON serialisable ({error})") from None
+    """A trajectory record (an `evolane.inputs.TrajectoryRecord` or its JSON object) as one
+    checked JSON line, and whether its outcome is a failure. Raises `InputError` for a record
+    that is not a valid trajectory record or is larger than `MAX_RECORD_BYTES`."""
+    if not isinstance(record, TrajectoryRecord):
+        try:
+            record = TrajectoryRecord.model_validate(record)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the record"
+            raise InputError(f"record: not a trajectory record ({where}: {first['msg']})") from None
+    data = orjson.dumps(record.model_dump(mode="json", exclude_none=True))
     if len(data) > MAX_RECORD_BYTES:
         raise InputError(f"record: {len(data)} bytes, over the {MAX_RECORD_BYTES} bound")
-    outcome = value.get("outcome")
-    failed = isinstance(outcome, dict) and outcome.get("status") == "failure"
+    failed = record.outcome is not None and record.outcome.status == "failure"
     return data + b"\n", failed
 
 
