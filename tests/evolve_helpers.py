@@ -14,8 +14,8 @@ from evolane.embed import BackendCall
 FIX_ALL = 'sh -c \'for f in "$1"/t*; do printf %s \\"yes\\" > "$f"; done\' fix {workdir}'
 """An optimizer command that makes every answer right."""
 JUDGE = (
-    'sh -c \'if grep -q yes "$1/output.json"; then echo {\\"score\\": 1.0}; '
-    'else echo {\\"score\\": 0.0}; fi\' judge {output_dir}'
+    'sh -c \'if grep -q yes "$1/output.json"; then echo {{\\"score\\": 1.0}}; '
+    'else echo {{\\"score\\": 0.0}}; fi\' judge {output_dir}'
 )
 
 
@@ -74,6 +74,7 @@ def trace_config(paths: dict[str, Path], **overrides: Any) -> dict[str, Any]:
         "judge_timeout": 30.0,
         "optimizer_timeout": 30.0,
         "isolation": "process",
+        "gate": {"gate": "paired", "min_cases": 3},
         **overrides,
     }
 
