@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,20 @@ def failed(index: int) -> bool:
     return index % 4 == 0
 
 
-def write_trace_target(root: Path, tasks: int) -> dict[str, Path]:
-    """The target (answers for tasks 0..tasks-1) and the store, under ``root``."""
+def mostly_failed(index: int) -> bool:
+    """Three tasks in four answered wrong: enough held-out failures to confirm a fix."""
+    return index % 4 != 0
+
+
+def write_trace_target(
+    root: Path, tasks: int, wrong: Callable[[int], bool] = failed
+) -> dict[str, Path]:
+    """The target (answers for tasks 0..tasks-1, ``wrong`` ones wrong) and the store."""
     target = root / "target"
     target.mkdir(parents=True)
     (target / "REQUIRED").write_text("keep me\n")
     for index in range(tasks):
-        (target / f"t{index:03d}").write_text('"no"' if failed(index) else '"yes"')
+        (target / f"t{index:03d}").write_text('"no"' if wrong(index) else '"yes"')
     return {"target": target, "store": root / "store"}
 
 

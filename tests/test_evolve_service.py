@@ -4,6 +4,7 @@ shadow and online mode (issue 21, item 2)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 
 import evolane
 from evolane.embed import (
+    BackendCall,
+    Backends,
     EvolvePolicy,
     PendingJobs,
     QueueFull,
@@ -23,6 +26,11 @@ from evolane.embed import (
 )
 from evolane.inputs import InputError
 from tests.evolve_helpers import (
+    backend_config,
+    fix_backend,
+    judge_backend,
+    mostly_failed,
+    replay_backend,
     trace_config,
     trace_record,
     write_trace_target,
@@ -184,3 +192,147 @@ async def test_a_store_that_is_a_file_is_bad_input(tmp_path: Path) -> None:
         with pytest.raises(InputError, match="not a directory"):
             async with open_evolve_service(runtime, trace_config(paths)):
                 pass
+
+
+# background jobs
+
+BACKENDS = Backends(replay=replay_backend, judge=judge_backend, optimizer=fix_backend)
+TICK = 0.01
+
+
+async def _until(predicate: Any, seconds: float = 300) -> None:
+    """Poll ``predicate`` (a guard against a hang, not a timing figure)."""
+    with trio.fail_after(seconds):
+        while not predicate():
+            await trio.sleep(0.05)
+
+
+async def test_a_trio_agent_loop_records_200_tasks_while_background_jobs_run(
+    tmp_path: Path,
+) -> None:
+    """The agent's loop keeps its pace while jobs run in the same trio loop: every record is
+    kept, jobs run and finish. Its worst stall is measured and printed, not asserted (the
+    machine is shared); ``benchmarks/service_stall.py`` compares it with the aio figure."""
+    paths = write_trace_target(tmp_path, 200)
+    settings = ServiceSettings(policy=EvolvePolicy(every=25))
+    stalls_during_jobs: list[float] = []
+    job_seen = 0
+    async with (
+        evolane.open_runtime(store=paths["store"]) as runtime,
+        open_evolve_service(runtime, backend_config(paths), settings, backends=BACKENDS) as service,
+    ):
+        for index in range(200):
+            before = trio.current_time()
+            await trio.sleep(TICK)  # the agent's own work
+            if service.running is not None:
+                job_seen += 1
+                stalls_during_jobs.append(trio.current_time() - before - TICK)
+            await service.record(trace_record(index))
+        assert service.recorded == 200 and service.refused == 0
+        await _until(lambda: len(service.finished) >= 1)
+        finished = list(service.finished)
+    worst = max(stalls_during_jobs, default=0.0)
+    print(
+        f"\nagent loop: {job_seen} of 200 tasks ran beside a job; worst stall {worst * 1e3:.1f} ms"
+    )
+    assert job_seen > 0  # the loop kept running while a job ran
+    assert finished and all(job.state == "done" for job in finished)
+    left = PendingJobs(paths["store"]).list()  # closing left the rest pending, resumable
+    queued = len(os.listdir(paths["store"] / "evolve" / "queue"))
+    assert sum(job.records for job in [*finished, *left]) + queued == 200
+
+
+async def _one_job(
+    paths: dict[str, Path], settings: ServiceSettings, tasks: int = 24, **config: Any
+) -> Any:
+    """Record the toy agent's tasks as they went (see `write_trace_target`), flush them into
+    one job and run it to its end."""
+    wrong = {p.name for p in paths["target"].glob("t*") if p.read_text() == '"no"'}
+    async with (
+        evolane.open_runtime(store=paths["store"]) as runtime,
+        open_evolve_service(
+            runtime, backend_config(paths, **config), settings, backends=BACKENDS
+        ) as service,
+    ):
+        for index in range(tasks):
+            await service.record(trace_record(index, failed=f"t{index:03d}" in wrong))
+        await service.flush()
+        await _until(lambda: len(service.finished) == 1)
+        return service.finished[0]
+
+
+def _report(paths: dict[str, Path], run_id: str) -> dict[str, Any]:
+    return json.loads((paths["store"] / "runs" / run_id / "report.json").read_text())
+
+
+async def test_shadow_measures_and_never_writes_the_target(tmp_path: Path) -> None:
+    paths = write_trace_target(tmp_path, 24)
+    before = tree_digest(paths["target"])
+    settings = ServiceSettings(mode="shadow", policy=EvolvePolicy(every=None))
+    job = await _one_job(paths, settings)
+    report = _report(paths, job.run_id)
+    assert job.state == "done" and report["status"] == "finished"
+    assert report["selected"] is not None  # the candidate was better: proposed, not applied
+    assert report["config"]["apply"] == "proposal"
+    assert tree_digest(paths["target"]) == before
+
+
+async def test_online_publishes_a_verified_candidate_to_the_target(tmp_path: Path) -> None:
+    paths = write_trace_target(tmp_path, 32, wrong=mostly_failed)
+    settings = ServiceSettings(mode="online", policy=EvolvePolicy(every=None))
+    check = "sh -c 'test -f {candidate}/REQUIRED'"
+    job = await _one_job(paths, settings, tasks=32, check=check)
+    report = _report(paths, job.run_id)
+    assert job.state == "done" and report["apply"]["status"] == "published", report["apply"]
+    answers = {p.read_text() for p in paths["target"].glob("t*")}
+    assert answers == {'"yes"'}  # the agent's next task reads the improved version
+
+
+async def test_online_rolls_back_when_the_post_check_fails(tmp_path: Path) -> None:
+    paths = write_trace_target(tmp_path, 32, wrong=mostly_failed)
+    before = tree_digest(paths["target"])
+    settings = ServiceSettings(mode="online", policy=EvolvePolicy(every=None))
+    job = await _one_job(paths, settings, tasks=32, check="sh -c 'exit 4'")
+    report = _report(paths, job.run_id)
+    assert job.state == "done" and report["apply"]["status"] != "published", report["apply"]
+    assert "check" in str(report["apply"]["message"]) or "roll" in str(report["apply"])
+    assert tree_digest(paths["target"]) == before
+
+
+async def test_online_publishes_no_candidate_the_test_split_did_not_confirm(
+    tmp_path: Path,
+) -> None:
+    """Better on val but too few held-out cases to confirm: proposed, never published."""
+    paths = write_trace_target(tmp_path, 24)
+    before = tree_digest(paths["target"])
+    settings = ServiceSettings(mode="online", policy=EvolvePolicy(every=None))
+    job = await _one_job(paths, settings, check="sh -c 'test -f {candidate}/REQUIRED'")
+    report = _report(paths, job.run_id)
+    assert report["selected"] is not None and report["apply"]["status"] == "unconfirmed"
+    assert tree_digest(paths["target"]) == before
+
+
+async def test_online_publishes_nothing_that_is_not_better(tmp_path: Path) -> None:
+    """A candidate the gate rejects is never published, even online."""
+    paths = write_trace_target(tmp_path, 24)
+    before = tree_digest(paths["target"])
+    settings = ServiceSettings(mode="online", policy=EvolvePolicy(every=None))
+
+    async def break_all(call: BackendCall) -> str:
+        assert call.workdir is not None
+        for path in call.workdir.glob("t*"):
+            path.write_text('"no"')
+        return "broke all"
+
+    backends = Backends(replay=replay_backend, judge=judge_backend, optimizer=break_all)
+    async with (
+        evolane.open_runtime(store=paths["store"]) as runtime,
+        open_evolve_service(runtime, backend_config(paths), settings, backends=backends) as service,
+    ):
+        for index in range(24):
+            await service.record(trace_record(index))
+        await service.flush()
+        await _until(lambda: len(service.finished) == 1)
+        job = service.finished[0]
+    assert job.state == "done" and _report(paths, job.run_id)["selected"] is None
+    assert tree_digest(paths["target"]) == before
