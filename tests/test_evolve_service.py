@@ -283,7 +283,7 @@ async def test_online_publishes_a_verified_candidate_to_the_target(tmp_path: Pat
     check = "sh -c 'test -f {candidate}/REQUIRED'"
     job = await _one_job(paths, settings, tasks=32, check=check)
     report = _report(paths, job.run_id)
-    assert job.state == "done" and report["apply"]["status"] == "published", report["apply"]
+    assert job.state == "done" and report["apply"]["status"] == "applied", report["apply"]
     answers = {p.read_text() for p in paths["target"].glob("t*")}
     assert answers == {'"yes"'}  # the agent's next task reads the improved version
 
@@ -294,7 +294,7 @@ async def test_online_rolls_back_when_the_post_check_fails(tmp_path: Path) -> No
     settings = ServiceSettings(mode="online", policy=EvolvePolicy(every=None))
     job = await _one_job(paths, settings, tasks=32, check="sh -c 'exit 4'")
     report = _report(paths, job.run_id)
-    assert job.state == "done" and report["apply"]["status"] != "published", report["apply"]
+    assert job.state == "done" and report["apply"]["status"] != "applied", report["apply"]
     assert "check" in str(report["apply"]["message"]) or "roll" in str(report["apply"])
     assert tree_digest(paths["target"]) == before
 
