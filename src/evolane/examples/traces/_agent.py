@@ -18,6 +18,9 @@ from evolane.examples.selfevolve._cases import make_case
 from evolane.examples.selfevolve._reward import score
 from evolane.examples.selfevolve._skill import parse_skill
 
+PASS_SCORE = 0.7
+"""A task whose answer scores below this is recorded as a failure (its action or evidence is
+wrong); at or above, a success with a small flaw (its verification)."""
 LIVE_SEED = 50_000
 """Live tasks draw from their own seed range (disjoint from the benchmark's splits)."""
 
@@ -33,7 +36,7 @@ def task_record(target: Path, index: int) -> dict[str, Any]:
     trace = case["input"]["trace"]
     answer = decide(parse_skill((target / "skill" / "SKILL.md").read_text()), trace)
     verdict = score(answer, case["expected_output"], trace)
-    ok = verdict["score"] >= 1.0
+    ok = verdict["score"] >= PASS_SCORE
     outcome: dict[str, Any] = {"status": "success" if ok else "failure", "score": verdict["score"]}
     if not ok:
         outcome["reason"] = str(verdict.get("reason") or "partial answer")[:200]

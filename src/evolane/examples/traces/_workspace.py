@@ -52,9 +52,9 @@ def write_traces_workspace(directory: Path) -> Path:
         (directory / stale).unlink()
     settings = campaign_settings(directory)
     lines = ["# evolane optimize reads these settings (flags win); see the README"]
-    for key in ("target", "store", *SEARCH, "replay", "judge", "optimizer", "validator"):
-        value = settings[key]
-        lines.append(f"{key.replace('_', '-')} = {_toml(value)}")
+    lines += ['target = "target"', 'store = ".evolane"']  # relative to this file's folder
+    for key in (*SEARCH, "replay", "judge", "optimizer", "validator"):
+        lines.append(f"{key.replace('_', '-')} = {_toml(settings[key])}")
     lines.append(f"protected = {_toml(list(settings['protected']))}")
     lines.append(f"required-file = {_toml(list(settings['required_files']))}")
     (directory / "evolane.toml").write_text("\n".join(lines) + "\n")
