@@ -18,9 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from aio_latency import TICK, _config, _line, _measure
-
 import evolane.aio
+from aio_latency import TICK, _config, _line, _measure
 from evolane.embed import EvolvePolicy, ServiceSettings
 from evolane.examples.traces import campaign_settings, task_record, write_traces_workspace
 
