@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     agent.add_argument("--out", default="traces.jsonl", help="the trajectory JSONL file")
     agent.add_argument("--evolve", choices=("shadow", "online"), default=None)
     agent.add_argument("--every", type=int, default=20, help="records per background job")
+    agent.add_argument("--iterations", type=int, default=None, help="of each background job")
     agent.set_defaults(run=_agent)
     for name, run in (("replay", _replay), ("judge", _judge)):
         sub = commands.add_parser(name, help=f"the {name} command of a campaign from traces")

@@ -20,6 +20,8 @@ JOBS_TIMEOUT = 1800.0
 async def run_with_service(directory: Path, args: argparse.Namespace) -> int:
     """Run ``args.tasks`` live tasks, recording each; then let the jobs finish and report."""
     settings = campaign_settings(directory)
+    if args.iterations is not None:
+        settings["iterations"] = args.iterations
     policy = EvolvePolicy(every=args.every)
     service_settings = ServiceSettings(mode=args.evolve, policy=policy)
     target = directory / "target"
