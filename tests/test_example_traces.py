@@ -62,6 +62,7 @@ def test_the_live_agent_records_its_failures_with_reasons(tmp_path: Path) -> Non
     assert not (tmp_path / "work" / "dataset.jsonl").exists()  # a run from traces needs none
 
 
+@pytest.mark.slow
 def test_the_readme_commands_run_end_to_end_on_a_small_scale(tmp_path: Path) -> None:
     outputs = run_readme(tmp_path, smaller=True)
     assert any("finished" in out for out in outputs)

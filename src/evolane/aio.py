@@ -24,7 +24,7 @@ import contextlib
 import contextvars
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -290,6 +290,31 @@ class AioRuntime:
         handle = await self.start_optimize(request, backends=backends, observers=observers)
         return (await handle.result()).report
 
+    @asynccontextmanager
+    async def evolve_service(
+        self,
+        config: CampaignConfig | Mapping[str, Any],
+        settings: ServiceSettings | None = None,
+        *,
+        backends: Backends | None = None,
+    ) -> AsyncIterator[AioEvolveService]:
+        """`evolane.embed.open_evolve_service` in the guest for the ``async with``; at exit
+        its running job is cancelled (its trees killed; the job stays pending)."""
+        closing, closed = trio.Event(), trio.Event()
+
+        async def start() -> EvolveService:
+            assert self._bridge.nursery is not None
+            return await self._bridge.nursery.start(
+                _serve_evolve, self._runtime, config, settings, backends, closing, closed
+            )
+
+        service = await self._bridge.call(start)
+        try:
+            yield AioEvolveService(self._bridge, service)
+        finally:
+            self._bridge.soon(closing.set)
+            await asyncio.shield(self._bridge.call(closed.wait))
+
 
 class AioEvolveService:
     """`evolane.embed.EvolveService` driven from asyncio: ``await record(trajectory)``
@@ -314,7 +339,7 @@ class AioEvolveService:
 
 async def _serve_evolve(
     runtime: EmbeddedRuntime,
-    config: CampaignConfig,
+    config: CampaignConfig | Mapping[str, Any],
     settings: ServiceSettings | None,
     backends: Backends | None,
     closing: trio.Event,
