@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +337,29 @@ async def test_online_publishes_nothing_that_is_not_better(tmp_path: Path) -> No
         job = service.finished[0]
     assert job.state == "done" and _report(paths, job.run_id)["selected"] is None
     assert tree_digest(paths["target"]) == before
+
+
+def test_the_asyncio_host_records_and_runs_a_job(tmp_path: Path) -> None:
+    import asyncio
+
+    import evolane.aio
+
+    paths = write_trace_target(tmp_path, 24)
+    before = tree_digest(paths["target"])
+    settings = ServiceSettings(policy=EvolvePolicy(every=24))
+
+    async def main() -> Any:
+        async with (
+            evolane.aio.open_runtime(store=str(paths["store"])) as runtime,
+            runtime.evolve_service(backend_config(paths), settings, backends=BACKENDS) as evolve,
+        ):
+            for index in range(24):
+                await evolve.record(trace_record(index))
+            deadline = time.monotonic() + 300
+            while not evolve.finished and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return list(evolve.finished)
+
+    finished = asyncio.run(main())
+    assert [job.state for job in finished] == ["done"] and finished[0].records == 24
+    assert tree_digest(paths["target"]) == before  # shadow
