@@ -8,8 +8,7 @@ from pathlib import Path
 
 import trio
 
-import evolane
-from evolane.embed import EvolvePolicy, ServiceSettings, open_evolve_service
+from evolane.embed import EvolvePolicy, ServiceSettings, open_evolve_service, open_runtime
 from evolane.examples.traces._agent import task_record
 from evolane.examples.traces._workspace import campaign_settings
 
@@ -27,7 +26,7 @@ async def run_with_service(directory: Path, args: argparse.Namespace) -> int:
     target = directory / "target"
     failures = 0
     async with (
-        evolane.open_runtime(store=settings["store"]) as runtime,
+        open_runtime(store=settings["store"]) as runtime,
         open_evolve_service(runtime, settings, service_settings) as service,
     ):
         for index in range(args.first, args.first + args.tasks):
