@@ -48,7 +48,8 @@ async def _agent(root: Path, tasks: int, every: int) -> tuple[list[float], float
 
         tick = asyncio.create_task(ticker())
         for index in range(tasks):  # the agent: a task, its record, the next task
-            await evolve.record(task_record(root / "work" / "target", index))
+            record = await asyncio.to_thread(task_record, root / "work" / "target", index)
+            await evolve.record(record)  # the agent computes its task off the loop
             await asyncio.sleep(0.05)
         deadline = time.monotonic() + JOBS_TIMEOUT
         while len(evolve.finished) < tasks // every and time.monotonic() < deadline:
