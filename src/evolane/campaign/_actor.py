@@ -164,7 +164,11 @@ class _Cycle:
     async def _iteration(self, iteration: int, signal: str) -> SlotBook | None:
         state, store = self.state, self.services.store
         standings = await trio.to_thread.run_sync(
-            classify_cases, state.parent_units, store, self.config.gate.pass_score
+            classify_cases,
+            state.parent_units,
+            store,
+            self.config.gate.pass_score,
+            self.s.trace_reasons,
         )
         focus = focus_cases(standings, self.config.focus, iteration)
         case_refs = self.services.case_refs
@@ -181,6 +185,7 @@ class _Cycle:
                 standings=standings,
                 rejected=[(r.diff, r.reason) for r in state.rejected],
                 protected=list(self.config.protected),
+                recorded=self.s.trace_reasons,
             )
             for slot in range(self.config.population)
         ]

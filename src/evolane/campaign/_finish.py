@@ -17,6 +17,7 @@ from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report
 from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
+from evolane.campaign._trajectories import trajectory_summary
 from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
 from evolane.measure import ROLES, LedgerSnapshot, ProgressBus, describe_limits
@@ -161,6 +162,7 @@ async def finish(
             len(prepared.dataset.split("val")),
         ),
         artifacts=_artifacts(run.seed_ref, best, applied),
+        trajectories=trajectory_summary(prepared.config),
         budget=BudgetRecord(
             ceilings=ledger.ceilings,
             spent=ledger.spent,

@@ -24,6 +24,7 @@ from evolane.campaign._report import (
     ScoreCI,
 )
 from evolane.campaign._splits import SplitPlan
+from evolane.inputs import TrajectorySummary
 from evolane.store import BlobStore, StoreError
 from evolane.views import CaseRuns, case_runs
 
@@ -312,6 +313,35 @@ def _head_lines(report: Report) -> list[str]:
     return lines
 
 
+def trajectory_lines(summary: TrajectorySummary | None) -> list[str]:
+    """The report's section on the trajectories the cases came from: each task group and
+    the turns excluded for incomplete context (none for a run from a dataset file)."""
+    if summary is None:
+        return []
+    lines = [
+        "",
+        "## Trajectories",
+        "",
+        f"- chosen group: **{_cell(summary.chosen)}** ({_cell(summary.choice)})",
+        "",
+        "| group | cases | failures | excluded | context complete | chosen |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {_cell(g.name)} | {g.cases} | {g.failures} | {g.excluded} | {g.completeness:.0%} "
+        f"| {'yes' if g.chosen else ''} |"
+        for g in summary.groups
+    ]
+    if summary.excluded:
+        lines += ["", f"Excluded from replay ({len(summary.excluded)}):", ""]
+        lines += [
+            f"- `{e.id}` ({_cell(e.group)}, {_cell(e.source)}): {_cell(e.reason)}"
+            for e in summary.excluded
+        ]
+    omitted = ", ".join(f"{n} more {what}" for what, n in summary.omitted.items())
+    return lines + ([f"- not listed: {omitted}"] if omitted else [])
+
+
 def shown_measurements(report: Report) -> list[MeasurementRecord]:
     """The report's measurements without the parent's baseline for an iteration past the
     last one (an older run measured it after its last accept; no iteration used it)."""
@@ -326,6 +356,7 @@ def shown_measurements(report: Report) -> list[MeasurementRecord]:
 def render_markdown(report: Report, cases: tuple[CaseRow, ...] = ()) -> str:
     """The human summary of a report; ``cases`` (see `case_rows`) fill its per-case table."""
     lines = _head_lines(report)
+    lines += trajectory_lines(report.trajectories)
     lines += _case_lines(report, cases)
     lines += _decision_lines(report)
     lines += _online_lines(report.online)

@@ -11,10 +11,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolane.campaign._advice import NEW_CAMPAIGN, after_failure, still_running
+from evolane.campaign._advice import after_failure, still_running
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
+from evolane.campaign._continue import continuable_campaign
 from evolane.campaign._estimate import (
     Estimate,
     UnitHistory,
@@ -32,7 +33,6 @@ from evolane.campaign._models import (
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.campaign._runs import (
-    TERMINAL_CAMPAIGN,
     CampaignState,
     ResumeState,
     RunRecord,
@@ -47,7 +47,7 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.campaign._splits import SplitPlan, legacy_plan, plan_splits
-from evolane.campaign._trajectories import with_trajectory_cases
+from evolane.campaign._trajectories import trajectory_note, with_trajectory_cases
 from evolane.inputs import (
     SPLITS,
     CommandTemplate,
@@ -249,7 +249,9 @@ def _prepared(
         resume=resume,
         resumed=resumed,
         estimate=_with_splits(
-            estimate_run(config, plan.val_cases, test_cases, history, train_cases=train), plan
+            estimate_run(config, plan.val_cases, test_cases, history, train_cases=train),
+            plan,
+            trajectory_note(config),
         ),
         gates=gates,
         test_cases=test_cases,
@@ -259,9 +261,10 @@ def _prepared(
     )
 
 
-def _with_splits(estimate: Estimate, plan: SplitPlan) -> Estimate:
-    """``estimate`` saying which split feeds the optimizer (and warning when it is val)."""
-    notes = (plan.note[:256],) if plan.note else ()
+def _with_splits(estimate: Estimate, plan: SplitPlan, group: str | None = None) -> Estimate:
+    """``estimate`` saying which split feeds the optimizer (and warning when it is val), and
+    which trajectory group the cases come from."""
+    notes = tuple(note[:256] for note in (group, plan.note) if note)
     preflight = (*estimate.preflight, *notes)[:8]
     return estimate.model_copy(update={"splits": plan.sentence()[:256], "preflight": preflight})
 
@@ -367,7 +370,7 @@ def _new_run(
 ) -> tuple[RunRecord, CampaignState]:
     identity = {**config.identity(), "dataset_digest": dataset.digest}
     if campaign_id is not None:
-        campaign = _continuable_campaign(layout, campaign_id, identity)
+        campaign = continuable_campaign(layout, campaign_id, identity)
     else:
         seed = target_tree(store, Path(config.target))
         campaign = CampaignState(
@@ -392,52 +395,6 @@ def _run_record(config: CampaignConfig, campaign: CampaignState, dataset: Datase
         seed_ref=campaign.seed_ref,
         parent_ref=campaign.best_ref,
     )
-
-
-def _clipped(value: object, keep: int = 80) -> str:
-    """A value for a one-line message: its repr, cut to ``keep`` characters."""
-    text = repr(value)
-    return text if len(text) <= keep else text[: keep - 3] + "..."
-
-
-def _continuable_campaign(
-    layout: StoreLayout, campaign_id: str, identity: dict[str, str | None]
-) -> CampaignState:
-    try:
-        campaign = load_campaign(layout, campaign_id)
-    except FileNotFoundError:
-        raise InputError(f"--resume-campaign {campaign_id}: no such campaign") from None
-    if campaign.status in TERMINAL_CAMPAIGN:
-        raise InputError(
-            f"--resume-campaign {campaign_id}: the campaign is {campaign.status} and cannot resume"
-        )
-    for key, value in identity.items():
-        if campaign.identity.get(key) != value:
-            raise InputError(
-                f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
-                f"({_clipped(campaign.identity.get(key))} -> {_clipped(value)}): {NEW_CAMPAIGN}"
-            )
-    unfinished = _unfinished_run(layout, campaign)
-    if unfinished is not None:
-        run_id, status = unfinished
-        raise InputError(
-            f"--resume-campaign {campaign_id}: its run {run_id} is unfinished ({status}); "
-            f"continue it with --resume {run_id}"
-        )
-    return campaign
-
-
-def _unfinished_run(layout: StoreLayout, campaign: CampaignState) -> tuple[str, str] | None:
-    """The newest of the campaign's runs that is still running or was interrupted: a new
-    cycle would start from the same parent, and resuming that run later would overwrite it."""
-    for run_id in reversed(campaign.runs):
-        try:
-            status = load_run(layout, run_id).status
-        except FileNotFoundError:
-            continue
-        if status in ("running", "interrupted"):
-            return run_id, status
-    return None
 
 
 def _died_session(layout: StoreLayout, record: RunRecord) -> float:

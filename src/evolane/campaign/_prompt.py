@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -87,14 +87,18 @@ def _failure_code(unit: dict[str, Any], or_status: bool = False) -> str:
 
 
 def classify_cases(
-    units: list[dict[str, Any]], store: BlobStore, pass_threshold: float = 1.0
+    units: list[dict[str, Any]],
+    store: BlobStore,
+    pass_threshold: float = 1.0,
+    hints: Mapping[str, str] | None = None,
 ) -> list[CaseStanding]:
     """Standings of every case with a baseline-arm run, in order of first appearance.
 
     A run scores its judge score (a replay the parent failed on its own account scores 0).
     ``always_failing``: every scored run < ``pass_threshold``; ``solid``: every one >= it;
     ``flaky``: both; ``infra_errored``: no scored run, only infrastructure/judge failures.
-    Cases whose runs never ran (not_run, blocked) are left out.
+    Cases whose runs never ran (not_run, blocked) are left out. A failing case whose judge
+    gave no reason takes its ``hints`` entry (a recorded trace's excerpt), when it has one.
     """
     by_case: dict[str, list[dict[str, Any]]] = {}
     for unit in units:
@@ -102,14 +106,15 @@ def classify_cases(
             by_case.setdefault(str(unit.get("case")), []).append(unit)
     standings = []
     for case_id, runs in by_case.items():
-        standing = _standing(case_id, runs, store, pass_threshold)
+        hint = (hints or {}).get(case_id, "")
+        standing = _standing(case_id, runs, store, pass_threshold, hint)
         if standing is not None:
             standings.append(standing)
     return standings
 
 
 def _standing(
-    case_id: str, runs: list[dict[str, Any]], store: BlobStore, threshold: float
+    case_id: str, runs: list[dict[str, Any]], store: BlobStore, threshold: float, hint: str = ""
 ) -> CaseStanding | None:
     sorted_runs = case_runs(runs, threshold)
     if sorted_runs is None:
@@ -120,7 +125,7 @@ def _standing(
     reason = ""
     if sorted_runs.failing:
         unit = sorted_runs.failing[0][1]
-        reason = _judge_reason(store, unit.get("judge")) or _failure_code(unit)
+        reason = _judge_reason(store, unit.get("judge")) or hint[:_SHORT] or _failure_code(unit)
     return CaseStanding(
         id=case_id,
         category=sorted_runs.category,
@@ -183,16 +188,24 @@ def build_prompt(
     rejected: list[tuple[str, str]],
     protected: list[str],
     max_bytes: int = 64 << 10,
+    recorded: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The optimizer's prompt as a JSON-able dict whose `encode_prompt` bytes fit ``max_bytes``.
 
     ``rejected`` holds (diff, reason) pairs, most recent last; the oldest are dropped first,
     then (if still too large) the tail of the solid, infra_errored, flaky, always_failing and
     failing lists.
+    ``recorded`` (case id -> a recorded trace's excerpt, for a run from trajectories) adds
+    ``recorded_failures``: the failure index of the cases shown (so never a held-out one),
+    trimmed first.
     ``omitted`` counts what was dropped. Raises ValueError if even that cannot fit.
     """
     by_category = {c: [s.id for s in standings if s.category == c] for c in _CATEGORIES}
-    lists: dict[str, list[Any]] = {
+    lists: dict[str, list[Any]] = {}
+    if recorded:
+        shown = [s.id for s in standings if s.id in recorded]
+        lists["recorded_failures"] = [{"id": i, "reason": recorded[i][:_SHORT]} for i in shown]
+    lists |= {
         "rejected": [{"diff": diff, "reason": reason} for diff, reason in rejected],
         "solid": by_category["solid"],
         "infra_errored": by_category["infra_errored"],

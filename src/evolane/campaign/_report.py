@@ -17,6 +17,7 @@ from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._splits import SplitPlan
+from evolane.inputs import TrajectorySummary
 from evolane.measure import STORED_LIMITS
 from evolane.messages import (
     ArtifactRef,
@@ -221,6 +222,9 @@ class Report(Record):
     failures: tuple[FailureRecord, ...] = Field(default=(), max_length=_MANY)
     budget: BudgetRecord
     artifacts: dict[Name, ArtifactRef] = Field(default_factory=dict, max_length=1024)
+    trajectories: TrajectorySummary | None = None
+    """For a run from trajectory files: the task groups (cases, failures, completeness, the
+    one chosen and why) and the turns excluded as context_incomplete, by id with reason."""
 
 
 CYCLE_PARTS = (

@@ -378,6 +378,11 @@ def _setup(prepared: Prepared, slots: RunSlots) -> CampaignSetup:
         test_cases=tests,
         optimizer_allowed=not rejudge,
         feedback_split=prepared.splits.feedback,
+        trace_reasons={
+            case.id: str(case.metadata["trace_reason"])
+            for case in prepared.dataset
+            if case.metadata and case.metadata.get("trace_reason")
+        },
     )
 
 

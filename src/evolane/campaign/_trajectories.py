@@ -46,3 +46,14 @@ def trajectory_summary(config: CampaignConfig) -> TrajectorySummary | None:
         return TrajectorySummary.model_validate(data)
     except (OSError, ValueError):
         return None
+
+
+def trajectory_note(config: CampaignConfig) -> str | None:
+    """One line for the estimate: the group the cases come from, why, and how many turns
+    were excluded (None when the run is not from trajectories)."""
+    summary = trajectory_summary(config)
+    if summary is None:
+        return None
+    excluded = sum(1 for item in summary.excluded if item.group == summary.chosen)
+    left_out = f"; {excluded} turns left out (context_incomplete)" if excluded else ""
+    return f"trajectories: group {summary.chosen}: {summary.choice}{left_out}"

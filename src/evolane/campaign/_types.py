@@ -76,6 +76,9 @@ class CampaignSetup:
     test_cases: int
     optimizer_allowed: bool = True  # False when re-judging stored work: proposals come from it
     feedback_split: FeedbackSplit = "train"  # whose results the optimizer sees (`_splits`)
+    trace_reasons: Mapping[str, str] = field(default_factory=dict)
+    """Case id -> the recorded trace's excerpt of a failure (a run from trajectories): the
+    optimizer's failure index (`campaign._prompt`)."""
 
     @property
     def has_test(self) -> bool:

@@ -142,6 +142,9 @@ def _register() -> None:
     from evolane.cli._config_show import config_app
 
     app.add_typer(config_app, name="config")
+    from evolane.cli._dataset import dataset_app
+
+    app.add_typer(dataset_app, name="dataset")
     _register_starter()
 
 

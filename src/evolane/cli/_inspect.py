@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
 
 FORMATS = ("text", "json", "md", "html")
-SCHEMAS = ("messages", "events", "report")
+SCHEMAS = ("messages", "events", "report", "trajectory")
 TERMINALS = ("selected", "rejected", "blocked", "not_run")
 
 
@@ -384,13 +384,20 @@ def schema_document(which: str) -> dict[str, Any]:
         from evolane.campaign import Report
 
         return Report.model_json_schema()
+    if which == "trajectory":
+        from evolane.inputs import trajectory_schema
+
+        return trajectory_schema()
     raise KeyError(which)
 
 
 def schema(
-    which: Annotated[str, typer.Argument(help="messages | events | report")] = "messages",
+    which: Annotated[
+        str, typer.Argument(help="messages | events | report | trajectory")
+    ] = "messages",
 ) -> None:
-    """Print a JSON Schema: the messages, the progress events (by kind) or report.json."""
+    """Print a JSON Schema: the messages, the progress events (by kind), report.json or a
+    trajectory record (one line of a --from-trajectory file)."""
     if which not in SCHEMAS:
         fail_usage(f"unknown schema {which!r}; choose from: {', '.join(SCHEMAS)}")
     write_json(schema_document(which))

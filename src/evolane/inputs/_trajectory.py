@@ -13,7 +13,6 @@ import random
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import Field, JsonValue
 
@@ -107,8 +106,12 @@ def ingest_trajectories(
     summaries = {name: _summary(name, members) for name, members in groups.items()}
     chosen, choice = _choose(summaries, group)
     members = groups[chosen]
-    cases = _split([_case(turn, chosen, context_budget) for turn in members if not turn.incomplete],
-                   seed)  # fmt: skip
+    usable = [turn for turn in members if not turn.incomplete]
+    splits = _splits(usable, seed)
+    cases = sorted(
+        (_case(turn, chosen, context_budget, splits[case_id(turn)]) for turn in usable),
+        key=lambda case: case.id,
+    )
     if not cases:
         raise InputError(f"--group {chosen}: no usable case (every turn lacks context)")
     excluded = [_excluded(turn, name) for name, ts in groups.items() for turn in ts
@@ -124,10 +127,7 @@ def ingest_trajectories(
         "failures": len(failures),
     }
     summary = TrajectorySummary(
-        groups=tuple(
-            s.model_copy(update={"chosen": s.name == chosen})
-            for s in sorted(summaries.values(), key=lambda s: (-s.cases, s.name))
-        )[:MAX_LISTED],
+        groups=_listed_groups(summaries, chosen),
         chosen=chosen,
         choice=choice,
         excluded=tuple(excluded[:MAX_LISTED]),
@@ -136,6 +136,14 @@ def ingest_trajectories(
         sources=tuple(path[:256] for path in given[:256]),
     )
     return Trajectories(Dataset(cases, path=f"trajectories:{chosen}"), summary)
+
+
+def _listed_groups(summaries: dict[str, GroupSummary], chosen: str) -> tuple[GroupSummary, ...]:
+    """The largest groups first (at most `MAX_LISTED`, the chosen one always among them)."""
+    ranked = sorted(summaries.values(), key=lambda s: (-s.cases, s.name))[:MAX_LISTED]
+    if all(s.name != chosen for s in ranked):
+        ranked[-1] = summaries[chosen]
+    return tuple(s.model_copy(update={"chosen": s.name == chosen}) for s in ranked)
 
 
 def group_of(turns: list[Turn]) -> str:
@@ -222,7 +230,7 @@ def case_id(turn: Turn) -> str:
     return _safe(stem, MAX_CASE_ID_CHARS - len(suffix)) + suffix
 
 
-def _case(turn: Turn, group: str, budget: int) -> Case:
+def _case(turn: Turn, group: str, budget: int, split: Split) -> Case:
     """The case of a complete turn: its request with its (bounded) chain of prior turns;
     a success seeds ``expected_output`` with the recorded answer."""
     record = turn.located.record
@@ -251,7 +259,9 @@ def _case(turn: Turn, group: str, budget: int) -> Case:
     expected: JsonValue = None
     if status == "success" and record.answer():
         expected = record.answer()
-    return Case(id=case_id(turn), input=value, expected_output=expected, metadata=metadata)
+    return Case(
+        id=case_id(turn), input=value, expected_output=expected, split=split, metadata=metadata
+    )
 
 
 def trace_excerpt(turn: Turn) -> str:
@@ -267,28 +277,28 @@ def trace_excerpt(turn: Turn) -> str:
     return text if len(text) <= _EXCERPT_CHARS else text[: _EXCERPT_CHARS - 3] + "..."
 
 
-def _split(cases: list[Case], seed: int) -> list[Case]:
-    """The cases with a split each: by outcome, sorted by id, shuffled with ``seed``, dealt
-    in `_SPLIT_CYCLE`; returned in id order."""
-    seen: dict[str, Case] = {}
-    for case in cases:
-        if case.id in seen:
+def _splits(turns: list[Turn], seed: int) -> dict[str, Split]:
+    """Each turn's case id -> its split: by outcome, sorted by id, shuffled with ``seed``,
+    dealt in `_SPLIT_CYCLE`. A case id given twice is refused with both places."""
+    seen: dict[str, Turn] = {}
+    strata: dict[str, list[str]] = {}
+    for turn in turns:
+        cid = case_id(turn)
+        if cid in seen:
+            where = turn.located
+            first = seen[cid].located.where
             raise DatasetError.at(
-                str((case.metadata or {}).get("source", "<trajectory>")),
-                None,
-                f"duplicate case id {case.id!r} (also {(seen[case.id].metadata or {})['source']})",
+                where.path, where.line, f"case id {cid!r} again (first at {first})"
             )
-        seen[case.id] = case
-    strata: dict[str, list[Case]] = {}
-    for case in sorted(cases, key=lambda c: c.id):
-        strata.setdefault(str((case.metadata or {}).get("outcome")), []).append(case)
-    dealt: list[Case] = []
-    for outcome, members in sorted(strata.items()):
-        random.Random(f"{seed}:{outcome}").shuffle(members)
-        for index, case in enumerate(members):
-            split = _SPLIT_CYCLE[index % len(_SPLIT_CYCLE)]
-            dealt.append(case.model_copy(update={"split": split}))
-    return sorted(dealt, key=lambda c: c.id)
+        seen[cid] = turn
+        strata.setdefault(_status(turn), []).append(cid)
+    dealt: dict[str, Split] = {}
+    for outcome, ids in sorted(strata.items()):
+        ids.sort()
+        random.Random(f"{seed}:{outcome}").shuffle(ids)
+        for index, cid in enumerate(ids):
+            dealt[cid] = _SPLIT_CYCLE[index % len(_SPLIT_CYCLE)]
+    return dealt
 
 
 def summary_lines(summary: TrajectorySummary) -> list[str]:
@@ -314,8 +324,3 @@ def _excluded(turn: Turn, group: str) -> ExcludedCase:
         reason=f"context_incomplete: {turn.incomplete}"[:256],
         source=turn.located.where[:256],
     )
-
-
-def summary_json(summary: TrajectorySummary) -> dict[str, Any]:
-    """The summary as a JSON object."""
-    return summary.model_dump(mode="json")

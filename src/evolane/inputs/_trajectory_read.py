@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import orjson
 from pydantic import ValidationError
@@ -60,6 +59,7 @@ def trajectory_files(
     """The files named by ``paths``: a file as given, a folder's ``*.jsonl``/``*.ndjson``
     files (walked iteratively, sorted, symlinked folders not followed); `DatasetError` for a
     missing path, an empty result or more than ``max_files``."""
+    paths = list(paths)
     found: list[str] = []
     seen = 0
     for given in paths:
@@ -152,11 +152,3 @@ def _parse_line(line: bytes, path: str, number: int) -> TrajectoryRecord:
         where = ".".join(str(part) for part in first["loc"])
         reason = _describe(error).split(": ", 1)[-1]
         raise DatasetError.at(path, number, f"field {where!r}: {reason}") from None
-
-
-def shown(path: str | os.PathLike[str]) -> str:
-    """``path`` relative to the current folder when it is inside it (for messages)."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return os.fspath(path)

@@ -211,7 +211,11 @@ def _resolve(turn: Turn, turns: dict[int, Turn], *, first: bool) -> None:
         turn.inline = True
         turn.chain = [_plain(m) for m in history if m.role in ("user", "assistant") and m.text()]
         first_user = next(m for m in history if m.role == "user")
-        turn.pinned = pinned_of(first_user.text(), record.attachments())
+        turn.pinned = pinned_of(first_user.text(), first_user.attachments())
+        if turn.pinned.attachments and turn.chain:  # parts are read as text: name the files
+            named = ", ".join(turn.pinned.attachments)
+            first = turn.chain[0]
+            turn.chain[0] = {**first, "content": f"{first['content']}\n[attached: {named}]"}
         return
     elif (
         record.follows is None

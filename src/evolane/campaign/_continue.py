@@ -1,0 +1,62 @@
+"""Continuing a campaign (``--resume-campaign``): the checks that it may go on."""
+
+from __future__ import annotations
+
+from evolane.campaign._advice import NEW_CAMPAIGN
+from evolane.campaign._runs import (
+    TERMINAL_CAMPAIGN,
+    CampaignState,
+    StoreLayout,
+    load_campaign,
+    load_run,
+)
+from evolane.inputs import InputError
+
+
+def _clipped(value: object, keep: int = 80) -> str:
+    """A value for a one-line message: its repr, cut to ``keep`` characters."""
+    text = repr(value)
+    return text if len(text) <= keep else text[: keep - 3] + "..."
+
+
+def continuable_campaign(
+    layout: StoreLayout, campaign_id: str, identity: dict[str, str | None]
+) -> CampaignState:
+    """The campaign ``campaign_id`` if it may run its next cycle with ``identity``;
+    `InputError` otherwise (no such campaign, it ended, its identity changed, a run is
+    unfinished)."""
+    try:
+        campaign = load_campaign(layout, campaign_id)
+    except FileNotFoundError:
+        raise InputError(f"--resume-campaign {campaign_id}: no such campaign") from None
+    if campaign.status in TERMINAL_CAMPAIGN:
+        raise InputError(
+            f"--resume-campaign {campaign_id}: the campaign is {campaign.status} and cannot resume"
+        )
+    for key, value in identity.items():
+        if campaign.identity.get(key) != value:
+            raise InputError(
+                f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
+                f"({_clipped(campaign.identity.get(key))} -> {_clipped(value)}): {NEW_CAMPAIGN}"
+            )
+    unfinished = _unfinished_run(layout, campaign)
+    if unfinished is not None:
+        run_id, status = unfinished
+        raise InputError(
+            f"--resume-campaign {campaign_id}: its run {run_id} is unfinished ({status}); "
+            f"continue it with --resume {run_id}"
+        )
+    return campaign
+
+
+def _unfinished_run(layout: StoreLayout, campaign: CampaignState) -> tuple[str, str] | None:
+    """The newest of the campaign's runs that is still running or was interrupted: a new
+    cycle would start from the same parent, and resuming that run later would overwrite it."""
+    for run_id in reversed(campaign.runs):
+        try:
+            status = load_run(layout, run_id).status
+        except FileNotFoundError:
+            continue
+        if status in ("running", "interrupted"):
+            return run_id, status
+    return None

@@ -1,0 +1,381 @@
+"""Trajectory ingestion: formats, sessions and follow-ups, missing context, eviction,
+grouping, the split, bad lines (through the real CLI), and the published schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from evolane.inputs import (
+    DatasetError,
+    InputError,
+    Pinned,
+    TrajectoryRecord,
+    fit_chain,
+    ingest_trajectories,
+    load_dataset,
+    refers_back,
+    task_fingerprint,
+    trajectory_schema,
+)
+
+
+def _write(path: Path, rows: list[dict[str, Any] | str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [row if isinstance(row, str) else json.dumps(row) for row in rows]
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def _turn(session: str, turn: int, text: str, status: str = "success", **extra: Any) -> dict:
+    return {
+        "session_id": session,
+        "turn": turn,
+        "messages": [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": f"answer to {text}"},
+        ],
+        "outcome": {"status": status, "reason": "wrong" if status == "failure" else None},
+        **extra,
+    }
+
+
+def _evolane(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", "from evolane.cli import main; main()", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+# -- formats ---------------------------------------------------------------------------------
+
+
+def test_evolane_records_become_cases_with_outcomes_seeding_expected(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "t.jsonl",
+        [
+            _turn("s1", 0, "Sum 2 and 2", target="calc"),
+            _turn("s2", 0, "Sum 3 and 4", "failure", target="calc"),
+            {"session_id": "s3", "turn": 0, "task": "Sum 1 and 1", "target": "calc"},
+        ],
+    )
+    derived = ingest_trajectories([path])
+    cases = {case.id: case for case in derived.dataset}
+    assert set(cases) == {"s1-t0", "s2-t0", "s3-t0"}
+    assert cases["s1-t0"].expected_output == "answer to Sum 2 and 2"  # success: the answer
+    assert cases["s2-t0"].expected_output is None  # failure: no known-good answer
+    assert cases["s2-t0"].metadata["outcome"] == "failure"
+    assert cases["s2-t0"].metadata["trace_reason"].startswith("wrong | assistant: answer to")
+    assert cases["s3-t0"].input["messages"] == [{"role": "user", "content": "Sum 1 and 1"}]
+    assert [f.id for f in derived.summary.failures] == ["s2-t0"]
+
+
+def test_plain_chat_lines_are_sessions_of_their_own(tmp_path: Path) -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    history = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "read https://x.io/doc"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "now summarise it"},
+        ]
+    }
+    path = _write(tmp_path / "chat.jsonl", [chat, "", history])
+    derived = ingest_trajectories([path], group=None)
+    groups = {g.name: g for g in derived.summary.groups}
+    assert len(groups) == 2 and sum(g.cases for g in groups.values()) == 2
+    both = ingest_trajectories([path], group=task_fingerprint("read https://x.io/doc"))
+    (case,) = both.dataset.cases
+    assert case.id == "chat-L3" and case.metadata["follow_up"] is True  # its context inline
+    assert case.input["messages"] == [
+        {"role": "user", "content": "read https://x.io/doc"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "now summarise it"},
+    ]
+
+
+def test_a_folder_is_walked_for_jsonl_files_only(tmp_path: Path) -> None:
+    _write(tmp_path / "logs" / "a.jsonl", [_turn("a", 0, "one", "failure", target="g")])
+    _write(tmp_path / "logs" / "deep" / "b.ndjson", [_turn("b", 0, "two", target="g")])
+    (tmp_path / "logs" / "notes.txt").write_text("not a trajectory")
+    derived = ingest_trajectories([tmp_path / "logs"])
+    assert sorted(c.id for c in derived.dataset) == ["a-t0", "b-t0"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="no trajectory files"):
+        ingest_trajectories([tmp_path / "empty"])
+    with pytest.raises(DatasetError, match="gone: no such file or directory"):
+        ingest_trajectories([tmp_path / "gone"])
+
+
+# -- sessions and follow-ups -------------------------------------------------------------------
+
+
+def test_follow_ups_carry_their_chain_and_missing_context_propagates(tmp_path: Path) -> None:
+    rows = [
+        _turn("s", 0, "Draft a memo on https://a.org/brief", target="memo"),
+        _turn("s", 1, "Now make it shorter", "failure", target="memo"),
+        _turn("s", 2, "Also add a title", target="memo"),
+        # turn 3 is missing: 4 refers back to it, 5 follows 4, 6 is a new request
+        _turn("s", 4, "Try again with bullet points", target="memo"),
+        _turn("s", 5, "x", target="memo", follows=4),
+        _turn("s", 6, "Write a haiku about autumn", target="memo"),
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], group="memo")
+    cases = {case.id: case for case in derived.dataset}
+    assert set(cases) == {"s-t0", "s-t1", "s-t2", "s-t6"}
+    chain = cases["s-t2"].input["messages"]
+    assert [m["content"] for m in chain] == [
+        "Draft a memo on https://a.org/brief",
+        "answer to Draft a memo on https://a.org/brief",
+        "Now make it shorter",
+        "answer to Now make it shorter",
+        "Also add a title",
+    ]
+    assert cases["s-t6"].input["messages"] == [
+        {"role": "user", "content": "Write a haiku about autumn"}
+    ]  # an independent later request: its own context, not excluded
+    excluded = {e.id: e.reason for e in derived.summary.excluded}
+    assert excluded == {
+        "s-t4": "context_incomplete: turn 3 of session 's' is missing",
+        "s-t5": "context_incomplete: it follows turn 4, whose context is incomplete",
+    }
+    (memo,) = derived.summary.groups
+    assert (memo.cases, memo.failures, memo.excluded) == (4, 1, 2)
+    assert memo.completeness == pytest.approx(4 / 6)
+
+
+def test_a_session_starting_late_with_a_follow_up_is_incomplete(tmp_path: Path) -> None:
+    rows = [
+        _turn("late", 7, "Fix it please", target="g"),
+        _turn("late", 8, "Summarise the report", "failure", target="g"),
+        _turn("first", 1, "Then do the rest", "failure", target="g"),  # nothing before it
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
+    assert {e.id for e in derived.summary.excluded} == {"late-t7"}
+    assert {c.id for c in derived.dataset} == {"late-t8", "first-t1"}
+
+
+@pytest.mark.parametrize(
+    ("text", "back"),
+    [
+        ("Now make it shorter", True),
+        ("and in French", True),
+        ("Try again, it failed", True),
+        ("Use the same file as before", True),
+        ("What about the previous answer?", True),
+        ("Summarise this article about nowcasting", False),
+        ("Android app crash report", False),
+        ("Write a haiku", False),
+    ],
+)
+def test_refers_back(text: str, back: bool) -> None:
+    assert refers_back(text) is back
+
+
+# -- eviction --------------------------------------------------------------------------------
+
+
+_texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=300)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_texts, min_size=1, max_size=12),
+    st.lists(st.from_regex(r"https://[a-z]{1,12}\.io/[a-z0-9]{0,20}", fullmatch=True), max_size=4),
+    st.lists(st.from_regex(r"[a-z]{1,12}\.(pdf|png|csv)", fullmatch=True), max_size=4),
+    st.integers(0, 4000),
+)
+def test_eviction_fits_the_budget_and_keeps_the_first_turns_urls_and_artifacts(
+    texts: list[str], urls: list[str], artifacts: list[str], budget: int
+) -> None:
+    first = " ".join(["see", *urls]) + ("\n[attached: " + ", ".join(artifacts) + "]")
+    messages = [{"role": "user", "content": first}] + [
+        {"role": "assistant" if i % 2 == 0 else "user", "content": text}
+        for i, text in enumerate(texts)
+    ]
+    pinned = Pinned(tuple(dict.fromkeys(urls)), tuple(dict.fromkeys(artifacts)))
+    chain = fit_chain(messages, pinned, budget)
+    note = pinned.note()
+    note_size = _size(note) if note else 0
+    assert sum(_size(m) for m in chain) <= max(budget, note_size)
+    shown = "\n".join(m["content"] for m in chain)
+    for item in (*urls, *artifacts):
+        assert item in shown
+    if _size(messages[-1]) + note_size <= budget:
+        assert chain[-1] == messages[-1]  # the newest is kept whole when it fits
+
+
+def _size(message: dict[str, Any]) -> int:
+    return len(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+
+
+def test_a_long_session_keeps_the_first_turns_url_and_attachment(tmp_path: Path) -> None:
+    first = _turn("s", 0, "Analyse https://data.org/q3.csv", target="g")
+    first["metadata"] = {"attachments": ["q3.csv"]}
+    rows = [first] + [
+        _turn("s", i, f"And then step {i} " + "x" * 400, target="g") for i in range(1, 30)
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], context_budget=2000)
+    last = derived.dataset.by_id("s-t29").input["messages"]
+    text = json.dumps(last)
+    assert "https://data.org/q3.csv" in text and "q3.csv" in text
+    assert last[0]["content"].startswith("[earlier context, shortened]")
+    assert last[-1]["content"].startswith("And then step 29")
+    assert len(json.dumps(last[:-1]).encode()) <= 2000 + 200  # JSON spacing differs a little
+
+
+# -- grouping --------------------------------------------------------------------------------
+
+
+def test_the_fingerprint_ignores_case_and_whitespace() -> None:
+    assert task_fingerprint("Summarise  the\nReport ") == task_fingerprint("summarise the report")
+    assert task_fingerprint("summarise the report") != task_fingerprint("summarise the memo")
+
+
+def _families(tmp_path: Path) -> Path:
+    rows = [_turn(f"a{i}", 0, "Sort the list", "failure" if i < 2 else "success") for i in range(3)]
+    rows += [_turn(f"c{i}", 0, "Plan a trip", target="travel") for i in range(5)]
+    rows += [_turn(f"d{i}", 0, "Fix bug", "failure", target="bugs") for i in range(2)]
+    return _write(tmp_path / "t.jsonl", rows)
+
+
+def test_the_largest_group_with_failures_is_chosen_by_default(tmp_path: Path) -> None:
+    derived = ingest_trajectories([_families(tmp_path)])
+    sort = task_fingerprint("sort the list")
+    assert derived.summary.chosen == sort  # travel is larger but has no failure
+    assert "largest group with failures" in derived.summary.choice
+    assert [g.name for g in derived.summary.groups if g.chosen] == [sort]
+    assert {c.metadata["group"] for c in derived.dataset} == {sort}
+    picked = ingest_trajectories([_families(tmp_path)], group="travel")
+    assert len(picked.dataset) == 5 and picked.summary.choice == "--group travel"
+    with pytest.raises(InputError, match="--group nope: no such group"):
+        ingest_trajectories([_families(tmp_path)], group="nope")
+
+
+def test_sessions_with_the_same_first_turn_modulo_spacing_share_a_group(tmp_path: Path) -> None:
+    rows = [_turn("x", 0, "Sort the list", "failure"), _turn("y", 0, "  SORT the\tlist ")]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
+    assert len(derived.summary.groups) == 1 and len(derived.dataset) == 2
+
+
+# -- the split -------------------------------------------------------------------------------
+
+
+def _outcomes(tmp_path: Path) -> Path:
+    statuses = ["failure"] * 10 + ["success"] * 15 + ["unknown"] * 5
+    rows = [_turn(f"s{i:02d}", 0, f"task {i}", s, target="g") for i, s in enumerate(statuses)]
+    return _write(tmp_path / "t.jsonl", rows)
+
+
+def test_the_split_is_seeded_and_stratified_by_outcome(tmp_path: Path) -> None:
+    path = _outcomes(tmp_path)
+    one, again = ingest_trajectories([path], seed=3), ingest_trajectories([path], seed=3)
+    other = ingest_trajectories([path], seed=4)
+    assert one.dataset.digest == again.dataset.digest
+    assert [c.split for c in one.dataset] != [c.split for c in other.dataset]
+    by = Counter((c.metadata["outcome"], c.split) for c in one.dataset)
+    assert by[("failure", "val")] == 4 and by[("failure", "train")] == 4
+    assert by[("failure", "test")] == 2
+    assert by[("success", "val")] == 6 and by[("success", "test")] == 3
+    assert by[("unknown", "val")] == 2 and by[("unknown", "test")] == 1
+
+
+# -- bad lines, through the real CLI ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "a record must be a JSON object, got an array"),
+        ('{"messages": [], "nope": 1}', "unknown key 'nope'"),
+        ('{"messages": [{"role": "robot", "content": "x"}]}', "field 'messages.0.role'"),
+        ('{"messages": [{"role": "assistant", "content": "x"}]}', "no request"),
+        ('{"session_id": "s", "turn": 2, "follows": 5, "task": "x"}', "'follows' must name"),
+        ('{"session_id": "s", "turn": -1, "task": "x"}', "field 'turn'"),
+    ],
+)
+def test_a_bad_line_is_named_by_file_and_line_with_exit_2(
+    tmp_path: Path, line: str, reason: str
+) -> None:
+    good = json.dumps(_turn("ok", 0, "fine", "failure"))
+    _write(tmp_path / "bad.jsonl", [good, "", line])
+    done = _evolane("dataset", "from-trajectory", "bad.jsonl", "-o", "out.jsonl", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    (message,) = done.stderr.strip().splitlines()
+    assert message.startswith("evolane: error: bad.jsonl:3: ") and reason in message
+    assert not (tmp_path / "out.jsonl").exists()  # nothing half-written
+
+
+def test_a_duplicate_turn_is_refused_with_both_places(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", [_turn("s", 1, "a"), _turn("s", 1, "b")])
+    with pytest.raises(DatasetError, match=r"t\.jsonl:2: turn 1 of session 's' again"):
+        ingest_trajectories([path])
+
+
+def test_dataset_from_trajectory_writes_a_loadable_dataset_and_prints_groups(
+    tmp_path: Path,
+) -> None:
+    rows = [_turn("s", 0, "Plan a trip", "failure", target="travel"), _turn("s", 2, "and back")]
+    _write(tmp_path / "t.jsonl", [*rows, _turn("o", 0, "x", target="other")])
+    done = _evolane("dataset", "from-trajectory", "t.jsonl", "-o", "cases.jsonl", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "* travel: 1 cases, 1 failures, 50% complete" in done.stdout
+    assert "chosen: travel (the largest group with failures" in done.stdout
+    assert "s-t2 [travel]: context_incomplete: turn 1 of session 's' is missing" in done.stdout
+    loaded = load_dataset(tmp_path / "cases.jsonl")
+    assert [c.id for c in loaded] == ["s-t0"]
+
+
+def test_schema_trajectory_prints_the_record_schema() -> None:
+    done = _evolane("schema", "trajectory")
+    assert done.returncode == 0, done.stderr
+    schema = json.loads(done.stdout)
+    assert schema == json.loads(json.dumps(trajectory_schema()))
+    assert {"session_id", "turn", "task", "input", "messages", "outcome", "follows"} <= set(
+        schema["properties"]
+    )
+    TrajectoryRecord.model_validate({"messages": [{"role": "user", "content": "x"}]})
+
+
+def test_an_inline_history_keeps_its_first_turns_attachment_under_a_small_budget(
+    tmp_path: Path,
+) -> None:
+    first = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Check https://x.io/spec against it"},
+            {"type": "file", "file": {"filename": "spec-v2.pdf", "file_data": "..."}},
+        ],
+    }
+    later = [
+        {"role": "assistant" if i % 2 == 0 else "user", "content": f"turn {i} " + "y" * 300}
+        for i in range(10)
+    ]
+    line = {"messages": [first, *later, {"role": "user", "content": "and the appendix?"}]}
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", [line])], context_budget=900)
+    messages = derived.dataset.cases[0].input["messages"]
+    text = json.dumps(messages)
+    assert "https://x.io/spec" in text and "spec-v2.pdf" in text
+    assert "turn 0 " not in text and "turn 9 " in text  # the oldest went, the newest stayed
+
+
+def test_a_long_group_list_keeps_the_chosen_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import evolane.inputs._trajectory as trajectory
+
+    monkeypatch.setattr(trajectory, "MAX_LISTED", 2)
+    rows = [_turn(f"s{i}", 0, f"task {i}", "failure", target=f"g{i}") for i in range(4)]
+    rows.append(_turn("big", 0, "a", target="g0"))
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], group="g3")
+    assert [g.name for g in derived.summary.groups] == ["g0", "g3"]
+    assert derived.summary.omitted == {"groups": 2}
