@@ -24,20 +24,24 @@ import contextlib
 import contextvars
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from evolane.campaign import Backends, RunOutcome
+from evolane.campaign import Backends, CampaignConfig, RunOutcome
 from evolane.embed import (
     EmbeddedRuntime,
+    EvolveService,
     ObserverLike,
     ObserverReport,
     OptimizeRequest,
+    PendingJob,
     RunHandle,
+    ServiceSettings,
     observer_name,
+    open_evolve_service,
 )
 from evolane.embed import open_runtime as open_trio_runtime
 
@@ -285,6 +289,70 @@ class AioRuntime:
         """Run ``request`` to its report; cancelling the await cancels the run."""
         handle = await self.start_optimize(request, backends=backends, observers=observers)
         return (await handle.result()).report
+
+    @asynccontextmanager
+    async def evolve_service(
+        self,
+        config: CampaignConfig | Mapping[str, Any],
+        settings: ServiceSettings | None = None,
+        *,
+        backends: Backends | None = None,
+    ) -> AsyncIterator[AioEvolveService]:
+        """`evolane.embed.open_evolve_service` in the guest for the ``async with``; at exit
+        its running job is cancelled (its trees killed; the job stays pending)."""
+        closing, closed = trio.Event(), trio.Event()
+
+        async def start() -> EvolveService:
+            assert self._bridge.nursery is not None
+            return await self._bridge.nursery.start(
+                _serve_evolve, self._runtime, config, settings, backends, closing, closed
+            )
+
+        service = await self._bridge.call(start)
+        try:
+            yield AioEvolveService(self._bridge, service)
+        finally:
+            self._bridge.soon(closing.set)
+            await asyncio.shield(self._bridge.call(closed.wait))
+
+
+class AioEvolveService:
+    """`evolane.embed.EvolveService` driven from asyncio: ``await record(trajectory)``
+    after each agent task; jobs run in the trio guest, in the background."""
+
+    def __init__(self, bridge: _Bridge, service: EvolveService) -> None:
+        self._bridge, self.service = bridge, service
+
+    async def record(self, trajectory: Any) -> None:
+        """`EvolveService.record` (raises `QueueFull` at the queue's bound)."""
+        await self._bridge.call(self.service.record, trajectory)
+
+    async def flush(self) -> PendingJob | None:
+        """`EvolveService.flush`: queued records become a pending job now."""
+        return await self._bridge.call(self.service.flush)
+
+    @property
+    def finished(self) -> list[PendingJob]:
+        """Jobs the service ran to an end, in order."""
+        return self.service.finished
+
+
+async def _serve_evolve(
+    runtime: EmbeddedRuntime,
+    config: CampaignConfig | Mapping[str, Any],
+    settings: ServiceSettings | None,
+    backends: Backends | None,
+    closing: trio.Event,
+    closed: trio.Event,
+    *,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    try:
+        async with open_evolve_service(runtime, config, settings, backends=backends) as service:
+            task_status.started(service)
+            await closing.wait()
+    finally:
+        closed.set()
 
 
 def _hosted(observers: Sequence[ObserverLike]) -> list[_HostObserver]:

@@ -198,3 +198,12 @@ def _register_inspect() -> None:
 
 
 _register_inspect()
+
+
+def _register_drain() -> None:
+    from evolane.cli._drain import drain
+
+    app.command(name="drain")(drain)
+
+
+_register_drain()

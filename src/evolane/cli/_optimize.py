@@ -34,7 +34,7 @@ _PANELS = {
     "Models": "judge-samples llm-base-url llm-api-key-env llm-temperature llm-max-tokens "
     "llm-timeout llm-retries llm-cache prices unknown-price",
     "Output, store and continuing": "store progress observer dry-run json probe resume "
-    "resume-campaign from-run rerun-evaluator debug",
+    "resume-campaign from-run rerun-evaluator drain-pending debug",
 }
 _PANEL_OF = {f"--{flag}": panel for panel, flags in _PANELS.items() for flag in flags.split()}
 """The help panel of each flag (``optimize --help`` groups its flags by purpose)."""
@@ -310,9 +310,16 @@ def optimize(
     rerun_evaluator: Annotated[
         bool, _o("With --from-run: judge again, replay nothing.", "--rerun-evaluator")
     ] = False,
+    drain_pending: Annotated[
+        bool, _o("Run the store's pending background jobs (as evolane drain).", "--drain-pending")
+    ] = False,
     debug: Annotated[bool, _o("Show tracebacks.", "--debug")] = False,
 ) -> None:
     """Run a campaign: propose, gate, replay, judge, decide, under hard budgets."""
+    if drain_pending:  # the store's pending jobs instead of a new run
+        from evolane.cli._drain import run_drain
+
+        raise typer.Exit(run_drain(store, max_jobs=None, progress=progress, debug=debug))
     flags = {k: v for k, v in locals().items()}
     from evolane.cli._session import run_optimize
 
@@ -338,7 +345,9 @@ def estimate(**flags: Any) -> None:
 def _estimate_signature() -> inspect.Signature:
     """``optimize``'s flags plus ``--json``: typer reads this signature to build the command."""
     signature = inspect.signature(optimize, eval_str=True)
-    params = [p for p in signature.parameters.values() if p.name != "dry_run"]
+    params = [
+        p for p in signature.parameters.values() if p.name not in ("dry_run", "drain_pending")
+    ]
     as_json = inspect.Parameter(
         "as_json",
         inspect.Parameter.KEYWORD_ONLY,
@@ -372,6 +381,7 @@ def _doctor_signature() -> inspect.Signature:
     """``optimize``'s flags without those only a run has (as ``estimate`` takes them)."""
     signature = inspect.signature(optimize, eval_str=True)
     dropped = ("dry_run", "resume", "from_run", "rerun_evaluator", "progress", "observer")
+    dropped += ("drain_pending",)
     kept = [p for p in signature.parameters.values() if p.name not in dropped]
     return inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in kept])
 

@@ -1,6 +1,7 @@
 """evolane inside an agent process: a runtime that runs actors and optimize runs, with Python
 backends for replay, judge and optimizer, and observers of a run's progress, among them an
-OpenTelemetry exporter (extra ``evolane[otel]``; `evolane.aio` hosts the same on asyncio)."""
+OpenTelemetry exporter (extra ``evolane[otel]``; `evolane.aio` hosts the same on asyncio), and
+`EvolveService`: background evolution from the agent's own recorded trajectories."""
 
 from evolane.campaign import Backends, RunOutcome
 from evolane.embed._observers import (
@@ -14,8 +15,16 @@ from evolane.embed._observers import (
     observer_plugin,
 )
 from evolane.embed._otel import OpenTelemetryObserver
+from evolane.embed._pending import EvolveMode, PendingJob, QueueFull
+from evolane.embed._pending_run import PendingJobs
 from evolane.embed._request import OptimizeRequest
 from evolane.embed._runtime import EmbeddedRuntime, RunCancelled, RunHandle, open_runtime
+from evolane.embed._service import (
+    EvolvePolicy,
+    EvolveService,
+    ServiceSettings,
+    open_evolve_service,
+)
 from evolane.lanes import Backend, BackendCall, PluginError
 
 __all__ = [
@@ -26,16 +35,24 @@ __all__ = [
     "BackendCall",
     "Backends",
     "EmbeddedRuntime",
+    "EvolveMode",
+    "EvolvePolicy",
+    "EvolveService",
     "Observer",
     "ObserverLike",
     "ObserverReport",
     "OpenTelemetryObserver",
     "OptimizeRequest",
+    "PendingJob",
+    "PendingJobs",
     "PluginError",
+    "QueueFull",
     "RunCancelled",
     "RunHandle",
     "RunOutcome",
+    "ServiceSettings",
     "observer_name",
     "observer_plugin",
+    "open_evolve_service",
     "open_runtime",
 ]

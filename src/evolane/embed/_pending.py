@@ -1,0 +1,240 @@
+"""The durable side of background evolution: the record queue and the pending jobs.
+
+Layout in the store (all writes atomic: temp file, fsync, rename, fsync folder)::
+
+    evolve/queue/<seq>-<f|o>.json        one recorded trajectory per file (f: a failure)
+    pending/<job_id>/trajectories.jsonl  a job's records, written first
+    pending/<job_id>/job.json            the job (`PendingJob`): its commit point
+    evolve/done/<job_id>/                a finished job, moved here (the last `KEEP_DONE`)
+
+Journal before state: a job's records leave the queue only once its ``job.json`` is durable,
+and a queue file named in a job's ``consumed`` list is removed at the next start
+(`RecordQueue.open`), so a crash between the two neither loses nor doubles a record. A
+``pending/<id>/`` folder without ``job.json`` is a job that was never committed: removed.
+
+These are plain blocking functions; the service calls them from a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import Field, ValidationError
+
+from evolane.campaign import CampaignConfig
+from evolane.inputs import InputError, TrajectoryRecord
+from evolane.messages import Name, Record, ShortText
+from evolane.store import fsync_dir, read_json, write_bytes_atomic, write_json_atomic
+
+EvolveMode = Literal["shadow", "online"]
+"""``shadow``: measure and report, never change the target; ``online``: publish a verified
+candidate to the target (with its post-check; a failed check rolls back)."""
+JobState = Literal["pending", "started", "done", "failed"]
+MAX_QUEUE = 100_000
+"""The largest queue bound a service accepts."""
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+"""The largest recorded trajectory, serialised: a larger one is refused."""
+MAX_PENDING_SCAN = 10_000
+"""Pending job folders read at most (oldest first)."""
+KEEP_DONE = 100
+"""Finished jobs kept under ``evolve/done/`` (older ones are removed)."""
+TRAJECTORIES = "trajectories.jsonl"
+JOB_FILE = "job.json"
+
+
+class QueueFull(Exception):
+    """The record queue holds its bound: the record was refused (not kept)."""
+
+
+class PendingJob(Record):
+    """One background evolution job: the records it took, the campaign it runs, its run."""
+
+    job_id: Name
+    created: float
+    mode: EvolveMode
+    records: int = Field(ge=0)
+    failures: int = Field(ge=0)
+    consumed: tuple[Name, ...] = Field(default=(), max_length=MAX_QUEUE)
+    """The queue files this job took (removed once the job is durable)."""
+    config: CampaignConfig
+    """The campaign the job runs: the service's settings, the job's ``trajectories.jsonl``
+    as its input."""
+    state: JobState = "pending"
+    run_id: Name | None = None
+    """The run this job started: a crash resumes it (``--resume``) rather than start over."""
+    status: ShortText | None = None
+    """The run's report status once it ended (``finished``, ``budget_limited``, ...)."""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class StoreDirs:
+    """The service's folders in a store."""
+
+    root: Path
+
+    @property
+    def queue(self) -> Path:
+        return self.root / "evolve" / "queue"
+
+    @property
+    def pending(self) -> Path:
+        return self.root / "pending"
+
+    @property
+    def done(self) -> Path:
+        return self.root / "evolve" / "done"
+
+
+def record_bytes(record: Any) -> tuple[bytes, bool]:
+    """A trajectory record (an `evolane.inputs.TrajectoryRecord` or its JSON object) as one
+    checked JSON line, and whether its outcome is a failure. Raises `InputError` for a record
+    that is not a valid trajectory record or is larger than `MAX_RECORD_BYTES`."""
+    if not isinstance(record, TrajectoryRecord):
+        try:
+            record = TrajectoryRecord.model_validate(record)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the record"
+            raise InputError(f"record: not a trajectory record ({where}: {first['msg']})") from None
+    data = orjson.dumps(record.model_dump(mode="json", exclude_none=True))
+    if len(data) > MAX_RECORD_BYTES:
+        raise InputError(f"record: {len(data)} bytes, over the {MAX_RECORD_BYTES} bound")
+    failed = record.outcome is not None and record.outcome.status == "failure"
+    return data + b"\n", failed
+
+
+class RecordQueue:
+    """The bounded durable queue of recorded trajectories (blocking; one process at a time)."""
+
+    def __init__(self, dirs: StoreDirs, bound: int) -> None:
+        self.dirs, self.bound = dirs, bound
+        self.names: list[str] = []  # queued file names, oldest first
+        self._seq = 0
+
+    @classmethod
+    def open(cls, dirs: StoreDirs, bound: int) -> RecordQueue:
+        """Create the folders, finish what a crash left half done, and read the queue."""
+        queue = cls(dirs, bound)
+        dirs.queue.mkdir(parents=True, exist_ok=True)
+        dirs.pending.mkdir(parents=True, exist_ok=True)
+        taken = {name for job in load_jobs(dirs) for name in job.consumed}
+        names = []
+        for entry in sorted(os.listdir(dirs.queue))[: bound + len(taken) + 1000]:
+            if entry.startswith(".") or not entry.endswith(".json"):
+                continue  # a temp file of an interrupted append
+            if entry in taken:
+                os.unlink(dirs.queue / entry)
+            else:
+                names.append(entry)
+        queue.names = names
+        queue._seq = max((int(name.split("-")[0]) for name in names), default=0)
+        return queue
+
+    @property
+    def failures(self) -> int:
+        """Queued records whose outcome is a failure."""
+        return sum(name.endswith("-f.json") for name in self.names)
+
+    def append(self, data: bytes, failed: bool) -> str:
+        """Write one record durably; raises `QueueFull` when the queue holds ``bound``."""
+        if len(self.names) >= self.bound:
+            raise QueueFull(f"the evolve queue holds {self.bound} records (its bound)")
+        self._seq += 1
+        name = f"{self._seq:012d}-{'f' if failed else 'o'}.json"
+        write_bytes_atomic(self.dirs.queue / name, data)
+        self.names.append(name)
+        return name
+
+    def take(
+        self, mode: EvolveMode, make_config: Callable[[Path], CampaignConfig], limit: int
+    ) -> PendingJob:
+        """Turn up to ``limit`` queued records into a durable pending job whose campaign is
+        ``make_config(its trajectory file)``, then remove them from the queue (journal
+        before state: see the module docstring)."""
+        names = self.names[:limit]
+        job_id = f"job-{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:6]}"
+        folder = self.dirs.pending / job_id
+        folder.mkdir()
+        lines = b"".join((self.dirs.queue / name).read_bytes() for name in names)
+        write_bytes_atomic(folder / TRAJECTORIES, lines)
+        job = PendingJob(
+            job_id=job_id,
+            created=time.time(),
+            mode=mode,
+            records=len(names),
+            failures=sum(name.endswith("-f.json") for name in names),
+            consumed=tuple(names),
+            config=make_config(folder / TRAJECTORIES),
+        )
+        write_json_atomic(folder / JOB_FILE, job)
+        fsync_dir(self.dirs.pending)
+        for name in names:
+            os.unlink(self.dirs.queue / name)
+        fsync_dir(self.dirs.queue)
+        self.names = self.names[len(names) :]
+        return job
+
+
+def load_jobs(dirs: StoreDirs) -> list[PendingJob]:
+    """The pending jobs, oldest first (at most `MAX_PENDING_SCAN`); an uncommitted job folder
+    (no ``job.json``) is removed. Raises `InputError` naming a ``job.json`` that is not valid."""
+    if not dirs.pending.is_dir():
+        return []
+    jobs = []
+    for entry in sorted(os.listdir(dirs.pending))[:MAX_PENDING_SCAN]:
+        folder = dirs.pending / entry
+        if not entry.startswith("job-") or not folder.is_dir():
+            continue
+        if not (folder / JOB_FILE).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        jobs.append(read_job(folder / JOB_FILE))
+    return jobs
+
+
+def read_job(path: Path) -> PendingJob:
+    """One ``job.json``; `InputError` (one line naming the file) when it is not valid."""
+    try:
+        return PendingJob.model_validate(read_json(path))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the record"
+        raise InputError(f"{path}: not a valid pending job ({where}: {first['msg']})") from None
+    except (OSError, ValueError) as error:
+        raise InputError(f"{path}: cannot read the pending job ({error})") from None
+
+
+def save_job(dirs: StoreDirs, job: PendingJob) -> None:
+    """Write ``job`` over its ``job.json`` (atomic)."""
+    write_json_atomic(dirs.pending / job.job_id / JOB_FILE, job)
+
+
+def retire_job(dirs: StoreDirs, job: PendingJob) -> Path:
+    """Move a finished job out of ``pending/`` (one rename) and keep the last `KEEP_DONE`."""
+    save_job(dirs, job)
+    dirs.done.mkdir(parents=True, exist_ok=True)
+    target = dirs.done / job.job_id
+    os.replace(dirs.pending / job.job_id, target)
+    fsync_dir(dirs.pending)
+    _trim(sorted(p for p in os.listdir(dirs.done) if p.startswith("job-")), dirs.done)
+    return target
+
+
+def _trim(names: Iterable[str], folder: Path) -> None:
+    names = list(names)
+    for name in names[: max(0, len(names) - KEEP_DONE)]:
+        shutil.rmtree(folder / name, ignore_errors=True)
+
+
+def job_trajectories(dirs: StoreDirs, job: PendingJob) -> Path:
+    """The job's trajectory JSONL file."""
+    return dirs.pending / job.job_id / TRAJECTORIES

@@ -1,0 +1,169 @@
+"""Running one pending job: the one place that turns a job into a run, shared by the
+background worker (`EvolveService`) and ``evolane drain``.
+
+A job runs as a campaign from its own trajectory file with its stored settings, the mode
+deciding the apply policy (`job_config`). Once its run has begun, the run id is written to
+``job.json`` (state ``started``), so after a crash the job resumes that run (``--resume``:
+finished units are not paid again) instead of starting over. A run that ends
+``interrupted`` (or is cancelled) leaves the job pending; any other end retires it to
+``evolve/done/``. A lock per job (``pending/<id>/.lock``, flock) keeps two processes off
+the same job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from evolane.campaign import CampaignConfig, RunOutcome, StoreLayout, load_run
+from evolane.embed._pending import (
+    EvolveMode,
+    PendingJob,
+    StoreDirs,
+    load_jobs,
+    retire_job,
+    save_job,
+)
+from evolane.embed._request import OptimizeRequest
+from evolane.store import read_json
+
+if TYPE_CHECKING:
+    from evolane.embed._runtime import EmbeddedRuntime, RunHandle
+
+APPLY_FOR_MODE: dict[EvolveMode, str] = {"shadow": "proposal", "online": "auto_verified"}
+"""The apply policy of each mode: shadow only proposes; online publishes a verified candidate
+through the campaign's journaled publish (post-apply check, rollback on failure)."""
+
+
+def job_config(dirs: StoreDirs, job: PendingJob) -> CampaignConfig:
+    """The campaign a job runs: its stored config in this store, with the apply policy of
+    its mode (so a shadow job never publishes, whatever its file says)."""
+    update = {"apply": APPLY_FOR_MODE[job.mode], "store": str(dirs.root)}
+    return job.config.model_copy(update=update)
+
+
+def job_request(dirs: StoreDirs, job: PendingJob) -> OptimizeRequest | None:
+    """The request that runs ``job`` now: a resume of its run when it started one that did
+    not end, a fresh run otherwise; None when its run already ended (a crash came between
+    the end and the job's retirement)."""
+    if job.run_id is not None:
+        layout = StoreLayout(dirs.root)
+        report = layout.run_dir(job.run_id) / "report.json"
+        if report.exists():
+            status = read_json(report).get("status")
+            if status != "interrupted":
+                return None
+            return OptimizeRequest(resume=job.run_id)
+        with contextlib.suppress(FileNotFoundError, ValueError, OSError):
+            load_run(layout, job.run_id)
+            return OptimizeRequest(resume=job.run_id)
+    return OptimizeRequest(config=job_config(dirs, job))
+
+
+@contextlib.contextmanager
+def job_lock(dirs: StoreDirs, job: PendingJob) -> Iterator[bool]:
+    """Hold ``job``'s lock for the block: True when this process got it, False when another
+    live process runs the job."""
+    path = dirs.pending / job.job_id / ".lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:  # retired meanwhile by another process
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+async def start_job(
+    runtime: EmbeddedRuntime, dirs: StoreDirs, job: PendingJob, **options: Any
+) -> tuple[PendingJob, RunHandle | None]:
+    """Start ``job``'s run (``options`` go to `EmbeddedRuntime.start_optimize`) and record
+    its run id in ``job.json``; the handle is None for a job whose run had already ended
+    (it is retired here). Raises `InputError` for a job whose settings are refused."""
+    request = job_request(dirs, job)
+    if request is None:
+        return await finish_job(dirs, job, _stored_status(dirs, job)), None
+    handle = await runtime.start_optimize(request, **options)
+    job = job.model_copy(update={"state": "started", "run_id": handle.run_id})
+    await trio.to_thread.run_sync(save_job, dirs, job)
+    return job, handle
+
+
+async def finish_job(dirs: StoreDirs, job: PendingJob, status: str | None) -> PendingJob:
+    """Record how ``job``'s run ended (``status``: the report's; None when cancelled): an
+    ``interrupted`` or cancelled run keeps the job pending (resumable), anything else
+    retires it."""
+    from evolane.campaign import EXIT_FOR_STATUS
+
+    if status is None or status == "interrupted":
+        return job
+    state = "failed" if status == "failed" else "done"
+    code = EXIT_FOR_STATUS.get(status, 1)
+    job = job.model_copy(update={"state": state, "status": status, "exit_code": code})
+    await trio.to_thread.run_sync(retire_job, dirs, job)
+    return job
+
+
+async def fail_job(dirs: StoreDirs, job: PendingJob, error: BaseException) -> PendingJob:
+    """Retire ``job`` as failed with ``error``'s line as its status (its settings were
+    refused, or its run broke): a broken job must not block the queue behind it."""
+    from evolane.inputs import InputError
+
+    line = f"failed: {error}" if isinstance(error, InputError) else f"failed: {error!r}"
+    code = 2 if isinstance(error, InputError) else 1
+    job = job.model_copy(update={"state": "failed", "status": line[:256], "exit_code": code})
+    await trio.to_thread.run_sync(retire_job, dirs, job)
+    return job
+
+
+def outcome_status(outcome: RunOutcome | None) -> str | None:
+    """The report status of a run's outcome (None when it has no report)."""
+    return None if outcome is None or outcome.report is None else outcome.report.status
+
+
+def _stored_status(dirs: StoreDirs, job: PendingJob) -> str | None:
+    assert job.run_id is not None
+    report = StoreLayout(dirs.root).run_dir(job.run_id) / "report.json"
+    return read_json(report).get("status")
+
+
+class PendingJobs:
+    """The pending jobs of one store, as ``evolane drain`` and the service run them."""
+
+    def __init__(self, store: Path) -> None:
+        self.dirs = StoreDirs(store)
+
+    def list(self) -> list[PendingJob]:
+        """The pending jobs, oldest first (`InputError` for a damaged ``job.json``)."""
+        return load_jobs(self.dirs)
+
+    def lock(self, job: PendingJob) -> contextlib.AbstractContextManager[bool]:
+        """`job_lock`: True inside the block when this process holds ``job``."""
+        return job_lock(self.dirs, job)
+
+    async def start(
+        self, runtime: EmbeddedRuntime, job: PendingJob, **options: Any
+    ) -> tuple[PendingJob, RunHandle | None]:
+        """`start_job` in this store."""
+        return await start_job(runtime, self.dirs, job, **options)
+
+    async def finish(self, job: PendingJob, outcome: RunOutcome | None) -> PendingJob:
+        """`finish_job` with the outcome's report status."""
+        return await finish_job(self.dirs, job, outcome_status(outcome))
+
+    async def fail(self, job: PendingJob, error: BaseException) -> PendingJob:
+        """`fail_job`: retire ``job`` as failed with ``error``."""
+        return await fail_job(self.dirs, job, error)

@@ -1,0 +1,340 @@
+"""`EvolveService`: record each agent task, improve the agent in the background.
+
+    async with evolane.open_runtime(store=".evolane") as runtime:
+        async with open_evolve_service(runtime, config, ServiceSettings(mode="shadow")) as evolve:
+            while True:
+                trajectory = await agent.run_task(...)
+                await evolve.record(trajectory)
+
+- ``record`` appends the trajectory to a bounded durable queue in the store (one atomic file,
+  written from a worker thread: the host loop is never blocked by the disk) and returns; it
+  never waits for a job. A full queue (``max_queue`` records) refuses the record with
+  `QueueFull` and counts it in ``refused``: nothing is dropped silently.
+- The `EvolvePolicy` (every N records, N failures, or an interval) turns the queued records
+  into a pending job (`evolane.embed._pending`: journal before state).
+- One background task runs pending jobs one at a time, oldest first, each a campaign from the
+  job's trajectory file under the service's settings: its own ceilings (``max_tokens``,
+  ``max_cost_usd``, a wall clock), one lane per role, and the job's commands run under
+  ``nice`` (`ServiceSettings.nice`) so that they yield the CPU to the agent's own work.
+- ``shadow`` never changes the target (apply = proposal: the report and the proposal are
+  written, the target is not); ``online`` publishes a verified candidate atomically (apply =
+  auto_verified: the campaign's journaled publish, its post-check, a rollback when the check
+  fails), so the agent reads the new version at its next task.
+- Closing the service (or the process dying) leaves the running job pending with its run id:
+  the next service start, or ``evolane drain``, resumes it.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+from pydantic import Field, ValidationError, model_validator
+
+from evolane.campaign import Backends, CampaignConfig
+from evolane.embed._pending import (
+    MAX_QUEUE,
+    EvolveMode,
+    PendingJob,
+    QueueFull,
+    RecordQueue,
+    StoreDirs,
+    load_jobs,
+    record_bytes,
+)
+from evolane.embed._pending_run import (
+    APPLY_FOR_MODE,
+    fail_job,
+    finish_job,
+    job_lock,
+    outcome_status,
+    start_job,
+)
+from evolane.embed._request import check_store
+from evolane.inputs import InputError
+from evolane.messages import Record
+
+if TYPE_CHECKING:
+    from evolane.embed._runtime import EmbeddedRuntime
+
+
+_COMMAND_ROLES = ("replay", "judge", "optimizer", "validator", "check")
+
+
+class EvolvePolicy(Record):
+    """When queued records become a pending job: ``every`` records, ``failures`` failed
+    records, or ``interval`` seconds since the last job (with ``min_records`` queued);
+    whichever comes first. All None: only `EvolveService.flush` makes jobs."""
+
+    every: int | None = Field(default=50, ge=1, le=MAX_QUEUE)
+    failures: int | None = Field(default=None, ge=1, le=MAX_QUEUE)
+    interval: float | None = Field(default=None, gt=0, le=365 * 86_400.0)
+    min_records: int = Field(default=1, ge=1, le=MAX_QUEUE)
+
+    def due(self, queued: int, failed: int, since_last: float) -> bool:
+        """Whether a job is due with ``queued`` records (``failed`` of them failures)
+        ``since_last`` seconds after the last job (or the service's start). No IO."""
+        if queued == 0:
+            return False
+        if self.every is not None and queued >= self.every:
+            return True
+        if self.failures is not None and failed >= self.failures:
+            return True
+        return (
+            self.interval is not None
+            and since_last >= self.interval
+            and (queued >= self.min_records)
+        )
+
+
+class ServiceSettings(Record):
+    """How the service queues, when it makes jobs, and how a job runs."""
+
+    mode: EvolveMode = "shadow"
+    policy: EvolvePolicy = EvolvePolicy()
+    max_queue: int = Field(default=1000, ge=1, le=MAX_QUEUE)
+    """The queue's bound: a record beyond it is refused (`QueueFull`)."""
+    max_job_records: int = Field(default=1000, ge=1, le=MAX_QUEUE)
+    """Records one job takes at most (the oldest queued)."""
+    max_pending_jobs: int = Field(default=16, ge=1, le=1000)
+    """No new job while this many wait: records stay queued (then the queue bound holds)."""
+    job_wall_clock: float = Field(default=1800.0, gt=0, le=365 * 86_400.0)
+    """A job's wall-clock budget when its config sets none."""
+    lanes: int = Field(default=1, ge=1, le=64)
+    """Replay, judge and optimizer lanes of a job (each at most its config's own)."""
+    nice: int = Field(default=10, ge=0, le=19)
+    """Niceness of a job's commands (``nice -n N`` before each template; 0: none)."""
+    run_jobs: bool = True
+    """False: the service records and makes jobs but runs none (``evolane drain`` does)."""
+    check_interval: float = Field(default=1.0, gt=0, le=3600.0)
+    """How often the worker looks at the policy's interval when no record arrives."""
+
+    @model_validator(mode="after")
+    def _bounded(self) -> ServiceSettings:
+        if self.max_job_records > self.max_queue:
+            raise ValueError("max_job_records must not exceed max_queue")
+        return self
+
+
+_INPUTS = ("dataset", "from_trajectory", "group")
+
+
+def job_template(
+    config: CampaignConfig | Mapping[str, Any], settings: ServiceSettings
+) -> dict[str, Any]:
+    """The flat settings every job of the service runs with: ``config`` (a `CampaignConfig`
+    or its flat fields; its input is replaced by each job's trajectories) with small lanes,
+    a wall clock, nice'd commands and the apply policy of the mode."""
+    flat = dict(config.model_dump(mode="json") if isinstance(config, CampaignConfig) else config)
+    for key in _INPUTS:
+        flat.pop(key, None)
+    checked = trajectory_config(flat, Path("trajectories.jsonl"))  # validates the settings
+    for key, value in (
+        ("replay_concurrency", checked.measure.replay_concurrency),
+        ("judge_concurrency", checked.measure.judge_concurrency),
+        ("optimizer_concurrency", checked.propose.optimizer_concurrency),
+    ):
+        flat[key] = min(value, settings.lanes)
+    if checked.wall_clock_budget is None:
+        flat["wall_clock_budget"] = settings.job_wall_clock
+    if settings.nice:
+        for role in _COMMAND_ROLES:
+            if flat.get(role):
+                flat[role] = niced(flat[role], settings.nice)
+    flat["apply"] = APPLY_FOR_MODE[settings.mode]
+    return flat
+
+
+def trajectory_config(flat: Mapping[str, Any], path: Path) -> CampaignConfig:
+    """A campaign from the trajectory file ``path`` with the flat settings ``flat``; raises
+    `InputError` (naming the setting) for a refused one."""
+    try:
+        return CampaignConfig(**flat, from_trajectory=(str(path),))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "config"
+        raise InputError(f"evolve service config: {where}: {first['msg']}") from None
+    except TypeError as error:
+        raise InputError(f"evolve service config: {error}") from None
+
+
+def niced(template: str | None, nice: int) -> str | None:
+    """A command template run under ``nice -n N``; a built-in (``llm:``, ``agent:``, a
+    plugin ``NAME:ARGS`` with no space) or an already nice'd one is left as it is."""
+    if not template or template.startswith(("nice ", "llm:", "agent:")):
+        return template
+    first = template.split(maxsplit=1)[0]
+    if ":" in first and "/" not in first:  # a plugin name
+        return template
+    return f"nice -n {nice} {template}" if shlex.split(template) else template
+
+
+class EvolveService:
+    """Background evolution in an agent process: `record` after each task; jobs run in the
+    background (see the module docstring). Open it with `open_evolve_service`."""
+
+    def __init__(
+        self,
+        runtime: EmbeddedRuntime,
+        config: CampaignConfig | Mapping[str, Any],
+        settings: ServiceSettings,
+        backends: Backends | None = None,
+    ) -> None:
+        self.runtime, self.settings, self.backends = runtime, settings, backends
+        self.template = job_template(config, settings)
+        self.dirs = StoreDirs(check_store(runtime.store))
+        self.queue: RecordQueue | None = None
+        self.recorded = 0
+        self.refused = 0
+        self.jobs_made = 0
+        self.finished: list[PendingJob] = []
+        """Jobs this service ran to an end, in order (bounded: the last 100)."""
+        self.running: PendingJob | None = None
+        self._lock = trio.Lock()
+        self._wake = trio.Event()
+        self._job_made = trio.Event()
+        self._last_job = time.monotonic()
+
+    async def record(self, trajectory: Any) -> None:
+        """Append one trajectory record (a pydantic model or a JSON object) to the durable
+        queue. Raises `QueueFull` when the queue is at its bound (the record is not kept;
+        ``refused`` counts it) and `InputError` for a record that is no JSON object."""
+        data, failed = record_bytes(trajectory)
+        queue = self._queue()
+        async with self._lock:
+            try:
+                await trio.to_thread.run_sync(queue.append, data, failed)
+            except QueueFull:
+                self.refused += 1
+                raise
+        self.recorded += 1
+        self._wake.set()
+
+    async def flush(self) -> PendingJob | None:
+        """Turn whatever is queued into a pending job now (None when nothing is queued)."""
+        return await self._make_job(force=True)
+
+    def pending(self) -> list[PendingJob]:
+        """The pending jobs in the store, oldest first (blocking read: a small folder)."""
+        return load_jobs(self.dirs)
+
+    @property
+    def queued(self) -> int:
+        """Records waiting in the queue."""
+        return len(self._queue().names)
+
+    def _queue(self) -> RecordQueue:
+        if self.queue is None:
+            raise RuntimeError("the service is not open: use open_evolve_service")
+        return self.queue
+
+    async def _make_job(self, *, force: bool = False) -> PendingJob | None:
+        queue = self._queue()
+        async with self._lock:
+            since = time.monotonic() - self._last_job
+            due = self.settings.policy.due(len(queue.names), queue.failures, since)
+            if not queue.names or not (force or due):
+                return None
+            if not force and len(await trio.to_thread.run_sync(load_jobs, self.dirs)) >= (
+                self.settings.max_pending_jobs
+            ):
+                return None
+            limit = self.settings.max_job_records
+            mode, template = self.settings.mode, self.template
+
+            def make_config(path: Path) -> CampaignConfig:
+                return trajectory_config(template, path)
+
+            job = await trio.to_thread.run_sync(queue.take, mode, make_config, limit)
+            self._last_job = time.monotonic()
+            self.jobs_made += 1
+            return job
+
+    async def _make_jobs(self) -> None:
+        """The job maker: on each record (and each ``check_interval`` when the policy has
+        an interval), make the job the policy asks for and wake the runner."""
+        while True:
+            self._wake = trio.Event()
+            if await self._make_job() is not None:
+                self._job_made.set()
+                continue
+            with trio.move_on_after(self._next_check()):
+                await self._wake.wait()
+
+    async def _run_jobs(self) -> None:
+        """The runner: pending jobs one at a time, oldest first (those of a crash too)."""
+        while True:
+            self._job_made = trio.Event()
+            jobs = await trio.to_thread.run_sync(load_jobs, self.dirs)
+            ran = False
+            for job in jobs:
+                ran = await self._run_one(job)
+                if ran:
+                    break
+            if not ran:
+                with trio.move_on_after(self.settings.check_interval * 10):
+                    await self._job_made.wait()
+
+    def _next_check(self) -> float:
+        interval = self.settings.policy.interval
+        return self.settings.check_interval if interval is not None else math.inf
+
+    async def _run_one(self, job: PendingJob) -> bool:
+        """Run ``job`` to its end unless another process holds it; True when it ran."""
+        with job_lock(self.dirs, job) as mine:
+            if not mine:
+                return False
+            self.running = job
+            try:
+                job = await self._run_job(job)
+            except Exception as error:  # a refused or broken job must not stop the agent
+                job = await fail_job(self.dirs, job, error)
+            finally:
+                self.running = None
+        self.finished = [*self.finished[-99:], job]
+        return True
+
+    async def _run_job(self, job: PendingJob) -> PendingJob:
+        job, handle = await start_job(self.runtime, self.dirs, job, backends=self.backends)
+        if handle is None:
+            return job
+        self.running = job
+        try:
+            outcome = await handle.result()
+        except BaseException:  # closing: the run's trees go first; the job stays pending
+            await handle._cancel_and_wait()
+            raise
+        return await finish_job(self.dirs, job, outcome_status(outcome))
+
+
+@asynccontextmanager
+async def open_evolve_service(
+    runtime: EmbeddedRuntime,
+    config: CampaignConfig | Mapping[str, Any],
+    settings: ServiceSettings | None = None,
+    *,
+    backends: Backends | None = None,
+) -> AsyncIterator[EvolveService]:
+    """Open the record queue in ``runtime``'s store and run the background worker for the
+    body of the ``async with``. ``config`` is the campaign every job runs (a `CampaignConfig`
+    or its flat fields; each job's trajectories replace its input). At exit the worker is
+    cancelled: a running job's trees are killed and the job stays pending (resumable).
+    Raises `InputError` for a bad store or campaign settings."""
+    service = EvolveService(runtime, config, settings or ServiceSettings(), backends)
+    service.queue = await trio.to_thread.run_sync(
+        RecordQueue.open, service.dirs, service.settings.max_queue
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(service._make_jobs)
+        if service.settings.run_jobs:
+            nursery.start_soon(service._run_jobs)
+        try:
+            yield service
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,45 @@
+"""The traces example's agent with background evolution: an `EvolveService` in the agent's
+own trio loop records each task; the agent reads the skill afresh at each task."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import trio
+
+from evolane.embed import EvolvePolicy, ServiceSettings, open_evolve_service, open_runtime
+from evolane.examples.traces._agent import task_record
+from evolane.examples.traces._workspace import campaign_settings
+
+JOBS_TIMEOUT = 1800.0
+"""How long the example waits for its background jobs at the end."""
+
+
+async def run_with_service(directory: Path, args: argparse.Namespace) -> int:
+    """Run ``args.tasks`` live tasks, recording each; then let the jobs finish and report."""
+    settings = campaign_settings(directory)
+    if args.iterations is not None:
+        settings["iterations"] = args.iterations
+    policy = EvolvePolicy(every=args.every)
+    service_settings = ServiceSettings(mode=args.evolve, policy=policy)
+    target = directory / "target"
+    failures = 0
+    async with (
+        open_runtime(store=settings["store"]) as runtime,
+        open_evolve_service(runtime, settings, service_settings) as service,
+    ):
+        for index in range(args.first, args.first + args.tasks):
+            record = await trio.to_thread.run_sync(task_record, target, index)
+            failures += record["outcome"]["status"] == "failure"
+            await service.record(record)
+            await trio.sleep(0)  # the agent's next task
+        await service.flush()
+        with trio.move_on_after(JOBS_TIMEOUT):
+            while service.pending() or service.running is not None:
+                await trio.sleep(0.5)
+        jobs = list(service.finished)
+    print(f"{args.tasks} tasks, {failures} failures recorded ({args.evolve})")
+    for job in jobs:
+        print(f"job {job.job_id}: {job.records} records, run {job.run_id}: {job.status}")
+    return 0 if jobs and all(job.state == "done" for job in jobs) else 1

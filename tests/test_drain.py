@@ -1,0 +1,165 @@
+"""``evolane drain`` and ``evolane optimize --drain-pending``: pending background jobs of a
+store, run from the CLI; a process killed with pending and half-run jobs is drained."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from evolane.campaign import StoreLayout
+from evolane.embed import PendingJobs
+from tests.evolve_helpers import replay_command, trace_config, trace_record, write_trace_target
+
+REPO = Path(__file__).resolve().parent.parent
+EVOLANE = [sys.executable, "-m", "evolane"]
+
+AGENT = textwrap.dedent(
+    """
+    import json, sys
+    import trio
+    import evolane
+    from evolane.embed import EvolvePolicy, ServiceSettings, open_evolve_service
+
+    config, records, marker = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+
+    async def main():
+        policy = EvolvePolicy(every=len(records) // 2)
+        async with evolane.open_runtime(store=config["store"]) as runtime:
+            async with open_evolve_service(
+                runtime, config, ServiceSettings(policy=policy)
+            ) as service:
+                for record in records:
+                    await service.record(record)
+                while service.running is None or service.running.run_id is None:
+                    await trio.sleep(0.02)
+                with open(marker + ".tmp", "w") as out:
+                    out.write(service.running.run_id)
+                import os
+                os.replace(marker + ".tmp", marker)
+                await trio.sleep_forever()
+
+    trio.run(main)
+    """
+)
+
+
+def drain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EVOLANE, "drain", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+    )
+
+
+def test_a_killed_agent_leaves_pending_and_half_run_jobs_that_drain_finishes(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL while the first of two jobs runs: nothing is lost; ``evolane drain`` resumes
+    the half-run job's own run (not a new one) and runs the waiting one."""
+    paths = write_trace_target(tmp_path, 24)
+    config = trace_config(paths, replay=replay_command(0.05))
+    records = [trace_record(index) for index in range(24)]
+    marker = tmp_path / "started"
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, json.dumps(config), json.dumps(records), str(marker)],
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert agent.poll() is None, "the agent ended before its first job started"
+            assert time.monotonic() < deadline, "no job ever started"
+            time.sleep(0.05)
+        run_id = marker.read_text()
+        journal = StoreLayout(paths["store"]).run_dir(run_id) / "journal.jsonl"
+        while not (journal.exists() and journal.read_text().count("\n") >= 1):
+            assert agent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+    jobs = PendingJobs(paths["store"]).list()
+    assert [job.state for job in jobs] == ["started", "pending"]
+    assert jobs[0].run_id == run_id
+    assert sum(job.records for job in jobs) == 24
+
+    result = drain("--store", str(paths["store"]), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    assert f"resuming run {run_id}" in result.stdout
+    assert PendingJobs(paths["store"]).list() == []
+    done = sorted((paths["store"] / "evolve" / "done").iterdir())
+    finished = [json.loads((folder / "job.json").read_text()) for folder in done]
+    assert [job["state"] for job in finished] == ["done", "done"]
+    assert finished[0]["run_id"] == run_id  # resumed, not started over
+    assert all(job["status"] == "finished" for job in finished)
+
+
+def test_drain_with_nothing_pending_says_so(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    result = drain("--store", str(store))
+    assert result.returncode == 0 and "no pending jobs" in result.stdout
+    optimize = subprocess.run(
+        [*EVOLANE, "optimize", "--drain-pending", "--store", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert optimize.returncode == 0 and "no pending jobs" in optimize.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--store", "{tmp}/missing"], "no such folder"),
+        (["--store", "{tmp}/file"], "not a directory"),
+        (["--store", "{tmp}", "--max-jobs", "0"], "--max-jobs must be at least 1"),
+        (["--store", "{tmp}", "--progress", "loud"], "--progress loud: choose from"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    (tmp_path / "file").write_text("x")
+    result = drain(*[arg.format(tmp=tmp_path) for arg in args])
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr
+    assert result.stderr.startswith("evolane: error: ")
+
+
+def test_a_damaged_job_file_is_bad_input_naming_it(tmp_path: Path) -> None:
+    folder = tmp_path / "store" / "pending" / "job-0000000000001-abcdef"
+    folder.mkdir(parents=True)
+    (folder / "job.json").write_text("{not json")
+    result = drain("--store", str(tmp_path / "store"))
+    assert result.returncode == 2
+    assert str(folder / "job.json") in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_refused_job_is_retired_as_failed_and_exits_2(tmp_path: Path) -> None:
+    """A job whose campaign is refused (its target is gone) fails alone, named, exit 2."""
+    from evolane.embed._pending import RecordQueue, StoreDirs
+    from evolane.embed._service import trajectory_config
+
+    paths = write_trace_target(tmp_path, 4)
+    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
+    for index in range(4):
+        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
+    config = trace_config(paths, target=str(tmp_path / "gone"))
+    job = queue.take("shadow", lambda path: trajectory_config(config, path), 10)
+    result = drain("--store", str(paths["store"]), "--progress", "none")
+    assert result.returncode == 2, result.stderr
+    assert job.job_id in result.stderr and "gone" in result.stderr
+    retired = json.loads((paths["store"] / "evolve" / "done" / job.job_id / "job.json").read_text())
+    assert retired["state"] == "failed" and retired["exit_code"] == 2
+    assert not os.listdir(paths["store"] / "pending")

@@ -1,0 +1,80 @@
+"""The README section "Improve your agent from its own traces": its commands, run as
+written (slow), and the same commands on a smaller scale (default run)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evolane.examples.traces import task_record, write_traces_workspace
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SECTION = "## Improve your agent from its own traces"
+
+
+def readme_commands() -> list[list[str]]:
+    """The shell commands of the section's bash blocks, as argv lists (``cd`` included)."""
+    text = README.read_text()
+    section = text[text.index(SECTION) :]
+    section = section[: section.index("\n## ", len(SECTION))]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            for part in filter(None, (p.strip() for p in line.split("&&"))):
+                commands.append(shlex.split(part))
+    return commands
+
+
+def run_readme(tmp_path: Path, smaller: bool) -> list[str]:
+    """Run the section's commands in ``tmp_path``; their outputs."""
+    cwd, outputs = tmp_path, []
+    for argv in readme_commands():
+        if argv[0] == "cd":
+            cwd = cwd / argv[1]
+            continue
+        if smaller:
+            argv = [("20" if word == "40" else word) for word in argv]
+            if argv[0] == "evolane" or "--evolve" in argv:
+                argv += ["--iterations", "1"]
+        head = {"python": [sys.executable], "evolane": [sys.executable, "-m", "evolane"]}
+        full = [*head[argv[0]], *argv[1:]]
+        if argv[0] == "evolane":
+            full += ["--progress", "none"]
+        result = subprocess.run(full, cwd=cwd, capture_output=True, text=True, timeout=1800)
+        assert result.returncode == 0, f"{argv}: {result.stdout[-2000:]}{result.stderr[-2000:]}"
+        outputs.append(result.stdout)
+    return outputs
+
+
+def test_the_live_agent_records_its_failures_with_reasons(tmp_path: Path) -> None:
+    write_traces_workspace(tmp_path / "work")
+    records = [task_record(tmp_path / "work" / "target", index) for index in range(12)]
+    statuses = {record["outcome"]["status"] for record in records}
+    assert statuses == {"success", "failure"}
+    assert all(r["outcome"].get("reason") for r in records if r["outcome"]["status"] == "failure")
+    assert not (tmp_path / "work" / "dataset.jsonl").exists()  # a run from traces needs none
+
+
+@pytest.mark.slow
+def test_the_readme_commands_run_end_to_end_on_a_small_scale(tmp_path: Path) -> None:
+    outputs = run_readme(tmp_path, smaller=True)
+    assert any("finished" in out for out in outputs)
+    runs = list((tmp_path / "work" / ".evolane" / "runs").iterdir())
+    assert len(runs) == 3  # optimize, one shadow job, one online job
+    reports = [json.loads((run / "report.json").read_text()) for run in runs]
+    assert {r["config"]["apply"] for r in reports} == {"proposal", "auto_verified"}
+    assert all(r["status"] == "finished" for r in reports)
+
+
+@pytest.mark.slow
+def test_the_readme_commands_run_end_to_end_as_written(tmp_path: Path) -> None:
+    run_readme(tmp_path, smaller=False)
+    done = list((tmp_path / "work" / ".evolane" / "evolve" / "done").iterdir())
+    assert len(done) == 4  # two shadow jobs, two online jobs
