@@ -97,8 +97,6 @@ def _estimate_segments(event: messages.EstimateEvent) -> list[str]:
         parts.append(
             f"wall {duration(event.wall_low_seconds)}..{duration(event.wall_high_seconds)}"
         )
-    elif event.wall_high_seconds is not None:
-        parts.append(f"wall at most {duration(event.wall_high_seconds)}")
     if event.wall_worst_seconds is not None:
         parts.append(f"worst case {duration(event.wall_worst_seconds)}")
     if event.tokens is not None:
