@@ -276,7 +276,8 @@ def main(args: argparse.Namespace) -> None:
     if args.json:
         print(orjson.dumps(rows).decode())
     if args.dask:
-        from benchmarks.dask_lanes import dispatch_overhead
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from dask_lanes import dispatch_overhead
 
         dispatch_overhead(args.dask_units)
 
