@@ -119,7 +119,8 @@ class Unit:
         """The unit ended: keep its score and its record (nothing of it changes any more)."""
         took = self._replay is not None and self._replay.status != "blocked"
         self._sealed = (self.score, took)
-        self.record = orjson.dumps(_record(self))
+        # A copy of exact size: the bytes orjson returns keep its whole (8 KiB) buffer.
+        self.record = bytes(memoryview(orjson.dumps(_record(self))))
 
     def compact(self) -> None:
         """Drop the typed results of a sealed unit (its record holds them)."""
