@@ -89,7 +89,7 @@ def _kill_once(root: Path, rng: random.Random) -> None:
 
 def test_sigkill_mid_batch_loses_no_acknowledged_unit(tmp_path: Path) -> None:
     rng = random.Random(22)
-    for kill in range(3):  # the same journal and store, killed again and again
+    for _kill in range(3):  # the same journal and store, killed again and again
         _kill_once(tmp_path, rng)
     assert read_journal(tmp_path / "journal.jsonl").records
 
@@ -97,7 +97,7 @@ def test_sigkill_mid_batch_loses_no_acknowledged_unit(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_sigkill_mid_batch_many_times(tmp_path: Path) -> None:
     rng = random.Random(os.getpid())
-    for kill in range(30):
+    for _kill in range(30):
         _kill_once(tmp_path, rng)
 
 
