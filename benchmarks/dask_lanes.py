@@ -9,6 +9,7 @@ takes to start (workers warmed up).
 Runs alternate between the two ways to spread the noise of a shared machine.
 
     python benchmarks/dask_lanes.py [--cases 24] [--sleep 0.05] [--lanes 2] [--rounds 7]
+    python benchmarks/dask_lanes.py --overhead 10000   # issue 22: vs plain client.map
 """
 
 from __future__ import annotations
@@ -149,10 +150,101 @@ async def main(args: argparse.Namespace) -> int:
     return 0 if overhead_ms <= OVERHEAD_MS and start <= START_S else 1
 
 
+def dispatch_overhead(units: int, lanes: int = 2) -> float:
+    """Issue 22: ``units`` tiny replays on ``local:LANES``, through evolane's Dask lanes
+    (``lanes`` at a time, as a measurement's replay lanes run them) and as one plain
+    ``client.map`` of the same worker function over the same requests; prints both walls,
+    the overhead per unit and the ratio (target <= 1.5x); returns the ratio."""
+    return trio.run(_dispatch_overhead, units, lanes)
+
+
+def _tiny_job(store: BlobStore, root: Path) -> tuple[ReplayJob, LaneSettings]:
+    (root / "tree").mkdir(parents=True)
+    job = ReplayJob(
+        unit_id="u",
+        case_id="c",
+        case_ref=store.put_bytes(b'{"id": "c", "input": 1}'),
+        tree_ref=snapshot_tree(store, root / "tree"),
+        arm="baseline",
+        repetition=0,
+        seed=1,
+        timeout_seconds=600,
+    )
+    command = """sh -c 'echo 1 > "$1/output.json"' replay {output_dir}"""
+    template = CommandTemplate.parse(command, role="replay", allowed=REPLAY_PLACEHOLDERS)
+    return job, LaneSettings(template=template, kill_grace=0.3)
+
+
+async def _dispatch_overhead(units: int, lanes: int) -> float:
+    from dataclasses import replace
+
+    from evolane.distributed._protocol import INLINE_TOTAL, UnitRequest
+    from evolane.distributed._worker import run_unit
+
+    with tempfile.TemporaryDirectory(prefix="dask-overhead-") as tmp:
+        root = Path(tmp)
+        store = BlobStore(root / "store")
+        async with (
+            open_sandbox(root / "sandbox", store=store) as host,
+            open_cluster(f"local:{lanes}", host, store) as cluster,
+        ):
+            assert cluster is not None
+            job, settings = _tiny_job(store, root)
+            limiter = trio.CapacityLimiter(lanes)
+
+            async def one(index: int) -> None:
+                async with limiter:
+                    unit = job.model_copy(update={"unit_id": f"u{index}"})
+                    deadline = trio.current_time() + 600
+                    result = await cluster.replay(unit, 1, deadline, trio.Event(), settings)
+                    assert result.status == "succeeded", result
+
+            started = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for index in range(units):
+                    nursery.start_soon(one, index)
+            ours = time.perf_counter() - started
+
+            requests = [
+                UnitRequest(
+                    key=f"plain-{index}",
+                    job=job.model_copy(update={"unit_id": f"p{index}"}),
+                    attempt=1,
+                    settings=replace(settings, backend=None),
+                    deadline_epoch=time.time() + 3600,
+                    shared=True,
+                    store_root=str(store.root.resolve()),
+                    staging=None,
+                    inline_total=INLINE_TOTAL,
+                )
+                for index in range(units)
+            ]
+
+            def plain() -> None:
+                futures = cluster.client.map(run_unit, requests, pure=False)
+                cluster.client.gather(futures)
+
+            started = time.perf_counter()
+            await trio.to_thread.run_sync(plain)
+            theirs = time.perf_counter() - started
+    per_unit = (ours - theirs) / units * 1000
+    print(
+        f"Dask local:{lanes}, {units} tiny replays: evolane {ours:.1f} s, plain client.map "
+        f"{theirs:.1f} s: {per_unit:+.2f} ms per unit, ratio {ours / theirs:.2f}x "
+        "(target <= 1.5)"
+    )
+    return ours / theirs
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=24)
     parser.add_argument("--sleep", type=float, default=0.05)
     parser.add_argument("--lanes", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
-    sys.exit(trio.run(main, parser.parse_args()))
+    parser.add_argument("--overhead", type=int, default=0, help="units: the issue-22 figure")
+    parsed = parser.parse_args()
+    if parsed.overhead:
+        dispatch_overhead(parsed.overhead, parsed.lanes)
+        sys.exit(0)
+    sys.exit(trio.run(main, parsed))

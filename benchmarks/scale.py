@@ -4,9 +4,10 @@ One candidate against its baseline over N cases (2N units), in-process replay an
 backends that do nothing (a tiny output file, a constant score: only evolane's own cost
 shows), 8 lanes, the default (sequential) gate, the run journal on, as a campaign runs. Per N
 it prints: CPU ms per unit (process CPU time, threads included), thread hops per unit
-(`trio.to_thread.run_sync` calls), fsyncs per unit (`os.fsync`/`os.fdatasync` calls), peak
-RSS, and the ratio to a hand-written trio loop doing the same work (`CapacityLimiter(8)`, a
-unit folder, the same backend calls, one orjson line per unit appended, fsync every 64 units).
+(`trio.to_thread.run_sync` calls), fsyncs per unit (`os.fsync`, `os.fdatasync` and a
+batch's ``syncfs`` calls), peak RSS, and the ratio to a hand-written trio loop doing the
+same work (`CapacityLimiter(8)`, a unit folder, the same backend calls, one orjson line per
+unit appended, fsync every 64 units).
 Every N of each way runs in a fresh subprocess, so each peak RSS is its own.
 
     python benchmarks/scale.py [--cases 1000 10000] [--big] [--lanes 8] [--json]
@@ -40,6 +41,7 @@ from evolane.measure._journal import RunJournal
 from evolane.messages import MeasureRequest
 from evolane.sandbox import open_sandbox
 from evolane.store import BlobStore, snapshot_tree
+from evolane.store import _batch as batch
 from evolane.supervisors import open_runtime
 
 DEFAULT_CASES = (1_000, 10_000)
@@ -69,6 +71,7 @@ class Counters:
     def counting(self) -> Iterator[None]:
         """Wrap `trio.to_thread.run_sync`, `os.fsync` and `os.fdatasync` with counters."""
         hop, fsync, fdatasync = trio.to_thread.run_sync, os.fsync, os.fdatasync
+        syncfs = batch._syncfs  # one syncfs (a batch of blobs) counts as one fsync
 
         async def counted_hop(*args: Any, **kwargs: Any) -> Any:
             self.hops += 1
@@ -83,11 +86,21 @@ class Counters:
 
         trio.to_thread.run_sync = counted_hop  # type: ignore[assignment]
         os.fsync, os.fdatasync = counted(fsync), counted(fdatasync)
+        batch._syncfs = self._counted_syncfs(syncfs)
         try:
             yield
         finally:
             trio.to_thread.run_sync = hop  # type: ignore[assignment]
             os.fsync, os.fdatasync = fsync, fdatasync
+            batch._syncfs = syncfs
+
+    def _counted_syncfs(self, real: Callable[[Path], bool]) -> Callable[[Path], bool]:
+        def sync(anywhere: Path) -> bool:
+            done = real(anywhere)
+            self.fsyncs += done
+            return done
+
+        return sync
 
 
 def write_inputs(root: Path, cases: int) -> tuple[Path, Path, Path]:
@@ -263,7 +276,8 @@ def main(args: argparse.Namespace) -> None:
     if args.json:
         print(orjson.dumps(rows).decode())
     if args.dask:
-        from benchmarks.dask_lanes import dispatch_overhead
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from dask_lanes import dispatch_overhead
 
         dispatch_overhead(args.dask_units)
 

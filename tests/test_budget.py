@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from evolane.measure._budget import PROBE_RUNNING, Ledger
+from evolane.measure._budget import PROBE_RUNNING, SAMPLES_KEPT, Ledger, upper_quartile
 from evolane.messages import Usage
 
 
@@ -102,3 +106,28 @@ def test_spending_never_exceeds_the_ceiling_plus_the_largest_reservation(seed: i
                 largest = max(largest, estimate)
         spent = ledger.snapshot().spent.tokens
         assert spent is not None and spent <= ceiling + largest
+
+
+@given(
+    st.lists(
+        st.floats(min_value=0, max_value=1e12, allow_nan=False) | st.integers(0, 50).map(float),
+        min_size=1,
+        max_size=SAMPLES_KEPT,
+    )
+)
+def test_upper_quartile_is_numpy_percentile_75_bit_for_bit(samples: list[float]) -> None:
+    assert upper_quartile(deque(samples)) == float(np.percentile(np.asarray(samples), 75))
+
+
+def test_estimate_follows_each_new_sample_and_scales_by_units() -> None:
+    ledger = Ledger(cold_start={"replay": Usage(tokens=7.0)})
+    assert ledger.estimate("replay") == Usage(tokens=7.0)
+    assert ledger.estimate("replay", 3) == Usage(tokens=21.0)
+    seen: list[float] = []
+    for i, tokens in enumerate((10.0, 40.0, 20.0, 30.0)):
+        ledger.reserve("replay", f"u{i}", ledger.estimate("replay"))
+        ledger.debit(f"u{i}", Usage(tokens=tokens, wall_seconds=1.0))
+        seen.append(tokens)
+        expected = float(np.percentile(seen, 75))
+        assert ledger.estimate("replay") == Usage(tokens=expected, wall_seconds=1.0)
+        assert ledger.estimate("replay", 2) == Usage(tokens=2 * expected, wall_seconds=2.0)

@@ -172,6 +172,8 @@ class Driver:
         replaying = sum(isinstance(a, StartReplay) for a in self.pending)
         assert replaying <= plan.in_flight <= plan.lanes
         assert sum(u.holds_lane for u in plan.units) == plan.in_flight
+        judging = sum(u.step in ("judging", "rejudging") for u in plan.units)
+        assert plan.progress().judges_busy == judging  # the running count is the recount
         for unit in plan.units:
             if unit.done:
                 assert unit.status in TERMINAL

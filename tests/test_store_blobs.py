@@ -295,3 +295,20 @@ async def test_concurrent_writers_across_threads(tmp_path: Path) -> None:
     assert blob_files(store) == [store.path_of(refs[0])]
     assert tmp_files(store) == []
     store.verify(refs[0])
+
+
+def test_put_blobs_stores_a_batch_like_put_bytes(tmp_path: Path) -> None:
+    from evolane.store import put_blobs
+    from evolane.store._batch import BATCH_FILES
+
+    store = BlobStore(tmp_path / "s")
+    first = store.put_bytes(b"already there", media_type="application/json")
+    items = [(f"case {i % (BATCH_FILES + 40)}".encode(), "application/json") for i in range(1200)]
+    items.append((b"already there", "application/json"))
+    refs = put_blobs(store, items)
+    assert len(refs) == len(items) and refs[-1] == first
+    for (data, media_type), ref in zip(items, refs, strict=True):
+        assert ref == ArtifactRef(digest=sha(data), size=len(data), media_type=media_type)
+        assert store.read_bytes(ref) == data
+        assert not os.stat(store.path_of(ref)).st_mode & 0o222  # read-only like every blob
+    assert not list(store.tmp.iterdir())  # no temp file left behind

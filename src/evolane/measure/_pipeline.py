@@ -44,12 +44,13 @@ from evolane.messages import (
     StopAll,
 )
 from evolane.sandbox import SandboxHost
-from evolane.store import BlobStore
+from evolane.store import BlobStore, put_blobs
 from evolane.supervisors import Runtime, SupervisorSpec
 
 MEASURE_ASK_TIMEOUT = float("inf")
 """A measurement ends by itself (every unit has its deadline, a crashed scheduler answers with
 an error) and its caller's scope carries the wall-clock budget: its ask needs no timeout."""
+JSON = "application/json"
 UNITS_STOP_WAIT = 120.0
 """How long an abandoned measurement waits for its in-flight units to be killed (each takes
 its kill grace and a reap; Dask workers hear the stop through their scheduler)."""
@@ -99,16 +100,14 @@ def case_references(
     ``verification_command``) for replays, so an agent cannot read them; with them for judges."""
     from evolane.inputs import case_json
 
-    return {
-        case.id: store.put_bytes(
-            case_json(case, include_answers=include_answers), media_type="application/json"
-        )
-        for case in dataset.cases
-    }
+    blobs = ((case_json(c, include_answers=include_answers), JSON) for c in dataset.cases)
+    refs = put_blobs(store, blobs)
+    return {case.id: ref for case, ref in zip(dataset.cases, refs, strict=True)}
 
 
 def store_cases(store: BlobStore, dataset: Dataset) -> CaseRefs:
-    """Store the dataset's cases for replays and for judges (blocking: run it in a thread)."""
+    """Store the dataset's cases for replays and for judges, in one batch each (one fsync
+    pass, not one per blob; blocking: run it in a thread)."""
     splits = {s: tuple(c.id for c in dataset.split(s)) for s in ("train", "val", "test")}
     return CaseRefs(
         replay=case_references(store, dataset, include_answers=False),

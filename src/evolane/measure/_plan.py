@@ -22,6 +22,8 @@ import heapq
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from evolane.measure._prefix import CasePrefix, decision
 from evolane.measure._restore import not_stored, restorable, stored_replay
 from evolane.measure._steps import (
@@ -64,6 +66,7 @@ from evolane.measure._units import (
     unit_event,
     unit_record,
     unit_records,
+    unit_records_json,
     unit_status,
 )
 from evolane.messages import (
@@ -83,8 +86,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RESTORABLE", "MeasurePlan", "Unit", "repetitions", "start_order"]
 
-ReuseCache = MutableMapping[str, tuple[ReplayResult, JudgeResult]]
-"""Succeeded units by `reuse_key`, kept across measurements."""
+ReuseCache = MutableMapping[str, bytes]
+"""Succeeded units by `reuse_key`, kept across measurements: each unit's sealed record (its
+replay and judge results are decoded from it when it is reused)."""
 
 
 class MeasurePlan:
@@ -125,6 +129,8 @@ class MeasurePlan:
         self._left = len(self.units)
         self._actions: list[Action] = []
         self._moved = self._finished = False
+        self._sealed: list[Unit] = []  # ended since the last event: compacted at the next
+        self._judging = 0  # units judging or rejudging now
         prefix = (len(self.case_ids), self.units, request.gate, request.candidate_ref is not None)
         self._prefix = CasePrefix(*prefix, allow_accept=request.early_accept)
 
@@ -142,6 +148,7 @@ class MeasurePlan:
 
     def start(self) -> list[Action]:
         """The first actions: units without a control are ready, as many start as lanes."""
+        self._compact()
         for unit in self.units:
             if unit.depends_on is None:
                 self._make_ready(unit)
@@ -151,6 +158,7 @@ class MeasurePlan:
 
     def handle(self, event: Event) -> list[Action]:
         """Take one event; the actions it leads to, in the order to perform them."""
+        self._compact()
         if isinstance(event, StopRequested):
             self._stop(event.reason, event.message)
         elif isinstance(event, UnitReplayed):
@@ -161,6 +169,7 @@ class MeasurePlan:
             self._finish(unit, "not_run", "budget")
         elif isinstance(event, JudgeDenied):
             unit = self._at(event.unit_id, "judging", "rejudging")
+            self._judging -= 1
             self._stop("budget_limited", "the budget denied a judge")
             self._finish(unit, "cancelled", "budget")
         elif isinstance(event, UnitCharged):
@@ -169,6 +178,7 @@ class MeasurePlan:
             self._judge(self._at(event.unit_id, "journaling_replay"))
         elif isinstance(event, UnitJudged):
             unit = self._at(event.unit_id, "judging", "rejudging")
+            self._judging -= 1
             unit.judge = event.judge
             self._conclude(unit, journal=True)
         elif isinstance(event, UnitJournaled):
@@ -183,6 +193,13 @@ class MeasurePlan:
             where = "unknown" if unit is None else unit.step
             raise ValueError(f"unit {unit_id!r} is {where}, not {' or '.join(steps)}")
         return unit
+
+    def _compact(self) -> None:
+        """Drop the typed results of the units that ended before this event: the shell has
+        performed the actions that read them (`unit_event`), their records keep them."""
+        for unit in self._sealed:
+            unit.compact()
+        self._sealed.clear()
 
     def _emit(self, action: Action) -> None:
         self._actions.append(action)
@@ -213,7 +230,9 @@ class MeasurePlan:
         cached = self.cache.get(reuse_key(self.settings, unit))
         if cached is not None:  # the same tree, case, repetition and seed: the same experiment
             mine = {"unit_id": unit.unit_id, "arm": unit.arm}
-            unit.replay, unit.judge = cached[0].model_copy(update=mine), cached[1]
+            stored = orjson.loads(cached)
+            unit.replay = ReplayResult.model_validate(stored["replay"]).model_copy(update=mine)
+            unit.judge = JudgeResult.model_validate(stored["judge"])
             unit.reused = True
             self._finish(unit, "succeeded", "reused")
             return
@@ -243,6 +262,7 @@ class MeasurePlan:
             unit.judge = None
             if unit.replay.status == "succeeded":
                 unit.step = "rejudging"
+                self._judging += 1
                 self._emit(StartJudge(unit.unit_id, judge_job(self.settings, unit)))
                 return
             self._conclude(unit, journal=True)
@@ -283,6 +303,7 @@ class MeasurePlan:
             self._finish(unit, "cancelled", self.stop_reason or "early_stop")
             return
         unit.step = "judging"
+        self._judging += 1
         self._emit(StartJudge(unit.unit_id, judge_job(self.settings, unit)))
 
     def _conclude(self, unit: Unit, *, journal: bool) -> None:
@@ -296,10 +317,10 @@ class MeasurePlan:
         self._emit(JournalUnit(unit.unit_id, record))
 
     def _counted(self, unit: Unit) -> None:
-        if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
-            assert unit.replay is not None and unit.judge is not None
-            self.cache[reuse_key(self.settings, unit)] = (unit.replay, unit.judge)
         self._finish(unit, unit.status)
+        if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
+            assert unit.record is not None
+            self.cache[reuse_key(self.settings, unit)] = unit.record
 
     # ----- ending units, releasing their treatments, stopping -----------------------------
 
@@ -311,6 +332,8 @@ class MeasurePlan:
     def _finish(self, unit: Unit, status: str, note: str = "") -> None:
         unit.status, unit.note = status, note or unit.note
         unit.done, unit.step = True, "done"
+        unit.seal()
+        self._sealed.append(unit)
         self._release_lane(unit)
         self._left -= 1
         self._moved = True
@@ -370,8 +393,9 @@ class MeasurePlan:
     def progress(self) -> MeasureEvent:
         """How far the measurement is: complete pairs in plan order, their mean delta and SE."""
         planned = self.cutoff if self.cutoff is not None else len(self.case_ids)
-        judging = sum(unit.step in ("judging", "rejudging") for unit in self.units)
-        event = self._prefix.event(self.request.measurement_id, planned, self.in_flight, judging)
+        event = self._prefix.event(
+            self.request.measurement_id, planned, self.in_flight, self._judging
+        )
         if self.request.candidate_ref is None:  # the parent alone: no pairs, no decision
             cases = {"pairs_done": self._prefix.length, "mean_delta": None, "se": None}
             event = event.model_copy(update={"parent_only": True, **cases})
@@ -387,6 +411,10 @@ class MeasurePlan:
     def records(self) -> list[dict[str, Any]]:
         """Every unit as the blob `MeasureSummary.units_ref` points to, in case order."""
         return unit_records(self.units)
+
+    def records_json(self) -> bytes:
+        """`records` as the blob's bytes, from each unit's sealed record."""
+        return unit_records_json(self.units)
 
     def summary(self, units_ref: ArtifactRef, wall_seconds: float) -> MeasureSummary:
         """The outcome, once `Finish` was returned: the decision on the cases before the

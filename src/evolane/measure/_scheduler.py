@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import trio
 
 from evolane.actors import Actor, ActorError, ActorRef
@@ -99,7 +98,7 @@ class MeasurementScheduler(Actor):
         self.settings, self.store, self.budget = settings, store, budget
         self.replay_lanes, self.judge_lanes = list(replay_lanes), list(judge_lanes)
         # Succeeded units of every measurement so far, for reuse (see `reuse_key`).
-        self.reuse_cache: dict[str, tuple[ReplayResult, JudgeResult]] = {}
+        self.reuse_cache: dict[str, bytes] = {}
         self.running: _Measurement | None = None
         # A stop that found no measurement running: one asked before it may still be queued
         # (its caller was cancelled before it was served), so requests up to the stopper's
@@ -157,7 +156,7 @@ class _Measurement:
         started = trio.current_time()
         await self._run()
         wall = trio.current_time() - started
-        records = orjson.dumps(self.plan.records())
+        records = self.plan.records_json()
         units_ref = await trio.to_thread.run_sync(self.s.store.put_bytes, records)
         return self.plan.summary(units_ref, wall)
 

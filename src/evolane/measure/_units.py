@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import orjson
+
 from evolane.messages import (
     ArtifactRef,
     Debit,
@@ -44,9 +46,14 @@ UnitStep = Literal[
 ]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Unit:
-    """One replay of one case on one arm and repetition, and what became of it."""
+    """One replay of one case on one arm and repetition, and what became of it.
+
+    Once ended, a unit is `seal`-ed (its record serialised once: the units blob and the reuse
+    cache take those bytes) and then `compact`-ed (its typed results dropped): a finished
+    unit keeps about a kilobyte, and ``replay``/``judge`` are decoded from the record on the
+    rare reads after that (a reused unit, a test)."""
 
     index: int
     unit_id: str
@@ -61,23 +68,63 @@ class Unit:
     holds_lane: bool = False
     done: bool = False
     status: str = "pending"
-    replay: ReplayResult | None = None
-    judge: JudgeResult | None = None
     reused: bool = False
     restored: bool = False
     note: str = ""
     case_number: int = 0  # the case's place in the dataset (names the unit, orders records)
+    _replay: ReplayResult | None = None
+    _judge: JudgeResult | None = None
+    record: bytes | None = None  # the sealed record (`unit_records`' JSON of this unit)
+    _sealed: tuple[float | None, bool] | None = None  # (score, took part), once sealed
+
+    @property
+    def replay(self) -> ReplayResult | None:
+        """The replay's result (decoded from the record once compacted)."""
+        if self._replay is None and self.record is not None:
+            stored = orjson.loads(self.record)["replay"]
+            return None if stored is None else ReplayResult.model_validate(stored)
+        return self._replay
+
+    @replay.setter
+    def replay(self, value: ReplayResult | None) -> None:
+        self._replay = value
+
+    @property
+    def judge(self) -> JudgeResult | None:
+        """The judge's result (decoded from the record once compacted)."""
+        if self._judge is None and self.record is not None:
+            stored = orjson.loads(self.record)["judge"]
+            return None if stored is None else JudgeResult.model_validate(stored)
+        return self._judge
+
+    @judge.setter
+    def judge(self, value: JudgeResult | None) -> None:
+        self._judge = value
 
     @property
     def score(self) -> float | None:
         """The judge's score when both the replay and the judge succeeded; 0 when the candidate
         itself broke the replay (a crash or no output it caused); else None (not comparable)."""
-        failure = self.replay.failure if self.replay is not None else None
+        if self._sealed is not None:
+            return self._sealed[0]
+        replay, judge = self._replay, self._judge
+        failure = replay.failure if replay is not None else None
         if failure is not None and failure.owner == "candidate":
             return 0.0
-        ok = self.replay is not None and self.replay.status == "succeeded"
-        judged = self.judge is not None and self.judge.status == "succeeded"
-        return self.judge.score if ok and judged and self.judge is not None else None
+        ok = replay is not None and replay.status == "succeeded"
+        judged = judge is not None and judge.status == "succeeded"
+        return judge.score if ok and judged and judge is not None else None
+
+    def seal(self) -> None:
+        """The unit ended: keep its score and its record (nothing of it changes any more)."""
+        took = self._replay is not None and self._replay.status != "blocked"
+        self._sealed = (self.score, took)
+        self.record = orjson.dumps(_record(self))
+
+    def compact(self) -> None:
+        """Drop the typed results of a sealed unit (its record holds them)."""
+        if self.record is not None:
+            self._replay = self._judge = None
 
 
 def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[int, int]:
@@ -195,30 +242,39 @@ def arm_scores(
     return baseline, candidate
 
 
+def _record(u: Unit) -> dict[str, Any]:
+    return {
+        "unit": u.unit_id,
+        "case": u.case_id,
+        "arm": u.arm,
+        "repetition": u.repetition,
+        "status": u.status,
+        "reused": u.reused,
+        "restored": u.restored,
+        "note": u.note,
+        "score": u.score,
+        "replay": u.replay.model_dump(mode="json") if u.replay else None,
+        "judge": u.judge.model_dump(mode="json") if u.judge else None,
+    }
+
+
 def unit_records(units: list[Unit]) -> list[dict[str, Any]]:
     """Every unit as stored behind `MeasureSummary.units_ref`, by case, repetition and arm."""
+    return orjson.loads(unit_records_json(units))
+
+
+def unit_records_json(units: list[Unit]) -> bytes:
+    """`unit_records` as the JSON bytes of the units blob, from each unit's sealed record
+    (byte for byte what ``orjson.dumps(unit_records(units))`` gives)."""
     ordered = sorted(units, key=lambda u: (u.case_number, u.repetition, u.arm))
-    return [
-        {
-            "unit": u.unit_id,
-            "case": u.case_id,
-            "arm": u.arm,
-            "repetition": u.repetition,
-            "status": u.status,
-            "reused": u.reused,
-            "restored": u.restored,
-            "note": u.note,
-            "score": u.score,
-            "replay": u.replay.model_dump(mode="json") if u.replay else None,
-            "judge": u.judge.model_dump(mode="json") if u.judge else None,
-        }
-        for u in ordered
-    ]
+    return b"[" + b",".join(u.record or orjson.dumps(_record(u)) for u in ordered) + b"]"
 
 
 def took_part(unit: Unit) -> bool:
     """Whether ``unit`` ran, was reused or was restored (observers hear of it when it ends);
     units never started or blocked by their control are only counted."""
+    if unit._sealed is not None:
+        return unit._sealed[1]
     return unit.replay is not None and unit.replay.status != "blocked"
 
 
@@ -259,10 +315,7 @@ def unit_counts(units: list[Unit]) -> dict[str, int]:
     """The unit counts of a `MeasureSummary`."""
     return {
         "units_planned": len(units),
-        "units_run": sum(
-            u.replay is not None and u.replay.status != "blocked" and not (u.reused or u.restored)
-            for u in units
-        ),
+        "units_run": sum(took_part(u) and not (u.reused or u.restored) for u in units),
         "units_reused": sum(u.reused for u in units),
         "units_restored": sum(u.restored for u in units),
         "units_failed": sum(u.status in ("failed", "timed_out") for u in units),

@@ -6,6 +6,7 @@ file I/O: call it from trio through ``trio.to_thread.run_sync`` when it may bloc
 """
 
 from evolane.store._atomic import dump_json, read_json, write_bytes_atomic, write_json_atomic
+from evolane.store._batch import put_blobs
 from evolane.store._blobs import (
     CHUNK_SIZE,
     DEFAULT_MEDIA_TYPE,
@@ -122,6 +123,7 @@ __all__ = [
     "fsync_dir",
     "load_manifest",
     "materialize_tree",
+    "put_blobs",
     "read_journal",
     "read_json",
     "read_regular_file",
