@@ -40,6 +40,7 @@ from evolane.sandbox import (
     SandboxHost,
     SandboxSpec,
     View,
+    commands_run_unprivileged,
 )
 from evolane.store import (
     BlobStore,
@@ -190,7 +191,14 @@ class ReplayLane(CommandLane):
         if self.settings.backend is not None and self.settings.workspace_seed is None:
             return await self._in_process(job, attempt, deadline, stop)
         scratch = UnitScratch(self.host, self.store, job.unit_id, attempt)
-        lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
+        shared = await shared_tree(self.host, self.store, job.tree_ref) if self._share() else None
+        lay_out = partial(
+            scratch.prepare,
+            job.case_ref,
+            job.tree_ref,
+            self.settings.workspace_seed,
+            shared=shared,
+        )
         keep, done = False, False
         try:
             template = self.settings.template  # None: a plugin backend, which takes no argv
@@ -210,6 +218,14 @@ class ReplayLane(CommandLane):
             elif not keep:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(scratch.remove)
+
+    def _share(self) -> bool:
+        """Whether a command may run on the shared read-only candidate tree rather than a
+        copy of its own: only where it cannot write to it (its files are the store's
+        read-only blobs, hard-linked): confined (a read-only mount), or run as a unit uid
+        of its own (evolane is root, `setpriv` switches uids). Else a command could chmod
+        it and write through."""
+        return self.settings.isolation == "confined" or commands_run_unprivileged()
 
     async def _in_process(
         self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event

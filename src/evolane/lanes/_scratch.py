@@ -54,22 +54,28 @@ class UnitScratch:
         seed_ref: ArtifactRef | None,
         output_ref: ArtifactRef | None = None,
         leftover: Path | None = None,
+        shared: Path | None = None,
     ) -> dict[str, Any]:
         """Lay the unit out and return the case row (blocking I/O: run it in a thread).
 
-        ``leftover``, a worker's previous scratch directory, is removed first."""
+        ``leftover``, a worker's previous scratch directory, is removed first. ``shared``:
+        the candidate tree already laid out read-only for every unit (`tree_ref` is then not
+        copied; the command sees that folder as its candidate)."""
         if leftover is not None:
             remove_tree(leftover)
-        remove_tree(self.dir)
-        self.dir.mkdir(parents=True)
+        try:
+            self.dir.mkdir(parents=True)
+        except FileExistsError:
+            remove_tree(self.dir)
+            self.dir.mkdir(parents=True)
         case_bytes = self.store.read_bytes(case_ref)
         self.case_file.write_bytes(case_bytes)
-        for ref, path in (
-            (tree_ref, self.candidate),
-            (seed_ref, self.work),
-            (output_ref, self.out),
-        ):
-            materialize_workspace(self.store, ref, (), path)
+        if shared is not None:
+            self.candidate, tree_ref = shared, None
+        else:
+            materialize_workspace(self.store, tree_ref, (), self.candidate)
+        materialize_workspace(self.store, seed_ref, (), self.work)
+        materialize_workspace(self.store, output_ref, (), self.out)
         return orjson.loads(case_bytes)
 
     def placeholders(self, seed: int) -> dict[str, str]:
