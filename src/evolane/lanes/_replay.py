@@ -191,14 +191,9 @@ class ReplayLane(CommandLane):
         if self.settings.backend is not None and self.settings.workspace_seed is None:
             return await self._in_process(job, attempt, deadline, stop)
         scratch = UnitScratch(self.host, self.store, job.unit_id, attempt)
-        shared = await shared_tree(self.host, self.store, job.tree_ref) if self._share() else None
-        lay_out = partial(
-            scratch.prepare,
-            job.case_ref,
-            job.tree_ref,
-            self.settings.workspace_seed,
-            shared=shared,
-        )
+        if self._share():
+            scratch.share_candidate(await shared_tree(self.host, self.store, job.tree_ref))
+        lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
         keep, done = False, False
         try:
             template = self.settings.template  # None: a plugin backend, which takes no argv

@@ -46,6 +46,12 @@ class UnitScratch:
         self.dir = scratch_dir(host, "units", f"{unit_id}.{attempt}")
         self.case_file, self.candidate = self.dir / "case.json", self.dir / "candidate"
         self.work, self.out = self.dir / "work", self.dir / "out"
+        self.shared = False
+
+    def share_candidate(self, tree: Path) -> None:
+        """Use ``tree``, the candidate laid out read-only once for every unit, instead of a
+        copy of its own (before `placeholders` and `prepare`)."""
+        self.candidate, self.shared = tree, True
 
     def prepare(
         self,
@@ -54,13 +60,11 @@ class UnitScratch:
         seed_ref: ArtifactRef | None,
         output_ref: ArtifactRef | None = None,
         leftover: Path | None = None,
-        shared: Path | None = None,
     ) -> dict[str, Any]:
         """Lay the unit out and return the case row (blocking I/O: run it in a thread).
 
-        ``leftover``, a worker's previous scratch directory, is removed first. ``shared``:
-        the candidate tree already laid out read-only for every unit (`tree_ref` is then not
-        copied; the command sees that folder as its candidate)."""
+        ``leftover``, a worker's previous scratch directory, is removed first. After
+        `share_candidate`, ``tree_ref`` is not copied."""
         if leftover is not None:
             remove_tree(leftover)
         try:
@@ -70,9 +74,7 @@ class UnitScratch:
             self.dir.mkdir(parents=True)
         case_bytes = self.store.read_bytes(case_ref)
         self.case_file.write_bytes(case_bytes)
-        if shared is not None:
-            self.candidate, tree_ref = shared, None
-        else:
+        if not self.shared:
             materialize_workspace(self.store, tree_ref, (), self.candidate)
         materialize_workspace(self.store, seed_ref, (), self.work)
         materialize_workspace(self.store, output_ref, (), self.out)

@@ -19,9 +19,12 @@ from pathlib import Path
 
 import trio
 
-from evolane.measure._units import RESTORABLE
 from evolane.messages import JournalRecord, ReplayRecord, UnitRecord
 from evolane.store import MAX_RECORD_BYTES, Journal, JournalError, encode_record, sync_deferred
+
+RESTORABLE = frozenset({"succeeded", "failed", "timed_out"})
+"""Unit statuses a resume takes from the journal (as `_units.RESTORABLE`: not imported, the
+units module depends on this one through the scheduler settings)."""
 
 MAX_BATCH_RECORDS = 512
 """Records one group commit writes at most (one write and one fsync)."""
