@@ -34,6 +34,9 @@ def _replay(log: Path) -> str:
 
 
 def _start(root: Path, example: Path, log: Path, extra: list[str]) -> subprocess.Popen[bytes]:
+    # A root evolane runs each replay as a unit uid of its own: the log must be writable by it.
+    log.touch()
+    log.chmod(0o666)
     command = [sys.executable, "-m", "evolane", "optimize", "--example", "self-evolution",
                "--example-dir", str(example), "--store", str(root / "store"),
                "--replay", _replay(log), "--replay-concurrency", str(LANES),
@@ -59,6 +62,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
+        base.chmod(0o755)  # replays run as a unit uid (when evolane is root) append to logs here
         ref_log = base / "ref.log"
         started = time.monotonic()
         assert _start(base / "ref", base / "ex", ref_log, []).wait() == 0

@@ -387,15 +387,15 @@ async def test_a_scheduler_that_crashes_mid_campaign_ends_the_run_without_waitin
     from evolane.store import _journal
 
     monkeypatch.setattr(_pipeline, "UNITS_STOP_WAIT", 200.0)
-    real_append = _journal.Journal.append
+    real_append = _journal.Journal.append_lines  # the run journal's group commit
 
-    def full_disk(self: _journal.Journal, record: object, *, durable: bool = False) -> None:
-        unit = getattr(record, "type", None) == "unit"
-        if unit and getattr(record, "measurement", None) == "c0.i0.s0":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_append(self, record, durable=durable)  # type: ignore[arg-type]
+    def full_disk(self: _journal.Journal, lines: list[bytes], *, durable: bool = False) -> None:
+        for line in lines:
+            if b'"type":"unit"' in line and b'"measurement":"c0.i0.s0"' in line:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(self, lines, durable=durable)
 
-    monkeypatch.setattr(_journal.Journal, "append", full_disk)
+    monkeypatch.setattr(_journal.Journal, "append_lines", full_disk)
     paths = write_toy(tmp_path, {"0.0": "fix:2", "0.1": "fix:1"})
     config = toy_config(paths, replay="backend:replay", iterations=1, screening=False)
     with trio.fail_after(90):  # a hang guard, below the wait (shielded: it fails after it)

@@ -21,6 +21,8 @@ from evolane.inputs import (
     PriceTable,
     TemplateError,
 )
+from evolane.lanes._backends import BackendCall, run_backend
+from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._scratch import UnitScratch
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
@@ -31,7 +33,9 @@ from evolane.store import (
     FileEntry,
     NotRegularFileError,
     load_manifest,
+    materialize_tree,
     read_regular_file,
+    remove_tree,
 )
 
 MAX_ANSWER_BYTES = MAX_LINE_BYTES
@@ -117,10 +121,20 @@ class JudgeLane(CommandLane):
         job = message
         started, deadline, stop = self.begin(job.unit_id, job.timeout_seconds)
         attempt, usage, complete = 0, Usage(), True
+        in_process = self.settings.backend is not None
+        # The replay's own output folder, when its lane handed it over (first attempt only).
+        handed = take_over(self.host, job.unit_id, job.output_ref) if in_process else None
         try:
             while True:
                 attempt += 1
-                source, verdict = await self._attempt(job, attempt, deadline, stop)
+                if in_process:
+                    first, handed = handed, None
+                    source, verdict = (
+                        "command",
+                        await self._in_process(job, attempt, first, deadline, stop),
+                    )
+                else:
+                    source, verdict = await self._attempt(job, attempt, deadline, stop)
                 usage = _sum_usage(usage, verdict.usage)
                 complete = complete and verdict.usage_complete
                 if verdict.failure is None or attempt > self.settings.retries or stop.is_set():
@@ -174,6 +188,53 @@ class JudgeLane(CommandLane):
             return "exact_match", matched
         finally:
             self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
+
+    async def _in_process(
+        self,
+        job: JudgeJob,
+        attempt: int,
+        handed: Path | None,
+        deadline: float,
+        stop: trio.Event,
+    ) -> _Verdict:
+        """An in-process judge backend: the case read from the store, the replay's output
+        folder as its lane left it (``handed``) or else laid out from the store, no other
+        copy; the folder is removed afterwards, off the critical path."""
+        assert self.settings.backend is not None
+        scratch = UnitScratch(self.host, self.store, job.unit_id + "-judge", attempt)
+        unit_dir = handed or scratch.dir
+        try:
+            case = read_case(self.store, job.case_ref)
+            template = self.settings.template
+            wants_candidate = template is not None and "candidate" in template.placeholders
+            candidate = (
+                await shared_tree(self.host, self.store, job.tree_ref) if wants_candidate else None
+            )
+            if handed is None:
+                await trio.to_thread.run_sync(_lay_out_output, self.store, scratch, job)
+            usage_file = unit_dir / "judge-usage.json"
+            env = {
+                "EVOLANE_SEED": str(job.seed),
+                "EVOLANE_CASE_ID": job.case_id,
+                "EVOLANE_USAGE_FILE": str(usage_file),
+            }
+            call = BackendCall(
+                role="judge",
+                workspace=unit_dir,
+                seed=job.seed,
+                env=env,
+                case=case,
+                candidate=candidate,
+                output_dir=unit_dir / "out",
+                usage_file=usage_file,
+                attempt=attempt,
+            )
+            outcome = await run_backend(self.settings.backend, call, deadline, stop)
+            verdict = self._verdict(outcome)
+            usage, complete = judge_usage(usage_file, outcome, self.settings.prices)
+            return replace(verdict, usage=usage, usage_complete=complete)
+        finally:
+            self.host.defer(partial(remove_tree, unit_dir))
 
     def _lay_out(
         self, scratch: UnitScratch, job: JudgeJob, tree_ref: ArtifactRef | None, no_command: bool
@@ -274,6 +335,12 @@ class JudgeLane(CommandLane):
                 {"exit_code": outcome.exit_code, "stdout": excerpt(outcome.stdout.head)}
             ),
         )
+
+
+def _lay_out_output(store: BlobStore, scratch: UnitScratch, job: JudgeJob) -> None:
+    """A fresh judge folder holding the replay's output (blocking I/O)."""
+    make_unit_dir(scratch.dir)
+    materialize_tree(store, job.output_ref, scratch.out, link=False, durable=False, writable=True)
 
 
 def judge_usage(

@@ -21,6 +21,7 @@ import trio
 
 from evolane.inputs import CommandTemplate, PriceTable, read_usage_document
 from evolane.lanes._backends import Backend, BackendCall, run_backend
+from evolane.lanes._inproc import hand_over, make_unit_dir, read_case, shared_tree
 from evolane.lanes._limits import note_limits
 from evolane.lanes._scratch import UnitScratch
 from evolane.lanes._stop import StoppableLane
@@ -39,6 +40,7 @@ from evolane.sandbox import (
     SandboxHost,
     SandboxSpec,
     View,
+    commands_run_unprivileged,
 )
 from evolane.store import (
     BlobStore,
@@ -141,7 +143,9 @@ class CommandLane(StoppableLane):
 
     def __init__(self, host: SandboxHost, store: BlobStore, settings: LaneSettings) -> None:
         super().__init__()
-        self.host, self.store, self.settings = host, store, settings
+        # New blobs skip their own fsync: a journal's group commit (or any durable write)
+        # flushes them before anything durable names them.
+        self.host, self.store, self.settings = host, store.deferring(), settings
 
     def begin(self, unit_id: str, timeout: float) -> tuple[float, float, trio.Event]:
         """A job starts: (now, its deadline, its stop event)."""
@@ -184,7 +188,11 @@ class ReplayLane(CommandLane):
     async def _attempt(
         self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
     ) -> ReplayResult:
+        if self.settings.backend is not None and self.settings.workspace_seed is None:
+            return await self._in_process(job, attempt, deadline, stop)
         scratch = UnitScratch(self.host, self.store, job.unit_id, attempt)
+        if self._share():
+            scratch.share_candidate(await shared_tree(self.host, self.store, job.tree_ref))
         lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
         keep, done = False, False
         try:
@@ -205,6 +213,50 @@ class ReplayLane(CommandLane):
             elif not keep:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(scratch.remove)
+
+    def _share(self) -> bool:
+        """Whether a command may run on the shared read-only candidate tree rather than a
+        copy of its own: only where it cannot write to it (its files are the store's
+        read-only blobs, hard-linked): confined (a read-only mount), or run as a unit uid
+        of its own (evolane is root, `setpriv` switches uids). Else a command could chmod
+        it and write through."""
+        return self.settings.isolation == "confined" or commands_run_unprivileged()
+
+    async def _in_process(
+        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
+    ) -> ReplayResult:
+        """An in-process backend's replay: a fresh unit folder (``work``, ``out``), the shared
+        read-only candidate tree and the case as read from the store, no copies; one thread
+        hop to store the output, whose folder is then handed to the unit's judge."""
+        assert self.settings.backend is not None
+        scratch = UnitScratch(self.host, self.store, job.unit_id, attempt)
+        kept = False
+        try:
+            candidate = await shared_tree(self.host, self.store, job.tree_ref)
+            case = read_case(self.store, job.case_ref)
+            make_unit_dir(scratch.dir, "work", "out")
+            call = BackendCall(
+                role="replay",
+                workspace=scratch.work,
+                seed=job.seed,
+                env=replay_environment(job),
+                case=case,
+                candidate=candidate,
+                output_dir=scratch.out,
+                usage_file=scratch.usage_file("replay"),
+                attempt=attempt,
+            )
+            outcome = await run_backend(self.settings.backend, call, deadline, stop)
+            result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
+            if result.status == "succeeded" and result.output_ref is not None:
+                hand_over(self.host, job.unit_id, result.output_ref, scratch.dir)
+                kept = True
+            else:
+                kept = self.settings.keep_failed
+            return result
+        finally:
+            if not kept:
+                self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
 
     def _collect(
         self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome

@@ -46,6 +46,12 @@ class UnitScratch:
         self.dir = scratch_dir(host, "units", f"{unit_id}.{attempt}")
         self.case_file, self.candidate = self.dir / "case.json", self.dir / "candidate"
         self.work, self.out = self.dir / "work", self.dir / "out"
+        self.shared = False
+
+    def share_candidate(self, tree: Path) -> None:
+        """Use ``tree``, the candidate laid out read-only once for every unit, instead of a
+        copy of its own (before `placeholders` and `prepare`)."""
+        self.candidate, self.shared = tree, True
 
     def prepare(
         self,
@@ -57,19 +63,21 @@ class UnitScratch:
     ) -> dict[str, Any]:
         """Lay the unit out and return the case row (blocking I/O: run it in a thread).
 
-        ``leftover``, a worker's previous scratch directory, is removed first."""
+        ``leftover``, a worker's previous scratch directory, is removed first. After
+        `share_candidate`, ``tree_ref`` is not copied."""
         if leftover is not None:
             remove_tree(leftover)
-        remove_tree(self.dir)
-        self.dir.mkdir(parents=True)
+        try:
+            self.dir.mkdir(parents=True)
+        except FileExistsError:
+            remove_tree(self.dir)
+            self.dir.mkdir(parents=True)
         case_bytes = self.store.read_bytes(case_ref)
         self.case_file.write_bytes(case_bytes)
-        for ref, path in (
-            (tree_ref, self.candidate),
-            (seed_ref, self.work),
-            (output_ref, self.out),
-        ):
-            materialize_workspace(self.store, ref, (), path)
+        if not self.shared:
+            materialize_workspace(self.store, tree_ref, (), self.candidate)
+        materialize_workspace(self.store, seed_ref, (), self.work)
+        materialize_workspace(self.store, output_ref, (), self.out)
         return orjson.loads(case_bytes)
 
     def placeholders(self, seed: int) -> dict[str, str]:

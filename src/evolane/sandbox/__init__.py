@@ -9,6 +9,7 @@ from evolane.sandbox._confine import folders_to_expose, resolve_isolation, templ
 from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
+from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spec import (
     Isolation,
     Limits,
@@ -36,6 +37,7 @@ __all__ = [
     "View",
     "WorkspaceError",
     "child_lease",
+    "commands_run_unprivileged",
     "folders_to_expose",
     "lease_holders",
     "lease_matches",

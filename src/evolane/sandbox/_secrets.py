@@ -113,6 +113,13 @@ def unit_uid_argv(uid: int) -> tuple[str, ...] | None:
     return _uid_switch(setpriv, uid)
 
 
+def commands_run_unprivileged() -> bool:
+    """Whether a ``drop_root`` command runs as a unit uid of its own here (evolane is root
+    and ``setpriv`` switches uids): it can then write nothing root owns, such as the
+    store's read-only blobs."""
+    return os.geteuid() == 0 and unit_uid_argv(UNIT_UID_BASE) is not None
+
+
 def _uid_switch(setpriv: str, uid: int) -> tuple[str, ...]:
     caps = "-all,+dac_read_search"
     return (

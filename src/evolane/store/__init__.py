@@ -18,8 +18,11 @@ from evolane.store._blobs import (
     MissingBlobError,
     NotRegularFileError,
     StoreError,
+    deferred_blobs,
+    digest_hex,
     fsync_dir,
     read_regular_file,
+    sync_deferred,
 )
 from evolane.store._failure import (
     WRITE_ERRNOS,
@@ -35,6 +38,7 @@ from evolane.store._journal import (
     JournalError,
     JournalRead,
     TornLine,
+    encode_record,
     read_journal,
 )
 from evolane.store._remove import remove_tree
@@ -110,9 +114,12 @@ __all__ = [
     "UnsafeEntryError",
     "UnsupportedEntryError",
     "check_store",
+    "deferred_blobs",
     "describe_failure",
     "diff_trees",
+    "digest_hex",
     "dump_json",
+    "encode_record",
     "fsync_dir",
     "load_manifest",
     "materialize_tree",
@@ -126,6 +133,7 @@ __all__ = [
     "storage_failure",
     "store_manifest",
     "store_scan",
+    "sync_deferred",
     "write_bytes_atomic",
     "write_json_atomic",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from evolane.store._blobs import fsync_dir, with_path
+from evolane.store._blobs import deferred_blobs, fsync_dir, sync_deferred, with_path
 
 JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 """How state files are rendered: stable key order and diff-friendly indentation."""
@@ -34,6 +34,8 @@ def dump_json(value: Any) -> bytes:
 def write_bytes_atomic(path: Path | str, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that readers and crashes see the old or new file whole."""
     path = Path(path)
+    if deferred_blobs():  # nothing durable may name a blob that is not
+        sync_deferred()
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -9,6 +9,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -80,6 +81,59 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+class _Deferred:
+    """Blobs stored without their fsync (`BlobStore.deferring`), process-wide, until
+    `sync_deferred` flushes them: the files, then the folders their links were made in."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.files: list[Path] = []
+        self.folders: set[Path] = set()
+
+    def add(self, path: Path, folders: tuple[Path, ...]) -> None:
+        with self.lock:
+            self.files.append(path)
+            self.folders.update(folders)
+
+    def take(self) -> tuple[list[Path], set[Path]]:
+        with self.lock:
+            files, folders = self.files, self.folders
+            self.files, self.folders = [], set()
+            return files, folders
+
+
+_DEFERRED = _Deferred()
+
+
+def sync_deferred() -> int:
+    """Make every blob this process stored with a deferred fsync durable (blocking I/O): the
+    group commit of a journal calls it before the fsync that makes records naming them count,
+    and every durable store write calls it first, so nothing durable names a blob that is not.
+    Returns how many blobs it flushed."""
+    files, folders = _DEFERRED.take()
+    try:
+        for path in files:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for folder in sorted(folders, key=lambda p: -len(p.parts)):  # leaves before parents
+            fsync_dir(folder)
+    except BaseException:
+        with _DEFERRED.lock:  # not flushed: the next sync tries again
+            _DEFERRED.files[:0] = files
+            _DEFERRED.folders.update(folders)
+        raise
+    return len(files)
+
+
+def deferred_blobs() -> int:
+    """How many stored blobs still wait for `sync_deferred`."""
+    with _DEFERRED.lock:
+        return len(_DEFERRED.files)
+
+
 class BlobStore:
     """Immutable blobs addressed by SHA-256; safe under concurrent writers (threads, processes).
 
@@ -88,19 +142,32 @@ class BlobStore:
     later ones discard their copy, so readers never observe a partial blob.
     """
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, deferred: bool = False) -> None:
         self.root = Path(root)
         self.objects = self.root / "objects" / "sha256"
         self.tmp = self.root / "objects" / "tmp"
+        self.deferred = deferred
+        """Whether new blobs skip their fsync until `sync_deferred` (a group commit) runs."""
 
     def __repr__(self) -> str:
         return f"BlobStore({str(self.root)!r})"
+
+    def deferring(self) -> BlobStore:
+        """This store, writing new blobs without an fsync each: `sync_deferred` (called by a
+        journal's group commit and by every durable write) makes them durable in one pass."""
+        return BlobStore(self.root, deferred=True)
+
+    def _durable(self) -> None:
+        """Before a durable write or answer: flush the blobs whose fsync was deferred."""
+        if not self.deferred and _DEFERRED.files:
+            sync_deferred()
 
     # -- writing -------------------------------------------------------------------------
 
     def put_bytes(self, data: bytes, *, media_type: str = DEFAULT_MEDIA_TYPE) -> ArtifactRef:
         """Store ``data`` (skipping the write when the blob is already present)."""
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self._durable()
         if self.has(digest):
             return ArtifactRef(digest=digest, size=len(data), media_type=media_type)
         return self.put_stream([data], media_type=media_type)
@@ -127,6 +194,7 @@ class BlobStore:
             hasher.update(chunk)
             size += len(chunk)
         digest = "sha256:" + hasher.hexdigest()
+        self._durable()
         if self.has(digest):
             return ArtifactRef(digest=digest, size=size, media_type=media_type)
         source.seek(0)
@@ -150,9 +218,11 @@ class BlobStore:
                     size += len(chunk)
                     out.write(chunk)
                 out.flush()
-                os.fsync(out.fileno())
+                if not self.deferred:
+                    os.fsync(out.fileno())
                 os.fchmod(out.fileno(), 0o444)
             digest = "sha256:" + hasher.hexdigest()
+            self._durable()
             self._place(tmp_path, self.path_of(digest))
         except OSError as error:
             raise with_path(error, tmp_path) from None
@@ -178,9 +248,12 @@ class BlobStore:
             # Filesystems without hard links: a rename is still atomic, and a racing writer
             # can only replace the blob with identical bytes.
             os.replace(tmp_path, final)
-        fsync_dir(parent)
-        if created:
-            fsync_dir(parent.parent)
+        folders = (parent, parent.parent) if created else (parent,)
+        if self.deferred:
+            _DEFERRED.add(final, folders)
+            return
+        for folder in folders:
+            fsync_dir(folder)
 
     def remove_stale_temp(self, max_age_seconds: float = 3600.0) -> int:
         """Delete temp files abandoned by crashed writers; returns how many were removed."""

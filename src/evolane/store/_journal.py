@@ -180,6 +180,34 @@ class Journal:
                 f"short write to {self.path} ({written} of {len(line)} bytes); reopen to repair"
             )
 
+    def append_lines(self, lines: list[bytes], *, durable: bool = False) -> None:
+        """Append already encoded lines (`encode_record`, each within `MAX_RECORD_BYTES`) in
+        one write; with ``durable`` they are on disk when this returns (group commit). A crash
+        can still only tear the last line on disk."""
+        if not lines:
+            if durable:
+                self.sync()
+            return
+        data = b"".join(lines)
+        fd = self._require_open()
+        view, done = memoryview(data), 0
+        try:
+            while done < len(data):
+                written = os.write(fd, view[done:])
+                if written <= 0:
+                    break
+                done += written
+            if durable and done == len(data):
+                os.fsync(fd)
+        except OSError as error:
+            self._broken = done > 0  # a part of the batch may be on disk: it is the tail now
+            raise with_path(error, self.path) from None
+        if done != len(data):
+            self._broken = True
+            raise JournalError(
+                f"short write to {self.path} ({done} of {len(data)} bytes); reopen to repair"
+            )
+
     def sync(self) -> None:
         """Flush every record appended so far to disk (for batching non-durable appends)."""
         os.fsync(self._require_open())

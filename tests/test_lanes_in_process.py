@@ -1,0 +1,87 @@
+"""In-process backends do each unit's file work once: the candidate tree laid out once and
+shared read-only, the judge handed the replay's own output folder, every unit folder gone
+afterwards, and every unit journaled with outputs the store holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import trio
+
+from evolane.inputs import load_dataset
+from evolane.lanes import BackendCall
+from evolane.measure import MeasureContext, MeasureSettings, RunJournal, open_pipeline
+from evolane.messages import GateConfig, MeasureRequest
+from evolane.sandbox import open_sandbox
+from evolane.store import BlobStore, load_manifest, read_journal, snapshot_tree
+from evolane.supervisors import open_runtime
+
+
+async def test_shared_tree_handed_output_and_nothing_left(tmp_path: Path) -> None:
+    rows = [{"id": f"c{i}", "input": i, "expected_output": i} for i in range(12)]
+    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    for arm in ("t1", "t2"):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "skill.md").write_text(f"rules of {arm}")
+    store = BlobStore(tmp_path / "store")
+    candidates: dict[str, set[Path]] = {}
+    answers: dict[str, bytes] = {}
+    judged: dict[str, tuple[Path, bytes]] = {}
+    replayed_in: set[Path] = set()
+
+    async def replay(call: BackendCall) -> None:
+        assert call.candidate is not None and call.output_dir is not None and call.case
+        skill = (call.candidate / "skill.md").read_text()
+        candidates.setdefault(skill, set()).add(call.candidate)
+        answer = orjson.dumps(call.case["input"])
+        (call.output_dir / "output.json").write_bytes(answer)
+        answers[call.env["EVOLANE_UNIT"]] = answer
+        replayed_in.add(call.output_dir)
+
+    async def judge(call: BackendCall) -> float:
+        assert call.output_dir is not None and call.case is not None
+        answer = (call.output_dir / "output.json").read_bytes()
+        judged[call.env["EVOLANE_CASE_ID"] + str(len(judged))] = (call.output_dir, answer)
+        return 1.0 if orjson.loads(answer) == call.case["expected_output"] else 0.0
+
+    journal = RunJournal(tmp_path / "journal.jsonl")
+    context = MeasureContext(journal=journal, replay_backend=replay, judge_backend=judge)
+    settings = MeasureSettings(replay="true", judge="true", replay_concurrency=4)
+    async with (
+        open_sandbox(tmp_path / "sb", store=store) as host,
+        open_runtime() as runtime,
+        open_pipeline(
+            runtime, host, store, load_dataset(tmp_path / "d.jsonl"), settings, context=context
+        ) as pipeline,
+    ):
+        base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
+        request = MeasureRequest(
+            measurement_id="m",
+            baseline_ref=base,
+            candidate_ref=cand,
+            gate=GateConfig(sequential=False),
+        )
+        summary = await pipeline.measure(request)
+        await trio.to_thread.run_sync(host.settle)  # the deferred removals ran
+        units_dir = host.lease_dir / "units"
+        left = sorted(p.name for p in units_dir.iterdir()) if units_dir.exists() else []
+    journal.close()
+    assert summary.units_run == 24
+    # One shared copy per tree, read-only, whatever the number of replays.
+    assert {skill: len(paths) for skill, paths in candidates.items()} == {
+        "rules of t1": 1,
+        "rules of t2": 1,
+    }
+    # Every judge read the answer its replay wrote, from the replay's own unit folder.
+    assert len(judged) == 24
+    assert {folder for folder, _ in judged.values()} == replayed_in
+    assert sorted(a for _, a in judged.values()) == sorted(answers.values())
+    # Every unit is journaled once, naming outputs that are in the store.
+    units = [r for r in read_journal(tmp_path / "journal.jsonl").records if r["type"] == "unit"]
+    assert len({r["unit"] for r in units}) == 24
+    for record in units:
+        output = load_manifest(store, record["replay"]["output_ref"]["digest"])
+        assert "output.json" in output
+    # No unit folder is left behind (each judge removed its replay's folder).
+    assert left == []
