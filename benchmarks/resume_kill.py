@@ -34,12 +34,16 @@ def _replay(log: Path) -> str:
 
 
 def _start(root: Path, example: Path, log: Path, extra: list[str]) -> subprocess.Popen[bytes]:
-    # A root evolane runs each replay as a unit uid of its own: the log must be writable by it.
+    # A root evolane runs each replay as a unit uid of its own: the log must be writable by it;
+    # a confined replay sees the log's folder only when it is exposed writable.
+    log.parent.mkdir(mode=0o777, exist_ok=True)
+    log.parent.chmod(0o777)
     log.touch()
     log.chmod(0o666)
     command = [sys.executable, "-m", "evolane", "optimize", "--example", "self-evolution",
                "--example-dir", str(example), "--store", str(root / "store"),
                "--replay", _replay(log), "--replay-concurrency", str(LANES),
+               "--expose-rw", str(log.parent),
                "--progress", "none", *extra]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -63,7 +67,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         base.chmod(0o755)  # replays run as a unit uid (when evolane is root) append to logs here
-        ref_log = base / "ref.log"
+        ref_log = base / "logs" / "ref.log"
         started = time.monotonic()
         assert _start(base / "ref", base / "ex", ref_log, []).wait() == 0
         ref_wall = time.monotonic() - started
@@ -72,7 +76,7 @@ def main() -> int:
               f"{len(_units(ref_log))} replays")  # fmt: skip
         same = 0
         for kill in range(args.kills):
-            root, log = base / f"k{kill}", base / f"k{kill}.log"
+            root, log = base / f"k{kill}", base / "logs" / f"k{kill}.log"
             moment = rng.uniform(0.05, 0.95) * ref_wall
             process = _start(root, base / "ex", log, [])
             time.sleep(moment)
