@@ -42,7 +42,7 @@ async def test_shared_tree_handed_output_and_nothing_left(tmp_path: Path) -> Non
     async def judge(call: BackendCall) -> float:
         assert call.output_dir is not None and call.case is not None
         answer = (call.output_dir / "output.json").read_bytes()
-        judged[call.env["EVOLANE_CASE_ID"] + str(len(judged))] = (call.output_dir, answer)
+        judged[f"{call.env['EVOLANE_CASE_ID']}#{len(judged)}"] = (call.output_dir, answer)
         return 1.0 if orjson.loads(answer) == call.case["expected_output"] else 0.0
 
     journal = RunJournal(tmp_path / "journal.jsonl")
