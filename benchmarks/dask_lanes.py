@@ -80,20 +80,7 @@ async def idle_latency(
 ) -> float:
     """Median paired difference of one tiny replay (``sh`` writing its answer), local lane
     vs Dask lane, one unit at a time: the dispatch latency without contention."""
-    (root / "tree").mkdir()
-    job = ReplayJob(
-        unit_id="u",
-        case_id="c",
-        case_ref=store.put_bytes(b'{"id": "c", "input": 1}'),
-        tree_ref=snapshot_tree(store, root / "tree"),
-        arm="baseline",
-        repetition=0,
-        seed=1,
-        timeout_seconds=60,
-    )
-    command = """sh -c 'echo 1 > "$1/output.json"' replay {output_dir}"""
-    template = CommandTemplate.parse(command, role="replay", allowed=REPLAY_PLACEHOLDERS)
-    settings = LaneSettings(template=template, kill_grace=0.3)
+    job, settings = _tiny_job(store, root, timeout=60)
     local = ReplayLane(host, store, settings)
     differences = []
     for index in range(40):
@@ -158,7 +145,8 @@ def dispatch_overhead(units: int, lanes: int = 2) -> float:
     return trio.run(_dispatch_overhead, units, lanes)
 
 
-def _tiny_job(store: BlobStore, root: Path) -> tuple[ReplayJob, LaneSettings]:
+def _tiny_job(store: BlobStore, root: Path, timeout: float = 600) -> tuple[ReplayJob, LaneSettings]:
+    """One replay of a tiny tree whose command writes its answer, and its lane settings."""
     (root / "tree").mkdir(parents=True)
     job = ReplayJob(
         unit_id="u",
@@ -168,7 +156,7 @@ def _tiny_job(store: BlobStore, root: Path) -> tuple[ReplayJob, LaneSettings]:
         arm="baseline",
         repetition=0,
         seed=1,
-        timeout_seconds=600,
+        timeout_seconds=timeout,
     )
     command = """sh -c 'echo 1 > "$1/output.json"' replay {output_dir}"""
     template = CommandTemplate.parse(command, role="replay", allowed=REPLAY_PLACEHOLDERS)

@@ -169,21 +169,18 @@ def main() -> None:
         "sandbox (SandboxHost.run)": lambda r: trio.run(sandbox_loop, r, n, lanes),
         "pipeline (replay+judge)": lambda r: trio.run(pipeline_run, r, n, lanes),
     }
-    results: dict[str, tuple[float, float]] = {}
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory(prefix="scale-subprocess-") as tmp:
         for rep in range(args.repeat):  # interleaved: load drifts hit every way alike
             for number, (name, way) in enumerate(ways.items()):
                 root = Path(tmp) / f"{number}-{rep}"
                 root.mkdir()
                 wall, cpu = _timed(lambda way=way, root=root: way(root))
-                best = results.get(name)
-                results.setdefault(f"{name}#runs", [])  # type: ignore[arg-type]
-                results[f"{name}#runs"].append((wall, cpu))  # type: ignore[attr-defined]
-                del best
+                results[name].append((wall, cpu))
     print(f"{n} commands, {lanes} at a time, median of {args.repeat} (interleaved)")
     medians = {}
     for name in ways:
-        runs = sorted(results[f"{name}#runs"])  # type: ignore[arg-type]
+        runs = sorted(results[name])
         medians[name] = runs[len(runs) // 2]
     trio_wall, asyncio_wall = medians["trio.run_process loop"][0], medians["asyncio loop"][0]
     for name, (wall, cpu) in medians.items():

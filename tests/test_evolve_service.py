@@ -56,6 +56,7 @@ def tree_digest(root: Path) -> str:
     every=st.none() | st.integers(1, 100),
     failures=st.none() | st.integers(1, 100),
     interval=st.none() | st.floats(1, 1e4),
+    min_records=st.integers(1, 100),
 )
 def test_the_policy_is_due_exactly_when_one_of_its_triggers_holds(
     queued: int,
@@ -64,13 +65,16 @@ def test_the_policy_is_due_exactly_when_one_of_its_triggers_holds(
     every: int | None,
     failures: int | None,
     interval: float | None,
+    min_records: int,
 ) -> None:
     failed = min(failed, queued)
-    policy = EvolvePolicy(every=every, failures=failures, interval=interval)
+    policy = EvolvePolicy(
+        every=every, failures=failures, interval=interval, min_records=min_records
+    )
     expected = queued > 0 and (
         (every is not None and queued >= every)
         or (failures is not None and failed >= failures)
-        or (interval is not None and since >= interval)
+        or (interval is not None and since >= interval and queued >= min_records)
     )
     assert policy.due(queued, failed, since) == expected
 
@@ -139,7 +143,8 @@ async def test_the_policy_turns_queued_records_into_pending_jobs(
             await _settle(service)
         made = PendingJobs(paths["store"]).list()
     assert len(made) == jobs
-    assert [job.records for job in made] == [4] * jobs if policy.every else True
+    if policy.every:
+        assert [job.records for job in made] == [4] * jobs
     taken = sum(job.records for job in made)
     queue = os.listdir(paths["store"] / "evolve" / "queue")
     assert taken + len(queue) == records  # nothing lost, nothing doubled

@@ -72,7 +72,6 @@ def test_incremental_early_stop_and_records_equal_a_recount(shape: dict[str, Any
         assert scratch == (plan.early[0], plan.cutoff)
     assert all(u.record is not None for u in plan.units)  # every unit sealed once ended
     assert plan.records_json() == scratch_records(plan)
-    assert orjson.loads(plan.records_json()) == plan.records()
     summary = plan.summary(ArtifactRef(digest="sha256:" + "0" * 64, size=1), 1.0)
     took = [u for u in plan.units if u.replay is not None and u.replay.status != "blocked"]
     assert summary.units_run == sum(not (u.reused or u.restored) for u in took)

@@ -19,6 +19,7 @@ import pytest
 from evolane import messages
 from evolane.views import History, Series, render_html
 from evolane.views._data import PageData, best_path, candidates_of
+from tests.test_views_history import budget
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 SEED = "sha256:" + "0" * 64
@@ -189,18 +190,6 @@ def test_key_value_credentials_are_hidden(secret_line: str) -> None:
 # --- the series --------------------------------------------------------------------------------
 
 
-def _budget(t: float, tokens: float) -> messages.BudgetUpdate:
-    usage = messages.Usage(tokens=tokens)
-    return messages.BudgetUpdate(
-        run_id="r",
-        t=t,
-        spent=usage,
-        reserved=messages.Usage(),
-        ceilings=messages.Usage(),
-        by_role={"replay": usage},
-    )
-
-
 def test_a_thinned_series_keeps_its_newest_point() -> None:
     """Series.add drops an offered point when `_offered % stride`, so once a long run thins
     its series the final spend (or the lanes' return to 0 at run_finished) can be lost: the
@@ -222,10 +211,10 @@ def test_the_spend_line_never_goes_down_across_a_resume() -> None:
     )  # fmt: skip
     history.fold(start)
     for t, tokens in ((1.0, 24105), (2.0, 48437), (3.0, 169189)):
-        history.fold(_budget(t, tokens))
+        history.fold(budget(t, tokens))
     history.fold(start.model_copy(update={"resumed": True}))
     for t, tokens in ((0.01, 24105), (0.02, 48437), (0.08, 169189), (1.0, 193521)):
-        history.fold(_budget(t, tokens))
+        history.fold(budget(t, tokens))
     totals = [p.spent.tokens for p in history.spend.points]
     assert totals == sorted(totals)
 

@@ -56,7 +56,7 @@ def test_a_series_keeps_its_shape_within_its_bound() -> None:
         series.add(value)
     assert MAX_POINTS // 2 <= len(series.points) <= MAX_POINTS
     assert series.points == sorted(series.points) and series.points[0] == 0
-    assert series.points[-1] >= 10 * MAX_POINTS + 7 - 2 * series.stride  # the newest end kept
+    assert series.points[-1] == series.newest == 10 * MAX_POINTS + 6  # the newest end kept
 
 
 def test_lanes_are_summed_over_concurrent_measurements() -> None:

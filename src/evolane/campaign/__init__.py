@@ -5,7 +5,7 @@ from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, Pro
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._lock import holder_pid
-from evolane.campaign._markdown import candidate_cell, case_rows, render_markdown
+from evolane.campaign._markdown import candidate_cell, case_rows, ci_text, render_markdown
 from evolane.campaign._probe import CaseProbe, HostReport, Probe, probe_run
 from evolane.campaign._report import (
     DecisionRecord,
@@ -74,6 +74,7 @@ __all__ = [
     "StoreLayout",
     "candidate_cell",
     "case_rows",
+    "ci_text",
     "holder_pid",
     "load_campaign",
     "load_run",

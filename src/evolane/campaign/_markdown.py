@@ -241,7 +241,8 @@ def _decision_lines(report: Report) -> list[str]:
 # -- the page ------------------------------------------------------------------------------
 
 
-def _ci(score: ScoreCI | None) -> str:
+def ci_text(score: ScoreCI | None) -> str:
+    """A score with its confidence interval and case count, ``n/a`` when there is none."""
     if score is None:
         return "n/a"
     return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}] (n={score.n})"
@@ -290,9 +291,9 @@ def _head_lines(report: Report) -> list[str]:
         f"- limits per command: {report.limits or 'n/a'}",
         f"- best: `{report.best.digest[:19]}`"
         + (" (the seed: nothing was accepted)" if report.selected is None else ""),
-        f"- val: {_ci(s.baseline_val)} -> {_ci(s.best_val)}",
-        f"- test (sealed: never used to choose, only to confirm): {_ci(s.baseline_test)} -> "
-        f"{_ci(s.best_test)}",
+        f"- val: {ci_text(s.baseline_val)} -> {ci_text(s.best_val)}",
+        f"- test (sealed: never used to choose, only to confirm): {ci_text(s.baseline_test)} -> "
+        f"{ci_text(s.best_test)}",
     ]
     lines += _splits_lines(report.splits)
     if report.confirmation is not None:

@@ -15,7 +15,7 @@ from evolane.cli._diff import load_finished_report
 from evolane.cli._output import StoreOption, open_store, resolve_run, store_of, write_json
 
 if TYPE_CHECKING:
-    from evolane.campaign import Report, ScoreCI
+    from evolane.campaign import Report
 
 MAIN_SETTINGS = (
     "target",
@@ -62,14 +62,10 @@ def settings_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
     return [(k, _text(left.get(k)), _text(right.get(k))) for k in dict.fromkeys(keys)]
 
 
-def _ci(score: ScoreCI | None) -> str:
-    if score is None:
-        return "n/a"
-    return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}] (n={score.n})"
-
-
 def score_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
     """(score, A, B): the seed's and the best's val and test scores with their CIs."""
+    from evolane.campaign import ci_text as _ci
+
     rows = [(name, _ci(getattr(a.scores, f)), _ci(getattr(b.scores, f))) for name, f in SCORES]
     rows.insert(0, ("status", f"{a.status} ({a.wall_seconds:.1f} s)", f"{b.status} "
                     f"({b.wall_seconds:.1f} s)"))  # fmt: skip

@@ -29,7 +29,7 @@ from evolane.cli._output import (
 from evolane.cli._resumable import live_note, resume_blocker, resume_command
 
 if TYPE_CHECKING:
-    from evolane.campaign import Report, RunRecord, ScoreCI, StoreLayout
+    from evolane.campaign import Report, RunRecord, StoreLayout
 
 FORMATS = ("text", "json", "md", "html")
 SCHEMAS = ("messages", "events", "report", "trajectory")
@@ -271,13 +271,9 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
 # -- the text view of a report ---------------------------------------------------------------
 
 
-def _ci(score: ScoreCI | None) -> str:
-    if score is None:
-        return "n/a"
-    return f"{score.mean:.3f} [{score.ci_low:.3f}, {score.ci_high:.3f}] (n={score.n})"
-
-
 def _summary_rows(rep: Report) -> list[tuple[str, str]]:
+    from evolane.campaign import ci_text as _ci
+
     spent, total = rep.budget.spent, rep.budget.campaign_spent
     best = _short(rep.best.digest)
     best += " (the seed: nothing was accepted)" if rep.selected is None else " (selected)"

@@ -14,7 +14,7 @@ import re
 from rich.cells import cell_len
 
 from evolane import messages
-from evolane.cli._amounts import amount, duration
+from evolane.cli._amounts import amount
 
 ELLIPSIS = "…"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -188,8 +188,3 @@ def spent_text(spent: messages.Usage, dimensions: tuple[messages.Dimension, ...]
         if value is not None:
             parts.append(amount(dimension, value) + _SPENT_NAMES[dimension])
     return " · ".join(parts)
-
-
-def wall_text(used: float, budget: float) -> str:
-    """The campaign's wall clock: ``7m00s of 10m00s``."""
-    return f"{duration(used)} of {duration(budget)}"

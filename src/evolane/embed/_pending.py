@@ -126,7 +126,7 @@ class RecordQueue:
         queue = cls(dirs, bound)
         dirs.queue.mkdir(parents=True, exist_ok=True)
         dirs.pending.mkdir(parents=True, exist_ok=True)
-        taken = {name for job in load_jobs(dirs) for name in job.consumed}
+        taken = {name for job in load_jobs(dirs, clean=True) for name in job.consumed}
         names = []
         for entry in sorted(os.listdir(dirs.queue))[: bound + len(taken) + 1000]:
             if entry.startswith(".") or not entry.endswith(".json"):
@@ -184,9 +184,10 @@ class RecordQueue:
         return job
 
 
-def load_jobs(dirs: StoreDirs) -> list[PendingJob]:
-    """The pending jobs, oldest first (at most `MAX_PENDING_SCAN`); an uncommitted job folder
-    (no ``job.json``) is removed. Raises `InputError` naming a ``job.json`` that is not valid."""
+def load_jobs(dirs: StoreDirs, *, clean: bool = False) -> list[PendingJob]:
+    """The pending jobs, oldest first (at most `MAX_PENDING_SCAN`), skipping a job folder with
+    no ``job.json`` yet; with ``clean`` (crash recovery, when the queue opens and no job can be
+    in the making) such a folder is removed. Raises `InputError` naming a bad ``job.json``."""
     if not dirs.pending.is_dir():
         return []
     jobs = []
@@ -195,7 +196,8 @@ def load_jobs(dirs: StoreDirs) -> list[PendingJob]:
         if not entry.startswith("job-") or not folder.is_dir():
             continue
         if not (folder / JOB_FILE).exists():
-            shutil.rmtree(folder, ignore_errors=True)
+            if clean:
+                shutil.rmtree(folder, ignore_errors=True)
             continue
         jobs.append(read_job(folder / JOB_FILE))
     return jobs
@@ -233,8 +235,3 @@ def _trim(names: Iterable[str], folder: Path) -> None:
     names = list(names)
     for name in names[: max(0, len(names) - KEEP_DONE)]:
         shutil.rmtree(folder / name, ignore_errors=True)
-
-
-def job_trajectories(dirs: StoreDirs, job: PendingJob) -> Path:
-    """The job's trajectory JSONL file."""
-    return dirs.pending / job.job_id / TRAJECTORIES

@@ -192,7 +192,6 @@ class EvolveService:
         self.queue: RecordQueue | None = None
         self.recorded = 0
         self.refused = 0
-        self.jobs_made = 0
         self.finished: list[PendingJob] = []
         """Jobs this service ran to an end, in order (bounded: the last 100)."""
         self.running: PendingJob | None = None
@@ -253,7 +252,6 @@ class EvolveService:
 
             job = await trio.to_thread.run_sync(queue.take, mode, make_config, limit)
             self._last_job = time.monotonic()
-            self.jobs_made += 1
             return job
 
     async def _make_jobs(self) -> None:

@@ -64,10 +64,6 @@ class ChatMessage(BaseModel):
                 names.append(part["filename"])
         return names
 
-    def row(self) -> dict[str, Any]:
-        """The message as a JSON object (the fields given, nothing added)."""
-        return self.model_dump(mode="json", exclude_none=True)
-
 
 class Outcome(Record):
     """How a recorded turn ended: ``status``, an optional ``score`` in [0, 1] and ``reason``."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -65,7 +65,6 @@ from evolane.measure._units import (
     unit_debits,
     unit_event,
     unit_record,
-    unit_records,
     unit_records_json,
     unit_status,
 )
@@ -407,10 +406,6 @@ class MeasurePlan:
         if not (unit.done and took_part(unit)):
             raise ValueError(f"unit {unit_id!r} did not end after taking part")
         return unit_event(self.request.measurement_id, unit)
-
-    def records(self) -> list[dict[str, Any]]:
-        """Every unit as the blob `MeasureSummary.units_ref` points to, in case order."""
-        return unit_records(self.units)
 
     def records_json(self) -> bytes:
         """`records` as the blob's bytes, from each unit's sealed record."""

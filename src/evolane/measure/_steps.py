@@ -141,7 +141,7 @@ class Progress:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """Every unit ended: store `MeasurePlan.records`, then build `MeasurePlan.summary`."""
+    """Every unit ended: store `MeasurePlan.records_json`, then build `MeasurePlan.summary`."""
 
 
 Action = (

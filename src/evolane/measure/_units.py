@@ -74,7 +74,7 @@ class Unit:
     case_number: int = 0  # the case's place in the dataset (names the unit, orders records)
     _replay: ReplayResult | None = None
     _judge: JudgeResult | None = None
-    record: bytes | None = None  # the sealed record (`unit_records`' JSON of this unit)
+    record: bytes | None = None  # the sealed record (this unit's JSON in the units blob)
     _sealed: tuple[float | None, bool] | None = None  # (score, took part), once sealed
 
     @property
@@ -259,14 +259,9 @@ def _record(u: Unit) -> dict[str, Any]:
     }
 
 
-def unit_records(units: list[Unit]) -> list[dict[str, Any]]:
-    """Every unit as stored behind `MeasureSummary.units_ref`, by case, repetition and arm."""
-    return orjson.loads(unit_records_json(units))
-
-
 def unit_records_json(units: list[Unit]) -> bytes:
-    """`unit_records` as the JSON bytes of the units blob, from each unit's sealed record
-    (byte for byte what ``orjson.dumps(unit_records(units))`` gives)."""
+    """Every unit as the JSON bytes of the units blob behind `MeasureSummary.units_ref`, by
+    case, repetition and arm, from each unit's sealed record (else its results)."""
     ordered = sorted(units, key=lambda u: (u.case_number, u.repetition, u.arm))
     return b"[" + b",".join(u.record or orjson.dumps(_record(u)) for u in ordered) + b"]"
 

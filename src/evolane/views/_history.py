@@ -51,6 +51,11 @@ class Series(Generic[P]):
             return list(self._kept)
         return [*self._kept, self._newest]
 
+    @property
+    def newest(self) -> P | None:
+        """The newest point offered (no copy of the series)."""
+        return self._newest
+
 
 @dataclass(frozen=True, slots=True)
 class SpendPoint:
@@ -137,7 +142,7 @@ class History:
     def _budget(self, event: messages.BudgetUpdate) -> None:
         """Spend only grows: a resumed session's ledger counts its restored units again
         from zero, so each figure is the most seen so far."""
-        last = self.spend.points[-1] if self.spend.points else None
+        last = self.spend.newest
         spent = _at_least(event.spent, last.spent if last else None)
         by_role = {
             role: _at_least(usage, last.by_role.get(role) if last else None)
