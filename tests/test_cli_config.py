@@ -114,7 +114,8 @@ def test_a_file_found_from_a_subfolder_runs_the_campaign_and_run_json_says_why(
     assert json.loads(runs.stdout)["store"] == str(project / "store")
     assert [row["run_id"] for row in json.loads(runs.stdout)["runs"]] == [run_dir.name]
     for args in (["report", run_dir.name], ["diff", run_dir.name], ["fsck"],
-                 ["compare", run_dir.name, run_dir.name]):  # fmt: skip
+                 ["compare", run_dir.name, run_dir.name], ["drain"],
+                 ["optimize", "--drain-pending"]):  # fmt: skip
         done = _run(args, below)
         assert done.returncode == 0, (args, done.stderr[-2000:])
     assert not (below / ".evolane").exists()

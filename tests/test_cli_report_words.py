@@ -159,6 +159,9 @@ def test_report_md_names_the_isolation_in_words_and_json_keeps_the_names(runs: R
     assert "processes reaped on exit" in line
     for jargon in ("lease_sweep", "subreaper", "lifeline"):
         assert jargon not in line
+    shown = _evolane("report", runs.first, "--store", str(runs.store))
+    assert shown.returncode == 0, shown.stderr
+    assert "processes reaped on exit" in shown.stdout and "lease_sweep" not in shown.stdout
 
 
 def test_diff_prints_the_best_or_a_candidate_against_the_seed(runs: Runs) -> None:

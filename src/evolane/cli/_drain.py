@@ -24,7 +24,9 @@ from evolane.cli._exits import (
     EXIT_OK,
     EXIT_USAGE,
     error_line,
+    fail_usage,
 )
+from evolane.cli._output import StoreOption, store_of
 
 _PROGRESS = ("auto", "rich", "plain", "jsonl", "none")
 _SEVERITY = (EXIT_INTERRUPTED, EXIT_USAGE, EXIT_INTERNAL, EXIT_BUDGET, EXIT_OK)
@@ -32,7 +34,7 @@ _SEVERITY = (EXIT_INTERRUPTED, EXIT_USAGE, EXIT_INTERNAL, EXIT_BUDGET, EXIT_OK)
 
 
 def drain(
-    store: Annotated[str, typer.Option(help="Durable state directory.")] = ".evolane",
+    store: StoreOption = None,
     max_jobs: Annotated[
         int | None, typer.Option(help="Run at most N jobs (default: every pending job).")
     ] = None,
@@ -42,7 +44,22 @@ def drain(
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Run the pending background-evolution jobs (resuming half-run ones), one at a time."""
-    raise typer.Exit(run_drain(store, max_jobs=max_jobs, progress=progress, debug=debug))
+    root = str(store_of(store))
+    raise typer.Exit(run_drain(root, max_jobs=max_jobs, progress=progress, debug=debug))
+
+
+def drain_with_config(flags: dict[str, Any]) -> int:
+    """``optimize --drain-pending``: the store and progress as ``optimize`` resolves them
+    (flag, else the config file, else the default), then `run_drain`."""
+    from evolane.cli._config import ConfigError, merge_config_file
+
+    try:
+        merge_config_file(flags, session_only=True)
+    except ConfigError as error:
+        fail_usage(str(error))
+    return run_drain(
+        str(flags["store"]), max_jobs=None, progress=flags["progress"], debug=flags["debug"]
+    )
 
 
 def run_drain(store: str, *, max_jobs: int | None, progress: str, debug: bool) -> int:

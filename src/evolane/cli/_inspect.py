@@ -273,6 +273,7 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
 
 def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     from evolane.campaign import ci_text as _ci
+    from evolane.views import isolation_text
 
     spent, total = rep.budget.spent, rep.budget.campaign_spent
     best = _short(rep.best.digest)
@@ -285,7 +286,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
             "wall",
             f"{rep.wall_seconds:.1f} s" + (f"; resumed {rep.resumed}x" if rep.resumed else ""),
         ),
-        ("isolation", rep.isolation or "n/a"),
+        ("isolation", isolation_text(rep.isolation or "n/a")),
         ("limits", rep.limits or "n/a"),
         ("best", best),
         ("val", f"{_ci(rep.scores.baseline_val)} -> {_ci(rep.scores.best_val)}"),

@@ -316,11 +316,11 @@ def optimize(
     debug: Annotated[bool, _o("Show tracebacks.", "--debug")] = False,
 ) -> None:
     """Run a campaign: propose, gate, replay, judge, decide, under hard budgets."""
-    if drain_pending:  # the store's pending jobs instead of a new run
-        from evolane.cli._drain import run_drain
-
-        raise typer.Exit(run_drain(store, max_jobs=None, progress=progress, debug=debug))
     flags = {k: v for k, v in locals().items()}
+    if drain_pending:  # the store's pending jobs instead of a new run
+        from evolane.cli._drain import drain_with_config
+
+        raise typer.Exit(drain_with_config(flags))
     from evolane.cli._session import run_optimize
 
     raise typer.Exit(run_optimize(flags, estimate_only=False))
