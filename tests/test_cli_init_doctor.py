@@ -75,6 +75,9 @@ def test_init_then_doctor_then_optimize_completes_and_accepts(tmp_path: Path) ->
     text = _run(["estimate", "--probe", *args], cwd=tmp_path)
     assert text.returncode == 0, text.stderr
     assert "probe: one replay" in text.stdout and "worst case" in text.stdout
+    dry = _run(["optimize", "--dry-run", "--probe", *args], cwd=tmp_path)  # the same, as a flag
+    assert dry.returncode == 0, dry.stderr
+    assert "probe: one replay" in dry.stdout and "worst case" in dry.stdout
 
     if _config_flag_exists():
         # The config file is found as ruff and pytest find theirs: no flags at all, in DIR.
@@ -90,6 +93,13 @@ def test_init_then_doctor_then_optimize_completes_and_accepts(tmp_path: Path) ->
     assert report["best"] != report["seed"]
     # The probed range holds the real run's own wall time (no wall-time assertion on the test).
     assert low <= report["wall_seconds"] <= high, (low, report["wall_seconds"], high)
+
+
+def test_probe_without_dry_run_is_refused_with_one_line(tmp_path: Path) -> None:
+    done = _run(["optimize", "--probe", "--target", "nowhere"], cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "--dry-run" in done.stderr, done.stderr
+    assert not (tmp_path / ".evolane").exists()  # refused before anything was written
 
 
 def test_init_refuses_a_folder_that_holds_a_project_or_its_files(tmp_path: Path) -> None:

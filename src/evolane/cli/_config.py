@@ -28,7 +28,16 @@ FLAG, DEFAULT, FAST = "flag", "default", "--fast-verified"
 SOURCES_KEY = "_sources"
 """Where the flags dict keeps the source of each value once the file is merged in."""
 NOT_IN_FILE = frozenset(
-    ("config", "dry_run", "debug", "resume", "resume_campaign", "from_run", "rerun_evaluator")
+    (
+        "config",
+        "dry_run",
+        "probe",
+        "debug",
+        "resume",
+        "resume_campaign",
+        "from_run",
+        "rerun_evaluator",
+    )
 ) | {"drain_pending"}
 """Flags that ask for one invocation and have no place in a config file."""
 SESSION_KEYS = ("store", "progress", "observer")

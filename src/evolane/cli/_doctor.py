@@ -169,14 +169,12 @@ def _print(checks: list[Check]) -> None:
         print(f"{level:<4}  {what}  ({why})" if why else f"{level:<4}  {what}")
 
 
-def run_probe(flags: dict[str, Any]) -> tuple[Any, Any]:
-    """The config from ``flags`` and its probe (`evolane.campaign.probe_run`); bad input is
-    a `UsageError` or an `InputError`."""
+def run_probe(config: Any, flags: dict[str, Any]) -> Any:
+    """The probe of ``config`` (`evolane.campaign.probe_run`): one real replay and judge call,
+    timed; bad input is a `UsageError` or an `InputError`."""
     from evolane.campaign import probe_run
-    from evolane.cli._session import build_config
 
-    config = build_config(flags)
-    return config, trio.run(probe_run, config, flags.get("resume_campaign"))
+    return trio.run(probe_run, config, flags.get("resume_campaign"))
 
 
 def _failed(error: BaseException, flags: dict[str, Any]) -> int:
@@ -200,7 +198,7 @@ def run_doctor(flags: dict[str, Any]) -> int:
         print("doctor: a command cannot run; fix it before a campaign")
         return EXIT_INTERNAL
     try:
-        _, probe = run_probe(flags)
+        probe = run_probe(config, flags)
     except BaseException as error:  # every error: one line and an exit code
         _print(commands)
         return _failed(error, flags)
@@ -219,22 +217,16 @@ def run_doctor(flags: dict[str, Any]) -> int:
 
 
 def estimate_probe(flags: dict[str, Any]) -> int:
-    """``estimate --probe``: the estimate with its wall range from one timed replay and judge
-    call; exit 1 when the probe could not score its case."""
+    """``estimate --probe`` and ``optimize --dry-run --probe``: the estimate with its wall
+    range from one timed replay and judge call; exit 1 when the probe could not score its
+    case."""
+    from evolane.cli._session import build_config, print_estimate
+
     try:
-        _, probe = run_probe(flags)
+        probe = run_probe(build_config(flags), flags)
     except BaseException as error:  # every error: one line and an exit code
         return _failed(error, flags)
-    estimate = probe.estimate
-    if flags.get("as_json"):
-        print(estimate.model_dump_json(indent=2))
-    else:
-        for line in estimate_lines(estimate):
-            print(line)
-        if estimate.splits:
-            print(f"splits: {estimate.splits}")
-        for line in estimate.preflight:
-            print(f"preflight: {line}")
+    print_estimate(probe.estimate, flags)
     if not probe.case.ok:
         _print(_case_checks(probe.case))
         return EXIT_INTERNAL

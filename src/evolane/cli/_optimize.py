@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from evolane.cli._config import use_flags
+from evolane.cli._exits import fail_usage
 
 _OPT = typer.Option
 
@@ -300,6 +301,14 @@ def optimize(
         _o("An installed observer plugin that hears the run's events (repeatable).", "--observer"),
     ] = None,
     dry_run: Annotated[bool, _o("Print the estimate and stop.", "--dry-run")] = False,
+    probe: Annotated[
+        bool,
+        _o(
+            "With --dry-run: time one replay and one judge call first; draw the wall range "
+            "from them.",
+            "--probe",
+        ),
+    ] = False,
     resume: Annotated[str | None, _o("Continue an interrupted run.", "--resume")] = None,
     resume_campaign: Annotated[
         str | None, _o("Run the next cycle of a campaign.", "--resume-campaign")
@@ -317,6 +326,12 @@ def optimize(
 ) -> None:
     """Run a campaign: propose, gate, replay, judge, decide, under hard budgets."""
     flags = {k: v for k, v in locals().items()}
+    if flags.pop("probe"):  # one timed replay and judge call, then the estimate
+        if not dry_run:
+            fail_usage("--probe times one replay and judge call for an estimate: add --dry-run")
+        from evolane.cli._doctor import estimate_probe
+
+        raise typer.Exit(estimate_probe(flags))
     if drain_pending:  # the store's pending jobs instead of a new run
         from evolane.cli._drain import drain_with_config
 
@@ -354,17 +369,19 @@ def _estimate_signature() -> inspect.Signature:
         default=False,
         annotation=Annotated[bool, _o("Print the estimate as JSON.", "--json")],
     )
-    probe = inspect.Parameter(
-        "probe",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=False,
-        annotation=Annotated[
-            bool,
-            _o("Time one replay and one judge call; draw the wall range from them.", "--probe"),
-        ],
-    )
-    kinds = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
-    return inspect.Signature([*kinds, as_json, probe])
+    kinds = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        if p.name != "probe"
+        else p.replace(
+            kind=inspect.Parameter.KEYWORD_ONLY,
+            annotation=Annotated[
+                bool,
+                _o("Time one replay and one judge call; draw the wall range from them.", "--probe"),
+            ],
+        )
+        for p in params
+    ]
+    return inspect.Signature([*kinds, as_json])
 
 
 estimate.__signature__ = _estimate_signature()  # type: ignore[attr-defined]
@@ -381,7 +398,7 @@ def _doctor_signature() -> inspect.Signature:
     """``optimize``'s flags without those only a run has (as ``estimate`` takes them)."""
     signature = inspect.signature(optimize, eval_str=True)
     dropped = ("dry_run", "resume", "from_run", "rerun_evaluator", "progress", "observer")
-    dropped += ("drain_pending",)
+    dropped += ("drain_pending", "probe")
     kept = [p for p in signature.parameters.values() if p.name not in dropped]
     return inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in kept])
 

@@ -290,7 +290,8 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     )
 
 
-def _print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
+def print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
+    """Print an estimate as ``estimate`` and ``--dry-run`` show it (``--json``: as JSON)."""
     if flags.get("as_json"):
         print(estimate.model_dump_json(indent=2))
         return EXIT_OK
@@ -334,7 +335,7 @@ async def _session(request: Any, flags: dict[str, Any], started: float, watch: _
     async with embed.open_runtime(store=store) as runtime:
         watch.handle = await runtime.start_optimize(request, started=started, observers=observers)
         if request.dry_run:
-            return _print_estimate((await watch.handle.result()).estimate, flags)
+            return print_estimate((await watch.handle.result()).estimate, flags)
         flags["run_id"] = watch.handle.run_id
         outcome = await _follow(watch.handle, flags)
         watch.ended = True
