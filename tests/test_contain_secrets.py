@@ -124,3 +124,34 @@ def test_a_replay_cannot_read_evolanes_environment(tmp_path: Path, isolation: st
     for path in store.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
+
+
+PROBE_ORPHANS = textwrap.dedent(
+    """
+    import psutil, shutil, time
+    from pathlib import Path
+    from evolane.sandbox._confine import View, bwrap_argv
+    from evolane.sandbox._secrets import probe_succeeds
+    from evolane.sandbox._tree import become_subreaper
+
+    assert become_subreaper()
+    probes = [["sh", "-c", "sleep 0.2 & exit 0"], ["sh", "-c", "sleep 0.2 & exit 3"]]
+    if shutil.which("bwrap"):  # bubblewrap's inner process is orphaned to a subreaper
+        probes.append([*bwrap_argv(View(), own=(), workspace=Path("/")), "/bin/true"])
+    print([probe_succeeds(argv) for argv in probes])
+    time.sleep(0.5)  # any orphan would have exited by now and be a zombie of ours
+    print(sorted((c.name(), c.status()) for c in psutil.Process().children()))
+    """
+)
+
+
+def test_a_probe_leaves_no_zombie_in_a_subreaper() -> None:
+    """A long-lived embedding process probes once per process; each probe's orphans (a
+    background child, bubblewrap's inner process) must be reaped, not left as zombies."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_ORPHANS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    verdicts, children = done.stdout.splitlines()
+    assert verdicts.startswith("[True, False")  # the exit code still decides
+    assert children == "[]", children

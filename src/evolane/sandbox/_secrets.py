@@ -23,10 +23,13 @@ environment, memory and file descriptors stay readable through ``/proc/<evolane 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
+import signal
 import subprocess
+import time
 from functools import cache
 
 _PR_SET_DUMPABLE = 4
@@ -50,19 +53,40 @@ the host counts as unable to do it."""
 
 
 def probe_succeeds(argv: list[str]) -> bool:
-    """Whether ``argv`` runs and exits 0 (quietly, bounded by `PROBE_TIMEOUT`)."""
+    """Whether ``argv`` runs and exits 0 (quietly, bounded by `PROBE_TIMEOUT`). It runs in a
+    process group of its own, reaped whole: a probe's orphans (bubblewrap's inner process)
+    come to this process when it is a subreaper, and must not stay zombies in it."""
     try:
-        done = subprocess.run(
+        probe = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            timeout=PROBE_TIMEOUT,
-            check=False,
+            process_group=0,
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except OSError:
         return False
-    return done.returncode == 0
+    try:
+        code = probe.wait(timeout=PROBE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        code = None
+        with contextlib.suppress(OSError):
+            os.killpg(probe.pid, signal.SIGKILL)
+        probe.wait()
+    _reap_group(probe.pid)
+    return code == 0
+
+
+def _reap_group(pgid: int, polls: int = 50) -> None:
+    """Reap what is left of process group ``pgid`` among our children (bounded: ``polls``
+    waits of 20 ms for members that have not exited yet)."""
+    for _ in range(polls):
+        try:
+            found = os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:  # no child of ours is left in the group
+            return
+        if found is None:  # a member still runs: give it a moment
+            time.sleep(0.02)
 
 
 def make_undumpable() -> bool:
