@@ -163,3 +163,25 @@ def test_a_refused_job_is_retired_as_failed_and_exits_2(tmp_path: Path) -> None:
     retired = json.loads((paths["store"] / "evolve" / "done" / job.job_id / "job.json").read_text())
     assert retired["state"] == "failed" and retired["exit_code"] == 2
     assert not os.listdir(paths["store"] / "pending")
+
+
+def test_a_job_another_process_holds_is_skipped_and_drain_exits_0(tmp_path: Path) -> None:
+    """Every pending job held by another live process: nothing failed here, so exit 0, the
+    job named and left pending for its holder."""
+    import fcntl
+
+    from evolane.embed._pending import RecordQueue, StoreDirs
+    from evolane.embed._service import trajectory_config
+
+    paths = write_trace_target(tmp_path, 4)
+    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
+    for index in range(4):
+        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
+    job = queue.take("shadow", lambda path: trajectory_config(trace_config(paths), path), 10)
+    lock = paths["store"] / "pending" / job.job_id / ".lock"
+    with lock.open("a") as held:  # as the job's running process holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result = drain("--store", str(paths["store"]), "--progress", "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"job {job.job_id} is running in another process" in result.stdout
+    assert (paths["store"] / "pending" / job.job_id / "job.json").is_file()

@@ -4,9 +4,9 @@ background-evolution jobs of a store from the command line.
 The jobs are those an `evolane.embed.EvolveService` left in ``STORE/pending/``: waiting ones,
 and half-run ones of a process that died (their run is resumed, not started over). Each runs
 with the live view and its summary, one at a time, oldest first; a job another live process
-holds is skipped. Exit codes as ``optimize``: 0 every job finished, 2 bad usage or input
-(a refused job is retired as failed), 3 a job was budget limited, 130 interrupted (the job
-stays pending), 1 internal error or a failed run.
+holds is skipped. Exit codes as ``optimize``: 0 every job finished (or is held by another
+process), 2 bad usage or input (a refused job is retired as failed), 3 a job was budget
+limited, 130 interrupted (the job stays pending), 1 internal error or a failed run.
 """
 
 from __future__ import annotations
@@ -68,7 +68,11 @@ def run_drain(store: str, *, max_jobs: int | None, progress: str, debug: bool) -
 
     try:
         root = _check(store, max_jobs, progress)
-        return trio.run(_main, root, max_jobs, progress)
+        from evolane.cli._session import watching_signals
+
+        return trio.run(
+            watching_signals, lambda watch: _drain_jobs(root, max_jobs, progress, watch)
+        )
     except BaseException as error:  # every error becomes one line and an exit code
         return _exit_for(_leaf(error), debug, store)
 
@@ -86,20 +90,6 @@ def _check(store: str, max_jobs: int | None, progress: str) -> Path:
     if not root.is_dir():
         raise UsageError(f"--store {store}: not a directory")
     return root
-
-
-async def _main(root: Path, max_jobs: int | None, progress: str) -> int:
-    import signal
-
-    from evolane.cli._session import _SignalWatch
-
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        watch = _SignalWatch()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch.follow, signals)
-            code = await _drain_jobs(root, max_jobs, progress, watch)
-            nursery.cancel_scope.cancel()
-    return code
 
 
 async def _drain_jobs(root: Path, max_jobs: int | None, progress: str, watch: Any) -> int:
@@ -123,7 +113,7 @@ async def _drain_jobs(root: Path, max_jobs: int | None, progress: str, watch: An
             codes.append(code)
             if code == EXIT_INTERRUPTED:
                 break
-    return next((code for code in _SEVERITY if code in codes), EXIT_INTERNAL)
+    return next((code for code in _SEVERITY if code in codes), EXIT_OK)  # none ran here: OK
 
 
 async def _drain_one(

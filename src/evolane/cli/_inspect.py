@@ -41,9 +41,9 @@ def _why(error: BaseException) -> str:
     from pydantic import ValidationError
 
     if isinstance(error, ValidationError) and error.errors():
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "value"
-        return f"{where}: {first['msg']} ({error.error_count()} error(s) in {error.title})"
+        from evolane.inputs import first_problem
+
+        return f"{first_problem(error, 'value')} ({error.error_count()} error(s) in {error.title})"
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
 

@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -314,13 +315,17 @@ def print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
 
 async def _main(request: Any, flags: dict[str, Any], started: float) -> int:
     """One run through the public embedding API, with the view and Ctrl-C handling."""
-    # One receiver for the whole session, so that a Ctrl-C is never lost between handlers;
-    # `_SignalWatch` decides what it means at each moment.
+    return await watching_signals(lambda watch: _session(request, flags, started, watch))
+
+
+async def watching_signals(body: Callable[[_SignalWatch], Awaitable[int]]) -> int:
+    """``body``'s exit code, run under one SIGINT/SIGTERM receiver for the whole session (a
+    Ctrl-C is never lost between handlers; `_SignalWatch` decides what it means)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         watch = _SignalWatch()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.follow, signals)
-            code = await _session(request, flags, started, watch)
+            code = await body(watch)
             nursery.cancel_scope.cancel()
     return code
 

@@ -30,7 +30,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from evolane.campaign import CampaignConfig
-from evolane.inputs import InputError, TrajectoryRecord
+from evolane.inputs import InputError, TrajectoryRecord, first_problem
 from evolane.messages import Name, Record, ShortText
 from evolane.store import fsync_dir, read_json, write_bytes_atomic, write_json_atomic
 
@@ -102,9 +102,8 @@ def record_bytes(record: Any) -> tuple[bytes, bool]:
         try:
             record = TrajectoryRecord.model_validate(record)
         except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "the record"
-            raise InputError(f"record: not a trajectory record ({where}: {first['msg']})") from None
+            problem = first_problem(error)
+            raise InputError(f"record: not a trajectory record ({problem})") from None
     data = orjson.dumps(record.model_dump(mode="json", exclude_none=True))
     if len(data) > MAX_RECORD_BYTES:
         raise InputError(f"record: {len(data)} bytes, over the {MAX_RECORD_BYTES} bound")
@@ -208,9 +207,8 @@ def read_job(path: Path) -> PendingJob:
     try:
         return PendingJob.model_validate(read_json(path))
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the record"
-        raise InputError(f"{path}: not a valid pending job ({where}: {first['msg']})") from None
+        problem = first_problem(error)
+        raise InputError(f"{path}: not a valid pending job ({problem})") from None
     except (OSError, ValueError) as error:
         raise InputError(f"{path}: cannot read the pending job ({error})") from None
 

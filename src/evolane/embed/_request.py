@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, model_validator
 
 from evolane.campaign import CampaignConfig, ResolvedSetting, RunRequest
-from evolane.inputs import InputError
+from evolane.inputs import InputError, first_problem
 from evolane.measure import ModelSettings
 from evolane.messages import Name, Record, Text
 
@@ -94,9 +94,8 @@ class OptimizeRequest(Record):
         except FileNotFoundError:
             raise InputError(f"{flag} {run_id}: no such run in {layout.root}") from None
         except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "the record"
-            raise InputError(f"{path}: not a valid run record ({where}: {first['msg']})") from None
+            problem = first_problem(error)
+            raise InputError(f"{path}: not a valid run record ({problem})") from None
         except (OSError, ValueError) as error:  # unreadable, or not JSON
             raise InputError(f"{path}: cannot read the run record ({error})") from None
 

@@ -57,7 +57,7 @@ from evolane.embed._pending_run import (
     start_job,
 )
 from evolane.embed._request import check_store
-from evolane.inputs import InputError
+from evolane.inputs import InputError, first_problem
 from evolane.messages import Record
 
 if TYPE_CHECKING:
@@ -157,9 +157,7 @@ def trajectory_config(flat: Mapping[str, Any], path: Path) -> CampaignConfig:
     try:
         return CampaignConfig(**flat, from_trajectory=(str(path),))
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "config"
-        raise InputError(f"evolve service config: {where}: {first['msg']}") from None
+        raise InputError(f"evolve service config: {first_problem(error, 'config')}") from None
     except TypeError as error:
         raise InputError(f"evolve service config: {error}") from None
 

@@ -22,7 +22,7 @@ from evolane.inputs._dataset import (
     parse_dataset,
     require_split,
 )
-from evolane.inputs._errors import DatasetError, InputError, TemplateError
+from evolane.inputs._errors import DatasetError, InputError, TemplateError, first_problem
 from evolane.inputs._prices import (
     ModelPrice,
     PriceTable,
@@ -104,6 +104,7 @@ __all__ = [
     "UsageReading",
     "case_json",
     "case_row",
+    "first_problem",
     "fit_chain",
     "ingest_trajectories",
     "llm_model",

@@ -17,6 +17,14 @@ def quote(value: object, limit: int = 60) -> str:
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
+def first_problem(error: Any, whole: str = "the record") -> str:
+    """The first field error of a pydantic ``ValidationError`` as ``where: message`` (one
+    line; ``whole`` names the place when the error is on the value itself)."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or whole
+    return f"{where}: {first['msg']}"
+
+
 class InputError(ValueError):
     """Bad user input; ``str(error)`` is one clear line (the CLI maps it to exit code 2)."""
 
