@@ -1,6 +1,7 @@
 """The campaign: hill-climbing over candidate trees (local gates, optimizer prompts, apply
 policies, the run directory, resume, the report)."""
 
+from evolane.campaign._advice import after_failure
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
@@ -72,6 +73,7 @@ __all__ = [
     "ScoreCI",
     "Scores",
     "StoreLayout",
+    "after_failure",
     "candidate_cell",
     "case_rows",
     "ci_text",

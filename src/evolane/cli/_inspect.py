@@ -164,7 +164,8 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
     from evolane.store import StoreError
 
     run_dir = layout.run_dir(record.run_id)
-    blocked = resume_blocker(layout, record, store)
+    live = live_note(layout, record, store)  # a process runs it: watch, never resume
+    blocked = resume_blocker(layout, record, store, live)
     journal: dict[str, Any] = {"units": 0, "proposals": 0, "torn": False, "error": None}
     try:
         state = read_resume_state(run_dir / "journal.jsonl")
@@ -183,7 +184,7 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
         "events": _event_summary(run_dir / "events.jsonl"),
         "resume": None if blocked else resume_command(record.run_id, store),
         "resume_blocked": blocked,
-        "live": live_note(layout, record, store),  # a process runs it: watch, never resume
+        "live": live,
     }
 
 

@@ -17,23 +17,27 @@ RESUMABLE = ("running", "interrupted")
 """The run statuses `--resume` accepts."""
 
 
-def resume_blocker(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:
+def resume_blocker(
+    layout: StoreLayout, record: RunRecord, store: Path, live: str | bool | None = True
+) -> str | None:
     """Why ``--resume`` of ``record`` cannot work (one plain line), or None when it can: the
-    run has not ended, its journal reads whole and the trees it starts from are intact."""
+    run has not ended, no process runs it, its journal reads whole and the trees it starts
+    from are intact. ``live``: the caller's `live_note` when it has one (True: look here)."""
+    from evolane.campaign import after_failure
+
+    if record.status == "failed":
+        return after_failure(record.campaign_id)
+    if record.status not in RESUMABLE:
+        return f"the run ended {record.status}; start a new run (or --resume-campaign)"
+    live = live_note(layout, record, store) if live is True else live
+    return live or _damage(layout, record, store)
+
+
+def _damage(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:
+    """A damaged journal or a corrupt tree the run starts from, with the command that finds it."""
     from evolane.campaign import read_resume_state
     from evolane.store import CorruptBlobError, StoreError
 
-    if record.status == "failed":
-        return (
-            "the run failed: fix what its report names, then start a new campaign with the "
-            f"same flags (or --resume-campaign {record.campaign_id} if the target, dataset, "
-            "replay and judge stay the same)"
-        )
-    if record.status not in RESUMABLE:
-        return f"the run ended {record.status}; start a new run (or --resume-campaign)"
-    live = live_note(layout, record, store)
-    if live is not None:
-        return live
     fsck = f"run `evolane fsck --store {store}`"
     try:
         read_resume_state(layout.run_dir(record.run_id) / "journal.jsonl")
