@@ -10,9 +10,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from evolane.cli._render import render_view
 from evolane.cli._viewtext import fit, middle, pack, rule_text, short_digest, sparkline
@@ -168,9 +170,20 @@ def _folded(events: list[ProgressEvent]) -> ViewState:
 
 def _drawn(state: ViewState, width: int) -> list[str]:
     """The view drawn by rich's recording console at ``width`` columns, line by line."""
+    return _lines(render_view(state, state.t + 30.0), width)
+
+
+def _lines(renderable: Any, width: int) -> list[str]:
+    """``renderable`` laid out for ``width`` columns, its lines neither wrapped nor cropped by
+    the console: a line the view made too long shows whole (so a width check can fail)."""
     console = Console(record=True, width=width, file=io.StringIO())
-    console.print(render_view(state, state.t + 30.0))
+    console.print(renderable, soft_wrap=True, crop=False)
     return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_the_drawer_shows_a_line_too_wide_whole() -> None:
+    """The width checks below read what the view laid out, not what the console cut."""
+    assert max(len(line) for line in _lines(Text("word " * 40), 80)) > 80
 
 
 def _holds_whole(lines: list[str], text: str) -> bool:
