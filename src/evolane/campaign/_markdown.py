@@ -100,7 +100,7 @@ def _case_row(
 
 
 def _passes(runs: CaseRuns | None) -> bool:
-    return runs is not None and runs.category == "solid"
+    return runs is not None and runs.passes
 
 
 def _mean(runs: CaseRuns | None) -> float | None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from evolane.messages import GateConfig, GateResult
-from evolane.views import arm_scores
+from evolane.views import arm_scores, mean_passes
 
 EarlyStop = Literal["", "settled", "sequential", "coverage"]
-_TOLERANCE = 1e-12
 
 
 def arm_mean(units: list[dict[str, Any]], arm: str) -> float | None:
@@ -27,14 +26,12 @@ def arm_mean(units: list[dict[str, Any]], arm: str) -> float | None:
 
 def fixed_and_broken(units: list[dict[str, Any]], pass_score: float) -> tuple[int, int]:
     """(cases the candidate passes that the parent failed, cases the parent passed that the
-    candidate fails): a case passes on an arm when its mean score reaches ``pass_score``;
+    candidate fails), a case passing by `mean_passes` (as the report's per-case table);
     cases without a score on both arms are not counted."""
-    bar = pass_score - _TOLERANCE * max(1.0, pass_score)
     base, cand = arm_scores(units, "baseline"), arm_scores(units, "candidate")
     fixed = broken = 0
     for case in base.keys() & cand.keys():
-        before = sum(base[case]) / len(base[case]) >= bar
-        after = sum(cand[case]) / len(cand[case]) >= bar
+        before, after = mean_passes(base[case], pass_score), mean_passes(cand[case], pass_score)
         fixed += after and not before
         broken += before and not after
     return fixed, broken

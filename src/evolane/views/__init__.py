@@ -9,6 +9,7 @@ from evolane.views._cases import (
     Category,
     arm_scores,
     case_runs,
+    mean_passes,
     run_kind,
 )
 from evolane.views._events import (
@@ -52,6 +53,7 @@ __all__ = [
     "isolation_text",
     "isolation_words",
     "kind_of",
+    "mean_passes",
     "page_data",
     "read_events",
     "render_html",

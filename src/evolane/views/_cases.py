@@ -57,6 +57,11 @@ class CaseRuns:
         return min(1.0, max(0.0, sum(score for score, _ in self.scored) / len(self.scored)))
 
     @property
+    def passes(self) -> bool:
+        """Whether the case passes on this arm (`mean_passes` of its scored runs)."""
+        return mean_passes([score for score, _ in self.scored], self.threshold)
+
+    @property
     def failing(self) -> list[tuple[float, dict[str, Any]]]:
         """The scored runs below the threshold."""
         return [(score, unit) for score, unit in self.scored if score < self.threshold]
@@ -81,6 +86,18 @@ def case_runs(units: list[dict[str, Any]], threshold: float = 1.0) -> CaseRuns |
         "solid" if not failing else "always_failing" if failing == len(scored) else "flaky"
     )
     return CaseRuns(category, scored, infra, threshold)
+
+
+PASS_TOLERANCE = 1e-12
+"""Relative float slack under the pass score (a mean of 0.7s may sum to 0.6999...)."""
+
+
+def mean_passes(scores: list[float], pass_score: float) -> bool:
+    """Whether a case passes on an arm: the mean of its runs' scores reaches ``pass_score``.
+    The one rule of fixed and broken cases, in decisions and in the report's per-case table."""
+    if not scores:
+        return False
+    return sum(scores) / len(scores) >= pass_score - PASS_TOLERANCE * max(1.0, pass_score)
 
 
 def arm_scores(units: list[dict[str, Any]], arm: str) -> dict[str, list[float]]:
