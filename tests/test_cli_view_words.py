@@ -339,5 +339,20 @@ def test_a_real_runs_events_draw_the_view_whole(toy_run: tuple[Path, str], width
     assert _holds_whole(lines, "val score: baseline 0.333  best so far 0.500 (+0.167)  ▁█")
     assert re.search(r"i0\.s0 accept  delta \+0\.\d{4} > 1\.0 x SE 0\.\d{4}", text), text
     assert _holds_whole(lines, "edit: fix:2") and _holds_whole(lines, "fixed 2, broken 0")
+    assert "edit: edit:" not in text  # the toy optimizer's summary says "edit: fix:2" itself
     assert _holds_whole(lines, "final test: seed 0.167 -> best 1.000  6 cases")
     assert "used (" not in text and "spent: 0 tokens · $0.00 ·" in text  # no ceiling set
+
+
+def test_an_optimizer_summary_that_says_edit_itself_is_labelled_once() -> None:
+    """The example optimizer's summaries read "edit: fix:2"; the view labels an edit once."""
+    from evolane.cli._viewtext import decision_segments
+
+    mine = _decision(
+        0, GOOD, decision="accept", reason="r", mean_delta=0.1, se=0.01, summary="edit: fix:2"
+    )
+    theirs = _decision(
+        0, GOOD, decision="accept", reason="r", mean_delta=0.1, se=0.01, summary="Add a retry"
+    )
+    assert decision_segments(mine, "i0.s0")[-1] == "edit: fix:2"
+    assert decision_segments(theirs, "i0.s0")[-1] == "edit: Add a retry"

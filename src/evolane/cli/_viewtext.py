@@ -173,8 +173,9 @@ def decision_segments(event: messages.DecisionEvent, label: str) -> list[str]:
         parts.append(_EARLY_WORDS[event.early])
     if event.decision == "accept" and event.candidate_mean is not None:
         parts.append(f"val score {event.candidate_mean:.3f}")
-    if event.summary:
-        parts.append(f"edit: {event.summary}")
+    if event.summary:  # labelled once, also when the optimizer's own words begin "edit:"
+        said = event.summary.lower().startswith("edit:")
+        parts.append(event.summary if said else f"edit: {event.summary}")
     elif event.digest:
         parts.append(short_digest(event.digest))
     return parts
