@@ -161,9 +161,9 @@ _register()
 
 def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
-    from evolane.cli import STARTED, _session
+    import evolane.cli as package
 
-    _session.LAUNCHED = STARTED
+    package.LAUNCHED = package.STARTED
     try:
         code = app(standalone_mode=False)
     except TyperException as error:

@@ -13,7 +13,6 @@ import typer
 from evolane.cli._config import resolved_settings, shown_path
 from evolane.cli._exits import fail_usage
 from evolane.cli._optimize import _o, optimize
-from evolane.cli._session import UsageError, build_config
 
 config_app = typer.Typer(
     name="config",
@@ -26,6 +25,7 @@ config_app = typer.Typer(
 def show(**flags: Any) -> None:
     """The resolved configuration for ``optimize``'s flags (and the config file) and where
     each value came from: a flag, the config file (path:line), an example, or the default."""
+    from evolane.cli._session import UsageError, build_config
     from evolane.inputs import InputError
 
     try:

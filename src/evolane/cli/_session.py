@@ -54,10 +54,6 @@ _CONFIG_FLAGS = (
 )  # fmt: skip
 
 
-LAUNCHED: float | None = None
-"""Set by `evolane.cli.main` to when the process loaded the CLI (used by the next run only)."""
-
-
 class UsageError(ValueError):
     """A bad flag or input: one line, exit code 2."""
 
@@ -195,9 +191,10 @@ def _cluster(flags: dict[str, Any]) -> None:
 
 def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
     """Run ``optimize`` or ``estimate``; returns the exit code (DESIGN §10)."""
-    global LAUNCHED
-    from_main = LAUNCHED is not None  # the process is ours: a console-script invocation
-    started, LAUNCHED = LAUNCHED or time.time(), None  # the budget includes starting up
+    import evolane.cli as package
+
+    from_main = package.LAUNCHED is not None  # the process is ours: a console-script call
+    started, package.LAUNCHED = package.LAUNCHED or time.time(), None  # counts starting up
     try:
         request = _request(flags, estimate_only)
         return trio.run(_main, request, flags, started)

@@ -21,15 +21,15 @@ import trio
 import typer
 from rich.console import Console
 
-from evolane import messages
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, fail_usage
 from evolane.cli._output import StoreOption, open_store, resolve_run, store_of
-from evolane.cli._render import ProgressMode, render_progress, resolve_mode
 from evolane.cli._resumable import resume_blocker, resume_command
-from evolane.views import EventDecoder, EventTail
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the view's modules load when a run is followed, not with the command line
+    from evolane import messages
     from evolane.campaign import StoreLayout
+    from evolane.cli._render import ProgressMode
+    from evolane.views import EventDecoder, EventTail
 
 WATCH_MODES = ("auto", "rich", "plain", "jsonl")
 """The ``--progress`` choices of ``watch`` (``none`` would show nothing)."""
@@ -100,8 +100,9 @@ class _Follower:
     def _ended(self, fresh: bool) -> Ending | None:
         """How the run ended, once the whole file is read; None while it may go on."""
         from evolane.campaign import run_is_live
+        from evolane.messages import RunFinished
 
-        if isinstance(self.last, messages.RunFinished):
+        if isinstance(self.last, RunFinished):
             return Ending(self.last.status)
         if fresh or run_is_live(self.layout, self.run_id):
             self.quiet_since = None
@@ -137,6 +138,9 @@ class _Follower:
 
 async def _watch(follower: _Follower, mode: ProgressMode, out: TextIO) -> Ending:
     """Render the run until it ends; Ctrl-C stops the tail only, and the view draws its end."""
+    from evolane import messages
+    from evolane.cli._render import render_progress
+
     send, receive = trio.open_memory_channel[messages.ProgressEvent](256)
     endings: list[Ending] = []
     async with trio.open_nursery() as nursery:
@@ -168,6 +172,9 @@ def follow_run(
     command's exit code is ``Ending.exit_code``."""
     if progress not in WATCH_MODES:
         fail_usage(f"unknown --progress {progress!r}; choose from: {', '.join(WATCH_MODES)}")
+    from evolane.cli._render import resolve_mode
+    from evolane.views import EventDecoder, EventTail
+
     view_out = out if out is not None else sys.stdout
     mode = resolve_mode(progress, view_out)
     events = layout.run_dir(run_id) / "events.jsonl"

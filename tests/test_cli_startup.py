@@ -1,0 +1,55 @@
+"""The command line starts light: ``evolane --help`` (and the parsing of any command) loads
+neither the runtime (measure, lanes, sandbox, distributed) nor the report page's numbers
+(views, stats, numpy); a command loads what it runs when it runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = (
+    "evolane.measure",
+    "evolane.lanes",
+    "evolane.sandbox",
+    "evolane.distributed",
+    "evolane.views",
+    "evolane.stats",
+    "evolane.campaign",
+    "numpy",
+)
+PROBE = """
+import sys
+sys.argv = ["evolane", *sys.argv[1:]]
+from evolane.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print("LOADED", *sorted(name for name in sys.modules if name in {heavy!r}))
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["optimize", "--help"], ["watch", "--help"]])
+def test_help_loads_none_of_the_runtime(args: list[str]) -> None:
+    code = PROBE.format(heavy=set(HEAVY))
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    (loaded,) = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
+    assert loaded == "LOADED", loaded
+
+
+def test_a_command_still_loads_what_it_runs() -> None:
+    """The probe can see a load: ``runs`` reads the store through the campaign package."""
+    code = PROBE.format(heavy=set(HEAVY))
+    done = subprocess.run(
+        [sys.executable, "-c", code, "runs", "--store", "/nonexistent-evolane-store"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    (loaded,) = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
+    assert "evolane.campaign" in loaded.split(), loaded
