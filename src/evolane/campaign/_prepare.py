@@ -129,7 +129,9 @@ def prepare_run(
     resume_campaign: str | None = None,
     rerun_from: str | None = None,
 ) -> Prepared:
-    """Check the request and build the records of its run (nothing is written here)."""
+    """Check the request and build the records of its run. No run or campaign record is
+    written here; what goes into the store is content-addressed (the target's snapshot,
+    cases derived from trajectories), so a dry run or an estimate leaves no run behind."""
     layout = StoreLayout(Path(config.store))
     resume, resumed = ResumeState(), 0
     if rerun_from is not None:
