@@ -5,6 +5,6 @@ session traces from eight template families, a rule-engine agent that follows SK
 an exact judge, and an optimizer whose edits help, hurt, change nothing, or break gates.
 """
 
-from evolane.examples.selfevolve._workspace import write_workspace
+from evolane.examples.selfevolve._workspace import commands, write_workspace
 
-__all__ = ["write_workspace"]
+__all__ = ["commands", "write_workspace"]

@@ -14,13 +14,14 @@ MODULE = "evolane.examples.selfevolve"
 PROTECTED = ("grader/**", "data/**")
 
 
-def commands(python: str = sys.executable) -> dict[str, str]:
-    """The replay, judge, optimizer and validator command templates (DESIGN §8)."""
-    base = f"{python} -m {MODULE}"
+def commands(python: str = sys.executable, cases_module: str = MODULE) -> dict[str, str]:
+    """The replay, judge, optimizer and validator command templates (DESIGN §8);
+    ``cases_module`` replays and judges (another example's cases: the traces example)."""
+    base, cases = f"{python} -m {MODULE}", f"{python} -m {cases_module}"
     return {
-        "replay": f"{base} replay --case-file {{case_file}} --candidate {{candidate}} "
+        "replay": f"{cases} replay --case-file {{case_file}} --candidate {{candidate}} "
         "--output-dir {output_dir}",
-        "judge": f"{base} judge --case-file {{case_file}} --output-dir {{output_dir}}",
+        "judge": f"{cases} judge --case-file {{case_file}} --output-dir {{output_dir}}",
         "optimizer": f"{base} optimize --workdir {{workdir}} --prompt-file {{prompt_file}} "
         "--seed {seed}",
         "validator": f"{base} validate {{candidate}}",

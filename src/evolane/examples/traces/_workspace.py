@@ -7,25 +7,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from evolane.examples.selfevolve import commands as selfevolve_commands
 from evolane.examples.selfevolve import write_workspace
 
 MODULE = "evolane.examples.traces"
-SELFEVOLVE = "evolane.examples.selfevolve"
 SEARCH = {"iterations": 4, "population": 2, "stall": 4, "seed": 56}
 """A small search: each background job is a short campaign."""
 
 
 def commands(python: str = sys.executable) -> dict[str, str]:
     """Replay and judge for trajectory cases; the self-evolution optimizer and validator."""
-    base, evolve = f"{python} -m {MODULE}", f"{python} -m {SELFEVOLVE}"
-    return {
-        "replay": f"{base} replay --case-file {{case_file}} --candidate {{candidate}} "
-        "--output-dir {output_dir}",
-        "judge": f"{base} judge --case-file {{case_file}} --output-dir {{output_dir}}",
-        "optimizer": f"{evolve} optimize --workdir {{workdir}} --prompt-file {{prompt_file}} "
-        "--seed {seed}",
-        "validator": f"{evolve} validate {{candidate}}",
-    }
+    return selfevolve_commands(python, cases_module=MODULE)
 
 
 def campaign_settings(directory: Path, python: str = sys.executable) -> dict[str, Any]:
