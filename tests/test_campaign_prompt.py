@@ -385,3 +385,23 @@ def test_the_context_stays_within_its_byte_bound(store: BlobStore) -> None:
     assert len(files.get(f"cases/{last}/output/output.json", b"")) < 3000
     with pytest.raises(ValueError, match="max_bytes"):
         write_context(store, standings, units.records, case_refs, 100)
+
+
+def test_a_flaky_case_that_passes_on_average_is_protected_not_fixed(store: BlobStore) -> None:
+    """Pass score 0.5: runs 1 and 0 pass on average (the decision counts losing it as
+    broken), so the prompt asks to protect it and keeps it out of the cases to fix; runs
+    0.5 and 0 miss on average and stay a case to fix."""
+    units = Units(store)
+    for case, scores in {"keep": (1.0, 0.0), "fix": (0.5, 0.0), "solid": (1.0, 1.0)}.items():
+        for score in scores:
+            units.add(case, score, reason="half")
+    standings = classify_cases(units.records, store, pass_threshold=0.5)
+    assert {s.id: (s.category, s.passes) for s in standings} == {
+        "keep": ("flaky", True),
+        "fix": ("flaky", False),
+        "solid": ("solid", True),
+    }
+    built = prompt(standings=standings, focus="all")
+    assert built["protect"] == ["solid", "keep"]
+    assert [f["id"] for f in built["failing"]] == ["fix"]
+    assert built["flaky"] == ["keep", "fix"]  # the categories still say what the runs did

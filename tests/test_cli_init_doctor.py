@@ -11,6 +11,8 @@ import tomllib
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 EVOLANE = [sys.executable, "-m", "evolane"]
 PATH_KEYS = ("target", "dataset", "store")
 """The evolane.toml keys that are paths, relative to the file's folder."""
@@ -95,10 +97,25 @@ def test_init_then_doctor_then_optimize_completes_and_accepts(tmp_path: Path) ->
     assert low <= report["wall_seconds"] <= high, (low, report["wall_seconds"], high)
 
 
-def test_probe_without_dry_run_is_refused_with_one_line(tmp_path: Path) -> None:
-    done = _run(["optimize", "--probe", "--target", "nowhere"], cwd=tmp_path)
-    assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "--dry-run" in done.stderr, done.stderr
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["optimize", "--probe", "--target", "nowhere"], "--dry-run"),
+        (["optimize", "--dry-run", "--probe", "--resume", "r-none"], "--resume"),
+        (["estimate", "--probe", "--resume", "r-none"], "--resume"),
+        (["estimate", "--probe", "--from-run", "r-none", "--rerun-evaluator"], "--from-run"),
+        (["optimize", "--drain-pending", "--dry-run"], "--drain-pending"),
+        (["optimize", "--drain-pending", "--probe"], "--drain-pending"),
+        (["config", "show", "--probe"], "--probe"),
+    ],
+)
+def test_a_probe_or_estimate_that_cannot_be_is_refused_with_one_line(
+    tmp_path: Path, args: list[str], named: str
+) -> None:
+    """Only a new run can be estimated or probed; ``config show`` has no ``--probe``."""
+    done = _run(args, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
     assert not (tmp_path / ".evolane").exists()  # refused before anything was written
 
 

@@ -28,10 +28,12 @@ from evolane.inputs import TrajectorySummary
 from evolane.store import BlobStore, StoreError
 from evolane.views import CaseRuns, case_runs, isolation_text
 
-Change = Literal["fixed", "broken", "same"]
+Change = Literal["fixed", "broken", "same", "unjudged"]
+"""``unjudged``: an arm has no score for the case (its runs failed on infrastructure), so
+it is neither fixed nor broken (as the decision's counts leave it out)."""
 MAX_CASE_ROWS: Final = 200
 """Above this many cases, the cases passing at both ends are counted, not listed."""
-_ORDER: Final = {"broken": 0, "fixed": 1, "same": 2}
+_ORDER: Final = {"broken": 0, "fixed": 1, "unjudged": 2, "same": 3}
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,8 @@ class CaseRow:
     case: str
     seed: float | None  # the mean score over the seed's scored runs (None: none scored)
     best: float | None
-    change: Change  # against the gate's pass_score: fixed, broken or the same
-    passing: bool  # whether the best passes it (every scored run >= pass_score)
+    change: Change  # against the gate's pass_score: fixed, broken, the same or unjudged
+    passing: bool  # whether the best passes it (`views.mean_passes` of its scored runs)
     reason: str = ""  # the judge's reason (else a failure code) for a case the best fails
 
 
@@ -84,7 +86,9 @@ def _case_row(
         return None  # it never ran (not_run, blocked)
     seed_passes, best_passes = _passes(seed), _passes(best)
     change: Change = "same"
-    if best_passes and not seed_passes:
+    if seed is None or best is None or not seed.scored or not best.scored:
+        change = "unjudged"  # nothing to compare on one arm (the decision counts it alike)
+    elif best_passes and not seed_passes:
         change = "fixed"
     elif seed_passes and not best_passes:
         change = "broken"
@@ -126,6 +130,7 @@ def case_counts(rows: tuple[CaseRow, ...] | list[CaseRow], split: str) -> dict[s
         "broken": sum(row.change == "broken" for row in mine),
         "same_passing": sum(row.change == "same" and row.passing for row in mine),
         "same_failing": sum(row.change == "same" and not row.passing for row in mine),
+        "unjudged": sum(row.change == "unjudged" for row in mine),
     }
 
 
@@ -147,7 +152,8 @@ def _case_lines(report: Report, rows: tuple[CaseRow, ...]) -> list[str]:
         "",
         "## Cases: the best against the seed",
         "",
-        f"A case passes when every run scores >= {gate.pass_score:g} (the gate's pass_score).",
+        f"A case passes when the mean of its runs' scores is >= {gate.pass_score:g} (the "
+        "gate's pass_score).",
         "",
     ]
     for split in ("val", "test"):
@@ -157,6 +163,7 @@ def _case_lines(report: Report, rows: tuple[CaseRow, ...]) -> list[str]:
                 f"- {split}: {n['fixed']} fixed, {n['broken']} broken, "
                 f"{n['same_passing'] + n['same_failing']} same "
                 f"({n['same_passing']} passing, {n['same_failing']} still failing)"
+                + (f", {n['unjudged']} unjudged (no score on one side)" if n["unjudged"] else "")
             )
     ordered = sorted(rows, key=lambda r: (r.split != "val", _ORDER[r.change], r.passing))
     hidden = 0

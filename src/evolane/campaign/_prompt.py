@@ -58,6 +58,7 @@ class CaseStanding(Record):
     score: float = Field(ge=0.0, le=1.0)  # the mean over scored runs (0 when none)
     runs: int = Field(ge=0)  # scored runs (a replay the parent itself failed scores 0)
     reason: ShortText = ""  # the judge's "reason" for a failing run, else a failure code
+    passes: bool = False  # the mean reaches the pass score (`views.mean_passes`): to keep
 
 
 def _ref(value: object) -> ArtifactRef | None:
@@ -132,16 +133,23 @@ def _standing(
         score=sorted_runs.mean,
         runs=len(sorted_runs.scored),
         reason=reason,
+        passes=sorted_runs.passes,
     )
 
 
+def failing_cases(standings: list[CaseStanding]) -> list[CaseStanding]:
+    """The cases the parent fails (by the mean rule), always failing or flaky, in order."""
+    return [s for s in standings if s.category in FAILING and not s.passes]
+
+
 def focus_cases(standings: list[CaseStanding], focus: str, iteration: int) -> list[CaseStanding]:
-    """The failing cases (always_failing and flaky) the prompt emphasises this iteration.
+    """The failing cases the prompt emphasises this iteration: always_failing and flaky ones
+    whose mean misses the pass score (a flaky case that passes on average is kept, not fixed).
 
     ``all``: every one, in standing order; ``cyclic``: one at a time, ``iteration % n``;
     ``hardest-first``: every one by mean score ascending, then id.
     """
-    failing = [s for s in standings if s.category in FAILING]
+    failing = failing_cases(standings)
     if focus == "all":
         return failing
     if focus == "cyclic":
@@ -226,13 +234,17 @@ def build_prompt(
         "protected_paths": list(protected),
     }
     kept = {name: len(items) for name, items in lists.items()}
+    passing_flaky = {s.id for s in standings if s.category == "flaky" and s.passes}
 
     def assemble() -> dict[str, Any]:
         prompt: dict[str, Any] = dict(fixed)
         for name, items in lists.items():
             keep = kept[name]
             prompt[name] = items[len(items) - keep :] if name == "rejected" else items[:keep]
-        prompt["protect"] = list(prompt["solid"])
+        # what a candidate must not break: the cases that pass (as the decision counts them)
+        prompt["protect"] = list(prompt["solid"]) + [
+            i for i in prompt["flaky"] if i in passing_flaky
+        ]
         prompt["omitted"] = {name: len(lists[name]) - kept[name] for name in lists}
         return prompt
 
@@ -391,7 +403,7 @@ def write_context(
     """
     if max_bytes < _HEADER_BYTES + _MIN_CASE_BYTES:
         raise ValueError(f"max_bytes must be at least {_HEADER_BYTES + _MIN_CASE_BYTES}")
-    failing = [s for s in standings if s.category in FAILING]
+    failing = failing_cases(standings)
     with tempfile.TemporaryDirectory(prefix="evolane-context-") as tmp:
         root = Path(tmp)
         budget = _Budget(store, max_bytes - _HEADER_BYTES)

@@ -165,7 +165,7 @@ def main() -> None:
 
     package.LAUNCHED = package.STARTED
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a run takes LAUNCHED as its start (and clears it)
     except TyperException as error:
         ctx = getattr(error, "ctx", None)
         where = f"{ctx.command_path}: " if ctx is not None else ""
@@ -175,6 +175,8 @@ def main() -> None:
     except typer.Abort:
         typer.echo("evolane: interrupted", err=True)
         code = 130
+    finally:  # a command that ran no run (doctor, drain, a probe) leaves no start behind
+        package.LAUNCHED = None
     sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from evolane.cli._config import resolved_settings, shown_path
+from evolane.cli._config import NOT_IN_FILE, resolved_settings, shown_path
 from evolane.cli._exits import fail_usage
 from evolane.cli._optimize import _o, optimize
 
@@ -53,7 +53,7 @@ def _shown_source(source: str) -> str:
 
 def _show_signature() -> inspect.Signature:
     """``optimize``'s flags that make a configuration, plus ``--json``."""
-    left_out = {"dry_run", "resume", "resume_campaign", "from_run", "rerun_evaluator"}
+    left_out = NOT_IN_FILE - {"config", "debug"}  # what asks for one run has nothing to show
     signature = inspect.signature(optimize, eval_str=True)
     params = [
         p.replace(kind=inspect.Parameter.KEYWORD_ONLY)

@@ -220,9 +220,10 @@ def estimate_probe(flags: dict[str, Any]) -> int:
     """``estimate --probe`` and ``optimize --dry-run --probe``: the estimate with its wall
     range from one timed replay and judge call; exit 1 when the probe could not score its
     case."""
-    from evolane.cli._session import build_config, print_estimate
+    from evolane.cli._session import build_config, print_estimate, refuse_continued
 
     try:
+        refuse_continued(flags, estimate_only=True)
         probe = run_probe(build_config(flags), flags)
     except BaseException as error:  # every error: one line and an exit code
         return _failed(error, flags)

@@ -113,7 +113,9 @@ async def _drain_jobs(root: Path, max_jobs: int | None, progress: str, watch: An
             codes.append(code)
             if code == EXIT_INTERRUPTED:
                 break
-    return next((code for code in _SEVERITY if code in codes), EXIT_OK)  # none ran here: OK
+    if not codes:  # every job is held by another live process: nothing failed here
+        return EXIT_OK
+    return next((code for code in _SEVERITY if code in codes), EXIT_INTERNAL)
 
 
 async def _drain_one(

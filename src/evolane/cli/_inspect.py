@@ -165,7 +165,7 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
 
     run_dir = layout.run_dir(record.run_id)
     live = live_note(layout, record, store)  # a process runs it: watch, never resume
-    blocked = resume_blocker(layout, record, store, live)
+    blocked = resume_blocker(layout, record, store, live=live)
     journal: dict[str, Any] = {"units": 0, "proposals": 0, "torn": False, "error": None}
     try:
         state = read_resume_state(run_dir / "journal.jsonl")

@@ -326,6 +326,8 @@ def optimize(
 ) -> None:
     """Run a campaign: propose, gate, replay, judge, decide, under hard budgets."""
     flags = {k: v for k, v in locals().items()}
+    if drain_pending and (dry_run or probe):
+        fail_usage("--drain-pending runs the pending jobs: it takes no --dry-run or --probe")
     if flags.pop("probe"):  # one timed replay and judge call, then the estimate
         if not dry_run:
             fail_usage("--probe times one replay and judge call for an estimate: add --dry-run")

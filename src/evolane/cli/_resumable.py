@@ -17,20 +17,24 @@ RESUMABLE = ("running", "interrupted")
 """The run statuses `--resume` accepts."""
 
 
+_LOOK = object()
+"""`resume_blocker`'s default ``live``: find out here whether a process runs the run."""
+
+
 def resume_blocker(
-    layout: StoreLayout, record: RunRecord, store: Path, live: str | bool | None = True
+    layout: StoreLayout, record: RunRecord, store: Path, *, live: object = _LOOK
 ) -> str | None:
     """Why ``--resume`` of ``record`` cannot work (one plain line), or None when it can: the
     run has not ended, no process runs it, its journal reads whole and the trees it starts
-    from are intact. ``live``: the caller's `live_note` when it has one (True: look here)."""
+    from are intact. ``live``: the caller's own `live_note` of the run, when it has one."""
     from evolane.campaign import after_failure
 
     if record.status == "failed":
         return after_failure(record.campaign_id)
     if record.status not in RESUMABLE:
         return f"the run ended {record.status}; start a new run (or --resume-campaign)"
-    live = live_note(layout, record, store) if live is True else live
-    return live or _damage(layout, record, store)
+    note = live_note(layout, record, store) if live is _LOOK else live
+    return (note if isinstance(note, str) else None) or _damage(layout, record, store)
 
 
 def _damage(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:

@@ -256,14 +256,7 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
         _check_choices(flags)
     except (ConfigError, UsageError) as error:
         raise UsageError(locate(str(error), flags)) from None
-    if flags.get("rerun_evaluator") and not flags.get("from_run"):
-        raise UsageError("--rerun-evaluator needs --from-run RUN_ID")
-    continued = (
-        "--resume" if flags.get("resume") else "--from-run" if flags.get("from_run") else None
-    )
-    if continued and (estimate_only or flags.get("dry_run")):
-        what = "evolane estimate" if estimate_only else "--dry-run"
-        raise UsageError(f"{what} with {continued}: only a new run can be estimated")
+    refuse_continued(flags, estimate_only)
     if flags.get("resume"):
         return OptimizeRequest(resume=flags["resume"])
     from_run = flags.get("from_run")
@@ -286,6 +279,19 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
         resume_campaign=flags.get("resume_campaign"),
         dry_run=dry,
     )
+
+
+def refuse_continued(flags: dict[str, Any], estimate_only: bool) -> None:
+    """`UsageError` for ``--rerun-evaluator`` alone, and for an estimate (``estimate``,
+    ``--dry-run``, ``--probe``) of a continued run: only a new run can be estimated."""
+    if flags.get("rerun_evaluator") and not flags.get("from_run"):
+        raise UsageError("--rerun-evaluator needs --from-run RUN_ID")
+    continued = (
+        "--resume" if flags.get("resume") else "--from-run" if flags.get("from_run") else None
+    )
+    if continued and (estimate_only or flags.get("dry_run")):
+        what = "evolane estimate" if estimate_only else "--dry-run"
+        raise UsageError(f"{what} with {continued}: only a new run can be estimated")
 
 
 def print_estimate(estimate: Any, flags: dict[str, Any]) -> int:

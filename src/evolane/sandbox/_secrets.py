@@ -78,15 +78,23 @@ def probe_succeeds(argv: list[str]) -> bool:
 
 
 def _reap_group(pgid: int, polls: int = 50) -> None:
-    """Reap what is left of process group ``pgid`` among our children (bounded: ``polls``
-    waits of 20 ms for members that have not exited yet)."""
-    for _ in range(polls):
+    """Reap what is left of process group ``pgid`` among our children: ``polls`` waits of
+    20 ms for members still running, then SIGKILL to the group and a blocking reap (a
+    member not yet reaped keeps the pgid allocated, so the signal reaches only the probe's)."""
+    for attempt in range(polls + 1):
         try:
             found = os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG)
         except ChildProcessError:  # no child of ours is left in the group
             return
-        if found is None:  # a member still runs: give it a moment
+        if found is None and attempt < polls:  # a member still runs: give it a moment
             time.sleep(0.02)
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, signal.SIGKILL)
+    while True:
+        try:
+            os.waitid(os.P_PGID, pgid, os.WEXITED)
+        except ChildProcessError:
+            return
 
 
 def make_undumpable() -> bool:

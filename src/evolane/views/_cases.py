@@ -1,8 +1,11 @@
 """How one case fared over its runs: scored, failed on its own account, or an infrastructure
 failure, and its category against the pass threshold.
 
-One rule for the optimizer prompt (which cases are failing) and the report's heatmap
-(pass / fail / flaky / infra), so the two name a case alike.
+One rule of categories for the optimizer prompt and the report's heatmap (pass / fail /
+flaky / infra), so the two name a case alike; and one rule of passing (`mean_passes`: the
+mean of its runs reaches the pass score) for the decision's fixed and broken cases, the
+report's per-case table and what the prompt asks to protect or to fix. With the default pass
+score of 1 the two agree: only a case whose every run passes has a mean of 1.
 """
 
 from __future__ import annotations
