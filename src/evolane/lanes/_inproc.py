@@ -25,6 +25,11 @@ MAX_HANDED = 4096
 """Output folders waiting for their judge at most; the oldest beyond it are removed (its
 judge, if it comes, lays the output out from the store)."""
 
+MAX_CASES_KEPT = 1024
+"""Case blobs whose (verified, content-addressed) bytes `read_case` keeps at most."""
+
+_cases: OrderedDict[str, bytes] = OrderedDict()
+_cases_lock = threading.Lock()
 _handed: OrderedDict[tuple[str, str, str], Path] = OrderedDict()
 _handed_lock = threading.Lock()
 
@@ -55,8 +60,20 @@ async def shared_tree(host: SandboxHost, store: BlobStore, ref: ArtifactRef) -> 
 
 
 def read_case(store: BlobStore, ref: ArtifactRef) -> dict[str, Any]:
-    """A case row from the store (one small, verified blob: read on the event loop)."""
-    value = orjson.loads(store.read_bytes(ref))
+    """A case row from the store (one small, verified blob: read on the event loop), a fresh
+    dict per call; the bytes of the last `MAX_CASES_KEPT` cases read are kept (a case is
+    read by both arms' replays, and again by both judges, a few units apart)."""
+    with _cases_lock:
+        data = _cases.get(ref.digest)
+        if data is not None:
+            _cases.move_to_end(ref.digest)
+    if data is None:
+        data = store.read_bytes(ref)
+        with _cases_lock:
+            _cases[ref.digest] = data
+            while len(_cases) > MAX_CASES_KEPT:
+                _cases.popitem(last=False)
+    value = orjson.loads(data)
     if not isinstance(value, dict):
         raise ValueError(f"case blob {ref.digest} is not a JSON object")
     return value
