@@ -146,8 +146,10 @@ class JudgeLane(CommandLane):
         finally:
             self.stops.disarm(job.unit_id)
         detail_ref = verdict.detail_ref
-        if verdict.detail and detail_ref is None:
-            detail_ref = await trio.to_thread.run_sync(self.store.put_bytes, verdict.detail)
+        if verdict.detail and detail_ref is None:  # a thread hop only for a new blob
+            detail_ref = self.store.stored(verdict.detail) or await trio.to_thread.run_sync(
+                self.store.put_bytes, verdict.detail
+            )
         status = (
             "cancelled"
             if stop.is_set() and verdict.failure

@@ -196,7 +196,9 @@ class _Measurement:
                 case ChargeUnit():
                     nursery.start_soon(self._charge, action)
                 case JournalReplay(unit_id=unit_id, record=record):
-                    nursery.start_soon(self._journal, record, False, ReplayJournaled(unit_id))
+                    assert self.s.settings.journal is not None
+                    self.s.settings.journal.hold(record)  # not durable: no IO, no task
+                    self._answer(ReplayJournaled(unit_id))
                 case StartJudge():
                     nursery.start_soon(self._judge, action)
                 case JournalUnit(unit_id=unit_id, record=record):

@@ -172,6 +172,15 @@ class BlobStore:
             return ArtifactRef(digest=digest, size=len(data), media_type=media_type)
         return self.put_stream([data], media_type=media_type)
 
+    def stored(self, data: bytes, *, media_type: str = DEFAULT_MEDIA_TYPE) -> ArtifactRef | None:
+        """The ref of ``data`` when the store already holds it (one ``stat``: cheap enough
+        for an event loop), else None; `put_bytes` stores it."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        flushed = self.deferred or not _DEFERRED.files  # nothing to flush first (`_durable`)
+        if flushed and self.has(digest):
+            return ArtifactRef(digest=digest, size=len(data), media_type=media_type)
+        return None
+
     def put_file(self, path: Path | str, *, media_type: str = DEFAULT_MEDIA_TYPE) -> ArtifactRef:
         """Store a file's content; it is hashed first so already-stored content costs no write."""
         with Path(path).open("rb") as source:
