@@ -19,7 +19,7 @@ files: property tests drive it with any completion order.
 from __future__ import annotations
 
 import heapq
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
 import orjson
@@ -65,6 +65,7 @@ from evolane.measure._units import (
     unit_debits,
     unit_event,
     unit_record,
+    unit_records_chunks,
     unit_records_json,
     unit_status,
 )
@@ -410,6 +411,10 @@ class MeasurePlan:
     def records_json(self) -> bytes:
         """`records` as the blob's bytes, from each unit's sealed record."""
         return unit_records_json(self.units)
+
+    def records_chunks(self) -> Iterator[bytes]:
+        """`records_json` in chunks (to stream the blob to the store)."""
+        return unit_records_chunks(self.units)
 
     def summary(self, units_ref: ArtifactRef, wall_seconds: float) -> MeasureSummary:
         """The outcome, once `Finish` was returned: the decision on the cases before the

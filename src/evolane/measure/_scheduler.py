@@ -156,8 +156,9 @@ class _Measurement:
         started = trio.current_time()
         await self._run()
         wall = trio.current_time() - started
-        records = self.plan.records_json()
-        units_ref = await trio.to_thread.run_sync(self.s.store.put_bytes, records)
+        # Streamed: the blob is never held whole beside the records it is made of.
+        chunks = self.plan.records_chunks()
+        units_ref = await trio.to_thread.run_sync(self.s.store.put_stream, chunks)
         return self.plan.summary(units_ref, wall)
 
     def cancel(self) -> None:

@@ -5,7 +5,7 @@ a summary. `MeasurePlan` (``_plan.py``) drives them."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -262,8 +262,23 @@ def _record(u: Unit) -> dict[str, Any]:
 def unit_records_json(units: list[Unit]) -> bytes:
     """Every unit as the JSON bytes of the units blob behind `MeasureSummary.units_ref`, by
     case, repetition and arm, from each unit's sealed record (else its results)."""
+    return b"".join(unit_records_chunks(units))
+
+
+def unit_records_chunks(units: list[Unit], chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """`unit_records_json` in chunks of about ``chunk_bytes``: the blob is streamed to the
+    store, never held whole beside the records it is made of."""
     ordered = sorted(units, key=lambda u: (u.case_number, u.repetition, u.arm))
-    return b"[" + b",".join(u.record or orjson.dumps(_record(u)) for u in ordered) + b"]"
+    parts, size = [b"["], 1
+    for number, unit in enumerate(ordered):
+        record = unit.record or orjson.dumps(_record(unit))
+        parts.append(record if number == 0 else b"," + record)
+        size += len(parts[-1])
+        if size >= chunk_bytes:
+            yield b"".join(parts)
+            parts, size = [], 0
+    parts.append(b"]")
+    yield b"".join(parts)
 
 
 def took_part(unit: Unit) -> bool:
