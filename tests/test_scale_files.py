@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from hypothesis import given
 
-from evolane.lanes._inproc import read_case
+from evolane.lanes._inproc import make_unit_dir, read_case
+from evolane.lanes._recycle import recycle
 from evolane.measure._units import unit_records_chunks
 from evolane.store import BlobStore, BlobTooLargeError, remove_tree
 from tests.test_measure_plan import FAST, Driver, build, shapes
@@ -116,3 +117,27 @@ def test_units_blob_streamed_in_chunks_is_the_blob_built_whole(shape: dict[str, 
     whole = plan.records_json()
     assert b"".join(unit_records_chunks(plan.units, chunk_bytes=700)) == whole
     assert b"".join(plan.records_chunks()) == whole
+
+
+def test_unit_folders_are_recycled_empty_or_removed(tmp_path: Path) -> None:
+    """A finished unit's folder becomes the next unit's, empty; one holding anything else
+    than files in its skeleton, or with a changed mode, is removed instead."""
+    units = tmp_path / "units"
+    first = units / "u1.1"
+    make_unit_dir(first, "work", "out")
+    (first / "out" / "output.json").write_bytes(b"1")
+    (first / "judge-usage.json").write_bytes(b"{}")
+    (first / "work" / "scratch").write_bytes(b"w")
+    recycle(first)
+    assert not first.exists() and len(list(units.iterdir())) == 1  # one spare
+    second = units / "u2.1"
+    make_unit_dir(second, "work", "out")
+    assert sorted(second.rglob("*")) == [second / "out", second / "work"]
+    assert list(units.iterdir()) == [second]  # the spare became the unit's folder
+    (second / "out" / "nested").mkdir()  # more than files: not recycled
+    recycle(second)
+    third = units / "u3.1"
+    make_unit_dir(third, "work", "out")
+    third.chmod(0o700)  # a mode a new folder does not have: not recycled
+    recycle(third)
+    assert list(units.iterdir()) == []

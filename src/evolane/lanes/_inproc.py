@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import trio
 
+from evolane.lanes._recycle import SKELETON, note_fresh, take_spare
 from evolane.messages import ArtifactRef
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, digest_hex, materialize_tree, remove_tree
@@ -97,12 +98,16 @@ def take_over(host: SandboxHost, unit_id: str, output: ArtifactRef) -> Path | No
 
 
 def make_unit_dir(unit_dir: Path, *subfolders: str) -> None:
-    """A fresh unit folder with ``subfolders`` (a leftover of an earlier attempt removed)."""
+    """A fresh unit folder with ``subfolders`` (a leftover of an earlier attempt removed):
+    a recycled one (`take_spare`) when they are ``work`` and ``out``."""
+    if tuple(sorted(subfolders)) == SKELETON and take_spare(unit_dir):
+        return
     try:
         unit_dir.mkdir(parents=True)
     except FileExistsError:
         with contextlib.suppress(FileNotFoundError):
             remove_tree(unit_dir)
         unit_dir.mkdir(parents=True)
+    note_fresh(unit_dir)
     for name in subfolders:
         (unit_dir / name).mkdir()
