@@ -68,6 +68,7 @@ from evolane.measure._units import (
     unit_records_chunks,
     unit_records_json,
     unit_status,
+    unpack,
 )
 from evolane.messages import (
     JudgeResult,
@@ -87,8 +88,8 @@ if TYPE_CHECKING:
 __all__ = ["RESTORABLE", "MeasurePlan", "Unit", "repetitions", "start_order"]
 
 ReuseCache = MutableMapping[str, bytes]
-"""Succeeded units by `reuse_key`, kept across measurements: each unit's sealed record (its
-replay and judge results are decoded from it when it is reused)."""
+"""Succeeded units by `reuse_key`, kept across measurements: each unit's sealed record,
+deflated (`pack`; its replay and judge results are decoded from it when it is reused)."""
 
 
 class MeasurePlan:
@@ -230,7 +231,7 @@ class MeasurePlan:
         cached = self.cache.get(reuse_key(self.settings, unit))
         if cached is not None:  # the same tree, case, repetition and seed: the same experiment
             mine = {"unit_id": unit.unit_id, "arm": unit.arm}
-            stored = orjson.loads(cached)
+            stored = orjson.loads(unpack(cached))
             unit.replay = ReplayResult.model_validate(stored["replay"]).model_copy(update=mine)
             unit.judge = JudgeResult.model_validate(stored["judge"])
             unit.reused = True
@@ -319,8 +320,8 @@ class MeasurePlan:
     def _counted(self, unit: Unit) -> None:
         self._finish(unit, unit.status)
         if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
-            assert unit.record is not None
-            self.cache[reuse_key(self.settings, unit)] = unit.record
+            assert unit.packed is not None
+            self.cache[reuse_key(self.settings, unit)] = unit.packed
 
     # ----- ending units, releasing their treatments, stopping -----------------------------
 
