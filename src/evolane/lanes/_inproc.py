@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import trio
 
+from evolane.lanes._recycle import SKELETON, note_fresh, take_spare
 from evolane.messages import ArtifactRef
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, digest_hex, materialize_tree, remove_tree
@@ -25,6 +26,11 @@ MAX_HANDED = 4096
 """Output folders waiting for their judge at most; the oldest beyond it are removed (its
 judge, if it comes, lays the output out from the store)."""
 
+MAX_CASES_KEPT = 1024
+"""Case blobs whose (verified, content-addressed) bytes `read_case` keeps at most."""
+
+_cases: OrderedDict[str, bytes] = OrderedDict()
+_cases_lock = threading.Lock()
 _handed: OrderedDict[tuple[str, str, str], Path] = OrderedDict()
 _handed_lock = threading.Lock()
 
@@ -55,8 +61,20 @@ async def shared_tree(host: SandboxHost, store: BlobStore, ref: ArtifactRef) -> 
 
 
 def read_case(store: BlobStore, ref: ArtifactRef) -> dict[str, Any]:
-    """A case row from the store (one small, verified blob: read on the event loop)."""
-    value = orjson.loads(store.read_bytes(ref))
+    """A case row from the store (one small, verified blob: read on the event loop), a fresh
+    dict per call; the bytes of the last `MAX_CASES_KEPT` cases read are kept (a case is
+    read by both arms' replays, and again by both judges, a few units apart)."""
+    with _cases_lock:
+        data = _cases.get(ref.digest)
+        if data is not None:
+            _cases.move_to_end(ref.digest)
+    if data is None:
+        data = store.read_bytes(ref)
+        with _cases_lock:
+            _cases[ref.digest] = data
+            while len(_cases) > MAX_CASES_KEPT:
+                _cases.popitem(last=False)
+    value = orjson.loads(data)
     if not isinstance(value, dict):
         raise ValueError(f"case blob {ref.digest} is not a JSON object")
     return value
@@ -80,12 +98,16 @@ def take_over(host: SandboxHost, unit_id: str, output: ArtifactRef) -> Path | No
 
 
 def make_unit_dir(unit_dir: Path, *subfolders: str) -> None:
-    """A fresh unit folder with ``subfolders`` (a leftover of an earlier attempt removed)."""
+    """A fresh unit folder with ``subfolders`` (a leftover of an earlier attempt removed):
+    a recycled one (`take_spare`) when they are ``work`` and ``out``."""
+    if tuple(sorted(subfolders)) == SKELETON and take_spare(unit_dir):
+        return
     try:
         unit_dir.mkdir(parents=True)
     except FileExistsError:
         with contextlib.suppress(FileNotFoundError):
             remove_tree(unit_dir)
         unit_dir.mkdir(parents=True)
+    note_fresh(unit_dir)
     for name in subfolders:
         (unit_dir / name).mkdir()

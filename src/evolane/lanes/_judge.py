@@ -23,6 +23,7 @@ from evolane.inputs import (
 )
 from evolane.lanes._backends import BackendCall, run_backend
 from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
+from evolane.lanes._recycle import recycle
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._scratch import UnitScratch
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
@@ -35,7 +36,6 @@ from evolane.store import (
     load_manifest,
     materialize_tree,
     read_regular_file,
-    remove_tree,
 )
 
 MAX_ANSWER_BYTES = MAX_LINE_BYTES
@@ -146,8 +146,10 @@ class JudgeLane(CommandLane):
         finally:
             self.stops.disarm(job.unit_id)
         detail_ref = verdict.detail_ref
-        if verdict.detail and detail_ref is None:
-            detail_ref = await trio.to_thread.run_sync(self.store.put_bytes, verdict.detail)
+        if verdict.detail and detail_ref is None:  # a thread hop only for a new blob
+            detail_ref = self.store.stored(verdict.detail) or await trio.to_thread.run_sync(
+                self.store.put_bytes, verdict.detail
+            )
         status = (
             "cancelled"
             if stop.is_set() and verdict.failure
@@ -234,7 +236,7 @@ class JudgeLane(CommandLane):
             usage, complete = judge_usage(usage_file, outcome, self.settings.prices)
             return replace(verdict, usage=usage, usage_complete=complete)
         finally:
-            self.host.defer(partial(remove_tree, unit_dir))
+            self.host.defer(partial(recycle, unit_dir))  # emptied for a next unit, or removed
 
     def _lay_out(
         self, scratch: UnitScratch, job: JudgeJob, tree_ref: ArtifactRef | None, no_command: bool

@@ -345,10 +345,11 @@ def _store_output(
 def _escaping_link(out: Path, scan: TreeScan) -> ValueError | None:
     """The first symlink of the output that resolves outside it through other links (each
     target is relative and in the tree, but ``d/l -> ..`` plus ``x -> d/l/../y`` leaves)."""
-    root = os.path.realpath(out)
+    root = ""  # resolved once, at the first symlink (a walk of every folder above it)
     for entry in scan.entries:
         if entry.kind != "symlink":
             continue
+        root = root or os.path.realpath(out)
         resolved = os.path.realpath(entry.path)
         if resolved != root and not resolved.startswith(root + os.sep):
             return ValueError(f"symlink {entry.relative!r} resolves outside the output folder")

@@ -54,30 +54,26 @@ class RunJournal:
         self._journal = Journal(path)
         self._lock = trio.Lock()  # one batch written at a time, in order
         self._batch = _Batch()
-        self._held: dict[tuple[str, str], tuple[bytes, float]] = {}  # replay records
+        # Replay records held, encoded only if written (most are superseded first).
+        self._held: dict[tuple[str, str], tuple[ReplayRecord, float]] = {}
         self.commits = 0
         """Batches written so far (fsyncs, for the durable ones)."""
 
     async def append(self, record: JournalRecord, *, durable: bool = True) -> None:
         """Add ``record`` as one line; when ``durable``, return once it is fsynced (with its
         batch). Once started, an append completes even if cancelled."""
-        line = encode_record(record)
-        if len(line) > MAX_RECORD_BYTES:
-            raise JournalError(
-                f"journal record of {len(line)} bytes exceeds {MAX_RECORD_BYTES}: "
-                "store payloads as blobs and journal their refs"
-            )
+        if not durable and isinstance(record, ReplayRecord):
+            self.hold(record)
+            return
+        line = _line(record)
         with trio.CancelScope(shield=True):
-            if not durable and isinstance(record, ReplayRecord):
-                self._held[(record.measurement, record.unit)] = (line, trio.current_time())
-                return
             if len(self._batch.lines) >= MAX_BATCH_RECORDS:
                 self._batch = _Batch()  # a full batch commits as it is
             batch = self._batch
             if isinstance(record, UnitRecord):
                 replay = self._held.pop((record.measurement, record.unit), None)
                 if replay is not None and record.status not in RESTORABLE:
-                    batch.lines.append(replay[0])  # a resume may judge it again
+                    batch.lines.append(_line(replay[0]))  # a resume may judge it again
             batch.lines.append(line)
             if not durable:
                 if not self._lock.locked():  # no batch in flight: write it now (no fsync)
@@ -89,6 +85,11 @@ class RunJournal:
                     await trio.to_thread.run_sync(self._write, self._take(batch))
             if batch.error is not None:
                 raise batch.error
+
+    def hold(self, record: ReplayRecord) -> None:
+        """Keep ``record`` (a replay before its judgement: not durable) up to `HOLD_SECONDS`
+        for its unit's record to supersede it; else it goes with the next batch."""
+        self._held[(record.measurement, record.unit)] = (record, trio.current_time())
 
     def _take(self, batch: _Batch) -> _Batch:
         """``batch`` stops collecting and is written next, with the replay records held
@@ -104,7 +105,7 @@ class RunJournal:
                 if held > cutoff and len(old) >= extra:
                     break
                 old.append(key)
-            batch.lines[:0] = [self._held.pop(key)[0] for key in old]
+            batch.lines[:0] = [_line(self._held.pop(key)[0]) for key in old]
         return batch
 
     def _write(self, batch: _Batch) -> None:
@@ -123,9 +124,20 @@ class RunJournal:
         """Write what is still queued or held (durably), release the file and its lock
         (idempotent)."""
         pending, self._batch = self._batch, _Batch()
-        pending.lines[:0] = [line for line, _ in self._held.values()]
+        pending.lines[:0] = [_line(record) for record, _ in self._held.values()]
         self._held.clear()
         if pending.lines and not self._journal.closed:
             pending.durable = True
             self._write(pending)
         self._journal.close()
+
+
+def _line(record: JournalRecord) -> bytes:
+    """``record`` as one journal line, within `MAX_RECORD_BYTES`."""
+    line = encode_record(record)
+    if len(line) > MAX_RECORD_BYTES:
+        raise JournalError(
+            f"journal record of {len(line)} bytes exceeds {MAX_RECORD_BYTES}: "
+            "store payloads as blobs and journal their refs"
+        )
+    return line

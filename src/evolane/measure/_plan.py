@@ -19,7 +19,7 @@ files: property tests drive it with any completion order.
 from __future__ import annotations
 
 import heapq
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
 import orjson
@@ -65,8 +65,10 @@ from evolane.measure._units import (
     unit_debits,
     unit_event,
     unit_record,
+    unit_records_chunks,
     unit_records_json,
     unit_status,
+    unpack,
 )
 from evolane.messages import (
     JudgeResult,
@@ -86,8 +88,8 @@ if TYPE_CHECKING:
 __all__ = ["RESTORABLE", "MeasurePlan", "Unit", "repetitions", "start_order"]
 
 ReuseCache = MutableMapping[str, bytes]
-"""Succeeded units by `reuse_key`, kept across measurements: each unit's sealed record (its
-replay and judge results are decoded from it when it is reused)."""
+"""Succeeded units by `reuse_key`, kept across measurements: each unit's sealed record,
+deflated (`pack`; its replay and judge results are decoded from it when it is reused)."""
 
 
 class MeasurePlan:
@@ -229,7 +231,7 @@ class MeasurePlan:
         cached = self.cache.get(reuse_key(self.settings, unit))
         if cached is not None:  # the same tree, case, repetition and seed: the same experiment
             mine = {"unit_id": unit.unit_id, "arm": unit.arm}
-            stored = orjson.loads(cached)
+            stored = orjson.loads(unpack(cached))
             unit.replay = ReplayResult.model_validate(stored["replay"]).model_copy(update=mine)
             unit.judge = JudgeResult.model_validate(stored["judge"])
             unit.reused = True
@@ -318,8 +320,8 @@ class MeasurePlan:
     def _counted(self, unit: Unit) -> None:
         self._finish(unit, unit.status)
         if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
-            assert unit.record is not None
-            self.cache[reuse_key(self.settings, unit)] = unit.record
+            assert unit.packed is not None
+            self.cache[reuse_key(self.settings, unit)] = unit.packed
 
     # ----- ending units, releasing their treatments, stopping -----------------------------
 
@@ -410,6 +412,10 @@ class MeasurePlan:
     def records_json(self) -> bytes:
         """`records` as the blob's bytes, from each unit's sealed record."""
         return unit_records_json(self.units)
+
+    def records_chunks(self) -> Iterator[bytes]:
+        """`records_json` in chunks (to stream the blob to the store)."""
+        return unit_records_chunks(self.units)
 
     def summary(self, units_ref: ArtifactRef, wall_seconds: float) -> MeasureSummary:
         """The outcome, once `Finish` was returned: the decision on the cases before the

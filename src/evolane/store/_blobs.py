@@ -172,6 +172,15 @@ class BlobStore:
             return ArtifactRef(digest=digest, size=len(data), media_type=media_type)
         return self.put_stream([data], media_type=media_type)
 
+    def stored(self, data: bytes, *, media_type: str = DEFAULT_MEDIA_TYPE) -> ArtifactRef | None:
+        """The ref of ``data`` when the store already holds it (one ``stat``: cheap enough
+        for an event loop), else None; `put_bytes` stores it."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        flushed = self.deferred or not _DEFERRED.files  # nothing to flush first (`_durable`)
+        if flushed and self.has(digest):
+            return ArtifactRef(digest=digest, size=len(data), media_type=media_type)
+        return None
+
     def put_file(self, path: Path | str, *, media_type: str = DEFAULT_MEDIA_TYPE) -> ArtifactRef:
         """Store a file's content; it is hashed first so already-stored content costs no write."""
         with Path(path).open("rb") as source:
@@ -185,6 +194,11 @@ class BlobStore:
         (`NotRegularFileError`); a file holding more bytes raises `BlobTooLargeError` before
         anything is stored."""
         with _open_regular(path) as source:
+            if os.fstat(source.fileno()).st_size < CHUNK_SIZE:  # small: read once, unbuffered
+                data = _read_fd(source.fileno(), max_bytes)
+                if len(data) <= CHUNK_SIZE:
+                    return self.put_bytes(data, media_type=media_type)
+                source.seek(0)  # it grew meanwhile: stream it
             return self._put_source(source, media_type, max_bytes)
 
     def _put_source(self, source: BinaryIO, media_type: str, max_bytes: int | None) -> ArtifactRef:
@@ -206,8 +220,11 @@ class BlobStore:
         self, chunks: Iterable[bytes], *, media_type: str = DEFAULT_MEDIA_TYPE
     ) -> ArtifactRef:
         """Store a stream of byte chunks, hashing while writing; memory use is one chunk."""
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="blob-", suffix=".tmp")
+        try:
+            fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="blob-", suffix=".tmp")
+        except FileNotFoundError:  # the store's first blob
+            self.tmp.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(dir=self.tmp, prefix="blob-", suffix=".tmp")
         tmp_path = Path(tmp_name)
         try:
             hasher = hashlib.sha256()
@@ -234,10 +251,14 @@ class BlobStore:
     def _place(self, tmp_path: Path, final: Path) -> None:
         """Publish a complete temp file at ``final`` unless a blob is already there."""
         parent = final.parent
-        created = not parent.is_dir()
-        parent.mkdir(parents=True, exist_ok=True)
+        created = False
         try:
-            os.link(tmp_path, final)
+            try:
+                os.link(tmp_path, final)
+            except FileNotFoundError:  # the first blob of its folder
+                created = not parent.is_dir()
+                parent.mkdir(parents=True, exist_ok=True)
+                os.link(tmp_path, final)
         except FileExistsError:
             return
         except OSError as exc:
@@ -290,8 +311,19 @@ class BlobStore:
 
     def read_bytes(self, blob: BlobId, *, verify: bool = True) -> bytes:
         """The blob's whole content, checked against its digest (and size) by default."""
-        with self.open(blob) as source:
-            data = source.read()
+        hex_digest = digest_hex(blob)
+        where = os.path.join(self.objects, hex_digest[:2], hex_digest)
+        try:  # unbuffered: open, fstat, read, close (a small blob is one read)
+            fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            message = f"blob {_digest(blob)} is missing (expected at {where})"
+            raise MissingBlobError(message) from None
+        try:
+            data = _read_fd(fd)
+        except OSError as error:
+            raise with_path(error, where) from None
+        finally:
+            os.close(fd)
         if verify:
             actual = "sha256:" + hashlib.sha256(data).hexdigest()
             self._check(blob, actual, len(data))
@@ -349,6 +381,26 @@ def _open_regular(path: Path | str, *, follow_symlinks: bool = False) -> BinaryI
         source.close()
         raise NotRegularFileError(f"{path} is not a regular file")
     return source
+
+
+def _read_fd(fd: int, max_bytes: int | None = None) -> bytes:
+    """Everything from ``fd`` (a regular file) to its end: a read of its size plus one byte,
+    so a file that did not grow ends in one read; a longer one is read on in chunks. Past
+    ``max_bytes`` (if given) `BlobTooLargeError`."""
+    size = os.fstat(fd).st_size
+    cap = size + 1 if max_bytes is None else min(size, max_bytes) + 1
+    first = os.read(fd, cap)
+    if len(first) <= size and (max_bytes is None or len(first) <= max_bytes):
+        return first  # a short read of a regular file: its end
+    chunks, total = [first], len(first)
+    while chunk := os.read(fd, CHUNK_SIZE):
+        chunks.append(chunk)
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:
+            break
+    if max_bytes is not None and total > max_bytes:
+        raise BlobTooLargeError(f"more than {max_bytes} bytes")
+    return b"".join(chunks)
 
 
 def _digest(blob: BlobId) -> str:

@@ -15,71 +15,93 @@ import contextlib
 import errno
 import itertools
 import os
-import stat
 from pathlib import Path
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _HOIST_PREFIX = ".evolane-rm-"
+_REFUSED = (errno.EACCES, errno.EPERM)
 
 
 def remove_tree(path: Path | str) -> bool:
     """Remove ``path`` (a file, a symlink or a folder with everything under it); True when
     it is gone. Errors are swallowed (a leftover is litter, never a crash): read-only folders
-    are made writable first, a mount point or a foreign file that cannot go stays."""
+    are made writable where a removal in them is refused, a mount point or a foreign file
+    that cannot go stays."""
     path = os.fspath(path)
     try:
-        info = os.lstat(path)
+        top = os.open(path, _DIR_FLAGS)
     except FileNotFoundError:
         return True
-    except OSError:
-        return False
-    if not stat.S_ISDIR(info.st_mode):
-        with contextlib.suppress(OSError):
+    except OSError as error:
+        if error.errno not in (errno.ENOTDIR, errno.ELOOP):
+            return False
+        with contextlib.suppress(OSError):  # a file or a symlink (never followed)
             os.unlink(path)
         return not os.path.lexists(path)
-    try:
-        top = os.open(path, _DIR_FLAGS)
-    except OSError:
-        return False
     try:
         _empty(top)
     finally:
         os.close(top)
-    with contextlib.suppress(OSError):
+    try:
         os.rmdir(path)
-    return not os.path.lexists(path)
+    except OSError:
+        return not os.path.lexists(path)
+    return True
 
 
 def _empty(top: int) -> None:
-    """Empty the folder open as ``top``: its files go, each sub-folder is emptied the same
-    way after its own sub-folders were renamed up into ``top``."""
+    """Empty the folder open as ``top``: its files go, each sub-folder is removed at once
+    when empty, else emptied the same way after its own sub-folders were renamed up into
+    ``top``. A folder is made writable only when a removal in it is refused."""
     names = itertools.count()
     device = os.fstat(top).st_dev
     stuck: set[str] = set()  # folders of ``top`` that could not be emptied (left in place)
+    writable = False
     while True:
-        with contextlib.suppress(OSError):
-            os.fchmod(top, 0o700)
-        folders = [name for name in _unlink_files(top) if name not in stuck]
+        folders, refused = _unlink_files(top)
+        if refused and not writable:
+            writable = _make_writable(top)
+            continue
+        folders = [name for name in folders if name not in stuck]
         if not folders:
             return
         for name in folders:
-            if not _flatten(top, name, names, device):
-                stuck.add(name)
+            failed = _rmdir(top, name)  # an empty folder goes in one call
+            if failed in _REFUSED and not writable:
+                writable = _make_writable(top)
+                failed = _rmdir(top, name)
+            if not failed:
                 continue
-            try:
-                os.rmdir(name, dir_fd=top)
-            except OSError:
+            writable = writable or _make_writable(top)  # its sub-folders are moved up here
+            if not _flatten(top, name, names, device) or _rmdir(top, name):
                 stuck.add(name)
 
 
-def _unlink_files(folder: int) -> list[str]:
-    """Unlink every non-folder entry of ``folder``; returns the names of its sub-folders."""
+def _rmdir(folder: int, name: str) -> int:
+    """Remove the empty folder ``folder/name``: 0, else the error number."""
+    try:
+        os.rmdir(name, dir_fd=folder)
+    except OSError as error:
+        return error.errno or -1
+    return 0
+
+
+def _make_writable(folder: int) -> bool:
+    with contextlib.suppress(OSError):
+        os.fchmod(folder, 0o700)
+    return True
+
+
+def _unlink_files(folder: int) -> tuple[list[str], bool]:
+    """Unlink every non-folder entry of ``folder``: the names of its sub-folders, and
+    whether an unlink was refused for want of permission (a read-only folder)."""
     folders = []
+    refused = False
     try:
         with os.scandir(folder) as scan:
             entries = list(scan)
     except OSError:
-        return []
+        return [], False
     for entry in entries:
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
@@ -88,14 +110,17 @@ def _unlink_files(folder: int) -> list[str]:
         if is_dir:
             folders.append(entry.name)
             continue
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(entry.name, dir_fd=folder)
-    return folders
+        except OSError as error:
+            refused = refused or error.errno in _REFUSED
+    return folders, refused
 
 
 def _flatten(top: int, name: str, names: itertools.count[int], device: int) -> bool:
-    """Empty ``top/name`` of files and move its sub-folders up into ``top``; True when the
-    folder was left empty. A folder on another filesystem (a mount point) is not entered."""
+    """Empty ``top/name`` of files and move its sub-folders up into ``top``; False when it
+    could not be entered (a mount point, on another filesystem, is not). Whether it was
+    left empty, its removal tells."""
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=top)
     except OSError:
@@ -103,12 +128,15 @@ def _flatten(top: int, name: str, names: itertools.count[int], device: int) -> b
     try:
         if os.fstat(fd).st_dev != device:
             return False
-        with contextlib.suppress(OSError):
-            os.fchmod(fd, 0o700)
-        for child in _unlink_files(fd):
-            _hoist(fd, child, top, names)
-        with os.scandir(fd) as scan:
-            return next(scan, None) is None
+        children, refused = _unlink_files(fd)
+        if refused or children:  # unlinks refused, or sub-folders to move out of it
+            _make_writable(fd)
+        if refused:
+            children, _ = _unlink_files(fd)
+        for child in children:
+            if _rmdir(fd, child):
+                _hoist(fd, child, top, names)
+        return True
     except OSError:
         return False
     finally:

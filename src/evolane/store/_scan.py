@@ -152,7 +152,11 @@ def scan_tree(directory: Path | str, limits: TreeLimits | None = None) -> TreeSc
     Nothing is read but directory entries, ``lstat`` results and symlink targets.
     """
     root = Path(directory)
-    if not root.is_dir() or root.is_symlink():
+    try:
+        is_folder = stat.S_ISDIR(os.lstat(root).st_mode)  # a symlink to one is not
+    except OSError:
+        is_folder = False
+    if not is_folder:
         raise NotADirectoryError(f"cannot snapshot {root}: not a directory")
     walk = _Walk(limits or TreeLimits())
     pending: list[tuple[str, str]] = [("", str(root))]  # (relative prefix, folder path)

@@ -1,0 +1,139 @@
+"""Unit folders of in-process backends, recycled: a finished unit's folder is emptied (in
+the host's cleanup thread) down to its empty ``work`` and ``out`` folders and kept as a
+spare; the next unit renames a spare to its own name instead of making three folders. A
+unit still gets a fresh folder of its own (its own path, nothing in it, the modes a new
+folder gets); anything a spare cannot be checked to be is removed instead.
+
+Each folder made or removed is a journaled metadata change of the filesystem, the largest
+per-unit cost of a unit that does nothing (issue 22): recycling leaves two renames and the
+unlinks of what the unit wrote."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import stat
+import threading
+from collections import deque
+from pathlib import Path
+
+from evolane.store import remove_tree
+
+MAX_SPARE = 64
+"""Emptied unit folders kept per scratch root at most (beyond: removed)."""
+
+MAX_ROOTS = 16
+"""Scratch roots (sandbox leases) whose spares are known at most; a lease's spares go with
+its folder when it is swept."""
+
+SKELETON = ("out", "work")
+"""The sub-folders a recycled unit folder keeps (empty), sorted."""
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_spares: dict[str, deque[str]] = {}  # scratch root -> spare folders (appends/pops: atomic)
+_names = itertools.count()
+_lock = threading.Lock()
+_fresh: dict[str, int] = {}  # what a new folder looks like: "mode" and "uid"
+
+
+def take_spare(unit_dir: Path) -> bool:
+    """Give ``unit_dir`` a recycled folder holding empty ``work`` and ``out``: False (nothing
+    done) when no spare is left or ``unit_dir`` exists (an earlier attempt's)."""
+    spares = _spares.get(str(unit_dir.parent))
+    while spares:
+        try:
+            spare = spares.pop()
+        except IndexError:  # taken by another thread meanwhile
+            return False
+        try:
+            os.rename(spare, unit_dir)  # never over a folder with something in it
+        except OSError as error:
+            if error.errno != errno.ENOENT:  # a leftover in the way: keep the spare
+                spares.append(spare)
+                return False
+            if not unit_dir.parent.is_dir():
+                return False
+            continue  # this spare is gone (its lease was swept): try the next
+        return True
+    return False
+
+
+def note_fresh(folder: Path) -> None:
+    """Remember what a newly made folder looks like (mode, owner): a spare must match it."""
+    if "mode" not in _fresh:
+        with contextlib.suppress(OSError):
+            info = os.lstat(folder)
+            _fresh.update(mode=stat.S_IMODE(info.st_mode), uid=info.st_uid)
+
+
+def recycle(unit_dir: Path) -> None:
+    """Empty ``unit_dir`` to its skeleton and keep it as a spare; else remove it (blocking
+    I/O: the host's cleanup thread)."""
+    root = str(unit_dir.parent)
+    with _lock:
+        spares = _spares.get(root)
+        if spares is None:
+            while len(_spares) >= MAX_ROOTS:  # the oldest root's spares are forgotten
+                del _spares[next(iter(_spares))]
+            spares = _spares[root] = deque()
+    if len(spares) >= MAX_SPARE or not _emptied(unit_dir):
+        remove_tree(unit_dir)
+        return
+    spare = os.path.join(root, f".spare-{next(_names)}")
+    try:
+        os.rename(unit_dir, spare)
+    except OSError:
+        remove_tree(unit_dir)
+        return
+    spares.append(spare)
+
+
+def _emptied(unit_dir: Path) -> bool:
+    """Whether ``unit_dir`` is now exactly a fresh folder with empty ``work`` and ``out``:
+    the files the unit left are unlinked; anything else (a folder of its own, a mode or
+    owner changed) leaves it as it is and says False."""
+    if "mode" not in _fresh:
+        return False
+    try:
+        top = os.open(unit_dir, _DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        if not _fresh_folder(top):
+            return False
+        with os.scandir(top) as scan:
+            entries = list(scan)
+        if sorted(e.name for e in entries if e.is_dir(follow_symlinks=False)) != list(SKELETON):
+            return False
+        for entry in entries:
+            if entry.name not in SKELETON:
+                os.unlink(entry.name, dir_fd=top)
+        return all(_emptied_folder(top, name) for name in SKELETON)
+    except OSError:
+        return False
+    finally:
+        os.close(top)
+
+
+def _emptied_folder(top: int, name: str) -> bool:
+    """Unlink the files of ``top/name``: False if it holds a folder or is no longer fresh."""
+    fd = os.open(name, _DIR_FLAGS, dir_fd=top)
+    try:
+        if not _fresh_folder(fd):
+            return False
+        with os.scandir(fd) as scan:
+            entries = list(scan)
+        if any(entry.is_dir(follow_symlinks=False) for entry in entries):
+            return False
+        for entry in entries:
+            os.unlink(entry.name, dir_fd=fd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _fresh_folder(fd: int) -> bool:
+    info = os.fstat(fd)
+    return stat.S_IMODE(info.st_mode) == _fresh["mode"] and info.st_uid == _fresh["uid"]
