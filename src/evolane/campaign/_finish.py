@@ -170,7 +170,7 @@ async def finish(
             spent_by_stage=dict(ledger.spent_by_stage),
             spent_by_role=ledger.by_role(),
             cached={k: v for k, v in ledger.cached_by_stage.items() if k in ROLES},
-            overruns=len(ledger.overruns),
+            overruns=ledger.overruns_total,
         ),
         **dict(outcome.report),
     )

@@ -390,7 +390,7 @@ def write_context(
     store: BlobStore,
     standings: list[CaseStanding],
     units: list[dict[str, Any]],
-    case_refs: dict[str, ArtifactRef],
+    case_refs: Mapping[str, ArtifactRef],
     max_bytes: int = 1 << 20,
 ) -> ArtifactRef:
     """The optimizer's read-only context as a stored tree, at most ``max_bytes`` in all.

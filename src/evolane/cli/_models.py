@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from evolane.cli._exits import flag_problem
 from evolane.inputs import InputError, load_prices
+from evolane.store import read_at_most
 
 ROLES = ("judge", "optimizer")
 _PER_ROLE: dict[str, Callable[[str], Any]] = {
@@ -60,7 +61,7 @@ def read_rubric(path: Path) -> str:
     """The rubric's text (UTF-8, at most `RUBRIC_BYTES`)."""
     try:
         with path.open("rb") as source:
-            data = source.read(RUBRIC_BYTES + 1)
+            data = read_at_most(source, RUBRIC_BYTES)
     except OSError as error:
         raise InputError(f"--rubric {path}: {error.strerror or error}") from None
     if len(data) > RUBRIC_BYTES:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from evolane.inputs._cases import SPLITS, Case, Split, case_json
 from evolane.inputs._errors import DatasetError, InputError, quote
+from evolane.store import read_at_most
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
 """A dataset file larger than this is refused before it is read."""
@@ -61,31 +62,30 @@ class Dataset:
                     f"duplicate id {quote(case.id)} (cases {seen[case.id]} and {index})",
                 )
             seen[case.id] = index
+        hasher = hashlib.sha256()
         try:
-            encoded = [case_json(case) for case in ordered]
+            for case in ordered:
+                hasher.update(case_json(case) + b"\n")
         except orjson.JSONEncodeError as error:
             raise DatasetError.at(shown, None, f"a case cannot be encoded: {error}") from None
-        self._build(ordered, encoded, shown)
+        self._build(ordered, "sha256:" + hasher.hexdigest(), shown)
 
     @classmethod
-    def _trusted(cls, cases: tuple[Case, ...], encoded: list[bytes], path: str) -> Dataset:
-        """A dataset from cases the loader has checked and encoded already."""
+    def _trusted(cls, cases: tuple[Case, ...], digest: str, path: str) -> Dataset:
+        """A dataset from cases the loader has checked, and the `digest` it took as it read
+        them (the encoded rows are not kept: orjson's output holds about 4 KiB each)."""
         dataset = cls.__new__(cls)
-        dataset._build(cases, encoded, path)
+        dataset._build(cases, digest, path)
         return dataset
 
-    def _build(self, cases: tuple[Case, ...], encoded: list[bytes], path: str) -> None:
+    def _build(self, cases: tuple[Case, ...], digest: str, path: str) -> None:
         if not cases:
             raise DatasetError.at(path, None, "no cases")
-        hasher = hashlib.sha256()
-        for line in encoded:
-            hasher.update(line)
-            hasher.update(b"\n")
         splits = {name: tuple(case for case in cases if case.split == name) for name in SPLITS}
         set_ = object.__setattr__
         set_(self, "_cases", cases)
         set_(self, "_path", path)
-        set_(self, "_digest", "sha256:" + hasher.hexdigest())
+        set_(self, "_digest", digest)
         set_(self, "_by_id", MappingProxyType({case.id: case for case in cases}))
         set_(self, "_splits", MappingProxyType(splits))
 
@@ -174,7 +174,7 @@ def parse_dataset(
 ) -> Dataset:
     """Check JSONL ``data`` (named ``path`` in messages) as `load_dataset` does for a file."""
     cases: list[Case] = []
-    encoded: list[bytes] = []
+    hasher = hashlib.sha256()  # the digest of `canonical_jsonl`, taken as the rows are read
     seen: dict[str, int] = {}
     start = len(_BOM) if data.startswith(_BOM) else 0
     for number, first, end in _line_spans(data, start):
@@ -191,10 +191,10 @@ def parse_dataset(
             _fail(path, number, f"duplicate id {quote(case.id)} (first on line {earlier})")
         seen[case.id] = number
         cases.append(case)
-        encoded.append(row_json)
+        hasher.update(row_json + b"\n")
     if not cases:
         _fail(path, None, "no cases")
-    return Dataset._trusted(tuple(cases), encoded, path)
+    return Dataset._trusted(tuple(cases), "sha256:" + hasher.hexdigest(), path)
 
 
 def _read_bounded(path: str, limit: int) -> bytes:
@@ -204,7 +204,7 @@ def _read_bounded(path: str, limit: int) -> bytes:
             size = os.fstat(handle.fileno()).st_size
             if size > limit:
                 _fail(path, None, f"file is {size} bytes, over the {_size(limit)} limit")
-            data = handle.read(limit + 1)
+            data = read_at_most(handle, limit)
     except OSError as error:
         reason = error.strerror or str(error) or type(error).__name__
         _fail(path, None, f"cannot read: {reason[:1].lower()}{reason[1:]}")

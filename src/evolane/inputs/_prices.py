@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 
 from evolane.inputs._errors import InputError
 from evolane.messages import Name, Record
+from evolane.store import read_at_most
 
 MAX_PRICES_BYTES = 1 << 20
 """Bytes read of a price file."""
@@ -114,7 +115,7 @@ def load_prices(path: str | Path) -> PriceTable:
     where = f"--prices {path}"
     try:
         with open(path, "rb") as source:
-            data = source.read(MAX_PRICES_BYTES + 1)
+            data = read_at_most(source, MAX_PRICES_BYTES)
     except OSError as error:
         raise InputError(f"{where}: {error.strerror or error}") from None
     if len(data) > MAX_PRICES_BYTES:

@@ -4,6 +4,7 @@ the measurement's settings and its part of a run tree (lane pools, slot names), 
 standalone pipeline. The measurement's messages live in `evolane.messages`."""
 
 from evolane.measure._budget import (
+    OVERRUNS_KEPT,
     PROBE_RUNNING,
     ROLES,
     BudgetActor,
@@ -73,6 +74,7 @@ __all__ = [
     "LANE_SHUTDOWN_GRACE",
     "MAX_TIMEOUT",
     "MEASURE_ASK_TIMEOUT",
+    "OVERRUNS_KEPT",
     "PROBE_RUNNING",
     "RESTORABLE",
     "ROLES",

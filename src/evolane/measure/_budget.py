@@ -31,6 +31,10 @@ from evolane.messages import (
 )
 
 SAMPLES_KEPT = 64
+OVERRUNS_KEPT = 1024
+"""Overruns (and their events) the ledger keeps, the first ones; later ones are counted
+(`Ledger.overruns_total`) and still published, so a ledger's memory stays bounded however
+many units run (a quarter of units can overrun their wall-clock estimate)."""
 LEVELS = ((0.5, "50%"), (0.8, "80%"), (1.0, "100%"))
 
 
@@ -62,7 +66,11 @@ class LedgerSnapshot(Record):
     """Charges of answers taken from a response cache (free), by stage."""
     in_flight: int
     overruns: tuple[Overrun, ...]
+    """The first `OVERRUNS_KEPT` overruns."""
+    overruns_total: int = 0
+    """Every overrun, counted."""
     events: tuple[BudgetEvent, ...]
+    """The levels crossed, and the events of the overruns kept."""
 
     def by_role(self) -> dict[str, Usage]:
         """Spent by each role (`ROLES`) that spent anything, in that order."""
@@ -112,8 +120,9 @@ class Ledger:
     _crossed: set[tuple[Dimension, str]] = field(default_factory=set)
     _cached: dict[str, int] = field(default_factory=dict)
     _estimates: dict[str, Usage | None] = field(default_factory=dict)  # per stage, 1 unit
-    overruns: list[Overrun] = field(default_factory=list)
-    events: list[BudgetEvent] = field(default_factory=list)
+    overruns: list[Overrun] = field(default_factory=list)  # the first OVERRUNS_KEPT
+    overruns_total: int = 0
+    events: list[BudgetEvent] = field(default_factory=list)  # levels, and overruns kept
 
     def _active(self) -> list[tuple[Dimension, float]]:
         return [(d, c) for d in ("tokens", "cost_usd") if (c := self.ceilings.get(d)) is not None]
@@ -153,7 +162,7 @@ class Ledger:
         held = self._held.pop(item, None)
         stage = held.stage if held is not None else (stage or "unreserved")
         reserved = held.estimate if held is not None else Usage()
-        before = len(self.events)
+        caused: list[BudgetEvent] = []
         stage_totals = self._by_stage.setdefault(stage, dict.fromkeys(DIMENSIONS, 0.0))
         if actual.cached:
             self._cached[stage] = self._cached.get(stage, 0) + 1
@@ -173,14 +182,29 @@ class Ledger:
                 self._estimates.pop(stage, None)
             held_amount = _value(reserved, dimension)
             if held is not None and charged > held_amount and reserved.get(dimension) is not None:
-                self.overruns.append(
-                    Overrun(item=item, dimension=dimension, reserved=held_amount, charged=charged)
-                )
-                self._event(dimension, "overrun", item)
-            self._check_levels(dimension)
-        return self.events[before:]
+                self._overrun(caused, item, dimension, held_amount, charged)
+            self._check_levels(caused, dimension)
+        return caused
 
-    def _check_levels(self, dimension: Dimension) -> None:
+    def _overrun(
+        self,
+        caused: list[BudgetEvent],
+        item: str,
+        dimension: Dimension,
+        reserved: float,
+        charged: float,
+    ) -> None:
+        """Count an overrun; keep it (and its event) while fewer than `OVERRUNS_KEPT` are."""
+        self.overruns_total += 1
+        event = self._event(dimension, "overrun", item)
+        caused.append(event)
+        if len(self.overruns) < OVERRUNS_KEPT:
+            self.overruns.append(
+                Overrun(item=item, dimension=dimension, reserved=reserved, charged=charged)
+            )
+            self.events.append(event)
+
+    def _check_levels(self, caused: list[BudgetEvent], dimension: Dimension) -> None:
         ceiling = self.ceilings.get(dimension)
         if not ceiling:
             return
@@ -190,17 +214,16 @@ class Ledger:
                 and (dimension, level) not in self._crossed
             ):
                 self._crossed.add((dimension, level))
-                self._event(dimension, level)
+                caused.append(self._event(dimension, level))
+                self.events.append(caused[-1])
 
-    def _event(self, dimension: Dimension, level: str, item: str | None = None) -> None:
-        self.events.append(
-            BudgetEvent(
-                dimension=dimension,
-                level=level,  # type: ignore[arg-type]
-                spent=self._spent[dimension],
-                ceiling=self.ceilings.get(dimension),
-                item=item,
-            )
+    def _event(self, dimension: Dimension, level: str, item: str | None = None) -> BudgetEvent:
+        return BudgetEvent(
+            dimension=dimension,
+            level=level,  # type: ignore[arg-type]
+            spent=self._spent[dimension],
+            ceiling=self.ceilings.get(dimension),
+            item=item,
         )
 
     def estimate(self, stage: str, units: int = 1) -> Usage | None:
@@ -239,6 +262,7 @@ class Ledger:
             cached_by_stage=dict(self._cached),
             in_flight=len(self._held),
             overruns=tuple(self.overruns),
+            overruns_total=self.overruns_total,
             events=tuple(self.events),
         )
 

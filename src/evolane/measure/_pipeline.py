@@ -35,7 +35,6 @@ from evolane.measure._settings import (
 )
 from evolane.measure._tree import MeasureParts, MeasureSlots, measure_children
 from evolane.messages import (
-    ArtifactRef,
     GateConfig,
     LedgerQuery,
     MeasureRequest,
@@ -44,7 +43,7 @@ from evolane.messages import (
     StopAll,
 )
 from evolane.sandbox import SandboxHost
-from evolane.store import BlobStore, put_blobs
+from evolane.store import BlobStore, RefTable, put_table
 from evolane.supervisors import Runtime, SupervisorSpec
 
 MEASURE_ASK_TIMEOUT = float("inf")
@@ -93,16 +92,13 @@ class Pipeline:
         return await self.budget.ask(LedgerQuery())
 
 
-def case_references(
-    store: BlobStore, dataset: Dataset, *, include_answers: bool
-) -> dict[str, ArtifactRef]:
+def case_references(store: BlobStore, dataset: Dataset, *, include_answers: bool) -> RefTable:
     """Store every case as ``{case_file}`` JSON: without the answers (``expected_output``,
     ``verification_command``) for replays, so an agent cannot read them; with them for judges."""
     from evolane.inputs import case_json
 
-    blobs = ((case_json(c, include_answers=include_answers), JSON) for c in dataset.cases)
-    refs = put_blobs(store, blobs)
-    return {case.id: ref for case, ref in zip(dataset.cases, refs, strict=True)}
+    cases = ((c.id, case_json(c, include_answers=include_answers)) for c in dataset.cases)
+    return put_table(store, cases, JSON)
 
 
 def store_cases(store: BlobStore, dataset: Dataset) -> CaseRefs:

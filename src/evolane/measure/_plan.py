@@ -87,7 +87,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RESTORABLE", "MeasurePlan", "Unit", "repetitions", "start_order"]
 
-ReuseCache = MutableMapping[str, bytes]
+ReuseCache = MutableMapping[bytes, bytes]
 """Succeeded units by `reuse_key`, kept across measurements: each unit's sealed record,
 deflated (`pack`; its replay and judge results are decoded from it when it is reused)."""
 
@@ -125,7 +125,7 @@ class MeasurePlan:
         self.early: tuple[str, str] | None = None  # (decision, reason) of an early stop
         self.diverged: dict[str, str] = {}  # unit id -> the other tree its stored record has
         self._by_id = {unit.unit_id: unit for unit in self.units}
-        self._ready: list[tuple[tuple[int, int], int]] = []
+        self._ready: list[tuple[int, int]] = []
         self._free = lanes
         self._left = len(self.units)
         self._actions: list[Action] = []

@@ -98,7 +98,7 @@ class MeasurementScheduler(Actor):
         self.settings, self.store, self.budget = settings, store, budget
         self.replay_lanes, self.judge_lanes = list(replay_lanes), list(judge_lanes)
         # Succeeded units of every measurement so far, for reuse (see `reuse_key`).
-        self.reuse_cache: dict[str, bytes] = {}
+        self.reuse_cache: dict[bytes, bytes] = {}
         self.running: _Measurement | None = None
         # A stop that found no measurement running: one asked before it may still be queued
         # (its caller was cancelled before it was served), so requests up to the stopper's

@@ -13,8 +13,8 @@ from evolane.messages import ArtifactRef, MeasureEvent, ReplayRecord, UnitEvent,
 class SchedulerSettings:
     """What every measurement shares: the cases, timeouts, repetitions policy, journal."""
 
-    case_refs: dict[str, ArtifactRef]  # what a replay sees: no answers
-    judge_case_refs: dict[str, ArtifactRef]  # what a judge sees: with expected_output
+    case_refs: Mapping[str, ArtifactRef]  # what a replay sees: no answers
+    judge_case_refs: Mapping[str, ArtifactRef]  # what a judge sees: with expected_output
     splits: dict[str, tuple[str, ...]]
     fingerprint: str  # dataset, workspace seed, replay and judge commands: what reuse must match
     replay_timeout: float = 600.0

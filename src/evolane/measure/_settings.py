@@ -192,8 +192,8 @@ class CaseRefs:
     """The dataset as lanes see it: every case stored without its answers (for replays) and
     with them (for judges), and the case ids of each split."""
 
-    replay: dict[str, ArtifactRef]
-    judge: dict[str, ArtifactRef]
+    replay: Mapping[str, ArtifactRef]
+    judge: Mapping[str, ArtifactRef]
     splits: dict[str, tuple[str, ...]]
 
 

@@ -6,7 +6,7 @@ file I/O: call it from trio through ``trio.to_thread.run_sync`` when it may bloc
 """
 
 from evolane.store._atomic import dump_json, read_json, write_bytes_atomic, write_json_atomic
-from evolane.store._batch import put_blobs
+from evolane.store._batch import RefTable, put_blobs, put_table
 from evolane.store._blobs import (
     CHUNK_SIZE,
     DEFAULT_MEDIA_TYPE,
@@ -21,6 +21,7 @@ from evolane.store._blobs import (
     deferred_blobs,
     digest_hex,
     fsync_dir,
+    read_at_most,
     read_regular_file,
     sync_deferred,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "MissingBlobError",
     "NotRegularFileError",
     "Problem",
+    "RefTable",
     "ScannedEntry",
     "StorageFailure",
     "StoreError",
@@ -124,6 +126,8 @@ __all__ = [
     "load_manifest",
     "materialize_tree",
     "put_blobs",
+    "put_table",
+    "read_at_most",
     "read_journal",
     "read_json",
     "read_regular_file",

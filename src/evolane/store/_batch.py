@@ -10,12 +10,14 @@ import errno
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from evolane.messages import ArtifactRef
 from evolane.store._blobs import BlobStore, fsync_dir, with_path
 
+_DIGEST = "sha256:"
 BATCH_FILES = 512
 """Blobs written before their fsync pass: bounds the temp files a batch holds at once."""
 
@@ -24,19 +26,79 @@ def put_blobs(store: BlobStore, items: Iterable[tuple[bytes, str]]) -> list[Arti
     """Store every ``(data, media_type)`` of ``items`` with the guarantees of
     `BlobStore.put_bytes` (a blob is durable before it is visible, the first writer of a
     digest wins) and one fsync pass per `BATCH_FILES` blobs; the refs in ``items``' order."""
-    refs: list[ArtifactRef] = []
+    media_types: list[str] = []
+
+    def datas() -> Iterator[bytes]:
+        for data, media_type in items:
+            media_types.append(media_type)
+            yield data
+
+    stored = list(_put_each(store, datas()))  # every batch durable before a ref is made
+    return [
+        ArtifactRef(digest=_DIGEST + digest.hex(), size=size, media_type=media_type)
+        for (digest, size), media_type in zip(stored, media_types, strict=True)
+    ]
+
+
+class RefTable(Mapping[str, ArtifactRef]):
+    """Refs of many blobs of one media type by name, kept compact: a 32-byte digest and a
+    size per name, not a model per name (the refs of a 100,000-case dataset took ~120 MB as
+    models); a name's `ArtifactRef` is built when it is looked up."""
+
+    __slots__ = ("_at", "_digests", "_media_type", "_sizes")
+
+    def __init__(self, at: dict[str, int], digests: bytes, sizes: array[int], media_type: str):
+        self._at, self._digests, self._sizes = at, digests, sizes
+        self._media_type = media_type
+
+    def __getitem__(self, name: str) -> ArtifactRef:
+        index = self._at[name]
+        digest = self._digests[32 * index : 32 * index + 32]
+        return ArtifactRef(
+            digest=_DIGEST + digest.hex(), size=self._sizes[index], media_type=self._media_type
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
+def put_table(store: BlobStore, named: Iterable[tuple[str, bytes]], media_type: str) -> RefTable:
+    """Store every ``(name, data)`` of ``named`` as `put_blobs` does; their refs by name as a
+    compact `RefTable` (a name given twice keeps its last blob)."""
+    names: list[str] = []
+
+    def datas() -> Iterator[bytes]:
+        for name, data in named:
+            names.append(name)
+            yield data
+
+    digests, sizes = bytearray(), array("q")
+    for digest, size in _put_each(store, datas()):
+        digests += digest
+        sizes.append(size)
+    at = {name: index for index, name in enumerate(names)}
+    return RefTable(at, bytes(digests), sizes, media_type)
+
+
+def _put_each(store: BlobStore, datas: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:
+    """Each blob's raw sha256 digest and size, in order, storing the new ones a batch at a
+    time. The last batch is written only when this is exhausted: exhaust it before using
+    anything it gave."""
     pending: dict[str, bytes] = {}  # digest -> data, new in this batch
-    for data, media_type in items:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        refs.append(ArtifactRef(digest=digest, size=len(data), media_type=media_type))
+    for data in datas:
+        raw = hashlib.sha256(data).digest()
+        digest = _DIGEST + raw.hex()
         if digest not in pending and not store.has(digest):
             pending[digest] = data
         if len(pending) >= BATCH_FILES:
             _write_batch(store, pending)
             pending = {}
+        yield raw, len(data)
     if pending:
         _write_batch(store, pending)
-    return refs
 
 
 def _write_batch(store: BlobStore, blobs: dict[str, bytes]) -> None:

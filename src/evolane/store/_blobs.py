@@ -352,6 +352,19 @@ class BlobStore:
             )
 
 
+def read_at_most(source: BinaryIO, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``source`` (one more than ``limit`` says it holds more),
+    asking its size first: ``read(limit + 1)`` alone allocates the whole limit for any file."""
+    try:
+        size = os.fstat(source.fileno()).st_size
+    except (OSError, ValueError):  # no descriptor (an in-memory stream): read as asked
+        return source.read(limit + 1)
+    data = source.read(min(size, limit) + 1)
+    if size < len(data) <= limit:  # it grew since its size was asked: read on
+        data += source.read(limit + 1 - len(data))
+    return data
+
+
 def read_regular_file(path: Path | str, max_bytes: int, *, follow_symlinks: bool = False) -> bytes:
     """The content of the regular file at ``path``, for files a command wrote: at most
     ``max_bytes`` are read (`BlobTooLargeError` when it holds more), a symlink is not
@@ -359,7 +372,7 @@ def read_regular_file(path: Path | str, max_bytes: int, *, follow_symlinks: bool
     were checked to stay inside) and a FIFO or device is not read (`NotRegularFileError`);
     ``FileNotFoundError`` and other ``OSError`` as usual."""
     with _open_regular(path, follow_symlinks=follow_symlinks) as source:
-        data = source.read(max_bytes + 1)
+        data = read_at_most(source, max_bytes)
     if len(data) > max_bytes:
         raise BlobTooLargeError(f"{path} holds more than {max_bytes} bytes")
     return data

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from evolane.store import BlobStore, StoreError, write_bytes_atomic
+from evolane.store import BlobStore, StoreError, read_at_most, write_bytes_atomic
 from evolane.views._data import PageData, best_path, candidates_of, case_changes, heat_cells
 from evolane.views._events import read_events
 from evolane.views._page import render_html
@@ -53,7 +53,7 @@ def _read_blob(blobs: BlobStore, digest: str, limit: int) -> bytes | None:
     """A blob's bytes, read at most ``limit`` (None when longer or not what its digest
     says: a ref's recorded size is not trusted)."""
     with blobs.open(digest) as source:
-        data = source.read(limit + 1)
+        data = read_at_most(source, limit)
     if len(data) > limit or "sha256:" + hashlib.sha256(data).hexdigest() != digest:
         return None
     return data
@@ -89,7 +89,7 @@ def _read_diff(report: dict[str, Any], blobs: BlobStore) -> tuple[str, bool]:
         return "", False
     try:
         with blobs.open(ref["digest"]) as source:
-            data = source.read(MAX_DIFF_BYTES + 1)
+            data = read_at_most(source, MAX_DIFF_BYTES)
     except (StoreError, OSError):
         return "", False
     cut = len(data) > MAX_DIFF_BYTES

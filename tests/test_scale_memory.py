@@ -1,0 +1,151 @@
+"""Memory that does not grow with a campaign's size (issue 22): a dataset is read without
+its encoded rows kept, case refs are held compactly, sealed records are packed against a
+typical record, the ledger keeps a bounded list of overruns, and a bounded read does not
+allocate its whole bound."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tracemalloc
+from pathlib import Path
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evolane.inputs import load_dataset
+from evolane.measure import OVERRUNS_KEPT, Ledger
+from evolane.measure._units import Unit, _record, pack, unpack
+from evolane.messages import ArtifactRef, JudgeResult, ReplayResult, Usage
+from evolane.store import BlobStore, put_blobs, put_table, read_at_most
+
+CASES = 3_000
+
+
+def _traced(action):  # type: ignore[no-untyped-def]
+    """``action()``'s result, and the traced peak it allocated on top of what was held."""
+    tracemalloc.start()
+    try:
+        held = tracemalloc.get_traced_memory()[0]
+        result = action()
+        peak = tracemalloc.get_traced_memory()[1] - held
+    finally:
+        tracemalloc.stop()
+    return result, peak
+
+
+def test_a_dataset_is_read_without_a_peak_of_kilobytes_per_case(tmp_path: Path) -> None:
+    rows = (
+        orjson.dumps({"id": f"c{i}", "input": i, "expected_output": 1}) + b"\n"
+        for i in range(CASES)
+    )
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"".join(rows))
+    dataset, peak = _traced(lambda: load_dataset(path))
+    # kept encoded rows cost ~4 KiB each (orjson's buffer) and read(limit + 1) 256 MiB at once
+    assert peak / CASES < 1536, f"{peak / CASES:.0f} bytes per case at the peak"
+    assert dataset.digest == "sha256:" + hashlib.sha256(dataset.canonical_jsonl()).hexdigest()
+
+
+def test_a_ref_table_gives_the_refs_put_blobs_gives_in_a_fraction_of_the_memory(
+    tmp_path: Path,
+) -> None:
+    store = BlobStore(tmp_path / "s")
+    named = [(f"c{i}", f"case {i % 700}".encode()) for i in range(CASES)]
+    table, _ = _traced(lambda: put_table(store, named, "application/json"))
+    refs = put_blobs(store, [(data, "application/json") for _, data in named])
+    assert table == {name: ref for (name, _), ref in zip(named, refs, strict=True)}
+    assert len(table) == CASES and list(table)[:2] == ["c0", "c1"]
+    assert isinstance(table["c5"], ArtifactRef) and store.read_bytes(table["c5"]) == b"case 5"
+    assert "c-missing" not in table and table.get("c-missing") is None
+    # a model per ref costs ~600 bytes; the table holds a digest, a size and a name's slot
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        again = put_table(store, named, "application/json")
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert again == table and held / CASES < 200, f"{held / CASES:.0f} bytes per ref held"
+
+
+def test_a_name_given_twice_keeps_its_last_blob(tmp_path: Path) -> None:
+    table = put_table(BlobStore(tmp_path / "s"), [("a", b"1"), ("a", b"2")], "text/plain")
+    assert len(table) == 1 and table["a"].size == 1
+    assert table["a"].digest == "sha256:" + hashlib.sha256(b"2").hexdigest()
+
+
+def _unit(score: float, wall: float, digest: str, note: str) -> Unit:
+    ref = ArtifactRef(digest="sha256:" + digest, size=7)
+    unit = Unit(3, "m.3.0.c", "case-3", 3, "candidate", 0, ref)
+    unit.status, unit.note = "succeeded", note
+    ids = {"unit_id": unit.unit_id, "case_id": unit.case_id, "arm": "candidate"}
+    unit.replay = ReplayResult.model_validate(
+        {**ids, "repetition": 0, "status": "succeeded", "output_ref": ref, "wall_seconds": wall}
+        | {"usage": Usage(wall_seconds=wall)}
+    )
+    unit.judge = JudgeResult(
+        unit_id=unit.unit_id, status="succeeded", score=score, source="command", detail_ref=ref
+    )
+    return unit
+
+
+digests = st.text("0123456789abcdef", min_size=64, max_size=64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0, 1), st.floats(0, 1e6), digests, st.text(max_size=300))
+def test_a_sealed_record_unpacks_to_its_bytes(
+    score: float, wall: float, digest: str, note: str
+) -> None:
+    unit = _unit(score, wall, digest, note)
+    unit.seal()
+    record = orjson.dumps(_record(_unit(score, wall, digest, note)))
+    assert unit.record == record and unpack(pack(record)) == record
+    unit.compact()
+    assert unit.replay is not None and unit.replay.wall_seconds == wall
+    assert unit.judge is not None and unit.judge.score == score
+
+
+def test_a_typical_record_packs_to_under_half_its_plain_deflate() -> None:
+    unit = _unit(0.75, 0.0412345678, hashlib.sha256(b"x").hexdigest(), "")
+    record = orjson.dumps(_record(unit))
+    import zlib
+
+    plain = zlib.compressobj(1, zlib.DEFLATED, -12, 2)
+    plain_size = len(plain.compress(record) + plain.flush())
+    assert len(pack(record)) * 2 < plain_size, (len(pack(record)), plain_size, len(record))
+
+
+def test_the_ledger_keeps_a_bounded_list_of_overruns_and_counts_them_all() -> None:
+    ledger = Ledger(ceilings=Usage(tokens=1e9))
+    published = []
+    total = OVERRUNS_KEPT + 300
+    for index in range(total):
+        item = f"u{index}"
+        granted, _ = ledger.reserve("replay", item, Usage(tokens=10))
+        assert granted
+        published += ledger.debit(item, Usage(tokens=20), True)
+    ledger.reserve("replay", "big", Usage(tokens=10))
+    published += ledger.debit("big", Usage(tokens=6e8), True)  # crosses 50%: a level event
+    snapshot = ledger.snapshot()
+    assert len(snapshot.overruns) == OVERRUNS_KEPT and snapshot.overruns_total == total + 1
+    assert [o.item for o in snapshot.overruns[:2]] == ["u0", "u1"]  # the first ones kept
+    assert sum(e.level == "overrun" for e in published) == total + 1  # every one published
+    assert "50%" in {e.level for e in snapshot.events}  # a level is never crowded out
+    assert len(snapshot.events) == OVERRUNS_KEPT + 1
+
+
+def test_a_bounded_read_asks_the_size_first_and_still_sees_more(tmp_path: Path) -> None:
+    data = b"x" * 1000
+    (tmp_path / "f").write_bytes(data)
+    with (tmp_path / "f").open("rb") as source:
+        got, peak = _traced(lambda: read_at_most(source, 64 << 20))
+    assert got == data and peak < 1 << 20  # read(limit + 1) allocated the 64 MiB up front
+    with (tmp_path / "f").open("rb") as source:
+        assert read_at_most(source, 999) == data  # one more than the limit: "holds more"
+    assert read_at_most(io.BytesIO(data), 10) == data[:11]  # no descriptor: read as asked
+    with open("/proc/self/status", "rb") as source:  # its size says 0: it is read on
+        status = read_at_most(source, 1 << 16)
+    assert b"Pid:" in status and len(status) > 100
