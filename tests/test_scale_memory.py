@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from evolane.inputs import load_dataset
 from evolane.measure import OVERRUNS_KEPT, Ledger
-from evolane.measure._units import Unit, _record, pack, unpack
-from evolane.messages import ArtifactRef, JudgeResult, ReplayResult, Usage
+from evolane.measure._units import Unit, _record, pack, plan_units, start_order, unpack
+from evolane.messages import ArtifactRef, JudgeResult, MeasureRequest, ReplayResult, Usage
 from evolane.store import BlobStore, put_blobs, put_table, read_at_most
 
 CASES = 3_000
@@ -137,6 +137,44 @@ def test_the_ledger_keeps_a_bounded_list_of_overruns_and_counts_them_all() -> No
     assert len(snapshot.events) == OVERRUNS_KEPT + 1
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 3), st.integers(1, 3), st.integers(1, 16))
+def test_the_start_order_is_the_tuple_order_it_packs(
+    cases: int, base_reps: int, cand_reps: int, lanes: int
+) -> None:
+    ref = ArtifactRef(digest="sha256:" + "a" * 64, size=1)
+    request = MeasureRequest(measurement_id="m", baseline_ref=ref, candidate_ref=ref)
+    units = plan_units(request, [f"c{i}" for i in range(cases)], (base_reps, cand_reps))
+    packed = start_order(units, lanes)
+    reference, baselines, candidates = [], 0, 0  # repetition, then a place within it
+    for unit in units:
+        if unit.arm == "baseline":
+            reference.append((unit.repetition, 2 * (baselines - lanes)))
+            baselines += 1
+        else:
+            reference.append((unit.repetition, 2 * candidates + 1))
+            candidates += 1
+    assert len(packed) == len(units) and [u.index for u in units] == list(range(len(units)))
+    by_packed = sorted(range(len(units)), key=lambda i: (packed[i], i))
+    assert by_packed == sorted(range(len(units)), key=lambda i: (reference[i], i))
+
+
+class _Growing(io.FileIO):
+    """A regular file that grows by ``more`` bytes once its size was asked (as a command's
+    output still being written would)."""
+
+    def __init__(self, path: Path, more: bytes) -> None:
+        super().__init__(path, "r")
+        self._path, self._more = path, more
+
+    def read(self, size: int = -1) -> bytes:
+        if self._more:
+            with self._path.open("ab") as grow:
+                grow.write(self._more)
+            self._more = b""
+        return super().read(size)
+
+
 def test_a_bounded_read_asks_the_size_first_and_still_sees_more(tmp_path: Path) -> None:
     data = b"x" * 1000
     (tmp_path / "f").write_bytes(data)
@@ -149,3 +187,8 @@ def test_a_bounded_read_asks_the_size_first_and_still_sees_more(tmp_path: Path) 
     with open("/proc/self/status", "rb") as source:  # its size says 0: it is read on
         status = read_at_most(source, 1 << 16)
     assert b"Pid:" in status and len(status) > 100
+    (tmp_path / "g").write_bytes(b"a" * 30)
+    assert read_at_most(_Growing(tmp_path / "g", b"b" * 50), 100) == b"a" * 30 + b"b" * 50
+    (tmp_path / "h").write_bytes(b"a" * 30)
+    grown = read_at_most(_Growing(tmp_path / "h", b"b" * 50), 40)
+    assert grown == b"a" * 30 + b"b" * 11  # one past the limit: it holds more

@@ -93,6 +93,13 @@ async def test_budget_spending_stays_within_ceiling_plus_one_reservation() -> No
     assert 1.0 <= report.measures["tokens_spent_over_ceiling"] < 1.02
 
 
+async def test_a_ledger_past_its_kept_overruns_still_counts_every_one() -> None:
+    room = {"ceiling_tokens": 10**9, "ceiling_cents": 10**9}  # every unit granted
+    report = await _quick("budget", units=1200, overrun_rate=0.5, **room)  # ~1,200 overruns
+    assert report.ok, report.details
+    assert report.counts["overruns"] * 2 > 1024  # each overruns tokens and cost: past the cap
+
+
 async def test_blocked_observer_loses_events_but_the_journal_keeps_them() -> None:
     report = await _quick("slow-observer", pairs=3)  # median of 3 pairs: one stall is shrugged off
     assert report.ok, report.details

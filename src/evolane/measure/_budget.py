@@ -301,5 +301,5 @@ class BudgetActor(Actor):
             return
         try:
             self.observer.tell_nowait(event)
-        except Exception:  # a slow or gone observer loses events, the ledger never does
+        except Exception:  # a slow or gone observer loses events (counted here), never spend
             self.events_dropped += 1

@@ -58,8 +58,14 @@ class RefTable(Mapping[str, ArtifactRef]):
             digest=_DIGEST + digest.hex(), size=self._sizes[index], media_type=self._media_type
         )
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._at  # no ref built to answer
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._at)
+
+    def __repr__(self) -> str:
+        return f"RefTable({len(self._at)} refs of {self._media_type})"
 
     def __len__(self) -> int:
         return len(self._at)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evolane.store._blobs import CHUNK_SIZE, fsync_dir
+from evolane.store._blobs import CHUNK_SIZE, fsync_dir, read_at_most
 from evolane.store._journal import JournalCorruptError, read_journal
 
 RUN_FILES = ("run.json", "report.json", "apply.json", "journal.jsonl")
@@ -162,10 +162,10 @@ def _digests_in(path: Path) -> set[str]:
         if path.stat().st_size > MANIFEST_SCAN_BYTES:
             return set()
         with path.open("rb") as source:
-            data = source.read(MANIFEST_SCAN_BYTES)
+            data = read_at_most(source, MANIFEST_SCAN_BYTES)
     except OSError:
         return set()
-    if not data.lstrip().startswith(b"{"):
+    if len(data) > MANIFEST_SCAN_BYTES or not data.lstrip().startswith(b"{"):
         return set()
     return {m.decode() for m in _REF_RE.findall(data)}
 
