@@ -295,13 +295,13 @@ async def test_the_wall_clock_budget_counts_every_session_of_a_campaign(tmp_path
     assert 0 < first_left <= budget
     layout = StoreLayout(paths["store"])
     spent_first = load_run(layout, first.report.run_id).elapsed_seconds
-    assert spent_first > 0  # the interrupt ended it (its status), with what it had spent
     resumed = (await _run(RunRequest(config, resume_run=first.report.run_id))).report
     assert resumed is not None and resumed.status == "budget_limited"
     *_, left = _wall_left_at_starts(first.run_dir)
     assert 0 < left <= budget - spent_first  # what the first session left, not a fresh budget
     total = load_run(layout, first.report.run_id).elapsed_seconds
     assert total >= budget  # the resumed session ran out what was left
+    assert spent_first < total  # the first session's spend is part of the campaign's
     campaign = load_campaign(layout, first.report.campaign_id)
     assert campaign.status == "paused" and campaign.elapsed_seconds == total
     with pytest.raises(InputError, match=r"--wall-clock-budget 12: the campaign has used"):
