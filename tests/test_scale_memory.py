@@ -18,7 +18,7 @@ from evolane.inputs import load_dataset
 from evolane.measure import OVERRUNS_KEPT, Ledger
 from evolane.measure._units import Unit, _record, pack, plan_units, start_order, unpack
 from evolane.messages import ArtifactRef, JudgeResult, MeasureRequest, ReplayResult, Usage
-from evolane.store import BlobStore, put_blobs, put_table, read_at_most
+from evolane.store import BlobStore, put_table, read_at_most
 
 CASES = 3_000
 
@@ -48,13 +48,13 @@ def test_a_dataset_is_read_without_a_peak_of_kilobytes_per_case(tmp_path: Path) 
     assert dataset.digest == "sha256:" + hashlib.sha256(dataset.canonical_jsonl()).hexdigest()
 
 
-def test_a_ref_table_gives_the_refs_put_blobs_gives_in_a_fraction_of_the_memory(
+def test_a_ref_table_gives_the_refs_put_bytes_gives_in_a_fraction_of_the_memory(
     tmp_path: Path,
 ) -> None:
     store = BlobStore(tmp_path / "s")
     named = [(f"c{i}", f"case {i % 700}".encode()) for i in range(CASES)]
     table, _ = _traced(lambda: put_table(store, named, "application/json"))
-    refs = put_blobs(store, [(data, "application/json") for _, data in named])
+    refs = [store.put_bytes(data, media_type="application/json") for _, data in named]
     assert table == {name: ref for (name, _), ref in zip(named, refs, strict=True)}
     assert len(table) == CASES and list(table)[:2] == ["c0", "c1"]
     assert isinstance(table["c5"], ArtifactRef) and store.read_bytes(table["c5"]) == b"case 5"

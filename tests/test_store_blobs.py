@@ -297,15 +297,19 @@ async def test_concurrent_writers_across_threads(tmp_path: Path) -> None:
     store.verify(refs[0])
 
 
-def test_put_blobs_stores_a_batch_like_put_bytes(tmp_path: Path) -> None:
-    from evolane.store import put_blobs
+JSON_TYPE = "application/json"
+
+
+def test_put_table_stores_a_batch_like_put_bytes(tmp_path: Path) -> None:
+    from evolane.store import put_table
     from evolane.store._batch import BATCH_FILES
 
     store = BlobStore(tmp_path / "s")
     first = store.put_bytes(b"already there", media_type="application/json")
     items = [(f"case {i % (BATCH_FILES + 40)}".encode(), "application/json") for i in range(1200)]
     items.append((b"already there", "application/json"))
-    refs = put_blobs(store, items)
+    table = put_table(store, ((str(i), data) for i, (data, _) in enumerate(items)), JSON_TYPE)
+    refs = [table[str(i)] for i in range(len(items))]
     assert len(refs) == len(items) and refs[-1] == first
     for (data, media_type), ref in zip(items, refs, strict=True):
         assert ref == ArtifactRef(digest=sha(data), size=len(data), media_type=media_type)

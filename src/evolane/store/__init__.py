@@ -6,7 +6,7 @@ file I/O: call it from trio through ``trio.to_thread.run_sync`` when it may bloc
 """
 
 from evolane.store._atomic import dump_json, read_json, write_bytes_atomic, write_json_atomic
-from evolane.store._batch import RefTable, put_blobs, put_table
+from evolane.store._batch import RefTable, put_table
 from evolane.store._blobs import (
     CHUNK_SIZE,
     DEFAULT_MEDIA_TYPE,
@@ -125,7 +125,6 @@ __all__ = [
     "fsync_dir",
     "load_manifest",
     "materialize_tree",
-    "put_blobs",
     "put_table",
     "read_at_most",
     "read_journal",

@@ -22,24 +22,6 @@ BATCH_FILES = 512
 """Blobs written before their fsync pass: bounds the temp files a batch holds at once."""
 
 
-def put_blobs(store: BlobStore, items: Iterable[tuple[bytes, str]]) -> list[ArtifactRef]:
-    """Store every ``(data, media_type)`` of ``items`` with the guarantees of
-    `BlobStore.put_bytes` (a blob is durable before it is visible, the first writer of a
-    digest wins) and one fsync pass per `BATCH_FILES` blobs; the refs in ``items``' order."""
-    media_types: list[str] = []
-
-    def datas() -> Iterator[bytes]:
-        for data, media_type in items:
-            media_types.append(media_type)
-            yield data
-
-    stored = list(_put_each(store, datas()))  # every batch durable before a ref is made
-    return [
-        ArtifactRef(digest=_DIGEST + digest.hex(), size=size, media_type=media_type)
-        for (digest, size), media_type in zip(stored, media_types, strict=True)
-    ]
-
-
 class RefTable(Mapping[str, ArtifactRef]):
     """Refs of many blobs of one media type by name, kept compact: a 32-byte digest and a
     size per name, not a model per name (the refs of a 100,000-case dataset took ~120 MB as
@@ -72,8 +54,10 @@ class RefTable(Mapping[str, ArtifactRef]):
 
 
 def put_table(store: BlobStore, named: Iterable[tuple[str, bytes]], media_type: str) -> RefTable:
-    """Store every ``(name, data)`` of ``named`` as `put_blobs` does; their refs by name as a
-    compact `RefTable` (a name given twice keeps its last blob)."""
+    """Store every ``(name, data)`` of ``named`` with the guarantees of `BlobStore.put_bytes`
+    (a blob is durable before it is visible, the first writer of a digest wins) and one fsync
+    pass per `BATCH_FILES` blobs; their refs by name as a compact `RefTable` (a name given
+    twice keeps its last blob)."""
     names: list[str] = []
 
     def datas() -> Iterator[bytes]:
