@@ -27,7 +27,7 @@ from evolane.lanes._recycle import recycle
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._scratch import UnitScratch
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
-from evolane.sandbox import ProcessOutcome
+from evolane.sandbox import INLINE_FILES, ProcessOutcome
 from evolane.store import (
     BlobStore,
     BlobTooLargeError,
@@ -236,7 +236,9 @@ class JudgeLane(CommandLane):
             usage, complete = judge_usage(usage_file, outcome, self.settings.prices)
             return replace(verdict, usage=usage, usage_complete=complete)
         finally:
-            self.host.defer(partial(recycle, unit_dir))  # emptied for a next unit, or removed
+            # Emptied for a next unit (inline while small and fast), or removed.
+            if not self.host.inline.attempt(partial(recycle, unit_dir, INLINE_FILES)):
+                self.host.defer(partial(recycle, unit_dir))
 
     def _lay_out(
         self, scratch: UnitScratch, job: JudgeJob, tree_ref: ArtifactRef | None, no_command: bool

@@ -68,9 +68,10 @@ def note_fresh(folder: Path) -> None:
             _fresh.update(mode=stat.S_IMODE(info.st_mode), uid=info.st_uid)
 
 
-def recycle(unit_dir: Path) -> None:
+def recycle(unit_dir: Path, max_entries: int | None = None) -> bool:
     """Empty ``unit_dir`` to its skeleton and keep it as a spare; else remove it (blocking
-    I/O: the host's cleanup thread)."""
+    I/O). With ``max_entries``, a folder holding more entries stops it: False, and what is
+    left is for a later call without a bound (the host's cleanup thread). True once done."""
     root = str(unit_dir.parent)
     with _lock:
         spares = _spares.get(root)
@@ -78,22 +79,36 @@ def recycle(unit_dir: Path) -> None:
             while len(_spares) >= MAX_ROOTS:  # the oldest root's spares are forgotten
                 del _spares[next(iter(_spares))]
             spares = _spares[root] = deque()
-    if len(spares) >= MAX_SPARE or not _emptied(unit_dir):
-        remove_tree(unit_dir)
-        return
+    if len(spares) >= MAX_SPARE:
+        return _removed(unit_dir, max_entries)
+    emptied = _emptied(unit_dir, max_entries)
+    if emptied is None:
+        return False
+    if not emptied:
+        return _removed(unit_dir, max_entries)
     spare = os.path.join(root, f".spare-{next(_names)}")
     try:
         os.rename(unit_dir, spare)
     except OSError:
-        remove_tree(unit_dir)
-        return
+        return _removed(unit_dir, max_entries)
     spares.append(spare)
+    return True
 
 
-def _emptied(unit_dir: Path) -> bool:
+def _removed(unit_dir: Path, max_entries: int | None) -> bool:
+    """Remove ``unit_dir``, unless bounded (``max_entries``): a removal walks a tree of any
+    size, so it is left for an unbounded call (False)."""
+    if max_entries is not None:
+        return False
+    remove_tree(unit_dir)
+    return True
+
+
+def _emptied(unit_dir: Path, max_entries: int | None = None) -> bool | None:
     """Whether ``unit_dir`` is now exactly a fresh folder with empty ``work`` and ``out``:
     the files the unit left are unlinked; anything else (a folder of its own, a mode or
-    owner changed) leaves it as it is and says False."""
+    owner changed) leaves it as it is and says False. None: a folder held more than
+    ``max_entries`` entries (the files before it may be unlinked already)."""
     if "mode" not in _fresh:
         return False
     try:
@@ -103,28 +118,46 @@ def _emptied(unit_dir: Path) -> bool:
     try:
         if not _fresh_folder(top):
             return False
-        with os.scandir(top) as scan:
-            entries = list(scan)
+        entries = _listed(top, max_entries)
+        if entries is None:
+            return None
         if sorted(e.name for e in entries if e.is_dir(follow_symlinks=False)) != list(SKELETON):
             return False
         for entry in entries:
             if entry.name not in SKELETON:
                 os.unlink(entry.name, dir_fd=top)
-        return all(_emptied_folder(top, name) for name in SKELETON)
+        for name in SKELETON:
+            emptied = _emptied_folder(top, name, max_entries)
+            if not emptied:
+                return emptied
+        return True
     except OSError:
         return False
     finally:
         os.close(top)
 
 
-def _emptied_folder(top: int, name: str) -> bool:
-    """Unlink the files of ``top/name``: False if it holds a folder or is no longer fresh."""
+def _listed(fd: int, max_entries: int | None) -> list[os.DirEntry[str]] | None:
+    """The entries of the folder open at ``fd``; None past ``max_entries``."""
+    entries = []
+    with os.scandir(fd) as scan:
+        for entry in scan:
+            entries.append(entry)
+            if max_entries is not None and len(entries) > max_entries:
+                return None
+    return entries
+
+
+def _emptied_folder(top: int, name: str, max_entries: int | None) -> bool | None:
+    """Unlink the files of ``top/name``: False if it holds a folder or is no longer fresh,
+    None if it holds more than ``max_entries``."""
     fd = os.open(name, _DIR_FLAGS, dir_fd=top)
     try:
         if not _fresh_folder(fd):
             return False
-        with os.scandir(fd) as scan:
-            entries = list(scan)
+        entries = _listed(fd, max_entries)
+        if entries is None:
+            return None
         if any(entry.is_dir(follow_symlinks=False) for entry in entries):
             return False
         for entry in entries:

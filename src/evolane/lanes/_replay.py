@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,8 @@ from evolane.messages import (
     Usage,
 )
 from evolane.sandbox import (
+    INLINE_BYTES,
+    INLINE_FILES,
     Isolation,
     Limits,
     ProcessOutcome,
@@ -247,7 +249,10 @@ class ReplayLane(CommandLane):
                 attempt=attempt,
             )
             outcome = await run_backend(self.settings.backend, call, deadline, stop)
-            result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
+            # A small output is stored inline while that is fast; else in one thread hop.
+            result = self.host.inline.attempt(partial(self._collect_small, job, scratch, outcome))
+            if result is None:
+                result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
             if result.status == "succeeded" and result.output_ref is not None:
                 hand_over(self.host, job.unit_id, result.output_ref, scratch.dir)
                 kept = True
@@ -257,6 +262,24 @@ class ReplayLane(CommandLane):
         finally:
             if not kept:
                 self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
+
+    def _collect_small(
+        self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
+    ) -> ReplayResult | None:
+        """`_collect` when the output is small (`INLINE_FILES`, `INLINE_BYTES`); None, and
+        nothing stored, when it is not or cannot be walked (`_collect` then decides)."""
+        limits = self.settings.output_limits
+        small = replace(
+            limits,
+            max_files=min(limits.max_files, INLINE_FILES),
+            max_folders=min(limits.max_folders, INLINE_FILES),
+            max_bytes=min(limits.max_bytes, INLINE_BYTES),
+        )
+        try:
+            scan_tree(scratch.out, small)
+        except (OSError, TreeLimitError, UnsupportedEntryError):
+            return None
+        return self._collect(job, scratch, outcome)
 
     def _collect(
         self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome

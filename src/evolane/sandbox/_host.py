@@ -21,6 +21,7 @@ import trio
 
 from evolane.sandbox import _lifeline
 from evolane.sandbox._cgroups import CgroupRoots
+from evolane.sandbox._inline import InlineGate
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._run import run_unit
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, make_undumpable
@@ -110,6 +111,8 @@ class SandboxHost:
         self._lifeline_fd: int | None = None
         self.stale_swept = 0
         self._janitor = _Janitor()
+        self.inline = InlineGate()
+        """Whether small file work of in-process units may run on the event loop now."""
 
     def defer(self, cleanup: Callable[[], object]) -> None:
         """Run ``cleanup`` (removing a finished unit's empty cgroups and directories) off the

@@ -1,0 +1,191 @@
+"""Small file work of in-process units runs on the event loop while it is fast (issue 22):
+the gate's decisions without IO, recycling bounded by entries, and through a pipeline which
+work hops to a thread: none for a small output, one for a big one or a slow disk."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evolane.inputs import load_dataset
+from evolane.lanes import BackendCall
+from evolane.lanes._inproc import make_unit_dir
+from evolane.lanes._recycle import MAX_SPARE, _spares, recycle
+from evolane.measure import MeasureContext, MeasureSettings, RunJournal, open_pipeline
+from evolane.messages import GateConfig, MeasureRequest
+from evolane.sandbox import INLINE_FILES, InlineGate, open_sandbox
+from evolane.store import BlobStore, load_manifest, read_journal, snapshot_tree
+from evolane.supervisors import open_runtime
+
+
+def test_gate_closes_after_slow_pieces_in_a_row_and_reopens_after_its_pause() -> None:
+    gate = InlineGate(slow=0.005, strikes=3, pause=30.0)
+    assert gate.open(0.0)
+    gate.took(0.010, 1.0)
+    gate.took(0.010, 2.0)
+    gate.took(0.001, 3.0)  # a fast piece: the slow ones before it were not a slow disk
+    gate.took(0.010, 4.0)
+    gate.took(0.010, 5.0)
+    assert gate.open(5.0) and gate.closings == 0
+    gate.took(0.010, 6.0)  # the third slow piece in a row
+    assert not gate.open(6.0) and not gate.open(35.9)
+    assert gate.open(36.0) and gate.closings == 1
+    gate.took(0.010, 37.0)  # after the pause the count starts again
+    assert gate.open(37.0)
+
+
+@given(st.lists(st.booleans(), max_size=200))
+def test_gate_closes_exactly_when_strikes_slow_pieces_come_in_a_row(slow: list[bool]) -> None:
+    gate = InlineGate(slow=0.005, strikes=3, pause=1e9)
+    in_a_row = 0
+    for number, is_slow in enumerate(slow):
+        if not gate.open(float(number)):
+            return  # closed for good (pause 1e9): the run that closed it was checked
+        in_a_row = in_a_row + 1 if is_slow else 0
+        gate.took(0.1 if is_slow else 0.0001, float(number))
+        assert gate.open(float(number)) == (in_a_row < 3)
+
+
+def test_a_closed_gate_runs_nothing() -> None:
+    gate = InlineGate(slow=0.0, strikes=1, pause=1e9)
+    calls: list[int] = []
+    assert gate.attempt(lambda: calls.append(1) or "done") == "done"  # ran, slow: closes
+    assert gate.attempt(lambda: calls.append(2) or "done") is None
+    assert calls == [1]
+
+
+def _used_unit_folder(units: Path, name: str, files: int) -> Path:
+    folder = units / name
+    make_unit_dir(folder, "work", "out")
+    for number in range(files):
+        (folder / "out" / f"f{number}").write_bytes(b"x")
+    (folder / "judge-usage.json").write_bytes(b"{}")
+    return folder
+
+
+def test_bounded_recycling_stops_at_its_bound_and_leaves_the_rest(tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    small = _used_unit_folder(units, "u1.1", 2)
+    assert recycle(small, INLINE_FILES) is True
+    assert not small.exists() and len(list(units.iterdir())) == 1  # emptied: one spare
+    big = _used_unit_folder(units, "u2.1", INLINE_FILES + 1)  # takes that spare
+    assert recycle(big, INLINE_FILES) is False  # stopped: nothing of ``out`` unlinked
+    assert len(list((big / "out").iterdir())) == INLINE_FILES + 1
+    assert recycle(big) is True  # the cleanup thread's unbounded call finishes it
+    assert not big.exists() and len(list(units.iterdir())) == 1
+
+
+def test_bounded_recycling_leaves_a_removal_to_the_cleanup_thread(tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    nested = _used_unit_folder(units, "u1.1", 1)
+    (nested / "out" / "deep").mkdir()  # not a skeleton: removed, not recycled
+    assert recycle(nested, INLINE_FILES) is False and nested.exists()
+    assert recycle(nested) is True and not nested.exists()
+    full = _used_unit_folder(units, "u2.1", 1)
+    _spares[str(units)].extend(f"/nonexistent/{n}" for n in range(MAX_SPARE))  # spares full
+    assert recycle(full, INLINE_FILES) is False and full.exists()
+    assert recycle(full) is True and not full.exists()
+    _spares.pop(str(units))
+
+
+def _count_hops(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Every thread hop, by the name of the function it carried."""
+    hops: Counter[str] = Counter()
+    real = trio.to_thread.run_sync
+
+    async def counted(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        hops[getattr(fn, "__qualname__", type(fn).__name__)] += 1
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    return hops
+
+
+async def _measure(tmp_path: Path, files: int, slow_disk: bool) -> tuple[list[Any], Any]:
+    """12 cases x 2 arms, each replay writing ``files`` small files: the unit records and the
+    host's gate. ``slow_disk``: every inline piece counts as slow."""
+    rows = [{"id": f"c{i}", "input": i, "expected_output": i} for i in range(12)]
+    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    for arm in ("t1", "t2"):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "skill.md").write_text(f"rules of {arm}")
+
+    async def replay(call: BackendCall) -> None:
+        assert call.output_dir is not None and call.case is not None
+        (call.output_dir / "output.json").write_bytes(orjson.dumps(call.case["input"]))
+        for number in range(files - 1):
+            (call.output_dir / f"extra-{number}.txt").write_text(str(number))
+
+    async def judge(call: BackendCall) -> float:
+        assert call.output_dir is not None and call.case is not None
+        answer = orjson.loads((call.output_dir / "output.json").read_bytes())
+        return float(answer == call.case["expected_output"])
+
+    store = BlobStore(tmp_path / "store")
+    journal = RunJournal(tmp_path / "journal.jsonl")
+    context = MeasureContext(journal=journal, replay_backend=replay, judge_backend=judge)
+    settings = MeasureSettings(replay="true", judge="true", replay_concurrency=4)
+    async with (
+        open_sandbox(tmp_path / "sb", store=store) as host,
+        open_runtime() as runtime,
+        open_pipeline(
+            runtime, host, store, load_dataset(tmp_path / "d.jsonl"), settings, context=context
+        ) as pipeline,
+    ):
+        if slow_disk:
+            host.inline.slow = -1.0
+        base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
+        request = MeasureRequest(
+            measurement_id="m",
+            baseline_ref=base,
+            candidate_ref=cand,
+            gate=GateConfig(sequential=False),
+        )
+        summary = await pipeline.measure(request)
+        await trio.to_thread.run_sync(host.settle)
+        gate = host.inline
+        left = sorted(p.name for p in (host.lease_dir / "units").iterdir())
+    journal.close()
+    assert summary.units_run == 24
+    assert all(name.startswith(".spare-") for name in left)  # no unit folder left behind
+    units = [r for r in read_journal(tmp_path / "journal.jsonl").records if r["type"] == "unit"]
+    for record in units:
+        manifest = load_manifest(store, record["replay"]["output_ref"]["digest"])
+        assert len(manifest) == files and record["judge"]["score"] == 1.0
+    return units, gate
+
+
+async def test_a_small_output_is_stored_without_a_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops = _count_hops(monkeypatch)
+    units, gate = await _measure(tmp_path, files=2, slow_disk=False)
+    assert len(units) == 24 and gate.closings == 0
+    assert hops["ReplayLane._collect"] == 0
+    assert hops["RunJournal._write"] >= 1  # the journal's fsync stays in a thread
+
+
+async def test_an_output_over_the_inline_bound_is_stored_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops = _count_hops(monkeypatch)
+    units, _ = await _measure(tmp_path, files=INLINE_FILES + 1, slow_disk=False)
+    assert hops["ReplayLane._collect"] == len(units) == 24
+
+
+async def test_a_slow_disk_sends_the_work_to_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops = _count_hops(monkeypatch)
+    units, gate = await _measure(tmp_path, files=2, slow_disk=True)
+    assert gate.closings == 1  # closed after its strikes, for longer than this run
+    # Only the pieces before it closed ran inline (collects and recycles alike).
+    assert 24 - gate.strikes <= hops["ReplayLane._collect"] < 24
