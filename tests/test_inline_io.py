@@ -185,7 +185,7 @@ async def test_a_slow_disk_sends_the_work_to_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hops = _count_hops(monkeypatch)
-    units, gate = await _measure(tmp_path, files=2, slow_disk=True)
+    _, gate = await _measure(tmp_path, files=2, slow_disk=True)
     assert gate.closings == 1  # closed after its strikes, for longer than this run
     # Only the pieces before it closed ran inline (collects and recycles alike).
     assert 24 - gate.strikes <= hops["ReplayLane._collect"] < 24
