@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evolane.sandbox import (
     OutputCaps,
@@ -18,6 +20,7 @@ from evolane.sandbox import (
     WorkspaceError,
     lease_holders,
 )
+from evolane.sandbox._capture import BoundedCapture
 from evolane.store import BlobStore, snapshot_tree
 from tests.sandbox_helpers import sh
 
@@ -287,3 +290,40 @@ async def test_one_gibibyte_of_stdout_is_captured(host: SandboxHost) -> None:
     took, total = await _capture_flood(host, 1 << 30)
     assert total == 1 << 30
     assert took < 30  # a hang guard only; the speed figure comes from benchmarks/kill.py
+
+
+@given(
+    chunks=st.lists(st.binary(min_size=1, max_size=300), max_size=12),
+    head=st.integers(0, 400),
+    tail=st.integers(0, 400),
+    stored=st.integers(0, 1500),
+)
+@settings(max_examples=150, deadline=None)
+def test_capture_keeps_exactly_its_head_tail_and_stored_prefix(
+    tmp_path_factory: pytest.TempPathFactory,
+    chunks: list[bytes],
+    head: int,
+    tail: int,
+    stored: int,
+) -> None:
+    """Head, tail and the stored copy are exact prefixes and suffixes of the stream, whether
+    the stored copy fit in the head (no temporary file made) or spilled to one."""
+    spool = tmp_path_factory.mktemp("spool")
+    store = BlobStore(tmp_path_factory.mktemp("store"))
+    capture = BoundedCapture(
+        OutputCaps(head_bytes=head, tail_bytes=tail, stored_bytes=stored), spool
+    )
+    for chunk in chunks:
+        capture.feed(chunk)
+    whole = b"".join(chunks)
+    result = capture.result()
+    assert result.head == whole[:head] and capture.total == len(whole)
+    assert result.head + result.tail == whole or (
+        result.truncated and len(result.tail) == tail and whole.endswith(result.tail)
+    )
+    spilled = capture._spool is not None
+    assert spilled == (min(len(whole), stored) > head)
+    ref = capture.store(store)
+    kept = whole[:stored]
+    assert (store.read_bytes(ref) if ref is not None else b"") == kept
+    capture.close()

@@ -8,6 +8,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import trio
 
@@ -23,8 +24,9 @@ _READ_BYTES = 1 << 20
 class BoundedCapture:
     """Keeps the first and last bytes of a stream and counts the rest; memory stays bounded.
 
-    With a spool directory, the first ``stored_bytes`` also go to an anonymous temporary
-    file that only this process holds (no path a sandboxed child could replace).
+    With a spool directory, the first ``stored_bytes`` also go to the store: kept in the
+    head while they fit there, else in an anonymous temporary file, made only then, that
+    only this process holds (no path a sandboxed child could replace).
     """
 
     def __init__(self, caps: OutputCaps, spool_dir: Path | None) -> None:
@@ -34,9 +36,8 @@ class BoundedCapture:
         self.total = 0
         self.spooled = 0
         self.spool_failed = False
-        self._spool = None
-        if spool_dir is not None and caps.stored_bytes > 0:
-            self._spool = tempfile.TemporaryFile(dir=spool_dir, buffering=0)  # noqa: SIM115
+        self._spool_dir = spool_dir if caps.stored_bytes > 0 else None
+        self._spool: BinaryIO | None = None
 
     def feed(self, chunk: bytes) -> None:
         """Account for one chunk of output."""
@@ -56,20 +57,28 @@ class BoundedCapture:
                     del self._tail[: len(self._tail) - cap]
 
     def _to_spool(self, chunk: bytes) -> None:
+        """Spool what is left of the first ``stored_bytes`` of ``chunk`` (called before the
+        head takes ``chunk``: the head then holds exactly the bytes spooled so far)."""
         left = self._caps.stored_bytes - self.spooled
-        if self._spool is None or self.spool_failed or left <= 0:
+        if self._spool_dir is None or self.spool_failed or left <= 0:
             return
         piece = memoryview(chunk)[:left]
+        if self._spool is None and self.spooled + len(piece) <= self._caps.head_bytes:
+            self.spooled += len(piece)  # the head holds it
+            return
         try:
-            while piece:
-                written = os.write(self._spool.fileno(), piece)
-                self.spooled += written
-                piece = piece[written:]
+            if self._spool is None:
+                self._spool = tempfile.TemporaryFile(dir=self._spool_dir, buffering=0)  # noqa: SIM115
+                _write_all(self._spool.fileno(), memoryview(self._head)[: self.spooled])
+            _write_all(self._spool.fileno(), piece)
+            self.spooled += len(piece)
         except OSError:  # a full disk costs the stored copy, never the run
             self.spool_failed = True
 
     def _spooled_chunks(self) -> Iterator[bytes]:
-        assert self._spool is not None
+        if self._spool is None:  # all of it fit in the head
+            yield bytes(self._head[: self.spooled])
+            return
         offset = 0
         while offset < self.spooled:
             chunk = os.pread(self._spool.fileno(), min(_READ_BYTES, self.spooled - offset), offset)
@@ -80,7 +89,7 @@ class BoundedCapture:
 
     def store(self, store: BlobStore) -> ArtifactRef | None:
         """Put the spooled copy in ``store`` (blocking I/O: call it from a thread)."""
-        if self._spool is None or self.spool_failed or not self.spooled:
+        if self._spool_dir is None or self.spool_failed or not self.spooled:
             return None
         return store.put_stream(self._spooled_chunks())
 
@@ -99,6 +108,11 @@ class BoundedCapture:
             truncated=self.total > kept,
             ref=ref,
         )
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def open_pipe() -> tuple[int, int]:

@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolane.sandbox._lifeline import kill_cgroup_tree, read_pids
+from evolane.sandbox._lifeline import kill_cgroup_tree, read_cgroup_file, read_pids
 from evolane.sandbox._spec import Limits
 
 
@@ -227,11 +227,8 @@ class UnitCgroups:
 
 
 def _read(path: Path) -> str:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return ""
+    """A cgroup file's text, '' when it cannot be read (see `read_cgroup_file`)."""
+    return read_cgroup_file(path)
 
 
 def _write(path: Path, text: str) -> bool:

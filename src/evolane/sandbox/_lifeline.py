@@ -105,13 +105,36 @@ def lease_holders(fragment: str) -> set[int]:
     return found
 
 
+CGROUP_FILE_BYTES = 1 << 20
+"""Bytes of a cgroup file read at most (``cgroup.procs`` of ~100,000 members)."""
+_CGROUP_READ = 64 << 10  # per read: a larger buffer is an mmap and munmap each time
+
+
+def read_cgroup_file(path: Path) -> str:
+    """A cgroup file's text, '' when it cannot be read: plain ``open``/``read`` calls (a
+    unit reads several per run, on the event loop), at most `CGROUP_FILE_BYTES`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size < CGROUP_FILE_BYTES and (
+            chunk := os.read(fd, min(_CGROUP_READ, CGROUP_FILE_BYTES - size))
+        ):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", errors="replace")
+
+
 def read_pids(cgroup: Path) -> set[int]:
     """Members of one cgroup directory."""
-    try:
-        text = (cgroup / "cgroup.procs").read_text()
-    except OSError:
-        return set()
-    return {int(pid) for pid in text.split() if pid.isdigit()}
+    return {int(pid) for pid in read_cgroup_file(cgroup / "cgroup.procs").split() if pid.isdigit()}
 
 
 def kill_cgroup_tree(path: Path, patience: float = 2.0) -> None:
