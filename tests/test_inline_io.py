@@ -19,7 +19,13 @@ from evolane.inputs import load_dataset
 from evolane.lanes import BackendCall
 from evolane.lanes._inproc import make_unit_dir
 from evolane.lanes._recycle import MAX_SPARE, _spares, recycle
-from evolane.measure import MeasureContext, MeasureSettings, RunJournal, open_pipeline
+from evolane.measure import (
+    CommandSettings,
+    MeasureContext,
+    MeasureSettings,
+    RunJournal,
+    open_pipeline,
+)
 from evolane.messages import GateConfig, MeasureRequest
 from evolane.sandbox import INLINE_FILES, InlineGate, open_sandbox
 from evolane.store import BlobStore, load_manifest, read_journal, snapshot_tree
@@ -189,3 +195,58 @@ async def test_a_slow_disk_sends_the_work_to_threads(
     assert gate.closings == 1  # closed after its strikes, for longer than this run
     # Only the pieces before it closed ran inline (collects and recycles alike).
     assert 24 - gate.strikes <= hops["ReplayLane._collect"] < 24
+
+
+async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sandboxed replay commands: the output a dead tree left is stored inline when small;
+    over the inline bound, in a thread, and stored in full either way."""
+    hops = _count_hops(monkeypatch)
+    rows = [{"id": f"c{i}", "input": i, "expected_output": 1} for i in range(4)]
+    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    for arm in ("t1", "t2"):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "skill.md").write_text(f"rules of {arm}")
+    # Cases 0-1 leave one file; cases 2-3 one more than the inline bound.
+    script = (
+        'echo 1 > "$1"/output.json; grep -q "input.:[01]," "$2" || '
+        f'for n in $(seq {INLINE_FILES}); do echo $n > "$1"/f$n; done'
+    )
+    settings = MeasureSettings(
+        replay=f"sh -c '{script}' replay {{output_dir}} {{case_file}}",
+        replay_concurrency=2,
+    )
+    store = BlobStore(tmp_path / "store")
+    journal = RunJournal(tmp_path / "journal.jsonl")
+    async with (
+        open_sandbox(tmp_path / "sb", store=store) as host,
+        open_runtime() as runtime,
+        open_pipeline(
+            runtime,
+            host,
+            store,
+            load_dataset(tmp_path / "d.jsonl"),
+            settings,
+            commands=CommandSettings(kill_grace=0.2, isolation="process"),
+            context=MeasureContext(journal=journal),
+        ) as pipeline,
+    ):
+        base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
+        request = MeasureRequest(
+            measurement_id="m",
+            baseline_ref=base,
+            candidate_ref=cand,
+            gate=GateConfig(sequential=False),
+        )
+        summary = await pipeline.measure(request)
+    journal.close()
+    units = [r for r in read_journal(tmp_path / "journal.jsonl").records if r["type"] == "unit"]
+    assert summary.units_run == len(units) >= 8
+    sizes = {
+        r["replay"]["case_id"]: len(load_manifest(store, r["replay"]["output_ref"]["digest"]))
+        for r in units
+    }
+    assert sizes == {"c0": 1, "c1": 1, "c2": INLINE_FILES + 1, "c3": INLINE_FILES + 1}
+    big = sum(r["replay"]["case_id"] in ("c2", "c3") for r in units)
+    assert hops["ReplayLane._collect"] == big  # the big outputs only

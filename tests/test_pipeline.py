@@ -330,12 +330,12 @@ async def test_a_crashing_lane_fails_its_unit_not_the_measurement(tmp_path) -> N
     original = lanes.ReplayLane._collect
     calls = 0
 
-    def flaky(self, job, scratch, outcome):  # type: ignore[no-untyped-def]
+    def flaky(self, job, scratch, outcome, limits=None):  # type: ignore[no-untyped-def]
         nonlocal calls
         calls += 1
         if calls == 3:
             raise RuntimeError("lane bug")
-        return original(self, job, scratch, outcome)
+        return original(self, job, scratch, outcome, limits)
 
     lanes.ReplayLane._collect = flaky  # type: ignore[method-assign]
     try:

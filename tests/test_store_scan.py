@@ -158,3 +158,41 @@ def test_the_judges_last_line_is_read_from_the_tail_of_a_long_output() -> None:
     assert cut.failure is not None and cut.failure.code == "judge_output_too_long"
     partial = parse_judge_output(b'"score": 1.0}\nnoise\n', complete=False)
     assert partial.failure is not None  # a cut first line is never taken for the score
+
+
+@pytest.mark.parametrize(("kind", "cap"), [("file", "max_files"), ("folder", "max_folders")])
+def test_a_folder_over_the_caps_is_never_listed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, cap: str
+) -> None:
+    """A folder holding far more entries than the caps allow stops the walk while it is
+    listed: no more than the cap (plus one) of its entries are ever read."""
+    big = tmp_path / "big"
+    big.mkdir()
+    for index in range(500):
+        (big / f"e{index}").mkdir() if kind == "folder" else (big / f"e{index}").touch()
+    read = 0
+    real_scandir = os.scandir
+
+    class Counting:
+        def __init__(self, folder: str) -> None:
+            self._scan = real_scandir(folder)
+
+        def __enter__(self) -> Counting:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._scan.close()
+
+        def __iter__(self) -> Counting:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            nonlocal read
+            entry = next(self._scan)
+            read += 1
+            return entry
+
+    monkeypatch.setattr(os, "scandir", Counting)
+    with pytest.raises(TreeLimitError) as caught:
+        scan_tree(big, TreeLimits(max_files=10, max_folders=10))
+    assert caught.value.cap == cap and read == 11

@@ -205,7 +205,7 @@ class ReplayLane(CommandLane):
             outcome = await run_lane_command(
                 self.host, self.settings, argv, scratch, label, env, deadline, stop, lay_out
             )
-            result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
+            result = await self._collected(job, scratch, outcome)
             keep = self.settings.keep_failed and result.status != "succeeded"
             done = True
             return result
@@ -249,10 +249,7 @@ class ReplayLane(CommandLane):
                 attempt=attempt,
             )
             outcome = await run_backend(self.settings.backend, call, deadline, stop)
-            # A small output is stored inline while that is fast; else in one thread hop.
-            result = self.host.inline.attempt(partial(self._collect_small, job, scratch, outcome))
-            if result is None:
-                result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
+            result = await self._collected(job, scratch, outcome)
             if result.status == "succeeded" and result.output_ref is not None:
                 hand_over(self.host, job.unit_id, result.output_ref, scratch.dir)
                 kept = True
@@ -263,11 +260,21 @@ class ReplayLane(CommandLane):
             if not kept:
                 self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
 
+    async def _collected(
+        self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
+    ) -> ReplayResult:
+        """The replay's result, its output stored: inline when the output is small and the
+        host's inline gate is open, else in one thread hop."""
+        result = self.host.inline.attempt(partial(self._collect_small, job, scratch, outcome))
+        if result is None:
+            result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
+        return result
+
     def _collect_small(
         self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
     ) -> ReplayResult | None:
-        """`_collect` when the output is small (`INLINE_FILES`, `INLINE_BYTES`); None, and
-        nothing stored, when it is not or cannot be walked (`_collect` then decides)."""
+        """`_collect` within `INLINE_FILES` and `INLINE_BYTES` (so bounded inline work);
+        None when the output is over them (`_collect` then decides, with its own limits)."""
         limits = self.settings.output_limits
         small = replace(
             limits,
@@ -275,18 +282,21 @@ class ReplayLane(CommandLane):
             max_folders=min(limits.max_folders, INLINE_FILES),
             max_bytes=min(limits.max_bytes, INLINE_BYTES),
         )
-        try:
-            scan_tree(scratch.out, small)
-        except (OSError, TreeLimitError, UnsupportedEntryError):
+        result = self._collect(job, scratch, outcome, small)
+        if result.failure is not None and result.failure.code == "output_over_limit":
             return None
-        return self._collect(job, scratch, outcome)
+        return result
 
     def _collect(
-        self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
+        self,
+        job: ReplayJob,
+        scratch: UnitScratch,
+        outcome: ProcessOutcome,
+        limits: TreeLimits | None = None,
     ) -> ReplayResult:
         settings = self.settings
         return collect_replay(
-            self.store, job, scratch, outcome, settings.output_limits, settings.prices
+            self.store, job, scratch, outcome, limits or settings.output_limits, settings.prices
         )
 
 

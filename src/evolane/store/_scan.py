@@ -117,6 +117,33 @@ class _Walk:
                 f"{_clip(relative)!r}",
             )
 
+    def listed(self, folder: str) -> list[os.DirEntry[str]]:
+        """The entries of ``folder`` by name; listing stops (`TreeLimitError`) as soon as it
+        holds more files or folders than the caps have room for, so a folder of a million
+        entries is never listed whole."""
+        files_room = self.limits.max_files - self.files
+        folders_room = self.limits.max_folders - self.folders
+        children: list[os.DirEntry[str]] = []
+        files = folders = 0
+        with os.scandir(folder) as scan:
+            for child in scan:
+                children.append(child)
+                if child.is_dir(follow_symlinks=False):
+                    folders += 1
+                    if folders > folders_room:
+                        raise TreeLimitError(
+                            "max_folders", f"over {self.limits.max_folders} folders (max_folders)"
+                        )
+                else:
+                    files += 1
+                    if files > files_room:
+                        raise TreeLimitError(
+                            "max_files",
+                            f"over {self.limits.max_files} files and symlinks (max_files)",
+                        )
+        children.sort(key=lambda child: child.name)
+        return children
+
     def add_folder(self) -> None:
         self.folders += 1
         if self.folders > self.limits.max_folders:
@@ -162,8 +189,7 @@ def scan_tree(directory: Path | str, limits: TreeLimits | None = None) -> TreeSc
     pending: list[tuple[str, str]] = [("", str(root))]  # (relative prefix, folder path)
     while pending:
         prefix, folder = pending.pop()
-        with os.scandir(folder) as scan:
-            children = sorted(scan, key=lambda child: child.name)
+        children = walk.listed(folder)
         below = []
         for child in children:
             relative = prefix + utf8_name(child.name, child.path)
