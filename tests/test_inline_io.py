@@ -4,9 +4,11 @@ work hops to a thread: none for a small output, one for a big one or a slow disk
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -16,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evolane.inputs import load_dataset
-from evolane.lanes import BackendCall
+from evolane.lanes import BackendCall, _recycle
 from evolane.lanes._inproc import make_unit_dir
-from evolane.lanes._recycle import MAX_SPARE, _spares, recycle
+from evolane.lanes._recycle import MAX_SPARE, _spares, recycle, recycle_soon
 from evolane.measure import (
     CommandSettings,
     MeasureContext,
@@ -100,6 +102,33 @@ def test_bounded_recycling_leaves_a_removal_to_the_cleanup_thread(tmp_path: Path
     assert recycle(full, INLINE_FILES) is False and full.exists()
     assert recycle(full) is True and not full.exists()
     _spares.pop(str(units))
+
+
+def test_recycle_soon_runs_inline_only_when_small_and_the_gate_is_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    units = tmp_path / "units"
+    deferred: list[Callable[[], object]] = []
+    host: Any = SimpleNamespace(inline=InlineGate(), defer=deferred.append)
+    recycle_soon(host, _used_unit_folder(units, "u1.1", 2))
+    assert deferred == [] and len(list(units.iterdir())) == 1  # inline: one spare
+    big = _used_unit_folder(units, "u2.1", INLINE_FILES + 1)
+    recycle_soon(host, big)
+    assert len(deferred) == 1 and big.exists()  # over the bound: the cleanup thread's
+    deferred.pop()()
+    assert not big.exists()
+    host.inline = InlineGate(slow=-1.0, strikes=1)
+    host.inline.took(1.0, time.monotonic())  # closed
+    small = _used_unit_folder(units, "u3.1", 1)
+    recycle_soon(host, small)
+    assert len(deferred) == 1 and small.exists()  # the gate is closed: deferred
+
+    def broken(*args: object) -> bool:
+        raise RuntimeError("a bug in recycling")
+
+    monkeypatch.setattr(_recycle, "recycle", broken)
+    recycle_soon(SimpleNamespace(inline=InlineGate(), defer=deferred.append), small)  # type: ignore[arg-type]
+    assert len(deferred) == 2  # an inline failure never raises: the cleanup thread retries
 
 
 def _count_hops(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:

@@ -23,11 +23,11 @@ from evolane.inputs import (
 )
 from evolane.lanes._backends import BackendCall, run_backend
 from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
-from evolane.lanes._recycle import recycle
+from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._scratch import UnitScratch
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
-from evolane.sandbox import INLINE_FILES, ProcessOutcome
+from evolane.sandbox import ProcessOutcome
 from evolane.store import (
     BlobStore,
     BlobTooLargeError,
@@ -236,9 +236,7 @@ class JudgeLane(CommandLane):
             usage, complete = judge_usage(usage_file, outcome, self.settings.prices)
             return replace(verdict, usage=usage, usage_complete=complete)
         finally:
-            # Emptied for a next unit (inline while small and fast), or removed.
-            if not self.host.inline.attempt(partial(recycle, unit_dir, INLINE_FILES)):
-                self.host.defer(partial(recycle, unit_dir))
+            recycle_soon(self.host, unit_dir)  # emptied for a next unit, or removed
 
     def _lay_out(
         self, scratch: UnitScratch, job: JudgeJob, tree_ref: ArtifactRef | None, no_command: bool

@@ -1,8 +1,9 @@
-"""Unit folders of in-process backends, recycled: a finished unit's folder is emptied (in
-the host's cleanup thread) down to its empty ``work`` and ``out`` folders and kept as a
-spare; the next unit renames a spare to its own name instead of making three folders. A
-unit still gets a fresh folder of its own (its own path, nothing in it, the modes a new
-folder gets); anything a spare cannot be checked to be is removed instead.
+"""Unit folders of in-process backends, recycled: a finished unit's folder is emptied (on
+the event loop while that is small and fast, `recycle_soon`; else in the host's cleanup
+thread) down to its empty ``work`` and ``out`` folders and kept as a spare; the next unit
+renames a spare to its own name instead of making three folders. A unit still gets a fresh
+folder of its own (its own path, nothing in it, the modes a new folder gets); anything a
+spare cannot be checked to be is removed instead.
 
 Each folder made or removed is a journaled metadata change of the filesystem, the largest
 per-unit cost of a unit that does nothing (issue 22): recycling leaves two renames and the
@@ -17,8 +18,10 @@ import os
 import stat
 import threading
 from collections import deque
+from functools import partial
 from pathlib import Path
 
+from evolane.sandbox import INLINE_FILES, SandboxHost
 from evolane.store import remove_tree
 
 MAX_SPARE = 64
@@ -93,6 +96,18 @@ def recycle(unit_dir: Path, max_entries: int | None = None) -> bool:
         return _removed(unit_dir, max_entries)
     spares.append(spare)
     return True
+
+
+def recycle_soon(host: SandboxHost, unit_dir: Path) -> None:
+    """Recycle ``unit_dir`` now, on the event loop, when it holds at most `INLINE_FILES`
+    entries per folder and the host's inline gate is open; else (or if that fails) in the
+    host's cleanup thread. Never raises: a cleanup failure leaves litter, not damage."""
+    try:
+        done = host.inline.attempt(partial(recycle, unit_dir, INLINE_FILES))
+    except Exception:
+        done = False
+    if not done:
+        host.defer(partial(recycle, unit_dir))
 
 
 def _removed(unit_dir: Path, max_entries: int | None) -> bool:

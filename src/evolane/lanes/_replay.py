@@ -228,8 +228,8 @@ class ReplayLane(CommandLane):
         self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
     ) -> ReplayResult:
         """An in-process backend's replay: a fresh unit folder (``work``, ``out``), the shared
-        read-only candidate tree and the case as read from the store, no copies; one thread
-        hop to store the output, whose folder is then handed to the unit's judge."""
+        read-only candidate tree and the case as read from the store, no copies; the output
+        stored (`_collected`), its folder then handed to the unit's judge."""
         assert self.settings.backend is not None
         scratch = UnitScratch(self.host, self.store, job.unit_id, attempt)
         kept = False
