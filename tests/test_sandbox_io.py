@@ -327,3 +327,16 @@ def test_capture_keeps_exactly_its_head_tail_and_stored_prefix(
     kept = whole[:stored]
     assert (store.read_bytes(ref) if ref is not None else b"") == kept
     capture.close()
+
+
+def test_a_cgroup_file_past_its_cap_is_read_in_whole_lines(tmp_path: Path) -> None:
+    """``cgroup.procs`` longer than the cap: the pids read are whole (a pid cut in half is
+    another process, which the kill ladder would signal)."""
+    from evolane.sandbox._lifeline import CGROUP_FILE_BYTES, read_cgroup_file, read_pids
+
+    pids = [10_000_000 + n for n in range(CGROUP_FILE_BYTES // 9 + 1000)]  # 9 bytes a line
+    (tmp_path / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
+    text = read_cgroup_file(tmp_path / "cgroup.procs")
+    assert text.endswith("\n") and len(text) <= CGROUP_FILE_BYTES
+    read = read_pids(tmp_path)
+    assert read and read <= set(pids) and len(read) == CGROUP_FILE_BYTES // 9

@@ -69,7 +69,7 @@ class BoundedCapture:
         try:
             if self._spool is None:
                 self._spool = tempfile.TemporaryFile(dir=self._spool_dir, buffering=0)  # noqa: SIM115
-                _write_all(self._spool.fileno(), memoryview(self._head)[: self.spooled])
+                _write_all(self._spool.fileno(), memoryview(bytes(self._head[: self.spooled])))
             _write_all(self._spool.fileno(), piece)
             self.spooled += len(piece)
         except OSError:  # a full disk costs the stored copy, never the run

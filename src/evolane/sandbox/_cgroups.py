@@ -174,7 +174,7 @@ class UnitCgroups:
 
     def populated(self) -> bool:
         if self._unified is not None:
-            text = _read(self._unified / "cgroup.events")
+            text = read_cgroup_file(self._unified / "cgroup.events")
             return "populated 1" in text
         return bool(self.pids())
 
@@ -191,7 +191,7 @@ class UnitCgroups:
     def pids_limit_hit(self) -> bool:
         if self._pids is None:
             return False
-        for line in _read(self._pids / "pids.events").splitlines():
+        for line in read_cgroup_file(self._pids / "pids.events").splitlines():
             name, _, count = line.partition(" ")
             if name == "max" and count.strip() not in ("", "0"):
                 return True
@@ -200,13 +200,13 @@ class UnitCgroups:
     def memory_peak(self) -> int:
         if self._memory is None:
             return 0
-        text = _read(self._memory / "memory.max_usage_in_bytes").strip()
+        text = read_cgroup_file(self._memory / "memory.max_usage_in_bytes").strip()
         return int(text) if text.isdigit() else 0
 
     def oom_killed(self) -> bool:
         if self._memory is None:
             return False
-        for line in _read(self._memory / "memory.oom_control").splitlines():
+        for line in read_cgroup_file(self._memory / "memory.oom_control").splitlines():
             name, _, count = line.partition(" ")
             if name == "oom_kill" and count.strip() not in ("", "0"):
                 return True
@@ -215,7 +215,7 @@ class UnitCgroups:
     def cpu_seconds(self) -> float | None:
         if self._unified is None:
             return None
-        for line in _read(self._unified / "cpu.stat").splitlines():
+        for line in read_cgroup_file(self._unified / "cpu.stat").splitlines():
             name, _, value = line.partition(" ")
             if name == "usage_usec" and value.strip().isdigit():
                 return int(value) / 1e6
@@ -224,11 +224,6 @@ class UnitCgroups:
     def remove(self) -> None:
         for path in self.paths:
             kill_cgroup_tree(path)
-
-
-def _read(path: Path) -> str:
-    """A cgroup file's text, '' when it cannot be read (see `read_cgroup_file`)."""
-    return read_cgroup_file(path)
 
 
 def _write(path: Path, text: str) -> bool:

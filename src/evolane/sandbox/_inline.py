@@ -8,8 +8,8 @@ less CPU). So the small, bounded file work of an in-process unit (storing an out
 few files, emptying its folder for the next unit) runs inline while it stays fast; once
 `STRIKES` pieces in a row take longer than `SLOW_SECONDS` (a slow or network disk; one slow
 piece alone is a cold cache, a preemption or a garbage collection), every piece goes to
-threads for `PAUSE_SECONDS`, then inline is tried again. Work that is not
-small by its own bounds (`INLINE_FILES`, `INLINE_BYTES`) is never run inline.
+threads for `PAUSE_SECONDS`, then inline is tried again. Work that is not small by its own
+bounds (`INLINE_FILES`, `INLINE_BYTES`) is never run inline.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ STRIKES = 3
 """Slow inline pieces in a row that send the next ones to threads."""
 
 PAUSE_SECONDS = 30.0
-"""How long pieces go to threads after a slow one, before inline is tried again."""
+"""How long pieces go to threads once the gate closed, before inline is tried again."""
 
 INLINE_FILES = 64
 """Files (or folder entries) a piece may touch and still run inline."""

@@ -112,7 +112,8 @@ _CGROUP_READ = 64 << 10  # per read: a larger buffer is an mmap and munmap each 
 
 def read_cgroup_file(path: Path) -> str:
     """A cgroup file's text, '' when it cannot be read: plain ``open``/``read`` calls (a
-    unit reads several per run, on the event loop), at most `CGROUP_FILE_BYTES`."""
+    unit reads several per run, on the event loop), at most `CGROUP_FILE_BYTES`, in whole
+    lines."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -129,7 +130,10 @@ def read_cgroup_file(path: Path) -> str:
         return ""
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("ascii", errors="replace")
+    data = b"".join(chunks)
+    if size >= CGROUP_FILE_BYTES:  # cut at the cap: never hand on half a line (a pid)
+        data = data[: data.rfind(b"\n") + 1]
+    return data.decode("ascii", errors="replace")
 
 
 def read_pids(cgroup: Path) -> set[int]:
