@@ -146,7 +146,8 @@ def _count_hops(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 async def _measure(tmp_path: Path, files: int, slow_disk: bool) -> tuple[list[Any], Any]:
     """12 cases x 2 arms, each replay writing ``files`` small files: the unit records and the
-    host's gate. ``slow_disk``: every inline piece counts as slow."""
+    host's gate. ``slow_disk``: every inline piece counts as slow; else none does (a loaded
+    test machine may preempt three pieces in a row, which would close the gate)."""
     rows = [{"id": f"c{i}", "input": i, "expected_output": i} for i in range(12)]
     (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     for arm in ("t1", "t2"):
@@ -175,8 +176,7 @@ async def _measure(tmp_path: Path, files: int, slow_disk: bool) -> tuple[list[An
             runtime, host, store, load_dataset(tmp_path / "d.jsonl"), settings, context=context
         ) as pipeline,
     ):
-        if slow_disk:
-            host.inline.slow = -1.0
+        host.inline.slow = -1.0 if slow_disk else float("inf")
         base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
         request = MeasureRequest(
             measurement_id="m",
@@ -261,6 +261,7 @@ async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_th
             context=MeasureContext(journal=journal),
         ) as pipeline,
     ):
+        host.inline.slow = float("inf")  # timing aside: only the bounds decide here
         base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
         request = MeasureRequest(
             measurement_id="m",
