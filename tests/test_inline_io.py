@@ -4,6 +4,7 @@ work hops to a thread: none for a small output, one for a big one or a slow disk
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from evolane.measure import (
     open_pipeline,
 )
 from evolane.messages import GateConfig, MeasureRequest
-from evolane.sandbox import INLINE_FILES, InlineGate, open_sandbox
+from evolane.sandbox import INLINE_BYTES, INLINE_FILES, InlineGate, SandboxHost, open_sandbox
 from evolane.store import BlobStore, load_manifest, read_journal, snapshot_tree
 from evolane.supervisors import open_runtime
 
@@ -82,24 +83,38 @@ def _used_unit_folder(units: Path, name: str, files: int) -> Path:
 def test_bounded_recycling_stops_at_its_bound_and_leaves_the_rest(tmp_path: Path) -> None:
     units = tmp_path / "units"
     small = _used_unit_folder(units, "u1.1", 2)
-    assert recycle(small, INLINE_FILES) is True
+    assert recycle(small, bounded=True) is True
     assert not small.exists() and len(list(units.iterdir())) == 1  # emptied: one spare
-    big = _used_unit_folder(units, "u2.1", INLINE_FILES + 1)  # takes that spare
-    assert recycle(big, INLINE_FILES) is False  # stopped: nothing of ``out`` unlinked
+    big = _used_unit_folder(units, "u2.1", INLINE_FILES + 1)
+    assert [p.name for p in units.iterdir()] == ["u2.1"]  # it took that spare
+    assert recycle(big, bounded=True) is False  # stopped: nothing of ``out`` unlinked
     assert len(list((big / "out").iterdir())) == INLINE_FILES + 1
     assert recycle(big) is True  # the cleanup thread's unbounded call finishes it
     assert not big.exists() and len(list(units.iterdir())) == 1
+
+
+def test_bounded_recycling_frees_no_big_file_and_reads_no_big_listing(tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    heavy = _used_unit_folder(units, "u1.1", 1)
+    (heavy / "work" / "big").write_bytes(b"x" * (INLINE_BYTES + 4096))  # blocks to free
+    assert recycle(heavy, bounded=True) is False and (heavy / "work" / "big").exists()
+    assert recycle(heavy) is True and not heavy.exists()
+    listed = _used_unit_folder(units, "u2.1", 1)
+    size = os.stat(listed).st_size  # a folder that once held many entries lists more
+    assert _recycle._emptied(listed, _recycle._Bound(folder_bytes=size - 1)) is None
+    assert (listed / "judge-usage.json").exists()  # stopped before anything was unlinked
+    assert _recycle._emptied(listed, _recycle._Bound(folder_bytes=size)) is True
 
 
 def test_bounded_recycling_leaves_a_removal_to_the_cleanup_thread(tmp_path: Path) -> None:
     units = tmp_path / "units"
     nested = _used_unit_folder(units, "u1.1", 1)
     (nested / "out" / "deep").mkdir()  # not a skeleton: removed, not recycled
-    assert recycle(nested, INLINE_FILES) is False and nested.exists()
+    assert recycle(nested, bounded=True) is False and nested.exists()
     assert recycle(nested) is True and not nested.exists()
     full = _used_unit_folder(units, "u2.1", 1)
     _spares[str(units)].extend(f"/nonexistent/{n}" for n in range(MAX_SPARE))  # spares full
-    assert recycle(full, INLINE_FILES) is False and full.exists()
+    assert recycle(full, bounded=True) is False and full.exists()
     assert recycle(full) is True and not full.exists()
     _spares.pop(str(units))
 
@@ -132,19 +147,31 @@ def test_recycle_soon_runs_inline_only_when_small_and_the_gate_is_open(
 
 
 def _count_hops(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Every thread hop, by the name of the function it carried."""
+    """Every thread hop, by the name of the function it carried; cleanups deferred to the
+    host's cleanup thread count as ``defer:<name>``."""
     hops: Counter[str] = Counter()
-    real = trio.to_thread.run_sync
+    real, real_defer = trio.to_thread.run_sync, SandboxHost.defer
+
+    def name(fn: Callable[..., Any]) -> str:
+        fn = getattr(fn, "func", fn)  # a partial: what it calls
+        return getattr(fn, "__qualname__", type(fn).__name__)
 
     async def counted(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        hops[getattr(fn, "__qualname__", type(fn).__name__)] += 1
+        hops[name(fn)] += 1
         return await real(fn, *args, **kwargs)
 
+    def deferred(host: SandboxHost, cleanup: Callable[[], object]) -> None:
+        hops[f"defer:{name(cleanup)}"] += 1
+        real_defer(host, cleanup)
+
     monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    monkeypatch.setattr(SandboxHost, "defer", deferred)
     return hops
 
 
-async def _measure(tmp_path: Path, files: int, slow_disk: bool) -> tuple[list[Any], Any]:
+async def _measure(
+    tmp_path: Path, files: int, slow_disk: bool, link: bool = False
+) -> tuple[list[Any], Any]:
     """12 cases x 2 arms, each replay writing ``files`` small files: the unit records and the
     host's gate. ``slow_disk``: every inline piece counts as slow; else none does (a loaded
     test machine may preempt three pieces in a row, which would close the gate)."""
@@ -159,6 +186,8 @@ async def _measure(tmp_path: Path, files: int, slow_disk: bool) -> tuple[list[An
         (call.output_dir / "output.json").write_bytes(orjson.dumps(call.case["input"]))
         for number in range(files - 1):
             (call.output_dir / f"extra-{number}.txt").write_text(str(number))
+        if link:
+            (call.output_dir / "answer").symlink_to("output.json")
 
     async def judge(call: BackendCall) -> float:
         assert call.output_dir is not None and call.case is not None
@@ -177,6 +206,7 @@ async def _measure(tmp_path: Path, files: int, slow_disk: bool) -> tuple[list[An
         ) as pipeline,
     ):
         host.inline.slow = -1.0 if slow_disk else float("inf")
+        host.inline.pause = 1e9  # once closed, closed for the whole run
         base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
         request = MeasureRequest(
             measurement_id="m",
@@ -194,7 +224,7 @@ async def _measure(tmp_path: Path, files: int, slow_disk: bool) -> tuple[list[An
     units = [r for r in read_journal(tmp_path / "journal.jsonl").records if r["type"] == "unit"]
     for record in units:
         manifest = load_manifest(store, record["replay"]["output_ref"]["digest"])
-        assert len(manifest) == files and record["judge"]["score"] == 1.0
+        assert len(manifest) == files + link and record["judge"]["score"] == 1.0
     return units, gate
 
 
@@ -205,6 +235,7 @@ async def test_a_small_output_is_stored_without_a_thread_hop(
     units, gate = await _measure(tmp_path, files=2, slow_disk=False)
     assert len(units) == 24 and gate.closings == 0
     assert hops["ReplayLane._collect"] == 0
+    assert hops["defer:recycle"] == 0  # every unit folder emptied inline too
     assert hops["RunJournal._write"] >= 1  # the journal's fsync stays in a thread
 
 
@@ -213,6 +244,16 @@ async def test_an_output_over_the_inline_bound_is_stored_in_a_thread(
 ) -> None:
     hops = _count_hops(monkeypatch)
     units, _ = await _measure(tmp_path, files=INLINE_FILES + 1, slow_disk=False)
+    assert hops["ReplayLane._collect"] == len(units) == 24
+    assert hops["defer:recycle"] == 24  # and its folder is emptied by the cleanup thread
+
+
+async def test_an_output_with_a_symlink_is_stored_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resolving a symlink may walk long targets: never inline."""
+    hops = _count_hops(monkeypatch)
+    units, _ = await _measure(tmp_path, files=1, slow_disk=False, link=True)
     assert hops["ReplayLane._collect"] == len(units) == 24
 
 
@@ -224,6 +265,7 @@ async def test_a_slow_disk_sends_the_work_to_threads(
     assert gate.closings == 1  # closed after its strikes, for longer than this run
     # Only the pieces before it closed ran inline (collects and recycles alike).
     assert 24 - gate.strikes <= hops["ReplayLane._collect"] < 24
+    assert hops["ReplayLane._collect"] + hops["defer:recycle"] == 48 - gate.strikes
 
 
 async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_thread(

@@ -327,23 +327,23 @@ def test_baselines_start_about_a_wave_ahead_so_no_pair_ends_the_run_alone() -> N
 async def test_a_crashing_lane_fails_its_unit_not_the_measurement(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from evolane.lanes import _replay as lanes
 
-    original = lanes.ReplayLane._collect
+    original = lanes.collect_replay
     calls = 0
 
-    def flaky(self, job, scratch, outcome, limits=None):  # type: ignore[no-untyped-def]
+    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
         nonlocal calls
         calls += 1
         if calls == 3:
             raise RuntimeError("lane bug")
-        return original(self, job, scratch, outcome, limits)
+        return original(*args, **kwargs)
 
-    lanes.ReplayLane._collect = flaky  # type: ignore[method-assign]
+    lanes.collect_replay = flaky  # type: ignore[assignment]
     try:
         async with sleeper_bench(tmp_path, cases=6, replay_concurrency=1) as bench:
             summary = await measure(bench, 0.1)
             records = units(bench, summary)
     finally:
-        lanes.ReplayLane._collect = original  # type: ignore[method-assign]
+        lanes.collect_replay = original  # type: ignore[assignment]
     failed = [
         r
         for r in records

@@ -340,3 +340,15 @@ def test_a_cgroup_file_past_its_cap_is_read_in_whole_lines(tmp_path: Path) -> No
     assert text.endswith("\n") and len(text) <= CGROUP_FILE_BYTES
     read = read_pids(tmp_path)
     assert read and read <= set(pids) and len(read) == CGROUP_FILE_BYTES // 9
+
+
+def test_a_spool_that_cannot_be_made_costs_the_stored_copy_never_the_capture(
+    tmp_path: Path,
+) -> None:
+    caps = OutputCaps(head_bytes=4, tail_bytes=4, stored_bytes=100)
+    capture = BoundedCapture(caps, tmp_path / "no-such-folder")
+    for chunk in (b"0123", b"456789", b"abcdef"):
+        capture.feed(chunk)
+    result = capture.result()
+    assert capture.spool_failed and capture.store(BlobStore(tmp_path / "store")) is None
+    assert (result.head, result.tail, result.total_bytes) == (b"0123", b"cdef", 16)

@@ -194,5 +194,28 @@ def test_a_folder_over_the_caps_is_never_listed_whole(
 
     monkeypatch.setattr(os, "scandir", Counting)
     with pytest.raises(TreeLimitError) as caught:
-        scan_tree(big, TreeLimits(max_files=10, max_folders=10))
+        scan_tree(big, TreeLimits(max_files=10, max_folders=10))  # nothing unsupported in it
     assert caught.value.cap == cap and read == 11
+
+
+def test_a_fifo_in_a_folder_over_the_caps_is_still_the_error(tmp_path: Path) -> None:
+    """What the walk refuses (a FIFO) wins over a cap met while listing its folder, as it
+    did when folders were listed whole."""
+    folder = tmp_path / "t"
+    folder.mkdir()
+    os.mkfifo(folder / "a-fifo")
+    for index in range(20):
+        (folder / f"f{index}").touch()
+    with pytest.raises(UnsupportedEntryError):
+        scan_tree(folder, TreeLimits(max_files=10))
+
+
+def test_a_folder_listing_over_max_folder_bytes_is_not_read(tmp_path: Path) -> None:
+    folder = tmp_path / "t" / "sub"
+    folder.mkdir(parents=True)
+    (folder / "f").touch()
+    size = os.stat(folder).st_size
+    with pytest.raises(TreeLimitError) as caught:
+        scan_tree(tmp_path / "t", TreeLimits(max_folder_bytes=size - 1))
+    assert caught.value.cap == "max_folder_bytes"
+    assert len(scan_tree(tmp_path / "t", TreeLimits(max_folder_bytes=size)).entries) == 1

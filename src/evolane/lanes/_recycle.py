@@ -18,10 +18,11 @@ import os
 import stat
 import threading
 from collections import deque
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from evolane.sandbox import INLINE_FILES, SandboxHost
+from evolane.sandbox import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, SandboxHost
 from evolane.store import remove_tree
 
 MAX_SPARE = 64
@@ -71,10 +72,12 @@ def note_fresh(folder: Path) -> None:
             _fresh.update(mode=stat.S_IMODE(info.st_mode), uid=info.st_uid)
 
 
-def recycle(unit_dir: Path, max_entries: int | None = None) -> bool:
+def recycle(unit_dir: Path, bounded: bool = False) -> bool:
     """Empty ``unit_dir`` to its skeleton and keep it as a spare; else remove it (blocking
-    I/O). With ``max_entries``, a folder holding more entries stops it: False, and what is
-    left is for a later call without a bound (the host's cleanup thread). True once done."""
+    I/O). ``bounded`` (inline work): a folder over `INLINE_FILES` entries or a listing over
+    `INLINE_FOLDER_BYTES`, files over `INLINE_BYTES` to free in all, or a removal stops it:
+    False, and what is left is for an unbounded call (the host's cleanup thread). True
+    once done."""
     root = str(unit_dir.parent)
     with _lock:
         spares = _spares.get(root)
@@ -83,47 +86,57 @@ def recycle(unit_dir: Path, max_entries: int | None = None) -> bool:
                 del _spares[next(iter(_spares))]
             spares = _spares[root] = deque()
     if len(spares) >= MAX_SPARE:
-        return _removed(unit_dir, max_entries)
-    emptied = _emptied(unit_dir, max_entries)
+        return _removed(unit_dir, bounded)
+    emptied = _emptied(unit_dir, _Bound() if bounded else None)
     if emptied is None:
         return False
     if not emptied:
-        return _removed(unit_dir, max_entries)
+        return _removed(unit_dir, bounded)
     spare = os.path.join(root, f".spare-{next(_names)}")
     try:
         os.rename(unit_dir, spare)
     except OSError:
-        return _removed(unit_dir, max_entries)
+        return _removed(unit_dir, bounded)
     spares.append(spare)
     return True
 
 
 def recycle_soon(host: SandboxHost, unit_dir: Path) -> None:
-    """Recycle ``unit_dir`` now, on the event loop, when it holds at most `INLINE_FILES`
-    entries per folder and the host's inline gate is open; else (or if that fails) in the
-    host's cleanup thread. Never raises: a cleanup failure leaves litter, not damage."""
+    """Recycle ``unit_dir`` now, on the event loop, when it is small (``bounded``) and the
+    host's inline gate is open; else (or if that fails) in the host's cleanup thread.
+    Never raises: a cleanup failure leaves litter, not damage."""
     try:
-        done = host.inline.attempt(partial(recycle, unit_dir, INLINE_FILES))
+        done = host.inline.attempt(partial(recycle, unit_dir, True))
     except Exception:
         done = False
     if not done:
         host.defer(partial(recycle, unit_dir))
 
 
-def _removed(unit_dir: Path, max_entries: int | None) -> bool:
-    """Remove ``unit_dir``, unless bounded (``max_entries``): a removal walks a tree of any
-    size, so it is left for an unbounded call (False)."""
-    if max_entries is not None:
+def _removed(unit_dir: Path, bounded: bool) -> bool:
+    """Remove ``unit_dir``, unless ``bounded``: a removal walks a tree of any size, so it
+    is left for an unbounded call (False)."""
+    if bounded:
         return False
     remove_tree(unit_dir)
     return True
 
 
-def _emptied(unit_dir: Path, max_entries: int | None = None) -> bool | None:
+@dataclass
+class _Bound:
+    """What a bounded recycling may still do: entries per folder, listing bytes per folder,
+    bytes of files to free in all."""
+
+    entries: int = INLINE_FILES
+    folder_bytes: int = INLINE_FOLDER_BYTES
+    freed: int = INLINE_BYTES
+
+
+def _emptied(unit_dir: Path, bound: _Bound | None = None) -> bool | None:
     """Whether ``unit_dir`` is now exactly a fresh folder with empty ``work`` and ``out``:
     the files the unit left are unlinked; anything else (a folder of its own, a mode or
-    owner changed) leaves it as it is and says False. None: a folder held more than
-    ``max_entries`` entries (the files before it may be unlinked already)."""
+    owner changed) leaves it as it is and says False. None: past ``bound`` (the files
+    before it may be unlinked already)."""
     if "mode" not in _fresh:
         return False
     try:
@@ -131,18 +144,16 @@ def _emptied(unit_dir: Path, max_entries: int | None = None) -> bool | None:
     except OSError:
         return False
     try:
-        if not _fresh_folder(top):
-            return False
-        entries = _listed(top, max_entries)
-        if entries is None:
-            return None
+        entries = _listed(top, bound)
+        if entries is None or entries is False:
+            return entries
         if sorted(e.name for e in entries if e.is_dir(follow_symlinks=False)) != list(SKELETON):
             return False
         for entry in entries:
             if entry.name not in SKELETON:
                 os.unlink(entry.name, dir_fd=top)
         for name in SKELETON:
-            emptied = _emptied_folder(top, name, max_entries)
+            emptied = _emptied_folder(top, name, bound)
             if not emptied:
                 return emptied
         return True
@@ -152,27 +163,37 @@ def _emptied(unit_dir: Path, max_entries: int | None = None) -> bool | None:
         os.close(top)
 
 
-def _listed(fd: int, max_entries: int | None) -> list[os.DirEntry[str]] | None:
-    """The entries of the folder open at ``fd``; None past ``max_entries``."""
+def _listed(fd: int, bound: _Bound | None) -> list[os.DirEntry[str]] | bool | None:
+    """The entries of the fresh folder open at ``fd``: False when it is not fresh (a mode
+    or owner changed), None past ``bound`` (each file's blocks count against its bytes)."""
+    info = os.fstat(fd)
+    if stat.S_IMODE(info.st_mode) != _fresh["mode"] or info.st_uid != _fresh["uid"]:
+        return False
+    if bound is not None and info.st_size > bound.folder_bytes:
+        return None
     entries = []
     with os.scandir(fd) as scan:
         for entry in scan:
             entries.append(entry)
-            if max_entries is not None and len(entries) > max_entries:
+            if bound is None:
+                continue
+            if len(entries) > bound.entries:
                 return None
+            if not entry.is_dir(follow_symlinks=False):
+                bound.freed -= entry.stat(follow_symlinks=False).st_blocks * 512
+                if bound.freed < 0:
+                    return None
     return entries
 
 
-def _emptied_folder(top: int, name: str, max_entries: int | None) -> bool | None:
+def _emptied_folder(top: int, name: str, bound: _Bound | None) -> bool | None:
     """Unlink the files of ``top/name``: False if it holds a folder or is no longer fresh,
-    None if it holds more than ``max_entries``."""
+    None past ``bound``."""
     fd = os.open(name, _DIR_FLAGS, dir_fd=top)
     try:
-        if not _fresh_folder(fd):
-            return False
-        entries = _listed(fd, max_entries)
-        if entries is None:
-            return None
+        entries = _listed(fd, bound)
+        if entries is None or entries is False:
+            return entries
         if any(entry.is_dir(follow_symlinks=False) for entry in entries):
             return False
         for entry in entries:
@@ -180,8 +201,3 @@ def _emptied_folder(top: int, name: str, max_entries: int | None) -> bool | None
         return True
     finally:
         os.close(fd)
-
-
-def _fresh_folder(fd: int) -> bool:
-    info = os.fstat(fd)
-    return stat.S_IMODE(info.st_mode) == _fresh["mode"] and info.st_uid == _fresh["uid"]

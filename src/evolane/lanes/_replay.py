@@ -36,6 +36,7 @@ from evolane.messages import (
 from evolane.sandbox import (
     INLINE_BYTES,
     INLINE_FILES,
+    INLINE_FOLDER_BYTES,
     Isolation,
     Limits,
     ProcessOutcome,
@@ -265,6 +266,7 @@ class ReplayLane(CommandLane):
     ) -> ReplayResult:
         """The replay's result, its output stored: inline when the output is small and the
         host's inline gate is open, else in one thread hop."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # as the thread hop would
         result = self.host.inline.attempt(partial(self._collect_small, job, scratch, outcome))
         if result is None:
             result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome)
@@ -273,31 +275,35 @@ class ReplayLane(CommandLane):
     def _collect_small(
         self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
     ) -> ReplayResult | None:
-        """`_collect` within `INLINE_FILES` and `INLINE_BYTES` (so bounded inline work);
-        None when the output is over them (`_collect` then decides, with its own limits)."""
-        limits = self.settings.output_limits
+        """`_collect` when the output is small: within `INLINE_FILES`, `INLINE_BYTES` and
+        `INLINE_FOLDER_BYTES`, no symlink (resolving one may walk long targets). None when
+        it is not: `_collect` walks it again with its own limits (the same verdict)."""
+        limits, settings = self.settings.output_limits, self.settings
         small = replace(
             limits,
             max_files=min(limits.max_files, INLINE_FILES),
             max_folders=min(limits.max_folders, INLINE_FILES),
             max_bytes=min(limits.max_bytes, INLINE_BYTES),
+            max_folder_bytes=INLINE_FOLDER_BYTES,
         )
-        result = self._collect(job, scratch, outcome, small)
-        if result.failure is not None and result.failure.code == "output_over_limit":
+        try:
+            return collect_replay(
+                self.store, job, scratch, outcome, small, settings.prices, small=True
+            )
+        except _NotSmall:
             return None
-        return result
 
     def _collect(
-        self,
-        job: ReplayJob,
-        scratch: UnitScratch,
-        outcome: ProcessOutcome,
-        limits: TreeLimits | None = None,
+        self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome
     ) -> ReplayResult:
         settings = self.settings
         return collect_replay(
-            self.store, job, scratch, outcome, limits or settings.output_limits, settings.prices
+            self.store, job, scratch, outcome, settings.output_limits, settings.prices
         )
+
+
+class _NotSmall(Exception):
+    """An output that is not small enough to be stored inline (`collect_replay`'s ``small``)."""
 
 
 def replay_environment(job: ReplayJob) -> dict[str, str]:
@@ -318,10 +324,12 @@ def collect_replay(
     outcome: ProcessOutcome,
     limits: TreeLimits = OUTPUT_LIMITS,
     prices: PriceTable | None = None,
+    small: bool = False,
 ) -> ReplayResult:
     """Turn a finished replay into its result; outputs go to ``store`` (blocking I/O), walked
     within ``limits`` first: an output over a cap or holding what a tree cannot record is
-    the replay's failure (``output_over_limit``, ``output_unsupported``), nothing stored."""
+    the replay's failure (``output_over_limit``, ``output_unsupported``), nothing stored.
+    ``small``: an output over a cap, or holding a symlink, raises `_NotSmall` instead."""
     base: dict[str, Any] = {
         "unit_id": job.unit_id,
         "case_id": job.case_id,
@@ -340,23 +348,28 @@ def collect_replay(
     if not os.path.lexists(answer) and outcome.stdout.total_bytes and not outcome.stdout.truncated:
         with contextlib.suppress(OSError):  # never through a symlink the command left
             _write_new(answer, outcome.stdout.head + outcome.stdout.tail)  # all of it
-    stored = _store_output(store, job, scratch.out, limits)
+    stored = _store_output(store, job, scratch.out, limits, small)
     if isinstance(stored, ArtifactRef):
         return ReplayResult(status="succeeded", output_ref=stored, **base)
     return ReplayResult(status="failed", failure=stored, **base)
 
 
 def _store_output(
-    store: BlobStore, job: ReplayJob, out: Path, limits: TreeLimits
+    store: BlobStore, job: ReplayJob, out: Path, limits: TreeLimits, small: bool = False
 ) -> ArtifactRef | FailureEvent:
     """The output folder stored as a tree, or the replay's failure: over a cap, holding
-    what a tree cannot record, or empty. The store's own errors (a full disk) propagate."""
+    what a tree cannot record, or empty. The store's own errors (a full disk) propagate.
+    ``small``: over a cap or holding a symlink raises `_NotSmall` (see `collect_replay`)."""
     try:
         scan = scan_tree(out, limits)
     except TreeLimitError as error:
+        if small:
+            raise _NotSmall from error
         return _output_failure(job, "output_over_limit", error)
     except (UnsupportedEntryError, OSError) as error:  # a FIFO, a folder made unreadable...
         return _output_failure(job, "output_unsupported", error)
+    if small and any(entry.kind == "symlink" for entry in scan.entries):
+        raise _NotSmall
     escaping = _escaping_link(out, scan)
     if escaping is not None:  # a judge laying the output out would refuse it: refuse it now
         return _output_failure(job, "output_unsupported", escaping)
@@ -370,6 +383,8 @@ def _store_output(
     try:
         return store_scan(store, scan)
     except TreeLimitError as error:  # a file grew after the walk
+        if small:
+            raise _NotSmall from error
         return _output_failure(job, "output_over_limit", error)
     except UnsupportedEntryError as error:  # a file became a symlink or FIFO after it
         return _output_failure(job, "output_unsupported", error)

@@ -8,7 +8,7 @@ finds escapees, and a lifeline process that kills every tree if the runtime itse
 from evolane.sandbox._confine import folders_to_expose, resolve_isolation, template_paths, within
 from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
-from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, InlineGate
+from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spec import (
@@ -27,6 +27,7 @@ from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
 __all__ = [
     "INLINE_BYTES",
     "INLINE_FILES",
+    "INLINE_FOLDER_BYTES",
     "LEASE_VARIABLE",
     "InlineGate",
     "Isolation",

@@ -14,7 +14,7 @@ import trio
 
 from evolane.messages import ArtifactRef
 from evolane.sandbox._spec import OutputCaps, StreamCapture
-from evolane.store import BlobStore
+from evolane.store import BlobStore, write_all
 
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
@@ -69,8 +69,8 @@ class BoundedCapture:
         try:
             if self._spool is None:
                 self._spool = tempfile.TemporaryFile(dir=self._spool_dir, buffering=0)  # noqa: SIM115
-                _write_all(self._spool.fileno(), memoryview(bytes(self._head[: self.spooled])))
-            _write_all(self._spool.fileno(), piece)
+                write_all(self._spool.fileno(), self._head[: self.spooled])  # one copy
+            write_all(self._spool.fileno(), piece)
             self.spooled += len(piece)
         except OSError:  # a full disk costs the stored copy, never the run
             self.spool_failed = True
@@ -108,11 +108,6 @@ class BoundedCapture:
             truncated=self.total > kept,
             ref=ref,
         )
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
 
 
 def open_pipe() -> tuple[int, int]:

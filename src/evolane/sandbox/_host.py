@@ -63,7 +63,8 @@ class _Janitor:
         try:
             self._queue.put_nowait(cleanup)
         except queue.Full:  # cleaning is behind: do this one now rather than wait
-            cleanup()
+            with contextlib.suppress(Exception):  # as in the thread: litter, not damage
+                cleanup()
 
     def _run(self) -> None:
         while (cleanup := self._queue.get()) is not None:

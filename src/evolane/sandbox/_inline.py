@@ -4,12 +4,13 @@ A thread hop costs far more than the work it carries when that work is a few met
 on a local disk: every system call the worker makes releases the GIL, and while the event
 loop is busy each release is a hand-off between the two threads (issue 22 measured ~75
 context switches per in-process unit with its folder work in threads, ~9 without, and 33 %
-less CPU). So the small, bounded file work of an in-process unit (storing an output of a
-few files, emptying its folder for the next unit) runs inline while it stays fast; once
+less CPU). So small, bounded file work (storing a replay's output of a few files, emptying an
+in-process unit's folder for the next unit) runs inline while it stays fast; once
 `STRIKES` pieces in a row take longer than `SLOW_SECONDS` (a slow or network disk; one slow
 piece alone is a cold cache, a preemption or a garbage collection), every piece goes to
 threads for `PAUSE_SECONDS`, then inline is tried again. Work that is not small by its own
-bounds (`INLINE_FILES`, `INLINE_BYTES`) is never run inline.
+bounds (`INLINE_FILES`, `INLINE_BYTES`, `INLINE_FOLDER_BYTES`, no symlink to resolve) is
+never run inline.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ INLINE_FILES = 64
 """Files (or folder entries) a piece may touch and still run inline."""
 
 INLINE_BYTES = 1 << 20
-"""Bytes a piece may read or hash and still run inline."""
+"""Bytes of files a piece may read, hash or free and still run inline."""
+
+INLINE_FOLDER_BYTES = 64 << 10
+"""Bytes of one folder's listing (``st_size``) a piece may read inline: a folder that once
+held a million entries stays that large when emptied (a fresh one lists 4 KiB)."""
 
 T = TypeVar("T")
 

@@ -113,7 +113,7 @@ _CGROUP_READ = 64 << 10  # per read: a larger buffer is an mmap and munmap each 
 def read_cgroup_file(path: Path) -> str:
     """A cgroup file's text, '' when it cannot be read: plain ``open``/``read`` calls (a
     unit reads several per run, on the event loop), at most `CGROUP_FILE_BYTES`, in whole
-    lines."""
+    lines. Not `evolane.store.read_at_most`: cgroup files say their size is 0 or 4096."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

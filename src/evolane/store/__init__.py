@@ -6,7 +6,7 @@ file I/O: call it from trio through ``trio.to_thread.run_sync`` when it may bloc
 """
 
 from evolane.store._atomic import dump_json, read_json, write_bytes_atomic, write_json_atomic
-from evolane.store._batch import RefTable, put_table
+from evolane.store._batch import RefTable, put_table, write_all
 from evolane.store._blobs import (
     CHUNK_SIZE,
     DEFAULT_MEDIA_TYPE,
@@ -137,6 +137,7 @@ __all__ = [
     "store_manifest",
     "store_scan",
     "sync_deferred",
+    "write_all",
     "write_bytes_atomic",
     "write_json_atomic",
 ]

@@ -100,7 +100,7 @@ def _write_batch(store: BlobStore, blobs: dict[str, bytes]) -> None:
             fd, name = tempfile.mkstemp(dir=store.tmp, prefix="blob-", suffix=".tmp")
             temps.append((Path(name), store.path_of(digest)))
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
                 os.fchmod(fd, 0o444)
             finally:
                 os.close(fd)
@@ -124,7 +124,8 @@ def _write_batch(store: BlobStore, blobs: dict[str, bytes]) -> None:
                 temp.unlink()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than it was given)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

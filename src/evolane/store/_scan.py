@@ -3,7 +3,11 @@
 The walk is iterative (a stack, never recursion) and reads only directory entries and
 ``lstat`` results: depth, path length, file and folder counts and the total of the files'
 sizes are checked as each entry is met, so a 150 MB sparse file or 20,000 small files are
-refused after one ``lstat`` too many, before any hashing, copying or fsync.
+refused after one ``lstat`` too many, before any hashing, copying or fsync. A folder is not
+even listed whole once it holds more entries than the caps have room for (a device, FIFO
+or socket met while listing it is then the error, as in the walk); with
+``max_folder_bytes``, a folder whose listing is larger (``st_size``: one that once held a
+million entries) is not listed at all.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ MAX_TREE_BYTES = 1 << 30
 """Bytes of all the files of a tree snapshot by default (apparent sizes: a sparse file
 counts at its full length, which is what hashing it would read)."""
 
-Cap = Literal["max_depth", "max_path_bytes", "max_files", "max_folders", "max_bytes"]
+Cap = Literal[
+    "max_depth", "max_path_bytes", "max_files", "max_folders", "max_bytes", "max_folder_bytes"
+]
 
 
 class UnsupportedEntryError(StoreError):
@@ -54,11 +60,15 @@ class TreeLimits:
     max_files: int = MAX_TREE_FILES
     max_folders: int = MAX_TREE_FOLDERS
     max_bytes: int = MAX_TREE_BYTES
+    max_folder_bytes: int | None = None
+    """Bytes of one folder's own listing (its ``st_size``); None: not checked."""
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_path_bytes", "max_files", "max_folders", "max_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_folder_bytes is not None and self.max_folder_bytes < 0:
+            raise ValueError(f"max_folder_bytes must be >= 0, got {self.max_folder_bytes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,46 +127,42 @@ class _Walk:
                 f"{_clip(relative)!r}",
             )
 
-    def listed(self, folder: str) -> list[os.DirEntry[str]]:
-        """The entries of ``folder`` by name; listing stops (`TreeLimitError`) as soon as it
-        holds more files or folders than the caps have room for, so a folder of a million
-        entries is never listed whole."""
-        files_room = self.limits.max_files - self.files
-        folders_room = self.limits.max_folders - self.folders
+    def listed(self, folder: str, size: int) -> list[os.DirEntry[str]]:
+        """The entries of ``folder`` (whose listing is ``size`` bytes) by name; listing stops
+        (`TreeLimitError`) as soon as it holds more files or folders than the caps have room
+        for, so a folder of a million entries is never listed whole."""
+        limits = self.limits
+        if limits.max_folder_bytes is not None and size > limits.max_folder_bytes:
+            raise TreeLimitError(
+                "max_folder_bytes",
+                f"folder {_clip(folder)!r} lists {size} bytes, over {limits.max_folder_bytes} "
+                "(max_folder_bytes)",
+            )
+        rooms: dict[Cap, int] = {
+            "max_files": limits.max_files - self.files,
+            "max_folders": limits.max_folders - self.folders,
+        }
         children: list[os.DirEntry[str]] = []
-        files = folders = 0
         with os.scandir(folder) as scan:
             for child in scan:
                 children.append(child)
-                if child.is_dir(follow_symlinks=False):
-                    folders += 1
-                    if folders > folders_room:
-                        raise TreeLimitError(
-                            "max_folders", f"over {self.limits.max_folders} folders (max_folders)"
-                        )
-                else:
-                    files += 1
-                    if files > files_room:
-                        raise TreeLimitError(
-                            "max_files",
-                            f"over {self.limits.max_files} files and symlinks (max_files)",
-                        )
+                cap: Cap = "max_folders" if child.is_dir(follow_symlinks=False) else "max_files"
+                rooms[cap] -= 1
+                if rooms[cap] < 0:
+                    _raise_unsupported(children)  # what the walk would refuse comes first
+                    raise TreeLimitError(cap, _OVER[cap].format(limits=limits))
         children.sort(key=lambda child: child.name)
         return children
 
     def add_folder(self) -> None:
         self.folders += 1
         if self.folders > self.limits.max_folders:
-            raise TreeLimitError(
-                "max_folders", f"over {self.limits.max_folders} folders (max_folders)"
-            )
+            raise TreeLimitError("max_folders", _OVER["max_folders"].format(limits=self.limits))
 
     def add(self, entry: ScannedEntry) -> None:
         self.files += 1
         if self.files > self.limits.max_files:
-            raise TreeLimitError(
-                "max_files", f"over {self.limits.max_files} files and symlinks (max_files)"
-            )
+            raise TreeLimitError("max_files", _OVER["max_files"].format(limits=self.limits))
         self.total += entry.size
         if self.total > self.limits.max_bytes:
             raise TreeLimitError(
@@ -165,6 +171,27 @@ class _Walk:
                 f"reached at {_clip(entry.relative)!r} ({entry.size} bytes)",
             )
         self.entries.append(entry)
+
+
+_OVER: dict[Cap, str] = {
+    "max_files": "over {limits.max_files} files and symlinks (max_files)",
+    "max_folders": "over {limits.max_folders} folders (max_folders)",
+}
+
+
+def _raise_unsupported(entries: list[os.DirEntry[str]]) -> None:
+    """`UnsupportedEntryError` for the first of ``entries`` with a non-UTF-8 name or that is
+    not a folder, regular file or symlink (by its directory entry type)."""
+    for entry in entries:
+        utf8_name(entry.name, entry.path)
+        if not (
+            entry.is_dir(follow_symlinks=False)
+            or entry.is_file(follow_symlinks=False)
+            or entry.is_symlink()
+        ):
+            raise UnsupportedEntryError(
+                f"cannot snapshot {entry.path}: not a regular file, directory or symlink"
+            )
 
 
 def _clip(text: str, limit: int = 120) -> str:
@@ -180,16 +207,17 @@ def scan_tree(directory: Path | str, limits: TreeLimits | None = None) -> TreeSc
     """
     root = Path(directory)
     try:
-        is_folder = stat.S_ISDIR(os.lstat(root).st_mode)  # a symlink to one is not
+        info = os.lstat(root)
+        is_folder, size = stat.S_ISDIR(info.st_mode), info.st_size  # a symlink is not one
     except OSError:
-        is_folder = False
+        is_folder, size = False, 0
     if not is_folder:
         raise NotADirectoryError(f"cannot snapshot {root}: not a directory")
     walk = _Walk(limits or TreeLimits())
-    pending: list[tuple[str, str]] = [("", str(root))]  # (relative prefix, folder path)
+    pending = [("", str(root), size)]  # (relative prefix, folder path, its listing's size)
     while pending:
-        prefix, folder = pending.pop()
-        children = walk.listed(folder)
+        prefix, folder, size = pending.pop()
+        children = walk.listed(folder, size)
         below = []
         for child in children:
             relative = prefix + utf8_name(child.name, child.path)
@@ -197,7 +225,7 @@ def scan_tree(directory: Path | str, limits: TreeLimits | None = None) -> TreeSc
             info = child.stat(follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
                 walk.add_folder()
-                below.append((relative + "/", child.path))
+                below.append((relative + "/", child.path, info.st_size))
             elif stat.S_ISLNK(info.st_mode):
                 target = utf8_name(os.readlink(child.path), child.path)
                 walk.add(ScannedEntry(relative, child.path, "symlink", 0, False, target))
