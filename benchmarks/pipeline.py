@@ -22,25 +22,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.pipeline_helpers import sleeper_bench
+from tests.pipeline_helpers import sleeper_bench, two_trees
 
-from evolane.inputs import load_dataset
 from evolane.measure import (
     CommandSettings,
     MeasureContext,
     MeasureSettings,
     RunJournal,
-    open_pipeline,
 )
 from evolane.messages import GateConfig, MeasureRequest
-from evolane.sandbox import open_sandbox
-from evolane.store import BlobStore, snapshot_tree
-from evolane.supervisors import open_runtime
 
 FULL = GateConfig(sequential=False)
 
@@ -73,36 +67,16 @@ async def sleeper_run(root: Path, cases: int, sleep: float, lanes: int) -> tuple
 async def bare_run(root: Path, cases: int, sleep: float, lanes: int) -> tuple[float, float]:
     root.mkdir(parents=True)
     rows = [{"id": f"c{i}", "input": i, "expected_output": 1} for i in range(cases)]
-    (root / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    for arm in ("tree", "tree2"):  # two different trees: no result is reused across the arms
-        (root / arm).mkdir()
-        (root / arm / "skill.md").write_text(f"rules of {arm}")
-    store = BlobStore(root / "store")
     replay = f"sh -c 'sleep {sleep}; echo 1 > \"$1\"/output.json' replay {{output_dir}}"
     config = MeasureSettings(
         replay=replay, replay_concurrency=lanes, judge_concurrency=max(2, lanes // 2)
     )
     commands = CommandSettings(kill_grace=0.2, isolation="process")
     journal = RunJournal(root / "journal.jsonl")
-    try:
-        async with (
-            open_sandbox(root / "sb", store=store) as host,
-            open_runtime() as runtime,
-            open_pipeline(
-                runtime,
-                host,
-                store,
-                load_dataset(root / "d.jsonl"),
-                config,
-                commands=commands,
-                context=MeasureContext(journal=journal),
-            ) as p,
-        ):
-            base, cand = snapshot_tree(store, root / "tree"), snapshot_tree(store, root / "tree2")
+    try:  # two different trees: no result is reused across the arms
+        async with two_trees(root, rows, config, MeasureContext(journal), commands) as bench:
             cpu, start = _cpu(), time.perf_counter()
-            await p.measure(
-                MeasureRequest(measurement_id="b", baseline_ref=base, candidate_ref=cand, gate=FULL)
-            )
+            await bench.pipeline.measure(bench.request)
             return time.perf_counter() - start, _cpu() - cpu
     finally:
         journal.close()

@@ -27,23 +27,20 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import orjson
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evolane.inputs import load_dataset
+from tests.pipeline_helpers import two_trees
+
 from evolane.measure import (
     CommandSettings,
     MeasureContext,
     MeasureSettings,
     RunJournal,
-    open_pipeline,
 )
-from evolane.messages import GateConfig, MeasureRequest
 from evolane.sandbox import SandboxSpec, open_sandbox
-from evolane.store import BlobStore, snapshot_tree
-from evolane.supervisors import open_runtime
+from evolane.store import BlobStore
 
 SCRIPT = 'echo 1 > "$1"/output.json'
 
@@ -115,36 +112,13 @@ async def pipeline_run(root: Path, units: int, lanes: int) -> None:
     """``units`` / 2 cases x 2 arms through the measurement pipeline, journal on."""
     cases = units // 2
     rows = [{"id": f"c{i}", "input": i, "expected_output": 1} for i in range(cases)]
-    (root / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    for arm in ("tree", "tree2"):  # two trees: no result is reused across the arms
-        (root / arm).mkdir()
-        (root / arm / "skill.md").write_text(f"rules of {arm}")
-    store = BlobStore(root / "store")
     replay = f"sh -c '{SCRIPT}' replay {{output_dir}}"
     config = MeasureSettings(replay=replay, replay_concurrency=lanes, judge_concurrency=2)
+    commands = CommandSettings(kill_grace=0.2, isolation="process")
     journal = RunJournal(root / "journal.jsonl")
-    try:
-        async with (
-            open_sandbox(root / "sb", store=store) as host,
-            open_runtime() as runtime,
-            open_pipeline(
-                runtime,
-                host,
-                store,
-                load_dataset(root / "d.jsonl"),
-                config,
-                commands=CommandSettings(kill_grace=0.2, isolation="process"),
-                context=MeasureContext(journal=journal),
-            ) as pipeline,
-        ):
-            base, cand = snapshot_tree(store, root / "tree"), snapshot_tree(store, root / "tree2")
-            request = MeasureRequest(
-                measurement_id="s",
-                baseline_ref=base,
-                candidate_ref=cand,
-                gate=GateConfig(sequential=False),
-            )
-            summary = await pipeline.measure(request)
+    try:  # two trees: no result is reused across the arms
+        async with two_trees(root, rows, config, MeasureContext(journal), commands) as bench:
+            summary = await bench.pipeline.measure(bench.request)
             assert summary.units_run == 2 * cases, summary
     finally:
         journal.close()

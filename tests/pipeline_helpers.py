@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from evolane.examples.sleeper.commands import main as sleeper
 from evolane.inputs import Dataset, load_dataset
 from evolane.measure import CommandSettings, Ledger, MeasureContext, MeasureSettings
 from evolane.measure._journal import RunJournal
 from evolane.measure._pipeline import Pipeline, open_pipeline
-from evolane.messages import ArtifactRef
+from evolane.messages import ArtifactRef, GateConfig, MeasureRequest
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.store import BlobStore, snapshot_tree
 from evolane.supervisors import open_runtime
@@ -123,3 +125,51 @@ async def sleeper_bench(
         ) as pipe,
     ):
         yield Bench(pipe, host, store, dataset, root)
+
+
+@dataclass
+class TwoTrees:
+    """A pipeline over ``rows`` with two trees that differ by one file, and the request that
+    measures one against the other with full evaluation."""
+
+    pipeline: Pipeline
+    host: SandboxHost
+    store: BlobStore
+    request: MeasureRequest
+
+
+@asynccontextmanager
+async def two_trees(
+    root: Path,
+    rows: list[dict[str, Any]],
+    settings: MeasureSettings,
+    context: MeasureContext,
+    commands: CommandSettings | None = None,
+) -> AsyncIterator[TwoTrees]:
+    """``rows`` as ``root/d.jsonl``, trees ``root/t1`` and ``root/t2``, and a pipeline over
+    them (sandbox under ``root/sb``, store under ``root/store``)."""
+    (root / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    for arm in ("t1", "t2"):
+        (root / arm).mkdir()
+        (root / arm / "skill.md").write_text(f"rules of {arm}")
+    store = BlobStore(root / "store")
+    async with (
+        open_sandbox(root / "sb", store=store) as host,
+        open_runtime() as runtime,
+        open_pipeline(
+            runtime,
+            host,
+            store,
+            load_dataset(root / "d.jsonl"),
+            settings,
+            commands=commands,
+            context=context,
+        ) as pipeline,
+    ):
+        request = MeasureRequest(
+            measurement_id="m",
+            baseline_ref=snapshot_tree(store, root / "t1"),
+            candidate_ref=snapshot_tree(store, root / "t2"),
+            gate=GateConfig(sequential=False),
+        )
+        yield TwoTrees(pipeline, host, store, request)

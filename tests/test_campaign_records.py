@@ -300,8 +300,9 @@ async def test_the_wall_clock_budget_counts_every_session_of_a_campaign(tmp_path
     *_, left = _wall_left_at_starts(first.run_dir)
     assert 0 < left <= budget - spent_first  # what the first session left, not a fresh budget
     total = load_run(layout, first.report.run_id).elapsed_seconds
-    assert total >= budget  # the resumed session ran out what was left
-    assert spent_first < total  # the first session's spend is part of the campaign's
+    # The resumed session was given at most ``budget - spent_first`` and ran it out: the
+    # campaign reaches its budget only with the first session's spend counted in it.
+    assert total >= budget
     campaign = load_campaign(layout, first.report.campaign_id)
     assert campaign.status == "paused" and campaign.elapsed_seconds == total
     with pytest.raises(InputError, match=r"--wall-clock-budget 12: the campaign has used"):

@@ -18,7 +18,6 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evolane.inputs import load_dataset
 from evolane.lanes import BackendCall, _recycle
 from evolane.lanes._inproc import make_unit_dir
 from evolane.lanes._recycle import MAX_SPARE, _spares, recycle, recycle_soon
@@ -27,12 +26,10 @@ from evolane.measure import (
     MeasureContext,
     MeasureSettings,
     RunJournal,
-    open_pipeline,
 )
-from evolane.messages import GateConfig, MeasureRequest
-from evolane.sandbox import INLINE_BYTES, INLINE_FILES, InlineGate, SandboxHost, open_sandbox
-from evolane.store import BlobStore, load_manifest, read_journal, snapshot_tree
-from evolane.supervisors import open_runtime
+from evolane.sandbox import INLINE_BYTES, INLINE_FILES, InlineGate, SandboxHost
+from evolane.store import load_manifest, read_journal
+from tests.pipeline_helpers import two_trees
 
 
 def test_gate_closes_after_slow_pieces_in_a_row_and_reopens_after_its_pause() -> None:
@@ -176,10 +173,6 @@ async def _measure(
     host's gate. ``slow_disk``: every inline piece counts as slow; else none does (a loaded
     test machine may preempt three pieces in a row, which would close the gate)."""
     rows = [{"id": f"c{i}", "input": i, "expected_output": i} for i in range(12)]
-    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    for arm in ("t1", "t2"):
-        (tmp_path / arm).mkdir()
-        (tmp_path / arm / "skill.md").write_text(f"rules of {arm}")
 
     async def replay(call: BackendCall) -> None:
         assert call.output_dir is not None and call.case is not None
@@ -194,27 +187,14 @@ async def _measure(
         answer = orjson.loads((call.output_dir / "output.json").read_bytes())
         return float(answer == call.case["expected_output"])
 
-    store = BlobStore(tmp_path / "store")
     journal = RunJournal(tmp_path / "journal.jsonl")
     context = MeasureContext(journal=journal, replay_backend=replay, judge_backend=judge)
     settings = MeasureSettings(replay="true", judge="true", replay_concurrency=4)
-    async with (
-        open_sandbox(tmp_path / "sb", store=store) as host,
-        open_runtime() as runtime,
-        open_pipeline(
-            runtime, host, store, load_dataset(tmp_path / "d.jsonl"), settings, context=context
-        ) as pipeline,
-    ):
+    async with two_trees(tmp_path, rows, settings, context) as bench:
+        host, store = bench.host, bench.store
         host.inline.slow = -1.0 if slow_disk else float("inf")
         host.inline.pause = 1e9  # once closed, closed for the whole run
-        base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
-        request = MeasureRequest(
-            measurement_id="m",
-            baseline_ref=base,
-            candidate_ref=cand,
-            gate=GateConfig(sequential=False),
-        )
-        summary = await pipeline.measure(request)
+        summary = await bench.pipeline.measure(bench.request)
         await trio.to_thread.run_sync(host.settle)
         gate = host.inline
         left = sorted(p.name for p in (host.lease_dir / "units").iterdir())
@@ -275,10 +255,6 @@ async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_th
     over the inline bound, in a thread, and stored in full either way."""
     hops = _count_hops(monkeypatch)
     rows = [{"id": f"c{i}", "input": i, "expected_output": 1} for i in range(4)]
-    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    for arm in ("t1", "t2"):
-        (tmp_path / arm).mkdir()
-        (tmp_path / arm / "skill.md").write_text(f"rules of {arm}")
     # Cases 0-1 leave one file; cases 2-3 one more than the inline bound.
     script = (
         'echo 1 > "$1"/output.json; grep -q "input.:[01]," "$2" || '
@@ -288,30 +264,12 @@ async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_th
         replay=f"sh -c '{script}' replay {{output_dir}} {{case_file}}",
         replay_concurrency=2,
     )
-    store = BlobStore(tmp_path / "store")
     journal = RunJournal(tmp_path / "journal.jsonl")
-    async with (
-        open_sandbox(tmp_path / "sb", store=store) as host,
-        open_runtime() as runtime,
-        open_pipeline(
-            runtime,
-            host,
-            store,
-            load_dataset(tmp_path / "d.jsonl"),
-            settings,
-            commands=CommandSettings(kill_grace=0.2, isolation="process"),
-            context=MeasureContext(journal=journal),
-        ) as pipeline,
-    ):
-        host.inline.slow = float("inf")  # timing aside: only the bounds decide here
-        base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
-        request = MeasureRequest(
-            measurement_id="m",
-            baseline_ref=base,
-            candidate_ref=cand,
-            gate=GateConfig(sequential=False),
-        )
-        summary = await pipeline.measure(request)
+    commands = CommandSettings(kill_grace=0.2, isolation="process")
+    async with two_trees(tmp_path, rows, settings, MeasureContext(journal), commands) as bench:
+        store = bench.store
+        bench.host.inline.slow = float("inf")  # timing aside: only the bounds decide here
+        summary = await bench.pipeline.measure(bench.request)
     journal.close()
     units = [r for r in read_journal(tmp_path / "journal.jsonl").records if r["type"] == "unit"]
     assert summary.units_run == len(units) >= 8

@@ -9,22 +9,14 @@ from pathlib import Path
 import orjson
 import trio
 
-from evolane.inputs import load_dataset
 from evolane.lanes import BackendCall
-from evolane.measure import MeasureContext, MeasureSettings, RunJournal, open_pipeline
-from evolane.messages import GateConfig, MeasureRequest
-from evolane.sandbox import open_sandbox
-from evolane.store import BlobStore, load_manifest, read_journal, snapshot_tree
-from evolane.supervisors import open_runtime
+from evolane.measure import MeasureContext, MeasureSettings, RunJournal
+from evolane.store import load_manifest, read_journal
+from tests.pipeline_helpers import two_trees
 
 
 async def test_shared_tree_handed_output_and_nothing_left(tmp_path: Path) -> None:
     rows = [{"id": f"c{i}", "input": i, "expected_output": i} for i in range(12)]
-    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    for arm in ("t1", "t2"):
-        (tmp_path / arm).mkdir()
-        (tmp_path / arm / "skill.md").write_text(f"rules of {arm}")
-    store = BlobStore(tmp_path / "store")
     candidates: dict[str, set[Path]] = {}
     answers: dict[str, bytes] = {}
     judged: dict[str, tuple[Path, bytes]] = {}
@@ -48,21 +40,9 @@ async def test_shared_tree_handed_output_and_nothing_left(tmp_path: Path) -> Non
     journal = RunJournal(tmp_path / "journal.jsonl")
     context = MeasureContext(journal=journal, replay_backend=replay, judge_backend=judge)
     settings = MeasureSettings(replay="true", judge="true", replay_concurrency=4)
-    async with (
-        open_sandbox(tmp_path / "sb", store=store) as host,
-        open_runtime() as runtime,
-        open_pipeline(
-            runtime, host, store, load_dataset(tmp_path / "d.jsonl"), settings, context=context
-        ) as pipeline,
-    ):
-        base, cand = snapshot_tree(store, tmp_path / "t1"), snapshot_tree(store, tmp_path / "t2")
-        request = MeasureRequest(
-            measurement_id="m",
-            baseline_ref=base,
-            candidate_ref=cand,
-            gate=GateConfig(sequential=False),
-        )
-        summary = await pipeline.measure(request)
+    async with two_trees(tmp_path, rows, settings, context) as bench:
+        host, store = bench.host, bench.store
+        summary = await bench.pipeline.measure(bench.request)
         await trio.to_thread.run_sync(host.settle)  # the deferred removals ran
         units_dir = host.lease_dir / "units"
         left = sorted(p.name for p in units_dir.iterdir()) if units_dir.exists() else []

@@ -189,9 +189,13 @@ def _raise_unsupported(entries: list[os.DirEntry[str]]) -> None:
             or entry.is_file(follow_symlinks=False)
             or entry.is_symlink()
         ):
-            raise UnsupportedEntryError(
-                f"cannot snapshot {entry.path}: not a regular file, directory or symlink"
-            )
+            raise _unsupported(entry.path)
+
+
+def _unsupported(path: str) -> UnsupportedEntryError:
+    return UnsupportedEntryError(
+        f"cannot snapshot {path}: not a regular file, directory or symlink"
+    )
 
 
 def _clip(text: str, limit: int = 120) -> str:
@@ -233,9 +237,7 @@ def scan_tree(directory: Path | str, limits: TreeLimits | None = None) -> TreeSc
                 executable = bool(info.st_mode & 0o111)
                 walk.add(ScannedEntry(relative, child.path, "file", info.st_size, executable))
             else:
-                raise UnsupportedEntryError(
-                    f"cannot snapshot {child.path}: not a regular file, directory or symlink"
-                )
+                raise _unsupported(child.path)
         pending.extend(reversed(below))
     entries = tuple(sorted(walk.entries, key=lambda entry: entry.relative))
     return TreeScan(root, walk.limits, entries, walk.total, walk.folders)
