@@ -355,6 +355,15 @@ def test_random_valid_rows_load_back_equal(rows: list[dict[str, object]], style:
     assert [case_row(case) for case in dataset.cases] == [{"split": "val", **row} for row in rows]
     again = parse_dataset(dataset.canonical_jsonl(), path="h.jsonl")
     assert again == dataset and again.cases == dataset.cases
+    # Kept encoded: the rows given without a `Case` built are those of the cases.
+    for answers in (True, False):
+        assert list(dataset.rows(include_answers=answers)) == [
+            (case.id, case_json(case, include_answers=answers)) for case in dataset.cases
+        ]
+    for name in SPLITS:
+        assert dataset.split_ids(name) == tuple(case.id for case in dataset.split(name))
+        assert dataset.split_counts[name] == len(dataset.split(name))
+    assert all(dataset.by_id(case.id) == case for case in dataset.cases)
 
 
 _keys = st.sampled_from(["id", "input", "expected_output", "verification_command", "split"])

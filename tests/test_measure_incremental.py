@@ -12,6 +12,7 @@ from hypothesis import given
 
 from evolane.measure._plan import MeasurePlan
 from evolane.measure._prefix import _case_delta
+from evolane.measure._sealed import SealedRecords
 from evolane.messages import ArtifactRef
 from evolane.stats import EarlyStop
 from tests.test_measure_plan import FAST, Driver, build, shapes
@@ -80,10 +81,10 @@ def test_incremental_early_stop_and_records_equal_a_recount(shape: dict[str, Any
 @FAST
 @given(shapes)
 def test_a_reused_unit_decodes_the_sealed_results(shape: dict[str, Any]) -> None:
-    cache: dict[str, bytes] = {}
-    plan, outcomes = build(shape, sequential=False, cache=cache)
+    records = SealedRecords()
+    plan, outcomes = build(shape, sequential=False, records=records)
     Driver(plan, outcomes).run(random.Random(shape["seed"]))
-    again, _ = build(shape, sequential=False, cache=cache)
+    again, _ = build(shape, sequential=False, records=records)
     Driver(again, outcomes).run(random.Random(shape["seed"] + 2))
     first = {u.unit_id: u for u in plan.units}
     for unit in again.units:

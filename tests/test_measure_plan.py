@@ -35,6 +35,7 @@ from evolane.measure._plan import (
     UnitJudged,
     UnitReplayed,
 )
+from evolane.measure._sealed import SealedRecords
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,
@@ -386,10 +387,10 @@ def kinds(driver: Driver, kind: type) -> list[Any]:
 
 
 def test_a_reused_unit_is_neither_replayed_nor_journaled() -> None:
-    cache: dict = {}
-    first = MeasurePlan(make_request("m1", False), make_settings(4), lanes=2, cache=cache)
+    records = SealedRecords()
+    first = MeasurePlan(make_request("m1", False), make_settings(4), lanes=2, records=records)
     run_plan(first)
-    second = MeasurePlan(make_request("m2", False), make_settings(4), lanes=2, cache=cache)
+    second = MeasurePlan(make_request("m2", False), make_settings(4), lanes=2, records=records)
     driver = run_plan(second)
     assert kinds(driver, StartReplay) == [] and kinds(driver, JournalUnit) == []
     summary = second.summary(OUTPUT, 0.0)

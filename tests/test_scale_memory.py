@@ -1,7 +1,7 @@
 """Memory that does not grow with a campaign's size (issue 22): a dataset is read without
-its encoded rows kept, case refs are held compactly, sealed records are packed against a
-typical record, the ledger keeps a bounded list of overruns, and a bounded read does not
-allocate its whole bound."""
+orjson's buffers kept and holds each case encoded, case refs are held compactly (sharing the
+dataset's places), sealed records are packed against a typical record, the ledger keeps a
+bounded list of overruns, and a bounded read does not allocate its whole bound."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from evolane.inputs import load_dataset
 from evolane.measure import OVERRUNS_KEPT, Ledger
+from evolane.measure._sealed import SealedRecords
 from evolane.measure._units import Unit, _record, pack, plan_units, start_order, unpack
 from evolane.messages import ArtifactRef, JudgeResult, MeasureRequest, ReplayResult, Usage
 from evolane.store import BlobStore, put_table, read_at_most
@@ -42,9 +43,17 @@ def test_a_dataset_is_read_without_a_peak_of_kilobytes_per_case(tmp_path: Path) 
     )
     path = tmp_path / "d.jsonl"
     path.write_bytes(b"".join(rows))
-    dataset, peak = _traced(lambda: load_dataset(path))
-    # kept encoded rows cost ~4 KiB each (orjson's buffer) and read(limit + 1) 256 MiB at once
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        dataset = load_dataset(path)
+        held, peak = (value - before for value in tracemalloc.get_traced_memory())
+    finally:
+        tracemalloc.stop()
+    # orjson's own outputs hold ~4 KiB each, and read(limit + 1) 256 MiB at once
     assert peak / CASES < 1536, f"{peak / CASES:.0f} bytes per case at the peak"
+    # each case's canonical JSON, its id and its place; a validated `Case` held ~570 bytes
+    assert held / CASES < 360, f"{held / CASES:.0f} bytes per case held"
     assert dataset.digest == "sha256:" + hashlib.sha256(dataset.canonical_jsonl()).hexdigest()
 
 
@@ -59,15 +68,37 @@ def test_a_ref_table_gives_the_refs_put_bytes_gives_in_a_fraction_of_the_memory(
     assert len(table) == CASES and list(table)[:2] == ["c0", "c1"]
     assert isinstance(table["c5"], ArtifactRef) and store.read_bytes(table["c5"]) == b"case 5"
     assert "c-missing" not in table and table.get("c-missing") is None
-    # a model per ref costs ~600 bytes; the table holds a digest, a size and a name's slot
+    # a model per ref costs ~600 bytes; the table holds a digest, a size and a name's slot.
+    # Not counted: pathlib's table of interned names, which a path may make grow at any time
+    # (by megabytes at once) and which holds nothing of the table.
     tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
+        before = tracemalloc.take_snapshot()
         again = put_table(store, named, "application/json")
-        held = tracemalloc.get_traced_memory()[0] - before
+        after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
+    interning = [tracemalloc.Filter(False, "*pathlib.py")]
+    held = sum(
+        stat.size_diff
+        for stat in after.filter_traces(interning).compare_to(
+            before.filter_traces(interning), "filename"
+        )
+    )
     assert again == table and held / CASES < 200, f"{held / CASES:.0f} bytes per ref held"
+
+
+def test_a_ref_table_shares_the_places_it_is_given_only_when_they_match(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "s")
+    named = [(f"c{i}", f"case {i}".encode()) for i in range(50)]
+    places = {name: index for index, (name, _) in enumerate(named)}
+    shared = put_table(store, named, "application/json", places=places)
+    assert shared._at is places and shared == put_table(store, named, "application/json")
+    wrong = {**places, "c3": 4, "c4": 3}  # two names swapped: the table keeps its own
+    table = put_table(store, named, "application/json", places=wrong)
+    assert table._at is not wrong and table["c3"] == shared["c3"]
+    twice = put_table(store, [*named, ("c0", b"again")], "text/plain", places=places)
+    assert twice._at is not places and store.read_bytes(twice["c0"]) == b"again"
 
 
 def test_a_name_given_twice_keeps_its_last_blob(tmp_path: Path) -> None:
@@ -100,7 +131,7 @@ def test_a_sealed_record_unpacks_to_its_bytes(
     score: float, wall: float, digest: str, note: str
 ) -> None:
     unit = _unit(score, wall, digest, note)
-    unit.seal()
+    unit.seal(SealedRecords())
     record = orjson.dumps(_record(_unit(score, wall, digest, note)))
     assert unit.record == record and unpack(pack(record)) == record
     unit.compact()

@@ -159,7 +159,7 @@ async def finish(
             prepared.config,
             prepared.test_cases,
             outcome.report.online,
-            len(prepared.dataset.split("val")),
+            prepared.dataset.split_counts["val"],
         ),
         artifacts=_artifacts(run.seed_ref, best, applied),
         trajectories=trajectory_summary(prepared.config),

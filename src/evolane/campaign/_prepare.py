@@ -188,7 +188,7 @@ def prepare_run(
 
 def _in_file(dataset: Dataset) -> dict[str, tuple[str, ...]]:
     """The case ids of each split as the dataset file assigns them."""
-    return {name: tuple(case.id for case in dataset.split(name)) for name in SPLITS}
+    return {name: dataset.split_ids(name) for name in SPLITS}
 
 
 def _carve_seed(layout: StoreLayout, config: CampaignConfig, campaign_id: str | None) -> int:
@@ -238,7 +238,7 @@ def _prepared(
     rejudge: bool = False,
 ) -> Prepared:
     """The checked request, with its estimate and the ceilings left after ``spent``."""
-    test_cases = len(dataset.split("test"))
+    test_cases = dataset.split_counts["test"]
     plan = run.splits or legacy_plan(_in_file(dataset))
     train = plan.train_cases if plan.feedback == "train" else 0
     return Prepared(

@@ -80,7 +80,7 @@ async def probe_run(config: CampaignConfig, resume_campaign: str | None = None) 
     one val case of the parent (the seed, or the campaign's best) in the real sandbox."""
     prepared = await trio.to_thread.run_sync(prepare_run, config, None, resume_campaign)
     parent = prepared.campaign.best_ref
-    case = prepared.dataset.split("val")[0]
+    case = prepared.dataset.by_id(prepared.dataset.split_ids("val")[0])
     store = prepared.store
     async with open_sandbox(prepared.layout.sandbox, store=store) as host:
         level, problem = resolve_isolation(config.run_commands.isolation)

@@ -63,7 +63,7 @@ def _input_checks(probe: Any) -> list[Check]:
     plan = prepared.splits
     splits = f"train {plan.train_cases}, val {plan.val_cases}, test {prepared.test_cases}"
     checks: list[Check] = [
-        ("ok", f"dataset {prepared.config.dataset}", f"{len(prepared.dataset.cases)} cases read"),
+        ("ok", f"dataset {prepared.config.dataset}", f"{len(prepared.dataset)} cases read"),
         ("warn" if plan.optimistic else "ok", f"splits: {splits}", estimate.splits or "as given"),
     ]
     gain = "n/a" if estimate.min_gain is None else f"{estimate.min_gain:.4f}"

@@ -68,6 +68,10 @@ class Case(Record):
         )
 
 
+ANSWER_FIELDS = ("expected_output", "verification_command")
+"""The fields a replay never sees (`case_row` without the answers leaves them out)."""
+
+
 def case_row(case: Case, *, include_answers: bool = True) -> dict[str, JsonValue]:
     """The case as a JSON row: absent optional fields are left out, ``split`` is always there.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -16,7 +17,7 @@ from typing import Any, NoReturn
 import orjson
 from pydantic import ValidationError
 
-from evolane.inputs._cases import SPLITS, Case, Split, case_json
+from evolane.inputs._cases import ANSWER_FIELDS, SPLITS, Case, Split, case_json
 from evolane.inputs._errors import DatasetError, InputError, quote
 from evolane.store import read_at_most
 
@@ -34,18 +35,21 @@ _DEFAULT_PATH = "<dataset>"
 
 
 class Dataset:
-    """An immutable, loaded dataset: its cases in file order, looked up by id and by split.
+    r"""An immutable, loaded dataset: its cases in file order, looked up by id and by split.
 
-    Two datasets are equal when they have the same path and the same digest.
+    Each case is kept as its canonical JSON (`case_json`: what the digest hashes and the
+    case files are made of), about a tenth of a validated `Case`'s memory; `Case`\ s are
+    built when asked for. Two datasets are equal when they have the same path and digest.
     """
 
-    __slots__ = ("_by_id", "_cases", "_digest", "_path", "_splits")
+    __slots__ = ("_by_id", "_digest", "_ids", "_path", "_rows", "_splits")
 
-    _cases: tuple[Case, ...]
+    _rows: tuple[bytes, ...]  # each case's canonical JSON, in file order
+    _ids: tuple[str, ...]
     _path: str
     _digest: str
-    _by_id: Mapping[str, Case]
-    _splits: Mapping[str, tuple[Case, ...]]
+    _by_id: Mapping[str, int]  # a case's place in file order
+    _splits: Mapping[str, array[int]]  # each split's places, in file order
 
     def __init__(
         self, cases: Iterable[Case], *, path: str | os.PathLike[str] = _DEFAULT_PATH
@@ -62,40 +66,55 @@ class Dataset:
                     f"duplicate id {quote(case.id)} (cases {seen[case.id]} and {index})",
                 )
             seen[case.id] = index
-        hasher = hashlib.sha256()
         try:
-            for case in ordered:
-                hasher.update(case_json(case) + b"\n")
+            rows = [_kept(case_json(case)) for case in ordered]
         except orjson.JSONEncodeError as error:
             raise DatasetError.at(shown, None, f"a case cannot be encoded: {error}") from None
-        self._build(ordered, "sha256:" + hasher.hexdigest(), shown)
+        hasher = hashlib.sha256()
+        for row in rows:
+            hasher.update(row + b"\n")
+        kept = [(case.id, case.split, row) for case, row in zip(ordered, rows, strict=True)]
+        self._build(kept, "sha256:" + hasher.hexdigest(), shown)
 
     @classmethod
-    def _trusted(cls, cases: tuple[Case, ...], digest: str, path: str) -> Dataset:
-        """A dataset from cases the loader has checked, and the `digest` it took as it read
-        them (the encoded rows are not kept: orjson's output holds about 4 KiB each)."""
+    def _trusted(cls, kept: list[tuple[str, Split, bytes]], digest: str, path: str) -> Dataset:
+        """A dataset from rows the loader has checked (id, split, canonical JSON), and the
+        `digest` it took as it read them."""
         dataset = cls.__new__(cls)
-        dataset._build(cases, digest, path)
+        dataset._build(kept, digest, path)
         return dataset
 
-    def _build(self, cases: tuple[Case, ...], digest: str, path: str) -> None:
-        if not cases:
+    def _build(self, kept: list[tuple[str, Split, bytes]], digest: str, path: str) -> None:
+        if not kept:
             raise DatasetError.at(path, None, "no cases")
-        splits = {name: tuple(case for case in cases if case.split == name) for name in SPLITS}
+        splits: dict[str, array[int]] = {name: array("q") for name in SPLITS}
+        for index, (_, split, _) in enumerate(kept):
+            splits[split].append(index)
         set_ = object.__setattr__
-        set_(self, "_cases", cases)
+        set_(self, "_rows", tuple(row for _, _, row in kept))
+        set_(self, "_ids", tuple(case_id for case_id, _, _ in kept))
         set_(self, "_path", path)
         set_(self, "_digest", digest)
-        set_(self, "_by_id", MappingProxyType({case.id: case for case in cases}))
+        set_(self, "_by_id", MappingProxyType({case_id: i for i, case_id in enumerate(self._ids)}))
         set_(self, "_splits", MappingProxyType(splits))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Dataset is immutable (cannot set {name!r})")
 
+    def _case(self, index: int) -> Case:
+        """The case at ``index`` in file order, validated again from its canonical JSON (a
+        `Case` is never built unvalidated)."""
+        return Case.model_validate_json(self._rows[index])
+
     @property
     def cases(self) -> tuple[Case, ...]:
-        """Every case, in file order."""
-        return self._cases
+        """Every case, in file order (built anew on each call)."""
+        return tuple(map(self._case, range(len(self._rows))))
+
+    @property
+    def places(self) -> Mapping[str, int]:
+        """Each case's place in file order, by id (read-only)."""
+        return self._by_id
 
     @property
     def path(self) -> str:
@@ -110,28 +129,47 @@ class Dataset:
     @property
     def split_counts(self) -> Mapping[str, int]:
         """The number of cases in each split (every split is listed, possibly with 0)."""
-        return {name: len(cases) for name, cases in self._splits.items()}
+        return {name: len(places) for name, places in self._splits.items()}
 
-    def split(self, name: str) -> tuple[Case, ...]:
-        """The cases of split ``name`` (``train``, ``val`` or ``test``) in file order."""
+    def _places(self, name: str) -> array[int]:
         try:
             return self._splits[name]
         except KeyError:
             raise ValueError(f"unknown split {name!r} (expected one of {SPLITS})") from None
 
+    def split(self, name: str) -> tuple[Case, ...]:
+        """The cases of split ``name`` (``train``, ``val`` or ``test``) in file order."""
+        return tuple(map(self._case, self._places(name)))
+
+    def split_ids(self, name: str) -> tuple[str, ...]:
+        """The ids of split ``name``'s cases in file order (no case is built)."""
+        return tuple(self._ids[index] for index in self._places(name))
+
     def by_id(self, case_id: str) -> Case:
         """The case with id ``case_id``; `KeyError` if there is none."""
-        return self._by_id[case_id]
+        return self._case(self._by_id[case_id])
+
+    def rows(self, *, include_answers: bool = True) -> Iterator[tuple[str, bytes]]:
+        """Each case's id and `case_json` (without the answers when ``include_answers`` is
+        False), in file order, without building a `Case`."""
+        for case_id, row in zip(self._ids, self._rows, strict=True):
+            if include_answers:
+                yield case_id, row
+                continue
+            fields = orjson.loads(row)
+            for answer in ANSWER_FIELDS:
+                fields.pop(answer, None)
+            yield case_id, orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
 
     def canonical_jsonl(self) -> bytes:
         """The canonical JSONL of the dataset (one `case_json` per line); `digest` hashes it."""
-        return b"".join(case_json(case) + b"\n" for case in self._cases)
+        return b"".join(row + b"\n" for row in self._rows)
 
     def __len__(self) -> int:
-        return len(self._cases)
+        return len(self._rows)
 
     def __iter__(self) -> Iterator[Case]:
-        return iter(self._cases)
+        return map(self._case, range(len(self._rows)))
 
     def __contains__(self, case_id: object) -> bool:
         return case_id in self._by_id
@@ -145,7 +183,12 @@ class Dataset:
         return hash((self._path, self._digest))
 
     def __repr__(self) -> str:
-        return f"Dataset(path={self._path!r}, cases={len(self._cases)}, digest={self._digest!r})"
+        return f"Dataset(path={self._path!r}, cases={len(self._rows)}, digest={self._digest!r})"
+
+
+def _kept(row: bytes) -> bytes:
+    """A copy of an orjson output of its own size (orjson's own buffer holds ~4 KiB)."""
+    return memoryview(row).tobytes()
 
 
 def require_split(dataset: Dataset, name: Split) -> tuple[Case, ...]:
@@ -173,7 +216,7 @@ def parse_dataset(
     data: bytes, *, path: str = _DEFAULT_PATH, max_line_bytes: int = MAX_LINE_BYTES
 ) -> Dataset:
     """Check JSONL ``data`` (named ``path`` in messages) as `load_dataset` does for a file."""
-    cases: list[Case] = []
+    kept: list[tuple[str, Split, bytes]] = []
     hasher = hashlib.sha256()  # the digest of `canonical_jsonl`, taken as the rows are read
     seen: dict[str, int] = {}
     start = len(_BOM) if data.startswith(_BOM) else 0
@@ -190,11 +233,11 @@ def parse_dataset(
         if earlier is not None:
             _fail(path, number, f"duplicate id {quote(case.id)} (first on line {earlier})")
         seen[case.id] = number
-        cases.append(case)
+        kept.append((case.id, case.split, _kept(row_json)))
         hasher.update(row_json + b"\n")
-    if not cases:
+    if not kept:
         _fail(path, None, "no cases")
-    return Dataset._trusted(tuple(cases), "sha256:" + hasher.hexdigest(), path)
+    return Dataset._trusted(kept, "sha256:" + hasher.hexdigest(), path)
 
 
 def _read_bounded(path: str, limit: int) -> bytes:

@@ -21,7 +21,7 @@ import trio
 
 from evolane.actors import ActorError, ActorRef
 from evolane.distributed import DaskCluster, open_cluster
-from evolane.inputs import Dataset
+from evolane.inputs import SPLITS, Dataset
 from evolane.lanes import LaneSettings
 from evolane.measure._budget import Ledger, LedgerSnapshot
 from evolane.measure._settings import (
@@ -95,16 +95,14 @@ class Pipeline:
 def case_references(store: BlobStore, dataset: Dataset, *, include_answers: bool) -> RefTable:
     """Store every case as ``{case_file}`` JSON: without the answers (``expected_output``,
     ``verification_command``) for replays, so an agent cannot read them; with them for judges."""
-    from evolane.inputs import case_json
-
-    cases = ((c.id, case_json(c, include_answers=include_answers)) for c in dataset.cases)
-    return put_table(store, cases, JSON)
+    rows = dataset.rows(include_answers=include_answers)
+    return put_table(store, rows, JSON, places=dataset.places)
 
 
 def store_cases(store: BlobStore, dataset: Dataset) -> CaseRefs:
     """Store the dataset's cases for replays and for judges, in one batch each (one fsync
     pass, not one per blob; blocking: run it in a thread)."""
-    splits = {s: tuple(c.id for c in dataset.split(s)) for s in ("train", "val", "test")}
+    splits = {s: dataset.split_ids(s) for s in SPLITS}
     return CaseRefs(
         replay=case_references(store, dataset, include_answers=False),
         judge=case_references(store, dataset, include_answers=True),

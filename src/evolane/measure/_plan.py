@@ -1,7 +1,9 @@
 """The measurement plan as an IO-free state machine (in the style of h11): `MeasurePlan.handle`
 takes an event, updates the plan and returns the actions its IO shell (the scheduler) must
 perform; every action that does IO is answered by exactly one event. No trio, no clock, no
-files: property tests drive it with any completion order.
+files of its own (ended units' records go to the `SealedRecords` it is given: the shell's
+spills them to a scratch file, the default keeps them in memory): property tests drive it
+with any completion order.
 
 - A candidate unit starts only after its paired baseline unit succeeded (or was reused);
   a failed control blocks its treatment (``blocked_by``).
@@ -19,13 +21,14 @@ files: property tests drive it with any completion order.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import orjson
 
 from evolane.measure._prefix import CasePrefix, decision
 from evolane.measure._restore import not_stored, restorable, stored_replay
+from evolane.measure._sealed import SealedRecords
 from evolane.measure._steps import (
     Action,
     ChargeUnit,
@@ -87,16 +90,13 @@ if TYPE_CHECKING:
 
 __all__ = ["RESTORABLE", "MeasurePlan", "Unit", "repetitions", "start_order"]
 
-ReuseCache = MutableMapping[bytes, bytes]
-"""Succeeded units by `reuse_key`, kept across measurements: each unit's sealed record,
-deflated (`pack`; its replay and judge results are decoded from it when it is reused)."""
-
 
 class MeasurePlan:
     """One measurement's units, start order, early stop and decision, without IO.
 
-    ``cache`` (reused units, see `reuse_key`) outlives the plan: the shell passes the same
-    mapping to every measurement and the plan adds each unit that succeeds. ``budgeted``:
+    ``records`` (every ended unit's record, and the succeeded ones by `reuse_key` for reuse)
+    outlives the plan: the shell passes the same `SealedRecords` to every measurement and
+    the plan puts each unit there as it ends (in memory when none is given). ``budgeted``:
     replays are charged (`ChargeUnit`); ``journaled``: units are journaled before they count.
     """
 
@@ -106,14 +106,14 @@ class MeasurePlan:
         settings: SchedulerSettings,
         *,
         lanes: int,
-        cache: ReuseCache | None = None,
+        records: SealedRecords | None = None,
         budgeted: bool = False,
         journaled: bool = False,
     ) -> None:
         if lanes < 1:
             raise ValueError(f"a measurement needs at least one replay lane, got {lanes}")
         self.request, self.settings, self.lanes = request, settings, lanes
-        self.cache: ReuseCache = {} if cache is None else cache
+        self.records = SealedRecords() if records is None else records
         self.budgeted, self.journaled = budgeted, journaled
         self.case_ids, numbers = reading_order(request, settings)
         self.reps = repetitions(request, len(self.case_ids), settings.min_cases)
@@ -228,10 +228,10 @@ class MeasurePlan:
         if self.stop_reason is not None or self._beyond_cutoff(unit):
             self._finish(unit, "not_run", self.stop_reason or "early_stop")
             return
-        cached = self.cache.get(reuse_key(self.settings, unit))
+        cached = self.records.reuse.get(reuse_key(self.settings, unit))
         if cached is not None:  # the same tree, case, repetition and seed: the same experiment
             mine = {"unit_id": unit.unit_id, "arm": unit.arm}
-            stored = orjson.loads(unpack(cached))
+            stored = orjson.loads(unpack(self.records.get(cached)))
             unit.replay = ReplayResult.model_validate(stored["replay"]).model_copy(update=mine)
             unit.judge = JudgeResult.model_validate(stored["judge"])
             unit.reused = True
@@ -320,8 +320,7 @@ class MeasurePlan:
     def _counted(self, unit: Unit) -> None:
         self._finish(unit, unit.status)
         if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
-            assert unit.packed is not None
-            self.cache[reuse_key(self.settings, unit)] = unit.packed
+            self.records.reuse[reuse_key(self.settings, unit)] = unit.sealed_at
 
     # ----- ending units, releasing their treatments, stopping -----------------------------
 
@@ -333,7 +332,7 @@ class MeasurePlan:
     def _finish(self, unit: Unit, status: str, note: str = "") -> None:
         unit.status, unit.note = status, note or unit.note
         unit.done, unit.step = True, "done"
-        unit.seal()
+        unit.seal(self.records)
         self._sealed.append(unit)
         self._release_lane(unit)
         self._left -= 1
@@ -414,7 +413,9 @@ class MeasurePlan:
         return unit_records_json(self.units)
 
     def records_chunks(self) -> Iterator[bytes]:
-        """`records_json` in chunks (to stream the blob to the store)."""
+        """`records_json` in chunks (to stream the blob to the store, from a thread: every
+        record is written out first, so the chunks only read)."""
+        self.records.flush()
         return unit_records_chunks(self.units)
 
     def summary(self, units_ref: ArtifactRef, wall_seconds: float) -> MeasureSummary:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import math
+from array import array
+
 import numpy as np
 
 from evolane.measure._units import Unit, arm_scores
@@ -28,14 +31,18 @@ class CasePrefix:
         """``paired``: the measurement has a candidate arm (a baseline alone is measured
         whole: there is nothing to decide early); ``allow_accept`` False: an early stop may
         only reject (`EarlyStop`)."""
-        self._members: list[list[Unit]] = [[] for _ in range(cases)]
-        for unit in units:
-            self._members[unit.case_index].append(unit)
-        self._open = [len(members) for members in self._members]
+        # Each case's units, without a list per case: ``_order[_starts[k]:_starts[k + 1]]``
+        # are the indices in ``units`` of case k's units (machine integers, not objects).
+        case_of = np.fromiter((unit.case_index for unit in units), np.int64, len(units))
+        order = np.argsort(case_of, kind="stable")
+        self._units = units
+        self._order = _machine(order)
+        self._starts = _machine(np.searchsorted(case_of[order], np.arange(cases + 1)))
+        self._open = _machine(np.bincount(case_of, minlength=cases))
         self.length = 0  # cases in the prefix
-        self._complete: list[tuple[int, float | None]] = []  # (case index, delta), plan order
-        self._deltas: list[float] = []
-        self._fed = 0  # comparable deltas the early stop has taken
+        self._complete = array("d")  # each prefix case's delta (NaN: a failure on either side)
+        self._deltas = array("d")  # the comparable ones
+        self._fed = 0  # complete cases the early stop has taken
         self._stopper = (
             EarlyStop(gate, cases, allow_accept=allow_accept)
             if gate.sequential and paired
@@ -51,8 +58,9 @@ class CasePrefix:
         """Count ``unit`` as ended; the prefix takes every case that is now complete."""
         self._open[unit.case_index] -= 1
         while self.length < len(self._open) and self._open[self.length] == 0:
-            delta = _case_delta(self._members[self.length])
-            self._complete.append((self.length, delta))  # None: a failure on either side
+            members = self._order[self._starts[self.length] : self._starts[self.length + 1]]
+            delta = _case_delta([self._units[index] for index in members])
+            self._complete.append(math.nan if delta is None else delta)
             if delta is not None:
                 self._deltas.append(delta)
             self.length += 1
@@ -67,9 +75,9 @@ class CasePrefix:
         if stopper is None:
             return None
         while self._fed < len(self._complete):
-            index, delta = self._complete[self._fed]
+            index, delta = self._fed, self._complete[self._fed]
             self._fed += 1
-            decision = stopper.update(delta)
+            decision = stopper.update(None if math.isnan(delta) else delta)
             if decision is not None:
                 return decision, f"early stop: {stopper.reason}", index + 1
         return None
@@ -81,7 +89,7 @@ class CasePrefix:
         any) and its SE (None below two)."""
         mean = se = None
         if self._deltas:
-            mean, se = mean_and_se(np.asarray(self._deltas, dtype=np.float64))
+            mean, se = mean_and_se(np.array(self._deltas, dtype=np.float64))
         return MeasureEvent(
             run_id="-",
             measurement_id=measurement_id,
@@ -92,6 +100,11 @@ class CasePrefix:
             mean_delta=mean,
             se=se if self.pairs > 1 else None,
         )
+
+
+def _machine(values: np.ndarray) -> array[int]:
+    """``values`` as an array of machine integers (no Python int per value, even briefly)."""
+    return array("q", values.astype(np.int64).tobytes())
 
 
 def _case_delta(units: list[Unit]) -> float | None:

@@ -36,6 +36,7 @@ from evolane.measure._plan import (
     UnitReplayed,
 )
 from evolane.measure._scheduling import SchedulerSettings
+from evolane.measure._sealed import SealedRecords
 from evolane.messages import (
     Debit,
     FailureEvent,
@@ -97,8 +98,9 @@ class MeasurementScheduler(Actor):
     ) -> None:
         self.settings, self.store, self.budget = settings, store, budget
         self.replay_lanes, self.judge_lanes = list(replay_lanes), list(judge_lanes)
-        # Succeeded units of every measurement so far, for reuse (see `reuse_key`).
-        self.reuse_cache: dict[bytes, bytes] = {}
+        # Every measurement's sealed unit records, out of memory, and the succeeded units
+        # by `reuse_key` for reuse.
+        self.records = SealedRecords(store.tmp)
         self.running: _Measurement | None = None
         # A stop that found no measurement running: one asked before it may still be queued
         # (its caller was cancelled before it was served), so requests up to the stopper's
@@ -117,6 +119,10 @@ class MeasurementScheduler(Actor):
             return await self.running.execute()
         finally:
             self.running = None
+
+    async def stopped(self) -> None:
+        """Drop the sealed records (their file goes with it)."""
+        self.records.close()
 
     def on_signal(self, message: Message) -> None:
         if not isinstance(message, StopAll):
@@ -137,7 +143,7 @@ class _Measurement:
             request,
             settings,
             lanes=len(scheduler.replay_lanes),
-            cache=scheduler.reuse_cache,
+            records=scheduler.records,
             budgeted=scheduler.budget is not None,
             journaled=settings.journal is not None,
         )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import orjson
 
 from evolane.messages import (
@@ -32,6 +33,7 @@ from evolane.store import TREE_MEDIA_TYPE
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
+    from evolane.measure._sealed import SealedRecords
 
 RESTORABLE = frozenset({"succeeded", "failed", "timed_out"})
 """Unit statuses a resumed run takes from the journal; cancelled units run again."""
@@ -54,10 +56,11 @@ UnitStep = Literal[
 class Unit:
     """One replay of one case on one arm and repetition, and what became of it.
 
-    Once ended, a unit is `seal`-ed (its record serialised once and deflated: the units blob
-    and the reuse cache take those bytes) and then `compact`-ed (its typed results dropped):
-    a finished unit keeps about half a kilobyte, and ``replay``/``judge`` are decoded from
-    the record on the rare reads after that (a reused unit, a test)."""
+    Once ended, a unit is `seal`-ed (its record serialised once, deflated and put in the
+    scheduler's `SealedRecords`, out of memory: the units blob and the reuse cache read it
+    there) and then `compact`-ed (its typed results dropped): a finished unit keeps its
+    score and its record's number, and ``replay``/``judge`` are decoded from the record on
+    the rare reads after that (a reused unit, a test)."""
 
     index: int
     unit_id: str
@@ -78,19 +81,21 @@ class Unit:
     case_number: int = 0  # the case's place in the dataset (names the unit, orders records)
     _replay: ReplayResult | None = None
     _judge: JudgeResult | None = None
-    packed: bytes | None = None  # the sealed record, deflated (`pack`): see `record`
-    _sealed: tuple[float | None, bool] | None = None  # (score, took part), once sealed
+    records: SealedRecords | None = None  # where its sealed record is, once sealed
+    sealed_at: int = -1  # the record's number there (deflated: `pack`): see `record`
+    _score: float | None = None  # once sealed: `score`
+    _took: bool = False  # once sealed: `took_part`
 
     @property
     def record(self) -> bytes | None:
         """The sealed record: this unit's JSON in the units blob (None before it ended)."""
-        return None if self.packed is None else unpack(self.packed)
+        return None if self.records is None else unpack(self.records.get(self.sealed_at))
 
     @property
     def replay(self) -> ReplayResult | None:
         """The replay's result (decoded from the record once compacted)."""
-        if self._replay is None and self.packed is not None:
-            stored = orjson.loads(unpack(self.packed))["replay"]
+        if self._replay is None and (record := self.record) is not None:
+            stored = orjson.loads(record)["replay"]
             return None if stored is None else ReplayResult.model_validate(stored)
         return self._replay
 
@@ -101,8 +106,8 @@ class Unit:
     @property
     def judge(self) -> JudgeResult | None:
         """The judge's result (decoded from the record once compacted)."""
-        if self._judge is None and self.packed is not None:
-            stored = orjson.loads(unpack(self.packed))["judge"]
+        if self._judge is None and (record := self.record) is not None:
+            stored = orjson.loads(record)["judge"]
             return None if stored is None else JudgeResult.model_validate(stored)
         return self._judge
 
@@ -114,8 +119,8 @@ class Unit:
     def score(self) -> float | None:
         """The judge's score when both the replay and the judge succeeded; 0 when the candidate
         itself broke the replay (a crash or no output it caused); else None (not comparable)."""
-        if self._sealed is not None:
-            return self._sealed[0]
+        if self.records is not None:
+            return self._score
         replay, judge = self._replay, self._judge
         failure = replay.failure if replay is not None else None
         if failure is not None and failure.owner == "candidate":
@@ -124,15 +129,17 @@ class Unit:
         judged = judge is not None and judge.status == "succeeded"
         return judge.score if ok and judged and judge is not None else None
 
-    def seal(self) -> None:
-        """The unit ended: keep its score and its record (nothing of it changes any more)."""
-        took = self._replay is not None and self._replay.status != "blocked"
-        self._sealed = (self.score, took)
-        self.packed = pack(orjson.dumps(_record(self)))
+    def seal(self, records: SealedRecords) -> None:
+        """The unit ended: keep its score and put its record in ``records`` (nothing of it
+        changes any more)."""
+        self._took = self._replay is not None and self._replay.status != "blocked"
+        self._score = self.score
+        self.sealed_at = records.put(pack(orjson.dumps(_record(self))))
+        self.records = records
 
     def compact(self) -> None:
         """Drop the typed results of a sealed unit (its record holds them)."""
-        if self.packed is not None:
+        if self.records is not None:
             self._replay = self._judge = None
 
 
@@ -153,8 +160,8 @@ def unpack(packed: bytes) -> bytes:
 @cache
 def _preset() -> bytes:
     """A typical sealed record (a judged replay's), as `pack`'s preset dictionary: the field
-    names, the fixed values and the shape every record shares. Only memory holds packed
-    records, so a change here needs no migration."""
+    names, the fixed values and the shape every record shares. Only a process's own scratch
+    holds packed records, so a change here needs no migration."""
     ref = "sha256:" + "0" * 64
     usage = Usage(tokens=0.0, cost_usd=0.0, wall_seconds=0.01)
     unit = Unit(0, "m.0.0.b", "c", 0, "baseline", 0, ArtifactRef(digest=ref, size=1))
@@ -323,10 +330,15 @@ def unit_records_json(units: list[Unit]) -> bytes:
 
 def unit_records_chunks(units: list[Unit], chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
     """`unit_records_json` in chunks of about ``chunk_bytes``: the blob is streamed to the
-    store, never held whole beside the records it is made of."""
-    ordered = sorted(units, key=lambda u: (u.case_number, u.repetition, u.arm))
+    store, never held whole beside the records it is made of (nor a sort key per unit)."""
+    keys = np.fromiter(
+        ((u.case_number << 24) | (u.repetition << 1) | (u.arm != "baseline") for u in units),
+        dtype=np.int64,
+        count=len(units),
+    )
     parts, size = [b"["], 1
-    for number, unit in enumerate(ordered):
+    for number, at in enumerate(np.argsort(keys, kind="stable")):  # no list of Python ints
+        unit = units[int(at)]
         record = unit.record or orjson.dumps(_record(unit))
         parts.append(record if number == 0 else b"," + record)
         size += len(parts[-1])
@@ -340,8 +352,8 @@ def unit_records_chunks(units: list[Unit], chunk_bytes: int = 1 << 20) -> Iterat
 def took_part(unit: Unit) -> bool:
     """Whether ``unit`` ran, was reused or was restored (observers hear of it when it ends);
     units never started or blocked by their control are only counted."""
-    if unit._sealed is not None:
-        return unit._sealed[1]
+    if unit.records is not None:
+        return unit._took
     return unit.replay is not None and unit.replay.status != "blocked"
 
 

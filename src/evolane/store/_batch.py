@@ -29,7 +29,9 @@ class RefTable(Mapping[str, ArtifactRef]):
 
     __slots__ = ("_at", "_digests", "_media_type", "_sizes")
 
-    def __init__(self, at: dict[str, int], digests: bytes, sizes: array[int], media_type: str):
+    def __init__(
+        self, at: Mapping[str, int], digests: bytes, sizes: array[int], media_type: str
+    ) -> None:
         self._at, self._digests, self._sizes = at, digests, sizes
         self._media_type = media_type
 
@@ -53,11 +55,19 @@ class RefTable(Mapping[str, ArtifactRef]):
         return len(self._at)
 
 
-def put_table(store: BlobStore, named: Iterable[tuple[str, bytes]], media_type: str) -> RefTable:
+def put_table(
+    store: BlobStore,
+    named: Iterable[tuple[str, bytes]],
+    media_type: str,
+    *,
+    places: Mapping[str, int] | None = None,
+) -> RefTable:
     """Store every ``(name, data)`` of ``named`` with the guarantees of `BlobStore.put_bytes`
     (a blob is durable before it is visible, the first writer of a digest wins) and one fsync
     pass per `BATCH_FILES` blobs; their refs by name as a compact `RefTable` (a name given
-    twice keeps its last blob)."""
+    twice keeps its last blob). ``places``: each name's place in ``named`` as the caller
+    already holds it (a dataset's ids); the table shares it when it matches (checked) rather
+    than holding a mapping of its own."""
     names: list[str] = []
 
     def datas() -> Iterator[bytes]:
@@ -69,8 +79,19 @@ def put_table(store: BlobStore, named: Iterable[tuple[str, bytes]], media_type: 
     for digest, size in _put_each(store, datas()):
         digests += digest
         sizes.append(size)
-    at = {name: index for index, name in enumerate(names)}
+    at: Mapping[str, int]
+    if places is not None and _places_match(places, names):
+        at = places
+    else:
+        at = {name: index for index, name in enumerate(names)}
     return RefTable(at, bytes(digests), sizes, media_type)
+
+
+def _places_match(places: Mapping[str, int], names: list[str]) -> bool:
+    """Whether ``places`` gives each of ``names`` its place (so no name comes twice)."""
+    return len(places) == len(names) and all(
+        places.get(name) == index for index, name in enumerate(names)
+    )
 
 
 def _put_each(store: BlobStore, datas: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:

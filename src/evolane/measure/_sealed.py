@@ -1,0 +1,104 @@
+"""Sealed unit records kept out of memory (issue 22): each record goes to an unlinked scratch
+file as its unit ends, and memory keeps only where it ends (8 bytes a record) and, for the
+units that may be reused, its number by reuse key."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from array import array
+from pathlib import Path
+
+from evolane.store import write_all
+
+FLUSH_BYTES = 256 << 10
+"""Records wait in memory until this many bytes are pending, then go to the file at once."""
+
+
+class SealedRecords:
+    """The sealed records of every measurement one scheduler ran, numbered from 0 as they
+    are put, and the succeeded ones by `reuse_key` (``reuse``: a key's record number).
+
+    With a ``directory`` the records live in an unlinked file there (gone with the process,
+    even after SIGKILL); without one they stay in memory (a plan driven by tests, no IO).
+    Put on one thread at a time; reads (`get`) may come from a thread once puts have paused.
+    """
+
+    def __init__(self, directory: Path | None = None, *, flush_bytes: int = FLUSH_BYTES) -> None:
+        self.flush_bytes = flush_bytes
+        self.reuse: dict[bytes, int] = {}
+        self._ends = array("Q")  # each record's end offset, in put order
+        self._memory: list[bytes] | None = [] if directory is None else None
+        self._file = None
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            # Open as long as the records live (closed by `close`), not for one block.
+            self._file = tempfile.TemporaryFile(  # noqa: SIM115
+                dir=directory, prefix="sealed-", buffering=0
+            )
+        self._written = 0  # bytes in the file; the rest are pending
+        self._pending = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the records stay in memory (no directory was given)."""
+        return self._memory is not None
+
+    def put(self, record: bytes) -> int:
+        """Keep ``record``; its number (`get` returns it)."""
+        number = len(self._ends)
+        if self._memory is None and self._file is None:
+            raise ValueError("these sealed records were closed")
+        if self._memory is not None:
+            self._memory.append(record)
+        else:
+            self._pending += record
+            if len(self._pending) >= self.flush_bytes:
+                self.flush()
+        self._ends.append((self._ends[-1] if number else 0) + len(record))
+        return number
+
+    def get(self, number: int) -> bytes:
+        """Record ``number``, as it was put (IndexError for one never put)."""
+        if self._memory is not None:
+            return self._memory[number]
+        end = self._ends[number]
+        start = self._ends[number - 1] if number else 0
+        if start >= self._written:  # still pending: a flush writes whole records
+            return bytes(self._pending[start - self._written : end - self._written])
+        assert self._file is not None
+        return _read_at(self._file.fileno(), start, end - start)
+
+    def flush(self) -> None:
+        """Write the pending records to the file (nothing to do in memory)."""
+        if self._file is None or not self._pending:
+            return
+        write_all(self._file.fileno(), self._pending)
+        self._written += len(self._pending)
+        self._pending.clear()
+
+    def close(self) -> None:
+        """Drop every record (the file goes with its descriptor); the reuse keys go too."""
+        self.reuse.clear()
+        self._ends = array("Q")
+        self._pending.clear()
+        self._memory = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _read_at(fd: int, offset: int, size: int) -> bytes:
+    """Exactly ``size`` bytes at ``offset`` (a read may return less than asked)."""
+    parts = []
+    while size > 0:
+        chunk = os.pread(fd, size, offset)
+        if not chunk:
+            raise OSError(f"the sealed records file ended {size} bytes early")
+        parts.append(chunk)
+        offset += len(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
