@@ -1,12 +1,10 @@
 """Where memory grows with a measurement's size (issue 22): traced bytes per case, by line.
 
 Runs `scale.evolane_run` (in-process backends, 8 lanes, the journal on) at two sizes, each in
-a fresh process under `tracemalloc`, snapshots the traced heap at its peak (sampled every
-second), and prints the growth per added case: in all, and for the lines that allocate most
-of it. What does not grow with N (imports, interned names, bounded lists) cancels out; a
-buffer of fixed size live at one run's peak and not at the other's (the units blob's 1 MiB
-chunks, written at the end) shows up as growth: compare two runs before reading much into a
-line that allocates few objects.
+a fresh process under `tracemalloc`, snapshots the traced heap when every unit has ended
+(as the units blob is about to be written: all that a measurement holds), and prints the
+growth per added case: in all, and for the lines that allocate most of it. What does not
+grow with N (imports, interned names, bounded lists) cancels out.
 
     python benchmarks/memory_slope.py [--cases 2000 8000] [--top 25]
 """
@@ -27,31 +25,34 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale
+from evolane.measure._plan import MeasurePlan
 
 
-async def _peak_snapshot(root: Path, cases: int) -> tuple[int, tracemalloc.Snapshot]:
-    """Run one measurement; the largest traced total seen and its snapshot."""
-    best: list[Any] = [0, tracemalloc.take_snapshot()]
+def _snapshot_at_the_end(cases: int) -> tuple[int, tracemalloc.Snapshot]:
+    """Run one measurement; the traced total and a snapshot when every unit has ended and
+    its records are about to be written (all a measurement holds, before the blob's
+    buffers)."""
+    taken: list[Any] = []
+    original = MeasurePlan.records_chunks
 
-    async def sample() -> None:
-        while True:
-            await trio.sleep(1.0)
-            current, _ = tracemalloc.get_traced_memory()
-            if current > best[0]:
-                best[:] = [current, tracemalloc.take_snapshot()]
+    def records_chunks(plan: MeasurePlan) -> Any:
+        if not taken:
+            taken.extend([tracemalloc.get_traced_memory()[0], tracemalloc.take_snapshot()])
+        return original(plan)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sample)
-        await scale.evolane_run(root, cases, 8, scale.Counters())
-        nursery.cancel_scope.cancel()
-    return best[0], best[1]
+    MeasurePlan.records_chunks = records_chunks  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory(prefix="memory-slope-") as tmp:
+            trio.run(scale.evolane_run, Path(tmp), cases, 8, scale.Counters())
+    finally:
+        MeasurePlan.records_chunks = original  # type: ignore[method-assign]
+    return taken[0], taken[1]
 
 
 def worker(cases: int) -> None:
-    """In this (fresh) process: one run under tracemalloc; its peak by line, as JSON."""
+    """In this (fresh) process: one run under tracemalloc; its held memory by line, as JSON."""
     tracemalloc.start(1)
-    with tempfile.TemporaryDirectory(prefix="memory-slope-") as tmp:
-        total, snapshot = trio.run(_peak_snapshot, Path(tmp), cases)
+    total, snapshot = _snapshot_at_the_end(cases)
     lines = {}
     for stat in snapshot.statistics("lineno"):
         frame = stat.traceback[0]
@@ -76,7 +77,7 @@ def main(args: argparse.Namespace) -> None:
     small, large = args.cases
     low, high = measure(small), measure(large)
     added = large - small
-    print(f"traced peak, N = {small}: {low['total'] / 2**20:.1f} MiB; N = {large}: "
+    print(f"traced at the end, N = {small}: {low['total'] / 2**20:.1f} MiB; N = {large}: "
           f"{high['total'] / 2**20:.1f} MiB; growth {(high['total'] - low['total']) / added:.0f} "
           "bytes per added case")  # fmt: skip
     names = set(low["lines"]) | set(high["lines"])

@@ -142,20 +142,20 @@ class Driver:
         for action in actions:
             self.log.append(action)
             if isinstance(action, StartReplay):
-                unit = self.plan._by_id[action.unit_id]
+                unit = self.plan.unit(action.unit_id)
                 control = unit.depends_on
                 assert control is None or (control.done and control.status == "succeeded")
                 self.started[action.unit_id] = self.started.get(action.unit_id, 0) + 1
                 assert self.started[action.unit_id] == 1, f"{action.unit_id} started twice"
             if isinstance(action, StartJudge):  # nothing is judged once it is not wanted
-                unit = self.plan._by_id[action.unit_id]
+                unit = self.plan.unit(action.unit_id)
                 assert self.plan.stop_reason is None and not self.plan._beyond_cutoff(unit)
             if isinstance(action, StopUnit):
                 self.stopped.update(action.unit_ids)
             elif isinstance(action, Finish):
                 self.finishes += 1
             elif isinstance(action, UnitEnded):  # told once it ended, journaled if it is
-                unit = self.plan._by_id[action.unit_id]
+                unit = self.plan.unit(action.unit_id)
                 assert unit.done and action.unit_id not in self.told
                 journaling = [a for a in self.pending if isinstance(a, JournalUnit)]
                 assert unit.unit_id not in {a.unit_id for a in journaling}
@@ -214,7 +214,7 @@ class Driver:
         if isinstance(action, JournalReplay):
             return ReplayJournaled(action.unit_id)
         assert isinstance(action, JournalUnit)
-        assert action.record.status == self.plan._by_id[action.unit_id].status
+        assert action.record.status == self.plan.unit(action.unit_id).status
         return UnitJournaled(action.unit_id)
 
     def run(self, rng: random.Random) -> None:
@@ -508,7 +508,7 @@ def test_a_judge_the_budget_denies_stops_the_measurement_and_keeps_its_replay() 
     driver = Driver(plan, {u.unit_id: Outcome() for u in plan.units}, deny_judge={"m.2.0.b"})
     driver.run(random.Random(3))
     summary = plan.summary(OUTPUT, 0.0)
-    denied = plan._by_id["m.2.0.b"]
+    denied = plan.unit("m.2.0.b")
     assert summary.status == "budget_limited"
     assert denied.status == "cancelled" and denied.note == "budget"
     replays = [a for a in driver.log if isinstance(a, JournalReplay)]
@@ -645,7 +645,40 @@ def test_a_replay_that_ends_as_the_stop_comes_is_kept_but_not_judged() -> None:
     while driver.pending:
         driver.answer(0)
     assert not kinds(driver, StartJudge)
-    assert {plan._by_id[a.unit_id].status for a in in_flight} == {"cancelled"}
+    assert {plan.unit(a.unit_id).status for a in in_flight} == {"cancelled"}
     summary = plan.summary(OUTPUT, 0.0)
     assert summary.units_run == len(in_flight)  # replayed (and kept), then stopped
     assert summary.units_not_run + summary.units_blocked == len(plan.units) - len(in_flight)
+
+
+@FAST
+@given(shapes, st.booleans(), st.booleans())
+def test_the_layout_finds_every_unit_and_its_treatments_without_a_map(
+    shape: dict[str, Any], paired: bool, named: bool
+) -> None:
+    """Ids are built when asked for and found back by arithmetic: every unit's id leads to
+    it, every control to exactly the candidates that wait on it, and ids of no unit (another
+    measurement, another spelling, a case or repetition beyond the plan) to none."""
+    request = make_request(reps=shape["reps"])
+    cases = min(shape["cases"], 8) if named else shape["cases"]
+    update: dict[str, Any] = {} if paired else {"candidate_ref": None}
+    if named:  # screening: a few cases named out of file order
+        update["case_ids"] = tuple(f"c{i}" for i in reversed(range(cases)))
+    plan = MeasurePlan(request.model_copy(update=update), make_settings(cases), lanes=2)
+    for unit in plan.units:
+        assert plan.unit(unit.unit_id) is unit
+        waiting = [u.index for u in plan.units if u.depends_on is unit]
+        assert list(plan.layout.dependents(unit)) == waiting
+    reps = max(plan.reps)
+    for wrong in ("x.0.0.b", "m.0.0.x", "m.0.b", f"m.{cases}.0.b", f"m.0.{reps}.b", "m.00.0.b"):
+        with pytest.raises(KeyError):
+            plan.unit(wrong)
+    if not paired:
+        with pytest.raises(KeyError):
+            plan.unit("m.0.0.c")
+
+
+def test_a_request_naming_a_case_twice_is_refused() -> None:
+    """Two units under one id would each take the other's answers."""
+    with pytest.raises(ValueError, match="must name each case once"):
+        make_request().model_copy(update={"case_ids": ("c1", "c2", "c1")})

@@ -110,7 +110,10 @@ def _maximal(node: dict[str, Any], defs: dict[str, Any], draw: Any) -> Any:
     if kind == "null":
         return None
     if kind == "array":
-        return [_maximal(node["items"], defs, draw) for _ in range(node["maxItems"])]
+        items = [_maximal(node["items"], defs, draw) for _ in range(node["maxItems"])]
+        if node.get("uniqueItems"):  # as long, each different: its own number at its end
+            items = [item[: -len(str(i))] + str(i) for i, item in enumerate(items)]
+        return items
     if kind == "object":
         value = {k: _maximal(v, defs, draw) for k, v in node.get("properties", {}).items()}
         extra = node.get("additionalProperties")

@@ -109,7 +109,8 @@ def test_a_name_given_twice_keeps_its_last_blob(tmp_path: Path) -> None:
 
 def _unit(score: float, wall: float, digest: str, note: str) -> Unit:
     ref = ArtifactRef(digest="sha256:" + digest, size=7)
-    unit = Unit(3, "m.3.0.c", "case-3", 3, "candidate", 0, ref)
+    unit = Unit(3, "m", "case-3", 3, "candidate", 0, ref, case_number=3)
+    assert unit.unit_id == "m.3.0.c"
     unit.status, unit.note = "succeeded", note
     ids = {"unit_id": unit.unit_id, "case_id": unit.case_id, "arm": "candidate"}
     unit.replay = ReplayResult.model_validate(

@@ -53,6 +53,7 @@ from evolane.measure._steps import (
 from evolane.measure._units import (
     RESTORABLE,
     Unit,
+    UnitLayout,
     UnitStep,
     judge_job,
     plan_units,
@@ -118,13 +119,13 @@ class MeasurePlan:
         self.case_ids, numbers = reading_order(request, settings)
         self.reps = repetitions(request, len(self.case_ids), settings.min_cases)
         self.units = plan_units(request, self.case_ids, self.reps, numbers)
+        self.layout = UnitLayout(request, self.case_ids, self.reps, numbers)
         self.priority = start_order(self.units, lanes)
         self.stop_reason: MeasureStatus | None = None
         self.message = ""
         self.cutoff: int | None = None  # cases at or beyond this index are not needed
         self.early: tuple[str, str] | None = None  # (decision, reason) of an early stop
         self.diverged: dict[str, str] = {}  # unit id -> the other tree its stored record has
-        self._by_id = {unit.unit_id: unit for unit in self.units}
         self._ready: list[tuple[int, int]] = []
         self._free = lanes
         self._left = len(self.units)
@@ -188,8 +189,18 @@ class MeasurePlan:
             raise TypeError(f"not a measurement event: {event!r}")
         return self._settle()
 
+    def unit(self, unit_id: str) -> Unit:
+        """The unit ``unit_id`` names; KeyError when it names none of this plan's."""
+        index = self.layout.find(unit_id)
+        if index is None or self.units[index].unit_id != unit_id:
+            raise KeyError(unit_id)
+        return self.units[index]
+
     def _at(self, unit_id: str, *steps: UnitStep) -> Unit:
-        unit = self._by_id.get(unit_id)
+        try:
+            unit: Unit | None = self.unit(unit_id)
+        except KeyError:
+            unit = None
         if unit is None or unit.step not in steps:
             where = "unknown" if unit is None else unit.step
             raise ValueError(f"unit {unit_id!r} is {where}, not {' or '.join(steps)}")
@@ -347,8 +358,8 @@ class MeasurePlan:
                 self.early = (decision, reason)
                 beyond = [u for u in self.units if u.case_index >= self.cutoff and not u.done]
                 self._emit(StopUnit(tuple(u.unit_id for u in beyond)))
-        for waiting in unit.dependents:
-            self._release(waiting, unit)
+        for waiting in self.layout.dependents(unit):
+            self._release(self.units[waiting], unit)
 
     def _release(self, unit: Unit, control: Unit) -> None:
         """The control of ``unit`` ended: block it, skip it, or make it ready."""
@@ -403,7 +414,7 @@ class MeasurePlan:
 
     def unit_event(self, unit_id: str) -> UnitEvent:
         """The unit of a `UnitEnded` action, as a progress event for observers."""
-        unit = self._by_id[unit_id]
+        unit = self.unit(unit_id)
         if not (unit.done and took_part(unit)):
             raise ValueError(f"unit {unit_id!r} did not end after taking part")
         return unit_event(self.request.measurement_id, unit)

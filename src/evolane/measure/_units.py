@@ -63,14 +63,13 @@ class Unit:
     the rare reads after that (a reused unit, a test)."""
 
     index: int
-    unit_id: str
+    measurement: str  # the measurement's id (one string shared by its units): see `unit_id`
     case_id: str
     case_index: int  # the case's place in the reading order (the prefix early stop reads)
     arm: str
     repetition: int
     tree_ref: ArtifactRef
-    depends_on: Unit | None = None
-    dependents: tuple[Unit, ...] = ()  # treatments waiting on this control
+    depends_on: Unit | None = None  # a candidate's control (`UnitLayout.dependents`: back)
     step: UnitStep = "waiting"
     holds_lane: bool = False
     done: bool = False
@@ -85,6 +84,13 @@ class Unit:
     sealed_at: int = -1  # the record's number there (deflated: `pack`): see `record`
     _score: float | None = None  # once sealed: `score`
     _took: bool = False  # once sealed: `took_part`
+
+    @property
+    def unit_id(self) -> str:
+        """``<measurement>.<case number>.<repetition>.<b|c>``: named by the case's place in
+        the dataset, so the same whatever the reading order (a journal resumes under any);
+        built when asked for, not held (`UnitLayout.find` goes back)."""
+        return f"{self.measurement}.{self.case_number}.{self.repetition}.{self.arm[0]}"
 
     @property
     def record(self) -> bytes | None:
@@ -164,7 +170,7 @@ def _preset() -> bytes:
     holds packed records, so a change here needs no migration."""
     ref = "sha256:" + "0" * 64
     usage = Usage(tokens=0.0, cost_usd=0.0, wall_seconds=0.01)
-    unit = Unit(0, "m.0.0.b", "c", 0, "baseline", 0, ArtifactRef(digest=ref, size=1))
+    unit = Unit(0, "m", "c", 0, "baseline", 0, ArtifactRef(digest=ref, size=1))
     unit.status = "succeeded"
     unit.replay = ReplayResult(
         unit_id=unit.unit_id,
@@ -233,7 +239,7 @@ def plan_units(
             if rep < reps[0]:
                 unit = Unit(
                     len(units),
-                    f"{mid}.{numbers[case_id]}.{rep}.b",
+                    mid,
                     case_id,
                     index,
                     "baseline",
@@ -247,7 +253,7 @@ def plan_units(
                 control = baseline_of[(index, min(rep, reps[0] - 1))]
                 treatment = Unit(
                     len(units),
-                    f"{mid}.{numbers[case_id]}.{rep}.c",
+                    mid,
                     case_id,
                     index,
                     "candidate",
@@ -256,9 +262,71 @@ def plan_units(
                     control,
                     case_number=numbers[case_id],
                 )
-                control.dependents += (treatment,)
                 units.append(treatment)
     return units
+
+
+class UnitLayout:
+    """Where `plan_units` puts each unit, by arithmetic rather than a map per unit: repetition
+    by repetition, each case (in reading order) with its baseline, then its candidate."""
+
+    def __init__(
+        self,
+        request: MeasureRequest,
+        case_ids: list[str],
+        reps: tuple[int, int],
+        numbers: Mapping[str, int],
+    ) -> None:
+        self.measurement_id = request.measurement_id
+        self.cases, self.reps = len(case_ids), reps
+        self.paired = request.candidate_ref is not None
+        self._starts = [0]  # each repetition's first unit
+        for rep in range(max(reps)):
+            self._starts.append(self._starts[-1] + self.cases * self._arms(rep))
+        # a case's place in the reading order by its number (-1: not read)
+        self._place_of = array("q", [-1]) * (max(numbers.values(), default=-1) + 1)
+        for place, case_id in enumerate(case_ids):
+            self._place_of[numbers[case_id]] = place
+
+    def _arms(self, rep: int) -> int:
+        return (rep < self.reps[0]) + (self.paired and rep < self.reps[1])
+
+    def index(self, place: int, rep: int, candidate: bool) -> int | None:
+        """The index of the unit of the case at ``place`` (reading order), repetition
+        ``rep`` and arm; None when the plan has no such unit."""
+        if not (0 <= place < self.cases and 0 <= rep < max(self.reps)):
+            return None
+        baseline = rep < self.reps[0]
+        if candidate and not (self.paired and rep < self.reps[1]):
+            return None
+        if not (candidate or baseline):
+            return None
+        return self._starts[rep] + place * self._arms(rep) + (candidate and baseline)
+
+    def find(self, unit_id: str) -> int | None:
+        """The index `unit_id` names (None for an id of no unit of this plan); the caller
+        compares the unit's own id, which also refuses other spellings such as ``007``."""
+        parts = unit_id.rsplit(".", 3)
+        if len(parts) != 4 or parts[0] != self.measurement_id or parts[3] not in ("b", "c"):
+            return None
+        number, rep = parts[1], parts[2]
+        if not (number.isascii() and number.isdigit() and rep.isascii() and rep.isdigit()):
+            return None
+        if int(number) >= len(self._place_of):
+            return None
+        return self.index(self._place_of[int(number)], int(rep), parts[3] == "c")
+
+    def dependents(self, control: Unit) -> Iterator[int]:
+        """The indices of the candidates ``control`` is the control of (none unless it is a
+        baseline): the same repetition, and every later one for the last baseline."""
+        if control.arm != "baseline":
+            return
+        last = self.reps[0] - 1
+        for rep in range(self.reps[1] if self.paired else 0):
+            if min(rep, last) == control.repetition:
+                index = self.index(control.case_index, rep, True)
+                if index is not None:
+                    yield index
 
 
 def start_order(units: list[Unit], lanes: int) -> array[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from evolane.messages._base import ArtifactRef, Message, Name, Record, ShortText
 from evolane.messages._gate import GateConfig, GateResult
@@ -203,13 +203,23 @@ class MeasureRequest(Message):
     baseline_ref: ArtifactRef
     candidate_ref: ArtifactRef | None = None  # None: measure the baseline alone
     split: Literal["train", "val", "test"] = "val"
-    case_ids: tuple[Name, ...] = Field(default=(), max_length=8)  # screening: a few cases
+    case_ids: tuple[Name, ...] = Field(  # screening: a few cases, each once
+        default=(), max_length=8, json_schema_extra={"uniqueItems": True}
+    )
     baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
     gate: GateConfig = GateConfig()
     early_accept: bool = True
     """False: an early stop may reject but never accept (online error control reads the
     p-value of the full evaluation, which a data-chosen stop would make invalid)."""
+
+    @field_validator("case_ids")
+    @classmethod
+    def _each_case_once(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """A case named twice would plan two units under one id (and count it twice)."""
+        if len(set(value)) != len(value):
+            raise ValueError("must name each case once")
+        return value
 
 
 class MeasureSummary(Message):
