@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from evolane.inputs import load_dataset
 from evolane.measure import OVERRUNS_KEPT, Ledger
+from evolane.measure._layout import plan_units, start_order
 from evolane.measure._sealed import SealedRecords
-from evolane.measure._units import Unit, _record, pack, plan_units, start_order, unpack
+from evolane.measure._units import Unit, _record, pack, unpack
 from evolane.messages import ArtifactRef, JudgeResult, MeasureRequest, ReplayResult, Usage
 from evolane.store import BlobStore, put_table, read_at_most
 

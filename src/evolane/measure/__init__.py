@@ -13,6 +13,7 @@ from evolane.measure._budget import (
     Overrun,
 )
 from evolane.measure._journal import RunJournal
+from evolane.measure._layout import repetitions
 from evolane.measure._limits import (
     DEFAULT_MAX_FILE_SIZE,
     DEFAULT_MAX_MEMORY,
@@ -62,7 +63,7 @@ from evolane.measure._tree import (
     lane_pool,
     measure_children,
 )
-from evolane.measure._units import RESTORABLE, repetitions
+from evolane.measure._units import RESTORABLE
 
 __all__ = [
     "DEFAULT_MAX_FILE_SIZE",

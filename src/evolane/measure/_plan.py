@@ -26,6 +26,13 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from evolane.measure._layout import (
+    UnitLayout,
+    plan_units,
+    reading_order,
+    repetitions,
+    start_order,
+)
 from evolane.measure._prefix import CasePrefix, decision
 from evolane.measure._restore import not_stored, restorable, stored_replay
 from evolane.measure._sealed import SealedRecords
@@ -53,17 +60,12 @@ from evolane.measure._steps import (
 from evolane.measure._units import (
     RESTORABLE,
     Unit,
-    UnitLayout,
     UnitStep,
     judge_job,
-    plan_units,
-    reading_order,
-    repetitions,
     replay_debit,
     replay_job,
     replay_record,
     reuse_key,
-    start_order,
     took_part,
     unit_counts,
     unit_debits,

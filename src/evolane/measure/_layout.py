@@ -1,0 +1,169 @@
+"""Where a measurement's units are: how many repetitions, the order cases are read in, the
+units in plan order, where each one sits (`UnitLayout`: by arithmetic, no map per unit) and
+the order they start in. No IO."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from evolane.measure._units import Unit
+from evolane.messages import MeasureRequest
+from evolane.stats import case_order
+
+if TYPE_CHECKING:
+    from evolane.measure._scheduling import SchedulerSettings
+
+
+def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[int, int]:
+    """Explicit repetitions win; else 1/1 with enough independent cases, 2/3 without."""
+    adaptive = (1, 1) if cases >= min_cases else (2, 3)
+    return (
+        request.baseline_repetitions or adaptive[0],
+        request.candidate_repetitions or adaptive[1],
+    )
+
+
+def reading_order(
+    request: MeasureRequest, settings: SchedulerSettings
+) -> tuple[list[str], dict[str, int]]:
+    """The cases a measurement reads, in the order it reads them, and each case's place in
+    the dataset. A split is read in the run's seeded order (`stats.case_order`, a function
+    of the case ids and ``settings.seed`` alone), so no file order (a dataset sorted by
+    difficulty or topic) can steer an early stop; cases the request names keep its order."""
+    if request.case_ids:
+        named = list(request.case_ids)
+        return named, {case_id: index for index, case_id in enumerate(named)}
+    in_file = list(settings.splits.get(request.split, ()))
+    numbers = {case_id: index for index, case_id in enumerate(in_file)}
+    return case_order(in_file, settings.seed), numbers
+
+
+def plan_units(
+    request: MeasureRequest,
+    case_ids: list[str],
+    reps: tuple[int, int],
+    numbers: Mapping[str, int] | None = None,
+) -> list[Unit]:
+    """The units in plan order (``case_ids`` is the reading order): repetition by repetition,
+    each case's baseline then its candidate; a candidate's control is its case's baseline of
+    the same repetition (the last baseline repetition when the candidate has more). A unit
+    id names its case by ``numbers`` (the case's place in the dataset), so ids stay the same
+    whatever the reading order, and a journal resumes under any order."""
+    numbers = numbers or {case_id: index for index, case_id in enumerate(case_ids)}
+    units: list[Unit] = []
+    baseline_of: dict[tuple[int, int], Unit] = {}
+    mid = request.measurement_id
+    for rep in range(max(reps)):
+        for index, case_id in enumerate(case_ids):
+            if rep < reps[0]:
+                unit = Unit(
+                    len(units),
+                    mid,
+                    case_id,
+                    index,
+                    "baseline",
+                    rep,
+                    request.baseline_ref,
+                    case_number=numbers[case_id],
+                )
+                baseline_of[(index, rep)] = unit
+                units.append(unit)
+            if rep < reps[1] and request.candidate_ref is not None:
+                control = baseline_of[(index, min(rep, reps[0] - 1))]
+                treatment = Unit(
+                    len(units),
+                    mid,
+                    case_id,
+                    index,
+                    "candidate",
+                    rep,
+                    request.candidate_ref,
+                    control,
+                    case_number=numbers[case_id],
+                )
+                units.append(treatment)
+    return units
+
+
+class UnitLayout:
+    """Where `plan_units` puts each unit, by arithmetic rather than a map per unit: repetition
+    by repetition, each case (in reading order) with its baseline, then its candidate."""
+
+    def __init__(
+        self,
+        request: MeasureRequest,
+        case_ids: list[str],
+        reps: tuple[int, int],
+        numbers: Mapping[str, int],
+    ) -> None:
+        self.measurement_id = request.measurement_id
+        self.cases, self.reps = len(case_ids), reps
+        self.paired = request.candidate_ref is not None
+        self._starts = [0]  # each repetition's first unit
+        for rep in range(max(reps)):
+            self._starts.append(self._starts[-1] + self.cases * self._arms(rep))
+        # a case's place in the reading order by its number (-1: not read)
+        self._place_of = array("q", [-1]) * (max(numbers.values(), default=-1) + 1)
+        for place, case_id in enumerate(case_ids):
+            self._place_of[numbers[case_id]] = place
+
+    def _arms(self, rep: int) -> int:
+        return (rep < self.reps[0]) + (self.paired and rep < self.reps[1])
+
+    def index(self, place: int, rep: int, candidate: bool) -> int | None:
+        """The index of the unit of the case at ``place`` (reading order), repetition
+        ``rep`` and arm; None when the plan has no such unit."""
+        if not (0 <= place < self.cases and 0 <= rep < max(self.reps)):
+            return None
+        baseline = rep < self.reps[0]
+        if candidate and not (self.paired and rep < self.reps[1]):
+            return None
+        if not (candidate or baseline):
+            return None
+        return self._starts[rep] + place * self._arms(rep) + (candidate and baseline)
+
+    def find(self, unit_id: str) -> int | None:
+        """The index `unit_id` names (None for an id of no unit of this plan); the caller
+        compares the unit's own id, which also refuses other spellings such as ``007``."""
+        parts = unit_id.rsplit(".", 3)
+        if len(parts) != 4 or parts[0] != self.measurement_id or parts[3] not in ("b", "c"):
+            return None
+        number, rep = parts[1], parts[2]
+        if not (number.isascii() and number.isdigit() and rep.isascii() and rep.isdigit()):
+            return None
+        if int(number) >= len(self._place_of):
+            return None
+        return self.index(self._place_of[int(number)], int(rep), parts[3] == "c")
+
+    def dependents(self, control: Unit) -> Iterator[int]:
+        """The indices of the candidates ``control`` is the control of (none unless it is a
+        baseline): the same repetition, and every later one for the last baseline."""
+        if control.arm != "baseline":
+            return
+        last = self.reps[0] - 1
+        for rep in range(self.reps[1] if self.paired else 0):
+            if min(rep, last) == control.repetition:
+                index = self.index(control.case_index, rep, True)
+                if index is not None:
+                    yield index
+
+
+def start_order(units: list[Unit], lanes: int) -> array[int]:
+    """Each unit's start priority (lower first), by its index: first repetitions before later
+    ones, and within a repetition baselines about a wave of ``lanes`` ahead of the candidates
+    that wait for them. Plan order alone lets the last baseline start in the last wave, so
+    its candidate runs in a wave of its own after it. One machine integer per unit (the
+    repetition above bit 40, the place within it below), not a tuple per unit."""
+    order = array("q")
+    baselines = candidates = 0
+    for unit in units:  # in index order
+        if unit.arm == "baseline":
+            place = 2 * baselines  # 2 * lanes before 2 * (baselines - lanes): never negative
+            baselines += 1
+        else:
+            place = 2 * (candidates + lanes) + 1
+            candidates += 1
+        order.append((unit.repetition << 40) + place)
+    return order
