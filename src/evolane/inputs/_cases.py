@@ -69,7 +69,7 @@ class Case(Record):
 
 
 ANSWER_FIELDS = ("expected_output", "verification_command")
-"""The fields a replay never sees (`case_row` without the answers leaves them out)."""
+"""The fields a replay never sees (`case_row` and `without_answers` leave them out)."""
 
 
 def case_row(case: Case, *, include_answers: bool = True) -> dict[str, JsonValue]:
@@ -78,12 +78,18 @@ def case_row(case: Case, *, include_answers: bool = True) -> dict[str, JsonValue
     ``include_answers=False`` also leaves out ``expected_output`` and ``verification_command``.
     """
     row: dict[str, JsonValue] = {"id": case.id, "input": case.input, "split": case.split}
-    if include_answers and case.expected_output is not None:
-        row["expected_output"] = case.expected_output
-    if include_answers and case.verification_command is not None:
-        row["verification_command"] = case.verification_command
-    if case.metadata is not None:
-        row["metadata"] = case.metadata
+    optional = {
+        "expected_output": case.expected_output,
+        "verification_command": case.verification_command,
+        "metadata": case.metadata,
+    }
+    row.update((name, value) for name, value in optional.items() if value is not None)
+    return row if include_answers else _answerless(row)
+
+
+def _answerless(row: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    for name in ANSWER_FIELDS:
+        row.pop(name, None)
     return row
 
 
@@ -95,3 +101,9 @@ def case_json(case: Case, *, include_answers: bool = True) -> bytes:
     """
     row = case_row(case, include_answers=include_answers)
     return orjson.dumps(row, option=orjson.OPT_SORT_KEYS)
+
+
+def without_answers(canonical: bytes) -> bytes:
+    """A case's canonical JSON (`case_json`) as ``case_json(case, include_answers=False)``
+    gives it, without building the `Case`."""
+    return orjson.dumps(_answerless(orjson.loads(canonical)), option=orjson.OPT_SORT_KEYS)

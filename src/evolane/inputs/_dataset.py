@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import orjson
 from pydantic import ValidationError
 
-from evolane.inputs._cases import ANSWER_FIELDS, SPLITS, Case, Split, case_json
+from evolane.inputs._cases import SPLITS, Case, Split, case_json, without_answers
 from evolane.inputs._errors import DatasetError, InputError, quote
 from evolane.store import read_at_most
 
@@ -153,13 +153,7 @@ class Dataset:
         """Each case's id and `case_json` (without the answers when ``include_answers`` is
         False), in file order, without building a `Case`."""
         for case_id, row in zip(self._ids, self._rows, strict=True):
-            if include_answers:
-                yield case_id, row
-                continue
-            fields = orjson.loads(row)
-            for answer in ANSWER_FIELDS:
-                fields.pop(answer, None)
-            yield case_id, orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+            yield case_id, row if include_answers else without_answers(row)
 
     def canonical_jsonl(self) -> bytes:
         """The canonical JSONL of the dataset (one `case_json` per line); `digest` hashes it."""

@@ -193,16 +193,18 @@ class MeasurePlan:
 
     def unit(self, unit_id: str) -> Unit:
         """The unit ``unit_id`` names; KeyError when it names none of this plan's."""
-        index = self.layout.find(unit_id)
-        if index is None or self.units[index].unit_id != unit_id:
+        unit = self._find(unit_id)
+        if unit is None:
             raise KeyError(unit_id)
-        return self.units[index]
+        return unit
+
+    def _find(self, unit_id: str) -> Unit | None:
+        index = self.layout.find(unit_id)
+        unit = None if index is None else self.units[index]
+        return unit if unit is not None and unit.unit_id == unit_id else None
 
     def _at(self, unit_id: str, *steps: UnitStep) -> Unit:
-        try:
-            unit: Unit | None = self.unit(unit_id)
-        except KeyError:
-            unit = None
+        unit = self._find(unit_id)
         if unit is None or unit.step not in steps:
             where = "unknown" if unit is None else unit.step
             raise ValueError(f"unit {unit_id!r} is {where}, not {' or '.join(steps)}")

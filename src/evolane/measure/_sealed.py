@@ -42,11 +42,6 @@ class SealedRecords:
     def __len__(self) -> int:
         return len(self._ends)
 
-    @property
-    def in_memory(self) -> bool:
-        """Whether the records stay in memory (no directory was given)."""
-        return self._memory is not None
-
     def put(self, record: bytes) -> int:
         """Keep ``record``; its number (`get` returns it)."""
         number = len(self._ends)
