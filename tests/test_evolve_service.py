@@ -236,7 +236,9 @@ async def test_a_trio_agent_loop_records_200_tasks_while_background_jobs_run(
             await service.record(trace_record(index))
         assert service.recorded == 200 and service.refused == 0
         await _until(lambda: len(service.finished) >= 1)
-        finished = list(service.finished)
+    # Read after the close: a job whose retirement was in its worker thread when the body
+    # ended is appended to `finished` during the close (it is no longer pending then).
+    finished = list(service.finished)
     worst = max(stalls_during_jobs, default=0.0)
     print(
         f"\nagent loop: {job_seen} of 200 tasks ran beside a job; worst stall {worst * 1e3:.1f} ms"
@@ -246,6 +248,41 @@ async def test_a_trio_agent_loop_records_200_tasks_while_background_jobs_run(
     left = PendingJobs(paths["store"]).list()  # closing left the rest pending, resumable
     queued = len(os.listdir(paths["store"] / "evolve" / "queue"))
     assert sum(job.records for job in [*finished, *left]) + queued == 200
+
+
+async def test_a_job_retiring_while_the_service_closes_is_counted_as_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose retirement is in its worker thread when the service closes ends in
+    ``finished`` (and out of ``pending/``): the close waits for the thread; nothing is lost
+    between the two places."""
+    import threading
+
+    from evolane.embed import _pending_run
+
+    paths = write_trace_target(tmp_path, 8)
+    entered, release = threading.Event(), threading.Event()
+    retire = _pending_run.retire_job
+
+    def slow_retire(*args: Any) -> Any:
+        entered.set()
+        release.wait(60)
+        return retire(*args)
+
+    monkeypatch.setattr(_pending_run, "retire_job", slow_retire)
+    settings = ServiceSettings(policy=EvolvePolicy(every=None))
+    async with (
+        evolane.open_runtime(store=paths["store"]) as runtime,
+        open_evolve_service(runtime, backend_config(paths), settings, backends=BACKENDS) as service,
+    ):
+        for index in range(8):
+            await service.record(trace_record(index))
+        await service.flush()
+        await _until(entered.is_set)
+        assert service.finished == []  # the body ends while the job retires
+        trio.lowlevel.current_trio_token().run_sync_soon(release.set)
+    assert [job.state for job in service.finished] == ["done"]
+    assert PendingJobs(paths["store"]).list() == []
 
 
 async def _one_job(
