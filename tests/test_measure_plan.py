@@ -665,10 +665,31 @@ def test_the_layout_finds_every_unit_and_its_treatments_without_a_map(
     if named:  # screening: a few cases named out of file order
         update["case_ids"] = tuple(f"c{i}" for i in reversed(range(cases)))
     plan = MeasurePlan(request.model_copy(update=update), make_settings(cases), lanes=2)
-    for unit in plan.units:
-        assert plan.unit(unit.unit_id) is unit
-        waiting = [u.index for u in plan.units if u.depends_on is unit]
-        assert list(plan.layout.dependents(unit)) == waiting
+    # Plan order by a plain loop: (case place, repetition, candidate, its control's index).
+    expected: list[tuple[int, int, bool, int | None]] = []
+    baseline_at: dict[tuple[int, int], int] = {}
+    for rep in range(max(plan.reps)):
+        for place in range(len(plan.case_ids)):
+            if rep < plan.reps[0]:
+                baseline_at[(place, rep)] = len(expected)
+                expected.append((place, rep, False, None))
+            if paired and rep < plan.reps[1]:
+                control = baseline_at[(place, min(rep, plan.reps[0] - 1))]
+                expected.append((place, rep, True, control))
+    assert len(plan.units) == len(expected)
+    for unit, (place, rep, candidate, control) in zip(plan.units, expected, strict=True):
+        assert (unit.case_index, unit.repetition, unit.arm) == (
+            place,
+            rep,
+            "candidate" if candidate else "baseline",
+        )
+        assert unit.case_id == plan.case_ids[place]
+        assert unit.tree_ref == (request.candidate_ref if candidate else request.baseline_ref)
+        depends_on = unit.depends_on
+        assert (None if depends_on is None else depends_on.index) == control
+        assert plan.unit(unit.unit_id) == unit
+        waiting = [index for index, row in enumerate(expected) if row[3] == unit.index]
+        assert list(plan.layout.dependents(unit.index)) == waiting
     reps = max(plan.reps)
     for wrong in ("x.0.0.b", "m.0.0.x", "m.0.b", f"m.{cases}.0.b", f"m.0.{reps}.b", "m.00.0.b"):
         with pytest.raises(KeyError):

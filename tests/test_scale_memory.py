@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 
 from evolane.inputs import load_dataset
 from evolane.measure import OVERRUNS_KEPT, Ledger
-from evolane.measure._layout import plan_units, start_order
-from evolane.measure._sealed import SealedRecords
-from evolane.measure._units import Unit, _record, pack, unpack
+from evolane.measure._layout import start_order
+from evolane.measure._table import Unit, pack, unit_fields, unit_table, unpack
 from evolane.messages import ArtifactRef, JudgeResult, MeasureRequest, ReplayResult, Usage
 from evolane.store import BlobStore, put_table, read_at_most
 
@@ -110,8 +109,9 @@ def test_a_name_given_twice_keeps_its_last_blob(tmp_path: Path) -> None:
 
 def _unit(score: float, wall: float, digest: str, note: str) -> Unit:
     ref = ArtifactRef(digest="sha256:" + digest, size=7)
-    unit = Unit(3, "m", "case-3", 3, "candidate", 0, ref, case_number=3)
-    assert unit.unit_id == "m.3.0.c"
+    request = MeasureRequest(measurement_id="m", baseline_ref=ref, candidate_ref=ref)
+    unit = unit_table(request, [f"case-{i}" for i in range(4)], (1, 1))[7]
+    assert unit.unit_id == "m.3.0.c" and unit.case_id == "case-3"
     unit.status, unit.note = "succeeded", note
     ids = {"unit_id": unit.unit_id, "case_id": unit.case_id, "arm": "candidate"}
     unit.replay = ReplayResult.model_validate(
@@ -133,8 +133,8 @@ def test_a_sealed_record_unpacks_to_its_bytes(
     score: float, wall: float, digest: str, note: str
 ) -> None:
     unit = _unit(score, wall, digest, note)
-    unit.seal(SealedRecords())
-    record = orjson.dumps(_record(_unit(score, wall, digest, note)))
+    unit.seal()
+    record = orjson.dumps(unit_fields(_unit(score, wall, digest, note)))
     assert unit.record == record and unpack(pack(record)) == record
     unit.compact()
     assert unit.replay is not None and unit.replay.wall_seconds == wall
@@ -143,7 +143,7 @@ def test_a_sealed_record_unpacks_to_its_bytes(
 
 def test_a_typical_record_packs_to_under_half_its_plain_deflate() -> None:
     unit = _unit(0.75, 0.0412345678, hashlib.sha256(b"x").hexdigest(), "")
-    record = orjson.dumps(_record(unit))
+    record = orjson.dumps(unit_fields(unit))
     import zlib
 
     plain = zlib.compressobj(1, zlib.DEFLATED, -12, 2)
@@ -177,8 +177,9 @@ def test_the_start_order_is_the_tuple_order_it_packs(
 ) -> None:
     ref = ArtifactRef(digest="sha256:" + "a" * 64, size=1)
     request = MeasureRequest(measurement_id="m", baseline_ref=ref, candidate_ref=ref)
-    units = plan_units(request, [f"c{i}" for i in range(cases)], (base_reps, cand_reps))
-    packed = start_order(units, lanes)
+    table = unit_table(request, [f"c{i}" for i in range(cases)], (base_reps, cand_reps))
+    units = list(table)
+    packed = start_order(table.layout, lanes)
     reference, baselines, candidates = [], 0, 0  # repetition, then a place within it
     for unit in units:
         if unit.arm == "baseline":

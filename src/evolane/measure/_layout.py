@@ -1,14 +1,14 @@
-"""Where a measurement's units are: how many repetitions, the order cases are read in, the
-units in plan order, where each one sits (`UnitLayout`: by arithmetic, no map per unit) and
-the order they start in. No IO."""
+"""Where a measurement's units are: how many repetitions, the order cases are read in, where
+each unit sits in plan order (`UnitLayout`: by arithmetic, no map or object per unit) and the
+order they start in. No IO."""
 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from evolane.measure._units import Unit
 from evolane.messages import MeasureRequest
 from evolane.stats import case_order
 
@@ -40,56 +40,13 @@ def reading_order(
     return case_order(in_file, settings.seed), numbers
 
 
-def plan_units(
-    request: MeasureRequest,
-    case_ids: list[str],
-    reps: tuple[int, int],
-    numbers: Mapping[str, int] | None = None,
-) -> list[Unit]:
-    """The units in plan order (``case_ids`` is the reading order): repetition by repetition,
-    each case's baseline then its candidate; a candidate's control is its case's baseline of
-    the same repetition (the last baseline repetition when the candidate has more). A unit
-    id names its case by ``numbers`` (the case's place in the dataset), so ids stay the same
-    whatever the reading order, and a journal resumes under any order."""
-    numbers = numbers or {case_id: index for index, case_id in enumerate(case_ids)}
-    units: list[Unit] = []
-    baseline_of: dict[tuple[int, int], Unit] = {}
-    mid = request.measurement_id
-    for rep in range(max(reps)):
-        for index, case_id in enumerate(case_ids):
-            if rep < reps[0]:
-                unit = Unit(
-                    len(units),
-                    mid,
-                    case_id,
-                    index,
-                    "baseline",
-                    rep,
-                    request.baseline_ref,
-                    case_number=numbers[case_id],
-                )
-                baseline_of[(index, rep)] = unit
-                units.append(unit)
-            if rep < reps[1] and request.candidate_ref is not None:
-                control = baseline_of[(index, min(rep, reps[0] - 1))]
-                treatment = Unit(
-                    len(units),
-                    mid,
-                    case_id,
-                    index,
-                    "candidate",
-                    rep,
-                    request.candidate_ref,
-                    control,
-                    case_number=numbers[case_id],
-                )
-                units.append(treatment)
-    return units
-
-
 class UnitLayout:
-    """Where `plan_units` puts each unit, by arithmetic rather than a map per unit: repetition
-    by repetition, each case (in reading order) with its baseline, then its candidate."""
+    """Where each unit of a measurement sits, by arithmetic rather than a map or an object per
+    unit. Plan order: repetition by repetition, each case (in reading order) with its
+    baseline, then its candidate; a candidate's control is its case's baseline of the same
+    repetition (the last baseline repetition when the candidate has more). A unit id names
+    its case by its number (its place in the dataset), so ids stay the same whatever the
+    reading order, and a journal resumes under any order."""
 
     def __init__(
         self,
@@ -104,13 +61,31 @@ class UnitLayout:
         self._starts = [0]  # each repetition's first unit
         for rep in range(max(reps)):
             self._starts.append(self._starts[-1] + self.cases * self._arms(rep))
-        # a case's place in the reading order by its number (-1: not read)
-        self._place_of = array("q", [-1]) * (max(numbers.values(), default=-1) + 1)
-        for place, case_id in enumerate(case_ids):
-            self._place_of[numbers[case_id]] = place
+        # a case's number by its place in the reading order, and back (-1: not read)
+        self._number_of = array("q", (numbers[case_id] for case_id in case_ids))
+        self._place_of = array("q", [-1]) * (max(self._number_of, default=-1) + 1)
+        for place, number in enumerate(self._number_of):
+            self._place_of[number] = place
+
+    def __len__(self) -> int:
+        """The number of units."""
+        return self._starts[-1]
 
     def _arms(self, rep: int) -> int:
         return (rep < self.reps[0]) + (self.paired and rep < self.reps[1])
+
+    def number(self, place: int) -> int:
+        """The number (place in the dataset) of the case at ``place`` in the reading order."""
+        return self._number_of[place]
+
+    def locate(self, index: int) -> tuple[int, int, bool]:
+        """Unit ``index``'s case place (reading order), repetition, and whether it is a
+        candidate (IndexError beyond the plan)."""
+        if not 0 <= index < self._starts[-1]:
+            raise IndexError(index)
+        rep = bisect_right(self._starts, index) - 1
+        place, arm = divmod(index - self._starts[rep], self._arms(rep))
+        return place, rep, bool(arm) or rep >= self.reps[0]
 
     def index(self, place: int, rep: int, candidate: bool) -> int | None:
         """The index of the unit of the case at ``place`` (reading order), repetition
@@ -123,6 +98,11 @@ class UnitLayout:
         if not (candidate or baseline):
             return None
         return self._starts[rep] + place * self._arms(rep) + (candidate and baseline)
+
+    def control(self, index: int) -> int | None:
+        """The index of unit ``index``'s control (None for a baseline)."""
+        place, rep, candidate = self.locate(index)
+        return self.index(place, min(rep, self.reps[0] - 1), False) if candidate else None
 
     def find(self, unit_id: str) -> int | None:
         """The index `unit_id` names (None for an id of no unit of this plan); the caller
@@ -137,20 +117,21 @@ class UnitLayout:
             return None
         return self.index(self._place_of[int(number)], int(rep), parts[3] == "c")
 
-    def dependents(self, control: Unit) -> Iterator[int]:
-        """The indices of the candidates ``control`` is the control of (none unless it is a
-        baseline): the same repetition, and every later one for the last baseline."""
-        if control.arm != "baseline":
+    def dependents(self, control: int) -> Iterator[int]:
+        """The indices of the candidates unit ``control`` is the control of (none unless it
+        is a baseline): the same repetition, and every later one for the last baseline."""
+        place, control_rep, candidate = self.locate(control)
+        if candidate:
             return
         last = self.reps[0] - 1
         for rep in range(self.reps[1] if self.paired else 0):
-            if min(rep, last) == control.repetition:
-                index = self.index(control.case_index, rep, True)
+            if min(rep, last) == control_rep:
+                index = self.index(place, rep, True)
                 if index is not None:
                     yield index
 
 
-def start_order(units: list[Unit], lanes: int) -> array[int]:
+def start_order(layout: UnitLayout, lanes: int) -> array[int]:
     """Each unit's start priority (lower first), by its index: first repetitions before later
     ones, and within a repetition baselines about a wave of ``lanes`` ahead of the candidates
     that wait for them. Plan order alone lets the last baseline start in the last wave, so
@@ -158,12 +139,13 @@ def start_order(units: list[Unit], lanes: int) -> array[int]:
     repetition above bit 40, the place within it below), not a tuple per unit."""
     order = array("q")
     baselines = candidates = 0
-    for unit in units:  # in index order
-        if unit.arm == "baseline":
+    for index in range(len(layout)):
+        _, rep, candidate = layout.locate(index)
+        if not candidate:
             place = 2 * baselines  # 2 * lanes before 2 * (baselines - lanes): never negative
             baselines += 1
         else:
             place = 2 * (candidates + lanes) + 1
             candidates += 1
-        order.append((unit.repetition << 40) + place)
+        order.append((rep << 40) + place)
     return order

@@ -26,13 +26,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from evolane.measure._layout import (
-    UnitLayout,
-    plan_units,
-    reading_order,
-    repetitions,
-    start_order,
-)
+from evolane.measure._layout import UnitLayout, reading_order, repetitions, start_order
 from evolane.measure._prefix import CasePrefix, decision
 from evolane.measure._restore import not_stored, restorable, stored_replay
 from evolane.measure._sealed import SealedRecords
@@ -57,16 +51,14 @@ from evolane.measure._steps import (
     UnitJudged,
     UnitReplayed,
 )
+from evolane.measure._table import Unit, UnitStep, UnitTable, unpack
 from evolane.measure._units import (
     RESTORABLE,
-    Unit,
-    UnitStep,
     judge_job,
     replay_debit,
     replay_job,
     replay_record,
     reuse_key,
-    took_part,
     unit_counts,
     unit_debits,
     unit_event,
@@ -74,7 +66,6 @@ from evolane.measure._units import (
     unit_records_chunks,
     unit_records_json,
     unit_status,
-    unpack,
 )
 from evolane.messages import (
     JudgeResult,
@@ -120,9 +111,9 @@ class MeasurePlan:
         self.budgeted, self.journaled = budgeted, journaled
         self.case_ids, numbers = reading_order(request, settings)
         self.reps = repetitions(request, len(self.case_ids), settings.min_cases)
-        self.units = plan_units(request, self.case_ids, self.reps, numbers)
         self.layout = UnitLayout(request, self.case_ids, self.reps, numbers)
-        self.priority = start_order(self.units, lanes)
+        self.units = UnitTable(request, self.layout, self.case_ids, self.records)
+        self.priority = start_order(self.layout, lanes)
         self.stop_reason: MeasureStatus | None = None
         self.message = ""
         self.cutoff: int | None = None  # cases at or beyond this index are not needed
@@ -347,12 +338,12 @@ class MeasurePlan:
     def _finish(self, unit: Unit, status: str, note: str = "") -> None:
         unit.status, unit.note = status, note or unit.note
         unit.done, unit.step = True, "done"
-        unit.seal(self.records)
+        unit.seal()
         self._sealed.append(unit)
         self._release_lane(unit)
         self._left -= 1
         self._moved = True
-        if took_part(unit):
+        if unit.took_part:
             self._emit(UnitEnded(unit.unit_id))
         self._prefix.ended(unit)
         if self.early is None and self.stop_reason is None:
@@ -362,7 +353,7 @@ class MeasurePlan:
                 self.early = (decision, reason)
                 beyond = [u for u in self.units if u.case_index >= self.cutoff and not u.done]
                 self._emit(StopUnit(tuple(u.unit_id for u in beyond)))
-        for waiting in self.layout.dependents(unit):
+        for waiting in self.layout.dependents(unit.index):
             self._release(self.units[waiting], unit)
 
     def _release(self, unit: Unit, control: Unit) -> None:
@@ -419,7 +410,7 @@ class MeasurePlan:
     def unit_event(self, unit_id: str) -> UnitEvent:
         """The unit of a `UnitEnded` action, as a progress event for observers."""
         unit = self.unit(unit_id)
-        if not (unit.done and took_part(unit)):
+        if not (unit.done and unit.took_part):
             raise ValueError(f"unit {unit_id!r} did not end after taking part")
         return unit_event(self.request.measurement_id, unit)
 

@@ -8,7 +8,8 @@ from array import array
 
 import numpy as np
 
-from evolane.measure._units import Unit, arm_scores
+from evolane.measure._table import Unit, UnitTable
+from evolane.measure._units import arm_scores
 from evolane.messages import Decision, GateConfig, GateResult, MeasureEvent
 from evolane.stats import EarlyStop, decide, mean_and_se
 
@@ -22,7 +23,7 @@ class CasePrefix:
     def __init__(
         self,
         cases: int,
-        units: list[Unit],
+        units: UnitTable,
         gate: GateConfig,
         paired: bool,
         *,
@@ -114,7 +115,7 @@ def _case_delta(units: list[Unit]) -> float | None:
 
 
 def decision(
-    units: list[Unit],
+    units: UnitTable,
     cases: int,
     gate: GateConfig,
     cutoff: int | None,

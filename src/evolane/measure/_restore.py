@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TypeVar
 
-from evolane.measure._units import RESTORABLE, Unit
+from evolane.measure._table import Unit
+from evolane.measure._units import RESTORABLE
 from evolane.messages import ReplayRecord, UnitRecord
 
 if TYPE_CHECKING:
