@@ -21,7 +21,7 @@ from evolane.measure._plan import (
     UnitJudged,
     UnitReplayed,
 )
-from evolane.measure._sealed import SealedRecords
+from evolane.measure._sealed import KEY_BYTES, ReuseIndex, SealedRecords
 from tests.test_measure_plan import (
     Outcome,
     judge_result,
@@ -55,6 +55,36 @@ def test_every_record_comes_back_as_it_was_put(
     assert os.listdir(folder) == []  # the file was never linked: nothing is left behind
 
 
+highs = st.sampled_from([bytes(8), b"\xff" * 8, b"\x80" + bytes(7)])  # shared by many keys
+keys = st.binary(min_size=KEY_BYTES, max_size=KEY_BYTES) | st.tuples(
+    highs, st.binary(min_size=8, max_size=8)
+).map(b"".join)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(keys, st.integers(0, 2**40)), max_size=200), st.integers(1, 40))
+def test_the_reuse_index_answers_as_a_dict_keeping_the_first(
+    adds: list[tuple[bytes, int]], recent: int
+) -> None:
+    """Against a dict: every key added finds its first number, through any number of merges
+    into the sorted columns; keys that share a high half (a short key list makes many) are
+    told apart by the low one; a key never added finds none."""
+    index, reference = ReuseIndex(recent=recent), {}
+    for count, (key, number) in enumerate(adds):
+        index.add(key, number)
+        reference.setdefault(key, number)
+        probe = adds[count // 2][0]
+        assert index.get(probe) == reference.get(probe)
+    assert len(index) == len(reference)
+    for key, number in reference.items():
+        assert index.get(key) == number
+    for key, _ in adds:
+        other = key[:8] + bytes([key[8] ^ 1]) + key[9:]
+        assert index.get(other) == reference.get(other)
+    with pytest.raises(ValueError, match="16 bytes"):
+        index.add(b"short", 1)
+
+
 def test_file_backed_records_hold_a_few_bytes_each(tmp_path: Path) -> None:
     kept = SealedRecords(tmp_path)
     rng = random.Random(1)
@@ -75,10 +105,10 @@ def test_file_backed_records_hold_a_few_bytes_each(tmp_path: Path) -> None:
 
 
 def test_a_measurement_keeps_each_ended_unit_small(tmp_path: Path) -> None:
-    """Every unit of a 2,000-case measurement ends; its record went to the file, so what the
-    plan holds for an ended unit is its fields, its score and its record's number."""
-    cases = 2000
-    kept = SealedRecords(tmp_path)
+    """Every unit of a 4,000-case measurement ends; its record went to the file, so what the
+    plan holds for an ended unit is a row of machine values and its reuse key's 24 bytes."""
+    cases = 4000
+    kept = SealedRecords(tmp_path, flush_bytes=16 << 10)  # what waits to be written: bounded
     plan = MeasurePlan(make_request(sequential=False), make_settings(cases), lanes=8, records=kept)
     tracemalloc.start()
     try:
@@ -89,10 +119,10 @@ def test_a_measurement_keeps_each_ended_unit_small(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert plan.finished and len(kept) == 2 * cases
     assert len(kept.reuse) == 2 * cases  # every unit succeeded: each may be reused
-    # Per unit ~180 bytes: a record number, a score, a reuse key and its slot. With the
-    # records kept in memory (as before) it was ~283: a deflated record and its reference.
+    # Per unit ~56 bytes: its row, its record's number and its reuse key. Units as objects
+    # with a dict of reuse keys held ~180; with the records in memory too, ~283.
     per_unit = held / (2 * cases)
-    assert per_unit < 230, f"{per_unit:.0f} bytes held per ended unit"
+    assert per_unit < 80, f"{per_unit:.0f} bytes held per ended unit"
     unit = plan.units[5]
     assert unit.replay is not None and unit.replay.status == "succeeded"
     assert unit.judge is not None and unit.judge.score == 1.0

@@ -326,7 +326,7 @@ class MeasurePlan:
     def _counted(self, unit: Unit) -> None:
         self._finish(unit, unit.status)
         if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
-            self.records.reuse[reuse_key(self.settings, unit)] = unit.sealed_at
+            self.records.reuse.add(reuse_key(self.settings, unit), unit.sealed_at)
 
     # ----- ending units, releasing their treatments, stopping -----------------------------
 

@@ -1,6 +1,6 @@
 """Sealed unit records kept out of memory (issue 22): each record goes to an unlinked scratch
 file as its unit ends, and memory keeps only where it ends (8 bytes a record) and, for the
-units that may be reused, its number by reuse key."""
+units that may be reused, its number by reuse key (`ReuseIndex`: 24 bytes a key)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 import tempfile
 from array import array
 from pathlib import Path
+
+import numpy as np
 
 from evolane.store import write_all
 
@@ -17,7 +19,7 @@ FLUSH_BYTES = 256 << 10
 
 class SealedRecords:
     """The sealed records of every measurement one scheduler ran, numbered from 0 as they
-    are put, and the succeeded ones by `reuse_key` (``reuse``: a key's record number).
+    are put, and the succeeded ones by `reuse_key` (``reuse``: a `ReuseIndex`).
 
     With a ``directory`` the records live in an unlinked file there (gone with the process,
     even after SIGKILL); without one they stay in memory (a plan driven by tests, no IO).
@@ -26,7 +28,7 @@ class SealedRecords:
 
     def __init__(self, directory: Path | None = None, *, flush_bytes: int = FLUSH_BYTES) -> None:
         self.flush_bytes = flush_bytes
-        self.reuse: dict[bytes, int] = {}
+        self.reuse = ReuseIndex()
         self._ends = array("Q")  # each record's end offset, in put order
         self._memory: list[bytes] | None = [] if directory is None else None
         self._file = None
@@ -77,7 +79,7 @@ class SealedRecords:
 
     def close(self) -> None:
         """Drop every record (the file goes with its descriptor); the reuse keys go too."""
-        self.reuse.clear()
+        self.reuse = ReuseIndex()
         self._ends = array("Q")
         self._pending.clear()
         self._memory = None
@@ -97,3 +99,64 @@ def _read_at(fd: int, offset: int, size: int) -> bytes:
         offset += len(chunk)
         size -= len(chunk)
     return b"".join(parts)
+
+
+KEY_BYTES = 16
+"""A reuse key's size: a 128-bit digest (a collision between two experiments is never met)."""
+RECENT_KEYS = 1024
+"""Keys kept in a dict until they are merged into the sorted columns (or a sixteenth of the
+keys there, whichever is more: merges sort O(keys log keys) in all)."""
+
+
+class ReuseIndex:
+    """Record numbers by reuse key (`KEY_BYTES` bytes): 24 bytes a key in sorted columns
+    (the key's two halves and the number), searched by bisection, plus a dict of the latest
+    keys, merged in when it fills (see `RECENT_KEYS`). The first number added under a key stays
+    (any succeeded record of the same experiment serves)."""
+
+    def __init__(self, recent: int = RECENT_KEYS) -> None:
+        self.recent = recent
+        self._high = np.empty(0, np.uint64)  # sorted by (high, low)
+        self._low = np.empty(0, np.uint64)
+        self._numbers = np.empty(0, np.int64)
+        self._recent: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._numbers) + len(self._recent)
+
+    def get(self, key: bytes) -> int | None:
+        """The record number added under ``key``; None when there is none."""
+        found = self._recent.get(key)
+        if found is not None:
+            return found
+        high, low = _halves(key)
+        at = int(np.searchsorted(self._high, np.uint64(high)))
+        while at < len(self._high) and int(self._high[at]) == high:
+            if int(self._low[at]) == low:
+                return int(self._numbers[at])
+            at += 1
+        return None
+
+    def add(self, key: bytes, number: int) -> None:
+        """Keep ``number`` under ``key`` unless the key has one already."""
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"a reuse key has {KEY_BYTES} bytes, not {len(key)}")
+        if self.get(key) is None:
+            self._recent[key] = number
+            if len(self._recent) >= max(self.recent, len(self._numbers) >> 4):
+                self._merge()
+
+    def _merge(self) -> None:
+        """Move the recent keys into the sorted columns."""
+        halves = np.frombuffer(b"".join(self._recent), dtype="<u8").reshape(-1, 2)
+        numbers = np.fromiter(self._recent.values(), np.int64, len(self._recent))
+        high = np.concatenate((self._high, halves[:, 0]))
+        low = np.concatenate((self._low, halves[:, 1]))
+        order = np.lexsort((low, high))
+        self._high, self._low = high[order], low[order]
+        self._numbers = np.concatenate((self._numbers, numbers))[order]
+        self._recent = {}
+
+
+def _halves(key: bytes) -> tuple[int, int]:
+    return int.from_bytes(key[:8], "little"), int.from_bytes(key[8:KEY_BYTES], "little")
