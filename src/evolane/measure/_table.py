@@ -35,7 +35,6 @@ UnitStep = Literal[
 ]
 _STEPS: tuple[UnitStep, ...] = get_args(UnitStep)
 _STEP_CODES = {step: code for code, step in enumerate(_STEPS)}
-_LANE, _DONE, _REUSED, _RESTORED, _TOOK = 1, 2, 4, 8, 16  # the bits of a unit's flags
 
 
 class _Codes:
@@ -91,13 +90,19 @@ class UnitTable:
     def __iter__(self) -> Iterator[Unit]:
         return (Unit(self, index) for index in range(len(self.steps)))
 
-    def flag(self, index: int, bit: int) -> bool:
-        """Whether row ``index`` has flag ``bit``."""
-        return bool(self.flags[index] & bit)
 
-    def set_flag(self, index: int, bit: int, value: bool) -> None:
-        """Set or clear flag ``bit`` of row ``index``."""
-        self.flags[index] = self.flags[index] | bit if value else self.flags[index] & ~bit
+class _Flag:
+    """One bit of a unit's flags in its table, read and set as a bool."""
+
+    def __init__(self, bit: int) -> None:
+        self.bit = bit
+
+    def __get__(self, unit: Unit, owner: type | None = None) -> bool:
+        return bool(unit.table.flags[unit.index] & self.bit)
+
+    def __set__(self, unit: Unit, value: bool) -> None:
+        flags, index = unit.table.flags, unit.index
+        flags[index] = flags[index] | self.bit if value else flags[index] & ~self.bit
 
 
 class Unit:
@@ -201,37 +206,11 @@ class Unit:
     def note(self, value: str) -> None:
         self.table.notes[self.index] = self.table._notes.code(value)
 
-    @property
-    def holds_lane(self) -> bool:
-        return self.table.flag(self.index, _LANE)
-
-    @holds_lane.setter
-    def holds_lane(self, value: bool) -> None:
-        self.table.set_flag(self.index, _LANE, value)
-
-    @property
-    def done(self) -> bool:
-        return self.table.flag(self.index, _DONE)
-
-    @done.setter
-    def done(self, value: bool) -> None:
-        self.table.set_flag(self.index, _DONE, value)
-
-    @property
-    def reused(self) -> bool:
-        return self.table.flag(self.index, _REUSED)
-
-    @reused.setter
-    def reused(self, value: bool) -> None:
-        self.table.set_flag(self.index, _REUSED, value)
-
-    @property
-    def restored(self) -> bool:
-        return self.table.flag(self.index, _RESTORED)
-
-    @restored.setter
-    def restored(self, value: bool) -> None:
-        self.table.set_flag(self.index, _RESTORED, value)
+    holds_lane = _Flag(1)
+    done = _Flag(2)
+    reused = _Flag(4)
+    restored = _Flag(8)
+    _took = _Flag(16)  # once sealed: `took_part`
 
     @property
     def sealed_at(self) -> int:
@@ -294,7 +273,7 @@ class Unit:
         """Whether it ran, was reused or was restored (observers hear of it when it ends);
         units never started or blocked by their control are only counted."""
         if self.sealed:
-            return self.table.flag(self.index, _TOOK)
+            return self._took
         replay = self.table.replays.get(self.index)
         return replay is not None and replay.status != "blocked"
 
@@ -302,7 +281,7 @@ class Unit:
         """The unit ended: keep its score and put its record in the table's records (nothing
         of it changes any more)."""
         table, index = self.table, self.index
-        table.set_flag(index, _TOOK, self.took_part)
+        self._took = self.took_part
         score = self.score
         table.scores[index] = math.nan if score is None else score
         table.sealed[index] = table.records.put(pack(orjson.dumps(unit_fields(self))))
