@@ -18,6 +18,7 @@ from evolane.inputs import load_dataset
 from evolane.measure import OVERRUNS_KEPT, Ledger
 from evolane.measure._layout import start_order
 from evolane.measure._table import Unit, pack, unit_fields, unit_table, unpack
+from evolane.measure._units import arm_matrices
 from evolane.messages import ArtifactRef, JudgeResult, MeasureRequest, ReplayResult, Usage
 from evolane.store import BlobStore, put_table, read_at_most
 
@@ -226,3 +227,46 @@ def test_a_bounded_read_asks_the_size_first_and_still_sees_more(tmp_path: Path) 
     (tmp_path / "h").write_bytes(b"a" * 30)
     grown = read_at_most(_Growing(tmp_path / "h", b"b" * 50), 40)
     assert grown == b"a" * 30 + b"b" * 11  # one past the limit: it holds more
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.booleans(),
+    st.data(),
+)
+def test_the_score_matrices_hold_what_the_units_score(
+    cases: int, base_reps: int, cand_reps: int, paired: bool, data: st.DataObject
+) -> None:
+    ref = ArtifactRef(digest="sha256:" + "a" * 64, size=1)
+    request = MeasureRequest(
+        measurement_id="m", baseline_ref=ref, candidate_ref=ref if paired else None
+    )
+    table = unit_table(request, [f"c{i}" for i in range(cases)], (base_reps, cand_reps))
+    for unit in table:  # scored, failed or not run; sealed or still held as results
+        state = data.draw(st.sampled_from(["scored", "failed", "waiting"]))
+        if state == "waiting":
+            continue
+        ids = {"unit_id": unit.unit_id, "case_id": unit.case_id, "arm": unit.arm}
+        unit.replay = ReplayResult.model_validate(
+            {**ids, "repetition": unit.repetition, "status": "succeeded", "output_ref": ref}
+        )
+        status = "succeeded" if state == "scored" else "failed"
+        score = data.draw(st.floats(0, 1)) if state == "scored" else None
+        unit.judge = JudgeResult(unit_id=unit.unit_id, status=status, score=score, source="command")
+        if data.draw(st.booleans()):
+            unit.seal()
+            unit.compact()
+    upto = data.draw(st.one_of(st.none(), st.integers(0, cases + 1)))
+    baseline, candidate = arm_matrices(table, upto)
+    expected: dict[str, dict[str, list[float]]] = {"baseline": {}, "candidate": {}}
+    for unit in table:  # the per-case lists `decide` takes, by a plain loop
+        if unit.score is not None and (upto is None or unit.case_index < upto):
+            expected[unit.arm].setdefault(unit.case_id, []).append(unit.score)
+    assert baseline.case_scores() == expected["baseline"]
+    assert candidate.case_scores() == expected["candidate"]
+    assert list(baseline.ids) == [
+        f"c{i}" for i in range(cases if upto is None else min(cases, upto))
+    ]

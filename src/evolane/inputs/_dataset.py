@@ -37,14 +37,16 @@ _DEFAULT_PATH = "<dataset>"
 class Dataset:
     r"""An immutable, loaded dataset: its cases in file order, looked up by id and by split.
 
-    Each case is kept as its canonical JSON (`case_json`: what the digest hashes and the
-    case files are made of), about a tenth of a validated `Case`'s memory; `Case`\ s are
-    built when asked for. Two datasets are equal when they have the same path and digest.
+    The cases are kept as one buffer, `canonical_jsonl` (each case's `case_json` and a
+    newline: what the digest hashes and the case files are made of), with where each row
+    ends: no object per case but its id. `Case`\ s are built when asked for. Two datasets
+    are equal when they have the same path and digest.
     """
 
-    __slots__ = ("_by_id", "_digest", "_ids", "_path", "_rows", "_splits")
+    __slots__ = ("_by_id", "_digest", "_ends", "_ids", "_jsonl", "_path", "_splits")
 
-    _rows: tuple[bytes, ...]  # each case's canonical JSON, in file order
+    _jsonl: bytes  # every case's canonical JSON and a newline, in file order
+    _ends: array[int]  # where each case's row ends in _jsonl (at its newline)
     _ids: tuple[str, ...]
     _path: str
     _digest: str
@@ -56,60 +58,35 @@ class Dataset:
     ) -> None:
         """Hold ``cases`` (in order); duplicate ids or no cases raise `DatasetError`."""
         shown = os.fspath(path)
-        ordered = tuple(cases)
-        seen: dict[str, int] = {}
-        for index, case in enumerate(ordered, start=1):
-            if case.id in seen:
-                raise DatasetError.at(
-                    shown,
-                    None,
-                    f"duplicate id {quote(case.id)} (cases {seen[case.id]} and {index})",
-                )
-            seen[case.id] = index
-        try:
-            rows = [_kept(case_json(case)) for case in ordered]
-        except orjson.JSONEncodeError as error:
-            raise DatasetError.at(shown, None, f"a case cannot be encoded: {error}") from None
-        hasher = hashlib.sha256()
-        for row in rows:
-            hasher.update(row + b"\n")
-        kept = [(case.id, case.split, row) for case, row in zip(ordered, rows, strict=True)]
-        self._build(kept, "sha256:" + hasher.hexdigest(), shown)
-
-    @classmethod
-    def _trusted(cls, kept: list[tuple[str, Split, bytes]], digest: str, path: str) -> Dataset:
-        """A dataset from rows the loader has checked (id, split, canonical JSON), and the
-        `digest` it took as it read them."""
-        dataset = cls.__new__(cls)
-        dataset._build(kept, digest, path)
-        return dataset
-
-    def _build(self, kept: list[tuple[str, Split, bytes]], digest: str, path: str) -> None:
-        if not kept:
-            raise DatasetError.at(path, None, "no cases")
-        splits: dict[str, array[int]] = {name: array("q") for name in SPLITS}
-        for index, (_, split, _) in enumerate(kept):
-            splits[split].append(index)
-        set_ = object.__setattr__
-        set_(self, "_rows", tuple(row for _, _, row in kept))
-        set_(self, "_ids", tuple(case_id for case_id, _, _ in kept))
-        set_(self, "_path", path)
-        set_(self, "_digest", digest)
-        set_(self, "_by_id", MappingProxyType({case_id: i for i, case_id in enumerate(self._ids)}))
-        set_(self, "_splits", MappingProxyType(splits))
+        rows = _Rows()
+        for index, case in enumerate(cases, start=1):
+            try:
+                row = case_json(case)
+            except orjson.JSONEncodeError as error:
+                raise DatasetError.at(shown, None, f"a case cannot be encoded: {error}") from None
+            earlier = rows.add(case.id, case.split, row, index)
+            if earlier is not None:
+                reason = f"duplicate id {quote(case.id)} (cases {earlier} and {index})"
+                raise DatasetError.at(shown, None, reason)
+        rows.fill(self, shown)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Dataset is immutable (cannot set {name!r})")
 
+    def _row(self, index: int) -> bytes:
+        """The canonical JSON of the case at ``index`` in file order."""
+        start = self._ends[index - 1] + 1 if index else 0
+        return self._jsonl[start : self._ends[index]]
+
     def _case(self, index: int) -> Case:
         """The case at ``index`` in file order, validated again from its canonical JSON (a
         `Case` is never built unvalidated)."""
-        return Case.model_validate_json(self._rows[index])
+        return Case.model_validate_json(self._row(index))
 
     @property
     def cases(self) -> tuple[Case, ...]:
         """Every case, in file order (built anew on each call)."""
-        return tuple(map(self._case, range(len(self._rows))))
+        return tuple(map(self._case, range(len(self._ids))))
 
     @property
     def places(self) -> Mapping[str, int]:
@@ -152,18 +129,19 @@ class Dataset:
     def rows(self, *, include_answers: bool = True) -> Iterator[tuple[str, bytes]]:
         """Each case's id and `case_json` (without the answers when ``include_answers`` is
         False), in file order, without building a `Case`."""
-        for case_id, row in zip(self._ids, self._rows, strict=True):
+        for index, case_id in enumerate(self._ids):
+            row = self._row(index)
             yield case_id, row if include_answers else without_answers(row)
 
     def canonical_jsonl(self) -> bytes:
         """The canonical JSONL of the dataset (one `case_json` per line); `digest` hashes it."""
-        return b"".join(row + b"\n" for row in self._rows)
+        return self._jsonl
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._ids)
 
     def __iter__(self) -> Iterator[Case]:
-        return map(self._case, range(len(self._rows)))
+        return map(self._case, range(len(self._ids)))
 
     def __contains__(self, case_id: object) -> bool:
         return case_id in self._by_id
@@ -177,12 +155,48 @@ class Dataset:
         return hash((self._path, self._digest))
 
     def __repr__(self) -> str:
-        return f"Dataset(path={self._path!r}, cases={len(self._rows)}, digest={self._digest!r})"
+        return f"Dataset(path={self._path!r}, cases={len(self._ids)}, digest={self._digest!r})"
 
 
-def _kept(row: bytes) -> bytes:
-    """A copy of an orjson output of its own size (orjson's own buffer holds ~4 KiB)."""
-    return memoryview(row).tobytes()
+class _Rows:
+    """A dataset as it is read: the rows appended to one buffer, each id's place and the
+    number it came with (a line, or a case's position) to name a duplicate."""
+
+    def __init__(self) -> None:
+        self.jsonl = bytearray()
+        self.ends: array[int] = array("q")
+        self.places: dict[str, int] = {}
+        self.numbers: array[int] = array("q")
+        self.splits: dict[str, array[int]] = {name: array("q") for name in SPLITS}
+
+    def add(self, case_id: str, split: Split, row: bytes, number: int) -> int | None:
+        """Append one case; a duplicate id is not added and its first number is returned."""
+        earlier = self.places.get(case_id)
+        if earlier is not None:
+            return self.numbers[earlier]
+        place = len(self.ends)
+        self.places[case_id] = place
+        self.numbers.append(number)
+        self.splits[split].append(place)
+        self.jsonl += row
+        self.jsonl += b"\n"
+        self.ends.append(len(self.jsonl) - 1)
+        return None
+
+    def fill(self, dataset: Dataset, path: str) -> None:
+        """Give ``dataset`` these rows; no rows raise `DatasetError` ``"no cases"``."""
+        if not self.ends:
+            raise DatasetError.at(path, None, "no cases")
+        jsonl = bytes(self.jsonl)
+        self.jsonl = bytearray()
+        set_ = object.__setattr__
+        set_(dataset, "_jsonl", jsonl)
+        set_(dataset, "_ends", self.ends)
+        set_(dataset, "_ids", tuple(self.places))
+        set_(dataset, "_path", path)
+        set_(dataset, "_digest", "sha256:" + hashlib.sha256(jsonl).hexdigest())
+        set_(dataset, "_by_id", MappingProxyType(self.places))
+        set_(dataset, "_splits", MappingProxyType(self.splits))
 
 
 def require_split(dataset: Dataset, name: Split) -> tuple[Case, ...]:
@@ -210,9 +224,7 @@ def parse_dataset(
     data: bytes, *, path: str = _DEFAULT_PATH, max_line_bytes: int = MAX_LINE_BYTES
 ) -> Dataset:
     """Check JSONL ``data`` (named ``path`` in messages) as `load_dataset` does for a file."""
-    kept: list[tuple[str, Split, bytes]] = []
-    hasher = hashlib.sha256()  # the digest of `canonical_jsonl`, taken as the rows are read
-    seen: dict[str, int] = {}
+    rows = _Rows()
     start = len(_BOM) if data.startswith(_BOM) else 0
     for number, first, end in _line_spans(data, start):
         if end - first > max_line_bytes:
@@ -223,15 +235,12 @@ def parse_dataset(
         if not line.strip(_JSON_SPACE):
             continue
         case, row_json = _parse_row(line, path, number)
-        earlier = seen.get(case.id)
+        earlier = rows.add(case.id, case.split, row_json, number)
         if earlier is not None:
             _fail(path, number, f"duplicate id {quote(case.id)} (first on line {earlier})")
-        seen[case.id] = number
-        kept.append((case.id, case.split, _kept(row_json)))
-        hasher.update(row_json + b"\n")
-    if not kept:
-        _fail(path, None, "no cases")
-    return Dataset._trusted(kept, "sha256:" + hasher.hexdigest(), path)
+    dataset = Dataset.__new__(Dataset)
+    rows.fill(dataset, path)
+    return dataset
 
 
 def _read_bounded(path: str, limit: int) -> bytes:

@@ -99,6 +99,15 @@ class UnitLayout:
             return None
         return self._starts[rep] + place * self._arms(rep) + (candidate and baseline)
 
+    def column(self, rep: int, candidate: bool) -> slice | None:
+        """The indices of repetition ``rep``'s units of one arm, case by case in reading
+        order, as a slice (None when the plan has no such units)."""
+        first = self.index(0, rep, candidate)
+        if first is None:
+            return None
+        step = self._arms(rep)
+        return slice(first, first + step * self.cases, step)
+
     def control(self, index: int) -> int | None:
         """The index of unit ``index``'s control (None for a baseline)."""
         place, rep, candidate = self.locate(index)

@@ -9,9 +9,9 @@ from array import array
 import numpy as np
 
 from evolane.measure._table import Unit, UnitTable
-from evolane.measure._units import arm_scores
+from evolane.measure._units import arm_matrices
 from evolane.messages import Decision, GateConfig, GateResult, MeasureEvent
-from evolane.stats import EarlyStop, decide, mean_and_se
+from evolane.stats import EarlyStop, decide_matrices, mean_and_se
 
 
 class CasePrefix:
@@ -123,9 +123,9 @@ def decision(
 ) -> GateResult:
     """The gate's result on the cases before ``cutoff`` (all ``cases`` without one); an early
     stop's (decision, reason), when given, replaces the gate's own."""
-    baseline, candidate = arm_scores(units, cutoff)
+    baseline, candidate = arm_matrices(units, cutoff)
     planned = cutoff if cutoff is not None else cases
-    result = decide(baseline, candidate, gate, n_planned=planned)
+    result = decide_matrices(baseline, candidate, gate, n_planned=planned)
     if early is not None:
         result = result.model_copy(update={"decision": early[0], "reason": early[1]})
     return result

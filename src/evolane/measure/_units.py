@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -24,7 +24,7 @@ from evolane.messages import (
     UnitRecord,
     Usage,
 )
-from evolane.stats import seed_for
+from evolane.stats import ScoreMatrix, seed_for
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -44,19 +44,27 @@ def unit_status(unit: Unit) -> str:
     return "succeeded"
 
 
-def arm_scores(
-    units: Iterable[Unit], upto: int | None
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Per-case repetition scores of each arm (comparable units only), before case ``upto``."""
-    baseline: dict[str, list[float]] = {}
-    candidate: dict[str, list[float]] = {}
-    for unit in units:
-        if upto is not None and unit.case_index >= upto:
-            continue
-        if unit.score is not None:
-            side = baseline if unit.arm == "baseline" else candidate
-            side.setdefault(unit.case_id, []).append(unit.score)
-    return baseline, candidate
+def arm_matrices(units: UnitTable, upto: int | None) -> tuple[ScoreMatrix, ScoreMatrix]:
+    """Each arm's repetition scores (comparable units only) on the cases read before case
+    ``upto`` (all without one), as matrices over the scores column: no list per case."""
+    layout = units.layout
+    cases = layout.cases if upto is None else min(upto, layout.cases)
+    ids = units.case_ids if cases == len(units.case_ids) else units.case_ids[:cases]
+    column = np.frombuffer(units.scores, dtype=np.float64)
+    arms = []
+    for candidate, reps in ((False, layout.reps[0]), (True, layout.reps[1] * layout.paired)):
+        scores = np.full((cases, reps), np.nan)
+        for rep in range(reps):
+            where = layout.column(rep, candidate)
+            if where is not None:
+                scores[:, rep] = column[where][:cases]
+        arms.append(scores)
+    for index in units.replays.keys() | units.judges.keys():  # ended, not sealed yet
+        unit = units[index]
+        place, rep, candidate = layout.locate(index)
+        if not unit.sealed and place < cases:
+            arms[candidate][place, rep] = np.nan if unit.score is None else unit.score
+    return ScoreMatrix(ids, arms[0]), ScoreMatrix(ids, arms[1])
 
 
 def unit_records_json(units: UnitTable) -> bytes:

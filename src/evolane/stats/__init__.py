@@ -40,6 +40,7 @@ from evolane.stats._levels import (
     sequential_level,
     sequential_margin,
 )
+from evolane.stats._matrix import ScoreMatrix, decide_matrices, matrix_regressions, matrix_sample
 from evolane.stats._online import (
     Confirmation,
     ConfirmDecision,
@@ -89,6 +90,7 @@ __all__ = [
     "Repetitions",
     "Running",
     "ScoreKind",
+    "ScoreMatrix",
     "SequentialDecision",
     "SequentialTest",
     "as_fraction",
@@ -103,9 +105,12 @@ __all__ = [
     "confirm",
     "coverage_shortfall",
     "decide",
+    "decide_matrices",
     "expanded_tail",
     "gate_level",
     "judge_sample",
+    "matrix_regressions",
+    "matrix_sample",
     "mean_and_se",
     "min_acceptable_gain",
     "minimum_cases",

@@ -291,6 +291,12 @@ def decide(
     planned = len(baseline.keys() | candidate.keys()) if n_planned is None else n_planned
     result = judge_sample(sample, config, planned)
     vetoed = regressions(baseline, candidate, config) if config.no_regression else []
+    return with_veto(result, vetoed, config)
+
+
+def with_veto(result: GateResult, vetoed: list[str], config: GateConfig) -> GateResult:
+    """``result`` with the no-regression veto's cases listed, rejected when there are any
+    and the gate was not already indecisive."""
     update: dict[str, object] = {
         "vetoed_cases": tuple(_listed(case) for case in vetoed[:MAX_VETOED_LISTED])
     }
