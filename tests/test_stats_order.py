@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evolane.stats import case_order
+from evolane.stats import _order, case_order
 
 ids = st.lists(st.text(min_size=0, max_size=12), unique=True, max_size=60)
 
@@ -62,3 +62,21 @@ def test_refusals() -> None:
         case_order(["a", "b", "a"], 0)
     with pytest.raises(ValueError):
         case_order(["a"], -1)
+
+
+@given(ids, st.integers(0, 2**63 - 1))
+def test_the_order_is_the_sort_by_key_then_id(cases: list[str], seed: int) -> None:
+    expected = sorted(cases, key=lambda case: (_order.case_key(case, seed), case))
+    assert case_order(cases, seed) == expected
+
+
+@given(ids, st.integers(1, 4))
+def test_equal_keys_are_ordered_by_the_id(cases: list[str], buckets: int) -> None:
+    # keys that collide in runs (sha256 never does in practice): the id breaks each tie
+    def colliding(case: str, seed: int) -> bytes:
+        return bytes([len(case) % buckets]) * 32
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_order, "case_key", colliding)
+        got = case_order(cases, 0)
+    assert got == sorted(cases, key=lambda case: (colliding(case, 0), case))
