@@ -8,9 +8,12 @@ it prints: CPU ms per unit (process CPU time, threads included), thread hops per
 batch's ``syncfs`` calls), peak RSS, and the ratio to a hand-written trio loop doing the
 same work (`CapacityLimiter(8)`, a unit folder, the same backend calls, one orjson line per
 unit appended, fsync every 64 units).
-Every N of each way runs in a fresh subprocess, so each peak RSS is its own.
+Every N of each way runs in a fresh subprocess, so each peak RSS is its own, under the
+allocator policy the CLI sets for itself (`fix_mmap_threshold`; ``--allocator as-is``: glibc's
+dynamic mmap threshold).
 
     python benchmarks/scale.py [--cases 1000 10000] [--big] [--lanes 8] [--json]
+        [--allocator fixed|as-is]
 
 ``--big`` adds N = 100,000. ``--dask`` adds the Dask figure (`dask_lanes.dispatch_overhead`).
 """
@@ -42,7 +45,7 @@ from evolane.messages import MeasureRequest
 from evolane.sandbox import open_sandbox
 from evolane.store import BlobStore, snapshot_tree
 from evolane.store import _batch as batch
-from evolane.supervisors import open_runtime
+from evolane.supervisors import fix_mmap_threshold, open_runtime
 
 DEFAULT_CASES = (1_000, 10_000)
 BIG_CASES = 100_000
@@ -198,8 +201,10 @@ async def hand_run(root: Path, cases: int, lanes: int, counters: Counters) -> di
     }
 
 
-def worker(way: str, cases: int, lanes: int) -> None:
+def worker(way: str, cases: int, lanes: int, allocator: str) -> None:
     """Run one way at one N in this (fresh) process and print its figures as one JSON line."""
+    if allocator == "fixed":
+        fix_mmap_threshold()
     counters = Counters()
     run = evolane_run if way == "evolane" else hand_run
     with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
@@ -209,11 +214,14 @@ def worker(way: str, cases: int, lanes: int) -> None:
     sys.stdout.write(orjson.dumps({"way": way, "cases": cases, **result}).decode() + "\n")
 
 
-def measure(way: str, cases: int, lanes: int) -> dict[str, Any]:
+def measure(way: str, cases: int, lanes: int, allocator: str = "fixed") -> dict[str, Any]:
     """`worker` in a fresh subprocess; its JSON line."""
     command = [sys.executable, __file__, "--worker", way, "--cases", str(cases)]
     done = subprocess.run(
-        [*command, "--lanes", str(lanes)], capture_output=True, text=True, check=False
+        [*command, "--lanes", str(lanes), "--allocator", allocator],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise SystemExit(f"scale: the {way} run at N = {cases} failed:\n{done.stderr[-4000:]}")
@@ -246,15 +254,16 @@ def main(args: argparse.Namespace) -> None:
     rows = []
     if not args.json:
         print(
-            f"in-process, 1 candidate, {args.lanes} lanes, default gate, journal on "
-            f"({os.cpu_count()} cores)"
+            f"in-process, 1 candidate, {args.lanes} lanes, default gate, journal on, "
+            f"allocator {args.allocator} ({os.cpu_count()} cores)"
         )
         print(
             f"{'N':>7} {'units':>7} {'CPU ms/u':>9} {'hand':>6} {'ratio':>6} {'hops/u':>7} "
             f"{'fsync/u':>8} {'RSS MiB':>8} {'hand':>6} {'wall s':>7} {'hand':>6}"
         )
     for n in cases:
-        figures = row(measure("evolane", n, args.lanes), measure("hand", n, args.lanes))
+        ours = measure("evolane", n, args.lanes, args.allocator)
+        figures = row(ours, measure("hand", n, args.lanes, args.allocator))
         rows.append(figures)
         if args.json:
             continue
@@ -288,11 +297,12 @@ if __name__ == "__main__":
     parser.add_argument("--big", action="store_true", help="add N = 100,000")
     parser.add_argument("--lanes", type=int, default=8)
     parser.add_argument("--json", action="store_true", help="one JSON list of rows")
+    parser.add_argument("--allocator", choices=("fixed", "as-is"), default="fixed")
     parser.add_argument("--dask", action="store_true", help="add the Dask overhead figure")
     parser.add_argument("--dask-units", type=int, default=10_000)
     parser.add_argument("--worker", choices=("evolane", "hand"), help=argparse.SUPPRESS)
     parsed = parser.parse_args()
     if parsed.worker:
-        worker(parsed.worker, parsed.cases[0], parsed.lanes)
+        worker(parsed.worker, parsed.cases[0], parsed.lanes, parsed.allocator)
     else:
         main(parsed)

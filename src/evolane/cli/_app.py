@@ -13,6 +13,7 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, fail_usage
+from evolane.supervisors import fix_mmap_threshold
 
 if TYPE_CHECKING:
     from evolane.stress import ScenarioReport
@@ -163,6 +164,7 @@ def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
     import evolane.cli as package
 
+    fix_mmap_threshold()  # this process is ours: freed large buffers go back to the kernel
     package.LAUNCHED = package.STARTED
     try:
         code = app(standalone_mode=False)  # a run takes LAUNCHED as its start (and clears it)

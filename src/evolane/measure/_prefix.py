@@ -32,14 +32,11 @@ class CasePrefix:
         """``paired``: the measurement has a candidate arm (a baseline alone is measured
         whole: there is nothing to decide early); ``allow_accept`` False: an early stop may
         only reject (`EarlyStop`)."""
-        # Each case's units, without a list per case: ``_order[_starts[k]:_starts[k + 1]]``
-        # are the indices in ``units`` of case k's units (machine integers, not objects).
-        case_of = np.fromiter((unit.case_index for unit in units), np.int64, len(units))
-        order = np.argsort(case_of, kind="stable")
+        # Case k's units are ``start + k * step`` for each column (repetition and arm) of the
+        # layout: no index, start or count is kept per case.
+        self._columns = [(column.start, column.step) for column in units.layout.columns()]
+        self._cases = cases
         self._units = units
-        self._order = _machine(order)
-        self._starts = _machine(np.searchsorted(case_of[order], np.arange(cases + 1)))
-        self._open = _machine(np.bincount(case_of, minlength=cases))
         self.length = 0  # cases in the prefix
         self._complete = array("d")  # each prefix case's delta (NaN: a failure on either side)
         self._deltas = array("d")  # the comparable ones
@@ -56,11 +53,13 @@ class CasePrefix:
         return len(self._deltas)
 
     def ended(self, unit: Unit) -> None:
-        """Count ``unit`` as ended; the prefix takes every case that is now complete."""
-        self._open[unit.case_index] -= 1
-        while self.length < len(self._open) and self._open[self.length] == 0:
-            members = self._order[self._starts[self.length] : self._starts[self.length + 1]]
-            delta = _case_delta([self._units[index] for index in members])
+        """Count ``unit`` as ended (marked done); the prefix takes every case that is now
+        complete (all its units done)."""
+        while self.length < self._cases:
+            members = [self._units[start + self.length * step] for start, step in self._columns]
+            if not all(member.done for member in members):
+                return
+            delta = _case_delta(members)
             self._complete.append(math.nan if delta is None else delta)
             if delta is not None:
                 self._deltas.append(delta)
@@ -101,11 +100,6 @@ class CasePrefix:
             mean_delta=mean,
             se=se if self.pairs > 1 else None,
         )
-
-
-def _machine(values: np.ndarray) -> array[int]:
-    """``values`` as an array of machine integers (no Python int per value, even briefly)."""
-    return array("q", values.astype(np.int64).tobytes())
 
 
 def _case_delta(units: list[Unit]) -> float | None:

@@ -75,23 +75,21 @@ def unit_records_json(units: UnitTable) -> bytes:
 
 def unit_records_chunks(units: UnitTable, chunk_bytes: int = 1 << 16) -> Iterator[bytes]:
     """`unit_records_json` in chunks of about ``chunk_bytes``: the blob is streamed to the
-    store, never held whole beside the records it is made of (nor a sort key per unit).
+    store, never held whole beside the records it is made of (nor a sort key per unit: the
+    layout gives the order).
     Small chunks: with 1 MiB ones, the worker thread's malloc arena grew with the blob
     (+4.9 MiB RSS at 20,000 cases; 64 KiB: none, measured in its memory maps)."""
-    keys = np.fromiter(
-        ((u.case_number << 24) | (u.repetition << 1) | (u.arm != "baseline") for u in units),
-        dtype=np.int64,
-        count=len(units),
-    )
-    buffer = bytearray(b"[")
-    for number, at in enumerate(np.argsort(keys, kind="stable")):  # no list of Python ints
-        unit = units[int(at)]
-        if number:
-            buffer += b","
-        buffer += unit.record or orjson.dumps(unit_fields(unit))
-        if len(buffer) >= chunk_bytes:
-            yield bytes(buffer)
-            buffer[:] = b""
+    columns = [(column.start, column.step) for column in units.layout.columns()]
+    buffer, first = bytearray(b"["), True
+    for place in units.layout.places_by_number():  # by case, repetition, arm: no sort
+        for start, step in columns:
+            unit = units[start + place * step]
+            buffer += b"" if first else b","
+            buffer += unit.record or orjson.dumps(unit_fields(unit))
+            first = False
+            if len(buffer) >= chunk_bytes:
+                yield bytes(buffer)
+                buffer.clear()
     buffer += b"]"
     yield bytes(buffer)
 

@@ -59,24 +59,40 @@ def _scored(matrix: ScoreMatrix) -> np.ndarray:
 
 
 def _means(matrix: ScoreMatrix, rows: np.ndarray) -> np.ndarray:
-    """Each of ``rows``' mean score as `decide` takes it (a correctly rounded sum)."""
+    """Each of ``rows``' mean score as `decide` takes it (a correctly rounded sum), computed
+    in place on one copy of the rows' scores."""
     scores = matrix.scores[rows]
-    counts = _scored(matrix)[rows].sum(axis=1)
-    if scores.shape[1] <= 2:  # one addition at most: numpy's sum is correctly rounded too
+    if scores.shape[1] == 1:  # one score a case (every row here has one): its own mean
+        return scores.ravel()
+    counts = np.count_nonzero(~np.isnan(scores), axis=1)
+    if scores.shape[1] == 2:  # one addition: numpy's sum is correctly rounded too
         totals = np.nansum(scores, axis=1)
     else:
         totals = np.array([math.fsum(v for v in row if not math.isnan(v)) for row in scores])
-    return np.clip(totals / counts, 0.0, 1.0)
+    del scores
+    np.divide(totals, counts, out=totals)
+    return np.clip(totals, 0.0, 1.0, out=totals)
 
 
 def matrix_sample(baseline: ScoreMatrix, candidate: ScoreMatrix) -> PairedSample:
-    """`paired_sample` of two matrices: the cases both arms scored, in sorted id order."""
+    """`paired_sample` of two matrices: the cases both arms scored, in sorted id order.
+    Each step's array is dropped once the next is made (at 100,000 cases its peak is a few
+    arrays of a pointer a case)."""
     _same_rows(baseline, candidate)
-    rows = np.flatnonzero(_scored(baseline).any(axis=1) & _scored(candidate).any(axis=1))
-    ids = np.array(baseline.ids, dtype=object)[rows]
+    both = _scored(baseline).any(axis=1)
+    both &= _scored(candidate).any(axis=1)
+    rows = np.flatnonzero(both)
+    del both
+    ids = np.array(baseline.ids, dtype=object)
+    if rows.size < ids.size:
+        ids = ids[rows]
     order = np.argsort(ids, kind="stable")
-    rows, ids = rows[order], ids[order]
-    return PairedSample(ids.tolist(), _means(baseline, rows), _means(candidate, rows))
+    ids = ids[order]
+    rows = rows[order]
+    del order
+    sorted_ids: list[str] = ids.tolist()
+    del ids
+    return PairedSample(sorted_ids, _means(baseline, rows), _means(candidate, rows))
 
 
 def matrix_regressions(
@@ -104,10 +120,11 @@ def decide_matrices(
     config: GateConfig,
     n_planned: int | None = None,
 ) -> GateResult:
-    """`decide` on two matrices of the same cases (see `decide` for the rules)."""
-    sample = matrix_sample(baseline, candidate)
+    """`decide` on two matrices of the same cases (see `decide` for the rules). The veto's
+    cases are found before the sample is made, so their arrays and the sample's never live
+    at once."""
+    vetoed = matrix_regressions(baseline, candidate, config) if config.no_regression else []
     if n_planned is None:
         n_planned = int((_scored(baseline).any(axis=1) | _scored(candidate).any(axis=1)).sum())
-    result = judge_sample(sample, config, n_planned)
-    vetoed = matrix_regressions(baseline, candidate, config) if config.no_regression else []
+    result = judge_sample(matrix_sample(baseline, candidate), config, n_planned)
     return with_veto(result, vetoed, config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -37,24 +37,7 @@ def case_order(case_ids: Iterable[str], seed: int) -> list[str]:
         keys += case_key(case, seed)
     words = np.frombuffer(bytes(keys), dtype=">u8").reshape(len(ids), 4)  # 32 bytes a key
     order = np.lexsort(words.T[::-1])  # by the first word, then the next, ...
-    ranked = [ids[index] for index in order]
     ordered = words[order]
-    tied = np.flatnonzero((ordered[1:] == ordered[:-1]).all(axis=1))
-    for start, end in _runs(tied.tolist()):  # equal keys (practically never): by the id
-        ranked[start:end] = sorted(ranked[start:end])
-    return ranked
-
-
-def _runs(tied: list[int]) -> Iterator[tuple[int, int]]:
-    """The ``[start, end)`` runs of equal keys, from the places ``i`` whose key equals the
-    key at ``i + 1`` (ascending)."""
-    start = end = None
-    for place in tied:
-        if end is not None and place == end:
-            end = place + 1
-            continue
-        if start is not None and end is not None:
-            yield start, end + 1
-        start, end = place, place + 1
-    if start is not None and end is not None:
-        yield start, end + 1
+    if (ordered[1:] == ordered[:-1]).all(axis=1).any():  # equal keys (practically never)
+        return sorted(ids, key=lambda case: (case_key(case, seed), case))
+    return [ids[index] for index in order]
