@@ -32,3 +32,13 @@ def test_scale_bench_prints_every_figure_with_live_counters() -> None:
 def test_scale_bench_runs_a_thousand_cases() -> None:
     (row,) = _rows(1000)
     assert row["units"] > 1000 and row["hops_per_unit"] > 0
+
+
+def test_rss_phases_tags_every_phase_of_a_measurement() -> None:
+    script = SCRIPT.parent / "rss_phases.py"
+    command = [sys.executable, str(script), "--cases", "12"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    phases = {line.split()[0] for line in done.stdout.splitlines()[2:-1]}
+    assert {"load", "store", "plan", "running", "units", "decision"} <= phases, done.stdout
+    assert float(done.stdout.splitlines()[-1].split()[1]) > 0

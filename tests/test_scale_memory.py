@@ -17,9 +17,18 @@ from hypothesis import strategies as st
 from evolane.inputs import load_dataset
 from evolane.measure import OVERRUNS_KEPT, Ledger
 from evolane.measure._layout import start_order
+from evolane.measure._sealed import ReuseIndex
 from evolane.measure._table import Unit, pack, unit_fields, unit_table, unpack
-from evolane.measure._units import arm_matrices
-from evolane.messages import ArtifactRef, JudgeResult, MeasureRequest, ReplayResult, Usage
+from evolane.measure._units import arm_matrices, unit_records_chunks
+from evolane.messages import (
+    ArtifactRef,
+    GateConfig,
+    JudgeResult,
+    MeasureRequest,
+    ReplayResult,
+    Usage,
+)
+from evolane.stats import decide_matrices
 from evolane.store import BlobStore, put_table, read_at_most
 
 CASES = 3_000
@@ -270,3 +279,59 @@ def test_the_score_matrices_hold_what_the_units_score(
     assert list(baseline.ids) == [
         f"c{i}" for i in range(cases if upto is None else min(cases, upto))
     ]
+
+
+def _scored_table(cases: int):  # type: ignore[no-untyped-def]
+    """A paired single-repetition table with every unit scored and sealed (a tiny record)."""
+    ref = ArtifactRef(digest="sha256:" + "a" * 64, size=1)
+    request = MeasureRequest(measurement_id="m", baseline_ref=ref, candidate_ref=ref)
+    table = unit_table(request, [f"c{i}" for i in range(cases)], (1, 1))
+    for index in range(len(table)):
+        table.scores[index] = 0.25 + 0.5 * (index % 2)
+        table.sealed[index] = table.records.put(pack(b"{}"))
+    return table
+
+
+def test_the_decision_at_the_end_peaks_at_a_few_pointers_a_case() -> None:
+    """The gate's sample is made a step at a time: at 20,000 cases its peak is ~33 bytes a
+    case (80 while every intermediate array lived to the end, ~230 with lists per case)."""
+    table = _scored_table(20_000)
+    baseline, candidate = arm_matrices(table, None)
+    gate = GateConfig()
+    result, peak = _traced(lambda: decide_matrices(baseline, candidate, gate, n_planned=20_000))
+    assert result.n == 20_000
+    assert peak / 20_000 < 48, f"{peak / 20_000:.0f} bytes per case at the decision's peak"
+
+
+def test_the_units_blob_is_streamed_without_an_array_per_unit() -> None:
+    """The blob's order (case number, repetition, arm) comes from the layout: no sort key
+    and no permutation per unit (16 bytes a unit before), only the chunk being filled."""
+    table = _scored_table(20_000)
+    chunks, peak = _traced(lambda: sum(len(chunk) for chunk in unit_records_chunks(table)))
+    assert chunks > 40_000
+    assert peak < 512 * 1024, f"{peak} bytes at the peak"
+
+
+def test_a_reuse_index_merge_copies_one_column_at_a_time() -> None:
+    """Merging the recent keys inserts them a column at a time: a merge's peak is about one
+    column beside the index (~10 bytes a key), not a sorted copy of all three (~40)."""
+
+    def key(number: int) -> bytes:
+        return hashlib.blake2b(str(number).encode(), digest_size=16).digest()
+
+    tracemalloc.start()  # from the first column on, so that freeing one counts
+    try:
+        index = ReuseIndex(recent=1 << 30)  # no merge until asked
+        for number in range(50_000):
+            index.add(key(number), number)
+        index._merge()
+        for number in range(50_000, 52_000):
+            index.add(key(number), number)
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        index._merge()
+        peak = tracemalloc.get_traced_memory()[1] - held
+    finally:
+        tracemalloc.stop()
+    assert peak / 52_000 < 16, f"{peak / 52_000:.1f} bytes per key at a merge's peak"
+    assert [index.get(key(n)) for n in (0, 49_999, 50_000, 51_999)] == [0, 49_999, 50_000, 51_999]
