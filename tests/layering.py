@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_faults",),  # the fault-injection hook every layer may call (a root module)
+    ("_faults", "_allocator"),  # plumbing every layer may call (root modules): the
+    # fault-injection hook, and the process's allocator policy (light: the CLI imports it)
     ("messages",),
     ("store",),
     ("stats",),
@@ -36,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 """Each unit (a subpackage or a root module of ``evolane``) imports only units listed
 before it, never one after it or beside it."""
 
-SHARED_ROOT_MODULES = frozenset({"_faults"})
+SHARED_ROOT_MODULES = frozenset({"_faults", "_allocator"})
 """Root modules whose private name every unit may import (the package's own plumbing)."""
 
 IO_FREE = {"measure._plan": ("trio", "os", "subprocess", "anyio", "asyncio", "socket")}

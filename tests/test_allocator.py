@@ -3,6 +3,7 @@ buffers back to the kernel, where the dynamic one would keep them resident."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -37,9 +38,19 @@ PROBE = textwrap.dedent(
 )
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without an operator's own threshold (which the policy respects)."""
+    mine = ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
+    return {name: value for name, value in os.environ.items() if name not in mine}
+
+
 def _returned_mib(mode: str) -> int:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", PROBE, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_clean_env(),
     )
     return int(done.stdout)
 
@@ -58,9 +69,28 @@ def test_the_cli_fixes_the_threshold_for_its_own_process() -> None:
     cli_first += "    main()\n"
     probe = cli_first + PROBE.replace('if sys.argv[1] == "fixed":', "if False:")
     done = subprocess.run(
-        [sys.executable, "-c", probe, "cli"], capture_output=True, text=True, check=True
+        [sys.executable, "-c", probe, "cli"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_clean_env(),
     )
     assert int(done.stdout.split()[-1]) >= 28
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"MALLOC_MMAP_THRESHOLD_": "1048576"},
+        {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1048576"},
+    ],
+)
+def test_an_operators_own_threshold_is_left_alone(
+    setting: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    assert fix_mmap_threshold() is False
 
 
 @pytest.mark.parametrize("threshold", [0, -1, 33 * 1024 * 1024])

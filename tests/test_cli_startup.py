@@ -17,6 +17,8 @@ HEAVY = (
     "evolane.views",
     "evolane.stats",
     "evolane.campaign",
+    "evolane.supervisors",  # the CLI's allocator policy is a root module, not the runtime
+    "evolane.actors",
     "numpy",
 )
 PROBE = """

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from evolane.messages import GateConfig
 from evolane.stats import ScoreMatrix, decide, decide_matrices
 
-# scores that sit on and next to the bars the gates compare with
+# scores that sit on and next to the bars the gates compare with (and -0.0, which a judge
+# may print and a sum turns into 0.0)
 _SCORE = st.one_of(
-    st.sampled_from([0.0, 1.0, 0.5, 1.0 - 1e-13, 1e-13, math.nan, math.nan]),
+    st.sampled_from([0.0, -0.0, 1.0, 0.5, 1.0 - 1e-13, 1e-13, math.nan, math.nan]),
     st.floats(min_value=0.0, max_value=1.0),
 )
 
@@ -66,6 +67,33 @@ def test_a_repetition_without_a_score_is_left_out_of_its_case_mean() -> None:
     cand = ScoreMatrix(ids, np.array([[1.0, math.nan, math.nan]] * 10))
     result = decide_matrices(base, cand, GateConfig(min_cases=2))
     assert (result.n, result.mean_delta, result.decision) == (10, 1.0, "accept")
+
+
+@pytest.mark.parametrize("reps", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [np.int64, np.bool_, np.float32])
+def test_matrices_of_another_dtype_decide_as_float64_ones(reps: int, dtype: type) -> None:
+    ids = [f"c{i}" for i in range(12)]
+    rng = np.random.default_rng(reps)
+    values = [rng.integers(0, 2, (12, reps)) for _ in range(2)]
+    if dtype is np.float32:
+        values = [v * np.float32(0.3) for v in values]
+    config = GateConfig(gate="paired", min_cases=2)
+    wide = [ScoreMatrix(ids, v.astype(np.float64)) for v in values]
+    other = [ScoreMatrix(ids, v.astype(dtype)) for v in values]
+    assert other[0].scores.dtype == np.float64
+    assert decide_matrices(*other, config) == decide_matrices(*wide, config)
+    assert decide_matrices(*other, config) == decide(
+        wide[0].case_scores(), wide[1].case_scores(), config
+    )
+
+
+def test_a_minus_zero_score_decides_as_zero() -> None:
+    ids = [f"c{i}" for i in range(10)]
+    base = ScoreMatrix(ids, np.zeros((10, 1)))
+    cand = ScoreMatrix(ids, np.full((10, 1), -0.0))
+    result = decide_matrices(base, cand, GateConfig())
+    assert math.copysign(1.0, result.mean_delta) == 1.0
+    assert result == decide(base.case_scores(), cand.case_scores(), GateConfig())
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, math.inf])

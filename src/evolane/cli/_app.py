@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from typer.exceptions import TyperException
 
+from evolane._allocator import fix_mmap_threshold
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, fail_usage
-from evolane.supervisors import fix_mmap_threshold
 
 if TYPE_CHECKING:
     from evolane.stress import ScenarioReport

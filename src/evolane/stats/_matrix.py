@@ -30,6 +30,8 @@ class ScoreMatrix:
     scores: np.ndarray
 
     def __post_init__(self) -> None:
+        if self.scores.dtype != np.float64:  # the sums `decide` makes are float64 ones
+            object.__setattr__(self, "scores", np.asarray(self.scores, dtype=np.float64))
         if self.scores.ndim != 2 or self.scores.shape[0] != len(self.ids):
             raise ValueError(f"scores must be ({len(self.ids)}, reps), got {self.scores.shape}")
         present = self.scores[~np.isnan(self.scores)]
@@ -63,6 +65,7 @@ def _means(matrix: ScoreMatrix, rows: np.ndarray) -> np.ndarray:
     in place on one copy of the rows' scores."""
     scores = matrix.scores[rows]
     if scores.shape[1] == 1:  # one score a case (every row here has one): its own mean
+        scores += 0.0  # as a sum would: -0.0 becomes 0.0
         return scores.ravel()
     counts = np.count_nonzero(~np.isnan(scores), axis=1)
     if scores.shape[1] == 2:  # one addition: numpy's sum is correctly rounded too

@@ -1,6 +1,6 @@
 """Supervision: OTP strategies and restart intensity on trio nurseries, and the runtime root."""
 
-from evolane.supervisors._allocator import fix_mmap_threshold
+from evolane._allocator import fix_mmap_threshold
 from evolane.supervisors._errors import StartFailed, SupervisorEscalation, leaf_exceptions
 from evolane.supervisors._runtime import Runtime, open_runtime
 from evolane.supervisors._spec import ActorSpec, ChildSpec, Restart, Strategy, SupervisorSpec
