@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
@@ -316,3 +317,48 @@ def test_put_table_stores_a_batch_like_put_bytes(tmp_path: Path) -> None:
         assert store.read_bytes(ref) == data
         assert not os.stat(store.path_of(ref)).st_mode & 0o222  # read-only like every blob
     assert not list(store.tmp.iterdir())  # no temp file left behind
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.ENOTSUP, errno.EMLINK])
+def test_a_filesystem_without_hard_links_still_places_each_blob_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """Where ``link`` is refused, one by one and in a batch, a blob is placed by a rename;
+    an existing blob is still never replaced, and no temp file is left."""
+    from evolane.store import put_table
+
+    def no_links(source: object, target: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    store = BlobStore(tmp_path / "s")
+    kept = store.put_bytes(b"before")  # placed with a link, before links are refused
+    inode = store.path_of(kept).stat().st_ino
+    monkeypatch.setattr(os, "link", no_links)
+    one = store.put_bytes(b"one")
+    assert store.read_bytes(one) == b"one" and store.put_bytes(b"one") == one
+    rows = [(f"r{i}", f"row {i % 7}".encode()) for i in range(20)] + [("old", b"before")]
+    table = put_table(store, rows, JSON_TYPE)
+    for name, data in rows:
+        assert store.read_bytes(table[name]) == data
+    assert store.path_of(kept).stat().st_ino == inode  # never replaced
+    assert not list(store.tmp.iterdir())
+
+
+def test_without_hard_links_a_blob_placed_meanwhile_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A racing writer placed the blob after this one checked: the rename must not replace it."""
+    from evolane.store._blobs import publish
+
+    def no_links(source: object, target: object) -> None:
+        raise OSError(errno.EPERM, "no hard links here")
+
+    monkeypatch.setattr(os, "link", no_links)
+    final, temp = tmp_path / "blob", tmp_path / "temp"
+    final.write_bytes(b"first")
+    temp.write_bytes(b"second")
+    inode = final.stat().st_ino
+    assert publish(temp, final) is False
+    assert final.stat().st_ino == inode and temp.exists()
+    assert publish(temp, tmp_path / "new") is True
+    assert (tmp_path / "new").read_bytes() == b"second" and not temp.exists()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import hashlib
 import os
 import tempfile
@@ -15,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from evolane.messages import ArtifactRef
-from evolane.store._blobs import BlobStore, fsync_dir, with_path
+from evolane.store._blobs import BlobStore, fsync_dir, publish, with_path
 
 _DIGEST = "sha256:"
 BATCH_FILES = 512
@@ -132,7 +131,7 @@ def _write_batch(store: BlobStore, blobs: dict[str, bytes]) -> None:
             if not final.parent.is_dir():
                 final.parent.mkdir(parents=True, exist_ok=True)
                 new_parents.add(final.parent.parent)
-            if _link(temp, final):
+            if publish(temp, final):
                 folders.add(final.parent)
         if not _syncfs(store.objects):
             for folder in sorted(folders) + sorted(new_parents):
@@ -193,18 +192,3 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _link(temp: Path, final: Path) -> bool:
-    """Publish ``temp`` at ``final`` unless a blob is already there; whether it was placed."""
-    try:
-        os.link(temp, final)
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK):
-            raise
-        if final.exists():
-            return False
-        os.replace(temp, final)
-    return True

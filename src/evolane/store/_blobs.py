@@ -81,6 +81,24 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def publish(temp: Path, final: Path) -> bool:
+    """Publish the complete file ``temp`` at ``final`` unless a blob is already there (a hard
+    link: the first writer wins); whether it was placed. On a filesystem without hard links,
+    a rename: still atomic, and a racing writer can only replace the blob with identical
+    bytes. FileNotFoundError when ``final``'s folder does not exist yet."""
+    try:
+        os.link(temp, final)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK):
+            raise
+        if final.exists():
+            return False
+        os.replace(temp, final)
+    return True
+
+
 class _Deferred:
     """Blobs stored without their fsync (`BlobStore.deferring`), process-wide, until
     `sync_deferred` flushes them: the files, then the folders their links were made in."""
@@ -253,22 +271,13 @@ class BlobStore:
         parent = final.parent
         created = False
         try:
-            try:
-                os.link(tmp_path, final)
-            except FileNotFoundError:  # the first blob of its folder
-                created = not parent.is_dir()
-                parent.mkdir(parents=True, exist_ok=True)
-                os.link(tmp_path, final)
-        except FileExistsError:
+            placed = publish(tmp_path, final)
+        except FileNotFoundError:  # the first blob of its folder
+            created = not parent.is_dir()
+            parent.mkdir(parents=True, exist_ok=True)
+            placed = publish(tmp_path, final)
+        if not placed:
             return
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK):
-                raise
-            if final.exists():
-                return
-            # Filesystems without hard links: a rename is still atomic, and a racing writer
-            # can only replace the blob with identical bytes.
-            os.replace(tmp_path, final)
         folders = (parent, parent.parent) if created else (parent,)
         if self.deferred:
             _DEFERRED.add(final, folders)
