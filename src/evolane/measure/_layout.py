@@ -108,11 +108,12 @@ class UnitLayout:
         step = self._arms(rep)
         return slice(first, first + step * self.cases, step)
 
-    def columns(self) -> list[slice]:
-        """Every `column` there is, by repetition, the baseline's first: the units of the
-        case at place ``k`` are ``c.start + k * c.step`` in that order (no list per case)."""
+    def columns(self) -> list[tuple[int, int]]:
+        """Every `column` there is as (start, step), by repetition, the baseline's first: the
+        units of the case at place ``k`` are ``start + k * step`` in that order (no list per
+        case)."""
         found = (self.column(rep, arm) for rep in range(max(self.reps)) for arm in (False, True))
-        return [column for column in found if column is not None]
+        return [(column.start, column.step) for column in found if column is not None]
 
     def places_by_number(self) -> Iterator[int]:
         """The places (reading order) of the cases read, by case number (dataset order)."""

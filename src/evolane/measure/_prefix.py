@@ -34,7 +34,7 @@ class CasePrefix:
         only reject (`EarlyStop`)."""
         # Case k's units are ``start + k * step`` for each column (repetition and arm) of the
         # layout: no index, start or count is kept per case.
-        self._columns = [(column.start, column.step) for column in units.layout.columns()]
+        self._columns = units.layout.columns()
         self._cases = cases
         self._units = units
         self.length = 0  # cases in the prefix
