@@ -9,17 +9,22 @@ the bound max(critical path, CPU floor) (target <= 1.1x): the critical path is u
 / 8, the CPU floor all CPU used / cores (no schedule can beat either); and the speed-up over
 1 lane (target >= 7x).
 
-    python benchmarks/pipeline.py [--cases 64] [--sleep 0.2] [--lanes 8] [--repeat 3]
+    python benchmarks/pipeline.py [--cases 64] [--sleep 0.2] [--lanes 8] [--repeat 3] [--launcher]
+
+``--launcher`` adds both workloads with every command started by the launcher chain (what
+a host without a working spawn server does) instead of the spawn server.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import trio
@@ -35,6 +40,7 @@ from evolane.measure import (
     RunJournal,
 )
 from evolane.messages import GateConfig, MeasureRequest
+from evolane.sandbox._spawner import Spawner
 
 FULL = GateConfig(sequential=False)
 
@@ -82,6 +88,18 @@ async def bare_run(root: Path, cases: int, sleep: float, lanes: int) -> tuple[fl
         journal.close()
 
 
+@contextlib.contextmanager
+def _launcher_only() -> Iterator[None]:
+    """Sandboxes opened meanwhile start no spawn server: their commands go through the
+    launcher chain (the fallback), for comparison."""
+    real = Spawner.__dict__["start"]
+    Spawner.start = classmethod(lambda cls: None)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        Spawner.start = real  # type: ignore[method-assign]
+
+
 async def main(args: argparse.Namespace) -> None:
     units, cores = 2 * args.cases, os.cpu_count() or 1
     bound = units * args.sleep / args.lanes
@@ -89,17 +107,24 @@ async def main(args: argparse.Namespace) -> None:
         f"{units} replay units of {args.sleep * 1000:.0f} ms on {cores} cores; "
         f"critical-path bound with {args.lanes} lanes: {bound:.2f} s"
     )
+    workloads: list[tuple[str, Callable[..., Awaitable[tuple[float, float]]], bool]] = [
+        ("bare sleep + exact match", bare_run, False),
+        ("sleeper (python)", sleeper_run, False),
+    ]
+    if args.launcher:  # the same runs with commands started by the launcher chain
+        workloads.insert(1, ("bare, launcher chain", bare_run, True))
+        workloads.append(("sleeper, launcher chain", sleeper_run, True))
     with tempfile.TemporaryDirectory() as tmp:
-        for name, run in (
-            ("bare sleep + exact match", bare_run),
-            ("sleeper (python)", sleeper_run),
-        ):
-            runs = [
-                await run(Path(tmp) / f"{name[:5]}8-{i}", args.cases, args.sleep, args.lanes)
-                for i in range(args.repeat)
-            ]
+        for name, run, chain in workloads:
+            runs = []
+            for i in range(args.repeat):
+                with _launcher_only() if chain else contextlib.nullcontext():
+                    root = Path(tmp) / f"{name[:5]}{chain}8-{i}"
+                    runs.append(await run(root, args.cases, args.sleep, args.lanes))
             wide, cpu = sorted(runs)[len(runs) // 2]
-            narrow, _ = await run(Path(tmp) / f"{name[:5]}1", args.cases, args.sleep, 1)
+            with _launcher_only() if chain else contextlib.nullcontext():
+                root = Path(tmp) / f"{name[:5]}{chain}1"
+                narrow, _ = await run(root, args.cases, args.sleep, 1)
             floor = cpu / cores
             walls = " ".join(f"{w:.2f}" for w, _ in runs)
             print(
@@ -116,4 +141,7 @@ if __name__ == "__main__":
     parser.add_argument("--sleep", type=float, default=0.2)
     parser.add_argument("--lanes", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="8-lane runs; the median counts")
+    parser.add_argument(
+        "--launcher", action="store_true", help="also both workloads through the launcher chain"
+    )
     trio.run(main, parser.parse_args())

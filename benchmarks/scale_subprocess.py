@@ -4,7 +4,8 @@ Three ways run the same N commands (``sh -c 'echo 1 > "$1"/output.json'``, a fre
 unit) with 8 at a time, every reference measured in the same run:
 
 - the sandbox: `SandboxHost.run` per unit (session, cgroups, kill ladder, captured output),
-  which is what every replay and judge lane runs on;
+  which is what every replay and judge lane runs on, through its spawn server and, for
+  comparison, through the launcher chain it falls back to;
 - the full pipeline: N/2 cases x 2 arms through `open_pipeline` (replay command, exact-match
   judge, run journal on), as a campaign measures;
 - a hand-written ``trio.run_process`` loop (``CapacityLimiter(8)``) and an asyncio loop
@@ -91,10 +92,14 @@ def asyncio_loop(root: Path, units: int, lanes: int) -> None:
     asyncio.run(main())
 
 
-async def sandbox_loop(root: Path, units: int, lanes: int) -> None:
-    """`SandboxHost.run` per unit (what a lane runs), ``lanes`` at a time."""
+async def sandbox_loop(root: Path, units: int, lanes: int, spawner: bool = True) -> None:
+    """`SandboxHost.run` per unit (what a lane runs), ``lanes`` at a time; ``spawner``:
+    through the spawn server (where it works), else the launcher chain."""
     limiter = trio.CapacityLimiter(lanes)
-    async with open_sandbox(root / "sb", store=BlobStore(root / "store")) as host:
+    store = BlobStore(root / "store")
+    async with open_sandbox(root / "sb", store=store, use_spawner=spawner) as host:
+        if spawner:
+            assert host.spawner is not None, "no spawn server on this host"
         folders = _folders(root / "out", units)
 
         async def one(folder: Path) -> None:
@@ -141,6 +146,7 @@ def main() -> None:
         "trio.run_process loop": lambda r: trio.run(trio_loop, r, n, lanes),
         "asyncio loop": lambda r: asyncio_loop(r, n, lanes),
         "sandbox (SandboxHost.run)": lambda r: trio.run(sandbox_loop, r, n, lanes),
+        "sandbox, launcher chain": lambda r: trio.run(sandbox_loop, r, n, lanes, False),
         "pipeline (replay+judge)": lambda r: trio.run(pipeline_run, r, n, lanes),
     }
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}

@@ -131,15 +131,21 @@ async def test_a_run_cancelled_while_it_is_laid_out_never_starts(
     import time
 
     import evolane.sandbox._run as run_module
+    from evolane.sandbox._spawner import Spawner
 
     spawned: list[object] = []
-    real_spawn = run_module._spawn
+    real_launch, real_spawn = run_module.launch, Spawner.spawn
+
+    def counting_launch(*args: object) -> object:
+        spawned.append(args)
+        return real_launch(*args)  # type: ignore[arg-type]
 
     def counting_spawn(*args: object) -> object:
         spawned.append(args)
         return real_spawn(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(run_module, "_spawn", counting_spawn)
+    monkeypatch.setattr(run_module, "launch", counting_launch)  # both ways a command starts
+    monkeypatch.setattr(Spawner, "spawn", counting_spawn)
     laying_out = trio.Event()
 
     def slow_setup() -> None:

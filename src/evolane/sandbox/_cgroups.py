@@ -149,6 +149,16 @@ class UnitCgroups:
         return [str(path / "cgroup.procs") for path in self.paths]
 
     @property
+    def unified_dir(self) -> str | None:
+        """The cgroup v2 directory a spawn server's clone is born in (CLONE_INTO_CGROUP)."""
+        return str(self._unified) if self._unified is not None else None
+
+    @property
+    def v1_procs_files(self) -> list[str]:
+        """The v1 ``cgroup.procs`` files a spawn server's clone writes itself into."""
+        return [str(p / "cgroup.procs") for p in (self._pids, self._memory) if p is not None]
+
+    @property
     def mechanisms(self) -> tuple[str, ...]:
         names = []
         if self._unified is not None:

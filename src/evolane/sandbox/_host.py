@@ -25,6 +25,7 @@ from evolane.sandbox._inline import InlineGate
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._run import run_unit
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, make_undumpable
+from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import become_subreaper
 from evolane.store import (
@@ -92,7 +93,9 @@ class SandboxHost:
     them all, and the next host opened on the same root removes what is left.
     """
 
-    def __init__(self, root: Path, store: BlobStore | None, use_cgroups: bool) -> None:
+    def __init__(
+        self, root: Path, store: BlobStore | None, use_cgroups: bool, use_spawner: bool = True
+    ) -> None:
         self.root = root.resolve()
         self.store = store
         self.lease = f"rt-{os.getpid()}-{secrets.token_hex(4)}"
@@ -108,6 +111,10 @@ class SandboxHost:
         # Hosts rarely share a uid: each starts at its own random place in the span.
         self._uids = itertools.count(secrets.randbelow(UNIT_UID_SPAN))
         self.active_leaders: set[int] = set()
+        self._use_spawner = use_spawner
+        self.spawner: Spawner | None = None
+        """The spawn server's client (`evolane.sandbox._spawner`), set by `start` where a
+        server works here; None: every command starts through the launcher chain."""
         self._lifeline: subprocess.Popen[bytes] | None = None
         self._lifeline_fd: int | None = None
         self.stale_swept = 0
@@ -161,6 +168,8 @@ class SandboxHost:
         owner = {"pid": os.getpid(), "create_time": _process_identity(os.getpid())}
         write_json_atomic(self.lease_dir / _OWNER_FILE, owner)
         self._start_lifeline()
+        if self._use_spawner:  # now, like the lifeline: a helper of the host's whole life
+            self.spawner = Spawner.start()
 
     def _start_lifeline(self) -> None:
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -184,6 +193,9 @@ class SandboxHost:
     def close(self) -> None:
         """Kill anything left of this host's lease and remove its directories."""
         self._janitor.close()
+        if self.spawner is not None:
+            self.spawner.close()
+            self.spawner = None
         for root in self.cgroups.roots():
             kill_cgroup_tree(root)
         kill_lease(self.lease)
@@ -272,9 +284,13 @@ async def open_sandbox(
     *,
     store: BlobStore | None = None,
     use_cgroups: bool = True,
+    use_spawner: bool = True,
 ) -> AsyncIterator[SandboxHost]:
-    """Open a sandbox host under ``root``: sweep stale leases, start the lifeline, yield it."""
-    host = SandboxHost(Path(root), store, use_cgroups)
+    """Open a sandbox host under ``root``: sweep stale leases, start the lifeline, yield it.
+
+    ``use_spawner=False`` starts every command through the launcher chain, never through a
+    spawn server (`evolane.sandbox._spawner`)."""
+    host = SandboxHost(Path(root), store, use_cgroups, use_spawner)
     try:
         await trio.to_thread.run_sync(host.start)
         yield host

@@ -9,10 +9,14 @@ would let the command read evolane's memory or environment (`evolane.sandbox._se
 
 from __future__ import annotations
 
+import resource
 import shutil
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from evolane.sandbox._secrets import dropped_capabilities_argv, probe_succeeds, unit_uid_argv
 from evolane.sandbox._spec import Limits
@@ -92,6 +96,28 @@ def rlimit_triples(limits: Limits) -> list[tuple[str, int, int]]:
     return triples
 
 
+def rlimit_numbers(limits: Limits) -> list[tuple[int, int, int]]:
+    """`rlimit_triples` with resource numbers, as the spawn server's clone sets them."""
+    return [(getattr(resource, name), soft, hard) for name, soft, hard in rlimit_triples(limits)]
+
+
+def launch(argv: list[str], cwd: Path, env: dict[str, str], output: tuple[int, int]) -> int:
+    """Start the launcher chain ``argv`` in a session of its own, stdin from /dev/null,
+    stdout and stderr to ``output``; its pid (`evolane.sandbox._tree.ProcessTree` reaps it)."""
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=output[0],
+        stderr=output[1],
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+    )
+    process.returncode = -signal.SIGKILL  # Popen must never poll or reap a pid that is ours
+    return process.pid
+
+
 _PRLIMIT_FLAGS = {
     "RLIMIT_CORE": "--core",
     "RLIMIT_AS": "--as",
@@ -109,26 +135,19 @@ def launcher_argv(
     confine: list[str] | None = None,
     uid: int | None = None,
     nonce: str = "",
+    cloned: Cloned | None = None,
 ) -> tuple[list[str], tuple[str, ...]]:
     """The full argv that runs ``command`` confined, and the mechanisms it puts in force.
 
     ``confine`` is a bwrap prefix (`evolane.sandbox._confine.bwrap_argv`): it replaces the
     ``unshare`` step, and drops root itself. ``uid``: a root evolane's command runs as that
-    uid (`evolane.sandbox._secrets.unit_uid_argv`). ``nonce``: see `join_failed_marker`."""
+    uid (`evolane.sandbox._secrets.unit_uid_argv`). ``nonce``: see `join_failed_marker`.
+    ``cloned``: the spawn server's clone already did these steps (no exec for them)."""
     tools = host_tools()
     argv: list[str] = []
     mechanisms: list[str] = ["session", "env_allowlist"]
-    if procs_files and tools.sh is not None:
-        argv += [tools.sh, "-c", _JOIN_CGROUPS, f"evolane-launch-{nonce}", *procs_files, "--"]
-    triples = rlimit_triples(limits)
-    if procs_files and tools.sh is not None and len(triples) == 1:
-        pass  # only "no core dumps": the launcher shell's own `ulimit -c 0` did it
-    elif tools.prlimit is not None:
-        flags = [f"{_PRLIMIT_FLAGS[name]}={soft}:{hard}" for name, soft, hard in triples]
-        argv += [tools.prlimit, *flags, "--"]
-    else:
-        spec = ",".join(f"{name},{soft},{hard}" for name, soft, hard in triples)
-        argv += [sys.executable, "-I", "-S", "-c", _SET_RLIMITS, spec]
+    if cloned is None:
+        argv += _join_and_limit(procs_files, limits, nonce)
     mechanisms.append("rlimits")
     if confine is not None:
         return [*argv, *confine, *command], (*mechanisms, *confined_mechanisms(confine))
@@ -141,10 +160,38 @@ def launcher_argv(
     if switch is not None:
         argv += switch
         mechanisms.append("unprivileged_uid")
+    elif cloned is not None and cloned.capabilities_dropped:
+        mechanisms.append("root_caps_dropped")
     elif drop := dropped_capabilities_argv():
         argv += drop
         mechanisms.append("root_caps_dropped")
     return [*argv, *command], tuple(mechanisms)
+
+
+@dataclass(frozen=True)
+class Cloned:
+    """What the spawn server's clone does before it execs (`evolane.sandbox._spawner`):
+    the cgroups and rlimits always; the capability drop when root at the ``process`` level."""
+
+    capabilities_dropped: bool
+
+
+def _join_and_limit(procs_files: list[str], limits: Limits, nonce: str) -> list[str]:
+    """The launcher steps that join the unit's cgroups and set its rlimits."""
+    tools = host_tools()
+    argv: list[str] = []
+    if procs_files and tools.sh is not None:
+        argv += [tools.sh, "-c", _JOIN_CGROUPS, f"evolane-launch-{nonce}", *procs_files, "--"]
+    triples = rlimit_triples(limits)
+    if procs_files and tools.sh is not None and len(triples) == 1:
+        pass  # only "no core dumps": the launcher shell's own `ulimit -c 0` did it
+    elif tools.prlimit is not None:
+        flags = [f"{_PRLIMIT_FLAGS[name]}={soft}:{hard}" for name, soft, hard in triples]
+        argv += [tools.prlimit, *flags, "--"]
+    else:
+        spec = ",".join(f"{name},{soft},{hard}" for name, soft, hard in triples)
+        argv += [sys.executable, "-I", "-S", "-c", _SET_RLIMITS, spec]
+    return argv
 
 
 def confined_mechanisms(confine: list[str]) -> tuple[str, ...]:

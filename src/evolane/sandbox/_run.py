@@ -11,7 +11,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
@@ -35,9 +34,13 @@ from evolane.sandbox._confine import (
 from evolane.sandbox._env import build_environment, child_lease
 from evolane.sandbox._launch import (
     NAMESPACE_EXTRA_PROCESSES,
+    Cloned,
     join_failed_marker,
+    launch,
     launcher_argv,
+    rlimit_numbers,
 )
+from evolane.sandbox._spawner import Spawner, SpawnerUnavailable
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
 from evolane.sandbox._workspace import WorkspaceError, hand_over, inside, materialize_workspace
@@ -60,6 +63,11 @@ class UnitHost(Protocol):
     lease_dir: Path  # the parent of every unit directory
     spool_dir: Path
     cgroups: CgroupRoots
+
+    @property
+    def spawner(self) -> Spawner | None:
+        """The spawn server's client; None: every command starts through the launcher chain."""
+        ...
 
     @property
     def mechanisms(self) -> tuple[str, ...]:
@@ -218,31 +226,28 @@ async def _run_prepared(unit: _Unit, deadline: float, stop: trio.Event | None) -
         spawned = await trio.to_thread.run_sync(_prepare_and_spawn, unit, isolation, fds)
         if isinstance(spawned, str):
             return ProcessOutcome(status="spawn_failed", error=spawned, **base)
-        popen, mechanisms = spawned
+        pid, mechanisms = spawned
         base["enforcement"] = (*mechanisms, *host.mechanisms)
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
-        tree = ProcessTree(popen.pid, unit.cgroups, unit.tree_lease)
+        tree = ProcessTree(pid, unit.cgroups, unit.tree_lease)
         watch = _Watch(tree, spec.kill_grace, unit.activity)
-        try:
-            async with trio.open_nursery() as nursery:
-                for name, stream in streams.items():
-                    nursery.start_soon(watch.drain, stream, captures[name])
-                nursery.start_soon(watch.sample_memory)
-                try:
-                    await watch.wait(deadline, stop)
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await watch.finish(nursery)
-        finally:
-            popen.returncode = _returncode(tree.status)
+        async with trio.open_nursery() as nursery:
+            for name, stream in streams.items():
+                nursery.start_soon(watch.drain, stream, captures[name])
+            nursery.start_soon(watch.sample_memory)
+            try:
+                await watch.wait(deadline, stop)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await watch.finish(nursery)
         return await _outcome(unit, tree, watch, captures, started, base)
 
 
 def _prepare_and_spawn(
     unit: _Unit, isolation: IsolationInForce, fds: dict
-) -> tuple[subprocess.Popen[bytes], tuple[str, ...]] | str:
+) -> tuple[int, tuple[str, ...]] | str:
     """In a worker thread: lay the unit out (errors raise), then spawn it (errors return
     as the message of a ``spawn_failed`` outcome). A run cancelled meanwhile never starts."""
     unit.prepare()
@@ -266,12 +271,27 @@ def _prepare_and_spawn(
         procs = unit.cgroups.procs_files if unit.cgroups is not None else []
         confine = _confinement(unit, program) if isolation == "confined" else None
         uid = _unit_uid(unit) if confine is None else None
-        argv, mechanisms = launcher_argv(
-            spec.argv, procs, spec.limits, isolation == "namespace", confine, uid, unit.nonce
+        chain = partial(
+            launcher_argv, spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
         )
+        spawner, output = unit.host.spawner, (fds["stdout"][1], fds["stderr"][1])
+        pid = None
+        if spawner is not None and not spawner.broken:
+            dropped = spawner.dropped if isolation == "process" and uid is None else ()
+            argv, mechanisms = chain(cloned=Cloned(capabilities_dropped=bool(dropped)))
+            path = program if len(argv) == len(spec.argv) else argv[0]
+            with contextlib.suppress(SpawnerUnavailable):  # then the launcher chain runs
+                pid = spawner.spawn(
+                    path, argv, env, str(unit.work), output, rlimit_numbers(spec.limits),
+                    unit.cgroups.v1_procs_files if unit.cgroups else [], dropped,
+                    unit.cgroups.unified_dir if unit.cgroups else None,
+                )  # fmt: skip
+        if pid is None:
+            argv, mechanisms = chain(nonce=unit.nonce)
+            pid = launch(argv, unit.work, env, output)
         if unit.cgroups is not None:
             mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
-        return _spawn(argv, unit.work, env, fds), tuple(mechanisms)
+        return pid, tuple(mechanisms)
     except (OSError, ValueError) as error:
         return str(error)[:2048]
 
@@ -322,26 +342,6 @@ class _Pipes:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._open.clear()
-
-
-def _spawn(
-    argv: list[str], work: Path, env: dict[str, str], fds: dict[str, tuple[int, int]]
-) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=fds["stdout"][1],
-        stderr=fds["stderr"][1],
-        cwd=work,
-        env=env,
-        start_new_session=True,
-        close_fds=True,
-    )
-
-
-def _returncode(status: int | None) -> int:
-    # Popen must never poll a pid we reaped (or could not); -SIGKILL marks "not ours".
-    return os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
 
 
 class _Watch:

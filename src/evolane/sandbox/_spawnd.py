@@ -1,0 +1,164 @@
+"""The spawn server: a single-threaded helper that starts commands for evolane (issue 22).
+
+Run as ``python -I -S _spawnd.py FD`` with its end of a ``SOCK_SEQPACKET`` pair as FD; it
+imports only the standard library. For each request it calls ``clone3`` with CLONE_PARENT,
+so the command is born a child of evolane (which waits for it, reaps it and owns its pid
+exactly as if it had forked it), and, given a cgroup v2 directory, CLONE_INTO_CGROUP, so the
+command is born inside its unit's cgroup: no launcher shell exec'd to join it, and no
+migration (each of which waits for an RCU grace period). The clone is a copy of this
+process, which has one thread, so the Python code it runs before ``execve`` cannot meet a
+lock another thread held (the hazard of ``preexec_fn`` in evolane's own threaded process).
+
+A request is ``marshal`` data plus file descriptors; see `evolane.sandbox._spawner`.
+A reply is ``(pid, 0, "")`` or ``(0, errno, message)``. The server exits at EOF, so it
+never outlives evolane, and it is non-dumpable, so a command cannot read other units'
+environments from its memory.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import marshal
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+
+SYS_CLONE3 = 435  # the same number on every architecture Linux gives clone3
+CLONE_PARENT = 0x00008000
+CLONE_INTO_CGROUP = 0x200000000
+_ARGS_SIZE = 88  # struct clone_args up to ``cgroup`` (CLONE_ARGS_SIZE_VER2)
+_PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+MAX_REQUEST = 1 << 20
+"""Bytes of one request at most (argv and environment); a larger one is refused by the
+client before it is sent."""
+_MAX_FDS = 4  # stdin, stdout, stderr, the exec-error pipe
+_INT_SIZE = array.array("i").itemsize
+_RESTORED = ("SIGPIPE", "SIGXFSZ", "SIGXFZ")  # Python ignores these; a command must not
+# (reset once for the server: its clones inherit the default; at EOF a SIGPIPE ends it anyway)
+
+
+def _clone(libc: ctypes.CDLL, cgroup_fd: int | None) -> int:
+    """clone3 into the caller's parent (and ``cgroup_fd``); 0 in the child, its pid here."""
+    flags = CLONE_PARENT | (CLONE_INTO_CGROUP if cgroup_fd is not None else 0)
+    args = struct.pack("=11Q", flags, 0, 0, 0, 0, 0, 0, 0, 0, 0, cgroup_fd or 0)
+    buffer = ctypes.create_string_buffer(args, _ARGS_SIZE)
+    pid = libc.syscall(SYS_CLONE3, buffer, ctypes.c_size_t(_ARGS_SIZE))
+    if pid < 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"clone3: {os.strerror(number)}")
+    return int(pid)
+
+
+def _child(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
+    """In the clone: session, v1 cgroups, rlimits, capabilities, stdio, cwd, then exec.
+
+    Never returns: the exec replaces it, or the failure goes to the error pipe and it exits.
+    """
+    path, argv, env, cwd, rlimits, v1_procs, dropped, _ = request
+    stdin, stdout, stderr, failed = fds
+    try:
+        os.setsid()
+        for procs in v1_procs:  # "0" moves the writer: joined before anything else runs
+            handle = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(handle, b"0")
+            except OSError as error:
+                raise OSError(error.errno, f"cannot join cgroup {os.fsdecode(procs)}") from None
+            finally:
+                os.close(handle)
+        for number in dropped:
+            if libc.prctl(_PR_CAPBSET_DROP, number, 0, 0, 0) != 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"cannot drop capability {number}")
+        os.set_inheritable(failed, False)  # whatever happens, the exec closes it
+        os.dup2(stdin, 0)
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        os.closerange(3, failed)
+        os.closerange(failed + 1, 1 << 20)
+        os.chdir(cwd)
+        for limit, soft, hard in rlimits:  # last: RLIMIT_NOFILE may be below our fds
+            resource.setrlimit(limit, (soft, hard))
+        os.execve(path, argv, env)
+    except BaseException as error:  # everything goes to the parent, which reaps the clone
+        number, text = _described(error)
+        text = f"{number}:{text}"
+        try:
+            os.write(failed, text.encode(errors="replace")[:2048])
+        finally:
+            os._exit(127)
+
+
+def _described(error: BaseException) -> tuple[int, str]:
+    """(errno or 0, one line) of a failure, without Python's ``[Errno N]`` prefix."""
+    number = getattr(error, "errno", None) or 0
+    text = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    filename = getattr(error, "filename", None)
+    if filename is not None:
+        text = f"{text}: {os.fsdecode(filename)}"
+    return number, text[:2048]
+
+
+def _receive(server: socket.socket) -> tuple[bytes, list[int]]:
+    """One request and its descriptors, each close-on-exec (``socket.recv_fds`` of 3.11
+    drops its flags, and an inherited error pipe would outlive the exec)."""
+    room = socket.CMSG_SPACE(_MAX_FDS * _INT_SIZE)
+    data, ancillary, _flags, _ = server.recvmsg(MAX_REQUEST, room, socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % _INT_SIZE])
+    return data, list(fds)
+
+
+def _serve_one(libc: ctypes.CDLL, server: socket.socket) -> bool:
+    """Handle one request; False at EOF."""
+    data, fds = _receive(server)
+    if not data:
+        return False
+    cgroup_fd = None
+    try:
+        request = marshal.loads(data)
+        if len(fds) != _MAX_FDS:
+            raise OSError(0, f"expected {_MAX_FDS} descriptors, got {len(fds)}")
+        cgroup = request[7]
+        if cgroup is not None:
+            cgroup_fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        pid = _clone(libc, cgroup_fd)
+        if pid == 0:
+            _child(libc, request, fds)
+        reply: tuple = (pid, 0, "")
+    except (OSError, ValueError, EOFError, TypeError, IndexError) as error:
+        reply = (0, *_described(error))
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if cgroup_fd is not None:
+            os.close(cgroup_fd)
+    server.send(marshal.dumps(reply))
+    return True
+
+
+def main() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for name in _RESTORED:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])  # an exec keeps the mask: none blocked
+    server = socket.socket(fileno=int(sys.argv[1]))
+    try:
+        while _serve_one(libc, server):
+            pass
+    except (ConnectionError, OSError):
+        pass
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The spawn server (issue 22): commands born in their cgroup as evolane's children, the same
+outcomes as through the launcher chain, and a fallback to that chain when the server breaks."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from evolane.sandbox import (
+    Limits,
+    SandboxHost,
+    SandboxSpec,
+    _run,
+    _spawnd,
+    _spawner,
+    lease_holders,
+    open_sandbox,
+)
+from evolane.sandbox._spec import ProcessOutcome
+
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+async def host(tmp_path: Path) -> AsyncIterator[SandboxHost]:
+    async with open_sandbox(tmp_path / "sandbox") as opened:
+        yield opened
+
+
+@pytest.fixture
+async def launcher_host(tmp_path: Path) -> AsyncIterator[SandboxHost]:
+    async with open_sandbox(tmp_path / "launched", use_spawner=False) as opened:
+        yield opened
+
+
+async def _run_sh(host: SandboxHost, script: str, **fields: object) -> ProcessOutcome:
+    spec = SandboxSpec(argv=("sh", "-c", script), kill_grace=0.2, **fields)  # type: ignore[arg-type]
+    return await host.run(spec, timeout=30)
+
+
+def _spawns(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Which way each command of this test started: "server" or "launcher"."""
+    ways: list[str] = []
+    real_server, real_launcher = _spawner.Spawner.spawn, _run.launch
+
+    def server(*args: object, **kwargs: object) -> int:
+        pid = real_server(*args, **kwargs)  # type: ignore[arg-type]
+        ways.append("server")
+        return pid
+
+    def launcher(*args: object, **kwargs: object) -> int:
+        ways.append("launcher")
+        return real_launcher(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_spawner.Spawner, "spawn", server)
+    monkeypatch.setattr(_run, "launch", launcher)
+    return ways
+
+
+async def test_a_command_is_born_a_child_of_evolane_in_its_cgroup(
+    host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert host.spawner is not None, "this Linux host must spawn through the server"
+    ways = _spawns(monkeypatch)
+    # The command's first act reads its parent and cgroup: nothing ran before it joined.
+    outcome = await _run_sh(host, "echo $PPID; cat /proc/self/cgroup")
+    assert outcome.ok, outcome
+    text = outcome.stdout.text()
+    assert text.splitlines()[0] == str(os.getpid())  # CLONE_PARENT: ours to wait and reap
+    if host.cgroups.unified is not None:
+        unified = next(line for line in text.splitlines() if line.startswith("0::"))
+        assert f"/{host.cgroups.unified.name}/" in unified, text
+    assert ways == ["server"]
+
+
+async def test_the_server_and_the_launcher_give_the_same_outcomes(
+    host: SandboxHost, launcher_host: SandboxHost, tmp_path: Path
+) -> None:
+    garbage = tmp_path / "sandbox" / "not-a-program"
+    garbage.write_bytes(b"\x7fELF\x00\x01garbage")
+    garbage.chmod(0o755)
+    cases: list[tuple[tuple[str, ...], dict[str, object]]] = [
+        (("sh", "-c", "echo out; echo err >&2; exit 7"), {}),
+        (("sh", "-c", "kill -TERM $$"), {}),
+        (("sh", "-c", "ulimit -c; ulimit -n"), {"limits": Limits(open_files=64)}),
+        # SIGXFSZ must be back at its default in the command (Python ignores it)
+        (("sh", "-c", "head -c 100000 /dev/zero > big"), {"limits": Limits(file_size_bytes=4096)}),
+        (("sh", "-c", "for i in 1 2 3 4 5 6; do sleep 1 & done; wait"),
+         {"limits": Limits(processes=3)}),
+        (("sh", "-c", "yes | head -c 3000000 | wc -c"), {}),
+    ]  # fmt: skip
+    for argv, fields in cases:
+        served, launched = [
+            await way.run(SandboxSpec(argv=argv, kill_grace=0.2, **fields), timeout=30)  # type: ignore[arg-type]
+            for way in (host, launcher_host)
+        ]
+        for name in ("status", "exit_code", "signal", "limits_hit", "enforcement"):
+            assert getattr(served, name) == getattr(launched, name), (argv, name, served, launched)
+        assert served.stdout.text() == launched.stdout.text(), argv
+    # A program the kernel cannot exec: the server says so as a spawn failure, as a bare
+    # Popen would (the launcher's shell turns it into its own exit code 126 instead).
+    served, launched = [
+        await way.run(SandboxSpec(argv=(str(garbage),)), timeout=30)
+        for way in (host, launcher_host)
+    ]
+    assert served.status == "spawn_failed" and "Exec format error" in (served.error or "")
+    assert not launched.ok
+    assert lease_holders(host.lease) == set()
+
+
+@pytest.mark.skipif(not ROOT, reason="capabilities are dropped for root's commands only")
+async def test_a_root_command_loses_the_dangerous_capabilities(host: SandboxHost) -> None:
+    outcome = await _run_sh(host, "grep CapBnd /proc/self/status")
+    bounding = int(outcome.stdout.text().split()[-1], 16)
+    for number in (2, 16, 17, 19, 21):  # dac_read_search, module, rawio, ptrace, admin
+        assert not bounding & (1 << number), (number, hex(bounding))
+    assert "root_caps_dropped" in outcome.enforcement
+
+
+async def test_a_command_cannot_read_the_servers_memory_or_environment(
+    host: SandboxHost,
+) -> None:
+    assert host.spawner is not None
+    server = host.spawner.pid
+    # As a user, the server's non-dumpable flag denies it; as root, the command's dropped
+    # CAP_SYS_PTRACE does (its capabilities are no longer a superset of the server's).
+    for path in ("environ", "mem"):
+        outcome = await _run_sh(host, f"head -c 16 /proc/{server}/{path}")
+        assert outcome.exit_code != 0, (path, outcome.stdout.text())
+
+
+async def test_a_killed_server_leaves_the_launcher_chain(
+    host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert host.spawner is not None
+    ways = _spawns(monkeypatch)
+    # A command that kills the server (root's commands may signal anything) ...
+    killer = await _run_sh(host, f"kill -KILL {host.spawner.pid}")
+    assert killer.ok, killer
+    # ... leaves every later command to the launcher chain, with the same guarantees.
+    for _ in range(3):
+        outcome = await _run_sh(host, "echo $$")
+        assert outcome.ok, outcome
+    assert host.spawner.broken
+    assert ways == ["server", "launcher", "launcher", "launcher"]
+    assert lease_holders(host.lease) == set()
+
+
+async def test_a_stopped_server_fails_one_spawn_then_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_spawner, "REPLY_TIMEOUT", 0.5)
+    async with open_sandbox(tmp_path / "sandbox") as host:
+        assert host.spawner is not None
+        os.kill(host.spawner.pid, signal.SIGSTOP)
+        with trio.fail_after(30):
+            stalled = await _run_sh(host, f"echo ran > {tmp_path}/ran.txt")
+        assert stalled.status == "spawn_failed"
+        assert "timed out" in (stalled.error or "")
+        after = await _run_sh(host, "echo fine")
+        assert after.ok and after.stdout.text() == "fine\n"
+        assert host.spawner.broken
+        # The request it held never ran: the server was killed before it could clone it,
+        # and the launcher did not run it a second time.
+        assert not (tmp_path / "ran.txt").exists()
+        assert lease_holders(host.lease) == set()
+
+
+async def test_a_request_too_large_for_the_server_goes_through_the_launcher(
+    host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert host.spawner is not None
+    ways = _spawns(monkeypatch)
+    monkeypatch.setattr(_spawnd, "MAX_REQUEST", 64)
+    outcome = await _run_sh(host, "echo large")
+    assert outcome.ok and outcome.stdout.text() == "large\n"
+    assert ways == ["launcher"]
+    assert host.spawner is not None and not host.spawner.broken
+
+
+async def test_the_server_leaves_with_its_host(tmp_path: Path) -> None:
+    async with open_sandbox(tmp_path / "sandbox") as host:
+        assert host.spawner is not None
+        server = host.spawner.pid
+        await _run_sh(host, "true")
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)  # exited and reaped, not a zombie of ours
+
+
+async def test_a_command_holds_no_descriptor_but_its_three(host: SandboxHost) -> None:
+    # An inherited error pipe would keep the spawn waiting until the command ends, and any
+    # other descriptor of the server's would leak into the command.
+    outcome = await _run_sh(host, "ls /proc/$$/fd")
+    assert sorted(outcome.stdout.text().split()) == ["0", "1", "2"], outcome.stdout.text()
+
+
+async def test_a_command_flooding_both_streams_at_once_is_drained(host: SandboxHost) -> None:
+    script = "head -c 4000000 /dev/zero & head -c 4000000 /dev/zero >&2; wait"
+    with trio.fail_after(60):
+        outcome = await _run_sh(host, script)
+    assert outcome.ok and outcome.stdout.total_bytes == 4_000_000
+
+
+async def test_a_command_starts_with_no_signal_blocked_or_ignored(host: SandboxHost) -> None:
+    # Python ignores SIGPIPE and SIGXFSZ, and an exec keeps ignored and blocked signals:
+    # the server must hand its commands the defaults (a file-size limit kills by SIGXFSZ).
+    outcome = await host.run(SandboxSpec(argv=("cat", "/proc/self/status")), timeout=30)
+    fields = dict(line.split(":\t", 1) for line in outcome.stdout.text().splitlines())
+    assert int(fields["SigBlk"], 16) == 0 and int(fields["SigIgn"], 16) == 0, fields
