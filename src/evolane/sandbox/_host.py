@@ -169,7 +169,7 @@ class SandboxHost:
         write_json_atomic(self.lease_dir / _OWNER_FILE, owner)
         self._start_lifeline()
         if self._use_spawner:  # now, like the lifeline: a helper of the host's whole life
-            self.spawner = Spawner.start()
+            self.spawner = self._start_spawner()
 
     def _start_lifeline(self) -> None:
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -190,11 +190,25 @@ class SandboxHost:
         finally:
             os.close(read_fd)
 
+    def _start_spawner(self) -> Spawner | None:
+        """A spawn server probed as units will use it: into a cgroup v2 when units get one."""
+        if self.cgroups.unified is None:
+            return Spawner.start()
+        probe = self.cgroups.unified / "spawn-probe"
+        try:
+            probe.mkdir()
+        except OSError:
+            return Spawner.start()
+        try:
+            return Spawner.start(str(probe))
+        finally:
+            kill_cgroup_tree(probe)
+
     def close(self) -> None:
         """Kill anything left of this host's lease and remove its directories."""
         self._janitor.close()
         if self.spawner is not None:
-            self.spawner.close()
+            self.spawner.close()  # never raises: the kills below always run
             self.spawner = None
         for root in self.cgroups.roots():
             kill_cgroup_tree(root)

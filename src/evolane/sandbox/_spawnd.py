@@ -10,9 +10,12 @@ process, which has one thread, so the Python code it runs before ``execve`` cann
 lock another thread held (the hazard of ``preexec_fn`` in evolane's own threaded process).
 
 A request is ``marshal`` data plus file descriptors; see `evolane.sandbox._spawner`.
-A reply is ``(pid, 0, "")`` or ``(0, errno, message)``. The server exits at EOF, so it
-never outlives evolane, and it is non-dumpable, so a command cannot read other units'
-environments from its memory.
+A reply is ``(pid, 0, "", False)`` or ``(0, errno, message, unsupported)``; ``unsupported``
+says clone3 itself refused (no such call, or no CLONE_INTO_CGROUP): then no clone exists and
+the launcher chain may run the request instead. A clone first writes its pid on the request's
+error pipe (so evolane can end it even if the reply never comes), then, if it cannot exec,
+its failure. The server exits at EOF, so it never outlives evolane, and it is non-dumpable,
+so a command cannot read other units' environments from its memory.
 """
 
 from __future__ import annotations
@@ -33,13 +36,17 @@ CLONE_INTO_CGROUP = 0x200000000
 _ARGS_SIZE = 88  # struct clone_args up to ``cgroup`` (CLONE_ARGS_SIZE_VER2)
 _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
+_UNSUPPORTED = (38, 7, 22)  # ENOSYS, E2BIG (5.3-5.4), EINVAL (5.5-5.6): an older clone3
+PID_BYTES = 8  # the clone's pid, first on its error pipe (native byte order)
 MAX_REQUEST = 1 << 20
 """Bytes of one request at most (argv and environment); a larger one is refused by the
 client before it is sent."""
 _MAX_FDS = 4  # stdin, stdout, stderr, the exec-error pipe
 _INT_SIZE = array.array("i").itemsize
-_RESTORED = ("SIGPIPE", "SIGXFSZ", "SIGXFZ")  # Python ignores these; a command must not
-# (reset once for the server: its clones inherit the default; at EOF a SIGPIPE ends it anyway)
+
+
+class CloneRefused(OSError):
+    """clone3 itself failed: no clone exists."""
 
 
 def _clone(libc: ctypes.CDLL, cgroup_fd: int | None) -> int:
@@ -50,48 +57,56 @@ def _clone(libc: ctypes.CDLL, cgroup_fd: int | None) -> int:
     pid = libc.syscall(SYS_CLONE3, buffer, ctypes.c_size_t(_ARGS_SIZE))
     if pid < 0:
         number = ctypes.get_errno()
-        raise OSError(number, f"clone3: {os.strerror(number)}")
+        raise CloneRefused(number, f"clone3: {os.strerror(number)}")
     return int(pid)
 
 
 def _child(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
-    """In the clone: session, v1 cgroups, rlimits, capabilities, stdio, cwd, then exec.
-
-    Never returns: the exec replaces it, or the failure goes to the error pipe and it exits.
-    """
-    path, argv, env, cwd, rlimits, v1_procs, dropped, _ = request
-    stdin, stdout, stderr, failed = fds
+    """In the clone: its pid on the error pipe, session, v1 cgroups, capabilities, stdio,
+    cwd, rlimits, then exec. Never returns: the exec replaces it, or its failure goes to the
+    error pipe and it exits (whatever is raised, even by the reporting itself)."""
+    failed = fds[3]
     try:
-        os.setsid()
-        for procs in v1_procs:  # "0" moves the writer: joined before anything else runs
-            handle = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.write(handle, b"0")
-            except OSError as error:
-                raise OSError(error.errno, f"cannot join cgroup {os.fsdecode(procs)}") from None
-            finally:
-                os.close(handle)
-        for number in dropped:
-            if libc.prctl(_PR_CAPBSET_DROP, number, 0, 0, 0) != 0:
-                error = ctypes.get_errno()
-                raise OSError(error, f"cannot drop capability {number}")
-        os.set_inheritable(failed, False)  # whatever happens, the exec closes it
-        os.dup2(stdin, 0)
-        os.dup2(stdout, 1)
-        os.dup2(stderr, 2)
-        os.closerange(3, failed)
-        os.closerange(failed + 1, 1 << 20)
-        os.chdir(cwd)
-        for limit, soft, hard in rlimits:  # last: RLIMIT_NOFILE may be below our fds
-            resource.setrlimit(limit, (soft, hard))
-        os.execve(path, argv, env)
+        os.write(failed, os.getpid().to_bytes(PID_BYTES, sys.byteorder))
+        _prepare_and_exec(libc, request, fds)
     except BaseException as error:  # everything goes to the parent, which reaps the clone
         number, text = _described(error)
-        text = f"{number}:{text}"
+        os.write(failed, f"{number}:{text}".encode(errors="replace")[:2048])
+    finally:
+        os._exit(127)
+
+
+def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
+    path, argv, env, cwd, rlimits, v1_procs, dropped, _ = request
+    stdin, stdout, stderr, failed = fds
+    os.setsid()
+    for procs in v1_procs:  # "0" moves the writer: joined before anything else runs
+        handle = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
         try:
-            os.write(failed, text.encode(errors="replace")[:2048])
+            os.write(handle, b"0")
+        except OSError as error:
+            raise OSError(error.errno, f"cannot join cgroup {os.fsdecode(procs)}") from None
         finally:
-            os._exit(127)
+            os.close(handle)
+    for number in dropped:
+        if libc.prctl(_PR_CAPBSET_DROP, number, 0, 0, 0) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"cannot drop capability {number}")
+    os.set_inheritable(failed, False)  # whatever happens, the exec closes it
+    os.dup2(stdin, 0)
+    os.dup2(stdout, 1)
+    os.dup2(stderr, 2)
+    os.closerange(3, failed)
+    os.closerange(failed + 1, 1 << 20)
+    os.chdir(cwd)
+    for limit, soft, hard in rlimits:  # last: RLIMIT_NOFILE may be below our fds
+        resource.setrlimit(limit, (soft, hard))
+    try:
+        os.execve(path, argv, env)
+    except OSError as error:  # a script without "#!": run by sh, as execvp and sh would
+        if error.errno != 8 or not os.path.exists("/bin/sh"):  # ENOEXEC
+            raise
+    os.execve("/bin/sh", ["sh", path, *argv[1:]], env)
 
 
 def _described(error: BaseException) -> tuple[int, str]:
@@ -132,9 +147,11 @@ def _serve_one(libc: ctypes.CDLL, server: socket.socket) -> bool:
         pid = _clone(libc, cgroup_fd)
         if pid == 0:
             _child(libc, request, fds)
-        reply: tuple = (pid, 0, "")
+        reply: tuple = (pid, 0, "", False)
     except (OSError, ValueError, EOFError, TypeError, IndexError) as error:
-        reply = (0, *_described(error))
+        number, text = _described(error)
+        unsupported = isinstance(error, CloneRefused) and number in _UNSUPPORTED
+        reply = (0, number, text, unsupported)
     finally:
         for fd in fds:
             os.close(fd)
@@ -144,13 +161,33 @@ def _serve_one(libc: ctypes.CDLL, server: socket.socket) -> bool:
     return True
 
 
+def _default_signals() -> None:
+    """Every signal at its default and none blocked, for the server and so for its clones:
+    an exec keeps ignored signals and the mask, and Python ignores SIGPIPE and SIGXFSZ, as a
+    ``nohup`` or ``trap ''`` that started evolane may ignore SIGTERM (which the kill ladder
+    sends first). At EOF a SIGPIPE ends the server, as it should."""
+    for number in range(1, signal.NSIG):
+        if number not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(number, signal.SIG_DFL)
+            except (OSError, ValueError):  # a number with no signal behind it
+                continue
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def main() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t]
+    libc.prctl.argtypes = [
+        ctypes.c_int,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    ]
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    for name in _RESTORED:
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])  # an exec keeps the mask: none blocked
+    _default_signals()
     server = socket.socket(fileno=int(sys.argv[1]))
     try:
         while _serve_one(libc, server):

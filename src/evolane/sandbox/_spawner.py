@@ -11,6 +11,7 @@ before: `Spawner.start` returns None, and a spawner that breaks later stops bein
 from __future__ import annotations
 
 import contextlib
+import errno
 import marshal
 import os
 import select
@@ -38,6 +39,7 @@ _CAPABILITY_NUMBERS = {
 }
 """linux/capability.h numbers of `DROPPED_CAPABILITIES`."""
 _REPLY_BYTES = 4096
+_SEQPACKET_OVERHEAD = 64  # a message may take the send buffer less ~32 bytes
 _FAILURE_BYTES = 2048  # what a child that could not exec writes at most (as _spawnd)
 REPLY_TIMEOUT = 10.0
 """Seconds a spawn waits for the server's reply, and then for the clone's exec (each takes
@@ -48,8 +50,12 @@ SERVER_EXIT_WAIT = 5.0
 
 
 class SpawnerUnavailable(Exception):
-    """The server cannot take this request (gone, or the request too large): use the
-    launcher chain instead."""
+    """The server did not take this request (too large, gone, or its kernel's clone3 too
+    old): no clone of it exists, so the launcher chain may run it instead."""
+
+
+class _NoReply(Exception):
+    """The server took the request but never answered (killed now)."""
 
 
 def _dropped_numbers() -> tuple[int, ...]:
@@ -67,16 +73,23 @@ class Spawner:
     def __init__(self, process: subprocess.Popen[bytes], connection: socket.socket) -> None:
         self._process = process
         self._socket = connection
-        self._socket.settimeout(REPLY_TIMEOUT)
+        with contextlib.suppress(OSError):  # capped by the kernel's wmem_max
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _spawnd.MAX_REQUEST)
+        room = connection.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - _SEQPACKET_OVERHEAD
+        self.largest_request = min(_spawnd.MAX_REQUEST, room)
+        """Bytes of the largest request this connection sends (larger ones: the launcher)."""
         self._lock = threading.Lock()
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.broken = False
+        self.reply_timeout = REPLY_TIMEOUT
         self.dropped: tuple[int, ...] = ()
         """The capabilities a root command loses in the clone (probed by `start`)."""
 
     @classmethod
-    def start(cls) -> Spawner | None:
-        """Start a server and probe it with ``true``; None where it cannot spawn."""
+    def start(cls, probe_cgroup: str | None = None) -> Spawner | None:
+        """Start a server and probe it with ``true`` (born in ``probe_cgroup``, an empty
+        cgroup v2 directory, when units will be: an older kernel refuses only that); None
+        where it cannot spawn."""
         true = shutil.which("true", path="/usr/bin:/bin")
         if true is None or not sys.platform.startswith("linux"):
             return None
@@ -99,15 +112,16 @@ class Spawner:
         spawner = cls(process, ours)
         drops = _dropped_numbers() if os.geteuid() == 0 else ()
         for dropped in (drops, ()) if drops else ((),):
-            if spawner._probe(true, dropped):
+            if spawner._probe(true, dropped, probe_cgroup):
                 spawner.dropped = dropped
                 return spawner
         spawner.close()
         return None
 
-    def _probe(self, true: str, dropped: tuple[int, ...]) -> bool:
+    def _probe(self, true: str, dropped: tuple[int, ...], cgroup: str | None) -> bool:
+        output = (self._devnull, self._devnull)
         try:
-            pid = self.spawn(true, [true], {}, "/", (self._devnull,) * 2, [], [], dropped, None)
+            pid = self.spawn(true, [true], {}, "/", output, [], [], dropped, cgroup)
         except (OSError, SpawnerUnavailable):
             return False
         _, status = os.waitpid(pid, 0)
@@ -128,20 +142,29 @@ class Spawner:
         """Start ``path`` with ``argv`` as a child of this process, in a session of its own,
         stdin from /dev/null, stdout and stderr to ``output``; returns its pid once it has
         exec'd. Raises OSError when it could not start (the child is reaped), and
-        `SpawnerUnavailable` when the server could not take the request."""
+        `SpawnerUnavailable` when the server did not take the request."""
         request = (path, argv, env, cwd, rlimits, v1_procs, dropped, cgroup)
         payload = marshal.dumps(request)
-        if len(payload) > _spawnd.MAX_REQUEST:
+        if len(payload) > self.largest_request:
             raise SpawnerUnavailable("the request is larger than the spawn server takes")
         failed_read, failed_write = os.pipe2(os.O_CLOEXEC)
         try:
-            reply = self._ask(payload, (self._devnull, *output, failed_write))
+            try:
+                reply = self._ask(payload, (self._devnull, *output, failed_write))
+            except _NoReply as error:
+                os.close(failed_write)
+                failed_write = -1
+                self._end_lost_clone(failed_read)
+                raise OSError(0, str(error)) from None
             os.close(failed_write)
             failed_write = -1
-            pid, number, message = reply
+            pid, number, message, unsupported = reply
+            if unsupported:  # no clone: the kernel's clone3 lacks what we need
+                self.broken = True
+                raise SpawnerUnavailable(message)
             if not pid:
                 raise OSError(number, message)
-            failure = _read_failure(failed_read)
+            _, failure = _read_pipe(failed_read, self.reply_timeout)
         finally:
             os.close(failed_read)
             if failed_write >= 0:
@@ -157,33 +180,43 @@ class Spawner:
             raise OSError(int(code) if code.isdigit() else 0, text or "spawn failed")
         return pid
 
-    def _ask(self, payload: bytes, fds: tuple[int, ...]) -> tuple[int, int, str]:
-        """Send one request and wait for its reply. Unsent: `SpawnerUnavailable` (the
-        launcher may run it instead). Sent but unanswered: OSError, and the server is
-        killed, for a clone it made may be running (its unit's cgroup ends it), and must be
-        the only one."""
+    def _ask(self, payload: bytes, fds: tuple[int, ...]) -> tuple[int, int, str, bool]:
+        """Send one request and wait for its reply (`SpawnerUnavailable` when unsent,
+        `_NoReply` when sent but unanswered: the server is then killed)."""
         with self._lock:
             if self.broken:
                 raise SpawnerUnavailable("the spawn server broke earlier")
+            self._socket.settimeout(self.reply_timeout)
             try:
                 socket.send_fds(self._socket, [payload], list(fds))
             except OSError as error:
-                self._break()
+                if error.errno != errno.EMSGSIZE:  # too large is this request's fault
+                    self._break()
                 raise SpawnerUnavailable(str(error)) from error
             try:
                 data = self._socket.recv(_REPLY_BYTES)
-                pid, number, message = marshal.loads(data)
-                return int(pid), int(number), str(message)
+                pid, number, message, unsupported = marshal.loads(data)
+                return int(pid), int(number), str(message), bool(unsupported)
             except (OSError, ValueError, EOFError, TypeError) as error:
                 self._break()
                 why = "timed out" if isinstance(error, TimeoutError) else "failed"
-                raise OSError(0, f"the spawn server {why} during this spawn") from error
+                raise _NoReply(f"the spawn server {why} during this spawn") from error
 
     def _break(self) -> None:
-        """Stop using the server for good, and kill it: no request it still holds may run."""
+        """Stop using the server for good, and kill it: no request it holds may run later."""
         self.broken = True
         with contextlib.suppress(OSError):
             self._process.kill()
+
+    def _end_lost_clone(self, failed_read: int) -> None:
+        """After a reply that never came (the server is dead now): a clone it made may run,
+        and has written its pid first on the error pipe; kill and reap it."""
+        pid, _ = _read_pipe(failed_read, self.reply_timeout)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
     @property
     def pid(self) -> int:
@@ -191,33 +224,40 @@ class Spawner:
         return self._process.pid
 
     def close(self) -> None:
-        """Close the connection (the server exits at EOF) and reap the server."""
-        with contextlib.suppress(OSError):
-            self._socket.close()
-        with contextlib.suppress(OSError):
-            os.close(self._devnull)
+        """Stop taking requests, close the connection (the server exits at EOF) and reap
+        the server (killed if it does not leave in time). Never raises."""
+        with self._lock:
+            self.broken = True
+            with contextlib.suppress(OSError):
+                self._socket.close()
+            with contextlib.suppress(OSError):
+                os.close(self._devnull)
         try:
             self._process.wait(timeout=SERVER_EXIT_WAIT)
         except subprocess.TimeoutExpired:
             self._process.kill()
-            self._process.wait(timeout=SERVER_EXIT_WAIT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=SERVER_EXIT_WAIT)
 
 
-def _read_failure(fd: int) -> bytes | None:
-    """What a clone wrote on its error pipe before the pipe closed: b"" when it exec'd,
-    its failure otherwise (at most `_FAILURE_BYTES`); None when the pipe stayed open
-    `REPLY_TIMEOUT` seconds."""
-    chunks, size = [], 0
-    poller = select.poll()
+def _read_pipe(fd: int, timeout: float) -> tuple[int | None, bytes | None]:
+    """A clone's error pipe read to EOF: its pid (None when it never wrote it) and its
+    failure (b"" when it exec'd; at most `_FAILURE_BYTES`); the failure is None when the
+    pipe stayed open ``timeout`` seconds."""
+    data, poller = b"", select.poll()
     poller.register(fd, select.POLLIN)
-    deadline = time.monotonic() + REPLY_TIMEOUT
-    while (left := deadline - time.monotonic()) > 0:
-        if not poller.poll(left * 1000):
-            break
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0 and poller.poll(left * 1000):
         chunk = os.read(fd, 4096)
         if not chunk:
-            return b"".join(chunks)
-        if size < _FAILURE_BYTES:
-            chunks.append(chunk[: _FAILURE_BYTES - size])
-            size += len(chunks[-1])
-    return None
+            break
+        data += chunk[: _spawnd.PID_BYTES + _FAILURE_BYTES - len(data)]
+    else:
+        return _pid_of(data), None
+    return _pid_of(data), data[_spawnd.PID_BYTES :]
+
+
+def _pid_of(data: bytes) -> int | None:
+    if len(data) < _spawnd.PID_BYTES:
+        return None
+    return int.from_bytes(data[: _spawnd.PID_BYTES], sys.byteorder)
