@@ -93,7 +93,7 @@ def _launcher_only() -> Iterator[None]:
     """Sandboxes opened meanwhile start no spawn server: their commands go through the
     launcher chain (the fallback), for comparison."""
     real = Spawner.__dict__["start"]
-    Spawner.start = classmethod(lambda cls: None)  # type: ignore[method-assign,assignment]
+    Spawner.start = classmethod(lambda cls, *probe: None)  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
