@@ -116,7 +116,7 @@ def _described(error: BaseException) -> tuple[int, str]:
     filename = getattr(error, "filename", None)
     if filename is not None:
         text = f"{text}: {os.fsdecode(filename)}"
-    return number, text[:2048]
+    return number, text.encode(errors="replace")[:2048].decode(errors="ignore")  # bytes, bounded
 
 
 def _receive(server: socket.socket) -> tuple[bytes, list[int]]:

@@ -40,6 +40,7 @@ _CAPABILITY_NUMBERS = {
 """linux/capability.h numbers of `DROPPED_CAPABILITIES`."""
 _REPLY_BYTES = 4096
 _SEQPACKET_OVERHEAD = 64  # a message may take the send buffer less ~32 bytes
+_NOT_SENT = (errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM)  # too large now, not a dead server
 _FAILURE_BYTES = 2048  # what a child that could not exec writes at most (as _spawnd)
 REPLY_TIMEOUT = 10.0
 """Seconds a spawn waits for the server's reply, and then for the clone's exec (each takes
@@ -122,9 +123,9 @@ class Spawner:
         output = (self._devnull, self._devnull)
         try:
             pid = self.spawn(true, [true], {}, "/", output, [], [], dropped, cgroup)
+            _, status = os.waitpid(pid, 0)
         except (OSError, SpawnerUnavailable):
             return False
-        _, status = os.waitpid(pid, 0)
         return os.waitstatus_to_exitcode(status) == 0
 
     def spawn(
@@ -154,8 +155,9 @@ class Spawner:
             except _NoReply as error:
                 os.close(failed_write)
                 failed_write = -1
-                self._end_lost_clone(failed_read)
-                raise OSError(0, str(error)) from None
+                if self._end_lost_clone(failed_read):
+                    raise OSError(0, str(error)) from None
+                raise SpawnerUnavailable(str(error)) from None  # no clone: the launcher may
             os.close(failed_write)
             failed_write = -1
             pid, number, message, unsupported = reply
@@ -190,7 +192,7 @@ class Spawner:
             try:
                 socket.send_fds(self._socket, [payload], list(fds))
             except OSError as error:
-                if error.errno != errno.EMSGSIZE:  # too large is this request's fault
+                if error.errno not in _NOT_SENT:  # this request's size, not the server
                     self._break()
                 raise SpawnerUnavailable(str(error)) from error
             try:
@@ -208,15 +210,20 @@ class Spawner:
         with contextlib.suppress(OSError):
             self._process.kill()
 
-    def _end_lost_clone(self, failed_read: int) -> None:
-        """After a reply that never came (the server is dead now): a clone it made may run,
-        and has written its pid first on the error pipe; kill and reap it."""
-        pid, _ = _read_pipe(failed_read, self.reply_timeout)
-        if pid is not None:
+    def _end_lost_clone(self, failed_read: int) -> bool:
+        """After a reply that never came (the server is dead now): whether a clone may have
+        run. A clone writes its pid first on the error pipe: it is killed with its process
+        group (its unit's cgroup, when it has one, ends the rest) and reaped. EOF before a
+        pid means none was made; a pipe still silent at the timeout counts as one."""
+        pid, eof = _read_pid(failed_read, self.reply_timeout)
+        if pid is None:
+            return not eof
+        for kill in (os.killpg, os.kill):
             with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+                kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        return True
 
     @property
     def pid(self) -> int:
@@ -230,8 +237,10 @@ class Spawner:
             self.broken = True
             with contextlib.suppress(OSError):
                 self._socket.close()
-            with contextlib.suppress(OSError):
-                os.close(self._devnull)
+            if self._devnull >= 0:  # a second close must not close a reused number
+                with contextlib.suppress(OSError):
+                    os.close(self._devnull)
+                self._devnull = -1
         try:
             self._process.wait(timeout=SERVER_EXIT_WAIT)
         except subprocess.TimeoutExpired:
@@ -242,19 +251,34 @@ class Spawner:
 
 def _read_pipe(fd: int, timeout: float) -> tuple[int | None, bytes | None]:
     """A clone's error pipe read to EOF: its pid (None when it never wrote it) and its
-    failure (b"" when it exec'd; at most `_FAILURE_BYTES`); the failure is None when the
-    pipe stayed open ``timeout`` seconds."""
+    failure (b"" when it exec'd; at most `_FAILURE_BYTES`). The failure is None when the pipe
+    stayed open ``timeout`` seconds with nothing but the pid on it."""
+    data, eof = _read(fd, timeout, _spawnd.PID_BYTES + _FAILURE_BYTES, until_eof=True)
+    failure = data[_spawnd.PID_BYTES :]
+    return _pid_of(data), failure if eof or failure else None
+
+
+def _read_pid(fd: int, timeout: float) -> tuple[int | None, bool]:
+    """A clone's pid from its error pipe as soon as it is there (None: not within
+    ``timeout``), and whether the pipe reached EOF first."""
+    data, eof = _read(fd, timeout, _spawnd.PID_BYTES, until_eof=False)
+    return _pid_of(data), eof
+
+
+def _read(fd: int, timeout: float, keep: int, until_eof: bool) -> tuple[bytes, bool]:
+    """Up to ``keep`` bytes of ``fd`` within ``timeout`` seconds, reading on to EOF when
+    ``until_eof`` (else stopping once ``keep`` are in); and whether EOF came."""
     data, poller = b"", select.poll()
     poller.register(fd, select.POLLIN)
     deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0 and poller.poll(left * 1000):
+    while (until_eof or len(data) < keep) and (left := deadline - time.monotonic()) > 0:
+        if not poller.poll(left * 1000):
+            break
         chunk = os.read(fd, 4096)
         if not chunk:
-            break
-        data += chunk[: _spawnd.PID_BYTES + _FAILURE_BYTES - len(data)]
-    else:
-        return _pid_of(data), None
-    return _pid_of(data), data[_spawnd.PID_BYTES :]
+            return data, True
+        data += chunk[: keep - len(data)]
+    return data, False
 
 
 def _pid_of(data: bytes) -> int | None:
