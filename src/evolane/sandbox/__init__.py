@@ -1,8 +1,9 @@
 """The sandbox: every subprocess runs here, and a deadline always means the whole tree is gone.
 
 Own session and process group, an allowlisted environment, rlimits and cgroups applied by
-a launcher chain (never ``preexec_fn``), bounded output capture, a kill ladder that also
-finds escapees, and a lifeline process that kills every tree if the runtime itself dies.
+a spawn server's clone (a launcher chain where no server works; never ``preexec_fn``),
+bounded output capture, a kill ladder that also finds escapees, and a lifeline process that
+kills every tree if the runtime itself dies.
 """
 
 from evolane.sandbox._confine import folders_to_expose, resolve_isolation, template_paths, within

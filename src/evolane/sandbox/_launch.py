@@ -1,6 +1,8 @@
 """The launcher chain: join cgroups, set rlimits, enter namespaces, then exec the command.
 
-No ``preexec_fn`` (it deadlocks with threads and costs ~15 ms): a ``/bin/sh`` one-liner writes
+Where the spawn server works (`evolane.sandbox._spawner`), its clone does the first steps
+and only the namespace and privilege steps stay in the chain (`Cloned`). Otherwise, with no
+``preexec_fn`` (it deadlocks with threads and costs ~15 ms), a ``/bin/sh`` one-liner writes
 its own pid into the unit's cgroups and execs util-linux ``prlimit`` (limits), which execs
 ``unshare`` (namespaces), which execs the command. Each step is an exec of a small binary.
 When evolane runs as root, util-linux ``setpriv`` comes last and drops the capabilities that
