@@ -134,3 +134,30 @@ async def drain(
             capture.feed(chunk)
             if activity is not None:
                 activity()
+
+
+class OwnedPipes:
+    """Pipe ends this run still owns: each is closed exactly once, here or by its new owner."""
+
+    def __init__(self) -> None:
+        self._open: set[int] = set()
+
+    def open(self) -> tuple[int, int]:
+        read_fd, write_fd = open_pipe()
+        self._open |= {read_fd, write_fd}
+        return read_fd, write_fd
+
+    def close(self, fd: int) -> None:
+        self._open.discard(fd)
+        os.close(fd)
+
+    def hand_over(self, fd: int) -> int:
+        """Give ``fd`` to a new owner (an FdStream, which closes it)."""
+        self._open.discard(fd)
+        return fd
+
+    def close_all(self) -> None:
+        for fd in self._open:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._open.clear()

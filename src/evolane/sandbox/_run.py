@@ -22,7 +22,7 @@ import trio
 
 from evolane._faults import INSTALLED
 from evolane.messages import ArtifactRef
-from evolane.sandbox._capture import BoundedCapture, drain, open_pipe
+from evolane.sandbox._capture import BoundedCapture, OwnedPipes, drain
 from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
 from evolane.sandbox._confine import (
     bwrap_argv,
@@ -218,7 +218,7 @@ async def _run_prepared(unit: _Unit, deadline: float, stop: trio.Event | None) -
         for name in _STREAMS:
             captures[name] = BoundedCapture(spec.output, spool_dir)
             owned.callback(captures[name].close)
-        pipes = _Pipes()
+        pipes = OwnedPipes()
         owned.callback(pipes.close_all)
         fds = {name: pipes.open() for name in _STREAMS}
         started = trio.current_time()
@@ -274,26 +274,46 @@ def _prepare_and_spawn(
         chain = partial(
             launcher_argv, spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
         )
-        spawner, output = unit.host.spawner, (fds["stdout"][1], fds["stderr"][1])
-        pid = None
-        if spawner is not None and not spawner.broken:
-            dropped = spawner.dropped if isolation == "process" and uid is None else ()
-            argv, mechanisms = chain(cloned=Cloned(capabilities_dropped=bool(dropped)))
-            path = program if len(argv) == len(spec.argv) else argv[0]
-            with contextlib.suppress(SpawnerUnavailable):  # then the launcher chain runs
-                pid = spawner.spawn(
-                    path, argv, env, str(unit.work), output, rlimit_numbers(spec.limits),
-                    unit.cgroups.v1_procs_files if unit.cgroups else [], dropped,
-                    unit.cgroups.unified_dir if unit.cgroups else None,
-                )  # fmt: skip
-        if pid is None:
+        output = (fds["stdout"][1], fds["stderr"][1])
+        drops = isolation == "process" and uid is None  # else a later step needs the caps
+        started = _through_server(unit, chain, program, env, output, drops)
+        if started is None:  # no server, or it did not take this one: the launcher chain
             argv, mechanisms = chain(nonce=unit.nonce)
-            pid = launch(argv, unit.work, env, output)
+            started = launch(argv, unit.work, env, output), mechanisms
+        pid, mechanisms = started
         if unit.cgroups is not None:
             mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
         return pid, tuple(mechanisms)
     except (OSError, ValueError) as error:
         return str(error)[:2048]
+
+
+def _through_server(
+    unit: _Unit,
+    chain: Callable[..., tuple[list[str], tuple[str, ...]]],
+    program: str,
+    env: dict[str, str],
+    output: tuple[int, int],
+    drops: bool,
+) -> tuple[int, tuple[str, ...]] | None:
+    """Start the unit's command through the host's spawn server: its pid and mechanisms;
+    None when there is no server or it did not take the request (errors raise). ``drops``:
+    the clone may drop root's capabilities (no later step of the chain needs them)."""
+    spawner, spec, cgroups = unit.host.spawner, unit.spec, unit.cgroups
+    if spawner is None or spawner.broken:
+        return None
+    dropped = spawner.dropped if drops else ()
+    argv, mechanisms = chain(cloned=Cloned(capabilities_dropped=bool(dropped)))
+    path = program if len(argv) == len(spec.argv) else argv[0]
+    try:
+        pid = spawner.spawn(
+            path, argv, env, str(unit.work), output, rlimit_numbers(spec.limits),
+            cgroups.v1_procs_files if cgroups else [], dropped,
+            cgroups.unified_dir if cgroups else None,
+        )  # fmt: skip
+    except SpawnerUnavailable:
+        return None
+    return pid, mechanisms
 
 
 def _unit_uid(unit: _Unit) -> int | None:
@@ -315,33 +335,6 @@ def _confinement(unit: _Unit, program: str) -> list[str]:
     shown = (*interpreter_folders(), *program_folders(program), *spec.view.read_only)
     view = spec.view.model_copy(update={"read_only": outermost(shown)})
     return bwrap_argv(view, own=own, workspace=unit.work)
-
-
-class _Pipes:
-    """Pipe ends this run still owns: each is closed exactly once, here or by its new owner."""
-
-    def __init__(self) -> None:
-        self._open: set[int] = set()
-
-    def open(self) -> tuple[int, int]:
-        read_fd, write_fd = open_pipe()
-        self._open |= {read_fd, write_fd}
-        return read_fd, write_fd
-
-    def close(self, fd: int) -> None:
-        self._open.discard(fd)
-        os.close(fd)
-
-    def hand_over(self, fd: int) -> int:
-        """Give ``fd`` to a new owner (an FdStream, which closes it)."""
-        self._open.discard(fd)
-        return fd
-
-    def close_all(self) -> None:
-        for fd in self._open:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._open.clear()
 
 
 class _Watch:

@@ -34,18 +34,19 @@ from functools import cache
 
 _PR_SET_DUMPABLE = 4
 
-DROPPED_CAPABILITIES = (
-    "sys_ptrace",
-    "sys_admin",
-    "bpf",
-    "perfmon",
-    "sys_rawio",
-    "sys_module",
-    "checkpoint_restore",
-    "dac_read_search",
-)
-"""Capabilities a command started by root never holds: each reads or writes another
-process's memory or the kernel's, or opens files by handle past every mount."""
+DROPPED_CAPABILITIES = {
+    "sys_ptrace": 19,
+    "sys_admin": 21,
+    "bpf": 39,
+    "perfmon": 38,
+    "sys_rawio": 17,
+    "sys_module": 16,
+    "checkpoint_restore": 40,
+    "dac_read_search": 2,
+}
+"""Capabilities a command started by root never holds (name: linux/capability.h number):
+each reads or writes another process's memory or the kernel's, or opens files by handle
+past every mount."""
 _ESSENTIAL = ("sys_ptrace",)  # what an older setpriv or kernel must at least drop
 PROBE_TIMEOUT = 5.0
 """Seconds a one-off capability probe (`setpriv ... true`, `unshare ... true`) may take before

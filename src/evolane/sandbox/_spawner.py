@@ -27,17 +27,6 @@ from pathlib import Path
 from evolane.sandbox import _spawnd
 from evolane.sandbox._secrets import DROPPED_CAPABILITIES
 
-_CAPABILITY_NUMBERS = {
-    "dac_read_search": 2,
-    "sys_module": 16,
-    "sys_rawio": 17,
-    "sys_ptrace": 19,
-    "sys_admin": 21,
-    "perfmon": 38,
-    "bpf": 39,
-    "checkpoint_restore": 40,
-}
-"""linux/capability.h numbers of `DROPPED_CAPABILITIES`."""
 _REPLY_BYTES = 4096
 _SEQPACKET_OVERHEAD = 64  # a message may take the send buffer less ~32 bytes
 _NOT_SENT = (errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM)  # too large now, not a dead server
@@ -65,7 +54,7 @@ def _dropped_numbers() -> tuple[int, ...]:
         last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     except (OSError, ValueError):
         last = 40
-    return tuple(n for name in DROPPED_CAPABILITIES if (n := _CAPABILITY_NUMBERS[name]) <= last)
+    return tuple(n for n in DROPPED_CAPABILITIES.values() if n <= last)
 
 
 class Spawner:
