@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from evolane.sandbox import SandboxHost, SandboxSpec, lease_holders, open_sandbox
+from evolane.sandbox import SandboxHost, SandboxSpec, _lifeline, lease_holders, open_sandbox
 from evolane.testing import DAEMON_AFTER_EXIT_SH, EVIL_TREE_SH, POLITE_TREE_SH, descendants
 from tests.sandbox_helpers import sh, survivors
 
@@ -217,3 +217,48 @@ def test_sweeping_stale_leases_does_not_make_the_caller_a_subreaper(tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
+
+
+def test_a_cgroup_walk_is_iterative_deepest_first_and_capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / "top"
+    chain = [deep / "/".join(["d"] * n) if n else deep for n in range(1100)]  # past recursion
+    for folder in chain:
+        folder.mkdir()
+    (deep / "side").mkdir()
+    (deep / "a-file").write_text("not a cgroup")
+    found = _lifeline._cgroup_dirs(deep)
+    assert len(found) == 1101 and found[-1] == deep and set(chain) <= set(found)
+    order = {path: n for n, path in enumerate(found)}
+    for child, parent in zip(chain[1:], chain[:-1], strict=True):
+        assert order[child] < order[parent]  # removed before its parent
+    monkeypatch.setattr(_lifeline, "CGROUP_WALK_MAX", 10)
+    assert len(_lifeline._cgroup_dirs(deep)) == 10
+    (deep / "a-file").unlink()
+    for folder in [deep / "side", *reversed(chain)]:  # pytest's own removal recurses
+        folder.rmdir()
+
+
+async def test_cgroups_a_root_command_made_inside_its_own_are_killed_and_removed(
+    tmp_path: Path,
+) -> None:
+    async with open_sandbox(tmp_path / "sandbox") as host:
+        if host.cgroups.unified is None or os.geteuid() != 0:
+            pytest.skip("needs root and a writable cgroup v2")
+        # The command nests a cgroup in its unit's and leaves a sleeper there; the unit's
+        # cgroup is then no longer removable by one rmdir.
+        script = (
+            "cg=" + str(host.cgroups.unified.parent) + "$(sed -n 's/^0:://p' /proc/self/cgroup)\n"
+            'mkdir "$cg/nested" && echo "$cg"\n'
+            'sh -c \'echo 0 > "$1/nested/cgroup.procs"; exec sleep 60\' nested "$cg" &\n'
+            "sleep 0.3\n"
+        )
+        spec = SandboxSpec(argv=("sh", "-c", script), isolation="process", kill_grace=0.2)
+        outcome = await host.run(spec, timeout=30)
+        assert outcome.ok, outcome
+        unit_cgroup = Path(outcome.stdout.text().strip())
+        assert unit_cgroup.parent.parent == host.cgroups.unified.parent, unit_cgroup
+        await trio.to_thread.run_sync(host.settle)
+        assert not unit_cgroup.exists()
+        assert lease_holders(host.lease) == set()

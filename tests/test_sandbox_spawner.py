@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from evolane.sandbox import (
     lease_holders,
     open_sandbox,
 )
+from evolane.sandbox._secrets import UNIT_UID_BASE
 from evolane.sandbox._spec import ProcessOutcome
 
 ROOT = os.geteuid() == 0
@@ -371,3 +373,109 @@ def test_closing_a_spawner_twice_closes_nothing_of_anyone_else() -> None:
     finally:
         for fd in others:
             os.close(fd)
+
+
+_PRIVILEGE_FIELDS = ("Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")
+
+
+def _privileges(outcome: ProcessOutcome) -> dict[str, str]:
+    lines = outcome.stdout.text().splitlines()
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    return {name: value.strip() for name, value in fields.items()}
+
+
+def _switches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], object]]:
+    """(argv, uid switch) of each spawn through the server in this test."""
+    seen: list[tuple[list[str], object]] = []
+    real = _spawner.Spawner.spawn
+
+    def spy(self: _spawner.Spawner, path: str, argv: list[str], *rest: object) -> int:
+        seen.append((argv, rest[7] if len(rest) > 7 else None))
+        return real(self, path, argv, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_spawner.Spawner, "spawn", spy)
+    return seen
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root evolane switches a command to a unit uid")
+async def test_a_drop_root_command_becomes_its_unit_uid_in_the_clone_as_through_setpriv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groups = os.getgroups()
+    os.setgroups([4242, 4343])  # evolane's supplementary groups: the command has none
+    try:
+        async with (
+            open_sandbox(tmp_path / "sandbox") as host,
+            open_sandbox(tmp_path / "launched", use_spawner=False) as launcher_host,
+        ):
+            await _compare_unit_uids(host, launcher_host, tmp_path, monkeypatch)
+    finally:
+        os.setgroups(groups)
+
+
+async def _compare_unit_uids(
+    host: SandboxHost, launcher_host: SandboxHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert host.spawner is not None and host.spawner.switches_uid
+    # The program sits in a folder only root may enter: the exec's own lookup needs the
+    # one capability the unit keeps (CAP_DAC_READ_SEARCH), as under setpriv.
+    private = tmp_path / "sandbox" / "private"
+    private.mkdir(mode=0o700)
+    script = private / "show"
+    script.write_text(
+        "#!/bin/sh\n"
+        "grep -E '^(Uid|Gid|Groups|Cap...|NoNewPrivs):' /proc/self/status\n"
+        "bits=$(\"$1\" -c 'import ctypes; print(ctypes.CDLL(None).prctl(27, 0, 0, 0, 0))')\n"
+        'echo "Securebits: $bits"\n'
+        "touch /etc/evolane-unit-wrote-here 2>/dev/null && echo 'Wrote: yes'\n"
+        "cat /etc/shadow > /dev/null && echo 'Reads: root files'\n"
+    )
+    script.chmod(0o755)
+    seen = _switches(monkeypatch)
+    spec = SandboxSpec(argv=(str(script), sys.executable), drop_root=True, kill_grace=0.2)
+    served, launched = [await way.run(spec, timeout=30) for way in (host, launcher_host)]
+    assert served.ok and launched.ok, (served, launched)
+    [(argv, switch)] = seen
+    assert argv == list(spec.argv) and switch is not None  # no setpriv exec: the clone did it
+    mine, theirs = _privileges(served), _privileges(launched)
+    for name in (*_PRIVILEGE_FIELDS, "Securebits", "Reads"):
+        assert mine.get(name) == theirs.get(name), (name, mine, theirs)
+    uids = mine["Uid"].split()
+    assert len(set(uids)) == 1 and int(uids[0]) >= UNIT_UID_BASE and mine["Gid"].split() == uids
+    assert mine["CapBnd"] == mine["CapAmb"] == f"{1 << 2:016x}" and mine["NoNewPrivs"] == "1"
+    assert mine["Groups"] == "" and mine["Securebits"] == "0" and "Wrote" not in mine
+    assert served.enforcement == launched.enforcement and "unprivileged_uid" in served.enforcement
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root evolane switches a command to a unit uid")
+async def test_a_clone_that_cannot_switch_uids_leaves_the_switch_to_setpriv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    after = "    os.setresuid(uid, uid, uid)\n"
+    refuse = "    raise PermissionError(1, 'refused')\n"
+    monkeypatch.setattr(_spawnd, "__file__", _altered_server(tmp_path, after, refuse))
+    seen = _switches(monkeypatch)
+    async with open_sandbox(tmp_path / "sandbox") as host:
+        assert host.spawner is not None and not host.spawner.switches_uid  # found by its probe
+        outcome = await _run_sh(host, "id -u; grep CapBnd /proc/self/status", drop_root=True)
+    assert outcome.ok, outcome
+    assert int(outcome.stdout.text().split()[0]) >= UNIT_UID_BASE
+    [(argv, switch)] = [entry for entry in seen if "id -u" in " ".join(entry[0])]
+    assert switch is None and "setpriv" in argv[0]
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root evolane switches a command to a unit uid")
+async def test_a_uid_switch_failing_in_the_clone_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Halfway: the uid is switched, the capabilities not yet. The command must not run.
+    after = "    os.setresuid(uid, uid, uid)\n"
+    refuse = f"    if uid != {UNIT_UID_BASE}:\n        raise PermissionError(1, 'refused')\n"
+    monkeypatch.setattr(_spawnd, "__file__", _altered_server(tmp_path, after, refuse))
+    marker, zombies_before = tmp_path / "ran", _zombies()
+    async with open_sandbox(tmp_path / "sandbox") as host:
+        assert host.spawner is not None and host.spawner.switches_uid  # the probe's uid works
+        outcome = await _run_sh(host, f"touch {marker}", drop_root=True)
+        assert outcome.status == "spawn_failed" and "refused" in (outcome.error or ""), outcome
+        assert not host.spawner.broken
+    assert not marker.exists() and _zombies() <= zombies_before  # the clone was reaped

@@ -154,9 +154,11 @@ class UnitCgroups:
         return str(self._unified) if self._unified is not None else None
 
     @property
-    def v1_procs_files(self) -> list[str]:
-        """The v1 ``cgroup.procs`` files a spawn server's clone writes itself into."""
-        return [str(p / "cgroup.procs") for p in (self._pids, self._memory) if p is not None]
+    def v1_tasks_files(self) -> list[str]:
+        """The v1 ``tasks`` files a spawn server's (single-threaded) clone writes "0" to.
+        Moving only the writing thread skips the kernel's global threadgroup lock, whose
+        write side waits out an RCU grace period (5-15 ms) on every ``cgroup.procs`` write."""
+        return [str(p / "tasks") for p in (self._pids, self._memory) if p is not None]
 
     @property
     def mechanisms(self) -> tuple[str, ...]:
@@ -232,8 +234,15 @@ class UnitCgroups:
         return None
 
     def remove(self) -> None:
+        """Remove the unit's cgroups, killing what is left in them first. The common case,
+        an empty cgroup with none below it, is one ``rmdir`` (which refuses any other)."""
         for path in self.paths:
-            kill_cgroup_tree(path)
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:  # members, or cgroups of its own below: kill, then remove all
+                kill_cgroup_tree(path)
 
 
 def _write(path: Path, text: str) -> bool:

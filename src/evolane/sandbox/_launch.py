@@ -160,7 +160,8 @@ def launcher_argv(
     # Last: unshare above still needs CAP_SYS_ADMIN.
     switch = unit_uid_argv(uid) if uid is not None else None
     if switch is not None:
-        argv += switch
+        if not (cloned is not None and cloned.uid_switched):
+            argv += switch
         mechanisms.append("unprivileged_uid")
     elif cloned is not None and cloned.capabilities_dropped:
         mechanisms.append("root_caps_dropped")
@@ -173,9 +174,11 @@ def launcher_argv(
 @dataclass(frozen=True)
 class Cloned:
     """What the spawn server's clone does before it execs (`evolane.sandbox._spawner`):
-    the cgroups and rlimits always; the capability drop when root at the ``process`` level."""
+    the cgroups and rlimits always; when root at the ``process`` level, the capability drop
+    or (a ``drop_root`` command) the switch to its unit uid."""
 
     capabilities_dropped: bool
+    uid_switched: bool = False
 
 
 def _join_and_limit(procs_files: list[str], limits: Limits, nonce: str) -> list[str]:

@@ -155,14 +155,21 @@ def kill_cgroup_tree(path: Path, patience: float = 2.0) -> None:
         _kill_subtree(path)  # anything forked while the first kill landed
 
 
+CGROUP_WALK_MAX = 100_000
+"""Cgroup directories one kill or removal visits at most (a walk never runs unbounded)."""
+
+
 def _cgroup_dirs(path: Path) -> list[Path]:
-    """``path`` and every cgroup below it, deepest first."""
-    found: list[Path] = []
-    with contextlib.suppress(OSError):
-        for child in path.iterdir():
-            if child.is_dir():
-                found += _cgroup_dirs(child)
-    return [*found, path]
+    """``path`` and every cgroup below it (at most `CGROUP_WALK_MAX`), each after all of
+    its descendants: an iterative walk whose entries say their type (no stat each)."""
+    found, pending = [path], [path]
+    while pending and len(found) < CGROUP_WALK_MAX:
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False) and len(found) < CGROUP_WALK_MAX:
+                    found.append(Path(entry.path))
+                    pending.append(found[-1])
+    return found[::-1]  # a parent is found before its children: reversed, deepest first
 
 
 def _kill_subtree(path: Path) -> None:

@@ -276,7 +276,8 @@ def _prepare_and_spawn(
         )
         output = (fds["stdout"][1], fds["stderr"][1])
         drops = isolation == "process" and uid is None  # else a later step needs the caps
-        started = _through_server(unit, chain, program, env, output, drops)
+        switch_uid = uid if isolation == "process" else None  # unshare would need root
+        started = _through_server(unit, chain, program, env, output, drops, switch_uid)
         if started is None:  # no server, or it did not take this one: the launcher chain
             argv, mechanisms = chain(nonce=unit.nonce)
             started = launch(argv, unit.work, env, output), mechanisms
@@ -295,21 +296,29 @@ def _through_server(
     env: dict[str, str],
     output: tuple[int, int],
     drops: bool,
+    uid: int | None,
 ) -> tuple[int, tuple[str, ...]] | None:
     """Start the unit's command through the host's spawn server: its pid and mechanisms;
     None when there is no server or it did not take the request (errors raise). ``drops``:
-    the clone may drop root's capabilities (no later step of the chain needs them)."""
+    the clone may drop root's capabilities (no later step of the chain needs them); ``uid``:
+    the unit uid a root evolane's ``drop_root`` command may switch to in the clone (no later
+    step of the chain needs root)."""
     spawner, spec, cgroups = unit.host.spawner, unit.spec, unit.cgroups
     if spawner is None or spawner.broken:
         return None
     dropped = spawner.dropped if drops else ()
-    argv, mechanisms = chain(cloned=Cloned(capabilities_dropped=bool(dropped)))
+    switching = uid is not None and spawner.switches_uid
+    cloned = Cloned(capabilities_dropped=bool(dropped), uid_switched=switching)
+    argv, mechanisms = chain(cloned=cloned)
     path = program if len(argv) == len(spec.argv) else argv[0]
+    switch = None  # the chain left its setpriv step out exactly when it says it switches
+    if uid is not None and switching and "unprivileged_uid" in mechanisms:
+        switch = spawner.uid_switch(uid)
     try:
         pid = spawner.spawn(
             path, argv, env, str(unit.work), output, rlimit_numbers(spec.limits),
-            cgroups.v1_procs_files if cgroups else [], dropped,
-            cgroups.unified_dir if cgroups else None,
+            cgroups.v1_tasks_files if cgroups else [], dropped,
+            cgroups.unified_dir if cgroups else None, switch,
         )  # fmt: skip
     except SpawnerUnavailable:
         return None

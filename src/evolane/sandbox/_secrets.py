@@ -153,8 +153,13 @@ def commands_run_unprivileged() -> bool:
     return os.geteuid() == 0 and unit_uid_argv(UNIT_UID_BASE) is not None
 
 
+UNIT_UID_CAPABILITIES = {"dac_read_search": 2}
+"""The only capabilities a ``drop_root`` command keeps as its unit uid (name: number):
+inheritable, ambient and bounding, so it reads what root may read but writes only its own."""
+
+
 def _uid_switch(setpriv: str, uid: int) -> tuple[str, ...]:
-    caps = "-all,+dac_read_search"
+    caps = ",".join(["-all", *(f"+{name}" for name in UNIT_UID_CAPABILITIES)])
     return (
         setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", f"--inh-caps={caps}",
         f"--ambient-caps={caps}", f"--bounding-set={caps}", "--no-new-privs", "--",

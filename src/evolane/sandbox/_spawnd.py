@@ -35,7 +35,11 @@ CLONE_PARENT = 0x00008000
 CLONE_INTO_CGROUP = 0x200000000
 _ARGS_SIZE = 88  # struct clone_args up to ``cgroup`` (CLONE_ARGS_SIZE_VER2)
 _PR_SET_DUMPABLE = 4
+_PR_SET_KEEPCAPS = 8
 _PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 47, 2
+_CAPABILITY_VERSION_3 = 0x20080522
 _UNSUPPORTED = (38, 7, 22)  # ENOSYS, E2BIG (5.3-5.4), EINVAL (5.5-5.6): an older clone3
 PID_BYTES = 8  # the clone's pid, first on its error pipe (native byte order)
 MAX_REQUEST = 1 << 20
@@ -47,6 +51,14 @@ _INT_SIZE = array.array("i").itemsize
 
 class CloneRefused(OSError):
     """clone3 itself failed: no clone exists."""
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
 
 
 def _clone(libc: ctypes.CDLL, cgroup_fd: int | None) -> int:
@@ -63,8 +75,9 @@ def _clone(libc: ctypes.CDLL, cgroup_fd: int | None) -> int:
 
 def _child(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
     """In the clone: its pid on the error pipe, session, v1 cgroups, capabilities, stdio,
-    cwd, rlimits, then exec. Never returns: the exec replaces it, or its failure goes to the
-    error pipe and it exits (whatever is raised, even by the reporting itself)."""
+    cwd, rlimits, the unit uid, then exec. Never returns: the exec replaces it, or its
+    failure goes to the error pipe and it exits (whatever is raised, even by the reporting
+    itself)."""
     failed = fds[3]
     try:
         os.write(failed, os.getpid().to_bytes(PID_BYTES, sys.byteorder))
@@ -77,21 +90,19 @@ def _child(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
 
 
 def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
-    path, argv, env, cwd, rlimits, v1_procs, dropped, _ = request
+    path, argv, env, cwd, rlimits, v1_tasks, dropped, _, switch = request
     stdin, stdout, stderr, failed = fds
     os.setsid()
-    for procs in v1_procs:  # "0" moves the writer: joined before anything else runs
-        handle = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+    for tasks in v1_tasks:  # "0" moves this (only) thread: joined before anything runs
+        handle = os.open(tasks, os.O_WRONLY | os.O_CLOEXEC)
         try:
             os.write(handle, b"0")
         except OSError as error:
-            raise OSError(error.errno, f"cannot join cgroup {os.fsdecode(procs)}") from None
+            raise OSError(error.errno, f"cannot join cgroup {os.fsdecode(tasks)}") from None
         finally:
             os.close(handle)
     for number in dropped:
-        if libc.prctl(_PR_CAPBSET_DROP, number, 0, 0, 0) != 0:
-            error = ctypes.get_errno()
-            raise OSError(error, f"cannot drop capability {number}")
+        _prctl(libc, f"cannot drop capability {number}", _PR_CAPBSET_DROP, number)
     os.set_inheritable(failed, False)  # whatever happens, the exec closes it
     os.dup2(stdin, 0)
     os.dup2(stdout, 1)
@@ -99,14 +110,45 @@ def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None
     os.closerange(3, failed)
     os.closerange(failed + 1, 1 << 20)
     os.chdir(cwd)
-    for limit, soft, hard in rlimits:  # last: RLIMIT_NOFILE may be below our fds
+    for limit, soft, hard in rlimits:  # RLIMIT_NOFILE may be below our fds
         resource.setrlimit(limit, (soft, hard))
+    if switch is not None:  # last: the steps above may need root
+        _switch_uid(libc, *switch)
     try:
         os.execve(path, argv, env)
     except OSError as error:  # a script without "#!": run by sh, as execvp and sh would
         if error.errno != 8 or not os.path.exists("/bin/sh"):  # ENOEXEC
             raise
     os.execve("/bin/sh", ["sh", path, *argv[1:]], env)
+
+
+def _switch_uid(libc: ctypes.CDLL, uid: int, kept: list[int]) -> None:
+    """Become ``uid`` (and gid) with no supplementary group, keeping only the capabilities
+    ``kept`` across the exec (inheritable and ambient; the bounding set was cut to them
+    already) and no_new_privs: what ``setpriv --reuid --regid --clear-groups --inh-caps
+    --ambient-caps --no-new-privs`` does, without its exec."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    _prctl(libc, "cannot keep capabilities", _PR_SET_KEEPCAPS, 1)  # cleared by the exec
+    os.setresuid(uid, uid, uid)
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    for number in kept:
+        word, bit = divmod(number, 32)
+        data[word].effective |= 1 << bit  # the exec's own path lookup may need them
+        data[word].permitted |= 1 << bit
+        data[word].inheritable |= 1 << bit
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "cannot set capabilities")
+    for number in kept:
+        why = f"cannot raise ambient capability {number}"
+        _prctl(libc, why, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, number)
+    _prctl(libc, "cannot set no_new_privs", _PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _prctl(libc: ctypes.CDLL, why: str, option: int, *args: int) -> None:
+    padded = (*args, 0, 0, 0, 0)[:4]
+    if libc.prctl(option, *padded) != 0:
+        raise OSError(ctypes.get_errno(), why)
 
 
 def _described(error: BaseException) -> tuple[int, str]:
@@ -186,6 +228,7 @@ def main() -> None:
         ctypes.c_ulong,
         ctypes.c_ulong,
     ]
+    libc.capset.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     _default_signals()
     server = socket.socket(fileno=int(sys.argv[1]))

@@ -2,10 +2,11 @@
 
 Where the server works (Linux >= 5.7 with clone3 allowed), a command is born in its unit's
 cgroup v2 directory with its rlimits set and, when evolane is root at the ``process`` level,
-its dangerous capabilities gone from its bounding set: one exec (the command's), where the
-launcher chain of `evolane.sandbox._launch` takes three (``sh`` to join the cgroups,
-``setpriv``, the command) and a cgroup migration. Anywhere else the launcher chain runs, as
-before: `Spawner.start` returns None, and a spawner that breaks later stops being used.
+its dangerous capabilities gone from its bounding set, or (a ``drop_root`` command) running
+as its unit uid: one exec (the command's), where the launcher chain of
+`evolane.sandbox._launch` takes three (``sh`` to join the cgroups, ``setpriv``, the command)
+and a cgroup migration. Anywhere else the launcher chain runs, as before: `Spawner.start`
+returns None, and a spawner that breaks later stops being used.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ import time
 from pathlib import Path
 
 from evolane.sandbox import _spawnd
-from evolane.sandbox._secrets import DROPPED_CAPABILITIES
+from evolane.sandbox._secrets import (
+    DROPPED_CAPABILITIES,
+    UNIT_UID_BASE,
+    UNIT_UID_CAPABILITIES,
+)
 
 _REPLY_BYTES = 4096
 _SEQPACKET_OVERHEAD = 64  # a message may take the send buffer less ~32 bytes
@@ -48,13 +53,20 @@ class _NoReply(Exception):
     """The server took the request but never answered (killed now)."""
 
 
+def _last_capability() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        return 40
+
+
 def _dropped_numbers() -> tuple[int, ...]:
     """The capability numbers to drop that this kernel knows."""
-    try:
-        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
-    except (OSError, ValueError):
-        last = 40
-    return tuple(n for n in DROPPED_CAPABILITIES.values() if n <= last)
+    return tuple(n for n in DROPPED_CAPABILITIES.values() if n <= _last_capability())
+
+
+UidSwitch = tuple[int, tuple[int, ...]]
+"""(uid, the capabilities kept): the clone becomes the unit uid (see `_spawnd._switch_uid`)."""
 
 
 class Spawner:
@@ -74,6 +86,13 @@ class Spawner:
         self.reply_timeout = REPLY_TIMEOUT
         self.dropped: tuple[int, ...] = ()
         """The capabilities a root command loses in the clone (probed by `start`)."""
+        self.switches_uid = False
+        """Whether the clone can become a ``drop_root`` command's unit uid (probed)."""
+        kept = tuple(UNIT_UID_CAPABILITIES.values())
+        self._kept, self._unit_bounding = (
+            kept,
+            tuple(n for n in range(_last_capability() + 1) if n not in kept),
+        )
 
     @classmethod
     def start(cls, probe_cgroup: str | None = None) -> Spawner | None:
@@ -104,14 +123,21 @@ class Spawner:
         for dropped in (drops, ()) if drops else ((),):
             if spawner._probe(true, dropped, probe_cgroup):
                 spawner.dropped = dropped
-                return spawner
-        spawner.close()
-        return None
+                break
+        else:
+            spawner.close()
+            return None
+        if os.geteuid() == 0:  # else a drop_root command keeps evolane's uid
+            spawner.switches_uid = spawner._probe(true, (), probe_cgroup, UNIT_UID_BASE)
+        return spawner
 
-    def _probe(self, true: str, dropped: tuple[int, ...], cgroup: str | None) -> bool:
+    def _probe(
+        self, true: str, dropped: tuple[int, ...], cgroup: str | None, uid: int | None = None
+    ) -> bool:
         output = (self._devnull, self._devnull)
         try:
-            pid = self.spawn(true, [true], {}, "/", output, [], [], dropped, cgroup)
+            switch = self.uid_switch(uid) if uid is not None else None
+            pid = self.spawn(true, [true], {}, "/", output, [], [], dropped, cgroup, switch)
             _, status = os.waitpid(pid, 0)
         except (OSError, SpawnerUnavailable):
             return False
@@ -125,15 +151,19 @@ class Spawner:
         cwd: str,
         output: tuple[int, int],
         rlimits: list[tuple[int, int, int]],
-        v1_procs: list[str],
+        v1_tasks: list[str],
         dropped: tuple[int, ...],
         cgroup: str | None,
+        switch: UidSwitch | None = None,
     ) -> int:
         """Start ``path`` with ``argv`` as a child of this process, in a session of its own,
         stdin from /dev/null, stdout and stderr to ``output``; returns its pid once it has
-        exec'd. Raises OSError when it could not start (the child is reaped), and
+        exec'd. ``switch`` (from `uid_switch`): it runs as that unit uid, and ``dropped``
+        is ignored. Raises OSError when it could not start (the child is reaped), and
         `SpawnerUnavailable` when the server did not take the request."""
-        request = (path, argv, env, cwd, rlimits, v1_procs, dropped, cgroup)
+        if switch is not None:
+            dropped = self._unit_bounding
+        request = (path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
         payload = marshal.dumps(request)
         if len(payload) > self.largest_request:
             raise SpawnerUnavailable("the request is larger than the spawn server takes")
@@ -170,6 +200,11 @@ class Spawner:
             code, _, text = failure.decode(errors="replace").partition(":")
             raise OSError(int(code) if code.isdigit() else 0, text or "spawn failed")
         return pid
+
+    def uid_switch(self, uid: int) -> UidSwitch:
+        """The `spawn` argument that runs a command as ``uid`` with only
+        `UNIT_UID_CAPABILITIES` (the ``setpriv`` step of a root evolane's launcher chain)."""
+        return uid, self._kept
 
     def _ask(self, payload: bytes, fds: tuple[int, ...]) -> tuple[int, int, str, bool]:
         """Send one request and wait for its reply (`SpawnerUnavailable` when unsent,
