@@ -21,6 +21,7 @@ from evolane.sandbox import (
     SandboxHost,
     SandboxSpec,
     _run,
+    _secrets,
     _spawnd,
     _spawner,
     lease_holders,
@@ -417,8 +418,9 @@ async def _compare_unit_uids(
     host: SandboxHost, launcher_host: SandboxHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert host.spawner is not None and host.spawner.switches_uid
-    # The program sits in a folder only root may enter: the exec's own lookup needs the
-    # one capability the unit keeps (CAP_DAC_READ_SEARCH), as under setpriv.
+    # The program sits in a folder only root may enter, and only root may execute it: as
+    # under setpriv, the exec runs with root's capabilities and what it starts with the one
+    # the unit keeps (CAP_DAC_READ_SEARCH, which lets sh read the script).
     private = tmp_path / "sandbox" / "private"
     private.mkdir(mode=0o700)
     script = private / "show"
@@ -430,7 +432,7 @@ async def _compare_unit_uids(
         "touch /etc/evolane-unit-wrote-here 2>/dev/null && echo 'Wrote: yes'\n"
         "cat /etc/shadow > /dev/null && echo 'Reads: root files'\n"
     )
-    script.chmod(0o755)
+    script.chmod(0o700)
     seen = _switches(monkeypatch)
     spec = SandboxSpec(argv=(str(script), sys.executable), drop_root=True, kill_grace=0.2)
     served, launched = [await way.run(spec, timeout=30) for way in (host, launcher_host)]
@@ -479,3 +481,19 @@ async def test_a_uid_switch_failing_in_the_clone_runs_nothing(
         assert outcome.status == "spawn_failed" and "refused" in (outcome.error or ""), outcome
         assert not host.spawner.broken
     assert not marker.exists() and _zombies() <= zombies_before  # the clone was reaped
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root evolane switches a command to a unit uid")
+async def test_a_drop_root_command_with_no_way_to_switch_uids_loses_roots_capabilities(
+    host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No setpriv: no unit uid (the launcher chain could not switch either way), so the
+    # command is root, and must lose what a plain root command loses, not keep it all.
+    monkeypatch.setattr(_secrets, "_setpriv", lambda: None)
+    outcome = await _run_sh(host, "id -u; grep CapBnd /proc/self/status", drop_root=True)
+    assert outcome.ok, outcome
+    uid, bounding = outcome.stdout.text().split()[0], outcome.stdout.text().split()[-1]
+    assert uid == "0" and "unprivileged_uid" not in outcome.enforcement
+    for number in _secrets.DROPPED_CAPABILITIES.values():
+        assert not int(bounding, 16) & (1 << number), (number, bounding)
+    assert "root_caps_dropped" in outcome.enforcement

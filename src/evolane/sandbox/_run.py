@@ -40,6 +40,7 @@ from evolane.sandbox._launch import (
     launcher_argv,
     rlimit_numbers,
 )
+from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
@@ -300,20 +301,18 @@ def _through_server(
 ) -> tuple[int, tuple[str, ...]] | None:
     """Start the unit's command through the host's spawn server: its pid and mechanisms;
     None when there is no server or it did not take the request (errors raise). ``drops``:
-    the clone may drop root's capabilities (no later step of the chain needs them); ``uid``:
-    the unit uid a root evolane's ``drop_root`` command may switch to in the clone (no later
-    step of the chain needs root)."""
+    the clone may drop root's capabilities, ``uid``: switch to that unit uid (no later step
+    of the chain needs root)."""
     spawner, spec, cgroups = unit.host.spawner, unit.spec, unit.cgroups
     if spawner is None or spawner.broken:
         return None
     dropped = spawner.dropped if drops else ()
     switching = uid is not None and spawner.switches_uid
-    cloned = Cloned(capabilities_dropped=bool(dropped), uid_switched=switching)
-    argv, mechanisms = chain(cloned=cloned)
+    argv, mechanisms = chain(cloned=Cloned(bool(dropped), uid_switched=switching))
     path = program if len(argv) == len(spec.argv) else argv[0]
-    switch = None  # the chain left its setpriv step out exactly when it says it switches
-    if uid is not None and switching and "unprivileged_uid" in mechanisms:
-        switch = spawner.uid_switch(uid)
+    # The chain left its setpriv step out exactly when it says it switches.
+    switched = uid is not None and switching and "unprivileged_uid" in mechanisms
+    switch = spawner.uid_switch(uid) if switched and uid is not None else None
     try:
         pid = spawner.spawn(
             path, argv, env, str(unit.work), output, rlimit_numbers(spec.limits),
@@ -328,8 +327,8 @@ def _through_server(
 def _unit_uid(unit: _Unit) -> int | None:
     """The uid a ``drop_root`` command of a root evolane runs as (None: evolane's own),
     with its unit directory and its writable own paths (inside the root) handed to it."""
-    if not unit.spec.drop_root or os.geteuid() != 0:
-        return None
+    if not unit.spec.drop_root or not commands_run_unprivileged():
+        return None  # not root; or no way to switch: root then, with the capabilities dropped
     uid = unit.host.unit_uid()
     writable = [Path(path) for path, rw in unit.spec.view.own if rw]
     hand_over([unit.dir, unit.work, *(p for p in writable if inside(unit.host.root, p))], uid)

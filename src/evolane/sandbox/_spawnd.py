@@ -126,17 +126,21 @@ def _switch_uid(libc: ctypes.CDLL, uid: int, kept: list[int]) -> None:
     """Become ``uid`` (and gid) with no supplementary group, keeping only the capabilities
     ``kept`` across the exec (inheritable and ambient; the bounding set was cut to them
     already) and no_new_privs: what ``setpriv --reuid --regid --clear-groups --inh-caps
-    --ambient-caps --no-new-privs`` does, without its exec."""
+    --ambient-caps --no-new-privs`` does, without its exec. As under setpriv, the exec
+    itself still runs with root's capabilities (a program only root may execute starts),
+    and what it starts holds ``kept`` alone."""
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     _prctl(libc, "cannot keep capabilities", _PR_SET_KEEPCAPS, 1)  # cleared by the exec
     os.setresuid(uid, uid, uid)
+    _prctl(libc, "cannot stay undumpable", _PR_SET_DUMPABLE, 0)  # the uid change reset it
     header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "cannot read capabilities")
+    for word in data:  # the uid change cleared the effective set; permitted was kept
+        word.effective, word.inheritable = word.permitted, 0
     for number in kept:
-        word, bit = divmod(number, 32)
-        data[word].effective |= 1 << bit  # the exec's own path lookup may need them
-        data[word].permitted |= 1 << bit
-        data[word].inheritable |= 1 << bit
+        data[number // 32].inheritable |= 1 << number % 32
     if libc.capset(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "cannot set capabilities")
     for number in kept:
@@ -228,7 +232,7 @@ def main() -> None:
         ctypes.c_ulong,
         ctypes.c_ulong,
     ]
-    libc.capset.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    libc.capget.argtypes = libc.capset.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     _default_signals()
     server = socket.socket(fileno=int(sys.argv[1]))
