@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from evolane.sandbox import (
     SandboxHost,
     SandboxSpec,
     WorkspaceError,
+    _host,
     lease_holders,
 )
 from evolane.sandbox._capture import BoundedCapture
@@ -358,3 +360,25 @@ def test_a_spool_that_cannot_be_made_costs_the_stored_copy_never_the_capture(
     result = capture.result()
     assert capture.spool_failed and capture.store(BlobStore(tmp_path / "store")) is None
     assert (result.head, result.tail, result.total_bytes) == (b"0123", b"cdef", 16)
+
+
+def test_deferred_cleanups_wait_for_a_batch_then_run_in_order() -> None:
+    # The first cleanup of a batch waits (a unit ends as its lane starts the next one);
+    # what is queued meanwhile runs with it, in order; settle waits for all of them.
+    waiting, release, ran = threading.Event(), threading.Event(), []
+
+    def delay(seconds: float) -> None:
+        assert seconds == _host.CLEANUP_DELAY
+        waiting.set()
+        assert release.wait(30)
+
+    janitor = _host._Janitor()
+    janitor._delay = delay
+    janitor.put(lambda: ran.append("a"))
+    assert waiting.wait(30) and ran == []  # held back, not run at once
+    janitor.put(lambda: ran.append("b"))
+    waiting.clear()
+    release.set()
+    janitor.settle()
+    assert ran == ["a", "b"] and not waiting.is_set()  # b went with a's batch, no 2nd wait
+    janitor.close()
