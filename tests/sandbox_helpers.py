@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from evolane.sandbox import SandboxHost, lease_holders
+from pathlib import Path
+
+import psutil
+
+from evolane.sandbox import SandboxHost, SandboxSpec, _spawnd, lease_holders
+from evolane.sandbox._spec import ProcessOutcome
 from evolane.testing import descendants
 
 
@@ -17,3 +22,24 @@ def survivors(host: SandboxHost, before: set[int] | None = None) -> set[int]:
     if before is not None:
         alive |= descendants() - before
     return alive
+
+
+def altered_server(tmp_path: Path, after: str, insert: str) -> str:
+    """A copy of the real server with ``insert`` after the line ``after`` (fault injection:
+    an older kernel, a server descheduled at the worst moment)."""
+    source = Path(_spawnd.__file__).read_text()
+    assert after in source
+    copy = tmp_path / "_spawnd_altered.py"
+    copy.write_text(source.replace(after, after + insert, 1))
+    return str(copy)
+
+
+def zombies() -> set[int]:
+    """This process's children that have exited and wait to be reaped."""
+    return {p.pid for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE}
+
+
+async def run_sh(host: SandboxHost, script: str, **fields: object) -> ProcessOutcome:
+    """Run ``script`` with ``sh -c`` on ``host`` (kill grace 0.2 s, 30 s at most)."""
+    spec = SandboxSpec(argv=("sh", "-c", script), kill_grace=0.2, **fields)  # type: ignore[arg-type]
+    return await host.run(spec, timeout=30)

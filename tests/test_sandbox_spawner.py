@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,14 +20,12 @@ from evolane.sandbox import (
     SandboxHost,
     SandboxSpec,
     _run,
-    _secrets,
     _spawnd,
     _spawner,
     lease_holders,
     open_sandbox,
 )
-from evolane.sandbox._secrets import UNIT_UID_BASE
-from evolane.sandbox._spec import ProcessOutcome
+from tests.sandbox_helpers import altered_server, run_sh, zombies
 
 ROOT = os.geteuid() == 0
 
@@ -43,11 +40,6 @@ async def host(tmp_path: Path) -> AsyncIterator[SandboxHost]:
 async def launcher_host(tmp_path: Path) -> AsyncIterator[SandboxHost]:
     async with open_sandbox(tmp_path / "launched", use_spawner=False) as opened:
         yield opened
-
-
-async def _run_sh(host: SandboxHost, script: str, **fields: object) -> ProcessOutcome:
-    spec = SandboxSpec(argv=("sh", "-c", script), kill_grace=0.2, **fields)  # type: ignore[arg-type]
-    return await host.run(spec, timeout=30)
 
 
 def _spawns(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -75,7 +67,7 @@ async def test_a_command_is_born_a_child_of_evolane_in_its_cgroup(
     assert host.spawner is not None, "this Linux host must spawn through the server"
     ways = _spawns(monkeypatch)
     # The command's first act reads its parent and cgroup: nothing ran before it joined.
-    outcome = await _run_sh(host, "echo $PPID; cat /proc/self/cgroup")
+    outcome = await run_sh(host, "echo $PPID; cat /proc/self/cgroup")
     assert outcome.ok, outcome
     text = outcome.stdout.text()
     assert text.splitlines()[0] == str(os.getpid())  # CLONE_PARENT: ours to wait and reap
@@ -130,19 +122,15 @@ async def test_the_server_and_the_launcher_give_the_same_outcomes(
     missing = tmp_path / "sandbox" / "missing-interpreter"
     missing.write_text("#!/nonexistent/interpreter\n")
     missing.chmod(0o755)
-    zombies_before = _zombies()
+    zombies_before = zombies()
     served, launched = [
         await way.run(SandboxSpec(argv=(str(missing),)), timeout=30)
         for way in (host, launcher_host)
     ]
     assert served.status == "spawn_failed" and "No such file" in (served.error or ""), served
     assert launched.exit_code == 127
-    assert _zombies() <= zombies_before
+    assert zombies() <= zombies_before
     assert lease_holders(host.lease) == set()
-
-
-def _zombies() -> set[int]:
-    return {p.pid for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE}
 
 
 @pytest.mark.skipif(not ROOT, reason="capabilities are dropped for root's commands only")
@@ -151,7 +139,7 @@ async def test_a_root_command_loses_the_dangerous_capabilities(
 ) -> None:
     assert host.spawner is not None and host.spawner.dropped
     ways = _spawns(monkeypatch)
-    outcome = await _run_sh(host, "grep CapBnd /proc/self/status")
+    outcome = await run_sh(host, "grep CapBnd /proc/self/status")
     assert ways == ["server"]  # dropped by the clone, not by a setpriv step
     bounding = int(outcome.stdout.text().split()[-1], 16)
     for number in (2, 16, 17, 19, 21):  # dac_read_search, module, rawio, ptrace, admin
@@ -167,7 +155,7 @@ async def test_a_command_cannot_read_the_servers_memory_or_environment(
     # As a user, the server's non-dumpable flag denies it; as root, the command's dropped
     # CAP_SYS_PTRACE does (its capabilities are no longer a superset of the server's), so
     # run as root this checks the capability drop, and only a user's run the flag.
-    outcome = await _run_sh(host, f"cat /proc/{server}/environ")
+    outcome = await run_sh(host, f"cat /proc/{server}/environ")
     assert outcome.exit_code != 0 and "denied" in outcome.stderr.text(), outcome
 
 
@@ -177,11 +165,11 @@ async def test_a_killed_server_leaves_the_launcher_chain(
     assert host.spawner is not None
     ways = _spawns(monkeypatch)
     # A command that kills the server (root's commands may signal anything) ...
-    killer = await _run_sh(host, f"kill -KILL {host.spawner.pid}")
+    killer = await run_sh(host, f"kill -KILL {host.spawner.pid}")
     assert killer.ok, killer
     # ... leaves every later command to the launcher chain, with the same guarantees.
     for _ in range(3):
-        outcome = await _run_sh(host, "echo $$")
+        outcome = await run_sh(host, "echo $$")
         assert outcome.ok, outcome
     assert host.spawner.broken
     assert ways == ["server", "launcher", "launcher", "launcher"]
@@ -194,13 +182,13 @@ async def test_a_stopped_server_hands_its_spawn_to_the_launcher(tmp_path: Path) 
         host.spawner.reply_timeout = 0.5
         os.kill(host.spawner.pid, signal.SIGSTOP)  # as a command of the same uid may
         with trio.fail_after(30):
-            stalled = await _run_sh(host, f"echo ran >> {tmp_path}/ran.txt")
+            stalled = await run_sh(host, f"echo ran >> {tmp_path}/ran.txt")
         # The server never cloned it (killed while stopped; EOF came with no pid on the
         # error pipe), so the launcher ran it: once.
         assert stalled.ok, stalled
         assert (tmp_path / "ran.txt").read_text() == "ran\n"
         assert host.spawner.broken
-        after = await _run_sh(host, "echo fine")
+        after = await run_sh(host, "echo fine")
         assert after.ok and after.stdout.text() == "fine\n"
         assert lease_holders(host.lease) == set()
 
@@ -215,7 +203,7 @@ async def test_a_request_too_large_for_the_server_goes_through_the_launcher(
     large = [str(n % 10) * 59_999 + str(n) for n in range(count)]
     outcome = await host.run(SandboxSpec(argv=("sh", "-c", "echo $#", "x", *large)), timeout=30)
     assert outcome.ok and outcome.stdout.text() == f"{count}\n", outcome
-    small = await _run_sh(host, "echo small")
+    small = await run_sh(host, "echo small")
     assert small.ok and small.stdout.text() == "small\n"
     assert ways == ["launcher", "server"]  # only the large one went round; the server stays
     assert not host.spawner.broken
@@ -225,21 +213,21 @@ async def test_the_server_leaves_with_its_host(tmp_path: Path) -> None:
     async with open_sandbox(tmp_path / "sandbox") as host:
         assert host.spawner is not None
         server = psutil.Process(host.spawner.pid)
-        await _run_sh(host, "true")
+        await run_sh(host, "true")
     assert not server.is_running()  # exited and reaped (psutil tells a reused pid apart)
 
 
 async def test_a_command_holds_no_descriptor_but_its_three(host: SandboxHost) -> None:
     # An inherited error pipe would keep the spawn waiting until the command ends, and any
     # other descriptor of the server's would leak into the command.
-    outcome = await _run_sh(host, "ls /proc/$$/fd")
+    outcome = await run_sh(host, "ls /proc/$$/fd")
     assert sorted(outcome.stdout.text().split()) == ["0", "1", "2"], outcome.stdout.text()
 
 
 async def test_a_command_flooding_both_streams_at_once_is_drained(host: SandboxHost) -> None:
     script = "head -c 4000000 /dev/zero & head -c 4000000 /dev/zero >&2; wait"
     with trio.fail_after(60):
-        outcome = await _run_sh(host, script)
+        outcome = await run_sh(host, script)
     assert outcome.ok and outcome.stdout.total_bytes == 4_000_000
 
 
@@ -251,28 +239,18 @@ async def test_a_command_starts_with_no_signal_blocked_or_ignored(host: SandboxH
     assert int(fields["SigBlk"], 16) == 0 and int(fields["SigIgn"], 16) == 0, fields
 
 
-def _altered_server(tmp_path: Path, after: str, insert: str) -> str:
-    """A copy of the real server with ``insert`` after the line ``after`` (fault injection:
-    an older kernel, a server descheduled at the worst moment)."""
-    source = Path(_spawnd.__file__).read_text()
-    assert after in source
-    copy = tmp_path / "_spawnd_altered.py"
-    copy.write_text(source.replace(after, after + insert, 1))
-    return str(copy)
-
-
 @pytest.mark.parametrize("number", [38, 7, 22])  # ENOSYS, E2BIG (5.3-5.4), EINVAL (5.5-5.6)
 async def test_a_kernel_without_clone_into_cgroup_leaves_the_launcher_chain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, number: int
 ) -> None:
     after = "    flags = CLONE_PARENT | (CLONE_INTO_CGROUP if cgroup_fd is not None else 0)\n"
     refuse = f'    if cgroup_fd is not None:\n        raise CloneRefused({number}, "clone3: old")\n'
-    monkeypatch.setattr(_spawnd, "__file__", _altered_server(tmp_path, after, refuse))
+    monkeypatch.setattr(_spawnd, "__file__", altered_server(tmp_path, after, refuse))
     # Probed into a cgroup, as a host with a cgroup v2 does: the probe finds it out.
     async with open_sandbox(tmp_path / "sandbox") as host:
         if host.cgroups.unified is not None:
             assert host.spawner is None
-        outcome = await _run_sh(host, "echo ran")
+        outcome = await run_sh(host, "echo ran")
         assert outcome.ok and outcome.stdout.text() == "ran\n"
     # Probed without one: the first spawn into a cgroup finds it out, and runs anyway.
     spawner = _spawner.Spawner.start()
@@ -288,7 +266,7 @@ async def test_a_clone_whose_reply_is_lost_is_killed_and_reaped(
 ) -> None:
     after = "        pid = _clone(libc, cgroup_fd)\n"
     stall = "        pid and __import__('time').sleep(3)\n"  # the server, not its clone
-    monkeypatch.setattr(_spawnd, "__file__", _altered_server(tmp_path, after, stall))
+    monkeypatch.setattr(_spawnd, "__file__", altered_server(tmp_path, after, stall))
     spawner = _spawner.Spawner.start()  # its probe waits out the stall
     assert spawner is not None
     spawner.reply_timeout = 1.0
@@ -335,7 +313,7 @@ async def test_a_request_the_socket_refuses_goes_through_the_launcher(
     host.spawner.largest_request = 1 << 30
     host.spawner._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     text = "".join(str(n) for n in range(6000))
-    outcome = await _run_sh(host, f"echo {text} | wc -c")
+    outcome = await run_sh(host, f"echo {text} | wc -c")
     assert outcome.ok and int(outcome.stdout.text()) == len(text) + 1
     assert ways == ["launcher"] and not host.spawner.broken
 
@@ -374,126 +352,3 @@ def test_closing_a_spawner_twice_closes_nothing_of_anyone_else() -> None:
     finally:
         for fd in others:
             os.close(fd)
-
-
-_PRIVILEGE_FIELDS = ("Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")
-
-
-def _privileges(outcome: ProcessOutcome) -> dict[str, str]:
-    lines = outcome.stdout.text().splitlines()
-    fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    return {name: value.strip() for name, value in fields.items()}
-
-
-def _switches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], object]]:
-    """(argv, uid switch) of each spawn through the server in this test."""
-    seen: list[tuple[list[str], object]] = []
-    real = _spawner.Spawner.spawn
-
-    def spy(self: _spawner.Spawner, path: str, argv: list[str], *rest: object) -> int:
-        seen.append((argv, rest[7] if len(rest) > 7 else None))
-        return real(self, path, argv, *rest)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_spawner.Spawner, "spawn", spy)
-    return seen
-
-
-@pytest.mark.skipif(not ROOT, reason="only a root evolane switches a command to a unit uid")
-async def test_a_drop_root_command_becomes_its_unit_uid_in_the_clone_as_through_setpriv(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    groups = os.getgroups()
-    os.setgroups([4242, 4343])  # evolane's supplementary groups: the command has none
-    try:
-        async with (
-            open_sandbox(tmp_path / "sandbox") as host,
-            open_sandbox(tmp_path / "launched", use_spawner=False) as launcher_host,
-        ):
-            await _compare_unit_uids(host, launcher_host, tmp_path, monkeypatch)
-    finally:
-        os.setgroups(groups)
-
-
-async def _compare_unit_uids(
-    host: SandboxHost, launcher_host: SandboxHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert host.spawner is not None and host.spawner.switches_uid
-    # The program sits in a folder only root may enter, and only root may execute it: as
-    # under setpriv, the exec runs with root's capabilities and what it starts with the one
-    # the unit keeps (CAP_DAC_READ_SEARCH, which lets sh read the script).
-    private = tmp_path / "sandbox" / "private"
-    private.mkdir(mode=0o700)
-    script = private / "show"
-    script.write_text(
-        "#!/bin/sh\n"
-        "grep -E '^(Uid|Gid|Groups|Cap...|NoNewPrivs):' /proc/self/status\n"
-        "bits=$(\"$1\" -c 'import ctypes; print(ctypes.CDLL(None).prctl(27, 0, 0, 0, 0))')\n"
-        'echo "Securebits: $bits"\n'
-        "touch /etc/evolane-unit-wrote-here 2>/dev/null && echo 'Wrote: yes'\n"
-        "cat /etc/shadow > /dev/null && echo 'Reads: root files'\n"
-    )
-    script.chmod(0o700)
-    seen = _switches(monkeypatch)
-    spec = SandboxSpec(argv=(str(script), sys.executable), drop_root=True, kill_grace=0.2)
-    served, launched = [await way.run(spec, timeout=30) for way in (host, launcher_host)]
-    assert served.ok and launched.ok, (served, launched)
-    [(argv, switch)] = seen
-    assert argv == list(spec.argv) and switch is not None  # no setpriv exec: the clone did it
-    mine, theirs = _privileges(served), _privileges(launched)
-    for name in (*_PRIVILEGE_FIELDS, "Securebits", "Reads"):
-        assert mine.get(name) == theirs.get(name), (name, mine, theirs)
-    uids = mine["Uid"].split()
-    assert len(set(uids)) == 1 and int(uids[0]) >= UNIT_UID_BASE and mine["Gid"].split() == uids
-    assert mine["CapBnd"] == mine["CapAmb"] == f"{1 << 2:016x}" and mine["NoNewPrivs"] == "1"
-    assert mine["Groups"] == "" and mine["Securebits"] == "0" and "Wrote" not in mine
-    assert served.enforcement == launched.enforcement and "unprivileged_uid" in served.enforcement
-
-
-@pytest.mark.skipif(not ROOT, reason="only a root evolane switches a command to a unit uid")
-async def test_a_clone_that_cannot_switch_uids_leaves_the_switch_to_setpriv(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    after = "    os.setresuid(uid, uid, uid)\n"
-    refuse = "    raise PermissionError(1, 'refused')\n"
-    monkeypatch.setattr(_spawnd, "__file__", _altered_server(tmp_path, after, refuse))
-    seen = _switches(monkeypatch)
-    async with open_sandbox(tmp_path / "sandbox") as host:
-        assert host.spawner is not None and not host.spawner.switches_uid  # found by its probe
-        outcome = await _run_sh(host, "id -u; grep CapBnd /proc/self/status", drop_root=True)
-    assert outcome.ok, outcome
-    assert int(outcome.stdout.text().split()[0]) >= UNIT_UID_BASE
-    [(argv, switch)] = [entry for entry in seen if "id -u" in " ".join(entry[0])]
-    assert switch is None and "setpriv" in argv[0]
-
-
-@pytest.mark.skipif(not ROOT, reason="only a root evolane switches a command to a unit uid")
-async def test_a_uid_switch_failing_in_the_clone_runs_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Halfway: the uid is switched, the capabilities not yet. The command must not run.
-    after = "    os.setresuid(uid, uid, uid)\n"
-    refuse = f"    if uid != {UNIT_UID_BASE}:\n        raise PermissionError(1, 'refused')\n"
-    monkeypatch.setattr(_spawnd, "__file__", _altered_server(tmp_path, after, refuse))
-    marker, zombies_before = tmp_path / "ran", _zombies()
-    async with open_sandbox(tmp_path / "sandbox") as host:
-        assert host.spawner is not None and host.spawner.switches_uid  # the probe's uid works
-        outcome = await _run_sh(host, f"touch {marker}", drop_root=True)
-        assert outcome.status == "spawn_failed" and "refused" in (outcome.error or ""), outcome
-        assert not host.spawner.broken
-    assert not marker.exists() and _zombies() <= zombies_before  # the clone was reaped
-
-
-@pytest.mark.skipif(not ROOT, reason="only a root evolane switches a command to a unit uid")
-async def test_a_drop_root_command_with_no_way_to_switch_uids_loses_roots_capabilities(
-    host: SandboxHost, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # No setpriv: no unit uid (the launcher chain could not switch either way), so the
-    # command is root, and must lose what a plain root command loses, not keep it all.
-    monkeypatch.setattr(_secrets, "_setpriv", lambda: None)
-    outcome = await _run_sh(host, "id -u; grep CapBnd /proc/self/status", drop_root=True)
-    assert outcome.ok, outcome
-    uid, bounding = outcome.stdout.text().split()[0], outcome.stdout.text().split()[-1]
-    assert uid == "0" and "unprivileged_uid" not in outcome.enforcement
-    for number in _secrets.DROPPED_CAPABILITIES.values():
-        assert not int(bounding, 16) & (1 << number), (number, bounding)
-    assert "root_caps_dropped" in outcome.enforcement

@@ -88,7 +88,8 @@ class _Janitor:
         except queue.Empty:
             cleanup = self._queue.get()
         if cleanup is not None:
-            self._delay(CLEANUP_DELAY)
+            with contextlib.suppress(Exception):  # a delay that fails is no delay
+                self._delay(CLEANUP_DELAY)
         return cleanup
 
     def settle(self) -> None:

@@ -159,6 +159,8 @@ def launcher_argv(
         mechanisms += ["pid_namespace", "net_namespace"]
     # Last: unshare above still needs CAP_SYS_ADMIN.
     switch = unit_uid_argv(uid) if uid is not None else None
+    if uid is not None and switch is None:  # never run a drop_root command as root unasked
+        raise OSError(0, f"cannot run the command as its unit uid {uid}: no working setpriv")
     if switch is not None:
         if not (cloned is not None and cloned.uid_switched):
             argv += switch

@@ -139,7 +139,7 @@ def unit_uid_argv(uid: int) -> tuple[str, ...] | None:
     root may read (an interpreter under /root, a folder made by ``mkdtemp``; what ``process``
     never hid), but writes only what ``uid`` owns (its own directories, handed over), and
     cannot signal or trace evolane, the store's files or another unit's. None without a
-    usable ``setpriv`` (the caller keeps root and records it)."""
+    usable ``setpriv``: evolane then gives no unit uid (its command is a root command)."""
     setpriv = _setpriv()
     if setpriv is None or not _uid_switch_works(setpriv):
         return None

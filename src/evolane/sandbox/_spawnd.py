@@ -122,7 +122,7 @@ def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None
     os.execve("/bin/sh", ["sh", path, *argv[1:]], env)
 
 
-def _switch_uid(libc: ctypes.CDLL, uid: int, kept: list[int]) -> None:
+def _switch_uid(libc: ctypes.CDLL, uid: int, kept: tuple[int, ...]) -> None:
     """Become ``uid`` (and gid) with no supplementary group, keeping only the capabilities
     ``kept`` across the exec (inheritable and ambient; the bounding set was cut to them
     already) and no_new_privs: what ``setpriv --reuid --regid --clear-groups --inh-caps

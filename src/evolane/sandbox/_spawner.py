@@ -62,7 +62,8 @@ def _last_capability() -> int:
 
 def _dropped_numbers() -> tuple[int, ...]:
     """The capability numbers to drop that this kernel knows."""
-    return tuple(n for n in DROPPED_CAPABILITIES.values() if n <= _last_capability())
+    last = _last_capability()
+    return tuple(n for n in DROPPED_CAPABILITIES.values() if n <= last)
 
 
 UidSwitch = tuple[int, tuple[int, ...]]

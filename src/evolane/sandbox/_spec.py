@@ -91,7 +91,8 @@ class SandboxSpec(Record):
     drop_root: bool = False
     """When evolane runs as root, run the command (``process``/``namespace`` levels) under
     its own unprivileged uid that may read but not write what root owns (see
-    `evolane.sandbox._secrets.unit_uid_argv`); campaign commands set it."""
+    `evolane.sandbox._secrets.unit_uid_argv`); where this host cannot switch uids (no
+    working ``setpriv``), it runs as any root command does. Campaign commands set it."""
     keep_failed: bool = False
     label: Name = "unit"
 
