@@ -382,3 +382,18 @@ def test_deferred_cleanups_wait_for_a_batch_then_run_in_order() -> None:
     janitor.settle()
     assert ran == ["a", "b"] and not waiting.is_set()  # b went with a's batch, no 2nd wait
     janitor.close()
+
+
+def test_a_cleanup_delay_that_fails_delays_nothing_and_stops_nothing() -> None:
+    janitor, ran = _host._Janitor(), []
+
+    def broken(seconds: float) -> None:
+        raise RuntimeError("no delay today")
+
+    janitor._delay = broken
+    for name in ("a", "b"):  # each starts a batch: its delay fails, it runs all the same
+        done = threading.Event()
+        janitor.put(lambda name=name, done=done: (ran.append(name), done.set()))
+        assert done.wait(30), ran  # the janitor's thread lives on
+    assert ran == ["a", "b"]
+    janitor.close()

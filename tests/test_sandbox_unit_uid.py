@@ -24,8 +24,9 @@ from evolane.sandbox._secrets import UNIT_UID_BASE
 from evolane.sandbox._spec import ProcessOutcome
 from tests.sandbox_helpers import altered_server, run_sh, zombies
 
-ROOT = os.geteuid() == 0
-pytestmark = pytest.mark.skipif(not ROOT, reason="only a root evolane switches commands' uids")
+root_only = pytest.mark.skipif(
+    os.geteuid() != 0, reason="only a root evolane switches commands' uids"
+)
 
 
 @pytest.fixture
@@ -56,6 +57,7 @@ def _switches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], object]]
     return seen
 
 
+@root_only
 async def test_a_drop_root_command_becomes_its_unit_uid_in_the_clone_as_through_setpriv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,6 +108,7 @@ async def _compare_unit_uids(
     assert served.enforcement == launched.enforcement and "unprivileged_uid" in served.enforcement
 
 
+@root_only
 async def test_a_clone_that_cannot_switch_uids_leaves_the_switch_to_setpriv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,6 +125,7 @@ async def test_a_clone_that_cannot_switch_uids_leaves_the_switch_to_setpriv(
     assert switch is None and "setpriv" in argv[0]
 
 
+@root_only
 async def test_a_uid_switch_failing_in_the_clone_runs_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,7 +134,10 @@ async def test_a_uid_switch_failing_in_the_clone_runs_nothing(
     refuse = "    if os.getcwd() != '/':  # a unit's, not the probe's\n"
     refuse += "        raise PermissionError(1, 'refused')\n"
     monkeypatch.setattr(_spawnd, "__file__", altered_server(tmp_path, after, refuse))
-    marker, zombies_before = tmp_path / "ran", zombies()
+    writable = tmp_path / "open"
+    writable.mkdir(mode=0o777)
+    writable.chmod(0o777)  # the unit uid could make the marker, had the command run
+    marker, zombies_before = writable / "ran", zombies()
     async with open_sandbox(tmp_path / "sandbox") as host:
         assert host.spawner is not None and host.spawner.switches_uid  # the probe's uid works
         outcome = await run_sh(host, f"touch {marker}", drop_root=True)
@@ -139,6 +146,7 @@ async def test_a_uid_switch_failing_in_the_clone_runs_nothing(
     assert not marker.exists() and zombies() <= zombies_before  # the clone was reaped
 
 
+@root_only
 async def test_a_drop_root_command_with_no_way_to_switch_uids_loses_roots_capabilities(
     host: SandboxHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:

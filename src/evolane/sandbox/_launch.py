@@ -11,6 +11,7 @@ would let the command read evolane's memory or environment (`evolane.sandbox._se
 
 from __future__ import annotations
 
+import errno
 import resource
 import shutil
 import signal
@@ -160,7 +161,7 @@ def launcher_argv(
     # Last: unshare above still needs CAP_SYS_ADMIN.
     switch = unit_uid_argv(uid) if uid is not None else None
     if uid is not None and switch is None:  # never run a drop_root command as root unasked
-        raise OSError(0, f"cannot run the command as its unit uid {uid}: no working setpriv")
+        raise OSError(errno.EPERM, f"cannot run the command as unit uid {uid}: no setpriv")
     if switch is not None:
         if not (cloned is not None and cloned.uid_switched):
             argv += switch

@@ -328,7 +328,7 @@ def _unit_uid(unit: _Unit) -> int | None:
     """The uid a ``drop_root`` command of a root evolane runs as (None: evolane's own),
     with its unit directory and its writable own paths (inside the root) handed to it."""
     if not unit.spec.drop_root or not commands_run_unprivileged():
-        return None  # not root; or no way to switch: root then, with the capabilities dropped
+        return None  # not root; or no way to switch: root then (caps dropped where it can)
     uid = unit.host.unit_uid()
     writable = [Path(path) for path, rw in unit.spec.view.own if rw]
     hand_over([unit.dir, unit.work, *(p for p in writable if inside(unit.host.root, p))], uid)
