@@ -108,13 +108,19 @@ async def _compare_unit_uids(
     assert served.enforcement == launched.enforcement and "unprivileged_uid" in served.enforcement
 
 
+def _refuse_uid_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """Servers started meanwhile fail a uid switch halfway (after ``setresuid``) ``when``
+    that expression, evaluated in the clone, holds."""
+    after = "    os.setresuid(uid, uid, uid)\n"
+    refuse = f"    if {when}:\n        raise PermissionError(1, 'refused')\n"
+    monkeypatch.setattr(_spawnd, "__file__", altered_server(tmp_path, after, refuse))
+
+
 @root_only
 async def test_a_clone_that_cannot_switch_uids_leaves_the_switch_to_setpriv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    after = "    os.setresuid(uid, uid, uid)\n"
-    refuse = "    raise PermissionError(1, 'refused')\n"
-    monkeypatch.setattr(_spawnd, "__file__", altered_server(tmp_path, after, refuse))
+    _refuse_uid_switch(tmp_path, monkeypatch, "True")
     seen = _switches(monkeypatch)
     async with open_sandbox(tmp_path / "sandbox") as host:
         assert host.spawner is not None and not host.spawner.switches_uid  # found by its probe
@@ -130,10 +136,7 @@ async def test_a_uid_switch_failing_in_the_clone_runs_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Halfway: the uid is switched, the capabilities not yet. The command must not run.
-    after = "    os.setresuid(uid, uid, uid)\n"
-    refuse = "    if os.getcwd() != '/':  # a unit's, not the probe's\n"
-    refuse += "        raise PermissionError(1, 'refused')\n"
-    monkeypatch.setattr(_spawnd, "__file__", altered_server(tmp_path, after, refuse))
+    _refuse_uid_switch(tmp_path, monkeypatch, "os.getcwd() != '/'")  # a unit's, not the probe's
     writable = tmp_path / "open"
     writable.mkdir(mode=0o777)
     writable.chmod(0o777)  # the unit uid could make the marker, had the command run

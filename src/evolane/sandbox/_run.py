@@ -307,12 +307,10 @@ def _through_server(
     if spawner is None or spawner.broken:
         return None
     dropped = spawner.dropped if drops else ()
-    switching = uid is not None and spawner.switches_uid
-    argv, mechanisms = chain(cloned=Cloned(bool(dropped), uid_switched=switching))
+    # Given a uid, the chain switches to it (or raises): the clone does it in its stead.
+    switch = spawner.uid_switch(uid) if uid is not None and spawner.switches_uid else None
+    argv, mechanisms = chain(cloned=Cloned(bool(dropped), uid_switched=switch is not None))
     path = program if len(argv) == len(spec.argv) else argv[0]
-    # The chain left its setpriv step out exactly when it says it switches.
-    switched = uid is not None and switching and "unprivileged_uid" in mechanisms
-    switch = spawner.uid_switch(uid) if switched and uid is not None else None
     try:
         pid = spawner.spawn(
             path, argv, env, str(unit.work), output, rlimit_numbers(spec.limits),
