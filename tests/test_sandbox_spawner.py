@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -285,9 +286,45 @@ async def test_a_clone_whose_reply_is_lost_is_killed_and_reaped(
     assert spawner.broken
     # The clone exec'd meanwhile; evolane, its parent, learnt its pid from the error pipe,
     # killed it and reaped it.
-    [(pid, status)] = reaped
+    [(pid, status)] = [(pid, status) for pid, status in reaped if pid]
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     assert pid not in {p.pid for p in psutil.Process().children()}
+    spawner.close()
+
+
+def test_a_failed_clone_that_is_stopped_before_its_exit_is_killed_and_reaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failed clone may be stopped (SIGSTOP from a process of the same uid) before it exits:
+    # the spawn must still end, not wait on it without end.
+    after = '        os.write(failed, f"{number}:{text}".encode(errors="replace")[:2048])\n'
+    stop = "        os.kill(os.getpid(), 19)\n"
+    monkeypatch.setattr(_spawnd, "__file__", altered_server(tmp_path, after, stop))
+    before = {p.pid for p in psutil.Process().children()}
+    spawner = _spawner.Spawner.start()  # its probe's clone does not fail, so never stops
+    assert spawner is not None
+    spawner.reply_timeout = 1.0
+    raised: list[BaseException] = []
+
+    def spawn() -> None:
+        try:
+            spawner.spawn(
+                "/bin/true", ["true"], {}, str(tmp_path / "gone"), (1, 2), [], [], (), None
+            )
+        except BaseException as error:
+            raised.append(error)
+
+    waiting = threading.Thread(target=spawn, daemon=True)
+    waiting.start()
+    waiting.join(60)
+    stopped = [p for p in psutil.Process().children() if p.status() == psutil.STATUS_STOPPED]
+    for process in stopped:  # what a hanging spawn left: ended, so the thread can go
+        process.kill()
+    waiting.join(10)
+    assert not stopped, "the spawn waited on its stopped clone"
+    [error] = raised
+    assert isinstance(error, FileNotFoundError) and not spawner.broken
+    assert {p.pid for p in psutil.Process().children()} <= before | {spawner.pid}  # reaped
     spawner.close()
 
 

@@ -41,6 +41,7 @@ REPLY_TIMEOUT = 10.0
 well under one): past them a hung server (stopped by a signal, say) is killed, and a clone
 that never reached its exec too."""
 SERVER_EXIT_WAIT = 5.0
+_REAP_PAUSE_MAX = 0.02  # the longest pause between two checks of a clone being reaped
 """Seconds the server gets to exit once its socket closes; past them it is killed."""
 
 
@@ -139,10 +140,10 @@ class Spawner:
         try:
             switch = self.uid_switch(uid) if uid is not None else None
             pid = self.spawn(true, [true], {}, "/", output, [], [], dropped, cgroup, switch)
-            _, status = os.waitpid(pid, 0)
         except (OSError, SpawnerUnavailable):
             return False
-        return os.waitstatus_to_exitcode(status) == 0
+        status = _reap(pid, self.reply_timeout, kill=False)
+        return status is not None and os.waitstatus_to_exitcode(status) == 0
 
     def spawn(
         self,
@@ -192,12 +193,9 @@ class Spawner:
             if failed_write >= 0:
                 os.close(failed_write)
         if failure is None:  # never reached its exec: it is ours to end
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
             failure = b"0:the command did not reach its exec in time"
-        if failure:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        if failure:  # killed too: a clone that failed may have been stopped before its exit
+            _reap(pid, self.reply_timeout)
             code, _, text = failure.decode(errors="replace").partition(":")
             raise OSError(int(code) if code.isdigit() else 0, text or "spawn failed")
         return pid
@@ -243,11 +241,9 @@ class Spawner:
         pid, eof = _read_pid(failed_read, self.reply_timeout)
         if pid is None:
             return not eof
-        for kill in (os.killpg, os.kill):
-            with contextlib.suppress(OSError):
-                kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        _reap(pid, self.reply_timeout)
         return True
 
     @property
@@ -304,6 +300,28 @@ def _read(fd: int, timeout: float, keep: int, until_eof: bool) -> tuple[bytes, b
             return data, True
         data += chunk[: keep - len(data)]
     return data, False
+
+
+def _reap(pid: int, timeout: float, kill: bool = True) -> int | None:
+    """The wait status of ``pid``, a clone of ours, reaped within ``timeout`` seconds
+    (SIGKILLed first when ``kill``, and once the timeout is out otherwise). None when it is
+    not ours to reap or outlives even SIGKILL (stuck in the kernel): then it stays a child
+    unreaped, never a thread waiting without end."""
+    if kill:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline, pause = time.monotonic() + timeout, 0.0002
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return status
+        if time.monotonic() >= deadline:
+            return None if kill else _reap(pid, timeout)
+        time.sleep(pause)
+        pause = min(2 * pause, _REAP_PAUSE_MAX)
 
 
 def _pid_of(data: bytes) -> int | None:
