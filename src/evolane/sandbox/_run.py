@@ -57,7 +57,7 @@ _STREAMS = ("stdout", "stderr")
 class UnitHost(Protocol):
     """What one run needs of the host it runs on (`SandboxHost` is the one host)."""
 
-    root: Path  # workspaces must lie inside it; kept units go to ``root/kept``
+    root: Path  # resolved; workspaces must lie inside it; kept units go to ``root/kept``
     store: BlobStore | None  # seeds the workspace; a spooled capture goes here
     lease: str
     inherited_lease: str | None
@@ -131,8 +131,8 @@ class _Unit:
         if self.setup is not None:
             self.setup()
         if spec.workspace is not None:  # checked as resolved, and used as checked
-            work = Path(spec.workspace).resolve()
-            if not inside(host.root, work) or not work.is_dir():
+            work = Path(spec.workspace).resolve()  # the host's root is resolved already
+            if not work.is_relative_to(host.root) or not work.is_dir():
                 raise WorkspaceError(
                     f"workspace {spec.workspace!r} is not a directory inside {host.root}"
                 )

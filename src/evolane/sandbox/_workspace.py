@@ -17,8 +17,9 @@ class WorkspaceError(ValueError):
 
 
 def inside(root: Path, candidate: Path) -> bool:
-    """True when ``candidate`` resolves to ``root`` or below it."""
-    return candidate.resolve().is_relative_to(root.resolve())
+    """True when ``candidate`` resolves to ``root`` (a resolved path, as a host's root is)
+    or below it."""
+    return candidate.resolve().is_relative_to(root)
 
 
 def combined_tree(
