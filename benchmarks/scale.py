@@ -7,7 +7,8 @@ it prints: CPU ms per unit (process CPU time, threads included), thread hops per
 (`trio.to_thread.run_sync` calls), fsyncs per unit (`os.fsync`, `os.fdatasync` and a
 batch's ``syncfs`` calls), peak RSS, and the ratio to a hand-written trio loop doing the
 same work (`CapacityLimiter(8)`, a unit folder, the same backend calls, one orjson line per
-unit appended, fsync every 64 units).
+unit appended, fsync every 64 units), and to that loop keeping two of evolane's per-unit
+guarantees too ("kept": the output stored under its digest, the unit folder removed).
 Every N of each way runs in a fresh subprocess, so each peak RSS is its own, under the
 allocator policy the CLI sets for itself (`fix_mmap_threshold`; ``--allocator as-is``: glibc's
 dynamic mmap threshold).
@@ -21,6 +22,7 @@ dynamic mmap threshold).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import resource
 import subprocess
@@ -155,12 +157,18 @@ async def evolane_run(root: Path, cases: int, lanes: int, counters: Counters) ->
     }
 
 
-async def hand_run(root: Path, cases: int, lanes: int, counters: Counters) -> dict[str, Any]:
+async def hand_run(
+    root: Path, cases: int, lanes: int, counters: Counters, kept: bool = False
+) -> dict[str, Any]:
     """The same work written by hand: per unit a folder, the same backend calls, one orjson
-    line appended to a journal, an fsync every `FSYNC_EVERY` units."""
+    line appended to a journal, an fsync every `FSYNC_EVERY` units. ``kept``: also two of
+    evolane's per-unit guarantees, the output stored under its sha256 (a temp file renamed
+    into place, the first writer's kept) and the unit's folder removed after it."""
     write_inputs(root, cases)
     limiter = trio.CapacityLimiter(lanes)
     journal = (root / "journal.jsonl").open("ab")
+    objects = root / "objects"
+    objects.mkdir()
     done = 0
 
     async def unit(index: int, arm: str) -> None:
@@ -178,6 +186,8 @@ async def hand_run(root: Path, cases: int, lanes: int, counters: Counters) -> di
             )
             score = await judge_backend(judged)
             line = {"unit_id": f"{arm}-{index}", "case_id": f"c{index}", "score": score}
+            if kept:
+                line["output"] = _keep(folder, objects)
             journal.write(orjson.dumps(line) + b"\n")
             done += 1
             if done % FSYNC_EVERY == 0:
@@ -201,14 +211,31 @@ async def hand_run(root: Path, cases: int, lanes: int, counters: Counters) -> di
     }
 
 
+def _keep(folder: Path, objects: Path) -> str:
+    """Store the unit's output by digest and remove its folder; the digest."""
+    output = folder / "out" / "output.json"
+    data = output.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if not (objects / digest).exists():
+        temp = objects / f".{folder.name}.tmp"
+        temp.write_bytes(data)
+        os.replace(temp, objects / digest)
+    output.unlink()
+    (folder / "out").rmdir()
+    folder.rmdir()
+    return digest
+
+
 def worker(way: str, cases: int, lanes: int, allocator: str) -> None:
     """Run one way at one N in this (fresh) process and print its figures as one JSON line."""
     if allocator == "fixed":
         fix_mmap_threshold()
     counters = Counters()
-    run = evolane_run if way == "evolane" else hand_run
     with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
-        result = trio.run(run, Path(tmp), cases, lanes, counters)
+        if way == "evolane":
+            result = trio.run(evolane_run, Path(tmp), cases, lanes, counters)
+        else:
+            result = trio.run(hand_run, Path(tmp), cases, lanes, counters, way == "kept")
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     result.update(hops=counters.hops, fsyncs=counters.fsyncs, peak_mib=peak_kib / 1024)
     sys.stdout.write(orjson.dumps({"way": way, "cases": cases, **result}).decode() + "\n")
@@ -228,11 +255,12 @@ def measure(way: str, cases: int, lanes: int, allocator: str = "fixed") -> dict[
     return orjson.loads(done.stdout.strip().splitlines()[-1])
 
 
-def row(ours: dict[str, Any], hand: dict[str, Any]) -> dict[str, Any]:
+def row(ours: dict[str, Any], hand: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
     """The figures of one N, per unit that ran."""
     units = max(ours["units"], 1)
     ms = 1000 * ours["cpu"] / units
     hand_ms = 1000 * hand["cpu"] / max(hand["units"], 1)
+    kept_ms = 1000 * kept["cpu"] / max(kept["units"], 1)
     return {
         "cases": ours["cases"],
         "units": ours["units"],
@@ -240,6 +268,8 @@ def row(ours: dict[str, Any], hand: dict[str, Any]) -> dict[str, Any]:
         "cpu_ms_per_unit": ms,
         "hand_cpu_ms_per_unit": hand_ms,
         "ratio": ms / hand_ms if hand_ms > 0 else float("inf"),
+        "kept_cpu_ms_per_unit": kept_ms,
+        "kept_ratio": ms / kept_ms if kept_ms > 0 else float("inf"),
         "hops_per_unit": ours["hops"] / units,
         "fsyncs_per_unit": ours["fsyncs"] / units,
         "peak_rss_mib": ours["peak_mib"],
@@ -259,11 +289,13 @@ def main(args: argparse.Namespace) -> None:
         )
         print(
             f"{'N':>7} {'units':>7} {'CPU ms/u':>9} {'hand':>6} {'ratio':>6} {'hops/u':>7} "
-            f"{'fsync/u':>8} {'RSS MiB':>8} {'hand':>6} {'wall s':>7} {'hand':>6}"
+            f"{'fsync/u':>8} {'RSS MiB':>8} {'hand':>6} {'wall s':>7} {'hand':>6} "
+            f"{'kept':>6} {'ratio':>6}"
         )
     for n in cases:
         ours = measure("evolane", n, args.lanes, args.allocator)
-        figures = row(ours, measure("hand", n, args.lanes, args.allocator))
+        hand, kept = (measure(way, n, args.lanes, args.allocator) for way in ("hand", "kept"))
+        figures = row(ours, hand, kept)
         rows.append(figures)
         if args.json:
             continue
@@ -272,7 +304,8 @@ def main(args: argparse.Namespace) -> None:
             f"{figures['hand_cpu_ms_per_unit']:>6.2f} {figures['ratio']:>5.1f}x "
             f"{figures['hops_per_unit']:>7.2f} {figures['fsyncs_per_unit']:>8.2f} "
             f"{figures['peak_rss_mib']:>8.1f} {figures['hand_peak_rss_mib']:>6.1f} "
-            f"{figures['wall_s']:>7.1f} {figures['hand_wall_s']:>6.1f}"
+            f"{figures['wall_s']:>7.1f} {figures['hand_wall_s']:>6.1f} "
+            f"{figures['kept_cpu_ms_per_unit']:>6.2f} {figures['kept_ratio']:>5.1f}x"
         )
     if len(rows) > 1 and not args.json:
         flat = rows[-1]["cpu_ms_per_unit"] / rows[0]["cpu_ms_per_unit"]
@@ -300,7 +333,7 @@ if __name__ == "__main__":
     parser.add_argument("--allocator", choices=("fixed", "as-is"), default="fixed")
     parser.add_argument("--dask", action="store_true", help="add the Dask overhead figure")
     parser.add_argument("--dask-units", type=int, default=10_000)
-    parser.add_argument("--worker", choices=("evolane", "hand"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("evolane", "hand", "kept"), help=argparse.SUPPRESS)
     parsed = parser.parse_args()
     if parsed.worker:
         worker(parsed.worker, parsed.cases[0], parsed.lanes, parsed.allocator)
