@@ -127,6 +127,7 @@ async def hand_run(
         (folder / "out").mkdir(parents=True)
         (folder / "case.json").write_bytes(orjson.dumps(row))
         paths = {"case_file": folder / "case.json", "candidate": tree, "output_dir": folder / "out"}
+        # Seed 0 for all: with no spread and no faults, every seed sleeps the median.
         fields = {"seed": "0", **{key: shlex.quote(str(path)) for key, path in paths.items()}}
         replay = REPLAY if python else _bare_replay(sleep)
         async with replays:
@@ -186,7 +187,9 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, run, chain in workloads:
             runs, python = [], run is sleeper_run
-            for i in range(args.repeat):  # interleaved with the hand loop: drifts hit both
+            # Interleaved with the hand loop: drifts hit both (the launcher-chain rows reuse
+            # the loop's runs beside the server rows).
+            for i in range(args.repeat):
                 with _launcher_only() if chain else contextlib.nullcontext():
                     root = Path(tmp) / f"{name[:5]}{chain}8-{i}"
                     runs.append(await run(root, args.cases, args.sleep, args.lanes))

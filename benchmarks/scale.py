@@ -163,7 +163,8 @@ async def hand_run(
     """The same work written by hand: per unit a folder, the same backend calls, one orjson
     line appended to a journal, an fsync every `FSYNC_EVERY` units. ``kept``: also two of
     evolane's per-unit guarantees, the output stored under its sha256 (a temp file renamed
-    into place, the first writer's kept) and the unit's folder removed after it."""
+    into place; an object already stored is not written again) and the unit's folder
+    removed after it."""
     write_inputs(root, cases)
     limiter = trio.CapacityLimiter(lanes)
     journal = (root / "journal.jsonl").open("ab")

@@ -4,6 +4,7 @@ outcomes as through the launcher chain, and a fallback to that chain when the se
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import shutil
 import signal
@@ -315,17 +316,21 @@ def test_a_failed_clone_that_is_stopped_before_its_exit_is_killed_and_reaped(
             raised.append(error)
 
     waiting = threading.Thread(target=spawn, daemon=True)
-    waiting.start()
-    waiting.join(60)
-    stopped = [p for p in psutil.Process().children() if p.status() == psutil.STATUS_STOPPED]
-    for process in stopped:  # what a hanging spawn left: ended, so the thread can go
-        process.kill()
-    waiting.join(10)
-    assert not stopped, "the spawn waited on its stopped clone"
+    try:
+        waiting.start()
+        waiting.join(15)  # the pipe's timeout and the reap's: 2 s
+        hanging, broken = waiting.is_alive(), spawner.broken
+    finally:
+        for process in psutil.Process().children():  # a hanging spawn's stopped clone
+            if process.pid not in before and process.pid != spawner.pid:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+        waiting.join(10)
+        spawner.close()
+    assert not hanging, "the spawn waited on its stopped clone"
     [error] = raised
-    assert isinstance(error, FileNotFoundError) and not spawner.broken
-    assert {p.pid for p in psutil.Process().children()} <= before | {spawner.pid}  # reaped
-    spawner.close()
+    assert isinstance(error, FileNotFoundError) and not broken
+    assert {p.pid for p in psutil.Process().children()} <= before  # the clone was reaped
 
 
 async def test_signals_ignored_by_evolane_are_not_passed_on(tmp_path: Path) -> None:

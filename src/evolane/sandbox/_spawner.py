@@ -41,8 +41,8 @@ REPLY_TIMEOUT = 10.0
 well under one): past them a hung server (stopped by a signal, say) is killed, and a clone
 that never reached its exec too."""
 SERVER_EXIT_WAIT = 5.0
-_REAP_PAUSE_MAX = 0.02  # the longest pause between two checks of a clone being reaped
 """Seconds the server gets to exit once its socket closes; past them it is killed."""
+_REAP_PAUSE_MAX = 0.02  # the longest pause between two checks of a clone being reaped
 
 
 class SpawnerUnavailable(Exception):
@@ -161,7 +161,7 @@ class Spawner:
         """Start ``path`` with ``argv`` as a child of this process, in a session of its own,
         stdin from /dev/null, stdout and stderr to ``output``; returns its pid once it has
         exec'd. ``switch`` (from `uid_switch`): it runs as that unit uid, and ``dropped``
-        is ignored. Raises OSError when it could not start (the child is reaped), and
+        is ignored. Raises OSError when it could not start (the child is killed and reaped), and
         `SpawnerUnavailable` when the server did not take the request."""
         if switch is not None:
             dropped = self._unit_bounding
@@ -305,8 +305,8 @@ def _read(fd: int, timeout: float, keep: int, until_eof: bool) -> tuple[bytes, b
 def _reap(pid: int, timeout: float, kill: bool = True) -> int | None:
     """The wait status of ``pid``, a clone of ours, reaped within ``timeout`` seconds
     (SIGKILLed first when ``kill``, and once the timeout is out otherwise). None when it is
-    not ours to reap or outlives even SIGKILL (stuck in the kernel): then it stays a child
-    unreaped, never a thread waiting without end."""
+    not ours to reap, or outlives even SIGKILL (stuck in the kernel): then a daemon thread
+    reaps it whenever it ends, and no caller waits without end."""
     if kill:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -319,9 +319,18 @@ def _reap(pid: int, timeout: float, kill: bool = True) -> int | None:
         if done:
             return status
         if time.monotonic() >= deadline:
-            return None if kill else _reap(pid, timeout)
+            if not kill:
+                return _reap(pid, timeout)
+            threading.Thread(target=_reap_whenever, args=(pid,), daemon=True).start()
+            return None
         time.sleep(pause)
         pause = min(2 * pause, _REAP_PAUSE_MAX)
+
+
+def _reap_whenever(pid: int) -> None:
+    """Reap a killed clone still stuck in the kernel once it ends (a daemon thread's job)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _pid_of(data: bytes) -> int | None:
