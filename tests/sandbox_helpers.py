@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
+import trio
 
 from evolane.sandbox import SandboxHost, SandboxSpec, _spawnd, lease_holders
 from evolane.sandbox._spec import ProcessOutcome
@@ -43,3 +48,26 @@ async def run_sh(host: SandboxHost, script: str, **fields: object) -> ProcessOut
     """Run ``script`` with ``sh -c`` on ``host`` (kill grace 0.2 s, 30 s at most)."""
     spec = SandboxSpec(argv=("sh", "-c", script), kill_grace=0.2, **fields)  # type: ignore[arg-type]
     return await host.run(spec, timeout=30)
+
+
+def count_hops(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Every thread hop, by the name of the function it carried; cleanups deferred to the
+    host's cleanup thread count as ``defer:<name>``."""
+    hops: Counter[str] = Counter()
+    real, real_defer = trio.to_thread.run_sync, SandboxHost.defer
+
+    def name(fn: Callable[..., Any]) -> str:
+        fn = getattr(fn, "func", fn)  # a partial: what it calls
+        return getattr(fn, "__qualname__", type(fn).__name__)
+
+    async def counted(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        hops[name(fn)] += 1
+        return await real(fn, *args, **kwargs)
+
+    def deferred(host: SandboxHost, cleanup: Callable[[], object]) -> None:
+        hops[f"defer:{name(cleanup)}"] += 1
+        real_defer(host, cleanup)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    monkeypatch.setattr(SandboxHost, "defer", deferred)
+    return hops

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,9 +26,10 @@ from evolane.measure import (
     MeasureSettings,
     RunJournal,
 )
-from evolane.sandbox import INLINE_BYTES, INLINE_FILES, InlineGate, SandboxHost
+from evolane.sandbox import INLINE_BYTES, INLINE_FILES, InlineGate
 from evolane.store import load_manifest, read_journal
 from tests.pipeline_helpers import two_trees
+from tests.sandbox_helpers import count_hops
 
 
 def test_gate_closes_after_slow_pieces_in_a_row_and_reopens_after_its_pause() -> None:
@@ -143,29 +143,6 @@ def test_recycle_soon_runs_inline_only_when_small_and_the_gate_is_open(
     assert len(deferred) == 2  # an inline failure never raises: the cleanup thread retries
 
 
-def _count_hops(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Every thread hop, by the name of the function it carried; cleanups deferred to the
-    host's cleanup thread count as ``defer:<name>``."""
-    hops: Counter[str] = Counter()
-    real, real_defer = trio.to_thread.run_sync, SandboxHost.defer
-
-    def name(fn: Callable[..., Any]) -> str:
-        fn = getattr(fn, "func", fn)  # a partial: what it calls
-        return getattr(fn, "__qualname__", type(fn).__name__)
-
-    async def counted(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        hops[name(fn)] += 1
-        return await real(fn, *args, **kwargs)
-
-    def deferred(host: SandboxHost, cleanup: Callable[[], object]) -> None:
-        hops[f"defer:{name(cleanup)}"] += 1
-        real_defer(host, cleanup)
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
-    monkeypatch.setattr(SandboxHost, "defer", deferred)
-    return hops
-
-
 async def _measure(
     tmp_path: Path, files: int, slow_disk: bool, link: bool = False
 ) -> tuple[list[Any], Any]:
@@ -211,7 +188,7 @@ async def _measure(
 async def test_a_small_output_is_stored_without_a_thread_hop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hops = _count_hops(monkeypatch)
+    hops = count_hops(monkeypatch)
     units, gate = await _measure(tmp_path, files=2, slow_disk=False)
     assert len(units) == 24 and gate.closings == 0
     assert hops["ReplayLane._collect"] == 0
@@ -222,7 +199,7 @@ async def test_a_small_output_is_stored_without_a_thread_hop(
 async def test_an_output_over_the_inline_bound_is_stored_in_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hops = _count_hops(monkeypatch)
+    hops = count_hops(monkeypatch)
     units, _ = await _measure(tmp_path, files=INLINE_FILES + 1, slow_disk=False)
     assert hops["ReplayLane._collect"] == len(units) == 24
     assert hops["defer:recycle"] == 24  # and its folder is emptied by the cleanup thread
@@ -232,7 +209,7 @@ async def test_an_output_with_a_symlink_is_stored_in_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Resolving a symlink may walk long targets: never inline."""
-    hops = _count_hops(monkeypatch)
+    hops = count_hops(monkeypatch)
     units, _ = await _measure(tmp_path, files=1, slow_disk=False, link=True)
     assert hops["ReplayLane._collect"] == len(units) == 24
 
@@ -240,7 +217,7 @@ async def test_an_output_with_a_symlink_is_stored_in_a_thread(
 async def test_a_slow_disk_sends_the_work_to_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hops = _count_hops(monkeypatch)
+    hops = count_hops(monkeypatch)
     _, gate = await _measure(tmp_path, files=2, slow_disk=True)
     assert gate.closings == 1  # closed after its strikes, for longer than this run
     # Only the pieces before it closed ran inline (collects and recycles alike).
@@ -253,7 +230,7 @@ async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_th
 ) -> None:
     """Sandboxed replay commands: the output a dead tree left is stored inline when small;
     over the inline bound, in a thread, and stored in full either way."""
-    hops = _count_hops(monkeypatch)
+    hops = count_hops(monkeypatch)
     rows = [{"id": f"c{i}", "input": i, "expected_output": 1} for i in range(4)]
     # Cases 0-1 leave one file; cases 2-3 one more than the inline bound.
     script = (

@@ -106,9 +106,11 @@ async def run_lane_command(
     deadline: float,
     stop: trio.Event,
     setup: Callable[[], object] | None = None,
+    small_layout: bool = False,
 ) -> ProcessOutcome:
     """Run a lane's command (or its in-process backend); ``setup`` lays the scratch
-    directory out first, in the same worker thread that spawns the command."""
+    directory out first (``small_layout``: on the event loop where the sandbox may, see
+    `SandboxHost.run`; else in the worker thread that spawns the command)."""
     if settings.backend is not None:
         if setup is not None:
             await trio.to_thread.run_sync(setup)
@@ -136,7 +138,9 @@ async def run_lane_command(
         drop_root=True,
         label=label,
     )
-    outcome = await host.run(spec, deadline=deadline, stop=stop, setup=setup)
+    outcome = await host.run(
+        spec, deadline=deadline, stop=stop, setup=setup, small_layout=small_layout
+    )
     return note_limits(outcome, settings.limits)  # a limit hit says which, and its flag
 
 
@@ -197,6 +201,9 @@ class ReplayLane(CommandLane):
         if self._share():
             scratch.share_candidate(await shared_tree(self.host, self.store, job.tree_ref))
         lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
+        # A shared candidate, no workspace seed, a case of bounded size: a few small files.
+        small = scratch.shared and self.settings.workspace_seed is None
+        small = small and job.case_ref.size <= INLINE_BYTES
         keep, done = False, False
         try:
             template = self.settings.template  # None: a plugin backend, which takes no argv
@@ -204,7 +211,7 @@ class ReplayLane(CommandLane):
             env = replay_environment(job)
             label = f"replay-{job.arm}"
             outcome = await run_lane_command(
-                self.host, self.settings, argv, scratch, label, env, deadline, stop, lay_out
+                self.host, self.settings, argv, scratch, label, env, deadline, stop, lay_out, small
             )
             result = await self._collected(job, scratch, outcome)
             keep = self.settings.keep_failed and result.status != "succeeded"

@@ -295,20 +295,25 @@ class SandboxHost:
         stop: trio.Event | None = None,
         activity: Callable[[], object] | None = None,
         setup: Callable[[], object] | None = None,
+        small_layout: bool = False,
     ) -> ProcessOutcome:
         """Run ``spec`` to completion; returns only when its whole process tree is gone.
 
         ``timeout`` (seconds) and ``deadline`` (trio clock) bound it, the earlier wins; setting
         ``stop`` ends it with status ``cancelled``; ``activity`` is called whenever the tree
         writes to stdout or stderr; ``setup`` (blocking, e.g. laying out the files the command
-        reads) runs in the same worker thread that spawns the tree, right before it. Trio
-        cancellation kills the tree and propagates. Raises `WorkspaceError` for a workspace
-        outside the root.
+        reads) runs right before the unit's own directories are made, in the worker thread
+        that spawns the tree. ``small_layout``: the caller vouches that its setup, workspace
+        and own paths are small file work (within `INLINE_FILES` and `INLINE_BYTES`). Such a
+        unit, or one with none of these, and no seed or overlays, is laid out on the event
+        loop while `inline` is open, and only the spawn goes to a thread. Trio cancellation
+        kills the tree and propagates. Raises `WorkspaceError` for a workspace outside the
+        root.
         """
         limit = float("inf") if deadline is None else deadline
         if timeout is not None:
             limit = min(limit, trio.current_time() + timeout)
-        return await run_unit(self, spec, limit, stop, activity, setup)
+        return await run_unit(self, spec, limit, stop, activity, setup, small_layout)
 
 
 @asynccontextmanager

@@ -6,7 +6,6 @@ this module and never the reverse.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
@@ -17,12 +16,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
 import trio
 
 from evolane._faults import INSTALLED
 from evolane.messages import ArtifactRef
-from evolane.sandbox._capture import BoundedCapture, OwnedPipes, drain
+from evolane.sandbox._capture import BoundedCapture, OwnedPipes
 from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
 from evolane.sandbox._confine import (
     bwrap_argv,
@@ -32,6 +30,7 @@ from evolane.sandbox._confine import (
     resolve_isolation,
 )
 from evolane.sandbox._env import build_environment, child_lease
+from evolane.sandbox._inline import InlineGate
 from evolane.sandbox._launch import (
     NAMESPACE_EXTRA_PROCESSES,
     Cloned,
@@ -43,14 +42,11 @@ from evolane.sandbox._launch import (
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
-from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
+from evolane.sandbox._tree import ProcessTree
+from evolane.sandbox._watch import Watch
 from evolane.sandbox._workspace import WorkspaceError, hand_over, inside, materialize_workspace
 from evolane.store import BlobStore, remove_tree
 
-_DRAIN_AFTER_KILL_SECONDS = 1.0
-# The first RSS sample comes after a typical short replay has ended (its leader's rusage
-# covers it): each sample costs the event loop /proc and cgroup reads.
-_SAMPLE_FIRST, _SAMPLE_MAX = 0.25, 1.0
 _STREAMS = ("stdout", "stderr")
 
 
@@ -64,6 +60,7 @@ class UnitHost(Protocol):
     lease_dir: Path  # the parent of every unit directory
     spool_dir: Path
     cgroups: CgroupRoots
+    inline: InlineGate  # whether small file work may run on the event loop now
 
     @property
     def spawner(self) -> Spawner | None:
@@ -112,9 +109,14 @@ class _Unit:
         spec: SandboxSpec,
         setup: Callable[[], object] | None = None,
         activity: Callable[[], object] | None = None,
+        small_layout: bool = False,
     ) -> None:
         self.host, self.spec = host, spec
         self.setup, self.activity = setup, activity  # the caller's hooks: before, during
+        # Small file work (`InlineGate`): the unit's own fresh folders alone, or with what its
+        # caller vouched small; never a seed or overlays to copy.
+        own_only = setup is None and spec.workspace is None and not spec.view.own
+        self.small_layout = (small_layout or own_only) and not spec.seed and not spec.overlays
         self.name = host.unit_name(spec.label)
         self.dir = host.lease_dir / self.name
         self.lease = child_lease(host.inherited_lease, host.lease, self.name)
@@ -188,9 +190,10 @@ async def run_unit(
     stop: trio.Event | None,
     activity: Callable[[], object] | None = None,
     setup: Callable[[], object] | None = None,
+    small_layout: bool = False,
 ) -> ProcessOutcome:
     """The body of `SandboxHost.run`."""
-    unit = _Unit(host, spec, setup, activity)
+    unit = _Unit(host, spec, setup, activity, small_layout)
     try:
         outcome = await _run_prepared(unit, deadline, stop)
     except BaseException:
@@ -223,8 +226,7 @@ async def _run_prepared(unit: _Unit, deadline: float, stop: trio.Event | None) -
         owned.callback(pipes.close_all)
         fds = {name: pipes.open() for name in _STREAMS}
         started = trio.current_time()
-        # One thread hop: the file system work stays off the event loop.
-        spawned = await trio.to_thread.run_sync(_prepare_and_spawn, unit, isolation, fds)
+        spawned = await _start(unit, isolation, fds)
         if isinstance(spawned, str):
             return ProcessOutcome(status="spawn_failed", error=spawned, **base)
         pid, mechanisms = spawned
@@ -233,7 +235,7 @@ async def _run_prepared(unit: _Unit, deadline: float, stop: trio.Event | None) -
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
         tree = ProcessTree(pid, unit.cgroups, unit.tree_lease)
-        watch = _Watch(tree, spec.kill_grace, unit.activity)
+        watch = Watch(tree, spec.kill_grace, unit.activity)
         async with trio.open_nursery() as nursery:
             for name, stream in streams.items():
                 nursery.start_soon(watch.drain, stream, captures[name])
@@ -246,13 +248,42 @@ async def _run_prepared(unit: _Unit, deadline: float, stop: trio.Event | None) -
         return await _outcome(unit, tree, watch, captures, started, base)
 
 
-def _prepare_and_spawn(
-    unit: _Unit, isolation: IsolationInForce, fds: dict
-) -> tuple[int, tuple[str, ...]] | str:
-    """In a worker thread: lay the unit out (errors raise), then spawn it (errors return
-    as the message of a ``spawn_failed`` outcome). A run cancelled meanwhile never starts."""
-    unit.prepare()
+Spawned = tuple[int, tuple[str, ...]]
+"""A started command's pid and the mechanisms in force for it."""
+
+
+async def _start(unit: _Unit, isolation: IsolationInForce, fds: dict) -> Spawned | str:
+    """Lay the unit out and spawn its command in one worker thread; or, for a small layout
+    while the host's `InlineGate` is open, lay it out on the event loop (a thread's GIL
+    hand-offs cost more than a few folders) and hop to a thread for the spawn alone (a spawn
+    server's answer is awaited there, never on the loop)."""
+    if unit.small_layout:
+        spawn = unit.host.inline.attempt(partial(_prepare, unit, isolation, fds))
+        if isinstance(spawn, str):
+            return spawn
+        if spawn is not None:
+            return await trio.to_thread.run_sync(_spawn_unless_cancelled, spawn)
+    return await trio.to_thread.run_sync(_prepare_and_spawn, unit, isolation, fds)
+
+
+def _prepare_and_spawn(unit: _Unit, isolation: IsolationInForce, fds: dict) -> Spawned | str:
+    """In a worker thread: `_prepare`, then the spawn it returns."""
+    spawn = _prepare(unit, isolation, fds)
+    return spawn if isinstance(spawn, str) else _spawn_unless_cancelled(spawn)
+
+
+def _spawn_unless_cancelled(spawn: Callable[[], Spawned | str]) -> Spawned | str:
+    """In a worker thread: ``spawn``, unless the run was cancelled meanwhile."""
     trio.from_thread.check_cancelled()
+    return spawn()
+
+
+def _prepare(
+    unit: _Unit, isolation: IsolationInForce, fds: dict
+) -> Callable[[], Spawned | str] | str:
+    """Lay the unit out (errors raise) and make all its spawn needs (errors return as the
+    message of a ``spawn_failed`` outcome): the spawn, to call in a worker thread."""
+    unit.prepare()
     spec = unit.spec
     env = build_environment(
         spec,
@@ -272,22 +303,39 @@ def _prepare_and_spawn(
         procs = unit.cgroups.procs_files if unit.cgroups is not None else []
         confine = _confinement(unit, program) if isolation == "confined" else None
         uid = _unit_uid(unit) if confine is None else None
-        chain = partial(
-            launcher_argv, spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
-        )
-        output = (fds["stdout"][1], fds["stderr"][1])
-        drops = isolation == "process" and uid is None  # else a later step needs the caps
-        switch_uid = uid if isolation == "process" else None  # unshare would need root
-        started = _through_server(unit, chain, program, env, output, drops, switch_uid)
+    except (OSError, ValueError) as error:
+        return str(error)[:2048]
+    chain = partial(
+        launcher_argv, spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
+    )
+    output = (fds["stdout"][1], fds["stderr"][1])
+    drops = isolation == "process" and uid is None  # else a later step needs the caps
+    switch_uid = uid if isolation == "process" else None  # unshare would need root
+    return partial(_spawn, unit, chain, program, env, output, drops, switch_uid)
+
+
+def _spawn(
+    unit: _Unit,
+    chain: Callable[..., tuple[list[str], tuple[str, ...]]],
+    program: str,
+    env: dict[str, str],
+    output: tuple[int, int],
+    drops: bool,
+    uid: int | None,
+) -> Spawned | str:
+    """Start the laid-out unit's command through the spawn server, else the launcher chain
+    (blocking); errors return as the message of a ``spawn_failed`` outcome."""
+    try:
+        started = _through_server(unit, chain, program, env, output, drops, uid)
         if started is None:  # no server, or it did not take this one: the launcher chain
             argv, mechanisms = chain(nonce=unit.nonce)
             started = launch(argv, unit.work, env, output), mechanisms
-        pid, mechanisms = started
-        if unit.cgroups is not None:
-            mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
-        return pid, tuple(mechanisms)
     except (OSError, ValueError) as error:
         return str(error)[:2048]
+    pid, mechanisms = started
+    if unit.cgroups is not None:
+        mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
+    return pid, tuple(mechanisms)
 
 
 def _through_server(
@@ -343,88 +391,10 @@ def _confinement(unit: _Unit, program: str) -> list[str]:
     return bwrap_argv(view, own=own, workspace=unit.work)
 
 
-class _Watch:
-    """Waits for the leader, then runs the kill ladder; samples memory meanwhile."""
-
-    def __init__(
-        self, tree: ProcessTree, grace: float, activity: Callable[[], object] | None = None
-    ) -> None:
-        self.tree, self.grace, self.activity = tree, grace, activity
-        self.reason = "exited"
-        self.kill = KillReport()
-        self.kill_latency: float | None = None
-        self.peak_rss = 0
-        self._draining = 0
-        self._drained = trio.Event()
-
-    async def drain(self, stream: trio.lowlevel.FdStream, capture: BoundedCapture) -> None:
-        """Drain one stream; the last drain to reach EOF wakes `finish`."""
-        self._draining += 1
-        try:
-            await drain(stream, capture, self.activity)
-        finally:
-            self._draining -= 1
-            if self._draining == 0:
-                self._drained.set()
-
-    async def wait(self, deadline: float, stop: trio.Event | None) -> None:
-        pidfd = os.pidfd_open(self.tree.pid)
-        try:
-            with trio.move_on_at(deadline):
-                async with trio.open_nursery() as racers:
-                    racers.start_soon(self._leader_exit, pidfd, racers.cancel_scope)
-                    if stop is not None:
-                        racers.start_soon(self._stopped, stop, racers.cancel_scope)
-                return
-            self.reason = "timed_out"
-        except trio.Cancelled:
-            self.reason = "cancelled"
-            raise
-        finally:
-            os.close(pidfd)
-
-    async def _leader_exit(self, pidfd: int, scope: trio.CancelScope) -> None:
-        await trio.lowlevel.wait_readable(pidfd)
-        scope.cancel()
-
-    async def _stopped(self, stop: trio.Event, scope: trio.CancelScope) -> None:
-        await stop.wait()
-        self.reason = "cancelled"
-        scope.cancel()
-
-    async def finish(self, nursery: trio.Nursery) -> None:
-        """Kill what is left (shielded), then let the drains reach EOF, bounded."""
-        forced = self.reason != "exited"
-        started = trio.current_time()
-        self.kill = await kill_ladder(self.tree, self.grace, forced)
-        if forced:
-            self.kill_latency = trio.current_time() - started
-        with trio.move_on_after(_DRAIN_AFTER_KILL_SECONDS):
-            await self._drained.wait()
-        nursery.cancel_scope.cancel()
-
-    async def sample_memory(self) -> None:
-        """Sample the tree's RSS with a growing interval (a short run costs no sampling)."""
-        interval = _SAMPLE_FIRST
-        while True:
-            await trio.sleep(interval)
-            interval = min(interval * 2, _SAMPLE_MAX)
-            pids = self.tree.cgroups.pids() if self.tree.cgroups is not None else set()
-            self.peak_rss = max(self.peak_rss, _rss_of(pids | {self.tree.pid}))
-
-
-def _rss_of(pids: set[int]) -> int:
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            total += psutil.Process(pid).memory_info().rss
-    return total
-
-
 async def _outcome(
     unit: _Unit,
     tree: ProcessTree,
-    watch: _Watch,
+    watch: Watch,
     captures: dict[str, BoundedCapture],
     started: float,
     base: dict[str, Any],

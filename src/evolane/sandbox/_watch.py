@@ -1,0 +1,98 @@
+"""The watch over one running unit: it drains the unit's output, waits for its leader (or
+its deadline, or a stop), samples its memory, then runs the kill ladder (`run_unit`'s body
+in `evolane.sandbox._run`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+
+import psutil
+import trio
+
+from evolane.sandbox._capture import BoundedCapture, drain
+from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
+
+_DRAIN_AFTER_KILL_SECONDS = 1.0
+# The first RSS sample comes after a typical short replay has ended (its leader's rusage
+# covers it): each sample costs the event loop /proc and cgroup reads.
+_SAMPLE_FIRST, _SAMPLE_MAX = 0.25, 1.0
+
+
+class Watch:
+    """Waits for the leader, then runs the kill ladder; samples memory meanwhile."""
+
+    def __init__(
+        self, tree: ProcessTree, grace: float, activity: Callable[[], object] | None = None
+    ) -> None:
+        self.tree, self.grace, self.activity = tree, grace, activity
+        self.reason = "exited"
+        self.kill = KillReport()
+        self.kill_latency: float | None = None
+        self.peak_rss = 0
+        self._draining = 0
+        self._drained = trio.Event()
+
+    async def drain(self, stream: trio.lowlevel.FdStream, capture: BoundedCapture) -> None:
+        """Drain one stream; the last drain to reach EOF wakes `finish`."""
+        self._draining += 1
+        try:
+            await drain(stream, capture, self.activity)
+        finally:
+            self._draining -= 1
+            if self._draining == 0:
+                self._drained.set()
+
+    async def wait(self, deadline: float, stop: trio.Event | None) -> None:
+        pidfd = os.pidfd_open(self.tree.pid)
+        try:
+            with trio.move_on_at(deadline):
+                async with trio.open_nursery() as racers:
+                    racers.start_soon(self._leader_exit, pidfd, racers.cancel_scope)
+                    if stop is not None:
+                        racers.start_soon(self._stopped, stop, racers.cancel_scope)
+                return
+            self.reason = "timed_out"
+        except trio.Cancelled:
+            self.reason = "cancelled"
+            raise
+        finally:
+            os.close(pidfd)
+
+    async def _leader_exit(self, pidfd: int, scope: trio.CancelScope) -> None:
+        await trio.lowlevel.wait_readable(pidfd)
+        scope.cancel()
+
+    async def _stopped(self, stop: trio.Event, scope: trio.CancelScope) -> None:
+        await stop.wait()
+        self.reason = "cancelled"
+        scope.cancel()
+
+    async def finish(self, nursery: trio.Nursery) -> None:
+        """Kill what is left (shielded), then let the drains reach EOF, bounded."""
+        forced = self.reason != "exited"
+        started = trio.current_time()
+        self.kill = await kill_ladder(self.tree, self.grace, forced)
+        if forced:
+            self.kill_latency = trio.current_time() - started
+        with trio.move_on_after(_DRAIN_AFTER_KILL_SECONDS):
+            await self._drained.wait()
+        nursery.cancel_scope.cancel()
+
+    async def sample_memory(self) -> None:
+        """Sample the tree's RSS with a growing interval (a short run costs no sampling)."""
+        interval = _SAMPLE_FIRST
+        while True:
+            await trio.sleep(interval)
+            interval = min(interval * 2, _SAMPLE_MAX)
+            pids = self.tree.cgroups.pids() if self.tree.cgroups is not None else set()
+            self.peak_rss = max(self.peak_rss, rss_of(pids | {self.tree.pid}))
+
+
+def rss_of(pids: set[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(pid).memory_info().rss
+    return total
