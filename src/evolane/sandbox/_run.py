@@ -281,8 +281,10 @@ def _spawn_unless_cancelled(spawn: Callable[[], Spawned | str]) -> Spawned | str
 def _prepare(
     unit: _Unit, isolation: IsolationInForce, fds: dict
 ) -> Callable[[], Spawned | str] | str:
-    """Lay the unit out (errors raise) and make all its spawn needs (errors return as the
-    message of a ``spawn_failed`` outcome): the spawn, to call in a worker thread."""
+    """Lay the unit out and make its cgroups (errors raise, or return as the message of a
+    ``spawn_failed`` outcome): file work under the sandbox root and in the cgroup tree
+    only. Returns the spawn, to call in a worker thread (it also looks the program up in
+    PATH, whose folders may be anywhere)."""
     unit.prepare()
     spec = unit.spec
     env = build_environment(
@@ -292,41 +294,40 @@ def _prepare(
         workspace=str(unit.work),
         lease=unit.lease,
     )
-    program = _resolve_executable(spec.argv[0], unit.work, env["PATH"])
-    if program is None:
-        return f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
     try:
         if INSTALLED:
             INSTALLED[0].before_spawn(spec.label)
         extra = NAMESPACE_EXTRA_PROCESSES if isolation != "process" else 0
         unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
-        procs = unit.cgroups.procs_files if unit.cgroups is not None else []
-        confine = _confinement(unit, program) if isolation == "confined" else None
-        uid = _unit_uid(unit) if confine is None else None
+        uid = _unit_uid(unit) if isolation != "confined" else None  # confined: no unit uid
     except (OSError, ValueError) as error:
         return str(error)[:2048]
-    chain = partial(
-        launcher_argv, spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
-    )
     output = (fds["stdout"][1], fds["stderr"][1])
-    drops = isolation == "process" and uid is None  # else a later step needs the caps
-    switch_uid = uid if isolation == "process" else None  # unshare would need root
-    return partial(_spawn, unit, chain, program, env, output, drops, switch_uid)
+    return partial(_spawn, unit, isolation, env, output, uid)
 
 
 def _spawn(
     unit: _Unit,
-    chain: Callable[..., tuple[list[str], tuple[str, ...]]],
-    program: str,
+    isolation: IsolationInForce,
     env: dict[str, str],
     output: tuple[int, int],
-    drops: bool,
     uid: int | None,
 ) -> Spawned | str:
     """Start the laid-out unit's command through the spawn server, else the launcher chain
     (blocking); errors return as the message of a ``spawn_failed`` outcome."""
+    spec = unit.spec
+    program = _resolve_executable(spec.argv[0], unit.work, env["PATH"])
+    if program is None:
+        return f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
     try:
-        started = _through_server(unit, chain, program, env, output, drops, uid)
+        confine = _confinement(unit, program) if isolation == "confined" else None
+        procs = unit.cgroups.procs_files if unit.cgroups is not None else []
+        chain = partial(
+            launcher_argv, spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
+        )
+        drops = isolation == "process" and uid is None  # else a later step needs the caps
+        switch_uid = uid if isolation == "process" else None  # unshare would need root
+        started = _through_server(unit, chain, program, env, output, drops, switch_uid)
         if started is None:  # no server, or it did not take this one: the launcher chain
             argv, mechanisms = chain(nonce=unit.nonce)
             started = launch(argv, unit.work, env, output), mechanisms
