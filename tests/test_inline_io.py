@@ -56,8 +56,18 @@ def test_gate_closes_exactly_when_strikes_slow_pieces_come_in_a_row(slow: list[b
         if not gate.open(float(number)):
             return  # closed for good (pause 1e9): the run that closed it was checked
         in_a_row = in_a_row + 1 if is_slow else 0
-        gate.took(0.1 if is_slow else 0.0001, float(number))
+        gate.took(0.01 if is_slow else 0.0001, float(number))  # slow, not a stall
         assert gate.open(float(number)) == (in_a_row < 3)
+
+
+def test_one_piece_over_the_stall_bound_closes_the_gate_at_once() -> None:
+    # A loaded host: one layout that held the event loop 30 ms is enough to stop inlining.
+    gate = InlineGate(slow=0.005, strikes=3, pause=30.0, stall=0.02)
+    gate.took(0.019, 1.0)  # slow but under the stall bound: one strike
+    assert gate.open(1.0)
+    gate.took(0.030, 2.0)
+    assert not gate.open(2.0) and not gate.open(31.9) and gate.closings == 1
+    assert gate.open(32.0)
 
 
 def test_a_closed_gate_runs_nothing() -> None:

@@ -9,13 +9,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 
 from evolane.measure import CommandSettings, MeasureContext, MeasureSettings, RunJournal
-from evolane.sandbox import SandboxHost, SandboxSpec, View, lease_holders, open_sandbox
+from evolane.sandbox import (
+    Overlay,
+    SandboxHost,
+    SandboxSpec,
+    View,
+    lease_holders,
+    open_sandbox,
+)
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.store import BlobStore, read_journal, snapshot_tree
 from tests.pipeline_helpers import two_trees
@@ -101,6 +109,50 @@ async def test_a_seeded_workspace_or_a_closed_gate_lays_out_in_the_thread(
     outcome = await host.run(spec, timeout=30, setup=lay_out, small_layout=True)
     assert outcome.ok and threads[0] != threading.get_ident()
     assert hops["_prepare_and_spawn"] == 2 and hops["_spawn_unless_cancelled"] == 0
+
+
+async def test_overlays_lay_out_in_the_thread(
+    host: SandboxHost, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    hops = count_hops(monkeypatch)
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    (layer / "input.txt").write_text("overlaid")
+    assert host.store is not None
+    overlay = Overlay(tree=snapshot_tree(host.store, layer))
+    spec = SandboxSpec(**sh("cat input.txt"), overlays=(overlay,))
+    outcome = await host.run(spec, timeout=30, small_layout=True)  # a copy to make
+    assert outcome.ok and outcome.stdout.text() == "overlaid", outcome
+    assert hops["_prepare_and_spawn"] == 1 and hops["_spawn_unless_cancelled"] == 0
+
+
+async def test_a_run_cancelled_while_its_spawn_waits_for_a_thread_never_starts(
+    host: SandboxHost, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    threads = trio.to_thread.current_default_thread_limiter()
+    held = [object() for _ in range(int(threads.total_tokens))]
+    for borrower in held:  # every worker thread busy: the spawn's hop must wait
+        threads.acquire_on_behalf_of_nowait(borrower)
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(host.run, SandboxSpec(**sh(f"touch {marker}"))))
+                while not [p for p in host.lease_dir.iterdir() if p.name.startswith("unit")]:
+                    await trio.sleep(0.001)  # laid out inline; its spawn waits for a thread
+                nursery.cancel_scope.cancel()
+                for borrower in held:  # its cleanup needs a thread too
+                    threads.release_on_behalf_of(borrower)
+                held = []
+    finally:
+        for borrower in held:
+            threads.release_on_behalf_of(borrower)
+    assert not marker.exists()
+    await trio.to_thread.run_sync(host.settle)
+    units = [p.name for p in host.lease_dir.iterdir() if p.name.startswith("unit")]
+    assert units == [] and lease_holders(host.lease) == set()
+    for root in host.cgroups.roots():
+        assert not [p for p in root.iterdir() if p.is_dir()], list(root.iterdir())
 
 
 async def test_a_run_cancelled_after_its_inline_layout_never_starts_and_leaves_nothing(

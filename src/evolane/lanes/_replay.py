@@ -201,9 +201,10 @@ class ReplayLane(CommandLane):
         if self._share():
             scratch.share_candidate(await shared_tree(self.host, self.store, job.tree_ref))
         lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
-        # A shared candidate, no workspace seed, a case of bounded size: a few small files.
+        # A shared candidate, no workspace seed, a case of bounded size, nothing left to
+        # remove first (a kept unit's folder): a few small files.
         small = scratch.shared and self.settings.workspace_seed is None
-        small = small and job.case_ref.size <= INLINE_BYTES
+        small = small and job.case_ref.size <= INLINE_BYTES and not scratch.dir.exists()
         keep, done = False, False
         try:
             template = self.settings.template  # None: a plugin backend, which takes no argv

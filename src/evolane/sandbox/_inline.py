@@ -5,10 +5,12 @@ on a local disk: every system call the worker makes releases the GIL, and while 
 loop is busy each release is a hand-off between the two threads (issue 22 measured ~75
 context switches per in-process unit with its folder work in threads, ~9 without, and 33 %
 less CPU). So small, bounded file work (storing a replay's output of a few files, emptying an
-in-process unit's folder for the next unit) runs inline while it stays fast; once
-`STRIKES` pieces in a row take longer than `SLOW_SECONDS` (a slow or network disk; one slow
-piece alone is a cold cache, a preemption or a garbage collection), every piece goes to
-threads for `PAUSE_SECONDS`, then inline is tried again. Work that is not small by its own
+in-process unit's folder for the next unit, laying a small command unit out) runs inline
+while it stays fast; once `STRIKES` pieces in a row take longer than `SLOW_SECONDS` (a slow
+or network disk; one slow piece alone is a cold cache, a preemption or a garbage
+collection), or one piece takes longer than `STALL_SECONDS` (a host too loaded for the loop
+to carry file work: every unit's deadline waits on the loop), every piece goes to threads
+for `PAUSE_SECONDS`, then inline is tried again. Work that is not small by its own
 bounds (`INLINE_FILES`, `INLINE_BYTES`, `INLINE_FOLDER_BYTES`, no symlink to resolve) is
 never run inline.
 """
@@ -24,6 +26,9 @@ SLOW_SECONDS = 0.005
 
 STRIKES = 3
 """Slow inline pieces in a row that send the next ones to threads."""
+
+STALL_SECONDS = 0.02
+"""An inline piece longer than this sends the next ones to threads at once."""
 
 PAUSE_SECONDS = 30.0
 """How long pieces go to threads once the gate closed, before inline is tried again."""
@@ -47,9 +52,13 @@ class InlineGate:
     IO-free: the caller gives the clock (``now``, any monotonic seconds)."""
 
     def __init__(
-        self, slow: float = SLOW_SECONDS, strikes: int = STRIKES, pause: float = PAUSE_SECONDS
+        self,
+        slow: float = SLOW_SECONDS,
+        strikes: int = STRIKES,
+        pause: float = PAUSE_SECONDS,
+        stall: float = STALL_SECONDS,
     ) -> None:
-        self.slow, self.strikes, self.pause = slow, strikes, pause
+        self.slow, self.strikes, self.pause, self.stall = slow, strikes, pause, stall
         self._closed_until = float("-inf")
         self._in_a_row = 0
         self.closings = 0
@@ -65,7 +74,7 @@ class InlineGate:
             self._in_a_row = 0
             return
         self._in_a_row += 1
-        if self._in_a_row >= self.strikes:
+        if self._in_a_row >= self.strikes or seconds > self.stall:
             self._in_a_row = 0
             self.closings += 1
             self._closed_until = now + self.pause

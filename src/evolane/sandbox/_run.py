@@ -258,6 +258,7 @@ async def _start(unit: _Unit, isolation: IsolationInForce, fds: dict) -> Spawned
     hand-offs cost more than a few folders) and hop to a thread for the spawn alone (a spawn
     server's answer is awaited there, never on the loop)."""
     if unit.small_layout:
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run lays nothing out
         spawn = unit.host.inline.attempt(partial(_prepare, unit, isolation, fds))
         if isinstance(spawn, str):
             return spawn
@@ -295,8 +296,6 @@ def _prepare(
         lease=unit.lease,
     )
     try:
-        if INSTALLED:
-            INSTALLED[0].before_spawn(spec.label)
         extra = NAMESPACE_EXTRA_PROCESSES if isolation != "process" else 0
         unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
         uid = _unit_uid(unit) if isolation != "confined" else None  # confined: no unit uid
@@ -320,6 +319,8 @@ def _spawn(
     if program is None:
         return f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
     try:
+        if INSTALLED:
+            INSTALLED[0].before_spawn(spec.label)
         confine = _confinement(unit, program) if isolation == "confined" else None
         procs = unit.cgroups.procs_files if unit.cgroups is not None else []
         chain = partial(
