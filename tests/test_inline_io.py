@@ -181,6 +181,7 @@ async def _measure(
         host, store = bench.host, bench.store
         host.inline.slow = -1.0 if slow_disk else float("inf")
         host.inline.pause = 1e9  # once closed, closed for the whole run
+        host.inline.stall = float("inf")  # a loaded host's one long piece: not here
         summary = await bench.pipeline.measure(bench.request)
         await trio.to_thread.run_sync(host.settle)
         gate = host.inline

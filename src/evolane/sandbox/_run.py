@@ -116,7 +116,7 @@ class _Unit:
         # Small file work (`InlineGate`): the unit's own fresh folders alone, or with what its
         # caller vouched small; never a seed or overlays to copy.
         own_only = setup is None and spec.workspace is None and not spec.view.own
-        self.small_layout = (small_layout or own_only) and not spec.seed and not spec.overlays
+        self.small_layout = (small_layout or own_only) and spec.seed is None and not spec.overlays
         self.name = host.unit_name(spec.label)
         self.dir = host.lease_dir / self.name
         self.lease = child_lease(host.inherited_lease, host.lease, self.name)
