@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from evolane.measure import CommandSettings, MeasureContext, MeasureSettings, RunJournal
+from evolane.messages import ArtifactRef
 from evolane.sandbox import (
     Overlay,
     SandboxHost,
@@ -34,6 +35,26 @@ from tests.sandbox_helpers import count_hops, sh
 async def host(tmp_path: Path) -> AsyncIterator[SandboxHost]:
     async with open_sandbox(tmp_path / "sandbox", store=BlobStore(tmp_path / "store")) as opened:
         yield opened
+
+
+def _tree(host: SandboxHost, folder: Path, text: str) -> ArtifactRef:
+    """``folder`` made with one file, input.txt holding ``text``, and stored as a tree."""
+    folder.mkdir()
+    (folder / "input.txt").write_text(text)
+    assert host.store is not None
+    return snapshot_tree(host.store, folder)
+
+
+def _units(host: SandboxHost) -> list[str]:
+    return [p.name for p in host.lease_dir.iterdir() if p.name.startswith("unit")]
+
+
+async def _assert_nothing_left(host: SandboxHost) -> None:
+    """No unit folder, no process of the lease, no cgroup left once cleanups have run."""
+    await trio.to_thread.run_sync(host.settle)
+    assert _units(host) == [] and lease_holders(host.lease) == set()
+    for root in host.cgroups.roots():
+        assert not [p for p in root.iterdir() if p.is_dir()], list(root.iterdir())
 
 
 def _layout_recorder(folder: Path) -> tuple[list[int], Callable[[], None]]:
@@ -91,11 +112,7 @@ async def test_a_seeded_workspace_or_a_closed_gate_lays_out_in_the_thread(
     host: SandboxHost, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     hops = count_hops(monkeypatch)
-    seed_dir = tmp_path / "seed"
-    seed_dir.mkdir()
-    (seed_dir / "input.txt").write_text("seeded")
-    assert host.store is not None
-    seeded = SandboxSpec(**sh("cat input.txt"), seed=snapshot_tree(host.store, seed_dir))
+    seeded = SandboxSpec(**sh("cat input.txt"), seed=_tree(host, tmp_path / "seed", "seeded"))
     outcome = await host.run(seeded, timeout=30, small_layout=True)  # a copy to make: big
     assert outcome.ok and outcome.stdout.text() == "seeded", outcome
     assert hops["_prepare_and_spawn"] == 1
@@ -115,11 +132,7 @@ async def test_overlays_lay_out_in_the_thread(
     host: SandboxHost, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     hops = count_hops(monkeypatch)
-    layer = tmp_path / "layer"
-    layer.mkdir()
-    (layer / "input.txt").write_text("overlaid")
-    assert host.store is not None
-    overlay = Overlay(tree=snapshot_tree(host.store, layer))
+    overlay = Overlay(tree=_tree(host, tmp_path / "layer", "overlaid"))
     spec = SandboxSpec(**sh("cat input.txt"), overlays=(overlay,))
     outcome = await host.run(spec, timeout=30, small_layout=True)  # a copy to make
     assert outcome.ok and outcome.stdout.text() == "overlaid", outcome
@@ -138,7 +151,7 @@ async def test_a_run_cancelled_while_its_spawn_waits_for_a_thread_never_starts(
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(partial(host.run, SandboxSpec(**sh(f"touch {marker}"))))
-                while not [p for p in host.lease_dir.iterdir() if p.name.startswith("unit")]:
+                while not _units(host):
                     await trio.sleep(0.001)  # laid out inline; its spawn waits for a thread
                 nursery.cancel_scope.cancel()
                 for borrower in held:  # its cleanup needs a thread too
@@ -148,11 +161,7 @@ async def test_a_run_cancelled_while_its_spawn_waits_for_a_thread_never_starts(
         for borrower in held:
             threads.release_on_behalf_of(borrower)
     assert not marker.exists()
-    await trio.to_thread.run_sync(host.settle)
-    units = [p.name for p in host.lease_dir.iterdir() if p.name.startswith("unit")]
-    assert units == [] and lease_holders(host.lease) == set()
-    for root in host.cgroups.roots():
-        assert not [p for p in root.iterdir() if p.is_dir()], list(root.iterdir())
+    await _assert_nothing_left(host)
 
 
 async def test_a_run_cancelled_after_its_inline_layout_never_starts_and_leaves_nothing(
@@ -169,11 +178,7 @@ async def test_a_run_cancelled_after_its_inline_layout_never_starts_and_leaves_n
         spec = SandboxSpec(**sh(f"touch {marker}"), workspace=str(work))
         await host.run(spec, timeout=30, setup=lay_out_then_cancel, small_layout=True)
     assert scope.cancelled_caught and not marker.exists()
-    await trio.to_thread.run_sync(host.settle)
-    units = [p.name for p in host.lease_dir.iterdir() if p.name.startswith("unit")]
-    assert units == [] and lease_holders(host.lease) == set()
-    for root in host.cgroups.roots():  # its cgroups went with it
-        assert not [p for p in root.iterdir() if p.is_dir()], list(root.iterdir())
+    await _assert_nothing_left(host)  # its cgroups went with it
 
 
 async def test_a_replay_lane_lays_out_inline_exactly_when_its_candidate_is_shared(
