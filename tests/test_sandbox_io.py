@@ -132,11 +132,12 @@ async def test_a_run_cancelled_while_it_is_laid_out_never_starts(
 ) -> None:
     import time
 
-    import evolane.sandbox._run as run_module
+    import evolane.sandbox._start as start_module
     from evolane.sandbox._spawner import Spawner
 
     spawned: list[object] = []
-    real_launch, real_spawn = run_module.launch, Spawner.spawn
+    real_launch, real_spawn = start_module.launch, Spawner.spawn
+    real_from_trio = Spawner.spawn_from_trio
 
     def counting_launch(*args: object) -> object:
         spawned.append(args)
@@ -146,8 +147,13 @@ async def test_a_run_cancelled_while_it_is_laid_out_never_starts(
         spawned.append(args)
         return real_spawn(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(run_module, "launch", counting_launch)  # both ways a command starts
+    async def counting_from_trio(*args: object) -> object:
+        spawned.append(args)
+        return await real_from_trio(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(start_module, "launch", counting_launch)  # every way a command starts
     monkeypatch.setattr(Spawner, "spawn", counting_spawn)
+    monkeypatch.setattr(Spawner, "spawn_from_trio", counting_from_trio)
     laying_out = trio.Event()
 
     def slow_setup() -> None:

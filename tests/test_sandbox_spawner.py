@@ -21,9 +21,9 @@ from evolane.sandbox import (
     Limits,
     SandboxHost,
     SandboxSpec,
-    _run,
     _spawnd,
     _spawner,
+    _start,
     lease_holders,
     open_sandbox,
 )
@@ -47,11 +47,18 @@ async def launcher_host(tmp_path: Path) -> AsyncIterator[SandboxHost]:
 def _spawns(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Which way each command of this test started: "server" or "launcher"."""
     ways: list[str] = []
-    real_server, real_launcher = _spawner.Spawner.spawn, _run.launch
+    real_server, real_launcher = _spawner.Spawner.spawn, _start.launch
+    real_from_trio = _spawner.Spawner.spawn_from_trio
 
     def server(*args: object, **kwargs: object) -> int:
         pid = real_server(*args, **kwargs)  # type: ignore[arg-type]
         ways.append("server")
+        return pid
+
+    async def server_from_trio(*args: object, **kwargs: object) -> int | None:
+        pid = await real_from_trio(*args, **kwargs)  # type: ignore[arg-type]
+        if pid is not None:
+            ways.append("server")
         return pid
 
     def launcher(*args: object, **kwargs: object) -> int:
@@ -59,7 +66,8 @@ def _spawns(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real_launcher(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_spawner.Spawner, "spawn", server)
-    monkeypatch.setattr(_run, "launch", launcher)
+    monkeypatch.setattr(_spawner.Spawner, "spawn_from_trio", server_from_trio)
+    monkeypatch.setattr(_start, "launch", launcher)
     return ways
 
 

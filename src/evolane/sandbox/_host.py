@@ -27,6 +27,7 @@ from evolane.sandbox._run import run_unit
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, make_undumpable
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
+from evolane.sandbox._start import ProgramCache
 from evolane.sandbox._tree import become_subreaper
 from evolane.store import (
     BlobStore,
@@ -140,6 +141,8 @@ class SandboxHost:
         self._janitor = _Janitor()
         self.inline = InlineGate()
         """Whether small file work of in-process units may run on the event loop now."""
+        self.programs = ProgramCache()
+        """Where the programs of recent spawns were found (a loop's spawn never looks)."""
 
     def defer(self, cleanup: Callable[[], object]) -> None:
         """Run ``cleanup`` (removing a finished unit's empty cgroups and directories) off the
@@ -306,7 +309,8 @@ class SandboxHost:
         that spawns the tree. ``small_layout``: the caller vouches that its setup, workspace
         and own paths are small file work (within `INLINE_FILES` and `INLINE_BYTES`). Such a
         unit, or one with none of these, and no seed or overlays, is laid out on the event
-        loop while `inline` is open, and only the spawn goes to a thread. Trio cancellation
+        loop while `inline` is open, and spawned from it too where the spawn server takes it
+        and its program was found lately (else in a thread). Trio cancellation
         kills the tree and propagates. Raises `WorkspaceError` for a workspace outside the
         root.
         """

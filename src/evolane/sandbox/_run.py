@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -18,30 +17,17 @@ from typing import Any, Protocol
 
 import trio
 
-from evolane._faults import INSTALLED
 from evolane.messages import ArtifactRef
 from evolane.sandbox._capture import BoundedCapture, OwnedPipes
 from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
-from evolane.sandbox._confine import (
-    bwrap_argv,
-    interpreter_folders,
-    outermost,
-    program_folders,
-    resolve_isolation,
-)
+from evolane.sandbox._confine import resolve_isolation
 from evolane.sandbox._env import build_environment, child_lease
 from evolane.sandbox._inline import InlineGate
-from evolane.sandbox._launch import (
-    NAMESPACE_EXTRA_PROCESSES,
-    Cloned,
-    join_failed_marker,
-    launch,
-    launcher_argv,
-    rlimit_numbers,
-)
+from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES, join_failed_marker
 from evolane.sandbox._secrets import commands_run_unprivileged
-from evolane.sandbox._spawner import Spawner, SpawnerUnavailable
+from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
+from evolane.sandbox._start import Launch, ProgramCache, Spawned
 from evolane.sandbox._tree import ProcessTree
 from evolane.sandbox._watch import Watch
 from evolane.sandbox._workspace import WorkspaceError, hand_over, inside, materialize_workspace
@@ -61,6 +47,7 @@ class UnitHost(Protocol):
     spool_dir: Path
     cgroups: CgroupRoots
     inline: InlineGate  # whether small file work may run on the event loop now
+    programs: ProgramCache  # where the programs of recent spawns were found
 
     @property
     def spawner(self) -> Spawner | None:
@@ -92,15 +79,7 @@ def _isolation(spec: SandboxSpec) -> IsolationInForce:
     return level
 
 
-def _resolve_executable(argv0: str, cwd: Path, path: str) -> str | None:
-    """Where argv[0] would be found, or None (so a missing command never gets spawned)."""
-    if "/" in argv0:
-        target = (cwd / argv0) if not argv0.startswith("/") else Path(argv0)
-        return str(target) if os.access(target, os.X_OK) and target.is_file() else None
-    return shutil.which(argv0, path=path)
-
-
-class _Unit:
+class Unit:
     """The directories and bookkeeping of one run."""
 
     def __init__(
@@ -193,7 +172,7 @@ async def run_unit(
     small_layout: bool = False,
 ) -> ProcessOutcome:
     """The body of `SandboxHost.run`."""
-    unit = _Unit(host, spec, setup, activity, small_layout)
+    unit = Unit(host, spec, setup, activity, small_layout)
     try:
         outcome = await _run_prepared(unit, deadline, stop)
     except BaseException:
@@ -212,7 +191,7 @@ async def run_unit(
     return outcome
 
 
-async def _run_prepared(unit: _Unit, deadline: float, stop: trio.Event | None) -> ProcessOutcome:
+async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) -> ProcessOutcome:
     spec, host = unit.spec, unit.host
     isolation = _isolation(spec)
     base: dict[str, Any] = {"isolation": isolation, "lease": unit.lease}
@@ -248,44 +227,41 @@ async def _run_prepared(unit: _Unit, deadline: float, stop: trio.Event | None) -
         return await _outcome(unit, tree, watch, captures, started, base)
 
 
-Spawned = tuple[int, tuple[str, ...]]
-"""A started command's pid and the mechanisms in force for it."""
-
-
-async def _start(unit: _Unit, isolation: IsolationInForce, fds: dict) -> Spawned | str:
+async def _start(unit: Unit, isolation: IsolationInForce, fds: dict) -> Spawned | str:
     """Lay the unit out and spawn its command in one worker thread; or, for a small layout
     while the host's `InlineGate` is open, lay it out on the event loop (a thread's GIL
-    hand-offs cost more than a few folders) and hop to a thread for the spawn alone (a spawn
-    server's answer is awaited there, never on the loop)."""
+    hand-offs cost more than a few folders) and spawn it from the loop too when it can
+    (`Launch.from_loop`), else in a worker thread."""
     if unit.small_layout:
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run lays nothing out
-        spawn = unit.host.inline.attempt(partial(_prepare, unit, isolation, fds))
-        if isinstance(spawn, str):
-            return spawn
-        if spawn is not None:
-            return await trio.to_thread.run_sync(_spawn_unless_cancelled, spawn)
+        launch = unit.host.inline.attempt(partial(_prepare, unit, isolation, fds))
+        if isinstance(launch, str):
+            return launch
+        if launch is not None:
+            started = await launch.from_loop()
+            if started is not None:
+                return started
+            return await trio.to_thread.run_sync(_spawn_unless_cancelled, launch)
     return await trio.to_thread.run_sync(_prepare_and_spawn, unit, isolation, fds)
 
 
-def _prepare_and_spawn(unit: _Unit, isolation: IsolationInForce, fds: dict) -> Spawned | str:
+def _prepare_and_spawn(unit: Unit, isolation: IsolationInForce, fds: dict) -> Spawned | str:
     """In a worker thread: `_prepare`, then the spawn it returns."""
-    spawn = _prepare(unit, isolation, fds)
-    return spawn if isinstance(spawn, str) else _spawn_unless_cancelled(spawn)
+    launch = _prepare(unit, isolation, fds)
+    return launch if isinstance(launch, str) else _spawn_unless_cancelled(launch)
 
 
-def _spawn_unless_cancelled(spawn: Callable[[], Spawned | str]) -> Spawned | str:
-    """In a worker thread: ``spawn``, unless the run was cancelled meanwhile."""
+def _spawn_unless_cancelled(launch: Launch) -> Spawned | str:
+    """In a worker thread: ``launch``, unless the run was cancelled meanwhile."""
     trio.from_thread.check_cancelled()
-    return spawn()
+    return launch.in_thread()
 
 
-def _prepare(
-    unit: _Unit, isolation: IsolationInForce, fds: dict
-) -> Callable[[], Spawned | str] | str:
+def _prepare(unit: Unit, isolation: IsolationInForce, fds: dict) -> Launch | str:
     """Lay the unit out and make its cgroups (errors raise, or return as the message of a
     ``spawn_failed`` outcome): file work under the sandbox root and in the cgroup tree
-    only. Returns the spawn, to call in a worker thread (it also looks the program up in
-    PATH, whose folders may be anywhere)."""
+    only. Returns the launch (it looks the program up in PATH, whose folders may be
+    anywhere, in a worker thread)."""
     unit.prepare()
     spec = unit.spec
     env = build_environment(
@@ -302,77 +278,10 @@ def _prepare(
     except (OSError, ValueError) as error:
         return str(error)[:2048]
     output = (fds["stdout"][1], fds["stderr"][1])
-    return partial(_spawn, unit, isolation, env, output, uid)
+    return Launch(unit, isolation, env, output, uid)
 
 
-def _spawn(
-    unit: _Unit,
-    isolation: IsolationInForce,
-    env: dict[str, str],
-    output: tuple[int, int],
-    uid: int | None,
-) -> Spawned | str:
-    """Start the laid-out unit's command through the spawn server, else the launcher chain
-    (blocking); errors return as the message of a ``spawn_failed`` outcome."""
-    spec = unit.spec
-    program = _resolve_executable(spec.argv[0], unit.work, env["PATH"])
-    if program is None:
-        return f"{spec.argv[0]}: [Errno 2] No such file or directory (or not executable)"
-    try:
-        if INSTALLED:
-            INSTALLED[0].before_spawn(spec.label)
-        confine = _confinement(unit, program) if isolation == "confined" else None
-        procs = unit.cgroups.procs_files if unit.cgroups is not None else []
-        chain = partial(
-            launcher_argv, spec.argv, procs, spec.limits, isolation == "namespace", confine, uid
-        )
-        drops = isolation == "process" and uid is None  # else a later step needs the caps
-        switch_uid = uid if isolation == "process" else None  # unshare would need root
-        started = _through_server(unit, chain, program, env, output, drops, switch_uid)
-        if started is None:  # no server, or it did not take this one: the launcher chain
-            argv, mechanisms = chain(nonce=unit.nonce)
-            started = launch(argv, unit.work, env, output), mechanisms
-    except (OSError, ValueError) as error:
-        return str(error)[:2048]
-    pid, mechanisms = started
-    if unit.cgroups is not None:
-        mechanisms = (*mechanisms, *unit.cgroups.mechanisms)
-    return pid, tuple(mechanisms)
-
-
-def _through_server(
-    unit: _Unit,
-    chain: Callable[..., tuple[list[str], tuple[str, ...]]],
-    program: str,
-    env: dict[str, str],
-    output: tuple[int, int],
-    drops: bool,
-    uid: int | None,
-) -> tuple[int, tuple[str, ...]] | None:
-    """Start the unit's command through the host's spawn server: its pid and mechanisms;
-    None when there is no server or it did not take the request (errors raise). ``drops``:
-    the clone may drop root's capabilities, ``uid``: switch to that unit uid (no later step
-    of the chain needs root)."""
-    spawner, spec, cgroups = unit.host.spawner, unit.spec, unit.cgroups
-    if spawner is None or spawner.broken:
-        return None
-    dropped = spawner.dropped if drops else ()
-    # Given a uid, the chain switches to it (or raises): the clone does it in its stead.
-    switch = spawner.uid_switch(uid) if uid is not None and spawner.switches_uid else None
-    argv, mechanisms = chain(cloned=Cloned(bool(dropped), uid_switched=switch is not None))
-    path = program if len(argv) == len(spec.argv) else argv[0]
-    try:
-        pid = spawner.spawn(
-            path, argv, env, str(unit.work), output, rlimit_numbers(spec.limits),
-            cgroups.v1_tasks_files if cgroups else [], dropped,
-            cgroups.unified_dir if cgroups else None, switch,
-        )  # fmt: skip
-    except SpawnerUnavailable:
-        return None
-    return pid, mechanisms
-
-
-def _unit_uid(unit: _Unit) -> int | None:
+def _unit_uid(unit: Unit) -> int | None:
     """The uid a ``drop_root`` command of a root evolane runs as (None: evolane's own),
     with its unit directory and its writable own paths (inside the root) handed to it."""
     if not unit.spec.drop_root or not commands_run_unprivileged():
@@ -383,18 +292,8 @@ def _unit_uid(unit: _Unit) -> int | None:
     return uid
 
 
-def _confinement(unit: _Unit, program: str) -> list[str]:
-    """The bwrap prefix of a confined unit: its view plus the interpreters and the program's
-    prefix read-only, its unit directory and workspace writable."""
-    spec = unit.spec
-    own = [(str(unit.dir), True), (str(unit.work), True), *spec.view.own]
-    shown = (*interpreter_folders(), *program_folders(program), *spec.view.read_only)
-    view = spec.view.model_copy(update={"read_only": outermost(shown)})
-    return bwrap_argv(view, own=own, workspace=unit.work)
-
-
 async def _outcome(
-    unit: _Unit,
+    unit: Unit,
     tree: ProcessTree,
     watch: Watch,
     captures: dict[str, BoundedCapture],
@@ -447,7 +346,7 @@ async def _outcome(
 
 
 def _limits_hit(
-    unit: _Unit, signum: int | None, exit_code: int | None, we_killed: bool, cpu: float
+    unit: Unit, signum: int | None, exit_code: int | None, we_killed: bool, cpu: float
 ) -> tuple[str, ...]:
     """Which limits ended the run: by the leader's signal, or a shell's 128+signal exit code."""
     limits, hit = unit.spec.limits, []

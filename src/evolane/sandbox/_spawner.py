@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+import trio
+
 from evolane.sandbox import _spawnd
 from evolane.sandbox._secrets import (
     DROPPED_CAPABILITIES,
@@ -36,6 +38,7 @@ _REPLY_BYTES = 4096
 _SEQPACKET_OVERHEAD = 64  # a message may take the send buffer less ~32 bytes
 _NOT_SENT = (errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM)  # too large now, not a dead server
 _FAILURE_BYTES = 2048  # what a child that could not exec writes at most (as _spawnd)
+_PIPE_BYTES = _spawnd.PID_BYTES + _FAILURE_BYTES  # what an error pipe holds, kept at most
 REPLY_TIMEOUT = 10.0
 """Seconds a spawn waits for the server's reply, and then for the clone's exec (each takes
 well under one): past them a hung server (stopped by a signal, say) is killed, and a clone
@@ -82,7 +85,8 @@ class Spawner:
         room = connection.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - _SEQPACKET_OVERHEAD
         self.largest_request = min(_spawnd.MAX_REQUEST, room)
         """Bytes of the largest request this connection sends (larger ones: the launcher)."""
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one request in flight: replies come in order
+        self._trio_lock = trio.Lock()  # the tasks of a trio loop wait here, not on ``_lock``
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.broken = False
         self.reply_timeout = REPLY_TIMEOUT
@@ -163,12 +167,7 @@ class Spawner:
         exec'd. ``switch`` (from `uid_switch`): it runs as that unit uid, and ``dropped``
         is ignored. Raises OSError when it could not start (the child is killed and reaped), and
         `SpawnerUnavailable` when the server did not take the request."""
-        if switch is not None:
-            dropped = self._unit_bounding
-        request = (path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
-        payload = marshal.dumps(request)
-        if len(payload) > self.largest_request:
-            raise SpawnerUnavailable("the request is larger than the spawn server takes")
+        payload = self._request(path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
         failed_read, failed_write = os.pipe2(os.O_CLOEXEC)
         try:
             try:
@@ -181,23 +180,88 @@ class Spawner:
                 raise SpawnerUnavailable(str(error)) from None  # no clone: the launcher may
             os.close(failed_write)
             failed_write = -1
-            pid, number, message, unsupported = reply
-            if unsupported:  # no clone: the kernel's clone3 lacks what we need
-                self.broken = True
-                raise SpawnerUnavailable(message)
-            if not pid:
-                raise OSError(number, message)
-            _, failure = _read_pipe(failed_read, self.reply_timeout)
+            pid = self._cloned(reply)
+            failure = _failure(*_read(failed_read, self.reply_timeout, _PIPE_BYTES, True))
         finally:
             os.close(failed_read)
             if failed_write >= 0:
                 os.close(failed_write)
-        if failure is None:  # never reached its exec: it is ours to end
-            failure = b"0:the command did not reach its exec in time"
         if failure:  # killed too: a clone that failed may have been stopped before its exit
             _reap(pid, self.reply_timeout)
-            code, _, text = failure.decode(errors="replace").partition(":")
-            raise OSError(int(code) if code.isdigit() else 0, text or "spawn failed")
+            raise _spawn_error(failure)
+        return pid
+
+    async def spawn_from_trio(
+        self,
+        path: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        output: tuple[int, int],
+        rlimits: list[tuple[int, int, int]],
+        v1_tasks: list[str],
+        dropped: tuple[int, ...],
+        cgroup: str | None,
+        switch: UidSwitch | None = None,
+    ) -> int | None:
+        """`spawn` awaited on a trio event loop: no thread, and nothing blocks the loop (the
+        rare failure paths that must wait for a clone to die run in a worker thread). None,
+        with nothing sent, while a worker thread's `spawn` holds the connection: `spawn` it
+        there too. Not cancellable once called: it ends within its timeouts, as `spawn`."""
+        payload = self._request(path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
+        with trio.CancelScope(shield=True):
+            failed_read, failed_write = os.pipe2(os.O_CLOEXEC)
+            try:
+                try:
+                    fds = (self._devnull, *output, failed_write)
+                    reply = await self._ask_from_trio(payload, fds)
+                finally:
+                    os.close(failed_write)  # the server holds its copy once sent
+                if reply is None:
+                    return None
+                pid = self._cloned(reply)
+                data, eof = await _read_from_trio(failed_read, self.reply_timeout)
+            except _NoReply as error:
+                if await trio.to_thread.run_sync(self._end_lost_clone, failed_read):
+                    raise OSError(0, str(error)) from None
+                raise SpawnerUnavailable(str(error)) from None
+            finally:
+                os.close(failed_read)
+            failure = _failure(data, eof)
+            if failure:  # killed too: a clone that failed may have been stopped first
+                await trio.to_thread.run_sync(_reap, pid, self.reply_timeout)
+                raise _spawn_error(failure)
+        return pid
+
+    def _request(
+        self,
+        path: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        rlimits: list[tuple[int, int, int]],
+        v1_tasks: list[str],
+        dropped: tuple[int, ...],
+        cgroup: str | None,
+        switch: UidSwitch | None,
+    ) -> bytes:
+        """The request `spawn` sends (`SpawnerUnavailable` when it is too large)."""
+        if switch is not None:
+            dropped = self._unit_bounding
+        request = (path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
+        payload = marshal.dumps(request)
+        if len(payload) > self.largest_request:
+            raise SpawnerUnavailable("the request is larger than the spawn server takes")
+        return payload
+
+    def _cloned(self, reply: tuple[int, int, str, bool]) -> int:
+        """The clone's pid from the server's reply; raises when there is no clone."""
+        pid, number, message, unsupported = reply
+        if unsupported:  # no clone: the kernel's clone3 lacks what we need
+            self.broken = True
+            raise SpawnerUnavailable(message)
+        if not pid:
+            raise OSError(number, message)
         return pid
 
     def uid_switch(self, uid: int) -> UidSwitch:
@@ -209,23 +273,60 @@ class Spawner:
         """Send one request and wait for its reply (`SpawnerUnavailable` when unsent,
         `_NoReply` when sent but unanswered: the server is then killed)."""
         with self._lock:
-            if self.broken:
-                raise SpawnerUnavailable("the spawn server broke earlier")
-            self._socket.settimeout(self.reply_timeout)
+            self._send(payload, fds)
             try:
-                socket.send_fds(self._socket, [payload], list(fds))
+                return self._reply(self._socket.recv(_REPLY_BYTES))
             except OSError as error:
-                if error.errno not in _NOT_SENT:  # this request's size, not the server
-                    self._break()
-                raise SpawnerUnavailable(str(error)) from error
+                raise self._lost(error) from error
+
+    async def _ask_from_trio(
+        self, payload: bytes, fds: tuple[int, ...]
+    ) -> tuple[int, int, str, bool] | None:
+        """`_ask`, the reply awaited on the loop; None, with nothing sent, while a worker
+        thread's request holds the connection."""
+        async with self._trio_lock:  # the loop's tasks, one at a time
+            if not self._lock.acquire(blocking=False):
+                return None
             try:
-                data = self._socket.recv(_REPLY_BYTES)
-                pid, number, message, unsupported = marshal.loads(data)
-                return int(pid), int(number), str(message), bool(unsupported)
-            except (OSError, ValueError, EOFError, TypeError) as error:
+                self._send(payload, fds)  # a request fits the send buffer: this does not wait
+                data = None
+                with trio.move_on_after(self.reply_timeout):
+                    await trio.lowlevel.wait_readable(self._socket)
+                    try:
+                        data = self._socket.recv(_REPLY_BYTES)  # readable: at once
+                    except OSError as error:
+                        raise self._lost(error) from error
+                if data is None:
+                    raise self._lost(TimeoutError())
+                return self._reply(data)
+            finally:
+                self._lock.release()
+
+    def _send(self, payload: bytes, fds: tuple[int, ...]) -> None:
+        """Send one request (the connection's lock held)."""
+        if self.broken:
+            raise SpawnerUnavailable("the spawn server broke earlier")
+        self._socket.settimeout(self.reply_timeout)
+        try:
+            socket.send_fds(self._socket, [payload], list(fds))
+        except OSError as error:
+            if error.errno not in _NOT_SENT:  # this request's size, not the server
                 self._break()
-                why = "timed out" if isinstance(error, TimeoutError) else "failed"
-                raise _NoReply(f"the spawn server {why} during this spawn") from error
+            raise SpawnerUnavailable(str(error)) from error
+
+    def _reply(self, data: bytes) -> tuple[int, int, str, bool]:
+        """The server's reply decoded (`_NoReply` when it is not one)."""
+        try:
+            pid, number, message, unsupported = marshal.loads(data)
+            return int(pid), int(number), str(message), bool(unsupported)
+        except (ValueError, EOFError, TypeError) as error:
+            raise self._lost(error) from error
+
+    def _lost(self, error: Exception) -> _NoReply:
+        """A sent request whose reply never came: the server is killed."""
+        self._break()
+        why = "timed out" if isinstance(error, TimeoutError) else "failed"
+        return _NoReply(f"the spawn server {why} during this spawn")
 
     def _break(self) -> None:
         """Stop using the server for good, and kill it: no request it holds may run later."""
@@ -270,13 +371,32 @@ class Spawner:
                 self._process.wait(timeout=SERVER_EXIT_WAIT)
 
 
-def _read_pipe(fd: int, timeout: float) -> tuple[int | None, bytes | None]:
-    """A clone's error pipe read to EOF: its pid (None when it never wrote it) and its
-    failure (b"" when it exec'd; at most `_FAILURE_BYTES`). The failure is None when the pipe
-    stayed open ``timeout`` seconds with nothing but the pid on it."""
-    data, eof = _read(fd, timeout, _spawnd.PID_BYTES + _FAILURE_BYTES, until_eof=True)
+def _failure(data: bytes, eof: bool) -> bytes:
+    """What a clone's error pipe (read to EOF, or to the timeout) says: b"" when the clone
+    exec'd; else its failure (at most `_FAILURE_BYTES`), or that it never reached its exec
+    in time when the pipe stayed open with nothing but the pid on it."""
     failure = data[_spawnd.PID_BYTES :]
-    return _pid_of(data), failure if eof or failure else None
+    return failure if eof or failure else b"0:the command did not reach its exec in time"
+
+
+def _spawn_error(failure: bytes) -> OSError:
+    """The error a clone's failure (``errno:text``) raises."""
+    code, _, text = failure.decode(errors="replace").partition(":")
+    return OSError(int(code) if code.isdigit() else 0, text or "spawn failed")
+
+
+async def _read_from_trio(fd: int, timeout: float) -> tuple[bytes, bool]:
+    """A clone's error pipe read on the loop as `_read` reads it to EOF: up to
+    `_PIPE_BYTES` within ``timeout`` seconds, and whether EOF came."""
+    data = b""
+    with trio.move_on_after(timeout):
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return data, True
+            data += chunk[: _PIPE_BYTES - len(data)]
+    return data, False
 
 
 def _read_pid(fd: int, timeout: float) -> tuple[int | None, bool]:

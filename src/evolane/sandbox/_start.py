@@ -1,0 +1,210 @@
+"""Starting a laid-out unit's command: its program looked up, its confinement prefix, and the
+spawn server (awaited on the event loop, or in a worker thread) or the launcher chain."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Protocol
+
+import trio
+
+from evolane._faults import INSTALLED
+from evolane.sandbox._cgroups import UnitCgroups
+from evolane.sandbox._confine import bwrap_argv, interpreter_folders, outermost, program_folders
+from evolane.sandbox._launch import Cloned, launch, launcher_argv, rlimit_numbers
+from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
+from evolane.sandbox._spec import IsolationInForce, SandboxSpec
+
+Spawned = tuple[int, tuple[str, ...]]
+"""A started command's pid and the mechanisms in force for it."""
+
+PROGRAM_SECONDS = 1.0
+"""How long a program found in PATH (or at its absolute path) is taken as found without
+looking again: an event-loop spawn never looks (PATH may list a folder on a stalled network
+mount), so the lookups of a busy host's worker threads keep its answers this fresh."""
+_PROGRAMS_KEPT = 256  # programs remembered at most (the cache starts over when full)
+
+
+class ProgramCache:
+    """Where each recently spawned program was found (`PROGRAM_SECONDS`); one per host."""
+
+    def __init__(self, seconds: float = PROGRAM_SECONDS) -> None:
+        self.seconds = seconds
+        self._found: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def get(self, argv0: str, path: str) -> str | None:
+        """Where ``argv0`` was found with ``path`` as PATH, if lately; None: look (in a
+        thread). A name relative to the unit's workspace is never remembered."""
+        found = self._found.get((argv0, path))
+        if found is None or time.monotonic() - found[1] > self.seconds:
+            return None
+        return found[0]
+
+    def put(self, argv0: str, path: str, program: str) -> None:
+        """Remember where ``argv0`` was just found."""
+        if "/" in argv0 and not argv0.startswith("/"):
+            return
+        if len(self._found) >= _PROGRAMS_KEPT:
+            self._found = {}
+        self._found[argv0, path] = (program, time.monotonic())
+
+
+class _Host(Protocol):
+    programs: ProgramCache
+
+    @property
+    def spawner(self) -> Spawner | None: ...
+
+
+class LaidOut(Protocol):
+    """What a launch needs of its laid-out unit (`evolane.sandbox._run.Unit` is the one)."""
+
+    spec: SandboxSpec
+    dir: Path
+    work: Path
+    nonce: str
+    cgroups: UnitCgroups | None
+
+    @property
+    def host(self) -> _Host: ...
+
+
+def resolve_executable(argv0: str, cwd: Path, path: str) -> str | None:
+    """Where argv[0] would be found, or None (so a missing command never gets spawned)."""
+    if "/" in argv0:
+        target = (cwd / argv0) if not argv0.startswith("/") else Path(argv0)
+        return str(target) if os.access(target, os.X_OK) and target.is_file() else None
+    return shutil.which(argv0, path=path)
+
+
+class Launch:
+    """A laid-out unit's command, ready to start (what `_run._prepare` returns)."""
+
+    def __init__(
+        self,
+        unit: LaidOut,
+        isolation: IsolationInForce,
+        env: dict[str, str],
+        output: tuple[int, int],
+        uid: int | None,
+    ) -> None:
+        self.unit, self.isolation, self.env, self.output, self.uid = (
+            unit,
+            isolation,
+            env,
+            output,
+            uid,
+        )
+        self._hooked = False  # the fault injector's spawn hook ran (once a spawn)
+
+    def in_thread(self) -> Spawned | str:
+        """Start the command through the spawn server, else the launcher chain (blocking:
+        a worker thread's); errors return as the message of a ``spawn_failed`` outcome."""
+        unit = self.unit
+        argv0, path = unit.spec.argv[0], self.env["PATH"]
+        program = resolve_executable(argv0, unit.work, path)
+        if program is None:
+            return f"{argv0}: [Errno 2] No such file or directory (or not executable)"
+        unit.host.programs.put(argv0, path, program)
+        try:
+            self._hook()
+            confine = _confinement(unit, program) if self.isolation == "confined" else None
+            started = None
+            if unit.host.spawner is not None and self._served():
+                args, mechanisms = self._request(program, confine)
+                try:
+                    started = unit.host.spawner.spawn(*args), mechanisms
+                except SpawnerUnavailable:
+                    started = None
+            if started is None:  # no server, or it did not take this one: the launcher chain
+                argv, mechanisms = self._chain(confine, nonce=unit.nonce)
+                started = launch(argv, unit.work, self.env, self.output), mechanisms
+        except (OSError, ValueError) as error:
+            return str(error)[:2048]
+        return self._spawned(*started)
+
+    async def from_loop(self) -> Spawned | str | None:
+        """`in_thread` with no thread: when the program was found lately (`ProgramCache`)
+        and the spawn server takes the request, awaited on the event loop. None when it
+        cannot be (confined, no server, a program to look up, the server busy with a
+        thread's spawn): call `in_thread` then. Once it spawns it is not cancellable."""
+        unit = self.unit
+        spawner, argv0 = unit.host.spawner, unit.spec.argv[0]
+        if self.isolation == "confined" or spawner is None or not self._served():
+            return None  # a confined view is worked out from folders anywhere
+        program = unit.host.programs.get(argv0, self.env["PATH"])
+        if program is None:
+            return None
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run never starts
+        try:
+            self._hook()
+            args, mechanisms = self._request(program, None)
+            pid = await spawner.spawn_from_trio(*args)
+        except SpawnerUnavailable:
+            return None
+        except (OSError, ValueError) as error:
+            return str(error)[:2048]
+        return None if pid is None else self._spawned(pid, mechanisms)
+
+    def _hook(self) -> None:
+        """The fault injector's spawn hook, once per spawn however it starts."""
+        if INSTALLED and not self._hooked:
+            self._hooked = True
+            INSTALLED[0].before_spawn(self.unit.spec.label)
+
+    def _served(self) -> bool:
+        spawner = self.unit.host.spawner
+        return spawner is not None and not spawner.broken
+
+    def _chain(
+        self, confine: list[str] | None, nonce: str = "", cloned: Cloned | None = None
+    ) -> tuple[list[str], tuple[str, ...]]:
+        """The launcher chain's argv and mechanisms (``cloned``: what the clone did)."""
+        spec, cgroups = self.unit.spec, self.unit.cgroups
+        procs = cgroups.procs_files if cgroups is not None else []
+        namespace = self.isolation == "namespace"
+        return launcher_argv(
+            spec.argv, procs, spec.limits, namespace, confine, self.uid, nonce=nonce, cloned=cloned
+        )
+
+    def _request(self, program: str, confine: list[str] | None) -> tuple[tuple, tuple[str, ...]]:
+        """The spawn server's arguments for this command, and the mechanisms in force. The
+        clone may drop root's capabilities when no later step needs them, and switches to
+        the unit uid itself when it can (a given uid: the chain switches, or raises)."""
+        unit, spec, cgroups = self.unit, self.unit.spec, self.unit.cgroups
+        spawner = unit.host.spawner
+        assert spawner is not None
+        drops = self.isolation == "process" and self.uid is None
+        dropped = spawner.dropped if drops else ()
+        uid = self.uid if self.isolation == "process" else None  # unshare would need root
+        switch: UidSwitch | None = None
+        if uid is not None and spawner.switches_uid:
+            switch = spawner.uid_switch(uid)
+        cloned = Cloned(bool(dropped), uid_switched=switch is not None)
+        argv, mechanisms = self._chain(confine, cloned=cloned)
+        path = program if len(argv) == len(spec.argv) else argv[0]
+        args = (
+            path, argv, self.env, str(unit.work), self.output, rlimit_numbers(spec.limits),
+            cgroups.v1_tasks_files if cgroups else [], dropped,
+            cgroups.unified_dir if cgroups else None, switch,
+        )  # fmt: skip
+        return args, mechanisms
+
+    def _spawned(self, pid: int, mechanisms: tuple[str, ...]) -> Spawned:
+        cgroups = self.unit.cgroups
+        if cgroups is not None:
+            mechanisms = (*mechanisms, *cgroups.mechanisms)
+        return pid, tuple(mechanisms)
+
+
+def _confinement(unit: LaidOut, program: str) -> list[str]:
+    """The bwrap prefix of a confined unit: its view plus the interpreters and the program's
+    prefix read-only, its unit directory and workspace writable."""
+    spec = unit.spec
+    own = [(str(unit.dir), True), (str(unit.work), True), *spec.view.own]
+    shown = (*interpreter_folders(), *program_folders(program), *spec.view.read_only)
+    view = spec.view.model_copy(update={"read_only": outermost(shown)})
+    return bwrap_argv(view, own=own, workspace=unit.work)
