@@ -20,7 +20,10 @@ from evolane.store import (
     CorruptBlobError,
     InvalidDigestError,
     MissingBlobError,
+    NotRegularFileError,
     StoreError,
+    open_below,
+    read_regular_file,
 )
 
 MB = 1024 * 1024
@@ -362,3 +365,24 @@ def test_without_hard_links_a_blob_placed_meanwhile_is_kept(
     assert final.stat().st_ino == inode and temp.exists()
     assert publish(temp, tmp_path / "new") is True
     assert (tmp_path / "new").read_bytes() == b"second" and not temp.exists()
+
+
+def test_open_below_follows_no_symlink_under_its_folder(tmp_path: Path) -> None:
+    unit, elsewhere = tmp_path / "unit", tmp_path / "elsewhere"
+    (unit / "out").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "usage.json").write_text("secret")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    os.close(open_below(unit, "out/output.json", flags))  # a plain folder: created there
+    assert (unit / "out" / "output.json").exists()
+    (unit / "out").rename(unit / "kept")
+    (unit / "out").symlink_to(elsewhere)  # a folder swapped for a link: refused
+    with pytest.raises(OSError):
+        open_below(unit, "out/output.json", flags)
+    with pytest.raises((OSError, NotRegularFileError)):
+        read_regular_file(unit / "out" / "usage.json", 100, below=unit)
+    assert read_regular_file(unit / "out" / "usage.json", 100) == b"secret"  # without below
+    (unit / "kept" / "link").symlink_to(elsewhere / "usage.json")  # and the last step
+    with pytest.raises(NotRegularFileError):
+        read_regular_file(unit / "kept" / "link", 100, below=unit)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["usage.json"]

@@ -52,6 +52,7 @@ from evolane.store import (
     TreeLimits,
     TreeScan,
     UnsupportedEntryError,
+    open_below,
     read_regular_file,
     scan_tree,
     store_scan,
@@ -347,15 +348,17 @@ def collect_replay(
         "stderr_ref": outcome.stderr.ref,
     }
     failure = _classify(outcome, job.arm)
-    usage, complete = read_usage(scratch.usage_file("replay"), outcome, prices)
+    # The command may have swapped its output folder for a symlink to anywhere: nothing
+    # below its unit folder is followed, read or written through.
+    usage_file = scratch.usage_file("replay")
+    usage, complete = read_usage(usage_file, outcome, prices, below=scratch.dir)
     base.update(usage=usage, usage_complete=complete)
     if failure is not None:
         status = {"timed_out": "timed_out", "cancelled": "cancelled"}.get(outcome.status, "failed")
         return ReplayResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
-    answer = scratch.out / "output.json"
-    if not os.path.lexists(answer) and outcome.stdout.total_bytes and not outcome.stdout.truncated:
-        with contextlib.suppress(OSError):  # never through a symlink the command left
-            _write_new(answer, outcome.stdout.head + outcome.stdout.tail)  # all of it
+    if outcome.stdout.total_bytes and not outcome.stdout.truncated:
+        with contextlib.suppress(OSError):  # one it wrote itself stays; a symlink: refused
+            _write_new(scratch.dir, "out/output.json", outcome.stdout.head + outcome.stdout.tail)
     stored = _store_output(store, job, scratch.out, limits, small)
     if isinstance(stored, ArtifactRef):
         return ReplayResult(status="succeeded", output_ref=stored, **base)
@@ -421,10 +424,11 @@ def _output_failure(job: ReplayJob, code: str, error: BaseException) -> FailureE
     )
 
 
-def _write_new(path: Path, data: bytes) -> None:
-    """Create ``path`` (never an existing file or a symlink) holding ``data``."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with os.fdopen(os.open(path, flags, 0o644), "wb") as out:
+def _write_new(folder: Path, relative: str, data: bytes) -> None:
+    """Create ``folder``/``relative`` holding ``data``: never an existing file, nor through
+    a symlink anywhere below ``folder`` (`open_below`)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    with os.fdopen(open_below(folder, relative, flags), "wb") as out:
         out.write(data)
 
 
@@ -468,15 +472,18 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
 
 
 def read_usage(
-    path: Path, outcome: ProcessOutcome, prices: PriceTable | None = None
+    path: Path,
+    outcome: ProcessOutcome,
+    prices: PriceTable | None = None,
+    below: Path | None = None,
 ) -> tuple[Usage, bool]:
     """The usage document at ``path`` (see `evolane.inputs.read_usage_document`), priced by
     ``prices``: complete when it gives both tokens and dollars; else what it gives, plus the
-    wall time. Any other content (too large, not a regular file, not JSON) is the command's
-    mistake, never a crash of the lane."""
+    wall time. Any other content (too large, not a regular file, not JSON, reached through
+    a symlink below ``below``) is the command's mistake, never a crash of the lane."""
     wall = outcome.wall_seconds
     with contextlib.suppress(OSError, ValueError, TypeError, StoreError):
-        data = orjson.loads(read_regular_file(path, MAX_USAGE_BYTES))
+        data = orjson.loads(read_regular_file(path, MAX_USAGE_BYTES, below=below))
         if isinstance(data, dict):
             reading = read_usage_document(data, prices)
             usage = Usage(

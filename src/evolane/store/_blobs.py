@@ -374,26 +374,57 @@ def read_at_most(source: BinaryIO, limit: int) -> bytes:
     return data
 
 
-def read_regular_file(path: Path | str, max_bytes: int, *, follow_symlinks: bool = False) -> bytes:
+_FOLDER_BELOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_below(folder: Path, relative: str, flags: int, mode: int = 0o644) -> int:
+    """Open ``folder``/``relative`` with ``flags`` without following a symlink anywhere below
+    ``folder`` (a trusted folder: a command's unit folder, whose contents the command may
+    have swapped for symlinks to anywhere); ELOOP or ENOTDIR (``OSError``) when one is."""
+    parts = relative.split("/")
+    where = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, _FOLDER_BELOW, dir_fd=where)
+            os.close(where)
+            where = inner
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=where)
+    finally:
+        os.close(where)
+
+
+def read_regular_file(
+    path: Path | str,
+    max_bytes: int,
+    *,
+    follow_symlinks: bool = False,
+    below: Path | None = None,
+) -> bytes:
     """The content of the regular file at ``path``, for files a command wrote: at most
     ``max_bytes`` are read (`BlobTooLargeError` when it holds more), a symlink is not
     followed (unless ``follow_symlinks``: for a tree evolane laid out itself, whose links
-    were checked to stay inside) and a FIFO or device is not read (`NotRegularFileError`);
-    ``FileNotFoundError`` and other ``OSError`` as usual."""
-    with _open_regular(path, follow_symlinks=follow_symlinks) as source:
+    were checked to stay inside; ``below``: nor at any step of ``path`` below that folder)
+    and a FIFO or device is not read (`NotRegularFileError`); ``FileNotFoundError`` and
+    other ``OSError`` as usual."""
+    with _open_regular(path, follow_symlinks=follow_symlinks, below=below) as source:
         data = read_at_most(source, max_bytes)
     if len(data) > max_bytes:
         raise BlobTooLargeError(f"{path} holds more than {max_bytes} bytes")
     return data
 
 
-def _open_regular(path: Path | str, *, follow_symlinks: bool = False) -> BinaryIO:
+def _open_regular(
+    path: Path | str, *, follow_symlinks: bool = False, below: Path | None = None
+) -> BinaryIO:
     """Open ``path`` for reading only if it is a regular file (never through a symlink
-    unless asked, never blocking on a FIFO)."""
+    unless asked, nor below ``below`` at all; never blocking on a FIFO)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     flags |= 0 if follow_symlinks else os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags)
+        if below is not None:
+            fd = open_below(below, Path(path).relative_to(below).as_posix(), flags)
+        else:
+            fd = os.open(path, flags)
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise NotRegularFileError(f"{path} is a symlink, not a regular file") from None

@@ -1,0 +1,64 @@
+"""Found by review: a replay could swap its own output folder for a symlink to any host folder,
+and evolane, writing the replay's stdout as ``output.json`` (and reading ``usage.json``) after
+the command ended, followed it: a file created by root anywhere. Nothing below a unit folder
+is followed now, at every isolation level, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evolane.sandbox._confine import confinement_problem
+from tests.campaign_helpers import toy_flags, write_toy
+
+SWAP = textwrap.dedent(
+    """
+    import os, shutil, sys
+    out, victim = sys.argv[1], sys.argv[2]
+    shutil.rmtree(out)  # its own output folder: writable, not a mount point
+    os.symlink(victim, out)  # followed later by evolane, on the host, if anything is
+    print('"planted by the replay"')  # stdout becomes {output_dir}/output.json
+    """
+)
+
+
+@pytest.mark.parametrize("isolation", ["confined", "process"])
+def test_a_replay_that_swaps_its_output_folder_for_a_symlink_writes_nowhere(
+    tmp_path: Path, isolation: str
+) -> None:
+    if isolation == "confined" and confinement_problem() is not None:
+        pytest.skip(f"no confinement here: {confinement_problem()}")
+    paths = write_toy(tmp_path, {"default": "noop"}, val=12, test=0, passing=6)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "usage.json").write_text('{"tokens": 4242, "cost_usd": 42.0}')
+    (tmp_path / "swap.py").write_text(SWAP)
+    flags = toy_flags(paths, paths["store"])
+    flags[flags.index("--replay") + 1] = (
+        f"{sys.executable} -I {tmp_path / 'swap.py'} {{output_dir}} {victim}"
+    )
+    flags[flags.index("--iterations") + 1] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *flags, "--isolation", isolation],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert sorted(p.name for p in victim.iterdir()) == ["usage.json"], done.stdout + done.stderr
+    journal = next(paths["store"].glob("runs/*/journal.jsonl")).read_text().splitlines()
+    replays = [
+        json.loads(line)["replay"]
+        for line in journal
+        if json.loads(line).get("type") == "unit" and json.loads(line).get("replay")
+    ]
+    assert replays, done.stdout + done.stderr
+    for replay in replays:  # refused as the replay's own failure; its usage never read there
+        assert replay["status"] == "failed", replay
+        assert replay["failure"]["code"] == "output_unsupported", replay
+        assert (replay.get("usage") or {}).get("tokens") != 4242, replay
