@@ -255,11 +255,13 @@ def expected_scores(
     baseline: dict[str, list[float]] = {}
     candidate: dict[str, list[float]] = {}
 
-    def score(unit_id: str) -> float | None:
+    def score(unit_id: str, arm: str) -> float | None:
         outcome = outcomes[unit_id]
         if outcome.replay == "failed" and outcome.owner == "candidate":
             return 0.0
-        return outcome.score if outcome.replay == "succeeded" else None
+        if outcome.replay == "succeeded" and outcome.score is not None:
+            return outcome.score
+        return 0.0 if arm == "candidate" else None  # never in the candidate's favour
 
     def succeeded(unit_id: str) -> bool:
         outcome = outcomes[unit_id]
@@ -268,7 +270,7 @@ def expected_scores(
     for unit in plan.units:
         if unit.depends_on is not None and not succeeded(unit.depends_on.unit_id):
             continue  # blocked
-        value = score(unit.unit_id)
+        value = score(unit.unit_id, unit.arm)
         if value is not None:
             side = baseline if unit.arm == "baseline" else candidate
             side.setdefault(unit.case_id, []).append(value)

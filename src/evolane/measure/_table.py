@@ -256,7 +256,9 @@ class Unit:
     @property
     def score(self) -> float | None:
         """The judge's score when both the replay and the judge succeeded; 0 when the candidate
-        itself broke the replay (a crash or no output it caused); else None (not comparable)."""
+        itself broke the replay (a crash or no output it caused), or when a candidate unit
+        ended unscored for a reason its tree could have caused (`unscored_counts_as_zero`);
+        else None (not comparable)."""
         if self.sealed:
             score = self.table.scores[self.index]
             return None if math.isnan(score) else score
@@ -266,7 +268,10 @@ class Unit:
             return 0.0
         ok = replay is not None and replay.status == "succeeded"
         judged = judge is not None and judge.status == "succeeded"
-        return judge.score if ok and judged and judge is not None else None
+        if ok and judged and judge is not None:
+            return judge.score
+        unscored = replay is not None and unscored_counts_as_zero(replay, judge)
+        return 0.0 if unscored and self.arm == "candidate" else None
 
     @property
     def took_part(self) -> bool:
@@ -291,6 +296,26 @@ class Unit:
         if self.sealed:
             self.table.replays.pop(self.index, None)
             self.table.judges.pop(self.index, None)
+
+
+def unscored_counts_as_zero(replay: ReplayResult, judge: JudgeResult | None) -> bool:
+    """Whether a candidate unit that ended unscored scores 0 (the worst score) in the
+    comparison: its replay timed out or failed, or its judge failed on its output, for any
+    reason but a spawn that never started or the framework's stop (early stop, budget,
+    cancel). A candidate's tree can cause a timeout or a judge crash on the cases it would
+    fail; left out, they would leave only the cases it passes in the comparison (found by
+    review: a worse candidate accepted and published that way). Missing data never counts
+    in a candidate's favour; a true infrastructure failure costs it, never helps it."""
+    if replay.status in ("cancelled", "blocked", "not_run"):
+        return False
+    failure = replay.failure if replay.status != "succeeded" else None
+    if replay.status == "succeeded":
+        if judge is None or judge.status != "failed":
+            return False
+        failure = judge.failure
+    if failure is None:
+        return replay.status in ("failed", "timed_out")
+    return failure.owner != "framework" and not failure.code.endswith("spawn_failed")
 
 
 def unit_table(
