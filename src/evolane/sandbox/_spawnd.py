@@ -34,6 +34,12 @@ SYS_CLONE3 = 435  # the same number on every architecture Linux gives clone3
 CLONE_PARENT = 0x00008000
 CLONE_INTO_CGROUP = 0x200000000
 _ARGS_SIZE = 88  # struct clone_args up to ``cgroup`` (CLONE_ARGS_SIZE_VER2)
+_SYS_KEYCTL = {  # older system calls are numbered per architecture
+    "x86_64": 250, "aarch64": 219, "riscv64": 219, "loongarch64": 219, "ppc64le": 280,
+    "s390x": 280, "i686": 288,
+}.get(os.uname().machine)  # fmt: skip
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_NO_KEYRINGS = (1, 38)  # EPERM, ENOSYS: keyrings blocked here (seccomp): the command's too
 _PR_SET_DUMPABLE = 4
 _PR_SET_KEEPCAPS = 8
 _PR_CAPBSET_DROP = 24
@@ -93,6 +99,7 @@ def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None
     path, argv, env, cwd, rlimits, v1_tasks, dropped, _, switch = request
     stdin, stdout, stderr, failed = fds
     os.setsid()
+    _new_session_keyring(libc)
     for tasks in v1_tasks:  # "0" moves this (only) thread: joined before anything runs
         handle = os.open(tasks, os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -120,6 +127,19 @@ def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None
         if error.errno != 8 or not os.path.exists("/bin/sh"):  # ENOEXEC
             raise
     os.execve("/bin/sh", ["sh", path, *argv[1:]], env)
+
+
+def _new_session_keyring(libc: ctypes.CDLL) -> None:
+    """Leave evolane's session keyring for a new, empty one (what ``keyctl new_session``
+    does): a process possesses its session keyring whatever its uid, so a command would
+    read every secret kept there (Kerberos caches, credential helpers; found by review)."""
+    if _SYS_KEYCTL is None:
+        raise OSError(0, f"no keyctl system call number known for {os.uname().machine}")
+    # The arguments as typed for clone3 (`main`): the operation, then a NULL name.
+    if libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
+        number = ctypes.get_errno()
+        if number not in _NO_KEYRINGS:
+            raise OSError(number, "cannot join a new session keyring")
 
 
 def _switch_uid(libc: ctypes.CDLL, uid: int, kept: tuple[int, ...]) -> None:
