@@ -106,11 +106,13 @@ def _covered(path: str) -> bool:
 
 @cache
 def interpreter_folders() -> tuple[str, ...]:
-    """The running interpreter's prefixes and import path (minus the working folder), so a
-    command run with evolane's own Python finds its standard library and packages."""
+    """The running interpreter's prefixes and the folder evolane is imported from, so a
+    command run with evolane's own Python finds its standard library, its installed packages
+    and evolane. Not the rest of the import path: a ``PYTHONPATH`` entry or a project added
+    by an editable install may hold anything (a ``.env``, another dataset; found by review);
+    ``--expose`` shows what a command needs besides."""
     folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    cwd = os.getcwd()
-    folders |= {entry for entry in sys.path if entry and entry != cwd and os.path.isdir(entry)}
+    folders.add(str(Path(__file__).resolve().parents[2]))  # holds evolane/ (an editable src/)
     real = {os.path.realpath(folder) for folder in folders}
     return tuple(sorted(p for p in folders | real if p != "/" and not _covered(p)))
 

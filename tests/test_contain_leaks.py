@@ -1,12 +1,16 @@
-"""Found by review: a command read secrets from evolane's session keyring (Kerberos caches and
-credential helpers keep them there): a process possesses its session keyring whatever its
-uid. The spawn server's clone joins a new, empty session keyring before its exec."""
+"""Found by review, two ways a command read evolane's secrets: its session keyring (Kerberos
+caches and credential helpers keep them there; a process possesses its session keyring
+whatever its uid: the spawn server's clone joins a new, empty one before its exec), and,
+confined, any folder of evolane's import path (only the interpreter's prefixes and evolane's
+own folder are shown now)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +59,34 @@ def test_a_command_cannot_read_evolanes_session_keyring(isolation: str) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split() == ["exited", "b'none'"], done.stdout  # an empty keyring
+
+
+def test_a_confined_command_sees_no_folder_of_evolanes_import_path(tmp_path: Path) -> None:
+    """Found by review: every ``sys.path`` entry (``PYTHONPATH``, a project added by an
+    editable install) was shown to every confined command, with whatever it held."""
+    if confinement_problem() is not None:
+        pytest.skip(f"no confinement here: {confinement_problem()}")
+    projects = tmp_path / "projects"
+    projects.mkdir()
+    (projects / ".env").write_text("OPENAI_API_KEY=sk-DOTENV-SECRET\n")
+    probe = textwrap.dedent(
+        f"""
+        import pathlib, sys, tempfile, trio
+        from evolane.sandbox import SandboxSpec, open_sandbox
+
+        async def main() -> None:
+            with tempfile.TemporaryDirectory() as tmp:
+                async with open_sandbox(pathlib.Path(tmp)) as host:
+                    argv = ("cat", "{projects / ".env"}")
+                    outcome = await host.run(SandboxSpec(argv=argv, isolation="confined"))
+                    print(outcome.status, outcome.exit_code, outcome.stdout.text().strip())
+
+        trio.run(main)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": f"{projects}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sk-DOTENV-SECRET" not in done.stdout and done.stdout.split()[:2] == ["exited", "1"]
