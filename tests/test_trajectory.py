@@ -287,6 +287,24 @@ def test_the_split_is_seeded_and_stratified_by_outcome(tmp_path: Path) -> None:
     assert by[("unknown", "val")] == 2 and by[("unknown", "test")] == 1
 
 
+def test_whole_sessions_are_dealt_so_no_split_holds_another_splits_turns(tmp_path: Path) -> None:
+    """Found by review: turns were dealt one by one, and a later turn's input holds the
+    earlier turns and their answers, so val and test cases reached the optimizer."""
+    rows = [
+        _turn(f"s{i:02d}", n, f"task {i} step {n}", "failure" if (i + n) % 4 == 0 else "success")
+        | {"target": "g"}
+        for i in range(12)
+        for n in range(5)
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], seed=5)
+    splits: dict[str, set[str]] = {}
+    for case in derived.dataset:
+        splits.setdefault(case.id.rsplit("-t", 1)[0], set()).add(case.split)
+    assert len(splits) == 12 and all(len(found) == 1 for found in splits.values()), splits
+    dealt = Counter(next(iter(found)) for found in splits.values())
+    assert dealt["val"] >= 4 and dealt["train"] >= 4 and dealt["test"] >= 2, dealt
+
+
 # -- bad lines, through the real CLI ---------------------------------------------------------
 
 

@@ -278,10 +278,15 @@ def trace_excerpt(turn: Turn) -> str:
 
 
 def _splits(turns: list[Turn], seed: int) -> dict[str, Split]:
-    """Each turn's case id -> its split: by outcome, sorted by id, shuffled with ``seed``,
-    dealt in `_SPLIT_CYCLE`. A case id given twice is refused with both places."""
+    """Each turn's case id -> its split. Whole sessions are dealt, never single turns: a later
+    turn's input holds the earlier turns and their answers, so turns of one session in two
+    splits would show val or test cases to the optimizer (found by review). Sessions are
+    stratified by outcome (any failure, else any success, else unknown), sorted, shuffled
+    with ``seed`` and dealt in `_SPLIT_CYCLE`. A case id given twice is refused with both
+    places."""
     seen: dict[str, Turn] = {}
-    strata: dict[str, list[str]] = {}
+    by_session: dict[str, list[str]] = {}
+    statuses: dict[str, set[str]] = {}
     for turn in turns:
         cid = case_id(turn)
         if cid in seen:
@@ -291,13 +296,19 @@ def _splits(turns: list[Turn], seed: int) -> dict[str, Split]:
                 where.path, where.line, f"case id {cid!r} again (first at {first})"
             )
         seen[cid] = turn
-        strata.setdefault(_status(turn), []).append(cid)
+        by_session.setdefault(turn.session, []).append(cid)
+        statuses.setdefault(turn.session, set()).add(_status(turn))
+    strata: dict[str, list[str]] = {}
+    for session, found in statuses.items():
+        stratum = next((s for s in ("failure", "success") if s in found), "unknown")
+        strata.setdefault(stratum, []).append(session)
     dealt: dict[str, Split] = {}
-    for outcome, ids in sorted(strata.items()):
-        ids.sort()
-        random.Random(f"{seed}:{outcome}").shuffle(ids)
-        for index, cid in enumerate(ids):
-            dealt[cid] = _SPLIT_CYCLE[index % len(_SPLIT_CYCLE)]
+    for outcome, keys in sorted(strata.items()):
+        keys.sort()
+        random.Random(f"{seed}:{outcome}").shuffle(keys)
+        for index, session in enumerate(keys):
+            for cid in by_session[session]:
+                dealt[cid] = _SPLIT_CYCLE[index % len(_SPLIT_CYCLE)]
     return dealt
 
 
