@@ -32,9 +32,9 @@ from evolane.stats import (
     confirm,
     decide,
     min_acceptable_gain,
+    no_gain_p_value,
     normal_cdf,
     regressions,
-    sign_flip_p_value,
 )
 
 Scores = dict[str, list[float]]
@@ -230,6 +230,11 @@ def power_at_defaults(trials: int, seed: int) -> None:
     target("power at +0.15 with 32 val cases >= 60%", hits / trials >= 0.6, fmt(hits, trials))
 
 
+def online_p(deltas: np.ndarray) -> float:
+    """The p-value online control reads for pass/fail scores, as a campaign reads it."""
+    return no_gain_p_value(deltas, pass_fail=True)
+
+
 def online_power(trials: int, seed: int) -> None:
     """Per-candidate power at +0.15 with 32 val cases under online error control at the
     defaults (alpha 0.05 over 8 iterations x 2 slots: level 0.05/16; no early accept)."""
@@ -242,7 +247,7 @@ def online_power(trials: int, seed: int) -> None:
             p = draw_cases(rng, 32)
             base, cand = replay(rng, p), replay(rng, improve(p, effect))
             out = measure(base, cand, seeded(32, trial), config, allow_accept=False)
-            hits[effect] += out.final == "accept" and sign_flip_p_value(out.deltas) <= level
+            hits[effect] += out.final == "accept" and online_p(out.deltas) <= level
     print(
         f"   online control (no test split, level {level:.2g} = 0.05/16), 32 val cases: power "
         f"{fmt(hits[0.15], trials)} at +0.15, {fmt(hits[0.25], trials)} at +0.25"
@@ -281,7 +286,7 @@ def run_campaign(rng: np.random.Generator, c: Campaign, seed: int) -> tuple[bool
         out = measure(base, cand, order, config, allow_accept=online is None)
         decision = out.final
         if online is not None:
-            p = 1.0 if out.stopped else sign_flip_p_value(out.deltas)
+            p = 1.0 if out.stopped else online_p(out.deltas)
             decision = online.record(out.final, p_value=p).decision
         if decision == "accept":
             accepted, improved = True, improved or good
@@ -293,7 +298,7 @@ def run_campaign(rng: np.random.Generator, c: Campaign, seed: int) -> tuple[bool
         test = case_ids(c.n_test)
         before = replay(rng, original_test, c.test_reps)
         after = replay(rng, p_test, c.test_reps)
-        verdict = confirm(as_scores(test, before), as_scores(test, after), config)
+        verdict = confirm(as_scores(test, before), as_scores(test, after), config, pass_fail=True)
         published = verdict.decision == "confirmed"
         return published, published and improved
     return True, improved
@@ -304,10 +309,11 @@ ONLY_POLICY = ""
 POLICIES: list[tuple[str, str, dict[str, int]]] = [
     ("none (today: publish any accepted best)", "none", {}),
     ("confirm on 16 test cases at 0.95 (default)", "confirm", {}),
-    ("confirm on 16 test cases x 3 repetitions", "confirm", {"test_reps": 3}),
+    ("confirm on 16 test cases x 3 (explicit) reps", "confirm", {"test_reps": 3}),
     ("confirm on 32 test cases", "confirm", {"n_test": 32}),
     ("online fallback, alpha 0.05 over 16, no test", "online", {}),
     ("online fallback, as above, 100 val cases", "online", {"n_val": 100}),
+    ("confirm on 64 test cases", "confirm", {"n_test": 64}),
 ]
 
 

@@ -38,7 +38,7 @@ async def test_a_best_useless_on_test_is_unconfirmed_and_not_published(tmp_path:
     confirmation = report.confirmation
     assert confirmation is not None and confirmation.decision == "unconfirmed"
     assert not confirmation.published and confirmation.n == 6
-    assert confirmation.repetitions == SMALL_TEST_REPETITIONS
+    assert confirmation.repetitions == 1  # pass/fail scores: the full-gain test
     assert report.apply is not None and report.apply.status == "unconfirmed"
     assert report.apply.policy == "auto_verified"
     assert _answers(paths["target"]) == before  # never published
@@ -54,7 +54,7 @@ async def test_a_best_useless_on_test_is_unconfirmed_and_not_published(tmp_path:
     assert stored["confirmation"]["decision"] == "unconfirmed"
     assert "probability at most 0.05" in stored["error_control"]
     test = {m.measurement_id: m for m in report.measurements}["c0.final.test"]
-    assert test.units_planned == 6 * 2 * SMALL_TEST_REPETITIONS
+    assert test.units_planned == 6 * 2
 
 
 async def test_a_truly_better_best_is_confirmed_and_published(tmp_path: Path) -> None:
@@ -107,8 +107,10 @@ async def test_error_control_none_says_the_campaign_level_rate_is_uncontrolled(
 def test_confirm_repetitions_and_the_words(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {})
     config = toy_config(paths)
-    assert confirm_repetitions(config, 16) == SMALL_TEST_REPETITIONS
-    assert confirm_repetitions(config, 40) == 1
+    assert config.pass_fail and confirm_repetitions(config, 16) == 1  # full gains: 1 is best
+    judged = config.model_copy(update={"judge": "sh judge.sh {output_dir}"})  # may be graded
+    assert not judged.pass_fail and confirm_repetitions(judged, 16) == SMALL_TEST_REPETITIONS
+    assert confirm_repetitions(judged, 40) == 1
     explicit = config.model_copy(update={"candidate_replay_repetitions": 2})
     assert confirm_repetitions(explicit, 16) == 2  # an explicit flag wins
     assert "can never confirm" in error_control(config, 3)  # 2^-3 > 0.05

@@ -102,10 +102,13 @@ def test_a_gate_accept_needs_its_p_value_and_a_tampered_history_is_refused() -> 
 def test_judge_reads_the_sign_flip_p_value_of_the_deltas() -> None:
     rule = OnlineRule(OnlineBudget(alpha=ALPHA, horizon=6))
     eight = np.array([1.0] * 8 + [0.0] * 4)  # p = 2^-8 <= 0.05 / 6
-    assert rule.judge("c0.i0.s0", _gate(), eight, CONFIG).decision == "accept"
+    assert rule.judge("c0.i0.s0", _gate(), eight, CONFIG, pass_fail=True).decision == "accept"
     assert rule.budget.tests[0].p_value == 2**-8
     two = np.array([1.0] * 2 + [0.0] * 10)  # p = 1/4 > 2 x 0.05 / 6
-    assert rule.judge("c0.i0.s1", _gate(), two, CONFIG).decision == "reject"
+    assert rule.judge("c0.i0.s1", _gate(), two, CONFIG, pass_fail=True).decision == "reject"
+    # Graded scores: the betting bound joins in, and 8 full gains of 12 fall short at 0.0083.
+    graded = OnlineRule(OnlineBudget(alpha=ALPHA, horizon=6))
+    assert graded.judge("c0.i0.s0", _gate(), eight, CONFIG).decision == "reject"
 
 
 _STEP = st.tuples(
@@ -355,3 +358,13 @@ async def test_an_old_run_json_without_the_key_resumes_as_it_ran(tmp_path: Path)
     assert resumed is not None and resumed.status == "finished"
     assert resumed.error_control.startswith("none at the campaign level")  # no online control
     assert resumed.online is None and resumed.selected is not None
+
+
+def test_the_report_states_no_guarantee_when_val_fed_the_optimizer(tmp_path: Path) -> None:
+    """Found by review: with val feeding the optimizer (no train split) the report still
+    stated the bound, which assumes the optimizer never saw the val outcomes."""
+    paths = write_toy(tmp_path, {})
+    config = toy_config(paths).model_copy(update={"error_control": "online"})
+    honest, fed = error_control(config, 0, None, 12), error_control(config, 0, None, 12, True)
+    assert "at most 0.05" in honest and "NO GUARANTEE" not in honest
+    assert "NO GUARANTEE" in fed and "at most 0.05, however" not in fed

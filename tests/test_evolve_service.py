@@ -321,10 +321,12 @@ async def test_shadow_measures_and_never_writes_the_target(tmp_path: Path) -> No
 
 
 async def test_online_publishes_a_verified_candidate_to_the_target(tmp_path: Path) -> None:
-    paths = write_trace_target(tmp_path, 32, wrong=mostly_failed)
+    # A judge command's scores may be graded: confirming needs more held-out cases than
+    # pass/fail scores would (`stats.no_gain_p_value`): 48 tasks, not 32.
+    paths = write_trace_target(tmp_path, 48, wrong=mostly_failed)
     settings = ServiceSettings(mode="online", policy=EvolvePolicy(every=None))
     check = "sh -c 'test -f {candidate}/REQUIRED'"
-    job = await _one_job(paths, settings, tasks=32, check=check)
+    job = await _one_job(paths, settings, tasks=48, check=check)
     report = _report(paths, job.run_id)
     assert job.state == "done" and report["apply"]["status"] == "applied", report["apply"]
     answers = {p.read_text() for p in paths["target"].glob("t*")}

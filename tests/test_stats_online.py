@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from evolane.messages import GateConfig
-from evolane.stats import OnlineErrorControl, confirm, sign_flip_p_value
+from evolane.stats import OnlineErrorControl, confirm, no_gain_p_value, sign_flip_p_value
 
 # --- the sign-flip test ----------------------------------------------------------------------
 
@@ -87,19 +87,21 @@ def arms(deltas: list[float]) -> tuple[dict[str, list[float]], dict[str, list[fl
 
 
 def test_confirm_decisions_and_reasons() -> None:
-    yes = confirm(*arms([1.0] * 5 + [0.0] * 11), GateConfig())
+    yes = confirm(*arms([1.0] * 5 + [0.0] * 11), GateConfig(), pass_fail=True)
     assert (yes.decision, yes.p_value, yes.level, yes.n) == ("confirmed", 1 / 32, 0.05, 16)
     assert yes.reason.startswith("confirm: mean +0.3125 on 16 held-out cases, one-sided")
     assert yes.reason.endswith("p 0.0312 <= 0.05 (confidence 0.95, margin 0): confirmed")
-    no = confirm(*arms([1.0] * 4 + [0.0] * 12), GateConfig())
+    no = confirm(*arms([1.0] * 4 + [0.0] * 12), GateConfig(), pass_fail=True)
     assert (no.decision, no.p_value) == ("unconfirmed", 1 / 16)
-    loose = confirm(*arms([1.0] * 4 + [0.0] * 12), GateConfig(), confidence=0.9)
+    loose = confirm(*arms([1.0] * 4 + [0.0] * 12), GateConfig(), confidence=0.9, pass_fail=True)
     assert loose.decision == "confirmed"
     base, cand = arms([1.0] * 6)
     thin = confirm(base | {f"x{i}": [1.0] for i in range(7)}, cand, GateConfig())
     assert (thin.decision, thin.n, thin.n_planned) == ("indecisive", 6, 13)
     with pytest.raises(ValueError):
         confirm(base, cand, GateConfig(), n_planned=2)
+    graded = confirm(*arms([1.0] * 5 + [0.0] * 11), GateConfig())  # scores may be graded
+    assert graded.decision == "unconfirmed" and graded.p_value > yes.p_value
 
 
 def test_confirm_false_rate_at_no_true_gain_is_at_most_one_minus_confidence() -> None:
@@ -109,8 +111,37 @@ def test_confirm_false_rate_at_no_true_gain_is_at_most_one_minus_confidence() ->
         p = rng.uniform(0.1, 0.9, 16)
         base = {f"t{i}": [float(x)] for i, x in enumerate(rng.random(16) < p)}
         cand = {f"t{i}": [float(x)] for i, x in enumerate(rng.random(16) < p)}
-        hits += confirm(base, cand, GateConfig()).decision == "confirmed"
+        hits += confirm(base, cand, GateConfig(), pass_fail=True).decision == "confirmed"
     assert hits <= 0.05 * trials + 3 * math.sqrt(0.05 * 0.95 * trials)
+
+
+@pytest.mark.parametrize("pass_fail", [False, True])
+def test_confirm_holds_its_rate_when_an_edit_gains_a_little_often_and_loses_much_rarely(
+    pass_fail: bool,
+) -> None:
+    """Found by review: +0.05 on 95% of cases, -1 on 5% (a mean of -0.0025, no true gain):
+    the sign-flip test alone confirmed 20% of the time on 32 cases (it holds only when the
+    edit changes nothing). As pass/fail scores (repetitions: full gains of 1 are rare)."""
+    rng = np.random.default_rng(11)
+    trials, hits = 400, 0
+    for _ in range(trials):
+        if pass_fail:  # 3 repetitions of 0/1 scores: a case gains 1/3 often, loses 1 rarely
+            deltas = np.where(rng.random(32) < 0.95, 1 / 3, -1.0)
+        else:
+            deltas = np.where(rng.random(32) < 0.95, 0.05, -1.0)
+        hits += (
+            confirm(*arms(list(deltas)), GateConfig(), pass_fail=pass_fail).decision == "confirmed"
+        )
+    assert hits <= 0.05 * trials + 3 * math.sqrt(0.05 * 0.95 * trials), hits
+
+
+def test_the_full_gain_sign_test_is_the_sign_flip_test_on_pass_fail_deltas() -> None:
+    rng = np.random.default_rng(12)
+    for _ in range(50):
+        deltas = rng.choice([-1.0, 0.0, 1.0], size=int(rng.integers(1, 40)))
+        assert math.isclose(
+            no_gain_p_value(deltas, pass_fail=True), sign_flip_p_value(deltas), rel_tol=1e-9
+        )
 
 
 # --- online error control ----------------------------------------------------------------

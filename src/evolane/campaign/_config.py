@@ -134,6 +134,13 @@ class CampaignConfig(Record):
         hidden = tuple(os.path.abspath(path) for path in paths if path)
         return self.commands.model_copy(update={"hidden": hidden})
 
+    @property
+    def pass_fail(self) -> bool:
+        """Whether every score is 0 or 1 by construction: no judge command or model (exact
+        match, or a case's verification command). The test of "no true gain" then counts
+        full gains against losses (`stats.full_gain_p_value`), else it bets on the means."""
+        return self.measure.judge is None
+
     def identity(self) -> dict[str, object]:
         """What a campaign may not change between cycles: target, dataset, replay, judge
         (and a model judge's rubric, by its digest)."""

@@ -8,11 +8,11 @@ against the seed on it (`stats.confirm`, at the gate's ``confidence``) confirms 
 no true gain with probability at most 1 - confidence, however many candidates were tried.
 `verified_only` and `auto_verified` publish only a confirmed best; `proposal` only reports.
 
-The test split is measured with `confirm_repetitions` replays per case and arm: with a small
-split one replay per case leaves the test little power (16 cases: 8.6% at a true +0.15;
-three replays per case: 34%), so below `SMALL_TEST_SPLIT` cases each case is replayed
-`SMALL_TEST_REPETITIONS` times, the same number for both arms (the sign-flip test wants the
-two arms exchangeable under no effect). Explicit repetition flags win.
+The test split is measured with `confirm_repetitions` replays per case and arm. With pass/fail
+scores the test counts full gains (a case every replay of which went from fail to pass), which
+more replays only make rarer: one replay per case. With a judge command's scores (the betting
+bound on the mean) a small split gets `SMALL_TEST_REPETITIONS` replays per case below
+`SMALL_TEST_SPLIT` cases, the same number for both arms. Explicit repetition flags win.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class ConfirmationRecord(Record):
 
 def confirm_repetitions(config: CampaignConfig, test_cases: int) -> int:
     """Replays per test case and arm in the confirmation: the larger explicit repetition
-    flag when one is given, else `SMALL_TEST_REPETITIONS` below `SMALL_TEST_SPLIT` cases,
-    else 1."""
+    flag when one is given; else 1 with pass/fail scores (the full-gain test gains nothing
+    from more); else `SMALL_TEST_REPETITIONS` below `SMALL_TEST_SPLIT` cases, else 1."""
     explicit = [
         r
         for r in (config.baseline_replay_repetitions, config.candidate_replay_repetitions)
@@ -63,6 +63,8 @@ def confirm_repetitions(config: CampaignConfig, test_cases: int) -> int:
     ]
     if explicit:
         return max(explicit)
+    if config.pass_fail:
+        return 1
     return SMALL_TEST_REPETITIONS if test_cases < SMALL_TEST_SPLIT else 1
 
 
@@ -74,7 +76,7 @@ def confirmation_of(
 ) -> ConfirmationRecord:
     """`stats.confirm` of the best (``candidate``) against the seed on the test split."""
     gate = config.gate
-    result = confirm(baseline, candidate, gate, n_planned=test_cases)
+    result = confirm(baseline, candidate, gate, n_planned=test_cases, pass_fail=config.pass_fail)
     level = f"{result.level:.2g}"
     stats = f"mean {result.mean_delta:+.3g}, p = {result.p_value:.2g}"
     cases = f"the {test_cases} held-out test cases"
@@ -113,15 +115,17 @@ def error_control(
     test_cases: int,
     online: OnlineBudget | None = None,
     val_cases: int | None = None,
+    val_fed: bool = False,
 ) -> str:
     """The campaign's error control, in words, for the report: ``online`` with its budget
-    (``online``, else a fresh one) and price with ``val_cases``; ``confirm``; or ``none``."""
+    (``online``, else a fresh one) and price with ``val_cases`` (``val_fed``: the optimizer
+    saw val outcomes, and the guarantee does not hold); ``confirm``; or ``none``."""
     gate = config.gate
     level = 1 - gate.confidence
     mode = resolved_mode(config.error_control, test_cases)
     if mode == "online":
         budget = online or opening_budget(config, config.max_improvement_cycles)
-        return online_words(budget, val_cases)
+        return online_words(budget, val_cases, val_fed)
     if mode == "none":
         where = (
             f"the best is not confirmed on the {test_cases} test cases before it is published"
@@ -138,7 +142,7 @@ def error_control(
     possible, why = can_ever_confirm(test_cases, gate.confidence)
     text = (
         f"confirm before publish: the best is tested against the seed on the "
-        f"{test_cases} held-out test cases (one-sided sign-flip test at confidence "
+        f"{test_cases} held-out test cases (one-sided test of no true gain at confidence "
         f"{gate.confidence:g}); a best with no true gain is published with probability at "
         f"most {level:.2g}, however many candidates were tried"
     )

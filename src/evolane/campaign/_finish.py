@@ -159,7 +159,8 @@ async def finish(
             prepared.config,
             prepared.test_cases,
             outcome.report.online,
-            prepared.dataset.split_counts["val"],
+            prepared.splits.val_cases,  # after a carve: the cases the gate judged
+            val_fed=prepared.splits.feedback == "val",
         ),
         artifacts=_artifacts(run.seed_ref, best, applied),
         trajectories=trajectory_summary(prepared.config),

@@ -7,8 +7,9 @@ half of default campaigns end with a useless best. With no sealed test split to 
 best on, the ``online`` mode spends an error budget alpha = 1 - confidence over the
 campaign's candidates with `stats.OnlineErrorControl` (the online fallback procedure):
 
-- candidate i is accepted iff the gate accepts *and* the paired sign-flip p-value of its full
-  val evaluation against its parent (`stats.online_p_value`) is <= level_i = alpha / H, plus
+- candidate i is accepted iff the gate accepts *and* the paired p-value of no true gain of
+  its full val evaluation against its parent (`stats.online_p_value`) is <= level_i =
+  alpha / H, plus
   the level of candidate i - 1 when that one was accepted;
 - H, the horizon, is iterations x population x cycles, fixed when the budget is opened: the
   campaign can test no more candidates than that, so a finite horizon spends the whole budget
@@ -130,15 +131,21 @@ class OnlineRule:
         self._tests = list(budget.tests)
 
     def judge(
-        self, slot: str, gate: GateResult, deltas: np.ndarray, config: GateConfig
+        self,
+        slot: str,
+        gate: GateResult,
+        deltas: np.ndarray,
+        config: GateConfig,
+        pass_fail: bool = False,
     ) -> GateResult:
         """Test one candidate (``deltas``: per-case candidate - parent on val, the full
         evaluation when the gate accepted); returns ``gate`` with the campaign's decision
         and, when the gate accepted, a reason naming the online rule with its numbers. A
         candidate the gate did not accept is recorded too (it spends its share of the
-        budget and ends a carried level), without a p-value."""
+        budget and ends a carried level), without a p-value. ``pass_fail``: every score is
+        0 or 1 by construction (`CampaignConfig.pass_fail`)."""
         tested = gate.decision == "accept"  # else the gate decides: no p-value is needed
-        p = online_p_value(deltas, config) if tested and deltas.size else 1.0
+        p = online_p_value(deltas, config, pass_fail) if tested and deltas.size else 1.0
         return self.decide(slot, gate, p if tested else None)
 
     def decide(self, slot: str, gate: GateResult, p_value: float | None) -> GateResult:
@@ -177,18 +184,28 @@ class OnlineRule:
         return OnlineBudget(alpha=self._alpha, horizon=self._horizon, tests=tuple(self._tests))
 
 
-def online_words(budget: OnlineBudget, val_cases: int | None = None) -> str:
-    """Online error control in words, with its guarantee and its price, for the report."""
+def online_words(budget: OnlineBudget, val_cases: int | None = None, val_fed: bool = False) -> str:
+    """Online error control in words, with its guarantee and its price, for the report;
+    ``val_fed``: the optimizer saw val outcomes, so the guarantee does not hold (said so)."""
     alpha, horizon = budget.alpha, budget.horizon
     text = (
         f"online: an error budget alpha = {alpha:g} (1 - confidence) is spent over the "
         f"campaign's {horizon} candidates (online fallback procedure: each tested at level "
         f"{alpha / horizon:.2g}, plus the level of an accepted predecessor); a candidate is "
-        "accepted only when the gate accepts and the paired sign-flip p-value of its full val "
-        "evaluation against its parent reaches its level, so the probability that the "
-        f"campaign publishes any edit with no true gain is at most {alpha:g}, however many "
-        "candidates it tries (assuming the optimizer never saw the val outcomes)"
+        "accepted only when the gate accepts and the paired p-value of no true gain of its "
+        "full val evaluation against its parent reaches its level"
     )
+    if val_fed:
+        text += (
+            "; NO GUARANTEE here: the optimizer saw the val outcomes (no train split), so an "
+            "edit fitted to those cases can pass; add train cases for the bound to hold"
+        )
+    else:
+        text += (
+            f", so the probability that the campaign publishes any edit with no true gain is "
+            f"at most {alpha:g}, however many candidates it tries (the optimizer never saw "
+            "the val outcomes)"
+        )
     if val_cases is not None:
         needed = online_cases_needed(alpha / horizon)
         text += (

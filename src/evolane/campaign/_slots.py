@@ -256,7 +256,9 @@ class Slots:
         gate = summary.gate
         if state.online is not None:  # the campaign's rule: the gate and the online budget
             sample = paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate"))
-            gate = state.online.judge(book.slot_id, gate, sample.deltas, self.config.gate)
+            gate = state.online.judge(
+                book.slot_id, gate, sample.deltas, self.config.gate, self.config.pass_fail
+            )
         state.book.decide(book, gate.decision, gate.reason)
         self.peers.decided(
             (book.iteration, book.slot),

@@ -47,6 +47,7 @@ from evolane.stats._online import (
     OnlineErrorControl,
     OnlineVerdict,
     confirm,
+    no_gain_p_value,
     sign_flip_p_value,
 )
 from evolane.stats._order import case_order
@@ -114,6 +115,7 @@ __all__ = [
     "mean_and_se",
     "min_acceptable_gain",
     "minimum_cases",
+    "no_gain_p_value",
     "normal_cdf",
     "normal_quantile",
     "online_cases_needed",

@@ -19,7 +19,7 @@ from evolane.messages import GateConfig
 from evolane.stats._dist import t_quantile
 from evolane.stats._gates import PairedSample, judge_sample, regression_p_value
 from evolane.stats._levels import as_fraction, required_cases
-from evolane.stats._online import sign_flip_p_value
+from evolane.stats._online import no_gain_p_value
 
 ScoreKind = Literal["binary", "continuous"]
 Repetitions = int | tuple[int, int]
@@ -71,15 +71,20 @@ def _accepts(
     sample = PairedSample([f"c{i}" for i in range(n)], np.zeros(n), deltas)
     if judge_sample(sample, config, n).decision != "accept":
         return False
-    return level is None or online_p_value(deltas, config) <= level
+    return level is None or online_p_value(deltas, config, pass_fail=per_case == 1) <= level
 
 
-def online_p_value(deltas: np.ndarray, config: GateConfig) -> float:
-    """The p-value online error control reads: `sign_flip_p_value` of the per-case deltas
-    against the margin max(0, ``min_effect``), seeded by the gate."""
+def online_p_value(deltas: np.ndarray, config: GateConfig, pass_fail: bool = False) -> float:
+    """The p-value online error control reads: `no_gain_p_value` of the per-case deltas
+    against the margin max(0, ``min_effect``), seeded by the gate (``pass_fail``: every
+    score is 0 or 1 by construction)."""
     margin = max(0.0, config.min_effect)
-    return sign_flip_p_value(
-        deltas, margin=margin, samples=config.bootstrap_samples, seed=config.seed
+    return no_gain_p_value(
+        deltas,
+        margin=margin,
+        samples=config.bootstrap_samples,
+        seed=config.seed,
+        pass_fail=pass_fail,
     )
 
 
