@@ -1,8 +1,8 @@
 """Found by review, two ways a command read evolane's secrets: its session keyring (Kerberos
 caches and credential helpers keep them there; a process possesses its session keyring
 whatever its uid: the spawn server's clone joins a new, empty one before its exec), and,
-confined, any folder of evolane's import path (only the interpreter's prefixes and evolane's
-own folder are shown now)."""
+confined, any folder of evolane's import path (a PYTHONPATH folder, the script's or working
+folder are not shown now: only the interpreter's prefixes, installed packages and evolane)."""
 
 from __future__ import annotations
 

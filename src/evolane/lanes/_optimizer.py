@@ -38,6 +38,7 @@ from evolane.messages import (
     Message,
     ProposeJob,
     ProposeResult,
+    printable,
 )
 from evolane.sandbox import (
     Isolation,
@@ -340,7 +341,7 @@ def _over_cap(error: TreeLimitError) -> LocalGateResult:
 
 def _summary(outcome: ProcessOutcome) -> str:
     lines = outcome.stdout.head.decode("utf-8", "replace").splitlines()
-    return lines[0].strip()[:_SHORT] if lines else ""
+    return printable(lines[0].strip()[:_SHORT]) if lines else ""
 
 
 def _failure(outcome: ProcessOutcome, idle: bool, idle_seconds: float) -> tuple[str, FailureEvent]:

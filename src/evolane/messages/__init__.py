@@ -9,9 +9,11 @@ from evolane.messages._base import (
     Message,
     Name,
     Record,
+    Said,
     ShortText,
     Text,
     message_classes,
+    printable,
 )
 from evolane.messages._bounds import unbounded_fields
 from evolane.messages._campaign import CampaignDone, CycleStop, RunCampaign
@@ -151,6 +153,7 @@ __all__ = [
     "RunCampaign",
     "RunFinished",
     "RunStarted",
+    "Said",
     "ShortText",
     "SlotEvent",
     "Stage",
@@ -168,5 +171,6 @@ __all__ = [
     "message_classes",
     "message_schemas",
     "parse_journal_record",
+    "printable",
     "unbounded_fields",
 ]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_MESSAGE_BYTES = 16 * 1024
 """Upper bound on the orjson size of any message instance (DESIGN §3)."""
@@ -16,6 +17,20 @@ ShortText = Annotated[str, Field(max_length=256)]
 """A label or a one-line reason."""
 Text = Annotated[str, Field(max_length=2048)]
 """A bounded free-text field (an error message, a quoted excerpt)."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but tab and newline replaced by U+FFFD (one
+    for one, so no bound is crossed): a command's words reach a terminal (the live view,
+    the summary, a report) and must not drive it (escape sequences setting the title or the
+    clipboard, clearing the screen; found by review)."""
+    return _CONTROL.sub("\ufffd", text)
+
+
+Said = Annotated[str, Field(max_length=512), AfterValidator(printable)]
+"""What a command said, quoted in a message (a failure's words, an optimizer's summary):
+bounded, and shown as text, never as terminal control."""
 MediaType = Annotated[str, Field(min_length=1, max_length=128)]
 Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", max_length=71)]
 """A content address: ``sha256:`` followed by 64 lowercase hex digits."""

@@ -3,11 +3,11 @@ the measurement request and its summary."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
-from evolane.messages._base import ArtifactRef, Message, Name, Record, ShortText
+from evolane.messages._base import ArtifactRef, Message, Name, Record, Said, ShortText
 from evolane.messages._gate import GateConfig, GateResult
 
 Arm = Literal["baseline", "candidate"]
@@ -43,7 +43,7 @@ class FailureEvent(Record):
     owner: Owner
     stage: Stage
     code: ShortText
-    message: Annotated[str, Field(max_length=512)] = ""
+    message: Said = ""
     repairable: bool = False
 
     @classmethod
@@ -228,7 +228,7 @@ class MeasureSummary(Message):
     kind: Literal["measure.summary"] = "measure.summary"
     measurement_id: Name
     status: MeasureStatus
-    message: Annotated[str, Field(max_length=512)] = ""
+    message: Said = ""
     gate: GateResult
     units_planned: int
     units_run: int

@@ -106,13 +106,21 @@ def _covered(path: str) -> bool:
 
 @cache
 def interpreter_folders() -> tuple[str, ...]:
-    """The running interpreter's prefixes and the folder evolane is imported from, so a
-    command run with evolane's own Python finds its standard library, its installed packages
-    and evolane. Not the rest of the import path: a ``PYTHONPATH`` entry or a project added
-    by an editable install may hold anything (a ``.env``, another dataset; found by review);
+    """The running interpreter's prefixes, its installed packages' folders (site-packages,
+    an editable install's folder) and the folder evolane is imported from, so a command run
+    with evolane's own Python finds its standard library, its packages and evolane. Not
+    what only this process was given: a ``PYTHONPATH`` folder, the script's folder or the
+    working folder may hold anything (a ``.env``, another dataset; found by review);
     ``--expose`` shows what a command needs besides."""
     folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     folders.add(str(Path(__file__).resolve().parents[2]))  # holds evolane/ (an editable src/)
+    given = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    given |= {os.getcwd(), os.path.abspath(sys.path[0] or os.getcwd())} if sys.path else set()
+    folders |= {
+        entry
+        for entry in sys.path
+        if entry and os.path.abspath(entry) not in given and os.path.isdir(entry)
+    }
     real = {os.path.realpath(folder) for folder in folders}
     return tuple(sorted(p for p in folders | real if p != "/" and not _covered(p)))
 

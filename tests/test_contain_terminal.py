@@ -1,0 +1,49 @@
+"""Found by review: escape sequences a command printed (an optimizer's summary line, a replay's
+stderr in its failure) reached the user's terminal through the live view, the summary and
+``evolane report``: a window title, the clipboard (OSC 52), a cleared screen. A command's
+words are shown as text now (`messages.printable`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from evolane.messages import FailureEvent, printable
+from tests.campaign_helpers import toy_flags, write_toy
+
+ESCAPES = "\x1b]0;PWNED\x07\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J"
+
+
+def test_escape_sequences_from_commands_never_reach_the_terminal(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "noop"}, val=12, test=0, passing=6)
+    (tmp_path / "replay.py").write_text(
+        f"import sys\nsys.stderr.write({ESCAPES!r} + 'boom\\n')\nsys.exit(3)\n"
+    )
+    (tmp_path / "opt.py").write_text(f"print({ESCAPES!r} + 'edit: nothing')\n")
+    flags = toy_flags(paths, paths["store"])
+    flags[flags.index("--replay") + 1] = f"{sys.executable} -I {tmp_path / 'replay.py'}"
+    flags[flags.index("--optimizer") + 1] = f"{sys.executable} -I {tmp_path / 'opt.py'}"
+    flags[flags.index("--iterations") + 1] = "1"
+    flags[flags.index("--progress") + 1] = "plain"
+    run = [sys.executable, "-m", "evolane"]
+    done = subprocess.run(
+        [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert "boom" in done.stdout + done.stderr  # the failure is still told, as text
+    assert "\x1b" not in done.stdout + done.stderr
+    run_id = next(paths["store"].glob("runs/*")).name
+    report = subprocess.run(
+        [*run, "report", "--store", str(paths["store"]), run_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0 and "\x1b" not in report.stdout + report.stderr
+
+
+def test_a_commands_words_keep_their_length_tabs_and_newlines() -> None:
+    text = "a\x1b[2Jb\tc\nd\x07\x9b"
+    assert printable(text) == "a\ufffd[2Jb\tc\nd\ufffd\ufffd"
+    said = FailureEvent(owner="task", stage="replay", code="exit_1", message="x" * 511 + "\x1b")
+    assert said.message == "x" * 511 + "\ufffd"  # one for one: the bound still holds
