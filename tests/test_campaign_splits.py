@@ -275,3 +275,20 @@ def test_a_resumed_run_keeps_its_carve_and_its_decisions(tmp_path: Path, kill_af
         (d["iteration"], d["slot"], d["digest"], d["decision"]) for d in report["decisions"]
     ] == [(d["iteration"], d["slot"], d["digest"], d["decision"]) for d in expected["decisions"]]
     assert all(_ids_shown(e) <= set(carved["carved_ids"]) for e in _shown(record))
+
+
+@pytest.mark.parametrize("feedback", [None, "val"])
+def test_the_optimizer_is_told_a_rejections_val_numbers_only_when_val_feeds_it(
+    tmp_path: Path, feedback: str | None
+) -> None:
+    """Found by review: a rejected edit's reason ("the mean +0.007 could not exceed 0.0094")
+    reached the optimizer's prompt, a channel for fitting the held-out val cases."""
+    record = tmp_path / "shown.jsonl"
+    plan = {"0.0": "harm:1", "default": "noop", "_record": str(record)}
+    paths = write_toy(tmp_path, plan, train=6)
+    done = _optimize(_flags(paths, feedback, "--population", "1"))
+    assert done.returncode == 0, done.stderr
+    told = [r["reason"] for e in _shown(record) for r in json.loads(e["prompt"])["rejected"]]
+    assert told, "the harmful edit was rejected and shown to the next proposal"
+    withheld = all("withheld" in reason for reason in told)
+    assert withheld == (feedback is None), told

@@ -274,8 +274,16 @@ class Slots:
         terminal = "rejected" if gate.decision == "reject" else "blocked"
         book.end(terminal, gate.reason, gate.decision)
         if gate.decision == "reject":
-            await self._remember(book, tree, gate.reason)
+            await self._remember(book, tree, self._told(gate.reason))
         return None
+
+    def _told(self, reason: str) -> str:
+        """What the optimizer is told of a rejection: the gate's reason carries val outcomes
+        (its mean, SE and p-value), a channel for fitting val that honest splits close (found
+        by review), so it is withheld unless val feeds the optimizer anyway."""
+        if self.s.feedback_split == "val":
+            return reason
+        return "rejected on the val cases (the gate's numbers are withheld: val is held out)"
 
     async def _remember(self, book: SlotBook, tree: ArtifactRef, reason: str) -> None:
         store, state = self.services.store, self.state
