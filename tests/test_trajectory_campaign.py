@@ -197,3 +197,39 @@ def test_a_resume_replays_the_cases_of_its_start(tmp_path: Path, change: str) ->
     else:
         with pytest.raises(InputError, match="no such file or directory"):
             prepare_run(_config(paths))
+
+
+def test_many_trajectory_files_are_each_hidden_from_commands(tmp_path: Path) -> None:
+    """Found by review: each trajectory file is hidden from every command, and more than 13
+    of them overflowed the hidden paths' bound: the run died on a validation error."""
+    files = []
+    for i in range(20):
+        record = {
+            "session_id": f"s{i}", "turn": 0, "target": "g",
+            "messages": [{"role": "user", "content": f"task {i}"},
+                         {"role": "assistant", "content": "no"}],
+            "outcome": {"status": "failure", "reason": "wrong"},
+        }  # fmt: skip
+        files.append(tmp_path / f"t{i:02d}.jsonl")
+        files[-1].write_text(json.dumps(record) + "\n")
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "notes.md").write_text("rules\n")
+    run = [sys.executable, "-m", "evolane", "optimize", "--target", str(tmp_path / "target"),
+           *(w for f in files for w in ("--from-trajectory", str(f))),
+           "--optimizer", "true", "--iterations", "1", "--progress", "none"]  # fmt: skip
+    peek = f"sh -c 'cat {files[-1]}; echo 1 > \"$1/output.json\"' r {{output_dir}}"
+    refused = subprocess.run(
+        [*run, "--store", str(tmp_path / "a"), "--replay", peek, "--isolation", "confined"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    if refused.returncode != 2 or "never sees" not in refused.stderr:  # no bubblewrap here?
+        assert "confine" in refused.stderr, refused.stdout + refused.stderr
+    else:  # the 20th file is hidden like the first
+        assert str(files[-1]) in refused.stderr
+    write = "sh -c 'echo 1 > \"$1/output.json\"' r {output_dir}"
+    done = subprocess.run(
+        [*run, "--store", str(tmp_path / "b"), "--replay", write],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert "validation error" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert list((tmp_path / "b" / "runs").glob("*/report.json")), done.stdout + done.stderr

@@ -45,7 +45,7 @@ from evolane.messages import (
     UnitEvent,
     UnitRecord,
 )
-from evolane.sandbox import Isolation, View, folders_to_expose, template_paths
+from evolane.sandbox import MAX_HIDDEN, Isolation, View, folders_to_expose, template_paths
 from evolane.store import TreeLimits
 
 PathText = Annotated[str, Field(min_length=1, max_length=4096)]
@@ -72,9 +72,11 @@ class CommandSettings(CommandLimits):
     """Host paths a confined command is shown read-only besides those its template names."""
     expose_rw: tuple[PathText, ...] = Field(default=(), max_length=64)
     """Host paths a confined command may write."""
-    hidden: SkipJsonSchema[tuple[PathText, ...]] = Field(default=(), max_length=16, exclude=True)
+    hidden: SkipJsonSchema[tuple[PathText, ...]] = Field(
+        default=(), max_length=MAX_HIDDEN, exclude=True
+    )
     """Paths no command may see even under an exposed folder: a campaign fills in its
-    store, target and dataset (derived, so never stored)."""
+    store, target and dataset or trajectory files (derived, so never stored)."""
 
     def view(self, *templates: CommandTemplate | None) -> View:
         """What a confined command of ``templates`` sees: the folders of the absolute paths

@@ -13,6 +13,7 @@ from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BY
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spec import (
+    MAX_HIDDEN,
     Isolation,
     Limits,
     OutputCaps,
@@ -30,6 +31,7 @@ __all__ = [
     "INLINE_FILES",
     "INLINE_FOLDER_BYTES",
     "LEASE_VARIABLE",
+    "MAX_HIDDEN",
     "InlineGate",
     "Isolation",
     "Limits",

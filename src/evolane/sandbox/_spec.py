@@ -25,6 +25,9 @@ def _no_nul(text: str) -> str:
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
 Arg = Annotated[str, Field(max_length=65_536), AfterValidator(_no_nul)]
 PathText = Annotated[str, Field(min_length=1, max_length=4096)]
+MAX_HIDDEN = 272
+"""Paths a command may be kept from seeing at most: a campaign's store, target and dataset,
+or up to 256 trajectory files (``--from-trajectory``), with room to spare."""
 
 
 class Limits(Record):
@@ -62,7 +65,7 @@ class View(Record):
     """Folders (or files) shown read-only: those a command template names, ``--expose``."""
     read_write: tuple[PathText, ...] = Field(default=(), max_length=64)
     """Folders shown writable (``--expose-rw``)."""
-    hidden: tuple[PathText, ...] = Field(default=(), max_length=64)
+    hidden: tuple[PathText, ...] = Field(default=(), max_length=MAX_HIDDEN)
     """Never shown, even under a shown folder: the store, the target, the dataset."""
     own: tuple[tuple[PathText, bool], ...] = Field(default=(), max_length=64)
     """The command's own paths (path, writable), shown last, over any mask: its scratch
