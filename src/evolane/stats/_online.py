@@ -107,8 +107,6 @@ def no_gain_p_value(
     deltas: np.ndarray | list[float],
     *,
     margin: float = 0.0,
-    samples: int = 10_000,
-    seed: int = 0,
     pass_fail: bool = False,
 ) -> float:
     """One-sided p-value against "the mean delta is at most ``margin``" (no true gain), for
@@ -123,18 +121,21 @@ def no_gain_p_value(
     - ``pass_fail`` (every score is 0 or 1 by construction; a delta is a difference of
       means over repetitions): `full_gain_p_value`, valid at any distribution; with one
       repetition and margin 0 it is the sign test, the sign-flip p itself;
-    - else the larger of the sign-flip p and 1/E, E the final wealth of the betting test
-      (`SequentialTest`): an e-value for "mean <= margin" at any distribution of bounded
-      deltas, so P(1/E <= a) <= a.
+    - else 1/E, E the final wealth of the betting test (`SequentialTest`): an e-value for
+      "mean <= margin" at any distribution of bounded deltas, so P(1/E <= a) <= a; exact
+      arithmetic, no Monte Carlo floor (a sign-flip estimate from N random flips cannot
+      go below 1 / (1 + N), which at 200 is above online control's 0.0031: found by
+      review).
     """
     values = np.asarray(deltas, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(values)):
+        raise ValueError("deltas must be finite")
     if pass_fail:
         return full_gain_p_value(values, margin=margin)
-    p = sign_flip_p_value(values, margin=margin, samples=samples, seed=seed)
     test = SequentialTest(0.5, margin=margin)  # its level plays no part in the wealth
     for delta in values.tolist():
         test.update(min(1.0, max(-1.0, delta)))
-    return max(p, min(1.0, math.exp(-test.log_wealth[0])))
+    return min(1.0, math.exp(-test.log_wealth[0]))
 
 
 _EXACT_TAIL = 1024  # cases up to which the sign test's tail is summed in integers
@@ -215,13 +216,7 @@ def confirm(
         reason = f"coverage: {n}/{planned} held-out cases comparable: indecisive"
         return Confirmation("indecisive", n, planned, mean, 1.0, level, reason)
     margin = max(0.0, config.min_effect)
-    p = no_gain_p_value(
-        deltas,
-        margin=margin,
-        samples=config.bootstrap_samples,
-        seed=config.seed,
-        pass_fail=pass_fail,
-    )
+    p = no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail)
     verdict: ConfirmDecision = "confirmed" if p <= level else "unconfirmed"
     relation = "<=" if verdict == "confirmed" else ">"
     reason = (

@@ -76,16 +76,9 @@ def _accepts(
 
 def online_p_value(deltas: np.ndarray, config: GateConfig, pass_fail: bool = False) -> float:
     """The p-value online error control reads: `no_gain_p_value` of the per-case deltas
-    against the margin max(0, ``min_effect``), seeded by the gate (``pass_fail``: every
-    score is 0 or 1 by construction)."""
-    margin = max(0.0, config.min_effect)
-    return no_gain_p_value(
-        deltas,
-        margin=margin,
-        samples=config.bootstrap_samples,
-        seed=config.seed,
-        pass_fail=pass_fail,
-    )
+    against the margin max(0, ``min_effect``) (``pass_fail``: every score is 0 or 1 by
+    construction)."""
+    return no_gain_p_value(deltas, margin=max(0.0, config.min_effect), pass_fail=pass_fail)
 
 
 def _impossible(config: GateConfig, n: int) -> str | None:
