@@ -9,28 +9,40 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from evolane.messages import FailureEvent, printable
 from tests.campaign_helpers import toy_flags, write_toy
 
 ESCAPES = "\x1b]0;PWNED\x07\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J"
 
 
-def test_escape_sequences_from_commands_never_reach_the_terminal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["words", "file_name"])
+def test_escape_sequences_from_commands_never_reach_the_terminal(
+    tmp_path: Path, where: str
+) -> None:
     paths = write_toy(tmp_path, {"default": "noop"}, val=12, test=0, passing=6)
     (tmp_path / "replay.py").write_text(
         f"import sys\nsys.stderr.write({ESCAPES!r} + 'boom\\n')\nsys.exit(3)\n"
     )
-    (tmp_path / "opt.py").write_text(f"print({ESCAPES!r} + 'edit: nothing')\n")
+    optimizer = f"print({ESCAPES!r} + 'edit: nothing')\n"
+    if where == "file_name":  # a disallowed entry, named in the local gate's reason
+        optimizer += (
+            f"import os, sys\nos.symlink('/etc/hostname', sys.argv[1] + '/' + {ESCAPES!r})\n"
+        )
+    (tmp_path / "opt.py").write_text(optimizer)
     flags = toy_flags(paths, paths["store"])
-    flags[flags.index("--replay") + 1] = f"{sys.executable} -I {tmp_path / 'replay.py'}"
-    flags[flags.index("--optimizer") + 1] = f"{sys.executable} -I {tmp_path / 'opt.py'}"
+    if where == "words":  # else the toy's replay: the parent is scored, the optimizer runs
+        flags[flags.index("--replay") + 1] = f"{sys.executable} -I {tmp_path / 'replay.py'}"
+    flags[flags.index("--optimizer") + 1] = f"{sys.executable} -I {tmp_path / 'opt.py'} {{workdir}}"
     flags[flags.index("--iterations") + 1] = "1"
     flags[flags.index("--progress") + 1] = "plain"
     run = [sys.executable, "-m", "evolane"]
     done = subprocess.run(
         [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
-    assert "boom" in done.stdout + done.stderr  # the failure is still told, as text
+    told = "boom" if where == "words" else "disallowed_entries"
+    assert told in done.stdout + done.stderr  # what went wrong is still told, as text
     assert "\x1b" not in done.stdout + done.stderr
     run_id = next(paths["store"].glob("runs/*")).name
     report = subprocess.run(
@@ -40,6 +52,8 @@ def test_escape_sequences_from_commands_never_reach_the_terminal(tmp_path: Path)
         timeout=120,
     )
     assert report.returncode == 0 and "\x1b" not in report.stdout + report.stderr
+    for page in paths["store"].glob("runs/*/report.md"):
+        assert "\x1b" not in page.read_text()
 
 
 def test_a_commands_words_keep_their_length_tabs_and_newlines() -> None:

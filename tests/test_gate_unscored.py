@@ -6,6 +6,7 @@ cases it passes were compared. An unscored candidate unit now scores 0 for the d
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from evolane.measure._table import unscored_counts_as_zero
-from evolane.messages import FailureEvent, JudgeResult, ReplayResult
+from evolane.messages import FailureEvent, JudgeResult, ReplayJob, ReplayResult
+from evolane.store import BlobStore, snapshot_tree
 
 JUDGE = textwrap.dedent(
     """
@@ -139,8 +141,41 @@ def test_what_an_unscored_candidate_unit_counts_as() -> None:
     # Not the tree's doing, or no end at all: left out of the comparison as before.
     assert not unscored_counts_as_zero(_replay("failed", "infrastructure", "spawn_failed"), None)
     assert not unscored_counts_as_zero(succeeded, _judge("failed", code="judge_spawn_failed"))
-    assert not unscored_counts_as_zero(_replay("failed", "framework", "store"), None)
+    assert unscored_counts_as_zero(_replay("failed", "framework", "lane_error"), None)
     assert not unscored_counts_as_zero(_replay("cancelled", "framework", "cancelled"), None)
     assert not unscored_counts_as_zero(_replay("blocked"), None)
     assert not unscored_counts_as_zero(succeeded, _judge("cancelled", owner="framework"))
     assert not unscored_counts_as_zero(succeeded, None)  # not judged yet
+
+
+def test_an_output_the_lane_cannot_read_is_the_candidates_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: a file the replay made unreadable (chmod 000, a non-root evolane)
+    crashed the lane, and a lane crash left the case out of the comparison."""
+    from evolane.lanes import _replay
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "output.json").write_text("1")
+    store = BlobStore(tmp_path / "store")
+    job = ReplayJob(
+        unit_id="u1", case_id="c1", arm="candidate", repetition=0, seed=7, timeout_seconds=60,
+        case_ref=store.put_bytes(b'{"id": "c1"}', media_type="application/json"),
+        tree_ref=snapshot_tree(store, out),
+    )  # fmt: skip
+
+    def unreadable(*_: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(out / "output.json"))
+
+    monkeypatch.setattr(_replay, "store_scan", unreadable)
+    failure = _replay._store_output(store, job, out, _replay.OUTPUT_LIMITS)
+    assert isinstance(failure, FailureEvent) and failure.code == "output_unsupported"
+    assert failure.owner == "candidate"
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_replay, "store_scan", full)
+    with pytest.raises(OSError):  # the store's own trouble is not the candidate's
+        _replay._store_output(store, job, out, _replay.OUTPUT_LIMITS)

@@ -4,6 +4,7 @@ grouping, the split, bad lines (through the real CLI), and the published schema.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -303,6 +304,37 @@ def test_whole_sessions_are_dealt_so_no_split_holds_another_splits_turns(tmp_pat
     assert len(splits) == 12 and all(len(found) == 1 for found in splits.values()), splits
     dealt = Counter(next(iter(found)) for found in splits.values())
     assert dealt["val"] >= 4 and dealt["train"] >= 4 and dealt["test"] >= 2, dealt
+
+
+def test_records_without_a_session_id_of_one_conversation_share_a_split(tmp_path: Path) -> None:
+    """Found by review: API-call logs carry no session id, each record holding the
+    conversation so far; dealt one by one, 24 of 36 val and test turns sat inside train
+    inputs. Records opening with the same first user message are dealt together."""
+    rows = []
+    for conversation in range(12):
+        history: list[dict[str, str]] = []
+        for step in range(5):
+            ask = {"role": "user", "content": f"conversation {conversation} question {step}"}
+            said = {"role": "assistant", "content": f"answer {conversation}-{step}"}
+            status = "failure" if (conversation + step) % 4 == 0 else "success"
+            rows.append(
+                {"messages": [*history, ask, said], "target": "g"}
+                | {
+                    "outcome": {
+                        "status": status,
+                        "reason": "wrong" if status == "failure" else None,
+                    }
+                }
+            )
+            history += [ask, said]
+    derived = ingest_trajectories([_write(tmp_path / "calls.jsonl", rows)], seed=1)
+    by_conversation: dict[str, set[str]] = {}
+    for case in derived.dataset:
+        opening = re.search(r"conversation (\d+) question 0", json.dumps(case.input))
+        assert opening is not None
+        by_conversation.setdefault(opening.group(1), set()).add(case.split)
+    assert len(by_conversation) == 12, by_conversation
+    assert all(len(splits) == 1 for splits in by_conversation.values()), by_conversation
 
 
 # -- bad lines, through the real CLI ---------------------------------------------------------

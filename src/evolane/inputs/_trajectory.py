@@ -152,11 +152,25 @@ def group_of(turns: list[Turn]) -> str:
     for turn in turns:
         if turn.located.record.target:
             return _safe(turn.located.record.target)
-    first = turns[0].located.record
-    history, _ = first.split_messages()
+    return task_fingerprint(_opening(turns[0]))
+
+
+def _opening(turn: Turn) -> str:
+    """The first user message of a turn's conversation (else its request)."""
+    record = turn.located.record
+    history, _ = record.split_messages()
     users = [m.text() for m in history if m.role == "user"]
-    text = users[0] if users else first.request()
-    return task_fingerprint(text)
+    return users[0] if users else record.request()
+
+
+def _dealt_by(turn: Turn) -> str:
+    """What a turn is dealt to a split with: its session; a record without a session id
+    (each its own session: an API log holding the conversation so far) goes with every
+    record that opens with the same first user message, so no conversation is split
+    (found by review: 24 of 36 val and test turns sat inside train inputs)."""
+    if turn.located.record.session_id:
+        return "session:" + turn.session
+    return "opening:" + task_fingerprint(_opening(turn))
 
 
 def task_fingerprint(text: str) -> str:
@@ -278,12 +292,12 @@ def trace_excerpt(turn: Turn) -> str:
 
 
 def _splits(turns: list[Turn], seed: int) -> dict[str, Split]:
-    """Each turn's case id -> its split. Whole sessions are dealt, never single turns: a later
-    turn's input holds the earlier turns and their answers, so turns of one session in two
-    splits would show val or test cases to the optimizer (found by review). Sessions are
-    stratified by outcome (any failure, else any success, else unknown), sorted, shuffled
-    with ``seed`` and dealt in `_SPLIT_CYCLE`. A case id given twice is refused with both
-    places."""
+    """Each turn's case id -> its split. Whole sessions are dealt (`_dealt_by`), never
+    single turns: a later turn's input holds the earlier turns and their answers, so turns
+    of one session in two splits would show val or test cases to the optimizer (found by
+    review). Sessions are stratified by outcome (any failure, else any success, else
+    unknown), sorted, shuffled with ``seed`` and dealt in `_SPLIT_CYCLE`. A case id given
+    twice is refused with both places."""
     seen: dict[str, Turn] = {}
     by_session: dict[str, list[str]] = {}
     statuses: dict[str, set[str]] = {}
@@ -296,8 +310,8 @@ def _splits(turns: list[Turn], seed: int) -> dict[str, Split]:
                 where.path, where.line, f"case id {cid!r} again (first at {first})"
             )
         seen[cid] = turn
-        by_session.setdefault(turn.session, []).append(cid)
-        statuses.setdefault(turn.session, set()).add(_status(turn))
+        by_session.setdefault(_dealt_by(turn), []).append(cid)
+        statuses.setdefault(_dealt_by(turn), set()).add(_status(turn))
     strata: dict[str, list[str]] = {}
     for session, found in statuses.items():
         stratum = next((s for s in ("failure", "success") if s in found), "unknown")

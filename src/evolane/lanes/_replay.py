@@ -46,6 +46,7 @@ from evolane.sandbox import (
     commands_run_unprivileged,
 )
 from evolane.store import (
+    WRITE_ERRNOS,
     BlobStore,
     StoreError,
     TreeLimitError,
@@ -397,7 +398,9 @@ def _store_output(
         if small:
             raise _NotSmall from error
         return _output_failure(job, "output_over_limit", error)
-    except UnsupportedEntryError as error:  # a file became a symlink or FIFO after it
+    except (UnsupportedEntryError, OSError) as error:  # a symlink or FIFO since the walk, a
+        if isinstance(error, OSError) and error.errno in WRITE_ERRNOS:  # file made unreadable
+            raise  # the store's own (a full disk)
         return _output_failure(job, "output_unsupported", error)
 
 

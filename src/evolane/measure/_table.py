@@ -302,10 +302,11 @@ def unscored_counts_as_zero(replay: ReplayResult, judge: JudgeResult | None) -> 
     """Whether a candidate unit that ended unscored scores 0 (the worst score) in the
     comparison: its replay timed out or failed, or its judge failed on its output, for any
     reason but a spawn that never started or the framework's stop (early stop, budget,
-    cancel). A candidate's tree can cause a timeout or a judge crash on the cases it would
-    fail; left out, they would leave only the cases it passes in the comparison (found by
-    review: a worse candidate accepted and published that way). Missing data never counts
-    in a candidate's favour; a true infrastructure failure costs it, never helps it."""
+    cancel: a status of its own). A candidate's tree can cause a timeout, a judge crash or
+    even a lane crash (an output it made unreadable) on the cases it would fail; left out,
+    they would leave only the cases it passes in the comparison (found by review: a worse
+    candidate accepted and published that way). Missing data never counts in a candidate's
+    favour; a true infrastructure or framework failure costs it, never helps it."""
     if replay.status in ("cancelled", "blocked", "not_run"):
         return False
     failure = replay.failure if replay.status != "succeeded" else None
@@ -315,7 +316,7 @@ def unscored_counts_as_zero(replay: ReplayResult, judge: JudgeResult | None) -> 
         failure = judge.failure
     if failure is None:
         return replay.status in ("failed", "timed_out")
-    return failure.owner != "framework" and not failure.code.endswith("spawn_failed")
+    return not failure.code.endswith("spawn_failed")
 
 
 def unit_table(

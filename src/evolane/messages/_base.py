@@ -29,8 +29,10 @@ def printable(text: str) -> str:
 
 
 Said = Annotated[str, Field(max_length=512), AfterValidator(printable)]
-"""What a command said, quoted in a message (a failure's words, an optimizer's summary):
-bounded, and shown as text, never as terminal control."""
+"""What a command said, quoted in a message (a failure's words): bounded, and shown as text,
+never as terminal control."""
+ShortSaid = Annotated[str, Field(max_length=256), AfterValidator(printable)]
+"""`Said` in one line's room: a summary or reason that may quote a command or a file name."""
 MediaType = Annotated[str, Field(min_length=1, max_length=128)]
 Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", max_length=71)]
 """A content address: ``sha256:`` followed by 64 lowercase hex digits."""

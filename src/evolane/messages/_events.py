@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from evolane.messages._base import Message, Name, Record, ShortText
+from evolane.messages._base import Message, Name, Record, ShortSaid, ShortText
 from evolane.messages._measure import Arm, UnitStatus, Usage
 from evolane.messages._optimize import LocalGateResult
 
@@ -105,7 +105,7 @@ class SlotEvent(ProgressEvent):
     slot: int = Field(ge=0, le=_COUNT)
     stage: FunnelStage
     digest: ShortText = ""
-    reason: ShortText = ""
+    reason: ShortSaid = ""
     gate: LocalGateResult | None = None
 
 
@@ -173,11 +173,11 @@ class DecisionEvent(ProgressEvent):
     slot: int = Field(ge=0, le=_COUNT)
     digest: ShortText
     decision: Literal["accept", "reject", "indecisive"]
-    reason: ShortText
+    reason: ShortSaid
     mean_delta: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
-    summary: ShortText = ""
+    summary: ShortSaid = ""
     """The optimizer's one-line summary of the edit."""
     gate: ShortText = ""
     """The gate that decided (``paired``, ``bootstrap``, ``strict``, ``threshold``)."""

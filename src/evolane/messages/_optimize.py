@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from evolane.messages._base import ArtifactRef, Message, Name, Record, ShortText
+from evolane.messages._base import ArtifactRef, Message, Name, Record, ShortSaid
 from evolane.messages._measure import FailureEvent, Usage
 
 LocalGate = Literal[
@@ -27,8 +27,8 @@ class LocalGateResult(Record):
 
     gate: LocalGate
     outcome: GateOutcome
-    reason: ShortText = ""
-    paths: tuple[ShortText, ...] = Field(default=(), max_length=4)  # the first few offenders
+    reason: ShortSaid = ""
+    paths: tuple[ShortSaid, ...] = Field(default=(), max_length=4)  # the first few offenders
 
     @property
     def passed(self) -> bool:
@@ -59,6 +59,6 @@ class ProposeResult(Message):
     failure: FailureEvent | None = None
     stdout_ref: ArtifactRef | None = None
     stderr_ref: ArtifactRef | None = None
-    summary: ShortText = ""  # the first line of the optimizer's stdout
+    summary: ShortSaid = ""  # the first line of the optimizer's stdout
     usage: Usage = Usage()
     wall_seconds: float = Field(default=0.0, ge=0, le=1e15)

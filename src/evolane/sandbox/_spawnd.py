@@ -34,10 +34,10 @@ SYS_CLONE3 = 435  # the same number on every architecture Linux gives clone3
 CLONE_PARENT = 0x00008000
 CLONE_INTO_CGROUP = 0x200000000
 _ARGS_SIZE = 88  # struct clone_args up to ``cgroup`` (CLONE_ARGS_SIZE_VER2)
-_SYS_KEYCTL = {  # older system calls are numbered per architecture
-    "x86_64": 250, "aarch64": 219, "riscv64": 219, "loongarch64": 219, "ppc64le": 280,
-    "s390x": 280, "i686": 288,
-}.get(os.uname().machine)  # fmt: skip
+_SYS_KEYCTL = {  # older system calls are numbered per architecture (of this interpreter)
+    ("x86_64", 8): 250, ("x86_64", 4): 288, ("i686", 4): 288, ("aarch64", 8): 219,
+    ("riscv64", 8): 219, ("loongarch64", 8): 219, ("ppc64le", 8): 280, ("s390x", 8): 280,
+}.get((os.uname().machine, struct.calcsize("P")))  # fmt: skip
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 _NO_KEYRINGS = (1, 38)  # EPERM, ENOSYS: keyrings blocked here (seccomp): the command's too
 _PR_SET_DUMPABLE = 4
@@ -132,9 +132,11 @@ def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None
 def _new_session_keyring(libc: ctypes.CDLL) -> None:
     """Leave evolane's session keyring for a new, empty one (what ``keyctl new_session``
     does): a process possesses its session keyring whatever its uid, so a command would
-    read every secret kept there (Kerberos caches, credential helpers; found by review)."""
-    if _SYS_KEYCTL is None:
-        raise OSError(0, f"no keyctl system call number known for {os.uname().machine}")
+    read every secret kept there (Kerberos caches, credential helpers; found by review).
+    A command of evolane's own uid still reaches that uid's user and persistent keyrings;
+    a unit uid (a root evolane) or a confined view does not."""
+    if _SYS_KEYCTL is None:  # an architecture without a known number: as the launcher
+        return
     # The arguments as typed for clone3 (`main`): the operation, then a NULL name.
     if libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
         number = ctypes.get_errno()
