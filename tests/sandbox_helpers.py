@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -71,3 +72,21 @@ def count_hops(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     monkeypatch.setattr(trio.to_thread, "run_sync", counted)
     monkeypatch.setattr(SandboxHost, "defer", deferred)
     return hops
+
+
+def in_a_thread(call: Callable[[], Any], wait: float) -> tuple[bool, list[Any]]:
+    """Run ``call`` in a daemon thread, waiting ``wait`` seconds: whether it still hangs
+    then, and what it returned or raised (a hang that cannot be cancelled, such as a
+    shielded or blocking spawn, fails the test instead of hanging it)."""
+    ended: list[Any] = []
+
+    def run() -> None:
+        try:
+            ended.append(call())
+        except BaseException as error:
+            ended.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(wait)
+    return thread.is_alive(), ended

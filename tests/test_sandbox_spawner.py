@@ -9,8 +9,8 @@ import os
 import shutil
 import signal
 import socket
-import threading
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -27,7 +27,7 @@ from evolane.sandbox import (
     lease_holders,
     open_sandbox,
 )
-from tests.sandbox_helpers import altered_server, run_sh, zombies
+from tests.sandbox_helpers import altered_server, in_a_thread, run_sh, zombies
 
 ROOT = os.geteuid() == 0
 
@@ -301,11 +301,13 @@ async def test_a_clone_whose_reply_is_lost_is_killed_and_reaped(
     spawner.close()
 
 
+@pytest.mark.parametrize("way", ["thread", "loop"])
 def test_a_failed_clone_that_is_stopped_before_its_exit_is_killed_and_reaped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
 ) -> None:
     # A failed clone may be stopped (SIGSTOP from a process of the same uid) before it exits:
-    # the spawn must still end, not wait on it without end.
+    # the spawn must still end, not wait on it without end, in a worker thread (`spawn`) or
+    # awaited on a trio loop (`spawn_from_trio`).
     after = '        os.write(failed, f"{number}:{text}".encode(errors="replace")[:2048])\n'
     stop = "        os.kill(os.getpid(), 19)\n"
     monkeypatch.setattr(_spawnd, "__file__", altered_server(tmp_path, after, stop))
@@ -313,31 +315,26 @@ def test_a_failed_clone_that_is_stopped_before_its_exit_is_killed_and_reaped(
     spawner = _spawner.Spawner.start()  # its probe's clone does not fail, so never stops
     assert spawner is not None
     spawner.reply_timeout = 1.0
-    raised: list[BaseException] = []
+    gone = str(tmp_path / "gone")  # no such cwd: the clone fails, then stops itself
+    args = ("/bin/true", ["true"], {}, gone, (1, 2), [], [], (), None)
 
-    def spawn() -> None:
-        try:
-            spawner.spawn(
-                "/bin/true", ["true"], {}, str(tmp_path / "gone"), (1, 2), [], [], (), None
-            )
-        except BaseException as error:
-            raised.append(error)
+    def spawn() -> int | None:
+        if way == "thread":
+            return spawner.spawn(*args)  # type: ignore[arg-type]
+        return trio.run(partial(spawner.spawn_from_trio, *args))  # type: ignore[arg-type]
 
-    waiting = threading.Thread(target=spawn, daemon=True)
     try:
-        waiting.start()
-        waiting.join(15)  # the pipe's timeout and the reap's: 2 s
-        hanging, broken = waiting.is_alive(), spawner.broken
+        hanging, ended = in_a_thread(spawn, 15)  # the pipe's timeout and the reap's: 2 s
+        broken = spawner.broken
     finally:
         for process in psutil.Process().children():  # a hanging spawn's stopped clone
             if process.pid not in before and process.pid != spawner.pid:
                 with contextlib.suppress(psutil.Error):
                     process.kill()
-        waiting.join(10)
         spawner.close()
     assert not hanging, "the spawn waited on its stopped clone"
-    [error] = raised
-    assert isinstance(error, FileNotFoundError) and not broken
+    assert len(ended) == 1 and isinstance(ended[0], FileNotFoundError), ended
+    assert not broken
     assert {p.pid for p in psutil.Process().children()} <= before  # the clone was reaped
 
 

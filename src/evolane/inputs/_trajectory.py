@@ -310,8 +310,9 @@ def _splits(turns: list[Turn], seed: int) -> dict[str, Split]:
                 where.path, where.line, f"case id {cid!r} again (first at {first})"
             )
         seen[cid] = turn
-        by_session.setdefault(_dealt_by(turn), []).append(cid)
-        statuses.setdefault(_dealt_by(turn), set()).add(_status(turn))
+        key = _dealt_by(turn)
+        by_session.setdefault(key, []).append(cid)
+        statuses.setdefault(key, set()).add(_status(turn))
     strata: dict[str, list[str]] = {}
     for session, found in statuses.items():
         stratum = next((s for s in ("failure", "success") if s in found), "unknown")

@@ -309,14 +309,11 @@ def unscored_counts_as_zero(replay: ReplayResult, judge: JudgeResult | None) -> 
     favour; a true infrastructure or framework failure costs it, never helps it."""
     if replay.status in ("cancelled", "blocked", "not_run"):
         return False
-    failure = replay.failure if replay.status != "succeeded" else None
-    if replay.status == "succeeded":
-        if judge is None or judge.status != "failed":
-            return False
-        failure = judge.failure
-    if failure is None:
-        return replay.status in ("failed", "timed_out")
-    return not failure.code.endswith("spawn_failed")
+    if replay.status != "succeeded":  # failed or timed out
+        return replay.failure is None or not replay.failure.code.endswith("spawn_failed")
+    if judge is None or judge.status != "failed":
+        return False
+    return judge.failure is not None and not judge.failure.code.endswith("spawn_failed")
 
 
 def unit_table(

@@ -173,7 +173,7 @@ class DecisionEvent(ProgressEvent):
     slot: int = Field(ge=0, le=_COUNT)
     digest: ShortText
     decision: Literal["accept", "reject", "indecisive"]
-    reason: ShortSaid
+    reason: ShortText
     mean_delta: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None

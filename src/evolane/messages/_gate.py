@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from evolane.messages._base import Name, Record, ShortSaid
+from evolane.messages._base import Name, Record, ShortText
 
 GateName = Literal["paired", "bootstrap", "strict", "threshold"]
 Decision = Literal["accept", "reject", "indecisive"]
@@ -49,5 +49,5 @@ class GateResult(Record):
     ci_low: float = Field(ge=-1.0, le=1.0)
     ci_high: float = Field(ge=-1.0, le=1.0)
     decision: Decision
-    reason: ShortSaid
+    reason: ShortText
     vetoed_cases: tuple[Name, ...] = Field(default=(), max_length=MAX_VETOED_LISTED)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from evolane.messages._base import ArtifactRef, Message, Name, Record, Said, ShortSaid, ShortText
+from evolane.messages._base import ArtifactRef, Message, Name, Record, Said, ShortText
 from evolane.messages._gate import GateConfig, GateResult
 
 Arm = Literal["baseline", "candidate"]
@@ -78,7 +78,7 @@ class ReserveReply(Message):
 
     kind: Literal["budget.reserve_reply"] = "budget.reserve_reply"
     granted: bool
-    reason: ShortSaid = ""
+    reason: ShortText = ""
     retry: bool = False  # denied for now only: ask again when a unit of the stage has finished
 
 

@@ -3,9 +3,11 @@ spawn server (awaited on the event loop, or in a worker thread) or the launcher 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -80,25 +82,16 @@ def resolve_executable(argv0: str, cwd: Path, path: str) -> str | None:
     return shutil.which(argv0, path=path)
 
 
+@dataclass
 class Launch:
     """A laid-out unit's command, ready to start (what `_run._prepare` returns)."""
 
-    def __init__(
-        self,
-        unit: LaidOut,
-        isolation: IsolationInForce,
-        env: dict[str, str],
-        output: tuple[int, int],
-        uid: int | None,
-    ) -> None:
-        self.unit, self.isolation, self.env, self.output, self.uid = (
-            unit,
-            isolation,
-            env,
-            output,
-            uid,
-        )
-        self._hooked = False  # the fault injector's spawn hook ran (once a spawn)
+    unit: LaidOut
+    isolation: IsolationInForce
+    env: dict[str, str]
+    output: tuple[int, int]
+    uid: int | None
+    _hooked: bool = field(default=False, init=False)  # the fault hook ran (once a spawn)
 
     def in_thread(self) -> Spawned | str:
         """Start the command through the spawn server, else the launcher chain (blocking:
@@ -112,13 +105,11 @@ class Launch:
         try:
             self._hook()
             confine = _confinement(unit, program) if self.isolation == "confined" else None
-            started = None
-            if unit.host.spawner is not None and self._served():
-                args, mechanisms = self._request(program, confine)
-                try:
-                    started = unit.host.spawner.spawn(*args), mechanisms
-                except SpawnerUnavailable:
-                    started = None
+            started, spawner = None, unit.host.spawner
+            if spawner is not None and not spawner.broken:
+                args, mechanisms = self._request(spawner, program, confine)
+                with contextlib.suppress(SpawnerUnavailable):
+                    started = spawner.spawn(*args), mechanisms
             if started is None:  # no server, or it did not take this one: the launcher chain
                 argv, mechanisms = self._chain(confine, nonce=unit.nonce)
                 started = launch(argv, unit.work, self.env, self.output), mechanisms
@@ -133,7 +124,7 @@ class Launch:
         thread's spawn): call `in_thread` then. Once it spawns it is not cancellable."""
         unit = self.unit
         spawner, argv0 = unit.host.spawner, unit.spec.argv[0]
-        if self.isolation == "confined" or spawner is None or not self._served():
+        if self.isolation == "confined" or spawner is None or spawner.broken:
             return None  # a confined view is worked out from folders anywhere
         program = unit.host.programs.get(argv0, self.env["PATH"])
         if program is None:
@@ -141,7 +132,7 @@ class Launch:
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run never starts
         try:
             self._hook()
-            args, mechanisms = self._request(program, None)
+            args, mechanisms = self._request(spawner, program, None)
             pid = await spawner.spawn_from_trio(*args)
         except SpawnerUnavailable:
             return None
@@ -155,10 +146,6 @@ class Launch:
             self._hooked = True
             INSTALLED[0].before_spawn(self.unit.spec.label)
 
-    def _served(self) -> bool:
-        spawner = self.unit.host.spawner
-        return spawner is not None and not spawner.broken
-
     def _chain(
         self, confine: list[str] | None, nonce: str = "", cloned: Cloned | None = None
     ) -> tuple[list[str], tuple[str, ...]]:
@@ -170,13 +157,13 @@ class Launch:
             spec.argv, procs, spec.limits, namespace, confine, self.uid, nonce=nonce, cloned=cloned
         )
 
-    def _request(self, program: str, confine: list[str] | None) -> tuple[tuple, tuple[str, ...]]:
+    def _request(
+        self, spawner: Spawner, program: str, confine: list[str] | None
+    ) -> tuple[tuple, tuple[str, ...]]:
         """The spawn server's arguments for this command, and the mechanisms in force. The
         clone may drop root's capabilities when no later step needs them, and switches to
         the unit uid itself when it can (a given uid: the chain switches, or raises)."""
         unit, spec, cgroups = self.unit, self.unit.spec, self.unit.cgroups
-        spawner = unit.host.spawner
-        assert spawner is not None
         drops = self.isolation == "process" and self.uid is None
         dropped = spawner.dropped if drops else ()
         uid = self.uid if self.isolation == "process" else None  # unshare would need root
