@@ -155,7 +155,7 @@ def test_modes_resolve_and_the_words_state_the_guarantee() -> None:
     words = error_control(config, 0, None, 32)
     assert words.startswith("online: an error budget alpha = 0.05")
     assert "publishes any edit with no true gain is at most 0.05" in words
-    assert "must improve at least 9 of them" in words  # 2^-9 <= 0.05 / 16 < 2^-8
+    assert "must fix at least 9 of them" in words  # 2^-9 <= 0.05 / 16 < 2^-8
     none = error_control(_config(error_control="none"), 6)
     assert "false-publish rate is uncontrolled" in none and "6 test cases" in none
 
@@ -176,6 +176,33 @@ def test_preflight_refuses_online_mode_only_when_no_level_can_ever_be_reached() 
     assert any("tests each candidate at level 0.0031" in line for line in fine.lines)
     confirm = preflight(config.model_copy(update={"error_control": "confirm"}), 32, 0, (1, 1))
     assert not confirm.possible and "no test cases to confirm" in str(confirm.refusal)
+
+
+def test_preflight_bars_online_mode_by_the_test_the_campaign_reads() -> None:
+    # 16 candidates: level 0.0031. Pass/fail scores (the full-gain sign test) need 9 val
+    # cases; a judge command's scores (the betting bound) need 10: 9 is refused.
+    config = _config(iterations=8, population=2)
+    judged = _config(iterations=8, population=2, judge="python judge.py")
+    assert preflight(config, 9, 0, (1, 1)).possible
+    refused = preflight(judged, 9, 0, (1, 1))
+    assert not refused.possible and "the betting bound" in str(refused.refusal)
+    assert "needs >= 10 val cases" in str(refused.refusal)
+    assert preflight(judged, 10, 0, (1, 1)).possible
+    # With repetitions the full-gain test counts only cases fixed in every replay: the bar
+    # gathers the gain into such cases (it was reckoned on gains spread 1/3 a case).
+    three = preflight(config, 32, 0, (3, 3))
+    assert three.possible and "at least 9 case(s) fixed in all 3 replays" in three.lines[0]
+
+
+def test_preflight_warns_when_pass_fail_confirmation_replays_each_case_more_than_once() -> None:
+    config = _config(iterations=8, population=2, error_control="confirm")
+    assert not any("warning" in line for line in preflight(config, 32, 16, (1, 1)).lines)
+    flags = {"baseline_replay_repetitions": 3, "candidate_replay_repetitions": 3}
+    three = preflight(config.model_copy(update=flags), 32, 16, (3, 3))
+    assert any("fixed in all 3 replays" in line for line in three.lines)
+    judged = config.model_copy(update={**flags, "measure": config.measure.model_copy(
+        update={"judge": "python judge.py"})})  # fmt: skip
+    assert not any("fixed in all" in line for line in preflight(judged, 32, 16, (3, 3)).lines)
 
 
 def test_preflight_warns_when_only_a_carried_level_is_left() -> None:

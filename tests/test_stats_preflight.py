@@ -14,8 +14,13 @@ from evolane.stats import (
     balanced_deltas,
     can_ever_accept,
     can_ever_confirm,
+    can_ever_pass_online,
+    confirm,
     decide,
     min_acceptable_gain,
+    no_gain_margin,
+    online_cases_needed,
+    online_p_value,
     regression_veto_note,
 )
 
@@ -146,3 +151,64 @@ def test_veto_and_confirm_notes() -> None:
     assert can_ever_confirm(5, 0.95)[0] and not can_ever_confirm(4, 0.95)[0]
     assert "needs >= 5 cases" in can_ever_confirm(4, 0.95)[1]
     assert not can_ever_confirm(6, 0.99)[0] and can_ever_confirm(7, 0.99)[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 24),
+    st.sampled_from([0.9, 0.95, 0.99]),
+    st.sampled_from([0.0, 0.1, 0.25]),
+    st.booleans(),
+)
+def test_can_ever_confirm_is_what_confirm_does_with_every_case_a_full_gain(
+    n: int, confidence: float, min_effect: float, pass_fail: bool
+) -> None:
+    # The bar is the test confirm reads: with a judge's scores (the betting bound) or a
+    # min_effect margin, 2^-n is below what any sample can reach, and the old bar said
+    # "can confirm" for splits that never could.
+    config = GateConfig(confidence=confidence, min_effect=min_effect)
+    base = {f"c{i}": [0.0] for i in range(n)}
+    best = {f"c{i}": [1.0] for i in range(n)}
+    verdict = confirm(base, best, config, pass_fail=pass_fail).decision
+    margin = no_gain_margin(config)
+    possible, why = can_ever_confirm(n, confidence, margin=margin, pass_fail=pass_fail)
+    assert possible == (verdict == "confirmed"), why
+    if not possible:
+        needed = int(why.rsplit("needs >= ", 1)[1].split()[0])
+        assert can_ever_confirm(needed, confidence, margin=margin, pass_fail=pass_fail)[0]
+        assert not can_ever_confirm(needed - 1, confidence, margin=margin, pass_fail=pass_fail)[0]
+
+
+def test_a_judges_scores_and_a_margin_need_more_held_out_cases() -> None:
+    assert can_ever_confirm(5, 0.95)[0]  # pass/fail: 2^-5 <= 0.05
+    betting = can_ever_confirm(5, 0.95, pass_fail=False)
+    assert not betting[0] and "the betting bound" in betting[1] and "needs >= 6" in betting[1]
+    margin = can_ever_confirm(5, 0.95, margin=0.1)
+    assert not margin[0] and "at margin 0.1" in margin[1] and "needs >= 6" in margin[1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(0, 40),
+    st.sampled_from([1, 4, 16, 100]),
+    st.sampled_from([0.0, 0.1]),
+    st.booleans(),
+)
+def test_the_online_bar_is_the_fewest_full_gains_online_control_accepts(
+    n: int, horizon: int, min_effect: float, pass_fail: bool
+) -> None:
+    level = 0.05 / horizon
+    config = GateConfig(min_effect=min_effect)
+    margin = no_gain_margin(config)
+
+    def p_value(gains: int) -> float:  # gains first, the other cases unchanged
+        deltas = np.array([1.0] * gains + [0.0] * (n - gains))
+        return online_p_value(deltas, config, pass_fail=pass_fail)
+
+    needed = online_cases_needed(level, n, margin=margin, pass_fail=pass_fail)
+    reachable, why = can_ever_pass_online(n, level, margin=margin, pass_fail=pass_fail)
+    assert reachable == (needed is not None) == (p_value(n) <= level), why
+    if needed is not None:
+        assert p_value(needed) <= level
+        assert needed == 0 or p_value(needed - 1) > level
+        assert f"at least {needed} of the {n} val cases" in why

@@ -24,7 +24,7 @@ from pydantic import Field
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._online import OnlineBudget, online_words, opening_budget, resolved_mode
 from evolane.messages import Record, ShortText, Text
-from evolane.stats import can_ever_confirm, confirm
+from evolane.stats import can_ever_confirm, confirm, no_gain_margin
 
 SMALL_TEST_SPLIT = 32
 """Below this many test cases the confirmation replays each case `SMALL_TEST_REPETITIONS`
@@ -68,6 +68,15 @@ def confirm_repetitions(config: CampaignConfig, test_cases: int) -> int:
     return SMALL_TEST_REPETITIONS if test_cases < SMALL_TEST_SPLIT else 1
 
 
+def confirmable(config: CampaignConfig, test_cases: int) -> tuple[bool, str]:
+    """Whether ``test_cases`` held-out cases can ever confirm a best, with the test `confirm`
+    reads for this campaign's scores and margin, and the one-line why."""
+    gate = config.gate
+    return can_ever_confirm(
+        test_cases, gate.confidence, margin=no_gain_margin(gate), pass_fail=config.pass_fail
+    )
+
+
 def confirmation_of(
     baseline: dict[str, list[float]],
     candidate: dict[str, list[float]],
@@ -89,7 +98,7 @@ def confirmation_of(
             f"the best candidate could not be confirmed: only {result.n} of {cases} could be "
             "compared"
         )
-    possible, why = can_ever_confirm(test_cases, gate.confidence)
+    possible, why = confirmable(config, test_cases)
     if result.decision != "confirmed" and not possible:
         sentence += f" ({why})"
     published = result.decision == "confirmed"
@@ -125,7 +134,8 @@ def error_control(
     mode = resolved_mode(config.error_control, test_cases)
     if mode == "online":
         budget = online or opening_budget(config, config.max_improvement_cycles)
-        return online_words(budget, val_cases, val_fed)
+        margin = no_gain_margin(gate)
+        return online_words(budget, val_cases, val_fed, margin=margin, pass_fail=config.pass_fail)
     if mode == "none":
         where = (
             f"the best is not confirmed on the {test_cases} test cases before it is published"
@@ -139,7 +149,7 @@ def error_control(
             "one): the campaign-level false-publish rate is uncontrolled; use --error-control "
             "online, or add test cases to confirm the best"
         )
-    possible, why = can_ever_confirm(test_cases, gate.confidence)
+    possible, why = confirmable(config, test_cases)
     text = (
         f"confirm before publish: the best is tested against the seed on the "
         f"{test_cases} held-out test cases (one-sided test of no true gain at confidence "

@@ -184,9 +184,17 @@ class OnlineRule:
         return OnlineBudget(alpha=self._alpha, horizon=self._horizon, tests=tuple(self._tests))
 
 
-def online_words(budget: OnlineBudget, val_cases: int | None = None, val_fed: bool = False) -> str:
+def online_words(
+    budget: OnlineBudget,
+    val_cases: int | None = None,
+    val_fed: bool = False,
+    *,
+    margin: float = 0.0,
+    pass_fail: bool = True,
+) -> str:
     """Online error control in words, with its guarantee and its price, for the report;
-    ``val_fed``: the optimizer saw val outcomes, so the guarantee does not hold (said so)."""
+    ``val_fed``: the optimizer saw val outcomes, so the guarantee does not hold (said so);
+    ``margin`` and ``pass_fail`` name the test of no true gain (`stats.no_gain_p_value`)."""
     alpha, horizon = budget.alpha, budget.horizon
     text = (
         f"online: an error budget alpha = {alpha:g} (1 - confidence) is spent over the "
@@ -207,11 +215,17 @@ def online_words(budget: OnlineBudget, val_cases: int | None = None, val_fed: bo
             "the val outcomes)"
         )
     if val_cases is not None:
-        needed = online_cases_needed(alpha / horizon)
+        level = alpha / horizon
+        needed = online_cases_needed(level, val_cases, margin=margin, pass_fail=pass_fail)
+        gain = "fix" if pass_fail else "gain the full score on"
+        price = (
+            f"a candidate must {gain} at least {needed} of them with none worse"
+            if needed is not None
+            else "no candidate can reach its level"
+        )
         text += (
-            f"; the price is power: with {val_cases} val cases a candidate must improve at "
-            f"least {needed} of them with none worse, so add test cases to confirm the best "
-            "instead"
+            f"; the price is power: with {val_cases} val cases {price}, so add test cases to "
+            "confirm the best instead"
         )
     tested = len(budget.tests)
     text += f"; {tested} of {horizon} candidates tested so far, {budget.accepted} accepted"

@@ -7,9 +7,9 @@ a judge that grades, also the gain in units of the per-case spread), a `--no-reg
 that can never veto, a test split too small to ever confirm, and in ``online`` error control
 the level each candidate is tested at and how many val cases it must improve. A
 configuration in which no candidate can ever be accepted (fewer val cases than the coverage
-guard needs; in online mode, too few val cases for the sign-flip p-value to reach the
-highest level any candidate can get; ``confirm`` without test cases) is refused with an
-`InputError` (exit 2) naming the reason.
+guard needs; in online mode, too few val cases for the test of no true gain to reach the
+highest level any candidate can get, even with every case a full gain; ``confirm`` without
+test cases) is refused with an `InputError` (exit 2) naming the reason.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._confirm import confirm_repetitions, confirmable
 from evolane.campaign._online import OnlineBudget, opening_budget, resolved_mode
 from evolane.stats import (
     can_ever_accept,
-    can_ever_confirm,
     can_ever_pass_online,
     min_acceptable_gain,
+    no_gain_margin,
     regression_veto_note,
 )
 
@@ -62,10 +63,12 @@ def preflight(
     level, online_lines = None, []
     if mode == "online":
         budget = online or opening_budget(config, config.max_improvement_cycles)
-        refusal, level, online_lines = _online(budget, val_cases)
+        refusal, level, online_lines = _online(budget, val_cases, config)
         if refusal is not None:
             return Preflight(False, refusal, None, (refusal,))
-    binary = min_acceptable_gain(gate, val_cases, repetitions, "binary", level=level)
+    binary = min_acceptable_gain(
+        gate, val_cases, repetitions, "binary", level=level, pass_fail=config.pass_fail
+    )
     lines = [binary.reason]
     if config.measure.judge and gate.gate in ("paired", "bootstrap"):  # a judge may grade
         lines.append(min_acceptable_gain(gate, val_cases, repetitions, "continuous").reason)
@@ -74,9 +77,16 @@ def preflight(
         lines.append(veto)
     lines += online_lines
     if mode == "confirm":
-        confirmable, reason = can_ever_confirm(test_cases, gate.confidence)
-        if not confirmable:
+        possible_here, reason = confirmable(config, test_cases)
+        if not possible_here:
             lines.append(f"{reason}: verified_only / auto_verified will never publish")
+        replays = confirm_repetitions(config, test_cases)
+        if config.pass_fail and replays > 1:
+            lines.append(
+                "warning: with pass/fail scores the confirmation counts only test cases fixed "
+                f"in all {replays} replays (the repetition flags): far less power than one "
+                "replay a case; drop the flags, or score with a judge command"
+            )
     elif mode == "none":
         where = "no test cases" if not test_cases else "--error-control none"
         lines.append(
@@ -88,7 +98,9 @@ def preflight(
     return Preflight(True, None, binary.mean, tuple(line[:256] for line in lines))
 
 
-def _online(budget: OnlineBudget, val_cases: int) -> tuple[str | None, float, list[str]]:
+def _online(
+    budget: OnlineBudget, val_cases: int, config: CampaignConfig
+) -> tuple[str | None, float, list[str]]:
     """(refusal, level, lines) of online mode: refused only when no candidate can reach the
     highest level any can get (the budget's own, or one carried from an accepted
     predecessor), warned when only a carried level can be reached."""
@@ -100,12 +112,15 @@ def _online(budget: OnlineBudget, val_cases: int) -> tuple[str | None, float, li
     if best <= 0.0:
         why = f"the online error budget ({spread}) is spent: no candidate can be accepted"
         return f"{why}; {advice}", best, []
-    reachable, why = can_ever_pass_online(val_cases, best)
+    margin, pass_fail = no_gain_margin(config.gate), config.pass_fail
+    reachable, why = can_ever_pass_online(val_cases, best, margin=margin, pass_fail=pass_fail)
     if not reachable:
         return f"{why} ({spread}); {advice}", best, []
-    if base > 0.0 and can_ever_pass_online(val_cases, base)[0]:
+    at_base, why = (False, "")
+    if base > 0.0:
+        at_base, why = can_ever_pass_online(val_cases, base, margin=margin, pass_fail=pass_fail)
+    if at_base:
         tested = f", {len(budget.tests)} tested" if budget.tests else ""
-        why = can_ever_pass_online(val_cases, base)[1]
         return None, base, [f"{why} ({spread}{tested})"]
     warning = (
         f"warning: at the budget's own level ({base:.2g}, {spread}) no candidate can be "

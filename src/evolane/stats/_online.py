@@ -138,6 +138,12 @@ def no_gain_p_value(
     return min(1.0, math.exp(-test.log_wealth[0]))
 
 
+def no_gain_margin(config: GateConfig) -> float:
+    """The mean delta "no true gain" means for `confirm` and online control: the gate's
+    ``min_effect`` when positive, else 0 (a non-inferiority margin is the gate's alone)."""
+    return max(0.0, config.min_effect)
+
+
 _EXACT_TAIL = 1024  # cases up to which the sign test's tail is summed in integers
 
 
@@ -215,7 +221,7 @@ def confirm(
     if n == 0 or Fraction(n) < as_fraction(config.min_coverage) * planned:
         reason = f"coverage: {n}/{planned} held-out cases comparable: indecisive"
         return Confirmation("indecisive", n, planned, mean, 1.0, level, reason)
-    margin = max(0.0, config.min_effect)
+    margin = no_gain_margin(config)
     p = no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail)
     verdict: ConfirmDecision = "confirmed" if p <= level else "unconfirmed"
     relation = "<=" if verdict == "confirmed" else ">"

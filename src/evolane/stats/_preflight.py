@@ -19,7 +19,7 @@ from evolane.messages import GateConfig
 from evolane.stats._dist import t_quantile
 from evolane.stats._gates import PairedSample, judge_sample, regression_p_value
 from evolane.stats._levels import as_fraction, required_cases
-from evolane.stats._online import no_gain_p_value
+from evolane.stats._online import no_gain_margin, no_gain_p_value
 
 ScoreKind = Literal["binary", "continuous"]
 Repetitions = int | tuple[int, int]
@@ -64,21 +64,43 @@ def balanced_deltas(n: int, units: int, per_case: int) -> np.ndarray:
     return steps / per_case
 
 
+def full_gain_deltas(n: int, units: int, per_case: int) -> np.ndarray:
+    """The sample with a total gain of ``units`` steps of 1/``per_case`` most favourable to
+    the full-gain sign test: as many cases as the steps allow gain 1, one case the rest."""
+    if not 0 <= units <= n * per_case:
+        raise ValueError(f"units must lie in [0, {n * per_case}], got {units}")
+    full, rest = divmod(units, per_case)
+    deltas = np.zeros(n)
+    deltas[:full] = 1.0
+    if rest:
+        deltas[full] = rest / per_case
+    return deltas
+
+
 def _accepts(
-    config: GateConfig, n: int, units: int, per_case: int, level: float | None = None
+    config: GateConfig,
+    n: int,
+    units: int,
+    per_case: int,
+    level: float | None = None,
+    pass_fail: bool = True,
 ) -> bool:
-    deltas = balanced_deltas(n, units, per_case)
+    """Whether the gate (and, with ``level``, online control) accepts the most favourable
+    sample of ``units`` steps: spread evenly for the gate alone and the betting bound,
+    gathered into full gains for the full-gain sign test (the same with one repetition)."""
+    gathered = level is not None and pass_fail
+    deltas = (full_gain_deltas if gathered else balanced_deltas)(n, units, per_case)
     sample = PairedSample([f"c{i}" for i in range(n)], np.zeros(n), deltas)
     if judge_sample(sample, config, n).decision != "accept":
         return False
-    return level is None or online_p_value(deltas, config, pass_fail=per_case == 1) <= level
+    return level is None or online_p_value(deltas, config, pass_fail=pass_fail) <= level
 
 
 def online_p_value(deltas: np.ndarray, config: GateConfig, pass_fail: bool = False) -> float:
     """The p-value online error control reads: `no_gain_p_value` of the per-case deltas
-    against the margin max(0, ``min_effect``) (``pass_fail``: every score is 0 or 1 by
+    against the margin `no_gain_margin` (``pass_fail``: every score is 0 or 1 by
     construction)."""
-    return no_gain_p_value(deltas, margin=max(0.0, config.min_effect), pass_fail=pass_fail)
+    return no_gain_p_value(deltas, margin=no_gain_margin(config), pass_fail=pass_fail)
 
 
 def _impossible(config: GateConfig, n: int) -> str | None:
@@ -94,16 +116,20 @@ def _impossible(config: GateConfig, n: int) -> str | None:
 
 
 def _binary(
-    config: GateConfig, n: int, repetitions: Repetitions, level: float | None = None
+    config: GateConfig,
+    n: int,
+    repetitions: Repetitions,
+    level: float | None = None,
+    pass_fail: bool = True,
 ) -> MinimumGain:
     base, cand = _reps(repetitions)
     per_case = math.lcm(base, cand)
     top = n * per_case
     online = "" if level is None else f" and online control at level {level:.2g}"
-    if not _accepts(config, n, top, per_case, level):
+    if not _accepts(config, n, top, per_case, level, pass_fail):
         reason = f"with {n} val cases not even fixing every case passes the {config.gate} gate"
         return MinimumGain(False, None, None, None, n, reason + online)
-    if _accepts(config, n, 0, per_case, level):
+    if _accepts(config, n, 0, per_case, level, pass_fail):
         reason = (
             f"with {n} val cases the {config.gate} gate accepts a candidate that changes "
             f"nothing (min_effect {config.min_effect:g} < 0 is a non-inferiority margin)"
@@ -112,7 +138,7 @@ def _binary(
     low, high = 0, top  # invariant: `low` is rejected, `high` accepted
     while high - low > 1:
         middle = (low + high) // 2
-        if _accepts(config, n, middle, per_case, level):
+        if _accepts(config, n, middle, per_case, level, pass_fail):
             high = middle
         else:
             low = middle
@@ -120,6 +146,12 @@ def _binary(
     rule = _rule(config) + online
     if per_case == 1:
         how = f"fix at least {high} case(s) while breaking none (each broken case raises the bar)"
+    elif level is not None and pass_fail:
+        how = (
+            f"gain at least {high} steps of 1/{per_case} of a case, at least {high // per_case} "
+            f"case(s) fixed in all {per_case} replays (online control counts only those), "
+            "none worse"
+        )
     else:
         how = (
             f"gain at least {high} steps of 1/{per_case} of a case (e.g. {high} case(s) each "
@@ -179,9 +211,11 @@ def min_acceptable_gain(
     *,
     sd: float | None = None,
     level: float | None = None,
+    pass_fail: bool = True,
 ) -> MinimumGain:
     """The smallest mean gain the gate can accept with ``n_val`` val cases (and, with an
-    online ``level``, whose `online_p_value` also reaches it: binary scores only).
+    online ``level``, whose `online_p_value` also reaches it: binary scores only, read with
+    the campaign's test: ``pass_fail`` when no judge command scores, else the betting bound).
 
     Binary (pass/fail) scores: exact. Per-case deltas are multiples of 1/lcm(repetitions);
     for a given total gain the sample with the smallest spread is the most favourable (the
@@ -191,6 +225,8 @@ def min_acceptable_gain(
     step less is. E.g. 16 cases, 1 repetition, k = 1: fix 2 cases (mean 0.125); fixing one
     gives mean == SE, a tie, rejected. Continuous scores: approximate (the sample SE varies).
     The no-regression veto never blocks a candidate that breaks nothing, so it is ignored.
+    Online with pass/fail scores and repetitions, the full-gain sign test counts only cases
+    fixed in every replay, so there the samples gather the gain into such cases.
     """
     if n_val < 0:
         raise ValueError(f"n_val must be >= 0, got {n_val}")
@@ -200,7 +236,7 @@ def min_acceptable_gain(
     if refusal is not None:
         return MinimumGain(False, None, None, None, n_val, refusal)
     if scores == "binary":
-        return _binary(config, n_val, repetitions, level)
+        return _binary(config, n_val, repetitions, level, pass_fail)
     if scores == "continuous":
         return _continuous(config, n_val, sd)
     raise ValueError(f"scores must be 'binary' or 'continuous', got {scores!r}")
@@ -239,44 +275,120 @@ def regression_veto_note(config: GateConfig, repetitions: Repetitions) -> str | 
     )
 
 
-def can_ever_confirm(n_test: int, confidence: float) -> tuple[bool, str]:
-    """Whether `confirm` can ever confirm with ``n_test`` held-out cases at ``confidence``.
+def best_case_p_value(n: int, *, margin: float = 0.0, pass_fail: bool = True) -> float:
+    """The smallest p-value `no_gain_p_value` gives on ``n`` cases: every case a full gain
+    (+1). Nothing a candidate does on ``n`` cases gets below it."""
+    if n < 1:
+        return 1.0
+    return no_gain_p_value(np.ones(n), margin=margin, pass_fail=pass_fail)
 
-    The sign-flip test's smallest p-value is 2^-n (every case better): 5 cases are the
-    fewest that can confirm at 0.95.
-    """
+
+def fewest_gains(
+    n: int, level: float, *, margin: float = 0.0, pass_fail: bool = True
+) -> int | None:
+    """The fewest full gains (+1; the other cases unchanged, after them) among ``n`` cases
+    whose `no_gain_p_value` reaches ``level``; None when not even ``n`` do.
+
+    The test the campaign reads, not a formula for one: with pass/fail scores the full-gain
+    sign test (2^-k at margin 0; with a margin the unchanged cases count against), with a
+    judge command's scores the betting bound, which needs a case or two more."""
+    if not 0.0 < level <= 1.0:
+        raise ValueError(f"level must lie in (0, 1], got {level}")
+
+    def reaches(k: int) -> bool:
+        deltas = np.zeros(n if margin > 0.0 else k)  # unchanged cases weigh only with a margin
+        deltas[:k] = 1.0
+        return no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail) <= level
+
+    if not reaches(n):
+        return None
+    low, high = -1, n  # invariant: `low` gains do not reach the level (or low < 0), `high` do
+    while high - low > 1:
+        middle = (low + high) // 2
+        if middle >= 0 and reaches(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+_MAX_CASES = 1 << 20
+
+
+def fewest_cases(level: float, *, margin: float = 0.0, pass_fail: bool = True) -> int:
+    """The fewest cases on which any candidate can reach ``level``: every one a full gain."""
+    if not 0.0 < level <= 1.0:
+        raise ValueError(f"level must lie in (0, 1], got {level}")
+    if level >= 1.0:
+        return 0
+    high = 1
+    while best_case_p_value(high, margin=margin, pass_fail=pass_fail) > level:
+        if high >= _MAX_CASES:
+            return _MAX_CASES
+        high *= 2
+    low = high // 2  # `low` cases do not reach it (or low == 0 < 1 == high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if best_case_p_value(middle, margin=margin, pass_fail=pass_fail) <= level:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _test_words(margin: float, pass_fail: bool) -> str:
+    test = "the full-gain sign test" if pass_fail else "the betting bound"
+    return test + (f" at margin {margin:g}" if margin > 0.0 else "")
+
+
+def can_ever_confirm(
+    n_test: int, confidence: float, *, margin: float = 0.0, pass_fail: bool = True
+) -> tuple[bool, str]:
+    """Whether `confirm` can ever confirm with ``n_test`` held-out cases at ``confidence``,
+    and the one-line why: the p-value of every case a full gain (`best_case_p_value`) of
+    the test `confirm` reads (``pass_fail``: every score is 0 or 1; ``margin``: the gate's
+    min_effect, when positive). At 0.95 with pass/fail scores 5 cases are the fewest."""
     level = float(1 - as_fraction(confidence))
-    if n_test >= 1 and 0.5**n_test <= level:
+    floor = best_case_p_value(n_test, margin=margin, pass_fail=pass_fail)
+    if n_test >= 1 and floor <= level:
         return True, f"{n_test} held-out cases can confirm at {confidence:g}"
-    fewest = max(1, math.ceil(math.log2(1.0 / level) - 1e-12)) if level < 1 else 1
+    fewest = fewest_cases(level, margin=margin, pass_fail=pass_fail)
     return False, (
         f"{n_test} held-out cases can never confirm at {confidence:g}: the smallest possible "
-        f"p-value is 2^-{n_test} = {0.5**n_test:.3g} > {level:.3g} (needs >= {fewest} cases)"
+        f"p-value ({_test_words(margin, pass_fail)}, every case a full gain) is {floor:.3g} > "
+        f"{level:.3g} (needs >= {fewest} cases)"
     )
 
 
-def online_cases_needed(level: float) -> int:
-    """The fewest val cases a candidate must improve (none worse) for its sign-flip p-value
-    to reach ``level``: with k cases better and the rest equal the p-value is 2^-k (every
-    flip of those k signs but one gives a smaller sum), so k = ceil(log2(1/level))."""
-    if not 0.0 < level <= 1.0:
-        raise ValueError(f"level must lie in (0, 1], got {level}")
-    return max(0, math.ceil(math.log2(1.0 / level) - 1e-12))
+def online_cases_needed(
+    level: float, n_val: int | None = None, *, margin: float = 0.0, pass_fail: bool = True
+) -> int | None:
+    """The fewest val cases of ``n_val`` a candidate must turn into full gains (+1, the rest
+    unchanged) for its p-value to reach ``level`` (`fewest_gains`); None when not even all
+    of them do. Without ``n_val``: on as many cases as it takes (`fewest_cases`)."""
+    if n_val is None:
+        return fewest_cases(level, margin=margin, pass_fail=pass_fail)
+    return fewest_gains(n_val, level, margin=margin, pass_fail=pass_fail)
 
 
-def can_ever_pass_online(n_val: int, level: float) -> tuple[bool, str]:
-    """Whether a candidate measured on ``n_val`` val cases can reach the online ``level``,
-    and the one-line why: the smallest sign-flip p-value is 2^-n (every case better), so
-    False when n_val < `online_cases_needed` (whatever the scores and repetitions)."""
-    needed = online_cases_needed(level)
-    if n_val >= needed:
+def can_ever_pass_online(
+    n_val: int, level: float, *, margin: float = 0.0, pass_fail: bool = True
+) -> tuple[bool, str]:
+    """Whether a candidate measured on ``n_val`` val cases can reach the online ``level``
+    with the p-value online control reads (``pass_fail``, ``margin``: as for
+    `can_ever_confirm`), and the one-line why."""
+    needed = online_cases_needed(level, n_val, margin=margin, pass_fail=pass_fail)
+    test = _test_words(margin, pass_fail)
+    if needed is not None:
+        gain = "fix" if pass_fail else "gain the full score on"
         return True, (
             f"online error control tests each candidate at level {level:.2g}: it must "
-            f"improve at least {needed} of the {n_val} val cases (p = 2^-{needed} = "
-            f"{0.5**needed:.2g} with none worse)"
+            f"{gain} at least {needed} of the {n_val} val cases with none worse ({test})"
         )
+    fewest = fewest_cases(level, margin=margin, pass_fail=pass_fail)
+    floor = best_case_p_value(n_val, margin=margin, pass_fail=pass_fail)
     return False, (
         f"with {n_val} val cases online error control can never accept: the smallest "
-        f"sign-flip p-value is 2^-{n_val} = {0.5**n_val:.2g} > level {level:.2g} (needs "
-        f">= {needed} val cases)"
+        f"p-value ({test}, every case a full gain) is {floor:.2g} > level {level:.2g} "
+        f"(needs >= {fewest} val cases)"
     )
