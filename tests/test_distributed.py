@@ -432,3 +432,63 @@ def test_the_outbox_keeps_small_blobs_inline_and_stages_the_rest(tmp_path: Path)
     assert private.put_bytes(b"z" * 3000).digest in private.inline  # no staging: all inline
     with pytest.raises(ResultTooLarge):
         private.put_bytes(b"z" * 2000)
+
+
+ATTACK = """
+import asyncio, json, os, ssl, sys
+from distributed import Client
+from distributed.core import rpc
+from distributed.security import Security
+
+address, out = sys.argv[1], sys.argv[2]
+plain = address.replace("tls://", "tcp://")
+no_check = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+no_check.check_hostname, no_check.verify_mode = False, ssl.CERT_NONE
+
+
+async def identity(args):
+    remote = rpc(address, timeout=3, connection_args=args)
+    try:
+        return await asyncio.wait_for(remote.identity(), 5)
+    finally:
+        await remote.close_rpc()
+
+
+tries = {
+    "plain": lambda: Client(plain, timeout=3, set_as_default=False).run(os.getuid),
+    "own certificate": lambda: Client(
+        address, timeout=3, security=Security.temporary(), set_as_default=False
+    ).run(os.getuid),
+    "no certificate": lambda: asyncio.run(
+        identity({"ssl_context": no_check, "require_encryption": True})
+    ),
+}
+results = {}
+for name, attempt in tries.items():
+    try:
+        results[name] = "reached: " + repr(attempt())[:80]
+    except Exception as error:
+        results[name] = "refused: " + type(error).__name__
+json.dump(results, open(os.path.join(out, "output.json"), "w"))
+"""
+
+
+async def test_a_replay_cannot_reach_the_local_clusters_scheduler(tmp_path: Path) -> None:
+    # A plain tcp:// scheduler on 127.0.0.1 ran any function a replay sent it, as evolane's
+    # user, outside every sandbox (found by review). Given the address outright, a replay
+    # reaches it neither in the clear, nor over TLS with a key of its own or none at all.
+    import sys
+
+    (tmp_path / "attack.py").write_text(ATTACK)
+    async with cluster_for(tmp_path, "local:1") as (_host, store, cluster):
+        address = cluster.owned.scheduler_address
+        assert address.startswith("tls://")
+        settings = lane(f"{sys.executable} {tmp_path / 'attack.py'} {address} {{output_dir}}")
+        with trio.fail_after(90):
+            result = await run(cluster, replay_job(store, tmp_path, timeout=80), settings)
+    assert result.status == "succeeded", result
+    assert result.output_ref is not None
+    (entry,) = load_manifest(store, result.output_ref.digest).values()
+    tried = orjson.loads(store.read_bytes(entry.digest))
+    assert sorted(tried) == ["no certificate", "own certificate", "plain"]
+    assert all(outcome.startswith("refused") for outcome in tried.values()), tried

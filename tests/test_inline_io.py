@@ -268,3 +268,6 @@ async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_th
     assert sizes == {"c0": 1, "c1": 1, "c2": INLINE_FILES + 1, "c3": INLINE_FILES + 1}
     big = sum(r["replay"]["case_id"] in ("c2", "c3") for r in units)
     assert hops["ReplayLane._collect"] == big  # the big outputs only
+    # And only their scratch folders go to the cleanup thread: every unit's own folders and
+    # cgroups, and each small scratch, are removed on the loop.
+    assert hops["defer:remove_tree"] == big and hops["defer:Unit.remove"] == 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import pickle
 import secrets
 import threading
@@ -28,6 +27,7 @@ from typing import Any
 
 import trio
 
+from evolane.distributed._local import local_cluster
 from evolane.distributed._protocol import (
     INLINE_TOTAL,
     PRIVATE_RESULT_BYTES,
@@ -39,7 +39,7 @@ from evolane.distributed._spec import EXTRA_HINT, ClusterError, ClusterSpec, che
 from evolane.distributed._worker import run_unit, sees_store, stop_unit, warm_up
 from evolane.lanes import LaneSettings
 from evolane.messages import ArtifactRef, FailureEvent, ReplayJob, ReplayResult
-from evolane.sandbox import LEASE_VARIABLE, SandboxHost, child_lease
+from evolane.sandbox import SandboxHost, child_lease
 from evolane.store import (
     BlobStore,
     CorruptBlobError,
@@ -357,36 +357,6 @@ def _allowed_failures(dask_scheduler: Any) -> int:
     return int(dask_scheduler.allowed_failures)
 
 
-_QUIET = {
-    # Workers here only run sandboxed subprocesses: sampling their stacks every 10 ms and
-    # checking the event loop every 20 ms costs CPU the replays need on a small machine.
-    "distributed.worker.profile.enabled": False,
-    "distributed.admin.tick.interval": "500ms",
-    "distributed.admin.system-monitor.interval": "2s",
-    "distributed.admin.system-monitor.gil.enabled": False,
-    "distributed.worker.memory.monitor-interval": "1s",
-}
-
-
-def _local_cluster(spec: ClusterSpec, directory: Path, lease: str) -> Any:
-    import dask
-    from distributed import LocalCluster
-
-    directory.mkdir(parents=True, exist_ok=True)
-    with dask.config.set(_QUIET):  # the worker processes get this configuration too
-        return LocalCluster(
-            n_workers=spec.workers,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            silence_logs=logging.ERROR,
-            local_directory=str(directory),
-            scheduler_kwargs={"allowed_failures": 0, "dashboard_address": "127.0.0.1:0"},
-            env={LEASE_VARIABLE: lease},
-        )
-
-
 def _start(
     spec: ClusterSpec, store: BlobStore, directory: Path, lease: str, share: bool | None
 ) -> DaskCluster:
@@ -397,7 +367,7 @@ def _start(
     started = time.perf_counter()
     owned = None
     if spec.kind == "local_dask":
-        owned = _local_cluster(spec, directory, lease)
+        owned = local_cluster(spec, directory, lease)
         client = Client(owned, set_as_default=False, direct_to_workers=True)
     else:
         try:

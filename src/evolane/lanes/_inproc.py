@@ -88,7 +88,7 @@ def hand_over(host: SandboxHost, unit_id: str, output: ArtifactRef, unit_dir: Pa
         while len(_handed) > MAX_HANDED:
             evicted.append(_handed.popitem(last=False)[1])
     for folder in evicted:
-        host.defer(lambda folder=folder: remove_tree(folder))
+        host.remove_soon(folder)
 
 
 def take_over(host: SandboxHost, unit_id: str, output: ArtifactRef) -> Path | None:

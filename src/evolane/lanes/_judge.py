@@ -189,7 +189,7 @@ class JudgeLane(CommandLane):
             assert matched is not None
             return "exact_match", matched
         finally:
-            self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
+            self.host.remove_soon(scratch.dir)  # on the loop while small, else in a thread
 
     async def _in_process(
         self,

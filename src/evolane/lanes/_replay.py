@@ -221,8 +221,8 @@ class ReplayLane(CommandLane):
             done = True
             return result
         finally:
-            if done and not keep:
-                self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
+            if done and not keep:  # a few files on the loop; a candidate's copy in a thread
+                self.host.remove_soon(scratch.dir, small)
             elif not keep:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(scratch.remove)
@@ -269,7 +269,7 @@ class ReplayLane(CommandLane):
             return result
         finally:
             if not kept:
-                self.host.defer(scratch.remove)  # in the host's cleanup thread, off the path
+                self.host.remove_soon(scratch.dir)  # on the loop while small, else a thread
 
     async def _collected(
         self, job: ReplayJob, scratch: UnitScratch, outcome: ProcessOutcome

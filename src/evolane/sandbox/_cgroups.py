@@ -233,6 +233,18 @@ class UnitCgroups:
                 return int(value) / 1e6
         return None
 
+    def remove_empty(self) -> bool:
+        """Remove the unit's cgroups when each is empty (one ``rmdir`` each, nothing waited
+        for): False at the first that is not, the rest left to `remove`."""
+        for path in self.paths:
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return False
+        return True
+
     def remove(self) -> None:
         """Remove the unit's cgroups, killing what is left in them first. The common case,
         an empty cgroup with none below it, is one ``rmdir`` (which refuses any other)."""

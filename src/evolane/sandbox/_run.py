@@ -22,7 +22,7 @@ from evolane.sandbox._capture import BoundedCapture, OwnedPipes
 from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
 from evolane.sandbox._confine import resolve_isolation
 from evolane.sandbox._env import build_environment, child_lease
-from evolane.sandbox._inline import InlineGate
+from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
 from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES, join_failed_marker
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
@@ -31,7 +31,7 @@ from evolane.sandbox._start import Launch, ProgramCache, Spawned
 from evolane.sandbox._tree import ProcessTree
 from evolane.sandbox._watch import Watch
 from evolane.sandbox._workspace import WorkspaceError, hand_over, inside, materialize_workspace
-from evolane.store import BlobStore, remove_tree
+from evolane.store import BlobStore, remove_small_tree, remove_tree
 
 _STREAMS = ("stdout", "stderr")
 
@@ -69,6 +69,10 @@ class UnitHost(Protocol):
 
     def defer(self, cleanup: Callable[[], object]) -> None:
         """Run ``cleanup`` later, off the critical path."""
+        ...
+
+    def clean_soon(self, small: Callable[[], bool], cleanup: Callable[[], object]) -> None:
+        """Run ``small`` now on the loop if it may and can, else `defer` ``cleanup``."""
         ...
 
 
@@ -133,32 +137,30 @@ class Unit:
             remove_tree(self.dir)
             raise
 
-    def remove_quickly(self) -> bool:
-        """The common case inline: cgroups gone and four empty directories removed."""
+    def remove_small(self) -> bool:
+        """`remove` of a unit not kept, when it is small (empty cgroups, a folder within the
+        inline bounds): True once done; False leaves the rest to `remove`."""
+        if not self.created:
+            return True
         if self.cgroups is not None:
-            self.cgroups.remove()
+            if not self.cgroups.remove_empty():
+                return False
             self.cgroups = None
-        try:
-            for name in ("work", "home", "tmp", ""):
-                (self.dir / name).rmdir()
-        except OSError:
-            return False
-        return True
+        return remove_small_tree(self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES)
 
     def remove(self, keep: bool) -> Path | None:
         """Remove the unit's cgroups and directories; a kept unit moves out of the lease."""
         if not self.created:  # prepare failed (and cleaned up) or never ran
             return None
+        if self.cgroups is not None:
+            self.cgroups.remove()
+            self.cgroups = None
         if keep:
-            if self.cgroups is not None:
-                self.cgroups.remove()
-                self.cgroups = None
             kept = self.host.root / "kept" / self.name
             kept.parent.mkdir(exist_ok=True)
             self.dir.rename(kept)
             return kept
-        if not self.remove_quickly():
-            remove_tree(self.dir)
+        remove_tree(self.dir)
         return None
 
 
@@ -184,8 +186,8 @@ async def run_unit(
     if keep:
         with trio.CancelScope(shield=True):
             kept = await trio.to_thread.run_sync(unit.remove, keep)
-    else:  # the tree is gone; its empty cgroups and directories go off the critical path
-        host.defer(partial(unit.remove, False))
+    else:  # the tree is gone: its empty cgroups and few folders go now, on the loop, or
+        host.clean_soon(unit.remove_small, partial(unit.remove, False))  # in a thread
     if kept is not None:
         outcome = outcome.model_copy(update={"workspace": str(kept)})
     return outcome

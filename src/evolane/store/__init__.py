@@ -43,7 +43,7 @@ from evolane.store._journal import (
     encode_record,
     read_journal,
 )
-from evolane.store._remove import remove_tree
+from evolane.store._remove import remove_small_tree, remove_tree
 from evolane.store._scan import (
     MAX_PATH_BYTES,
     MAX_TREE_BYTES,
@@ -132,6 +132,7 @@ __all__ = [
     "read_journal",
     "read_json",
     "read_regular_file",
+    "remove_small_tree",
     "remove_tree",
     "scan_tree",
     "snapshot_tree",

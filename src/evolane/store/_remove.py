@@ -49,6 +49,48 @@ def remove_tree(path: Path | str) -> bool:
     return True
 
 
+def remove_small_tree(path: Path | str, entries: int, folder_bytes: int, freed: int) -> bool:
+    """Remove the folder ``path`` when it is small: at most ``entries`` entries in all, no
+    folder listing over ``folder_bytes``, at most ``freed`` bytes of files; True once gone
+    (or absent). False when it is larger or a removal is refused; nothing is removed then
+    unless the walk was within bounds, and `remove_tree` finishes what is left. Each entry
+    is removed through its parent's descriptor (no path is followed)."""
+    try:
+        top = os.open(os.fspath(path), _DIR_FLAGS)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    folders = [top]
+    found: list[tuple[int, str, bool]] = []  # (parent's descriptor, name, is a folder)
+    try:
+        for folder in folders:  # grows as sub-folders are opened: at most `entries` of them
+            if os.fstat(folder).st_size > folder_bytes:
+                return False
+            with os.scandir(folder) as scan:
+                for entry in scan:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    found.append((folder, entry.name, is_dir))
+                    if not is_dir:
+                        freed -= entry.stat(follow_symlinks=False).st_blocks * 512
+                    if len(found) > entries or freed < 0:
+                        return False
+                    if is_dir:
+                        folders.append(os.open(entry.name, _DIR_FLAGS, dir_fd=folder))
+        for parent, name, is_dir in reversed(found):  # what a folder holds goes before it
+            if is_dir:
+                os.rmdir(name, dir_fd=parent)
+            else:
+                os.unlink(name, dir_fd=parent)
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        for folder in folders:
+            os.close(folder)
+
+
 def _empty(top: int) -> None:
     """Empty the folder open as ``top``: its files go, each sub-folder is removed at once
     when empty, else emptied the same way after its own sub-folders were renamed up into

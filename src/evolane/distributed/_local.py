@@ -1,0 +1,61 @@
+"""The LocalCluster evolane owns for ``--cluster local:N``: quiet, and closed to every
+process without its credentials (a command may reach 127.0.0.1)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from evolane.distributed._spec import EXTRA_HINT, ClusterError, ClusterSpec
+from evolane.sandbox import LEASE_VARIABLE
+
+_QUIET = {
+    # Workers here only run sandboxed subprocesses: sampling their stacks every 10 ms and
+    # checking the event loop every 20 ms costs CPU the replays need on a small machine.
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "500ms",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.admin.system-monitor.gil.enabled": False,
+    "distributed.worker.memory.monitor-interval": "1s",
+}
+
+
+def local_cluster(spec: ClusterSpec, directory: Path, lease: str) -> Any:
+    """A LocalCluster of ``spec.workers`` single-threaded worker processes, reachable only
+    with this process's credentials (`_private_security`): no dashboard, nothing else."""
+    import dask
+    from distributed import LocalCluster
+
+    security = _private_security()
+    directory.mkdir(parents=True, exist_ok=True)
+    with dask.config.set(_QUIET):  # the worker processes get this configuration too
+        return LocalCluster(
+            n_workers=spec.workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            protocol="tls://",
+            security=security,
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+            local_directory=str(directory),
+            scheduler_kwargs={"allowed_failures": 0, "dashboard": False},
+            env={LEASE_VARIABLE: lease},
+        )
+
+
+def _private_security() -> Any:
+    """Mutual TLS with a key and certificate made for this cluster alone, held in memory.
+
+    A plain ``tcp://`` scheduler on 127.0.0.1 runs any function any local process sends it
+    (``Client.run``) as evolane's user: a replay with network access (``process``, or
+    ``confined`` with ``--network``) found it and ran code as root outside every sandbox
+    (found by review). Without the key, which never touches the disk, a connection fails
+    its handshake."""
+    try:
+        from distributed.security import Security
+
+        return Security.temporary()
+    except ImportError as error:  # the ``cryptography`` package makes the key
+        raise ClusterError(f"a local Dask cluster needs cryptography: {EXTRA_HINT}") from error
