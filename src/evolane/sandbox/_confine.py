@@ -36,6 +36,13 @@ usr/bin`` is recreated as the same symlink)."""
 HOST_ONLY = ("/proc", "/sys", "/dev", "/run")
 """Never exposed from the host, nor anything in them, even when a template names a path
 there (the command gets its own ``/proc`` and ``/dev``)."""
+HOST_SECRETS = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+    "/etc/sudoers.d", "/etc/ssl/private", "/etc/krb5.keytab", "/etc/security/opasswd",
+)  # fmt: skip
+"""Covered in every confined view with ``/etc``, with the host's private SSH keys
+(`host_secrets`): a root evolane's confined command reads what root reads (bwrap maps its
+uid onto root), and these are only secrets (found by review: /etc/shadow was readable)."""
 PRIVATE = ("/tmp", "/var/tmp")
 """Never exposed as a whole (the command gets its own ``/tmp``); a folder inside may be."""
 _PATH_IN_TEXT = re.compile(r"""(?:^|(?<=[\s'"=:,(]))(/[^\s'"`;|&<>()*?$,:=]+)""")
@@ -178,7 +185,13 @@ def _binds(paths: Iterable[str], writable: bool) -> list[str]:
     return args
 
 
-def _masks(view: View, shown: list[str]) -> tuple[list[str], list[str]]:
+def host_secrets() -> list[str]:
+    """`HOST_SECRETS` and the host's private SSH keys that exist here."""
+    keys = [str(path) for path in Path("/etc/ssh").glob("ssh_host_*_key")][:64]
+    return [path for path in HOST_SECRETS if os.path.lexists(path)] + sorted(keys)
+
+
+def _masks(hidden: Iterable[str], shown: list[str]) -> tuple[list[str], list[str]]:
     """Cover each hidden path wherever something shown holds it, compared by real location
     and covered under every name the holder is shown at: an empty folder over a folder
     (made read-only by the second list, once the command's own directories inside it are
@@ -186,8 +199,8 @@ def _masks(view: View, shown: list[str]) -> tuple[list[str], list[str]]:
     args: list[str] = []
     seal: list[str] = []
     holders = [_spellings(top) for top in shown]
-    for hidden in view.hidden:
-        target = os.path.realpath(hidden)
+    for path in hidden:
+        target = os.path.realpath(path)
         if not os.path.lexists(target):
             continue
         for real, names in holders:
@@ -219,7 +232,7 @@ def bwrap_argv(view: View, *, own: Iterable[tuple[str, bool]], workspace: Path) 
     shown = [*SYSTEM_FOLDERS, *view.read_only, *view.read_write]
     args += _binds(view.read_only, writable=False)
     args += _binds(view.read_write, writable=True)
-    masks, seal = _masks(view, shown)
+    masks, seal = _masks([*view.hidden, *host_secrets()], shown)
     args += masks
     for path, writable in own:
         args += _binds([path], writable)

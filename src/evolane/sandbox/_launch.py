@@ -104,9 +104,16 @@ def rlimit_numbers(limits: Limits) -> list[tuple[int, int, int]]:
     return [(getattr(resource, name), soft, hard) for name, soft, hard in rlimit_triples(limits)]
 
 
-def launch(argv: list[str], cwd: Path, env: dict[str, str], output: tuple[int, int]) -> int:
+def launch(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    output: tuple[int, int],
+    keep: tuple[int, ...] = (),
+) -> int:
     """Start the launcher chain ``argv`` in a session of its own, stdin from /dev/null,
-    stdout and stderr to ``output``; its pid (`evolane.sandbox._tree.ProcessTree` reaps it)."""
+    stdout and stderr to ``output``, the descriptors ``keep`` open at their numbers; its pid
+    (`evolane.sandbox._tree.ProcessTree` reaps it)."""
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -116,6 +123,7 @@ def launch(argv: list[str], cwd: Path, env: dict[str, str], output: tuple[int, i
         env=env,
         start_new_session=True,
         close_fds=True,
+        pass_fds=keep,
     )
     process.returncode = -signal.SIGKILL  # Popen must never poll or reap a pid that is ours
     return process.pid

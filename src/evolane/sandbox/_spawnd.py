@@ -44,6 +44,7 @@ _PR_SET_DUMPABLE = 4
 _PR_SET_KEEPCAPS = 8
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 47, 2
 _CAPABILITY_VERSION_3 = 0x20080522
 _UNSUPPORTED = (38, 7, 22)  # ENOSYS, E2BIG (5.3-5.4), EINVAL (5.5-5.6): an older clone3
@@ -61,6 +62,10 @@ class CloneRefused(OSError):
 
 class _CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _Filter(ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
 class _CapData(ctypes.Structure):
@@ -96,7 +101,7 @@ def _child(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
 
 
 def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
-    path, argv, env, cwd, rlimits, v1_tasks, dropped, _, switch = request
+    path, argv, env, cwd, rlimits, v1_tasks, dropped, _, switch, seccomp = request
     stdin, stdout, stderr, failed = fds
     os.setsid()
     _new_session_keyring(libc)
@@ -121,6 +126,8 @@ def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None
         resource.setrlimit(limit, (soft, hard))
     if switch is not None:  # last: the steps above may need root
         _switch_uid(libc, *switch)
+    if seccomp:  # a confined command's (`evolane.sandbox._seccomp`); bwrap runs under it
+        _install_filter(libc, seccomp)
     try:
         os.execve(path, argv, env)
     except OSError as error:  # a script without "#!": run by sh, as execvp and sh would
@@ -169,6 +176,17 @@ def _switch_uid(libc: ctypes.CDLL, uid: int, kept: tuple[int, ...]) -> None:
         why = f"cannot raise ambient capability {number}"
         _prctl(libc, why, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, number)
     _prctl(libc, "cannot set no_new_privs", _PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _install_filter(libc: ctypes.CDLL, program: bytes) -> None:
+    """Install the seccomp ``program`` (classic BPF) for this process and all it starts;
+    without root's CAP_SYS_ADMIN the kernel asks for no_new_privs first."""
+    if os.geteuid() != 0:
+        _prctl(libc, "cannot set no_new_privs", _PR_SET_NO_NEW_PRIVS, 1)
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = _Filter(len(program) // 8, ctypes.addressof(code))
+    why = "cannot install the seccomp filter"
+    _prctl(libc, why, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
 
 
 def _prctl(libc: ctypes.CDLL, why: str, option: int, *args: int) -> None:

@@ -161,13 +161,17 @@ class Spawner:
         dropped: tuple[int, ...],
         cgroup: str | None,
         switch: UidSwitch | None = None,
+        seccomp: bytes | None = None,
     ) -> int:
         """Start ``path`` with ``argv`` as a child of this process, in a session of its own,
         stdin from /dev/null, stdout and stderr to ``output``; returns its pid once it has
         exec'd. ``switch`` (from `uid_switch`): it runs as that unit uid, and ``dropped``
-        is ignored. Raises OSError when it could not start (the child is killed and reaped), and
+        is ignored. ``seccomp``: a filter the clone installs last (a confined command's).
+        Raises OSError when it could not start (the child is killed and reaped), and
         `SpawnerUnavailable` when the server did not take the request."""
-        payload = self._request(path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
+        payload = self._request(
+            path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch, seccomp
+        )
         failed_read, failed_write = os.pipe2(os.O_CLOEXEC)
         try:
             try:
@@ -203,12 +207,15 @@ class Spawner:
         dropped: tuple[int, ...],
         cgroup: str | None,
         switch: UidSwitch | None = None,
+        seccomp: bytes | None = None,
     ) -> int | None:
         """`spawn` awaited on a trio event loop: no thread, and nothing blocks the loop (the
         rare failure paths that must wait for a clone to die run in a worker thread). None,
         with nothing sent, while a worker thread's `spawn` holds the connection: `spawn` it
         there too. Not cancellable once called: it ends within its timeouts, as `spawn`."""
-        payload = self._request(path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
+        payload = self._request(
+            path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch, seccomp
+        )
         with trio.CancelScope(shield=True):
             failed_read, failed_write = os.pipe2(os.O_CLOEXEC)
             try:
@@ -244,11 +251,12 @@ class Spawner:
         dropped: tuple[int, ...],
         cgroup: str | None,
         switch: UidSwitch | None,
+        seccomp: bytes | None,
     ) -> bytes:
         """The request `spawn` sends (`SpawnerUnavailable` when it is too large)."""
         if switch is not None:
             dropped = self._unit_bounding
-        request = (path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
+        request = (path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch, seccomp)
         payload = marshal.dumps(request)
         if len(payload) > self.largest_request:
             raise SpawnerUnavailable("the request is larger than the spawn server takes")

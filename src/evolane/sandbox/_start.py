@@ -17,6 +17,7 @@ from evolane._faults import INSTALLED
 from evolane.sandbox._cgroups import UnitCgroups
 from evolane.sandbox._confine import bwrap_argv, interpreter_folders, outermost, program_folders
 from evolane.sandbox._launch import Cloned, launch, launcher_argv, rlimit_numbers
+from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
 from evolane.sandbox._spec import IsolationInForce, SandboxSpec
 
@@ -111,8 +112,7 @@ class Launch:
                 with contextlib.suppress(SpawnerUnavailable):
                     started = spawner.spawn(*args), mechanisms
             if started is None:  # no server, or it did not take this one: the launcher chain
-                argv, mechanisms = self._chain(confine, nonce=unit.nonce)
-                started = launch(argv, unit.work, self.env, self.output), mechanisms
+                started = self._launch_chain(confine)
         except (OSError, ValueError) as error:
             return str(error)[:2048]
         return self._spawned(*started)
@@ -146,6 +146,24 @@ class Launch:
             self._hooked = True
             INSTALLED[0].before_spawn(self.unit.spec.label)
 
+    def _launch_chain(self, confine: list[str] | None) -> tuple[int, tuple[str, ...]]:
+        """Start the launcher chain; a confined one gets the seccomp filter from a memfd
+        bwrap reads (``--seccomp FD``), as a clone of the spawn server installs it."""
+        program = no_set_id_filter() if confine is not None else None
+        if confine is None or program is None:
+            argv, mechanisms = self._chain(confine, nonce=self.unit.nonce)
+            return launch(argv, self.unit.work, self.env, self.output), mechanisms
+        fd = os.memfd_create("evolane-seccomp", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, program)
+            os.lseek(fd, 0, os.SEEK_SET)
+            confine = [*confine[:-1], "--seccomp", str(fd), confine[-1]]  # before its "--"
+            argv, mechanisms = self._chain(confine, nonce=self.unit.nonce)
+            pid = launch(argv, self.unit.work, self.env, self.output, keep=(fd,))
+        finally:
+            os.close(fd)
+        return pid, (*mechanisms, "no_set_id")
+
     def _chain(
         self, confine: list[str] | None, nonce: str = "", cloned: Cloned | None = None
     ) -> tuple[list[str], tuple[str, ...]]:
@@ -173,12 +191,13 @@ class Launch:
         cloned = Cloned(bool(dropped), uid_switched=switch is not None)
         argv, mechanisms = self._chain(confine, cloned=cloned)
         path = program if len(argv) == len(spec.argv) else argv[0]
+        seccomp = no_set_id_filter() if confine is not None else None
         args = (
             path, argv, self.env, str(unit.work), self.output, rlimit_numbers(spec.limits),
             cgroups.v1_tasks_files if cgroups else [], dropped,
-            cgroups.unified_dir if cgroups else None, switch,
+            cgroups.unified_dir if cgroups else None, switch, seccomp,
         )  # fmt: skip
-        return args, mechanisms
+        return args, (*mechanisms, "no_set_id") if seccomp else mechanisms
 
     def _spawned(self, pid: int, mechanisms: tuple[str, ...]) -> Spawned:
         cgroups = self.unit.cgroups
