@@ -1,7 +1,8 @@
 """Found by review: escape sequences a command printed (an optimizer's summary line, a replay's
 stderr in its failure) reached the user's terminal through the live view, the summary and
 ``evolane report``: a window title, the clipboard (OSC 52), a cleared screen. A command's
-words are shown as text now (`messages.printable`)."""
+words are shown as text now (`messages.printable`). And, found by a later review, HTML in
+them went into report.md raw (an optimizer's summary ``<img src=x onerror=...>``): inert now."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from evolane.messages import FailureEvent, printable
 from tests.campaign_helpers import toy_flags, write_toy
 
 ESCAPES = "\x1b]0;PWNED\x07\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J"
+HTML = "<img src=x onerror=alert(1)>"
 
 
 @pytest.mark.parametrize("where", ["words", "file_name"])
@@ -23,9 +25,9 @@ def test_escape_sequences_from_commands_never_reach_the_terminal(
 ) -> None:
     paths = write_toy(tmp_path, {"default": "noop"}, val=12, test=0, passing=6)
     (tmp_path / "replay.py").write_text(
-        f"import sys\nsys.stderr.write({ESCAPES!r} + 'boom\\n')\nsys.exit(3)\n"
+        f"import sys\nsys.stderr.write({ESCAPES + HTML!r} + 'boom\\n')\nsys.exit(3)\n"
     )
-    optimizer = f"print({ESCAPES!r} + 'edit: nothing')\n"
+    optimizer = f"print({ESCAPES + HTML!r} + 'edit: nothing')\n"
     if where == "file_name":  # a disallowed entry, named in the local gate's reason
         optimizer += (
             f"import os, sys\nos.symlink('/etc/hostname', sys.argv[1] + '/' + {ESCAPES!r})\n"
@@ -52,8 +54,12 @@ def test_escape_sequences_from_commands_never_reach_the_terminal(
         timeout=120,
     )
     assert report.returncode == 0 and "\x1b" not in report.stdout + report.stderr
-    for page in paths["store"].glob("runs/*/report.md"):
-        assert "\x1b" not in page.read_text()
+    pages = list(paths["store"].glob("runs/*/report.md"))
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        assert "\x1b" not in text and "<img" not in text
+        assert "&lt;img src=x onerror=alert(1)>" in text  # told, as text
 
 
 def test_a_commands_words_keep_their_length_tabs_and_newlines() -> None:

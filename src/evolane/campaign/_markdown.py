@@ -8,6 +8,7 @@ optimizer's one-line summary, the delta with its SE and the rule with its number
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -134,9 +135,21 @@ def case_counts(rows: tuple[CaseRow, ...] | list[CaseRow], split: str) -> dict[s
     }
 
 
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
+_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
+
+
+def _text(text: str) -> str:
+    """Free text (a command's words among it) made inert in markdown: one line, and no
+    HTML tag, comment or entity (an optimizer's summary ``<img onerror=...>`` went into
+    report.md raw: found by review); ``p <= 0.05`` reads as it was."""
+    line = " ".join(text.split())
+    return _TAG_OPEN.sub("&lt;", _ENTITY.sub("&amp;", line))
+
+
 def _cell(text: str) -> str:
     """Text made safe for one markdown table cell."""
-    return " ".join(text.split()).replace("|", "\\|")
+    return _text(text).replace("|", "\\|")
 
 
 def _score(value: float | None) -> str:
@@ -261,7 +274,7 @@ def _splits_lines(plan: SplitPlan | None) -> list[str]:
         return []
     lines = [f"- splits: {plan.sentence()}"]
     if plan.note:
-        lines.append(f"- **warning**: {plan.note}")
+        lines.append(f"- **warning**: {_text(plan.note)}")
     return lines
 
 
@@ -304,14 +317,14 @@ def _head_lines(report: Report) -> list[str]:
     ]
     lines += _splits_lines(report.splits)
     if report.confirmation is not None:
-        lines.append(f"- confirmation: {report.confirmation.sentence}")
+        lines.append(f"- confirmation: {_text(report.confirmation.sentence)}")
     if report.error_control:
         lines.append(f"- error control: {report.error_control}")
     if report.message:
-        lines.append(f"- note: {report.message}")
+        lines.append(f"- note: {_text(report.message)}")
     if report.apply is not None:
         lines.append(
-            f"- apply ({report.apply.policy}): {report.apply.status} {report.apply.message}"
+            f"- apply ({report.apply.policy}): {report.apply.status} {_text(report.apply.message)}"
         )
     spent = report.budget.spent
     lines += [
@@ -398,7 +411,7 @@ def render_markdown(report: Report, cases: tuple[CaseRow, ...] = ()) -> str:
         lines += ["", f"## Failures ({len(report.failures)})", ""]
         lines += [
             f"- {f.where}: {f.failure.owner}/{f.failure.stage} {f.failure.code} "
-            f"{f.failure.message[:120]}"
+            f"{_text(f.failure.message[:120])}"
             for f in report.failures[:50]
         ]
     return "\n".join(lines) + "\n"

@@ -389,7 +389,31 @@ def _exact_match(case: dict[str, Any], read_answer: Callable[[], bytes]) -> _Ver
         return _Verdict(0.0, detail=orjson.dumps({"match": False, "error": why[:200]}))
     except (OSError, orjson.JSONDecodeError, NotRegularFileError) as error:
         return _Verdict(0.0, detail=orjson.dumps({"error": str(error)[:200]}))
-    return _Verdict(
-        1.0 if answer == case["expected_output"] else 0.0,
-        detail=orjson.dumps({"match": answer == case["expected_output"]}),
-    )
+    match = same_json(answer, case["expected_output"])
+    return _Verdict(1.0 if match else 0.0, detail=orjson.dumps({"match": match}))
+
+
+def same_json(answer: Any, expected: Any) -> bool:
+    """Equal as JSON values: a boolean equals only a boolean (Python's ``True == 1`` let
+    an answer ``true`` match an expected ``1``: found by review), numbers by value, arrays
+    item by item, objects key by key. Iterative: an answer nests as deep as JSON allows."""
+    pending = [(answer, expected)]
+    while pending:
+        mine, theirs = pending.pop()
+        if isinstance(mine, bool) or isinstance(theirs, bool):
+            if mine is not theirs:
+                return False
+        elif isinstance(mine, int | float) and isinstance(theirs, int | float):
+            if mine != theirs:
+                return False
+        elif isinstance(mine, list) and isinstance(theirs, list):
+            if len(mine) != len(theirs):
+                return False
+            pending.extend(zip(mine, theirs, strict=True))
+        elif isinstance(mine, dict) and isinstance(theirs, dict):
+            if mine.keys() != theirs.keys():
+                return False
+            pending.extend((mine[key], theirs[key]) for key in mine)
+        elif type(mine) is not type(theirs) or mine != theirs:
+            return False
+    return True
