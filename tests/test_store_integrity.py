@@ -240,3 +240,72 @@ def test_fsck_of_a_clean_store_exits_0_and_of_no_store_exits_2(tmp_path: Path) -
     assert done.returncode == 0 and done.stdout.strip().endswith(": clean")
     line = _one_line(_run(["fsck", "--store", str(tmp_path / "nope")]), 2)
     assert str(tmp_path / "nope") in line
+
+
+# Found by review: a candidate filling the disk either tore the events journal (the run died
+# as an "internal error" with no report) or crashed a replay lane storing its output (a
+# framework failure of one unit: the run ended "finished", exit 0). Both end the run failed
+# now, in one line naming what could not be written.
+SHORT_WRITE = """
+import os, sys, types
+import evolane.store._journal as journal
+def write(fd, data):
+    if os.readlink(f"/proc/self/fd/{fd}").endswith("events.jsonl") and len(data) > 1:
+        return os.write(fd, bytes(data)[: len(data) // 2])  # the disk took half
+    return os.write(fd, data)
+journal.os = types.SimpleNamespace(**{**vars(os), "write": write})
+from evolane.cli import main
+main()
+"""
+
+FULL_WHILE_STORING_OUTPUT = """
+import errno, os, sys
+import evolane.lanes._replay as replay
+LEFT = [int(sys.argv.pop(1))]
+real = replay.store_scan
+def scan(*args, **kwargs):
+    LEFT[0] -= 1
+    if LEFT[0] < 0:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "objects")
+    return real(*args, **kwargs)
+replay.store_scan = scan
+from evolane.cli import main
+main()
+"""
+
+
+def test_a_torn_events_journal_ends_the_run_failed_in_one_line(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    script = tmp_path / "short_write.py"
+    script.write_text(SHORT_WRITE)
+    flags = toy_flags(paths, paths["store"])
+    done = subprocess.run(
+        [sys.executable, str(script), "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    told = done.stdout + done.stderr
+    assert "internal error" not in told and "Traceback" not in told, told
+    assert "events.jsonl: a short write" in told or "events.jsonl: an earlier write" in told
+
+
+def test_a_full_disk_while_a_replay_stores_its_output_ends_the_run_failed(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    script = tmp_path / "full_while_storing.py"
+    script.write_text(FULL_WHILE_STORING_OUTPUT)
+    flags = toy_flags(paths, paths["store"])
+    done = subprocess.run(
+        [sys.executable, str(script), "6", "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    told = done.stdout + done.stderr
+    assert "No space left on device" in told and "Traceback" not in told, told
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"

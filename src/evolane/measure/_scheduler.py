@@ -57,7 +57,7 @@ from evolane.messages import (
     StopUnits,
     Usage,
 )
-from evolane.store import BlobStore
+from evolane.store import BlobStore, storage_failure
 
 __all__ = ["MeasurementScheduler", "SchedulerSettings"]
 
@@ -370,5 +370,9 @@ class _Measurement:
 
 
 def framework_failure(stage: str, error: Exception) -> FailureEvent:
-    """A lane that crashed or hung, as the framework's failure of ``stage``."""
+    """A lane that crashed or hung, as the framework's failure of ``stage``. A lane that
+    could not write the store (a full disk: a command may fill it) raises instead: the run
+    cannot go on and ends ``failed`` (it ended ``finished``, exit 0: found by review)."""
+    if storage_failure(error) is not None:
+        raise error
     return FailureEvent.of(error, owner="framework", stage=stage, code="lane_error")  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import errno
 import os
 
 from evolane.store._blobs import CorruptBlobError, MissingBlobError, StoreError
-from evolane.store._journal import JournalCorruptError
+from evolane.store._journal import JournalCorruptError, JournalWriteError
 
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 """The errno values that mean the store's device refuses writes (full, quota, read-only,
@@ -25,7 +25,13 @@ class StorageFailure(StoreError):
     message is the one line to show (it names the path, and ``evolane fsck`` for damage)."""
 
 
-_DAMAGE = (StorageFailure, CorruptBlobError, MissingBlobError, JournalCorruptError)
+_DAMAGE = (
+    StorageFailure,
+    CorruptBlobError,
+    MissingBlobError,
+    JournalCorruptError,
+    JournalWriteError,
+)
 
 
 def storage_failure(error: BaseException) -> BaseException | None:
@@ -48,7 +54,7 @@ def storage_failure(error: BaseException) -> BaseException | None:
 
 def describe_failure(failure: BaseException, store: os.PathLike[str] | str) -> str:
     """One plain line for a failure `storage_failure` found in the store at ``store``."""
-    if isinstance(failure, StorageFailure):
+    if isinstance(failure, StorageFailure | JournalWriteError):
         return str(failure)
     if isinstance(failure, OSError) and not isinstance(failure, MissingBlobError):
         where = failure.filename if failure.filename is not None else store

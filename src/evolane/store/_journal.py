@@ -33,6 +33,11 @@ class JournalError(StoreError):
     """A journal cannot be written (record too large, locked, short write)."""
 
 
+class JournalWriteError(JournalError):
+    """A journal could not be written whole (a short write: a full disk), or is refused
+    since one left its tail torn: the store cannot take the run's records."""
+
+
 class JournalCorruptError(JournalError):
     """A journal line other than the last is not a valid JSON object."""
 
@@ -176,8 +181,9 @@ class Journal:
         if written != len(line):
             # The tail is now torn; refuse more appends so it stays the last line.
             self._broken = True
-            raise JournalError(
-                f"short write to {self.path} ({written} of {len(line)} bytes); reopen to repair"
+            raise JournalWriteError(
+                f"cannot write {self.path}: a short write ({written} of {len(line)} bytes; a "
+                "full disk?); reopen to repair"
             )
 
     def append_lines(self, lines: list[bytes], *, durable: bool = False) -> None:
@@ -204,8 +210,9 @@ class Journal:
             raise with_path(error, self.path) from None
         if done != len(data):
             self._broken = True
-            raise JournalError(
-                f"short write to {self.path} ({done} of {len(data)} bytes); reopen to repair"
+            raise JournalWriteError(
+                f"cannot write {self.path}: a short write ({done} of {len(data)} bytes; a "
+                "full disk?); reopen to repair"
             )
 
     def sync(self) -> None:
@@ -216,7 +223,10 @@ class Journal:
         if self._fd is None:
             raise JournalError(f"journal {self.path} is closed")
         if self._broken:
-            raise JournalError(f"journal {self.path} has a torn tail; reopen to repair")
+            raise JournalWriteError(
+                f"cannot write {self.path}: an earlier write failed and left its tail torn "
+                "(a full disk?); reopen to repair"
+            )
         return self._fd
 
     @property
