@@ -24,6 +24,7 @@ from evolane.sandbox._confine import resolve_isolation
 from evolane.sandbox._env import build_environment, child_lease
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
 from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES, join_failed_marker
+from evolane.sandbox._litter import remove_litter
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
@@ -106,6 +107,7 @@ class Unit:
         self.tree_lease = f"{host.lease}/{self.name}"
         self.nonce = secrets.token_hex(8)  # see `join_failed_marker`
         self.cgroups: UnitCgroups | None = None
+        self.uid: int | None = None  # a unit uid's: its IPC objects go with the unit
         self.created = False
         self.work = self.dir / "work"  # a given workspace is resolved by `prepare`
 
@@ -146,7 +148,15 @@ class Unit:
             if not self.cgroups.remove_empty():
                 return False
             self.cgroups = None
+        self._release_uid()
         return remove_small_tree(self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES)
+
+    def _release_uid(self) -> None:
+        """Remove what the unit uid left outside the unit's folders (`remove_litter`): its
+        tree is dead (its cgroups are gone), so nothing of it is in use."""
+        if self.uid is not None:
+            remove_litter(self.uid)
+            self.uid = None
 
     def remove(self, keep: bool) -> Path | None:
         """Remove the unit's cgroups and directories; a kept unit moves out of the lease."""
@@ -155,6 +165,7 @@ class Unit:
         if self.cgroups is not None:
             self.cgroups.remove()
             self.cgroups = None
+        self._release_uid()
         if keep:
             kept = self.host.root / "kept" / self.name
             kept.parent.mkdir(exist_ok=True)
@@ -288,7 +299,7 @@ def _unit_uid(unit: Unit) -> int | None:
     with its unit directory and its writable own paths (inside the root) handed to it."""
     if not unit.spec.drop_root or not commands_run_unprivileged():
         return None  # not root; or no way to switch: root then (caps dropped where it can)
-    uid = unit.host.unit_uid()
+    uid = unit.uid = unit.host.unit_uid()
     writable = [Path(path) for path, rw in unit.spec.view.own if rw]
     hand_over([unit.dir, unit.work, *(p for p in writable if inside(unit.host.root, p))], uid)
     return uid
