@@ -22,6 +22,7 @@ import trio
 
 from evolane.sandbox import _lifeline
 from evolane.sandbox._cgroups import CgroupRoots
+from evolane.sandbox._disk import DiskFloor
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._run import run_unit
@@ -143,6 +144,8 @@ class SandboxHost:
         self._janitor = _Janitor()
         self.inline = InlineGate()
         """Whether small file work of in-process units may run on the event loop now."""
+        self.disk: DiskFloor | None = None
+        """The free-disk floor under the root (set once the root exists, by `start`)."""
         self.programs = ProgramCache()
         """Where the programs of recent spawns were found (a loop's spawn never looks)."""
 
@@ -213,6 +216,7 @@ class SandboxHost:
         self.stale_swept = self._sweep_stale()
         self.lease_dir.mkdir()
         self.spool_dir.mkdir(mode=0o700)
+        self.disk = DiskFloor(self.root)
         owner = {"pid": os.getpid(), "create_time": _process_identity(os.getpid())}
         write_json_atomic(self.lease_dir / _OWNER_FILE, owner)
         self._start_lifeline()

@@ -21,6 +21,7 @@ from evolane.messages import ArtifactRef
 from evolane.sandbox._capture import BoundedCapture, OwnedPipes
 from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
 from evolane.sandbox._confine import resolve_isolation
+from evolane.sandbox._disk import DiskFloor
 from evolane.sandbox._env import build_environment, child_lease
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
 from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES, join_failed_marker
@@ -48,6 +49,7 @@ class UnitHost(Protocol):
     spool_dir: Path
     cgroups: CgroupRoots
     inline: InlineGate  # whether small file work may run on the event loop now
+    disk: DiskFloor | None  # the free-disk floor a running command's watch checks
     programs: ProgramCache  # where the programs of recent spawns were found
 
     @property
@@ -232,11 +234,15 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
             for name, stream in streams.items():
                 nursery.start_soon(watch.drain, stream, captures[name])
             nursery.start_soon(watch.sample_memory)
+            if host.disk is not None:
+                nursery.start_soon(watch.watch_disk, host.disk.low)
             try:
                 await watch.wait(deadline, stop)
             finally:
                 with trio.CancelScope(shield=True):
                     await watch.finish(nursery)
+        if watch.disk_low and host.disk is not None:  # killed: the run stops (`DiskLow`)
+            raise host.disk.failure()
         return await _outcome(unit, tree, watch, captures, started, base)
 
 

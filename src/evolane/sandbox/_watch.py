@@ -12,6 +12,7 @@ import psutil
 import trio
 
 from evolane.sandbox._capture import BoundedCapture, drain
+from evolane.sandbox._disk import CHECK_SECONDS
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
 
 _DRAIN_AFTER_KILL_SECONDS = 1.0
@@ -31,6 +32,8 @@ class Watch:
         self.kill = KillReport()
         self.kill_latency: float | None = None
         self.peak_rss = 0
+        self.disk_low = False
+        self._disk_event = trio.Event()
         self._draining = 0
         self._drained = trio.Event()
 
@@ -52,6 +55,7 @@ class Watch:
                     racers.start_soon(self._leader_exit, pidfd, racers.cancel_scope)
                     if stop is not None:
                         racers.start_soon(self._stopped, stop, racers.cancel_scope)
+                    racers.start_soon(self._stopped, self._disk_event, racers.cancel_scope)
                 return
             self.reason = "timed_out"
         except trio.Cancelled:
@@ -79,6 +83,16 @@ class Watch:
         with trio.move_on_after(_DRAIN_AFTER_KILL_SECONDS):
             await self._drained.wait()
         nursery.cancel_scope.cancel()
+
+    async def watch_disk(self, low: Callable[[], bool]) -> None:
+        """Check ``low`` (the free-disk floor) every `CHECK_SECONDS`; once it is crossed,
+        stop the unit (`disk_low`: the caller ends the run)."""
+        while True:
+            await trio.sleep(CHECK_SECONDS)
+            if low():
+                self.disk_low = True
+                self._disk_event.set()
+                return
 
     async def sample_memory(self) -> None:
         """Sample the tree's RSS with a growing interval (a short run costs no sampling)."""

@@ -1,0 +1,101 @@
+"""Found by review: nothing bounded what a command wrote in all, so one candidate's replay
+filled the store's file system (files each under --max-file-size), and the run ended
+"finished" or died with a torn journal, the host's disk full. A running command's watch now
+checks the free space under the sandbox; below the floor the command is killed and the run
+ends failed in one line, its folders removed so the space comes back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+
+from evolane.sandbox import SandboxSpec, lease_holders, open_sandbox
+from evolane.sandbox._disk import DiskFloor, DiskLow, default_floor
+from evolane.store import BlobStore, storage_failure
+from tests.campaign_helpers import toy_flags, write_toy
+
+
+class _Flagged(DiskFloor):
+    """A floor crossed once a marker file exists (the command makes it)."""
+
+    def __init__(self, path: Path, marker: Path) -> None:
+        super().__init__(path, floor=0)
+        self.marker = marker
+
+    def low(self) -> bool:
+        return self.marker.exists()
+
+
+async def test_a_command_that_crosses_the_floor_is_killed_and_the_run_stops(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "full"
+    async with open_sandbox(tmp_path / "sandbox", store=BlobStore(tmp_path / "store")) as host:
+        host.disk = _Flagged(host.root, marker)
+        spec = SandboxSpec(argv=("sh", "-c", f"sleep 0.3; : > {marker}; sleep 60"))
+        with trio.fail_after(30), pytest.raises(DiskLow) as raised:
+            await host.run(spec, timeout=50)
+        assert storage_failure(raised.value) is raised.value  # the run's failure, not a unit's
+        assert "fell below" in str(raised.value)
+        await trio.to_thread.run_sync(host.settle)
+        assert lease_holders(host.lease) == set()  # the sleeper was killed
+        assert [p for p in host.lease_dir.iterdir() if p.name.startswith("unit")] == []
+        marker.unlink()
+        assert (await host.run(SandboxSpec(argv=("true",)))).ok  # a quick one never waits
+
+
+def test_the_floor_is_never_above_half_of_what_was_free() -> None:
+    floor = default_floor(Path("/"))
+    free = shutil.disk_usage("/").free
+    assert 0 < floor <= min(1 << 30, free // 2 + 4096)
+
+
+FILLER = textwrap.dedent(
+    """
+    import os, sys, time
+    for n in range(400):  # 1 MiB every 40 ms, errors ignored: a candidate filling the disk
+        try:
+            with open(f"fill-{n}", "wb") as handle:
+                handle.write(os.urandom(1 << 20))
+        except OSError:
+            pass
+        time.sleep(0.04)
+    open(os.path.join(sys.argv[1], "output.json"), "w").write("1")
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root")
+def test_a_replay_filling_the_disk_ends_the_run_failed_through_the_cli(tmp_path: Path) -> None:
+    # The store on a 256 MiB tmpfs mounted in a mount namespace of this test's own (nothing
+    # is mounted on the host): its floor is 12.8 MiB; the replay writes 25 MB/s into its
+    # workspace until the disk is full.
+    paths = write_toy(tmp_path, {"0.0": "fix:2"})
+    (tmp_path / "filler.py").write_text(FILLER)
+    store = tmp_path / "store"
+    store.mkdir()
+    flags = toy_flags(paths, store)
+    flags[flags.index("--replay") + 1] = (
+        f"{sys.executable} -I {tmp_path / 'filler.py'} {{output_dir}}"
+    )
+    flags += ["--isolation", "process", "--replay-timeout", "60"]
+    command = " ".join(
+        ["mount -t tmpfs -o size=256m evolane-test", str(store), "&&", "exec",
+         sys.executable, "-m", "evolane", "optimize", *(f"'{flag}'" for flag in flags)]
+    )  # fmt: skip
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    told = done.stdout + done.stderr
+    assert done.returncode == 1, told
+    assert "fell below" in told and "Traceback" not in told, told
