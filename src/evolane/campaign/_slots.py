@@ -37,6 +37,7 @@ from evolane.messages import (
     ReserveReply,
 )
 from evolane.stats import paired_sample
+from evolane.store import storage_failure
 from evolane.supervisors import leaf_exceptions
 from evolane.views import arm_scores
 
@@ -133,6 +134,8 @@ class Slots:
                 job, timeout=propose.optimizer_timeout + PROPOSAL_REPLY_SLACK
             )
         except ActorError as error:  # the lane broke, not the candidate: the slot is lost
+            if storage_failure(error) is not None:  # unless the store cannot go on: the run
+                raise
             failure = FailureEvent(
                 owner="framework",
                 stage="optimizer",
