@@ -279,3 +279,28 @@ def test_report_on_a_live_run_says_it_is_running_and_suggests_watch(tmp_path: Pa
         if run.poll() is None:
             run.kill()
             run.wait()
+
+
+def test_a_campaign_cannot_change_its_error_control_between_cycles(tmp_path: Path) -> None:
+    # Found by review: a cycle run with --error-control none chose a useless best that the
+    # next cycle, online by default, published under a guarantee that never covered it.
+    paths = write_toy(tmp_path / "toy", PLAN)
+    flags = _set(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    flags += ["--max-improvement-cycles", "3"]
+    first = _evolane("optimize", *flags, "--error-control", "none", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    campaign = first.stdout.split()[2].rstrip(":")
+    for changed in (
+        ["--error-control", "online"],
+        ["--error-control", "none", "--confidence", "0.9"],
+    ):
+        refused = _evolane(
+            "optimize", *flags, *changed, "--resume-campaign", campaign, cwd=tmp_path
+        )
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+        key = "error_control" if "online" in changed else "confidence"
+        assert f"the {key} changed" in refused.stderr, refused.stderr
+    same = _evolane(
+        "optimize", *flags, "--error-control", "none", "--resume-campaign", campaign, cwd=tmp_path
+    )
+    assert same.returncode == 0, same.stderr

@@ -143,12 +143,16 @@ class CampaignConfig(Record):
 
     def identity(self) -> dict[str, object]:
         """What a campaign may not change between cycles: target, dataset, replay, judge
-        (and a model judge's rubric, by its digest)."""
+        (and a model judge's rubric, by its digest), and its error control and confidence:
+        a cycle run with ``none`` chose a best that a later ``online`` cycle published
+        under a guarantee that never covered it (found by review)."""
         identity: dict[str, object] = {
             "target": self.target,
             "dataset": self.dataset,
             "replay": self.measure.replay,
             "judge": self.measure.judge,
+            "error_control": self.error_control,
+            "confidence": f"{self.gate.confidence:g}",
         }
         if self.models.rubric is not None:
             identity["rubric"] = hashlib.sha256(self.models.rubric.encode()).hexdigest()

@@ -19,6 +19,10 @@ def _clipped(value: object, keep: int = 80) -> str:
     return text if len(text) <= keep else text[: keep - 3] + "..."
 
 
+ADDED_TO_IDENTITY = frozenset({"error_control", "confidence"})
+"""Identity keys newer than some stored campaigns: compared only where stored."""
+
+
 def continuable_campaign(
     layout: StoreLayout, campaign_id: str, identity: dict[str, str | None]
 ) -> CampaignState:
@@ -34,6 +38,8 @@ def continuable_campaign(
             f"--resume-campaign {campaign_id}: the campaign is {campaign.status} and cannot resume"
         )
     for key, value in identity.items():
+        if key in ADDED_TO_IDENTITY and key not in campaign.identity:
+            continue  # a campaign from before the key was kept ran with whatever it had
         if campaign.identity.get(key) != value:
             raise InputError(
                 f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
