@@ -26,7 +26,7 @@ from evolane.campaign._book import (
     arm_score,
     first_failure,
 )
-from evolane.campaign._confirm import confirm_repetitions, confirmation_of
+from evolane.campaign._confirm import confirm_best, confirm_repetitions
 from evolane.campaign._peers import Peers
 from evolane.campaign._prompt import (
     build_prompt,
@@ -341,12 +341,11 @@ class _Cycle:
             )
             if split == "test":
                 state.test = state.book.measurements[-1]
-                if confirming:  # confirm before publish
-                    state.confirmation = confirmation_of(
-                        arm_scores(units, "baseline"),
-                        arm_scores(units, "candidate"),
-                        self.config,
-                        self.s.test_cases,
+                if confirming:  # confirm before publish, under the campaign's budget
+                    budget = self.s.confirmation_budget()
+                    arms = (arm_scores(units, "baseline"), arm_scores(units, "candidate"))
+                    state.confirmation, state.confirmations = confirm_best(
+                        budget, best, arms, self.config, self.s.test_cases
                     )
         state.scores = Scores(**scores)
 

@@ -22,9 +22,15 @@ from typing import Literal
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._online import OnlineBudget, online_words, opening_budget, resolved_mode
-from evolane.messages import Record, ShortText, Text
-from evolane.stats import can_ever_confirm, confirm, no_gain_margin
+from evolane.campaign._online import (
+    OnlineBudget,
+    OnlineTest,
+    online_words,
+    opening_budget,
+    resolved_mode,
+)
+from evolane.messages import ArtifactRef, Record, ShortText, Text
+from evolane.stats import as_fraction, can_ever_confirm, confirm, no_gain_margin
 
 SMALL_TEST_SPLIT = 32
 """Below this many test cases the confirmation replays each case `SMALL_TEST_REPETITIONS`
@@ -45,7 +51,9 @@ class ConfirmationRecord(Record):
     repetitions: int = Field(ge=1)
     mean_delta: float
     p_value: float = Field(ge=0.0, le=1.0)
-    level: float = Field(gt=0.0, lt=1.0)
+    level: float = Field(ge=0.0, lt=1.0)
+    """The level it was tested at: 1 - confidence, shared over the campaign's cycles
+    (`confirmation_budget`); 0 once that budget is spent."""
     confidence: float = Field(gt=0.0, lt=1.0)
     reason: ShortText
     sentence: Text
@@ -68,13 +76,53 @@ def confirm_repetitions(config: CampaignConfig, test_cases: int) -> int:
     return SMALL_TEST_REPETITIONS if test_cases < SMALL_TEST_SPLIT else 1
 
 
-def confirmable(config: CampaignConfig, test_cases: int) -> tuple[bool, str]:
-    """Whether ``test_cases`` held-out cases can ever confirm a best, with the test `confirm`
+def confirmable(
+    config: CampaignConfig, test_cases: int, level: float | None = None
+) -> tuple[bool, str]:
+    """Whether ``test_cases`` held-out cases can ever confirm a best at ``level`` (default:
+    a new campaign's first confirmation, `first_confirm_level`), with the test `confirm`
     reads for this campaign's scores and margin, and the one-line why."""
     gate = config.gate
+    level = first_confirm_level(config) if level is None else level
+    if level <= 0.0:
+        return False, "the campaign's confirmation budget is spent"
     return can_ever_confirm(
-        test_cases, gate.confidence, margin=no_gain_margin(gate), pass_fail=config.pass_fail
+        test_cases, 1.0 - level, margin=no_gain_margin(gate), pass_fail=config.pass_fail
     )
+
+
+def first_confirm_level(config: CampaignConfig) -> float:
+    """The level a new campaign's first confirmation is tested at: alpha over its cycles."""
+    alpha = float(1 - as_fraction(config.gate.confidence))
+    return alpha / max(1, config.max_improvement_cycles)
+
+
+def confirm_best(
+    budget: OnlineBudget,
+    best: ArtifactRef,
+    arms: tuple[dict[str, list[float]], dict[str, list[float]]],
+    config: CampaignConfig,
+    test_cases: int,
+) -> tuple[ConfirmationRecord, OnlineBudget]:
+    """Confirm ``best`` against the seed on the test split (``arms``: their scores) under the
+    campaign's confirmation ``budget`` (the online fallback procedure over its attempts, as
+    online control spends alpha over candidates), and the budget with this attempt. A tree
+    tested before keeps its verdict: a retest would be one more chance."""
+    slot = "tree-" + best.digest.rsplit(":", 1)[-1][:32]
+    earlier = next((test for test in budget.tests if test.slot == slot), None)
+    if earlier is not None:
+        return confirmation_of(*arms, config, test_cases, earlier.level, earlier), budget
+    level = budget.next_level
+    record = confirmation_of(*arms, config, test_cases, level)
+    attempt = OnlineTest(
+        slot=slot,
+        index=len(budget.tests) + 1,
+        gate="accept",
+        p_value=record.p_value,
+        level=level,
+        decision="accept" if record.published else "reject",
+    )
+    return record, budget.model_copy(update={"tests": (*budget.tests, attempt)})
 
 
 def confirmation_of(
@@ -82,39 +130,61 @@ def confirmation_of(
     candidate: dict[str, list[float]],
     config: CampaignConfig,
     test_cases: int,
+    level: float | None = None,
+    earlier: OnlineTest | None = None,
 ) -> ConfirmationRecord:
-    """`stats.confirm` of the best (``candidate``) against the seed on the test split."""
+    """`stats.confirm` of the best (``candidate``) against the seed on the test split at
+    ``level`` (default 1 - confidence); ``earlier``: this tree's verdict from an earlier
+    cycle, which stands."""
     gate = config.gate
-    result = confirm(baseline, candidate, gate, n_planned=test_cases, pass_fail=config.pass_fail)
-    level = f"{result.level:.2g}"
-    stats = f"mean {result.mean_delta:+.3g}, p = {result.p_value:.2g}"
+    level = float(1 - as_fraction(gate.confidence)) if level is None else level
+    probe = level if 0.0 < level < 1.0 else 0.5  # the verdict is ours: p against ``level``
+    result = confirm(
+        baseline, candidate, gate, test_cases, confidence=1.0 - probe, pass_fail=config.pass_fail
+    )
+    p, note = result.p_value, ""
+    decision: ConfirmVerdict
+    if earlier is not None:
+        decision = "confirmed" if earlier.decision == "accept" else "unconfirmed"
+        p = 1.0 if earlier.p_value is None else earlier.p_value
+        note = f" (its verdict of an earlier cycle, attempt {earlier.index}, stands)"
+    elif result.decision == "indecisive":
+        decision = "indecisive"
+    elif level <= 0.0:
+        decision, note = "unconfirmed", " (the campaign's confirmation budget is spent)"
+    else:
+        decision = "confirmed" if p <= level else "unconfirmed"
+    shown = f"{level:.2g}"
+    stats = f"mean {result.mean_delta:+.3g}, p = {p:.2g}"
     cases = f"the {test_cases} held-out test cases"
-    if result.decision == "confirmed":
-        sentence = f"the best candidate was confirmed on {cases} ({stats} <= {level})"
-    elif result.decision == "unconfirmed":
-        sentence = f"the best candidate was not confirmed on {cases} ({stats} > {level})"
+    if decision == "confirmed":
+        sentence = f"the best candidate was confirmed on {cases} ({stats} <= {shown}){note}"
+    elif decision == "unconfirmed":
+        sentence = f"the best candidate was not confirmed on {cases} ({stats} > {shown}){note}"
     else:
         sentence = (
             f"the best candidate could not be confirmed: only {result.n} of {cases} could be "
             "compared"
         )
-    possible, why = confirmable(config, test_cases)
-    if result.decision != "confirmed" and not possible:
+    possible, why = confirmable(config, test_cases, level)
+    if decision != "confirmed" and not possible:
         sentence += f" ({why})"
-    published = result.decision == "confirmed"
+    published = decision == "confirmed"
     if not published and config.apply != "proposal":
         sentence += ": not published"
+    relation = "<=" if published else ">"
+    reason = f"confirm: {stats} on {result.n} held-out cases {relation} level {level:.3g}{note}"
     return ConfirmationRecord(
-        decision=result.decision,
+        decision=decision,
         published=published,
         n=result.n,
         n_planned=result.n_planned,
         repetitions=confirm_repetitions(config, test_cases),
         mean_delta=result.mean_delta,
-        p_value=result.p_value,
-        level=result.level,
+        p_value=p,
+        level=level,
         confidence=gate.confidence,
-        reason=result.reason[:256],
+        reason=reason[:256],
         sentence=sentence[:2048],
     )
 
@@ -156,6 +226,13 @@ def error_control(
         f"{gate.confidence:g}); a best with no true gain is published with probability at "
         f"most {level:.2g}, however many candidates were tried"
     )
+    cycles = config.max_improvement_cycles
+    if cycles > 1:
+        text += (
+            f" and cycles run: its {cycles} cycles share that bound (each cycle's best is "
+            f"tested at level {level / cycles:.2g}, plus the level of a confirmed best before "
+            "it; a tree tested before keeps its verdict)"
+        )
     if not possible:
         text += f"; but {why}, so nothing can be published"
     return text

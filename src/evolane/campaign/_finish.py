@@ -255,6 +255,7 @@ def _write_report(
                 "rejected": outcome.rejected,
                 "seen": outcome.seen[-SEEN_KEPT:],
                 "online": report.online or state.online,  # the budget spent, never reset
+                "confirmations": report.confirmations or state.confirmations,
             }
         ),
     )

@@ -214,6 +214,9 @@ class Report(Record):
     online: OnlineBudget | None = None
     """The campaign's online error budget after this run (``online`` mode): alpha, horizon
     and every candidate tested so far with its p-value, level and decision."""
+    confirmations: OnlineBudget | None = None
+    """The campaign's confirmation budget after this run (``confirm`` mode): every best
+    tested on the test split so far, across cycles, with its p-value, level and verdict."""
     iterations: tuple[IterationRecord, ...] = Field(default=(), max_length=_MANY)
     measurements: tuple[MeasurementRecord, ...] = Field(default=(), max_length=_MANY)
     funnel: tuple[FunnelRecord, ...] = Field(default=(), max_length=_MANY)
@@ -232,6 +235,7 @@ CYCLE_PARTS = (
     "test",
     "confirmation",
     "online",
+    "confirmations",
     "iterations",
     "measurements",
     "funnel",

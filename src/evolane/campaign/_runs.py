@@ -119,6 +119,8 @@ class CampaignState(Record):
     splits: SplitPlan | None = None  # the carve its cycles share (set by its first carve)
     online: OnlineBudget | None = None
     """The online error budget, once a cycle ran in ``online`` mode: later cycles continue it."""
+    confirmations: OnlineBudget | None = None
+    """The confirmation budget, once a cycle confirmed a best: later cycles continue it."""
     updated: float = 0.0
 
 
