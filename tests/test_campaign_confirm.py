@@ -185,3 +185,24 @@ def test_a_useless_best_retested_each_cycle_is_published_at_most_alpha_of_the_ti
                 published += 1
                 break
     assert published / campaigns <= 0.05 + 3 * (0.05 * 0.95 / campaigns) ** 0.5, published
+
+
+async def test_a_best_the_run_stopped_before_confirming_is_reported_unconfirmed(
+    tmp_path: Path,
+) -> None:
+    # Found by review: the wall clock ran out while the test split was replayed; nothing was
+    # published (right), but the apply said "kept" and nothing said the best was unconfirmed.
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    hang_on_test = (
+        'sh -c \'case "$EVOLANE_CASE_ID" in test*) sleep 3600;; esac; '
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' replay {candidate} {output_dir}'
+    )
+    config = publishing_config(paths, replay=hang_on_test, wall_clock_budget=6.0, kill_grace=0.2)
+    before = _answers(paths["target"])
+    outcome = await _run(RunRequest(config), seconds=120)
+    report = outcome.report
+    assert report is not None and report.status == "budget_limited", report
+    assert report.selected is not None and report.confirmation is None
+    assert report.apply is not None and report.apply.status == "unconfirmed", report.apply
+    assert "stopped before the best was confirmed" in report.apply.message
+    assert _answers(paths["target"]) == before  # nothing published

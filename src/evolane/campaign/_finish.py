@@ -14,6 +14,7 @@ from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
 from evolane.campaign._confirm import error_control, publish_blocked
 from evolane.campaign._containment import containment
 from evolane.campaign._markdown import case_rows, render_markdown
+from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report
 from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
@@ -50,9 +51,11 @@ async def apply_best(
     if outcome.stop not in ("finished", "exhausted") and policy == "auto_verified":
         policy = "verified_only"  # an unfinished run never touches the target
     confirmation = outcome.report.confirmation
-    blocked = publish_blocked(confirmation) and policy != "proposal"
-    if blocked:  # an unconfirmed best is only proposed, for a person to read
-        policy = "proposal"
+    mode = resolved_mode(config.error_control, prepared.test_cases)
+    unconfirmed = publish_blocked(confirmation) or (mode == "confirm" and confirmation is None)
+    blocked = unconfirmed and policy != "proposal"
+    if blocked:  # an unconfirmed best (or one the run stopped before confirming) is only
+        policy = "proposal"  # proposed, for a person to read
     check = None
     if config.check:
         allowed = frozenset({"candidate", "workspace"})
@@ -73,11 +76,15 @@ async def apply_best(
             view=config.run_commands.view(check),
         )
     if blocked:
-        assert confirmation is not None
+        why = (
+            confirmation.sentence
+            if confirmation is not None
+            else "the run stopped before the best was confirmed on the test split: not published"
+        )
         return ApplyRecord(
             policy=config.apply,
             status="unconfirmed",
-            message=f"{confirmation.sentence}; proposal in {applied.proposal_dir}"[:2048],
+            message=f"{why}; proposal in {applied.proposal_dir}"[:2048],
             proposal_dir=applied.proposal_dir,
             diff_ref=applied.diff_ref,
         )
