@@ -206,3 +206,21 @@ async def test_a_best_the_run_stopped_before_confirming_is_reported_unconfirmed(
     assert report.apply is not None and report.apply.status == "unconfirmed", report.apply
     assert "stopped before the best was confirmed" in report.apply.message
     assert _answers(paths["target"]) == before  # nothing published
+
+
+async def test_a_bests_val_line_says_it_was_chosen_on_those_replays(tmp_path: Path) -> None:
+    # Found by review: with honest splits the val gain of a useless best was positive in 83
+    # of 83 campaigns (the gate chose it on those very replays); nothing said so.
+    from evolane.cli._summary import _val_note
+
+    paths = write_toy(tmp_path, {"default": "overfit:8"})
+    outcome = await _run(RunRequest(publishing_config(paths)))
+    report = outcome.report
+    assert report is not None and report.selected is not None and report.splits is not None
+    page = (outcome.run_dir / "report.md").read_text()
+    assert "(optimistic: the best was chosen on these replays)" in page
+    honest = report.splits.model_copy(update={"feedback": "train", "train_cases": 4})
+    assert not honest.optimistic
+    said = _val_note(report.model_copy(update={"splits": honest}))
+    assert "the best was chosen on these replays" in said
+    assert _val_note(report.model_copy(update={"splits": honest, "selected": None})) == ""

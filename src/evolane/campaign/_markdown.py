@@ -139,6 +139,10 @@ _TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
 _ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
 
 
+CHOSEN_ON_VAL = "optimistic: the best was chosen on these replays"
+"""Said of a best's val scores: the gate chose it on the same replays (selection bias)."""
+
+
 def _text(text: str) -> str:
     """Free text (a command's words among it) made inert in markdown: one line, and no
     HTML tag, comment or entity (an optimizer's summary ``<img onerror=...>`` went into
@@ -311,7 +315,8 @@ def _head_lines(report: Report) -> list[str]:
         f"- limits per command: {report.limits or 'n/a'}",
         f"- best: `{report.best.digest[:19]}`"
         + (" (the seed: nothing was accepted)" if report.selected is None else ""),
-        f"- val: {ci_text(s.baseline_val)} -> {ci_text(s.best_val)}",
+        f"- val: {ci_text(s.baseline_val)} -> {ci_text(s.best_val)}"
+        + ("" if report.selected is None else f" ({CHOSEN_ON_VAL})"),
         f"- test (sealed: never used to choose, only to confirm): {ci_text(s.baseline_test)} -> "
         f"{ci_text(s.best_test)}",
     ]

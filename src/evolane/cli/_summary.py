@@ -35,9 +35,15 @@ def _test_result(report: Any) -> list[str]:
 
 
 def _val_note(report: Any) -> str:
-    """A warning on the val line when val fed the optimizer (its scores are optimistic)."""
+    """A warning on the val line: its scores are optimistic when val fed the optimizer, and
+    a best's are whenever it was chosen on these very replays (found by review: a useless
+    best's val gain was positive in 83 of 83 campaigns, +0.12 on average); test is honest."""
     splits = report.splits
-    return "  (optimistic: val fed the optimizer)" if splits and splits.optimistic else ""
+    if splits and splits.optimistic:
+        return "  (optimistic: val fed the optimizer)"
+    if report.selected is not None:
+        return "  (optimistic: the best was chosen on these replays; test is the honest figure)"
+    return ""
 
 
 def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
