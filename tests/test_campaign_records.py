@@ -57,7 +57,9 @@ def _answers(target: Path) -> dict[str, str]:
 
 
 async def test_a_rolled_back_cycle_leaves_the_next_cycle_free_to_publish(tmp_path: Path) -> None:
-    paths = write_toy(tmp_path, {"default": "fix:2"})
+    # 8 test cases: two cycles share the confirmation's 0.05 (0.025 each), which 5 full
+    # gains (2^-5) would not reach
+    paths = write_toy(tmp_path, {"default": "fix:2"}, test=8)
     before = _answers(paths["target"])
     config = publishing_config(paths, FAILING_CHECK, max_improvement_cycles=2)
     first = (await _run(RunRequest(config))).report
