@@ -386,3 +386,26 @@ async def test_a_rejudge_is_not_charged_for_the_replays_it_reuses(tmp_path: Path
     assert rejudged is not None and rejudged.status == "finished"
     assert not rejudged.budget.spent.tokens and not rejudged.budget.spent.cost_usd
     assert [d.decision for d in rejudged.decisions] == [d.decision for d in original.decisions]
+
+
+async def test_a_later_cycles_best_is_confirmed_against_what_the_target_holds(
+    tmp_path: Path,
+) -> None:
+    # Found by review: a later cycle confirmed its best against the seed, yet a publish
+    # replaces what an earlier cycle published; a tree no better than that one (here: one
+    # that fits val alone on top of it) was confirmed on the earlier one's gains and replaced
+    # it. Now it is tested against the published tree.
+    paths = write_toy(tmp_path, {"default": "fix:2"}, test=8)
+    config = publishing_config(paths, PASSING_CHECK, max_improvement_cycles=2)
+    first = (await _run(RunRequest(config))).report
+    assert first is not None and first.apply is not None and first.apply.status == "applied"
+    layout = StoreLayout(paths["store"])
+    paths["plan"].write_text(json.dumps({"default": "overfit:2"}))  # val only, on top of it
+    second = (await _run(RunRequest(config, resume_campaign=first.campaign_id))).report
+    assert second is not None and second.selected is not None and second.best != first.best
+    confirmation = second.confirmation
+    assert confirmation is not None and confirmation.against == "published"
+    assert confirmation.decision == "unconfirmed", confirmation.sentence
+    assert "an earlier cycle published" in confirmation.sentence
+    assert target_tree(layout.blobs(), paths["target"]) == first.best  # the better one stays
+    assert load_campaign(layout, first.campaign_id).applied_ref == first.best

@@ -319,11 +319,13 @@ class _Cycle:
                 self.config.candidate_replay_repetitions,
             )
             confirming = self.s.confirms and best.digest != self.s.seed_ref.digest
+            baseline = self.s.seed_ref
             if split == "test" and confirming:
                 reps = (confirm_repetitions(self.config, self.s.test_cases),) * 2
+                baseline = self.s.replaced_by(best)
             request = MeasureRequest(
                 measurement_id=f"c{self.s.cycle}.final.{split}",
-                baseline_ref=self.s.seed_ref,
+                baseline_ref=baseline,
                 candidate_ref=best,
                 split=split,  # type: ignore[arg-type]
                 baseline_repetitions=reps[0],
@@ -344,8 +346,9 @@ class _Cycle:
                 if confirming:  # confirm before publish, under the campaign's budget
                     budget = self.s.confirmation_budget()
                     arms = (arm_scores(units, "baseline"), arm_scores(units, "candidate"))
+                    against = "seed" if baseline == self.s.seed_ref else "published"
                     state.confirmation, state.confirmations = confirm_best(
-                        budget, best, arms, self.config, self.s.test_cases
+                        budget, best, arms, self.config, self.s.test_cases, against
                     )
         state.scores = Scores(**scores)
 

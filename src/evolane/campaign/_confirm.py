@@ -38,6 +38,8 @@ times (per arm)."""
 SMALL_TEST_REPETITIONS = 3
 
 ConfirmVerdict = Literal["confirmed", "unconfirmed", "indecisive"]
+Against = Literal["seed", "published"]
+"""What a best is confirmed against: the seed, or the tree an earlier cycle published."""
 
 
 class ConfirmationRecord(Record):
@@ -55,6 +57,8 @@ class ConfirmationRecord(Record):
     """The level it was tested at: 1 - confidence, shared over the campaign's cycles
     (`confirmation_budget`); 0 once that budget is spent."""
     confidence: float = Field(gt=0.0, lt=1.0)
+    against: Against = "seed"
+    """The tree it was tested against: the one a publish would replace."""
     reason: ShortText
     sentence: Text
     """The verdict in words, for the summary and report.md."""
@@ -103,6 +107,7 @@ def confirm_best(
     arms: tuple[dict[str, list[float]], dict[str, list[float]]],
     config: CampaignConfig,
     test_cases: int,
+    against: Against = "seed",
 ) -> tuple[ConfirmationRecord, OnlineBudget]:
     """Confirm ``best`` against the seed on the test split (``arms``: their scores) under the
     campaign's confirmation ``budget`` (the online fallback procedure over its attempts, as
@@ -111,9 +116,9 @@ def confirm_best(
     slot = "tree-" + best.digest.rsplit(":", 1)[-1][:32]
     earlier = next((test for test in budget.tests if test.slot == slot), None)
     if earlier is not None:
-        return confirmation_of(*arms, config, test_cases, earlier.level, earlier), budget
+        return confirmation_of(*arms, config, test_cases, earlier.level, earlier, against), budget
     level = budget.next_level
-    record = confirmation_of(*arms, config, test_cases, level)
+    record = confirmation_of(*arms, config, test_cases, level, against=against)
     attempt = OnlineTest(
         slot=slot,
         index=len(budget.tests) + 1,
@@ -132,6 +137,7 @@ def confirmation_of(
     test_cases: int,
     level: float | None = None,
     earlier: OnlineTest | None = None,
+    against: Against = "seed",
 ) -> ConfirmationRecord:
     """`stats.confirm` of the best (``candidate``) against the seed on the test split at
     ``level`` (default 1 - confidence); ``earlier``: this tree's verdict from an earlier
@@ -157,6 +163,8 @@ def confirmation_of(
     shown = f"{level:.2g}"
     stats = f"mean {result.mean_delta:+.3g}, p = {p:.2g}"
     cases = f"the {test_cases} held-out test cases"
+    if against == "published":
+        cases += " against the tree an earlier cycle published (what a publish replaces)"
     if decision == "confirmed":
         sentence = f"the best candidate was confirmed on {cases} ({stats} <= {shown}){note}"
     elif decision == "unconfirmed":
@@ -184,6 +192,7 @@ def confirmation_of(
         p_value=p,
         level=level,
         confidence=gate.confidence,
+        against=against,
         reason=reason[:256],
         sentence=sentence[:2048],
     )

@@ -114,6 +114,15 @@ class CampaignSetup:
         alpha = float(1 - as_fraction(self.config.gate.confidence))
         return OnlineBudget(alpha=alpha, horizon=max(1, self._cycles_left()))
 
+    def replaced_by(self, best: ArtifactRef) -> ArtifactRef:
+        """The tree a publish of ``best`` would replace, which it is confirmed against: what
+        an earlier cycle published, else the seed (a later cycle confirmed against the seed
+        published a tree worse than the one the target held: found by review)."""
+        applied = self.campaign.applied_ref
+        if applied is not None and applied.digest != best.digest:
+            return applied
+        return self.seed_ref
+
     def _cycles_left(self) -> int:
         campaign = self.campaign
         return max(self.config.max_improvement_cycles, campaign.max_cycles) - campaign.cycles
