@@ -234,10 +234,8 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
             for name, stream in streams.items():
                 nursery.start_soon(watch.drain, stream, captures[name])
             nursery.start_soon(watch.sample_memory)
-            if host.disk is not None:
-                nursery.start_soon(watch.watch_disk, host.disk.low)
             try:
-                await watch.wait(deadline, stop)
+                await watch.wait(deadline, stop, host.disk.low if host.disk else None)
             finally:
                 with trio.CancelScope(shield=True):
                     await watch.finish(nursery)

@@ -33,7 +33,6 @@ class Watch:
         self.kill_latency: float | None = None
         self.peak_rss = 0
         self.disk_low = False
-        self._disk_event = trio.Event()
         self._draining = 0
         self._drained = trio.Event()
 
@@ -47,7 +46,11 @@ class Watch:
             if self._draining == 0:
                 self._drained.set()
 
-    async def wait(self, deadline: float, stop: trio.Event | None) -> None:
+    async def wait(
+        self, deadline: float, stop: trio.Event | None, low: Callable[[], bool] | None = None
+    ) -> None:
+        """Wait for the leader's exit, the deadline, ``stop``, or ``low`` (the free-disk
+        floor, checked every `CHECK_SECONDS`: `disk_low`), whichever comes first."""
         pidfd = os.pidfd_open(self.tree.pid)
         try:
             with trio.move_on_at(deadline):
@@ -55,7 +58,8 @@ class Watch:
                     racers.start_soon(self._leader_exit, pidfd, racers.cancel_scope)
                     if stop is not None:
                         racers.start_soon(self._stopped, stop, racers.cancel_scope)
-                    racers.start_soon(self._stopped, self._disk_event, racers.cancel_scope)
+                    if low is not None:
+                        racers.start_soon(self._watch_disk, low, racers.cancel_scope)
                 return
             self.reason = "timed_out"
         except trio.Cancelled:
@@ -84,15 +88,13 @@ class Watch:
             await self._drained.wait()
         nursery.cancel_scope.cancel()
 
-    async def watch_disk(self, low: Callable[[], bool]) -> None:
-        """Check ``low`` (the free-disk floor) every `CHECK_SECONDS`; once it is crossed,
-        stop the unit (`disk_low`: the caller ends the run)."""
-        while True:
+    async def _watch_disk(self, low: Callable[[], bool], scope: trio.CancelScope) -> None:
+        """Once ``low`` says the disk is below its floor, stop the unit (`disk_low`: the
+        caller ends the run)."""
+        while not low():
             await trio.sleep(CHECK_SECONDS)
-            if low():
-                self.disk_low = True
-                self._disk_event.set()
-                return
+        self.disk_low, self.reason = True, "cancelled"
+        scope.cancel()
 
     async def sample_memory(self) -> None:
         """Sample the tree's RSS with a growing interval (a short run costs no sampling)."""
