@@ -109,7 +109,8 @@ def confirm_best(
     test_cases: int,
     against: Against = "seed",
 ) -> tuple[ConfirmationRecord, OnlineBudget]:
-    """Confirm ``best`` against the seed on the test split (``arms``: their scores) under the
+    """Confirm ``best`` against the tree a publish would replace (``against``: the seed, or
+    what an earlier cycle published) on the test split (``arms``: their scores) under the
     campaign's confirmation ``budget`` (the online fallback procedure over its attempts, as
     online control spends alpha over candidates), and the budget with this attempt. A tree
     tested before keeps its verdict: a retest would be one more chance."""
@@ -139,9 +140,9 @@ def confirmation_of(
     earlier: OnlineTest | None = None,
     against: Against = "seed",
 ) -> ConfirmationRecord:
-    """`stats.confirm` of the best (``candidate``) against the seed on the test split at
-    ``level`` (default 1 - confidence); ``earlier``: this tree's verdict from an earlier
-    cycle, which stands."""
+    """`stats.confirm` of the best (``candidate``) against ``baseline`` (``against`` says
+    which tree that is) on the test split at ``level`` (default 1 - confidence);
+    ``earlier``: this tree's verdict from an earlier cycle, which stands."""
     gate = config.gate
     level = float(1 - as_fraction(gate.confidence)) if level is None else level
     probe = level if 0.0 < level < 1.0 else 0.5  # the verdict is ours: p against ``level``
