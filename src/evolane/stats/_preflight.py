@@ -100,7 +100,8 @@ def online_p_value(deltas: np.ndarray, config: GateConfig, pass_fail: bool = Fal
     """The p-value online error control reads: `no_gain_p_value` of the per-case deltas
     against the margin `no_gain_margin` (``pass_fail``: every score is 0 or 1 by
     construction)."""
-    return no_gain_p_value(deltas, margin=no_gain_margin(config), pass_fail=pass_fail)
+    margin = no_gain_margin(config)
+    return no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail, order_seed=config.seed)
 
 
 def _impossible(config: GateConfig, n: int) -> str | None:
