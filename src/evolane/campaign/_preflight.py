@@ -15,6 +15,7 @@ test cases) is refused with an `InputError` (exit 2) naming the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import confirm_repetitions, confirmable
@@ -112,13 +113,18 @@ def _online(
     if best <= 0.0:
         why = f"the online error budget ({spread}) is spent: no candidate can be accepted"
         return f"{why}; {advice}", best, []
-    margin, pass_fail = no_gain_margin(config.gate), config.pass_fail
-    reachable, why = can_ever_pass_online(val_cases, best, margin=margin, pass_fail=pass_fail)
+    gate = config.gate
+    reach = partial(
+        can_ever_pass_online,
+        val_cases,
+        margin=no_gain_margin(gate),
+        pass_fail=config.pass_fail,
+        order_seed=gate.seed,
+    )
+    reachable, why = reach(best)
     if not reachable:
         return f"{why} ({spread}); {advice}", best, []
-    at_base, why = (False, "")
-    if base > 0.0:
-        at_base, why = can_ever_pass_online(val_cases, base, margin=margin, pass_fail=pass_fail)
+    at_base, why = reach(base) if base > 0.0 else (False, "")
     if at_base:
         tested = f", {len(budget.tests)} tested" if budget.tests else ""
         return None, base, [f"{why} ({spread}{tested})"]

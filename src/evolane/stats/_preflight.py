@@ -285,7 +285,7 @@ def best_case_p_value(n: int, *, margin: float = 0.0, pass_fail: bool = True) ->
 
 
 def fewest_gains(
-    n: int, level: float, *, margin: float = 0.0, pass_fail: bool = True
+    n: int, level: float, *, margin: float = 0.0, pass_fail: bool = True, order_seed: int = 0
 ) -> int | None:
     """The fewest full gains (+1; the other cases unchanged, after them) among ``n`` cases
     whose `no_gain_p_value` reaches ``level``; None when not even ``n`` do.
@@ -297,9 +297,10 @@ def fewest_gains(
         raise ValueError(f"level must lie in (0, 1], got {level}")
 
     def reaches(k: int) -> bool:
-        deltas = np.zeros(n if margin > 0.0 else k)  # unchanged cases weigh only with a margin
-        deltas[:k] = 1.0
-        return no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail) <= level
+        deltas = np.zeros(n)
+        deltas[:k] = 1.0  # the betting bound reads them in its own order (``order_seed``)
+        p = no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail, order_seed=order_seed)
+        return p <= level
 
     if not reaches(n):
         return None
@@ -362,23 +363,30 @@ def can_ever_confirm(
 
 
 def online_cases_needed(
-    level: float, n_val: int | None = None, *, margin: float = 0.0, pass_fail: bool = True
+    level: float,
+    n_val: int | None = None,
+    *,
+    margin: float = 0.0,
+    pass_fail: bool = True,
+    order_seed: int = 0,
 ) -> int | None:
     """The fewest val cases of ``n_val`` a candidate must turn into full gains (+1, the rest
     unchanged) for its p-value to reach ``level`` (`fewest_gains`); None when not even all
     of them do. Without ``n_val``: on as many cases as it takes (`fewest_cases`)."""
     if n_val is None:
         return fewest_cases(level, margin=margin, pass_fail=pass_fail)
-    return fewest_gains(n_val, level, margin=margin, pass_fail=pass_fail)
+    return fewest_gains(n_val, level, margin=margin, pass_fail=pass_fail, order_seed=order_seed)
 
 
 def can_ever_pass_online(
-    n_val: int, level: float, *, margin: float = 0.0, pass_fail: bool = True
+    n_val: int, level: float, *, margin: float = 0.0, pass_fail: bool = True, order_seed: int = 0
 ) -> tuple[bool, str]:
     """Whether a candidate measured on ``n_val`` val cases can reach the online ``level``
     with the p-value online control reads (``pass_fail``, ``margin``: as for
     `can_ever_confirm`), and the one-line why."""
-    needed = online_cases_needed(level, n_val, margin=margin, pass_fail=pass_fail)
+    needed = online_cases_needed(
+        level, n_val, margin=margin, pass_fail=pass_fail, order_seed=order_seed
+    )
     test = _test_words(margin, pass_fail)
     if needed is not None:
         gain = "fix" if pass_fail else "gain the full score on"
