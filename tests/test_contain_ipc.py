@@ -66,3 +66,25 @@ def test_the_tables_are_read_by_their_header() -> None:
     assert sysv_objects_of(2000000005, "shm", text) == [7]
     assert sysv_objects_of(0, "shm", text) == [8]
     assert sysv_objects_of(5, "shm", "no header here\n1 2 3\n") == []
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+async def test_a_big_leftover_goes_in_the_cleanup_thread_not_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by review: a unit that left a folder of a million files in /dev/shm stalled the
+    # event loop for 3 s (its removal ran inline). A folder of its own, or more entries than
+    # an inline sweep looks at, goes to the cleanup thread; all of it goes either way.
+    from tests.sandbox_helpers import count_hops
+
+    hops = count_hops(monkeypatch)
+    tag = 0x5EED0000 + os.getpid() % 0xFFFF
+    folder = f"/dev/shm/evolane-test-{tag}"
+    many = f"mkdir {folder} && for n in $(seq 100); do : > {folder}/f$n; done"
+    async with open_sandbox(tmp_path / "sandbox", store=BlobStore(tmp_path / "store")) as host:
+        host.inline.slow = host.inline.stall = float("inf")  # only the bounds decide
+        spec = SandboxSpec(argv=("sh", "-c", many), isolation="process", drop_root=True)
+        assert (await host.run(spec, timeout=50)).ok
+        await trio.to_thread.run_sync(host.settle)
+    assert hops["defer:Unit.remove"] == 1
+    assert not os.path.exists(folder)

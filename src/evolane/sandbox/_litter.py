@@ -21,9 +21,13 @@ from evolane.store import remove_tree
 SYSV_TABLES = {"shm": "shmid", "msg": "msqid", "sem": "semid"}
 """/proc/sysvipc tables and the column naming each object's id."""
 POSIX_FOLDERS = ("/dev/shm", "/dev/mqueue")
-MAX_OBJECTS = 4096
-"""Entries of one table or folder looked at, at most (a bounded walk)."""
-MAX_TABLE_BYTES = 4 << 20
+MAX_OBJECTS = 1_000_000
+"""Entries of one table or folder looked at, at most (in the cleanup thread)."""
+MAX_TABLE_BYTES = 256 << 20
+SMALL_OBJECTS = 64
+"""Entries of one folder, or table rows, a sweep on the event loop looks at: past them (or
+at a folder the uid made) it stops and leaves the sweep to the cleanup thread."""
+SMALL_TABLE_BYTES = 64 << 10
 _IPC_RMID = 0
 
 
@@ -35,7 +39,7 @@ def _libc() -> ctypes.CDLL:
 def sysv_objects_of(uid: int, table: str, text: str) -> list[int]:
     """Ids of the objects in a /proc/sysvipc ``table`` (its ``text``) that ``uid`` owns or
     created."""
-    lines = text.splitlines()[: MAX_OBJECTS + 1]
+    lines = text.splitlines()
     if not lines:
         return []
     names = lines[0].split()
@@ -64,26 +68,38 @@ def _remove_sysv(table: str, ident: int) -> None:
         libc.semctl(ident, 0, _IPC_RMID)
 
 
-def remove_litter(uid: int) -> int:
-    """Remove the IPC objects ``uid`` owns (see the module docstring); how many went.
-    Errors are swallowed: what cannot go stays (litter, not damage)."""
-    removed = 0
+def remove_litter(uid: int, small: bool = False) -> bool:
+    """Remove the IPC objects ``uid`` owns (see the module docstring); True when the sweep
+    is whole. ``small`` (on the event loop): False, with what is left still there, at a
+    table over `SMALL_TABLE_BYTES`, a folder over `SMALL_OBJECTS` entries or a folder the
+    uid made (a unit once left a million files in /dev/shm). Errors are swallowed: what
+    cannot go stays (litter, not damage)."""
+    cap = SMALL_TABLE_BYTES if small else MAX_TABLE_BYTES
     for table in SYSV_TABLES:
         try:
             with open(f"/proc/sysvipc/{table}", "rb") as handle:
-                text = handle.read(MAX_TABLE_BYTES).decode("ascii", "replace")
+                data = handle.read(cap + 1)
         except OSError:
             continue
-        for ident in sysv_objects_of(uid, table, text):
+        if small and len(data) > cap:
+            return False
+        for ident in sysv_objects_of(uid, table, data[:cap].decode("ascii", "replace")):
             _remove_sysv(table, ident)
-            removed += 1
-    for folder in POSIX_FOLDERS:
-        with contextlib.suppress(OSError), os.scandir(folder) as entries:
-            for count, entry in enumerate(entries):
-                if count >= MAX_OBJECTS:
-                    break
-                with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid == uid:
-                        remove_tree(entry.path)  # a file, or a folder and all in it
-                        removed += 1
-    return removed
+    limit = SMALL_OBJECTS if small else MAX_OBJECTS
+    return all(_sweep_folder(folder, uid, limit, small) for folder in POSIX_FOLDERS)
+
+
+def _sweep_folder(folder: str, uid: int, limit: int, small: bool) -> bool:
+    """Remove the entries of ``folder`` that ``uid`` owns; False when ``small`` and it is
+    not (too many entries, or a folder of its own to walk)."""
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for count, entry in enumerate(entries):
+            if count >= limit:
+                return not small
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if small and entry.is_dir(follow_symlinks=False):
+                    return False
+                remove_tree(entry.path)  # a file, or a folder and all in it
+    return True

@@ -150,7 +150,10 @@ class Unit:
             if not self.cgroups.remove_empty():
                 return False
             self.cgroups = None
-        self._release_uid()
+        if self.uid is not None:  # what the unit uid left, when that is small too
+            if not remove_litter(self.uid, small=True):
+                return False
+            self.uid = None
         return remove_small_tree(self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES)
 
     def _release_uid(self) -> None:
