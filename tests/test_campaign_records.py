@@ -409,3 +409,20 @@ async def test_a_later_cycles_best_is_confirmed_against_what_the_target_holds(
     assert "an earlier cycle published" in confirmation.sentence
     assert target_tree(layout.blobs(), paths["target"]) == first.best  # the better one stays
     assert load_campaign(layout, first.campaign_id).applied_ref == first.best
+
+
+async def test_a_best_confirmed_in_an_earlier_cycle_is_not_called_unconfirmed(
+    tmp_path: Path,
+) -> None:
+    # Found by review: cycle 1 confirmed and published T1; cycle 2 (best still T1) stopped on
+    # its wall clock before confirming anything, and reported T1 "unconfirmed".
+    paths = write_toy(tmp_path, {"default": "fix:8"}, test=8)
+    config = publishing_config(paths, PASSING_CHECK, max_improvement_cycles=2)
+    first = (await _run(RunRequest(config))).report
+    assert first is not None and first.apply is not None and first.apply.status == "applied"
+    paths["plan"].write_text(json.dumps({"default": "hang"}))
+    stopped = config.model_copy(update={"wall_clock_budget": 8.0, "kill_grace": 0.2})
+    second = (await _run(RunRequest(stopped, resume_campaign=first.campaign_id), 120)).report
+    assert second is not None and second.status == "budget_limited"
+    assert second.best == first.best and second.confirmation is None
+    assert second.apply is None or second.apply.status != "unconfirmed", second.apply

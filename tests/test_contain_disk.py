@@ -126,3 +126,13 @@ def test_an_optimizer_filling_the_disk_ends_the_run_failed_too(tmp_path: Path) -
     told = done.stdout + done.stderr
     assert done.returncode == 1, told
     assert "fell below" in told and "Traceback" not in told, told
+
+
+async def test_a_short_command_that_crosses_the_floor_stops_the_run_too(tmp_path: Path) -> None:
+    # Found by review: commands shorter than the watch's first wait each wrote 80 MB and
+    # ended; none was ever seen crossing the floor, and the disk filled.
+    marker = tmp_path / "full"
+    async with open_sandbox(tmp_path / "sandbox", store=BlobStore(tmp_path / "store")) as host:
+        host.disk = _Flagged(host.root, marker)
+        with trio.fail_after(30), pytest.raises(DiskLow):
+            await host.run(SandboxSpec(argv=("sh", "-c", f": > {marker}")), timeout=50)

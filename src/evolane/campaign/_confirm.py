@@ -101,6 +101,16 @@ def first_confirm_level(config: CampaignConfig) -> float:
     return alpha / max(1, config.max_improvement_cycles)
 
 
+def tested_before(budget: OnlineBudget | None, best: ArtifactRef) -> OnlineTest | None:
+    """``best``'s confirmation in an earlier cycle, if it had one (its verdict stands)."""
+    slot = _slot(best)
+    return next((test for test in budget.tests if test.slot == slot), None) if budget else None
+
+
+def _slot(best: ArtifactRef) -> str:
+    return "tree-" + best.digest.rsplit(":", 1)[-1][:32]
+
+
 def confirm_best(
     budget: OnlineBudget,
     best: ArtifactRef,
@@ -114,14 +124,13 @@ def confirm_best(
     campaign's confirmation ``budget`` (the online fallback procedure over its attempts, as
     online control spends alpha over candidates), and the budget with this attempt. A tree
     tested before keeps its verdict: a retest would be one more chance."""
-    slot = "tree-" + best.digest.rsplit(":", 1)[-1][:32]
-    earlier = next((test for test in budget.tests if test.slot == slot), None)
+    earlier = tested_before(budget, best)
     if earlier is not None:
         return confirmation_of(*arms, config, test_cases, earlier.level, earlier, against), budget
     level = budget.next_level
     record = confirmation_of(*arms, config, test_cases, level, against=against)
     attempt = OnlineTest(
-        slot=slot,
+        slot=_slot(best),
         index=len(budget.tests) + 1,
         gate="accept",
         p_value=record.p_value,

@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
-from evolane.campaign._confirm import error_control, publish_blocked
+from evolane.campaign._confirm import error_control, publish_blocked, tested_before
 from evolane.campaign._containment import containment
 from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._online import resolved_mode
@@ -52,7 +52,13 @@ async def apply_best(
         policy = "verified_only"  # an unfinished run never touches the target
     confirmation = outcome.report.confirmation
     mode = resolved_mode(config.error_control, prepared.test_cases)
-    unconfirmed = publish_blocked(confirmation) or (mode == "confirm" and confirmation is None)
+    earlier = tested_before(prepared.campaign.confirmations, best)
+    never = (
+        mode == "confirm"
+        and confirmation is None
+        and not (earlier and earlier.decision == "accept")
+    )
+    unconfirmed = publish_blocked(confirmation) or never  # a verdict of an earlier cycle stands
     blocked = unconfirmed and policy != "proposal"
     if blocked:  # an unconfirmed best (or one the run stopped before confirming) is only
         policy = "proposal"  # proposed, for a person to read

@@ -242,8 +242,8 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
             finally:
                 with trio.CancelScope(shield=True):
                     await watch.finish(nursery)
-        if watch.disk_low and host.disk is not None:  # killed: the run stops (`DiskLow`)
-            raise host.disk.failure()
+        if host.disk is not None and (watch.disk_low or host.disk.low()):
+            raise host.disk.failure()  # killed, or a short one crossed it: the run stops
         return await _outcome(unit, tree, watch, captures, started, base)
 
 
