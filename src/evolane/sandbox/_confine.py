@@ -16,9 +16,11 @@ readable by that uid, which ``mkdtemp`` folders (0700) and ``/root`` are not.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import stat
 import sys
 from collections.abc import Iterable
 from functools import cache
@@ -40,9 +42,9 @@ HOST_SECRETS = (
     "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
     "/etc/sudoers.d", "/etc/ssl/private", "/etc/krb5.keytab", "/etc/security/opasswd",
 )  # fmt: skip
-"""Covered in every confined view with ``/etc``, with the host's private SSH keys
-(`host_secrets`): a root evolane's confined command reads what root reads (bwrap maps its
-uid onto root), and these are only secrets (found by review: /etc/shadow was readable)."""
+"""Covered in every confined view with ``/etc`` whatever their modes, with whatever else
+under /etc others may not read (`host_secrets`): a root evolane's confined command reads
+what root reads (bwrap maps its uid onto root; found by review: /etc/shadow was readable)."""
 PRIVATE = ("/tmp", "/var/tmp")
 """Never exposed as a whole (the command gets its own ``/tmp``); a folder inside may be."""
 _PATH_IN_TEXT = re.compile(r"""(?:^|(?<=[\s'"=:,(]))(/[^\s'"`;|&<>()*?$,:=]+)""")
@@ -51,6 +53,20 @@ _PATH_IN_TEXT = re.compile(r"""(?:^|(?<=[\s'"=:,(]))(/[^\s'"`;|&<>()*?$,:=]+)"""
 def bwrap_path() -> str | None:
     """The bubblewrap binary, or None."""
     return shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin:/usr/sbin")
+
+
+@cache
+def bwrap_wants_privileges() -> bool:
+    """Whether a non-root evolane's bwrap is set-uid (a host without unprivileged user
+    namespaces): a spawn server's clone may not install the seccomp filter then (the
+    no_new_privs it needs would strip bwrap's privileges), so bwrap installs it itself."""
+    bwrap = bwrap_path()
+    if bwrap is None or os.geteuid() == 0:
+        return False
+    try:
+        return bool(os.stat(bwrap).st_mode & stat.S_ISUID)
+    except OSError:
+        return False
 
 
 @cache
@@ -185,10 +201,31 @@ def _binds(paths: Iterable[str], writable: bool) -> list[str]:
     return args
 
 
-def host_secrets() -> list[str]:
-    """`HOST_SECRETS` and the host's private SSH keys that exist here."""
-    keys = [str(path) for path in Path("/etc/ssh").glob("ssh_host_*_key")][:64]
-    return [path for path in HOST_SECRETS if os.path.lexists(path)] + sorted(keys)
+ETC_WALK_MAX = 50_000
+"""Entries of /etc looked at, at most, for what others may not read (`host_secrets`)."""
+MAX_SECRETS = 512
+
+
+@cache
+def host_secrets() -> tuple[str, ...]:
+    """What the confined view covers under /etc: `HOST_SECRETS`, and every file there that
+    others may not read and every folder they may not enter (walked once, iteratively,
+    capped): a review found /etc/default/cacerts (0600) readable after the list alone. A
+    confined command sees the system as an unprivileged user would."""
+    found = {path for path in HOST_SECRETS if os.path.lexists(path)}
+    pending, looked = ["/etc"], 0
+    while pending and looked < ETC_WALK_MAX and len(found) < MAX_SECRETS:
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                looked += 1
+                with contextlib.suppress(OSError):
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                    if stat.S_ISDIR(mode):
+                        closed = mode & 0o005 != 0o005  # others may not list or enter it
+                        (found.add if closed else pending.append)(entry.path)
+                    elif stat.S_ISREG(mode) and not mode & 0o004:
+                        found.add(entry.path)
+    return tuple(sorted(found)[:MAX_SECRETS])
 
 
 def _masks(hidden: Iterable[str], shown: list[str]) -> tuple[list[str], list[str]]:

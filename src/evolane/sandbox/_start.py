@@ -15,7 +15,13 @@ import trio
 
 from evolane._faults import INSTALLED
 from evolane.sandbox._cgroups import UnitCgroups
-from evolane.sandbox._confine import bwrap_argv, interpreter_folders, outermost, program_folders
+from evolane.sandbox._confine import (
+    bwrap_argv,
+    bwrap_wants_privileges,
+    interpreter_folders,
+    outermost,
+    program_folders,
+)
 from evolane.sandbox._launch import Cloned, launch, launcher_argv, rlimit_numbers
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
@@ -108,8 +114,8 @@ class Launch:
             confine = _confinement(unit, program) if self.isolation == "confined" else None
             started, spawner = None, unit.host.spawner
             if spawner is not None and not spawner.broken:
-                args, mechanisms = self._request(spawner, program, confine)
                 with contextlib.suppress(SpawnerUnavailable):
+                    args, mechanisms = self._request(spawner, program, confine)
                     started = spawner.spawn(*args), mechanisms
             if started is None:  # no server, or it did not take this one: the launcher chain
                 started = self._launch_chain(confine)
@@ -192,6 +198,8 @@ class Launch:
         argv, mechanisms = self._chain(confine, cloned=cloned)
         path = program if len(argv) == len(spec.argv) else argv[0]
         seccomp = no_set_id_filter() if confine is not None else None
+        if seccomp and bwrap_wants_privileges():  # bwrap takes the filter (`_launch_chain`)
+            raise SpawnerUnavailable("a set-uid bwrap installs the seccomp filter itself")
         args = (
             path, argv, self.env, str(unit.work), self.output, rlimit_numbers(spec.limits),
             cgroups.v1_tasks_files if cgroups else [], dropped,
