@@ -17,6 +17,7 @@ import trio
 from evolane.campaign import _apply
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._report import Report
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.campaign._runs import (
     StoreLayout,
@@ -388,6 +389,18 @@ async def test_a_rejudge_is_not_charged_for_the_replays_it_reuses(tmp_path: Path
     assert [d.decision for d in rejudged.decisions] == [d.decision for d in original.decisions]
 
 
+async def _published_first_cycle(
+    tmp_path: Path, action: str
+) -> tuple[dict[str, Path], CampaignConfig, Report]:
+    """A two-cycle publishing campaign over the toy (8 test cases) whose first cycle ran
+    ``action``, confirmed its best and published it."""
+    paths = write_toy(tmp_path, {"default": action}, test=8)
+    config = publishing_config(paths, PASSING_CHECK, max_improvement_cycles=2)
+    first = (await _run(RunRequest(config))).report
+    assert first is not None and first.apply is not None and first.apply.status == "applied"
+    return paths, config, first
+
+
 async def test_a_later_cycles_best_is_confirmed_against_what_the_target_holds(
     tmp_path: Path,
 ) -> None:
@@ -395,10 +408,7 @@ async def test_a_later_cycles_best_is_confirmed_against_what_the_target_holds(
     # replaces what an earlier cycle published; a tree no better than that one (here: one
     # that fits val alone on top of it) was confirmed on the earlier one's gains and replaced
     # it. Now it is tested against the published tree.
-    paths = write_toy(tmp_path, {"default": "fix:2"}, test=8)
-    config = publishing_config(paths, PASSING_CHECK, max_improvement_cycles=2)
-    first = (await _run(RunRequest(config))).report
-    assert first is not None and first.apply is not None and first.apply.status == "applied"
+    paths, config, first = await _published_first_cycle(tmp_path, "fix:2")
     layout = StoreLayout(paths["store"])
     paths["plan"].write_text(json.dumps({"default": "overfit:2"}))  # val only, on top of it
     second = (await _run(RunRequest(config, resume_campaign=first.campaign_id))).report
@@ -416,10 +426,7 @@ async def test_a_best_confirmed_in_an_earlier_cycle_is_not_called_unconfirmed(
 ) -> None:
     # Found by review: cycle 1 confirmed and published T1; cycle 2 (best still T1) stopped on
     # its wall clock before confirming anything, and reported T1 "unconfirmed".
-    paths = write_toy(tmp_path, {"default": "fix:8"}, test=8)
-    config = publishing_config(paths, PASSING_CHECK, max_improvement_cycles=2)
-    first = (await _run(RunRequest(config))).report
-    assert first is not None and first.apply is not None and first.apply.status == "applied"
+    paths, config, first = await _published_first_cycle(tmp_path, "fix:8")
     paths["plan"].write_text(json.dumps({"default": "hang"}))
     stopped = config.model_copy(update={"wall_clock_budget": 8.0, "kill_grace": 0.2})
     second = (await _run(RunRequest(stopped, resume_campaign=first.campaign_id), 120)).report

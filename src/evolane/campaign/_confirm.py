@@ -25,12 +25,13 @@ from evolane.campaign._config import CampaignConfig
 from evolane.campaign._online import (
     OnlineBudget,
     OnlineTest,
+    campaign_alpha,
     online_words,
     opening_budget,
     resolved_mode,
 )
 from evolane.messages import ArtifactRef, Record, ShortText, Text
-from evolane.stats import as_fraction, can_ever_confirm, confirm, no_gain_margin
+from evolane.stats import can_ever_confirm, confirm, no_gain_margin
 
 SMALL_TEST_SPLIT = 32
 """Below this many test cases the confirmation replays each case `SMALL_TEST_REPETITIONS`
@@ -97,8 +98,7 @@ def confirmable(
 
 def first_confirm_level(config: CampaignConfig) -> float:
     """The level a new campaign's first confirmation is tested at: alpha over its cycles."""
-    alpha = float(1 - as_fraction(config.gate.confidence))
-    return alpha / max(1, config.max_improvement_cycles)
+    return campaign_alpha(config) / max(1, config.max_improvement_cycles)
 
 
 def tested_before(budget: OnlineBudget | None, best: ArtifactRef) -> OnlineTest | None:
@@ -153,7 +153,7 @@ def confirmation_of(
     which tree that is) on the test split at ``level`` (default 1 - confidence);
     ``earlier``: this tree's verdict from an earlier cycle, which stands."""
     gate = config.gate
-    level = float(1 - as_fraction(gate.confidence)) if level is None else level
+    level = campaign_alpha(config) if level is None else level
     probe = level if 0.0 < level < 1.0 else 0.5  # the verdict is ours: p against ``level``
     result = confirm(
         baseline, candidate, gate, test_cases, confidence=1.0 - probe, pass_fail=config.pass_fail

@@ -112,12 +112,17 @@ class OnlineBudget(Record):
         return sum(test.decision == "accept" for test in self.tests)
 
 
+def campaign_alpha(config: CampaignConfig) -> float:
+    """The campaign's error budget alpha = 1 - confidence (exact decimal): what online
+    control spends over candidates and confirmations over cycles."""
+    return float(1 - as_fraction(config.gate.confidence))
+
+
 def opening_budget(config: CampaignConfig, cycles_left: int) -> OnlineBudget:
-    """A fresh budget: alpha = 1 - confidence (exact decimal), over iterations x population
-    x ``cycles_left`` candidates."""
-    alpha = float(1 - as_fraction(config.gate.confidence))
+    """A fresh budget: `campaign_alpha` over iterations x population x ``cycles_left``
+    candidates."""
     horizon = config.iterations * config.population * max(1, cycles_left)
-    return OnlineBudget(alpha=alpha, horizon=horizon)
+    return OnlineBudget(alpha=campaign_alpha(config), horizon=horizon)
 
 
 class OnlineRule:

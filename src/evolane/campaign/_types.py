@@ -14,7 +14,14 @@ from evolane.campaign._book import Book, SlotBook, settled_digests
 from evolane.campaign._config import CampaignConfig, FeedbackSplit
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._gates import GateSettings
-from evolane.campaign._online import Mode, OnlineBudget, OnlineRule, opening_budget, resolved_mode
+from evolane.campaign._online import (
+    Mode,
+    OnlineBudget,
+    OnlineRule,
+    campaign_alpha,
+    opening_budget,
+    resolved_mode,
+)
 from evolane.campaign._report import CycleReport, MeasurementRecord, Scores
 from evolane.campaign._runs import (
     REJECTED_KEPT,
@@ -35,7 +42,7 @@ from evolane.messages import (
     Text,
 )
 from evolane.sandbox import SandboxHost
-from evolane.stats import as_fraction, seed_for
+from evolane.stats import seed_for
 from evolane.store import BlobStore
 
 Stop = Literal["budget_limited", "exhausted", "interrupted", "failed"]
@@ -111,7 +118,7 @@ class CampaignSetup:
         review: 12.8% published over 5 cycles, where a single test holds 3.5%)."""
         if self.campaign.confirmations is not None:
             return self.campaign.confirmations
-        alpha = float(1 - as_fraction(self.config.gate.confidence))
+        alpha = campaign_alpha(self.config)
         return OnlineBudget(alpha=alpha, horizon=max(1, self._cycles_left()))
 
     def replaced_by(self, best: ArtifactRef) -> ArtifactRef:
