@@ -14,7 +14,7 @@ import orjson
 import pytest
 import trio
 
-from evolane.campaign import _apply
+from evolane.campaign import _apply, _runs
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._report import Report
@@ -433,3 +433,74 @@ async def test_a_best_confirmed_in_an_earlier_cycle_is_not_called_unconfirmed(
     assert second is not None and second.status == "budget_limited"
     assert second.best == first.best and second.confirmation is None
     assert second.apply is None or second.apply.status != "unconfirmed", second.apply
+
+
+# -- 5. a run's end and the campaign state it leaves are one step ----------------------------
+
+
+class _Crash(Exception):
+    """The process dying at a chosen write (the writes after it never happen)."""
+
+
+def _crash_on(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make `end_run`'s call of ``name`` (``save_run`` or ``save_campaign``) crash."""
+
+    def crash(*_args: object) -> None:
+        raise _Crash(name)
+
+    monkeypatch.setattr(_runs, name, crash)
+
+
+async def _crashed_first_cycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> tuple[CampaignConfig, StoreLayout, str, str]:
+    """A two-cycle publishing campaign (confirming, spending tokens) whose first run crashed
+    at ``at`` while recording its end: its config, layout, campaign id and run id."""
+    paths = write_toy(tmp_path, {"default": "fix:8"}, test=8)
+    config = publishing_config(
+        paths, PASSING_CHECK, max_improvement_cycles=2, replay=usage_replay(tmp_path)
+    )
+    _crash_on(monkeypatch, at)
+    with pytest.RaisesGroup(_Crash, allow_unwrapped=True, flatten_subgroups=True):
+        await _run(RunRequest(config))
+    monkeypatch.undo()
+    layout = StoreLayout(paths["store"])
+    (campaign_id,) = layout.campaign_ids()
+    (run_id,) = layout.run_ids()
+    return config, layout, campaign_id, run_id
+
+
+async def test_a_crash_after_a_runs_end_loses_nothing_the_campaign_carries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # run.json said finished while campaign.json still held the state before the cycle: the
+    # next cycle ran as cycle 0 again, with the spend, the confirmation's share of alpha and
+    # the published tree forgotten (the target held it, the campaign did not know).
+    config, layout, campaign_id, run_id = await _crashed_first_cycle(
+        tmp_path, monkeypatch, "save_campaign"
+    )
+    first = Report.model_validate_json((layout.run_dir(run_id) / "report.json").read_bytes())
+    assert load_run(layout, run_id).status == "finished" and first.apply is not None
+    assert first.apply.status == "applied" and first.confirmations is not None
+    campaign = load_campaign(layout, campaign_id)
+    assert campaign.cycles == 1 and campaign.applied_ref == first.best
+    assert campaign.spent == first.budget.campaign_spent and (campaign.spent.tokens or 0) > 0
+    assert campaign.confirmations == first.confirmations
+    second = (await _run(RunRequest(config, resume_campaign=campaign_id))).report
+    assert second is not None and second.cycle == 1
+    assert (second.budget.campaign_spent.tokens or 0) > (first.budget.campaign_spent.tokens or 0)
+    assert not (layout.campaign_file(campaign_id).parent / "campaign.next.json").exists()
+
+
+async def test_a_crash_before_a_runs_end_leaves_a_run_that_a_resume_ends_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, layout, campaign_id, run_id = await _crashed_first_cycle(
+        tmp_path, monkeypatch, "save_run"
+    )
+    assert load_run(layout, run_id).status == "interrupted"  # the staged state is not read
+    assert load_campaign(layout, campaign_id).cycles == 0
+    resumed = (await _run(RunRequest(config, resume_run=run_id))).report
+    assert resumed is not None and resumed.status == "finished"
+    campaign = load_campaign(layout, campaign_id)
+    assert campaign.cycles == 1 and campaign.spent == resumed.budget.campaign_spent

@@ -17,7 +17,7 @@ from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report
-from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, save_campaign, save_run
+from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, end_run
 from evolane.campaign._trajectories import trajectory_summary
 from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
@@ -239,38 +239,46 @@ def _message(outcome: CycleOutcome, bus: ProgressBus, run_id: str, recovered: st
 def _write_report(
     prepared: Prepared, report: Report, outcome: CycleOutcome, campaign_status: str, spent: Usage
 ) -> None:
-    """Report first, then the run's status, then the campaign: a crash in between leaves a
-    run that a resume finishes again."""
+    """Report first, then the run's end with the campaign state it leaves (`end_run`): a
+    crash before ``run.json`` leaves a run that a resume finishes again, one after it a
+    campaign that reads the staged state."""
     write_json_atomic(prepared.run_dir / "report.json", report)
     markdown = render_markdown(report, case_rows(report, prepared.store))
     write_bytes_atomic(prepared.run_dir / "report.md", markdown.encode())
     run = session_ended(prepared.run, report.status, report.started)
-    save_run(prepared.layout, run)
-    state: CampaignState = prepared.campaign
+    state = _next_state(prepared.campaign, run, report, outcome, campaign_status, spent)
+    end_run(prepared.layout, run, state)
+
+
+def _next_state(
+    state: CampaignState,
+    run: RunRecord,
+    report: Report,
+    outcome: CycleOutcome,
+    campaign_status: str,
+    spent: Usage,
+) -> CampaignState:
+    """The campaign state the end of ``run`` (this session over) leaves."""
     if report.status == "interrupted":  # a resume replays this cycle: carry nothing over twice
-        save_campaign(prepared.layout, state.model_copy(update={"status": campaign_status}))
-        return
+        return state.model_copy(update={"status": campaign_status})
     finished_cycle = report.status == "finished"
     scores = report.scores
     best_val = scores.best_val.mean if scores.best_val else state.best_val
-    save_campaign(
-        prepared.layout,
-        state.model_copy(
-            update={
-                "status": campaign_status,
-                "cycles": state.cycles + (1 if finished_cycle else 0),
-                "best_ref": outcome.best_ref or state.best_ref,
-                "best_val": best_val,
-                "applied_ref": _applied(report) or state.applied_ref,
-                "stalled": outcome.stalled,
-                "spent": spent,
-                "elapsed_seconds": state.elapsed_seconds + run.elapsed_seconds,
-                "rejected": outcome.rejected,
-                "seen": outcome.seen[-SEEN_KEPT:],
-                "online": report.online or state.online,  # the budget spent, never reset
-                "confirmations": report.confirmations or state.confirmations,
-            }
-        ),
+    return state.model_copy(
+        update={
+            "status": campaign_status,
+            "cycles": state.cycles + (1 if finished_cycle else 0),
+            "best_ref": outcome.best_ref or state.best_ref,
+            "best_val": best_val,
+            "applied_ref": _applied(report) or state.applied_ref,
+            "stalled": outcome.stalled,
+            "spent": spent,
+            "elapsed_seconds": state.elapsed_seconds + run.elapsed_seconds,
+            "rejected": outcome.rejected,
+            "seen": outcome.seen[-SEEN_KEPT:],
+            "online": report.online or state.online,  # the budget spent, never reset
+            "confirmations": report.confirmations or state.confirmations,
+        }
     )
 
 

@@ -189,16 +189,55 @@ def last_run_plugins(layout: StoreLayout, campaign_id: str) -> dict[str, str]:
         return {}
 
 
+class StagedCampaign(Record):
+    """``campaign.next.json``: the campaign state a run's end carries over, written before
+    that run's ``run.json``, which is the commit point: it holds once ``run.json`` reads as
+    ``run``. A crash between the two files then loses no cycle, spend or confirmation (the
+    next cycle started from the old state and spent them again)."""
+
+    run: RunRecord
+    state: CampaignState
+
+
+def _staged_file(layout: StoreLayout, campaign_id: str) -> Path:
+    return layout.campaign_file(campaign_id).with_name("campaign.next.json")
+
+
 def save_campaign(layout: StoreLayout, state: CampaignState) -> None:
-    """Write ``campaign.json`` atomically, stamped with the time."""
+    """Write ``campaign.json`` atomically, stamped with the time; a staged state is then
+    spent (it was committed into this one, or its run never reached its end)."""
     stamped = state.model_copy(update={"updated": time.time()})
     layout.campaign_file(state.campaign_id).parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(layout.campaign_file(state.campaign_id), stamped)
+    _staged_file(layout, state.campaign_id).unlink(missing_ok=True)
+
+
+def end_run(layout: StoreLayout, run: RunRecord, state: CampaignState) -> None:
+    """Record a run's end and the campaign state it leaves as one step: the state staged,
+    then ``run.json``, then ``campaign.json`` (`load_campaign` reads a staged state whose
+    run reached ``run.json``)."""
+    staged = StagedCampaign(run=run, state=state)
+    layout.campaign_file(state.campaign_id).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_staged_file(layout, state.campaign_id), staged)
+    save_run(layout, run)
+    save_campaign(layout, state)
 
 
 def load_campaign(layout: StoreLayout, campaign_id: str) -> CampaignState:
-    """Read ``campaign.json``; raises FileNotFoundError for an unknown campaign."""
-    return CampaignState.model_validate(read_json(layout.campaign_file(campaign_id)))
+    """Read ``campaign.json``, or the state a run's end staged when that run's ``run.json``
+    shows the end (a crash came between); raises FileNotFoundError for an unknown campaign."""
+    state = CampaignState.model_validate(read_json(layout.campaign_file(campaign_id)))
+    staged_file = _staged_file(layout, campaign_id)
+    if not staged_file.is_file():
+        return state
+    staged = StagedCampaign.model_validate(read_json(staged_file))
+    try:
+        committed = load_run(layout, staged.run.run_id) == staged.run
+    except FileNotFoundError:
+        committed = False
+    if committed and staged.state.campaign_id == campaign_id:
+        return staged.state
+    return state
 
 
 @dataclass
