@@ -19,6 +19,7 @@ from evolane.campaign._confirm import (
     error_control,
 )
 from evolane.campaign._online import OnlineBudget
+from evolane.campaign._preflight import preflight
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.messages import ArtifactRef
 from tests.campaign_helpers import publishing_config, toy_config, write_toy
@@ -185,6 +186,20 @@ def test_a_useless_best_retested_each_cycle_is_published_at_most_alpha_of_the_ti
                 published += 1
                 break
     assert published / campaigns <= 0.05 + 3 * (0.05 * 0.95 / campaigns) ** 0.5, published
+
+
+def test_a_continued_campaigns_preflight_reads_the_level_its_budget_has_left(
+    tmp_path: Path,
+) -> None:
+    # 5 test cases: 2^-5 = 0.031 is under a new campaign's 0.05, not under the 0.025 a
+    # campaign has left after one of its two confirmations rejected a best
+    config = toy_config(write_toy(tmp_path, {})).model_copy(update={"error_control": "confirm"})
+    assert not any("never publish" in line for line in preflight(config, 16, 5, (1, 1)).lines)
+    budget = OnlineBudget(alpha=0.05, horizon=2)
+    _, budget = confirm_best(budget, _tree("a"), ({"c": [0.0]}, {"c": [0.0]}), config, 5)
+    assert budget.next_level == pytest.approx(0.025)
+    lines = preflight(config, 16, 5, (1, 1), None, budget).lines
+    assert any("never publish" in line for line in lines), lines
 
 
 async def test_a_best_the_run_stopped_before_confirming_is_reported_unconfirmed(

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import confirm_repetitions
+from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.measure import ROLES
 from evolane.messages import Name, Record, ShortText, Usage
@@ -109,10 +110,12 @@ def estimate_run(
     *,
     train_cases: int = 0,
     probe: ProbeTiming | None = None,
+    budgets: tuple[OnlineBudget | None, OnlineBudget | None] = (None, None),
 ) -> Estimate:
     """The estimate for one cycle of ``config`` on a dataset of this shape (``train_cases``:
     the cases each parent is measured on for the optimizer's feedback, besides val); with a
-    ``probe``, a realistic wall range from its timing (`probe_range`)."""
+    ``probe``, a realistic wall range from its timing (`probe_range`); its preflight under a
+    continued campaign's (online, confirmation) ``budgets``."""
     b, c = repetitions_for(config, val_cases)
     tb = tc = confirm_repetitions(config, test_cases)  # the confirmation's, both arms alike
     iterations, population = config.iterations, config.population
@@ -162,7 +165,7 @@ def estimate_run(
             f"probe: one replay {probe.replay_seconds:.2f} s, one judge call "
             f"{probe.judge_seconds:.2f} s on this host"
         )
-    checked = preflight(config, val_cases, test_cases, (b, c))
+    checked = preflight(config, val_cases, test_cases, (b, c), *budgets)
     return Estimate(
         wall_worst_seconds=worst,
         judge_retries_max=judges - replays if measure.judge else 0,

@@ -46,10 +46,12 @@ def preflight(
     test_cases: int,
     repetitions: tuple[int, int],
     online: OnlineBudget | None = None,
+    confirmations: OnlineBudget | None = None,
 ) -> Preflight:
     """The preflight of ``config`` on a dataset with ``val_cases`` and ``test_cases``, with
-    the val measurement's (baseline, candidate) ``repetitions``; in ``online`` mode, under
-    the campaign's stored budget ``online`` (else a fresh one)."""
+    the val measurement's (baseline, candidate) ``repetitions``; under a continued
+    campaign's stored budgets: ``online`` (in online mode) and ``confirmations`` (the level
+    its next confirmation gets), else fresh ones."""
     gate = config.gate
     mode = resolved_mode(config.error_control, test_cases)
     if mode == "confirm" and not test_cases:
@@ -78,7 +80,8 @@ def preflight(
         lines.append(veto)
     lines += online_lines
     if mode == "confirm":
-        possible_here, reason = confirmable(config, test_cases)
+        next_level = confirmations.next_level if confirmations is not None else None
+        possible_here, reason = confirmable(config, test_cases, next_level)
         if not possible_here:
             lines.append(f"{reason}: verified_only / auto_verified will never publish")
         replays = confirm_repetitions(config, test_cases)

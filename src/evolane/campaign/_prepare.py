@@ -251,7 +251,14 @@ def _prepared(
         resume=resume,
         resumed=resumed,
         estimate=_with_splits(
-            estimate_run(config, plan.val_cases, test_cases, history, train_cases=train),
+            estimate_run(
+                config,
+                plan.val_cases,
+                test_cases,
+                history,
+                train_cases=train,
+                budgets=(campaign.online, campaign.confirmations),
+            ),
             plan,
             trajectory_note(config),
         ),
