@@ -470,32 +470,44 @@ def _stub_answers(monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
     monkeypatch.setattr(_chat_stub, "_completion", edited)
 
 
-async def test_an_answer_without_usage_is_metered_as_unknown_not_zero(
+async def test_an_answer_without_usage_is_metered_by_its_text_never_as_zero(
     chat_stub: ChatStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from evolane.inputs import read_usage_document
+    # Found by review: metered as unknown, usage-less answers were charged 0 (no reservation
+    # existed without a complete sample), and no token or dollar ceiling ever stopped a run.
+    from evolane.inputs import PriceTable, read_usage_document
 
     def drop(completion: dict[str, Any], script: Any) -> None:
-        if "no usage" in completion["choices"][0]["message"]["content"]:
+        said = completion["choices"][0]["message"]["content"]
+        if "no usage" in said:
             del completion["usage"]
+        elif "lies" in said:
+            completion["usage"] = {"prompt_tokens": -100, "completion_tokens": 10**18}
 
     _stub_answers(monkeypatch, drop)
-    chat_stub.script.contents = ['{"score": 1, "reason": "no usage"}', '{"score": 0.5}']
+    answer_text = '{"score": 1, "reason": "no usage"}'
+    chat_stub.script.contents = [answer_text, '{"score": 0.5}']
     endpoint = Endpoint("m", base_url=chat_stub.base_url)
     answer = await chat(
-        endpoint, [{"role": "user", "content": "x"}], seed=0, sample=0, deadline=1e9
+        endpoint, [{"role": "user", "content": "x" * 30}], seed=0, sample=0, deadline=1e9
     )
-    assert answer.usage == {"model": "m", "partial": True, "cached": False}  # no counts
-    assert not read_usage_document(answer.usage, None).complete
+    inputs, outputs = 10 + 4, -(-len(answer_text) // 3)  # bytes / 3, the message's overhead
+    assert answer.usage["input_tokens"] == inputs and answer.usage["output_tokens"] == outputs
+    assert answer.usage["estimated"] is True and "partial" not in answer.usage
+    prices = PriceTable.model_validate({"models": {"m": {"input": 1.0, "output": 1.0}}})
+    reading = read_usage_document(answer.usage, prices)
+    assert reading.complete and reading.tokens == inputs + outputs and reading.cost_usd
 
-    chat_stub.script.contents = ['{"score": 1, "reason": "no usage"}', '{"score": 0.5}']
+    chat_stub.script.contents = ['{"score": 1, "reason": "lies"}']
+    lied = await chat(endpoint, [{"role": "user", "content": "x"}], seed=1, sample=0, deadline=1e9)
+    assert lied.usage["estimated"] is True and lied.usage["input_tokens"] == 5
+
+    chat_stub.script.contents = [answer_text, '{"score": 0.5}']
     call = _judge_call(tmp_path)
     outcome = await _run(llm_judge(endpoint, RUBRIC, samples=2), call)
     assert outcome.ok, outcome.stderr.head
     usage = _usage(call)
-    assert usage["partial"] is True and usage["tokens"] == 15  # the other answer's counts
-    reading = read_usage_document(usage, None)
-    assert reading.tokens == 15 and not reading.complete
+    assert usage["tokens"] > 15 and "partial" not in usage  # the other answer's 15 and more
 
 
 async def test_a_call_cut_off_or_failed_makes_the_usage_partial(
@@ -512,15 +524,9 @@ async def test_a_call_cut_off_or_failed_makes_the_usage_partial(
     endpoint = Endpoint("m", base_url=chat_stub.base_url)
     outcome = await _run(llm_judge(endpoint, RUBRIC), call, 1.0)
     assert outcome.status == "timed_out"
-    assert _usage(call) == {
-        "model": "m",
-        "input_tokens": 10,
-        "output_tokens": 5,
-        "cached_input_tokens": 0,
-        "tokens": 15,
-        "cached": False,
-        "partial": True,
-    }
+    usage = _usage(call)  # the answer's 10 + 5, and at least the input of the request cut off
+    assert usage["output_tokens"] == 5 and usage["partial"] is True
+    assert usage["input_tokens"] >= 10 + 100 and usage["tokens"] == usage["input_tokens"] + 5
     assert not read_usage_document(_usage(call), None).complete
 
     chat_stub.script.hang = False
@@ -528,14 +534,16 @@ async def test_a_call_cut_off_or_failed_makes_the_usage_partial(
     call = _optimizer_call(tmp_path / "optimizer")
     outcome = await _run(llm_optimizer(endpoint), call, 1.0)
     assert outcome.status == "timed_out"
-    assert _usage(call)["tokens"] == 15 and _usage(call)["partial"] is True
+    assert _usage(call)["tokens"] > 15 and _usage(call)["partial"] is True
 
     chat_stub.script.hang = False
     chat_stub.script.fail_count, chat_stub.script.fail_status = 1, 400  # sent, then refused
     call = _judge_call(tmp_path / "refused")
     outcome = await _run(llm_judge(endpoint, RUBRIC), call)
-    assert outcome.exit_code == 1 and b"HTTP 400" in outcome.stderr.head
-    assert _usage(call) == {"model": "m", "partial": True, "cached": False}  # no counts
+    assert outcome.exit_code == 1 and b"HTTP 400" in outcome.stderr.head  # content's: not 75
+    refused = _usage(call)  # the request's input, no answer
+    assert refused["partial"] is True and refused["input_tokens"] > 0
+    assert "output_tokens" not in refused
 
 
 async def test_429s_without_retry_after_back_off(chat_stub: ChatStub) -> None:

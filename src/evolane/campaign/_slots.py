@@ -44,6 +44,9 @@ from evolane.views import arm_scores
 PROPOSAL_REPLY_SLACK = 60.0
 """What an optimizer lane may take beyond the proposal's deadline before it answers: its kill
 ladder, then snapshotting the workdir into the store."""
+ESTIMATE_WAIT = 2.0
+"""Optimizer timeouts a call waits for the first call's usage to give an estimate."""
+PROBE_POLL_SECONDS = 0.05
 
 
 class Slots:
@@ -54,6 +57,7 @@ class Slots:
     ) -> None:
         self.s, self.services, self.peers, self.state = setup, services, peers, state
         self.config = setup.config
+        self.probed = False  # an optimizer call was charged: its usage gave what it could
 
     def slot_id(self, iteration: int, slot: int) -> str:
         """The slot's id, the same on a resume: ``c<cycle>.i<iteration>.s<slot>``."""
@@ -110,9 +114,7 @@ class Slots:
         context: ArtifactRef,
         lane: ActorRef,
     ) -> ProposeResult:
-        reply: ReserveReply = await self.peers.ask_budget(
-            Reserve(stage="optimizer", item=slot_id, zero_cost=True)
-        )
+        reply = await self._reserve(slot_id)
         if not reply.granted:
             raise Stopped("budget_limited", f"the budget denied the optimizer: {reply.reason}")
         store = self.services.store
@@ -147,8 +149,26 @@ class Slots:
         # proposal, since a resume takes it from the journal and charges it again.
         if result.status != "cancelled":
             await self.services.journal.append(ProposalRecord(slot=slot_id, result=result))
-        await self.peers.ask_budget(Debit(item=slot_id, actual=result.usage, complete=False))
+        complete = result.usage_complete and result.status != "cancelled"
+        await self.peers.ask_budget(Debit(item=slot_id, actual=result.usage, complete=complete))
+        self.probed = True
         return result
+
+    async def _reserve(self, slot_id: str) -> ReserveReply:
+        """Room in the budget for one optimizer call, at what such calls have cost: under a
+        token or dollar ceiling the first runs alone until its usage gives the ledger an
+        estimate (found by review: reserving nothing, a population of calls started past
+        the ceiling, 40x over it). An optimizer whose usage gives none (a script that
+        reports nothing) is not held to one call at a time for it: it reserves nothing."""
+        wait = self.config.propose.optimizer_timeout * ESTIMATE_WAIT + PROPOSAL_REPLY_SLACK
+        with trio.move_on_after(wait):
+            while True:
+                reserve = Reserve(stage="optimizer", item=slot_id, zero_cost=self.probed)
+                reply: ReserveReply = await self.peers.ask_budget(reserve)
+                if reply.granted or not reply.retry:
+                    return reply
+                await trio.sleep(PROBE_POLL_SECONDS)
+        return ReserveReply(granted=False, reason="no optimizer call's cost was known in time")
 
     async def _charge(self, item: str, result: ProposeResult, *, stage: str) -> None:
         debit = Debit(item=item, actual=result.usage, complete=False, stage=stage)

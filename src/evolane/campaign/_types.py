@@ -30,6 +30,7 @@ from evolane.campaign._runs import (
     ResumeState,
     RunRecord,
 )
+from evolane.lanes import OPTIMIZER_ENDPOINT_FAILED
 from evolane.measure import MeasureSlots, ProgressBus, RunJournal, lane_names
 from evolane.messages import (
     ArtifactRef,
@@ -263,6 +264,17 @@ class Stopped(Exception):
     def __init__(self, stop: Stop, message: str) -> None:
         super().__init__(message)
         self.stop, self.message = stop, message
+
+
+def endpoint_down(results: list[ProposeResult]) -> str | None:
+    """Why the run cannot go on when every proposal of an iteration failed on the optimizer's
+    model endpoint (HTTP 5xx, 401, the network): the next ones would too. None otherwise."""
+    failures = [r.failure for r in results]
+    if not failures or any(f is None or f.code != OPTIMIZER_ENDPOINT_FAILED for f in failures):
+        return None
+    first = failures[0]
+    said = first.message if first is not None else ""
+    return f"the optimizer's model endpoint failed on every call ({said[-300:].strip()})"
 
 
 def not_stored(slot_id: str) -> ProposeResult:

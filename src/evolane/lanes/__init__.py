@@ -19,7 +19,12 @@ from evolane.lanes._agents import (
 )
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
-from evolane.lanes._judge import MAX_ANSWER_BYTES, JudgeLane, parse_judge_output
+from evolane.lanes._judge import (
+    JUDGE_ENDPOINT_FAILED,
+    MAX_ANSWER_BYTES,
+    JudgeLane,
+    parse_judge_output,
+)
 from evolane.lanes._limits import (
     LIMIT_FLAGS,
     format_size,
@@ -33,6 +38,7 @@ from evolane.lanes._llm_judge import MalformedVerdictError, llm_judge, parse_ver
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_snapshot
 from evolane.lanes._llm_optimizer import llm_optimizer
 from evolane.lanes._optimizer import (
+    OPTIMIZER_ENDPOINT_FAILED,
     SIGNATURE_MAX_ENTRIES,
     OptimizerLane,
     OptimizerSettings,
@@ -81,11 +87,13 @@ __all__ = [
     "BUILTIN_AGENTS",
     "EARLY_STOPS_KEPT",
     "EDIT_FORMAT",
+    "JUDGE_ENDPOINT_FAILED",
     "LIMIT_FLAGS",
     "MAX_ANSWER_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_USAGE_BYTES",
     "OBSERVER_GROUP",
+    "OPTIMIZER_ENDPOINT_FAILED",
     "OUTPUT_LIMITS",
     "SIGNATURE_MAX_ENTRIES",
     "AdaptiveLimiter",

@@ -92,11 +92,18 @@ def _stdout_for(call: BackendCall, value: Any) -> bytes:
     return (str(value) + "\n").encode() if value is not None else b""
 
 
+ENDPOINT_EXIT = 75
+"""The exit code of a backend whose error says its endpoint failed (``endpoint_failed``,
+as `ModelError` does): EX_TEMPFAIL. Only an in-process backend's: a command's exit code
+may be the candidate's own."""
+
+
 async def run_backend(
     backend: Backend, call: BackendCall, deadline: float, stop: trio.Event
 ) -> ProcessOutcome:
     """Run ``backend`` under ``deadline`` (trio clock) and ``stop``; never raises for the
-    backend's own errors (they become exit code 1 with the error as stderr)."""
+    backend's own errors (they become exit code 1 with the error as stderr, or
+    `ENDPOINT_EXIT` when the error says its endpoint failed)."""
     started = time.monotonic()
     status, code, out, err = "exited", 0, b"", b""
     with trio.move_on_at(deadline) as timer:
@@ -111,7 +118,7 @@ async def run_backend(
                 value = await backend(call)
                 out = _stdout_for(call, value)
             except Exception as error:  # the backend's failure, reported like a crashed command
-                code = 1
+                code = ENDPOINT_EXIT if getattr(error, "endpoint_failed", False) is True else 1
                 err = "".join(traceback.format_exception_only(error)).encode()[-CAPTURE_BYTES:]
             nursery.cancel_scope.cancel()
     if timer.cancelled_caught:

@@ -21,7 +21,7 @@ from evolane.inputs import (
     PriceTable,
     TemplateError,
 )
-from evolane.lanes._backends import BackendCall, run_backend
+from evolane.lanes._backends import ENDPOINT_EXIT, BackendCall, run_backend
 from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
 from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
@@ -65,6 +65,12 @@ def _sum_usage(total: Usage, part: Usage) -> Usage:
         a, b = getattr(total, name), getattr(part, name)
         values[name] = None if a is None and b is None else (a or 0.0) + (b or 0.0)
     return Usage(**values, cached=total.cached or part.cached)
+
+
+JUDGE_ENDPOINT_FAILED = "judge_endpoint_failed"
+"""A judge backend's model endpoint failed (HTTP 5xx, 401, retries or rate limits spent,
+the network): nothing the candidate's output did, so such a unit is left out of the
+comparison rather than scored 0 (`evolane.measure.unscored_counts_as_zero`)."""
 
 
 def _infra(code: str, message: str) -> _Verdict:
@@ -232,7 +238,7 @@ class JudgeLane(CommandLane):
                 attempt=attempt,
             )
             outcome = await run_backend(self.settings.backend, call, deadline, stop)
-            verdict = self._verdict(outcome)
+            verdict = command_verdict(outcome, backend=True)
             usage, complete = judge_usage(usage_file, outcome, self.settings.prices)
             return replace(verdict, usage=usage, usage_complete=complete)
         finally:
@@ -283,27 +289,11 @@ class JudgeLane(CommandLane):
         outcome = await run_lane_command(
             self.host, self.settings, argv, scratch, "judge", env, deadline, stop
         )
-        verdict = self._verdict(outcome)
+        verdict = command_verdict(outcome)
         usage, complete = await trio.to_thread.run_sync(
             judge_usage, usage_file, outcome, self.settings.prices
         )
         return replace(verdict, usage=usage, usage_complete=complete)
-
-    def _verdict(self, outcome: ProcessOutcome) -> _Verdict:
-        """What a judge command's outcome says: a score, or an infrastructure failure."""
-        if outcome.status == "limit_exceeded":
-            return _infra(f"limit_{'_'.join(outcome.limits_hit)}", f"the judge: {outcome.error}")
-        if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
-            return _infra(f"judge_{outcome.status}", outcome.error or outcome.status)
-        if outcome.exit_code != 0:
-            return _infra(
-                f"judge_exit_{outcome.exit_code}",
-                f"the judge failed: {excerpt(outcome.stderr.head)!r}",
-            )
-        stdout = outcome.stdout
-        if stdout.truncated:  # the last-line rule holds for any size: read the tail
-            return parse_judge_output(stdout.tail, complete=False)
-        return parse_judge_output(stdout.head + stdout.tail)  # all of it: nothing was dropped
 
     async def _verification(
         self, command: str, scratch: UnitScratch, job: JudgeJob, deadline: float, stop: trio.Event
@@ -337,6 +327,26 @@ class JudgeLane(CommandLane):
                 {"exit_code": outcome.exit_code, "stdout": excerpt(outcome.stdout.head)}
             ),
         )
+
+
+def command_verdict(outcome: ProcessOutcome, backend: bool = False) -> _Verdict:
+    """What a judge command's (or ``backend``'s) outcome says: a score, or an
+    infrastructure failure; `JUDGE_ENDPOINT_FAILED` when a backend's endpoint failed."""
+    if backend and outcome.exit_code == ENDPOINT_EXIT:
+        return _infra(JUDGE_ENDPOINT_FAILED, f"the judge: {excerpt(outcome.stderr.head)}")
+    if outcome.status == "limit_exceeded":
+        return _infra(f"limit_{'_'.join(outcome.limits_hit)}", f"the judge: {outcome.error}")
+    if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
+        return _infra(f"judge_{outcome.status}", outcome.error or outcome.status)
+    if outcome.exit_code != 0:
+        return _infra(
+            f"judge_exit_{outcome.exit_code}",
+            f"the judge failed: {excerpt(outcome.stderr.head)!r}",
+        )
+    stdout = outcome.stdout
+    if stdout.truncated:  # the last-line rule holds for any size: read the tail
+        return parse_judge_output(stdout.tail, complete=False)
+    return parse_judge_output(stdout.head + stdout.tail)  # all of it: nothing was dropped
 
 
 def _lay_out_output(store: BlobStore, scratch: UnitScratch, job: JudgeJob) -> None:

@@ -12,9 +12,11 @@ transient failure (connection error, request timeout, 408, 409, 5xx) is retried
 in evolane's objects, files or messages; the credentials a ``base_url`` may carry
 (``user:pass@``) are taken out of every message (`redact`).
 
-An answer without a ``usage`` field is metered as unknown (``"partial": true``, no counts),
-never as 0 tokens; `Spend` meters the calls of one backend invocation, a call cut off or
-failed after sending included (see `evolane.lanes.usage_document`).
+An answer without a usable ``usage`` field (absent, negative, past belief) is metered by the
+size of its request and answer (`text_tokens`: an estimate that errs high), never as 0
+tokens; `Spend` meters the calls of one backend invocation, a call cut off or failed after
+sending included, at least at its request's input (see `evolane.lanes.usage_document`). The
+API key is hidden in every error message and answer text a server sends back.
 """
 
 from __future__ import annotations
@@ -35,9 +37,14 @@ from urllib.parse import urlsplit
 import orjson
 import trio
 
-from evolane.lanes._backends import BackendCall
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_for
-from evolane.lanes._usage import usage_document
+from evolane.lanes._llm_usage import (
+    add_usage,
+    answer_usage,
+    request_tokens,
+    text_tokens,
+    token_count,
+)
 from evolane.store import StoreError, read_regular_file, write_bytes_atomic
 
 EXTRA_HINT = "the llm backends need the extra: pip install 'evolane[llm]'"
@@ -66,11 +73,20 @@ def redact(text: str) -> str:
 class ModelError(RuntimeError):
     """A model call that failed for good (HTTP error, retries spent, deadline passed); its
     message never holds a URL's credentials. ``sent``: whether a request may have reached
-    the endpoint (and may be billed)."""
+    the endpoint (and may be billed). ``endpoint_failed``: nothing the request held could
+    have caused it (the endpoint, the network, the key or the setup failed), so a lane
+    counts it as an infrastructure failure, never against the candidate (`ENDPOINT_EXIT`);
+    False for an HTTP error a request's content may cause (400, 413, 422: a content filter,
+    a context too long)."""
 
-    def __init__(self, message: str, *, sent: bool = True) -> None:
+    def __init__(self, message: str, *, sent: bool = True, endpoint_failed: bool = True) -> None:
         super().__init__(redact(message))
         self.sent = sent
+        self.endpoint_failed = endpoint_failed
+
+
+CONTENT_STATUSES = frozenset({400, 413, 415, 422})
+"""HTTP statuses a request's content may cause (the rest of 4xx and 5xx are the endpoint's)."""
 
 
 @dataclass(frozen=True)
@@ -115,69 +131,6 @@ class ChatAnswer:
 
     text: str
     usage: dict[str, Any]
-
-
-COUNTS = ("input_tokens", "output_tokens", "cached_input_tokens")
-
-
-def _count(document: dict[str, Any], key: str) -> int | None:
-    value = document.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def add_usage(total: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
-    """Two usage documents summed: the counts either one has are added, and the sum is
-    ``partial`` when either is (or lacks its input or output count: an answer whose usage
-    was not reported); ``cached`` only when both answers came from the cache."""
-    if total is None:
-        return dict(more)
-    both = (total, more)
-    sums = []
-    for key in COUNTS:
-        values = [value for value in (_count(d, key) for d in both) if value is not None]
-        sums.append(sum(values) if values else None)
-    partial = any(
-        d.get("partial") is True or _count(d, "input_tokens") is None
-        or _count(d, "output_tokens") is None
-        for d in both
-    )  # fmt: skip
-    model = total.get("model") or more.get("model")
-    return answer_usage(
-        str(model or ""),
-        *sums,
-        cached=bool(total.get("cached") and more.get("cached")),
-        partial=partial,
-    )
-
-
-def answer_usage(
-    model: str,
-    inputs: int | None = 0,
-    outputs: int | None = 0,
-    cached_input: int | None = 0,
-    *,
-    cached: bool,
-    partial: bool = False,
-) -> dict[str, Any]:
-    """The usage document of model answers: the counts given (0 when none was used; None:
-    unknown, left out) and ``partial`` when some spend is not counted in it."""
-    document = usage_document(
-        inputs,
-        outputs,
-        cached_input_tokens=cached_input,
-        model=model,
-        cached=cached,
-        partial=partial,
-    )
-    assert document is not None  # counts given or partial: never empty
-    return {**document, "cached": cached}
-
-
-def write_usage(call: BackendCall, usage: dict[str, Any]) -> None:
-    """Meter ``usage`` in ``call.usage_file`` (for a backend about to raise: `run_backend`
-    writes the usage of a returned value only)."""
-    if call.usage_file is not None:
-        call.usage_file.write_bytes(orjson.dumps(usage))
 
 
 def api_key(endpoint: Endpoint) -> str:
@@ -347,28 +300,37 @@ async def _ask(
         async with limiter.slot() as ticket:
             timeout = _request_timeout(endpoint, deadline)
             options = {} if timeout is None else {"timeout": timeout}
-            try:
-                response = await client.chat.completions.create(**body, **options)
-            except openai.RateLimitError as error:
-                rate_limits += 1
-                retry_after = _retry_after(error.response.headers)
-                limiter.rate_limited(ticket, retry_after)
-                if rate_limits >= RATE_LIMIT_TRIES:
-                    raise ModelError(_describe(endpoint, error, "rate limited")) from None
-            except openai.APIError as error:
-                failure = error
-            else:
+            response, limited = None, False
+            # the SDK's timeout bounds each read: a server dripping bytes held a request to
+            # the phase's deadline (found by review); this scope bounds the whole request
+            with trio.move_on_after(math.inf if timeout is None else timeout):
+                try:
+                    response = await client.chat.completions.create(**body, **options)
+                except openai.RateLimitError as error:
+                    rate_limits, limited = rate_limits + 1, True
+                    retry_after = _retry_after(error.response.headers)
+                    limiter.rate_limited(ticket, retry_after)
+                    if rate_limits >= RATE_LIMIT_TRIES:
+                        raise ModelError(_describe(endpoint, error, "rate limited")) from None
+                except openai.APIError as error:
+                    failure = error
+                except ValueError as error:  # a body that is not JSON (not an APIError)
+                    failure = MalformedResponse(f"the answer is not a chat completion: {error}")
+            if response is not None:
                 limiter.succeeded()
-                return _answer(endpoint, response)
+                return _answer(endpoint, response, body)
+            if failure is None and not limited:
+                failure = RequestTimedOut(f"no whole answer within {timeout} s")
         if failure is None:  # a 429: a positive Retry-After pauses the limiter, else back off
             if retry_after is None or retry_after <= 0:
                 pause = rate_limit_backoff(int(body["seed"]), rate_limits)
                 await trio.sleep(min(pause, max(0.0, deadline - trio.current_time())))
             continue
-        if isinstance(failure, openai.APITimeoutError) and trio.current_time() >= deadline:
+        timed_out = isinstance(failure, openai.APITimeoutError | RequestTimedOut)
+        if timed_out and trio.current_time() >= deadline:
             await trio.sleep_until(deadline)  # the deadline's own cancellation ends the call
         if not _transient(openai, failure) or failures >= endpoint.retries:
-            raise ModelError(_describe(endpoint, failure, "failed"))
+            raise _failed(endpoint, failure)
         failures += 1
         await trio.sleep(min(RETRY_INTERVAL * 2 ** (failures - 1), MAX_RETRY_INTERVAL))
 
@@ -388,9 +350,18 @@ def _request_timeout(endpoint: Endpoint, deadline: float) -> float | None:
     return None if math.isinf(timeout) else max(timeout, 0.001)
 
 
+class RequestTimedOut(Exception):
+    """A request with no whole answer within its timeout (a transient failure)."""
+
+
+class MalformedResponse(Exception):
+    """An answer that is not a chat completion at all (a transient failure)."""
+
+
 def _transient(openai: Any, error: Exception | None) -> bool:
-    """A connection error, a request timeout, 408, 409 or 5xx: worth asking again."""
-    if isinstance(error, openai.APIConnectionError):
+    """A connection error, a request timeout, a body that is not a completion, 408, 409 or
+    5xx: worth asking again."""
+    if isinstance(error, openai.APIConnectionError | RequestTimedOut | MalformedResponse):
         return True
     status = getattr(error, "status_code", None)
     return isinstance(status, int) and (status in (408, 409) or status >= 500)
@@ -399,19 +370,27 @@ def _transient(openai: Any, error: Exception | None) -> bool:
 def _retry_after(headers: Any) -> float | None:
     """Seconds the server asks callers to wait: ``retry-after-ms``, or ``retry-after`` as
     seconds or an HTTP date; None when it says nothing usable."""
+    seconds = None
     try:
         if headers.get("retry-after-ms") is not None:
-            return float(headers["retry-after-ms"]) / 1000
-        value = headers.get("retry-after")
-        if value is not None:
+            seconds = float(headers["retry-after-ms"]) / 1000
+        elif (value := headers.get("retry-after")) is not None:
             try:
-                return float(value)
+                seconds = float(value)
             except ValueError:
                 when = email.utils.parsedate_to_datetime(value).timestamp()
-                return max(0.0, when - time.time())
-    except (ValueError, TypeError):
-        pass
-    return None
+                seconds = max(0.0, when - time.time())
+    except (ValueError, TypeError, OverflowError):
+        return None
+    # nan or inf says nothing usable (a nan made every call retry at once: found by review)
+    return seconds if seconds is not None and math.isfinite(seconds) else None
+
+
+def without_key(endpoint: Endpoint, text: str) -> str:
+    """``text`` with the endpoint's API key hidden wherever it appears (a server or proxy
+    may echo it in an error or an answer: found by review, it reached report.json)."""
+    key = os.environ.get(endpoint.api_key_env) or ""
+    return text.replace(key, "***") if len(key) >= 8 else text
 
 
 def _describe(endpoint: Endpoint, error: Exception, what: str) -> str:
@@ -419,32 +398,37 @@ def _describe(endpoint: Endpoint, error: Exception, what: str) -> str:
     where = endpoint.base_url or "the OpenAI API"
     head = f"{endpoint.model} at {where} {what}"
     head += f" (HTTP {status})" if status is not None else f" ({type(error).__name__})"
-    return redact(f"{head}: {redact(str(error))[:300]}")  # hidden before the cut
+    said = without_key(endpoint, redact(str(error)))  # hidden before the cut
+    return redact(f"{head}: {said[:300]}")
 
 
-def _answer(endpoint: Endpoint, response: Any) -> ChatAnswer:
-    """The first choice's text and the API's usage as a usage document; an answer that
-    reports no input or output count is metered as unknown (``partial``, no counts)."""
+def _failed(endpoint: Endpoint, error: Exception) -> ModelError:
+    """The `ModelError` of a call that failed for good with ``error``."""
+    status = getattr(error, "status_code", None)
+    return ModelError(
+        _describe(endpoint, error, "failed"), endpoint_failed=status not in CONTENT_STATUSES
+    )
+
+
+def _answer(endpoint: Endpoint, response: Any, body: dict[str, Any]) -> ChatAnswer:
+    """The first choice's text (the API key hidden) and the API's usage as a usage document;
+    an answer that reports no usable input or output count is metered by `text_tokens` of
+    the request and the answer (found by review: metered as unknown, such answers cost 0,
+    and no token or dollar ceiling ever stopped a run)."""
     choices = getattr(response, "choices", None) or []
-    text = (choices[0].message.content if choices else None) or ""
+    text = without_key(endpoint, (choices[0].message.content if choices else None) or "")
     usage = getattr(response, "usage", None)
-    inputs = _token_count(getattr(usage, "prompt_tokens", None))
-    outputs = _token_count(getattr(usage, "completion_tokens", None))
+    inputs = token_count(getattr(usage, "prompt_tokens", None))
+    outputs = token_count(getattr(usage, "completion_tokens", None))
     if inputs is None or outputs is None:
-        return ChatAnswer(
-            text, answer_usage(endpoint.model, None, None, None, cached=False, partial=True)
+        estimated = answer_usage(
+            endpoint.model, request_tokens(body), text_tokens(text), cached=False
         )
+        return ChatAnswer(text, {**estimated, "estimated": True})
     details = getattr(usage, "prompt_tokens_details", None)
-    cached_input = _token_count(getattr(details, "cached_tokens", None)) or 0
+    cached_input = min(token_count(getattr(details, "cached_tokens", None)) or 0, inputs)
     usage_doc = answer_usage(endpoint.model, inputs, outputs, cached_input, cached=False)
     return ChatAnswer(text, usage_doc)
-
-
-def _token_count(value: Any) -> int | None:
-    """A token count the API reported (None: absent or not a count)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        return None
-    return int(value) if math.isfinite(value) else None
 
 
 @dataclass
@@ -452,11 +436,13 @@ class Spend:
     """The usage of one backend invocation's model calls, as they come (`ask`): the answers'
     usage summed, and whether a call ended without its answer (cut by the deadline,
     cancelled, or failed after sending: a request the provider may bill), which makes the
-    `document` ``partial``."""
+    `document` ``partial`` and counts that request's input (`request_tokens`), the least
+    it may be billed."""
 
     model: str
     total: dict[str, Any] | None = None
     unanswered: bool = False
+    unanswered_input: int = 0
 
     async def ask(
         self, endpoint: Endpoint, messages: list[dict[str, str]], **options: Any
@@ -465,21 +451,27 @@ class Spend:
         try:
             answer = await chat(endpoint, messages, **options)
         except ModelError as error:
-            self.unanswered = self.unanswered or error.sent
+            if error.sent:
+                self._unanswered(messages)
             raise
         except BaseException:
-            self.unanswered = True
+            self._unanswered(messages)
             raise
         self.total = add_usage(self.total, answer.usage)
         return answer
 
+    def _unanswered(self, messages: list[dict[str, str]]) -> None:
+        self.unanswered = True
+        self.unanswered_input += request_tokens({"messages": messages})
+
     def document(self) -> dict[str, Any]:
-        """The usage document of the calls so far (no counts when none answered and one was
-        cut off: unknown, not 0)."""
-        if self.total is None:
-            if self.unanswered:
-                return answer_usage(self.model, None, None, None, cached=False, partial=True)
-            return answer_usage(self.model, cached=False)
-        if self.unanswered:
-            return {**self.total, "partial": True, "cached": False}
-        return dict(self.total)
+        """The usage document of the calls so far: ``partial`` when one was cut off, with
+        at least the input of the requests that got no answer."""
+        if not self.unanswered:
+            return (
+                dict(self.total)
+                if self.total is not None
+                else answer_usage(self.model, cached=False)
+            )
+        cut = answer_usage(self.model, self.unanswered_input, None, cached=False, partial=True)
+        return {**add_usage(self.total, cut), "partial": True, "cached": False}

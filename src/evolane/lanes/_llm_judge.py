@@ -20,8 +20,9 @@ import orjson
 import trio
 
 from evolane.lanes._backends import Backend, BackendCall
-from evolane.lanes._llm import Endpoint, Spend, write_usage
+from evolane.lanes._llm import Endpoint, Spend
 from evolane.lanes._llm_files import folder_texts, render_texts
+from evolane.lanes._llm_usage import write_usage
 
 MALFORMED_RETRIES = 2
 """Extra asks after an answer that is not a valid verdict."""

@@ -25,7 +25,7 @@ import trio
 
 from evolane.inputs import CommandTemplate, PriceTable
 from evolane.lanes._agents import AGENT_TAIL_BYTES, AgentCommand, captured_bytes
-from evolane.lanes._backends import Backend, BackendCall, run_backend
+from evolane.lanes._backends import ENDPOINT_EXIT, Backend, BackendCall, run_backend
 from evolane.lanes._entries import check_entries
 from evolane.lanes._limits import note_limits
 from evolane.lanes._replay import read_usage
@@ -282,15 +282,17 @@ class OptimizerLane(StoppableLane):
             stdout = captured_bytes(out.head, out.tail, out.truncated)
             self.settings.agent.record_usage(scratch.dir / "usage.json", stdout)
             summary = self.settings.agent.summary(stdout)
-        usage, _ = read_usage(scratch.dir / "usage.json", outcome, self.settings.prices)
+        usage, complete = read_usage(scratch.dir / "usage.json", outcome, self.settings.prices)
         base = {
             "slot_id": job.slot_id,
             "stdout_ref": outcome.stdout.ref,
             "stderr_ref": outcome.stderr.ref,
             "usage": usage,
+            "usage_complete": complete,
         }
         if not outcome.ok:
-            status, failure = _failure(outcome, idle, job.idle_seconds)
+            backend = self.settings.backend is not None
+            status, failure = _failure(outcome, idle, job.idle_seconds, backend)
             return ProposeResult(status=status, failure=failure, **base)  # type: ignore[arg-type]
         gate, tree = self._gate_and_store(job, scratch)
         if gate is None and isinstance(tree, FailureEvent):
@@ -344,9 +346,24 @@ def _summary(outcome: ProcessOutcome) -> str:
     return printable(lines[0].strip()[:_SHORT]) if lines else ""
 
 
-def _failure(outcome: ProcessOutcome, idle: bool, idle_seconds: float) -> tuple[str, FailureEvent]:
-    """The result status and failure of a run that did not exit 0."""
+OPTIMIZER_ENDPOINT_FAILED = "endpoint_failed"
+"""The code of an in-process optimizer whose model endpoint failed (`ENDPOINT_EXIT`)."""
+
+
+def _failure(
+    outcome: ProcessOutcome, idle: bool, idle_seconds: float, backend: bool = False
+) -> tuple[str, FailureEvent]:
+    """The result status and failure of a run that did not exit 0 (``backend``: an
+    in-process one, whose `ENDPOINT_EXIT` says its model endpoint failed)."""
     wall = outcome.wall_seconds
+    if backend and outcome.exit_code == ENDPOINT_EXIT:
+        message = outcome.stderr.text()[-500:]
+        return "failed", FailureEvent(
+            owner="infrastructure",
+            stage="optimizer",
+            code=OPTIMIZER_ENDPOINT_FAILED,
+            message=message,
+        )
     if idle:
         message = f"no output and no file change for {idle_seconds:g}s; stopped after {wall:.1f}s"
         return "idle_killed", FailureEvent(
@@ -378,4 +395,9 @@ def _failure(outcome: ProcessOutcome, idle: bool, idle_seconds: float) -> tuple[
     return "failed", FailureEvent(owner="candidate", stage="optimizer", code=code, message=message)
 
 
-__all__ = ["OptimizerLane", "OptimizerSettings", "workdir_signature"]
+__all__ = [
+    "OPTIMIZER_ENDPOINT_FAILED",
+    "OptimizerLane",
+    "OptimizerSettings",
+    "workdir_signature",
+]

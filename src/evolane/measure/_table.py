@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 
 import orjson
 
+from evolane.lanes import JUDGE_ENDPOINT_FAILED
 from evolane.measure._layout import UnitLayout
 from evolane.measure._sealed import SealedRecords
 from evolane.messages import ArtifactRef, JudgeResult, MeasureRequest, ReplayResult, Usage
@@ -301,19 +302,22 @@ class Unit:
 def unscored_counts_as_zero(replay: ReplayResult, judge: JudgeResult | None) -> bool:
     """Whether a candidate unit that ended unscored scores 0 (the worst score) in the
     comparison: its replay timed out or failed, or its judge failed on its output, for any
-    reason but a spawn that never started or the framework's stop (early stop, budget,
-    cancel: a status of its own). A candidate's tree can cause a timeout, a judge crash or
-    even a lane crash (an output it made unreadable) on the cases it would fail; left out,
-    they would leave only the cases it passes in the comparison (found by review: a worse
-    candidate accepted and published that way). Missing data never counts in a candidate's
-    favour; a true infrastructure or framework failure costs it, never helps it."""
+    reason but a spawn that never started, the framework's stop (early stop, budget, cancel:
+    a status of its own) or a judge backend's model endpoint that failed (HTTP 5xx, 401, the
+    network: nothing an output can cause; scored 0, an outage on the candidate's units
+    rejected a better candidate, found by review). A candidate's tree can cause a timeout, a
+    judge crash or even a lane crash (an output it made unreadable) on the cases it would
+    fail; left out, they would leave only the cases it passes in the comparison (found by
+    review: a worse candidate accepted and published that way). What is left out is missing
+    data, and the coverage guard makes a measurement with too little of it indecisive."""
     if replay.status in ("cancelled", "blocked", "not_run"):
         return False
     if replay.status != "succeeded":  # failed or timed out
         return replay.failure is None or not replay.failure.code.endswith("spawn_failed")
-    if judge is None or judge.status != "failed":
+    if judge is None or judge.status != "failed" or judge.failure is None:
         return False
-    return judge.failure is not None and not judge.failure.code.endswith("spawn_failed")
+    code = judge.failure.code  # a model endpoint's outage is not the output's doing
+    return not code.endswith("spawn_failed") and code != JUDGE_ENDPOINT_FAILED
 
 
 def unit_table(

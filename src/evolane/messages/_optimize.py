@@ -61,4 +61,7 @@ class ProposeResult(Message):
     stderr_ref: ArtifactRef | None = None
     summary: ShortSaid = ""  # the first line of the optimizer's stdout
     usage: Usage = Usage()
+    usage_complete: bool = False
+    """Whether ``usage`` counts all it spent (tokens and dollars, nothing cut off): only
+    then is it the ledger's sample of what an optimizer call costs."""
     wall_seconds: float = Field(default=0.0, ge=0, le=1e15)

@@ -55,6 +55,15 @@ class StubScript:
     fail_count: int = 0
     """The first N requests (after any 429s) are answered ``fail_status``."""
     fail_status: int = 500
+    echo_auth: bool = False
+    """A scripted failure's message repeats the request's Authorization header (as some
+    proxies do)."""
+    retry_after_text: str | None = None
+    """The 429s' ``Retry-After`` header as written (no ``retry-after-ms``): e.g. "nan"."""
+    raw_body: str | None = None
+    """Answer 200 with this body (not a completion, not even JSON)."""
+    drip: float = 0.0
+    """Seconds between the bytes of an answer's body (a server that sends it slowly)."""
     rules: list[StubRule] = field(default_factory=list)
     contents: list[str] = field(default_factory=list)
     """A queue of contents, answered in order before the rules and the default."""
@@ -115,17 +124,23 @@ class _Handler(BaseHTTPRequestHandler):
             if limited:
                 headers = {"Retry-After": str(script.retry_after)}
                 headers["retry-after-ms"] = str(int(script.retry_after * 1000))
+                if script.retry_after_text is not None:
+                    headers = {"Retry-After": script.retry_after_text}
                 self._send(429, {"error": {"message": "rate limited", "type": "rate"}}, headers)
                 return
             if failed:
-                self._send(script.fail_status, {"error": {"message": "scripted failure"}})
+                said = "scripted failure"
+                if script.echo_auth:
+                    said += f": {self.headers.get('Authorization')} is not a valid key"
+                self._send(script.fail_status, {"error": {"message": said}})
                 return
             wait = float("inf") if script.hang else script.latency
             if not self._wait(wait):
                 stub.note_disconnect()
                 return
             content = stub.content_for(body)
-            self._send(200, _completion(body, content, script))
+            answer = script.raw_body if script.raw_body is not None else None
+            self._send(200, _completion(body, content, script), raw=answer, drip=script.drip)
             stub.note_answered()
         finally:
             stub.leave()
@@ -146,8 +161,16 @@ class _Handler(BaseHTTPRequestHandler):
                     return False
         return False
 
-    def _send(self, status: int, value: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(value).encode()
+    def _send(
+        self,
+        status: int,
+        value: Any,
+        headers: dict[str, str] | None = None,
+        *,
+        raw: str | None = None,
+        drip: float = 0.0,
+    ) -> None:
+        data = raw.encode() if raw is not None else json.dumps(value).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -155,7 +178,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, text)
         self.end_headers()
         with contextlib.suppress(OSError):
-            self.wfile.write(data)
+            if drip <= 0:
+                self.wfile.write(data)
+                return
+            for index in range(len(data)):  # ends when the client leaves (a write fails)
+                self.wfile.write(data[index : index + 1])
+                self.wfile.flush()
+                if self.server.closing.wait(drip):
+                    return
 
 
 def _completion(body: dict[str, Any], content: str, script: StubScript) -> dict[str, Any]:
