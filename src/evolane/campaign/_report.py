@@ -40,7 +40,7 @@ Purpose = Literal["baseline", "screening", "paired", "final_val", "final_test"]
 
 
 class ScoreCI(Record):
-    """A tree's mean score on a split, with a seeded bootstrap CI over cases."""
+    """A tree's mean score on a split, with a CI over cases (`stats.case_mean_ci`)."""
 
     mean: float = Field(ge=0.0, le=1.0)
     ci_low: float = Field(ge=0.0, le=1.0)
@@ -257,7 +257,8 @@ CycleReport: type[Record] = create_model(  # a view of `Report`: its fields are 
 
 
 def score_ci(per_case: dict[str, list[float]], *, confidence: float, seed: int) -> ScoreCI | None:
-    """Mean over cases of each case's mean score, with a seeded percentile bootstrap CI."""
+    """Mean over cases of each case's mean score, with its CI (`stats.case_mean_ci`:
+    Clopper-Pearson for pass/fail scores, never collapsing for graded ones)."""
     found = case_mean_ci(per_case, confidence=confidence, seed=seed)
     if found is None:
         return None

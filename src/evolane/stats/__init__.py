@@ -15,9 +15,9 @@ from evolane.stats._bootstrap import (
     BootstrapMethod,
     bootstrap_ci,
     bootstrap_means,
-    case_mean_ci,
     expanded_tail,
 )
+from evolane.stats._bounded import bounded_mean_ci, case_mean_ci, clopper_pearson
 from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
 from evolane.stats._gates import (
     TOLERANCE,
@@ -101,11 +101,13 @@ __all__ = [
     "best_case_p_value",
     "bootstrap_ci",
     "bootstrap_means",
+    "bounded_mean_ci",
     "can_ever_accept",
     "can_ever_confirm",
     "can_ever_pass_online",
     "case_mean_ci",
     "case_order",
+    "clopper_pearson",
     "confirm",
     "coverage_shortfall",
     "decide",

@@ -94,19 +94,3 @@ def bootstrap_ci(
     low, high = np.quantile(means, [tail, 1.0 - tail])
     lowest, highest = float(values.min()), float(values.max())
     return float(np.clip(low, lowest, highest)), float(np.clip(high, lowest, highest))
-
-
-def case_mean_ci(
-    per_case: dict[str, list[float]], *, confidence: float, seed: int, samples: int = 2000
-) -> tuple[float, float, float, int] | None:
-    """(mean, low, high, n): the mean over cases of each case's mean score with a seeded
-    bootstrap CI, clipped to 0..1; None without any scored case."""
-    means = np.array([sum(v) / len(v) for v in per_case.values() if v], dtype=np.float64)
-    if means.size == 0:
-        return None
-    low, high = bootstrap_ci(means, confidence, samples, seed)
-
-    def clip(value: float) -> float:
-        return float(min(1.0, max(0.0, value)))
-
-    return clip(float(means.mean())), clip(low), clip(high), int(means.size)

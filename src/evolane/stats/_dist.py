@@ -1,4 +1,4 @@
-"""Normal and Student t distribution functions without SciPy (stdlib `math` only).
+"""Normal, beta and Student t distribution functions without SciPy (stdlib `math` only).
 
 The t CDF is the regularised incomplete beta function, evaluated by its continued fraction
 (modified Lentz); the quantile inverts it by bisection. Both are accurate to about 1e-12,
@@ -59,6 +59,24 @@ def beta_regularized(a: float, b: float, x: float) -> float:
     if x < (a + 1.0) / (a + b + 2.0):
         return math.exp(log_front) * _beta_fraction(a, b, x) / a
     return 1.0 - math.exp(log_front) * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def beta_quantile(p: float, a: float, b: float) -> float:
+    """The x in [0, 1] with I_x(a, b) = p, for p in (0, 1) and a, b > 0 (bisection)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must lie in (0, 1), got {p}")
+    if a <= 0.0 or b <= 0.0:
+        raise ValueError(f"a and b must be > 0, got {a}, {b}")
+    low, high = 0.0, 1.0
+    for _ in range(200):
+        middle = (low + high) / 2.0
+        if middle in (low, high):
+            break
+        if beta_regularized(a, b, middle) < p:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2.0
 
 
 def t_cdf(x: float, df: float) -> float:
