@@ -194,6 +194,18 @@ def test_preflight_bars_online_mode_by_the_test_the_campaign_reads() -> None:
     assert three.possible and "at least 9 case(s) fixed in all 3 replays" in three.lines[0]
 
 
+def test_the_reports_online_bar_reads_the_gates_seed_as_the_preflight_does() -> None:
+    # The betting bound reads the cases in an order drawn from the gate's seed: at 16 val
+    # cases seed 0 needs 10 full gains, seed 2 needs 11. The report said 10 at every seed.
+    for seed, needed in ((0, 10), (2, 11)):
+        judged = _config(
+            iterations=8, population=2, judge="python judge.py", gate=GateConfig(seed=seed)
+        )
+        words = error_control(judged, 0, None, 16)
+        assert f"gain the full score on at least {needed} of them" in words
+        assert f"at least {needed} case(s)" in preflight(judged, 16, 0, (1, 1)).lines[0]
+
+
 def test_preflight_warns_when_pass_fail_confirmation_replays_each_case_more_than_once() -> None:
     config = _config(iterations=8, population=2, error_control="confirm")
     assert not any("warning" in line for line in preflight(config, 32, 16, (1, 1)).lines)

@@ -224,7 +224,14 @@ def error_control(
     if mode == "online":
         budget = online or opening_budget(config, config.max_improvement_cycles)
         margin = no_gain_margin(gate)
-        return online_words(budget, val_cases, val_fed, margin=margin, pass_fail=config.pass_fail)
+        return online_words(
+            budget,
+            val_cases,
+            val_fed,
+            margin=margin,
+            pass_fail=config.pass_fail,
+            order_seed=gate.seed,
+        )
     if mode == "none":
         where = (
             f"the best is not confirmed on the {test_cases} test cases before it is published"

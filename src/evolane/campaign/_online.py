@@ -196,10 +196,12 @@ def online_words(
     *,
     margin: float = 0.0,
     pass_fail: bool = True,
+    order_seed: int = 0,
 ) -> str:
     """Online error control in words, with its guarantee and its price, for the report;
     ``val_fed``: the optimizer saw val outcomes, so the guarantee does not hold (said so);
-    ``margin`` and ``pass_fail`` name the test of no true gain (`stats.no_gain_p_value`)."""
+    ``margin``, ``pass_fail`` and ``order_seed`` (the gate's seed, as the preflight and the
+    decision read it) name the test of no true gain (`stats.no_gain_p_value`)."""
     alpha, horizon = budget.alpha, budget.horizon
     text = (
         f"online: an error budget alpha = {alpha:g} (1 - confidence) is spent over the "
@@ -221,7 +223,9 @@ def online_words(
         )
     if val_cases is not None:
         level = alpha / horizon
-        needed = online_cases_needed(level, val_cases, margin=margin, pass_fail=pass_fail)
+        needed = online_cases_needed(
+            level, val_cases, margin=margin, pass_fail=pass_fail, order_seed=order_seed
+        )
         gain = "fix" if pass_fail else "gain the full score on"
         price = (
             f"a candidate must {gain} at least {needed} of them with none worse"
