@@ -19,6 +19,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import error_control
@@ -143,6 +144,16 @@ def test_the_rule_accepts_only_within_its_level_and_a_resume_continues_it(
         levels_sum += base
     assert levels_sum <= ALPHA + 1e-12  # the budget's own levels never sum past alpha
     assert part.budget == whole.budget
+
+
+def test_a_confidence_whose_alpha_would_round_to_0_or_1_is_refused() -> None:
+    # review: 0.9999995 gave alpha 0 and 1e-7 alpha 1: the online budget failed to open
+    for edge in (0.9999995, 1e-7, 1.0 - 1e-7):
+        with pytest.raises(ValidationError, match="confidence"):
+            GateConfig(confidence=edge)
+    for edge, alpha in ((0.999999, 1e-6), (1e-6, 0.999999)):
+        budget = opening_budget(_config(gate=GateConfig(confidence=edge)), cycles_left=1)
+        assert budget.alpha == pytest.approx(alpha) and 0.0 < budget.alpha < 1.0
 
 
 def test_modes_resolve_and_the_words_state_the_guarantee() -> None:

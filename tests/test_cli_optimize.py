@@ -117,6 +117,8 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     _one_error_line(_run(["optimize", *flag("--dataset", str(test_only))]), "val split is empty")
     _one_error_line(_run(["optimize", *base, "--no-such-flag"]), "--no-such-flag")
     _one_error_line(_run(["optimize", *flag("--gate", "fancy")]), "--gate fancy")
+    for edge in ("0.9999995", "1e-7"):  # alpha = 1 - confidence would round to 0 or 1
+        _one_error_line(_run(["optimize", *base, "--confidence", edge]), "--confidence")
     _one_error_line(_run(["optimize", *flag("--replay", "cat {nope}")]), "replay command")
     _one_error_line(_run(["optimize", *base, "--resume", "r-missing"]), "r-missing")
     assert not (tmp_path / "store").exists()  # nothing written for bad input

@@ -19,13 +19,19 @@ MAX_VETOED_LISTED = 8
 """At most this many vetoed case ids are listed in a `GateResult` (the reason gives the count)."""
 
 
+CONFIDENCE_MARGIN = 1e-6
+"""``confidence`` lies in [1e-6, 1 - 1e-6]: the campaign's alpha = 1 - confidence is read as a
+fraction with a denominator of at most 10^6 (`stats.as_fraction`), so a level closer to 0 or
+1 rounded alpha to 1 or 0 and the online budget failed to open (found by review)."""
+
+
 class GateConfig(Record):
     """How a candidate is judged against its baseline; every field has a safe default."""
 
     gate: GateName = "paired"
     k_se: float = Field(default=1.0, ge=0.0, le=100.0)
     min_effect: float = Field(default=0.0, gt=-1.0, lt=1.0)
-    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
+    confidence: float = Field(default=0.95, ge=CONFIDENCE_MARGIN, le=1.0 - CONFIDENCE_MARGIN)
     bootstrap_samples: int = Field(default=10_000, ge=1, le=1_000_000)
     threshold: float = Field(default=0.0, ge=0.0, le=1.0)
     no_regression: bool = False
