@@ -496,3 +496,24 @@ async def test_a_cancel_landing_after_the_report_was_written_leaves_the_run_as_r
     prepared.run = before.model_copy(update={"status": "running"})  # as the session held it
     _save_ended(prepared, started=0.0, failed=False)  # a second Ctrl-C right after the report
     assert load_run(layout, outcome.report.run_id) == before
+
+
+async def test_a_replay_pool_that_gives_up_ends_the_run_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by review: every lane crashing (a tree its lanes could not lay out) made the pool
+    # give up; the units queued on its lanes then waited out their asks (replay timeout +
+    # 60 s) while the run's supervisor waited on them, deaf to Ctrl-C, and the run ended in a
+    # traceback. Now those asks fail at once and the run ends failed, in one line.
+    from evolane.lanes._replay import ReplayLane
+
+    async def crash(self: ReplayLane, message: object) -> None:
+        raise RuntimeError("cannot lay out this tree")
+
+    monkeypatch.setattr(ReplayLane, "receive", crash)
+    paths = write_toy(tmp_path, {"default": "fix:2"}, val=24)
+    config = toy_config(paths, iterations=1, population=1, replay_timeout=120.0)
+    with trio.fail_after(60):  # the asks would wait 180 s
+        outcome = await run_campaign(RunRequest(config))
+    assert outcome.report is not None and outcome.report.status == "failed"
+    assert "cannot lay out this tree" in outcome.report.message

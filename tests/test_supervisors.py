@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 import trio
 
 import evolane
-from evolane.actors import ActorStopped
+from evolane.actors import ActorStopped, NotAnswered
 from evolane.messages import Ping, StressWork
 from evolane.supervisors import (
     ActorSpec,
@@ -133,6 +134,43 @@ async def test_nested_supervisor_escalates_and_its_parent_restarts_it_keeping_re
         assert log == [("stop", "y"), ("start", "x"), ("start", "y")]
         assert sup.restarts_of("inner") == 1
         assert sup.child("inner").ref("x") is x
+
+
+async def test_asks_to_a_slot_whose_supervisor_gave_up_fail_at_once_until_it_runs_again() -> None:
+    # Found by review: a lane pool that gave up left its queued asks (and new ones) waiting
+    # out their timeouts while the parent was still stopping its other children, which
+    # waited on those very asks: a run stalled 80 s, a Ctrl-C with it.
+    log: list[tuple[str, Any]] = []
+    inner = SupervisorSpec(
+        name="inner", children=[ActorSpec(name="x", actor=Recorder, args=(log,))], max_restarts=0
+    )
+    holder = ActorSpec(name="holder", actor=Stubborn, args=(log,), shutdown_grace=0.05)
+    outer = SupervisorSpec(name="outer", children=[inner, holder], strategy="one_for_all")
+    async with evolane.open_runtime() as rt:
+        sup = await rt.start_supervisor(outer)
+        x = sup.child("inner").ref("x")
+        await sup.ref("holder").tell(StressWork(seq=3000))  # holds the restart ~3 s
+        await trio.sleep(0.02)
+        queued: list[BaseException] = []
+
+        async def ask_behind_the_crash() -> None:
+            try:
+                await x.ask(StressWork(seq=1), timeout=60)
+            except NotAnswered as error:
+                queued.append(error)
+
+        with trio.fail_after(10):  # far less than the asks' 60 s
+            async with trio.open_nursery() as nursery:
+                await x.tell(CRASH)
+                nursery.start_soon(ask_behind_the_crash)
+            assert queued and "gave up" in str(queued[0])
+            with pytest.raises(NotAnswered, match="is down"):
+                await x.ask(Ping(seq=1), timeout=60)  # the parent is still restarting
+            while True:  # once the parent restarted it, the slot answers again
+                with contextlib.suppress(NotAnswered):
+                    assert (await x.ask(Ping(seq=2), timeout=60)).seq == 2
+                    break
+                await trio.sleep(0.05)
 
 
 async def test_shutdown_gives_grace_then_cancels_a_child_ignoring_cancellation() -> None:

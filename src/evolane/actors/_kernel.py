@@ -99,6 +99,7 @@ class Mailbox:
         self.restarts = 0
         self.handler_seconds = 0.0
         self.closed = False
+        self.down = False  # its supervisor gave up: asks fail at once until it runs again
         self.signal_types: tuple[type[Message], ...] = ()
         self.on_signal: Callable[[Message], None] | None = None  # the live incarnation's
         self.signals_dropped = 0
@@ -136,6 +137,30 @@ class Mailbox:
                 reply.fail(NotAnswered(f"actor {self.name!r} stopped before answering"))
         self.receive_channel.close()
         return drained
+
+    def go_down(self) -> int:
+        """Its supervisor gave up on it: fail every queued ask (`NotAnswered`), and every new
+        one until an incarnation runs again (a caller waited out its ask's timeout for an
+        answer no one would give: found by review, a lane pool that crashed stalled the run
+        80 s and a Ctrl-C with it). Queued tells stay for a next incarnation. Returns how
+        many asks were failed."""
+        self.down = True
+        kept, failed = [], 0
+        while True:
+            try:
+                message, reply = self.receive_channel.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if reply is None:
+                kept.append((message, reply))
+                continue
+            failed += 1
+            self.dequeued += 1
+            self.dead_letters.post(self.name, message.kind, "stopped")
+            reply.fail(NotAnswered(f"actor {self.name!r} is down: its supervisor gave up"))
+        for envelope in kept:  # they fit: they were just taken out
+            self.send_channel.send_nowait(envelope)
+        return failed
 
     def stats(self) -> ActorStats:
         """The current counters as a frozen record."""
@@ -216,6 +241,8 @@ class ActorRef:
             box.check_type(message)
         if timeout is None:
             timeout = box.ask_timeout
+        if box.down:
+            raise NotAnswered(f"actor {box.name!r} is down: its supervisor gave up")
         reply = _Reply()
         envelope = (message, reply)
         with trio.move_on_after(timeout):

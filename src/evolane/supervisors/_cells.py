@@ -104,6 +104,7 @@ class ActorCell(Cell):
         actor = spec.actor(*spec.args, **spec.kwargs)
         actor.context = ActorContext(self.ref, self.env.registry)
         await actor.started()
+        self.mailbox.down = False
         ready()
         await serve(actor, self.mailbox, control)
 

@@ -88,6 +88,15 @@ class Supervisor:
             cell.retire()
             self._cells.remove(cell)
 
+    def go_down(self) -> None:
+        """This supervisor gave up: every actor under it fails its queued asks and new ones
+        until it runs again (`Mailbox.go_down`), so no caller waits on a slot no one serves."""
+        for cell in self._cells:
+            if isinstance(cell, ActorCell):
+                cell.mailbox.go_down()
+            elif isinstance(cell, SupervisorCell):
+                cell.supervisor.go_down()
+
     def request_stop(self) -> None:
         """Ask this supervisor to stop its children in reverse order and return."""
         self._inbox_send.send_nowait(_STOP)
@@ -142,6 +151,7 @@ class Supervisor:
                     await self._on_exit(cell, error)
                 except SupervisorEscalation:
                     await self._stop_all()
+                    self.go_down()
                     raise
 
     async def _on_exit(self, cell: Cell, error: BaseException | None) -> None:
