@@ -504,3 +504,22 @@ async def test_a_crash_before_a_runs_end_leaves_a_run_that_a_resume_ends_once(
     assert resumed is not None and resumed.status == "finished"
     campaign = load_campaign(layout, campaign_id)
     assert campaign.cycles == 1 and campaign.spent == resumed.budget.campaign_spent
+
+
+async def test_a_confirmation_verdict_its_p_value_does_not_earn_is_refused(tmp_path: Path) -> None:
+    # Found by review: editing one word of campaign.json ("reject" -> "accept") made the next
+    # cycle keep the earlier "verdict" of a tree its test split never confirmed, and publish it.
+    paths = write_toy(tmp_path, {"default": "overfit:2"}, test=8)
+    config = publishing_config(paths, PASSING_CHECK, max_improvement_cycles=2)
+    first = (await _run(RunRequest(config))).report
+    assert first is not None and first.confirmation is not None
+    assert first.confirmation.decision == "unconfirmed"
+    layout = StoreLayout(paths["store"])
+    where = layout.campaign_file(first.campaign_id)
+    stored = json.loads(where.read_text())
+    (test,) = stored["confirmations"]["tests"]
+    assert test["decision"] == "reject" and test["p_value"] > test["level"]
+    test["decision"] = "accept"
+    where.write_text(json.dumps(stored))
+    with pytest.raises(InputError, match="recorded as accepted, but its p-value"):
+        await _run(RunRequest(config, resume_campaign=first.campaign_id))

@@ -45,6 +45,7 @@ def continuable_campaign(
                 f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
                 f"({_clipped(campaign.identity.get(key))} -> {_clipped(value)}): {NEW_CAMPAIGN}"
             )
+    _check_budgets(layout, campaign)
     unfinished = _unfinished_run(layout, campaign)
     if unfinished is not None:
         run_id, status = unfinished
@@ -53,6 +54,22 @@ def continuable_campaign(
             f"continue it with --resume {run_id}"
         )
     return campaign
+
+
+def _check_budgets(layout: StoreLayout, campaign: CampaignState) -> None:
+    """Refuse a campaign whose stored error budgets do not hold together (a recorded accept
+    its p-value does not earn, a level the procedure never gives): `InputError`."""
+    for budget in (campaign.online, campaign.confirmations):
+        if budget is None:
+            continue
+        try:
+            budget.control()
+        except ValueError as error:
+            where = layout.campaign_file(campaign.campaign_id)
+            raise InputError(
+                f"--resume-campaign {campaign.campaign_id}: {where}: {error} (changed or "
+                "damaged: run evolane fsck)"
+            ) from None
 
 
 def _unfinished_run(layout: StoreLayout, campaign: CampaignState) -> tuple[str, str] | None:

@@ -83,7 +83,9 @@ class OnlineBudget(Record):
     tests: tuple[OnlineTest, ...] = Field(default=(), max_length=_MANY)
 
     def control(self) -> OnlineErrorControl:
-        """The procedure with every stored test recorded again (levels checked)."""
+        """The procedure with every stored test recorded again: its levels, and each accept
+        (a stored accept its p-value does not earn is refused: found by review, a one-word
+        edit of campaign.json published an unconfirmed tree)."""
         control = OnlineErrorControl(self.alpha, horizon=self.horizon)
         for test in self.tests:
             level = control.level_for_next()
@@ -92,7 +94,13 @@ class OnlineBudget(Record):
                     f"online budget: {test.slot} was tested at level {test.level:g}, but the "
                     f"stored history gives {level:g}"
                 )
-            control.record(test.gate, p_value=1.0 if test.p_value is None else test.p_value)
+            p_value = 1.0 if test.p_value is None else test.p_value
+            verdict = control.record(test.gate, p_value=p_value)
+            if test.decision == "accept" and verdict.decision != "accept":
+                raise ValueError(
+                    f"online budget: {test.slot} is recorded as accepted, but its p-value "
+                    f"{p_value:g} at level {test.level:g} with gate {test.gate} is not an accept"
+                )
         return control
 
     @property
