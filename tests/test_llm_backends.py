@@ -508,6 +508,7 @@ async def test_an_answer_without_usage_is_metered_by_its_text_never_as_zero(
     assert outcome.ok, outcome.stderr.head
     usage = _usage(call)
     assert usage["tokens"] > 15 and "partial" not in usage  # the other answer's 15 and more
+    assert usage["estimated"] is True  # the sum says some of it was estimated
 
 
 async def test_a_call_cut_off_or_failed_makes_the_usage_partial(

@@ -22,7 +22,8 @@ def _count(document: dict[str, Any], key: str) -> int | None:
 def add_usage(total: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
     """Two usage documents summed: the counts either one has are added, and the sum is
     ``partial`` when either is (or lacks its input or output count: an answer whose usage
-    was not reported); ``cached`` only when both answers came from the cache."""
+    was not reported); ``cached`` only when both answers came from the cache; ``estimated``
+    when either is."""
     if total is None:
         return dict(more)
     both = (total, more)
@@ -36,12 +37,15 @@ def add_usage(total: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, A
         for d in both
     )  # fmt: skip
     model = total.get("model") or more.get("model")
-    return answer_usage(
+    summed = answer_usage(
         str(model or ""),
         *sums,
         cached=bool(total.get("cached") and more.get("cached")),
         partial=partial,
     )
+    if total.get("estimated") is True or more.get("estimated") is True:
+        summed["estimated"] = True  # some counts are `text_tokens` estimates
+    return summed
 
 
 def answer_usage(
