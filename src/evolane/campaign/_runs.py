@@ -149,23 +149,26 @@ class StoreLayout:
         return BlobStore(self.root)
 
     def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / run_id
+        """``runs/<run_id>``; `InputError` for an id that is not one (`check_id`)."""
+        return self.root / "runs" / check_id(run_id, "run")
 
     def campaign_file(self, campaign_id: str) -> Path:
-        return self.root / "campaigns" / campaign_id / "campaign.json"
+        """``campaigns/<id>/campaign.json``; `InputError` for an id that is not one."""
+        return self.root / "campaigns" / check_id(campaign_id, "campaign") / "campaign.json"
 
     def run_ids(self) -> list[str]:
-        """Every run with a ``run.json``, oldest first."""
+        """Every run with a ``run.json`` (of any kind: one that is not a file is refused
+        where it is read, not taken for an unknown run), oldest first."""
         runs = self.root / "runs"
         if not runs.is_dir():
             return []
-        return sorted(p.name for p in runs.iterdir() if (p / "run.json").is_file())
+        return sorted(p.name for p in runs.iterdir() if os.path.lexists(p / "run.json"))
 
     def campaign_ids(self) -> list[str]:
         folder = self.root / "campaigns"
         if not folder.is_dir():
             return []
-        return sorted(p.name for p in folder.iterdir() if (p / "campaign.json").is_file())
+        return sorted(p.name for p in folder.iterdir() if os.path.lexists(p / "campaign.json"))
 
 
 def save_run(layout: StoreLayout, record: RunRecord) -> None:

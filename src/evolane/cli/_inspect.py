@@ -6,6 +6,8 @@ that ``import evolane.cli`` stays cheap.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections import Counter
 from pathlib import Path
@@ -189,23 +191,32 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
 
 
 def _event_summary(path: Path) -> dict[str, Any]:
-    """How many events the run published, its last phase and the time of its last event."""
+    """How many events the run published, its last phase and the time of its last event
+    (read a bounded line at a time; a FIFO or device in its place is not waited on)."""
+    from evolane.store import MAX_RECORD_BYTES
+
     count, phase, last_t = 0, None, None
     try:
-        with path.open("rb") as source:
-            for line in source:
-                try:
-                    event = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue  # a torn final line of a killed run
-                if not isinstance(event, dict):
-                    continue
-                count += 1
-                last_t = event.get("t", last_t)
-                if event.get("kind") == "event.phase":
-                    phase = event.get("phase")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        pass
+        return {"count": count, "last_phase": phase, "last_t": last_t}
+    with os.fdopen(fd, "rb") as source:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        while regular and (line := source.readline(MAX_RECORD_BYTES + 1)):
+            if len(line) > MAX_RECORD_BYTES:  # no event is this long: skip to its end
+                while (rest := source.readline(MAX_RECORD_BYTES)) and not rest.endswith(b"\n"):
+                    pass
+                continue
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a torn final line of a killed run
+            if not isinstance(event, dict):
+                continue
+            count += 1
+            last_t = event.get("t", last_t)
+            if event.get("kind") == "event.phase":
+                phase = event.get("phase")
     return {"count": count, "last_phase": phase, "last_t": last_t}
 
 

@@ -5,7 +5,14 @@ whole-file JSON writes and append-only JSONL journals. Everything here is synchr
 file I/O: call it from trio through ``trio.to_thread.run_sync`` when it may block.
 """
 
-from evolane.store._atomic import dump_json, read_json, write_bytes_atomic, write_json_atomic
+from evolane.store._atomic import (
+    MAX_JSON_BYTES,
+    UnreadableRecordError,
+    dump_json,
+    read_json,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from evolane.store._batch import RefTable, put_table, write_all
 from evolane.store._blobs import (
     CHUNK_SIZE,
@@ -19,6 +26,7 @@ from evolane.store._blobs import (
     NotRegularFileError,
     StoreError,
     deferred_blobs,
+    describe_mode,
     digest_hex,
     fsync_dir,
     open_below,
@@ -79,6 +87,7 @@ from evolane.store._trees import (
 __all__ = [
     "CHUNK_SIZE",
     "DEFAULT_MEDIA_TYPE",
+    "MAX_JSON_BYTES",
     "MAX_PATH_BYTES",
     "MAX_RECORD_BYTES",
     "MAX_TREE_BYTES",
@@ -116,11 +125,13 @@ __all__ = [
     "TreeLimits",
     "TreeManifest",
     "TreeScan",
+    "UnreadableRecordError",
     "UnsafeEntryError",
     "UnsupportedEntryError",
     "check_store",
     "deferred_blobs",
     "describe_failure",
+    "describe_mode",
     "diff_trees",
     "digest_hex",
     "dump_json",

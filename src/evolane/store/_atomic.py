@@ -11,7 +11,28 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from evolane.store._blobs import deferred_blobs, fsync_dir, sync_deferred, with_path
+from evolane.store._blobs import (
+    BlobTooLargeError,
+    NotRegularFileError,
+    StoreError,
+    deferred_blobs,
+    fsync_dir,
+    read_regular_file,
+    sync_deferred,
+    with_path,
+)
+
+
+class UnreadableRecordError(StoreError, ValueError):
+    """A file evolane wrote (a JSON record, a journal) cannot be what it wrote: it is not a
+    regular file or it is larger than any such file can be. The message is one line naming
+    the file; a ``ValueError`` too, so readers that refuse a malformed record refuse it."""
+
+
+MAX_JSON_BYTES = 256 * 1024 * 1024
+"""Largest JSON record `read_json` reads. The biggest evolane writes is a ``report.json``,
+whose lists are capped (100,000 entries of well under 1 KiB each); ``run.json``,
+``campaign.json`` and ``job.json`` are kilobytes to a few megabytes."""
 
 JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 """How state files are rendered: stable key order and diff-friendly indentation."""
@@ -58,6 +79,18 @@ def write_json_atomic(path: Path | str, value: Any) -> None:
     write_bytes_atomic(path, dump_json(value))
 
 
-def read_json(path: Path | str) -> Any:
-    """Parse a JSON file written by `write_json_atomic` (or any JSON file)."""
-    return orjson.loads(Path(path).read_bytes())
+def read_json(path: Path | str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Parse a JSON file written by `write_json_atomic` (or any JSON file) of at most
+    ``max_bytes``. A symlink is followed; a FIFO, device or folder is never waited on nor
+    read, and it or a larger file is `UnreadableRecordError` (a ``ValueError``: one line
+    naming the file). ``FileNotFoundError`` and other ``OSError`` as usual; bad JSON is
+    ``orjson.JSONDecodeError`` (a ``ValueError``)."""
+    try:
+        data = read_regular_file(path, max_bytes, follow_symlinks=True)
+    except NotRegularFileError as error:
+        raise UnreadableRecordError(str(error)) from None
+    except BlobTooLargeError:
+        raise UnreadableRecordError(
+            f"{path} holds more than {max_bytes // (1024 * 1024)} MiB: not a record evolane wrote"
+        ) from None
+    return orjson.loads(data)

@@ -53,6 +53,22 @@ class NotRegularFileError(StoreError):
     """A path to be stored or read is not a regular file (a symlink, FIFO, device...)."""
 
 
+_KINDS = {
+    stat.S_IFREG: "a regular file",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symlink",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def describe_mode(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, in a few words: ``a FIFO``, ``a directory``."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
 def digest_hex(blob: BlobId) -> str:
     """The 64 hex digits of a ref or digest; validated so it can never escape the store."""
     digest = blob.digest if isinstance(blob, ArtifactRef) else blob
@@ -310,27 +326,35 @@ class BlobStore:
         return self.path_of(blob).is_file()
 
     def open(self, blob: BlobId) -> BinaryIO:
-        """Open the blob for binary reading; the caller closes it."""
-        path = self.path_of(blob)
+        """Open the blob for binary reading; the caller closes it. A FIFO, device or folder
+        in its place is `CorruptBlobError` (never waited on)."""
+        fd = self._open_fd(blob)
+        return os.fdopen(fd, "rb")
+
+    def _open_fd(self, blob: BlobId) -> int:
+        """A descriptor of the blob's regular file (`MissingBlobError`, `CorruptBlobError`)."""
+        where, digest = self.path_of(blob), _digest(blob)
         try:
-            return path.open("rb")
+            fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
-            message = f"blob {_digest(blob)} is missing (expected at {path})"
-            raise MissingBlobError(message) from None
+            raise MissingBlobError(f"blob {digest} is missing (expected at {where})") from None
+        except OSError as error:
+            if error.errno != errno.ENXIO:  # ENXIO: a socket
+                raise with_path(error, where) from None
+            raise CorruptBlobError(f"corrupt blob {digest} at {where}: a socket") from None
+        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+            os.close(fd)
+            what = describe_mode(mode)
+            raise CorruptBlobError(f"corrupt blob {digest} at {where}: {what}, not a file")
+        return fd
 
     def read_bytes(self, blob: BlobId, *, verify: bool = True) -> bytes:
         """The blob's whole content, checked against its digest (and size) by default."""
-        hex_digest = digest_hex(blob)
-        where = os.path.join(self.objects, hex_digest[:2], hex_digest)
-        try:  # unbuffered: open, fstat, read, close (a small blob is one read)
-            fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            message = f"blob {_digest(blob)} is missing (expected at {where})"
-            raise MissingBlobError(message) from None
+        fd = self._open_fd(blob)  # unbuffered: open, fstat, read, close (one read if small)
         try:
             data = _read_fd(fd)
         except OSError as error:
-            raise with_path(error, where) from None
+            raise with_path(error, self.path_of(blob)) from None
         finally:
             os.close(fd)
         if verify:
@@ -428,12 +452,13 @@ def _open_regular(
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise NotRegularFileError(f"{path} is a symlink, not a regular file") from None
+        if error.errno == errno.ENXIO:  # a socket cannot be opened
+            raise NotRegularFileError(f"{path} is a socket, not a regular file") from None
         raise
-    source = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        source.close()
-        raise NotRegularFileError(f"{path} is not a regular file")
-    return source
+    if not stat.S_ISREG(mode := os.fstat(fd).st_mode):  # fstat first: fdopen refuses a dir
+        os.close(fd)
+        raise NotRegularFileError(f"{path} is {describe_mode(mode)}, not a regular file")
+    return os.fdopen(fd, "rb")
 
 
 def _read_fd(fd: int, max_bytes: int | None = None) -> bytes:

@@ -20,7 +20,13 @@ import orjson
 from pydantic import BaseModel
 
 from evolane.store._atomic import json_default
-from evolane.store._blobs import StoreError, fsync_dir, with_path
+from evolane.store._blobs import (
+    NotRegularFileError,
+    StoreError,
+    _open_regular,
+    fsync_dir,
+    with_path,
+)
 
 MAX_RECORD_BYTES = 64 * 1024
 """Largest journal line accepted, newline included; payloads belong in the blob store."""
@@ -39,7 +45,8 @@ class JournalWriteError(JournalError):
 
 
 class JournalCorruptError(JournalError):
-    """A journal line other than the last is not a valid JSON object."""
+    """A journal line other than the last is not a valid JSON object, a line is longer than
+    any record (`MAX_RECORD_BYTES`), or the journal is not a regular file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,36 +85,58 @@ def _parse_line(line: bytes) -> dict[str, Any] | None:
 
 
 def read_journal(path: Path | str) -> JournalRead:
-    """Read every whole record; a bad final line is reported as torn, a bad earlier one raises."""
+    """Read every whole record; a bad final line is reported as torn, a bad earlier one raises
+    `JournalCorruptError`. No line is held past `MAX_RECORD_BYTES` (a longer one is no
+    record: the rest of it is skipped unread), and a journal that is not a regular file is
+    `JournalCorruptError` (a FIFO is never waited on)."""
     path = Path(path)
     records: list[dict[str, Any]] = []
     try:
-        source = path.open("rb")
+        source = _open_regular(path, follow_symlinks=True)
     except FileNotFoundError:
         return JournalRead(records=records, torn=None)
+    except NotRegularFileError as error:
+        raise JournalCorruptError(str(error)) from None
     with source:
-        offset = 0
-        pending: tuple[int, int, bytes] | None = None
-        for number, line in enumerate(source, start=1):
+        offset, number = 0, 0
+        pending: tuple[int, int, int, bytes] | None = None  # line, offset, size, head
+        while line := source.readline(MAX_RECORD_BYTES + 1):
+            number += 1
             if pending is not None:
                 raise _corrupt(path, *pending)
-            record = _parse_line(line) if line.endswith(b"\n") else None
+            size = len(line)
+            if size > MAX_RECORD_BYTES:  # no record is this long: skip the rest of it
+                size += _skip_line(source)
+                line = line[:_HEAD_BYTES]
+            record = _parse_line(line) if line.endswith(b"\n") and size == len(line) else None
             if record is None:
-                pending = (number, offset, line)
+                pending = (number, offset, size, line[:_HEAD_BYTES])
             else:
                 records.append(record)
-            offset += len(line)
+            offset += size
     torn = None
     if pending is not None:
-        number, start, line = pending
-        torn = TornLine(line=number, offset=start, size=len(line), head=line[:_HEAD_BYTES])
+        number, start, size, head = pending
+        torn = TornLine(line=number, offset=start, size=size, head=head)
     return JournalRead(records=records, torn=torn)
 
 
-def _corrupt(path: Path, number: int, offset: int, line: bytes) -> JournalCorruptError:
+def _skip_line(source: BinaryIO) -> int:
+    """Read past the rest of the current line (through its newline) a chunk at a time;
+    how many bytes that was."""
+    skipped = 0
+    while chunk := source.readline(_SCAN_CHUNK):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _corrupt(path: Path, number: int, offset: int, size: int, head: bytes) -> JournalCorruptError:
+    long = f" of {size} bytes (longer than any record)" if size > MAX_RECORD_BYTES else ""
     return JournalCorruptError(
-        f"{path}:{number}: corrupt journal line at byte {offset} "
-        f"(not the last line, so not a torn write): {line[:_HEAD_BYTES]!r}"
+        f"{path}:{number}: corrupt journal line at byte {offset}{long} "
+        f"(not the last line, so not a torn write): {head!r}"
     )
 
 
@@ -154,14 +183,15 @@ class Journal:
         with self.path.open("rb") as source:
             end = _last_line_start(source, size)
             source.seek(end)
-            tail = source.read()
-            if tail.endswith(b"\n") and _parse_line(tail) is not None:
+            tail = source.read(MAX_RECORD_BYTES + 1)  # a longer tail is no record: torn
+            whole = len(tail) <= MAX_RECORD_BYTES and tail.endswith(b"\n")
+            if whole and _parse_line(tail) is not None:
                 return None
             source.seek(0)
             line_number = _count_newlines(source, end) + 1
         os.ftruncate(self._fd, end)
         os.fsync(self._fd)
-        return TornLine(line=line_number, offset=end, size=len(tail), head=tail[:_HEAD_BYTES])
+        return TornLine(line=line_number, offset=end, size=size - end, head=tail[:_HEAD_BYTES])
 
     def append(self, record: BaseModel | dict[str, Any], *, durable: bool = False) -> None:
         """Append one record as one line; with ``durable`` it is on disk when this returns."""
