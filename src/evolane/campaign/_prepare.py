@@ -37,6 +37,7 @@ from evolane.campaign._runs import (
     ResumeState,
     RunRecord,
     StoreLayout,
+    check_id,
     last_run_plugins,
     load_campaign,
     load_run,
@@ -358,6 +359,10 @@ def check_store_placement(store: Path, target: Path) -> None:
 
 def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, CampaignState]:
     try:
+        check_id(run_id, "run")
+    except InputError as error:
+        raise InputError(f"--resume {error}") from None
+    try:
         record = load_run(layout, run_id)
     except FileNotFoundError:
         raise InputError(f"--resume {run_id}: no such run in {layout.root}") from None
@@ -381,6 +386,8 @@ def _new_run(
     if campaign_id is not None:
         campaign = continuable_campaign(layout, campaign_id, identity)
     else:
+        if config.campaign_id is not None:  # it names the campaign's folder
+            check_id(config.campaign_id, "campaign")
         seed = target_tree(store, Path(config.target))
         campaign = CampaignState(
             campaign_id=config.campaign_id or new_id("c-"),

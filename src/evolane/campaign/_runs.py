@@ -11,6 +11,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -122,6 +123,21 @@ class CampaignState(Record):
     confirmations: OnlineBudget | None = None
     """The confirmation budget, once a cycle confirmed a best: later cycles continue it."""
     updated: float = 0.0
+
+
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_id(value: str, what: str = "run") -> str:
+    """``value`` when it can name a run's (or campaign's) folder: one path component of
+    letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit, at most 128
+    characters; else `InputError` (one line): an id never reaches outside the store."""
+    if not _ID_RE.fullmatch(value):
+        raise InputError(
+            f"{value[:80]!r} is not a {what} id (letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit, at most 128 characters)"
+        )
+    return value
 
 
 def new_id(prefix: str = "") -> str:
