@@ -43,6 +43,7 @@ from evolane.campaign._runs import (
     load_run,
     new_id,
     read_resume_state,
+    record_problem,
     run_is_live,
     save_campaign,
     save_run,
@@ -366,6 +367,11 @@ def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, Campaig
         record = load_run(layout, run_id)
     except FileNotFoundError:
         raise InputError(f"--resume {run_id}: no such run in {layout.root}") from None
+    except (OSError, ValueError) as error:  # damaged: one line, never an internal error
+        raise InputError(
+            f"--resume {run_id}: cannot read {layout.run_dir(run_id) / 'run.json'}: "
+            f"{record_problem(error)}; run `evolane fsck --store {layout.root}`"
+        ) from None
     if record.status in ("finished", "budget_limited"):
         raise InputError(f"--resume {run_id}: the run already ended ({record.status})")
     if record.status == "failed":

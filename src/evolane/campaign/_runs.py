@@ -17,15 +17,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import Field, JsonValue, ValidationError, model_validator
 
 from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
 from evolane.campaign._config import CampaignConfig, with_stored_defaults
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._splits import SplitPlan
-from evolane.inputs import InputError
+from evolane.inputs import InputError, first_problem
 from evolane.measure import RESTORABLE
 from evolane.messages import (
     ArtifactRef,
@@ -41,7 +41,14 @@ from evolane.messages import (
     Usage,
     parse_journal_record,
 )
-from evolane.store import BlobStore, StoreError, read_journal, read_json, write_json_atomic
+from evolane.store import (
+    BlobStore,
+    JournalCorruptError,
+    StoreError,
+    read_journal,
+    read_json,
+    write_json_atomic,
+)
 
 RunStatus = Literal["running", "finished", "budget_limited", "interrupted", "failed"]
 CampaignStatus = Literal["active", "paused", "budget_limited", "exhausted", "complete"]
@@ -242,21 +249,49 @@ def end_run(layout: StoreLayout, run: RunRecord, state: CampaignState) -> None:
     save_campaign(layout, state)
 
 
+_R = TypeVar("_R", bound=Record)
+
+
 def load_campaign(layout: StoreLayout, campaign_id: str) -> CampaignState:
     """Read ``campaign.json``, or the state a run's end staged when that run's ``run.json``
-    shows the end (a crash came between); raises FileNotFoundError for an unknown campaign."""
-    state = CampaignState.model_validate(read_json(layout.campaign_file(campaign_id)))
+    shows the end (a crash came between); raises FileNotFoundError for an unknown campaign
+    and `InputError` (one line naming the file, pointing to ``evolane fsck``) for one that
+    cannot be read or does not validate."""
+    state = _read_record(layout, layout.campaign_file(campaign_id), CampaignState)
     staged_file = _staged_file(layout, campaign_id)
     if not staged_file.is_file():
         return state
-    staged = StagedCampaign.model_validate(read_json(staged_file))
+    staged = _read_record(layout, staged_file, StagedCampaign)
     try:
         committed = load_run(layout, staged.run.run_id) == staged.run
-    except FileNotFoundError:
+    except (OSError, ValueError):  # its run.json is unreadable: the end never committed
         committed = False
     if committed and staged.state.campaign_id == campaign_id:
         return staged.state
     return state
+
+
+def _read_record(layout: StoreLayout, path: Path, model: type[_R]) -> _R:
+    """``path`` validated as ``model``; FileNotFoundError as is, any other failure one
+    `InputError` line naming the file."""
+    try:
+        return model.model_validate(read_json(path))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as error:
+        raise InputError(
+            f"cannot read {path}: {record_problem(error)}; run `evolane fsck --store {layout.root}`"
+        ) from None
+
+
+def record_problem(error: BaseException) -> str:
+    """The first line of why a record could not be read (a validation's first field error)."""
+    if isinstance(error, ValidationError) and error.errors():
+        return f"{first_problem(error, 'value')} ({error.error_count()} error(s))"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 @dataclass
@@ -282,22 +317,33 @@ class ResumeState:
         return not self.units and not self.proposals
 
 
+_VERSION_HINT = ": the store was written by a newer or older evolane"
+
+
 def read_resume_state(journal: Path) -> ResumeState:
     """Collect the journal's unit, replay and proposal records (the last of an id wins).
 
-    Raises `InputError` (one line naming the journal line) for a record this evolane does not
-    know: the store was written by a newer or older evolane.
+    Raises `InputError` (one line naming the journal line) for a line that is not a record
+    this evolane writes: one of an unknown type (a newer or older evolane wrote it), one
+    that does not validate or a damaged line before the last (`evolane fsck` finds both).
     """
     state = ResumeState()
     if not journal.exists():
         return state
-    read = read_journal(journal)
+    fsck = f"run `evolane fsck --store {journal.parent.parent.parent}`"
+    try:
+        read = read_journal(journal)
+    except JournalCorruptError as error:
+        raise InputError(f"{error}; {fsck}") from None
     state.torn = read.torn is not None
     for line, value in enumerate(read.records, start=1):  # records are lines 1..n, in order
         try:
             record = parse_journal_record(value, f"{journal}:{line}")
         except JournalRecordError as error:
-            raise InputError(str(error)) from None
+            text = str(error)
+            if "unknown type" not in text:  # a known type that does not validate: damage
+                text = f"{text.removesuffix(_VERSION_HINT)}; {fsck}"
+            raise InputError(text) from None
         if isinstance(record, UnitRecord):
             state.units[record.unit] = record
         elif isinstance(record, ReplayRecord):

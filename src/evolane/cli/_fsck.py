@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -34,6 +35,7 @@ def fsck(
         fail_usage(f"--store {store}: no evolane store there")
     try:
         result = check_store(store, repair=repair)
+        result.problems.extend(record_problems(store))
     except OSError as error:
         fail_usage(f"--store {store}: cannot be checked: {error.strerror or error}")
     for line in report_lines(result.problems):
@@ -48,15 +50,50 @@ def fsck(
     raise typer.Exit(EXIT_DAMAGED)
 
 
+def record_problems(store: Path) -> list[Problem]:
+    """Every ``run.json``, ``report.json`` and ``campaign.json`` that does not read as its
+    record (as ``report``, ``--resume`` and ``--resume-campaign`` read them)."""
+    from evolane.campaign import Report, StoreLayout, load_campaign, load_run
+    from evolane.campaign._runs import record_problem
+    from evolane.inputs import InputError
+    from evolane.store import Problem, read_json
+
+    layout, problems = StoreLayout(store), []
+    for run_id in layout.run_ids():
+        path = layout.run_dir(run_id) / "run.json"
+        try:
+            load_run(layout, run_id)
+            path = path.with_name("report.json")
+            if path.exists():
+                Report.model_validate(read_json(path))
+        except (OSError, ValueError) as error:
+            problems.append(Problem("record", path, record_problem(error), runs=(run_id,)))
+    for campaign_id in layout.campaign_ids():
+        try:
+            load_campaign(layout, campaign_id)
+        except (OSError, ValueError) as error:
+            path = layout.campaign_file(campaign_id)
+            why = str(error) if isinstance(error, InputError) else record_problem(error)
+            why = why.removeprefix(f"cannot read {path}: ").partition("; run `evolane fsck")[0]
+            problems.append(Problem("record", path, why))
+    return problems
+
+
 def report_lines(problems: list[Problem]) -> list[str]:
     """One plain line per problem: what and where, why, which runs use it, where it went."""
     lines = []
     for problem in problems:
-        what = {"object": "bad object", "mode": "object", "journal": "damaged journal"}
+        what = {
+            "object": "bad object",
+            "mode": "object",
+            "journal": "damaged journal",
+            "missing": "missing object",
+            "record": "damaged record",
+        }
         line = f"{what.get(problem.kind, problem.kind)} {problem.path}: {problem.reason}"
         if problem.runs:
             line += f"; used by run {', '.join(problem.runs)}"
-        elif problem.kind == "object":
+        elif problem.kind in ("object", "missing"):
             line += "; no run uses it"
         if problem.quarantined is not None:
             line += f"; moved to {problem.quarantined}"

@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evolane.store._blobs import CHUNK_SIZE, fsync_dir, read_at_most
+from evolane.messages import JournalRecordError, parse_journal_record
+from evolane.store._blobs import CHUNK_SIZE, StoreError, _open_regular, fsync_dir, read_at_most
 from evolane.store._journal import JournalCorruptError, read_journal
+from evolane.store._trees import FileEntry, TreeManifest
 
 RUN_FILES = ("run.json", "report.json", "apply.json", "journal.jsonl")
 """The files of a run folder whose digests say which objects the run uses."""
@@ -29,8 +31,16 @@ MANIFEST_SCAN_BYTES = 64 * 1024 * 1024
 """A referenced object up to this size that reads as JSON is searched for the digests it
 holds (a tree manifest names its files); larger ones are not searched."""
 
+MAX_MISSING_CHECKED = 1_000_000
+"""At most this many distinct referenced objects are looked for (a bound on the walk)."""
+
 _HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 _REF_RE = re.compile(rb"sha256:([0-9a-f]{64})")
+_ARTIFACT_RE = re.compile(  # a ref's digest, a unit's tree, a report's trees (not the dataset's)
+    rb'"(?:digest|tree|parent|best_after)": ?"sha256:([0-9a-f]{64})"'
+)
+_OVERLAP = 96  # bytes a chunked scan carries over: longer than any match
+_VERSION_HINT = ": the store was written by a newer or older evolane"
 
 
 @dataclass(frozen=True)
@@ -39,7 +49,7 @@ class Problem:
     type: quarantined by a repair), ``mode`` (an intact object left writable: made read-only
     by a repair) or ``journal`` (a damaged line before the last)."""
 
-    kind: str
+    kind: str  # ``missing``: an object a run references is not in the store
     path: Path
     reason: str
     digest: str | None = None
@@ -85,6 +95,8 @@ def check_store(root: Path | str, *, repair: bool = False) -> FsckResult:
         moved = _quarantine(path, quarantine) if repair else None
         runs = tuple(sorted(users.get(name, ())))
         result.problems.append(Problem("object", path, reason, f"sha256:{name}", runs, moved))
+    known = {name for _, name, _ in bad} | _quarantined(root)
+    result.problems.extend(_missing_problems(root, known))
     result.problems.extend(_journal_problems(root))
     return result
 
@@ -136,18 +148,37 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted(Path(e.path) for e in os.scandir(runs) if e.is_dir(follow_symlinks=False))
 
 
+def _scan_refs(path: Path, pattern: re.Pattern[bytes]) -> set[str]:
+    """The digests ``pattern`` finds in the regular file at ``path``, read a chunk at a time
+    (any size, bounded memory; a FIFO is not waited on); empty when it cannot be read."""
+    found: set[str] = set()
+    try:
+        with _open_regular(path) as source:
+            carry = b""
+            while chunk := source.read(CHUNK_SIZE):
+                data = carry + chunk
+                found |= {m.decode() for m in pattern.findall(data)}
+                carry = data[-_OVERLAP:]
+    except (OSError, StoreError):
+        return set()
+    return found
+
+
+def _run_refs(run_dir: Path, pattern: re.Pattern[bytes]) -> set[str]:
+    """The digests the files of a run folder name."""
+    refs: set[str] = set()
+    for name in RUN_FILES:
+        refs |= _scan_refs(run_dir / name, pattern)
+    return refs
+
+
 def _users(root: Path, wanted: set[str]) -> dict[str, set[str]]:
     """For each wanted object name, the runs that reference it: directly from a run file,
     or through a referenced tree manifest (one level: manifests are flat)."""
     users: dict[str, set[str]] = {}
     objects = root / "objects" / "sha256"
     for run_dir in _run_dirs(root):
-        direct: set[str] = set()
-        for name in RUN_FILES:
-            try:
-                direct |= {m.decode() for m in _REF_RE.findall((run_dir / name).read_bytes())}
-            except OSError:
-                continue
+        direct = _run_refs(run_dir, _REF_RE)
         reached = set(direct)
         for digest in direct - wanted:  # intact objects: search the manifests among them
             reached |= _digests_in(objects / digest[:2] / digest)
@@ -158,16 +189,74 @@ def _users(root: Path, wanted: set[str]) -> dict[str, set[str]]:
 
 def _digests_in(path: Path) -> set[str]:
     """The digests a JSON object (a tree manifest) names; empty for anything else."""
-    try:
-        if path.stat().st_size > MANIFEST_SCAN_BYTES:
-            return set()
-        with path.open("rb") as source:
-            data = read_at_most(source, MANIFEST_SCAN_BYTES)
-    except OSError:
-        return set()
-    if len(data) > MANIFEST_SCAN_BYTES or not data.lstrip().startswith(b"{"):
+    data = _small_object(path)
+    if data is None or not data.lstrip().startswith(b"{"):
         return set()
     return {m.decode() for m in _REF_RE.findall(data)}
+
+
+def _small_object(path: Path) -> bytes | None:
+    """The bytes of the regular file at ``path`` when it holds at most
+    `MANIFEST_SCAN_BYTES`, else None (never waiting on a FIFO)."""
+    try:
+        with _open_regular(path) as source:
+            if os.fstat(source.fileno()).st_size > MANIFEST_SCAN_BYTES:
+                return None
+            data = read_at_most(source, MANIFEST_SCAN_BYTES)
+    except (OSError, StoreError):
+        return None
+    return data if len(data) <= MANIFEST_SCAN_BYTES else None
+
+
+def _manifest_files(path: Path) -> set[str]:
+    """The digests of the files of the tree manifest at ``path``; empty when it is none."""
+    data = _small_object(path)
+    if data is None or not data.lstrip().startswith(b"{"):
+        return set()
+    try:
+        manifest = TreeManifest.from_json(data)
+    except (ValueError, StoreError):
+        return set()
+    files = (e for e in manifest.values() if isinstance(e, FileEntry))
+    return {e.digest.removeprefix("sha256:") for e in files}
+
+
+def _quarantined(root: Path) -> set[str]:
+    """The names of the objects an earlier ``--repair`` moved to ``quarantine/<stamp>/``
+    (reported then: a run that needs one fails on a missing blob, as it should)."""
+    names: set[str] = set()
+    folder = root / "quarantine"
+    if not folder.is_dir():
+        return names
+    for stamp in os.scandir(folder):
+        if stamp.is_dir(follow_symlinks=False):
+            names |= {e.name.partition("-")[2] for e in os.scandir(stamp.path)}
+    return names
+
+
+def _missing_problems(root: Path, reported: set[str]) -> list[Problem]:
+    """Every object a run references (an artifact ref in its records, or a file of a tree
+    it references) that is not in the store, with the runs that need it; those ``reported``
+    as bad or quarantined are left out."""
+    objects = root / "objects" / "sha256"
+    needed: dict[str, set[str]] = {}
+    within: dict[str, set[str]] = {}  # a tree's file digests, read once per tree
+    for run_dir in _run_dirs(root):
+        for digest in _run_refs(run_dir, _ARTIFACT_RE):
+            if len(needed) >= MAX_MISSING_CHECKED:
+                break
+            needed.setdefault(digest, set()).add(run_dir.name)
+            if digest not in within:
+                within[digest] = _manifest_files(objects / digest[:2] / digest)
+            for inner in within[digest]:
+                needed.setdefault(inner, set()).add(run_dir.name)
+    problems = []
+    for digest in sorted(needed.keys() - reported):
+        path = objects / digest[:2] / digest
+        if not os.path.lexists(path):
+            runs = tuple(sorted(needed[digest]))
+            problems.append(Problem("missing", path, "missing", f"sha256:{digest}", runs))
+    return problems
 
 
 def _quarantine(path: Path, folder: Path) -> Path:
@@ -182,16 +271,32 @@ def _quarantine(path: Path, folder: Path) -> Path:
 
 def _journal_problems(root: Path) -> list[Problem]:
     """Every run journal with a damaged line before its last (a torn last line is what a
-    kill leaves, and is not damage: a resume repairs it)."""
+    kill leaves, and is not damage: a resume repairs it), or a record of ``journal.jsonl``
+    that does not validate as a journal record (as ``--resume`` reads it)."""
     problems = []
     for run_dir in _run_dirs(root):
         for name in JOURNALS:
             path = run_dir / name
             try:
-                read_journal(path)
+                records = read_journal(path).records
             except JournalCorruptError as error:
                 problems.append(Problem("journal", path, str(error), runs=(run_dir.name,)))
+                continue
             except OSError as error:
                 reason = f"unreadable: {error.strerror or error}"
                 problems.append(Problem("journal", path, reason, runs=(run_dir.name,)))
+                continue
+            if name == "journal.jsonl" and (reason := _invalid_record(path, records)):
+                problems.append(Problem("journal", path, reason, runs=(run_dir.name,)))
     return problems
+
+
+def _invalid_record(path: Path, records: list[dict[str, object]]) -> str | None:
+    """Why the first record that is not a valid journal record is not, or None."""
+    for line, value in enumerate(records, start=1):
+        try:
+            parse_journal_record(value, f"{path}:{line}")
+        except JournalRecordError as error:
+            text = str(error)
+            return text if "unknown type" in text else text.removesuffix(_VERSION_HINT)
+    return None

@@ -1,0 +1,114 @@
+"""A damaged record is one line naming its file and pointing to ``evolane fsck``, and fsck
+finds what the other commands send the user to it about (hostile review #6, #9, #12)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from evolane.campaign._runs import (
+    CampaignState,
+    StoreLayout,
+    load_campaign,
+    read_resume_state,
+    save_campaign,
+)
+from evolane.inputs import InputError
+from evolane.messages import UnitRecord
+from evolane.store import BlobStore, Journal, check_store, snapshot_tree
+
+CAMPAIGN = "c-20260101-100000-aaaaaa"
+RUN = "r-20260101-100000-aaaaaa"
+
+
+def _campaign(root: Path) -> Path:
+    layout = StoreLayout(root)
+    ref = BlobStore(root).put_bytes(b"seed")
+    save_campaign(layout, CampaignState(campaign_id=CAMPAIGN, seed_ref=ref, best_ref=ref))
+    return layout.campaign_file(CAMPAIGN)
+
+
+def _negative_spend(path: Path) -> None:
+    state = orjson.loads(path.read_bytes())
+    path.write_bytes(orjson.dumps({**state, "spent": {"cost_usd": -3.0}}))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p.write_bytes(b""),
+        lambda p: p.write_bytes(p.read_bytes()[:40]),
+        _negative_spend,
+    ],
+    ids=["empty", "truncated", "negative-spend"],
+)
+def test_a_damaged_campaign_json_is_one_line_pointing_to_fsck(tmp_path: Path, damage) -> None:
+    path = _campaign(tmp_path)
+    damage(path)
+    with pytest.raises(InputError) as caught:
+        load_campaign(StoreLayout(tmp_path), CAMPAIGN)
+    message = str(caught.value)
+    assert message.startswith(f"cannot read {path}: ") and "\n" not in message
+    assert message.endswith(f"run `evolane fsck --store {tmp_path}`")
+
+
+def _journal(root: Path, lines: list[bytes]) -> Path:
+    path = root / "runs" / RUN / "journal.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+def _unit(**changes: object) -> bytes:
+    record = UnitRecord(measurement="m1", unit="m1/u1", status="succeeded").model_dump()
+    return orjson.dumps({**record, **changes}) + b"\n"
+
+
+def test_resume_reads_a_damaged_or_invalid_journal_line_as_one_input_error(
+    tmp_path: Path,
+) -> None:
+    path = _journal(tmp_path, [_unit(), b"garbage\n", _unit()])
+    with pytest.raises(InputError, match=rf"{path}:2: corrupt journal line .*evolane fsck"):
+        read_resume_state(path)
+    path.write_bytes(_unit() + _unit(status="great"))
+    with pytest.raises(InputError) as caught:
+        read_resume_state(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:2: unreadable unit record (status: ")
+    assert "newer or older" not in message and "evolane fsck --store" in message
+
+
+def test_fsck_finds_an_invalid_journal_record_and_a_missing_referenced_object(
+    tmp_path: Path,
+) -> None:
+    store = BlobStore(tmp_path)
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "a.txt").write_text("a\n")
+    tree = snapshot_tree(store, tmp_path / "tree")
+    journal = _journal(tmp_path, [_unit(tree=tree.digest), _unit(status="great")])
+    with Journal(journal.with_name("events.jsonl")) as events:
+        events.append({"kind": "event.phase"})
+    file_blob = store.path_of(store.put_bytes(b"a\n"))
+    assert check_store(tmp_path).problems[0].reason.startswith(f"{journal}:2: unreadable unit")
+    journal.write_bytes(_unit(tree=tree.digest))
+    assert check_store(tmp_path).clean
+    file_blob.unlink()  # a file of a referenced tree
+    (problem,) = check_store(tmp_path).problems
+    assert (problem.kind, problem.path, problem.runs) == ("missing", file_blob, (RUN,))
+    store.path_of(tree).unlink()  # the tree itself
+    (problem,) = check_store(tmp_path).problems
+    assert (problem.kind, problem.path) == ("missing", store.path_of(tree))
+
+
+def test_fsck_names_a_damaged_campaign_json(tmp_path: Path) -> None:
+    path = _campaign(tmp_path)
+    path.write_bytes(b"{")
+    command = [sys.executable, "-m", "evolane", "fsck", "--store", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith(f"damaged record {path}: ") and "evolane fsck" not in first
