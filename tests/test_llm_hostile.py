@@ -74,15 +74,22 @@ async def test_a_body_that_is_not_json_is_retried(chat_stub: ChatStub) -> None:
     assert chat_stub.stats.requests == 3
 
 
-@pytest.mark.parametrize(("status", "endpoint_failed"), [(500, True), (401, True), (400, False)])
+@pytest.mark.parametrize(
+    ("status", "endpoint_failed"), [(500, True), (401, True), (400, False), (None, False)]
+)
 async def test_an_endpoint_outage_is_the_endpoints_failure_never_the_candidates(
-    chat_stub: ChatStub, tmp_path: Path, status: int, endpoint_failed: bool
+    chat_stub: ChatStub, tmp_path: Path, status: int | None, endpoint_failed: bool
 ) -> None:
     # An outage on the candidate's judge calls only (the parent's units were judged before)
     # scored its cases 0 and rejected a better candidate. A status a request's content can
-    # cause (400: a content filter, a context too long) still counts against it.
-    chat_stub.script.fail_count, chat_stub.script.fail_status = 10**6, status
-    endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=0)
+    # cause (400: a content filter, a context too long) still counts against it, and so does
+    # a request cut at its timeout (None here): an output can ask the judge to write at
+    # length, and its failing cases would drop out of the comparison (found by review).
+    if status is None:
+        chat_stub.script.latency = 5.0
+    else:
+        chat_stub.script.fail_count, chat_stub.script.fail_status = 10**6, status
+    endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=0, timeout=0.3)
     outcome = await _run(llm_judge(endpoint, RUBRIC), _judge_call(tmp_path))
     assert outcome.exit_code == (ENDPOINT_EXIT if endpoint_failed else 1)
     verdict = command_verdict(outcome, backend=True)

@@ -136,18 +136,28 @@ async def test_nested_supervisor_escalates_and_its_parent_restarts_it_keeping_re
         assert sup.child("inner").ref("x") is x
 
 
-async def test_asks_to_a_slot_whose_supervisor_gave_up_fail_at_once_until_it_runs_again() -> None:
+@pytest.mark.parametrize("retired_sibling", [False, True])
+async def test_asks_to_a_slot_whose_supervisor_gave_up_fail_at_once_until_it_runs_again(
+    retired_sibling: bool,
+) -> None:
     # Found by review: a lane pool that gave up left its queued asks (and new ones) waiting
     # out their timeouts while the parent was still stopping its other children, which
-    # waited on those very asks: a run stalled 80 s, a Ctrl-C with it.
+    # waited on those very asks: a run stalled 80 s, a Ctrl-C with it. A retired sibling (a
+    # temporary child that ended: its mailbox closed) before the slot must not stop that.
     log: list[tuple[str, Any]] = []
-    inner = SupervisorSpec(
-        name="inner", children=[ActorSpec(name="x", actor=Recorder, args=(log,))], max_restarts=0
-    )
+    children = [ActorSpec(name="x", actor=Recorder, args=(log,))]
+    if retired_sibling:
+        children.insert(0, ActorSpec(name="t", actor=Recorder, args=(log,), restart="temporary"))
+    inner = SupervisorSpec(name="inner", children=children, max_restarts=0)
     holder = ActorSpec(name="holder", actor=Stubborn, args=(log,), shutdown_grace=0.05)
     outer = SupervisorSpec(name="outer", children=[inner, holder], strategy="one_for_all")
     async with evolane.open_runtime() as rt:
         sup = await rt.start_supervisor(outer)
+        if retired_sibling:
+            await sup.child("inner").ref("t").tell(StressWork(seq=0))  # ends: retired
+            with trio.fail_after(10):
+                while ("stop", "t") not in log:
+                    await trio.sleep(0.01)
         x = sup.child("inner").ref("x")
         await sup.ref("holder").tell(StressWork(seq=3000))  # holds the restart ~3 s
         await trio.sleep(0.02)

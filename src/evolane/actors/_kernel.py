@@ -146,10 +146,10 @@ class Mailbox:
         many asks were failed."""
         self.down = True
         kept, failed = [], 0
-        while True:
+        while not self.closed:  # a closed box failed its asks when it closed
             try:
                 message, reply = self.receive_channel.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
             if reply is None:
                 kept.append((message, reply))

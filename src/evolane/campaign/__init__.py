@@ -32,6 +32,7 @@ from evolane.campaign._runs import (
     load_campaign,
     load_run,
     read_resume_state,
+    record_problem,
     run_is_live,
 )
 from evolane.campaign._tree import OptimizerParts, run_tree
@@ -82,6 +83,7 @@ __all__ = [
     "load_run",
     "probe_run",
     "read_resume_state",
+    "record_problem",
     "render_markdown",
     "run_campaign",
     "run_is_live",

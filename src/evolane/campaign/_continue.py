@@ -45,7 +45,7 @@ def continuable_campaign(
                 f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
                 f"({_clipped(campaign.identity.get(key))} -> {_clipped(value)}): {NEW_CAMPAIGN}"
             )
-    _check_budgets(layout, campaign)
+    check_budgets(layout, campaign, f"--resume-campaign {campaign_id}")
     unfinished = _unfinished_run(layout, campaign)
     if unfinished is not None:
         run_id, status = unfinished
@@ -56,9 +56,10 @@ def continuable_campaign(
     return campaign
 
 
-def _check_budgets(layout: StoreLayout, campaign: CampaignState) -> None:
+def check_budgets(layout: StoreLayout, campaign: CampaignState, flag: str) -> None:
     """Refuse a campaign whose stored error budgets do not hold together (a recorded accept
-    its p-value does not earn, a level the procedure never gives): `InputError`."""
+    its p-value does not earn, a level the procedure never gives): `InputError` naming
+    ``flag`` and the file."""
     for budget in (campaign.online, campaign.confirmations):
         if budget is None:
             continue
@@ -67,8 +68,7 @@ def _check_budgets(layout: StoreLayout, campaign: CampaignState) -> None:
         except ValueError as error:
             where = layout.campaign_file(campaign.campaign_id)
             raise InputError(
-                f"--resume-campaign {campaign.campaign_id}: {where}: {error} (changed or "
-                "damaged: run evolane fsck)"
+                f"{flag}: {where}: {error} (changed or damaged: run evolane fsck)"
             ) from None
 
 

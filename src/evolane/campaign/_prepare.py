@@ -15,7 +15,7 @@ from evolane.campaign._advice import after_failure, still_running
 from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
-from evolane.campaign._continue import continuable_campaign
+from evolane.campaign._continue import check_budgets, continuable_campaign
 from evolane.campaign._estimate import (
     Estimate,
     UnitHistory,
@@ -378,7 +378,9 @@ def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, Campaig
         raise InputError(f"--resume {run_id}: {after_failure(record.campaign_id)}")
     if run_is_live(layout, run_id):
         raise InputError(f"--resume {run_id}: {still_running(record.config.target, run_id)}")
-    return record, load_campaign(layout, record.campaign_id)
+    campaign = load_campaign(layout, record.campaign_id)
+    check_budgets(layout, campaign, f"--resume {run_id}")
+    return record, campaign
 
 
 def _new_run(

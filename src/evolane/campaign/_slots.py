@@ -57,7 +57,7 @@ class Slots:
     ) -> None:
         self.s, self.services, self.peers, self.state = setup, services, peers, state
         self.config = setup.config
-        self.probed = False  # an optimizer call was charged: its usage gave what it could
+        self.probed = False  # a call succeeded without a whole usage: none will give one
 
     def slot_id(self, iteration: int, slot: int) -> str:
         """The slot's id, the same on a resume: ``c<cycle>.i<iteration>.s<slot>``."""
@@ -151,7 +151,8 @@ class Slots:
             await self.services.journal.append(ProposalRecord(slot=slot_id, result=result))
         complete = result.usage_complete and result.status != "cancelled"
         await self.peers.ask_budget(Debit(item=slot_id, actual=result.usage, complete=complete))
-        self.probed = True
+        if result.status == "succeeded" and not complete:
+            self.probed = True  # it reports no whole usage: waiting for one would serialise
         return result
 
     async def _reserve(self, slot_id: str) -> ReserveReply:

@@ -53,8 +53,7 @@ def fsck(
 def record_problems(store: Path) -> list[Problem]:
     """Every ``run.json``, ``report.json`` and ``campaign.json`` that does not read as its
     record (as ``report``, ``--resume`` and ``--resume-campaign`` read them)."""
-    from evolane.campaign import Report, StoreLayout, load_campaign, load_run
-    from evolane.campaign._runs import record_problem
+    from evolane.campaign import Report, StoreLayout, load_campaign, load_run, record_problem
     from evolane.inputs import InputError
     from evolane.store import Problem, read_json
 

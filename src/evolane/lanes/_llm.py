@@ -76,8 +76,8 @@ class ModelError(RuntimeError):
     the endpoint (and may be billed). ``endpoint_failed``: nothing the request held could
     have caused it (the endpoint, the network, the key or the setup failed), so a lane
     counts it as an infrastructure failure, never against the candidate (`ENDPOINT_EXIT`);
-    False for an HTTP error a request's content may cause (400, 413, 422: a content filter,
-    a context too long)."""
+    False for what a request's content may cause: an HTTP 400, 413, 415 or 422 (a content
+    filter, a context too long) and a timeout (a model told to write at length)."""
 
     def __init__(self, message: str, *, sent: bool = True, endpoint_failed: bool = True) -> None:
         super().__init__(redact(message))
@@ -269,8 +269,8 @@ async def chat(
     answer = None
     with trio.move_on_at(deadline):
         answer = await _ask(client, limiter, endpoint, body, deadline)
-    if answer is None:
-        raise ModelError(f"no answer from {endpoint.model} by the deadline")
+    if answer is None:  # a slow answer may be the content's doing: not the endpoint's
+        raise ModelError(f"no answer from {endpoint.model} by the deadline", endpoint_failed=False)
     if endpoint.cache_dir is not None and _acceptable(cache_if, answer.text):
         with contextlib.suppress(OSError):
             await trio.to_thread.run_sync(_cache_write, endpoint.cache_dir, key, answer.text)
@@ -403,10 +403,17 @@ def _describe(endpoint: Endpoint, error: Exception, what: str) -> str:
 
 
 def _failed(endpoint: Endpoint, error: Exception) -> ModelError:
-    """The `ModelError` of a call that failed for good with ``error``."""
+    """The `ModelError` of a call that failed for good with ``error``: the endpoint's
+    failure unless the request's content may have caused it (a `CONTENT_STATUSES` answer, or
+    a timeout: how long a model writes depends on what it reads, and an output can ask it to
+    write at length, found by review)."""
     status = getattr(error, "status_code", None)
+    import openai
+
+    slow = isinstance(error, openai.APITimeoutError | RequestTimedOut) or status == 408
     return ModelError(
-        _describe(endpoint, error, "failed"), endpoint_failed=status not in CONTENT_STATUSES
+        _describe(endpoint, error, "failed"),
+        endpoint_failed=not slow and status not in CONTENT_STATUSES,
     )
 
 

@@ -92,6 +92,8 @@ class Supervisor:
         """This supervisor gave up: every actor under it fails its queued asks and new ones
         until it runs again (`Mailbox.go_down`), so no caller waits on a slot no one serves."""
         for cell in self._cells:
+            if cell.retired:  # its mailbox is closed: nothing waits on it
+                continue
             if isinstance(cell, ActorCell):
                 cell.mailbox.go_down()
             elif isinstance(cell, SupervisorCell):
