@@ -21,7 +21,7 @@ from evolane.campaign._apply import (
     recover_apply,
     target_tree,
 )
-from evolane.inputs import CommandTemplate, TemplateError
+from evolane.inputs import CommandTemplate, InputError, TemplateError
 from evolane.messages import ArtifactRef, unbounded_fields
 from evolane.sandbox import SandboxHost, SandboxSpec
 from evolane.store import BlobStore, CorruptBlobError, load_manifest, snapshot_tree
@@ -139,8 +139,10 @@ def test_target_tree_of_a_file_holds_exactly_that_file(tmp_path: Path, store: Bl
     assert store.read_bytes(manifest["x.md"].ref) == b"hello\n"  # type: ignore[union-attr]
     target = make_target(tmp_path)
     assert target_tree(store, target) == snapshot_tree(store, target)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(InputError, match="missing: no such file"):
         target_tree(store, tmp_path / "missing")
+    with pytest.raises(InputError, match="/dev/null: not a regular file or a directory"):
+        target_tree(store, Path("/dev/null"))
 
 
 def test_the_diff_names_binaries_modes_symlinks_and_empty_files(

@@ -259,6 +259,43 @@ def test_unsafe_symlink_is_refused(
     assert not dest.exists() and siblings(dest) == []
 
 
+@pytest.mark.parametrize(
+    ("link_path", "target"),
+    [
+        ("shadow", "/etc/shadow"),
+        ("root", "/"),
+        ("escape", "../outside"),
+        ("sub/escape", "../../outside"),
+        ("l", "sub/up/../x"),  # lexically inside; through sub/up -> .. it is outside
+    ],
+)
+def test_a_contained_snapshot_refuses_a_symlink_out_of_the_tree_before_storing(
+    store: BlobStore, tmp_path: Path, link_path: str, target: str
+) -> None:
+    root = tmp_path / "src"
+    write(root, "sub/ok", b"ok")
+    (root / "sub" / "up").symlink_to("..")
+    (root / link_path).symlink_to(target)
+    blobs = sorted(store.root.rglob("*"))
+    with pytest.raises(UnsafeEntryError, match=rf"symlink '{link_path}' points outside the tree"):
+        snapshot_tree(store, root, contained=True)
+    assert sorted(store.root.rglob("*")) == blobs  # nothing stored
+
+
+def test_a_contained_snapshot_keeps_symlinks_inside_the_tree(
+    store: BlobStore, tmp_path: Path
+) -> None:
+    root = tmp_path / "src"
+    write(root, "sub/ok", b"ok")
+    (root / "top").symlink_to("sub/ok")
+    (root / "sub" / "up").symlink_to("..")  # the root itself
+    (root / "a").symlink_to("b")  # a loop of links inside: nothing escapes
+    (root / "b").symlink_to("a")
+    manifest = load_manifest(store, snapshot_tree(store, root, contained=True))
+    assert manifest["top"] == SymlinkEntry(target="sub/ok")
+    assert manifest["sub/up"] == SymlinkEntry(target="..")
+
+
 def test_unsafe_symlink_is_refused_before_anything_is_written(
     store: BlobStore, tmp_path: Path
 ) -> None:

@@ -36,7 +36,7 @@ from evolane.campaign._publish import (
     swap,
     touched_entries,
 )
-from evolane.inputs import CommandTemplate
+from evolane.inputs import CommandTemplate, InputError
 from evolane.lanes import limit_reason, limits_hit, scratch_dir
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
 from evolane.sandbox import Isolation, Limits, ProcessOutcome, SandboxHost, SandboxSpec, View
@@ -44,7 +44,10 @@ from evolane.store import (
     BlobStore,
     FileEntry,
     StoreError,
+    TreeLimitError,
     TreeManifest,
+    UnsafeEntryError,
+    UnsupportedEntryError,
     load_manifest,
     read_json,
     snapshot_tree,
@@ -111,12 +114,21 @@ class ApplyJournal(Record):
 
 
 def target_tree(store: BlobStore, target: Path) -> ArtifactRef:
-    """Snapshot the target: a directory as is, a single file as a tree of exactly that file."""
+    """Snapshot the target: a directory as is, a single file as a tree of exactly that file.
+
+    `InputError` (one line naming ``--target``) for a target that is neither a regular file
+    nor a directory, a tree holding an entry it cannot record (a device, FIFO, socket, a name
+    that is not UTF-8), over a tree cap, or holding a symlink that points outside it: each
+    refused before anything of the tree is stored."""
     target = Path(target)
-    if target.is_dir():
-        return snapshot_tree(store, target)
+    try:
+        if target.is_dir():
+            return snapshot_tree(store, target, contained=True)
+    except (UnsafeEntryError, UnsupportedEntryError, TreeLimitError) as error:
+        raise InputError(f"--target {target}: {error}") from None
     if not target.is_file():
-        raise FileNotFoundError(f"target {target} is neither a file nor a directory")
+        why = "not a regular file or a directory" if target.exists() else "no such file"
+        raise InputError(f"--target {target}: {why}")
     ref = store.put_file(target)
     mode = 0o755 if target.stat().st_mode & 0o111 else 0o644
     entry = FileEntry(digest=ref.digest, mode=mode, size=ref.size)

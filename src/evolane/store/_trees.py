@@ -172,13 +172,38 @@ def _check_paths(entries: Mapping[str, object]) -> None:
 
 
 def snapshot_tree(
-    store: BlobStore, directory: Path | str, limits: TreeLimits | None = None
+    store: BlobStore,
+    directory: Path | str,
+    limits: TreeLimits | None = None,
+    *,
+    contained: bool = False,
 ) -> ArtifactRef:
     """Store every file under ``directory`` and return the ref of the resulting manifest.
 
     The tree is walked within ``limits`` first (`scan_tree`: `TreeLimitError` at the first
-    cap passed, before anything is read or stored), then stored (`store_scan`)."""
-    return store_scan(store, scan_tree(directory, limits))
+    cap passed, before anything is read or stored), then stored (`store_scan`). Symlinks are
+    recorded as they are; with ``contained``, one pointing outside the tree (what
+    `materialize_tree` would refuse) raises `UnsafeEntryError` before anything is stored."""
+    scan = scan_tree(directory, limits)
+    if contained:
+        check_contained(scan)
+    return store_scan(store, scan)
+
+
+def check_contained(scan: TreeScan) -> None:
+    """`UnsafeEntryError` for the first symlink of ``scan`` whose target is absolute, climbs
+    above the root, or resolves outside it through the tree's other links; the message
+    reads ``symlink 'PATH' points outside the tree (TARGET)``."""
+    root = os.path.realpath(scan.root)
+    for found in scan.entries:
+        if found.kind != "symlink":
+            continue
+        resolved = os.path.realpath(found.path)
+        inside = resolved == root or resolved.startswith(root + os.sep)
+        if _lexical_escape(found.relative, found.target) is not None or not inside:
+            raise UnsafeEntryError(
+                f"symlink {found.relative!r} points outside the tree ({found.target})"
+            )
 
 
 def store_scan(store: BlobStore, scan: TreeScan) -> ArtifactRef:
@@ -285,18 +310,24 @@ def _check_destination(destination: Path) -> None:
 def _check_symlink_targets(manifest: TreeManifest) -> None:
     """Lexical check: absolute targets and targets climbing above the root are refused."""
     for path, entry in manifest.items():
-        if not isinstance(entry, SymlinkEntry):
-            continue
-        target = PurePosixPath(entry.target)
-        if target.is_absolute() or "\0" in entry.target:
-            raise UnsafeEntryError(f"symlink {path!r} has an absolute target {entry.target!r}")
-        depth = len(PurePosixPath(path).parts) - 1
-        for part in target.parts:
-            depth += -1 if part == ".." else 0 if part == "." else 1
-            if depth < 0:
-                raise UnsafeEntryError(
-                    f"symlink {path!r} -> {entry.target!r} escapes the tree root"
-                )
+        if isinstance(entry, SymlinkEntry):
+            problem = _lexical_escape(path, entry.target)
+            if problem is not None:
+                raise UnsafeEntryError(problem)
+
+
+def _lexical_escape(path: str, target: str) -> str | None:
+    """Why the symlink at ``path`` -> ``target`` leaves the tree read as text (absolute, or
+    climbing above the root), else None."""
+    pure = PurePosixPath(target)
+    if pure.is_absolute() or "\0" in target:
+        return f"symlink {path!r} has an absolute target {target!r}"
+    depth = len(PurePosixPath(path).parts) - 1
+    for part in pure.parts:
+        depth += -1 if part == ".." else 0 if part == "." else 1
+        if depth < 0:
+            return f"symlink {path!r} -> {target!r} escapes the tree root"
+    return None
 
 
 def _populate(

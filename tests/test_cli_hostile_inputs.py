@@ -1,0 +1,102 @@
+"""Hostile inputs at the door (found by review): each is one error line naming the input and
+exit code 2, never an internal error, a traceback or a hang, and nothing is written."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.campaign_helpers import toy_flags, write_toy
+
+EVOLANE = [sys.executable, "-m", "evolane"]
+PLAN = {"0.0": "fix:1", "0.1": "noop"}
+
+Case = Callable[[Path, list[str]], tuple[list[str], str]]
+"""(folder, base flags) -> (estimate flags, what the error line must say: parts split by |)."""
+
+
+def _flag(args: list[str], name: str, value: str) -> list[str]:
+    args = list(args)
+    if name in args:
+        args[args.index(name) + 1] = value
+    else:
+        args += [name, value]
+    return args
+
+
+def _tree(folder: Path, name: str, make: Callable[[Path], object]) -> Path:
+    root = folder / name
+    root.mkdir()
+    (root / "greetings.txt").write_text("hello\n")
+    make(root)
+    return root
+
+
+def _target_with(name: str, make: Callable[[Path], object], needle: str) -> Case:
+    def case(folder: Path, base: list[str]) -> tuple[list[str], str]:
+        root = _tree(folder, name, make)
+        return _flag(base, "--target", str(root)), f"--target {root}: |{needle}"
+
+    return case
+
+
+def _bind(path: Path) -> None:
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.close()
+
+
+def _deep(root: Path) -> None:
+    os.makedirs(root / "/".join(["d"] * 65))
+
+
+def _fifo_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    fifo = folder / "fifo"
+    os.mkfifo(fifo)
+    return _flag(base, "--target", str(fifo)), f"--target {fifo}: not a regular file"
+
+
+def _value(flag: str, value: str, needle: str) -> Case:
+    return lambda folder, base: (_flag(base, flag, value), needle)
+
+
+CASES: dict[str, Case] = {
+    "symlink-absolute": _target_with(
+        "linkout",
+        lambda root: (root / "shadow").symlink_to("/etc/shadow"),
+        "symlink 'shadow' points outside the tree (/etc/shadow)",
+    ),
+    "symlink-root": _target_with(
+        "linkdir", lambda root: (root / "root").symlink_to("/"), "symlink 'root' points outside"
+    ),
+    "symlink-climbing": _target_with(
+        "up", lambda root: (root / "up").symlink_to("../x"), "symlink 'up' points outside"
+    ),
+    "fifo-inside": _target_with("fifo-in", lambda root: os.mkfifo(root / "f"), "cannot snapshot"),
+    "socket-inside": _target_with("sock", lambda root: _bind(root / "s"), "cannot snapshot"),
+    "too-deep": _target_with("deep", _deep, "over the cap of 64 (max_depth)"),
+    "fifo-target": _fifo_target,
+    "dev-null-target": _value("--target", "/dev/null", "--target /dev/null: not a regular file"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_hostile_input_is_one_line_and_exit_2(tmp_path: Path, name: str) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    store = tmp_path / "store"
+    args, needle = CASES[name](tmp_path, toy_flags(paths, store))
+    done = subprocess.run(
+        [*EVOLANE, "estimate", *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("evolane: error: "), done.stderr
+    assert all(part in lines[0] for part in needle.split("|")), lines[0]
+    assert "internal error" not in lines[0]
+    assert not store.exists()  # refused before anything was written
