@@ -62,10 +62,33 @@ def _fifo_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
     return _flag(base, "--target", str(fifo)), f"--target {fifo}: not a regular file"
 
 
+def _file(name: str, text: str, flag: str, needle: str) -> Case:
+    def case(folder: Path, base: list[str]) -> tuple[list[str], str]:
+        path = folder / name
+        path.write_text(text)
+        return _flag(base, flag, str(path)), needle.format(path=path)
+
+    return case
+
+
+def _prices_fifo(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    fifo = folder / "prices.yaml"
+    os.mkfifo(fifo)
+    return _flag(base, "--prices", str(fifo)), f"--prices {fifo}: not a regular file"
+
+
+def _empty_trajectory(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    path = folder / "t_empty.jsonl"
+    path.write_text("")
+    args = _flag(_flag(base, "--dataset", ""), "--from-trajectory", str(path))
+    return args, f"--from-trajectory {path}: no trajectory records"
+
+
 def _value(flag: str, value: str, needle: str) -> Case:
     return lambda folder, base: (_flag(base, flag, value), needle)
 
 
+DIGITS = "9" * 5000
 CASES: dict[str, Case] = {
     "symlink-absolute": _target_with(
         "linkout",
@@ -83,6 +106,28 @@ CASES: dict[str, Case] = {
     "too-deep": _target_with("deep", _deep, "over the cap of 64 (max_depth)"),
     "fifo-target": _fifo_target,
     "dev-null-target": _value("--target", "/dev/null", "--target /dev/null: not a regular file"),
+    "max-tokens": _value("--max-tokens", "1000000000000001", "--max-tokens: "),
+    "max-cost": _value("--max-cost-usd", "1e300", "--max-cost-usd: "),
+    "prices-long-int": _file(
+        "p.yaml", f"m: {{input: {DIGITS}, output: 1}}\n", "--prices", "--prices {path}:1: a number"
+    ),
+    "prices-deep": _file(
+        "p.yaml", "[" * 100_000, "--prices", "--prices {path}:1: nested over 32 levels"
+    ),
+    "prices-duplicate": _file(
+        "p.yaml",
+        "m: {input: 1, output: 1}\nm: {input: 9, output: 9}\n",
+        "--prices",
+        "--prices {path}:2: duplicate key 'm'",
+    ),
+    "prices-fifo": _prices_fifo,
+    "config-deep": _file(
+        "c.toml", "x = " + "[" * 5000 + "]" * 5000 + "\n", "--config", "nested too deeply"
+    ),
+    "config-long-int": _file(
+        "c.toml", f"iterations = {DIGITS}\n", "--config", "an integer of too many digits"
+    ),
+    "trajectory-empty": _empty_trajectory,
 }
 
 

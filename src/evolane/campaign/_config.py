@@ -38,6 +38,8 @@ from evolane.messages import GateConfig, Name, Record, ShortText, Text
 
 MAX_WALL_CLOCK_BUDGET = 365 * 86_400.0
 """The largest wall-clock budget a campaign accepts (a year): longer is a typo."""
+MAX_CEILING = 10**15
+"""The largest token or dollar ceiling a campaign accepts: what a `Usage` can count."""
 ApplyPolicyName = Literal["proposal", "verified_only", "auto_verified"]
 Focus = Literal["all", "cyclic", "hardest-first"]
 FeedbackSplit = Literal["train", "val"]
@@ -100,8 +102,8 @@ class CampaignConfig(Record):
     max_improvement_cycles: int = Field(default=1, ge=1, le=10_000)
     stall: int = Field(default=4, ge=1, le=10_000)
     wall_clock_budget: float | None = Field(default=None, gt=0, le=MAX_WALL_CLOCK_BUDGET)
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_cost_usd: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_CEILING)
+    max_cost_usd: float | None = Field(default=None, ge=0, le=MAX_CEILING)
     baseline_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_replay_repetitions: int | None = Field(default=None, ge=1, le=100)
     gate: GateConfig = GateConfig()

@@ -136,6 +136,10 @@ def load_config(path: Path) -> ConfigFile:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{shown_path(path)}: not valid TOML ({error})") from None
+    except RecursionError:
+        raise ConfigError(f"{shown_path(path)}: not valid TOML (nested too deeply)") from None
+    except ValueError as error:  # an integer of over 4300 digits
+        raise ConfigError(f"{shown_path(path)}: not valid TOML ({_value_problem(error)})") from None
     table: Any = document
     if path.name == _PYPROJECT:
         table = document.get("tool", {}).get("evolane", {})
@@ -154,6 +158,12 @@ def load_config(path: Path) -> ConfigFile:
             raise ConfigError(f"{config.where(name)}: {key}: not a setting{hint}")
         config.values[name] = _checked(config, key, value, types[name])
     return config
+
+
+def _value_problem(error: ValueError) -> str:
+    """What a ``ValueError`` from the TOML parser says, without Python's advice."""
+    text = str(error)
+    return "an integer of too many digits" if "integer string conversion" in text else text
 
 
 def _line_of(text: str, key: str, in_pyproject: bool) -> int:

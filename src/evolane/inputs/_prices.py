@@ -14,6 +14,9 @@ frozen into run.json, so a report's dollars can be computed again)."""
 from __future__ import annotations
 
 import math
+import os
+import stat
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from typing import Any
 import orjson
 from pydantic import Field, ValidationError
 
-from evolane.inputs._errors import InputError
+from evolane.inputs._errors import InputError, one_line, quote
 from evolane.messages import Name, Record
 from evolane.store import read_at_most
 
@@ -114,7 +117,11 @@ def load_prices(path: str | Path) -> PriceTable:
     ``{"models": {name: price}}`` or ``{name: price}``. Bad input: `InputError` naming it."""
     where = f"--prices {path}"
     try:
-        with open(path, "rb") as source:
+        # Non-blocking: a FIFO with no writer must not hang the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as source:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InputError(f"{where}: not a regular file")
             data = read_at_most(source, MAX_PRICES_BYTES)
     except OSError as error:
         raise InputError(f"{where}: {error.strerror or error}") from None
@@ -142,9 +149,76 @@ def _parse(data: bytes, path: str) -> Any:
             raise InputError(f"{where}: not JSON ({error})") from None
     import yaml  # only for a YAML price file
 
+    loader, refused = _strict_yaml()
     try:
-        return yaml.safe_load(data.decode("utf-8"))
+        return yaml.load(data.decode("utf-8"), Loader=loader)  # a SafeLoader
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         mark = getattr(error, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{where}{line}: not YAML ({error})") from None
+        if isinstance(error, refused):
+            raise InputError(f"{where}{line}: {error.problem}") from None
+        raise InputError(f"{where}{line}: not YAML ({one_line(str(error))})") from None
+    except RecursionError:  # the depth bound keeps nesting shallow; this is a backstop
+        raise InputError(f"{where}: nested too deeply") from None
+
+
+MAX_YAML_DEPTH = 32
+"""Levels of nested collections a YAML price file may have (it needs three)."""
+MAX_NUMBER_CHARS = 64
+"""Characters of one YAML integer: longer ones are refused, never converted."""
+_STRICT: tuple[Any, type[Exception]] | None = None
+
+
+def _strict_yaml() -> tuple[Any, type[Exception]]:
+    """(loader, error): a ``yaml.SafeLoader`` that refuses duplicate keys, nesting past
+    `MAX_YAML_DEPTH` and integers longer than `MAX_NUMBER_CHARS`, each with an error of the
+    returned type marked at its line. Built on first use (YAML is imported only then)."""
+    global _STRICT
+    if _STRICT is None:
+        _STRICT = _build_strict_yaml()
+    return _STRICT
+
+
+def _build_strict_yaml() -> tuple[Any, type[Exception]]:
+    import yaml
+
+    class Refused(yaml.MarkedYAMLError):
+        """A price file the strict loader refuses; ``problem`` says why."""
+
+    class StrictLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self.depth += 1
+            try:
+                if self.depth > MAX_YAML_DEPTH:
+                    mark = self.peek_event().start_mark
+                    why = f"nested over {MAX_YAML_DEPTH} levels deep"
+                    raise Refused(problem=why, problem_mark=mark)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in getattr(node, "value", ()):
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # merged keys may be overridden: that is what merging is for
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, Hashable):
+                    continue  # refused as such by the base class
+                if key in seen:
+                    why = f"duplicate key {quote(key)}"
+                    raise Refused(problem=why, problem_mark=key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+        def construct_yaml_int(self, node: Any) -> Any:
+            text = self.construct_scalar(node)
+            if len(text) > MAX_NUMBER_CHARS:
+                why = f"a number of {len(text)} characters (at most {MAX_NUMBER_CHARS})"
+                raise Refused(problem=why, problem_mark=node.start_mark)
+            return super().construct_yaml_int(node)
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+    return StrictLoader, Refused

@@ -103,6 +103,9 @@ def ingest_trajectories(
     located = read_trajectories(given)
     turns = [turn for session in sessions(located).values() for turn in session]
     groups = _groups(turns)
+    if not groups:
+        shown = " ".join(given[:3]) + (" ..." if len(given) > 3 else "")
+        raise InputError(f"--from-trajectory {shown}: no trajectory records in it")
     summaries = {name: _summary(name, members) for name, members in groups.items()}
     chosen, choice = _choose(summaries, group)
     members = groups[chosen]
