@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from evolane.messages import GateConfig
 from evolane.stats import (
+    PairedSample,
     balanced_deltas,
     can_ever_accept,
     can_ever_confirm,
     can_ever_pass_online,
     confirm,
     decide,
+    judge_sample,
     min_acceptable_gain,
     no_gain_margin,
     online_cases_needed,
@@ -212,3 +214,44 @@ def test_the_online_bar_is_the_fewest_full_gains_online_control_accepts(
         assert p_value(needed) <= level
         assert needed == 0 or p_value(needed - 1) > level
         assert f"at least {needed} of the {n} val cases" in why
+
+
+def _bounded_resampling(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """Make every bootstrap of more than ``limit`` resampled values fail the test at once."""
+    from evolane.stats import _bootstrap
+
+    real = _bootstrap.bootstrap_means
+
+    def bounded(deltas: np.ndarray, samples: int, seed: int) -> np.ndarray:
+        assert len(deltas) * samples <= limit, f"{samples} resamples of {len(deltas)} cases"
+        return real(deltas, samples, seed)
+
+    monkeypatch.setattr(_bootstrap, "bootstrap_means", bounded)
+
+
+@pytest.mark.parametrize("gate", ["paired", "strict", "threshold", "bootstrap"])
+def test_many_cases_never_run_a_full_bootstrap_per_search_step(
+    monkeypatch: pytest.MonkeyPatch, gate: str
+) -> None:
+    # Found by review: 10,000 resamples of every case at each step of the search took
+    # 100 s at 20,000 cases and never ended at 300,000.
+    _bounded_resampling(monkeypatch, 300_000)
+    config = GateConfig(gate=gate, threshold=0.0)
+    gain = min_acceptable_gain(config, 300_000, 1)
+    online = min_acceptable_gain(config, 300_000, 2, level=0.001, pass_fail=True)
+    assert gain.possible and online.possible and online.units is not None
+
+
+def test_a_drawn_bootstrap_bar_is_checked_against_the_gate_itself() -> None:
+    # 900 cases x 10,000 resamples is past the exact search: the closed form found 18 here,
+    # one step off the gate's own seeded bootstrap, which accepts 17.
+    config = GateConfig(gate="bootstrap", min_effect=0.01)
+    gain = min_acceptable_gain(config, 900, 1)
+    assert gain.units is not None
+
+    def accepted(units: int) -> bool:
+        deltas = balanced_deltas(900, units, 1)
+        sample = PairedSample([f"c{i}" for i in range(900)], np.zeros(900), deltas)
+        return judge_sample(sample, config, 900).decision == "accept"
+
+    assert accepted(gain.units) and not accepted(gain.units - 1)

@@ -10,15 +10,18 @@ the gain in units of the per-case spread of the deltas.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Literal
 
 import numpy as np
 
 from evolane.messages import GateConfig
+from evolane.stats._bootstrap import expanded_tail
 from evolane.stats._dist import t_quantile
-from evolane.stats._gates import PairedSample, judge_sample, regression_p_value
-from evolane.stats._levels import as_fraction, required_cases
+from evolane.stats._gates import PairedSample, beyond, judge_sample, regression_p_value
+from evolane.stats._levels import as_fraction, coverage_shortfall, required_cases
 from evolane.stats._online import no_gain_margin, no_gain_p_value
 
 ScoreKind = Literal["binary", "continuous"]
@@ -84,16 +87,89 @@ def _accepts(
     per_case: int,
     level: float | None = None,
     pass_fail: bool = True,
+    exact: bool = False,
 ) -> bool:
     """Whether the gate (and, with ``level``, online control) accepts the most favourable
     sample of ``units`` steps: spread evenly for the gate alone and the betting bound,
-    gathered into full gains for the full-gain sign test (the same with one repetition)."""
+    gathered into full gains for the full-gain sign test (the same with one repetition).
+    ``exact``: the gate's own bootstrap at any size (see `_gate_accepts`)."""
     gathered = level is not None and pass_fail
     deltas = (full_gain_deltas if gathered else balanced_deltas)(n, units, per_case)
-    sample = PairedSample([f"c{i}" for i in range(n)], np.zeros(n), deltas)
-    if judge_sample(sample, config, n).decision != "accept":
+    if not _gate_accepts(config, deltas, exact):
         return False
-    return level is None or online_p_value(deltas, config, pass_fail=pass_fail) <= level
+    return (
+        level is None or _p_value(deltas, no_gain_margin(config), pass_fail, config.seed) <= level
+    )
+
+
+_EXACT_BOOTSTRAP = 1 << 23
+"""Resampled values (cases x resamples) up to which the preflight's search runs the gate's
+own bootstrap; past it, the bootstrap gate's CI is drawn from the same distribution in
+O(resamples) (`_bootstrap_accepts`): 10,000 resamples of n cases at each step of the search
+took minutes from 10,000 cases on (found by review)."""
+_CHECKED_BOOTSTRAP = 1 << 28
+"""Resampled values up to which the bar found that way is checked with the gate's own
+bootstrap (about 2 s a check; a few checks): the bar is then exactly the gate's."""
+
+
+def _gate_accepts(config: GateConfig, deltas: np.ndarray, exact: bool = False) -> bool:
+    """Whether the gate's rule (`judge_sample`, as `decide` runs it) accepts ``deltas``. Only
+    the bootstrap gate reads the CI, so the others are judged with a single resample; unless
+    ``exact``, a bootstrap over `_EXACT_BOOTSTRAP` is drawn in closed form."""
+    n = deltas.size
+    if config.gate != "bootstrap":
+        config = config.model_copy(update={"bootstrap_samples": 1})  # the CI is not read
+    elif not exact and _drawn(config, n):
+        return coverage_shortfall(n, n, config) is None and _bootstrap_accepts(config, deltas)
+    sample = PairedSample(_ids(n), np.zeros(n), deltas)
+    return judge_sample(sample, config, n).decision == "accept"
+
+
+def _drawn(config: GateConfig, n: int) -> bool:
+    """Whether the preflight's search draws the bootstrap gate's CI in closed form."""
+    return config.gate == "bootstrap" and n >= 2 and n * config.bootstrap_samples > _EXACT_BOOTSTRAP
+
+
+@lru_cache(maxsize=4)
+def _ids(n: int) -> list[str]:
+    return [f"c{i}" for i in range(n)]
+
+
+def _bootstrap_accepts(config: GateConfig, deltas: np.ndarray) -> bool:
+    """The bootstrap gate's rule (the expanded-percentile CI's lower bound above
+    min_effect, a tie rejecting) on a sample of few distinct values: a resample's mean is
+    then sum(value x count) / n with the counts multinomial, so each of the seeded resamples
+    costs one multinomial draw, not n. The same distribution as the gate's own resamples,
+    not the same draws: at the boundary the bar may differ from a run's by Monte Carlo noise."""
+    n = deltas.size
+    values, counts = np.unique(deltas, return_counts=True)
+    low = float(values[0])
+    if values.size > 1:
+        rng = np.random.default_rng(np.random.SeedSequence(config.seed))
+        draws = rng.multinomial(n, counts / n, size=config.bootstrap_samples)
+        means = draws @ values / n
+        low = float(np.quantile(means, expanded_tail(n, config.confidence)))
+        low = min(max(low, float(values[0])), float(values[-1]))
+    return beyond(low, config.min_effect)
+
+
+def _p_value(deltas: np.ndarray, margin: float, pass_fail: bool, seed: int) -> float:
+    """`no_gain_p_value` of ``deltas``; the betting bound's is cached by the runs of equal
+    values in order (a few, in the samples the preflight builds): the search and the online
+    bar ask for the same samples, and the bound reads every case in Python."""
+    if pass_fail or deltas.size == 0:
+        return no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail, order_seed=seed)
+    edges = np.flatnonzero(np.diff(deltas)) + 1
+    starts = np.concatenate(([0], edges))
+    lengths = np.diff(np.concatenate((starts, [deltas.size])))
+    runs = tuple(zip(deltas[starts].tolist(), lengths.tolist(), strict=True))
+    return _betting_p_value(runs, margin, seed)
+
+
+@lru_cache(maxsize=256)
+def _betting_p_value(runs: tuple[tuple[float, int], ...], margin: float, seed: int) -> float:
+    deltas = np.concatenate([np.full(count, value) for value, count in runs])
+    return no_gain_p_value(deltas, margin=margin, pass_fail=False, order_seed=seed)
 
 
 def online_p_value(deltas: np.ndarray, config: GateConfig, pass_fail: bool = False) -> float:
@@ -136,13 +212,14 @@ def _binary(
             f"nothing (min_effect {config.min_effect:g} < 0 is a non-inferiority margin)"
         )
         return MinimumGain(True, 0.0, 0, 1.0 / per_case, n, reason)
-    low, high = 0, top  # invariant: `low` is rejected, `high` accepted
-    while high - low > 1:
-        middle = (low + high) // 2
-        if _accepts(config, n, middle, per_case, level, pass_fail):
-            high = middle
-        else:
-            low = middle
+    accepts = partial(_accepts, config, n, per_case=per_case, level=level, pass_fail=pass_fail)
+    high = smallest_true(accepts, 0, top)
+    if _drawn(config, n) and n * config.bootstrap_samples <= _CHECKED_BOOTSTRAP:
+        exact = partial(accepts, exact=True)  # the closed form may be a step off: check
+        while high < top and not exact(high):
+            high += 1
+        while high > 1 and exact(high - 1):
+            high -= 1
     mean = high / (n * per_case)
     rule = _rule(config) + online
     if per_case == 1:
@@ -299,15 +376,26 @@ def fewest_gains(
     def reaches(k: int) -> bool:
         deltas = np.zeros(n)
         deltas[:k] = 1.0  # the betting bound reads them in its own order (``order_seed``)
-        p = no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail, order_seed=order_seed)
-        return p <= level
+        return _p_value(deltas, margin, pass_fail, order_seed) <= level
 
     if not reaches(n):
         return None
-    low, high = -1, n  # invariant: `low` gains do not reach the level (or low < 0), `high` do
-    while high - low > 1:
+    return 0 if reaches(0) else smallest_true(reaches, 0, n)
+
+
+def smallest_true(holds: Callable[[int], bool], low: int, high: int) -> int:
+    """The smallest ``k`` in (``low``, ``high``] with ``holds(k)``, for a ``holds`` that is
+    False at ``low``, True at ``high`` and monotone: galloping up from ``low`` (1, 2, 4...
+    steps), then bisecting, so a small answer costs a few calls however large ``high`` is."""
+    step = 1
+    while low + step < high:
+        if holds(low + step):
+            high = low + step
+            break
+        low, step = low + step, step * 2
+    while high - low > 1:  # invariant: False at `low`, True at `high`
         middle = (low + high) // 2
-        if middle >= 0 and reaches(middle):
+        if holds(middle):
             high = middle
         else:
             low = middle
