@@ -131,3 +131,18 @@ def test_estimate_follows_each_new_sample_and_scales_by_units() -> None:
         expected = float(np.percentile(seen, 75))
         assert ledger.estimate("replay") == Usage(tokens=expected, wall_seconds=1.0)
         assert ledger.estimate("replay", 2) == Usage(tokens=2 * expected, wall_seconds=2.0)
+
+
+def test_a_tokens_only_charge_gives_a_token_estimate_under_a_token_ceiling() -> None:
+    # A usage document with tokens and no dollars (no --prices) was incomplete as a whole:
+    # no sample was kept, and under --max-tokens every stage ran one unit at a time.
+    ledger = Ledger(ceilings=Usage(tokens=10_000))
+    assert ledger.reserve("replay", "u1", ledger.estimate("replay"))[0]
+    assert ledger.reserve("replay", "u2", ledger.estimate("replay")) == (False, PROBE_RUNNING)
+    ledger.debit("u1", Usage(tokens=100, wall_seconds=1.0), complete=True)
+    estimate = ledger.estimate("replay")
+    assert estimate is not None and estimate.tokens == 100 and estimate.cost_usd is None
+    assert (
+        ledger.reserve("replay", "u2", estimate)[0] and ledger.reserve("replay", "u3", estimate)[0]
+    )
+    assert ledger.snapshot().spent.cost_usd == 0  # dollars unknown: charged as reserved (none)

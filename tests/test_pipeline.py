@@ -357,6 +357,8 @@ async def test_a_crashing_lane_fails_its_unit_not_the_measurement(tmp_path) -> N
     ("content", "complete"),
     [
         (b'{"tokens": 12, "cost_usd": 0.5}', True),
+        (b'{"tokens": 12}', True),  # complete in tokens: dollars unknown, charged as reserved
+        (b'{"tokens": 12, "partial": true}', False),
         (b"[1]", False),
         (b'"tokens"', False),
         (b'{"tokens": -1, "cost_usd": 0}', False),
@@ -375,4 +377,4 @@ def test_a_usage_file_of_any_shape_never_breaks_the_lane(
     usage, read = _usage(tmp_path / "usage.json", outcome)
     assert read is complete
     assert usage.wall_seconds == 2.0
-    assert usage.tokens == (12 if complete else None)
+    assert usage.tokens == (12 if b'"tokens": 12' in content else None)

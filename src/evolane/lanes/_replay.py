@@ -481,9 +481,13 @@ def read_usage(
     below: Path | None = None,
 ) -> tuple[Usage, bool]:
     """The usage document at ``path`` (see `evolane.inputs.read_usage_document`), priced by
-    ``prices``: complete when it gives both tokens and dollars; else what it gives, plus the
-    wall time. Any other content (too large, not a regular file, not JSON, reached through
-    a symlink below ``below``) is the command's mistake, never a crash of the lane."""
+    ``prices``, plus the wall time: complete when it counts its tokens and all it spent (not
+    ``partial``), with or without dollars. The ledger reads completeness per dimension: one
+    the document leaves unknown is charged its reservation, never sampled (a tokens-only
+    document was incomplete as a whole, so under `--max-tokens` without `--prices` no stage
+    ever got a token estimate and ran one unit at a time). Any other content (too large,
+    not a regular file, not JSON, reached through a symlink below ``below``) is the
+    command's mistake, never a crash of the lane."""
     wall = outcome.wall_seconds
     with contextlib.suppress(OSError, ValueError, TypeError, StoreError):
         data = orjson.loads(read_regular_file(path, MAX_USAGE_BYTES, below=below))
@@ -495,5 +499,5 @@ def read_usage(
                 wall_seconds=wall,
                 cached=reading.cached,
             )
-            return usage, reading.complete
+            return usage, reading.tokens is not None and not reading.partial
     return Usage(wall_seconds=wall), False
