@@ -222,14 +222,15 @@ case = json.load(open(sys.argv[1]))
 answer = json.load(open(os.path.join(sys.argv[2], "output.json")))
 if COST is not None:
     with open(os.environ["EVOLANE_USAGE_FILE"], "w") as out:
-        json.dump({"tokens": 10, "cost_usd": COST}, out)
+        json.dump({"tokens": 10} | ({} if COST == "tokens" else {"cost_usd": COST}), out)
 print(json.dumps({"score": 1.0 if answer == case["expected_output"] else 0.0}))
 """
 
 
-def _counting(tmp_path: Path, cost: float | None, lanes: int) -> tuple[list[str], Path, Path]:
+def _counting(tmp_path: Path, cost: float | str | None, lanes: int) -> tuple[list[str], Path, Path]:
     """The toy with free replays and a judge that logs how many judges run at once (one line
-    per call) and reports ``cost`` dollars per call (None: no usage document)."""
+    per call) and reports ``cost`` dollars per call (None: no usage document; "tokens": 10
+    tokens and no dollars)."""
     flags, store = _workload(tmp_path)
     replay = tmp_path / "free.sh"
     replay.write_text(
@@ -271,3 +272,17 @@ def test_a_judge_that_reports_no_usage_spends_nothing_and_is_not_serialised(
     running = [int(n) for n in (log / "calls").read_text().split()]
     assert max(running) == 2  # two judges overlapped
     assert _report(store)["budget"]["spent_by_role"]["judge"]["cost_usd"] == 0
+
+
+def test_a_judge_reporting_tokens_only_runs_on_every_lane_under_a_token_ceiling(
+    tmp_path: Path,
+) -> None:
+    """Tokens and no dollars (no --prices) was an incomplete document as a whole: no token
+    estimate ever came, and under --max-tokens the judges ran one at a time for good."""
+    flags, store, log = _counting(tmp_path, cost="tokens", lanes=2)
+    done = _run(["optimize", *flags, "--max-tokens", "100000"])
+    assert done.returncode == 0, done.stderr
+    running = [int(n) for n in (log / "calls").read_text().split()]
+    assert max(running) == 2  # two judges overlapped
+    judged = _report(store)["budget"]["spent_by_role"]["judge"]["tokens"]
+    assert judged == 10 * len(running)
