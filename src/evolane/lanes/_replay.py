@@ -480,14 +480,11 @@ def read_usage(
     prices: PriceTable | None = None,
     below: Path | None = None,
 ) -> tuple[Usage, bool]:
-    """The usage document at ``path`` (see `evolane.inputs.read_usage_document`), priced by
-    ``prices``, plus the wall time: complete when it counts its tokens and all it spent (not
-    ``partial``), with or without dollars. The ledger reads completeness per dimension: one
-    the document leaves unknown is charged its reservation, never sampled (a tokens-only
-    document was incomplete as a whole, so under `--max-tokens` without `--prices` no stage
-    ever got a token estimate and ran one unit at a time). Any other content (too large,
-    not a regular file, not JSON, reached through a symlink below ``below``) is the
-    command's mistake, never a crash of the lane."""
+    """The usage document at ``path`` (`evolane.inputs.read_usage_document`) priced by
+    ``prices``, plus the wall time: complete when it counts its tokens and is not
+    ``partial``, dollars or not (the ledger keeps each dimension apart; complete only with
+    dollars, no token estimate came without `--prices`). Anything else a command wrote there
+    is its mistake, never a crash of the lane."""
     wall = outcome.wall_seconds
     with contextlib.suppress(OSError, ValueError, TypeError, StoreError):
         data = orjson.loads(read_regular_file(path, MAX_USAGE_BYTES, below=below))
