@@ -197,6 +197,16 @@ def publishing_config(
     return toy_config(paths, apply="auto_verified", check=check, **settings)
 
 
+def with_flag(flags: list[str], name: str, value: str) -> list[str]:
+    """A copy of ``flags`` with ``name`` set to ``value`` (replaced where it is, else added)."""
+    flags = list(flags)
+    if name in flags:
+        flags[flags.index(name) + 1] = value
+    else:
+        flags += [name, value]
+    return flags
+
+
 def toy_flags(
     paths: dict[str, Path],
     store: Path,

@@ -12,22 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import toy_flags, with_flag, write_toy
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 PLAN = {"0.0": "fix:1", "0.1": "noop"}
 
 Case = Callable[[Path, list[str]], tuple[list[str], str]]
 """(folder, base flags) -> (estimate flags, what the error line must say: parts split by |)."""
-
-
-def _flag(args: list[str], name: str, value: str) -> list[str]:
-    args = list(args)
-    if name in args:
-        args[args.index(name) + 1] = value
-    else:
-        args += [name, value]
-    return args
 
 
 def _tree(folder: Path, name: str, make: Callable[[Path], object]) -> Path:
@@ -41,7 +32,7 @@ def _tree(folder: Path, name: str, make: Callable[[Path], object]) -> Path:
 def _target_with(name: str, make: Callable[[Path], object], needle: str) -> Case:
     def case(folder: Path, base: list[str]) -> tuple[list[str], str]:
         root = _tree(folder, name, make)
-        return _flag(base, "--target", str(root)), f"--target {root}: |{needle}"
+        return with_flag(base, "--target", str(root)), f"--target {root}: |{needle}"
 
     return case
 
@@ -59,14 +50,14 @@ def _deep(root: Path) -> None:
 def _fifo_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
     fifo = folder / "fifo"
     os.mkfifo(fifo)
-    return _flag(base, "--target", str(fifo)), f"--target {fifo}: not a regular file"
+    return with_flag(base, "--target", str(fifo)), f"--target {fifo}: not a regular file"
 
 
 def _file(name: str, text: str, flag: str, needle: str) -> Case:
     def case(folder: Path, base: list[str]) -> tuple[list[str], str]:
         path = folder / name
         path.write_text(text)
-        return _flag(base, flag, str(path)), needle.format(path=path)
+        return with_flag(base, flag, str(path)), needle.format(path=path)
 
     return case
 
@@ -74,18 +65,18 @@ def _file(name: str, text: str, flag: str, needle: str) -> Case:
 def _prices_fifo(folder: Path, base: list[str]) -> tuple[list[str], str]:
     fifo = folder / "prices.yaml"
     os.mkfifo(fifo)
-    return _flag(base, "--prices", str(fifo)), f"--prices {fifo}: not a regular file"
+    return with_flag(base, "--prices", str(fifo)), f"--prices {fifo}: not a regular file"
 
 
 def _empty_trajectory(folder: Path, base: list[str]) -> tuple[list[str], str]:
     path = folder / "t_empty.jsonl"
     path.write_text("")
-    args = _flag(_flag(base, "--dataset", ""), "--from-trajectory", str(path))
+    args = with_flag(with_flag(base, "--dataset", ""), "--from-trajectory", str(path))
     return args, f"--from-trajectory {path}: no trajectory records"
 
 
 def _value(flag: str, value: str, needle: str) -> Case:
-    return lambda folder, base: (_flag(base, flag, value), needle)
+    return lambda folder, base: (with_flag(base, flag, value), needle)
 
 
 DIGITS = "9" * 5000

@@ -17,7 +17,7 @@ import pytest
 from evolane.campaign import StoreLayout, unified_tree_diff
 from evolane.campaign._markdown import CHOSEN_ON_VAL, GATE_CI_NOTE
 from evolane.store import BlobStore
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import toy_flags, with_flag, write_toy
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 PLAN = {"0.0": "fix:2", "0.1": "symlink", "1.0": "fix:1", "1.1": "harm:1"}
@@ -31,15 +31,6 @@ tests/test_cli_watch.py): the run stays live for as long as the test needs."""
 
 def _evolane(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*EVOLANE, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
-
-
-def _set(flags: list[str], flag: str, value: str) -> list[str]:
-    flags = list(flags)
-    if flag in flags:
-        flags[flags.index(flag) + 1] = value
-    else:
-        flags += [flag, value]
-    return flags
 
 
 @dataclass(frozen=True)
@@ -64,10 +55,10 @@ class Runs:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     root = tmp_path_factory.mktemp("words")
     paths = write_toy(root / "toy", PLAN)
-    flags = _set(toy_flags(paths, root / "store"), "--iterations", "2")
+    flags = with_flag(toy_flags(paths, root / "store"), "--iterations", "2")
     ids = []
     for iterations in ("2", "1"):
-        done = _evolane("optimize", *_set(flags, "--iterations", iterations), cwd=root)
+        done = _evolane("optimize", *with_flag(flags, "--iterations", iterations), cwd=root)
         assert done.returncode == 0, done.stderr
         known = {p.name for p in (root / "store" / "runs").iterdir()}
         (new,) = known - set(ids)
@@ -249,8 +240,8 @@ def test_a_failed_run_with_a_relative_script_advises_a_command_that_works(
 ) -> None:
     paths = write_toy(tmp_path / "toy", PLAN)
     (tmp_path / "replay.sh").write_text('cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n')
-    flags = _set(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
-    relative = _set(flags, "--replay", "sh replay.sh {candidate} {output_dir}")
+    flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    relative = with_flag(flags, "--replay", "sh replay.sh {candidate} {output_dir}")
     failed = _evolane("optimize", *relative, cwd=tmp_path)
     assert failed.returncode != 0 and failed.stdout.startswith("failed")
     assert (
@@ -259,7 +250,8 @@ def test_a_failed_run_with_a_relative_script_advises_a_command_that_works(
     ) in failed.stdout
     assert "a new campaign" in failed.stdout and "continue:" not in failed.stdout
     campaign = failed.stdout.split()[2].rstrip(":")
-    fixed = _set(flags, "--replay", f"sh {tmp_path / 'replay.sh'} {{candidate}} {{output_dir}}")
+    replay = f"sh {tmp_path / 'replay.sh'} {{candidate}} {{output_dir}}"
+    fixed = with_flag(flags, "--replay", replay)
     refused = _evolane("optimize", *fixed, "--resume-campaign", campaign, cwd=tmp_path)
     assert refused.returncode == 2
     assert "the replay changed" in refused.stderr
@@ -272,8 +264,8 @@ def test_report_on_a_live_run_says_it_is_running_and_suggests_watch(tmp_path: Pa
     gate = tmp_path / "gate"
     gate.mkdir()
     paths = write_toy(tmp_path / "toy", PLAN)
-    flags = _set(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
-    flags = [*_set(flags, "--replay", GATED_REPLAY.format(gate=gate)), "--expose", str(gate)]
+    flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    flags = [*with_flag(flags, "--replay", GATED_REPLAY.format(gate=gate)), "--expose", str(gate)]
     store = tmp_path / "store"
     run = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL, cwd=tmp_path)
     try:
@@ -307,7 +299,7 @@ def test_a_campaign_cannot_change_its_error_control_between_cycles(tmp_path: Pat
     # Found by review: a cycle run with --error-control none chose a useless best that the
     # next cycle, online by default, published under a guarantee that never covered it.
     paths = write_toy(tmp_path / "toy", PLAN)
-    flags = _set(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
     flags += ["--max-improvement-cycles", "3"]
     first = _evolane("optimize", *flags, "--error-control", "none", cwd=tmp_path)
     assert first.returncode == 0, first.stderr

@@ -59,6 +59,8 @@ def test_a_symlinked_proposals_folder_is_replaced_not_followed(tmp_path: Path) -
 
 
 def test_a_symlinked_best_proposal_is_replaced_as_an_entry(tmp_path: Path) -> None:
+    # A guard, not a repro: renaming and removing a linked best/ already acted on the link
+    # itself; this fails if a change ever follows it into the folder it names.
     store = BlobStore(tmp_path / "store")
     refs = _trees(tmp_path, store)
     outside = _outside(tmp_path)

@@ -24,6 +24,7 @@ from evolane.campaign._types import (
     slot_id,
     slot_seed,
 )
+from evolane.measure import reserve_when_known
 from evolane.messages import (
     ArtifactRef,
     Debit,
@@ -46,7 +47,6 @@ PROPOSAL_REPLY_SLACK = 60.0
 ladder, then snapshotting the workdir into the store."""
 ESTIMATE_WAIT = 2.0
 """Optimizer timeouts a call waits for the first call's usage to give an estimate."""
-PROBE_POLL_SECONDS = 0.05
 
 
 class Slots:
@@ -162,14 +162,14 @@ class Slots:
         the ceiling, 40x over it). An optimizer whose usage gives none (a script that
         reports nothing) is not held to one call at a time for it: it reserves nothing."""
         wait = self.config.propose.optimizer_timeout * ESTIMATE_WAIT + PROPOSAL_REPLY_SLACK
-        with trio.move_on_after(wait):
-            while True:
-                reserve = Reserve(stage="optimizer", item=slot_id, zero_cost=self.probed)
-                reply: ReserveReply = await self.peers.ask_budget(reserve)
-                if reply.granted or not reply.retry:
-                    return reply
-                await trio.sleep(PROBE_POLL_SECONDS)
-        return ReserveReply(granted=False, reason="no optimizer call's cost was known in time")
+        reply = await reserve_when_known(
+            self.peers.ask_budget,
+            lambda: Reserve(stage="optimizer", item=slot_id, zero_cost=self.probed),
+            wait,
+        )
+        if reply is None:
+            return ReserveReply(granted=False, reason="no optimizer call's cost was known in time")
+        return reply
 
     async def _charge(self, item: str, result: ProposeResult, *, stage: str) -> None:
         debit = Debit(item=item, actual=result.usage, complete=False, stage=stage)

@@ -6,8 +6,6 @@ that ``import evolane.cli`` stays cheap.
 
 from __future__ import annotations
 
-import os
-import stat
 import sys
 from collections import Counter
 from pathlib import Path
@@ -192,23 +190,19 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
 
 def _event_summary(path: Path) -> dict[str, Any]:
     """How many events the run published, its last phase and the time of its last event
-    (read a bounded line at a time; a FIFO or device in its place is not waited on)."""
-    from evolane.store import MAX_RECORD_BYTES
+    (`EventTail`'s bounded lines; a FIFO or device in its place is not waited on)."""
+    from evolane.views import EventTail
 
     count, phase, last_t = 0, None, None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return {"count": count, "last_phase": phase, "last_t": last_t}
-    with os.fdopen(fd, "rb") as source:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        while regular and (line := source.readline(MAX_RECORD_BYTES + 1)):
-            if len(line) > MAX_RECORD_BYTES:  # no event is this long: skip to its end
-                while (rest := source.readline(MAX_RECORD_BYTES)) and not rest.endswith(b"\n"):
-                    pass
-                continue
+    tail, at_end = EventTail(path), not path.is_file()
+    while not at_end:
+        try:
+            lines, at_end = tail.read()
+        except OSError:  # unreadable: what was read so far
+            break
+        for line in lines:
             try:
-                event = orjson.loads(line)
+                event = orjson.loads(line) if line is not None else None  # None: overlong
             except orjson.JSONDecodeError:
                 continue  # a torn final line of a killed run
             if not isinstance(event, dict):

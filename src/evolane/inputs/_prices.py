@@ -14,8 +14,6 @@ frozen into run.json, so a report's dollars can be computed again)."""
 from __future__ import annotations
 
 import math
-import os
-import stat
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,7 @@ from pydantic import Field, ValidationError
 
 from evolane.inputs._errors import InputError, one_line, quote
 from evolane.messages import Name, Record
-from evolane.store import read_at_most
+from evolane.store import BlobTooLargeError, NotRegularFileError, read_regular_file
 
 MAX_PRICES_BYTES = 1 << 20
 """Bytes read of a price file."""
@@ -116,17 +114,14 @@ def load_prices(path: str | Path) -> PriceTable:
     """The price table in ``path`` (``.yaml``/``.yml`` as YAML, else JSON): either
     ``{"models": {name: price}}`` or ``{name: price}``. Bad input: `InputError` naming it."""
     where = f"--prices {path}"
-    try:
-        # Non-blocking: a FIFO with no writer must not hang the open.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as source:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise InputError(f"{where}: not a regular file")
-            data = read_at_most(source, MAX_PRICES_BYTES)
+    try:  # a FIFO with no writer is never waited on
+        data = read_regular_file(path, MAX_PRICES_BYTES, follow_symlinks=True)
+    except NotRegularFileError:
+        raise InputError(f"{where}: not a regular file") from None
+    except BlobTooLargeError:
+        raise InputError(f"{where}: over {MAX_PRICES_BYTES} bytes") from None
     except OSError as error:
         raise InputError(f"{where}: {error.strerror or error}") from None
-    if len(data) > MAX_PRICES_BYTES:
-        raise InputError(f"{where}: over {MAX_PRICES_BYTES} bytes")
     loaded = _parse(data, str(path))
     if isinstance(loaded, dict) and set(loaded) == {"models"}:
         loaded = loaded["models"]

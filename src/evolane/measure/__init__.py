@@ -5,12 +5,14 @@ standalone pipeline. The measurement's messages live in `evolane.messages`."""
 
 from evolane.measure._budget import (
     OVERRUNS_KEPT,
+    PROBE_POLL_SECONDS,
     PROBE_RUNNING,
     ROLES,
     BudgetActor,
     Ledger,
     LedgerSnapshot,
     Overrun,
+    reserve_when_known,
 )
 from evolane.measure._journal import RunJournal
 from evolane.measure._layout import repetitions
@@ -76,6 +78,7 @@ __all__ = [
     "MAX_TIMEOUT",
     "MEASURE_ASK_TIMEOUT",
     "OVERRUNS_KEPT",
+    "PROBE_POLL_SECONDS",
     "PROBE_RUNNING",
     "RESTORABLE",
     "ROLES",
@@ -116,6 +119,7 @@ __all__ = [
     "parse_count",
     "parse_size",
     "repetitions",
+    "reserve_when_known",
     "scheduler_settings",
     "store_cases",
 ]

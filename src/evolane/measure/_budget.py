@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import trio
 
 from evolane.actors import Actor, ActorRef
 from evolane.messages import (
@@ -44,6 +46,8 @@ ROLES = ("optimizer", "replay", "judge")
 PROBE_RUNNING = "no estimate yet: waiting for the stage's first unit to finish"
 """Why a reservation without an estimate is refused for now: one probe unit of a stage runs
 at a time under an active ceiling until its usage gives the ledger an estimate."""
+PROBE_POLL_SECONDS = 0.05
+"""How often a unit waiting for the budget's first estimate of its stage asks again."""
 
 
 class Overrun(Record):
@@ -303,3 +307,21 @@ class BudgetActor(Actor):
             self.observer.tell_nowait(event)
         except Exception:  # a slow or gone observer loses events (counted here), never spend
             self.events_dropped += 1
+
+
+async def reserve_when_known(
+    ask: Callable[[Reserve], Awaitable[ReserveReply]],
+    reserve: Callable[[], Reserve],
+    wait: float,
+    stopped: Callable[[], bool] = lambda: False,
+) -> ReserveReply | None:
+    """Ask for ``reserve()`` until it is granted or refused for good: a refusal while the
+    stage's first unit runs alone (`PROBE_RUNNING`) is asked again every
+    `PROBE_POLL_SECONDS`, for at most ``wait`` seconds (then None) or until ``stopped()``."""
+    with trio.move_on_after(wait):
+        while True:
+            reply = await ask(reserve())
+            if reply.granted or not reply.retry or stopped():
+                return reply
+            await trio.sleep(PROBE_POLL_SECONDS)
+    return None

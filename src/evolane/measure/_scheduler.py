@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from evolane.actors import Actor, ActorError, ActorRef
+from evolane.measure._budget import reserve_when_known
 from evolane.measure._plan import (
     Action,
     ChargeUnit,
@@ -52,7 +53,6 @@ from evolane.messages import (
     ReplayJob,
     ReplayResult,
     Reserve,
-    ReserveReply,
     StopAll,
     StopUnits,
     Usage,
@@ -72,9 +72,6 @@ deadline, but each attempt's kill ladder may overrun it."""
 ESTIMATE_WAIT_REPLAYS = 2.0
 """Replay timeouts a unit waits for the budget's first estimate of its stage (the first unit
 of a stage runs alone until its usage is known); past them it counts as denied."""
-
-PROBE_POLL_INTERVAL = 0.05
-"""How often a unit waiting for the budget's first estimate of the stage asks again."""
 
 
 class MeasurementScheduler(Actor):
@@ -296,13 +293,13 @@ class _Measurement:
             return True
         # The first unit of a stage runs alone until its usage gives an estimate: wait for it
         # (bounded by its own deadline and kill ladder), never give up early.
-        with trio.move_on_after(timeout * ESTIMATE_WAIT_REPLAYS + LANE_ANSWER_MARGIN):
-            while True:
-                reply: ReserveReply = await budget.ask(Reserve(stage=stage, item=unit_id))
-                if reply.granted or not reply.retry or self.plan.stop_reason is not None:
-                    return reply.granted
-                await trio.sleep(PROBE_POLL_INTERVAL)
-        return False
+        reply = await reserve_when_known(
+            budget.ask,
+            lambda: Reserve(stage=stage, item=unit_id),
+            timeout * ESTIMATE_WAIT_REPLAYS + LANE_ANSWER_MARGIN,
+            lambda: self.plan.stop_reason is not None,
+        )
+        return reply is not None and reply.granted
 
     async def _charge(self, action: ChargeUnit) -> None:
         assert self.s.budget is not None

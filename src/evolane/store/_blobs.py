@@ -50,7 +50,11 @@ class BlobTooLargeError(StoreError):
 
 
 class NotRegularFileError(StoreError):
-    """A path to be stored or read is not a regular file (a symlink, FIFO, device...)."""
+    """A path to be stored or read is not a regular file: ``what`` it is (`describe_mode`)."""
+
+    def __init__(self, path: Path | str, what: str) -> None:
+        super().__init__(f"{path} is {what}, not a regular file")
+        self.what = what
 
 
 _KINDS = {
@@ -335,18 +339,14 @@ class BlobStore:
         """A descriptor of the blob's regular file (`MissingBlobError`, `CorruptBlobError`)."""
         where, digest = self.path_of(blob), _digest(blob)
         try:
-            fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            return _regular_fd(where, follow_symlinks=True)
         except FileNotFoundError:
             raise MissingBlobError(f"blob {digest} is missing (expected at {where})") from None
+        except NotRegularFileError as error:
+            message = f"corrupt blob {digest} at {where}: {error.what}, not a file"
+            raise CorruptBlobError(message) from None
         except OSError as error:
-            if error.errno != errno.ENXIO:  # ENXIO: a socket
-                raise with_path(error, where) from None
-            raise CorruptBlobError(f"corrupt blob {digest} at {where}: a socket") from None
-        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
-            os.close(fd)
-            what = describe_mode(mode)
-            raise CorruptBlobError(f"corrupt blob {digest} at {where}: {what}, not a file")
-        return fd
+            raise with_path(error, where) from None
 
     def read_bytes(self, blob: BlobId, *, verify: bool = True) -> bytes:
         """The blob's whole content, checked against its digest (and size) by default."""
@@ -440,8 +440,14 @@ def read_regular_file(
 def _open_regular(
     path: Path | str, *, follow_symlinks: bool = False, below: Path | None = None
 ) -> BinaryIO:
-    """Open ``path`` for reading only if it is a regular file (never through a symlink
-    unless asked, nor below ``below`` at all; never blocking on a FIFO)."""
+    return os.fdopen(_regular_fd(path, follow_symlinks=follow_symlinks, below=below), "rb")
+
+
+def _regular_fd(
+    path: Path | str, *, follow_symlinks: bool = False, below: Path | None = None
+) -> int:
+    """A descriptor of ``path`` only if it is a regular file (never through a symlink unless
+    asked, nor below ``below`` at all; never blocking on a FIFO): `NotRegularFileError`."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     flags |= 0 if follow_symlinks else os.O_NOFOLLOW
     try:
@@ -449,16 +455,14 @@ def _open_regular(
             fd = open_below(below, Path(path).relative_to(below).as_posix(), flags)
         else:
             fd = os.open(path, flags)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise NotRegularFileError(f"{path} is a symlink, not a regular file") from None
-        if error.errno == errno.ENXIO:  # a socket cannot be opened
-            raise NotRegularFileError(f"{path} is a socket, not a regular file") from None
-        raise
+    except OSError as error:  # ELOOP: a symlink not followed; ENXIO: a socket (never opened)
+        if (what := {errno.ELOOP: "a symlink", errno.ENXIO: "a socket"}.get(error.errno)) is None:
+            raise
+        raise NotRegularFileError(path, what) from None
     if not stat.S_ISREG(mode := os.fstat(fd).st_mode):  # fstat first: fdopen refuses a dir
         os.close(fd)
-        raise NotRegularFileError(f"{path} is {describe_mode(mode)}, not a regular file")
-    return os.fdopen(fd, "rb")
+        raise NotRegularFileError(path, describe_mode(mode))
+    return fd
 
 
 def _read_fd(fd: int, max_bytes: int | None = None) -> bytes:
