@@ -68,6 +68,18 @@ def _prices_fifo(folder: Path, base: list[str]) -> tuple[list[str], str]:
     return with_flag(base, "--prices", str(fifo)), f"--prices {fifo}: not a regular file"
 
 
+def _dataset_fifo(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    fifo = folder / "cases.jsonl"
+    os.mkfifo(fifo)
+    return with_flag(base, "--dataset", str(fifo)), f"--dataset {fifo}: a FIFO, not a regular"
+
+
+def _dataset_folder(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    cases = folder / "cases"
+    cases.mkdir()
+    return with_flag(base, "--dataset", str(cases)), f"--dataset {cases}: a directory, not a"
+
+
 def _empty_trajectory(folder: Path, base: list[str]) -> tuple[list[str], str]:
     path = folder / "t_empty.jsonl"
     path.write_text("")
@@ -119,6 +131,8 @@ CASES: dict[str, Case] = {
         "c.toml", f"iterations = {DIGITS}\n", "--config", "an integer of too many digits"
     ),
     "trajectory-empty": _empty_trajectory,
+    "dataset-fifo": _dataset_fifo,
+    "dataset-folder": _dataset_folder,
 }
 
 

@@ -7,6 +7,7 @@ every check has passed (then ``run.json`` and ``campaign.json``, atomically).
 from __future__ import annotations
 
 import contextlib
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +61,7 @@ from evolane.inputs import (
 )
 from evolane.measure import MeasureContext, lane_settings, optimizer_settings
 from evolane.messages import Usage
-from evolane.store import BlobStore, read_json
+from evolane.store import BlobStore, describe_mode, read_json
 
 _NO_ROOM = 1e-9  # a ceiling already spent: a zero would read as "no ceiling"
 
@@ -334,8 +335,12 @@ def _dataset(config: CampaignConfig) -> Dataset:
     if not target.exists():
         raise InputError(f"--target {config.target}: no such file or directory")
     check_store_placement(Path(config.store), target)
-    if not Path(config.dataset).is_file():
-        raise InputError(f"--dataset {config.dataset}: no such file")
+    try:
+        mode = Path(config.dataset).stat().st_mode
+    except OSError:
+        raise InputError(f"--dataset {config.dataset}: no such file") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"--dataset {config.dataset}: {describe_mode(mode)}, not a regular file")
     dataset = load_dataset(config.dataset)
     require_split(dataset, "val")
     return dataset
