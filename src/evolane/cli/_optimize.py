@@ -24,7 +24,7 @@ _PANELS = {
     "Search": "iterations population max-improvement-cycles stall focus feedback-split "
     "protected seed",
     "Decision": "apply gate k-se min-effect threshold confidence bootstrap-samples "
-    "no-regression sequential error-control",
+    "no-regression sequential error-control confirm-split",
     "Measurement": "baseline-replay-repetitions candidate-replay-repetitions "
     "judge-failure-retries fast-verified",
     "Budgets and deadlines": "wall-clock-budget max-tokens max-cost-usd replay-timeout "
@@ -186,6 +186,14 @@ def optimize(
             "Campaign-level error control: auto | confirm | online | none (default auto: "
             "confirm on the test split when the dataset has one, else online).",
             "--error-control",
+        ),
+    ] = None,
+    confirm_split: Annotated[
+        str | None,
+        _o(
+            "test: confirm the best on the test split before it is published (the same as "
+            "--error-control confirm).",
+            "--confirm-split",
         ),
     ] = None,
     focus: Annotated[

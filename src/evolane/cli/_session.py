@@ -32,6 +32,7 @@ from evolane.cli._models import model_flags, rejudge_models
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
     "error_control": ("auto", "confirm", "online", "none"),
+    "confirm_split": ("test",),
     "gate": ("paired", "bootstrap", "strict", "threshold"),
     "focus": ("all", "cyclic", "hardest-first"),
     "feedback_split": ("train", "val"),
@@ -87,6 +88,7 @@ def _build_config(flags: dict[str, Any]) -> Any:
     from evolane.messages import GateConfig
 
     _check_choices(flags)
+    _confirm_split(flags)
     _cluster(flags)
     values = _presets(flags)
     for key in _CONFIG_FLAGS:
@@ -161,6 +163,24 @@ def _presets(flags: dict[str, Any]) -> dict[str, Any]:
         if sources["judge_failure_retries"].startswith("example "):  # the preset wins over it
             sources["judge_failure_retries"] = FAST
     return values
+
+
+def _confirm_split(flags: dict[str, Any]) -> None:
+    """``--confirm-split test`` (DESIGN §10's name) is ``--error-control confirm``; with a
+    mode that confirms on no split it is a contradiction, refused."""
+    if flags.get("confirm_split") is None:
+        return
+    from evolane.cli._config import SOURCES_KEY
+
+    mode = flags.get("error_control")
+    if mode not in (None, "auto", "confirm"):
+        raise UsageError(
+            f"--confirm-split test: --error-control {mode} confirms on no split; give one of them"
+        )
+    sources = flags.get(SOURCES_KEY)
+    if mode is None and sources is not None and "confirm_split" in sources:
+        sources["error_control"] = sources["confirm_split"]  # `config show` names the flag
+    flags["error_control"] = "confirm"
 
 
 def _exposed(key: str, paths: list[str]) -> tuple[str, ...]:

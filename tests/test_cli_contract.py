@@ -1,0 +1,157 @@
+"""The CLI contract of DESIGN §10: every command and ``optimize`` flag it names exists under
+that name (found by review: ``--confirm-split`` did not), and ``--confirm-split test`` means
+confirmation on the test split, through the real CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from evolane.cli import app
+from tests.campaign_helpers import toy_flags, write_toy
+
+COMMANDS = [
+    "optimize",
+    "estimate",
+    "report",
+    "runs",
+    "stress",
+    "schema",
+    "init",
+    "doctor",
+    "config",
+    "watch",
+    "diff",
+    "compare",
+    "drain",
+    "fsck",
+    "dataset",
+    "plugins",
+]
+SUBCOMMANDS = {"config": ("show",), "dataset": ("from-trajectory",)}
+OPTIMIZE_FLAGS = [
+    "--example",
+    "--target",
+    "--dataset",
+    "--replay",
+    "--judge",
+    "--optimizer",
+    "--store",
+    "--apply",
+    "--iterations",
+    "--population",
+    "--max-improvement-cycles",
+    "--stall",
+    "--replay-concurrency",
+    "--judge-concurrency",
+    "--optimizer-concurrency",
+    "--replay-timeout",
+    "--judge-timeout",
+    "--optimizer-timeout",
+    "--kill-grace",
+    "--wall-clock-budget",
+    "--max-tokens",
+    "--max-cost-usd",
+    "--baseline-replay-repetitions",
+    "--candidate-replay-repetitions",
+    "--judge-failure-retries",
+    "--fast-verified",
+    "--gate",
+    "--k-se",
+    "--min-effect",
+    "--confidence",
+    "--bootstrap-samples",
+    "--no-regression",
+    "--sequential",
+    "--no-sequential",
+    "--focus",
+    "--protected",
+    "--cluster",
+    "--seed",
+    "--progress",
+    "--dry-run",
+    "--resume",
+    "--resume-campaign",
+    "--from-run",
+    "--rerun-evaluator",
+    "--isolation",
+    "--network",
+    "--expose",
+    "--expose-rw",
+    "--max-procs",
+    "--max-memory",
+    "--max-file-size",
+    "--feedback-split",
+    "--confirm-split",
+    "--error-control",
+    "--rubric",
+    "--llm-base-url",
+    "--llm-api-key-env",
+    "--prices",
+    "--unknown-price",
+    "--llm-cache",
+    "--config",
+    "--from-trajectory",
+    "--group",
+    "--drain-pending",
+]
+EVOLANE = [sys.executable, "-m", "evolane"]
+
+
+def _options(command: Any) -> set[str]:
+    names: set[str] = set()
+    for param in command.params:
+        names.update(getattr(param, "opts", ()))
+        names.update(getattr(param, "secondary_opts", ()))
+    return names
+
+
+def test_every_command_and_flag_the_contract_names_exists() -> None:
+    root: Any = typer.main.get_command(app)  # typer may run its own copy of click
+    missing = [name for name in COMMANDS if name not in root.commands]
+    for group, names in SUBCOMMANDS.items():
+        sub = root.commands[group]
+        missing += [f"{group} {name}" for name in names if name not in sub.commands]
+    flags = _options(root.commands["optimize"])
+    missing += [flag for flag in OPTIMIZE_FLAGS if flag not in flags]
+    assert not missing
+
+
+def _estimate(folder: Path, *extra: str, test: int = 6) -> subprocess.CompletedProcess[str]:
+    paths = write_toy(folder, {"0.0": "noop"}, test=test)
+    flags = toy_flags(paths, folder / "store")
+    return subprocess.run(
+        [*EVOLANE, "estimate", *flags, *extra], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_confirm_split_test_confirms_on_the_test_split(tmp_path: Path) -> None:
+    done = _estimate(tmp_path, "--confirm-split", "test")
+    assert done.returncode == 0, done.stderr
+    assert "test 6 confirms" in done.stdout
+    assert "online error control" not in done.stdout
+
+
+def test_confirm_split_needs_a_test_split_as_confirmation_does(tmp_path: Path) -> None:
+    done = _estimate(tmp_path, "--confirm-split", "test", test=0)
+    assert done.returncode == 2
+    assert "no test cases to confirm the best on" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_confirm_split_with_a_mode_that_confirms_nothing_is_refused(tmp_path: Path) -> None:
+    for mode in ("online", "none"):
+        done = _estimate(tmp_path / mode, "--confirm-split", "test", "--error-control", mode)
+        assert done.returncode == 2
+        line = done.stderr.strip()
+        assert line == (
+            f"evolane: error: --confirm-split test: --error-control {mode} confirms on no "
+            "split; give one of them"
+        )
+    done = _estimate(tmp_path / "val", "--confirm-split", "val")
+    assert done.returncode == 2
+    assert "--confirm-split val: choose from test" in done.stderr
