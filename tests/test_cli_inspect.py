@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -433,3 +434,44 @@ def test_schema_messages_is_still_the_default() -> None:
 def test_unknown_schema_is_exit_2() -> None:
     line = _one_error_line(_evolane("schema", "nope"))
     assert "'nope'" in line and "events" in line
+
+
+# -- a killed run ------------------------------------------------------------------------------
+
+_HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_runs_lists_a_running_run_no_process_holds_as_killed(tmp_path: Path) -> None:
+    """run.json says ``running`` forever after a SIGKILL: `runs` must not believe it; while a
+    real process holds the run's journal, the run is ``running``."""
+    root = tmp_path / "store"
+    layout = StoreLayout(root)
+    run_id = "20260101-120000-cccccc"
+    save_run(layout, _record(run_id, T0, "running"))
+    journal = layout.run_dir(run_id) / "journal.jsonl"
+    journal.write_bytes(b"")
+    written = layout.run_dir(run_id) / "run.json"
+    os.utime(written, (T0, T0))  # long ago: not a session opening its run
+    listing = orjson.loads(_evolane("runs", "--store", str(root), "--json").stdout)
+    (row,) = listing["runs"]
+    assert row["status"] == "killed" and row["live"] is False
+    assert "killed" in _evolane("runs", "--store", str(root)).stdout
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(journal)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        listing = orjson.loads(_evolane("runs", "--store", str(root), "--json").stdout)
+        (row,) = listing["runs"]
+        assert row["status"] == "running" and row["live"] is True
+    finally:
+        holder.communicate("")

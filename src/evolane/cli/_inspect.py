@@ -219,7 +219,7 @@ def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if summary["live"]:
         status = summary["live"].split(":")[0]  # "it is running (pid N) in another process"
     elif status == "running":
-        status = "running (no report yet: still running, or killed)"
+        status = "killed: no process runs it (or it is only starting)"
     journal, events = summary["journal"], summary["events"]
     if journal["error"]:
         journaled = f"unreadable: {journal['error']}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -33,26 +34,41 @@ def _report_digest(path: Path) -> dict[str, Any]:
     return {**means, "wall_seconds": data.get("wall_seconds"), "report_status": data.get("status")}
 
 
+KILLED = "killed"
+"""The status listed for a run whose run.json still says ``running`` while no process holds
+it: it was killed (SIGKILL, a crash, a reboot) and never recorded its end, so it would say
+``running`` forever (found by review); ``evolane optimize --resume`` continues it."""
+OPENING_GRACE = 5.0
+"""Seconds after its run.json was written in which a run no process holds yet is still
+``running``: a session opening its run takes its journal's lock just after."""
+
+
 def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
-    """One row per run in the store, oldest first (an unreadable run.json is listed as such)."""
-    from evolane.campaign import load_run
+    """One row per run in the store, oldest first (an unreadable run.json is listed as such).
+
+    ``status`` is run.json's, except that a ``running`` run no process holds is `KILLED`;
+    ``live`` says whether a process holds the run now."""
+    from evolane.campaign import load_run, run_is_live
 
     rows: list[dict[str, Any]] = []
     for run_id in layout.run_ids():
         row: dict[str, Any] = dict.fromkeys(
             ("campaign_id", "cycle", "created", "baseline_val", "best_val", "wall_seconds")
         )
-        row.update(run_id=run_id, status="unreadable", report=None)
+        row.update(run_id=run_id, status="unreadable", report=None, live=False)
         try:
             record = load_run(layout, run_id)
         except (OSError, ValueError):
             rows.append(row)
             continue
+        live = record.status == "running" and run_is_live(layout, run_id)
+        killed = record.status == "running" and not live and not _opening(layout, run_id)
         row.update(
             campaign_id=record.campaign_id,
             cycle=record.cycle,
-            status=record.status,
+            status=KILLED if killed else record.status,
             created=record.created,
+            live=live,
         )
         report_json = layout.run_dir(run_id) / "report.json"
         if report_json.is_file():
@@ -62,6 +78,15 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
         rows.append(row)
     rows.sort(key=lambda row: (row["created"] or 0.0, row["run_id"]))
     return rows
+
+
+def _opening(layout: StoreLayout, run_id: str) -> bool:
+    """Whether the run's run.json was written within `OPENING_GRACE` seconds."""
+    try:
+        written = (layout.run_dir(run_id) / "run.json").stat().st_mtime
+    except OSError:
+        return False
+    return time.time() - written < OPENING_GRACE
 
 
 def campaign_rows(layout: StoreLayout) -> list[dict[str, Any]]:
