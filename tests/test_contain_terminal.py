@@ -79,3 +79,48 @@ def test_a_commands_words_make_no_link_or_image_in_report_md() -> None:
         assert "![px](" not in made and "[here](" not in made
         assert "\\[here\\](https://x.example)" in made  # still told, as text
     assert _text("p <= 0.05 & a < b") == "p <= 0.05 & a < b"  # no tag begins there
+
+
+HOSTILE_REASON = "\x1bc\x9d0;TITLE\x9c \u202eexe.gnp\u202c \x9b2J wrong"
+JUDGE = f"""
+import json, pathlib, sys
+case = json.loads(pathlib.Path(sys.argv[1]).read_text())
+try:
+    answer = json.loads(pathlib.Path(sys.argv[2], "output.json").read_text())
+except (OSError, ValueError):
+    answer = None
+right = answer == case["expected_output"]
+print(json.dumps({{"score": 1.0 if right else 0.0, "reason": "" if right else {HOSTILE_REASON!r}}}))
+"""
+
+
+def test_a_judges_reason_never_drives_the_terminal_through_report_md(tmp_path: Path) -> None:
+    """Found by review: the judge's reason for a case the best still fails went into
+    report.md's case table raw (read from the judge's stdout blob, not from a message): ``ESC
+    c`` reset the terminal that ran ``cat report.md`` or ``evolane report --format md``, an
+    8-bit OSC set its title, a bidi override showed ``exe.gnp`` as ``png.exe``."""
+    paths = write_toy(tmp_path, {"default": "noop"}, val=12, test=0, passing=6)
+    (tmp_path / "judge.py").write_text(JUDGE)
+    flags = toy_flags(paths, paths["store"])
+    flags += [
+        "--judge",
+        f"{sys.executable} -I {tmp_path / 'judge.py'} {{case_file}} {{output_dir}}",
+    ]
+    flags[flags.index("--iterations") + 1] = "1"
+    run = [sys.executable, "-m", "evolane"]
+    done = subprocess.run(
+        [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = next(paths["store"].glob("runs/*")).name
+    shown = subprocess.run(
+        [*run, "report", "--store", str(paths["store"]), run_id, "--format", "md"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    page = (paths["store"] / "runs" / run_id / "report.md").read_text()
+    for text in (page, shown.stdout):
+        assert "wrong" in text  # the reason is still told, as text
+        assert not set(text) & set("\x1b\x9b\x9c\x9d\u202e\u202c"), repr(text[-400:])

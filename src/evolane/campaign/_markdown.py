@@ -26,6 +26,7 @@ from evolane.campaign._report import (
 )
 from evolane.campaign._splits import SplitPlan
 from evolane.inputs import TrajectorySummary
+from evolane.messages import printable
 from evolane.store import BlobStore, StoreError
 from evolane.views import CaseRuns, case_runs, isolation_text
 
@@ -147,8 +148,12 @@ def _text(text: str) -> str:
     """Free text (a command's words among it) made inert in markdown: one line, and no
     HTML tag, comment or entity (an optimizer's summary ``<img onerror=...>`` went into
     report.md raw: found by review), no link or image (``![](https://...?d=secret)`` is a
-    fetch when the page is viewed); ``p <= 0.05`` reads as it was."""
-    line = " ".join(text.split()).replace("[", "\\[").replace("]", "\\]")  # no link, no image
+    fetch when the page is viewed); ``p <= 0.05`` reads as it was. Control characters
+    (a judge's reason ``ESC c`` reset the terminal that showed report.md: found by review)
+    and bidirectional controls are shown as U+FFFD (`printable`)."""
+    line = (
+        " ".join(printable(text).split()).replace("[", "\\[").replace("]", "\\]")
+    )  # no link, no image
     return _TAG_OPEN.sub("&lt;", _ENTITY.sub("&amp;", line))
 
 

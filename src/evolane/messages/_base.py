@@ -17,14 +17,16 @@ ShortText = Annotated[str, Field(max_length=256)]
 """A label or a one-line reason."""
 Text = Annotated[str, Field(max_length=2048)]
 """A bounded free-text field (an error message, a quoted excerpt)."""
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
     """``text`` with every control character but tab and newline replaced by U+FFFD (one
     for one, so no bound is crossed): a command's words reach a terminal (the live view,
     the summary, a report) and must not drive it (escape sequences setting the title or the
-    clipboard, clearing the screen; found by review)."""
+    clipboard, clearing the screen; found by review). Bidirectional overrides, embeddings,
+    isolates and marks go too: they make a line read in another order than it is written
+    (``exe.gnp`` shown as ``png.exe``; found by review)."""
     return _CONTROL.sub("\ufffd", text)
 
 
