@@ -356,3 +356,21 @@ def test_an_optimizer_summary_that_says_edit_itself_is_labelled_once() -> None:
     )
     assert decision_segments(mine, "i0.s0")[-1] == "edit: fix:2"
     assert decision_segments(theirs, "i0.s0")[-1] == "edit: Add a retry"
+
+
+def test_the_live_view_says_how_long_a_running_run_has_been_quiet() -> None:
+    """Found by review: the clock went on and nothing else told a hung run from a working
+    one. Past `QUIET_AFTER` seconds without an event the header says so, with the lanes
+    busy; a finished run is never quiet."""
+    from evolane.cli._view import QUIET_AFTER
+
+    state = _folded(script(upto="decision"))
+    assert state.finished is None
+    fresh = "\n".join(_lines(render_view(state, state.t + QUIET_AFTER / 2), 200))
+    assert "no event for" not in fresh
+    lines = _lines(render_view(state, state.t + 95.0), 80)
+    assert max(len(line) for line in lines) <= 80
+    busy = f"({state.lanes_busy}/{state.replay_lanes} lanes busy)"
+    assert _holds_whole(lines, f"no event for 1m35s {busy}"), "\n".join(lines)
+    ended = _folded(script())
+    assert "no event for" not in "\n".join(_lines(render_view(ended, ended.t + 95.0), 200))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -238,3 +240,65 @@ def test_the_tail_reads_bounded_chunks_and_waits_for_a_whole_line(tmp_path: Path
             break
     assert seen == [b'{"b":2}', None, b"{}"]  # the overlong line is reported as None
     assert tail.line_number == 4
+
+
+def _lines_until(stream: IO[str], wanted: str, guard: float = 150) -> list[str]:
+    """Lines of ``stream`` up to the first holding ``wanted`` (fail past ``guard`` seconds:
+    a guard against a hang, not a timing assertion)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + guard
+    while not lines or wanted not in lines[-1]:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {wanted!r} in {lines}"
+        ready, _, _ = select.select([stream], [], [], left)
+        if ready:
+            line = stream.readline()
+            assert line, f"the stream ended before {wanted!r}: {lines}"
+            lines.append(line)
+    return lines
+
+
+def test_watch_says_a_silent_run_is_quiet_with_its_lanes_busy(tmp_path: Path) -> None:
+    """Found by review: a run whose replays hang looked like a working one: ``watch`` showed
+    the events it had and nothing more (the live view's clock restarted at the newest
+    event's time when it attached), and said ``lanes 0/3 busy`` while three replays held
+    every lane (no event told a unit's start). Now the views say how long the run has been
+    silent, as written (the events file's time), with the lanes its units hold."""
+    store = tmp_path / "store"
+    flags, gate = _gated(tmp_path)  # never opened while watched: every replay hangs
+    run = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL)
+    watch: subprocess.Popen[str] | None = None
+    try:
+        events = _wait_for_events(store, run)
+        tail = EventTail(events)
+        busy = 0
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing assertion
+        while busy < 3:
+            assert time.monotonic() < deadline and run.poll() is None, "no unit started"
+            for line in tail.read()[0]:
+                event = json.loads(line) if line else {}
+                busy = max(busy, event.get("lanes_busy", 0))
+            time.sleep(0.05)
+        time.sleep(0.5)  # a progress event held back by its interval is written by now
+        past = time.time() - 300
+        os.utime(events, (past, past))  # the run has said nothing for five minutes
+        command = [*EVOLANE, "watch", events.parent.name, "--store", str(store)]
+        watch = subprocess.Popen(
+            [*command, "--progress", "plain"], stdout=subprocess.PIPE, text=True
+        )
+        assert watch.stdout is not None
+        quiet = _lines_until(watch.stdout, "no event for")[-1]
+        watch.send_signal(signal.SIGINT)
+        watch.communicate(timeout=60)
+    finally:
+        (gate / "open").touch()
+        for process in (run, watch):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+    assert "no event for 5m" in quiet and "(3/3 lanes busy)" in quiet, quiet
+    assert float(quiet.split("s]", 1)[0].strip("[ ")) >= 300  # the run's clock, not ours

@@ -8,6 +8,7 @@ stalled terminal only makes the observer lose events (counted), never slows the 
 from __future__ import annotations
 
 import errno
+import math
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -19,7 +20,15 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 
 from evolane import messages
-from evolane.cli._view import PLAIN_WIDTH, bar, jsonl_line, plain_line, render_view
+from evolane.cli._view import (
+    PLAIN_WIDTH,
+    QUIET_AFTER,
+    bar,
+    jsonl_line,
+    plain_line,
+    quiet_line,
+    render_view,
+)
 from evolane.measure import Subscription
 from evolane.views import ViewState
 
@@ -45,6 +54,8 @@ enough for a terminal to take one screen, short enough that a stuck one cannot h
 
 Feed = trio.MemoryReceiveChannel[messages.ProgressEvent]
 """An observer's end of the progress bus: the events a renderer reads."""
+Lag = Callable[[], float]
+"""Seconds since the newest event was written, for events read from a file (``watch``)."""
 
 
 def resolve_mode(mode: str, stream: TextIO) -> ProgressMode:
@@ -116,15 +127,53 @@ async def _fold_rest(state: ViewState, events: Feed) -> None:
         state.fold(event)
 
 
+async def _receive(events: Feed, wait: float) -> messages.ProgressEvent | None:
+    """The next event: one waiting is taken at once; else None after ``wait`` seconds."""
+    try:
+        return events.receive_nowait()
+    except trio.WouldBlock:
+        pass
+    with trio.move_on_after(wait):
+        return await events.receive()
+    return None
+
+
+class _Quiet:
+    """How long the run has been quiet, and when the plain view says so next (after
+    `QUIET_AFTER` seconds, then each time the silence has doubled)."""
+
+    def __init__(self, lag: Lag | None) -> None:
+        self.lag, self.heard, self.next = lag, trio.current_time(), QUIET_AFTER
+
+    def seconds(self) -> float:
+        """Seconds since the newest event (as written, when ``lag`` is known)."""
+        return self.lag() if self.lag is not None else trio.current_time() - self.heard
+
+    def wait(self) -> float:
+        """Seconds until the next notice is due."""
+        return max(0.0, self.next - self.seconds())
+
+    def told(self) -> float:
+        """A notice is written: the next once the silence has doubled; returns it."""
+        quiet = self.seconds()
+        self.next = 2 * max(self.next, quiet)
+        return quiet
+
+    def heard_one(self) -> None:
+        self.heard, self.next = trio.current_time(), QUIET_AFTER
+
+
 async def _render_lines(
     state: ViewState,
     events: Feed,
     subscription: Subscription | None,
     out: TextIO,
     as_json: bool,
+    lag: Lag | None = None,
 ) -> None:
-    """Plain or JSON lines, one batch of whatever has arrived per write."""
-    output, reported = _Output(out), 0
+    """Plain or JSON lines, one batch of whatever has arrived per write; plain lines also
+    say when the run has been quiet for long (`quiet_line`)."""
+    output, reported, quiet = _Output(out), 0, _Quiet(lag)
 
     def text_of(batch: list[messages.ProgressEvent]) -> str:
         nonlocal reported
@@ -144,9 +193,14 @@ async def _render_lines(
     try:
         while open_ and not output.broken:
             try:
-                first = await events.receive()
+                first = await _receive(events, math.inf if as_json else quiet.wait())
             except trio.EndOfChannel:
                 break
+            if first is None:
+                line = quiet_line(state, quiet.told())
+                await output.write("" if line is None else line + "\n")
+                continue
+            quiet.heard_one()
             batch, open_ = _drain(events)
             await output.write(text_of([first, *batch]))
         await _fold_rest(state, events)
@@ -166,8 +220,11 @@ async def _render_live(
     subscription: Subscription | None,
     console: Console,
     period: float,
+    lag: Lag | None = None,
 ) -> None:
-    """A `rich.live.Live` redrawn every ``period`` seconds with all that arrived meanwhile."""
+    """A `rich.live.Live` redrawn every ``period`` seconds with all that arrived meanwhile;
+    its clock is the run's: the newest event's time plus ``lag`` when given (a watcher that
+    attached late), else the time since the first event arrived."""
     live = Live(console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
     output, anchor = _Output(console.file), None
 
@@ -176,7 +233,9 @@ async def _render_live(
         for event in _drain(events)[0]:
             state.fold(event)
         elapsed, now = state.t, trio.current_time()
-        if state.events and state.finished is None:
+        if state.events and state.finished is None and lag is not None:
+            elapsed = state.t + lag()
+        elif state.events and state.finished is None:
             anchor = now - state.t if anchor is None else anchor
             elapsed = max(state.t, now - anchor)
         return render_view(state, elapsed, subscription.dropped if subscription else 0)
@@ -212,11 +271,13 @@ async def render_progress(
     console: Console | None = None,
     out: TextIO | None = None,
     refresh_per_second: float = 4.0,
+    lag: Lag | None = None,
 ) -> ViewState:
     """Show a run's progress until ``events`` is closed (the run ended); return what was seen.
 
     ``subscription`` supplies the count of events the bus dropped for this observer;
-    ``console`` is the live view's (default: stdout), ``out`` the stream of plain and JSON lines.
+    ``console`` is the live view's (default: stdout), ``out`` the stream of plain and JSON lines;
+    ``lag``, for events read from a file, the seconds since the newest was written.
     """
     if refresh_per_second < 2:
         raise ValueError("the live view refreshes at least twice a second")
@@ -226,9 +287,10 @@ async def render_progress(
     with events:
         if resolved == "rich":
             live_console = console if console is not None else Console()
-            await _render_live(state, events, subscription, live_console, 1 / refresh_per_second)
+            period = 1 / refresh_per_second
+            await _render_live(state, events, subscription, live_console, period, lag)
         elif resolved in ("plain", "jsonl"):
-            await _render_lines(state, events, subscription, stream, resolved == "jsonl")
+            await _render_lines(state, events, subscription, stream, resolved == "jsonl", lag)
         else:
             await _fold_rest(state, events)
     return state

@@ -33,6 +33,10 @@ from evolane.views import TERMINAL_STAGES, ViewState, isolation_words, kind_of
 PLAIN_WIDTH = 80
 """Columns every plain line fits in, its time stamp included."""
 _STAMP = 10  # "[  12.3s] "
+QUIET_AFTER = 30.0
+"""Seconds without an event after which the views say how long the run has been quiet: a
+hung unit and a slow one look alike until its timeout, and a silent view must not look like
+a working one (found by review)."""
 _SLOT_ROWS = 12  # candidate slots shown in the live view before "… N more"
 _BAR = 20  # cells of a text bar
 _LINE_PHASES = frozenset({"optimize", "finalize", "apply"})
@@ -233,6 +237,23 @@ class Packed:
             yield Text(line, style=self.style, no_wrap=True, overflow="ellipsis")
 
 
+def quiet_words(state: ViewState, quiet: float) -> str | None:
+    """``no event for 1m05s (2/4 replay lanes busy)`` once a run that has not finished has
+    been quiet for `QUIET_AFTER` seconds or more; else None."""
+    if state.finished is not None or not state.events or quiet < QUIET_AFTER:
+        return None
+    return f"no event for {duration(quiet)} ({state.lanes_busy}/{state.replay_lanes} lanes busy)"
+
+
+def quiet_line(state: ViewState, quiet: float) -> str | None:
+    """The plain line(s) saying the run has been quiet for ``quiet`` seconds (None: not yet)."""
+    words = quiet_words(state, quiet)
+    if words is None:
+        return None
+    stamp = f"[{state.t + quiet:6.1f}s] "
+    return "\n".join(stamp + line for line in pack(words.split(" "), PLAIN_WIDTH - _STAMP, gap=" "))
+
+
 def _header(state: ViewState, elapsed: float) -> Packed:
     eta = state.eta(elapsed)
     when = "done" if state.finished else ("?" if eta is None else duration(eta))
@@ -244,7 +265,8 @@ def _header(state: ViewState, elapsed: float) -> Packed:
         _iteration_text(state, state.iteration),
         f"elapsed {duration(elapsed)}  ETA {when}",
     ]
-    return Packed(parts, style="bold", gap="  │  ")
+    quiet = quiet_words(state, elapsed - state.t)
+    return Packed(parts + ([quiet] if quiet else []), style="bold", gap="  │  ")
 
 
 def _context(state: ViewState) -> Packed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -74,6 +75,13 @@ class _Follower:
     decoder: EventDecoder
     last: messages.ProgressEvent | None = None
     quiet_since: float | None = None  # when the run was first seen without a process
+    caught_up: bool = False  # whether every event the file held has been sent once
+
+    def lag(self) -> float:
+        """Seconds since the run wrote its newest event, once the watcher has read up to it
+        (0 before: the view's clock is then the newest event's time)."""
+        events = self.layout.run_dir(self.run_id) / "events.jsonl"
+        return written_ago(events) if self.caught_up else 0.0
 
     async def follow(self, send: trio.MemorySendChannel[messages.ProgressEvent]) -> Ending:
         """Send every event of the run, from its first, until it ends; then close ``send``."""
@@ -92,6 +100,7 @@ class _Follower:
                 if not at_end:
                     await trio.lowlevel.checkpoint()
                     continue
+                self.caught_up = True
                 ending = self._ended(bool(lines))
                 if ending is not None:
                     return ending
@@ -136,6 +145,16 @@ class _Follower:
         return status if isinstance(status, str) else None
 
 
+def written_ago(path: Path) -> float:
+    """Seconds since ``path`` was last written (0 when it cannot be told): how long ago the
+    run wrote its newest event, so a watcher that attached late shows the run's clock and
+    its silence, not the time since it attached (found by review)."""
+    try:
+        return max(0.0, time.time() - path.stat().st_mtime)
+    except OSError:
+        return 0.0
+
+
 async def _watch(follower: _Follower, mode: ProgressMode, out: TextIO) -> Ending:
     """Render the run until it ends; Ctrl-C stops the tail only, and the view draws its end."""
     from evolane import messages
@@ -145,7 +164,8 @@ async def _watch(follower: _Follower, mode: ProgressMode, out: TextIO) -> Ending
     endings: list[Ending] = []
     async with trio.open_nursery() as nursery:
         console = Console(file=out) if mode == "rich" else None
-        nursery.start_soon(partial(render_progress, mode, receive, console=console, out=out))
+        view = partial(render_progress, mode, receive, console=console, out=out, lag=follower.lag)
+        nursery.start_soon(view)
         with trio.open_signal_receiver(signal.SIGINT) as signals:
             async with trio.open_nursery() as tailing:
 

@@ -257,6 +257,7 @@ class MeasurePlan:
             return
         unit.step = "replaying"
         self._emit(StartReplay(unit.unit_id, replay_job(self.settings, unit)))
+        self._moved = True  # a lane more is busy: observers see it before any unit ends
 
     def _restore(self, unit: Unit, record: UnitRecord) -> None:
         """Take a unit finished before an interruption from the journal: no rerun, but its

@@ -154,6 +154,7 @@ class _Measurement:
         self.free_replay = trio.open_memory_channel[ActorRef](len(scheduler.replay_lanes))
         self.free_judge = trio.open_memory_channel[ActorRef](len(scheduler.judge_lanes))
         self.last_progress = -1e9
+        self.progress_held = False  # a progress event the interval held back, not yet told
 
     async def execute(self) -> MeasureSummary:
         started = trio.current_time()
@@ -183,7 +184,7 @@ class _Measurement:
                     self._perform(nursery, self.plan.handle(self.answers[1].receive_nowait()))
                 self._perform(nursery, self.plan.start())
                 while not self.plan.finished:
-                    answer = await self.answers[1].receive()
+                    answer = await self._next_answer()
                     if isinstance(answer, StopRequested) and self.plan.stop_reason is not None:
                         continue  # a cancel after another stop: already stopping
                     self._perform(nursery, self.plan.handle(answer))
@@ -241,13 +242,28 @@ class _Measurement:
             for stop in StopUnits.batches(ids):
                 lane.signal(stop)
 
+    async def _next_answer(self) -> Event:
+        """The next answer; while a progress event is held back, it is told once its
+        interval has passed with no answer (the last word before a long silence, a hung
+        unit's, is never lost: found by review)."""
+        if self.progress_held:
+            interval = self.s.settings.progress_interval
+            with trio.move_on_at(self.last_progress + interval):
+                return await self.answers[1].receive()
+            self._progress()
+        return await self.answers[1].receive()
+
     def _progress(self) -> None:
-        """Tell the progress observer how far the measurement is (at most every interval)."""
+        """Tell the progress observer how far the measurement is (at most every interval;
+        one held back is told by `_next_answer`)."""
         settings = self.s.settings
         now = trio.current_time()
-        if settings.on_progress is None or now - self.last_progress < settings.progress_interval:
+        if settings.on_progress is None:
             return
-        self.last_progress = now
+        if now - self.last_progress < settings.progress_interval:
+            self.progress_held = True
+            return
+        self.last_progress, self.progress_held = now, False
         settings.on_progress(self.plan.progress())
 
     # ----- the IO of one unit: each answers with one event ----------------------------
