@@ -318,3 +318,28 @@ def test_a_campaign_cannot_change_its_error_control_between_cycles(tmp_path: Pat
         "optimize", *flags, "--error-control", "none", "--resume-campaign", campaign, cwd=tmp_path
     )
     assert same.returncode == 0, same.stderr
+
+
+def test_compare_warns_when_the_runs_read_different_datasets(runs: Runs, tmp_path: Path) -> None:
+    """Found by review: two runs of the same dataset path, its cases edited in between, were
+    put side by side with no word: their scores read as comparable when they were not."""
+    same = _evolane("compare", runs.first, runs.second, "--store", str(runs.store), "--json")
+    assert json.loads(same.stdout)["warnings"] == []
+    paths = write_toy(tmp_path / "toy", PLAN)
+    flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    ids: list[str] = []
+    for _ in range(2):
+        done = _evolane("optimize", *flags, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        (new,) = {p.name for p in (tmp_path / "store" / "runs").iterdir()} - set(ids)
+        ids.append(new)
+        rows = paths["dataset"].read_text().splitlines()
+        paths["dataset"].write_text("\n".join(rows[:-1]) + "\n")  # one test case fewer
+    store = str(tmp_path / "store")
+    shown = _evolane("compare", *ids, "--store", store)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("warning: the runs read different datasets"), shown.stdout
+    (line,) = [ln for ln in shown.stdout.splitlines() if ln.split()[:2] == ["dataset", "content"]]
+    assert len(set(line.split()[2:])) == 2  # two digests
+    found = json.loads(_evolane("compare", *ids, "--store", store, "--json").stdout)
+    assert found["warnings"] and "different datasets" in found["warnings"][0]

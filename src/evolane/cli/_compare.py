@@ -15,7 +15,7 @@ from evolane.cli._diff import load_finished_report
 from evolane.cli._output import StoreOption, open_store, resolve_run, store_of, write_json
 
 if TYPE_CHECKING:
-    from evolane.campaign import Report
+    from evolane.campaign import Report, StoreLayout
 
 MAIN_SETTINGS = (
     "target",
@@ -103,11 +103,45 @@ def decision_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
     return [*rows, ("best", best[0], best[1])]
 
 
-def comparison(a: Report, b: Report) -> dict[str, Any]:
-    """The whole comparison as sections of (name, A, B) rows."""
+def _dataset_digest(layout: StoreLayout, run_id: str) -> str | None:
+    """The digest of the dataset the run read (its run.json's), None when unreadable."""
+    from evolane.campaign import load_run
+
+    try:
+        return load_run(layout, run_id).dataset_digest
+    except (OSError, ValueError):
+        return None
+
+
+def input_rows(
+    a: Report, b: Report, datasets: tuple[str | None, str | None]
+) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(name, A, B) rows for what each run measured on (the dataset's content, the seed
+    tree), and a warning for each that differs: the same path can hold another dataset,
+    and side by side its scores read as comparable when they are not (found by review)."""
+    short = [("-" if d is None else d[7:19]) for d in datasets]
+    seeds = [r.seed.digest[7:19] for r in (a, b)]
+    rows = [("dataset content", short[0], short[1]), ("seed tree", seeds[0], seeds[1])]
+    warnings = []
+    if None not in datasets and datasets[0] != datasets[1]:
+        warnings.append(
+            "the runs read different datasets (content differs): their scores are not on "
+            "the same cases"
+        )
+    if a.seed.digest != b.seed.digest:
+        warnings.append("the runs started from different seed trees")
+    return rows, warnings
+
+
+def comparison(
+    a: Report, b: Report, datasets: tuple[str | None, str | None] = (None, None)
+) -> dict[str, Any]:
+    """The whole comparison as sections of (name, A, B) rows, and its warnings."""
+    inputs, warnings = input_rows(a, b, datasets)
     return {
         "runs": [a.run_id, b.run_id],
-        "settings": settings_rows(a, b),
+        "warnings": warnings,
+        "settings": settings_rows(a, b) + inputs,
         "scores": score_rows(a, b),
         "spend": spend_rows(a, b),
         "decisions": decision_rows(a, b),
@@ -125,19 +159,22 @@ def compare(
     layout = open_store(store)
     ids = [resolve_run(layout, run) for run in (run_a, run_b)]
     a, b = (load_finished_report(layout, run) for run in ids)
-    found = comparison(a, b)
+    found = comparison(a, b, (_dataset_digest(layout, ids[0]), _dataset_digest(layout, ids[1])))
     if as_json:
         write_json(
             {
                 "runs": found["runs"],
+                "warnings": found["warnings"],
                 **{
                     part: {name: {"a": left, "b": right} for name, left, right in rows}
                     for part, rows in found.items()
-                    if part != "runs"
+                    if part not in ("runs", "warnings")
                 },
             }
         )
         return
+    for warning in found["warnings"]:
+        print(f"warning: {warning}")
     console = Console(highlight=False)
     if not console.is_terminal:
         _print_plain(found)
