@@ -87,6 +87,24 @@ def _empty_trajectory(folder: Path, base: list[str]) -> tuple[list[str], str]:
     return args, f"--from-trajectory {path}: no trajectory records"
 
 
+def _dataset_in_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    """Found by review: the optimizer's workdir and every replay's candidate are copies of
+    the target, so a dataset inside it showed them every split's expected outputs."""
+    inside = folder / "target" / "evals" / "cases.jsonl"
+    inside.parent.mkdir()
+    inside.write_text((folder / "dataset.jsonl").read_text())
+    args = with_flag(base, "--dataset", str(inside))
+    return args, f"--dataset {inside} is inside --target {folder / 'target'}"
+
+
+def _trajectory_in_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    traces = folder / "target" / "traces"
+    traces.mkdir()
+    (traces / "t.jsonl").write_text("")
+    args = with_flag(with_flag(base, "--dataset", ""), "--from-trajectory", str(traces))
+    return args, f"--from-trajectory {traces} is inside --target"
+
+
 def _value(flag: str, value: str, needle: str) -> Case:
     return lambda folder, base: (with_flag(base, flag, value), needle)
 
@@ -133,6 +151,8 @@ CASES: dict[str, Case] = {
     "trajectory-empty": _empty_trajectory,
     "dataset-fifo": _dataset_fifo,
     "dataset-folder": _dataset_folder,
+    "dataset-inside-target": _dataset_in_target,
+    "trajectory-inside-target": _trajectory_in_target,
 }
 
 

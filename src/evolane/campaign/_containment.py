@@ -3,7 +3,8 @@
 The level a request gets on this host (`sandbox.resolve_isolation`), said in the live view
 and the report; ``--isolation confined`` refused where bubblewrap cannot work; an ``auto``
 that had to fall back warned about loudly; exposed paths and the paths a template names
-checked against what no command may see (the store, the target, the dataset).
+checked against what no command may see (the store, the target, the dataset); a dataset
+or trajectory file inside the target refused (`check_inputs_outside_target`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Containment:
 def containment(config: CampaignConfig) -> Containment:
     """The containment ``config``'s commands get here; `InputError` when it cannot be had
     or a path given would show a command what it may never see."""
+    check_inputs_outside_target(config)
     commands = config.run_commands
     level, problem = resolve_isolation(commands.isolation)
     if problem is not None and commands.isolation != "auto":
@@ -50,6 +52,23 @@ def containment(config: CampaignConfig) -> Containment:
     network = "network" if commands.network else "no network"
     description = f"{level} ({network})" if level != "process" else "process"
     return Containment(level, description, warning)
+
+
+def check_inputs_outside_target(config: CampaignConfig) -> None:
+    """`InputError` for a ``--dataset`` or ``--from-trajectory`` path that is the target or
+    lies inside it (after resolving symlinks and ``..``). The optimizer edits a copy of the
+    target and every replay runs one: hiding the dataset's own path hid nothing, they read
+    the expected outputs of every split (val and test too) from the copy, and a published
+    candidate could rewrite the cases (found by review)."""
+    target = os.path.realpath(config.target)
+    inputs = [("--dataset", config.dataset)]
+    inputs += [("--from-trajectory", path) for path in config.from_trajectory]
+    for flag, path in inputs:
+        if path and within(os.path.realpath(path), target):
+            raise InputError(
+                f"{flag} {path} is inside --target {config.target}: every candidate would "
+                "carry the cases and their expected outputs; put it outside the target"
+            )
 
 
 def _check_templates(config: CampaignConfig) -> None:

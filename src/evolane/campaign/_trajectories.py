@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evolane.campaign._config import CampaignConfig
+from evolane.campaign._containment import check_inputs_outside_target
 from evolane.inputs import InputError, TrajectorySummary, ingest_trajectories
 from evolane.store import read_json, write_bytes_atomic, write_json_atomic
 
@@ -26,6 +27,7 @@ def with_trajectory_cases(config: CampaignConfig) -> CampaignConfig:
         return config
     if config.dataset:
         raise InputError("--dataset and --from-trajectory: give one of them, not both")
+    check_inputs_outside_target(config)  # before anything of them is stored
     derived = ingest_trajectories(config.from_trajectory, group=config.group, seed=config.seed)
     folder = Path(config.store) / "trajectories" / derived.dataset.digest.removeprefix("sha256:")
     folder.mkdir(parents=True, exist_ok=True)
