@@ -2,8 +2,9 @@
 
 In order, stopping at the first gate that does not pass: ``no_op`` (same tree as the parent),
 ``duplicate`` (an earlier candidate's tree), ``protected_paths`` (the edit touches a protected
-glob: ``indecisive``, a tampering candidate is never scored), ``size_limit`` and ``malformed``
-(required files, then an optional validator command run in the sandbox).
+glob or version-control metadata: ``indecisive``, a tampering candidate is never scored),
+``size_limit`` and ``malformed`` (required files, then an optional validator command run in
+the sandbox).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from evolane.campaign._vcs import vcs_paths
 from evolane.inputs import CommandTemplate
 from evolane.lanes import limit_reason, limits_hit, scratch_dir
 from evolane.measure import CommandSettings
@@ -183,6 +185,21 @@ def _segment_regex(segment: str) -> str:
     return "".join(out)
 
 
+def untouchable(
+    touched: Iterable[str],
+    protected: Iterable[str],
+    parent: TreeManifest,
+    candidate: TreeManifest,
+) -> list[str]:
+    """The ``touched`` paths (sorted) that no candidate of ``parent`` may change: those a
+    ``protected`` glob matches, and version-control metadata whatever the globs say
+    (`evolane.campaign._vcs`: a repository's config and hooks run commands on sight)."""
+    paths, globs = sorted(touched), tuple(protected)
+    matched = {p for p in paths if any(protected_match(glob, p) for glob in globs)}
+    matched.update(vcs_paths(paths, parent, candidate))
+    return sorted(matched)
+
+
 # -- the gates ----------------------------------------------------------------------------
 
 
@@ -229,14 +246,14 @@ def check_tree(
 
     diff = diff_trees(store, parent_ref, candidate_ref)
     touched = sorted({*diff.added, *diff.removed, *diff.changed})
-    offending = [p for p in touched if any(protected_match(g, p) for g in settings.protected)]
+    parent, candidate = load_manifest(store, parent_ref), load_manifest(store, candidate_ref)
+    offending = untouchable(touched, settings.protected, parent, candidate)
     if offending:
         reason = f"touches protected paths: {_listing(offending)}"
         results.append(_result("protected_paths", "indecisive", reason, offending))
         return results
     results.append(_result("protected_paths", "pass"))
 
-    parent, candidate = load_manifest(store, parent_ref), load_manifest(store, candidate_ref)
     results.append(_size_gate(settings, parent, candidate, [*diff.added, *diff.changed]))
     if not results[-1].passed:
         return results
@@ -406,5 +423,6 @@ __all__ = [
     "check_tree",
     "protected_match",
     "run_local_gates",
+    "untouchable",
     "validate_protected",
 ]

@@ -1,0 +1,105 @@
+"""Found by review: a candidate that edited ``.git/config`` (``core.fsmonitor``) in a target
+that is a git work tree was accepted and published, and the user's next ``git status`` ran
+its command outside every sandbox, unseen by ``git diff``; a candidate adding a ``.git``
+folder of its own, or a bare repository's layout, did the same in its proposal folder for
+a shell prompt that runs git there. Version-control metadata is protected whatever
+``--protected`` says (`evolane.campaign._vcs`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evolane.campaign._vcs import repository_folders, vcs_paths
+from tests.campaign_helpers import toy_flags, with_flag, write_toy
+
+EVOLANE = [sys.executable, "-m", "evolane"]
+
+# Fixes every failing case of the toy (so the candidate is accepted and confirmed), then
+# writes what it was told to into the workdir: {path: text}.
+OPTIMIZER = textwrap.dedent(
+    """
+    import json, pathlib, sys
+    workdir, writes = pathlib.Path(sys.argv[1]), json.loads(pathlib.Path(sys.argv[2]).read_text())
+    for case in workdir.iterdir():
+        if case.is_file() and case.read_text().strip() == '"no"':
+            case.write_text('"yes"')
+    for relative, text in writes.items():
+        path = workdir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(path.read_text() + text if path.exists() else text)
+    print("fixed every case")
+    """
+)
+PAYLOAD = '\\tfsmonitor = "touch /tmp/evolane-pwned; false"\\n'
+REPOSITORY = {"HEAD": "ref: refs/heads/main\n", "objects/info/k": "", "refs/heads/k": ""}
+
+
+def _writes(kind: str) -> dict[str, str]:
+    config = "[core]\n" + PAYLOAD.replace("\\t", "\t").replace("\\n", "\n")
+    if kind == "work-tree-config":
+        return {".git/config": PAYLOAD.replace("\\t", "\t").replace("\\n", "\n")}
+    if kind == "nested-repository":
+        return {**{f".git/{k}": v for k, v in REPOSITORY.items()}, ".git/config": config}
+    return {**{f"tools/{k}": v for k, v in REPOSITORY.items()}, "tools/config": config}
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize("kind", ["work-tree-config", "nested-repository", "bare-layout"])
+def test_a_candidate_touching_repository_metadata_is_never_published(
+    tmp_path: Path, kind: str
+) -> None:
+    paths = write_toy(tmp_path, {}, val=12, test=6, passing=2)
+    target = paths["target"]
+    if kind == "work-tree-config":
+        subprocess.run(["git", "init", "-q", str(target)], check=True)
+    before = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    script, writes = tmp_path / "tamper.py", tmp_path / "writes.json"
+    script.write_text(OPTIMIZER)
+    writes.write_text(json.dumps(_writes(kind)))
+    flags = toy_flags(paths, paths["store"])
+    flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {script} {{workdir}} {writes}")
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    done = subprocess.run(
+        [*EVOLANE, "optimize", *flags, "--apply", "auto_verified"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    after = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    assert after == before  # nothing published, the repository's config untouched
+    (report,) = paths["store"].glob("runs/*/report.json")
+    funnel = json.loads(report.read_text())["funnel"]
+    gates = [gate for slot in funnel for gate in slot["gates"]]
+    assert any(
+        gate["gate"] == "protected_paths" and gate["outcome"] == "indecisive" for gate in gates
+    ), funnel
+    assert not list(paths["store"].glob("runs/*/proposals/best"))
+
+
+def test_repository_folders_are_found_by_the_layout_git_reads() -> None:
+    tree = {"a/HEAD": "", "a/objects/x": "", "a/refs/y": "", "b/HEAD": "", "b/commondir": ""}
+    tree |= {"c/HEAD": "", "c/objects/x": "", "HEAD.md": "", "d/head": ""}
+    assert repository_folders(tree) == {"a", "b"}  # c has no refs/: git passes it by
+    assert repository_folders({"HEAD": "", "objects/1": "", "refs/2": ""}) == {""}
+
+
+def test_metadata_paths_are_named_and_ordinary_ones_pass() -> None:
+    parent = {"skill.md": "", "notes/git.md": ""}
+    candidate = {**parent, "x/HEAD": "", "x/commondir": "", "x/hooks/post-checkout": ""}
+    touched = ["skill.md", ".git", "sub/.git/hooks/pre-commit", ".hg/hgrc", "x/hooks/post-checkout"]
+    touched += ["notes/git.md", ".gitignore", ".github/workflows/ci.yml"]
+    assert vcs_paths(touched, parent, candidate) == [
+        ".git",
+        "sub/.git/hooks/pre-commit",
+        ".hg/hgrc",
+        "x/hooks/post-checkout",
+    ]
