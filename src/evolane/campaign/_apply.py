@@ -24,6 +24,7 @@ import trio
 from pydantic import Field
 
 from evolane.campaign._files import remove_path
+from evolane.campaign._gates import untouchable
 from evolane.campaign._proposal import write_proposal
 from evolane.campaign._publish import (
     PublishPlan,
@@ -48,6 +49,7 @@ from evolane.store import (
     TreeManifest,
     UnsafeEntryError,
     UnsupportedEntryError,
+    diff_trees,
     load_manifest,
     read_json,
     snapshot_tree,
@@ -151,8 +153,15 @@ async def apply_candidate(
     limits: Limits | None = None,
     isolation: Isolation = "process",
     view: View | None = None,
+    protected: tuple[str, ...] = (),
 ) -> ApplyOutcome:
     """Write the proposal artifacts, then keep or publish the candidate as ``policy`` says.
+
+    A publish that would touch a path matching a ``protected`` glob, or version-control
+    metadata, is refused before anything is written: the gates compare each candidate
+    with its own parent under that run's globs, while a publish writes every cycle's edits
+    at once (found by review: a glob added at ``--resume-campaign`` did not stop an earlier
+    cycle's edit of that path from being published).
 
     ``check`` (placeholders ``{candidate}`` = the target, ``{workspace}``) runs in the sandbox
     after an ``auto_verified`` publish, under ``limits`` (default none) and ``isolation``
@@ -204,7 +213,15 @@ async def apply_candidate(
     with trio.CancelScope(shield=True):
         prepared = await trio.to_thread.run_sync(
             partial(
-                _prepare, store, target, parent_ref, candidate_ref, run_dir, label, proposal_dir
+                _prepare,
+                store,
+                target,
+                parent_ref,
+                candidate_ref,
+                run_dir,
+                label,
+                proposal_dir,
+                protected,
             )
         )
     if isinstance(prepared, _Refusal):
@@ -342,14 +359,23 @@ def _prepare(
     run_dir: Path,
     label: str,
     proposal_dir: Path,
+    protected: tuple[str, ...],
 ) -> _Publish | _Refusal:
-    """Plan the publish, refuse if the target moved on, and journal ``started`` before any
-    write (the plan holds what undoing needs)."""
+    """Plan the publish, refuse if it touches a protected path or the target moved on, and
+    journal ``started`` before any write (the plan holds what undoing needs)."""
     journal_path = run_dir / JOURNAL_NAME
     if journal_path.exists():
         state, _ = journal_state(journal_path)
         if state not in _TERMINAL:
             return _Refusal(f"an apply interrupted in state {state!r} awaits recover_apply")
+    parent, candidate = load_manifest(store, parent_ref), load_manifest(store, candidate_ref)
+    changed = diff_trees(store, parent_ref, candidate_ref)
+    offending = untouchable(
+        (*changed.added, *changed.removed, *changed.changed), protected, parent, candidate
+    )
+    if offending:
+        named = ", ".join(repr(path) for path in offending[:4])
+        return _Refusal(f"the publish would touch protected paths ({named}); nothing written")
     if target.is_symlink():
         return _Refusal(f"target {target} is a symlink; refusing to replace it")
     if not target.exists():
