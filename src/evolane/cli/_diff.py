@@ -63,8 +63,14 @@ def diff(
     ] = None,
     store: StoreOption = None,
 ) -> None:
-    """Print the unified diff of the best tree (or a candidate) against the seed."""
+    """Print the unified diff of the best tree (or a candidate) against the seed.
+
+    On a terminal, control characters of the candidate's names and text (escape sequences
+    that erase a line of the diff, set the clipboard or the title) are shown as U+FFFD
+    (found by review: a hidden ``curl ... | sh`` line read as a harmless one); piped, the
+    diff is the stored bytes, as ``changes.diff`` holds them."""
     from evolane.campaign import unified_tree_diff
+    from evolane.messages import printable
     from evolane.store import StoreError
 
     if best and candidate is not None:
@@ -82,5 +88,7 @@ def diff(
     except (StoreError, OSError, ValueError) as error:
         where = Path(store) / "objects"
         fail_usage(f"tree {digest[:19]} cannot be read from {where}: {error}")
+    if sys.stdout.isatty():  # the candidate's bytes must not drive the terminal
+        text = printable(text.decode("utf-8", "replace")).encode("utf-8")
     sys.stdout.buffer.write(text)
     sys.stdout.flush()
