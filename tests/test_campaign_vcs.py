@@ -85,6 +85,47 @@ def test_a_candidate_touching_repository_metadata_is_never_published(
     assert not list(paths["store"].glob("runs/*/proposals/best"))
 
 
+PEEK = """
+import pathlib, sys
+workdir = pathlib.Path(sys.argv[1])
+for case in workdir.iterdir():
+    if case.is_file() and case.read_text().strip() == '"no"':
+        case.write_text('"yes"')
+print("repository shown" if (workdir / ".git").exists() else "no repository")
+"""
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_targets_repository_is_never_copied_and_survives_a_publish(tmp_path: Path) -> None:
+    """Found by review: the target's ``.git`` went into the seed tree, so every optimizer
+    and replay got a copy of the history and of a remote's token in ``.git/config``."""
+    paths = write_toy(tmp_path, {}, val=12, test=6, passing=2)
+    target = paths["target"]
+    subprocess.run(["git", "init", "-q", str(target)], check=True)
+    url = "https://user:s3cret-token@example.com/skill.git"
+    subprocess.run(["git", "-C", str(target), "remote", "add", "origin", url], check=True)
+    config = (target / ".git" / "config").read_bytes()
+    script = tmp_path / "peek.py"
+    script.write_text(PEEK)
+    flags = toy_flags(paths, paths["store"])
+    flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {script} {{workdir}}")
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    done = subprocess.run(
+        [*EVOLANE, "optimize", *flags, "--apply", "auto_verified"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    (report,) = (json.loads(p.read_text()) for p in paths["store"].glob("runs/*/report.json"))
+    assert [slot["optimizer"] for slot in report["funnel"]] == ["no repository"], report["funnel"]
+    assert report["apply"]["status"] == "applied", report["apply"]
+    assert (target / "val11").read_text() == '"yes"'  # published beside the repository
+    assert (target / ".git" / "config").read_bytes() == config
+    assert not list(paths["store"].glob("runs/*/proposals/best/candidate/.git"))
+
+
 def test_repository_folders_are_found_by_the_layout_git_reads() -> None:
     tree = {"a/HEAD": "", "a/objects/x": "", "a/refs/y": "", "b/HEAD": "", "b/commondir": ""}
     tree |= {"c/HEAD": "", "c/objects/x": "", "HEAD.md": "", "d/head": ""}

@@ -37,6 +37,7 @@ from evolane.campaign._publish import (
     swap,
     touched_entries,
 )
+from evolane.campaign._vcs import VCS_FOLDERS
 from evolane.inputs import CommandTemplate, InputError
 from evolane.lanes import limit_reason, limits_hit, scratch_dir
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
@@ -118,6 +119,10 @@ class ApplyJournal(Record):
 def target_tree(store: BlobStore, target: Path) -> ArtifactRef:
     """Snapshot the target: a directory as is, a single file as a tree of exactly that file.
 
+    Version-control metadata (`VCS_FOLDERS`: a ``.git`` folder or file, at any depth) is
+    left out: it is not what a campaign improves, every optimizer and replay gets a copy of
+    the tree (found by review: a remote's token in ``.git/config`` and the whole history
+    went to each of them), and a publish never touches what the tree does not hold.
     `InputError` (one line naming ``--target``) for a target that is neither a regular file
     nor a directory, a tree holding an entry it cannot record (a device, FIFO, socket, a name
     that is not UTF-8), over a tree cap, or holding a symlink that points outside it: each
@@ -125,7 +130,7 @@ def target_tree(store: BlobStore, target: Path) -> ArtifactRef:
     target = Path(target)
     try:
         if target.is_dir():
-            return snapshot_tree(store, target, contained=True)
+            return snapshot_tree(store, target, contained=True, skip=VCS_FOLDERS)
     except (UnsafeEntryError, UnsupportedEntryError, TreeLimitError) as error:
         raise InputError(f"--target {target}: {error}") from None
     if not target.is_file():

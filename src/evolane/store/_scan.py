@@ -202,9 +202,15 @@ def _clip(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else "…" + text[-limit:]
 
 
-def scan_tree(directory: Path | str, limits: TreeLimits | None = None) -> TreeScan:
+def scan_tree(
+    directory: Path | str,
+    limits: TreeLimits | None = None,
+    *,
+    skip: frozenset[str] = frozenset(),
+) -> TreeScan:
     """Walk ``directory`` (no symlink followed, no recursion) and list its files and symlinks.
 
+    An entry named in ``skip`` (at any depth, with everything under it) is left out.
     Raises `TreeLimitError` at the first cap passed, `UnsupportedEntryError` for a device,
     FIFO, socket or non-UTF-8 name, ``NotADirectoryError`` when ``directory`` is not one.
     Nothing is read but directory entries, ``lstat`` results and symlink targets.
@@ -224,6 +230,8 @@ def scan_tree(directory: Path | str, limits: TreeLimits | None = None) -> TreeSc
         children = walk.listed(folder, size)
         below = []
         for child in children:
+            if child.name in skip:
+                continue
             relative = prefix + utf8_name(child.name, child.path)
             walk.check_path(relative)
             info = child.stat(follow_symlinks=False)

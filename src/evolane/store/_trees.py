@@ -177,14 +177,16 @@ def snapshot_tree(
     limits: TreeLimits | None = None,
     *,
     contained: bool = False,
+    skip: frozenset[str] = frozenset(),
 ) -> ArtifactRef:
     """Store every file under ``directory`` and return the ref of the resulting manifest.
 
     The tree is walked within ``limits`` first (`scan_tree`: `TreeLimitError` at the first
-    cap passed, before anything is read or stored), then stored (`store_scan`). Symlinks are
-    recorded as they are; with ``contained``, one pointing outside the tree (what
-    `materialize_tree` would refuse) raises `UnsafeEntryError` before anything is stored."""
-    scan = scan_tree(directory, limits)
+    cap passed, before anything is read or stored; entries named in ``skip`` left out), then
+    stored (`store_scan`). Symlinks are recorded as they are; with ``contained``, one
+    pointing outside the tree (what `materialize_tree` would refuse) raises
+    `UnsafeEntryError` before anything is stored."""
+    scan = scan_tree(directory, limits, skip=skip)
     if contained:
         check_contained(scan)
     return store_scan(store, scan)
