@@ -11,6 +11,12 @@ from evolane.store import BlobStore, FileEntry, SymlinkEntry, load_manifest
 
 MAX_DIFF_FILE_BYTES: Final = 1 << 20
 """Files larger than this are named in the diff, not diffed (difflib is quadratic)."""
+MAX_DIFF_LINE_PAIRS: Final = 1 << 28
+"""difflib's work for one tree's diff, counted as old lines x new lines per file (its worst
+case; a few seconds at most). A file past what is left is shown whole, every old line
+removed and every new line added: a diff as valid, never minimal (found by review: two
+40,000-line files of repeated lines took 30 s to diff, in the shielded apply step and in
+``evolane diff``, and a tree can hold hundreds of them)."""
 
 
 def unified_tree_diff(
@@ -19,17 +25,21 @@ def unified_tree_diff(
     """A unified diff (``a/<path>`` -> ``b/<path>``) of every differing file; binaries named."""
     old, new = load_manifest(store, old_ref), load_manifest(store, new_ref)
     out: list[str] = []
+    budget = [MAX_DIFF_LINE_PAIRS]
     for path in sorted(old.keys() | new.keys()):
         before, after = old.get(path), new.get(path)
         if before != after:
-            out.extend(_file_diff(store, path, before, after))
+            out.extend(_file_diff(store, path, before, after, budget))
     return "".join(out).encode("utf-8")
 
 
 _Entry = FileEntry | SymlinkEntry | None
 
 
-def _file_diff(store: BlobStore, path: str, before: _Entry, after: _Entry) -> Iterator[str]:
+def _file_diff(
+    store: BlobStore, path: str, before: _Entry, after: _Entry, budget: list[int]
+) -> Iterator[str]:
+    """One path's part of the diff; ``budget`` (one item) is the difflib work left."""
     a, b = f"a/{path}", f"b/{path}"
     for side, entry in ((a, before), (b, after)):
         if isinstance(entry, SymlinkEntry):
@@ -47,8 +57,29 @@ def _file_diff(store: BlobStore, path: str, before: _Entry, after: _Entry) -> It
         elif after is None and isinstance(before, FileEntry):
             yield f"Empty file removed: {a}\n"
         return
-    for line in difflib.unified_diff(_lines(old_text), _lines(new_text), a, b):
+    old_lines, new_lines = _lines(old_text), _lines(new_text)
+    pairs = len(old_lines) * len(new_lines)
+    if pairs <= budget[0]:
+        budget[0] -= pairs
+        lines = difflib.unified_diff(old_lines, new_lines, a, b)
+    else:
+        lines = _whole(old_lines, new_lines, a, b)
+    for line in lines:
         yield line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+
+
+def _whole(old: list[str], new: list[str], a: str, b: str) -> Iterator[str]:
+    """A unified diff of one hunk that removes every old line and adds every new one."""
+    yield f"--- {a}\n"
+    yield f"+++ {b}\n"
+    yield f"@@ -{_range(len(old))} +{_range(len(new))} @@\n"
+    yield from ("-" + line for line in old)
+    yield from ("+" + line for line in new)
+
+
+def _range(count: int) -> str:
+    """A hunk's range over a whole file of ``count`` lines, as difflib writes it."""
+    return "1" if count == 1 else f"{1 if count else 0},{count}"
 
 
 def _digest(entry: _Entry) -> str | None:
