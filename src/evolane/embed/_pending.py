@@ -3,6 +3,7 @@
 Layout in the store (all writes atomic: temp file, fsync, rename, fsync folder)::
 
     evolve/queue/<seq>-<f|o>.json        one recorded trajectory per file (f: a failure)
+    evolve/queue.lock                    held (flock) by the one service that owns the queue
     pending/<job_id>/trajectories.jsonl  a job's records, written first
     pending/<job_id>/job.json            the job (`PendingJob`): its commit point
     evolve/done/<job_id>/                a finished job, moved here (the last `KEEP_DONE`)
@@ -12,11 +13,17 @@ and a queue file named in a job's ``consumed`` list is removed at the next start
 (`RecordQueue.open`), so a crash between the two neither loses nor doubles a record. A
 ``pending/<id>/`` folder without ``job.json`` is a job that was never committed: removed.
 
+One service owns a store's queue at a time (`RecordQueue.open` holds ``evolve/queue.lock``
+until `RecordQueue.close`): a second one, in this process or another, is refused rather than
+let two writers number their records alike (one would replace the other's file) and take
+each other's records.
+
 These are plain blocking functions; the service calls them from a worker thread.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
@@ -93,6 +100,10 @@ class StoreDirs:
     def done(self) -> Path:
         return self.root / "evolve" / "done"
 
+    @property
+    def queue_lock(self) -> Path:
+        return self.root / "evolve" / "queue.lock"
+
 
 def record_bytes(record: Any) -> tuple[bytes, bool]:
     """A trajectory record (an `evolane.inputs.TrajectoryRecord` or its JSON object) as one
@@ -112,19 +123,38 @@ def record_bytes(record: Any) -> tuple[bytes, bool]:
 
 
 class RecordQueue:
-    """The bounded durable queue of recorded trajectories (blocking; one process at a time)."""
+    """The bounded durable queue of recorded trajectories (blocking; one owner at a time)."""
 
     def __init__(self, dirs: StoreDirs, bound: int) -> None:
         self.dirs, self.bound = dirs, bound
         self.names: list[str] = []  # queued file names, oldest first
         self._seq = 0
+        self._lock_fd: int | None = None
 
     @classmethod
     def open(cls, dirs: StoreDirs, bound: int) -> RecordQueue:
-        """Create the folders, finish what a crash left half done, and read the queue."""
+        """Take the queue's lock, create the folders, finish what a crash left half done,
+        and read the queue. Raises `InputError` when another service (in this process or
+        another) has the queue open; `close` releases it."""
         queue = cls(dirs, bound)
         dirs.queue.mkdir(parents=True, exist_ok=True)
         dirs.pending.mkdir(parents=True, exist_ok=True)
+        queue._lock_fd = _lock_queue(dirs)
+        try:
+            queue._read()
+        except BaseException:
+            queue.close()
+            raise
+        return queue
+
+    def close(self) -> None:
+        """Release the queue's lock (idempotent): another service may open it then."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _read(self) -> None:
+        dirs, bound = self.dirs, self.bound
         taken = {name for job in load_jobs(dirs, clean=True) for name in job.consumed}
         names = []
         for entry in sorted(os.listdir(dirs.queue))[: bound + len(taken) + 1000]:
@@ -134,9 +164,8 @@ class RecordQueue:
                 os.unlink(dirs.queue / entry)
             else:
                 names.append(entry)
-        queue.names = names
-        queue._seq = max((int(name.split("-")[0]) for name in names), default=0)
-        return queue
+        self.names = names
+        self._seq = max((int(name.split("-")[0]) for name in names), default=0)
 
     @property
     def failures(self) -> int:
@@ -181,6 +210,20 @@ class RecordQueue:
         fsync_dir(self.dirs.queue)
         self.names = self.names[len(names) :]
         return job
+
+
+def _lock_queue(dirs: StoreDirs) -> int:
+    """The descriptor holding ``evolve/queue.lock``; `InputError` when another holds it."""
+    fd = os.open(dirs.queue_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InputError(
+            f"{dirs.queue}: the evolve queue is open in another service (one per store; "
+            "evolane drain runs its pending jobs alongside)"
+        ) from None
+    return fd
 
 
 def load_jobs(dirs: StoreDirs, *, clean: bool = False) -> list[PendingJob]:

@@ -321,16 +321,20 @@ async def open_evolve_service(
     body of the ``async with``. ``config`` is the campaign every job runs (a `CampaignConfig`
     or its flat fields; each job's trajectories replace its input). At exit the worker is
     cancelled: a running job's trees are killed and the job stays pending (resumable).
-    Raises `InputError` for a bad store or campaign settings."""
+    Raises `InputError` for a bad store or campaign settings, and when another service
+    has this store's queue open (one per store; `evolane drain` may run alongside)."""
     service = EvolveService(runtime, config, settings or ServiceSettings(), backends)
-    service.queue = await trio.to_thread.run_sync(
+    service.queue = queue = await trio.to_thread.run_sync(
         RecordQueue.open, service.dirs, service.settings.max_queue
     )
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(service._make_jobs)
-        if service.settings.run_jobs:
-            nursery.start_soon(service._run_jobs)
-        try:
-            yield service
-        finally:
-            nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(service._make_jobs)
+            if service.settings.run_jobs:
+                nursery.start_soon(service._run_jobs)
+            try:
+                yield service
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        queue.close()
