@@ -3,15 +3,35 @@ drain beside a service, and a job whose ``job.json`` changed after it was listed
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 import evolane
-from evolane.embed import EvolvePolicy, PendingJobs, ServiceSettings, open_evolve_service
+from evolane.embed import (
+    Backends,
+    EvolvePolicy,
+    PendingJob,
+    PendingJobs,
+    ServiceSettings,
+    open_evolve_service,
+)
+from evolane.embed._pending import RecordQueue, StoreDirs
+from evolane.embed._service import trajectory_config
 from evolane.inputs import InputError
-from tests.evolve_helpers import trace_config, trace_record, write_trace_target
+from tests.evolve_helpers import (
+    backend_config,
+    fix_backend,
+    judge_backend,
+    replay_backend,
+    trace_config,
+    trace_record,
+    write_trace_target,
+)
+
+BACKENDS = Backends(replay=replay_backend, judge=judge_backend, optimizer=fix_backend)
 
 
 async def test_a_second_service_on_the_same_store_is_refused_and_no_record_is_lost(
@@ -41,3 +61,45 @@ async def test_a_second_service_on_the_same_store_is_refused_and_no_record_is_lo
         f"t{index:03d}" for index in range(8)
     ]
     assert [j.job_id for j in PendingJobs(paths["store"]).list()] == [job.job_id]
+
+
+def _one_pending_job(paths: dict[str, Path]) -> PendingJob:
+    """A store with one pending job of 24 records (as a service leaves it)."""
+    queue = RecordQueue.open(StoreDirs(paths["store"]), 24)
+    try:
+        for index in range(24):
+            record = trace_record(index)
+            queue.append(json.dumps(record).encode() + b"\n", index % 4 == 0)
+        config = backend_config(paths)
+        return queue.take("shadow", lambda path: trajectory_config(config, path), 24)
+    finally:
+        queue.close()
+
+
+async def test_a_job_listed_before_another_process_started_it_resumes_that_run(
+    tmp_path: Path,
+) -> None:
+    """``evolane drain`` lists the jobs once, then runs them one by one: a job another
+    process started after the listing (and left half run: it died, or its service closed)
+    is run as its ``job.json`` says under the lock, resuming that run; the listed copy
+    (no run yet) would start it over and pay again for what that run had done."""
+    paths = write_trace_target(tmp_path, 24)
+    _one_pending_job(paths)
+    jobs = PendingJobs(paths["store"])
+    (listed,) = jobs.list()  # the drain's list, taken before the other process began
+    assert listed.run_id is None
+    async with evolane.open_runtime(store=paths["store"]) as runtime:
+        with jobs.lock(listed) as held:  # the other process: starts the job, then leaves
+            assert held is not None
+            _, handle = await jobs.start(runtime, held, backends=BACKENDS)
+            assert handle is not None
+            await handle._cancel_and_wait()
+        assert [job.run_id for job in jobs.list()] == [handle.run_id]
+        with jobs.lock(listed) as current:  # the drain reaches the job it listed
+            assert current is not None and current.run_id == handle.run_id
+            resumed, again = await jobs.start(runtime, current, backends=BACKENDS)
+            assert again is not None and again.run_id == handle.run_id
+            await jobs.finish(resumed, await again.result())
+    assert jobs.list() == []
+    runs = os.listdir(paths["store"] / "runs")
+    assert runs == [handle.run_id]  # one run, resumed: not a second one paid from scratch

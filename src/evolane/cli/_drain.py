@@ -105,11 +105,14 @@ async def _drain_jobs(root: Path, max_jobs: int | None, progress: str, watch: An
     codes = []
     async with embed.open_runtime(store=root) as runtime:
         for job in pending:
-            with jobs.lock(job) as mine:
-                if not mine:
-                    print(f"evolane drain: job {job.job_id} is running in another process")
+            with jobs.lock(job) as locked:  # as it is now: another process may have run it
+                if locked is None:
+                    print(
+                        f"evolane drain: job {job.job_id} is running in another process "
+                        "(or another ran it)"
+                    )
                     continue
-                code = await _drain_one(runtime, jobs, job, root, progress, watch)
+                code = await _drain_one(runtime, jobs, locked, root, progress, watch)
             codes.append(code)
             if code == EXIT_INTERRUPTED:
                 break

@@ -7,7 +7,7 @@ deciding the apply policy (`job_config`). Once its run has begun, the run id is 
 finished units are not paid again) instead of starting over. A run that ends
 ``interrupted`` (or is cancelled) leaves the job pending; any other end retires it to
 ``evolve/done/``. A lock per job (``pending/<id>/.lock``, flock) keeps two processes off
-the same job.
+the same job, and the job is read again once the lock is held (a listed copy may be stale).
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ import trio
 
 from evolane.campaign import CampaignConfig, RunOutcome, StoreLayout, load_run
 from evolane.embed._pending import (
+    JOB_FILE,
     EvolveMode,
     PendingJob,
     StoreDirs,
     load_jobs,
+    read_job,
     retire_job,
     save_job,
 )
@@ -67,24 +69,41 @@ def job_request(dirs: StoreDirs, job: PendingJob) -> OptimizeRequest | None:
 
 
 @contextlib.contextmanager
-def job_lock(dirs: StoreDirs, job: PendingJob) -> Iterator[bool]:
-    """Hold ``job``'s lock for the block: True when this process got it, False when another
-    live process runs the job."""
+def job_lock(dirs: StoreDirs, job: PendingJob) -> Iterator[PendingJob | None]:
+    """Hold ``job``'s lock for the block: yields the job as its ``job.json`` says once the
+    lock is held (another process may have started, resumed or retired it since it was
+    listed: run the listed copy and a half-run job would start over), None when another
+    live process runs it or it has left ``pending/``. Raises `InputError` for a damaged
+    ``job.json``."""
     path = dirs.pending / job.job_id / ".lock"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except FileNotFoundError:  # retired meanwhile by another process
-        yield False
+        yield None
         return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield False
+            yield None
             return
-        yield True
+        yield _locked_job(dirs, job, fd)
     finally:
         os.close(fd)
+
+
+def _locked_job(dirs: StoreDirs, job: PendingJob, fd: int) -> PendingJob | None:
+    """``job`` read afresh under the lock held on ``fd``; None when its folder was retired
+    (moved to ``evolve/done/``, the lock file with it) after ``fd`` was opened."""
+    folder = dirs.pending / job.job_id
+    try:
+        now = os.stat(folder / ".lock")
+    except FileNotFoundError:
+        return None
+    held = os.fstat(fd)
+    if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        return None
+    return read_job(folder / JOB_FILE)
 
 
 async def start_job(
@@ -150,8 +169,9 @@ class PendingJobs:
         """The pending jobs, oldest first (`InputError` for a damaged ``job.json``)."""
         return load_jobs(self.dirs)
 
-    def lock(self, job: PendingJob) -> contextlib.AbstractContextManager[bool]:
-        """`job_lock`: True inside the block when this process holds ``job``."""
+    def lock(self, job: PendingJob) -> contextlib.AbstractContextManager[PendingJob | None]:
+        """`job_lock`: inside the block, ``job`` as it is now when this process holds it,
+        None when another process runs it or has retired it."""
         return job_lock(self.dirs, job)
 
     async def start(

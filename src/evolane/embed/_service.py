@@ -283,10 +283,10 @@ class EvolveService:
 
     async def _run_one(self, job: PendingJob) -> bool:
         """Run ``job`` to its end unless another process holds it; True when it ran."""
-        with job_lock(self.dirs, job) as mine:
-            if not mine:
+        with job_lock(self.dirs, job) as locked:
+            if locked is None:
                 return False
-            self.running = job
+            job = self.running = locked
             try:
                 job = await self._run_job(job)
             except Exception as error:  # a refused or broken job must not stop the agent
