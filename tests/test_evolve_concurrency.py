@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,7 @@ from tests.evolve_helpers import (
     write_trace_target,
 )
 
+REPO = Path(__file__).resolve().parent.parent
 BACKENDS = Backends(replay=replay_backend, judge=judge_backend, optimizer=fix_backend)
 
 
@@ -103,3 +107,64 @@ async def test_a_job_listed_before_another_process_started_it_resumes_that_run(
     assert jobs.list() == []
     runs = os.listdir(paths["store"] / "runs")
     assert runs == [handle.run_id]  # one run, resumed: not a second one paid from scratch
+
+
+FULL_DISK_AGENT = textwrap.dedent(
+    """
+    import json, resource, signal, sys
+    import trio
+    import evolane
+    from evolane.embed import EvolvePolicy, ServiceSettings, open_evolve_service
+    from tests.evolve_helpers import trace_config, trace_record, write_trace_target
+
+    paths = write_trace_target(__import__("pathlib").Path(sys.argv[1]), 8)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a refused write is EFBIG, as ENOSPC
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+
+    async def main():
+        policy = EvolvePolicy(every=9)
+        settings = ServiceSettings(policy=policy, run_jobs=False, retry_interval=0.05)
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            async with open_evolve_service(runtime, trace_config(paths), settings) as evolve:
+                for index in range(8):
+                    record = {**trace_record(index), "metadata": {"pad": "x" * 40_000}}
+                    await evolve.record(record)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, hard))  # the disk fills
+                await evolve.record(trace_record(8))  # the agent's next task: the job is due
+                while not evolve.faults:
+                    await trio.sleep(0.01)
+                queued, pending = evolve.queued, len(evolve.pending())
+                folders = sorted(p.name for p in (paths["store"] / "pending").iterdir())
+                resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
+                while not evolve.pending():
+                    await trio.sleep(0.01)
+                print(json.dumps({
+                    "fault": evolve.faults[0], "queued": queued, "pending": pending,
+                    "folders": folders, "jobs": [job.records for job in evolve.pending()],
+                    "left": evolve.queued,
+                }))
+
+    trio.run(main)
+    """
+)
+
+
+def test_a_job_the_disk_refuses_is_a_fault_retried_and_the_agent_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The job maker's write fails (the disk refuses it: a file size limit here) while the
+    agent works: the agent's ``async with`` goes on (it ended with the OSError before), the
+    failure is listed in ``faults``, the records stay queued and no half-written job folder
+    is left; once there is room the job is made with every record."""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::RuntimeWarning", "-c", FULL_DISK_AGENT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen["fault"].startswith("making a job: ") and "File too large" in seen["fault"]
+    assert (seen["queued"], seen["pending"], seen["folders"]) == (9, 0, [])
+    assert seen["jobs"] == [9] and seen["left"] == 0

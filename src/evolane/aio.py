@@ -336,6 +336,11 @@ class AioEvolveService:
         """Jobs the service ran to an end, in order."""
         return self.service.finished
 
+    @property
+    def faults(self) -> list[str]:
+        """Background steps that failed and will be tried again (`EvolveService.faults`)."""
+        return self.service.faults
+
 
 async def _serve_evolve(
     runtime: EmbeddedRuntime,

@@ -23,6 +23,7 @@ These are plain blocking functions; the service calls them from a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -192,23 +193,28 @@ class RecordQueue:
         job_id = f"job-{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:6]}"
         folder = self.dirs.pending / job_id
         folder.mkdir()
-        lines = b"".join((self.dirs.queue / name).read_bytes() for name in names)
-        write_bytes_atomic(folder / TRAJECTORIES, lines)
-        job = PendingJob(
-            job_id=job_id,
-            created=time.time(),
-            mode=mode,
-            records=len(names),
-            failures=sum(name.endswith("-f.json") for name in names),
-            consumed=tuple(names),
-            config=make_config(folder / TRAJECTORIES),
-        )
-        write_json_atomic(folder / JOB_FILE, job)
+        try:  # until job.json is in place nothing is taken: a failure leaves no folder
+            lines = b"".join((self.dirs.queue / name).read_bytes() for name in names)
+            write_bytes_atomic(folder / TRAJECTORIES, lines)
+            job = PendingJob(
+                job_id=job_id,
+                created=time.time(),
+                mode=mode,
+                records=len(names),
+                failures=sum(name.endswith("-f.json") for name in names),
+                consumed=tuple(names),
+                config=make_config(folder / TRAJECTORIES),
+            )
+            write_json_atomic(folder / JOB_FILE, job)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self.names = self.names[len(names) :]  # the job has them (a crash: `open` removes them)
         fsync_dir(self.dirs.pending)
         for name in names:
-            os.unlink(self.dirs.queue / name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.dirs.queue / name)
         fsync_dir(self.dirs.queue)
-        self.names = self.names[len(names) :]
         return job
 
 

@@ -22,6 +22,9 @@
   fails), so the agent reads the new version at its next task.
 - Closing the service (or the process dying) leaves the running job pending with its run id:
   the next service start, or ``evolane drain``, resumes it.
+- A background step that fails (the disk refuses the job's files, a ``job.json`` is
+  damaged) never ends the agent's task: it is noted in ``faults`` (and warned once) and tried
+  again after ``retry_interval``; its records stay queued, so the queue bound still holds.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import math
 import shlex
 import time
+import warnings
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -65,6 +69,8 @@ if TYPE_CHECKING:
 
 
 _COMMAND_ROLES = ("replay", "judge", "optimizer", "validator", "check")
+MAX_FAULTS = 100
+"""Background faults an `EvolveService` keeps in ``faults`` (the newest)."""
 
 
 class EvolvePolicy(Record):
@@ -114,6 +120,9 @@ class ServiceSettings(Record):
     """False: the service records and makes jobs but runs none (``evolane drain`` does)."""
     check_interval: float = Field(default=1.0, gt=0, le=3600.0)
     """How often the worker looks at the policy's interval when no record arrives."""
+    retry_interval: float = Field(default=30.0, gt=0, le=86_400.0)
+    """How long the job maker or the runner waits after a step failed (the disk refused a
+    write, a ``job.json`` is damaged) before trying again; the failure is in ``faults``."""
 
     @model_validator(mode="after")
     def _bounded(self) -> ServiceSettings:
@@ -193,6 +202,9 @@ class EvolveService:
         self.finished: list[PendingJob] = []
         """Jobs this service ran to an end, in order (bounded: the last 100)."""
         self.running: PendingJob | None = None
+        self.faults: list[str] = []
+        """Why a background step failed, oldest first (bounded: the last `MAX_FAULTS`); the
+        step is tried again after ``retry_interval``, its records kept in the queue."""
         self._lock = trio.Lock()
         self._wake = trio.Event()
         self._job_made = trio.Event()
@@ -254,28 +266,49 @@ class EvolveService:
 
     async def _make_jobs(self) -> None:
         """The job maker: on each record (and each ``check_interval`` when the policy has
-        an interval), make the job the policy asks for and wake the runner."""
+        an interval), make the job the policy asks for and wake the runner. A job it cannot
+        write is a fault (the agent goes on; its records stay queued) tried again later."""
         while True:
             self._wake = trio.Event()
-            if await self._make_job() is not None:
+            try:
+                made = await self._make_job()
+            except (OSError, InputError) as error:
+                await self._fault("making a job", error)
+                continue
+            if made is not None:
                 self._job_made.set()
                 continue
             with trio.move_on_after(self._next_check()):
                 await self._wake.wait()
 
     async def _run_jobs(self) -> None:
-        """The runner: pending jobs one at a time, oldest first (those of a crash too)."""
+        """The runner: pending jobs one at a time, oldest first (those of a crash too). A
+        store it cannot read or write is a fault (the agent goes on), tried again later."""
         while True:
             self._job_made = trio.Event()
-            jobs = await trio.to_thread.run_sync(load_jobs, self.dirs)
-            ran = False
-            for job in jobs:
-                ran = await self._run_one(job)
-                if ran:
-                    break
+            try:
+                ran = await self._run_next()
+            except (OSError, InputError) as error:
+                await self._fault("running a job", error)
+                continue
             if not ran:
                 with trio.move_on_after(self.settings.check_interval * 10):
                     await self._job_made.wait()
+
+    async def _run_next(self) -> bool:
+        """Run the oldest pending job no other process holds; True when one ran."""
+        for job in await trio.to_thread.run_sync(load_jobs, self.dirs):
+            if await self._run_one(job):
+                return True
+        return False
+
+    async def _fault(self, step: str, error: Exception) -> None:
+        """Note a failed background step in ``faults`` (and as a `RuntimeWarning`), then
+        wait ``retry_interval``: background evolution must never stop the agent."""
+        line = f"{step}: {error}"
+        self.faults = [*self.faults[-(MAX_FAULTS - 1) :], line]
+        warnings.warn(f"evolve service: {line}", RuntimeWarning, stacklevel=1)
+        await trio.sleep(self.settings.retry_interval)
 
     def _next_check(self) -> float:
         interval = self.settings.policy.interval
