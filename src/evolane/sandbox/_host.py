@@ -23,14 +23,14 @@ import trio
 from evolane.sandbox import _lifeline
 from evolane.sandbox._cgroups import CgroupRoots
 from evolane.sandbox._disk import DiskFloor
+from evolane.sandbox._host_flags import hold_host_flags, release_host_flags
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._run import run_unit
-from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, make_undumpable
+from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._start import ProgramCache
-from evolane.sandbox._tree import become_subreaper
 from evolane.store import (
     BlobStore,
     StoreError,
@@ -126,6 +126,7 @@ class SandboxHost:
         self.lease_dir = self.root / self.lease
         self.spool_dir = self.lease_dir / ".spool"
         self.subreaper = False  # set by `start`: sweeping alone must not adopt orphans
+        self._flags_held = False  # `start` took the process-wide flags; `close` gives them back
         self.undumpable = False  # set by `start`: /proc/<our pid>/ closed to our commands
         self.cgroups = (
             CgroupRoots.detect(self.lease) if use_cgroups else CgroupRoots(None, None, None)
@@ -208,10 +209,10 @@ class SandboxHost:
 
     def start(self) -> None:
         """Become the reaper of escapees and non-dumpable (before any command runs: see
-        `evolane.sandbox._secrets`), sweep stale leases, lay out this lease, start the
-        lifeline."""
-        self.undumpable = make_undumpable()
-        self.subreaper = become_subreaper()
+        `evolane.sandbox._secrets`; `close` puts both back once no host is open), sweep
+        stale leases, lay out this lease, start the lifeline."""
+        self.undumpable, self.subreaper = hold_host_flags()  # put back by the last `close`
+        self._flags_held = True
         self.root.mkdir(parents=True, exist_ok=True)
         self.stale_swept = self._sweep_stale()
         self.lease_dir.mkdir()
@@ -276,6 +277,9 @@ class SandboxHost:
                 self._lifeline.kill()
                 self._lifeline.wait(timeout=LIFELINE_EXIT_WAIT)
             self._lifeline = None
+        if self._flags_held:  # nothing of this host runs any more
+            self._flags_held = False
+            release_host_flags()
 
     def _sweep_stale(self) -> int:
         """Kill the trees and remove the workspaces and cgroups of leases whose runtime died."""

@@ -9,8 +9,9 @@ environment, memory and file descriptors stay readable through ``/proc/<evolane 
   ``process_vm_readv`` only to a caller with CAP_SYS_PTRACE over it. It is called by
   `SandboxHost.start`, the one place every process that runs commands goes through (the CLI,
   the embedded API, stress harnesses, Dask workers), before the first command is spawned.
-  Side effects: no core dump of evolane, and a debugger or ``py-spy`` of the same non-root
-  user can no longer attach (root can: ``sudo py-spy dump --pid PID``). Commands are not
+  Side effects while a host is open (`evolane.sandbox._host_flags` puts the flag back when
+  the last one closes): no core dump of evolane, and a debugger or ``py-spy`` of the same
+  non-root user can no longer attach (root can: ``sudo py-spy dump --pid PID``). Commands are not
   affected: the flag is reset when they exec.
 * `dropped_capabilities_argv`: when evolane runs as root its commands would run as root
   too, and root holds CAP_SYS_PTRACE. The launcher chain then ends with util-linux

@@ -1,0 +1,65 @@
+"""An embedded runtime leaves the agent's process as it found it: the process-wide flags a
+sandbox host needs (non-dumpable, child subreaper) are held while a host is open and put
+back when the last one closes; an orphan of a program the agent runs afterwards is not
+re-parented to it (and left a zombie)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+AGENT = textwrap.dedent(
+    """
+    import ctypes, json, subprocess, sys, time
+    import psutil, trio
+    from evolane.sandbox import SandboxSpec, open_sandbox
+
+    libc = ctypes.CDLL(None)
+
+    def flags():
+        subreaper = ctypes.c_int(0)
+        libc.prctl(37, ctypes.byref(subreaper), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+        return [libc.prctl(3, 0, 0, 0, 0), subreaper.value]  # PR_GET_DUMPABLE
+
+    def zombies():
+        return [c.name() for c in psutil.Process().children() if c.status() == "zombie"]
+
+    async def main(root):
+        seen = {"before": flags()}
+        async with open_sandbox(root + "/a", use_spawner=False) as first:
+            async with open_sandbox(root + "/b", use_spawner=False):
+                seen["two open"] = flags()
+            seen["one open"] = flags()
+            outcome = await first.run(SandboxSpec(argv=("true",)), timeout=60)
+            seen["ran"] = outcome.status
+        seen["closed"] = flags()
+        subprocess.run(["sh", "-c", "sleep 0.2 & exit 0"], check=True)  # orphans a sleep
+        time.sleep(1.0)  # the orphan has exited by now: whose zombie is it?
+        seen["zombies"] = zombies()
+        print(json.dumps(seen))
+
+    trio.run(main, sys.argv[1])
+    """
+)
+
+
+def test_the_host_flags_are_put_back_when_the_last_sandbox_host_closes(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", AGENT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen["before"] == [1, 0]
+    assert seen["two open"] == seen["one open"] == [0, 1]  # held while any host is open
+    assert seen["ran"] == "exited"
+    assert seen["closed"] == [1, 0]
+    assert seen["zombies"] == []
