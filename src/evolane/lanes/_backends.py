@@ -98,12 +98,22 @@ as `ModelError` does): EX_TEMPFAIL. Only an in-process backend's: a command's ex
 may be the candidate's own."""
 
 
+def _exit_code(error: BaseException) -> int:
+    """The exit code a backend's error stands for: a ``sys.exit(N)`` (``argparse`` on bad
+    arguments) its N, or 1 when N is 0 or no number (an exception is a failure, never a
+    success); `ENDPOINT_EXIT` when the error says its endpoint failed; else 1."""
+    if isinstance(error, SystemExit):
+        code = error.code
+        return code if isinstance(code, int) and not isinstance(code, bool) and code else 1
+    return ENDPOINT_EXIT if getattr(error, "endpoint_failed", False) is True else 1
+
+
 async def run_backend(
     backend: Backend, call: BackendCall, deadline: float, stop: trio.Event
 ) -> ProcessOutcome:
     """Run ``backend`` under ``deadline`` (trio clock) and ``stop``; never raises for the
-    backend's own errors (they become exit code 1 with the error as stderr, or
-    `ENDPOINT_EXIT` when the error says its endpoint failed)."""
+    backend's own errors, ``sys.exit`` included (they become an exit code, `_exit_code`,
+    with the error as stderr)."""
     started = time.monotonic()
     status, code, out, err = "exited", 0, b"", b""
     with trio.move_on_at(deadline) as timer:
@@ -117,8 +127,8 @@ async def run_backend(
             try:
                 value = await backend(call)
                 out = _stdout_for(call, value)
-            except Exception as error:  # the backend's failure, reported like a crashed command
-                code = ENDPOINT_EXIT if getattr(error, "endpoint_failed", False) is True else 1
+            except (Exception, SystemExit) as error:  # the backend's failure, like a command's
+                code = _exit_code(error)
                 err = "".join(traceback.format_exception_only(error)).encode()[-CAPTURE_BYTES:]
             nursery.cancel_scope.cancel()
     if timer.cancelled_caught:

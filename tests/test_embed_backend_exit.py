@@ -1,0 +1,45 @@
+"""An in-process backend that exits (``sys.exit``, as ``argparse`` does on bad arguments) is
+the backend's own failure, like a command's exit code: the run goes on to its report (it
+hung before: the SystemExit left the lane, and nothing answered the unit)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import orjson
+import trio
+
+import evolane
+from evolane.embed import BackendCall, Backends, OptimizeRequest
+from tests.campaign_helpers import toy_config, write_toy
+from tests.test_embed import PLAN, judge_backend, optimizer_backend
+
+
+async def argparse_replay(call: BackendCall) -> None:
+    """An agent's ``main`` reused in-process: its parser exits on an option it lacks."""
+    parser = argparse.ArgumentParser(prog="my-agent", exit_on_error=True)
+    parser.add_argument("--case", required=True)
+    parser.parse_args(["--no-such-option"])
+
+
+async def test_a_backend_that_exits_fails_its_units_and_the_run_reports(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="backend:agent", judge="backend:j", optimizer="backend:o")
+    backends = Backends(replay=argparse_replay, judge=judge_backend, optimizer=optimizer_backend)
+    stderr = sys.stderr
+    sys.stderr = open("/dev/null", "w")  # noqa: SIM115 - argparse prints its usage there
+    try:
+        with trio.fail_after(120):  # a guard against the hang, not a timing figure
+            async with evolane.open_runtime(store=paths["store"]) as runtime:
+                report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
+    finally:
+        sys.stderr.close()
+        sys.stderr = stderr
+    assert report is not None and report.status == "failed"
+    journal = paths["store"] / "runs" / report.run_id / "journal.jsonl"
+    units = [orjson.loads(line) for line in journal.read_bytes().splitlines()]
+    replays = [unit["replay"] for unit in units if unit["type"] == "unit"]
+    assert replays and {replay["failure"]["code"] for replay in replays} == {"exit_2"}
+    assert {replay["failure"]["owner"] for replay in replays} == {"task"}  # as a command's
