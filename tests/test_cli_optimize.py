@@ -142,8 +142,9 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     stored = json.loads(Path(path).read_text())
     test = stored["test"]  # the sealed test result, in the summary
     assert test is not None
-    shown = f"test delta: {test['mean_delta']:+.3f} [{test['ci_low']:+.3f}, {test['ci_high']:+.3f}]"
-    assert f"{shown} over {test['n']} cases" in finished.stdout
+    interval = f"[{test['ci_low']:+.3f}, {test['ci_high']:+.3f}]"
+    shown = f"test delta: {test['mean_delta']:+.3f} over {test['n']} cases"
+    assert f"{shown} (the gate's bootstrap interval {interval};" in finished.stdout
     # the confirmation made on it, and the campaign's error control, in words
     assert f"confirmation: {stored['confirmation']['sentence']}" in finished.stdout
     assert "error control: confirm before publish" in finished.stdout

@@ -17,6 +17,7 @@ bound on the mean) a small split gets `SMALL_TEST_REPETITIONS` replays per case 
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -63,6 +64,11 @@ class ConfirmationRecord(Record):
     reason: ShortText
     sentence: Text
     """The verdict in words, for the summary and report.md."""
+    lower_bound: float | None = None
+    """The test's lower confidence bound on the mean gain at ``level`` (`stats.
+    no_gain_lower_bound`): what the verdict shows, where the gate's bootstrap interval over
+    few cases can say more than the test does. None: not tested here (an earlier verdict
+    stands, the budget is spent, too few cases compared)."""
 
 
 def confirm_repetitions(config: CampaignConfig, test_cases: int) -> int:
@@ -170,15 +176,21 @@ def confirmation_of(
         decision, note = "unconfirmed", " (the campaign's confirmation budget is spent)"
     else:
         decision = "confirmed" if p <= level else "unconfirmed"
+    bound = result.lower_bound if earlier is None and 0.0 < level < 1.0 else None
     shown = f"{level:.2g}"
     stats = f"mean {result.mean_delta:+.3g}, p = {p:.2g}"
     cases = f"the {test_cases} held-out test cases"
     if against == "published":
         cases += " against the tree an earlier cycle published (what a publish replaces)"
+    gain = (
+        "" if bound is None else f"; at that level the mean gain is at least {_floor3(bound):+.3f}"
+    )
     if decision == "confirmed":
-        sentence = f"the best candidate was confirmed on {cases} ({stats} <= {shown}){note}"
+        sentence = f"the best candidate was confirmed on {cases} ({stats} <= {shown}{gain}){note}"
     elif decision == "unconfirmed":
-        sentence = f"the best candidate was not confirmed on {cases} ({stats} > {shown}){note}"
+        sentence = (
+            f"the best candidate was not confirmed on {cases} ({stats} > {shown}{gain}){note}"
+        )
     else:
         sentence = (
             f"the best candidate could not be confirmed: only {result.n} of {cases} could be "
@@ -205,7 +217,13 @@ def confirmation_of(
         against=against,
         reason=reason[:256],
         sentence=sentence[:2048],
+        lower_bound=bound,
     )
+
+
+def _floor3(value: float) -> float:
+    """``value`` rounded down to 3 decimals, so a printed bound never claims more."""
+    return math.floor(value * 1000.0 + 1e-9) / 1000.0
 
 
 def error_control(

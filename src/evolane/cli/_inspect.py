@@ -23,6 +23,7 @@ from evolane.cli._output import (
     resolve_run,
     stamp,
     store_of,
+    test_delta_text,
     wide_console,
     write_json,
 )
@@ -302,8 +303,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
         rows.append(
             (
                 "test delta",
-                f"{rep.test.mean_delta:+.3f} [{rep.test.ci_low:+.3f}, "
-                f"{rep.test.ci_high:+.3f}] {rep.test.decision}: {rep.test.reason}",
+                f"{test_delta_text(rep.test)} {rep.test.decision}: {rep.test.reason}",
             )
         )
     if rep.confirmation is not None:

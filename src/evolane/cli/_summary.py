@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from evolane.cli._amounts import role_spend
+from evolane.cli._output import test_delta_text
 from evolane.cli._resumable import failed_advice
 
 
@@ -23,10 +24,7 @@ def _test_result(report: Any) -> list[str]:
     campaign's error control in words."""
     test, lines = report.test, []
     if test is not None:
-        lines.append(
-            f"test delta: {test.mean_delta:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}]"
-            f" over {test.n} cases"
-        )
+        lines.append(f"test delta: {test_delta_text(test)}")
     if report.confirmation is not None:
         lines.append(f"confirmation: {report.confirmation.sentence}")
     if report.error_control:

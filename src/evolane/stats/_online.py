@@ -146,6 +146,45 @@ def no_gain_p_value(
     return min(1.0, math.exp(-test.log_wealth[0]))
 
 
+_BOUND_EDGE = 1.0 - 1e-9  # the betting test takes margins inside (-1, 1)
+_BOUND_TOLERANCE = 1e-4
+
+
+def no_gain_lower_bound(
+    deltas: np.ndarray | list[float],
+    *,
+    level: float,
+    margin: float = 0.0,
+    pass_fail: bool = False,
+    order_seed: int = 0,
+) -> float:
+    """The one-sided lower confidence bound on the mean delta, at ``level``, that inverts
+    `no_gain_p_value`: the largest m it shows the mean to be above (p(m) <= level), to
+    within 1e-4, rounded down; -1 when it shows none. Found by review: beside the verdict, a
+    report printed the gate's bootstrap interval, which excluded 0 at 6 cases while the
+    confirmation said p = 0.15; this bound agrees with the verdict at ``margin`` by
+    construction (at least ``margin`` iff p(margin) <= level), so the two never disagree."""
+    values = np.asarray(deltas, dtype=np.float64).ravel()
+
+    def shown(m: float) -> bool:
+        p = no_gain_p_value(values, margin=m, pass_fail=pass_fail, order_seed=order_seed)
+        return p <= level
+
+    start = min(_BOUND_EDGE, max(-_BOUND_EDGE, margin))
+    if shown(start):
+        low, high = start, _BOUND_EDGE
+        if shown(high):
+            return high
+    else:
+        low, high = -_BOUND_EDGE, start
+        if not shown(low):
+            return -1.0
+    while high - low > _BOUND_TOLERANCE:  # shown(low), not shown(high)
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if shown(middle) else (low, middle)
+    return low
+
+
 def no_gain_margin(config: GateConfig) -> float:
     """The mean delta "no true gain" means for `confirm` and online control: the gate's
     ``min_effect`` when positive, else 0 (a non-inferiority margin is the gate's alone)."""
@@ -193,6 +232,8 @@ class Confirmation:
     p_value: float
     level: float
     reason: str
+    lower_bound: float | None = None
+    """`no_gain_lower_bound` at ``level`` (None: indecisive)."""
 
 
 def confirm(
@@ -237,7 +278,10 @@ def confirm(
         f"confirm: mean {mean:+.4g} on {n} held-out cases, one-sided p {p:.3g} "
         f"{relation} {level:.3g} (confidence {confidence:g}, margin {margin:g}): {verdict}"
     )
-    return Confirmation(verdict, n, planned, mean, p, level, reason[:256])
+    bound = no_gain_lower_bound(
+        deltas, level=level, margin=margin, pass_fail=pass_fail, order_seed=config.seed
+    )
+    return Confirmation(verdict, n, planned, mean, p, level, reason[:256], bound)
 
 
 @dataclass(frozen=True, slots=True)
