@@ -226,7 +226,7 @@ def test_compare_puts_two_runs_side_by_side(runs: Runs) -> None:
     for report in (a, b):
         val = report["scores"]["best_val"]
         assert f"{val['mean']:.3f} [{val['ci_low']:.3f}, {val['ci_high']:.3f}]" in text
-    assert "replay wall" in text and "c0.i1.s1" in text  # spend, and a decision of A only
+    assert "command time" in text and "c0.i1.s1" in text  # spend, and a decision of A only
     as_json = _evolane("compare", runs.first, runs.second, "--store", str(runs.store), "--json")
     found = json.loads(as_json.stdout)
     assert found["runs"] == [runs.first, runs.second]

@@ -204,7 +204,7 @@ def test_the_view_fits_and_says_scores_decisions_and_spend_in_words(width: int) 
         "decided early: the remaining cases cannot change it",
         "edit: Add a retry on timeouts",
         "i0.s1 reject  delta +0.0625 <= 1.0 x SE 0.0625  fixed 1, broken 0",
-        "spent: 12.3k tokens · $0.4100 · 1m02s replay time",
+        "spent: 12.3k tokens · $0.4100 · 1m02s command time",
         "by role: optimizer 12.3k tokens $0.4100",
         f"best {short_digest(GOOD)}",
         "val 0.500 -> 0.650",
@@ -239,7 +239,7 @@ def test_a_ceiling_that_is_set_gets_its_row_and_the_rest_one_line() -> None:
     lines = _drawn(_folded([budget]), 80)
     rows = [line for line in lines if "%" in line]
     assert len(rows) == 1 and rows[0].startswith("cost") and "$10.00" in rows[0]
-    assert "also spent: 5.0k tokens · 30.0s replay time" in lines
+    assert "also spent: 5.0k tokens · 30.0s command time" in lines
 
 
 def test_the_state_keeps_the_best_score_by_iteration() -> None:

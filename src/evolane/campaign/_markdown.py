@@ -342,7 +342,7 @@ def _head_lines(report: Report) -> list[str]:
     spent = report.budget.spent
     lines += [
         f"- budget spent: tokens {spent.tokens or 0:g}, cost ${spent.cost_usd or 0:.4f}, "
-        f"replay wall {spent.wall_seconds or 0:.1f} s",
+        f"command time {spent.wall_seconds or 0:.1f} s",
         *_role_lines(report.budget),
     ]
     return lines

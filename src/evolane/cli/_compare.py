@@ -73,7 +73,7 @@ def score_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
 
 
 def spend_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
-    """(role, A, B): tokens and cost by role, then the replay wall."""
+    """(role, A, B): tokens and cost by role, then the command time (all roles' commands)."""
 
     def role(report: Report, name: str) -> str:
         usage = report.budget.spent_by_role.get(name)
@@ -84,7 +84,7 @@ def spend_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
     roles = list(dict.fromkeys([*a.budget.spent_by_role, *b.budget.spent_by_role]))
     rows = [(name, role(a, name), role(b, name)) for name in roles]
     wall = [f"{r.budget.spent.wall_seconds or 0:.1f} s" for r in (a, b)]
-    return [*rows, ("replay wall", wall[0], wall[1])]
+    return [*rows, ("command time", wall[0], wall[1])]
 
 
 def decision_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:

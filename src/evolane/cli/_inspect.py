@@ -314,7 +314,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
         (
             "budget spent",
             f"tokens {spent.tokens or 0:g}, cost ${spent.cost_usd or 0:.4f}, "
-            f"replay wall {spent.wall_seconds or 0:.1f} s "
+            f"command time {spent.wall_seconds or 0:.1f} s "
             f"(campaign: tokens {total.tokens or 0:g}, cost ${total.cost_usd or 0:.4f})",
         )
     )

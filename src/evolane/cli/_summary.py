@@ -65,7 +65,7 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}{_val_note(report)}",
         f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: only confirms)",
         *_test_result(report),
-        f"budget spent: replay wall {spent.wall_seconds or 0:.1f} s, tokens {spent.tokens or 0:g},"
+        f"budget spent: command time {spent.wall_seconds or 0:.1f} s, tokens {spent.tokens or 0:g},"
         f" cost ${spent.cost_usd or 0:.4f}",
     ]
     if report.budget.spent_by_role:

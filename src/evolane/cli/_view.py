@@ -41,7 +41,7 @@ _SLOT_ROWS = 12  # candidate slots shown in the live view before "… N more"
 _BAR = 20  # cells of a text bar
 _LINE_PHASES = frozenset({"optimize", "finalize", "apply"})
 _DIMENSIONS: tuple[messages.Dimension, ...] = ("tokens", "cost_usd", "wall_seconds")
-_DIMENSION_NAMES = {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "replay time"}
+_DIMENSION_NAMES = {"tokens": "tokens", "cost_usd": "cost", "wall_seconds": "command time"}
 
 
 def bar(fraction: float, reserved: float = 0.0, width: int = _BAR) -> str:

@@ -23,7 +23,7 @@ _EARLY_WORDS = {
     "sequential": "decided early: the sequential test is already sure",
     "coverage": "stopped early: too few comparable cases left",
 }
-_SPENT_NAMES = {"tokens": " tokens", "cost_usd": "", "wall_seconds": " replay time"}
+_SPENT_NAMES = {"tokens": " tokens", "cost_usd": "", "wall_seconds": " command time"}
 _EARLY_PREFIX = re.compile(r"^early stop: (early stop after \d+ of \d+ cases, (settled: )?)?")
 _CLOSE = 1e-12  # as the gate's tie tolerance: a delta equal to its bar is not above it
 _RESULT = (": accepted", ": rejected", ": indecisive")
@@ -182,7 +182,7 @@ def decision_segments(event: messages.DecisionEvent, label: str) -> list[str]:
 
 
 def spent_text(spent: messages.Usage, dimensions: tuple[messages.Dimension, ...]) -> str:
-    """``12.3k tokens · $0.41 · 1m02s replay time`` of the dimensions known."""
+    """``12.3k tokens · $0.41 · 1m02s command time`` of the dimensions known."""
     parts = []
     for dimension in dimensions:
         value = spent.get(dimension)
