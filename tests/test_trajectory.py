@@ -429,3 +429,66 @@ def test_a_long_group_list_keeps_the_chosen_group(
     derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], group="g3")
     assert [g.name for g in derived.summary.groups] == ["g0", "g3"]
     assert derived.summary.omitted == {"groups": 2}
+
+
+# -- bounds ----------------------------------------------------------------------------------
+
+
+def test_records_past_the_cap_are_refused_at_their_line_with_exit_2(tmp_path: Path) -> None:
+    """The real cap, through the real CLI: the record past it is named by file:line before
+    any line is parsed (``{}`` is not a valid record, yet the count refuses first)."""
+    from evolane.inputs import MAX_TRAJECTORY_RECORDS
+
+    (tmp_path / "big.jsonl").write_bytes(b"\n" + b"{}\n" * (MAX_TRAJECTORY_RECORDS + 1))
+    done = _evolane("dataset", "from-trajectory", "big.jsonl", "-o", "out.jsonl", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (message,) = done.stderr.strip().splitlines()
+    line = MAX_TRAJECTORY_RECORDS + 2  # the blank first line is not a record
+    assert message.startswith(f"evolane: error: big.jsonl:{line}: more than ")
+    assert f"{MAX_TRAJECTORY_RECORDS:,} trajectory records in all" in message
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_the_record_cap_counts_across_files(tmp_path: Path) -> None:
+    from evolane.inputs._trajectory_read import read_trajectories
+
+    _write(tmp_path / "a.jsonl", [_turn("a", 0, "x"), _turn("a", 1, "y")])
+    _write(tmp_path / "b.jsonl", [_turn("b", 0, "x"), "", _turn("b", 1, "y")])
+    assert len(read_trajectories([tmp_path], max_records=4)) == 4
+    with pytest.raises(DatasetError, match=r"b\.jsonl:3: more than 3 trajectory records"):
+        read_trajectories([tmp_path], max_records=3)
+
+
+def test_a_deeply_nested_fields_path_is_cut_in_its_one_line_error(tmp_path: Path) -> None:
+    value: Any = 1
+    for depth in range(260):
+        value = {"list": [value]} if depth % 2 else {"a": value}
+    (tmp_path / "deep.jsonl").write_text(json.dumps({"task": "x", "metadata": value}) + "\n")
+    done = _evolane("dataset", "from-trajectory", "deep.jsonl", "-o", "out.jsonl", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (message,) = done.stderr.strip().splitlines()
+    assert message.startswith("evolane: error: deep.jsonl:1: field 'metadata.")
+    assert "...': nested too deeply" in message and len(message) < 200, message
+
+
+def test_derived_cases_over_a_datasets_size_are_refused_at_a_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import evolane.inputs._trajectory as trajectory
+
+    monkeypatch.setattr(trajectory, "MAX_CASES_BYTES", 2000)
+    rows = [_turn("s", t, "and then " + "w" * 300) for t in range(12)]
+    with pytest.raises(DatasetError, match=r"t\.jsonl:\d+: the cases of group .* over the"):
+        ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
+
+
+def test_a_long_session_of_follow_ups_gives_each_case_a_bounded_chain(tmp_path: Path) -> None:
+    """Chains are walked back from each turn, not held per turn (a session of n follow-ups
+    held n chains of up to n turns); each case still carries the newest that fit."""
+    rows = [_turn("s", 0, "Start the report", target="r")]
+    rows += [_turn("s", t, f"and then part {t}", target="r") for t in range(1, 3000)]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], context_budget=600)
+    last = derived.dataset.by_id("s-t2999").input["messages"]
+    assert last[-1]["content"] == "and then part 2999"
+    assert last[-2]["content"] == "answer to and then part 2998"
+    assert len(orjson.dumps(last[:-1])) <= 600 + 2 * len(last)

@@ -52,7 +52,12 @@ from evolane.inputs._trajectory import (
     summary_lines,
     task_fingerprint,
 )
-from evolane.inputs._trajectory_read import MAX_TRAJECTORY_FILES, trajectory_files
+from evolane.inputs._trajectory_entry import Pinned
+from evolane.inputs._trajectory_read import (
+    MAX_TRAJECTORY_FILES,
+    MAX_TRAJECTORY_RECORDS,
+    trajectory_files,
+)
 from evolane.inputs._trajectory_records import (
     ChatMessage,
     Outcome,
@@ -61,7 +66,6 @@ from evolane.inputs._trajectory_records import (
 )
 from evolane.inputs._trajectory_sessions import (
     DEFAULT_CONTEXT_BUDGET,
-    Pinned,
     fit_chain,
     refers_back,
 )
@@ -77,6 +81,7 @@ __all__ = [
     "MAX_TEMPLATE_ARGS",
     "MAX_TEMPLATE_CHARS",
     "MAX_TRAJECTORY_FILES",
+    "MAX_TRAJECTORY_RECORDS",
     "OPTIMIZER_PLACEHOLDERS",
     "PLUGIN_SPEC",
     "REPLAY_PLACEHOLDERS",

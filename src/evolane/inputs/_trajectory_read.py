@@ -1,14 +1,15 @@
 """Reading trajectory files: paths and folders (walked iteratively, with a cap) into records.
 
 Reads are bounded as a dataset's are (`MAX_FILE_BYTES` per file, `MAX_LINE_BYTES` per line,
-`MAX_TRAJECTORY_BYTES` in all); a bad line is a `DatasetError` ``file:line: reason``.
+`MAX_TRAJECTORY_BYTES` in all) and by `MAX_TRAJECTORY_RECORDS` records in all; a bad line
+is a `DatasetError` ``file:line: reason``. Each line is validated as a `TrajectoryRecord`
+and kept as a compact `Entry` (~0.3 KB for a tiny record), the model and the JSON dropped.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import orjson
 from pydantic import ValidationError
@@ -27,6 +28,7 @@ from evolane.inputs._dataset import (
     _trim_orjson,
 )
 from evolane.inputs._errors import DatasetError
+from evolane.inputs._trajectory_entry import Entry, entry_of
 from evolane.inputs._trajectory_records import TrajectoryRecord
 
 MAX_TRAJECTORY_FILES = 10_000
@@ -35,22 +37,14 @@ MAX_TRAJECTORY_BYTES = 1024 * 1024 * 1024
 """Trajectory files larger than this in all are refused."""
 MAX_WALK_ENTRIES = 200_000
 """A walk that looks at more folder entries than this is refused."""
+MAX_TRAJECTORY_RECORDS = 1_000_000
+"""Trajectory records (non-blank lines) beyond this many in all are refused at the first
+one over, by file:line, before any line is parsed: this many tiny records peak at 0.75-
+1.3 GiB of memory (README, "Trajectory files")."""
+MAX_FIELD_PATH_CHARS = 80
+"""A bad field's dotted path (``messages.0.content``) longer than this is cut in the error."""
 TRAJECTORY_SUFFIXES = (".jsonl", ".ndjson")
 """The files a folder walk reads (a file named on its own is read whatever its name)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Located:
-    """A parsed record and where it came from (``path``, 1-based ``line``)."""
-
-    record: TrajectoryRecord
-    path: str
-    line: int
-
-    @property
-    def where(self) -> str:
-        """``path:line``."""
-        return f"{self.path}:{self.line}"
 
 
 def trajectory_files(
@@ -99,26 +93,53 @@ def read_trajectories(
     max_file_bytes: int = MAX_FILE_BYTES,
     max_line_bytes: int = MAX_LINE_BYTES,
     max_total_bytes: int = MAX_TRAJECTORY_BYTES,
-) -> list[Located]:
+    max_records: int | None = None,
+) -> list[Entry]:
     """Every record of the trajectory files under ``paths``, in file and line order; the
-    first bad line raises `DatasetError` ``file:line: reason``."""
-    records: list[Located] = []
+    first bad line raises `DatasetError` ``file:line: reason``, as does the first record
+    past ``max_records`` (`MAX_TRAJECTORY_RECORDS` when None) in all."""
+    limit = MAX_TRAJECTORY_RECORDS if max_records is None else max_records
+    records: list[Entry] = []
+    shared: dict[str, str] = {}
     total = 0
     for path in trajectory_files(paths):
         data = _read_bounded(path, max_file_bytes)
         total += len(data)
         if total > max_total_bytes:
             _fail(path, None, f"trajectory files are over the {_size(max_total_bytes)} limit")
-        records.extend(parse_trajectory(data, path=path, max_line_bytes=max_line_bytes))
+        records.extend(
+            parse_trajectory(
+                data,
+                path=path,
+                max_line_bytes=max_line_bytes,
+                max_records=limit,
+                before=len(records),
+                shared=shared,
+            )
+        )
+        del data
     return records
 
 
 def parse_trajectory(
-    data: bytes, *, path: str = "<trajectory>", max_line_bytes: int = MAX_LINE_BYTES
-) -> list[Located]:
-    """The records of trajectory JSONL ``data`` (blank lines skipped); bad lines raise."""
+    data: bytes,
+    *,
+    path: str = "<trajectory>",
+    max_line_bytes: int = MAX_LINE_BYTES,
+    max_records: int | None = None,
+    before: int = 0,
+    shared: dict[str, str] | None = None,
+) -> list[Entry]:
+    """The records of trajectory JSONL ``data`` (blank lines skipped); bad lines raise, and
+    so does the record past ``max_records`` (`MAX_TRAJECTORY_RECORDS` when None) counting
+    ``before`` records read earlier, found before any line is parsed. ``shared`` maps each
+    session id and target to one string object (across files too, when given)."""
+    limit = MAX_TRAJECTORY_RECORDS if max_records is None else max_records
     start = len(_BOM) if data.startswith(_BOM) else 0
-    records: list[Located] = []
+    if before + data.count(b"\n", start) + 1 > limit:  # maybe over: count the records
+        _refuse_past(data, start, path, before, limit)
+    shared = {} if shared is None else shared
+    records: list[Entry] = []
     for number, first, end in _line_spans(data, start):
         if end - first > max_line_bytes:
             _fail(
@@ -126,8 +147,23 @@ def parse_trajectory(
             )
         line = data[first:end]
         if line.strip(_JSON_SPACE):
-            records.append(Located(_parse_line(line, path, number), path, number))
+            records.append(entry_of(_parse_line(line, path, number), path, number, shared))
     return records
+
+
+def _refuse_past(data: bytes, start: int, path: str, seen: int, limit: int) -> None:
+    """Raise `DatasetError` at the line of the record (non-blank line) past ``limit``, if
+    ``data`` has one (``seen`` records were read before it)."""
+    for number, first, end in _line_spans(data, start):
+        if data[first:end].strip(_JSON_SPACE):
+            seen += 1
+            if seen > limit:
+                _fail(
+                    path,
+                    number,
+                    f"more than {limit:,} trajectory records in all "
+                    "(the limit: give fewer files, or split them across runs)",
+                )
 
 
 def _parse_line(line: bytes, path: str, number: int) -> TrajectoryRecord:
@@ -150,5 +186,7 @@ def _parse_line(line: bytes, path: str, number: int) -> TrajectoryRecord:
                 path, number, f"unknown key {str(first['loc'][0])!r} (allowed: {allowed})"
             ) from None
         where = ".".join(str(part) for part in first["loc"])
+        if len(where) > MAX_FIELD_PATH_CHARS:  # deep nesting: ~1.6 KB of path (review)
+            where = where[: MAX_FIELD_PATH_CHARS - 3] + "..."
         reason = _describe(error).split(": ", 1)[-1]
         raise DatasetError.at(path, number, f"field {where!r}: {reason}") from None

@@ -16,28 +16,29 @@ A follow-up of rule 1 or 3 depends on one earlier turn (the named one, else ``tu
 It is ``context_incomplete`` when that turn is absent (a gap in the turn numbers, or a
 session that starts late) or is itself incomplete: incompleteness propagates along
 dependencies only, so a later independent request of the same session is unaffected.
+
+A turn's chain is not held: it is walked back from the turn (`chain_tail`) when its case
+is made, only as far as the context budget reaches (a session of n follow-ups would
+otherwise hold n chains of up to n turns each).
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from evolane.inputs._dataset import _fail
-from evolane.inputs._trajectory_read import Located
+from evolane.inputs._trajectory_entry import Entry, Pinned, pinned_of, plain
 
 DEFAULT_CONTEXT_BUDGET = 32 * 1024
 """Bytes of prior turns a follow-up case carries (newest kept; pinned items always)."""
-MAX_PINNED = 32
-"""At most this many URLs and this many artifact names are pinned."""
-MAX_PINNED_CHARS = 2048
-"""A pinned URL or artifact name longer than this is cut."""
 
-_URL = re.compile(r"https?://[^\s<>\"'`)\]}]+")
+_NO_PINS = Pinned()
 _STARTS = (
     "and",
     "also",
@@ -77,35 +78,6 @@ def refers_back(request: str) -> bool:
     """Whether a request reads as a continuation of an earlier turn (rule 3 above)."""
     text = normalise(request)
     return bool(_BACK_START.match(text) or _BACK_ANY.search(text))
-
-
-@dataclass(frozen=True, slots=True)
-class Pinned:
-    """The first user turn's URLs and attached artifact names: never evicted."""
-
-    urls: tuple[str, ...] = ()
-    attachments: tuple[str, ...] = ()
-
-    def note(self) -> dict[str, str] | None:
-        """The chain message that carries them once the first user turn is evicted."""
-        if not self.urls and not self.attachments:
-            return None
-        parts = ["[earlier context, shortened]"]
-        if self.urls:
-            parts.append("URLs: " + " ".join(self.urls))
-        if self.attachments:
-            parts.append("Attached: " + ", ".join(self.attachments))
-        return {"role": "user", "content": "\n".join(parts)}
-
-
-def pinned_of(text: str, attachments: list[str]) -> Pinned:
-    """The URLs in ``text`` and the ``attachments`` (each list deduplicated and bounded)."""
-
-    def bounded(items: list[str]) -> tuple[str, ...]:
-        unique = dict.fromkeys(item[:MAX_PINNED_CHARS] for item in items if item)
-        return tuple(unique)[:MAX_PINNED]
-
-    return Pinned(bounded(_URL.findall(text)), bounded(attachments))
 
 
 def message_bytes(message: dict[str, Any]) -> int:
@@ -153,75 +125,96 @@ def _cut(message: dict[str, Any], room: int) -> dict[str, Any] | None:
     return candidate if low > 0 and message_bytes(candidate) <= room else None
 
 
-@dataclass
+@dataclass(slots=True)
 class Turn:
     """One record placed in its session: its number, what it depends on, its context."""
 
-    located: Located
-    session: str
+    entry: Entry
     number: int
     parent: int | None = None  # the turn it continues (rules 1 and 3)
     inline: bool = False  # rule 2: its messages carry its context
     incomplete: str | None = None  # why its context is incomplete
-    chain: list[dict[str, Any]] = field(default_factory=list)  # prior turns, oldest first
-    pinned: Pinned = field(default_factory=Pinned)
+    link: Turn | None = None  # the parent turn, when its context is complete
+    pinned: Pinned = _NO_PINS
 
     @property
     def follow_up(self) -> bool:
         """Whether the turn continues earlier turns."""
         return self.parent is not None or self.inline
 
-
-def sessions(records: list[Located]) -> dict[str, list[Turn]]:
-    """The records grouped by session, each session in turn order, follow-ups resolved
-    (`Turn.parent`, `Turn.incomplete`, the full chain before eviction)."""
-    grouped: dict[str, list[Located]] = {}
-    for located in records:
-        key = located.record.session_id or f"{located.path}:{located.line}"
-        grouped.setdefault(key, []).append(located)
-    return {key: _session(key, items) for key, items in grouped.items()}
+    @property
+    def session(self) -> str:
+        """The turn's session: its ``session_id``, else its ``file:line`` (made when asked
+        for, not held: one string per record otherwise; a session id that reads as the
+        ``file:line`` of a record without one is not that record's session)."""
+        return self.entry.session_id or self.entry.where
 
 
-def _session(key: str, items: list[Located]) -> list[Turn]:
+def sessions(records: list[Entry]) -> list[list[Turn]]:
+    """The records grouped by session (in the order of each session's first record), each
+    session in turn order, follow-ups resolved (`Turn.parent`, `Turn.incomplete`,
+    `Turn.link`). A record without a session id is a session of its own."""
+    order: list[list[Entry] | Entry | None] = []
+    by_id: dict[str, list[Entry]] = {}
+    for entry in records:
+        if not entry.session_id:
+            order.append(entry)
+            continue
+        items = by_id.get(entry.session_id)
+        if items is None:
+            items = by_id[entry.session_id] = []
+            order.append(items)
+        items.append(entry)
+    del by_id
+    resolved: list[list[Turn]] = []
+    for index, item in enumerate(order):
+        order[index] = None  # let the list of entries go as its turns are made
+        if isinstance(item, list):
+            resolved.append(_session(item))
+        elif item is not None:
+            resolved.append(_single(item))
+    return resolved
+
+
+def _single(entry: Entry) -> list[Turn]:
+    """The session of one record (what `_session` gives for it, without its tables)."""
+    turn = Turn(entry, entry.turn if entry.turn is not None else 0)
+    _resolve(turn, {}, first=True)
+    return [turn]
+
+
+def _session(items: list[Entry]) -> list[Turn]:
     turns: dict[int, Turn] = {}
-    for index, located in enumerate(items):
-        number = located.record.turn if located.record.turn is not None else index
+    for index, entry in enumerate(items):
+        number = entry.turn if entry.turn is not None else index
         if number in turns:
-            earlier = turns[number].located.where
-            _fail(located.path, located.line, f"turn {number} of session {key!r} again "
-                  f"(first at {earlier})")  # fmt: skip
-        turns[number] = Turn(located, key, number)
-    ordered = [turns[number] for number in sorted(turns)]
+            earlier = turns[number].entry.where
+            _fail(entry.path, entry.line, f"turn {number} of session {entry.session_id!r} "
+                  f"again (first at {earlier})")  # fmt: skip
+        turns[number] = Turn(entry, number)
+    if len(turns) == 1:
+        ordered = list(turns.values())
+    else:
+        ordered = [turns[number] for number in sorted(turns)]
     for position, turn in enumerate(ordered):
         _resolve(turn, turns, first=position == 0)
     return ordered
 
 
 def _resolve(turn: Turn, turns: dict[int, Turn], *, first: bool) -> None:
-    """Set the turn's dependency, completeness and chain (its earlier turns are resolved)."""
-    record = turn.located.record
-    history, _ = record.split_messages()
-    if record.follows is not None and record.follows is not False:
-        parent = turn.number - 1 if record.follows is True else int(record.follows)
+    """Set the turn's dependency, completeness and link (its earlier turns are resolved)."""
+    entry = turn.entry
+    if entry.follows is not None and entry.follows is not False:
+        parent = turn.number - 1 if entry.follows is True else int(entry.follows)
         if parent >= turn.number:
-            _fail(turn.located.path, turn.located.line,
+            _fail(entry.path, entry.line,
                   f"'follows' must name an earlier turn than {turn.number}")  # fmt: skip
         turn.parent = parent
-    elif any(message.role == "user" for message in history):
+    elif entry.inline is not None:
         turn.inline = True
-        turn.chain = [_plain(m) for m in history if m.role in ("user", "assistant") and m.text()]
-        first_user = next(m for m in history if m.role == "user")
-        turn.pinned = pinned_of(first_user.text(), first_user.attachments())
-        if turn.pinned.attachments and turn.chain:  # parts are read as text: name the files
-            named = ", ".join(turn.pinned.attachments)
-            first = turn.chain[0]
-            turn.chain[0] = {**first, "content": f"{first['content']}\n[attached: {named}]"}
+        turn.pinned = pinned_of(entry.inline.opening, entry.inline.pins)
         return
-    elif (
-        record.follows is None
-        and not (first and turn.number <= 1)
-        and refers_back(record.request())
-    ):
+    elif entry.follows is None and not (first and turn.number <= 1) and refers_back(entry.request):
         turn.parent = turn.number - 1
     if turn.parent is None:
         return
@@ -231,29 +224,59 @@ def _resolve(turn: Turn, turns: dict[int, Turn], *, first: bool) -> None:
     elif parent.incomplete is not None:
         turn.incomplete = f"it follows turn {parent.number}, whose context is incomplete"
     else:
-        turn.chain = [*parent.chain, *exchange(parent)]
+        turn.link = parent
         root = parent if not parent.follow_up else None
         turn.pinned = parent.pinned if root is None else _pinned_root(root)
 
 
 def _pinned_root(turn: Turn) -> Pinned:
-    record = turn.located.record
-    return pinned_of(record.request(), record.attachments())
+    return pinned_of(turn.entry.request, turn.entry.pins)
+
+
+def own_chain(turn: Turn) -> list[dict[str, Any]]:
+    """The chain a turn's own messages carry (rule 2), its first turn's attachments named."""
+    if not turn.inline or turn.entry.inline is None:
+        return []
+    chain = [plain(role, text) for role, text in turn.entry.inline.history]
+    if turn.pinned.attachments and chain:  # parts are read as text: name the files
+        named = ", ".join(turn.pinned.attachments)
+        chain[0] = {**chain[0], "content": f"{chain[0]['content']}\n[attached: {named}]"}
+    return chain
+
+
+def _newest_first(turn: Turn) -> Iterator[dict[str, Any]]:
+    """The turn's chain, newest message first: its parents' exchanges, then the own
+    chain of the first turn of the line."""
+    node = turn
+    while node.link is not None:
+        yield from reversed(exchange(node.link))
+        node = node.link
+    yield from reversed(own_chain(node))
+
+
+def chain_tail(turn: Turn, budget: int) -> list[dict[str, Any]]:
+    """The turn's chain of prior turns (oldest first), or, when it is over ``budget`` bytes,
+    its newest messages just past ``budget`` and one more: `fit_chain` of this is `fit_chain`
+    of the whole chain (which never keeps more than ``budget`` bytes of it, nor the oldest
+    message of a chain over it)."""
+    picked: list[dict[str, Any]] = []
+    size = 0
+    for message in _newest_first(turn):
+        picked.append(message)
+        if size > budget:  # the one more
+            break
+        size += message_bytes(message)
+    picked.reverse()
+    return picked
 
 
 def exchange(turn: Turn) -> list[dict[str, Any]]:
     """The turn as chain messages: its request (with its attachments named) and its answer."""
-    record = turn.located.record
-    request = record.request()
-    attached = record.attachments()
-    if attached:
-        request += "\n[attached: " + ", ".join(attached[:MAX_PINNED]) + "]"
+    entry = turn.entry
+    request = entry.request
+    if entry.attached:
+        request += "\n[attached: " + ", ".join(entry.attached) + "]"
     messages: list[dict[str, Any]] = [{"role": "user", "content": request}]
-    answer = record.answer()
-    if answer:
-        messages.append({"role": "assistant", "content": answer})
+    if entry.answer:
+        messages.append({"role": "assistant", "content": entry.answer})
     return messages
-
-
-def _plain(message: Any) -> dict[str, Any]:
-    return {"role": message.role, "content": message.text()}
