@@ -513,7 +513,7 @@ _apply._write_journal = write_then_die
 parent = ArtifactRef.model_validate_json(parent)
 candidate = ArtifactRef.model_validate_json(candidate)
 publish = _apply._prepare(
-    BlobStore(store), Path(target), parent, candidate, Path(run_dir), "best", Path(run_dir)
+    BlobStore(store), Path(target), parent, candidate, Path(run_dir), "best", Path(run_dir), ()
 )
 _apply._publish(BlobStore(store), publish)
 """
