@@ -43,3 +43,32 @@ async def test_a_backend_that_exits_fails_its_units_and_the_run_reports(tmp_path
     replays = [unit["replay"] for unit in units if unit["type"] == "unit"]
     assert replays and {replay["failure"]["code"] for replay in replays} == {"exit_2"}
     assert {replay["failure"]["owner"] for replay in replays} == {"task"}  # as a command's
+
+
+class AgentAbort(BaseException):
+    """A custom BaseException of an agent's own code: no Exception, no SystemExit."""
+
+
+async def aborting_replay(call: BackendCall) -> None:
+    raise AgentAbort("the agent gave up")
+
+
+async def test_a_backend_raising_a_base_exception_crashes_its_lane_and_the_run_reports(
+    tmp_path: Path,
+) -> None:
+    # Found by review: the lane died of it and nothing answered the unit (run_backend lets
+    # it out): the tree came down with no policy and the campaign's stop of the measurement
+    # waited 120 s on the dead scheduler. Now the lane crashed (its supervisor restarts it)
+    # and its unit fails as a lane error.
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="backend:agent", judge="backend:j", optimizer="backend:o")
+    backends = Backends(replay=aborting_replay, judge=judge_backend, optimizer=optimizer_backend)
+    with trio.fail_after(30):  # a guard against the hang, not a timing figure
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
+    assert report is not None and report.status == "failed"
+    journal = paths["store"] / "runs" / report.run_id / "journal.jsonl"
+    units = [orjson.loads(line) for line in journal.read_bytes().splitlines()]
+    failures = [unit["replay"]["failure"] for unit in units if unit["type"] == "unit"]
+    assert failures and {failure["code"] for failure in failures} == {"lane_error"}
+    assert all("AgentAbort" in failure["message"] for failure in failures)

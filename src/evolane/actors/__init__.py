@@ -19,6 +19,7 @@ from evolane.actors._kernel import (
     ActorStats,
     Mailbox,
     ServeControl,
+    is_crash,
     serve,
 )
 
@@ -39,5 +40,6 @@ __all__ = [
     "MessageTypeError",
     "NotAnswered",
     "ServeControl",
+    "is_crash",
     "serve",
 ]

@@ -30,6 +30,7 @@ bookkeeping actor (budget, journal, progress) on a loaded 2-core host, short eno
 lost reply surfaces as an `AskTimeout` instead of a hang. A runtime may set its own."""
 
 _Envelope = tuple[Message, "_Reply | None"]
+_NOT_CRASHES = (trio.Cancelled, KeyboardInterrupt)  # see `is_crash`
 
 
 class ActorStats(Record):
@@ -99,7 +100,8 @@ class Mailbox:
         self.restarts = 0
         self.handler_seconds = 0.0
         self.closed = False
-        self.down = False  # its supervisor gave up: asks fail at once until it runs again
+        self.down = False  # no incarnation will run soon: asks fail at once until one does
+        self.down_reason = ""
         self.signal_types: tuple[type[Message], ...] = ()
         self.on_signal: Callable[[Message], None] | None = None  # the live incarnation's
         self.signals_dropped = 0
@@ -138,13 +140,14 @@ class Mailbox:
         self.receive_channel.close()
         return drained
 
-    def go_down(self) -> int:
-        """Its supervisor gave up on it: fail every queued ask (`NotAnswered`), and every new
-        one until an incarnation runs again (a caller waited out its ask's timeout for an
-        answer no one would give: found by review, a lane pool that crashed stalled the run
-        80 s and a Ctrl-C with it). Queued tells stay for a next incarnation. Returns how
-        many asks were failed."""
-        self.down = True
+    def go_down(self, reason: str = "its supervisor gave up") -> int:
+        """No incarnation will serve it soon (its supervisor gave up, or it ended with its
+        supervisor cancelled or interrupted): fail every queued ask (`NotAnswered`, naming
+        ``reason``), and every new one until an incarnation runs again (a caller waited out
+        its ask's timeout for an answer no one would give: found by review, a lane pool that
+        crashed stalled the run 80 s and a Ctrl-C with it). Queued tells stay for a next
+        incarnation. Returns how many asks were failed."""
+        self.down, self.down_reason = True, reason
         kept, failed = [], 0
         while not self.closed:  # a closed box failed its asks when it closed
             try:
@@ -157,7 +160,7 @@ class Mailbox:
             failed += 1
             self.dequeued += 1
             self.dead_letters.post(self.name, message.kind, "stopped")
-            reply.fail(NotAnswered(f"actor {self.name!r} is down: its supervisor gave up"))
+            reply.fail(NotAnswered(f"actor {self.name!r} is down: {reason}"))
         for envelope in kept:  # they fit: they were just taken out
             self.send_channel.send_nowait(envelope)
         return failed
@@ -234,7 +237,8 @@ class ActorRef:
         ``ask_timeout``, see `DEFAULT_ASK_TIMEOUT`) for the handler's return value.
 
         Raises `AskTimeout`, `ActorStopped` (refused), `NotAnswered` (enqueued, then the actor
-        stopped) or `ActorCrashed` (the handler raised).
+        stopped, or it is down) or `ActorCrashed` (the handler raised: any error that
+        `is_crash`, a `BaseException` that is no `Exception` included).
         """
         box = self._box
         if type(message) not in box.accepted:
@@ -242,7 +246,7 @@ class ActorRef:
         if timeout is None:
             timeout = box.ask_timeout
         if box.down:
-            raise NotAnswered(f"actor {box.name!r} is down: its supervisor gave up")
+            raise NotAnswered(f"actor {box.name!r} is down: {box.down_reason}")
         reply = _Reply()
         envelope = (message, reply)
         with trio.move_on_after(timeout):
@@ -385,20 +389,8 @@ async def _serve_loop(actor: Actor, box: Mailbox, control: ServeControl) -> None
             if INSTALLED:
                 await INSTALLED[0].before_handler(box.name, message.kind)
             result = await handle(message)
-        except Exception as exc:
-            box.failed += 1
-            box.dead_letters.post(box.name, message.kind, "crashed", repr(exc))
-            if reply is not None:
-                crashed = ActorCrashed(
-                    f"actor {box.name!r} crashed handling {message.kind}: {exc!r}"
-                )
-                crashed.__cause__ = exc
-                reply.fail(crashed)
-            raise
-        except BaseException:
-            box.dead_letters.post(box.name, message.kind, "cancelled")
-            if reply is not None:
-                reply.fail(NotAnswered(f"actor {box.name!r} was stopped while handling it"))
+        except BaseException as error:  # filed, then raised as itself: Cancelled untouched
+            _file_failure(box, message, reply, error)
             raise
         finally:
             control.busy = False
@@ -406,3 +398,40 @@ async def _serve_loop(actor: Actor, box: Mailbox, control: ServeControl) -> None
         box.processed += 1
         if reply is not None:
             reply.succeed(result)
+
+
+def is_crash(error: BaseException) -> bool:
+    """Whether ``error``, raised out of an actor's own code, is that actor's crash.
+
+    Anything is, `SystemExit`, `GeneratorExit` and any other `BaseException` included (user
+    code in an in-process backend, observer or plugin may raise them: the actor died of it,
+    its supervisor restarts or escalates), except two that are no actor's failure and must
+    propagate untouched: `trio.Cancelled` (a stop from outside) and `KeyboardInterrupt` (the
+    user's interrupt of the whole process, which trio raises in whatever task runs when
+    SIGINT arrives: restarting there would swallow the Ctrl-C). A group is a crash only when
+    neither is anywhere inside it.
+    """
+    if isinstance(error, BaseExceptionGroup):
+        return error.subgroup(_NOT_CRASHES) is None
+    return not isinstance(error, _NOT_CRASHES)
+
+
+def _file_failure(
+    box: Mailbox, message: Message, reply: _Reply | None, error: BaseException
+) -> None:
+    """A handler raised ``error``: count it, post the dead letter and fail the ask it was
+    answering, at once: `ActorCrashed` (``__cause__`` is ``error``) for a crash (`is_crash`),
+    else `NotAnswered` (stopped or interrupted while handling it)."""
+    if is_crash(error):
+        box.failed += 1
+        box.dead_letters.post(box.name, message.kind, "crashed", repr(error))
+        if reply is not None:
+            crashed = ActorCrashed(f"actor {box.name!r} crashed handling {message.kind}: {error!r}")
+            crashed.__cause__ = error
+            reply.fail(crashed)
+        return
+    interrupted = not isinstance(error, trio.Cancelled)
+    box.dead_letters.post(box.name, message.kind, "cancelled", repr(error) if interrupted else "")
+    if reply is not None:
+        how = "interrupted" if interrupted else "stopped"
+        reply.fail(NotAnswered(f"actor {box.name!r} was {how} while handling it"))

@@ -81,6 +81,11 @@ class Cell:
         """The slot will never run again: refuse its messages, free its name."""
         raise NotImplementedError
 
+    def go_down(self, reason: str) -> None:
+        """No incarnation will serve the slot soon: fail its queued asks and new ones until
+        it runs again (`Mailbox.go_down`; a nested supervisor's whole subtree)."""
+        raise NotImplementedError
+
 
 class ActorCell(Cell):
     """The slot of one actor: its mailbox and ref outlive each incarnation."""
@@ -110,6 +115,9 @@ class ActorCell(Cell):
 
     def request_stop(self) -> None:
         self.control.request_stop()
+
+    def go_down(self, reason: str) -> None:
+        self.mailbox.go_down(reason)
 
     def retire(self) -> None:
         if self.retired:

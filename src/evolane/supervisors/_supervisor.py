@@ -9,12 +9,13 @@ from typing import Any
 
 import trio
 
-from evolane.actors import ActorRef
+from evolane.actors import ActorRef, is_crash
 from evolane.supervisors._cells import ActorCell, Cell, Environment
 from evolane.supervisors._errors import StartFailed, SupervisorEscalation
 from evolane.supervisors._spec import ChildSpec, SupervisorSpec
 
 _STOP = object()
+_STOPPED_FROM_OUTSIDE = "it ended with its supervisor cancelled or interrupted"
 _Exit = tuple[Cell, int, BaseException | None]
 
 
@@ -88,16 +89,13 @@ class Supervisor:
             cell.retire()
             self._cells.remove(cell)
 
-    def go_down(self) -> None:
-        """This supervisor gave up: every actor under it fails its queued asks and new ones
-        until it runs again (`Mailbox.go_down`), so no caller waits on a slot no one serves."""
+    def go_down(self, reason: str = "its supervisor gave up") -> None:
+        """This supervisor gave up (or was stopped from outside): every actor under it fails
+        its queued asks and new ones until it runs again (`Mailbox.go_down`), so no caller
+        waits on a slot no one serves."""
         for cell in self._cells:
-            if cell.retired:  # its mailbox is closed: nothing waits on it
-                continue
-            if isinstance(cell, ActorCell):
-                cell.mailbox.go_down()
-            elif isinstance(cell, SupervisorCell):
-                cell.supervisor.go_down()
+            if not cell.retired:  # a retired slot's mailbox is closed: nothing waits on it
+                cell.go_down(reason)
 
     def request_stop(self) -> None:
         """Ask this supervisor to stop its children in reverse order and return."""
@@ -227,7 +225,14 @@ class Supervisor:
         try:
             with trio.CancelScope() as cell.scope:
                 await cell.run(ready)
-        except Exception as exc:
+        except BaseException as exc:
+            # Any BaseException but Cancelled and KeyboardInterrupt is the child's own crash
+            # (`is_crash`), for the policy below (only an Exception was: a SystemExit or a
+            # custom BaseException of user code tore the tree down with no policy, and asks
+            # on the dead child waited out their timeouts, a campaign's stop 120 s).
+            if not is_crash(exc):  # a stop from outside or the user's interrupt: propagate,
+                cell.go_down(_STOPPED_FROM_OUTSIDE)  # and no ask waits on the dead slot
+                raise
             if not live:
                 raise StartFailed(cell.name, exc) from exc
             error = exc
@@ -275,6 +280,9 @@ class SupervisorCell(Cell):
         if not self.retired:
             self.retired = True
             self.supervisor.retire()
+
+    def go_down(self, reason: str) -> None:
+        self.supervisor.go_down(reason)
 
 
 def make_cell(spec: ChildSpec, env: Environment) -> Cell:
