@@ -53,13 +53,14 @@ async def aborting_replay(call: BackendCall) -> None:
     raise AgentAbort("the agent gave up")
 
 
-async def test_a_backend_raising_a_base_exception_crashes_its_lane_and_the_run_reports(
+async def test_a_backend_raising_a_base_exception_fails_its_unit_as_the_task_and_the_run_reports(
     tmp_path: Path,
 ) -> None:
-    # Found by review: the lane died of it and nothing answered the unit (run_backend lets
-    # it out): the tree came down with no policy and the campaign's stop of the measurement
-    # waited 120 s on the dead scheduler. Now the lane crashed (its supervisor restarts it)
-    # and its unit fails as a lane error.
+    # Found by review: the lane died of it and nothing answered the unit (run_backend let it
+    # out): the tree came down with no policy and the campaign's stop of the measurement
+    # waited 120 s on the dead scheduler. Now the backend's failure is its unit's, as an
+    # exception's is (exit 1, owned by the task, the error as stderr); a lane that dies of
+    # one all the same is restarted by its supervisor (test_supervisors_base_exceptions).
     paths = write_toy(tmp_path, PLAN)
     config = toy_config(paths, replay="backend:agent", judge="backend:j", optimizer="backend:o")
     backends = Backends(replay=aborting_replay, judge=judge_backend, optimizer=optimizer_backend)
@@ -70,5 +71,5 @@ async def test_a_backend_raising_a_base_exception_crashes_its_lane_and_the_run_r
     journal = paths["store"] / "runs" / report.run_id / "journal.jsonl"
     units = [orjson.loads(line) for line in journal.read_bytes().splitlines()]
     failures = [unit["replay"]["failure"] for unit in units if unit["type"] == "unit"]
-    assert failures and {failure["code"] for failure in failures} == {"lane_error"}
-    assert all("AgentAbort" in failure["message"] for failure in failures)
+    assert failures and {failure["code"] for failure in failures} == {"exit_1"}
+    assert {failure["owner"] for failure in failures} == {"task"}

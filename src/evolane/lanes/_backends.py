@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 import trio
 
+from evolane.actors import is_crash
 from evolane.sandbox import ProcessOutcome, StreamCapture
 
 CAPTURE_BYTES = 16 << 10
@@ -112,8 +113,9 @@ async def run_backend(
     backend: Backend, call: BackendCall, deadline: float, stop: trio.Event
 ) -> ProcessOutcome:
     """Run ``backend`` under ``deadline`` (trio clock) and ``stop``; never raises for the
-    backend's own errors, ``sys.exit`` included (they become an exit code, `_exit_code`,
-    with the error as stderr)."""
+    backend's own errors, ``sys.exit`` and any other `BaseException` an actor would count as
+    its crash included (`actors.is_crash`: they become an exit code, `_exit_code`, with the
+    error as stderr, owned by the task as an exception is, not a lane crash)."""
     started = time.monotonic()
     status, code, out, err = "exited", 0, b"", b""
     with trio.move_on_at(deadline) as timer:
@@ -127,7 +129,9 @@ async def run_backend(
             try:
                 value = await backend(call)
                 out = _stdout_for(call, value)
-            except (Exception, SystemExit) as error:  # the backend's failure, like a command's
+            except BaseException as error:  # the backend's failure, like a command's
+                if not is_crash(error) or isinstance(error, GeneratorExit):
+                    raise  # a stop, a deadline, the user's Ctrl-C: no failure of the backend
                 code = _exit_code(error)
                 err = "".join(traceback.format_exception_only(error)).encode()[-CAPTURE_BYTES:]
             nursery.cancel_scope.cancel()
