@@ -112,3 +112,34 @@ def test_fsck_names_a_damaged_campaign_json(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     first = done.stdout.splitlines()[0]
     assert first.startswith(f"damaged record {path}: ") and "evolane fsck" not in first
+
+
+def test_fsck_calls_a_torn_journal_tail_damage_only_after_the_run_finished(
+    tmp_path: Path,
+) -> None:
+    # Found by review: a finished run whose journal lost half its last line was "clean".
+    # A kill leaves such a tail in a running run, and a resume repairs it: no damage there.
+    from tests.campaign_helpers import toy_flags, write_toy
+
+    paths = write_toy(tmp_path, {"0.0": "fix:1"})
+    store = tmp_path / "store"
+    evolane = [sys.executable, "-m", "evolane"]
+    done = subprocess.run(
+        [*evolane, "optimize", *toy_flags(paths, store)], capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (store / "runs").iterdir()
+    journal = run_dir / "journal.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    journal.write_bytes(b"".join(lines[:-1]) + lines[-1][:20])  # half the last line
+    fsck = [*evolane, "fsck", "--store", str(store)]
+    damaged = subprocess.run(fsck, capture_output=True, text=True, timeout=120)
+    assert damaged.returncode == 1, damaged.stdout
+    assert (
+        f"damaged journal {journal}: a torn last line (line {len(lines)}), though the run "
+        f"finished: its last record is lost; used by run {run_dir.name}"
+    ) in damaged.stdout.splitlines()
+    run_json = run_dir / "run.json"
+    run_json.write_bytes(orjson.dumps({**orjson.loads(run_json.read_bytes()), "status": "running"}))
+    killed = subprocess.run(fsck, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == 0, killed.stdout

@@ -11,6 +11,7 @@ from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, fail_usage
 from evolane.cli._output import StoreOption, store_of
 
 if TYPE_CHECKING:
+    from evolane.campaign import StoreLayout
     from evolane.store import Problem
 
 EXIT_DAMAGED = EXIT_INTERNAL
@@ -61,12 +62,15 @@ def record_problems(store: Path) -> list[Problem]:
     for run_id in layout.run_ids():
         path = layout.run_dir(run_id) / "run.json"
         try:
-            load_run(layout, run_id)
+            record = load_run(layout, run_id)
             path = path.with_name("report.json")
             if path.exists():
                 Report.model_validate(read_json(path))
         except (OSError, ValueError) as error:
             problems.append(Problem("record", path, record_problem(error), runs=(run_id,)))
+            continue
+        if record.status == "finished" and (torn := _torn_after_end(layout, run_id)):
+            problems.append(torn)
     for campaign_id in layout.campaign_ids():
         try:
             load_campaign(layout, campaign_id)
@@ -76,6 +80,25 @@ def record_problems(store: Path) -> list[Problem]:
             why = why.removeprefix(f"cannot read {path}: ").partition("; run `evolane fsck")[0]
             problems.append(Problem("record", path, why))
     return problems
+
+
+def _torn_after_end(layout: StoreLayout, run_id: str) -> Problem | None:
+    """A torn last journal line in a run that finished: what a kill leaves, and a resume
+    repairs, in a running run; after the run's end it is damage, and its last record is
+    lost (found by review: fsck called such a store clean)."""
+    from evolane.store import JournalCorruptError, Problem, read_journal
+
+    path = layout.run_dir(run_id) / "journal.jsonl"
+    try:
+        torn = read_journal(path).torn
+    except (OSError, JournalCorruptError):
+        return None  # told by the store's own check
+    if torn is None:
+        return None
+    reason = (
+        f"a torn last line (line {torn.line}), though the run finished: its last record is lost"
+    )
+    return Problem("journal", path, reason, runs=(run_id,))
 
 
 def report_lines(problems: list[Problem]) -> list[str]:

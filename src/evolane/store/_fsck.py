@@ -47,7 +47,8 @@ _VERSION_HINT = ": the store was written by a newer or older evolane"
 class Problem:
     """One damaged thing and the runs that use it. ``kind``: ``object`` (bad bytes, name or
     type: quarantined by a repair), ``mode`` (an intact object left writable: made read-only
-    by a repair) or ``journal`` (a damaged line before the last)."""
+    by a repair) or ``journal`` (a damaged line before the last; or a torn last line in a
+    finished run, found by `evolane fsck`)."""
 
     kind: str  # ``missing``: an object a run references is not in the store
     path: Path
