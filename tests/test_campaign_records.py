@@ -246,7 +246,7 @@ def test_the_recovery_scan_skips_a_run_whose_journal_a_live_process_holds(
             raise Crash
 
     monkeypatch.setattr(_apply, "_write_journal", crash_after_swapping)
-    publish = _apply._prepare(store, target, parent, candidate, run_dir, "best", run_dir)
+    publish = _apply._prepare(store, target, parent, candidate, run_dir, "best", run_dir, ())
     assert isinstance(publish, _apply._Publish)
     live = Journal(run_dir / "journal.jsonl")  # the run's own process holds it while it lives
     with pytest.raises(Crash):
