@@ -144,3 +144,36 @@ def test_metadata_paths_are_named_and_ordinary_ones_pass() -> None:
         ".hg/hgrc",
         "x/hooks/post-checkout",
     ]
+
+
+def test_a_bare_layout_of_files_or_symlinks_is_a_repository_too() -> None:
+    """Found by review: git asks only ``access(X_OK)`` of ``objects`` and ``refs``, so a
+    ``HEAD`` beside two executable files (or symlinks to folders) is a repository whose
+    ``config`` git reads (``core.worktree`` and ``core.fsmonitor``: ``git status`` there
+    ran the command); the layout check looked for folders alone."""
+    parent = {"skill.md": ""}
+    candidate = {**parent, "evil/HEAD": "", "evil/objects": "", "evil/refs": ""}
+    candidate |= {"evil/config": "", "linked/HEAD": "", "linked/objects": "", "linked/refs": ""}
+    assert repository_folders(candidate) == {"evil", "linked"}
+    touched = sorted(set(candidate) - set(parent))
+    assert vcs_paths(touched, parent, candidate) == touched
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_itself_takes_the_file_layout_for_a_repository(tmp_path: Path) -> None:
+    """The layout above, on disk: git names the folder as its repository."""
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    (folder / "HEAD").write_text("ref: refs/heads/main\n")
+    for name in ("objects", "refs"):
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(0o755)
+    shown = subprocess.run(
+        ["git", "rev-parse", "--absolute-git-dir"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "GIT_CEILING_DIRECTORIES": str(tmp_path)},
+    )
+    assert shown.stdout.strip() == str(folder), shown.stderr
+    assert repository_folders(["evil/HEAD", "evil/objects", "evil/refs"]) == {"evil"}

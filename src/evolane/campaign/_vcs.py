@@ -21,10 +21,14 @@ VCS_FOLDERS: Final = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", ".jj", 
 
 def repository_folders(paths: Iterable[str]) -> set[str]:
     """The folders of a tree (given by its file paths; ``""`` is the root) that git would
-    take for a repository's own folder: a ``HEAD`` file with ``objects/`` and ``refs/``
-    beside it, or with a ``commondir`` file naming where they are."""
+    take for a repository's own folder: a ``HEAD`` file with ``objects`` and ``refs``
+    beside it, or with a ``commondir`` file naming where they are. ``objects`` and ``refs``
+    count as a folder, a file or a symlink: git only asks ``access(X_OK)`` of them, which
+    an executable file or a symlink to a folder passes (found by review: ``HEAD`` with two
+    executable files beside it was a repository whose ``config`` ran ``core.fsmonitor``)."""
     files = set(paths)
     folders = {str(parent) for path in files for parent in PurePosixPath(path).parents}
+    entries = files | folders
     found: set[str] = set()
     for path in files:
         pure = PurePosixPath(path)
@@ -32,7 +36,7 @@ def repository_folders(paths: Iterable[str]) -> set[str]:
             continue
         folder = "" if str(pure.parent) == "." else str(pure.parent)
         prefix = f"{folder}/" if folder else ""
-        layout = f"{prefix}objects" in folders and f"{prefix}refs" in folders
+        layout = f"{prefix}objects" in entries and f"{prefix}refs" in entries
         if layout or f"{prefix}commondir" in files:
             found.add(folder)
     return found
