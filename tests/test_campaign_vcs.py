@@ -177,3 +177,11 @@ def test_git_itself_takes_the_file_layout_for_a_repository(tmp_path: Path) -> No
     )
     assert shown.stdout.strip() == str(folder), shown.stderr
     assert repository_folders(["evil/HEAD", "evil/objects", "evil/refs"]) == {"evil"}
+
+
+def test_metadata_folders_are_named_in_any_case() -> None:
+    """Found by review: ``.GIT/config`` passed, and a case-insensitive file system (vfat,
+    SMB, an ext4 casefold folder) publishes it into ``.git/config``; git itself refuses
+    ``.Git`` in a tree on every platform."""
+    touched = [".GIT/config", "a/.Git/hooks/pre-commit", ".HG/hgrc", "gitnotes/.gitx"]
+    assert vcs_paths(touched, {}, {}) == touched[:3]

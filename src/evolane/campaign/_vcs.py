@@ -44,12 +44,14 @@ def repository_folders(paths: Iterable[str]) -> set[str]:
 
 def vcs_paths(touched: Iterable[str], *trees: Mapping[str, object]) -> list[str]:
     """The ``touched`` paths that are version-control metadata: a path through a folder
-    named in `VCS_FOLDERS`, or inside a folder that any of ``trees`` (the parent, the
-    candidate) lays out as a repository (`repository_folders`)."""
+    named in `VCS_FOLDERS` in any case (as git refuses ``.Git`` in a tree everywhere: on a
+    case-insensitive file system, ``vfat``, SMB or an ``ext4`` casefold folder, a publish
+    of ``.GIT/config`` writes ``.git/config``), or inside a folder that any of ``trees``
+    (the parent, the candidate) lays out as a repository (`repository_folders`)."""
     repositories = set().union(*(repository_folders(tree) for tree in trees))
     offending = []
     for path in touched:
-        parts = PurePosixPath(path).parts
+        parts = {part.casefold() for part in PurePosixPath(path).parts}
         inside = any(
             folder == "" or path == folder or path.startswith(folder + "/")
             for folder in repositories
