@@ -4,6 +4,7 @@ exit code 2, never an internal error, a traceback or a hang, and nothing is writ
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -105,6 +106,33 @@ def _trajectory_in_target(folder: Path, base: list[str]) -> tuple[list[str], str
     return args, f"--from-trajectory {traces} is inside --target"
 
 
+_TRACES = "".join(
+    f'{{"messages": [{{"role": "user", "content": "q{n}"}}, '
+    f'{{"role": "assistant", "content": "a{n}"}}]}}\n'
+    for n in range(40)
+)
+
+
+def _trajectory_folder_around_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    """Found by review: the walk of a folder that holds the target read its ``.jsonl``."""
+    target = folder / "agent" / "skill"
+    shutil.copytree(folder / "target", target)
+    inside = target / "t.jsonl"
+    inside.write_text(_TRACES)
+    args = with_flag(with_flag(base, "--dataset", ""), "--from-trajectory", str(folder / "agent"))
+    return with_flag(args, "--target", str(target)), f"--from-trajectory {inside} is inside"
+
+
+def _trajectory_symlinked_into_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    """Found by review: a folder elsewhere read a symlinked file that lies in the target."""
+    (folder / "target" / "t.jsonl").write_text(_TRACES)
+    logs = folder / "logs"
+    logs.mkdir()
+    (logs / "t.jsonl").symlink_to(folder / "target" / "t.jsonl")
+    args = with_flag(with_flag(base, "--dataset", ""), "--from-trajectory", str(logs))
+    return args, f"--from-trajectory {logs / 't.jsonl'} is inside --target"
+
+
 def _value(flag: str, value: str, needle: str) -> Case:
     return lambda folder, base: (with_flag(base, flag, value), needle)
 
@@ -153,6 +181,8 @@ CASES: dict[str, Case] = {
     "dataset-folder": _dataset_folder,
     "dataset-inside-target": _dataset_in_target,
     "trajectory-inside-target": _trajectory_in_target,
+    "trajectory-folder-around-target": _trajectory_folder_around_target,
+    "trajectory-symlinked-into-target": _trajectory_symlinked_into_target,
 }
 
 

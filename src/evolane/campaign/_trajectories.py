@@ -27,7 +27,7 @@ def with_trajectory_cases(config: CampaignConfig) -> CampaignConfig:
         return config
     if config.dataset:
         raise InputError("--dataset and --from-trajectory: give one of them, not both")
-    check_inputs_outside_target(config)  # before anything of them is stored
+    check_inputs_outside_target(config, walk=True)  # before anything of them is stored
     derived = ingest_trajectories(config.from_trajectory, group=config.group, seed=config.seed)
     folder = Path(config.store) / "trajectories" / derived.dataset.digest.removeprefix("sha256:")
     folder.mkdir(parents=True, exist_ok=True)
