@@ -51,3 +51,21 @@ def test_a_diff_too_costly_for_difflib_shows_the_file_whole_and_still_applies(
     )
     assert (work / "table.txt").read_text() == new
     assert (work / "note.txt").read_text() == small_new
+
+
+def test_lines_repeated_just_under_difflibs_popular_share_are_shown_whole(
+    tmp_path: Path,
+) -> None:
+    """Found by review: difflib skips a line that makes up over 1% of a file, so the slowest
+    files repeat each line just under that; two of 16,384 lines (each repeated 109 times)
+    were within the first budget (1 << 28) and took 33 s to diff. The budget now shows
+    them whole."""
+    rows, kinds = 16_384, 151
+    store = BlobStore(tmp_path / "store")
+    old = "".join(f"x{i % kinds}\n" for i in range(rows))
+    new = "".join(f"x{(i * 7) % kinds}\n" for i in range(rows))
+    parent = _tree(store, tmp_path / "parent", {"table.txt": old})
+    candidate = _tree(store, tmp_path / "candidate", {"table.txt": new})
+    diff = unified_tree_diff(store, parent, candidate).decode().splitlines()
+    assert diff[2] == f"@@ -1,{rows} +1,{rows} @@"
+    assert len(diff) == 3 + 2 * rows  # every line removed and added: not run through difflib
