@@ -17,11 +17,15 @@ from tests.campaign_helpers import toy_config, write_toy
 from tests.test_embed import PLAN, judge_backend, optimizer_backend
 
 
-async def argparse_replay(call: BackendCall) -> None:
-    """An agent's ``main`` reused in-process: its parser exits on an option it lacks."""
+def _bad_arguments() -> None:
     parser = argparse.ArgumentParser(prog="my-agent", exit_on_error=True)
     parser.add_argument("--case", required=True)
     parser.parse_args(["--no-such-option"])
+
+
+async def argparse_replay(call: BackendCall) -> None:
+    """An agent's ``main`` reused in-process: its parser exits on an option it lacks."""
+    _bad_arguments()
 
 
 async def test_a_backend_that_exits_fails_its_units_and_the_run_reports(tmp_path: Path) -> None:
@@ -73,3 +77,35 @@ async def test_a_backend_raising_a_base_exception_fails_its_unit_as_the_task_and
     failures = [unit["replay"]["failure"] for unit in units if unit["type"] == "unit"]
     assert failures and {failure["code"] for failure in failures} == {"exit_1"}
     assert {failure["owner"] for failure in failures} == {"task"}
+
+
+async def nursery_replay(call: BackendCall) -> None:
+    """The same exit from a task of the backend's own nursery: trio raises it inside a
+    `BaseExceptionGroup`, which is no `Exception` (found by review: the run hung)."""
+
+    async def main() -> None:
+        _bad_arguments()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(main)
+
+
+async def test_an_exit_from_a_backends_own_task_fails_its_units_too(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="backend:agent", judge="backend:j", optimizer="backend:o")
+    backends = Backends(replay=nursery_replay, judge=judge_backend, optimizer=optimizer_backend)
+    stderr = sys.stderr
+    sys.stderr = open("/dev/null", "w")  # noqa: SIM115 - argparse prints its usage there
+    try:
+        with trio.fail_after(120):  # a guard against the hang, not a timing figure
+            async with evolane.open_runtime(store=paths["store"]) as runtime:
+                report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
+    finally:
+        sys.stderr.close()
+        sys.stderr = stderr
+    assert report is not None and report.status == "failed"
+    journal = paths["store"] / "runs" / report.run_id / "journal.jsonl"
+    units = [orjson.loads(line) for line in journal.read_bytes().splitlines()]
+    replays = [unit["replay"] for unit in units if unit["type"] == "unit"]
+    assert replays and {replay["failure"]["code"] for replay in replays} == {"exit_2"}
+    assert all("SystemExit: 2" in replay["failure"]["message"] for replay in replays), replays[0]

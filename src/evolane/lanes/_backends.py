@@ -34,6 +34,7 @@ import trio
 
 from evolane.actors import is_crash
 from evolane.sandbox import ProcessOutcome, StreamCapture
+from evolane.supervisors import leaf_exceptions
 
 CAPTURE_BYTES = 16 << 10
 
@@ -99,12 +100,25 @@ as `ModelError` does): EX_TEMPFAIL. Only an in-process backend's: a command's ex
 may be the candidate's own."""
 
 
+def _own_failure(error: BaseException) -> bool:
+    """Whether ``error`` is the backend's own failure: an exception, a ``sys.exit`` or any
+    other `BaseException` an actor would count as its crash (`actors.is_crash`), or a group
+    of nothing else (a ``sys.exit`` in a task of the backend's own nursery comes out as a
+    `BaseExceptionGroup`, which hung the run as a bare one did: found by review); a
+    cancellation, a ``KeyboardInterrupt`` or a ``GeneratorExit`` is not."""
+    return all(
+        is_crash(leaf) and not isinstance(leaf, GeneratorExit) for leaf in leaf_exceptions(error)
+    )
+
+
 def _exit_code(error: BaseException) -> int:
     """The exit code a backend's error stands for: a ``sys.exit(N)`` (``argparse`` on bad
-    arguments) its N, or 1 when N is 0 or no number (an exception is a failure, never a
-    success); `ENDPOINT_EXIT` when the error says its endpoint failed; else 1."""
-    if isinstance(error, SystemExit):
-        code = error.code
+    arguments; the first in a group) its N, or 1 when N is 0 or no number (an exception is
+    a failure, never a success); `ENDPOINT_EXIT` when the error says its endpoint failed;
+    else 1."""
+    exits = [leaf for leaf in leaf_exceptions(error) if isinstance(leaf, SystemExit)]
+    if exits:
+        code = exits[0].code
         return code if isinstance(code, int) and not isinstance(code, bool) and code else 1
     return ENDPOINT_EXIT if getattr(error, "endpoint_failed", False) is True else 1
 
@@ -130,10 +144,12 @@ async def run_backend(
                 value = await backend(call)
                 out = _stdout_for(call, value)
             except BaseException as error:  # the backend's failure, like a command's
-                if not is_crash(error) or isinstance(error, GeneratorExit):
-                    raise  # a stop, a deadline, the user's Ctrl-C: no failure of the backend
+                if not _own_failure(error):
+                    raise
                 code = _exit_code(error)
-                err = "".join(traceback.format_exception_only(error)).encode()[-CAPTURE_BYTES:]
+                leaves = leaf_exceptions(error)  # a group's: what its tasks raised
+                said = "".join(line for e in leaves for line in traceback.format_exception_only(e))
+                err = said.encode()[-CAPTURE_BYTES:]
             nursery.cancel_scope.cancel()
     if timer.cancelled_caught:
         status, code = "timed_out", None
