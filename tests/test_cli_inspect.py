@@ -475,3 +475,30 @@ def test_runs_lists_a_running_run_no_process_holds_as_killed(tmp_path: Path) -> 
         assert row["status"] == "running" and row["live"] is True
     finally:
         holder.communicate("")
+
+
+@pytest.mark.parametrize("errno_name", ["ENOLCK", "EBADF"])
+def test_a_store_whose_locks_cannot_be_probed_lists_its_runs_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno_name: str
+) -> None:
+    """Found by review: on NFS without lock support the liveness probe's flock fails with
+    ENOLCK (or EBADF), which ``runs`` raised: the listing crashed. A probe that cannot tell
+    calls the run live, so it is never listed killed on a guess."""
+    import errno
+    import fcntl
+
+    from evolane.cli._runs import run_rows
+
+    root = tmp_path / "store"
+    layout = StoreLayout(root)
+    run_id = "20260101-120000-dddddd"
+    save_run(layout, _record(run_id, T0, "running"))
+    (layout.run_dir(run_id) / "journal.jsonl").write_bytes(b"")
+    os.utime(layout.run_dir(run_id) / "run.json", (T0, T0))
+
+    def refuse(fd: int, operation: int) -> None:
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    (row,) = run_rows(layout)
+    assert row["status"] == "running" and row["live"] is True

@@ -391,9 +391,25 @@ def recover_interrupted_applies(layout: StoreLayout) -> list[RecoveredApply]:
 
 
 def run_is_live(layout: StoreLayout, run_id: str) -> bool:
-    """Whether a process has run ``run_id`` open right now (it holds its journal's lock)."""
-    with _unless_live(layout.run_dir(run_id) / "journal.jsonl") as idle:
-        return not idle
+    """Whether a process has run ``run_id`` open right now (it holds its journal's lock).
+
+    A probe only: a shared lock, released at once, so probes never exclude each other; a
+    store whose locks cannot be probed (NFS without lock support: ENOLCK, EBADF) counts as
+    live, so ``runs`` and ``watch`` never call a run killed, nor crash, on a guess."""
+    journal = layout.run_dir(run_id) / "journal.jsonl"
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # EWOULDBLOCK: a live run holds it; anything else: cannot tell
+        return True
+    finally:
+        os.close(fd)  # the probe's lock goes with its descriptor
+    return False
 
 
 @contextlib.contextmanager
