@@ -233,7 +233,7 @@ def test_report_text_summarises_a_finished_run(store: Store) -> None:
         f"{CAMPAIGN}: complete",
         "sha256:bbbbbbbbbbbb (selected)",
         "0.500 [0.400, 0.600] (n=10) -> 0.750 [0.650, 0.850] (n=10)",
-        "(the gate's bootstrap interval [+0.020, +0.230]; the confirmation is the verdict) accept",
+        "(the gate's bootstrap interval [+0.020, +0.230]) accept",  # no confirmation ran
         "tokens 1234, cost $0.0500",
         "selected 1, rejected 1, blocked 1, not_run 0",
         "mean delta 0.250 > 1.0 SE",

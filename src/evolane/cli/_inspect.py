@@ -300,12 +300,8 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
         ("test (sealed)", f"{_ci(rep.scores.baseline_test)} -> {_ci(rep.scores.best_test)}"),
     ]
     if rep.test is not None:
-        rows.append(
-            (
-                "test delta",
-                f"{test_delta_text(rep.test)} {rep.test.decision}: {rep.test.reason}",
-            )
-        )
+        delta = test_delta_text(rep.test, rep.confirmation is not None)
+        rows.append(("test delta", f"{delta} {rep.test.decision}: {rep.test.reason}"))
     if rep.confirmation is not None:
         rows.append(("confirmation", rep.confirmation.sentence))
     if rep.error_control:

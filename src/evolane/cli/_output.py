@@ -97,12 +97,13 @@ def resolve_run(layout: StoreLayout, run_id: str) -> str:
     fail_usage(f"unknown run {run_id!r} in store {layout.root} (see `evolane runs`)")
 
 
-def test_delta_text(test: Any) -> str:
+def test_delta_text(test: Any, confirmed: bool) -> str:
     """A best's sealed test delta with the gate's bootstrap interval, named as such: beside
-    a confirmation's verdict on the same cases, an unnamed interval that excluded 0 read as
-    a contradiction of "not confirmed" (found by review; the confirmation's own bound is in
-    its sentence)."""
+    a confirmation's verdict on the same cases (``confirmed``: one was made), an unnamed
+    interval that excluded 0 read as a contradiction of "not confirmed" (found by review;
+    the confirmation's own bound is in its sentence)."""
+    verdict = "; the confirmation is the verdict" if confirmed else ""
     return (
         f"{test.mean_delta:+.3f} over {test.n} cases (the gate's bootstrap interval "
-        f"[{test.ci_low:+.3f}, {test.ci_high:+.3f}]; the confirmation is the verdict)"
+        f"[{test.ci_low:+.3f}, {test.ci_high:+.3f}]{verdict})"
     )

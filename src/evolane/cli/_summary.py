@@ -24,7 +24,7 @@ def _test_result(report: Any) -> list[str]:
     campaign's error control in words."""
     test, lines = report.test, []
     if test is not None:
-        lines.append(f"test delta: {test_delta_text(test)}")
+        lines.append(f"test delta: {test_delta_text(test, report.confirmation is not None)}")
     if report.confirmation is not None:
         lines.append(f"confirmation: {report.confirmation.sentence}")
     if report.error_control:
