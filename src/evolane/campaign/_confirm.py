@@ -162,7 +162,13 @@ def confirmation_of(
     level = campaign_alpha(config) if level is None else level
     probe = level if 0.0 < level < 1.0 else 0.5  # the verdict is ours: p against ``level``
     result = confirm(
-        baseline, candidate, gate, test_cases, confidence=1.0 - probe, pass_fail=config.pass_fail
+        baseline,
+        candidate,
+        gate,
+        test_cases,
+        confidence=1.0 - probe,
+        pass_fail=config.pass_fail,
+        bound=earlier is None and 0.0 < level < 1.0,  # else it would not be shown
     )
     p, note = result.p_value, ""
     decision: ConfirmVerdict
@@ -176,7 +182,7 @@ def confirmation_of(
         decision, note = "unconfirmed", " (the campaign's confirmation budget is spent)"
     else:
         decision = "confirmed" if p <= level else "unconfirmed"
-    bound = result.lower_bound if earlier is None and 0.0 < level < 1.0 else None
+    bound = result.lower_bound
     shown = f"{level:.2g}"
     stats = f"mean {result.mean_delta:+.3g}, p = {p:.2g}"
     cases = f"the {test_cases} held-out test cases"
