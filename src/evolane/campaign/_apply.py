@@ -181,23 +181,8 @@ async def apply_candidate(
     given, target = str(target), Path(os.path.abspath(target))
     run_dir = Path(os.path.abspath(run_dir))
     workspace = scratch_dir(host, "apply", f"{label}-{secrets.token_hex(4)}")
-    spec = None
-    if check is not None:
-        # Rendered before anything is written, so a bad template costs nothing.
-        argv = check.render({"candidate": str(target), "workspace": str(workspace)})
-        shown = (view or View()).model_copy(
-            update={"own": ((str(workspace), True), (str(target), False))}
-        )
-        spec = SandboxSpec(
-            argv=argv,
-            workspace=str(workspace),
-            kill_grace=kill_grace,
-            limits=limits or Limits(),
-            isolation=isolation,
-            view=shown,
-            drop_root=True,
-            label="apply-check",
-        )
+    # Rendered before anything is written, so a bad template costs nothing.
+    spec = _check_spec(check, target, workspace, kill_grace, limits, isolation, view)
     # Materialising the candidate (verify=True) reads every blob once: the integrity check.
     proposal_dir, diff_ref = await trio.to_thread.run_sync(
         partial(
@@ -233,6 +218,35 @@ async def apply_candidate(
         return ApplyOutcome(**base, status="refused", message=_clip_head(prepared.reason))
     base["backup_ref"] = prepared.journal.backup_ref
     return await _publish_and_check(store, host, prepared, spec, check_timeout, base)
+
+
+def _check_spec(
+    check: CommandTemplate | None,
+    target: Path,
+    workspace: Path,
+    kill_grace: float,
+    limits: Limits | None,
+    isolation: Isolation,
+    view: View | None,
+) -> SandboxSpec | None:
+    """The post-publish check's sandbox spec (None: no check): it sees ``view``, its own
+    ``workspace`` and the published ``target`` read-only."""
+    if check is None:
+        return None
+    argv = check.render({"candidate": str(target), "workspace": str(workspace)})
+    shown = (view or View()).model_copy(
+        update={"own": ((str(workspace), True), (str(target), False))}
+    )
+    return SandboxSpec(
+        argv=argv,
+        workspace=str(workspace),
+        kill_grace=kill_grace,
+        limits=limits or Limits(),
+        isolation=isolation,
+        view=shown,
+        drop_root=True,
+        label="apply-check",
+    )
 
 
 def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
