@@ -224,7 +224,7 @@ async def test_a_remote_deadline_kill_leaves_no_survivors(tmp_path: Path) -> Non
             elapsed = trio.current_time() - started
         assert result.status == "timed_out" and result.failure is not None
         assert (result.failure.owner, result.failure.code) == ("infrastructure", "timeout")
-        assert 2.0 <= elapsed < 20.0  # the deadline, not the tree's 1000 s sleeps
+        assert elapsed >= 2.0  # the deadline (fail_after: not the tree's 1000 s sleeps)
         assert remote_units(host) == set()  # gone before the result came back
 
 
