@@ -144,6 +144,37 @@ def test_a_damaged_job_file_is_bad_input_naming_it(tmp_path: Path) -> None:
     result = drain("--store", str(tmp_path / "store"))
     assert result.returncode == 2
     assert str(folder / "job.json") in result.stderr and result.stderr.count("\n") == 1
+    assert not folder.exists()  # set aside, so it stops nothing again
+    assert (tmp_path / "store" / "evolve" / "damaged" / folder.name / "job.json").is_file()
+
+
+def test_a_damaged_job_is_set_aside_and_the_next_job_still_runs(tmp_path: Path) -> None:
+    """Found by review: one damaged job.json stopped every later job (drain refused them
+    all; the service retried forever while records piled up)."""
+    from evolane.embed._pending import RecordQueue, StoreDirs
+    from evolane.embed._service import trajectory_config
+
+    paths = write_trace_target(tmp_path, 4)
+    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
+    for index in range(4):
+        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
+    job = queue.take("shadow", lambda path: trajectory_config(trace_config(paths), path), 10)
+    queue.close()
+    damaged = paths["store"] / "pending" / "job-0000000000001-abcdef"  # sorts first
+    damaged.mkdir(parents=True)
+    (damaged / "job.json").write_text("{not json")
+    result = drain("--store", str(paths["store"]), "--progress", "none")
+    assert result.returncode == 2, result.stdout + result.stderr  # the damage is told
+    assert str(damaged / "job.json") in result.stderr and "set aside in" in result.stderr
+    assert f"evolane drain: job {job.job_id}" in result.stdout  # and the next job ran
+    assert (paths["store"] / "evolve" / "done" / job.job_id / "job.json").is_file()
+    # A service opening the queue sets such a job aside too, and says so in its faults.
+    damaged.mkdir()
+    (damaged / "job.json").write_text("{not json")
+    reopened = RecordQueue.open(StoreDirs(paths["store"]), 10)
+    reopened.close()
+    (reason,) = reopened.damaged
+    assert reason.startswith(f"{damaged / 'job.json'}: ") and not damaged.exists()
 
 
 def test_a_refused_job_is_retired_as_failed_and_exits_2(tmp_path: Path) -> None:

@@ -95,14 +95,17 @@ def _check(store: str, max_jobs: int | None, progress: str) -> Path:
 async def _drain_jobs(root: Path, max_jobs: int | None, progress: str, watch: Any) -> int:
     from evolane import embed
 
-    jobs = embed.PendingJobs(root)
-    pending = await trio.to_thread.run_sync(jobs.list)
+    jobs, damaged = embed.PendingJobs(root), []
+    pending = await trio.to_thread.run_sync(jobs.list, damaged)
+    for reason in damaged:  # set aside: the others still run, and the exit says it
+        error_line(reason)
     if max_jobs is not None:
         pending = pending[:max_jobs]
     if not pending:
-        print(f"evolane drain: no pending jobs in {root}")
-        return EXIT_OK
-    codes = []
+        if not damaged:
+            print(f"evolane drain: no pending jobs in {root}")
+        return EXIT_USAGE if damaged else EXIT_OK
+    codes = [EXIT_USAGE] if damaged else []
     async with embed.open_runtime(store=root) as runtime:
         for job in pending:
             with jobs.lock(job) as locked:  # as it is now: another process may have run it

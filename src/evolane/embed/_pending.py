@@ -102,6 +102,10 @@ class StoreDirs:
         return self.root / "evolve" / "done"
 
     @property
+    def damaged(self) -> Path:
+        return self.root / "evolve" / "damaged"
+
+    @property
     def queue_lock(self) -> Path:
         return self.root / "evolve" / "queue.lock"
 
@@ -131,6 +135,7 @@ class RecordQueue:
         self.names: list[str] = []  # queued file names, oldest first
         self._seq = 0
         self._lock_fd: int | None = None
+        self.damaged: list[str] = []  # damaged jobs set aside when it opened (`load_jobs`)
 
     @classmethod
     def open(cls, dirs: StoreDirs, bound: int) -> RecordQueue:
@@ -156,7 +161,8 @@ class RecordQueue:
 
     def _read(self) -> None:
         dirs, bound = self.dirs, self.bound
-        taken = {name for job in load_jobs(dirs, clean=True) for name in job.consumed}
+        jobs = load_jobs(dirs, clean=True, damaged=self.damaged)  # what they took is unknown
+        taken = {name for job in jobs for name in job.consumed}
         names = []
         for entry in sorted(os.listdir(dirs.queue))[: bound + len(taken) + 1000]:
             if entry.startswith(".") or not entry.endswith(".json"):
@@ -232,10 +238,15 @@ def _lock_queue(dirs: StoreDirs) -> int:
     return fd
 
 
-def load_jobs(dirs: StoreDirs, *, clean: bool = False) -> list[PendingJob]:
+def load_jobs(
+    dirs: StoreDirs, *, clean: bool = False, damaged: list[str] | None = None
+) -> list[PendingJob]:
     """The pending jobs, oldest first (at most `MAX_PENDING_SCAN`), skipping a job folder with
     no ``job.json`` yet; with ``clean`` (crash recovery, when the queue opens and no job can be
-    in the making) such a folder is removed. Raises `InputError` naming a bad ``job.json``."""
+    in the making) such a folder is removed. A damaged ``job.json`` raises `InputError`
+    naming it; given ``damaged``, its folder is set aside in ``evolve/damaged/`` instead and
+    the reason added there (found by review: one damaged job stopped every later one, for
+    the service and for ``evolane drain``, until someone removed it by hand)."""
     if not dirs.pending.is_dir():
         return []
     jobs = []
@@ -247,8 +258,26 @@ def load_jobs(dirs: StoreDirs, *, clean: bool = False) -> list[PendingJob]:
             if clean:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
-        jobs.append(read_job(folder / JOB_FILE))
+        try:
+            jobs.append(read_job(folder / JOB_FILE))
+        except InputError as error:
+            if damaged is None:
+                raise
+            damaged.append(f"{error}; {_set_aside(dirs, folder)}")
     return jobs
+
+
+def _set_aside(dirs: StoreDirs, folder: Path) -> str:
+    """Move a damaged job's folder to ``evolve/damaged/``; where it went, in words."""
+    aside = dirs.damaged / folder.name
+    try:
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        if aside.exists():  # one of that name set aside before
+            aside = aside.with_name(f"{folder.name}-{time.time_ns()}")
+        os.replace(folder, aside)
+    except OSError as error:
+        return f"skipped (it could not be set aside: {error.strerror or error})"
+    return f"set aside in {aside}"
 
 
 def read_job(path: Path) -> PendingJob:

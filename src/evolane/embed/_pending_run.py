@@ -165,9 +165,10 @@ class PendingJobs:
     def __init__(self, store: Path) -> None:
         self.dirs = StoreDirs(store)
 
-    def list(self) -> list[PendingJob]:
-        """The pending jobs, oldest first (`InputError` for a damaged ``job.json``)."""
-        return load_jobs(self.dirs)
+    def list(self, damaged: list[str] | None = None) -> list[PendingJob]:
+        """The pending jobs, oldest first; a damaged ``job.json`` is `InputError`, or, given
+        ``damaged``, set aside with its reason added there (`load_jobs`)."""
+        return load_jobs(self.dirs, damaged=damaged)
 
     def lock(self, job: PendingJob) -> contextlib.AbstractContextManager[PendingJob | None]:
         """`job_lock`: inside the block, ``job`` as it is now when this process holds it,

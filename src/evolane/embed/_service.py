@@ -35,6 +35,7 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -230,8 +231,21 @@ class EvolveService:
         return await self._make_job(force=True)
 
     def pending(self) -> list[PendingJob]:
-        """The pending jobs in the store, oldest first (blocking read: a small folder)."""
-        return load_jobs(self.dirs)
+        """The pending jobs in the store, oldest first (blocking read: a small folder); a
+        damaged one is set aside and noted in ``faults``."""
+        damaged: list[str] = []
+        jobs = load_jobs(self.dirs, damaged=damaged)
+        for reason in damaged:
+            self._note("jobs", reason)
+        return jobs
+
+    async def _pending_jobs(self) -> list[PendingJob]:
+        """`pending`, read in a worker thread; the faults noted here, on the loop."""
+        damaged: list[str] = []
+        jobs = await trio.to_thread.run_sync(partial(load_jobs, self.dirs, damaged=damaged))
+        for reason in damaged:
+            self._note("jobs", reason)
+        return jobs
 
     @property
     def queued(self) -> int:
@@ -250,9 +264,7 @@ class EvolveService:
             due = self.settings.policy.due(len(queue.names), queue.failures, since)
             if not queue.names or not (force or due):
                 return None
-            if not force and len(await trio.to_thread.run_sync(load_jobs, self.dirs)) >= (
-                self.settings.max_pending_jobs
-            ):
+            if not force and len(await self._pending_jobs()) >= (self.settings.max_pending_jobs):
                 return None
             limit = self.settings.max_job_records
             mode, template = self.settings.mode, self.template
@@ -297,7 +309,7 @@ class EvolveService:
 
     async def _run_next(self) -> bool:
         """Run the oldest pending job no other process holds; True when one ran."""
-        for job in await trio.to_thread.run_sync(load_jobs, self.dirs):
+        for job in await self._pending_jobs():
             if await self._run_one(job):
                 return True
         return False
@@ -305,10 +317,14 @@ class EvolveService:
     async def _fault(self, step: str, error: Exception) -> None:
         """Note a failed background step in ``faults`` (and as a `RuntimeWarning`), then
         wait ``retry_interval``: background evolution must never stop the agent."""
-        line = f"{step}: {error}"
+        self._note(step, str(error))
+        await trio.sleep(self.settings.retry_interval)
+
+    def _note(self, step: str, what: str) -> None:
+        """Keep ``what`` went wrong in ``faults`` (the newest `MAX_FAULTS`) and warn."""
+        line = f"{step}: {what}"
         self.faults = [*self.faults[-(MAX_FAULTS - 1) :], line]
         warnings.warn(f"evolve service: {line}", RuntimeWarning, stacklevel=1)
-        await trio.sleep(self.settings.retry_interval)
 
     def _next_check(self) -> float:
         interval = self.settings.policy.interval
@@ -360,6 +376,8 @@ async def open_evolve_service(
     service.queue = queue = await trio.to_thread.run_sync(
         RecordQueue.open, service.dirs, service.settings.max_queue
     )
+    for reason in queue.damaged:
+        service._note("jobs", reason)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(service._make_jobs)
