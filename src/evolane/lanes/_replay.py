@@ -23,6 +23,7 @@ from evolane.inputs import CommandTemplate, PriceTable, read_usage_document
 from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._inproc import hand_over, make_unit_dir, read_case, shared_tree
 from evolane.lanes._limits import note_limits
+from evolane.lanes._program import arm_owner, blame_tree
 from evolane.lanes._scratch import UnitScratch
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
@@ -88,10 +89,6 @@ class LaneSettings:
     """Caps on a replay's output folder (over one: the replay failed, by its own fault)."""
     prices: PriceTable | None = None
     """The run's price table: usage documents naming a model are priced by it."""
-
-
-def _owner(arm: str) -> str:
-    return "candidate" if arm == "candidate" else "task"
 
 
 def excerpt(data: bytes) -> str:
@@ -217,6 +214,8 @@ class ReplayLane(CommandLane):
                 self.host, self.settings, argv, scratch, label, env, deadline, stop, lay_out, small
             )
             result = await self._collected(job, scratch, outcome)
+            if outcome.status == "spawn_failed":  # its program may be the tree's, broken
+                result = await trio.to_thread.run_sync(blame_tree, result, argv, scratch.candidate)
             keep = self.settings.keep_failed and result.status != "succeeded"
             done = True
             return result
@@ -387,7 +386,7 @@ def _store_output(
         return _output_failure(job, "output_unsupported", escaping)
     if not scan.entries:
         return FailureEvent(
-            owner=_owner(job.arm),  # type: ignore[arg-type]
+            owner=arm_owner(job.arm),  # type: ignore[arg-type]
             stage="replay",
             code="no_output",
             message="the replay exited 0 but wrote no output",
@@ -420,7 +419,7 @@ def _escaping_link(out: Path, scan: TreeScan) -> ValueError | None:
 
 def _output_failure(job: ReplayJob, code: str, error: BaseException) -> FailureEvent:
     return FailureEvent(
-        owner=_owner(job.arm),  # type: ignore[arg-type]
+        owner=arm_owner(job.arm),  # type: ignore[arg-type]
         stage="replay",
         code=code,
         message=f"the replay's output folder was refused: {error}"[:512],
@@ -462,7 +461,7 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
         # it fails from the comparison by exhausting a limit (or by printing "Too many open
         # files") on them.
         return FailureEvent(
-            owner=_owner(arm),  # type: ignore[arg-type]
+            owner=arm_owner(arm),  # type: ignore[arg-type]
             stage="replay",
             code=f"limit_{'_'.join(outcome.limits_hit)}",
             message=outcome.error[:512],
@@ -471,7 +470,7 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
     code = (
         f"exit_{outcome.exit_code}" if outcome.exit_code is not None else f"signal_{outcome.signal}"
     )
-    return FailureEvent(owner=_owner(arm), stage="replay", code=code, message=detail)  # type: ignore[arg-type]
+    return FailureEvent(owner=arm_owner(arm), stage="replay", code=code, message=detail)  # type: ignore[arg-type]
 
 
 def read_usage(

@@ -1,0 +1,80 @@
+"""Whether a command that never started was the tree's doing: its program is a file of the
+tree under test that cannot be run.
+
+A replay template may run a program the candidate carries (``{candidate}/run.sh``). A
+candidate that deletes it, drops its executable bit or breaks its ``#!`` line breaks its own
+replay, like one that makes it exit non-zero: that is the candidate's failure (its cases
+score 0), not a spawn the host could not make (left out of the comparison, the measurement
+stopped as a shared failure). Found by review: such a candidate was ``indecisive``, never
+rejected, its failure blamed on the infrastructure, and under ``--isolation process`` a
+broken ``#!`` line was so while a confined run (bwrap's own exec) rejected the same edit.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from evolane.messages import FailureEvent, ReplayResult
+
+_SHEBANG_BYTES = 256  # the kernel reads at most this much of a "#!" line (BINPRM_BUF_SIZE)
+
+
+def arm_owner(arm: str) -> str:
+    """Who owns a failure of the tree under test on ``arm``: the candidate, or for the
+    baseline the task (its cases are left out, never scored 0)."""
+    return "candidate" if arm == "candidate" else "task"
+
+
+def unrunnable(program: Path) -> str | None:
+    """Why the file ``program`` cannot be run, when the file itself says so: missing, not
+    a regular executable file, or a ``#!`` line naming an interpreter that is missing or
+    not executable (blocking I/O). None: it looks runnable."""
+    if not program.is_file():
+        return f"{program} is missing (or not a regular file)"
+    if not os.access(program, os.X_OK):
+        return f"{program} is not executable"
+    try:
+        with program.open("rb") as file:
+            head = file.read(_SHEBANG_BYTES)
+    except OSError:
+        return None  # unreadable to evolane: the exec's own verdict stands
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    if not words:
+        return f"{program} has an empty #! line"
+    interpreter = Path(os.fsdecode(words[0]))
+    if not interpreter.is_absolute():
+        return f"{program}: its #! interpreter {interpreter} is not an absolute path"
+    if not interpreter.is_file() or not os.access(interpreter, os.X_OK):
+        return f"{program}: its #! interpreter {interpreter} is missing or not executable"
+    return None
+
+
+def tree_program_fault(argv: tuple[str, ...], tree: Path) -> str | None:
+    """Why the program of ``argv`` cannot run, when it is a file of ``tree`` (the tree
+    under test, as laid out for the unit) that `unrunnable` finds broken; None when the
+    program lies elsewhere or looks runnable (a failure to start it is the host's)."""
+    if not argv or not argv[0].startswith("/"):
+        return None
+    program, root = Path(os.path.normpath(argv[0])), Path(os.path.normpath(tree))
+    if program == root or not program.is_relative_to(root):
+        return None
+    return unrunnable(program)
+
+
+def blame_tree(result: ReplayResult, argv: tuple[str, ...], tree: Path) -> ReplayResult:
+    """``result`` of a replay that never started, its failure the tree's (``owner``
+    candidate, or task for the baseline; code ``program_unrunnable``) when
+    `tree_program_fault` finds its program broken; else ``result`` as it is."""
+    fault = tree_program_fault(argv, tree)
+    if fault is None:
+        return result
+    failure = FailureEvent(
+        owner=arm_owner(result.arm),  # type: ignore[arg-type]
+        stage="replay",
+        code="program_unrunnable",
+        message=fault[:512],
+    )
+    return result.model_copy(update={"failure": failure})

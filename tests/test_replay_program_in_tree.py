@@ -1,0 +1,92 @@
+"""Found by review: a replay template may run a program the candidate carries
+(``{candidate}/run.sh``). A candidate that dropped its executable bit, or broke its ``#!``
+line (under ``--isolation process``), made every replay a ``spawn_failed`` infrastructure
+failure: the measurement stopped as a shared failure and the candidate was ``indecisive``,
+never rejected, the host blamed for the candidate's edit (a confined run rejected the same
+broken ``#!`` line: bwrap's exec failed inside the sandbox). It is now the candidate's
+failure (``program_unrunnable``): its cases score 0 and it is rejected."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evolane.lanes._program import tree_program_fault, unrunnable
+
+RUN_SH = '#!/bin/sh\nprintf \'"yes"\' > "$1/output.json"\n'
+EDITS = {
+    "noexec": "chmod -x run.sh; echo drop the executable bit",
+    "shebang": "sed -i 1s,.*,#!/nonexistent/sh, run.sh; echo break the interpreter line",
+}
+
+
+def _campaign(root: Path, edit: str, isolation: str) -> tuple[dict, str]:
+    """A seed whose own ``run.sh`` passes 10 val cases; the optimizer's one edit breaks it."""
+    target = root / "target"
+    target.mkdir()
+    (target / "run.sh").write_text(RUN_SH)
+    (target / "run.sh").chmod(0o755)
+    splits = ["val"] * 10 + ["train"] * 2
+    rows = [
+        {"id": f"{split[0]}{i}", "input": {}, "expected_output": "yes", "split": split}
+        for i, split in enumerate(splits)
+    ]
+    (root / "cases.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "evolane", "optimize",
+            "--target", str(target), "--dataset", str(root / "cases.jsonl"),
+            "--store", str(root / "store"),
+            "--replay", "{candidate}/run.sh {output_dir}",
+            "--optimizer", f"sh -c '{EDITS[edit]}'",
+            "--iterations", "1", "--population", "1", "--replay-concurrency", "2",
+            "--isolation", isolation, "--progress", "none",
+        ],
+        capture_output=True, text=True, timeout=300, cwd=root,
+    )  # fmt: skip
+    report = json.loads(next((root / "store").glob("runs/*/report.json")).read_text())
+    return report, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "isolation"), [("noexec", "process"), ("noexec", "auto"), ("shebang", "process")]
+)
+def test_a_candidate_that_breaks_its_own_replay_program_is_rejected(
+    tmp_path: Path, edit: str, isolation: str
+) -> None:
+    report, output = _campaign(tmp_path, edit, isolation)
+    assert report["status"] == "finished", output
+    assert [d["decision"] for d in report["decisions"]] == ["reject"], output
+    failures = [entry["failure"] for entry in report["failures"]]
+    assert failures, output
+    assert all(f["owner"] == "candidate" for f in failures), failures
+    assert not any(f["code"] == "spawn_failed" for f in failures), failures
+
+
+def test_what_a_broken_program_is(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    good = tree / "good.sh"
+    good.write_text("#!/bin/sh\ntrue\n")
+    good.chmod(0o755)
+    assert unrunnable(good) is None
+    assert unrunnable(tree / "missing.sh") is not None
+    plain = tree / "plain.sh"
+    plain.write_text("true\n")
+    plain.chmod(0o644)
+    assert "not executable" in (unrunnable(plain) or "")
+    plain.chmod(0o755)
+    assert unrunnable(plain) is None  # no "#!": run by sh, as execvp would
+    bad = tree / "bad.sh"
+    bad.write_text("#!/nonexistent/sh -e\ntrue\n")
+    bad.chmod(0o755)
+    assert "interpreter" in (unrunnable(bad) or "")
+    # Only a program inside the tree under test is the tree's doing.
+    assert tree_program_fault((str(bad), "x"), tree) is not None
+    assert tree_program_fault((str(bad), "x"), tmp_path / "other") is None
+    assert tree_program_fault(("sh", str(bad)), tree) is None
+    assert tree_program_fault((f"{tree}/../tree2/x",), tree) is None
