@@ -215,6 +215,8 @@ class SandboxHost:
         self._flags_held = True
         self.root.mkdir(parents=True, exist_ok=True)
         self.stale_swept = self._sweep_stale()
+        if self.store is not None:  # a killed runtime's half-written blobs (found by review)
+            self.store.remove_stale_temp()
         self.lease_dir.mkdir()
         self.spool_dir.mkdir(mode=0o700)
         self.disk = DiskFloor(self.root)

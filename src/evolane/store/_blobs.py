@@ -306,13 +306,14 @@ class BlobStore:
             fsync_dir(folder)
 
     def remove_stale_temp(self, max_age_seconds: float = 3600.0) -> int:
-        """Delete temp files abandoned by crashed writers; returns how many were removed."""
+        """Delete temp files abandoned by crashed writers (untouched for ``max_age_seconds``:
+        a live writer's file is fresh); returns how many were removed."""
         if not self.tmp.is_dir():
             return 0
         cutoff = time.time() - max_age_seconds
         removed = 0
-        for entry in os.scandir(self.tmp):
-            with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(self.tmp):  # gone, or a folder: not a writer's temp file
+            with contextlib.suppress(OSError):
                 if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                     os.unlink(entry.path)
                     removed += 1
