@@ -404,7 +404,8 @@ def write_context(
     if max_bytes < _HEADER_BYTES + _MIN_CASE_BYTES:
         raise ValueError(f"max_bytes must be at least {_HEADER_BYTES + _MIN_CASE_BYTES}")
     failing = failing_cases(standings)
-    with tempfile.TemporaryDirectory(prefix="evolane-context-") as tmp:
+    store.tmp.mkdir(parents=True, exist_ok=True)  # the store's: a crash's leftover is swept
+    with tempfile.TemporaryDirectory(prefix="context-", dir=store.tmp) as tmp:
         root = Path(tmp)
         budget = _Budget(store, max_bytes - _HEADER_BYTES)
         entries: list[dict[str, Any]] = []

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from evolane.messages import ArtifactRef
+from evolane.store._remove import remove_tree
 
 DEFAULT_MEDIA_TYPE = "application/octet-stream"
 """Media type given to blobs stored without one."""
@@ -306,17 +307,16 @@ class BlobStore:
             fsync_dir(folder)
 
     def remove_stale_temp(self, max_age_seconds: float = 3600.0) -> int:
-        """Delete temp files abandoned by crashed writers (untouched for ``max_age_seconds``:
-        a live writer's file is fresh); returns how many were removed."""
+        """Delete temp files and folders (an optimizer's context) abandoned by crashed
+        writers (untouched for ``max_age_seconds``: a live writer's are fresh); how many."""
         if not self.tmp.is_dir():
             return 0
         cutoff = time.time() - max_age_seconds
         removed = 0
-        for entry in os.scandir(self.tmp):  # gone, or a folder: not a writer's temp file
-            with contextlib.suppress(OSError):
+        for entry in os.scandir(self.tmp):
+            with contextlib.suppress(OSError):  # gone meanwhile
                 if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                    os.unlink(entry.path)
-                    removed += 1
+                    removed += remove_tree(entry.path)
         return removed
 
     # -- reading -------------------------------------------------------------------------
