@@ -21,6 +21,7 @@ RUN_SH = '#!/bin/sh\nprintf \'"yes"\' > "$1/output.json"\n'
 EDITS = {
     "noexec": "chmod -x run.sh; echo drop the executable bit",
     "shebang": "sed -i 1s,.*,#!/nonexistent/sh, run.sh; echo break the interpreter line",
+    "crlf": 'sed -i "s/\\$/\\r/" run.sh; echo save it with CRLF line ends',
 }
 
 
@@ -53,7 +54,8 @@ def _campaign(root: Path, edit: str, isolation: str) -> tuple[dict, str]:
 
 
 @pytest.mark.parametrize(
-    ("edit", "isolation"), [("noexec", "process"), ("noexec", "auto"), ("shebang", "process")]
+    ("edit", "isolation"),
+    [("noexec", "process"), ("noexec", "auto"), ("shebang", "process"), ("crlf", "process")],
 )
 def test_a_candidate_that_breaks_its_own_replay_program_is_rejected(
     tmp_path: Path, edit: str, isolation: str
@@ -90,3 +92,36 @@ def test_what_a_broken_program_is(tmp_path: Path) -> None:
     assert tree_program_fault((str(bad), "x"), tmp_path / "other") is None
     assert tree_program_fault(("sh", str(bad)), tree) is None
     assert tree_program_fault((f"{tree}/../tree2/x",), tree) is None
+
+
+def test_a_hash_bang_line_is_read_as_the_kernel_reads_it(tmp_path: Path) -> None:
+    # Found by review: a run.sh saved with CRLF line ends names "/bin/sh\r", which the
+    # exec cannot find (ENOENT, a spawn_failed), while bytes.split() read "/bin/sh": the
+    # candidate's own breakage stayed the host's, indecisive. The kernel ends a word at a
+    # space, a tab or a NUL only.
+    for line in (b"#!/bin/sh\r\n", b"#!/bin/sh\x0b\n", b"#!/bin/sh\x0c -e\n"):
+        script = tmp_path / "run.sh"
+        script.write_bytes(line + b"true\n")
+        script.chmod(0o755)
+        assert "interpreter" in (unrunnable(script) or ""), line
+    for line in (b"#!/bin/sh\n", b"#! \t/bin/sh -e\n", b"#!/bin/sh\t-e\r\n"):
+        script = tmp_path / "run.sh"
+        script.write_bytes(line + b"true\n")
+        assert unrunnable(script) is None, line
+
+
+def test_the_program_checked_is_the_one_the_exec_looks_for(tmp_path: Path) -> None:
+    # Found by review: "{candidate}/bin/../run.sh" was checked as normpath names it,
+    # "{candidate}/run.sh", while the exec goes through bin/ (gone, or a symlink): a
+    # candidate that removed bin/ broke its replay and the host was blamed.
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    script = tree / "run.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    script.chmod(0o755)
+    assert tree_program_fault((f"{tree}/bin/../run.sh",), tree) is not None  # no bin/
+    (tree / "bin").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert tree_program_fault((f"{tree}/bin/../run.sh",), tree) is not None
+    (tree / "bin").unlink()
+    (tree / "bin").mkdir()
+    assert tree_program_fault((f"{tree}/bin/../run.sh",), tree) is None

@@ -13,6 +13,7 @@ broken ``#!`` line was so while a confined run (bwrap's own exec) rejected the s
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from evolane.messages import FailureEvent, ReplayResult
@@ -41,15 +42,25 @@ def unrunnable(program: Path) -> str | None:
         return None  # unreadable to evolane: the exec's own verdict stands
     if not head.startswith(b"#!"):
         return None
-    words = head[2:].split(b"\n", 1)[0].split()
-    if not words:
+    name = _interpreter_name(head)
+    if not name:
         return f"{program} has an empty #! line"
-    interpreter = Path(os.fsdecode(words[0]))
+    interpreter = Path(os.fsdecode(name))
     if not interpreter.is_absolute():
         return f"{program}: its #! interpreter {interpreter} is not an absolute path"
     if not interpreter.is_file() or not os.access(interpreter, os.X_OK):
         return f"{program}: its #! interpreter {interpreter} is missing or not executable"
     return None
+
+
+def _interpreter_name(head: bytes) -> bytes:
+    """The interpreter a ``#!`` line names, read as the kernel reads it (binfmt_script):
+    the line's first word, words ending at a space, a tab or a NUL only. Any other byte is
+    part of the name: a line ``#!/bin/sh\\r`` (a file saved with CRLF line ends) names
+    ``/bin/sh\\r``, which is missing (found by review: ``bytes.split`` took it for
+    ``/bin/sh`` and the candidate's broken file was blamed on the host)."""
+    line = head[2:].split(b"\n", 1)[0].lstrip(b" \t")
+    return re.split(b"[ \t\0]", line, maxsplit=1)[0]
 
 
 def tree_program_fault(argv: tuple[str, ...], tree: Path) -> str | None:
@@ -61,7 +72,10 @@ def tree_program_fault(argv: tuple[str, ...], tree: Path) -> str | None:
     program, root = Path(os.path.normpath(argv[0])), Path(os.path.normpath(tree))
     if program == root or not program.is_relative_to(root):
         return None
-    return unrunnable(program)
+    # The file the exec looked for, as given: ``{candidate}/bin/../run.sh`` goes through
+    # ``bin`` (the kernel resolves ``..`` after it, a symlink or a missing folder included),
+    # not to the ``run.sh`` that normpath names (found by review).
+    return unrunnable(Path(argv[0]))
 
 
 def blame_tree(result: ReplayResult, argv: tuple[str, ...], tree: Path) -> ReplayResult:
