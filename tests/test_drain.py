@@ -177,6 +177,47 @@ def test_a_damaged_job_is_set_aside_and_the_next_job_still_runs(tmp_path: Path) 
     assert reason.startswith(f"{damaged / 'job.json'}: ") and not damaged.exists()
 
 
+@pytest.mark.parametrize("errno_", [24, 5])  # EMFILE, EIO
+def test_a_job_that_cannot_be_read_is_left_in_place_not_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno_: int
+) -> None:
+    """Found by review: a job.json that could not be read for a while (the agent's process
+    at its open-files limit, an I/O error) was set aside as damaged, the healthy job never
+    to run; and one retired by another process between the listing and the read was told
+    as damaged (drain exit 2). Only damage read in the file sets a job aside."""
+    from evolane.embed import _pending
+    from evolane.embed._pending import RecordQueue, StoreDirs, load_jobs
+    from evolane.embed._service import trajectory_config
+
+    paths = write_trace_target(tmp_path, 2)
+    dirs = StoreDirs(paths["store"])
+    queue = RecordQueue.open(dirs, 10)
+    queue.append(json.dumps(trace_record(0)).encode() + b"\n", False)
+    job = queue.take("shadow", lambda path: trajectory_config(trace_config(paths), path), 10)
+    queue.close()
+    real = _pending.read_json
+
+    def failing(path: Path) -> object:
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr(_pending, "read_json", failing)
+    damaged: list[str] = []
+    assert load_jobs(dirs, damaged=damaged) == []
+    (reason,) = damaged
+    assert "left in place" in reason and (dirs.pending / job.job_id / "job.json").is_file()
+    assert not dirs.damaged.exists()
+
+    def retired_meanwhile(path: Path) -> object:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(_pending, "read_json", retired_meanwhile)
+    damaged.clear()
+    assert load_jobs(dirs, damaged=damaged) == [] and damaged == []
+    monkeypatch.setattr(_pending, "read_json", real)
+    assert [found.job_id for found in load_jobs(dirs, damaged=damaged)] == [job.job_id]
+    assert damaged == []
+
+
 def test_a_refused_job_is_retired_as_failed_and_exits_2(tmp_path: Path) -> None:
     """A job whose campaign is refused (its target is gone) fails alone, named, exit 2."""
     from evolane.embed._pending import RecordQueue, StoreDirs

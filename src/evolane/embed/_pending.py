@@ -246,7 +246,10 @@ def load_jobs(
     in the making) such a folder is removed. A damaged ``job.json`` raises `InputError`
     naming it; given ``damaged``, its folder is set aside in ``evolve/damaged/`` instead and
     the reason added there (found by review: one damaged job stopped every later one, for
-    the service and for ``evolane drain``, until someone removed it by hand)."""
+    the service and for ``evolane drain``, until someone removed it by hand). Only damage
+    read in the file sets a job aside: one that could not be read (EMFILE, EIO: nothing
+    wrong with it) is left in place and told, one retired meanwhile by another process is
+    skipped (found by review: either was set aside, the healthy job never to run)."""
     if not dirs.pending.is_dir():
         return []
     jobs = []
@@ -260,6 +263,12 @@ def load_jobs(
             continue
         try:
             jobs.append(read_job(folder / JOB_FILE))
+        except JobUnreadable as error:  # no bytes read: nothing says the job is damaged
+            if error.gone:  # run and retired by another process meanwhile: not pending
+                continue
+            if damaged is None:
+                raise
+            damaged.append(f"{error}; left in place, to be read again")
         except InputError as error:
             if damaged is None:
                 raise
@@ -280,14 +289,27 @@ def _set_aside(dirs: StoreDirs, folder: Path) -> str:
     return f"set aside in {aside}"
 
 
+class JobUnreadable(InputError):
+    """A ``job.json`` that could not be read (`OSError`): no sign of damage in the job
+    itself. ``gone``: it no longer exists (another process retired the job meanwhile)."""
+
+    def __init__(self, message: str, gone: bool) -> None:
+        super().__init__(message)
+        self.gone = gone
+
+
 def read_job(path: Path) -> PendingJob:
-    """One ``job.json``; `InputError` (one line naming the file) when it is not valid."""
+    """One ``job.json``; `InputError` (one line naming the file) when it is not valid,
+    `JobUnreadable` when it cannot be read."""
     try:
         return PendingJob.model_validate(read_json(path))
     except ValidationError as error:
         problem = first_problem(error)
         raise InputError(f"{path}: not a valid pending job ({problem})") from None
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        gone = isinstance(error, FileNotFoundError)
+        raise JobUnreadable(f"{path}: cannot read the pending job ({error})", gone) from None
+    except ValueError as error:
         raise InputError(f"{path}: cannot read the pending job ({error})") from None
 
 
