@@ -109,3 +109,39 @@ async def test_an_exit_from_a_backends_own_task_fails_its_units_too(tmp_path: Pa
     replays = [unit["replay"] for unit in units if unit["type"] == "unit"]
     assert replays and {replay["failure"]["code"] for replay in replays} == {"exit_2"}
     assert all("SystemExit: 2" in replay["failure"]["message"] for replay in replays), replays[0]
+
+
+async def cleanup_fails_replay(call: BackendCall) -> None:
+    """A backend whose task's cleanup raises when it is cancelled."""
+
+    async def worker() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise RuntimeError("cleanup failed")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker)
+        await trio.sleep_forever()
+
+
+async def test_a_backend_failing_as_it_is_stopped_or_timed_out_leaves_no_group() -> None:
+    # Found by review: the deadline's or the stop's Cancelled and the cleanup's error came
+    # out of the backend as one group; run_backend let it go (not all the backend's own),
+    # the cancel scope took the Cancelled and an ExceptionGroup of the RuntimeError left
+    # the lane: a lane crash owned by the framework, not a timed-out or stopped unit.
+    from evolane.lanes._backends import run_backend
+
+    call = BackendCall(role="replay", workspace=Path("/nonexistent"), seed=0)
+    with trio.fail_after(30):  # a guard against the hang, not a timing figure
+        timed_out = await run_backend(cleanup_fails_replay, call, trio.current_time(), trio.Event())
+        stop = trio.Event()
+        stop.set()
+        stopped = await run_backend(cleanup_fails_replay, call, trio.current_time() + 3600, stop)
+    assert (timed_out.status, timed_out.exit_code) == ("timed_out", None)
+    assert (stopped.status, stopped.exit_code) == ("cancelled", None)
+    # A cancellation from outside still leaves run_backend, the cleanup's error dropped.
+    with trio.CancelScope() as outer:
+        outer.cancel()
+        await run_backend(cleanup_fails_replay, call, trio.current_time() + 3600, trio.Event())
+    assert outer.cancelled_caught

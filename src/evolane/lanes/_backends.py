@@ -100,15 +100,33 @@ as `ModelError` does): EX_TEMPFAIL. Only an in-process backend's: a command's ex
 may be the candidate's own."""
 
 
+def _own_leaf(error: BaseException) -> bool:
+    """Whether one exception (no group) is the backend's own failure: an exception, a
+    ``sys.exit`` or any other `BaseException` an actor would count as its crash
+    (`actors.is_crash`); a cancellation, a ``KeyboardInterrupt`` or a ``GeneratorExit`` is
+    not."""
+    return is_crash(error) and not isinstance(error, GeneratorExit)
+
+
 def _own_failure(error: BaseException) -> bool:
-    """Whether ``error`` is the backend's own failure: an exception, a ``sys.exit`` or any
-    other `BaseException` an actor would count as its crash (`actors.is_crash`), or a group
-    of nothing else (a ``sys.exit`` in a task of the backend's own nursery comes out as a
-    `BaseExceptionGroup`, which hung the run as a bare one did: found by review); a
-    cancellation, a ``KeyboardInterrupt`` or a ``GeneratorExit`` is not."""
-    return all(
-        is_crash(leaf) and not isinstance(leaf, GeneratorExit) for leaf in leaf_exceptions(error)
-    )
+    """Whether ``error`` is the backend's own failure (`_own_leaf`), or a group of nothing
+    else (a ``sys.exit`` in a task of the backend's own nursery comes out as a
+    `BaseExceptionGroup`, which hung the run as a bare one did: found by review)."""
+    return all(_own_leaf(leaf) for leaf in leaf_exceptions(error))
+
+
+def _stop_of(error: BaseException) -> BaseException:
+    """What of ``error``, no failure of the backend, goes on: a group whose other leaves
+    are only cancellations is cut to them (found by review: a backend whose task's cleanup
+    raised as the deadline or a stop cancelled it left run_backend as an ExceptionGroup
+    once the cancel scope took its Cancelled, a lane crash owned by the framework, not a
+    timed-out or cancelled unit); anything else (a ``KeyboardInterrupt`` inside) as it is."""
+    if not isinstance(error, BaseExceptionGroup):
+        return error
+    rest = error.subgroup(lambda e: not isinstance(e, BaseExceptionGroup) and not _own_leaf(e))
+    if rest is None or not all(isinstance(e, trio.Cancelled) for e in leaf_exceptions(rest)):
+        return error
+    return rest
 
 
 def _exit_code(error: BaseException) -> int:
@@ -145,7 +163,10 @@ async def run_backend(
                 out = _stdout_for(call, value)
             except BaseException as error:  # the backend's failure, like a command's
                 if not _own_failure(error):
-                    raise
+                    stop_of = _stop_of(error)
+                    if stop_of is error:
+                        raise
+                    raise stop_of from None  # the cancel scopes above take it
                 code = _exit_code(error)
                 leaves = leaf_exceptions(error)  # a group's: what its tasks raised
                 said = "".join(line for e in leaves for line in traceback.format_exception_only(e))
