@@ -140,6 +140,12 @@ def test_fsck_calls_a_torn_journal_tail_damage_only_after_the_run_finished(
         f"finished: its last record is lost; used by run {run_dir.name}"
     ) in damaged.stdout.splitlines()
     run_json = run_dir / "run.json"
-    run_json.write_bytes(orjson.dumps({**orjson.loads(run_json.read_bytes()), "status": "running"}))
-    killed = subprocess.run(fsck, capture_output=True, text=True, timeout=120)
-    assert killed.returncode == 0, killed.stdout
+    record = orjson.loads(run_json.read_bytes())
+    # A run that ended otherwise is taken up by no resume either (found by review: only a
+    # finished one was checked); a running or interrupted one is.
+    for status, code in [("budget_limited", 1), ("failed", 1), ("running", 0), ("interrupted", 0)]:
+        run_json.write_bytes(orjson.dumps({**record, "status": status}))
+        checked = subprocess.run(fsck, capture_output=True, text=True, timeout=120)
+        assert checked.returncode == code, (status, checked.stdout)
+        if code:
+            assert f"though the run ended ({status}): its last record is lost" in checked.stdout

@@ -69,7 +69,7 @@ def record_problems(store: Path) -> list[Problem]:
         except (OSError, ValueError) as error:
             problems.append(Problem("record", path, record_problem(error), runs=(run_id,)))
             continue
-        if record.status == "finished" and (torn := _torn_after_end(layout, run_id)):
+        if record.status in _ENDED and (torn := _torn_after_end(layout, run_id, record.status)):
             problems.append(torn)
     for campaign_id in layout.campaign_ids():
         try:
@@ -82,10 +82,16 @@ def record_problems(store: Path) -> list[Problem]:
     return problems
 
 
-def _torn_after_end(layout: StoreLayout, run_id: str) -> Problem | None:
-    """A torn last journal line in a run that finished: what a kill leaves, and a resume
-    repairs, in a running run; after the run's end it is damage, and its last record is
-    lost (found by review: fsck called such a store clean)."""
+_ENDED = ("finished", "budget_limited", "failed")
+"""The statuses of a run that ended for good: no resume takes it up (``--resume`` refuses
+them), so no resume repairs its journal's tail (found by review: only ``finished`` was
+checked, and a budget_limited or failed run with a torn tail was called clean)."""
+
+
+def _torn_after_end(layout: StoreLayout, run_id: str, status: str) -> Problem | None:
+    """A torn last journal line in a run that ended (`_ENDED`): what a kill leaves, and a
+    resume repairs, in a running or interrupted run; after the run's end it is damage, and
+    its last record is lost (found by review: fsck called such a store clean)."""
     from evolane.store import JournalCorruptError, Problem, read_journal
 
     path = layout.run_dir(run_id) / "journal.jsonl"
@@ -95,9 +101,8 @@ def _torn_after_end(layout: StoreLayout, run_id: str) -> Problem | None:
         return None  # told by the store's own check
     if torn is None:
         return None
-    reason = (
-        f"a torn last line (line {torn.line}), though the run finished: its last record is lost"
-    )
+    ended = "finished" if status == "finished" else f"ended ({status})"
+    reason = f"a torn last line (line {torn.line}), though the run {ended}: its last record is lost"
     return Problem("journal", path, reason, runs=(run_id,))
 
 
