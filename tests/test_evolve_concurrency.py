@@ -136,8 +136,9 @@ FULL_DISK_AGENT = textwrap.dedent(
                 queued, pending = evolve.queued, len(evolve.pending())
                 folders = sorted(p.name for p in (paths["store"] / "pending").iterdir())
                 resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
-                while not evolve.pending():
-                    await trio.sleep(0.01)
+                with trio.move_on_after(60):  # the job is made, then its records leave
+                    while not evolve.pending() or evolve.queued:
+                        await trio.sleep(0.01)
                 print(json.dumps({
                     "fault": evolve.faults[0], "queued": queued, "pending": pending,
                     "folders": folders, "jobs": [job.records for job in evolve.pending()],

@@ -416,7 +416,7 @@ def run_is_live(layout: StoreLayout, run_id: str) -> bool:
 def _unless_live(journal: Path) -> Iterator[bool]:
     """Hold the run journal's lock (False if a live run holds it) for the block's length."""
     try:
-        fd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(journal, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait
     except FileNotFoundError:
         fd = None
     if fd is None:

@@ -234,15 +234,16 @@ class EvolveService:
         """The pending jobs in the store, oldest first (blocking read: a small folder); a
         damaged one is set aside and noted in ``faults``."""
         damaged: list[str] = []
-        jobs = load_jobs(self.dirs, damaged=damaged)
-        for reason in damaged:
-            self._note("jobs", reason)
-        return jobs
+        return self._noting(load_jobs(self.dirs, damaged=damaged), damaged)
 
     async def _pending_jobs(self) -> list[PendingJob]:
         """`pending`, read in a worker thread; the faults noted here, on the loop."""
         damaged: list[str] = []
         jobs = await trio.to_thread.run_sync(partial(load_jobs, self.dirs, damaged=damaged))
+        return self._noting(jobs, damaged)
+
+    def _noting(self, jobs: list[PendingJob], damaged: list[str]) -> list[PendingJob]:
+        """``jobs``, once each job `load_jobs` found damaged is noted in ``faults``."""
         for reason in damaged:
             self._note("jobs", reason)
         return jobs
