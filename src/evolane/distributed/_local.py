@@ -4,6 +4,7 @@ process without its credentials (a command may reach 127.0.0.1)."""
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,21 @@ _QUIET = {
 }
 
 
+SCRATCH_FOLDER = "dask-scratch-space"
+"""The name Dask gives every server's local directory (it appends it when missing)."""
+
+
+def forget_scratch_folders() -> None:
+    """Take the Dask servers' local directories off ``sys.path``, where each server puts
+    its own (for ``upload_file``) and a worker process inherits its parent's.
+
+    A confined command is shown the folders on ``sys.path`` (the interpreter's packages):
+    every replay on a worker was shown the scratch space of every worker (other units'
+    folders: their cases, candidates and outputs, live) and the scheduler's folder in
+    ``/tmp``, and the driver's optimizer and judges the same (found by review)."""
+    sys.path[:] = [entry for entry in sys.path if SCRATCH_FOLDER not in entry]
+
+
 def local_cluster(spec: ClusterSpec, directory: Path, lease: str) -> Any:
     """A LocalCluster of ``spec.workers`` single-threaded worker processes, reachable only
     with this process's credentials (`_private_security`): no dashboard, nothing else."""
@@ -34,7 +50,7 @@ def local_cluster(spec: ClusterSpec, directory: Path, lease: str) -> Any:
     security = _private_security()
     directory.mkdir(parents=True, exist_ok=True)
     with dask.config.set(_QUIET):  # the worker processes get this configuration too
-        return LocalCluster(
+        cluster = LocalCluster(
             n_workers=spec.workers,
             threads_per_worker=1,
             processes=True,
@@ -47,6 +63,8 @@ def local_cluster(spec: ClusterSpec, directory: Path, lease: str) -> Any:
             scheduler_kwargs={"allowed_failures": 0, "dashboard": False},
             env={LEASE_VARIABLE: lease},
         )
+    forget_scratch_folders()  # the scheduler's and the nannies' (here, in the driver)
+    return cluster
 
 
 def _private_security() -> Any:

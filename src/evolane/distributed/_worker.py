@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from evolane.distributed._local import forget_scratch_folders
 from evolane.distributed._outbox import Outbox
 from evolane.distributed._protocol import REPORT_FILE, UnitReport, UnitRequest
 from evolane.lanes import (
@@ -110,6 +111,7 @@ def _state(worker: Any) -> _ProcessState:
     global _STATE
     with _STATE_LOCK:
         if _STATE is None:
+            forget_scratch_folders()  # this worker's own, and those inherited from the driver
             base = Path(worker.local_directory) if worker is not None else Path.cwd()
             _STATE = _ProcessState(base / "evolane")
             atexit.register(_STATE.close)

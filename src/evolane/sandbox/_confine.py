@@ -23,7 +23,7 @@ import shutil
 import stat
 import sys
 from collections.abc import Iterable
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path, PurePosixPath
 
 from evolane.sandbox._launch import namespaces_available
@@ -127,21 +127,27 @@ def _covered(path: str) -> bool:
     return any(within(path, top) for top in SYSTEM_FOLDERS)
 
 
-@cache
 def interpreter_folders() -> tuple[str, ...]:
     """The running interpreter's prefixes, its installed packages' folders (site-packages,
     an editable install's folder) and the folder evolane is imported from, so a command run
     with evolane's own Python finds its standard library, its packages and evolane. Not
     what only this process was given: a ``PYTHONPATH`` folder, the script's folder or the
     working folder may hold anything (a ``.env``, another dataset; found by review);
-    ``--expose`` shows what a command needs besides."""
+    ``--expose`` shows what a command needs besides. Worked out again whenever
+    ``sys.path`` changes: a folder taken off it is shown no more."""
+    return _interpreter_folders(tuple(sys.path))
+
+
+@lru_cache(maxsize=8)
+def _interpreter_folders(path: tuple[str, ...]) -> tuple[str, ...]:
+    """`interpreter_folders` for this ``sys.path``."""
     folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     folders.add(str(Path(__file__).resolve().parents[2]))  # holds evolane/ (an editable src/)
     given = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    given |= {os.getcwd(), os.path.abspath(sys.path[0] or os.getcwd())} if sys.path else set()
+    given |= {os.getcwd(), os.path.abspath(path[0] or os.getcwd())} if path else set()
     folders |= {
         entry
-        for entry in sys.path
+        for entry in path
         if entry and os.path.abspath(entry) not in given and os.path.isdir(entry)
     }
     real = {os.path.realpath(folder) for folder in folders}

@@ -1,0 +1,61 @@
+"""Found by review: a confined replay on a Dask worker saw the scratch space of every worker
+of the run (the other units' folders, live: their cases, candidates and outputs) and the
+scheduler's folder in /tmp. Each Dask server puts its local directory on ``sys.path``, a
+worker process inherits its parent's, and a confined command is shown the folders on
+``sys.path``; the driver's own optimizer and judges were shown them too."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import trio
+
+pytest.importorskip("distributed")
+
+from evolane.lanes import LaneSettings
+from evolane.sandbox import View
+from evolane.sandbox._confine import confinement_problem, interpreter_folders
+from evolane.store import load_manifest
+from tests.test_distributed import cluster_for, lane, replay_job, run
+
+LOOK = """
+import json, os, sys
+scratch, out = sys.argv[1], sys.argv[2]
+seen = {"workers": sorted(os.listdir(scratch)), "tmp": os.listdir("/tmp")}
+json.dump(seen, open(os.path.join(out, "output.json"), "w"))
+"""
+
+
+def confined(command: str, shown: Path) -> LaneSettings:
+    settings = lane(command)
+    view = View(read_only=(str(shown),))
+    return LaneSettings(template=settings.template, kill_grace=0.3, isolation="confined", view=view)
+
+
+@pytest.mark.skipif(confinement_problem() is not None, reason="needs bubblewrap")
+async def test_a_confined_replay_on_a_worker_sees_no_other_workers_units(tmp_path: Path) -> None:
+    async with cluster_for(tmp_path, "local:2") as (_host, store, cluster):
+        assert cluster.directory is not None
+        scratch = cluster.directory / "dask-scratch-space"
+        assert (
+            len([p for p in scratch.iterdir() if p.is_dir() and p.name.startswith("worker-")]) == 2
+        )
+        shown = interpreter_folders()  # what the driver's confined commands are shown
+        folder = tmp_path / "bin"
+        folder.mkdir()
+        (folder / "look.py").write_text(LOOK)
+        command = f"{sys.executable} {folder / 'look.py'} {scratch} {{output_dir}}"
+        settings = confined(command, folder)
+        with trio.fail_after(90):
+            result = await run(cluster, replay_job(store, tmp_path, timeout=80), settings)
+    assert result.status == "succeeded", result
+    assert result.output_ref is not None
+    (entry,) = load_manifest(store, result.output_ref.digest).values()
+    seen = orjson.loads(store.read_bytes(entry.digest))
+    workers = [name for name in seen["workers"] if name.startswith("worker-") and "." not in name]
+    assert len(workers) == 1, seen  # its own worker's folder (its unit's mount point)
+    assert "dask-scratch-space" not in seen["tmp"], seen  # the scheduler's folder
+    assert not any("dask-scratch-space" in folder for folder in shown), shown
