@@ -15,6 +15,7 @@ import trio
 
 pytest.importorskip("distributed")
 
+from evolane.inputs import ModelPrice, PriceTable
 from evolane.lanes import LaneSettings
 from evolane.sandbox import View
 from evolane.sandbox._confine import confinement_problem, interpreter_folders
@@ -59,3 +60,24 @@ async def test_a_confined_replay_on_a_worker_sees_no_other_workers_units(tmp_pat
     assert len(workers) == 1, seen  # its own worker's folder (its unit's mount point)
     assert "dask-scratch-space" not in seen["tmp"], seen  # the scheduler's folder
     assert not any("dask-scratch-space" in folder for folder in shown), shown
+
+
+async def test_a_remote_replays_usage_is_priced_by_the_runs_table(tmp_path: Path) -> None:
+    # Found by review: the worker stored a replay's result without the run's price table, so
+    # a usage document's tokens cost $0 on Dask ($56 on local lanes for the same replays),
+    # and --max-cost-usd never stopped such a run.
+    script = tmp_path / "usage.sh"
+    script.write_text(
+        """echo '{"model": "m1", "input_tokens": 100000, "output_tokens": 100000}' """
+        '> "$1/usage.json"\n'
+        'echo 1 > "$1/output.json"\n'
+    )
+    settings = lane(f"sh {script} {{output_dir}}")
+    prices = PriceTable(models={"m1": ModelPrice(input=10, output=30)})
+    settings = LaneSettings(template=settings.template, kill_grace=0.3, prices=prices)
+    async with cluster_for(tmp_path, "local:1") as (_host, store, cluster):
+        with trio.fail_after(90):
+            result = await run(cluster, replay_job(store, tmp_path, timeout=80), settings)
+    assert result.status == "succeeded", result
+    assert result.usage.tokens == 200_000
+    assert result.usage.cost_usd == pytest.approx(4.0)  # 0.1M x $10 + 0.1M x $30

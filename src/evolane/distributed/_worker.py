@@ -201,7 +201,11 @@ async def _run_unit(
                     slot.host, settings, argv, scratch, f"replay-{job.arm}", env, deadline, stop
                 )
                 nursery.cancel_scope.cancel()
-            result = collect_replay(outbox, job, scratch, outcome)
+            # Priced and walked as a local lane does: without the run's price table a usage
+            # document's tokens cost nothing here, and --max-cost-usd never stopped a run
+            # whose replays ran on Dask (found by review).
+            limits, prices = settings.output_limits, settings.prices
+            result = collect_replay(outbox, job, scratch, outcome, limits, prices)
         except BaseException:
             scratch.remove()
             raise
