@@ -19,7 +19,7 @@ from evolane.inputs import ModelPrice, PriceTable
 from evolane.lanes import LaneSettings
 from evolane.sandbox import View
 from evolane.sandbox._confine import confinement_problem, interpreter_folders
-from evolane.store import load_manifest
+from evolane.store import load_manifest, snapshot_tree
 from tests.test_distributed import cluster_for, lane, replay_job, run
 
 LOOK = """
@@ -81,3 +81,29 @@ async def test_a_remote_replays_usage_is_priced_by_the_runs_table(tmp_path: Path
     assert result.status == "succeeded", result
     assert result.usage.tokens == 200_000
     assert result.usage.cost_usd == pytest.approx(4.0)  # 0.1M x $10 + 0.1M x $30
+
+
+@pytest.mark.parametrize("isolation", ["process", "auto"])
+async def test_a_candidate_that_breaks_its_program_fails_on_a_worker_as_on_a_local_lane(
+    tmp_path: Path, isolation: str
+) -> None:
+    # Found by review: a worker stored a replay whose candidate dropped the executable bit
+    # of its own run.sh as spawn_failed, an infrastructure failure: the measurement stopped
+    # indecisive where a local lane rejects the candidate (program_unrunnable, its cases 0).
+    store_root = tmp_path / "run"
+    store_root.mkdir()
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "run.sh").write_text('#!/bin/sh\necho 1 > "$1/output.json"\n')
+    (tree / "run.sh").chmod(0o644)
+    template = lane("{candidate}/run.sh {output_dir}").template
+    mode = "confined" if isolation == "auto" and confinement_problem() is None else "process"
+    settings = LaneSettings(template=template, kill_grace=0.3, isolation=mode)
+    async with cluster_for(store_root, "local:1") as (_host, store, cluster):
+        job = replay_job(store, store_root, timeout=80)
+        job = job.model_copy(update={"tree_ref": snapshot_tree(store, tree)})
+        with trio.fail_after(90):
+            result = await run(cluster, job, settings)
+    assert result.status == "failed", result
+    assert result.failure is not None
+    assert (result.failure.owner, result.failure.code) == ("candidate", "program_unrunnable")

@@ -29,6 +29,7 @@ from evolane.distributed._outbox import Outbox
 from evolane.distributed._protocol import REPORT_FILE, UnitReport, UnitRequest
 from evolane.lanes import (
     UnitScratch,
+    blame_tree,
     collect_replay,
     replay_environment,
     run_lane_command,
@@ -206,6 +207,8 @@ async def _run_unit(
             # whose replays ran on Dask (found by review).
             limits, prices = settings.output_limits, settings.prices
             result = collect_replay(outbox, job, scratch, outcome, limits, prices)
+            if outcome.status == "spawn_failed":  # its program may be the tree's, broken
+                result = blame_tree(result, argv, scratch.candidate)
         except BaseException:
             scratch.remove()
             raise

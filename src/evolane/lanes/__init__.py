@@ -57,6 +57,7 @@ from evolane.lanes._plugins import (
     plugin_points,
     plugin_spec,
 )
+from evolane.lanes._program import blame_tree
 from evolane.lanes._replay import (
     MAX_OUTPUT_BYTES,
     MAX_USAGE_BYTES,
@@ -128,6 +129,7 @@ __all__ = [
     "agent_prompt",
     "api_key",
     "apply_edits",
+    "blame_tree",
     "chat",
     "check_entries",
     "check_plugin",
