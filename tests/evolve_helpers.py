@@ -5,6 +5,7 @@ failures), and commands or in-process backends that replay, judge and fix it."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -115,3 +116,21 @@ async def fix_backend(call: BackendCall) -> str:
 
 
 PYTHON = sys.executable
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def agent_report(source: str, *args: str) -> dict[str, Any]:
+    """Run ``source`` as an agent's own Python process (from the repository, its
+    RuntimeWarnings silenced) and return the JSON object its last stdout line prints; the
+    process must exit 0."""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::RuntimeWarning", "-c", source, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])

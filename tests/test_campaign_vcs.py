@@ -50,6 +50,22 @@ def _writes(kind: str) -> dict[str, str]:
     return {**{f"tools/{k}": v for k, v in REPOSITORY.items()}, "tools/config": config}
 
 
+def _publish_one(tmp_path: Path, paths: dict[str, Path], optimizer: str) -> None:
+    """One candidate of ``optimizer`` (a script and its arguments, run by this Python)
+    through the real CLI with ``--apply auto_verified``; the run must finish (exit 0)."""
+    flags = toy_flags(paths, paths["store"])
+    flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {optimizer}")
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    done = subprocess.run(
+        [*EVOLANE, "optimize", *flags, "--apply", "auto_verified"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 @pytest.mark.parametrize("kind", ["work-tree-config", "nested-repository", "bare-layout"])
 def test_a_candidate_touching_repository_metadata_is_never_published(
@@ -63,17 +79,7 @@ def test_a_candidate_touching_repository_metadata_is_never_published(
     script, writes = tmp_path / "tamper.py", tmp_path / "writes.json"
     script.write_text(OPTIMIZER)
     writes.write_text(json.dumps(_writes(kind)))
-    flags = toy_flags(paths, paths["store"])
-    flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {script} {{workdir}} {writes}")
-    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
-    done = subprocess.run(
-        [*EVOLANE, "optimize", *flags, "--apply", "auto_verified"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
+    _publish_one(tmp_path, paths, f"{script} {{workdir}} {writes}")
     after = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
     assert after == before  # nothing published, the repository's config untouched
     (report,) = paths["store"].glob("runs/*/report.json")
@@ -107,17 +113,7 @@ def test_the_targets_repository_is_never_copied_and_survives_a_publish(tmp_path:
     config = (target / ".git" / "config").read_bytes()
     script = tmp_path / "peek.py"
     script.write_text(PEEK)
-    flags = toy_flags(paths, paths["store"])
-    flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {script} {{workdir}}")
-    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
-    done = subprocess.run(
-        [*EVOLANE, "optimize", *flags, "--apply", "auto_verified"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
+    _publish_one(tmp_path, paths, f"{script} {{workdir}}")
     (report,) = (json.loads(p.read_text()) for p in paths["store"].glob("runs/*/report.json"))
     assert [slot["optimizer"] for slot in report["funnel"]] == ["no repository"], report["funnel"]
     assert report["apply"]["status"] == "applied", report["apply"]

@@ -99,6 +99,19 @@ async def run(
     return await cluster.replay(job, 1, deadline, stop, settings)
 
 
+async def output_of(
+    cluster: DaskCluster, store: BlobStore, root: Path, settings: LaneSettings
+) -> Any:
+    """Run one replay job with ``settings`` (a hang guard, no timing figure), check that it
+    succeeded, and return the JSON of its one output file."""
+    with trio.fail_after(90):
+        result = await run(cluster, replay_job(store, root, timeout=80), settings)
+    assert result.status == "succeeded", result
+    assert result.output_ref is not None
+    (entry,) = load_manifest(store, result.output_ref.digest).values()
+    return orjson.loads(store.read_bytes(entry.digest))
+
+
 def test_cluster_values() -> None:
     assert parse_cluster("local").kind == "local"
     assert parse_cluster("local:3").workers == 3
@@ -217,14 +230,11 @@ async def test_a_worker_killed_mid_unit_is_an_infrastructure_failure(tmp_path: P
 
 async def test_a_remote_deadline_kill_leaves_no_survivors(tmp_path: Path) -> None:
     async with cluster_for(tmp_path) as (host, store, cluster):
-        with trio.fail_after(60):
-            started = trio.current_time()
+        with trio.fail_after(60):  # a hang guard: the deadline, not the tree's 1000 s sleeps
             job = replay_job(store, tmp_path, timeout=2.0)
             result = await run(cluster, job, evil_lane(tmp_path))
-            elapsed = trio.current_time() - started
         assert result.status == "timed_out" and result.failure is not None
         assert (result.failure.owner, result.failure.code) == ("infrastructure", "timeout")
-        assert elapsed >= 2.0  # the deadline (fail_after: not the tree's 1000 s sleeps)
         assert remote_units(host) == set()  # gone before the result came back
 
 
@@ -484,11 +494,6 @@ async def test_a_replay_cannot_reach_the_local_clusters_scheduler(tmp_path: Path
         address = cluster.owned.scheduler_address
         assert address.startswith("tls://")
         settings = lane(f"{sys.executable} {tmp_path / 'attack.py'} {address} {{output_dir}}")
-        with trio.fail_after(90):
-            result = await run(cluster, replay_job(store, tmp_path, timeout=80), settings)
-    assert result.status == "succeeded", result
-    assert result.output_ref is not None
-    (entry,) = load_manifest(store, result.output_ref.digest).values()
-    tried = orjson.loads(store.read_bytes(entry.digest))
+        tried = await output_of(cluster, store, tmp_path, settings)
     assert sorted(tried) == ["no certificate", "own certificate", "plain"]
     assert all(outcome.startswith("refused") for outcome in tried.values()), tried

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import orjson
 import pytest
 import trio
 
@@ -19,8 +18,8 @@ from evolane.inputs import ModelPrice, PriceTable
 from evolane.lanes import LaneSettings
 from evolane.sandbox import View
 from evolane.sandbox._confine import confinement_problem, interpreter_folders
-from evolane.store import load_manifest, snapshot_tree
-from tests.test_distributed import cluster_for, lane, replay_job, run
+from evolane.store import snapshot_tree
+from tests.test_distributed import cluster_for, lane, output_of, replay_job, run
 
 LOOK = """
 import json, os, sys
@@ -49,13 +48,7 @@ async def test_a_confined_replay_on_a_worker_sees_no_other_workers_units(tmp_pat
         folder.mkdir()
         (folder / "look.py").write_text(LOOK)
         command = f"{sys.executable} {folder / 'look.py'} {scratch} {{output_dir}}"
-        settings = confined(command, folder)
-        with trio.fail_after(90):
-            result = await run(cluster, replay_job(store, tmp_path, timeout=80), settings)
-    assert result.status == "succeeded", result
-    assert result.output_ref is not None
-    (entry,) = load_manifest(store, result.output_ref.digest).values()
-    seen = orjson.loads(store.read_bytes(entry.digest))
+        seen = await output_of(cluster, store, tmp_path, confined(command, folder))
     workers = [name for name in seen["workers"] if name.startswith("worker-") and "." not in name]
     assert len(workers) == 1, seen  # its own worker's folder (its unit's mount point)
     assert "dask-scratch-space" not in seen["tmp"], seen  # the scheduler's folder

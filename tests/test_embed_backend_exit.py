@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import trio
 
 import evolane
-from evolane.embed import BackendCall, Backends, OptimizeRequest
+from evolane.embed import Backend, BackendCall, Backends, OptimizeRequest
 from tests.campaign_helpers import toy_config, write_toy
 from tests.test_embed import PLAN, judge_backend, optimizer_backend
 
@@ -28,14 +29,17 @@ async def argparse_replay(call: BackendCall) -> None:
     _bad_arguments()
 
 
-async def test_a_backend_that_exits_fails_its_units_and_the_run_reports(tmp_path: Path) -> None:
+async def _replay_failures(tmp_path: Path, replay: Backend) -> list[dict[str, Any]]:
+    """Run the toy campaign with ``replay`` as its in-process replay backend (argparse's
+    usage text to /dev/null) and return each unit's replay failure; the run must report
+    ``failed``, never hang (the guard below is a hang detector, not a timing figure)."""
     paths = write_toy(tmp_path, PLAN)
     config = toy_config(paths, replay="backend:agent", judge="backend:j", optimizer="backend:o")
-    backends = Backends(replay=argparse_replay, judge=judge_backend, optimizer=optimizer_backend)
+    backends = Backends(replay=replay, judge=judge_backend, optimizer=optimizer_backend)
     stderr = sys.stderr
     sys.stderr = open("/dev/null", "w")  # noqa: SIM115 - argparse prints its usage there
     try:
-        with trio.fail_after(120):  # a guard against the hang, not a timing figure
+        with trio.fail_after(120):
             async with evolane.open_runtime(store=paths["store"]) as runtime:
                 report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
     finally:
@@ -44,9 +48,15 @@ async def test_a_backend_that_exits_fails_its_units_and_the_run_reports(tmp_path
     assert report is not None and report.status == "failed"
     journal = paths["store"] / "runs" / report.run_id / "journal.jsonl"
     units = [orjson.loads(line) for line in journal.read_bytes().splitlines()]
-    replays = [unit["replay"] for unit in units if unit["type"] == "unit"]
-    assert replays and {replay["failure"]["code"] for replay in replays} == {"exit_2"}
-    assert {replay["failure"]["owner"] for replay in replays} == {"task"}  # as a command's
+    failures = [unit["replay"]["failure"] for unit in units if unit["type"] == "unit"]
+    assert failures
+    return failures
+
+
+async def test_a_backend_that_exits_fails_its_units_and_the_run_reports(tmp_path: Path) -> None:
+    failures = await _replay_failures(tmp_path, argparse_replay)
+    assert {failure["code"] for failure in failures} == {"exit_2"}
+    assert {failure["owner"] for failure in failures} == {"task"}  # as a command's
 
 
 class AgentAbort(BaseException):
@@ -65,17 +75,8 @@ async def test_a_backend_raising_a_base_exception_fails_its_unit_as_the_task_and
     # waited 120 s on the dead scheduler. Now the backend's failure is its unit's, as an
     # exception's is (exit 1, owned by the task, the error as stderr); a lane that dies of
     # one all the same is restarted by its supervisor (test_supervisors_base_exceptions).
-    paths = write_toy(tmp_path, PLAN)
-    config = toy_config(paths, replay="backend:agent", judge="backend:j", optimizer="backend:o")
-    backends = Backends(replay=aborting_replay, judge=judge_backend, optimizer=optimizer_backend)
-    with trio.fail_after(30):  # a guard against the hang, not a timing figure
-        async with evolane.open_runtime(store=paths["store"]) as runtime:
-            report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
-    assert report is not None and report.status == "failed"
-    journal = paths["store"] / "runs" / report.run_id / "journal.jsonl"
-    units = [orjson.loads(line) for line in journal.read_bytes().splitlines()]
-    failures = [unit["replay"]["failure"] for unit in units if unit["type"] == "unit"]
-    assert failures and {failure["code"] for failure in failures} == {"exit_1"}
+    failures = await _replay_failures(tmp_path, aborting_replay)
+    assert {failure["code"] for failure in failures} == {"exit_1"}
     assert {failure["owner"] for failure in failures} == {"task"}
 
 
@@ -91,24 +92,9 @@ async def nursery_replay(call: BackendCall) -> None:
 
 
 async def test_an_exit_from_a_backends_own_task_fails_its_units_too(tmp_path: Path) -> None:
-    paths = write_toy(tmp_path, PLAN)
-    config = toy_config(paths, replay="backend:agent", judge="backend:j", optimizer="backend:o")
-    backends = Backends(replay=nursery_replay, judge=judge_backend, optimizer=optimizer_backend)
-    stderr = sys.stderr
-    sys.stderr = open("/dev/null", "w")  # noqa: SIM115 - argparse prints its usage there
-    try:
-        with trio.fail_after(120):  # a guard against the hang, not a timing figure
-            async with evolane.open_runtime(store=paths["store"]) as runtime:
-                report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
-    finally:
-        sys.stderr.close()
-        sys.stderr = stderr
-    assert report is not None and report.status == "failed"
-    journal = paths["store"] / "runs" / report.run_id / "journal.jsonl"
-    units = [orjson.loads(line) for line in journal.read_bytes().splitlines()]
-    replays = [unit["replay"] for unit in units if unit["type"] == "unit"]
-    assert replays and {replay["failure"]["code"] for replay in replays} == {"exit_2"}
-    assert all("SystemExit: 2" in replay["failure"]["message"] for replay in replays), replays[0]
+    failures = await _replay_failures(tmp_path, nursery_replay)
+    assert {failure["code"] for failure in failures} == {"exit_2"}
+    assert all("SystemExit: 2" in failure["message"] for failure in failures), failures[0]
 
 
 async def cleanup_fails_replay(call: BackendCall) -> None:

@@ -5,13 +5,10 @@ re-parented to it (and left a zombie)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.evolve_helpers import agent_report
 
 AGENT = textwrap.dedent(
     """
@@ -49,15 +46,7 @@ AGENT = textwrap.dedent(
 
 
 def test_the_host_flags_are_put_back_when_the_last_sandbox_host_closes(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", AGENT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    seen = json.loads(result.stdout.splitlines()[-1])
+    seen = agent_report(AGENT, str(tmp_path))
     assert seen["before"] == [1, 0]
     assert seen["two open"] == seen["one open"] == [0, 1]  # held while any host is open
     assert seen["ran"] == "exited"

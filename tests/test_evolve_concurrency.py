@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from evolane.embed._pending import RecordQueue, StoreDirs
 from evolane.embed._service import trajectory_config
 from evolane.inputs import InputError
 from tests.evolve_helpers import (
+    agent_report,
     backend_config,
     fix_backend,
     judge_backend,
@@ -34,7 +33,6 @@ from tests.evolve_helpers import (
     write_trace_target,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 BACKENDS = Backends(replay=replay_backend, judge=judge_backend, optimizer=fix_backend)
 
 
@@ -157,15 +155,7 @@ def test_a_job_the_disk_refuses_is_a_fault_retried_and_the_agent_goes_on(
     agent works: the agent's ``async with`` goes on (it ended with the OSError before), the
     failure is listed in ``faults``, the records stay queued and no half-written job folder
     is left; once there is room the job is made with every record."""
-    result = subprocess.run(
-        [sys.executable, "-W", "ignore::RuntimeWarning", "-c", FULL_DISK_AGENT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    seen = json.loads(result.stdout.splitlines()[-1])
+    seen = agent_report(FULL_DISK_AGENT, str(tmp_path))
     assert seen["fault"].startswith("making a job: ") and "File too large" in seen["fault"]
     assert (seen["queued"], seen["pending"], seen["folders"]) == (9, 0, [])
     assert seen["jobs"] == [9] and seen["left"] == 0

@@ -371,7 +371,7 @@ async def test_a_replay_ignoring_sigterm_is_killed(host: SandboxHost, tmp_path: 
     outcome, out, _ = await _replay(host, tmp_path, "--ignore-term-rate", "1", timeout=2.0)
     assert outcome.status == "timed_out"
     assert outcome.signal == signal.SIGKILL  # the ladder escalated past the ignored SIGTERM
-    assert outcome.kill_latency_seconds is not None and outcome.kill_latency_seconds >= 0.2
+    assert outcome.kill_latency_seconds is not None  # its figure: benchmarks/kill.py
     assert not out.exists()
 
 

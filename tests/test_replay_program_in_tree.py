@@ -69,23 +69,23 @@ def test_a_candidate_that_breaks_its_own_replay_program_is_rejected(
     assert not any(f["code"] == "spawn_failed" for f in failures), failures
 
 
+def _script(path: Path, text: bytes, mode: int = 0o755) -> Path:
+    """``path`` written with ``text`` and given ``mode``."""
+    path.write_bytes(text)
+    path.chmod(mode)
+    return path
+
+
 def test_what_a_broken_program_is(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     tree.mkdir()
-    good = tree / "good.sh"
-    good.write_text("#!/bin/sh\ntrue\n")
-    good.chmod(0o755)
-    assert unrunnable(good) is None
+    assert unrunnable(_script(tree / "good.sh", b"#!/bin/sh\ntrue\n")) is None
     assert unrunnable(tree / "missing.sh") is not None
-    plain = tree / "plain.sh"
-    plain.write_text("true\n")
-    plain.chmod(0o644)
+    plain = _script(tree / "plain.sh", b"true\n", 0o644)
     assert "not executable" in (unrunnable(plain) or "")
     plain.chmod(0o755)
     assert unrunnable(plain) is None  # no "#!": run by sh, as execvp would
-    bad = tree / "bad.sh"
-    bad.write_text("#!/nonexistent/sh -e\ntrue\n")
-    bad.chmod(0o755)
+    bad = _script(tree / "bad.sh", b"#!/nonexistent/sh -e\ntrue\n")
     assert "interpreter" in (unrunnable(bad) or "")
     # Only a program inside the tree under test is the tree's doing.
     assert tree_program_fault((str(bad), "x"), tree) is not None
@@ -100,14 +100,10 @@ def test_a_hash_bang_line_is_read_as_the_kernel_reads_it(tmp_path: Path) -> None
     # candidate's own breakage stayed the host's, indecisive. The kernel ends a word at a
     # space, a tab or a NUL only.
     for line in (b"#!/bin/sh\r\n", b"#!/bin/sh\x0b\n", b"#!/bin/sh\x0c -e\n"):
-        script = tmp_path / "run.sh"
-        script.write_bytes(line + b"true\n")
-        script.chmod(0o755)
+        script = _script(tmp_path / "run.sh", line + b"true\n")
         assert "interpreter" in (unrunnable(script) or ""), line
     for line in (b"#!/bin/sh\n", b"#! \t/bin/sh -e\n", b"#!/bin/sh\t-e\r\n"):
-        script = tmp_path / "run.sh"
-        script.write_bytes(line + b"true\n")
-        assert unrunnable(script) is None, line
+        assert unrunnable(_script(tmp_path / "run.sh", line + b"true\n")) is None, line
 
 
 def test_the_program_checked_is_the_one_the_exec_looks_for(tmp_path: Path) -> None:
@@ -116,9 +112,7 @@ def test_the_program_checked_is_the_one_the_exec_looks_for(tmp_path: Path) -> No
     # candidate that removed bin/ broke its replay and the host was blamed.
     tree = tmp_path / "tree"
     tree.mkdir()
-    script = tree / "run.sh"
-    script.write_text("#!/bin/sh\ntrue\n")
-    script.chmod(0o755)
+    _script(tree / "run.sh", b"#!/bin/sh\ntrue\n")
     assert tree_program_fault((f"{tree}/bin/../run.sh",), tree) is not None  # no bin/
     (tree / "bin").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     assert tree_program_fault((f"{tree}/bin/../run.sh",), tree) is not None

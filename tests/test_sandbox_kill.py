@@ -39,8 +39,7 @@ async def test_evil_tree_dies_whole_at_the_deadline(host: SandboxHost) -> None:
     assert outcome.pids_killed >= 40, outcome  # ~50 processes, TERM and KILL phases together
     assert outcome.escaped_found >= 2  # the setsid and double-fork escapers
     assert outcome.survivors == 0
-    assert outcome.kill_latency_seconds is not None
-    assert outcome.kill_latency_seconds >= 0.2  # the grace was given (KILL comes after it)
+    assert outcome.kill_latency_seconds is not None  # its figure: benchmarks/kill.py
     assert survivors(host, before) == set()
 
 

@@ -116,12 +116,12 @@ async def test_hosts_opening_and_closing_together_on_one_root_do_not_trip(tmp_pa
 
 @needs_namespaces
 async def test_namespace_mode_keeps_signal_semantics(host: SandboxHost) -> None:
-    spec = SandboxSpec(argv=("sh", "-c", POLITE_TREE_SH), isolation="namespace", kill_grace=30.0)
-    outcome = await host.run(spec, timeout=0.5)
+    # The TERM ends it: a KILL would come only after the 600 s grace, past the hang guard.
+    spec = SandboxSpec(argv=("sh", "-c", POLITE_TREE_SH), isolation="namespace", kill_grace=600)
+    with trio.fail_after(60):
+        outcome = await host.run(spec, timeout=0.5)
     assert outcome.status == "timed_out"
-    # Before the grace ran out: the TERM ended it (a KILL comes only after the 30 s grace).
     assert outcome.kill_latency_seconds is not None
-    assert outcome.kill_latency_seconds < spec.kill_grace
 
 
 @needs_namespaces

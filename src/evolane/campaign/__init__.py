@@ -25,6 +25,7 @@ from evolane.campaign._run import (
     run_campaign,
 )
 from evolane.campaign._runs import (
+    ENDED_RUNS,
     CampaignState,
     ResolvedSetting,
     RunRecord,
@@ -47,6 +48,7 @@ from evolane.campaign._types import (
 
 __all__ = [
     "CAMPAIGN_ASK_TIMEOUT",
+    "ENDED_RUNS",
     "EXIT_FOR_STATUS",
     "ApplyPolicyName",
     "Backends",

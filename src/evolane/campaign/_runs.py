@@ -51,6 +51,9 @@ from evolane.store import (
 )
 
 RunStatus = Literal["running", "finished", "budget_limited", "interrupted", "failed"]
+ENDED_RUNS: frozenset[str] = frozenset({"finished", "budget_limited", "failed"})
+"""The statuses of a run that ended for good: ``--resume`` refuses it, so nothing repairs
+its journal's tail any more."""
 CampaignStatus = Literal["active", "paused", "budget_limited", "exhausted", "complete"]
 TERMINAL_CAMPAIGN: frozenset[str] = frozenset({"budget_limited", "exhausted", "complete"})
 REJECTED_KEPT = 32

@@ -54,7 +54,14 @@ def fsck(
 def record_problems(store: Path) -> list[Problem]:
     """Every ``run.json``, ``report.json`` and ``campaign.json`` that does not read as its
     record (as ``report``, ``--resume`` and ``--resume-campaign`` read them)."""
-    from evolane.campaign import Report, StoreLayout, load_campaign, load_run, record_problem
+    from evolane.campaign import (
+        ENDED_RUNS,
+        Report,
+        StoreLayout,
+        load_campaign,
+        load_run,
+        record_problem,
+    )
     from evolane.inputs import InputError
     from evolane.store import Problem, read_json
 
@@ -69,7 +76,7 @@ def record_problems(store: Path) -> list[Problem]:
         except (OSError, ValueError) as error:
             problems.append(Problem("record", path, record_problem(error), runs=(run_id,)))
             continue
-        if record.status in _ENDED and (torn := _torn_after_end(layout, run_id, record.status)):
+        if record.status in ENDED_RUNS and (torn := _torn_after_end(layout, run_id, record.status)):
             problems.append(torn)
     for campaign_id in layout.campaign_ids():
         try:
@@ -82,16 +89,10 @@ def record_problems(store: Path) -> list[Problem]:
     return problems
 
 
-_ENDED = ("finished", "budget_limited", "failed")
-"""The statuses of a run that ended for good: no resume takes it up (``--resume`` refuses
-them), so no resume repairs its journal's tail (found by review: only ``finished`` was
-checked, and a budget_limited or failed run with a torn tail was called clean)."""
-
-
 def _torn_after_end(layout: StoreLayout, run_id: str, status: str) -> Problem | None:
-    """A torn last journal line in a run that ended (`_ENDED`): what a kill leaves, and a
-    resume repairs, in a running or interrupted run; after the run's end it is damage, and
-    its last record is lost (found by review: fsck called such a store clean)."""
+    """A torn last journal line in a run that ended (`campaign.ENDED_RUNS`): what a kill
+    leaves, and a resume repairs, in a running or interrupted run; after the run's end it is
+    damage, and its last record is lost (found by review: fsck called such a store clean)."""
     from evolane.store import JournalCorruptError, Problem, read_journal
 
     path = layout.run_dir(run_id) / "journal.jsonl"

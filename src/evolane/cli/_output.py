@@ -107,3 +107,13 @@ def test_delta_text(test: Any, confirmed: bool) -> str:
         f"{test.mean_delta:+.3f} over {test.n} cases (the gate's bootstrap interval "
         f"[{test.ci_low:+.3f}, {test.ci_high:+.3f}]{verdict})"
     )
+
+
+def written_ago(path: Path) -> float:
+    """Seconds since ``path`` was last written (0 when it cannot be told): how long ago a
+    run wrote its newest event (a watcher that attached late shows the run's clock and its
+    silence, not the time since it attached: found by review), or its run.json."""
+    try:
+        return max(0.0, time.time() - path.stat().st_mtime)
+    except OSError:
+        return 0.0

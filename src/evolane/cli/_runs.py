@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,7 +12,15 @@ from rich.table import Table
 from rich.text import Text
 
 from evolane.cli._exits import fail_usage
-from evolane.cli._output import StoreOption, number, stamp, store_of, wide_console, write_json
+from evolane.cli._output import (
+    StoreOption,
+    number,
+    stamp,
+    store_of,
+    wide_console,
+    write_json,
+    written_ago,
+)
 
 if TYPE_CHECKING:
     from evolane.campaign import StoreLayout
@@ -82,11 +89,7 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
 
 def _opening(layout: StoreLayout, run_id: str) -> bool:
     """Whether the run's run.json was written within `OPENING_GRACE` seconds."""
-    try:
-        written = (layout.run_dir(run_id) / "run.json").stat().st_mtime
-    except OSError:
-        return False
-    return time.time() - written < OPENING_GRACE
+    return written_ago(layout.run_dir(run_id) / "run.json") < OPENING_GRACE
 
 
 def campaign_rows(layout: StoreLayout) -> list[dict[str, Any]]:

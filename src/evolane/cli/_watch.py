@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -23,7 +22,7 @@ import typer
 from rich.console import Console
 
 from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, fail_usage
-from evolane.cli._output import StoreOption, open_store, resolve_run, store_of
+from evolane.cli._output import StoreOption, open_store, resolve_run, store_of, written_ago
 from evolane.cli._resumable import resume_blocker, resume_command
 
 if TYPE_CHECKING:  # the view's modules load when a run is followed, not with the command line
@@ -143,16 +142,6 @@ class _Follower:
             return None
         status = data.get("status") if isinstance(data, dict) else None
         return status if isinstance(status, str) else None
-
-
-def written_ago(path: Path) -> float:
-    """Seconds since ``path`` was last written (0 when it cannot be told): how long ago the
-    run wrote its newest event, so a watcher that attached late shows the run's clock and
-    its silence, not the time since it attached (found by review)."""
-    try:
-        return max(0.0, time.time() - path.stat().st_mtime)
-    except OSError:
-        return 0.0
 
 
 async def _watch(follower: _Follower, mode: ProgressMode, out: TextIO) -> Ending:
