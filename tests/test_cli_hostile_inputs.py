@@ -3,6 +3,7 @@ exit code 2, never an internal error, a traceback or a hang, and nothing is writ
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -106,6 +107,30 @@ def _trajectory_in_target(folder: Path, base: list[str]) -> tuple[list[str], str
     return args, f"--from-trajectory {traces} is inside --target"
 
 
+def _dataset_copy_in_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    """A copy of the dataset left in the target once the dataset was moved out of it (what
+    the refusal above asks for): every candidate could read the val and test answers."""
+    copy = folder / "target" / "evals" / "cases.jsonl"
+    copy.parent.mkdir()
+    copy.write_text((folder / "dataset.jsonl").read_text())
+    return base, "evals/cases.jsonl:1 holds val case 'val00'|(and 11 more val/test cases)"
+
+
+def _val_row_pasted_in_prompt(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    """One val case as a few-shot example in a prompt, its keys reordered and respaced."""
+    prompt = folder / "target" / "prompt.md"
+    row = '  {"expected_output" : "yes", "note": "example", "input": {"n": 7}}'
+    prompt.write_text(f"# Examples\n\n{row}\n")
+    return base, "prompt.md:3 holds val case 'val07': its input and expected output;"
+
+
+def _test_rows_as_one_document(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    """Test cases pretty-printed as a JSON document (no line of it is a row)."""
+    rows = [{"input": {"n": n}, "expected_output": "yes"} for n in (4, 5)]
+    (folder / "target" / "fixtures.json").write_text(json.dumps({"cases": rows}, indent=2))
+    return base, "fixtures.json holds val case 'val04'|(and 1 more val/test case)"
+
+
 _TRACES = "".join(
     f'{{"messages": [{{"role": "user", "content": "q{n}"}}, '
     f'{{"role": "assistant", "content": "a{n}"}}]}}\n'
@@ -138,6 +163,17 @@ def _value(flag: str, value: str, needle: str) -> Case:
 
 
 DIGITS = "9" * 5000
+
+
+def _trajectory_copy_in_target(folder: Path, base: list[str]) -> tuple[list[str], str]:
+    """A copy of the trajectory file, under another name, in the target."""
+    traces, text = folder / "traces.jsonl", _TRACES * 10  # enough cases for the gate
+    traces.write_text(text)
+    (folder / "target" / "history.log").write_text(text)
+    args = with_flag(with_flag(base, "--dataset", ""), "--from-trajectory", str(traces))
+    return args, f"history.log is a copy of --from-trajectory {traces}"
+
+
 CASES: dict[str, Case] = {
     "symlink-absolute": _target_with(
         "linkout",
@@ -183,6 +219,10 @@ CASES: dict[str, Case] = {
     "trajectory-inside-target": _trajectory_in_target,
     "trajectory-folder-around-target": _trajectory_folder_around_target,
     "trajectory-symlinked-into-target": _trajectory_symlinked_into_target,
+    "dataset-copy-in-target": _dataset_copy_in_target,
+    "val-row-pasted-in-prompt": _val_row_pasted_in_prompt,
+    "test-rows-as-one-document": _test_rows_as_one_document,
+    "trajectory-copy-in-target": _trajectory_copy_in_target,
 }
 
 

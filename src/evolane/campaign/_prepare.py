@@ -25,6 +25,7 @@ from evolane.campaign._estimate import (
     repetitions_for,
 )
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._leaks import check_target_holds_no_cases
 from evolane.campaign._models import (
     check_models,
     check_plugins,
@@ -401,6 +402,7 @@ def _new_run(
     else:
         if config.campaign_id is not None:  # it names the campaign's folder
             check_id(config.campaign_id, "campaign")
+        check_target_holds_no_cases(Path(config.target), dataset)
         seed = target_tree(store, Path(config.target))
         campaign = CampaignState(
             campaign_id=config.campaign_id or new_id("c-"),

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import check_inputs_outside_target
-from evolane.inputs import InputError, TrajectorySummary, ingest_trajectories
+from evolane.campaign._leaks import check_target_copies_no_trajectory
+from evolane.inputs import InputError, TrajectorySummary, ingest_trajectories, trajectory_files
 from evolane.store import read_json, write_bytes_atomic, write_json_atomic
 
 CASES_FILE = "cases.jsonl"
@@ -28,6 +29,7 @@ def with_trajectory_cases(config: CampaignConfig) -> CampaignConfig:
     if config.dataset:
         raise InputError("--dataset and --from-trajectory: give one of them, not both")
     check_inputs_outside_target(config, walk=True)  # before anything of them is stored
+    check_target_copies_no_trajectory(Path(config.target), trajectory_files(config.from_trajectory))
     derived = ingest_trajectories(config.from_trajectory, group=config.group, seed=config.seed)
     folder = Path(config.store) / "trajectories" / derived.dataset.digest.removeprefix("sha256:")
     folder.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,13 @@ from evolane.inputs._dataset import (
     parse_dataset,
     require_split,
 )
-from evolane.inputs._errors import DatasetError, InputError, TemplateError, first_problem
+from evolane.inputs._errors import (
+    DatasetError,
+    InputError,
+    TemplateError,
+    first_problem,
+    quote,
+)
 from evolane.inputs._prices import (
     ModelPrice,
     PriceTable,
@@ -118,6 +124,7 @@ __all__ = [
     "parse_dataset",
     "plugin_words",
     "priced_cost",
+    "quote",
     "read_usage_document",
     "refers_back",
     "require_split",
