@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
+from evolane.actors import is_crash
 from evolane.lanes import OBSERVER_GROUP, PluginError, load_entry, plugin_points
 from evolane.measure import ProgressBus, Subscription
 from evolane.messages import ProgressEvent, WarningEvent
@@ -91,7 +92,9 @@ def observer_plugin(name: str) -> Any:
     factory = load_entry(points[name], where)
     try:
         observer = factory()
-    except Exception as error:
+    except BaseException as error:  # sys.exit too: one line naming it (found by review)
+        if not is_crash(error):
+            raise
         raise PluginError(f"{where}: the factory raised {type(error).__name__}: {error}") from None
     if not (hasattr(observer, "on_event") or callable(observer)):
         raise PluginError(f"{where}: the factory returned {type(observer).__name__}, no observer")

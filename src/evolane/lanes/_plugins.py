@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 from typing import Any, Literal
 
+from evolane.actors import is_crash
 from evolane.inputs import InputError, plugin_words
 from evolane.lanes._agent_presets import BUILTIN_AGENTS
 from evolane.lanes._agents import AGENT_ENTRY_POINTS, AGENT_PREFIX
@@ -50,7 +51,8 @@ BUILTIN_NAMES: dict[str, frozenset[str]] = {
 
 class PluginError(InputError):
     """A plugin that cannot be used: it fails to load, is not callable, or its factory
-    raised (one line naming the plugin; the CLI exits 2)."""
+    raised (one line naming the plugin; the CLI exits 2). Raising covers ``sys.exit`` and
+    any other `BaseException` but a ``KeyboardInterrupt`` (`evolane.actors.is_crash`)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,9 @@ def load_entry(point: EntryPoint, where: str) -> Any:
     it fails to import or is not callable."""
     try:
         loaded = point.load()
-    except Exception as error:  # a plugin's own import failure, said in one line
+    except BaseException as error:  # a plugin's own import failure, said in one line
+        if not is_crash(error):  # a Ctrl-C goes on; a sys.exit is the plugin's failure
+            raise
         raise PluginError(f"{where}: failed to load: {type(error).__name__}: {error}") from None
     if not callable(loaded):
         raise PluginError(f"{where}: {point.value} is not callable (a factory is expected)")
@@ -110,7 +114,9 @@ def plugin_backend(spec: PluginSpec) -> Backend:
     factory = load_entry(spec.point, spec.where)
     try:
         backend = factory(spec.args)
-    except Exception as error:  # the factory refused its args, or has a bug: one line
+    except BaseException as error:  # the factory refused its args, or has a bug: one line
+        if not is_crash(error):  # a Ctrl-C; a sys.exit (argparse) is the factory's failure
+            raise
         raise PluginError(
             f"{spec.where}: the factory raised {type(error).__name__}: {error}"
         ) from None
