@@ -10,6 +10,7 @@ import contextvars
 import json
 from pathlib import Path
 
+import pytest
 import sniffio
 import trio
 
@@ -97,6 +98,53 @@ async def test_runtime_wide_observers_hear_every_run_besides_each_runs_own(
     assert first.observers[0].delivered == len(shared.kinds(first.run_id))
 
 
+class Exiting:
+    """Calls ``sys.exit`` (or raises a bare `BaseException`) at its third event or its close."""
+
+    def __init__(self, name: str, on_event: bool, error: BaseException) -> None:
+        self.name, self.on_event_fails, self.error, self.heard = name, on_event, error, 0
+
+    async def on_event(self, event: ProgressEvent) -> None:
+        self.heard += 1
+        if self.on_event_fails and self.heard == 3:
+            raise self.error
+
+    async def close(self) -> None:
+        if not self.on_event_fails:
+            raise self.error
+
+
+async def test_an_observer_that_exits_is_disabled_and_the_run_goes_on(tmp_path: Path) -> None:
+    """``sys.exit`` or a bare `BaseException` from an observer's ``on_event`` or ``close``
+    (its own, or a runtime-wide one's) is its failure, as an exception is: one warning, the
+    run finishes (found by review: it ended the embedding process)."""
+    request = _request(tmp_path)
+    exits, bare = Exiting("exits", True, SystemExit(4)), Exiting("bare", True, BaseException("b"))
+    closing = Exiting("closing", False, SystemExit(5))
+    shared = Exiting("shared", False, SystemExit(6))
+    with trio.fail_after(120), pytest.warns(RuntimeWarning, match="observer shared: close"):
+        async with evolane.open_runtime(
+            store=request.config.store,  # type: ignore[union-attr]
+            observers=[shared],
+        ) as runtime:
+            handle = await runtime.start_optimize(
+                request, backends=Backends(replay=_replay), observers=[exits, bare, closing]
+            )
+            outcome = await handle.result()
+    assert outcome.report.status == "finished"
+    failed = {report.name: report.failed for report in handle.observers}
+    assert failed == {
+        "shared": None,
+        "exits": "it raised SystemExit: 4",
+        "bare": "it raised BaseException: b",
+        "closing": "close() raised SystemExit: 5",
+    }
+    said = _warnings(outcome)
+    assert sum("observer exits was disabled" in w for w in said) == 1
+    assert sum("observer bare was disabled" in w for w in said) == 1
+    assert closing.heard == len(_stored_kinds(outcome))
+
+
 def _warnings(outcome: object) -> list[str]:
     """The messages of the warning events in the run's own events.jsonl."""
     path = outcome.run_dir / "events.jsonl"  # type: ignore[attr-defined]
@@ -168,13 +216,17 @@ def test_asyncio_observers_hear_a_run_started_through_aio(tmp_path: Path) -> Non
     assert all(r.failed is None and r.delivered == len(stored) for r in reports)
 
 
-def test_a_raising_asyncio_observer_is_disabled_with_one_warning(tmp_path: Path) -> None:
+@pytest.mark.parametrize("error", [ValueError("observer bug"), SystemExit(3)])
+def test_a_raising_asyncio_observer_is_disabled_with_one_warning(
+    tmp_path: Path, error: BaseException
+) -> None:
+    """Also a ``sys.exit`` (found by review: asyncio raised it out of the host's loop)."""
     request = _request(tmp_path)
     heard: list[str] = []
 
     async def explode(event: ProgressEvent) -> None:
         await asyncio.sleep(0)
-        raise ValueError("observer bug")
+        raise error
 
     async def listen(event: ProgressEvent) -> None:
         await asyncio.sleep(0)
@@ -193,7 +245,7 @@ def test_a_raising_asyncio_observer_is_disabled_with_one_warning(tmp_path: Path)
     handle, outcome = asyncio.run(asyncio.wait_for(main(), 120))
     assert outcome.report.status == "finished"  # type: ignore[attr-defined]
     reports = {r.name: r for r in handle.observers}  # type: ignore[attr-defined]
-    assert reports["explode"].failed == "it raised ValueError: observer bug"
+    assert reports["explode"].failed == f"it raised {type(error).__name__}: {error}"
     assert reports["explode"].announced and reports["listen"].failed is None
     assert sum("observer explode was disabled" in w for w in _warnings(outcome)) == 1
     assert "event.warning" in heard and heard == _stored_kinds(outcome)

@@ -26,6 +26,7 @@ import signal
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -147,7 +148,10 @@ class _HostObserver:
         done = trio.Event()
 
         async def call() -> Any:
-            return await fn(*args)
+            try:
+                return await fn(*args)
+            except SystemExit as error:  # asyncio raises it out of the host loop: hand it
+                return _Exited(error)  # to the guest, whose caller disables the observer
 
         def wake(_: asyncio.Task[Any]) -> None:
             with contextlib.suppress(trio.RunFinishedError):  # the guest is gone: nobody waits
@@ -164,7 +168,18 @@ class _HostObserver:
             raise
         if task.cancelled():  # not ours: never let asyncio's CancelledError into trio
             raise RuntimeError("its asyncio task was cancelled")
-        return task.result()
+        result = task.result()
+        if isinstance(result, _Exited):
+            raise result.error
+        return result
+
+
+@dataclass(frozen=True)
+class _Exited:
+    """A ``sys.exit`` in an observer's asyncio task, carried out of asyncio (found by
+    review: asyncio re-raises it out of the host's loop, which ended the process)."""
+
+    error: SystemExit
 
 
 class AioRunHandle:

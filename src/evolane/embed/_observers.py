@@ -196,7 +196,9 @@ class Observing:
                 async for event in feed:
                     try:
                         await entry.deliver(event)
-                    except Exception as error:  # the observer's bug, never the run's
+                    except BaseException as error:  # the observer's bug, never the run's
+                        if not is_crash(error):  # a cancellation, the user's Ctrl-C
+                            raise
                         report.failed = f"it raised {type(error).__name__}: {error}"
                         feed.close()  # the bus stops feeding it
                         _warn(bus, report)
@@ -237,7 +239,9 @@ async def close_observer(observer: Any) -> str | None:
     with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT) as scope:
         try:
             await closer()
-        except Exception as error:
+        except BaseException as error:  # a sys.exit too (found by review)
+            if not is_crash(error):
+                raise
             failed = f"close() raised {type(error).__name__}: {error}"
     if scope.cancelled_caught and failed is None:
         failed = f"close() took over {OBSERVER_CLOSE_TIMEOUT:g} s"
