@@ -145,6 +145,46 @@ async def test_an_observer_that_exits_is_disabled_and_the_run_goes_on(tmp_path: 
     assert closing.heard == len(_stored_kinds(outcome))
 
 
+async def test_an_observer_given_twice_hears_each_event_once(tmp_path: Path) -> None:
+    """Given to ``open_runtime`` and twice to ``start_optimize``, an observer is one
+    runtime-wide observer: each event once, closed once, with the runtime (found by review:
+    it heard every event three times and was closed three times)."""
+    request = _request(tmp_path)
+    twice = Recorder()
+    with trio.fail_after(120):  # a guard against a hang, not a timing figure
+        async with evolane.open_runtime(
+            store=request.config.store,  # type: ignore[union-attr]
+            observers=[twice],
+        ) as runtime:
+            handle = await runtime.start_optimize(
+                request, backends=Backends(replay=_replay), observers=[twice, twice]
+            )
+            outcome = await handle.result()
+            assert twice.closes == 0
+    assert twice.closes == 1
+    assert twice.kinds(handle.run_id) == _stored_kinds(outcome)
+    assert [r.name for r in handle.observers] == ["Recorder"]
+
+
+def test_an_asyncio_observer_given_twice_hears_each_event_once(tmp_path: Path) -> None:
+    request = _request(tmp_path)
+    twice = AsyncioRecorder()
+
+    async def main() -> tuple[object, object]:
+        async with evolane.aio.open_runtime(
+            store=str(request.config.store),  # type: ignore[union-attr]
+            observers=[twice],
+        ) as runtime:
+            handle = await runtime.start_optimize(
+                request, backends=Backends(replay=_replay), observers=[twice]
+            )
+            return handle, await handle.result()
+
+    handle, outcome = asyncio.run(asyncio.wait_for(main(), 120))
+    assert [kind for _, kind, _ in twice.heard] == _stored_kinds(outcome)
+    assert twice.closes == 1 and len(handle.observers) == 1  # type: ignore[attr-defined]
+
+
 def _warnings(outcome: object) -> list[str]:
     """The messages of the warning events in the run's own events.jsonl."""
     path = outcome.run_dir / "events.jsonl"  # type: ignore[attr-defined]

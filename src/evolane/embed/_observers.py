@@ -145,6 +145,22 @@ class _Entry:
         await (handler(event) if handler is not None else self.observer(event))
 
 
+def distinct(observers: Sequence[ObserverLike]) -> list[ObserverLike]:
+    """``observers`` with each one once, in order: one given twice, or to both
+    ``open_runtime`` and ``start_optimize``, hears each event once and is closed once, as
+    the runtime-wide one it is (found by review: it heard every event once per mention and
+    was closed by each run besides its runtime). An `evolane.aio` or plugin wrapper counts
+    as the observer it wraps (its ``inner``)."""
+    seen: set[int] = set()
+    kept = []
+    for observer in observers:
+        key = id(getattr(observer, "inner", observer))
+        if key not in seen:
+            seen.add(key)
+            kept.append(observer)
+    return kept
+
+
 def check_observers(observers: Sequence[ObserverLike]) -> None:
     """Raise `TypeError` for anything in ``observers`` that is no observer."""
     for observer in observers:
@@ -166,7 +182,8 @@ class Observing:
         shared: Sequence[ObserverLike] = (),
     ) -> None:
         check_observers([*shared, *observers])
-        mine = [(o, False) for o in shared] + [(o, True) for o in observers]
+        mine = [(o, False) for o in distinct(shared)]
+        mine += [(o, True) for o in distinct([*shared, *observers])[len(mine) :]]
         self._entries = [_Entry(o, ObserverReport(observer_name(o)), owned) for o, owned in mine]
         self._buffer = buffer
 
@@ -253,7 +270,7 @@ async def close_observers(observers: Sequence[ObserverLike]) -> list[str]:
     line per observer whose close failed, naming it."""
     failures = []
     with trio.CancelScope(shield=True):
-        for observer in observers:
+        for observer in distinct(observers):
             failed = await close_observer(observer)
             if failed is not None:
                 failures.append(f"observer {observer_name(observer)}: {failed}")
