@@ -188,3 +188,34 @@ def test_the_estimate_range_scales_with_its_timing_and_keeps_retries_apart(
     seen = estimate_run(config, 12, 6, UnitHistory(seconds=0.5))
     assert seen.wall_worst_seconds == worst.wall_high_seconds
     assert seen.wall_low_seconds <= seen.wall_high_seconds < worst.wall_high_seconds
+
+
+def _host_lines(tmp_path: Path, cgroups: tuple[str, ...], **limits: object) -> list[str]:
+    """Doctor's host checks for a host giving ``cgroups`` and commands with ``limits``."""
+    from types import SimpleNamespace
+
+    from evolane.campaign._probe import HostReport
+    from evolane.cli._doctor import _host_checks
+    from evolane.measure import CommandSettings
+
+    host = HostReport("confined", None, (), cgroups, None)
+    config = SimpleNamespace(commands=CommandSettings(**limits))
+    probe = SimpleNamespace(host=host, prepared=SimpleNamespace(config=config))
+    return [f"{level} {what} ({why})" for level, what, why in _host_checks(probe, str(tmp_path))]
+
+
+def test_doctor_says_which_limits_this_host_cannot_enforce(tmp_path: Path) -> None:
+    """A host whose cgroup v2 is writable but has no writable pids or memory cgroup (a
+    non-root evolane, a cgroup v2-only host, a read-only v1 mount) bounds no command
+    tree's processes or memory: doctor warns and names both, as the report does (found by
+    review: it said "ok cgroups: cgroup_v2 (memory and process limits, tree kill)")."""
+    line = next(line for line in _host_lines(tmp_path, ("cgroup_v2",)) if "cgroups" in line)
+    assert line.startswith("warn"), line
+    assert "processes 512 NOT ENFORCED" in line and "memory 4 GiB NOT ENFORCED" in line, line
+    bare = next(line for line in _host_lines(tmp_path, ()) if "cgroups" in line)
+    assert bare.startswith("warn") and "NOT ENFORCED" in bare, bare
+    lifted = _host_lines(tmp_path, ("cgroup_v2",), max_procs=None, max_memory=None)
+    assert next(line for line in lifted if "cgroups" in line).startswith("ok")
+    full = ("cgroup_v2", "pids_cgroup", "memory_cgroup")
+    line = next(line for line in _host_lines(tmp_path, full) if "cgroups" in line)
+    assert line.startswith("ok") and "processes 512 (pids_cgroup)" in line, line

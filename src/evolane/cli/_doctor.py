@@ -44,11 +44,7 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
             "available" if can else f"not: {host.confinable}"
         )
         checks.append(("ok", f"isolation {host.isolation}", why))
-    limits = ", ".join(host.cgroups) or "none"
-    cgroups = ("ok", f"cgroups: {limits}", "memory and process limits, tree kill")
-    if not host.cgroups:
-        cgroups = ("warn", "cgroups: none writable", "limits fall back to rlimits per process")
-    checks.append(cgroups)
+    checks.append(cgroup_check(host.cgroups, probe.prepared.config.commands))
     where = Path(store)
     while not where.exists():
         where = where.parent
@@ -56,6 +52,25 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
     level = "ok" if free >= LOW_DISK_BYTES else "warn"
     checks.append((level, f"disk: {free / (1 << 30):.1f} GiB free under {store}", "blobs, outputs"))
     return checks
+
+
+def cgroup_check(cgroups: tuple[str, ...], limits: Any) -> Check:
+    """The cgroups this host gives (``cgroups``: its mechanisms) and which of the commands'
+    ``limits`` they enforce: a warning names each limit in force nowhere (a host without a
+    writable pids or memory cgroup bounds no command tree's processes or memory; found by
+    review: doctor said "memory and process limits" on such hosts, where the report then
+    said NOT ENFORCED)."""
+    from evolane.measure import describe_limits
+
+    enforced = describe_limits(limits, cgroups)
+    kill = "cgroup.kill" if "cgroup_v2" in cgroups else "process group and lease scan"
+    what = f"cgroups: {', '.join(cgroups) or 'none writable'}"
+    why = f"limits: {enforced}; tree kill by {kill}"
+    if "NOT ENFORCED" not in enforced:
+        return ("ok", what, why)
+    how = "a runaway command's processes or memory are not stopped: run evolane where it can "
+    how += "create pids and memory cgroups, or lift the limit (--max-procs 0, --max-memory 0)"
+    return ("warn", what, f"{why}; {how}")
 
 
 def _input_checks(probe: Any) -> list[Check]:
