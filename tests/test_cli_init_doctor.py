@@ -219,3 +219,35 @@ def test_doctor_says_which_limits_this_host_cannot_enforce(tmp_path: Path) -> No
     full = ("cgroup_v2", "pids_cgroup", "memory_cgroup")
     line = next(line for line in _host_lines(tmp_path, full) if "cgroups" in line)
     assert line.startswith("ok") and "processes 512 (pids_cgroup)" in line, line
+
+
+def test_init_that_cannot_write_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """A folder init cannot make, or a write that fails midway (here the dataset, past a
+    2 KiB RLIMIT_FSIZE: the skill file before it was written), is one error line naming the
+    path, exit 2, and leaves nothing, so the next ``init`` there works (found by review: a
+    traceback, and a partial project the next ``init`` refused)."""
+    import resource
+
+    (tmp_path / "a-file").write_text("")
+    blocked = _run(["init", "a-file/proj"], cwd=tmp_path)
+    assert blocked.returncode == 2, blocked.stderr
+    assert blocked.stderr.startswith("evolane: error: init:") and "a-file" in blocked.stderr
+    assert blocked.stderr.count("\n") == 1 and "Traceback" not in blocked.stderr
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    done = subprocess.run(
+        [*EVOLANE, "init", "deep/proj"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        preexec_fn=small_files,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "dataset.jsonl" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "deep").exists()  # the folders it made went too
+    (tmp_path / "deep").mkdir()
+    assert _run(["init", "deep"], cwd=tmp_path).returncode == 0
+    assert (tmp_path / "deep" / "evolane.toml").is_file()

@@ -7,6 +7,7 @@ already holds an ``evolane.toml``, or any of the files to write, is refused (exi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -69,6 +70,29 @@ def _refusal(root: Path) -> str | None:
     return None
 
 
+def _write(files: dict[Path, str]) -> None:
+    """Write ``files`` (each new: an existing one is never overwritten), or none of them: on
+    an error the files and folders made so far are removed and the error is one line, exit 2
+    (found by review: an unwritable folder was a traceback, and a write that failed midway
+    left a partial project that the next ``init`` refused as already there)."""
+    made: list[Path] = []
+    try:
+        for path, text in files.items():
+            missing = [folder for folder in path.parents if not folder.exists()]
+            for folder in reversed(missing):
+                folder.mkdir()
+                made.append(folder)
+            with open(path, "x", encoding="utf-8") as file:
+                made.append(path)
+                file.write(text)
+    except OSError as error:
+        for done in reversed(made):
+            with contextlib.suppress(OSError):
+                done.rmdir() if done.is_dir() and not done.is_symlink() else done.unlink()
+        where = error.filename or (made[-1] if made else "the folder")
+        fail_usage(f"init: cannot write {where}: {error.strerror or error}")
+
+
 def init(
     directory: Annotated[
         Path, typer.Argument(help="The folder to write the project in (default: this one).")
@@ -80,9 +104,7 @@ def init(
     if problem is not None:
         fail_usage(f"init: {problem}")
     files = _files(root)
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    _write(files)
     print(f"wrote a starter project in {root}:")
     for path in files:
         print(f"  {path.relative_to(root)}")
