@@ -166,7 +166,7 @@ def test_pyproject_tool_evolane_is_read_when_there_is_no_evolane_toml(tmp_path: 
         ('gate = "nope"', ["evolane.toml:8: gate nope: choose from paired"]),
         ("k-se = -1.0", ["evolane.toml:14: k-se: ", "greater than or equal to 0"]),
         ('resume = "r-1"', ["evolane.toml:14: resume: not a setting", "give it as a flag"]),
-        ("[broken", ["evolane.toml: not valid TOML"]),
+        ("[broken", ["evolane.toml:14: not valid TOML (", ", column "]),
         ("max_tokens = 5\nmax-tokens = 6", ["evolane.toml:15: max-tokens: set twice"]),
     ],
 )

@@ -135,7 +135,7 @@ def load_config(path: Path) -> ConfigFile:
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{shown_path(path)}: not valid TOML ({error})") from None
+        raise ConfigError(_syntax_error(path, str(error))) from None
     except RecursionError:
         raise ConfigError(f"{shown_path(path)}: not valid TOML (nested too deeply)") from None
     except ValueError as error:  # an integer of over 4300 digits
@@ -158,6 +158,16 @@ def load_config(path: Path) -> ConfigFile:
             raise ConfigError(f"{config.where(name)}: {key}: not a setting{hint}")
         config.values[name] = _checked(config, key, value, types[name])
     return config
+
+
+def _syntax_error(path: Path, message: str) -> str:
+    """A TOML syntax error as ``FILE:LINE: not valid TOML (what, column N)`` (the parser
+    says ``what (at line L, column N)``; found by review: the line was only inside it)."""
+    at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+    if at is None:
+        return f"{shown_path(path)}: not valid TOML ({message})"
+    what = message[: at.start()]
+    return f"{shown_path(path)}:{at.group(1)}: not valid TOML ({what}, column {at.group(2)})"
 
 
 def _value_problem(error: ValueError) -> str:
