@@ -168,6 +168,8 @@ def test_pyproject_tool_evolane_is_read_when_there_is_no_evolane_toml(tmp_path: 
         ('resume = "r-1"', ["evolane.toml:14: resume: not a setting", "give it as a flag"]),
         ("[broken", ["evolane.toml:14: not valid TOML (", ", column "]),
         ("max_tokens = 5\nmax-tokens = 6", ["evolane.toml:15: max-tokens: set twice"]),
+        ('prices = "none.yaml"', ["evolane.toml:14: prices ", "none.yaml"]),
+        ('rubric = "none.md"', ["evolane.toml:14: rubric ", "none.md"]),
     ],
 )
 def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(

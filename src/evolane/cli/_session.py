@@ -81,6 +81,11 @@ def build_config(flags: dict[str, Any]) -> Any:
         return _build_config(flags)
     except UsageError as error:
         raise UsageError(locate(str(error), flags)) from None
+    except _input_error() as error:  # a path the file gave (--prices, --rubric): its line
+        located = locate(str(error), flags)
+        if located == str(error):
+            raise
+        raise _input_error()(located) from None
 
 
 def _build_config(flags: dict[str, Any]) -> Any:
