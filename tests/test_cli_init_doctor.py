@@ -4,6 +4,8 @@ estimate's range holds the real run's own wall time, and doctor names what canno
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -251,3 +253,26 @@ def test_init_that_cannot_write_is_one_line_and_leaves_nothing(tmp_path: Path) -
     (tmp_path / "deep").mkdir()
     assert _run(["init", "deep"], cwd=tmp_path).returncode == 0
     assert (tmp_path / "deep" / "evolane.toml").is_file()
+
+
+def test_the_estimate_sets_each_ceiling_against_what_the_run_may_spend(tmp_path: Path) -> None:
+    """``estimate`` shows each ceiling given against the spend and wall it predicts (found
+    by review: the README promised spend "against each ceiling", and a --max-tokens below
+    the predicted spend or a wall budget below even a lucky run passed without a word)."""
+    from evolane.campaign._estimate import Estimate
+    from evolane.cli._session import print_estimate
+
+    estimate = Estimate(
+        val_cases=18, test_cases=12, baseline_repetitions=1, candidate_repetitions=1,
+        replays_max=240, judge_calls_max=240, optimizer_calls_max=4, wall_low_seconds=14.0,
+        wall_high_seconds=300.0, tokens=24_000.0, cost_usd=None, basis="earlier run",
+    )  # fmt: skip
+    flags = {"max_tokens": 20_000, "max_cost_usd": 5.0, "wall_clock_budget": 10.0}
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        print_estimate(estimate, flags)
+    ceilings = [line for line in shown.getvalue().splitlines() if "--max-" in line]
+    ceilings += [line for line in shown.getvalue().splitlines() if "--wall-clock" in line]
+    assert any("--max-tokens 20.0k is below the ~24.0k" in line for line in ceilings), ceilings
+    assert any("--max-cost-usd $5.00" in line and "unknown" in line for line in ceilings)
+    assert any("--wall-clock-budget 10 s is below even a lucky run" in line for line in ceilings)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from evolane.cli._amounts import count
+
 
 def estimate_lines(estimate: Any) -> list[str]:
     """The estimate in words: counts (judge retries apart: not certain), the wall range, the
@@ -25,3 +27,44 @@ def estimate_lines(estimate: Any) -> list[str]:
             "every judge call retried)"
         )
     return lines
+
+
+def ceiling_lines(estimate: Any, ceilings: dict[str, float | None]) -> list[str]:
+    """Each ceiling set (``max_tokens``, ``max_cost_usd``, ``wall_clock_budget``) against
+    what the estimate says this run may spend: below it, the run may stop budget limited
+    (exit 3); a spend no earlier run tells is said to be unknown. The wall is compared only
+    against a realistic range (a probe or an earlier run)."""
+    lines = []
+    spends = (
+        ("--max-tokens", ceilings.get("max_tokens"), estimate.tokens, count),
+        ("--max-cost-usd", ceilings.get("max_cost_usd"), estimate.cost_usd, _dollars),
+    )
+    for flag, ceiling, spend, shown in spends:
+        if ceiling is None:
+            continue
+        if spend is None:
+            lines.append(
+                f"ceiling: {flag} {shown(ceiling)}: this run's spend is unknown (no earlier "
+                "run in this store reported it)"
+            )
+        elif spend > ceiling:
+            lines.append(
+                f"ceiling: {flag} {shown(ceiling)} is below the ~{shown(spend)} this run may "
+                "spend: it may stop there, budget limited (exit 3)"
+            )
+        else:
+            lines.append(f"ceiling: {flag} {shown(ceiling)} covers this run's ~{shown(spend)}")
+    budget, low = ceilings.get("wall_clock_budget"), estimate.wall_low_seconds
+    if budget is not None and low is not None:
+        if low >= budget:
+            why = "is below even a lucky run's wall: it will stop budget limited (exit 3)"
+        elif estimate.wall_high_seconds >= budget:
+            why = "is within the wall range: the run may stop there, budget limited (exit 3)"
+        else:
+            why = f"covers the wall range (up to {estimate.wall_high_seconds:.0f} s)"
+        lines.append(f"ceiling: --wall-clock-budget {budget:g} s {why}")
+    return lines
+
+
+def _dollars(value: float) -> str:
+    return f"${value:.2f}"

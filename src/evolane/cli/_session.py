@@ -324,7 +324,7 @@ def print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
     if flags.get("as_json"):
         print(estimate.model_dump_json(indent=2))
         return EXIT_OK
-    from evolane.cli._estimates import estimate_lines
+    from evolane.cli._estimates import ceiling_lines, estimate_lines
 
     for line in estimate_lines(estimate):
         print(line)
@@ -334,6 +334,9 @@ def print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
         spend.append(f"by role {role_spend(estimate.by_role)}")
     if spend:
         print(f"spend: {'; '.join(spend)} (from an earlier run in this store)")
+    ceilings = ("max_tokens", "max_cost_usd", "wall_clock_budget")
+    for line in ceiling_lines(estimate, {name: flags.get(name) for name in ceilings}):
+        print(line)
     if estimate.splits:
         print(f"splits: {estimate.splits}")
     for line in estimate.preflight:
