@@ -240,3 +240,17 @@ def test_the_example_writes_its_workspace_under_the_store_unless_told(tmp_path: 
         "value": str(tmp_path / "ws" / "target"),
         "source": "example sleeper",
     }
+
+
+def test_optimize_help_names_the_default_of_every_flag_that_has_one() -> None:
+    """Every ``optimize`` flag whose value defaults to something says it in its help, as
+    DESIGN §10 gives them (found by review: --store [.evolane] and --unknown-price
+    [refuse] showed none)."""
+    command = typer.main.get_command(app)
+    params = command.commands["optimize"].params  # type: ignore[attr-defined]
+    for param in params:
+        if param.default not in (None, False, [], ()) and param.name != "help":
+            assert "default" in (param.help or ""), (param.name, param.help)
+    helps = {param.name: param.help or "" for param in params}
+    assert "default refuse" in helps["unknown_price"]
+    assert "default .evolane" in helps["store"]

@@ -297,10 +297,15 @@ def optimize(
     ] = None,
     unknown_price: Annotated[
         str | None,
-        _o("refuse | reserve: a model with no price under --max-cost-usd.", "--unknown-price"),
+        _o(
+            "refuse | reserve: a model with no price under --max-cost-usd (default refuse).",
+            "--unknown-price",
+        ),
     ] = None,
     seed: Annotated[int | None, _o("Seed of everything (default 0).", "--seed")] = None,
-    store: Annotated[str, _o("Durable state directory.", "--store")] = ".evolane",
+    store: Annotated[
+        str, _o("Durable state directory (default .evolane).", "--store")
+    ] = ".evolane",
     progress: Annotated[
         str, _o("auto | rich | plain | jsonl | none (default auto).", "--progress")
     ] = "auto",
