@@ -276,3 +276,25 @@ def test_the_estimate_sets_each_ceiling_against_what_the_run_may_spend(tmp_path:
     assert any("--max-tokens 20.0k is below the ~24.0k" in line for line in ceilings), ceilings
     assert any("--max-cost-usd $5.00" in line and "unknown" in line for line in ceilings)
     assert any("--wall-clock-budget 10 s is below even a lucky run" in line for line in ceilings)
+
+
+def test_doctor_fails_confined_on_a_host_without_bubblewrap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--isolation confined`` where bubblewrap cannot confine is a FAIL check of the
+    host, exit 1, with the other checks shown (found by review: doctor ended on optimize's
+    one refusal line, exit 2 as for bad input, and its FAIL line was never reached)."""
+    from evolane.cli._doctor import run_doctor
+    from evolane.sandbox import _confine
+
+    root = _init(tmp_path)
+    monkeypatch.setattr(_confine, "confinement_problem", lambda: "bwrap is gone (test)")
+    flags = {"config": str(root / "evolane.toml"), "isolation": "confined"}
+    code = run_doctor(flags)
+    out = capsys.readouterr().out
+    assert code == 1, out
+    lines = out.splitlines()
+    assert lines[0].startswith("FAIL") and "confined" in lines[0], out
+    assert "bwrap is gone (test)" in lines[0] and "--isolation auto" in lines[0]
+    assert any(line.startswith("ok") and "--replay" in line for line in lines), out
+    assert not (root / ".evolane").exists()  # nothing ran
