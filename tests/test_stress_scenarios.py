@@ -267,11 +267,13 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
         ["--scenario", "budget", "--set", "lanes"],
         ["--scenario", "budget", "--set", "lane=3"],
         ["--duration", "-1"],
+        ["--scenario", "budget", "--seed", "5", "--set", "seed=3"],  # review: used 5 silently
     ):
         done = _evolane(*args)
         assert done.returncode == 2, (args, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("evolane: error:"), done.stderr
+    assert "--set seed: the seed is a flag of its own; use --seed" in lines[0]
 
 
 def test_a_failed_invariant_exits_1_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,6 +94,8 @@ def _stress_options(
         options: dict[str, object] = dict(parse_settings(settings))
     except SettingError as error:
         fail_usage(str(error))
+    if "seed" in options:  # the scenario's seed is --seed's (it was silently ignored)
+        fail_usage("--set seed: the seed is a flag of its own; use --seed")
     for flag, value in given.items():
         if value is not None:
             owner = _STRESS_FLAGS[flag]
