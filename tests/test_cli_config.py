@@ -186,6 +186,13 @@ def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(
     assert not (tmp_path / "store").exists()  # nothing ran
 
 
+def test_a_config_file_over_its_cap_is_refused_unread(tmp_path: Path) -> None:
+    body = _toml(_project(tmp_path)) + "# " + "x" * (1 << 20) + "\n"  # review: 100 MB took 14 s
+    (tmp_path / "evolane.toml").write_text(body)
+    _one_error(_run(["optimize"], tmp_path), "evolane.toml: the config file is over 1 MiB")
+    assert not (tmp_path / "store").exists()
+
+
 def test_config_show_prints_each_value_with_its_source(tmp_path: Path) -> None:
     (tmp_path / "evolane.toml").write_text(_toml(_project(tmp_path)))
     done = _run(["config", "show", "--population", "3"], tmp_path)

@@ -23,6 +23,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from evolane.store import BlobTooLargeError, NotRegularFileError, read_regular_file
+
 FLAG, DEFAULT, FAST = "flag", "default", "--fast-verified"
 """Sources of a value besides a config file (its path) and an example (``example NAME``)."""
 SOURCES_KEY = "_sources"
@@ -122,10 +124,20 @@ def find_config(start: Path) -> Path | None:
     return None
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file (or pyproject.toml) larger than this is refused unread: a flag file is a
+few hundred bytes, and a 100 MB one took 14 s to parse (found by review)."""
+
+
 def _text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+        data = read_regular_file(path, MAX_CONFIG_BYTES, follow_symlinks=True)
+        return data.decode("utf-8")
+    except BlobTooLargeError:
+        raise ConfigError(
+            f"{shown_path(path)}: the config file is over {MAX_CONFIG_BYTES >> 20} MiB"
+        ) from None
+    except (OSError, UnicodeDecodeError, NotRegularFileError) as error:
         raise ConfigError(f"{shown_path(path)}: cannot read the config file ({error})") from None
 
 
