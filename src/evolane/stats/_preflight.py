@@ -187,7 +187,7 @@ def _impossible(config: GateConfig, n: int) -> str | None:
             f"with {n} val cases the {config.gate} gate can never accept: it needs at least "
             f"{needed} comparable cases (min_cases {config.min_cases}"
             + (", and 2 for an SE" if config.gate in ("paired", "bootstrap") else "")
-            + "); add val cases or lower min_cases"
+            + "); add val cases (or, embedding evolane, lower GateConfig.min_cases)"
         )
     return None
 
