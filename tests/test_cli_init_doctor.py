@@ -298,3 +298,18 @@ def test_doctor_fails_confined_on_a_host_without_bubblewrap(
     assert "bwrap is gone (test)" in lines[0] and "--isolation auto" in lines[0]
     assert any(line.startswith("ok") and "--replay" in line for line in lines), out
     assert not (root / ".evolane").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("free", "level", "shown"),
+    [(400 << 10, "FAIL", "0 MiB"), (63 << 20, "FAIL", "63 MiB"), (64 << 20, "warn", "64 MiB"),
+     (1 << 30, "ok", "1.0 GiB"), (5 << 30, "ok", "5.0 GiB")],
+)  # fmt: skip
+def test_doctor_fails_a_store_whose_disk_no_run_can_work_on(
+    free: int, level: str, shown: str
+) -> None:
+    """Found by review: with 400 KiB free doctor said "warn disk: 0.0 GiB" and passed, and
+    the run then failed at its first write."""
+    from evolane.cli._doctor import disk_check
+
+    assert disk_check("st", free)[:2] == (level, f"disk: {shown} free under st")

@@ -25,6 +25,8 @@ Check = tuple[str, str, str]
 """(level ``ok``/``warn``/``FAIL``, what, why or how to fix)."""
 LOW_DISK_BYTES = 1 << 30
 """Free space under the store below which a run may fill the disk (blobs, outputs)."""
+MIN_RUN_BYTES = 64 << 20
+"""Free space under the store below which no run can work (doctor FAILs)."""
 
 
 def _host_checks(probe: Any, store: str) -> list[Check]:
@@ -47,10 +49,18 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
     where = Path(store)
     while not where.exists():
         where = where.parent
-    free = shutil.disk_usage(where).free
-    level = "ok" if free >= LOW_DISK_BYTES else "warn"
-    checks.append((level, f"disk: {free / (1 << 30):.1f} GiB free under {store}", "blobs, outputs"))
+    checks.append(disk_check(store, shutil.disk_usage(where).free))
     return checks
+
+
+def disk_check(store: str, free: int) -> Check:
+    """The free space under the store: FAIL below `MIN_RUN_BYTES` (a run fails at its first
+    writes; doctor said "0.0 GiB" and passed, found by review), warn below `LOW_DISK_BYTES`."""
+    shown = f"{free / (1 << 30):.1f} GiB" if free >= 1 << 30 else f"{free >> 20} MiB"
+    what = f"disk: {shown} free under {store}"
+    if free < MIN_RUN_BYTES:
+        return ("FAIL", what, "a run cannot store its snapshot, journal and outputs; free some")
+    return ("ok" if free >= LOW_DISK_BYTES else "warn", what, "blobs, outputs")
 
 
 def cgroup_check(cgroups: tuple[str, ...], limits: Any) -> Check:
