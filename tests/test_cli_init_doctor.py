@@ -296,8 +296,12 @@ def test_doctor_fails_confined_on_a_host_without_bubblewrap(
     lines = out.splitlines()
     assert lines[0].startswith("FAIL") and "confined" in lines[0], out
     assert "bwrap is gone (test)" in lines[0] and "--isolation auto" in lines[0]
+    assert "let bubblewrap create namespaces" in lines[0]  # it is installed here
     assert any(line.startswith("ok") and "--replay" in line for line in lines), out
     assert not (root / ".evolane").exists()  # nothing ran
+    monkeypatch.setattr(_confine, "bwrap_path", lambda: None)
+    assert run_doctor(flags) == 1
+    assert "; install bubblewrap, or pass" in capsys.readouterr().out.splitlines()[0]
 
 
 @pytest.mark.parametrize(

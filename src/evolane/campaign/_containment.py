@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from evolane.campaign._config import CampaignConfig
 from evolane.inputs import InputError, trajectory_files
 from evolane.lanes import optimizer_command
-from evolane.sandbox import resolve_isolation, template_paths, within
+from evolane.sandbox import confinement_fix, resolve_isolation, template_paths, within
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def containment(config: CampaignConfig) -> Containment:
     if problem is not None:
         warning = (
             f"commands are NOT confined ({problem}): they run with {level} isolation and can "
-            "read the host's files; install bubblewrap, or pass --isolation process to accept"
+            f"read the host's files; {confinement_fix()}, or pass --isolation process to accept"
         )
     network = "network" if commands.network else "no network"
     description = f"{level} ({network})" if level != "process" else "process"

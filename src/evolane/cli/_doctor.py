@@ -30,11 +30,13 @@ MIN_RUN_BYTES = 64 << 20
 
 
 def _host_checks(probe: Any, store: str) -> list[Check]:
+    from evolane.sandbox import confinement_fix
+
     host = probe.host
     checks: list[Check] = []
     asked = probe.prepared.config.commands.isolation
     if host.problem is not None:  # auto fell back (confined refused: `_confinement_refused`)
-        how = "install bubblewrap, or pass --isolation process to accept it"
+        how = f"{confinement_fix()}, or pass --isolation process to accept it"
         checks.append(("warn", f"isolation {host.isolation}", f"{host.problem}; {how}"))
     elif host.isolation == "confined":
         why = "bubblewrap: the system read-only, nothing of the store, target or dataset"
@@ -86,13 +88,13 @@ def _confinement_refused(asked: str) -> Check | None:
     """The FAIL of ``--isolation confined`` on a host where bubblewrap cannot confine (which
     ``optimize`` refuses, exit 2), or None. Found by review: doctor ended on that one error
     line, exit 2 as for bad input, with none of its checks; its FAIL line was never shown."""
-    from evolane.sandbox import resolve_isolation
+    from evolane.sandbox import confinement_fix, resolve_isolation
 
     problem = resolve_isolation(asked)[1] if asked == "confined" else None  # type: ignore[arg-type]
     if problem is None:
         return None
     weaker = resolve_isolation("auto")[0]
-    how = f"install bubblewrap, or pass --isolation auto ({weaker} here) or process to accept it"
+    how = f"{confinement_fix()}, or pass --isolation auto ({weaker} here) or process to accept it"
     return ("FAIL", "isolation confined: not on this host", f"{problem}; {how}")
 
 

@@ -6,7 +6,13 @@ bounded output capture, a kill ladder that also finds escapees, and a lifeline p
 kills every tree if the runtime itself dies.
 """
 
-from evolane.sandbox._confine import folders_to_expose, resolve_isolation, template_paths, within
+from evolane.sandbox._confine import (
+    confinement_fix,
+    folders_to_expose,
+    resolve_isolation,
+    template_paths,
+    within,
+)
 from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
@@ -46,6 +52,7 @@ __all__ = [
     "WorkspaceError",
     "child_lease",
     "commands_run_unprivileged",
+    "confinement_fix",
     "folders_to_expose",
     "lease_holders",
     "lease_matches",

@@ -85,6 +85,15 @@ def confinement_problem() -> str | None:
     return f"bubblewrap cannot create namespaces on this host ({bwrap} {' '.join(argv[1:4])}...)"
 
 
+def confinement_fix() -> str:
+    """What makes confinement work here, for advice beside `confinement_problem`: install
+    bubblewrap, or, installed, let it create namespaces (it said "install bubblewrap" to a
+    host that had it; found by review)."""
+    if bwrap_path() is None:
+        return "install bubblewrap"
+    return "let bubblewrap create namespaces (allow unprivileged user namespaces)"
+
+
 def template_paths(argv: Iterable[str]) -> list[str]:
     """Absolute paths written literally in a command's words (``python3 /x/judge.py``,
     ``--config=/x/c.toml``, inside ``sh -c '...'``); placeholders must be removed first."""
