@@ -155,3 +155,16 @@ def test_confirm_split_with_a_mode_that_confirms_nothing_is_refused(tmp_path: Pa
     done = _estimate(tmp_path / "val", "--confirm-split", "val")
     assert done.returncode == 2
     assert "--confirm-split val: choose from test" in done.stderr
+
+
+def test_no_help_text_shows_docstring_markup() -> None:
+    """Typer turns each command's docstring into its --help: double backticks showed there
+    raw (``optimize``, ``--probe``; found by review)."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    for name in COMMANDS:
+        for words in [[name, *[s]] for s in SUBCOMMANDS[name]] if name in SUBCOMMANDS else [[name]]:
+            done = runner.invoke(app, [*words, "--help"], env={"COLUMNS": "200"})
+            assert done.exit_code == 0, (words, done.output)
+            assert "``" not in done.output, (words, done.output)

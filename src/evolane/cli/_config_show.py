@@ -23,7 +23,7 @@ config_app = typer.Typer(
 
 
 def show(**flags: Any) -> None:
-    """The resolved configuration for ``optimize``'s flags (and the config file) and where
+    """The resolved configuration for `optimize`'s flags (and the config file) and where
     each value came from: a flag, the config file (path:line), an example, or the default."""
     from evolane.cli._session import UsageError, build_config
     from evolane.inputs import InputError

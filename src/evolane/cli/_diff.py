@@ -66,9 +66,9 @@ def diff(
     """Print the unified diff of the best tree (or a candidate) against the seed.
 
     On a terminal, control characters of the candidate's names and text (escape sequences
-    that erase a line of the diff, set the clipboard or the title) are shown as U+FFFD
-    (found by review: a hidden ``curl ... | sh`` line read as a harmless one); piped, the
-    diff is the stored bytes, as ``changes.diff`` holds them."""
+    that erase a line of the diff, set the clipboard or the title: a hidden `curl ... | sh`
+    line could read as a harmless one) are shown as U+FFFD; piped, the diff is the stored
+    bytes, as `changes.diff` holds them."""
     from evolane.campaign import unified_tree_diff
     from evolane.messages import printable
     from evolane.store import StoreError

@@ -82,10 +82,10 @@ def report(
 ) -> None:
     """Show a run's report; a run without one shows its journal and how to resume it.
 
-    ``--format html`` (re)draws the run's self-contained ``report.html`` beside its
+    `--format html` (re)draws the run's self-contained `report.html` beside its
     report.json and prints the page.
 
-    With ``--follow`` the run is watched to its end first (`evolane watch`), the report is
+    With `--follow` the run is watched to its end first (`evolane watch`), the report is
     then shown and the command exits with the run's own exit code; Ctrl-C detaches (exit 0).
     """
     if fmt not in FORMATS:

@@ -360,8 +360,8 @@ use_flags(optimize)
 
 
 def estimate(**flags: Any) -> None:
-    """The cost and wall estimate for the same flags as ``optimize``; nothing runs (with
-    ``--probe``: one replay and one judge call, timed, give the wall range)."""
+    """The cost and wall estimate for the same flags as `optimize`; nothing runs (with
+    `--probe`: one replay and one judge call, timed, give the wall range)."""
     from evolane.cli._session import run_optimize
 
     if flags.pop("probe", False):
