@@ -195,7 +195,7 @@ def test_every_optimizer_edit_kind_occurs_over_a_seed_range(tmp_path: Path) -> N
         if kind == "oversized":
             assert (target / "skill" / "SKILL.md").stat().st_size > 64 * 1024
         if kind == "tamper":
-            assert done.split(": ")[1] in ("grader/rubric.json", "data/dataset.jsonl")
+            assert done.split(": ")[1] in ("grader/rubric.json", "data/answer_format.json")
         if kind == "noop":  # also a "repeat" with nothing rejected to repeat
             assert (target / "skill" / "SKILL.md").read_text() == SEED_SKILL
         if kind == "symlink":

@@ -22,7 +22,7 @@ from pathlib import Path
 from evolane.examples.selfevolve._seed import SEED_SKILL
 
 SKILL_PATH = Path("skill") / "SKILL.md"
-PROTECTED_PATHS = (Path("grader") / "rubric.json", Path("data") / "dataset.jsonl")
+PROTECTED_PATHS = (Path("grader") / "rubric.json", Path("data") / "answer_format.json")
 DIFF_BYTES = 4096
 
 

@@ -1,4 +1,8 @@
-"""The example workspace: the target tree (skill, grader, data) and the campaign settings."""
+"""The example workspace: the target tree (skill, grader, data) and the campaign settings.
+
+The target holds no case: every candidate gets a copy of it, and a copy of the dataset in
+``data/`` (as this example once had, protected from edits but readable) handed a model
+optimizer every val and test answer; a campaign now refuses such a target."""
 
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ def write_workspace(directory: Path) -> Path:
     (target / "grader" / "rubric.json").write_text(
         json.dumps(rubric, indent=2, sort_keys=True) + "\n"
     )
-    (target / "data" / "dataset.jsonl").write_text(dataset)
+    fields = {"fields": list(WEIGHTS), "note": "the answer's fields; protected from candidates"}
+    (target / "data" / "answer_format.json").write_text(json.dumps(fields, indent=2) + "\n")
     (directory / "dataset.jsonl").write_text(dataset)
     settings = {
         "target": "target",
