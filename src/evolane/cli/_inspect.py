@@ -20,6 +20,7 @@ from evolane.cli._exits import fail_usage
 from evolane.cli._output import (
     StoreOption,
     open_store,
+    reader_may_leave,
     resolve_run,
     stamp,
     store_of,
@@ -100,7 +101,8 @@ def report(
         ending = follow_run(layout, run_id, store, shown[1], out=shown[0])
         if ending.detached:
             raise typer.Exit(ending.exit_code)
-        _show_report(layout, run_id, store, fmt)
+        with reader_may_leave():  # the run's code, read or not
+            _show_report(layout, run_id, store, fmt)
         raise typer.Exit(ending.exit_code)
     _show_report(layout, run_id, store, fmt)
 

@@ -4,9 +4,12 @@ times, numbers, a console that keeps ids whole)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -57,6 +60,30 @@ def stamp(seconds: float | None, spec: str = "%Y-%m-%d %H:%M:%S") -> str:
     if not seconds:
         return "-"
     return time.strftime(spec, time.localtime(seconds))
+
+
+@contextmanager
+def reader_may_leave() -> Iterator[None]:
+    """Output whose reader may stop reading (``evolane optimize ... | head``): a broken pipe
+    ends the printing quietly and leaves the exit code to the command (the run's own code,
+    DESIGN §10). rich's default (`Console.on_broken_pipe`) exits 1 at once, and a bare
+    ``print`` raised `BrokenPipeError`, reported as an internal error (found by review)."""
+    default = Console.on_broken_pipe
+    Console.on_broken_pipe = _raise_broken_pipe  # type: ignore[method-assign]
+    try:
+        yield
+    except BrokenPipeError:
+        with suppress(OSError, ValueError):  # nothing more reaches the reader, not even
+            devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's last flush
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+    finally:
+        Console.on_broken_pipe = default  # type: ignore[method-assign]
+
+
+def _raise_broken_pipe(console: Console) -> None:
+    console.quiet = True
+    raise BrokenPipeError(errno.EPIPE, "the reader went away")
 
 
 def wide_console() -> Console:

@@ -320,10 +320,19 @@ def refuse_continued(flags: dict[str, Any], estimate_only: bool) -> None:
 
 
 def print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
-    """Print an estimate as ``estimate`` and ``--dry-run`` show it (``--json``: as JSON)."""
+    """Print an estimate as ``estimate`` and ``--dry-run`` show it (``--json``: as JSON); a
+    reader that went away ends it quietly (`reader_may_leave`)."""
+    from evolane.cli._output import reader_may_leave
+
+    with reader_may_leave():
+        _print_estimate(estimate, flags)
+    return EXIT_OK
+
+
+def _print_estimate(estimate: Any, flags: dict[str, Any]) -> None:
     if flags.get("as_json"):
         print(estimate.model_dump_json(indent=2))
-        return EXIT_OK
+        return
     from evolane.cli._estimates import ceiling_lines, estimate_lines
 
     for line in estimate_lines(estimate):
@@ -341,7 +350,6 @@ def print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
         print(f"splits: {estimate.splits}")
     for line in estimate.preflight:
         print(f"preflight: {line}")
-    return EXIT_OK
 
 
 async def _main(request: Any, flags: dict[str, Any], started: float) -> int:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from evolane.cli._amounts import role_spend
-from evolane.cli._output import test_delta_text
+from evolane.cli._output import reader_may_leave, test_delta_text
 from evolane.cli._resumable import failed_advice
 
 
@@ -45,7 +45,13 @@ def _val_note(report: Any) -> str:
 
 
 def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
-    """Print the summary (to stderr when stdout carries the JSONL event stream)."""
+    """Print the summary (to stderr when stdout carries the JSONL event stream); a reader
+    that went away ends it quietly (`reader_may_leave`)."""
+    with reader_may_leave():
+        _print_summary(outcome, flags)
+
+
+def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     stream = sys.stderr if flags.get("progress") == "jsonl" else sys.stdout
     console = Console(file=stream, highlight=False, soft_wrap=True)
     store = flags["store"]
