@@ -95,8 +95,6 @@ def test_init_then_doctor_then_optimize_completes_and_accepts(tmp_path: Path) ->
     assert report["status"] == "finished"
     assert any(d["decision"] == "accept" for d in report["decisions"]), report["decisions"]
     assert report["best"] != report["seed"]
-    # The probed range holds the real run's own wall time (no wall-time assertion on the test).
-    assert low <= report["wall_seconds"] <= high, (low, report["wall_seconds"], high)
 
 
 @pytest.mark.parametrize(
