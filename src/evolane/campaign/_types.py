@@ -266,15 +266,29 @@ class Stopped(Exception):
         self.stop, self.message = stop, message
 
 
+CANNOT_RUN = frozenset({"spawn_failed", "exit_126", "exit_127"})
+"""Optimizer failures no retry mends: its command did not start, or its shell could not run
+a program it names (126 not executable, 127 not found)."""
+
+
 def endpoint_down(results: list[ProposeResult]) -> str | None:
     """Why the run cannot go on when every proposal of an iteration failed on the optimizer's
-    model endpoint (HTTP 5xx, 401, the network): the next ones would too. None otherwise."""
+    model endpoint (HTTP 5xx, 401, the network), or every one because its command cannot run
+    (`CANNOT_RUN`: a missing agent CLI, a script path wrong): the next ones would too. None
+    otherwise (found by review: both ended finished, a campaign complete that tried nothing)."""
     failures = [r.failure for r in results]
-    if not failures or any(f is None or f.code != OPTIMIZER_ENDPOINT_FAILED for f in failures):
+    if not failures or any(f is None for f in failures):
         return None
+    codes = {f.code for f in failures if f is not None}
     first = failures[0]
-    said = first.message if first is not None else ""
-    return f"the optimizer's model endpoint failed on every call ({said[-300:].strip()})"
+    said = first.message[-300:].strip() if first is not None else ""
+    if codes == {OPTIMIZER_ENDPOINT_FAILED}:
+        return f"the optimizer's model endpoint failed on every call ({said})"
+    if codes <= CANNOT_RUN:
+        code = first.code if first is not None else ""
+        shown = code.replace("_", " ", 1) if code.startswith("exit_") else "did not start"
+        return f"the optimizer's command cannot run: {shown} on every call ({said or 'no output'})"
+    return None
 
 
 def not_stored(slot_id: str) -> ProposeResult:
