@@ -42,7 +42,7 @@ from evolane.campaign._types import (
     CampaignSetup,
     CycleState,
     Stopped,
-    endpoint_down,
+    optimizer_down,
     slot_event,
 )
 from evolane.messages import (
@@ -198,7 +198,7 @@ class _Cycle:
         accepted: list[Any] = []
         try:
             results = await self.slots.propose(iteration, prompts, context)
-            down = endpoint_down(results)
+            down = optimizer_down(results)
             if down is not None:  # it ended finished, a campaign complete (found by review)
                 raise Stopped("failed", f"iteration {iteration}: {down}")
             for slot, (book, result) in enumerate(zip(books, results, strict=True)):

@@ -271,7 +271,7 @@ CANNOT_RUN = frozenset({"spawn_failed", "exit_126", "exit_127"})
 a program it names (126 not executable, 127 not found)."""
 
 
-def endpoint_down(results: list[ProposeResult]) -> str | None:
+def optimizer_down(results: list[ProposeResult]) -> str | None:
     """Why the run cannot go on when every proposal of an iteration failed on the optimizer's
     model endpoint (HTTP 5xx, 401, the network), or every one because its command cannot run
     (`CANNOT_RUN`: a missing agent CLI, a script path wrong): the next ones would too. None
