@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
+import evolane
+from evolane.campaign._types import optimizer_down
+from evolane.embed import BackendCall, Backends, OptimizeRequest
+from evolane.messages import FailureEvent, ProposeResult
+from evolane.testing import Chaos
 from tests.campaign_helpers import toy_flags, with_flag, write_toy
 
 EVOLANE = [sys.executable, "-m", "evolane"]
@@ -56,3 +62,58 @@ def test_an_optimizer_that_fails_otherwise_still_only_costs_its_slots(tmp_path: 
     assert report["status"] == "finished"
     failures = [item["failure"] for item in report["failures"]]
     assert failures and all(f["code"] == "exit_1" for f in failures), failures
+
+
+@pytest.mark.parametrize(
+    ("message", "down"),
+    [
+        ("no-such-agent: [Errno 2] No such file or directory (or not executable)", True),
+        ("[Errno 13] Permission denied: '/opt/agent'", True),
+        ("[Errno 11] Resource temporarily unavailable", False),  # fork under a pids limit
+        ("[Errno 24] Too many open files", False),
+        ("chaos: refused to spawn optimizer", False),  # evolane.testing.Chaos
+    ],
+)
+def test_only_a_missing_program_makes_a_spawn_failure_cannot_run(message: str, down: bool) -> None:
+    """Found by review: every spawn failure counted as 'cannot run', so a transient one
+    (EAGAIN, EMFILE, a Chaos refusal) on every call of an iteration failed the run."""
+    failure = FailureEvent(
+        owner="infrastructure", stage="optimizer", code="spawn_failed", message=message
+    )
+    results = [ProposeResult(slot_id=f"s{n}", status="failed", failure=failure) for n in (0, 1)]
+    said = optimizer_down(results)
+    assert (said is not None) == down, said
+    if down:
+        assert said is not None and "did not start on every call" in said
+
+
+async def test_an_optimizer_refused_by_chaos_on_every_call_costs_its_slots_only(
+    tmp_path: Path,
+) -> None:
+    """The chaos harness's spawn refusal is an infrastructure failure (its docs, and the
+    pytest plugin's user-style test): the run still finishes, every proposal lost."""
+    target = tmp_path / "target"
+    target.mkdir()
+    rows = []
+    for i in range(8):
+        (target / f"c{i}").write_text("yes" if i < 3 else "no")
+        rows.append({"id": f"c{i}", "input": {}, "expected_output": "yes", "split": "val"})
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = evolane.CampaignConfig(
+        target=str(target), dataset=str(tmp_path / "data.jsonl"), store=str(tmp_path / "s"),
+        replay="backend:toy", optimizer="sh -c 'exit 0'", iterations=2, population=2,
+        kill_grace=0.2,
+    )  # fmt: skip
+
+    async def replay(call: BackendCall) -> None:
+        answer = (call.candidate / call.case["id"]).read_text().strip()
+        (call.output_dir / "output.json").write_text(json.dumps(answer))
+
+    with trio.fail_after(120), Chaos(spawn_failure=1.0).installed() as chaos:
+        async with evolane.open_runtime(store=tmp_path / "s") as runtime:
+            report = await runtime.optimize(
+                OptimizeRequest(config=config), backends=Backends(replay=replay)
+            )
+    assert report.status == "finished", report.message
+    assert chaos.injected["spawn_failure"] == 4
+    assert all(f.failure.code == "spawn_failed" for f in report.failures)

@@ -3,6 +3,7 @@ slot names, and the small helpers its cycle uses."""
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -267,8 +268,21 @@ class Stopped(Exception):
 
 
 CANNOT_RUN = frozenset({"spawn_failed", "exit_126", "exit_127"})
-"""Optimizer failures no retry mends: its command did not start, or its shell could not run
-a program it names (126 not executable, 127 not found)."""
+"""Optimizer failures no retry mends: its command did not start for want of its program
+(`MISSING_PROGRAM`), or its shell could not run a program it names (126 not executable, 127
+not found)."""
+MISSING_PROGRAM = tuple(f"[Errno {n}]" for n in (errno.ENOENT, errno.EACCES, errno.ENOEXEC))
+"""What a ``spawn_failed`` message says when the program is missing or cannot be executed.
+Any other spawn failure (EAGAIN, ENOMEM, EMFILE, a cgroup it could not join, an injected
+`evolane.testing.Chaos` refusal) may pass: it costs its slot only (found by review: a
+transient one on every call of an iteration failed the run)."""
+
+
+def _cannot_run(failure: FailureEvent) -> bool:
+    """Whether ``failure`` says the optimizer's command cannot run (see `CANNOT_RUN`)."""
+    if failure.code == "spawn_failed":
+        return any(said in failure.message for said in MISSING_PROGRAM)
+    return failure.code in CANNOT_RUN
 
 
 def optimizer_down(results: list[ProposeResult]) -> str | None:
@@ -284,7 +298,7 @@ def optimizer_down(results: list[ProposeResult]) -> str | None:
     said = first.message[-300:].strip() if first is not None else ""
     if codes == {OPTIMIZER_ENDPOINT_FAILED}:
         return f"the optimizer's model endpoint failed on every call ({said})"
-    if codes <= CANNOT_RUN:
+    if all(f is not None and _cannot_run(f) for f in failures):
         code = first.code if first is not None else ""
         shown = code.replace("_", " ", 1) if code.startswith("exit_") else "did not start"
         return f"the optimizer's command cannot run: {shown} on every call ({said or 'no output'})"
