@@ -111,3 +111,19 @@ def test_lines_are_counted_across_blocks(tmp_path: Path, monkeypatch: pytest.Mon
     text += '{"input": "judged only"}\n'
     message = _refusal(_target(tmp_path, {"log.txt": text}))
     assert "log.txt:50 holds test case 's1'" in message and "(and 1 more val/test case)" in message
+
+
+def test_an_empty_trajectory_file_makes_no_empty_target_file_a_copy(tmp_path: Path) -> None:
+    """Found by review: an empty session log among the trajectories (an agent's aborted
+    session) refused every target holding an empty file (``__init__.py``, ``.gitkeep``)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.jsonl").write_text('{"messages": []}\n')
+    (logs / "aborted.jsonl").write_text("")
+    (logs / "blank.jsonl").write_text("\n\n")
+    target = _target(tmp_path, {"pkg/__init__.py": "", ".gitkeep": "\n\n", "x.md": "rules\n"})
+    files = [str(path) for path in sorted(logs.iterdir())]
+    check_target_copies_no_trajectory(target, files)
+    (target / "a.jsonl").write_text('{"messages": []}\n')  # a real copy is still refused
+    with pytest.raises(InputError, match=r"a.jsonl is a copy of --from-trajectory .*a.jsonl"):
+        check_target_copies_no_trajectory(target, files)

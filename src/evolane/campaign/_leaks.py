@@ -45,6 +45,10 @@ MAX_OBJECTS = 1_000_000
 _ROW_LINE = re.compile(rb'^[ \t]*\{[^\n]*"input"[^\n]*$', re.MULTILINE)
 _HELD_OUT = ("val", "test")
 _NEWLINE = b"\n"
+_BLANK = "blank"
+"""`_sha256`'s digest of a file of whitespace only: it holds no session, and a target's
+empty ``__init__.py`` or ``.gitkeep`` is no copy of an empty session log (found by review:
+an empty file among the trajectories refused every target holding one)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def check_target_copies_no_trajectory(target: Path, trajectories: Sequence[str])
     copies: dict[tuple[int, str], str] = {}
     for path in trajectories:
         digest = _sha256(path, follow=True)
-        if digest is not None:
+        if digest is not None and digest[1] != _BLANK:
             copies.setdefault(digest, path)
     sizes = {size for size, _ in copies}
     for relative, path, size in _target_files(target):
@@ -98,16 +102,18 @@ def check_target_copies_no_trajectory(target: Path, trajectories: Sequence[str])
 
 def _sha256(path: str, *, follow: bool = False) -> tuple[int, str] | None:
     """A regular file's size and sha256, read in blocks (None when it cannot be read: the
-    snapshot or ingestion that follows says what is wrong with it)."""
-    hasher, size = hashlib.sha256(), 0
+    snapshot or ingestion that follows says what is wrong with it). A file of whitespace
+    only has the digest `_BLANK`, whatever its bytes."""
+    hasher, size, blank = hashlib.sha256(), 0, True
     try:
         with open(path, "rb", opener=None if follow else _no_follow) as handle:
             while chunk := handle.read(1 << 20):
                 hasher.update(chunk)
                 size += len(chunk)
+                blank = blank and not chunk.strip()
     except OSError:
         return None
-    return size, hasher.hexdigest()
+    return size, _BLANK if blank else hasher.hexdigest()
 
 
 def _held_out_keys(dataset: Dataset) -> dict[bytes, _Held]:
