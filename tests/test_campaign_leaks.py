@@ -127,3 +127,25 @@ def test_an_empty_trajectory_file_makes_no_empty_target_file_a_copy(tmp_path: Pa
     (target / "a.jsonl").write_text('{"messages": []}\n')  # a real copy is still refused
     with pytest.raises(InputError, match=r"a.jsonl is a copy of --from-trajectory .*a.jsonl"):
         check_target_copies_no_trajectory(target, files)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [  # a row pasted into a list keeps its comma; into code, what assigns it
+        ("few_shot.py", "EXAMPLES = [\n    {row},\n    {row2},\n]\n", "few_shot.py:2"),
+        ("cases.js", "const first = {row};\n", "cases.js:1"),
+        ("big.json", "[\n{row},\n{row2}\n]\n", "big.json:2"),
+        ("bom.jsonl", "\ufeff{row}\n", "bom.jsonl:1"),
+    ],
+)
+def test_a_row_with_a_comma_or_code_around_it_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str, where: str
+) -> None:
+    """Found by review: only a line that was an object alone was read, so rows pasted into
+    a Python list (each but the last with its comma), a JSON array over the document cap
+    (one row a line) or after a BOM were missed."""
+    monkeypatch.setattr(_leaks, "MAX_DOCUMENT_BYTES", 16)  # big.json: line by line
+    row = json.dumps({"input": "test question", "expected_output": {"x": 1}})
+    row2 = json.dumps({"input": "judged only"})
+    target = _target(tmp_path, {name: text.replace("{row}", row).replace("{row2}", row2)})
+    assert f"{where} holds test case 's1'" in _refusal(target)

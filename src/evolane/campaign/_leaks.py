@@ -7,11 +7,12 @@ and the confirmation judge: "accepted" would mean "read the answers". A refusal 
 file, the line and the case (`InputError`, exit 2). Train cases are the optimizer's to
 see and are left alone.
 
-What is recognised: a JSON object, on one line (JSONL, or a line of any text file) or
+What is recognised: a JSON object, on one line (JSONL, or a line of any text file, with
+whatever comes before its ``{`` and after its ``}`` on that line: a list's comma, code) or
 anywhere in a file that is one JSON document, holding a val or test case's ``input`` and
 its ``expected_output`` (both absent or both equal), whatever its other keys; and a file
 whose bytes are a ``--from-trajectory`` file's. Rows rewritten in another format (CSV,
-code, prose) are not.
+YAML, a Python dict's repr, prose) are not.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ BLOCK_BYTES = 16 * 1024 * 1024
 """Bytes of a file read at a time when its lines are checked (a dataset line's own cap)."""
 MAX_OBJECTS = 1_000_000
 """JSON values of one document walked at most."""
-_ROW_LINE = re.compile(rb'^[ \t]*\{[^\n]*"input"[^\n]*$', re.MULTILINE)
+_ROW_LINE = re.compile(rb'^[^\n{]*\{[^\n]*"input"[^\n]*$', re.MULTILINE)
+"""A line that may hold a row: its object is from its first ``{`` to its last ``}`` (a row
+pasted into a list keeps its comma, into code its ``x = `` and ``;``: found by review)."""
 _HELD_OUT = ("val", "test")
 _NEWLINE = b"\n"
 _BLANK = "blank"
@@ -166,7 +169,9 @@ def _found_in_file(
                 for match in _ROW_LINE.finditer(block):
                     line += block.count(_NEWLINE, counted, match.start())
                     counted = match.start()
-                    found += [(line, held) for held in _cases_in(match.group(), keys)]
+                    row = match.group()
+                    row = row[row.find(b"{") : row.rfind(b"}") + 1]
+                    found += [(line, held) for held in _cases_in(row, keys)]
                 line += block.count(_NEWLINE, counted)
             if found or size > MAX_DOCUMENT_BYTES:
                 return found
