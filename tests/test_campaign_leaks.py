@@ -149,3 +149,27 @@ def test_a_row_with_a_comma_or_code_around_it_is_found(
     row2 = json.dumps({"input": "judged only"})
     target = _target(tmp_path, {name: text.replace("{row}", row).replace("{row2}", row2)})
     assert f"{where} holds test case 's1'" in _refusal(target)
+
+
+def test_a_document_of_more_values_than_the_cap_is_not_parsed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: a document under the byte cap was parsed whole whatever it held, and
+    60 MiB of ``{},`` (one ``"input"`` among them) took 2 GiB; its values are capped now,
+    so memory stays within the cap's objects (rows on lines of their own are still read)."""
+    import tracemalloc
+
+    monkeypatch.setattr(_leaks, "MAX_OBJECTS", 1000)
+    monkeypatch.setattr(_leaks, "BLOCK_BYTES", 1 << 16)  # read() allocates a whole block
+    text = '[{"input": 1},\n' + "{}," * 100_000 + "{}]\n"
+    target = _target(tmp_path, {"big.json": text})
+    tracemalloc.start()
+    try:
+        check_target_holds_no_cases(target, DATASET)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * len(text), peak  # the file's bytes, not 100,000 dicts (6.4 MB)
+    row = json.dumps({"input": "judged only"})
+    (target / "big.json").write_text(text.replace('{"input": 1}', row))
+    assert "big.json:1 holds val case 'v2'" in _refusal(target)

@@ -42,7 +42,10 @@ MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 BLOCK_BYTES = 16 * 1024 * 1024
 """Bytes of a file read at a time when its lines are checked (a dataset line's own cap)."""
 MAX_OBJECTS = 1_000_000
-"""JSON values of one document walked at most."""
+"""JSON values of one document parsed and walked at most: a document that may hold more
+(by its commas, braces and brackets) is checked line by line only. Parsed, each value is a
+Python object: 60 MiB of ``{},`` took 2 GiB (found by review)."""
+_DOCUMENT = re.compile(rb"\s*[\[{]")
 _ROW_LINE = re.compile(rb'^[^\n{]*\{[^\n]*"input"[^\n]*$', re.MULTILINE)
 """A line that may hold a row: its object is from its first ``{`` to its last ``}`` (a row
 pasted into a list keeps its comma, into code its ``x = `` and ``;``: found by review)."""
@@ -179,9 +182,15 @@ def _found_in_file(
             data = read_at_most(handle, MAX_DOCUMENT_BYTES)
     except OSError:
         return found  # the snapshot that follows says what is wrong with it
-    if data.lstrip()[:1] in (b"{", b"[") and b'"input"' in data:
+    if _DOCUMENT.match(data) and b'"input"' in data and _values(data) <= MAX_OBJECTS:
         found += [(None, held) for held in _cases_in(data, keys)]
     return found
+
+
+def _values(data: bytes) -> int:
+    """At least as many as the JSON values of the document ``data`` (one per comma, brace
+    and bracket, those in strings too)."""
+    return data.count(b",") + data.count(b"{") + data.count(b"[") + 1
 
 
 def _no_follow(path: str, flags: int) -> int:
