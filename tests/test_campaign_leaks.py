@@ -173,3 +173,10 @@ def test_a_document_of_more_values_than_the_cap_is_not_parsed_whole(
     row = json.dumps({"input": "judged only"})
     (target / "big.json").write_text(text.replace('{"input": 1}', row))
     assert "big.json:1 holds val case 'v2'" in _refusal(target)
+
+
+def test_a_json_document_after_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Found by review: a pretty-printed JSON file starting with a UTF-8 BOM (as Windows
+    tools write it) was not taken for a document, so the rows in it passed."""
+    text = "\ufeff" + json.dumps([{"input": "judged only"}], indent=2)
+    assert "f.json holds val case 'v2'" in _refusal(_target(tmp_path, {"f.json": text}))

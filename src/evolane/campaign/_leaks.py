@@ -46,6 +46,8 @@ MAX_OBJECTS = 1_000_000
 (by its commas, braces and brackets) is checked line by line only. Parsed, each value is a
 Python object: 60 MiB of ``{},`` took 2 GiB (found by review)."""
 _DOCUMENT = re.compile(rb"\s*[\[{]")
+_BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte order mark a Windows tool may start a JSON file with (orjson refuses it)."""
 _ROW_LINE = re.compile(rb'^[^\n{]*\{[^\n]*"input"[^\n]*$', re.MULTILINE)
 """A line that may hold a row: its object is from its first ``{`` to its last ``}`` (a row
 pasted into a list keeps its comma, into code its ``x = `` and ``;``: found by review)."""
@@ -179,7 +181,7 @@ def _found_in_file(
             if found or size > MAX_DOCUMENT_BYTES:
                 return found
             handle.seek(0)
-            data = read_at_most(handle, MAX_DOCUMENT_BYTES)
+            data = read_at_most(handle, MAX_DOCUMENT_BYTES).removeprefix(_BOM)
     except OSError:
         return found  # the snapshot that follows says what is wrong with it
     if _DOCUMENT.match(data) and b'"input"' in data and _values(data) <= MAX_OBJECTS:
