@@ -166,6 +166,35 @@ async def test_an_observer_given_twice_hears_each_event_once(tmp_path: Path) -> 
     assert [r.name for r in handle.observers] == ["Recorder"]
 
 
+class Forwarding(Recorder):
+    """A user observer that happens to have an ``inner`` attribute (what it forwards to)."""
+
+    def __init__(self, inner: object = None) -> None:
+        super().__init__()
+        self.inner = inner
+
+
+async def test_observers_sharing_an_inner_attribute_are_each_kept(tmp_path: Path) -> None:
+    """Found by review: de-duplication took any observer's ``inner`` attribute for the one
+    it wraps, so two distinct observers whose ``inner`` was the same (None, a shared client)
+    counted as one, and the second heard nothing and was never closed."""
+    request = _request(tmp_path)
+    shared, first, second = Recorder(), Forwarding(), Forwarding()
+    wraps = Forwarding(shared)
+    with trio.fail_after(120):  # a guard against a hang, not a timing figure
+        async with evolane.open_runtime(store=request.config.store) as runtime:  # type: ignore[union-attr]
+            handle = await runtime.start_optimize(
+                request,
+                backends=Backends(replay=_replay),
+                observers=[shared, first, second, wraps],
+            )
+            outcome = await handle.result()
+    stored = _stored_kinds(outcome)
+    for observer in (shared, first, second, wraps):
+        assert observer.kinds(handle.run_id) == stored and observer.closes == 1
+    assert len(handle.observers) == 4
+
+
 def test_an_asyncio_observer_given_twice_hears_each_event_once(tmp_path: Path) -> None:
     request = _request(tmp_path)
     twice = AsyncioRecorder()

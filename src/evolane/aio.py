@@ -27,7 +27,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 
@@ -123,6 +123,8 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 class _HostObserver:
     """An asyncio observer as the trio runtime calls it: each ``on_event`` and ``close`` runs
     as a task on the host loop (in ``context``, a copy per call) and the guest awaits it."""
+
+    wraps_observer: ClassVar[bool] = True  # observers are told apart by ``inner``
 
     def __init__(
         self, observer: ObserverLike, loop: asyncio.AbstractEventLoop, context: contextvars.Context

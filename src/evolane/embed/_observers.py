@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import trio
 
@@ -101,12 +101,17 @@ def observer_plugin(name: str) -> Any:
     return _Named(observer, name)
 
 
+WRAPS_OBSERVER = "wraps_observer"
+"""The class attribute (True) of evolane's wrappers of an observer, held as ``inner``."""
+
+
 @dataclass
 class _Named:
     """A plugin observer under its entry point's name."""
 
     inner: Any
     name: str
+    wraps_observer: ClassVar[bool] = True
 
     async def on_event(self, event: ProgressEvent) -> None:
         handler = getattr(self.inner, "on_event", None)
@@ -150,11 +155,13 @@ def distinct(observers: Sequence[ObserverLike]) -> list[ObserverLike]:
     ``open_runtime`` and ``start_optimize``, hears each event once and is closed once, as
     the runtime-wide one it is (found by review: it heard every event once per mention and
     was closed by each run besides its runtime). An `evolane.aio` or plugin wrapper counts
-    as the observer it wraps (its ``inner``)."""
+    as the observer it wraps (its ``inner``; a class says it is one with `WRAPS_OBSERVER`:
+    a user's observer may have an ``inner`` of its own, found by review)."""
     seen: set[int] = set()
     kept = []
     for observer in observers:
-        key = id(getattr(observer, "inner", observer))
+        wraps = getattr(type(observer), WRAPS_OBSERVER, False) is True
+        key = id(observer.inner if wraps else observer)
         if key not in seen:
             seen.add(key)
             kept.append(observer)
