@@ -193,6 +193,19 @@ def test_a_config_file_over_its_cap_is_refused_unread(tmp_path: Path) -> None:
     assert not (tmp_path / "store").exists()
 
 
+def test_a_config_given_through_a_pipe_loads(tmp_path: Path) -> None:
+    """``--config <(...)`` (a pipe) loads as a file does (found by review: the 1 MiB cap's
+    regular-file read refused it)."""
+    settings = {**_project(tmp_path), "population": 3}
+    (tmp_path / "flags.toml").write_text(_toml(settings))
+    shell = f"exec {sys.executable} -m evolane config show --json --config <(cat flags.toml)"
+    done = subprocess.run(
+        ["bash", "-c", shell], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["settings"]["population"]["value"] == 3
+
+
 def test_config_show_prints_each_value_with_its_source(tmp_path: Path) -> None:
     (tmp_path / "evolane.toml").write_text(_toml(_project(tmp_path)))
     done = _run(["config", "show", "--population", "3"], tmp_path)

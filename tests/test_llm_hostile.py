@@ -122,7 +122,7 @@ async def _campaign(chat_stub: ChatStub, tmp_path: Path, **overrides: object) ->
             return await runtime.optimize(request, backends=backends)
 
 
-async def test_an_optimizer_optimizer_down_on_every_call_fails_the_run(
+async def test_an_optimizer_endpoint_down_on_every_call_fails_the_run(
     chat_stub: ChatStub, tmp_path: Path
 ) -> None:
     # It ended "finished", the campaign "complete", exit 0, having tried nothing.

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from evolane.store import BlobTooLargeError, NotRegularFileError, read_regular_file
+from evolane.store import read_at_most
 
 FLAG, DEFAULT, FAST = "flag", "default", "--fast-verified"
 """Sources of a value besides a config file (its path) and an example (``example NAME``)."""
@@ -130,14 +130,17 @@ few hundred bytes, and a 100 MB one took 14 s to parse (found by review)."""
 
 
 def _text(path: Path) -> str:
+    """The file's text, at most `MAX_CONFIG_BYTES` read; a pipe given as ``--config``
+    (``<(...)``) is read as a file is (the search for a config file takes files only)."""
     try:
-        data = read_regular_file(path, MAX_CONFIG_BYTES, follow_symlinks=True)
+        with open(path, "rb") as handle:
+            data = read_at_most(handle, MAX_CONFIG_BYTES)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{shown_path(path)}: the config file is over {MAX_CONFIG_BYTES >> 20} MiB"
+            )
         return data.decode("utf-8")
-    except BlobTooLargeError:
-        raise ConfigError(
-            f"{shown_path(path)}: the config file is over {MAX_CONFIG_BYTES >> 20} MiB"
-        ) from None
-    except (OSError, UnicodeDecodeError, NotRegularFileError) as error:
+    except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{shown_path(path)}: cannot read the config file ({error})") from None
 
 
@@ -265,7 +268,9 @@ def merge_config_file(flags: dict[str, Any], *, session_only: bool = False) -> d
     named = flags.get("config")
     if named is not None:
         path = Path(named)
-        if not path.is_file():
+        if path.is_dir():
+            raise ConfigError(f"--config {named}: a folder, not a file")
+        if not path.exists():  # a pipe (``<(...)``) is read as a file
             raise ConfigError(f"--config {named}: no such file")
     else:
         path = find_config(Path.cwd())
