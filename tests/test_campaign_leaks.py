@@ -71,7 +71,7 @@ def test_a_single_file_target_is_checked(tmp_path: Path) -> None:
     prompt = tmp_path / "prompt.txt"
     prompt.write_text('{"input": "judged only"}\n')
     message = _refusal(prompt)
-    assert "prompt.txt:1 holds val case 'v2'" in message
+    assert "prompt.txt:1 holds val case 'v2': its input; every candidate" in message  # no answer
 
 
 @pytest.mark.parametrize(

@@ -61,10 +61,11 @@ an empty file among the trajectories refused every target holding one)."""
 
 @dataclass(frozen=True)
 class _Held:
-    """A val or test case: its split and id."""
+    """A val or test case: its split, id and whether it has an expected output."""
 
     split: str
     id: str
+    answered: bool = True
 
 
 def check_target_holds_no_cases(target: Path, dataset: Dataset) -> None:
@@ -82,8 +83,9 @@ def check_target_holds_no_cases(target: Path, dataset: Dataset) -> None:
         more = len({case for _, case in found}) - 1
         others = f" (and {more} more val/test case{'s' if more != 1 else ''})" if more > 0 else ""
         raise InputError(
-            f"--target {target}: {where} holds {held.split} case {quote(held.id)}: its input "
-            f"and expected output{others}; every candidate gets a copy of the target, so the "
+            f"--target {target}: {where} holds {held.split} case {quote(held.id)}: its input"
+            f"{' and expected output' if held.answered else ''}{others}; every candidate gets "
+            "a copy of the target, so the "
             "gate and the confirmation would judge answers it can read: remove them (train "
             "cases may stay)"
         )
@@ -131,7 +133,7 @@ def _held_out_keys(dataset: Dataset) -> dict[bytes, _Held]:
         for case in dataset.split(split):
             key = _key(case.input, case.expected_output)
             if key is not None:
-                keys.setdefault(key, _Held(split, case.id))
+                keys.setdefault(key, _Held(split, case.id, case.expected_output is not None))
     return keys
 
 
