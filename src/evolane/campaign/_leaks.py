@@ -171,7 +171,7 @@ def _found_in_file(
     try:
         with open(path, "rb", opener=_no_follow) as handle:
             line = 1
-            for block in _blocks(handle):
+            for block in _blocks(handle, size):
                 counted = 0  # the newlines before ``counted`` are in ``line``
                 for match in _ROW_LINE.finditer(block):
                     line += block.count(_NEWLINE, counted, match.start())
@@ -201,10 +201,12 @@ def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
-def _blocks(handle: BinaryIO) -> Iterator[bytes]:
-    """The file in blocks of whole lines (a line longer than `BLOCK_BYTES` is cut)."""
-    rest = b""
-    while chunk := handle.read(BLOCK_BYTES):
+def _blocks(handle: BinaryIO, size: int) -> Iterator[bytes]:
+    """The file's first ``size`` bytes (its size when walked: what is appended since is not
+    read) in blocks of whole lines; a line longer than `BLOCK_BYTES` is cut."""
+    rest, left = b"", size
+    while left > 0 and (chunk := handle.read(min(BLOCK_BYTES, left))):
+        left -= len(chunk)
         block = rest + chunk
         end = block.rfind(_NEWLINE) + 1
         if end == 0 and len(block) < BLOCK_BYTES:
