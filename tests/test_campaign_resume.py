@@ -138,6 +138,43 @@ def test_rerun_evaluator_judges_stored_replays_and_replays_nothing(
     assert all(d["decision"] != "accept" for d in report["decisions"])
 
 
+# -- a kill right after run.json is first written -------------------------------------------
+
+DIE_AFTER_RUN_RECORD = """
+import os, sys, trio
+from evolane.campaign import _prepare
+from evolane.campaign._config import CampaignConfig
+from evolane.campaign._run import RunRequest, run_campaign
+
+real = _prepare.save_run
+
+def save_then_die(layout, record):
+    real(layout, record)
+    os._exit(9)  # no cleanup at all: as a SIGKILL right after the rename of run.json
+
+_prepare.save_run = save_then_die
+trio.run(run_campaign, RunRequest(CampaignConfig.model_validate_json(sys.argv[1])))
+"""
+
+
+async def test_a_run_killed_right_after_its_record_was_written_resumes(tmp_path: Path) -> None:
+    """Found by crash-point enumeration (SIGKILL at the 2nd rename): run.json named a
+    campaign whose campaign.json was not written yet, and ``--resume`` died on it with an
+    internal error; the campaign's record is now written first."""
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, iterations=1, population=1)
+    argv = [sys.executable, "-c", DIE_AFTER_RUN_RECORD, config.model_dump_json()]
+    died = await trio.to_thread.run_sync(
+        partial(subprocess.run, argv, capture_output=True, timeout=120)
+    )
+    assert died.returncode == 9, died.stderr.decode()
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert (run_dir / "run.json").is_file()
+    with trio.fail_after(60):
+        outcome = await run_campaign(RunRequest(config, resume_run=run_dir.name))
+    assert outcome.report is not None and outcome.report.status == "finished"
+
+
 # -- a crash in the middle of an apply, recovered at the next start -------------------------
 
 DIE_MID_APPLY = """

@@ -91,13 +91,17 @@ class Prepared:
         return self.layout.run_dir(self.run.run_id)
 
     def persist(self) -> None:
-        """Write ``run.json`` and ``campaign.json`` (the run is now resumable)."""
-        save_run(self.layout, self.run)
+        """Write ``campaign.json``, then ``run.json`` (the run is now resumable). ``run.json``
+        is the commit point and names the campaign, so the campaign's record is durable
+        first: a kill between the two leaves a campaign listing a run with no record (skipped
+        where its runs are read), never a run whose campaign is missing (found by crash-point
+        enumeration: ``--resume`` of such a run was an internal error, exit 1)."""
         if self.run.run_id not in self.campaign.runs:
             self.campaign = self.campaign.model_copy(
                 update={"runs": (*self.campaign.runs, self.run.run_id), "status": "active"}
             )
         save_campaign(self.layout, self.campaign)
+        save_run(self.layout, self.run)
 
 
 def check_templates(config: CampaignConfig) -> GateSettings:

@@ -210,12 +210,16 @@ def load_run(layout: StoreLayout, run_id: str) -> RunRecord:
 
 def last_run_plugins(layout: StoreLayout, campaign_id: str) -> dict[str, str]:
     """The plugins the newest run of ``campaign_id`` recorded (`CampaignConfig.plugins`);
-    empty when it has no run or its records cannot be read (refused where they are read)."""
+    empty when it has no run or its records cannot be read (refused where they are read).
+    A listed run with no ``run.json`` (a kill came between its campaign's record and its
+    own) never ran and is skipped."""
     try:
-        runs = load_campaign(layout, campaign_id).runs
-        return dict(load_run(layout, runs[-1]).config.plugins) if runs else {}
+        for run_id in reversed(load_campaign(layout, campaign_id).runs):
+            with contextlib.suppress(FileNotFoundError):
+                return dict(load_run(layout, run_id).config.plugins)
     except (OSError, ValueError):
-        return {}
+        pass
+    return {}
 
 
 class StagedCampaign(Record):
