@@ -313,3 +313,36 @@ def test_a_full_disk_while_a_replay_stores_its_output_ends_the_run_failed(
     (run_dir,) = (paths["store"] / "runs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
 
+
+FULL_WHILE_PREPARING_A_SLOT = """
+import errno, os
+import evolane.lanes._scratch as scratch
+def prepare(self, store, job):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "sandbox/context")
+scratch.SlotScratch.prepare = prepare
+from evolane.cli import main
+main()
+"""
+
+
+def test_a_full_disk_while_an_optimizer_slot_is_prepared_ends_the_run_failed(
+    tmp_path: Path,
+) -> None:
+    """Found by crash-point enumeration (ENOSPC at a write of the optimizer's context folder
+    in the store): the slot was lost as ``prepare_failed`` and the run ended ``complete``,
+    exit 0; a full store now ends the run failed, as a replay's full disk does."""
+    paths = write_toy(tmp_path, PLAN)
+    script = tmp_path / "full_while_preparing.py"
+    script.write_text(FULL_WHILE_PREPARING_A_SLOT)
+    flags = toy_flags(paths, paths["store"])
+    done = subprocess.run(
+        [sys.executable, str(script), "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    told = done.stdout + done.stderr
+    assert "No space left on device" in told and "Traceback" not in told, told
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
