@@ -455,3 +455,29 @@ def test_snapshot_materialize_round_trip(
             assert executable == bool(mode & 0o111)
         for relative, target in links.items():
             assert os.readlink(dest / relative) == target
+
+
+def test_a_durable_materialization_fsyncs_every_copy_and_folder_before_its_rename(
+    store: BlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by crash review (strace of a run): a proposal's ``candidate/`` copies were
+    renamed into place unsynced, so a power loss could leave them empty."""
+    source = tmp_path / "src"
+    for relative in ("a.txt", "deep/er/b.txt", "deep/c.sh"):
+        write(source, relative, relative.encode(), 0o755 if relative.endswith(".sh") else 0o644)
+    ref = snapshot_tree(store, source)
+    synced: set[int] = set()
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.add(os.fstat(fd).st_ino), real(fd)))
+    out = tmp_path / "out"
+    materialize_tree(store, ref, out, link=False)
+    made = [out, *(p for p in out.rglob("*"))]
+    assert {p.stat().st_ino for p in made} <= synced
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError) as caught:  # one line naming the copy, never the store root
+        materialize_tree(store, ref, tmp_path / "again", link=False)
+    assert caught.value.filename is not None and "again" in caught.value.filename

@@ -121,7 +121,7 @@ class SlotScratch:
         materialize_workspace(store, job.parent_ref, (), self.workdir)
         self.prompt_file.write_bytes(store.read_bytes(job.prompt_ref))
         if job.context_ref is not None:
-            materialize_tree(store, job.context_ref, self.context, link=False)
+            materialize_tree(store, job.context_ref, self.context, link=False, durable=False)
         else:
             self.context.mkdir()
         _set_writable(self.context, False)

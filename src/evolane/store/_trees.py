@@ -30,6 +30,7 @@ from evolane.store._blobs import (
     NotRegularFileError,
     StoreError,
     fsync_dir,
+    with_path,
 )
 from evolane.store._remove import remove_tree
 from evolane.store._scan import (
@@ -276,7 +277,11 @@ def materialize_tree(
     blob's read-only inode), otherwise copied and made read-only; executables are copied
     with mode 0o555. Symlinks must stay inside the tree. The tree is built in a temp
     sibling directory and renamed into place, so a failure leaves no destination behind.
-    ``durable=False`` skips the directory fsync: for throwaway copies such as workspaces.
+    Durable (the default), every copied file and every folder of the tree is fsynced
+    before the rename and the destination's folder after it, so a power loss leaves the
+    tree whole or absent, never with empty files (found by crash review: a proposal's
+    ``candidate/`` was renamed in with its copies unsynced). ``durable=False`` skips every
+    fsync: for throwaway copies such as workspaces.
     ``writable=True`` (with ``link=False``) leaves copies writable by their owner (0o644,
     0o755): a workspace a command edits.
     """
@@ -290,7 +295,7 @@ def materialize_tree(
     )
     try:
         linked, copied, symlinks = _populate(
-            store, manifest, staging, link=link, verify=verify, writable=writable
+            store, manifest, staging, link=link, verify=verify, writable=writable, durable=durable
         )
         os.chmod(staging, 0o755)
         os.replace(staging, destination)
@@ -340,6 +345,7 @@ def _populate(
     link: bool,
     verify: bool,
     writable: bool,
+    durable: bool = False,
 ) -> tuple[int, int, int]:
     linked = copied = 0
     symlinks: list[tuple[Path, str]] = []
@@ -353,12 +359,16 @@ def _populate(
         elif link and not entry.executable and _try_link(store, entry, target, verify=verify):
             linked += 1
         else:
-            _copy_blob(store, entry, target, verify=verify, writable=writable)
+            _copy_blob(store, entry, target, verify=verify, writable=writable, durable=durable)
             copied += 1
     # Symlinks are created last so no file is ever written through one.
     for target, link_target in symlinks:
         os.symlink(link_target, target)
     _check_symlinks_resolved(root, [target for target, _ in symlinks])
+    if durable:  # deepest first: each folder's entries, then the folder's own entry above
+        for folder in sorted(made, key=lambda key: -key.count("/")):
+            fsync_dir(root.joinpath(*folder.split("/")))
+        fsync_dir(root)
     return linked, copied, len(symlinks)
 
 
@@ -390,9 +400,16 @@ def _try_link(store: BlobStore, entry: FileEntry, target: Path, *, verify: bool)
 
 
 def _copy_blob(
-    store: BlobStore, entry: FileEntry, target: Path, *, verify: bool, writable: bool = False
+    store: BlobStore,
+    entry: FileEntry,
+    target: Path,
+    *,
+    verify: bool,
+    writable: bool = False,
+    durable: bool = False,
 ) -> None:
-    """Copy the blob, hashing as it goes so verification costs no second read."""
+    """Copy the blob, hashing as it goes so verification costs no second read; fsync the
+    copy when ``durable``."""
     hasher = hashlib.sha256()
     size = 0
     with store.open(entry.digest) as source, target.open("xb") as out:
@@ -400,6 +417,12 @@ def _copy_blob(
             hasher.update(chunk)
             size += len(chunk)
             out.write(chunk)
+        if durable:
+            out.flush()
+            try:
+                os.fsync(out.fileno())
+            except OSError as error:  # os.fsync names no file: name the copy
+                raise with_path(error, target) from None
     if verify and ("sha256:" + hasher.hexdigest() != entry.digest or size != entry.size):
         raise CorruptBlobError(
             f"corrupt blob {entry.digest} at {store.path_of(entry.digest)}: "
