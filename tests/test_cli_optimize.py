@@ -364,3 +364,22 @@ def test_the_exit_code_follows_a_ctrl_c_or_bad_input_among_several_errors() -> N
     assert _leaf(ExceptionGroup("g", [ExceptionGroup("h", [usage])])) is usage
     group = ExceptionGroup("g", [crash, RuntimeError("another")])
     assert _leaf(group) is group  # no single cause: reported as the group
+
+
+def test_the_summary_says_why_a_publish_was_rolled_back(tmp_path: Path) -> None:
+    """Found by crash review (ENOSPC injected into a publish): the summary said
+    ``apply (auto_verified): rolled_back`` and nothing more; the reason was in report.json
+    only."""
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    flags = toy_flags(paths, paths["store"])
+    flags += ["--iterations", "1", "--population", "1", "--apply", "auto_verified"]
+    done = subprocess.run(
+        [*EVOLANE, "optimize", *flags, "--check", "sh -c 'exit 4'"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("apply (")]
+    assert line.startswith("apply (auto_verified): rolled_back: post-apply check failed"), line
+    assert "exit code 4" in line

@@ -12,6 +12,9 @@ from evolane.cli._amounts import role_spend
 from evolane.cli._output import reader_may_leave, test_delta_text
 from evolane.cli._resumable import failed_advice
 
+_UNPUBLISHED = frozenset({"refused", "rolled_back", "recovered"})
+"""Apply statuses of an ``auto_verified`` publish that left the target as it was."""
+
 
 def _ci(score: Any) -> str:
     if score is None:
@@ -79,7 +82,10 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     if report.message:
         lines.append(f"note: {report.message}")
     if report.apply is not None:
-        lines.append(f"apply ({report.apply.policy}): {report.apply.status}")
+        why = ""  # a publish that did not happen says why, not only in report.json
+        if report.apply.status in _UNPUBLISHED and report.apply.message:
+            why = f": {escape(report.apply.message)}"
+        lines.append(f"apply ({report.apply.policy}): {report.apply.status}{why}")
         if report.apply.proposal_dir:
             lines.append(f"proposal: {report.apply.proposal_dir}")
     lines += [f"report: {run_dir / 'report.json'}", f"        {run_dir / 'report.md'}"]
