@@ -386,3 +386,19 @@ def test_open_below_follows_no_symlink_under_its_folder(tmp_path: Path) -> None:
     with pytest.raises(NotRegularFileError):
         read_regular_file(unit / "kept" / "link", 100, below=unit)
     assert sorted(p.name for p in elsewhere.iterdir()) == ["usage.json"]
+
+
+def test_a_failing_folder_fsync_names_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by crash review (EIO injected at the fsync of a proposal's folder): the run's one
+    error line named the store's root, since ``os.fsync`` names no file."""
+    from evolane.store import fsync_dir
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError) as caught:
+        fsync_dir(tmp_path)
+    assert caught.value.errno == errno.EIO and caught.value.filename == str(tmp_path)

@@ -98,6 +98,8 @@ def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as error:  # os.fsync names no file: name the directory (crash review)
+        raise with_path(error, directory) from None
     finally:
         os.close(fd)
 
@@ -228,10 +230,9 @@ class BlobStore:
     def put_regular_file(
         self, path: Path | str, max_bytes: int, *, media_type: str = DEFAULT_MEDIA_TYPE
     ) -> ArtifactRef:
-        """Store the regular file at ``path``, reading at most ``max_bytes`` of it: for files a
-        command wrote. A symlink is never followed and a FIFO never waited on
-        (`NotRegularFileError`); a file holding more bytes raises `BlobTooLargeError` before
-        anything is stored."""
+        """Store the regular file at ``path`` (a command wrote), reading at most ``max_bytes``
+        of it. A symlink is never followed, a FIFO never waited on (`NotRegularFileError`);
+        a file holding more raises `BlobTooLargeError` before anything is stored."""
         with _open_regular(path) as source:
             if os.fstat(source.fileno()).st_size < CHUNK_SIZE:  # small: read once, unbuffered
                 data = _read_fd(source.fileno(), max_bytes)
@@ -429,8 +430,7 @@ def read_regular_file(
     ``max_bytes`` are read (`BlobTooLargeError` when it holds more), a symlink is not
     followed (unless ``follow_symlinks``: for a tree evolane laid out itself, whose links
     were checked to stay inside; ``below``: nor at any step of ``path`` below that folder)
-    and a FIFO or device is not read (`NotRegularFileError`); ``FileNotFoundError`` and
-    other ``OSError`` as usual."""
+    and a FIFO or device is not read (`NotRegularFileError`); other ``OSError`` as usual."""
     with _open_regular(path, follow_symlinks=follow_symlinks, below=below) as source:
         data = read_at_most(source, max_bytes)
     if len(data) > max_bytes:
