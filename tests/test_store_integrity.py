@@ -346,3 +346,22 @@ def test_a_full_disk_while_an_optimizer_slot_is_prepared_ends_the_run_failed(
     assert "No space left on device" in told and "Traceback" not in told, told
     (run_dir,) = (paths["store"] / "runs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+
+
+async def test_a_new_run_and_campaign_folder_are_fsynced_into_their_parents(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Found by crash review (strace of a run): ``runs/<id>/`` and ``campaigns/<id>/`` were
+    made and only the files inside them fsynced, so a power loss could lose the folders'
+    entries, run.json and campaign.json with them."""
+    from evolane.campaign._run import RunRequest, run_campaign
+
+    paths = write_toy(tmp_path, PLAN)
+    synced: set[int] = set()
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.add(os.fstat(fd).st_ino), real(fd)))
+    with trio.fail_after(120):
+        await run_campaign(RunRequest(toy_config(paths, iterations=1, population=1)))
+    store = paths["store"]
+    for folder in (store, store / "runs", store / "campaigns"):
+        assert folder.stat().st_ino in synced, folder

@@ -45,6 +45,7 @@ from evolane.store import (
     BlobStore,
     JournalCorruptError,
     StoreError,
+    make_folders_durable,
     read_journal,
     read_json,
     write_json_atomic,
@@ -199,7 +200,7 @@ class StoreLayout:
 
 def save_run(layout: StoreLayout, record: RunRecord) -> None:
     """Write ``run.json`` atomically."""
-    layout.run_dir(record.run_id).mkdir(parents=True, exist_ok=True)
+    make_folders_durable(layout.run_dir(record.run_id))
     write_json_atomic(layout.run_dir(record.run_id) / "run.json", record)
 
 
@@ -240,7 +241,7 @@ def save_campaign(layout: StoreLayout, state: CampaignState) -> None:
     """Write ``campaign.json`` atomically, stamped with the time; a staged state is then
     spent (it was committed into this one, or its run never reached its end)."""
     stamped = state.model_copy(update={"updated": time.time()})
-    layout.campaign_file(state.campaign_id).parent.mkdir(parents=True, exist_ok=True)
+    make_folders_durable(layout.campaign_file(state.campaign_id).parent)
     write_json_atomic(layout.campaign_file(state.campaign_id), stamped)
     _staged_file(layout, state.campaign_id).unlink(missing_ok=True)
 
@@ -250,7 +251,7 @@ def end_run(layout: StoreLayout, run: RunRecord, state: CampaignState) -> None:
     then ``run.json``, then ``campaign.json`` (`load_campaign` reads a staged state whose
     run reached ``run.json``)."""
     staged = StagedCampaign(run=run, state=state)
-    layout.campaign_file(state.campaign_id).parent.mkdir(parents=True, exist_ok=True)
+    make_folders_durable(layout.campaign_file(state.campaign_id).parent)
     write_json_atomic(_staged_file(layout, state.campaign_id), staged)
     save_run(layout, run)
     save_campaign(layout, state)

@@ -52,6 +52,27 @@ def dump_json(value: Any) -> bytes:
     return orjson.dumps(value, default=json_default, option=JSON_OPTIONS)
 
 
+def make_folders_durable(folder: Path | str) -> None:
+    """Make ``folder`` and any missing folder above it, fsyncing the parent of each one
+    made, so a file made durable inside is reachable after a power loss (found by crash
+    review: a new run's folder, and a new store's ``runs/``, were never fsynced into their
+    parents; only the files inside them were)."""
+    folder = Path(folder)
+    missing: list[Path] = []
+    while not folder.is_dir():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for made in reversed(missing):
+        try:
+            with contextlib.suppress(FileExistsError):  # made meanwhile by another writer
+                made.mkdir()
+        except OSError as error:
+            raise with_path(error, made) from None
+        fsync_dir(made.parent)
+
+
 def write_bytes_atomic(path: Path | str, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that readers and crashes see the old or new file whole."""
     path = Path(path)
