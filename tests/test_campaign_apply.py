@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -383,6 +384,35 @@ async def test_cancellation_mid_swap_still_finishes_the_swap_then_rolls_back(
         *("started", "backed_up", "staged", *["swapping"] * 4, "swapped"),
         *("rolling_back", "rolled_back"),
     ]
+    assert state(setup.target) == before
+    assert hidden(setup.target.parent) == []
+
+
+def full_store_from(monkeypatch: pytest.MonkeyPatch, done: int, *, once: bool) -> None:
+    """The apply journal cannot be written from its ``swapping`` record ``done`` on (a full
+    store): once, or every write after it too."""
+    real, failed = _apply._write_journal, []
+
+    def full(path: Path, record: ApplyJournal) -> None:
+        if (record.state == "swapping" and record.done == done) or (failed and not once):
+            failed.append(record.state)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, record)
+
+    monkeypatch.setattr(_apply, "_write_journal", full)
+
+
+async def test_a_store_full_mid_publish_still_restores_the_target(
+    setup: Setup, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by crash-point enumeration (ENOSPC on every write from the 3rd apply.json on):
+    the rollback's own journal record failed first, so the target stayed half published
+    (and the stash and temps beside it) until the next run in the store recovered it."""
+    full_store_from(monkeypatch, 2, once=False)
+    with trio.fail_after(30):
+        before = state(setup.target)
+        with pytest.raises(OSError, match="No space left"):
+            await setup.apply(host, "auto_verified", check=check("true"))
     assert state(setup.target) == before
     assert hidden(setup.target.parent) == []
 

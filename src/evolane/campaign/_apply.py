@@ -447,8 +447,13 @@ def _commit(publish: _Publish) -> None:
 
 
 def _roll_back(store: BlobStore, publish: _Publish, reason: str) -> None:
-    publish.record("rolling_back", reason)
-    restore(store, publish.journal.plan)
+    """Undo the publish; the target is restored even when the journal cannot record it (a
+    full store: found by crash review, the target stayed half published until the next
+    run), and that journal error is raised after (recovery finds nothing left to undo)."""
+    try:
+        publish.record("rolling_back", reason)
+    finally:
+        restore(store, publish.journal.plan)
     publish.record("rolled_back", reason)
 
 
