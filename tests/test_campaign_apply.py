@@ -417,6 +417,24 @@ async def test_a_store_full_mid_publish_still_restores_the_target(
     assert hidden(setup.target.parent) == []
 
 
+async def test_a_store_refusing_one_write_mid_publish_undoes_it_and_raises(
+    setup: Setup, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by crash-point enumeration (ENOSPC once, at the 3rd write of apply.json): the
+    publish was rolled back and the run ended complete (exit 0), though the README says a
+    run that cannot write its store ends failed; its campaign, complete, could never publish
+    the best. Now the error is raised once the target is restored (the run fails, and
+    ``--resume-campaign`` publishes)."""
+    full_store_from(monkeypatch, 2, once=True)
+    with trio.fail_after(30):
+        before = state(setup.target)
+        with pytest.raises(OSError, match="No space left"):
+            await setup.apply(host, "auto_verified", check=check("true"))
+    assert state(setup.target) == before
+    assert hidden(setup.target.parent) == []
+    assert journal(setup.run_dir).state == "rolled_back"
+
+
 async def test_a_pending_journal_blocks_a_new_apply_until_recovered(
     setup: Setup, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:

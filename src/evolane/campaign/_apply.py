@@ -55,6 +55,7 @@ from evolane.store import (
     read_json,
     snapshot_tree,
     store_manifest,
+    store_refused,
     write_json_atomic,
 )
 
@@ -340,6 +341,8 @@ async def _publish_and_check(
     except (OSError, StoreError) as exc:
         reason = f"publishing failed: {type(exc).__name__}: {exc}"
         await _undo(store, publish, reason)
+        if any(store_refused(exc, at) for at in (store.root, publish.path.parent)):
+            raise  # undone; the run ends failed (README), and --resume-campaign publishes
         return ApplyOutcome(**base, status="rolled_back", message=_clip_head(reason))
     except (Exception, trio.Cancelled):
         await _undo(store, publish, "publishing failed or was cancelled")

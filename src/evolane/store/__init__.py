@@ -40,6 +40,7 @@ from evolane.store._failure import (
     StorageFailure,
     describe_failure,
     storage_failure,
+    store_refused,
 )
 from evolane.store._fsck import FsckResult, Problem, check_store
 from evolane.store._journal import (
@@ -153,6 +154,7 @@ __all__ = [
     "snapshot_tree",
     "storage_failure",
     "store_manifest",
+    "store_refused",
     "store_scan",
     "sync_deferred",
     "write_all",

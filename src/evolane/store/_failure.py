@@ -52,6 +52,15 @@ def storage_failure(error: BaseException) -> BaseException | None:
     return None
 
 
+def store_refused(error: BaseException, root: os.PathLike[str] | str) -> bool:
+    """Whether ``error`` is a write that the store at ``root`` refused (a `WRITE_ERRNOS`
+    ``OSError`` naming a file in it), as opposed to one of a target outside it."""
+    if not isinstance(error, OSError) or error.errno not in WRITE_ERRNOS or not error.filename:
+        return False
+    named, store = os.path.abspath(error.filename), os.path.abspath(root)
+    return os.path.commonpath([named, store]) == store
+
+
 def describe_failure(failure: BaseException, store: os.PathLike[str] | str) -> str:
     """One plain line for a failure `storage_failure` found in the store at ``store``."""
     if isinstance(failure, StorageFailure | JournalWriteError):
