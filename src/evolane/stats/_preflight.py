@@ -348,8 +348,9 @@ def regression_veto_note(config: GateConfig, repetitions: Repetitions) -> str | 
     return (
         f"no_regression cannot veto any case with {base}/{cand} repetitions: a consistent "
         f"pass -> fail has p = {p:.3g} > regression_alpha {config.regression_alpha:g}; use "
-        f"3/3 repetitions or more, regression_alpha = 1 for deterministic replays, or the "
-        f"strict gate"
+        f"3/3 repetitions or more (--baseline-replay-repetitions 3 "
+        f"--candidate-replay-repetitions 3), or the strict gate (embedding evolane, "
+        f"GateConfig.regression_alpha = 1 vetoes at one repetition, for deterministic replays)"
     )
 
 
