@@ -469,6 +469,8 @@ async def test_judges_stopped_by_an_early_stop_are_not_reported_as_failures(
     stopped = [m for m in report.measurements if m.status == "early_stopped"]
     counts = [(m.measurement_id, m.units_failed, m.units_cancelled) for m in stopped]
     assert stopped and all(m.units_failed == 0 < m.units_cancelled for m in stopped), counts
+    reasons = [d.reason for d in report.decisions if d.reason.startswith("early stop")]
+    assert reasons and all(r.startswith("early stop after ") for r in reasons), reasons  # once
     store = StoreLayout(paths["store"]).blobs()
     cancelled = [
         u

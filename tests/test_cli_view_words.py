@@ -374,3 +374,12 @@ def test_the_live_view_says_how_long_a_running_run_has_been_quiet() -> None:
     assert _holds_whole(lines, f"no event for 1m35s {busy}"), "\n".join(lines)
     ended = _folded(script())
     assert "no event for" not in "\n".join(_lines(render_view(ended, ended.t + 95.0), 200))
+
+
+@pytest.mark.parametrize("prefix", ["", "early stop: "])  # this session's form, and before
+def test_an_early_stop_reads_the_same_in_either_stored_form(prefix: str) -> None:
+    """The gate's reason said "early stop: early stop after ..." (report.md showed it so;
+    found by review); runs stored before still read as one."""
+    reason = f"{prefix}early stop after 12 of 16 cases, settled: even if the rest: indecisive"
+    event = _decision(0, GOOD, decision="indecisive", reason=reason, mean_delta=0.1, se=0.1)
+    assert rule_text(event) == "even if the rest"

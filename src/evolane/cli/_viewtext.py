@@ -24,7 +24,9 @@ _EARLY_WORDS = {
     "coverage": "stopped early: too few comparable cases left",
 }
 _SPENT_NAMES = {"tokens": " tokens", "cost_usd": "", "wall_seconds": " command time"}
-_EARLY_PREFIX = re.compile(r"^early stop: (early stop after \d+ of \d+ cases, (settled: )?)?")
+_EARLY_PREFIX = re.compile(  # runs before 2026-12-05 said "early stop: early stop after"
+    r"^(early stop: )?(early stop after \d+ of \d+ cases, (settled: )?)?"
+)
 _CLOSE = 1e-12  # as the gate's tie tolerance: a delta equal to its bar is not above it
 _RESULT = (": accepted", ": rejected", ": indecisive")
 

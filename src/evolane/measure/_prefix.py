@@ -79,7 +79,7 @@ class CasePrefix:
             self._fed += 1
             decision = stopper.update(None if math.isnan(delta) else delta)
             if decision is not None:
-                return decision, f"early stop: {stopper.reason}", index + 1
+                return decision, stopper.reason, index + 1  # "early stop after ..."
         return None
 
     def event(
