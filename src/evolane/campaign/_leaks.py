@@ -82,12 +82,11 @@ def check_target_holds_no_cases(target: Path, dataset: Dataset) -> None:
         where = relative if line is None else f"{relative}:{line}"
         more = len({case for _, case in found}) - 1
         others = f" (and {more} more val/test case{'s' if more != 1 else ''})" if more > 0 else ""
+        what = "its input and expected output" if held.answered else "its input"
         raise InputError(
-            f"--target {target}: {where} holds {held.split} case {quote(held.id)}: its input"
-            f"{' and expected output' if held.answered else ''}{others}; every candidate gets "
-            "a copy of the target, so the "
-            "gate and the confirmation would judge answers it can read: remove them (train "
-            "cases may stay)"
+            f"--target {target}: {where} holds {held.split} case {quote(held.id)}: {what}"
+            f"{others}; every candidate gets a copy of the target, so the gate and the "
+            "confirmation would judge answers it can read: remove them (train cases may stay)"
         )
 
 
@@ -165,8 +164,8 @@ def _target_files(target: Path) -> Iterator[tuple[str, str, int]]:
 def _found_in_file(
     path: str, size: int, keys: dict[bytes, _Held]
 ) -> list[tuple[int | None, _Held]]:
-    """The held-out cases of one file with their lines: found on lines of their own (read
-    in blocks, so memory stays bounded), else in the file read as one JSON document."""
+    """The held-out cases of one file with their lines: found on its lines (read in blocks,
+    so memory stays bounded), else in the file read as one JSON document."""
     found: list[tuple[int | None, _Held]] = []
     try:
         with open(path, "rb", opener=_no_follow) as handle:
