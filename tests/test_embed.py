@@ -219,11 +219,17 @@ START_CANCELS = ["at-once", "after-5ms", "once-run-json-exists"]
 in (preparing), and the moment the run is written (before it has begun)."""
 
 
+def _run_written(store: Path) -> bool:
+    """Whether the run's records are being written: campaign.json first, then run.json (the
+    last write before the run begins, so polling for run.json could see it too late)."""
+    return bool(list(store.glob("campaigns/*/campaign.json")))
+
+
 async def _cancel_when(moment: str, store: Path, scope: trio.CancelScope) -> None:
     if moment == "after-5ms":
         await trio.sleep(0.005)
     else:
-        while not list(store.glob("runs/*/run.json")):
+        while not _run_written(store):
             await trio.sleep(0.001)
     scope.cancel()
 
@@ -270,7 +276,7 @@ def test_cancelling_the_asyncio_start_cancels_the_run_and_kills_its_trees(
         elif moment == "after-5ms":
             await asyncio.sleep(0.005)
         else:
-            while not list(paths["store"].glob("runs/*/run.json")):
+            while not _run_written(paths["store"]):
                 await asyncio.sleep(0.001)
         task.cancel()
 
