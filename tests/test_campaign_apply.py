@@ -402,19 +402,27 @@ def full_store_from(monkeypatch: pytest.MonkeyPatch, done: int, *, once: bool) -
     monkeypatch.setattr(_apply, "_write_journal", full)
 
 
-async def test_a_store_full_mid_publish_still_restores_the_target(
-    setup: Setup, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+async def _publish_into_a_full_store(
+    setup: Setup, host: SandboxHost, monkeypatch: pytest.MonkeyPatch, *, once: bool
 ) -> None:
-    """Found by crash-point enumeration (ENOSPC on every write from the 3rd apply.json on):
-    the rollback's own journal record failed first, so the target stayed half published
-    (and the stash and temps beside it) until the next run in the store recovered it."""
-    full_store_from(monkeypatch, 2, once=False)
+    """A publish whose 3rd apply.json write (``once``) or every one from it fails with
+    ENOSPC: it raises, and the target is as it was, nothing left beside it."""
+    full_store_from(monkeypatch, 2, once=once)
     with trio.fail_after(30):
         before = state(setup.target)
         with pytest.raises(OSError, match="No space left"):
             await setup.apply(host, "auto_verified", check=check("true"))
     assert state(setup.target) == before
     assert hidden(setup.target.parent) == []
+
+
+async def test_a_store_full_mid_publish_still_restores_the_target(
+    setup: Setup, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by crash-point enumeration (ENOSPC on every write from the 3rd apply.json on):
+    the rollback's own journal record failed first, so the target stayed half published
+    (and the stash and temps beside it) until the next run in the store recovered it."""
+    await _publish_into_a_full_store(setup, host, monkeypatch, once=False)
 
 
 async def test_a_store_refusing_one_write_mid_publish_undoes_it_and_raises(
@@ -425,13 +433,7 @@ async def test_a_store_refusing_one_write_mid_publish_undoes_it_and_raises(
     run that cannot write its store ends failed; its campaign, complete, could never publish
     the best. Now the error is raised once the target is restored (the run fails, and
     ``--resume-campaign`` publishes)."""
-    full_store_from(monkeypatch, 2, once=True)
-    with trio.fail_after(30):
-        before = state(setup.target)
-        with pytest.raises(OSError, match="No space left"):
-            await setup.apply(host, "auto_verified", check=check("true"))
-    assert state(setup.target) == before
-    assert hidden(setup.target.parent) == []
+    await _publish_into_a_full_store(setup, host, monkeypatch, once=True)
     assert journal(setup.run_dir).state == "rolled_back"
 
 

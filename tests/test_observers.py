@@ -9,6 +9,7 @@ import asyncio
 import contextvars
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sniffio
@@ -195,21 +196,28 @@ async def test_observers_sharing_an_inner_attribute_are_each_kept(tmp_path: Path
     assert len(handle.observers) == 4
 
 
-def test_an_asyncio_observer_given_twice_hears_each_event_once(tmp_path: Path) -> None:
-    request = _request(tmp_path)
-    twice = AsyncioRecorder()
+def _aio_run(request: OptimizeRequest, *, shared: list, own: list) -> tuple[Any, Any]:
+    """One run through `evolane.aio`: ``shared`` observers runtime-wide, ``own`` the run's;
+    its handle and outcome (a hang is a failure)."""
 
     async def main() -> tuple[object, object]:
         async with evolane.aio.open_runtime(
             store=str(request.config.store),  # type: ignore[union-attr]
-            observers=[twice],
+            observers=shared,
         ) as runtime:
             handle = await runtime.start_optimize(
-                request, backends=Backends(replay=_replay), observers=[twice]
+                request, backends=Backends(replay=_replay), observers=own
             )
             return handle, await handle.result()
 
-    handle, outcome = asyncio.run(asyncio.wait_for(main(), 120))
+    return asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_an_asyncio_observer_given_twice_hears_each_event_once(tmp_path: Path) -> None:
+    request = _request(tmp_path)
+    twice = AsyncioRecorder()
+
+    handle, outcome = _aio_run(request, shared=[twice], own=[twice])
     assert [kind for _, kind, _ in twice.heard] == _stored_kinds(outcome)
     assert twice.closes == 1 and len(handle.observers) == 1  # type: ignore[attr-defined]
 
@@ -301,17 +309,7 @@ def test_a_raising_asyncio_observer_is_disabled_with_one_warning(
         await asyncio.sleep(0)
         heard.append(event.kind)
 
-    async def main() -> tuple[object, object]:
-        async with evolane.aio.open_runtime(
-            store=str(request.config.store),  # type: ignore[union-attr]
-            observers=[listen],
-        ) as runtime:
-            handle = await runtime.start_optimize(
-                request, backends=Backends(replay=_replay), observers=[explode]
-            )
-            return handle, await handle.result()
-
-    handle, outcome = asyncio.run(asyncio.wait_for(main(), 120))
+    handle, outcome = _aio_run(request, shared=[listen], own=[explode])
     assert outcome.report.status == "finished"  # type: ignore[attr-defined]
     reports = {r.name: r for r in handle.observers}  # type: ignore[attr-defined]
     assert reports["explode"].failed == f"it raised {type(error).__name__}: {error}"

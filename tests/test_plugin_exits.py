@@ -7,7 +7,6 @@ error" (exit 1), an observer's ended the embedding process.)"""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from evolane.embed import observer_plugin
 from evolane.lanes import PluginError, plugin_backend, plugin_spec
 from tests.campaign_helpers import toy_flags, write_toy
+from tests.plugin_helpers import install, write_distribution
 
 PLUGIN = textwrap.dedent(
     """
@@ -53,22 +53,13 @@ exitobs = evolane_exitplug:exiting_observer
 @pytest.fixture
 def plugin_dir(tmp_path: Path) -> Path:
     """A folder holding the test distribution ``evolane-exitplug`` 1.0."""
-    root = tmp_path / "site"
-    info = root / "evolane_exitplug-1.0.dist-info"
-    info.mkdir(parents=True)
-    (root / "evolane_exitplug.py").write_text(PLUGIN)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evolane-exitplug\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(ENTRY_POINTS)
-    return root
+    return write_distribution(tmp_path / "site", "evolane_exitplug", PLUGIN, ENTRY_POINTS)
 
 
 @pytest.fixture
 def installed(plugin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The test distribution on this process's path (importlib caches cleared)."""
-    monkeypatch.syspath_prepend(str(plugin_dir))
-    importlib.invalidate_caches()
-    monkeypatch.delitem(sys.modules, "evolane_exitplug", raising=False)
-    return plugin_dir
+    return install(plugin_dir, "evolane_exitplug", monkeypatch)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ get every event in order. Values that merely contain a colon stay command templa
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -27,6 +26,7 @@ from evolane.lanes import PluginError, installed_plugins, plugin_backend, plugin
 from evolane.measure import CommandSettings, MeasureContext, MeasureSettings, lane_settings
 from evolane.messages import ProgressEvent
 from tests.campaign_helpers import toy_config, toy_flags, write_toy
+from tests.plugin_helpers import install, write_distribution
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 PLAN = {"0.0": "fix:2", "0.1": "noop", "1.0": "fix:1", "1.1": "noop", "2.0": "noop", "2.1": "noop"}
@@ -117,24 +117,14 @@ boom = evolane_testplug:Boom
 
 @pytest.fixture
 def plugin_dir(tmp_path: Path) -> Path:
-    """A folder holding the test distribution ``evolane-testplug`` 1.0 (add it to the path)."""
-    root = tmp_path / "site"
-    root.mkdir()
-    (root / "evolane_testplug.py").write_text(PLUGIN)
-    info = root / "evolane_testplug-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evolane-testplug\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(ENTRY_POINTS)
-    return root
+    """A folder holding the test distribution ``evolane-testplug`` 1.0."""
+    return write_distribution(tmp_path / "site", "evolane_testplug", PLUGIN, ENTRY_POINTS)
 
 
 @pytest.fixture
 def installed(plugin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The test distribution on this process's path (importlib caches cleared)."""
-    monkeypatch.syspath_prepend(str(plugin_dir))
-    importlib.invalidate_caches()
-    monkeypatch.delitem(sys.modules, "evolane_testplug", raising=False)
-    return plugin_dir
+    return install(plugin_dir, "evolane_testplug", monkeypatch)
 
 
 def _run(

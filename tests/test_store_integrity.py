@@ -80,17 +80,33 @@ main()
 """
 
 
-def _optimize_on_a_full_disk(paths: dict[str, Path], tmp_path: Path, **env: str) -> Any:
-    """`evolane optimize` on the toy with the journal's disk full after 3 records."""
-    script = tmp_path / "full_disk.py"
-    script.write_text(FULL_DISK)
+def _patched_optimize(
+    paths: dict[str, Path], source: str, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`evolane optimize` on the toy through a script that patches evolane first (``source``,
+    given ``args`` before the command's own)."""
+    script = paths["store"].parent / "patched_evolane.py"
+    script.write_text(source)
     return subprocess.run(
-        [sys.executable, str(script), "3", "optimize", *toy_flags(paths, paths["store"])],
+        [sys.executable, str(script), *args, "optimize", *toy_flags(paths, paths["store"])],
         capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, **env},
     )
+
+
+def _ended_failed_on_a_full_disk(paths: dict[str, Path], done: Any) -> None:
+    """The run said the disk was full, without a traceback, and ended failed."""
+    told = done.stdout + done.stderr
+    assert "No space left on device" in told and "Traceback" not in told, told
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+
+
+def _optimize_on_a_full_disk(paths: dict[str, Path], tmp_path: Path, **env: str) -> Any:
+    """`evolane optimize` on the toy with the journal's disk full after 3 records."""
+    return _patched_optimize(paths, FULL_DISK, "3", **env)
 
 
 def test_a_full_disk_ends_the_run_failed_naming_the_journal(tmp_path: Path) -> None:
@@ -136,14 +152,7 @@ def test_a_full_disk_before_the_run_starts_is_one_line_naming_the_file(tmp_path:
     """run.json cannot be written: nothing ran, and the error names the file (it used to be
     "internal error" with the exception's repr)."""
     paths = write_toy(tmp_path, PLAN)
-    script = tmp_path / "full_disk_at_start.py"
-    script.write_text(RUN_JSON_ON_A_FULL_DISK)
-    done = subprocess.run(
-        [sys.executable, str(script), "optimize", *toy_flags(paths, paths["store"])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _patched_optimize(paths, RUN_JSON_ON_A_FULL_DISK)
     line = _one_line(done, 1)
     assert line.startswith("evolane: error: cannot write ") and "internal error" not in line
     assert line.endswith("/run.json: No space left on device"), line
@@ -279,15 +288,7 @@ main()
 
 def test_a_torn_events_journal_ends_the_run_failed_in_one_line(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, PLAN)
-    script = tmp_path / "short_write.py"
-    script.write_text(SHORT_WRITE)
-    flags = toy_flags(paths, paths["store"])
-    done = subprocess.run(
-        [sys.executable, str(script), "optimize", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _patched_optimize(paths, SHORT_WRITE)
     assert done.returncode == 1, (done.stdout, done.stderr)
     told = done.stdout + done.stderr
     assert "internal error" not in told and "Traceback" not in told, told
@@ -298,20 +299,9 @@ def test_a_full_disk_while_a_replay_stores_its_output_ends_the_run_failed(
     tmp_path: Path,
 ) -> None:
     paths = write_toy(tmp_path, PLAN)
-    script = tmp_path / "full_while_storing.py"
-    script.write_text(FULL_WHILE_STORING_OUTPUT)
-    flags = toy_flags(paths, paths["store"])
-    done = subprocess.run(
-        [sys.executable, str(script), "6", "optimize", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _patched_optimize(paths, FULL_WHILE_STORING_OUTPUT, "6")
     assert done.returncode == 1, (done.stdout, done.stderr)
-    told = done.stdout + done.stderr
-    assert "No space left on device" in told and "Traceback" not in told, told
-    (run_dir,) = (paths["store"] / "runs").iterdir()
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    _ended_failed_on_a_full_disk(paths, done)
 
 
 FULL_WHILE_PREPARING_A_SLOT = """
@@ -332,20 +322,9 @@ def test_a_full_disk_while_an_optimizer_slot_is_prepared_ends_the_run_failed(
     in the store): the slot was lost as ``prepare_failed`` and the run ended ``complete``,
     exit 0; a full store now ends the run failed, as a replay's full disk does."""
     paths = write_toy(tmp_path, PLAN)
-    script = tmp_path / "full_while_preparing.py"
-    script.write_text(FULL_WHILE_PREPARING_A_SLOT)
-    flags = toy_flags(paths, paths["store"])
-    done = subprocess.run(
-        [sys.executable, str(script), "optimize", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _patched_optimize(paths, FULL_WHILE_PREPARING_A_SLOT)
     assert done.returncode == 1, (done.stdout, done.stderr)
-    told = done.stdout + done.stderr
-    assert "No space left on device" in told and "Traceback" not in told, told
-    (run_dir,) = (paths["store"] / "runs").iterdir()
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    _ended_failed_on_a_full_disk(paths, done)
 
 
 async def test_a_new_run_and_campaign_folder_are_fsynced_into_their_parents(

@@ -10,10 +10,11 @@ or trajectory file inside the target refused (`check_inputs_outside_target`).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from evolane.campaign._config import CampaignConfig
-from evolane.inputs import InputError, trajectory_files
+from evolane.inputs import InputError
 from evolane.lanes import optimizer_command
 from evolane.sandbox import confinement_fix, resolve_isolation, template_paths, within
 
@@ -54,20 +55,20 @@ def containment(config: CampaignConfig) -> Containment:
     return Containment(level, description, warning)
 
 
-def check_inputs_outside_target(config: CampaignConfig, *, walk: bool = False) -> None:
+def check_inputs_outside_target(config: CampaignConfig, walked: Sequence[str] = ()) -> None:
     """`InputError` for a ``--dataset`` or ``--from-trajectory`` path that is the target or
     lies inside it (after resolving symlinks and ``..``). The optimizer edits a copy of the
     target and every replay runs one: hiding the dataset's own path hid nothing, they read
     the expected outputs of every split (val and test too) from the copy, and a published
-    candidate could rewrite the cases (found by review). With ``walk`` (before trajectories
-    are read: at a resume they may be gone), every file a ``--from-trajectory`` folder's walk
-    reads is checked too: a folder around the target read the ``.jsonl`` files inside it,
-    and a symlinked file in a folder elsewhere the file it names (found by review)."""
+    candidate could rewrite the cases (found by review). Every file of ``walked`` (the
+    `trajectory_files` a ``--from-trajectory`` folder's walk reads, before they are read: at
+    a resume they may be gone) is checked too: a folder around the target read the
+    ``.jsonl`` files inside it, and a symlinked file in a folder elsewhere the file it names
+    (found by review)."""
     target = os.path.realpath(config.target)
     inputs = [("--dataset", config.dataset)]
     inputs += [("--from-trajectory", path) for path in config.from_trajectory]
-    if walk and config.from_trajectory:
-        inputs += [("--from-trajectory", path) for path in trajectory_files(config.from_trajectory)]
+    inputs += [("--from-trajectory", path) for path in walked]
     for flag, path in inputs:
         if path and within(os.path.realpath(path), target):
             raise InputError(

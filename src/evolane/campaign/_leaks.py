@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,8 +30,10 @@ import orjson
 from evolane.campaign._vcs import VCS_FOLDERS
 from evolane.inputs import Dataset, InputError, quote
 from evolane.store import (
+    NotRegularFileError,
     TreeLimitError,
     UnsupportedEntryError,
+    open_regular_file,
     read_at_most,
     scan_tree,
 )
@@ -115,12 +116,12 @@ def _sha256(path: str, *, follow: bool = False) -> tuple[int, str] | None:
     only has the digest `_BLANK`, whatever its bytes."""
     hasher, size, blank = hashlib.sha256(), 0, True
     try:
-        with open(path, "rb", opener=None if follow else _no_follow) as handle:
+        with open_regular_file(path, follow_symlinks=follow) as handle:
             while chunk := handle.read(1 << 20):
                 hasher.update(chunk)
                 size += len(chunk)
                 blank = blank and not chunk.strip()
-    except OSError:
+    except (OSError, NotRegularFileError):  # a FIFO or socket is never waited on
         return None
     return size, _BLANK if blank else hasher.hexdigest()
 
@@ -168,7 +169,7 @@ def _found_in_file(
     so memory stays bounded), else in the file read as one JSON document."""
     found: list[tuple[int | None, _Held]] = []
     try:
-        with open(path, "rb", opener=_no_follow) as handle:
+        with open_regular_file(path) as handle:
             line = 1
             for block in _blocks(handle, size):
                 counted = 0  # the newlines before ``counted`` are in ``line``
@@ -183,7 +184,7 @@ def _found_in_file(
                 return found
             handle.seek(0)
             data = read_at_most(handle, MAX_DOCUMENT_BYTES).removeprefix(_BOM)
-    except OSError:
+    except (OSError, NotRegularFileError):
         return found  # the snapshot that follows says what is wrong with it
     if _DOCUMENT.match(data) and b'"input"' in data and _values(data) <= MAX_OBJECTS:
         found += [(None, held) for held in _cases_in(data, keys)]
@@ -194,10 +195,6 @@ def _values(data: bytes) -> int:
     """At least as many as the JSON values of the document ``data`` (one per comma, brace
     and bracket, those in strings too)."""
     return data.count(b",") + data.count(b"{") + data.count(b"[") + 1
-
-
-def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 def _blocks(handle: BinaryIO, size: int) -> Iterator[bytes]:

@@ -28,8 +28,9 @@ def with_trajectory_cases(config: CampaignConfig) -> CampaignConfig:
         return config
     if config.dataset:
         raise InputError("--dataset and --from-trajectory: give one of them, not both")
-    check_inputs_outside_target(config, walk=True)  # before anything of them is stored
-    check_target_copies_no_trajectory(Path(config.target), trajectory_files(config.from_trajectory))
+    walked = trajectory_files(config.from_trajectory)  # before anything of them is stored
+    check_inputs_outside_target(config, walked)
+    check_target_copies_no_trajectory(Path(config.target), walked)
     derived = ingest_trajectories(config.from_trajectory, group=config.group, seed=config.seed)
     folder = Path(config.store) / "trajectories" / derived.dataset.digest.removeprefix("sha256:")
     folder.mkdir(parents=True, exist_ok=True)

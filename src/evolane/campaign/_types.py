@@ -290,18 +290,18 @@ def optimizer_down(results: list[ProposeResult]) -> str | None:
     model endpoint (HTTP 5xx, 401, the network), or every one because its command cannot run
     (`CANNOT_RUN`: a missing agent CLI, a script path wrong): the next ones would too. None
     otherwise (found by review: both ended finished, a campaign complete that tried nothing)."""
-    failures = [r.failure for r in results]
-    if not failures or any(f is None for f in failures):
+    failures = [r.failure for r in results if r.failure is not None]
+    if not failures or len(failures) < len(results):
         return None
-    codes = {f.code for f in failures if f is not None}
-    first = failures[0]
-    said = first.message[-300:].strip() if first is not None else ""
-    if codes == {OPTIMIZER_ENDPOINT_FAILED}:
+    first, said = failures[0], failures[0].message[-300:].strip()
+    if all(f.code == OPTIMIZER_ENDPOINT_FAILED for f in failures):
         return f"the optimizer's model endpoint failed on every call ({said})"
-    if all(f is not None and _cannot_run(f) for f in failures):
-        code = first.code if first is not None else ""
-        shown = code.replace("_", " ", 1) if code.startswith("exit_") else "did not start"
-        return f"the optimizer's command cannot run: {shown} on every call ({said or 'no output'})"
+    if all(_cannot_run(f) for f in failures):
+        shown = first.code.replace("_", " ", 1) if first.code.startswith("exit_") else None
+        return (
+            f"the optimizer's command cannot run: {shown or 'did not start'} on every call "
+            f"({said or 'no output'})"
+        )
     return None
 
 

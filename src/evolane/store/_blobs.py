@@ -233,7 +233,7 @@ class BlobStore:
         """Store the regular file at ``path`` (a command wrote), reading at most ``max_bytes``
         of it. A symlink is never followed, a FIFO never waited on (`NotRegularFileError`);
         a file holding more raises `BlobTooLargeError` before anything is stored."""
-        with _open_regular(path) as source:
+        with open_regular_file(path) as source:
             if os.fstat(source.fileno()).st_size < CHUNK_SIZE:  # small: read once, unbuffered
                 data = _read_fd(source.fileno(), max_bytes)
                 if len(data) <= CHUNK_SIZE:
@@ -431,16 +431,16 @@ def read_regular_file(
     followed (unless ``follow_symlinks``: for a tree evolane laid out itself, whose links
     were checked to stay inside; ``below``: nor at any step of ``path`` below that folder)
     and a FIFO or device is not read (`NotRegularFileError`); other ``OSError`` as usual."""
-    with _open_regular(path, follow_symlinks=follow_symlinks, below=below) as source:
+    with open_regular_file(path, follow_symlinks=follow_symlinks, below=below) as source:
         data = read_at_most(source, max_bytes)
     if len(data) > max_bytes:
         raise BlobTooLargeError(f"{path} holds more than {max_bytes} bytes")
     return data
 
 
-def _open_regular(
+def open_regular_file(
     path: Path | str, *, follow_symlinks: bool = False, below: Path | None = None
-) -> BinaryIO:
+) -> BinaryIO:  # the file object of `_regular_fd`'s descriptor
     return os.fdopen(_regular_fd(path, follow_symlinks=follow_symlinks, below=below), "rb")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evolane.messages import JournalRecordError, parse_journal_record
-from evolane.store._blobs import CHUNK_SIZE, StoreError, _open_regular, fsync_dir, read_at_most
+from evolane.store._blobs import CHUNK_SIZE, StoreError, fsync_dir, open_regular_file, read_at_most
 from evolane.store._journal import JournalCorruptError, read_journal
 from evolane.store._trees import FileEntry, TreeManifest
 
@@ -154,7 +154,7 @@ def _scan_refs(path: Path, pattern: re.Pattern[bytes]) -> set[str]:
     (any size, bounded memory; a FIFO is not waited on); empty when it cannot be read."""
     found: set[str] = set()
     try:
-        with _open_regular(path) as source:
+        with open_regular_file(path) as source:
             carry = b""
             while chunk := source.read(CHUNK_SIZE):
                 data = carry + chunk
@@ -200,7 +200,7 @@ def _small_object(path: Path) -> bytes | None:
     """The bytes of the regular file at ``path`` when it holds at most
     `MANIFEST_SCAN_BYTES`, else None (never waiting on a FIFO)."""
     try:
-        with _open_regular(path) as source:
+        with open_regular_file(path) as source:
             if os.fstat(source.fileno()).st_size > MANIFEST_SCAN_BYTES:
                 return None
             data = read_at_most(source, MANIFEST_SCAN_BYTES)

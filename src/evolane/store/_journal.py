@@ -23,8 +23,8 @@ from evolane.store._atomic import json_default
 from evolane.store._blobs import (
     NotRegularFileError,
     StoreError,
-    _open_regular,
     fsync_dir,
+    open_regular_file,
     with_path,
 )
 
@@ -92,7 +92,7 @@ def read_journal(path: Path | str) -> JournalRead:
     path = Path(path)
     records: list[dict[str, Any]] = []
     try:
-        source = _open_regular(path, follow_symlinks=True)
+        source = open_regular_file(path, follow_symlinks=True)
     except FileNotFoundError:
         return JournalRead(records=records, torn=None)
     except NotRegularFileError as error:
