@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from evolane.sandbox import trees_run_as_unit_uids
+
 EVOLANE = [sys.executable, "-m", "evolane"]
 PATH_KEYS = ("target", "dataset", "store")
 """The evolane.toml keys that are paths, relative to the file's folder."""
@@ -190,15 +192,18 @@ def test_the_estimate_range_scales_with_its_timing_and_keeps_retries_apart(
     assert seen.wall_low_seconds <= seen.wall_high_seconds < worst.wall_high_seconds
 
 
-def _host_lines(tmp_path: Path, cgroups: tuple[str, ...], **limits: object) -> list[str]:
-    """Doctor's host checks for a host giving ``cgroups`` and commands with ``limits``."""
+def _host_lines(
+    tmp_path: Path, cgroups: tuple[str, ...], isolation: str = "confined", **limits: object
+) -> list[str]:
+    """Doctor's host checks for a host giving ``cgroups`` at ``isolation`` and commands with
+    ``limits``."""
     from types import SimpleNamespace
 
     from evolane.campaign._probe import HostReport
     from evolane.cli._doctor import _host_checks
     from evolane.measure import CommandSettings
 
-    host = HostReport("confined", None, (), cgroups, None)
+    host = HostReport(isolation, None, (), cgroups, None)
     config = SimpleNamespace(commands=CommandSettings(**limits))
     probe = SimpleNamespace(host=host, prepared=SimpleNamespace(config=config))
     return [f"{level} {what} ({why})" for level, what, why in _host_checks(probe, str(tmp_path))]
@@ -219,6 +224,12 @@ def test_doctor_says_which_limits_this_host_cannot_enforce(tmp_path: Path) -> No
     full = ("cgroup_v2", "pids_cgroup", "memory_cgroup")
     line = next(line for line in _host_lines(tmp_path, full) if "cgroups" in line)
     assert line.startswith("ok") and "processes 512 (pids_cgroup)" in line, line
+    if trees_run_as_unit_uids("process"):  # a root evolane: each unit uid's RLIMIT_NPROC
+        line = next(
+            line for line in _host_lines(tmp_path, ("cgroup_v2",), "process") if "cgroups" in line
+        )
+        assert "processes 512 (rlimit_nproc)" in line, line
+        assert line.startswith("warn") and "memory 4 GiB NOT ENFORCED" in line, line
 
 
 def test_init_that_cannot_write_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:

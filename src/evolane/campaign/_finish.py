@@ -23,7 +23,7 @@ from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
 from evolane.measure import ROLES, LedgerSnapshot, ProgressBus, describe_limits
 from evolane.messages import ArtifactRef, RunFinished, Usage, WarningEvent
-from evolane.sandbox import SandboxHost
+from evolane.sandbox import SandboxHost, trees_run_as_unit_uids
 from evolane.store import write_bytes_atomic, write_json_atomic
 from evolane.views import write_report_html
 
@@ -149,6 +149,7 @@ async def finish(
         }  # type: ignore[arg-type]
     )
     best = outcome.best_ref or run.seed_ref
+    contained = containment(prepared.config)
     report = Report(
         run_id=run.run_id,
         campaign_id=run.campaign_id,
@@ -160,8 +161,12 @@ async def finish(
         finished=time.time(),
         wall_seconds=time.time() - started,
         resumed=prepared.resumed,
-        isolation=f"{containment(prepared.config).description}; {', '.join(host.mechanisms)}",
-        limits=describe_limits(prepared.config.commands, host.cgroups.mechanisms),
+        isolation=f"{contained.description}; {', '.join(host.mechanisms)}",
+        limits=describe_limits(
+            prepared.config.commands,
+            host.cgroups.mechanisms,
+            trees_run_as_unit_uids(contained.level),
+        ),
         config=prepared.config,
         estimate=prepared.estimate,
         splits=prepared.splits,

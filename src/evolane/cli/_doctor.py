@@ -30,7 +30,7 @@ MIN_RUN_BYTES = 64 << 20
 
 
 def _host_checks(probe: Any, store: str) -> list[Check]:
-    from evolane.sandbox import confinement_fix
+    from evolane.sandbox import confinement_fix, trees_run_as_unit_uids
 
     host = probe.host
     checks: list[Check] = []
@@ -47,7 +47,8 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
             "available" if can else f"not: {host.confinable}"
         )
         checks.append(("ok", f"isolation {host.isolation}", why))
-    checks.append(cgroup_check(host.cgroups, probe.prepared.config.commands))
+    unit_uids = trees_run_as_unit_uids(host.isolation)
+    checks.append(cgroup_check(host.cgroups, probe.prepared.config.commands, unit_uids))
     where = Path(store)
     while not where.exists():
         where = where.parent
@@ -65,7 +66,7 @@ def disk_check(store: str, free: int) -> Check:
     return ("ok" if free >= LOW_DISK_BYTES else "warn", what, "blobs, outputs")
 
 
-def cgroup_check(cgroups: tuple[str, ...], limits: Any) -> Check:
+def cgroup_check(cgroups: tuple[str, ...], limits: Any, unit_uids: bool) -> Check:
     """The cgroups this host gives (``cgroups``: its mechanisms) and which of the commands'
     ``limits`` they enforce: a warning names each limit in force nowhere (a host without a
     writable pids or memory cgroup bounds no command tree's processes or memory; found by
@@ -73,7 +74,7 @@ def cgroup_check(cgroups: tuple[str, ...], limits: Any) -> Check:
     said NOT ENFORCED)."""
     from evolane.measure import describe_limits
 
-    enforced = describe_limits(limits, cgroups)
+    enforced = describe_limits(limits, cgroups, unit_uids)
     kill = "cgroup.kill" if "cgroup_v2" in cgroups else "process group and lease scan"
     what = f"cgroups: {', '.join(cgroups) or 'none writable'}"
     why = f"limits: {enforced}; tree kill by {kill}"

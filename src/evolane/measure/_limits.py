@@ -167,12 +167,16 @@ STORED_LIMITS: dict[str, None] = {name: None for name in CommandLimits.model_fie
 """What a stored config without the limit keys ran with: no limits (it predates them)."""
 
 
-def describe_limits(limits: CommandLimits, cgroups: tuple[str, ...]) -> str:
+def describe_limits(limits: CommandLimits, cgroups: tuple[str, ...], unit_uids: bool) -> str:
     """The limits in force and what enforces each, in one line for the report; ``cgroups``
-    are the host's cgroup mechanisms (``pids_cgroup``, ``memory_cgroup``). A limit the host
+    are the host's cgroup mechanisms (``pids_cgroup``, ``memory_cgroup``); ``unit_uids``:
+    commands run as unit uids of their own (`evolane.sandbox.commands_run_unprivileged`, not
+    confined), whose RLIMIT_NPROC bounds a tree where no pids cgroup does. A limit the host
     cannot enforce says so."""
+    by_cgroup = "pids_cgroup" in cgroups
+    procs = "pids_cgroup" if by_cgroup or not unit_uids else "rlimit_nproc"
     rows = (
-        ("processes", limits.max_procs, str, "pids_cgroup" in cgroups, "pids_cgroup"),
+        ("processes", limits.max_procs, str, by_cgroup or unit_uids, procs),
         ("memory", limits.max_memory, format_size, "memory_cgroup" in cgroups, "memory_cgroup"),
         ("file size", limits.max_file_size, format_size, True, "rlimit_fsize"),
         ("open files", limits.max_open_files, str, True, "rlimit_nofile"),

@@ -17,7 +17,7 @@ from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
-from evolane.sandbox._secrets import commands_run_unprivileged
+from evolane.sandbox._secrets import commands_run_unprivileged, trees_run_as_unit_uids
 from evolane.sandbox._spec import (
     MAX_HIDDEN,
     Isolation,
@@ -61,5 +61,6 @@ __all__ = [
     "resolve_isolation",
     "sweep_stale_leases",
     "template_paths",
+    "trees_run_as_unit_uids",
     "within",
 ]

@@ -161,6 +161,11 @@ class UnitCgroups:
         return [str(p / "tasks") for p in (self._pids, self._memory) if p is not None]
 
     @property
+    def bounds_processes(self) -> bool:
+        """Whether a pids cgroup of the unit's counts its processes (``pids.max``)."""
+        return self._pids is not None
+
+    @property
     def mechanisms(self) -> tuple[str, ...]:
         names = []
         if self._unified is not None:

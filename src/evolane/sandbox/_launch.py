@@ -84,9 +84,12 @@ def rlimit_triples(limits: Limits) -> list[tuple[str, int, int]]:
     """(resource name, soft, hard) for every limit set; core dumps are always off.
 
     ``processes`` is not an rlimit here: RLIMIT_NPROC counts every process of the user (and
-    root ignores it), so the pids cgroup bounds a tree instead.
+    root ignores it), so the pids cgroup bounds a tree instead; ``uid_processes`` is, for a
+    tree whose uid is its own (`uid_process_cap`).
     """
     triples = [("RLIMIT_CORE", 0, 0)]
+    if limits.uid_processes is not None:
+        triples.append(("RLIMIT_NPROC", limits.uid_processes, limits.uid_processes))
     if limits.address_space_bytes is not None:
         triples.append(("RLIMIT_AS", limits.address_space_bytes, limits.address_space_bytes))
     if limits.cpu_seconds is not None:
@@ -97,6 +100,19 @@ def rlimit_triples(limits: Limits) -> list[tuple[str, int, int]]:
     if limits.open_files is not None:
         triples.append(("RLIMIT_NOFILE", limits.open_files, limits.open_files))
     return triples
+
+
+def uid_process_cap(limits: Limits, pids_cgroup: bool, uid: int | None, extra: int) -> Limits:
+    """``limits`` with `Limits.uid_processes` set when a tree's processes would otherwise be
+    unbounded: ``--max-procs`` asked, no pids cgroup of the unit's (``pids_cgroup`` False:
+    a cgroup v2-only host, where the pids controller is not delegated to evolane), and the
+    tree runs as unit uid ``uid``, whose processes are the tree's alone. RLIMIT_NPROC is
+    checked at each fork against the uid's count, as ``pids.max`` is against the cgroup's;
+    ``extra``: launcher processes counted on top, as for ``pids.max``. Without it such a
+    host bounded no tree at all: a candidate's fork bomb took every pid of the host."""
+    if uid is None or limits.processes is None or pids_cgroup:
+        return limits
+    return limits.model_copy(update={"uid_processes": limits.processes + extra})
 
 
 def rlimit_numbers(limits: Limits) -> list[tuple[int, int, int]]:
@@ -135,6 +151,7 @@ _PRLIMIT_FLAGS = {
     "RLIMIT_CPU": "--cpu",
     "RLIMIT_FSIZE": "--fsize",
     "RLIMIT_NOFILE": "--nofile",
+    "RLIMIT_NPROC": "--nproc",
 }
 
 

@@ -24,7 +24,11 @@ from evolane.sandbox._confine import resolve_isolation
 from evolane.sandbox._disk import DiskFloor
 from evolane.sandbox._env import build_environment, child_lease
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
-from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES, join_failed_marker
+from evolane.sandbox._launch import (
+    NAMESPACE_EXTRA_PROCESSES,
+    join_failed_marker,
+    uid_process_cap,
+)
 from evolane.sandbox._litter import remove_litter
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
@@ -297,8 +301,10 @@ def _prepare(unit: Unit, isolation: IsolationInForce, fds: dict) -> Launch | str
         uid = _unit_uid(unit) if isolation != "confined" else None  # confined: no unit uid
     except (OSError, ValueError) as error:
         return str(error)[:2048]
+    pids_cgroup = unit.cgroups is not None and unit.cgroups.bounds_processes
+    limits = uid_process_cap(spec.limits, pids_cgroup, uid, extra)
     output = (fds["stdout"][1], fds["stderr"][1])
-    return Launch(unit, isolation, env, output, uid)
+    return Launch(unit, isolation, env, output, uid, limits)
 
 
 def _unit_uid(unit: Unit) -> int | None:

@@ -154,6 +154,13 @@ def commands_run_unprivileged() -> bool:
     return os.geteuid() == 0 and unit_uid_argv(UNIT_UID_BASE) is not None
 
 
+def trees_run_as_unit_uids(isolation: str) -> bool:
+    """Whether a ``drop_root`` command at ``isolation`` (the level in force) runs as a unit
+    uid of its own: its RLIMIT_NPROC then bounds its tree where no pids cgroup does
+    (`evolane.sandbox._launch.uid_process_cap`). A confined command has no unit uid."""
+    return isolation != "confined" and commands_run_unprivileged()
+
+
 UNIT_UID_CAPABILITIES = {"dac_read_search": 2}
 """The only capabilities a ``drop_root`` command keeps as its unit uid (name: number):
 inheritable, ambient and bounding, so it reads what root may read but writes only its own."""

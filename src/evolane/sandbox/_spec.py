@@ -39,7 +39,12 @@ class Limits(Record):
     file_size_bytes: int | None = Field(default=None, ge=0)
     open_files: int | None = Field(default=None, ge=8)
     processes: int | None = Field(default=None, ge=1)
-    """Enforced by a pids cgroup where the host has one (RLIMIT_NPROC is per user, not per tree)."""
+    """Enforced by a pids cgroup where the host has one (RLIMIT_NPROC is per user, not per
+    tree), else by `uid_processes` for a tree that runs as a unit uid of its own."""
+    uid_processes: int | None = Field(default=None, ge=1)
+    """RLIMIT_NPROC: set by the sandbox alone, for a tree that runs as a unit uid of its own
+    (a root evolane's ``drop_root`` command) where no pids cgroup bounds it: the uid's
+    processes are then the tree's (`evolane.sandbox._launch.uid_process_cap`)."""
 
 
 class OutputCaps(Record):

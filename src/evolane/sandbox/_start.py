@@ -25,7 +25,7 @@ from evolane.sandbox._confine import (
 from evolane.sandbox._launch import Cloned, launch, launcher_argv, rlimit_numbers
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
-from evolane.sandbox._spec import IsolationInForce, SandboxSpec
+from evolane.sandbox._spec import IsolationInForce, Limits, SandboxSpec
 
 Spawned = tuple[int, tuple[str, ...]]
 """A started command's pid and the mechanisms in force for it."""
@@ -98,6 +98,8 @@ class Launch:
     env: dict[str, str]
     output: tuple[int, int]
     uid: int | None
+    limits: Limits
+    """The spec's limits, with `Limits.uid_processes` where the unit uid bounds the tree."""
     _hooked: bool = field(default=False, init=False)  # the fault hook ran (once a spawn)
 
     def in_thread(self) -> Spawned | str:
@@ -178,7 +180,7 @@ class Launch:
         procs = cgroups.procs_files if cgroups is not None else []
         namespace = self.isolation == "namespace"
         return launcher_argv(
-            spec.argv, procs, spec.limits, namespace, confine, self.uid, nonce=nonce, cloned=cloned
+            spec.argv, procs, self.limits, namespace, confine, self.uid, nonce=nonce, cloned=cloned
         )
 
     def _request(
@@ -201,7 +203,7 @@ class Launch:
         if seccomp and bwrap_wants_privileges():  # bwrap takes the filter (`_launch_chain`)
             raise SpawnerUnavailable("a set-uid bwrap installs the seccomp filter itself")
         args = (
-            path, argv, self.env, str(unit.work), self.output, rlimit_numbers(spec.limits),
+            path, argv, self.env, str(unit.work), self.output, rlimit_numbers(self.limits),
             cgroups.v1_tasks_files if cgroups else [], dropped,
             cgroups.unified_dir if cgroups else None, switch, seccomp,
         )  # fmt: skip
@@ -211,6 +213,8 @@ class Launch:
         cgroups = self.unit.cgroups
         if cgroups is not None:
             mechanisms = (*mechanisms, *cgroups.mechanisms)
+        if self.limits.uid_processes is not None:
+            mechanisms = (*mechanisms, "uid_nproc_rlimit")
         return pid, tuple(mechanisms)
 
 
