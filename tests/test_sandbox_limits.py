@@ -45,8 +45,10 @@ async def test_memory_hog_is_oom_killed_by_the_memory_cgroup(host: SandboxHost) 
 
 
 async def test_cpu_spinner_is_stopped_by_the_cpu_limit(host: SandboxHost) -> None:
-    with trio.fail_after(20):
-        outcome = await host.run(python("while True: pass", cpu_seconds=1), timeout=15)
+    # A wall timeout far beyond the CPU second: at load 17 on 2 cores the spinner gets a
+    # tenth of a core; a 15 s timeout could end it first (timed_out, not the limit).
+    with trio.fail_after(120):
+        outcome = await host.run(python("while True: pass", cpu_seconds=1), timeout=90)
     assert outcome.status == "limit_exceeded"
     assert outcome.limits_hit == ("cpu",)
     # RLIMIT_CPU fires after 1 s of CPU; the reading is the cgroup's or rusage's, which can
