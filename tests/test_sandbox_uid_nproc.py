@@ -17,7 +17,7 @@ from evolane.measure import CommandSettings, describe_limits
 from evolane.sandbox import Limits, SandboxSpec, lease_holders, open_sandbox
 from evolane.sandbox import _cgroups as cgroups_module
 from evolane.sandbox._cgroups import CgroupRoots
-from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES, launcher_argv
+from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES, launcher_argv, uid_process_cap
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only a root evolane has unit uids")
 
@@ -111,3 +111,11 @@ def test_the_limits_line_names_what_bounds_processes() -> None:
     both = ("cgroup_v2", "pids_cgroup")
     assert "processes 512 (pids_cgroup)" in describe_limits(limits, both, unit_uids=True)
     assert "memory 4 GiB NOT ENFORCED" in describe_limits(limits, v2_only, unit_uids=True)
+
+
+def test_the_cap_is_the_sandboxs_own_whatever_the_spec_says() -> None:
+    asked = Limits(processes=8, uid_processes=3)
+    assert uid_process_cap(asked, False, 2_000_000_001, 2).uid_processes == 10
+    for pids_cgroup, uid in ((True, 2_000_000_001), (False, None)):
+        assert uid_process_cap(asked, pids_cgroup, uid, 0).uid_processes is None
+    assert uid_process_cap(Limits(), False, 2_000_000_001, 0).uid_processes is None

@@ -110,9 +110,11 @@ def uid_process_cap(limits: Limits, pids_cgroup: bool, uid: int | None, extra: i
     checked at each fork against the uid's count, as ``pids.max`` is against the cgroup's;
     ``extra``: launcher processes counted on top, as for ``pids.max``. Without it such a
     host bounded no tree at all: a candidate's fork bomb took every pid of the host."""
-    if uid is None or limits.processes is None or pids_cgroup:
+    unbounded = uid is not None and limits.processes is not None and not pids_cgroup
+    cap = limits.processes + extra if unbounded and limits.processes is not None else None
+    if cap == limits.uid_processes:  # the common case: None, as given
         return limits
-    return limits.model_copy(update={"uid_processes": limits.processes + extra})
+    return limits.model_copy(update={"uid_processes": cap})  # never taken from the spec
 
 
 def rlimit_numbers(limits: Limits) -> list[tuple[int, int, int]]:
