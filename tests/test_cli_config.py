@@ -170,6 +170,10 @@ def test_pyproject_tool_evolane_is_read_when_there_is_no_evolane_toml(tmp_path: 
         ("max_tokens = 5\nmax-tokens = 6", ["evolane.toml:15: max-tokens: set twice"]),
         ('prices = "none.yaml"', ["evolane.toml:14: prices ", "none.yaml"]),
         ('rubric = "none.md"', ["evolane.toml:14: rubric ", "none.md"]),
+        ("[pricez]\nx = 1", ["evolane.toml:14: pricez: not a setting"]),
+        ("[prices]\nx = 1", ["evolane.toml:14: prices: a table, where a value belongs"]),
+        ('prices.x = "a"', ["evolane.toml:14: prices: a table, where a value belongs"]),
+        ("[[expose]]\nx = 1", ["evolane.toml:14: expose: ", "valid string"]),
     ],
 )
 def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(

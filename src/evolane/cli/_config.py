@@ -192,13 +192,21 @@ def _value_problem(error: ValueError) -> str:
 
 
 def _line_of(text: str, key: str, in_pyproject: bool) -> int:
-    """The 1-based line that sets ``key`` (in ``[tool.evolane]`` for a pyproject), else 0."""
-    pattern = re.compile(rf"""^\s*["']?{re.escape(key)}["']?\s*=""")
+    """The 1-based line that sets ``key`` (in ``[tool.evolane]`` for a pyproject), else 0:
+    ``key = ...``, a dotted ``key.x = ...``, or a table ``[key]`` / ``[key.x]`` / ``[[key]]``
+    (found by review: a table's error had no line)."""
+    name = rf"""["']?{re.escape(key)}["']?"""
+    pattern = re.compile(rf"^\s*{name}\s*[=.]")
+    top = "tool.evolane" if in_pyproject else ""
+    table = re.compile(rf"^{re.escape(top + '.' if top else '')}{name}(\.|$)")
     inside = not in_pyproject
     for number, line in enumerate(text.splitlines(), start=1):
-        header = re.match(r"^\s*\[([^\]]*)\]", line)
-        if header is not None and in_pyproject:
-            inside = header.group(1).strip() == "tool.evolane"
+        header = re.match(r"^\s*\[\[?([^\]]*)\]", line)
+        if header is not None:
+            heading = re.sub(r"\s*\.\s*", ".", header.group(1).strip())
+            if table.match(heading):
+                return number
+            inside = heading == top
         elif inside and pattern.match(line):
             return number
     return 0
@@ -207,6 +215,8 @@ def _line_of(text: str, key: str, in_pyproject: bool) -> int:
 def _checked(config: ConfigFile, key: str, value: Any, kind: Any) -> Any:
     """``value`` as its flag's type (paths made absolute against the file's folder)."""
     name = key.replace("-", "_")
+    if isinstance(value, dict):  # ``[key]`` or ``key.x = ``: pydantic's text named Path
+        raise ConfigError(f"{config.where(name)}: {key}: a table, where a value belongs")
     kinds = set(typing.get_args(kind)) or {kind}
     is_list = any(typing.get_origin(each) is list for each in kinds)
     if is_list and not isinstance(value, list):
