@@ -185,7 +185,7 @@ class _Cycle:
                 convergence=signal,  # type: ignore[arg-type]
                 standings=standings,
                 rejected=[(r.diff, r.reason) for r in state.rejected],
-                protected=list(self.config.protected),
+                protected=list(self.config.guarded),
                 recorded=self.s.trace_reasons,
             )
             for slot in range(self.config.population)

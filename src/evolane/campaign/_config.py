@@ -9,6 +9,7 @@ errors and the JSON Schema alike).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Mapping
@@ -27,6 +28,13 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails
 
 from evolane.campaign._gates import MAX_GROWTH_BYTES
+from evolane.inputs import (
+    ALL_PLACEHOLDERS,
+    CommandTemplate,
+    TemplateError,
+    llm_model,
+    tree_program,
+)
 from evolane.measure import (
     MAX_TIMEOUT,
     STORED_LIMITS,
@@ -135,6 +143,23 @@ class CampaignConfig(Record):
         paths = (self.store, self.target, self.dataset, *self.from_trajectory)
         hidden = tuple(os.path.abspath(path) for path in paths if path)
         return self.commands.model_copy(update={"hidden": hidden})
+
+    @property
+    def guarded(self) -> tuple[str, ...]:
+        """The protected globs in force: ``protected``, then the file of the target that the
+        judge or the validator runs as its program (``python3 {candidate}/grade.py``): what
+        scores a candidate is not the candidate's to edit (found by review: an optimizer
+        that rewrote ``grade.py`` to print a score of 1 was accepted, confirmed on the test
+        split and published)."""
+        found = []
+        for spec, role in ((self.measure.judge, "judge"), (self.validator, "validator")):
+            if not spec or role in self.plugins or llm_model(spec) is not None:
+                continue
+            with contextlib.suppress(TemplateError):
+                template = CommandTemplate.parse(spec, role=role, allowed=ALL_PLACEHOLDERS)
+                found.append(tree_program(template))
+        extra = [glob for glob in found if glob is not None and glob not in self.protected]
+        return (*self.protected, *dict.fromkeys(extra))
 
     @property
     def pass_fail(self) -> bool:

@@ -80,7 +80,7 @@ async def apply_best(
             limits=config.commands.sandbox_limits(),
             isolation=config.commands.isolation,
             view=config.run_commands.view(check),
-            protected=tuple(config.protected),
+            protected=config.guarded,
         )
     if blocked:
         why = (

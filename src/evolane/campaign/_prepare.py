@@ -121,7 +121,7 @@ def check_templates(config: CampaignConfig) -> GateSettings:
         CommandTemplate.parse(config.check, role="check", allowed=VALIDATOR_PLACEHOLDERS)
     try:
         return GateSettings(
-            protected=tuple(config.protected),
+            protected=config.guarded,
             required_files=tuple(config.required_files),
             max_growth_bytes=config.max_growth_bytes,
             validator=validator,

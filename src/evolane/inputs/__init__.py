@@ -47,6 +47,7 @@ from evolane.inputs._templates import (
     REPLAY_PLACEHOLDERS,
     VERIFICATION_PLACEHOLDERS,
     CommandTemplate,
+    tree_program,
 )
 from evolane.inputs._trajectory import (
     ExcludedCase,
@@ -132,4 +133,5 @@ __all__ = [
     "task_fingerprint",
     "trajectory_files",
     "trajectory_schema",
+    "tree_program",
 ]

@@ -37,6 +37,12 @@ OPTIMIZER_PLACEHOLDERS = frozenset({"workdir", "prompt_file", "seed", "workspace
 VERIFICATION_PLACEHOLDERS = frozenset({"workspace", "case_file", "output_dir", "seed"})
 """Placeholders a case's ``verification_command`` may use."""
 
+_INTERPRETER = re.compile(
+    r"(python|pypy)[0-9.]*|(ba|da|k|z)?sh|node(js)?|bun|deno|ruby|perl|php|lua|Rscript|julia|tclsh"
+)
+"""Program names that run the script file they are given (``python3 grade.py``)."""
+_GLOB_CHARS = re.compile(r"([*?[])")
+
 # "{{" and "}}" are literal braces, "{name}" is a placeholder, any other brace is stray.
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 
@@ -108,6 +114,24 @@ class CommandTemplate(Record):
         return tuple(
             _TOKEN.sub(substitute, arg) if "{" in arg or "}" in arg else arg for arg in self.argv
         )
+
+
+def tree_program(template: CommandTemplate, placeholder: str = "candidate") -> str | None:
+    """The file of the ``{placeholder}`` tree that ``template`` runs as its program, as a
+    protected glob matching that one path: its first word (``{candidate}/grade.sh``), or the
+    script an interpreter is given (``python3 -u {candidate}/tools/grade.py``); None when
+    its program lies elsewhere (or runs code given inline, ``sh -c``, ``python -m``)."""
+    prefix = "{" + placeholder + "}/"
+    words = list(template.argv)
+    if _INTERPRETER.fullmatch(words[0].rsplit("/", 1)[-1]):
+        words = [word for word in words[1:] if not word.startswith("-") or word in ("-c", "-m")]
+    if not words or not words[0].startswith(prefix):
+        return None
+    relative = words[0][len(prefix) :]
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts or "{" in relative or "}" in relative:
+        return None
+    return _GLOB_CHARS.sub(r"[\1]", "/".join(parts))  # each a literal character
 
 
 def _analyse(text: str, role: str) -> tuple[tuple[str, ...], frozenset[str]]:
