@@ -210,7 +210,8 @@ def _completion(body: dict[str, Any], content: str, script: StubScript) -> dict[
     }
 
 
-_CASE, _OUTPUT, _ANSWER = "The case:\n", "\n\nThe agent's output:\n", "--- output file: output.json"
+_CASE, _OUTPUT, _ANSWER = "The case:\n", "\n\nThe agent's output", "--- output file: output.json"
+_END = "\n<<<END OUTPUT "
 
 
 def grade_request(message: str, fields: list[str]) -> str | None:
@@ -228,7 +229,7 @@ def grade_request(message: str, fields: list[str]) -> str | None:
     if answer_at < 0 or not isinstance(case, dict):
         return json.dumps({"score": 0.0, "reason": "no output.json"})
     text = message[message.find("\n", answer_at) + 1 :]
-    text = text.split("\n--- output file: ", 1)[0]
+    text = text.split("\n--- output file: ", 1)[0].rsplit(_END, 1)[0]
     try:
         answer = json.loads(text)
     except ValueError:
