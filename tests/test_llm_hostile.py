@@ -189,3 +189,31 @@ async def test_a_replay_output_cannot_close_its_block_in_the_judge_prompt(
     inside, after = block.split(f"\n<<<END OUTPUT {opened[0]}", 1)
     assert INJECTION in inside and after == ""  # all of it inside, nothing after
     assert user.index("Rubric:") < user.index(RUBRIC) < user.index(f"<<<OUTPUT {opened[0]}")
+
+
+@pytest.mark.parametrize("status", [403, 503])
+async def test_an_output_the_endpoint_blocks_counts_against_the_candidate(
+    chat_stub: ChatStub, tmp_path: Path, status: int
+) -> None:
+    # Found by review: a firewall or guardrail in front of the judge model answered 403 to
+    # an output holding a string it blocks; taken for an outage, the unit was left out, and a
+    # worse candidate that wrote that string on every case it could not answer was
+    # accepted, confirmed on the test split and published. The endpoint answers the same
+    # judgement without the output, so the failure is the output's: it counts as 0.
+    chat_stub.script.refuse, chat_stub.script.refuse_status = "<script>alert(1)</script>", status
+    call = _judge_call(tmp_path)
+    assert call.output_dir is not None
+    (call.output_dir / "output.json").write_text('"<script>alert(1)</script>"')
+    endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=0, timeout=5.0)
+    outcome = await _run(llm_judge(endpoint, RUBRIC), call)
+    assert outcome.exit_code == 1, outcome.stderr.head
+    assert b"the output caused the failure" in outcome.stderr.head
+    verdict = command_verdict(outcome, backend=True)
+    assert verdict.failure is not None and verdict.failure.code == "judge_exit_1"
+    judged = JudgeResult(unit_id="u", status="failed", source="command", failure=verdict.failure)
+    replayed = ReplayResult(
+        unit_id="u", case_id="c", arm="candidate", repetition=0, status="succeeded"
+    )
+    assert unscored_counts_as_zero(replayed, judged)
+    canary = chat_stub.stats.bodies[-1]["messages"][-1]["content"]
+    assert "<script>" not in canary and "(no output)" in canary  # asked without the output

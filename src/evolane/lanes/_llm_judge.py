@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import orjson
 import trio
 
 from evolane.lanes._backends import Backend, BackendCall
-from evolane.lanes._llm import Endpoint, Spend
+from evolane.lanes._llm import Endpoint, ModelError, Spend
 from evolane.lanes._llm_files import folder_texts, render_texts
 from evolane.lanes._llm_usage import write_usage
 
@@ -134,6 +135,48 @@ async def _sample(
     raise AssertionError("unreachable")
 
 
+CANARY_ATTEMPT = 1_000_000
+"""The attempt number (part of the API seed) of `_blame`'s request."""
+
+
+async def _blame(
+    endpoint: Endpoint,
+    rubric: str,
+    call: BackendCall,
+    deadline: float,
+    spend: Spend,
+    error: ModelError,
+) -> ModelError:
+    """``error``, an endpoint's failure, as the output's own when the endpoint answers the
+    same judgement without the output (never from the cache): a firewall or guardrail in
+    front of the model that blocks what an output says (HTTP 403), a server that fails on
+    it (5xx), a request too large for a rate limit (429) are not outages, and left out of
+    the comparison they dropped a candidate's failing cases from it (found by review: a
+    worse candidate that wrote a blocked string on every case it could not answer was
+    accepted, confirmed and published). Still down, or no answer by half the time left:
+    ``error`` as it was."""
+    now = trio.current_time()
+    canary_deadline = now + (deadline - now) / 2 if math.isfinite(deadline) else deadline
+    messages = judge_messages(rubric, call.case, None)
+    try:
+        await spend.ask(
+            replace(endpoint, cache_dir=None),
+            messages,
+            seed=call.seed,
+            sample=0,
+            deadline=canary_deadline,
+            attempt=CANARY_ATTEMPT,
+        )
+    except ModelError:
+        return error
+    return ModelError(
+        f"{error} (the endpoint answered the same judgement without this output: the "
+        "output caused the failure)",
+        sent=error.sent,
+        endpoint_failed=False,
+    )
+
+
 def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
     """A judge backend scoring with ``endpoint``'s model against ``rubric``: the mean of
     ``samples`` verdicts (asked at once, each its own cache entry). Returns ``{"score",
@@ -162,10 +205,13 @@ def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
         except BaseException:  # cancelled or timed out: what was answered is still spent
             write_usage(call, spend.document())
             raise
-        usage = spend.document()
         if errors:
-            write_usage(call, usage)
-            raise errors[0]
+            error = errors[0]
+            if isinstance(error, ModelError) and error.endpoint_failed:
+                error = await _blame(endpoint, rubric, call, deadline, spend, error)
+            write_usage(call, spend.document())
+            raise error
+        usage = spend.document()
         scores = [v[0] for v in verdicts if v is not None]
         reasons = [v[1] for v in verdicts if v is not None and v[1]]
         return {

@@ -64,6 +64,10 @@ class StubScript:
     """Answer 200 with this body (not a completion, not even JSON)."""
     drip: float = 0.0
     """Seconds between the bytes of an answer's body (a server that sends it slowly)."""
+    refuse: str = ""
+    """Answer ``refuse_status`` to a request whose last user message holds this text (a
+    firewall or guardrail in front of the model, blocking what a request says)."""
+    refuse_status: int = 403
     rules: list[StubRule] = field(default_factory=list)
     contents: list[str] = field(default_factory=list)
     """A queue of contents, answered in order before the rules and the default."""
@@ -128,6 +132,9 @@ class _Handler(BaseHTTPRequestHandler):
                     headers = {"Retry-After": script.retry_after_text}
                 self._send(429, {"error": {"message": "rate limited", "type": "rate"}}, headers)
                 return
+            if script.refuse and script.refuse in _last_user(body):
+                self._send(script.refuse_status, {"error": {"message": "blocked by policy"}})
+                return
             if failed:
                 said = "scripted failure"
                 if script.echo_auth:
@@ -186,6 +193,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 if self.server.closing.wait(drip):
                     return
+
+
+def _last_user(body: dict[str, Any]) -> str:
+    """The text of a request's last user message ("" when it has none)."""
+    last = ""
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") == "user":
+            last = str(message.get("content", ""))
+    return last
 
 
 def _completion(body: dict[str, Any], content: str, script: StubScript) -> dict[str, Any]:
@@ -323,10 +339,7 @@ class ChatStub:
     def content_for(self, body: dict[str, Any]) -> str:
         """The scripted content for a request: the queue first, then the first rule whose
         substring is in the last user message, then the default."""
-        last = ""
-        for message in body.get("messages") or []:
-            if isinstance(message, dict) and message.get("role") == "user":
-                last = str(message.get("content", ""))
+        last = _last_user(body)
         with self._lock:
             if self.script.contents:
                 return self.script.contents.pop(0)
