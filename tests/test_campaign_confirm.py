@@ -127,6 +127,14 @@ def test_confirm_repetitions_and_the_words(tmp_path: Path) -> None:
         8,
     )
     assert better.decision == "confirmed" and better.published
+    assert "confirmed on the 8 held-out test cases" in better.sentence
+    # Found by review: with half the test cases left out (their baseline unscored, or the
+    # judge's endpoint down) the sentence still said "confirmed on the 16 held-out test
+    # cases", beside a test delta "over 8 cases".
+    partly = confirmation_of(
+        {f"c{i}": [0.0] for i in range(8)}, {f"c{i}": [1.0] for i in range(8)}, config, 16
+    )
+    assert partly.n == 8 and "confirmed on 8 of the 16 held-out test cases" in partly.sentence
 
 
 # --- the campaign's confirmations share alpha (found by review) ----------------------------

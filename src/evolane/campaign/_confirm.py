@@ -188,14 +188,18 @@ def confirmation_of(
     cases = f"the {test_cases} held-out test cases"
     if against == "published":
         cases += " against the tree an earlier cycle published (what a publish replaces)"
+    # on the cases compared: the others were left out (a unit unscored for the host's reasons)
+    compared = f"{result.n} of {cases}" if 0 < result.n < test_cases else cases
     gain = (
         "" if bound is None else f"; at that level the mean gain is at least {_floor3(bound):+.3f}"
     )
     if decision == "confirmed":
-        sentence = f"the best candidate was confirmed on {cases} ({stats} <= {shown}{gain}){note}"
+        sentence = (
+            f"the best candidate was confirmed on {compared} ({stats} <= {shown}{gain}){note}"
+        )
     elif decision == "unconfirmed":
         sentence = (
-            f"the best candidate was not confirmed on {cases} ({stats} > {shown}{gain}){note}"
+            f"the best candidate was not confirmed on {compared} ({stats} > {shown}{gain}){note}"
         )
     else:
         sentence = (
