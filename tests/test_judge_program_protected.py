@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from evolane.inputs import JUDGE_PLACEHOLDERS, CommandTemplate, tree_program
-from tests.campaign_helpers import toy_flags, with_flag, write_toy
+from tests.campaign_helpers import toy_config, toy_flags, with_flag, write_toy
 
 JUDGE = """
 import json, sys
@@ -71,3 +71,15 @@ def test_the_program_a_template_runs_from_the_tree_is_found() -> None:
     assert program("sh -c 'python3 {candidate}/judge.py'") is None
     assert program("python3 -m grader {candidate}/x.py") is None
     assert program("{candidate}/../judge.py") is None
+
+
+def test_the_validators_and_the_checks_programs_are_protected_too(tmp_path: Path) -> None:
+    # A publish check (``--check``) that runs a script of the target checked the candidate's
+    # own copy of it: a candidate could rewrite it to pass (found by review).
+    config = toy_config(
+        write_toy(tmp_path, {}),
+        judge="python3 /opt/judge.py {case_file} {output_dir}",  # not the tree's: nothing
+        validator="sh {candidate}/tools/validate.sh {candidate}",
+        check="{candidate}/tests/check.sh",
+    )
+    assert config.guarded == ("grader/**", "tools/validate.sh", "tests/check.sh")

@@ -147,12 +147,13 @@ class CampaignConfig(Record):
     @property
     def guarded(self) -> tuple[str, ...]:
         """The protected globs in force: ``protected``, then the file of the target that the
-        judge or the validator runs as its program (``python3 {candidate}/grade.py``): what
-        scores a candidate is not the candidate's to edit (found by review: an optimizer
-        that rewrote ``grade.py`` to print a score of 1 was accepted, confirmed on the test
-        split and published)."""
+        judge, the validator or the publish check runs as its program (``python3
+        {candidate}/grade.py``): what scores or checks a candidate is not the candidate's to
+        edit (found by review: an optimizer that rewrote ``grade.py`` to print a score of 1
+        was accepted, confirmed on the test split and published)."""
         found = []
-        for spec, role in ((self.measure.judge, "judge"), (self.validator, "validator")):
+        checks = (self.measure.judge, "judge"), (self.validator, "validator"), (self.check, "check")
+        for spec, role in checks:
             if not spec or role in self.plugins or llm_model(spec) is not None:
                 continue
             with contextlib.suppress(TemplateError):
