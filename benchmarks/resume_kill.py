@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from evolane.measure import replay_names
 from evolane.store import read_journal
 
 LANES = 4
@@ -84,7 +85,7 @@ def main() -> int:
             process.wait()
             journals = list(root.glob("store/runs/*/journal.jsonl"))
             records = read_journal(journals[0]).records if journals else []
-            done = {r["unit"] for r in records if r.get("type") in ("unit", "replay")}
+            done = set(replay_names(records))  # the names the logged launches ran as
             before = _units(log)
             in_flight = set(before) - done
             (run_dir,) = root.glob("store/runs/*")

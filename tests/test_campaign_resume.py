@@ -19,6 +19,7 @@ import trio
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._run import RunRequest, run_campaign
 from evolane.campaign._runs import StoreLayout, load_run
+from evolane.measure import replay_names
 from evolane.store import read_journal
 from tests.campaign_helpers import publishing_config, toy_config, toy_flags, write_toy
 
@@ -84,8 +85,7 @@ def test_resume_after_sigkill_reaches_the_same_decisions(
     process.wait(timeout=30)
     (run_dir,) = (store / "runs").iterdir()
     assert not (run_dir / "report.json").exists()
-    records = _journal_records(store)
-    finished = {r["unit"] for r in records if r["type"] in ("unit", "replay")}
+    finished = set(replay_names(_journal_records(store)))  # the names the replays ran as
     before = set(log.read_text().split())
     resumed = _optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
     _finish(resumed)
@@ -145,6 +145,7 @@ import os, sys, trio
 from evolane.campaign import _prepare
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._run import RunRequest, run_campaign
+from evolane.measure import replay_names
 
 real = _prepare.save_run
 
@@ -182,6 +183,7 @@ import os, sys, trio
 from evolane.campaign import _apply
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._run import RunRequest, run_campaign
+from evolane.measure import replay_names
 
 step, config = sys.argv[1], CampaignConfig.model_validate_json(sys.argv[2])
 real = _apply._write_journal
@@ -344,11 +346,11 @@ async def test_a_journal_in_the_untyped_format_resumes_without_paying_twice(
     finally:
         assert context.journal is not None
         context.journal.close()
-    replayed = set(log.read_text().split())
+    records = read_journal(journal).records
+    replayed = {replay_names(records)[name] for name in log.read_text().split()}
     assert replayed == {"m.1.0.c", "m.2.0.b", "m.2.0.c", "m.3.0.b", "m.3.0.c"}
     assert summary.units_restored == 3 and summary.units_run == 5
     assert summary.status == "complete" and summary.gate.n == 4
-    records = read_journal(journal).records
     assert journal.read_text().startswith(written)  # the old lines stay as they were
     for record in records[6:]:  # what this run added: the same keys, in the same order
         assert list(record) == (UNIT_KEYS if record["type"] == "unit" else REPLAY_KEYS)

@@ -32,6 +32,7 @@ from evolane.lanes import (
     blame_tree,
     collect_replay,
     replay_environment,
+    replay_name,
     run_lane_command,
 )
 from evolane.messages import FailureEvent, ReplayResult
@@ -187,19 +188,20 @@ async def _run_unit(
         if state.stopped(request.key):
             return _cancelled(request)
         deadline = trio.current_time() + max(0.0, request.deadline_epoch - time.time())
-        scratch = UnitScratch(slot.host, inputs, job.unit_id, request.attempt)
+        name = replay_name(job)
+        scratch = UnitScratch(slot.host, inputs, name, request.attempt)
         leftover, slot.leftover = slot.leftover, None
         try:
             # Blocking I/O right here: this trio loop and its thread serve this unit alone.
             scratch.prepare(job.case_ref, job.tree_ref, settings.workspace_seed, None, leftover)
             assert settings.template is not None
             argv = settings.template.render(scratch.placeholders(job.seed))
-            env = replay_environment(job)
+            env = replay_environment(job, name)
             async with trio.open_nursery() as nursery:
                 if worker is not None:
                     nursery.start_soon(_watch_task, worker, request.key, stop)
                 outcome = await run_lane_command(
-                    slot.host, settings, argv, scratch, f"replay-{job.arm}", env, deadline, stop
+                    slot.host, settings, argv, scratch, "replay", env, deadline, stop
                 )
                 nursery.cancel_scope.cancel()
             # Priced and walked as a local lane does: without the run's price table a usage
@@ -207,6 +209,7 @@ async def _run_unit(
             # whose replays ran on Dask (found by review).
             limits, prices = settings.output_limits, settings.prices
             result = collect_replay(outbox, job, scratch, outcome, limits, prices)
+            result = result.model_copy(update={"name": name})
             if outcome.status == "spawn_failed":  # its program may be the tree's, broken
                 result = blame_tree(result, argv, scratch.candidate)
         except BaseException:

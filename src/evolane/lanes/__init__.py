@@ -67,13 +67,15 @@ from evolane.lanes._replay import (
     collect_replay,
     excerpt,
     read_usage,
-    replay_environment,
     run_lane_command,
 )
 from evolane.lanes._scratch import (
     ScratchKind,
     SlotScratch,
     UnitScratch,
+    blind_name,
+    replay_environment,
+    replay_name,
     safe_name,
     scratch_dir,
 )
@@ -130,6 +132,7 @@ __all__ = [
     "api_key",
     "apply_edits",
     "blame_tree",
+    "blind_name",
     "chat",
     "check_entries",
     "check_plugin",
@@ -155,6 +158,7 @@ __all__ = [
     "read_usage",
     "redact",
     "replay_environment",
+    "replay_name",
     "resolve_agent",
     "run_backend",
     "run_lane_command",

@@ -24,7 +24,7 @@ from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._inproc import hand_over, make_unit_dir, read_case, shared_tree
 from evolane.lanes._limits import note_limits
 from evolane.lanes._program import arm_owner, blame_tree
-from evolane.lanes._scratch import UnitScratch
+from evolane.lanes._scratch import UnitScratch, replay_environment, replay_name
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
     ArtifactRef,
@@ -173,11 +173,13 @@ class ReplayLane(CommandLane):
         assert isinstance(message, ReplayJob)
         job = message
         started, deadline, stop = self.begin(job.unit_id, job.timeout_seconds)
+        in_process = self.settings.backend is not None and self.settings.workspace_seed is None
+        name = None if in_process else replay_name(job)  # a backend is trusted: the unit id
         try:
             attempt, result = 0, None
             while True:
                 attempt += 1
-                result = await self._attempt(job, attempt, deadline, stop)
+                result = await self._attempt(job, attempt, deadline, stop, name)
                 retry = (
                     result.failure is not None
                     and result.failure.owner == "infrastructure"
@@ -187,16 +189,17 @@ class ReplayLane(CommandLane):
                 if not retry or attempt > self.settings.retries or trio.current_time() >= deadline:
                     break
             wall = trio.current_time() - started
-            return result.model_copy(update={"attempts": attempt, "wall_seconds": wall})
+            update = {"attempts": attempt, "wall_seconds": wall, "name": name}
+            return result.model_copy(update=update)
         finally:
             self.stops.disarm(job.unit_id)
 
     async def _attempt(
-        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
+        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event, name: str | None
     ) -> ReplayResult:
-        if self.settings.backend is not None and self.settings.workspace_seed is None:
+        if name is None:
             return await self._in_process(job, attempt, deadline, stop)
-        scratch = UnitScratch(self.host, self.store, job.unit_id, attempt)
+        scratch = UnitScratch(self.host, self.store, name, attempt)
         if self._share():
             scratch.share_candidate(await shared_tree(self.host, self.store, job.tree_ref))
         lay_out = partial(scratch.prepare, job.case_ref, job.tree_ref, self.settings.workspace_seed)
@@ -208,10 +211,18 @@ class ReplayLane(CommandLane):
         try:
             template = self.settings.template  # None: a plugin backend, which takes no argv
             argv = template.render(scratch.placeholders(job.seed)) if template else ()
-            env = replay_environment(job)
-            label = f"replay-{job.arm}"
+            env = replay_environment(job, name)
             outcome = await run_lane_command(
-                self.host, self.settings, argv, scratch, label, env, deadline, stop, lay_out, small
+                self.host,
+                self.settings,
+                argv,
+                scratch,
+                "replay",
+                env,
+                deadline,
+                stop,
+                lay_out,
+                small,
             )
             result = await self._collected(job, scratch, outcome)
             if outcome.status == "spawn_failed":  # its program may be the tree's, broken
@@ -251,7 +262,7 @@ class ReplayLane(CommandLane):
                 role="replay",
                 workspace=scratch.work,
                 seed=job.seed,
-                env=replay_environment(job),
+                env=replay_environment(job, job.unit_id),
                 case=case,
                 candidate=candidate,
                 output_dir=scratch.out,
@@ -313,17 +324,6 @@ class ReplayLane(CommandLane):
 
 class _NotSmall(Exception):
     """An output that is not small enough to be stored inline (`collect_replay`'s ``small``)."""
-
-
-def replay_environment(job: ReplayJob) -> dict[str, str]:
-    """The ``EVOLANE_*`` variables a replay command sees for ``job``. Not its arm: a replay
-    is blind to whether it is the baseline or the candidate, so a result serves either."""
-    return {
-        "EVOLANE_UNIT": job.unit_id,
-        "EVOLANE_CASE_ID": job.case_id,
-        "EVOLANE_REPETITION": str(job.repetition),
-        "EVOLANE_SEED": str(job.seed),
-    }
 
 
 def collect_replay(

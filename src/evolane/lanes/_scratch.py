@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import secrets
 import stat
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 
-from evolane.messages import ArtifactRef, ProposeJob
+from evolane.messages import ArtifactRef, ProposeJob, ReplayJob
 from evolane.sandbox import SandboxHost, materialize_workspace
 from evolane.store import BlobStore, materialize_tree, remove_tree
 
@@ -31,6 +32,34 @@ def safe_name(name: str) -> str:
     if safe == name and safe not in ("", ".", ".."):
         return safe
     return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+
+
+def blind_name(key: str, unit_id: str) -> str:
+    """The opaque name a replay command knows its unit by (``EVOLANE_UNIT``, its folder):
+    a keyed digest of ``unit_id``, whose parts (``<measurement>.<case>.<rep>.<b|c>``) name
+    the arm, measurement and split. ``key``: the run's reuse fingerprint, stable across a
+    resume and out of a confined command's reach (found by review: a tree that failed
+    whenever ``EVOLANE_UNIT`` ended in ``.b`` sandbagged its own baseline, and a worse
+    candidate was confirmed against it and published)."""
+    secret = hashlib.sha256(b"evolane-unit-name:" + key.encode()).digest()
+    return "u" + hashlib.blake2b(unit_id.encode(), key=secret, digest_size=10).hexdigest()
+
+
+def replay_name(job: ReplayJob) -> str:
+    """`ReplayJob.name`, else a random one (a job built without the run's key)."""
+    return job.name or blind_name(secrets.token_hex(16), job.unit_id)
+
+
+def replay_environment(job: ReplayJob, name: str) -> dict[str, str]:
+    """The ``EVOLANE_*`` variables a replay command sees for ``job`` run as ``name`` (a
+    command's `replay_name`). Not its arm: a replay is blind to whether it is the baseline
+    or the candidate, so a result serves either, and a tree cannot fail its parent's."""
+    return {
+        "EVOLANE_UNIT": name,
+        "EVOLANE_CASE_ID": job.case_id,
+        "EVOLANE_REPETITION": str(job.repetition),
+        "EVOLANE_SEED": str(job.seed),
+    }
 
 
 def scratch_dir(host: SandboxHost, kind: ScratchKind, name: str) -> Path:

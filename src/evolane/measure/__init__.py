@@ -39,6 +39,7 @@ from evolane.measure._pipeline import (
     store_cases,
 )
 from evolane.measure._progress import ProgressBus, Subscription
+from evolane.measure._restore import replay_names
 from evolane.measure._scheduler import MeasurementScheduler
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.measure._settings import (
@@ -119,6 +120,7 @@ __all__ = [
     "parse_count",
     "parse_size",
     "repetitions",
+    "replay_names",
     "reserve_when_known",
     "scheduler_settings",
     "store_cases",

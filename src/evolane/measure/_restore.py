@@ -3,8 +3,8 @@ a unit's stored record counts only if it was made on the tree this unit plans.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from evolane.measure._table import Unit
 from evolane.measure._units import RESTORABLE
@@ -54,3 +54,16 @@ def not_stored(unit: Unit, diverged: Mapping[str, str]) -> str:
     if other is not None:
         return f"the stored run diverged: it replayed {unit.unit_id} on tree {other}"
     return "no stored replay to judge again"
+
+
+def replay_names(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The unit id of each name a replay command ran under (``EVOLANE_UNIT``,
+    `evolane.messages.ReplayJob.name`) in journal ``records`` (as `evolane.store.read_journal`
+    reads them): how what a command logged is matched to its unit."""
+    found: dict[str, str] = {}
+    for record in records:
+        replay = record.get("replay")
+        name = replay.get("name") if isinstance(replay, Mapping) else None
+        if isinstance(name, str) and isinstance(record.get("unit"), str):
+            found[name] = record["unit"]
+    return found

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import orjson
 
+from evolane.lanes import blind_name
 from evolane.measure._sealed import KEY_BYTES
 from evolane.measure._table import Unit, UnitTable, unit_fields
 from evolane.messages import (
@@ -180,6 +181,7 @@ def replay_job(settings: SchedulerSettings, unit: Unit) -> ReplayJob:
         repetition=unit.repetition,
         seed=pair_seed(settings, unit),
         timeout_seconds=settings.replay_timeout,
+        name=blind_name(settings.fingerprint, unit.unit_id),
     )
 
 

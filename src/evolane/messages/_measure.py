@@ -128,6 +128,10 @@ class ReplayJob(Message):
     repetition: int = Field(ge=0, le=10_000)
     seed: int = Field(ge=0, le=2**63 - 1)
     timeout_seconds: float = Field(gt=0, le=86_400)
+    name: Name | None = None
+    """What a replay command sees of the unit (``EVOLANE_UNIT``, its folder's name): an
+    opaque name (`evolane.lanes.blind_name`), never the unit id, which names its arm,
+    measurement and split; None: a random one. An in-process backend gets the unit id."""
 
 
 class ReplayResult(Message):
@@ -147,6 +151,8 @@ class ReplayResult(Message):
     usage_complete: bool = False
     wall_seconds: float = Field(default=0.0, ge=0, le=_BIG)
     attempts: int = Field(default=1, ge=0, le=100)
+    name: Name | None = None
+    """The name its command ran under (`ReplayJob.name`), to find what it logged."""
     blocked_by: Name | None = None
 
     @classmethod

@@ -23,6 +23,7 @@ from typing import Any
 import trio
 from pydantic import Field
 
+from evolane.measure import replay_names
 from evolane.messages import Record
 from evolane.sandbox import LEASE_VARIABLE, lease_holders
 from evolane.store import read_journal
@@ -177,7 +178,7 @@ async def _kill_at(root: Path, config: ResumeConfig, kill: _Kill, lease: _Lease)
     # The run's trees die with it (its lifeline); only then are the counts final.
     kill.survivors_after_kill = len(await _survivors(lease))
     records = await trio.to_thread.run_sync(_journal, paths["store"])
-    kill.journaled = {str(r.get("unit")) for r in records if r.get("type") == "replay"}
+    kill.journaled = set(replay_names(records))  # the names the logged launches ran as
     kill.launched = _launches(paths["log"])
     return paths["store"]
 
