@@ -169,17 +169,17 @@ class ReplayLane(CommandLane):
         assert settings.template is not None or settings.backend is not None
         super().__init__(host, store, settings)
 
-    async def receive(self, message: Message) -> ReplayResult:
-        assert isinstance(message, ReplayJob)
-        job = message
+    async def receive(self, job: Message) -> ReplayResult:
+        assert isinstance(job, ReplayJob)
         started, deadline, stop = self.begin(job.unit_id, job.timeout_seconds)
         in_process = self.settings.backend is not None and self.settings.workspace_seed is None
-        name = None if in_process else replay_name(job)  # a backend is trusted: the unit id
+        if not in_process and job.name is None:  # one name for every attempt, on any lane
+            job = job.model_copy(update={"name": replay_name(job)})
         try:
             attempt, result = 0, None
             while True:
                 attempt += 1
-                result = await self._attempt(job, attempt, deadline, stop, name)
+                result = await self._attempt(job, attempt, deadline, stop)
                 retry = (
                     result.failure is not None
                     and result.failure.owner == "infrastructure"
@@ -188,17 +188,18 @@ class ReplayLane(CommandLane):
                 )
                 if not retry or attempt > self.settings.retries or trio.current_time() >= deadline:
                     break
-            wall = trio.current_time() - started
-            update = {"attempts": attempt, "wall_seconds": wall, "name": name}
-            return result.model_copy(update=update)
+            name = None if in_process else job.name  # a backend is trusted: the unit id
+            update = {"attempts": attempt, "wall_seconds": trio.current_time() - started}
+            return result.model_copy(update={**update, "name": name})
         finally:
             self.stops.disarm(job.unit_id)
 
     async def _attempt(
-        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event, name: str | None
+        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
     ) -> ReplayResult:
-        if name is None:
+        if self.settings.backend is not None and self.settings.workspace_seed is None:
             return await self._in_process(job, attempt, deadline, stop)
+        name = replay_name(job)
         scratch = UnitScratch(self.host, self.store, name, attempt)
         if self._share():
             scratch.share_candidate(await shared_tree(self.host, self.store, job.tree_ref))
