@@ -65,6 +65,9 @@ from evolane.messages import Usage
 from evolane.store import BlobStore, describe_mode, read_json
 
 _NO_ROOM = 1e-9  # a ceiling already spent: a zero would read as "no ceiling"
+HISTORY_RUNS = 16
+"""The newest runs whose reports a start looks through for a comparable one (it read every
+report in the store: 15 s before each start in a store of 3,000 runs of another agent)."""
 
 
 @dataclass
@@ -468,8 +471,9 @@ def _remaining(config: CampaignConfig, spent: Usage) -> Usage:
 
 
 def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
-    """Typical seconds (and usage) per replay unit from the newest comparable report."""
-    for run_id in reversed(layout.run_ids()):
+    """Typical seconds (and usage) per replay unit from the newest comparable report among
+    the newest `HISTORY_RUNS` runs."""
+    for run_id in reversed(layout.run_ids()[-HISTORY_RUNS:]):
         path = layout.run_dir(run_id) / "report.json"
         try:
             report = read_json(path)
