@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ HEAVY = (
 )
 PROBE = """
 import sys
+from pathlib import Path
 sys.argv = ["evolane", *sys.argv[1:]]
 from evolane.cli import main
 try:
@@ -55,3 +57,47 @@ def test_a_command_still_loads_what_it_runs() -> None:
     )
     (loaded,) = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
     assert "evolane.campaign" in loaded.split(), loaded
+
+
+CTRL_C_AT = """
+import os, signal, sys
+
+class CtrlC:  # presses Ctrl-C the moment {module!r} is first looked up
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["evolane", *sys.argv[1:]]
+from evolane.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        # while the command line loads (a Ctrl-C inside orjson's initialisation crashed the
+        # interpreter: exit -11; elsewhere an import traceback, exit -2)
+        ("orjson", ["runs"]),
+        ("typer", ["runs"]),
+        # inside a command, before it handles Ctrl-C itself (typer made it a silent exit 130)
+        ("evolane.cli._session", ["optimize", "--resume", "r-1"]),
+        ("evolane.store", ["fsck"]),
+    ],
+)
+def test_a_ctrl_c_while_starting_is_one_line_and_exit_130(
+    tmp_path: Path, module: str, args: list[str]
+) -> None:
+    code = CTRL_C_AT.format(module=module)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args, "--store", str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stderr.strip() == "evolane: interrupted", done.stderr
+    assert not (tmp_path / "store").exists()

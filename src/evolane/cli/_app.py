@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import trio
@@ -13,7 +15,7 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from evolane._allocator import fix_mmap_threshold
-from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, fail_usage
+from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, fail_usage
 
 if TYPE_CHECKING:
     from evolane.stress import ScenarioReport
@@ -165,7 +167,11 @@ _register()
 def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
     import evolane.cli as package
+    from evolane.cli._loading import take_held
 
+    if take_held():  # Ctrl-C or SIGTERM while the modules loaded: nothing has started
+        typer.echo("evolane: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     fix_mmap_threshold()  # this process is ours: freed large buffers go back to the kernel
     package.LAUNCHED = package.STARTED
     try:
@@ -176,9 +182,9 @@ def main() -> None:
         if error.format_message():  # empty when the help was shown for a bare `evolane`
             typer.echo(f"evolane: error: {where}{error.format_message()}", err=True)
         code = error.exit_code
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):  # a Ctrl-C before a command took it over
         typer.echo("evolane: interrupted", err=True)
-        code = 130
+        code = EXIT_INTERRUPTED
     finally:  # a command that ran no run (doctor, drain, a probe) leaves no start behind
         package.LAUNCHED = None
     sys.exit(code if isinstance(code, int) else EXIT_OK)
@@ -213,3 +219,29 @@ def _register_drain() -> None:
 
 
 _register_drain()
+
+
+def _answer_ctrl_c(commands: typer.Typer) -> None:
+    """Make every command of ``commands`` (and of its groups) answer a Ctrl-C it does not
+    handle itself with one line and exit 130: typer turns one into exit 130 silently."""
+    for info in commands.registered_commands:
+        if info.callback is not None:
+            info.callback = _interruptible(info.callback)
+    for group in commands.registered_groups:
+        if group.typer_instance is not None:
+            _answer_ctrl_c(group.typer_instance)
+
+
+def _interruptible(callback: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(callback)
+    def answered(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.echo("evolane: interrupted", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+    return answered
+
+
+_answer_ctrl_c(app)
