@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -256,3 +259,36 @@ def test_leaf_exceptions_flattens_nested_groups_left_to_right() -> None:
         deep = BaseExceptionGroup("nested", [deep])
     (leaf,) = leaf_exceptions(deep)
     assert isinstance(leaf, KeyboardInterrupt)
+
+
+ENTERED_CANCELLED = """
+import sys, trio
+import evolane, evolane.supervisors
+
+async def main():
+    opener = {"embed": evolane.open_runtime, "supervisors": evolane.supervisors.open_runtime}
+    arguments = {"store": sys.argv[2]} if sys.argv[1] == "embed" else {}
+    with trio.CancelScope() as scope:
+        scope.cancel()  # a host whose deadline passed as it opened the runtime
+        async with opener[sys.argv[1]](**arguments):
+            await trio.sleep(3600)
+    print("back", scope.cancelled_caught)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("layer", ["embed", "supervisors"])
+def test_a_runtime_opened_under_a_cancelled_scope_gives_control_back(
+    tmp_path: Path, layer: str
+) -> None:
+    # The root supervisor starts shielded through `nursery.start`, which, its caller being
+    # cancelled, left it in its own nursery and waited for it to end: it never did (a hang).
+    code = ENTERED_CANCELLED
+    command = [sys.executable, "-c", code, layer, str(tmp_path / "store")]
+    try:  # a bound on a hang, not a timing figure
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"open_runtime ({layer}) under a cancelled scope never returned")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "back True"

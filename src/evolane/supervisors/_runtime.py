@@ -104,13 +104,20 @@ async def open_runtime(
 
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_root)
             try:
+                # Shielded: a `start` whose caller is cancelled leaves the started task in its
+                # own nursery and waits for it to end, which the shielded tree never does by
+                # itself (an `open_runtime` entered under a cancelled scope hung for ever,
+                # found by review). The caller's cancellation lands at the next checkpoint,
+                # inside this try, so the tree is stopped in order below.
+                with trio.CancelScope(shield=True):
+                    await nursery.start(run_root)
                 yield runtime
             finally:
                 with trio.CancelScope(shield=True) as scope:
                     scope.deadline = trio.current_time() + shutdown_timeout
-                    root.request_stop()
+                    if not finished.is_set():
+                        root.request_stop()
                     await finished.wait()
                 tree_scope.cancel()
     except BaseExceptionGroup as group:
