@@ -66,22 +66,24 @@ async def apply_best(
     if config.check:
         allowed = frozenset({"candidate", "workspace"})
         check = CommandTemplate.parse(config.check, role="check", allowed=allowed)
-    with trio.CancelScope(shield=True):
-        applied = await apply_candidate(
-            policy=policy,
-            store=prepared.store,
-            host=host,
-            target=Path(config.target),
-            parent_ref=_target_now(prepared),
-            candidate_ref=best,
-            run_dir=prepared.run_dir,
-            check=check,
-            kill_grace=config.commands.kill_grace,
-            limits=config.commands.sandbox_limits(),
-            isolation=config.commands.isolation,
-            view=config.run_commands.view(check),
-            protected=config.guarded,
-        )
+    # Not shielded: `apply_candidate` shields its own steps, and a cancel (Ctrl-C twice, a
+    # host's deadline) during the post-apply check kills the check and undoes the publish
+    # (it waited out the whole check, up to its 120 s timeout, found by review).
+    applied = await apply_candidate(
+        policy=policy,
+        store=prepared.store,
+        host=host,
+        target=Path(config.target),
+        parent_ref=_target_now(prepared),
+        candidate_ref=best,
+        run_dir=prepared.run_dir,
+        check=check,
+        kill_grace=config.commands.kill_grace,
+        limits=config.commands.sandbox_limits(),
+        isolation=config.commands.isolation,
+        view=config.run_commands.view(check),
+        protected=config.guarded,
+    )
     if blocked:
         why = (
             confirmation.sentence
