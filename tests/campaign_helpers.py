@@ -240,6 +240,19 @@ def _exposed(paths: dict[str, Path], log: Path | None) -> list[str]:
     return [word for folder in sorted(folders) for word in ("--expose-rw", folder)]
 
 
+def run_optimize(flags: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``evolane optimize`` with ``flags`` in a subprocess, run to its end (a 600 s guard
+    against a hang, not a timing figure)."""
+    return subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        check=False,
+    )
+
+
 def shared_folder(path: Path) -> Path:
     """``path`` made a folder every uid may write: under ``--isolation process`` a root
     evolane runs each command as a uid of its own, which may write nowhere else."""

@@ -7,12 +7,11 @@ says: such an edit is a tampering candidate (``protected_paths``), never scored.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from evolane.inputs import JUDGE_PLACEHOLDERS, CommandTemplate, tree_program
-from tests.campaign_helpers import toy_config, toy_flags, with_flag, write_toy
+from tests.campaign_helpers import run_optimize, toy_config, toy_flags, with_flag, write_toy
 
 JUDGE = """
 import json, sys
@@ -42,13 +41,7 @@ def test_an_edit_of_the_judges_own_program_is_never_accepted(tmp_path: Path) -> 
     flags = with_flag(flags, "--gate", "paired")
     judge = f"{sys.executable} {{candidate}}/judge.py {{case_file}} {{output_dir}}"
     flags += ["--judge", judge, "--isolation", "process"]
-    done = subprocess.run(
-        [sys.executable, "-m", "evolane", "optimize", *flags],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = run_optimize(flags, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     (report_file,) = paths["store"].glob("runs/*/report.json")
     report = json.loads(report_file.read_text())

@@ -8,12 +8,12 @@ accepted, confirmed against it and published."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from evolane.measure import replay_names
 from evolane.store import read_journal
+from tests.campaign_helpers import run_optimize, shared_folder
 
 AGENT = """import json, os, sys
 case_file, out, log = sys.argv[1:4]
@@ -56,9 +56,7 @@ def _project(root: Path) -> tuple[list[str], Path]:
         )
     (root / "dataset.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (root / "opt.py").write_text(OPTIMIZER)
-    logs = root / "logs"
-    logs.mkdir(mode=0o777)
-    logs.chmod(0o777)  # a root evolane's replays run as unit uids of their own
+    logs = shared_folder(root / "logs")  # a root evolane's replays run as unit uids
     log = logs / "seen.jsonl"
     log.touch()
     log.chmod(0o666)
@@ -74,23 +72,13 @@ def _project(root: Path) -> tuple[list[str], Path]:
     return flags, log
 
 
-def _optimize(flags: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "evolane", "optimize", *flags],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-
 def test_a_tree_cannot_sandbag_its_own_baseline(tmp_path: Path) -> None:
     flags, log = _project(tmp_path)
-    first = _optimize(flags)
+    first = run_optimize(flags)
     assert first.returncode == 0, first.stderr
     assert "SANDBAG" in (tmp_path / "agent" / "agent.py").read_text()  # better: published
     campaign = next(w for w in first.stdout.split() if w.startswith("c-"))
-    second = _optimize([*flags, "--resume-campaign", campaign.rstrip(".,;:)")])
+    second = run_optimize([*flags, "--resume-campaign", campaign.rstrip(".,;:)")])
     assert second.returncode == 0, second.stderr
     assert "WORSE" not in (tmp_path / "agent" / "agent.py").read_text(), second.stdout
 

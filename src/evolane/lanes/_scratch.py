@@ -5,6 +5,7 @@ with the lease (swept at the next start) and no two layouts can collide."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 import secrets
@@ -41,8 +42,13 @@ def blind_name(key: str, unit_id: str) -> str:
     resume and out of a confined command's reach (found by review: a tree that failed
     whenever ``EVOLANE_UNIT`` ended in ``.b`` sandbagged its own baseline, and a worse
     candidate was confirmed against it and published)."""
-    secret = hashlib.sha256(b"evolane-unit-name:" + key.encode()).digest()
-    return "u" + hashlib.blake2b(unit_id.encode(), key=secret, digest_size=10).hexdigest()
+    return "u" + hashlib.blake2b(unit_id.encode(), key=_secret(key), digest_size=10).hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _secret(key: str) -> bytes:
+    """`blind_name`'s blake2b key for ``key`` (once a run, not once a unit)."""
+    return hashlib.sha256(b"evolane-unit-name:" + key.encode()).digest()
 
 
 def replay_name(job: ReplayJob) -> str:
