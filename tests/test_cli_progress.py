@@ -627,3 +627,20 @@ def test_the_budget_shows_spend_by_role_and_each_model_endpoints_limit() -> None
     )
     assert "by role: optimizer 1.0k tokens $1.00 · judge 2.0k tokens $0.5000" in text
     assert "model http://h:1/v1: limit 3, in flight 2, 7 answered 429" in text
+
+
+async def test_a_watched_run_long_silent_is_looked_at_again_once_its_file_is_read() -> None:
+    """Found flaky under load: ``watch`` of a run silent for five minutes said so only 30 s
+    (`QUIET_AFTER`) after it attached, when the view took its first wait before the watcher
+    had read to the file's end (a file's lag is 0 until then). The view now looks again
+    within `QUIET_RECHECK`, and says so only when a notice is due."""
+    lag = [0.0]  # the watcher has not read to the end yet
+    quiet = renderer._Quiet(lambda: lag[0])
+    quiet.heard_one()
+    assert quiet.wait() <= renderer.QUIET_RECHECK < renderer.QUIET_AFTER
+    assert not quiet.due()
+    lag[0] = 300.0  # read to the end: the file was last written five minutes ago
+    assert quiet.wait() == 0 and quiet.due()
+    assert quiet.told() == 300.0 and not quiet.due()  # the next notice: when it has doubled
+    lag[0] = 600.0
+    assert quiet.due()

@@ -138,6 +138,10 @@ async def _receive(events: Feed, wait: float) -> messages.ProgressEvent | None:
     return None
 
 
+QUIET_RECHECK = 1.0
+"""Seconds between two looks at a watched run's silence (a file's lag is known late)."""
+
+
 class _Quiet:
     """How long the run has been quiet, and when the plain view says so next (after
     `QUIET_AFTER` seconds, then each time the silence has doubled)."""
@@ -150,8 +154,14 @@ class _Quiet:
         return self.lag() if self.lag is not None else trio.current_time() - self.heard
 
     def wait(self) -> float:
-        """Seconds until the next notice is due."""
-        return max(0.0, self.next - self.seconds())
+        """Seconds until the next notice is due; for a file's events, at most
+        `QUIET_RECHECK` (its lag is 0 until the watcher has read up to the end)."""
+        left = max(0.0, self.next - self.seconds())
+        return left if self.lag is None else min(left, QUIET_RECHECK)
+
+    def due(self) -> bool:
+        """Whether the next notice is due now."""
+        return self.seconds() >= self.next - 1e-6
 
     def told(self) -> float:
         """A notice is written: the next once the silence has doubled; returns it."""
@@ -197,8 +207,9 @@ async def _render_lines(
             except trio.EndOfChannel:
                 break
             if first is None:
-                line = quiet_line(state, quiet.told())
-                await output.write("" if line is None else line + "\n")
+                if quiet.due():
+                    line = quiet_line(state, quiet.told())
+                    await output.write("" if line is None else line + "\n")
                 continue
             quiet.heard_one()
             batch, open_ = _drain(events)
