@@ -122,6 +122,8 @@ async def test_a_clear_winner_or_loser_stops_early(tmp_path, effect: float, deci
     assert summary.status == "early_stopped"
     assert summary.gate.decision == decision
     assert summary.units_not_run > 0
+    # the figure reads "n/n_planned": the plan's 40 cases, not the cases the stop read
+    assert summary.gate.n < 40 and summary.gate.n_planned == 40
 
 
 async def test_a_missing_replay_command_is_one_shared_failure(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -116,10 +116,13 @@ def decision(
     early: tuple[str, str] | None,
 ) -> GateResult:
     """The gate's result on the cases before ``cutoff`` (all ``cases`` without one); an early
-    stop's (decision, reason), when given, replaces the gate's own."""
+    stop's (decision, reason), when given, replaces the gate's own. Its ``n_planned`` is the
+    measurement's ``cases`` either way: an early stop reads fewer, it does not plan fewer
+    (found by review: a stop after 25 of 26 cases was reported as n 25/25)."""
     baseline, candidate = arm_matrices(units, cutoff)
     planned = cutoff if cutoff is not None else cases
     result = decide_matrices(baseline, candidate, gate, n_planned=planned)
+    update: dict[str, object] = {"n_planned": cases}
     if early is not None:
-        result = result.model_copy(update={"decision": early[0], "reason": early[1]})
-    return result
+        update.update(decision=early[0], reason=early[1])
+    return result.model_copy(update=update)
