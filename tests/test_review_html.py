@@ -329,3 +329,28 @@ def test_a_later_cycle_without_an_accept_plots_its_starting_tree_not_the_seed() 
     path = best_path(report, candidates_of(report), {"c1.i0.base": parent_units})
     assert [p.digest for p in path] == [start, start]
     assert path[-1].mean == pytest.approx(0.78)
+
+
+def test_the_best_so_far_plot_ends_at_report_json_best_val() -> None:
+    """The selected candidate's paired arm stopped early (its units cover fewer cases than
+    the final val measurement): the plot's best point must be report.json's ``best_val``, as
+    the page says, not the arm's prefix (seen: 0.610 over 25 cases beside best_val 0.596
+    over all 26)."""
+    report = {
+        "seed": {"digest": SEED},
+        "best": {"digest": SELECTED},
+        "scores": {
+            "baseline_val": {"mean": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n": 12},
+            "best_val": {"mean": 0.85, "ci_low": 0.7, "ci_high": 0.95, "n": 13},
+        },
+        "funnel": [_funnel(0, 0, SELECTED, "accept", "selected")],
+        "measurements": [_paired(0, 0, 0.1, 0.3, 0.5)],
+        "iterations": [
+            {"cycle": 0, "iteration": 0, "parent": SEED, "accepted_slot": 0, "best_after": SELECTED}
+        ],
+        "lineage": [{"cycle": 0, "iteration": 0, "slot": 0, "digest": SELECTED}],
+    }
+    path = best_path(report, candidates_of(report), {"c0.i0.s0": _units(0.9)})
+    assert [p.digest for p in path] == [SEED, SELECTED]
+    assert (path[-1].mean, path[-1].low, path[-1].high) == (0.85, 0.7, 0.95)
+    assert path[0].mean == 0.5

@@ -154,8 +154,9 @@ TITLES = {
     "lanes": "Lane occupancy",
 }
 CAPTIONS = {
-    "score": "The best tree's mean val score with its bootstrap interval, by iteration and "
-    "by spend when each accept was decided.",
+    "score": "The best tree's mean val score with its interval (report.json's method; the seed "
+    "and the final best at report.json's figures), by iteration and by spend when each accept "
+    "was decided.",
     "gate": "Each candidate's mean delta against its parent with the bar the gate read "
     "(hover for its reason; an early decision may come from the sequential test).",
     "lineage": "Parents to candidates by iteration; the accepted path is bold.",
