@@ -74,6 +74,17 @@ def test_a_gate_accept_above_the_level_is_rejected_and_says_why() -> None:
     assert (test.gate, test.decision, test.index) == ("accept", "reject", 1)
 
 
+def test_a_p_value_just_above_its_level_never_prints_as_a_tie() -> None:
+    """p 0.00834 against level 0.05 / 6 = 0.008333: at two digits both read 0.0083, so the
+    reason said "p = 0.0083 > level 0.0083"; the digits grow until the figures differ."""
+    rule = OnlineRule(OnlineBudget(alpha=ALPHA, horizon=6))
+    verdict = rule.decide("c0.i0.s0", _gate(), 0.00834)
+    assert verdict.decision == "reject"
+    assert "online control: p = 0.00834 > level 0.00833 (candidate 1 of 6" in verdict.reason
+    near = OnlineRule(OnlineBudget(alpha=ALPHA, horizon=1)).decide("c0.i0.s0", _gate(), 0.0504)
+    assert "p = 0.0504 > level 0.05 " in near.reason
+
+
 def test_an_accept_carries_its_level_to_the_next_candidate_only() -> None:
     rule = OnlineRule(OnlineBudget(alpha=ALPHA, horizon=16))
     base = ALPHA / 16

@@ -29,6 +29,7 @@ from evolane.campaign._online import (
     campaign_alpha,
     online_words,
     opening_budget,
+    p_beside_level,
     resolved_mode,
 )
 from evolane.messages import ArtifactRef, Record, ShortText, Text
@@ -183,8 +184,8 @@ def confirmation_of(
     else:
         decision = "confirmed" if p <= level else "unconfirmed"
     bound = result.lower_bound
-    shown = f"{level:.2g}"
-    stats = f"mean {result.mean_delta:+.3g}, p = {p:.2g}"
+    shown_p, shown = p_beside_level(p, level)
+    stats = f"mean {result.mean_delta:+.3g}, p = {shown_p}"
     cases = f"the {test_cases} held-out test cases"
     if against == "published":
         cases += " against the tree an earlier cycle published (what a publish replaces)"

@@ -120,6 +120,18 @@ class OnlineBudget(Record):
         return sum(test.decision == "accept" for test in self.tests)
 
 
+def p_beside_level(p: float, level: float) -> tuple[str, str]:
+    """``p`` and ``level`` printed with as many significant digits (2 to 6) as it takes for
+    the printed numbers to differ when the numbers do, so "p = X > level Y" never reads as
+    a tie or the wrong way (found by review: p 0.0504 against 0.05 printed "p = 0.05 >
+    0.05")."""
+    for digits in range(2, 7):
+        shown_p, shown_level = f"{p:.{digits}g}", f"{level:.{digits}g}"
+        if p == level or shown_p != shown_level:
+            break
+    return shown_p, shown_level
+
+
 def campaign_alpha(config: CampaignConfig) -> float:
     """The campaign's error budget alpha = 1 - confidence (exact decimal): what online
     control spends over candidates and confirmations over cycles."""
@@ -184,8 +196,9 @@ class OnlineRule:
         relation = "<=" if verdict.decision == "accept" else ">"
         spent = ", past the horizon" if index > self._horizon else ""
         outcome = "accepted" if verdict.decision == "accept" else "rejected"
+        shown_p, shown_level = p_beside_level(p, verdict.level)
         reason = (
-            f"gate accepts; online control: p = {p:.2g} {relation} level {verdict.level:.2g} "
+            f"gate accepts; online control: p = {shown_p} {relation} level {shown_level} "
             f"(candidate {index} of {self._horizon}{spent}, alpha {self._alpha:g}): "
             f"{outcome}; gate: {gate.reason}"
         )
