@@ -76,3 +76,22 @@ def test_a_dense_graded_arm_keeps_the_bootstraps_width() -> None:
         assert low <= boot_low and high >= boot_high
         assert high - low <= 1.1 * (boot_high - boot_low)
         assert math.isfinite(low) and 0.0 <= low < high <= 1.0
+
+
+@pytest.mark.parametrize("n", [18, 26])
+def test_a_graded_arm_scoring_the_same_everywhere_is_not_a_point(n: int) -> None:
+    """n graded scores of 0.05: their variance is rounding noise (1e-35), which made the
+    effective sample 1.7e34 cases: at 18 the beta quantile overflowed (the run's report
+    failed, exit 1, no report) and at 26 the interval was [0.05, 0.05]. No spread means n
+    cases, as for pass/fail scores."""
+    mean, low, high, count = case_mean_ci(_cases([0.05] * n), confidence=0.95, seed=0)
+    assert count == n and mean == pytest.approx(0.05)
+    expected = clopper_pearson(0.05 * n, n, 0.95)
+    assert (low, high) == (pytest.approx(expected[0]), pytest.approx(expected[1]))
+    assert high - low > 0.1
+
+
+def test_a_nearly_constant_graded_arm_stays_finite() -> None:
+    scores = np.array([0.05] * 20 + [0.05 + 1e-9])
+    mean, low, high, _ = case_mean_ci(_cases(scores), confidence=0.95, seed=0)
+    assert low <= mean <= high and math.isfinite(low) and math.isfinite(high)

@@ -14,6 +14,13 @@ import numpy as np
 from evolane.stats._bootstrap import bootstrap_ci
 from evolane.stats._dist import beta_quantile
 
+_SAME = 1e-12
+"""Scores this close count as one value: no spread (`effective_cases`)."""
+
+_MOST_CASES = 1e8
+"""The largest effective sample: beyond it the beta quantiles overflow, and the interval
+is a few 1e-5 wide already."""
+
 
 def clopper_pearson(successes: float, trials: float, confidence: float) -> tuple[float, float]:
     """The Clopper-Pearson ("exact") interval of a proportion from beta quantiles.
@@ -37,7 +44,10 @@ def clopper_pearson(successes: float, trials: float, confidence: float) -> tuple
 
 def effective_cases(values: np.ndarray) -> float:
     """How many pass/fail cases carry the information of ``values`` (Korn and Graubard's
-    effective sample size): n for 0/1 scores or no spread, else n * m (1 - m) / s^2.
+    effective sample size): n for 0/1 scores or no spread, else n * m (1 - m) / s^2 (at most
+    `_MOST_CASES`). Found by review: 18 graded scores of 0.05, whose variance is rounding
+    noise (1e-35), gave 1.7e34 cases, and the report's interval overflowed (the run ended in
+    an internal error); 26 of them gave the interval [0.05, 0.05].
 
     Scores in [0, 1] with mean m vary at most as a pass/fail score does, so this is at least
     about n - 1: graded scores never get a wider interval than pass/fail ones.
@@ -46,10 +56,12 @@ def effective_cases(values: np.ndarray) -> float:
     mean = float(values.mean())
     if n < 2 or np.all((values == 0.0) | (values == 1.0)) or not 0.0 < mean < 1.0:
         return float(n)
+    if float(np.ptp(values)) <= _SAME:  # no spread: var() of equal values is rounding noise
+        return float(n)
     spread = float(values.var(ddof=1))
     if spread <= 0.0:
         return float(n)
-    return max(1.0, n * mean * (1.0 - mean) / spread)
+    return min(_MOST_CASES, max(1.0, n * mean * (1.0 - mean) / spread))
 
 
 def bounded_mean_ci(
