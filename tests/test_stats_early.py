@@ -222,3 +222,22 @@ def test_update_cost_does_not_grow_with_the_stream() -> None:
     assert stop.decision is None and stop.n == 4_999
     assert not any(isinstance(getattr(stop, s, None), list) for s in EarlyStop.__slots__)
     assert math.isfinite(stop._running.total)
+
+
+@pytest.mark.parametrize(
+    ("config", "deltas"),
+    [
+        (GateConfig(gate="strict"), [0.0] * 9 + [-1.0]),  # settled by one worse case
+        (GateConfig(), [1.0] * 8),  # the sequential test's wealth crosses on the 8th
+    ],
+)
+def test_no_early_stop_on_the_last_case(config: GateConfig, deltas: list[float | None]) -> None:
+    """Found by audit: a decision on the last planned case was reported as "early stop
+    after 26 of 26 cases ... even if the 0 remaining cases ...", and the live view said the
+    remaining cases could not change it. Nothing remains there: the full evaluation
+    decides."""
+    with_one_more = EarlyStop(config, len(deltas) + 1)
+    decided = [with_one_more.update(d) for d in deltas]
+    assert decided[-1] is not None and decided[-2] is None  # decided on exactly that case
+    stop = early(deltas, config)
+    assert stop.decision is None and stop.reason == ""

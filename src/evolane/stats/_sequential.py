@@ -271,6 +271,8 @@ class EarlyStop:
     - *Settled*: `settled` (certain), and the strict gate's reject on one worse case.
     - With ``no_regression`` (a later case could be vetoed), or ``allow_accept=False`` (the
       online error control needs the full evaluation's p-value), only a reject stops early.
+    - Never on the last case: nothing remains to skip, and the full evaluation decides (a
+      decision there was reported as "early stop after 26 of 26 cases").
 
     Early and full decisions agree on >= 99% of measurements at k in {1, 2, 3}, 10 to 100
     cases (benchmarks/decisions.py measures it).
@@ -323,6 +325,8 @@ class EarlyStop:
             self._worse += delta < -TOLERANCE
             if self._test is not None:
                 self._test.update(delta)
+        if self._seen == self._planned:  # nothing remains: the full evaluation decides
+            return None
         if self._check_coverage() is not None or self._running.n < self._required:
             return self._decision
         verdict = self._sequential() or self._settled()
