@@ -234,7 +234,7 @@ def test_report_text_summarises_a_finished_run(store: Store) -> None:
         "sha256:bbbbbbbbbbbb (selected)",
         "0.500 [0.400, 0.600] (n=10) -> 0.750 [0.650, 0.850] (n=10)",
         "(the gate's bootstrap interval [+0.020, +0.230]) accept",  # no confirmation ran
-        "tokens 1234, cost $0.0500",
+        "tokens 1,234, cost $0.0500",
         "selected 1, rejected 1, blocked 1, not_run 0",
         "mean delta 0.250 > 1.0 SE",
         "worse [than] the parent",  # user text is not taken for rich markup
@@ -242,6 +242,21 @@ def test_report_text_summarises_a_finished_run(store: Store) -> None:
     ):
         assert expected in out, (expected, out)
     assert "resume" not in out
+
+
+def test_token_counts_read_as_whole_numbers_past_a_million(store: Store) -> None:
+    """Found by audit: tokens printed with ``:g``: ``16511.5`` (an estimate for units cut
+    short) and, past a million, ``1.23457e+06``, in the summary, report.md, ``report`` and
+    ``compare`` alike."""
+    big = Usage(tokens=2_345_678.5, cost_usd=12.5, wall_seconds=30.0)
+    budget = store.report.budget.model_copy(
+        update={"spent": big, "campaign_spent": big, "spent_by_role": {"replay": big}}
+    )
+    report = store.report.model_copy(update={"budget": budget})
+    write_json_atomic(store.root / "runs" / FINISHED / "report.json", report)
+    shown = _cli("report", FINISHED, "--store", str(store.root)).stdout + render_markdown(report)
+    assert "tokens 2,345,679, cost" in shown and "| replay | 2,345,679 |" in shown, shown
+    assert "e+06" not in shown and "2345678.5" not in shown
 
 
 def test_report_json_is_report_json_as_written(store: Store) -> None:

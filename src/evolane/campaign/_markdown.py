@@ -28,7 +28,7 @@ from evolane.campaign._splits import SplitPlan
 from evolane.inputs import TrajectorySummary
 from evolane.messages import printable
 from evolane.store import BlobStore, StoreError
-from evolane.views import CaseRuns, case_runs, isolation_text
+from evolane.views import CaseRuns, case_runs, isolation_text, token_count
 
 Change = Literal["fixed", "broken", "same", "unjudged"]
 """``unjudged``: an arm has no score for the case (its runs failed on infrastructure), so
@@ -341,7 +341,7 @@ def _head_lines(report: Report) -> list[str]:
         )
     spent = report.budget.spent
     lines += [
-        f"- budget spent: tokens {spent.tokens or 0:g}, cost ${spent.cost_usd or 0:.4f}, "
+        f"- budget spent: tokens {token_count(spent.tokens)}, cost ${spent.cost_usd or 0:.4f}, "
         f"command time {spent.wall_seconds or 0:.1f} s",
         *_role_lines(report.budget),
     ]
@@ -477,7 +477,7 @@ def _role_lines(budget: BudgetRecord) -> list[str]:
     for role, usage in budget.spent_by_role.items():
         tokens, cost = usage.tokens or 0.0, usage.cost_usd or 0.0
         lines.append(
-            f"| {role} | {tokens:g} | {_share(tokens, ceilings.tokens)} | ${cost:.4f} | "
+            f"| {role} | {token_count(tokens)} | {_share(tokens, ceilings.tokens)} | ${cost:.4f} | "
             f"{_share(cost, ceilings.cost_usd)} | {budget.cached.get(role, 0)} |"
         )
     return lines

@@ -75,11 +75,13 @@ def score_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
 def spend_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
     """(role, A, B): tokens and cost by role, then the command time (all roles' commands)."""
 
+    from evolane.views import token_count
+
     def role(report: Report, name: str) -> str:
         usage = report.budget.spent_by_role.get(name)
         if usage is None:
             return "-"
-        return f"{usage.tokens or 0:g} tokens, ${usage.cost_usd or 0:.4f}"
+        return f"{token_count(usage.tokens)} tokens, ${usage.cost_usd or 0:.4f}"
 
     roles = list(dict.fromkeys([*a.budget.spent_by_role, *b.budget.spent_by_role]))
     rows = [(name, role(a, name), role(b, name)) for name in roles]

@@ -282,7 +282,7 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
 
 def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     from evolane.campaign import ci_text as _ci
-    from evolane.views import isolation_text
+    from evolane.views import isolation_text, token_count
 
     spent, total = rep.budget.spent, rep.budget.campaign_spent
     best = _short(rep.best.digest)
@@ -311,9 +311,9 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     rows.append(
         (
             "budget spent",
-            f"tokens {spent.tokens or 0:g}, cost ${spent.cost_usd or 0:.4f}, "
+            f"tokens {token_count(spent.tokens)}, cost ${spent.cost_usd or 0:.4f}, "
             f"command time {spent.wall_seconds or 0:.1f} s "
-            f"(campaign: tokens {total.tokens or 0:g}, cost ${total.cost_usd or 0:.4f})",
+            f"(campaign: tokens {token_count(total.tokens)}, cost ${total.cost_usd or 0:.4f})",
         )
     )
     if rep.apply is not None:

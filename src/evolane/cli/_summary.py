@@ -11,6 +11,7 @@ from rich.markup import escape
 from evolane.cli._amounts import role_spend
 from evolane.cli._output import reader_may_leave, test_delta_text
 from evolane.cli._resumable import failed_advice
+from evolane.views import token_count
 
 _UNPUBLISHED = frozenset({"refused", "rolled_back", "recovered"})
 """Apply statuses of an ``auto_verified`` publish that left the target as it was."""
@@ -74,8 +75,8 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}{_val_note(report)}",
         f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: only confirms)",
         *_test_result(report),
-        f"budget spent: command time {spent.wall_seconds or 0:.1f} s, tokens {spent.tokens or 0:g},"
-        f" cost ${spent.cost_usd or 0:.4f}",
+        f"budget spent: command time {spent.wall_seconds or 0:.1f} s,"
+        f" tokens {token_count(spent.tokens)}, cost ${spent.cost_usd or 0:.4f}",
     ]
     if report.budget.spent_by_role:
         lines.append(f"spent by role: {role_spend(report.budget.spent_by_role)}")

@@ -29,7 +29,7 @@ from evolane.views._history import (
 from evolane.views._page import render_html
 from evolane.views._scrub import scrub
 from evolane.views._state import TERMINAL_STAGES, ViewState, kind_of
-from evolane.views._words import isolation_text, isolation_words
+from evolane.views._words import isolation_text, isolation_words, token_count
 from evolane.views._write import ReportPageError, page_data, write_report_html
 
 __all__ = [
@@ -59,5 +59,6 @@ __all__ = [
     "render_html",
     "run_kind",
     "scrub",
+    "token_count",
     "write_report_html",
 ]

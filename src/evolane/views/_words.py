@@ -1,7 +1,10 @@
-"""The isolation in words rather than mechanism names, for the live view, ``watch`` and
-report.md alike (report.json keeps the names: it is data)."""
+"""The isolation in words rather than mechanism names, and token counts as whole numbers,
+for the live view, ``watch``, the summary and report.md alike (report.json keeps the names
+and the numbers: it is data)."""
 
 from __future__ import annotations
+
+import math
 
 _LEVEL_WORDS = {
     "confined": "confined (bubblewrap{})",
@@ -34,3 +37,10 @@ def isolation_text(isolation: str) -> str:
     level, _, mechanisms = isolation.partition("; ")
     safeguards = tuple(name.strip() for name in mechanisms.split(",") if name.strip())
     return " ".join(isolation_words(level, safeguards))
+
+
+def token_count(tokens: float | None) -> str:
+    """``1,234,567``: a token count in whole tokens (rounded up: the estimate for a unit cut
+    short may be fractional), where ``:g`` printed ``16511.5`` and, past a million,
+    ``1.23457e+06`` (found by audit)."""
+    return f"{math.ceil(tokens or 0):,}"
