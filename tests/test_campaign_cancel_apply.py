@@ -1,9 +1,13 @@
-"""A run cancelled while its post-apply check runs (Ctrl-C twice, a host's deadline): the
-check is killed at once and the publish undone, the target left exactly as it was."""
+"""A run cancelled while its post-apply check runs (Ctrl-C twice, a host's deadline) or
+stopped then (Ctrl-C once, an embedding's ``stop()``): the check is killed at once and the
+publish undone, the target left exactly as it was; a stopped run is resumable."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -11,7 +15,15 @@ import trio
 
 import evolane
 from evolane.embed import OptimizeRequest
-from tests.campaign_helpers import toy_config, write_toy
+from tests.campaign_helpers import (
+    run_optimize,
+    shared_folder,
+    toy_config,
+    toy_flags,
+    wait_for,
+    with_flag,
+    write_toy,
+)
 
 PLAN = {"0.0": "fix:3"}
 MARK = "check-under-test"
@@ -62,3 +74,78 @@ async def test_a_cancel_during_the_post_apply_check_kills_it_and_undoes_the_publ
     assert applied["state"] == "rolled_back", applied
     assert "interrupted during the post-apply check" in applied["message"], applied
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+
+
+async def test_stop_during_the_post_apply_check_kills_it_and_ends_the_run_interrupted(
+    tmp_path: Path,
+) -> None:
+    """An embedding's ``stop()`` (a first Ctrl-C's) was ignored during the apply: the run
+    waited out the check and published (found by review)."""
+    paths = write_toy(tmp_path, PLAN)
+    before = _files(paths["target"])
+    config = toy_config(
+        paths,
+        iterations=1,
+        population=1,
+        apply="auto_verified",
+        check=f"sh -c 'sleep 3600' {MARK}",
+        kill_grace=0.2,
+    )
+    with trio.fail_after(100):  # a bound on a hang, not a timing figure
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            handle = await runtime.start_optimize(OptimizeRequest(config=config))
+            while not _checks_running():
+                await trio.sleep(0.05)
+            handle.stop()
+            outcome = await handle.result()
+    assert outcome.report is not None and outcome.report.status == "interrupted"
+    assert outcome.exit_code == 130
+    assert not _checks_running()
+    assert _files(paths["target"]) == before
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert json.loads((run_dir / "apply.json").read_text())["state"] == "rolled_back"
+
+
+def test_a_ctrl_c_during_the_post_apply_check_stops_the_run_and_resume_publishes(
+    tmp_path: Path,
+) -> None:
+    """A single Ctrl-C printed "stopping now", then waited out the whole check and published,
+    exit 0 (found by review): it now stops the apply like a cancel, and the run is resumable."""
+    paths = write_toy(tmp_path, PLAN)
+    before = _files(paths["target"])
+    marks = shared_folder(tmp_path / "marks")
+    started, quick = marks / "started", marks / "quick"
+    check = f"sh -c 'touch {started}; [ -e {quick} ] || sleep 60' {MARK}"
+    flags = with_flag(toy_flags(paths, paths["store"]), "--iterations", "1")
+    flags = with_flag(flags, "--population", "1")
+    flags += ["--apply", "auto_verified", "--check", check, "--expose-rw", str(marks)]
+    command = [sys.executable, "-m", "evolane", "optimize", *flags]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(started, process, "the post-apply check started")
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=100)  # a bound on a hang, not a timing figure
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, (out, err)
+    assert not _checks_running()
+    assert _files(paths["target"]) == before
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert f"resume: evolane optimize --resume {run_dir.name}" in out, out
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "interrupted"
+    assert json.loads((run_dir / "apply.json").read_text())["state"] == "rolled_back"
+    fsck = subprocess.run(
+        [sys.executable, "-m", "evolane", "fsck", "--store", str(paths["store"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert fsck.returncode == 0 and "clean" in fsck.stdout, (fsck.stdout, fsck.stderr)
+    quick.touch()
+    resumed = run_optimize(["--resume", run_dir.name, "--store", str(paths["store"])])
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run_dir / "apply.json").read_text())["state"] == "committed"
+    assert _files(paths["target"]) != before

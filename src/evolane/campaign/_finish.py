@@ -39,6 +39,42 @@ class Session:
     note: str = ""
 
 
+async def apply_unless_stopped(
+    prepared: Prepared, host: SandboxHost, outcome: CycleOutcome, interrupt: trio.Event
+) -> tuple[CycleOutcome, ApplyRecord | None]:
+    """`apply_best`, which the run's graceful stop (a first Ctrl-C, SIGTERM, an embedding's
+    ``stop()``) cuts short like a cancel: the post-apply check's tree is killed and the
+    publish undone, and the run ends ``interrupted`` (a ``--resume`` publishes). Found by
+    review: the stop waited out the whole check (up to its timeout), then published, exit 0.
+    A publish already committed when the stop came stands."""
+    if outcome.stop not in ("finished", "exhausted"):  # stopped before: nothing is published
+        return outcome, await apply_best(prepared, host, outcome)
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+            nursery.start_soon(_cancel_on, interrupt, scope)
+            applied = await apply_best(prepared, host, outcome)
+        nursery.cancel_scope.cancel()
+    if not scope.cancelled_caught:
+        return outcome, applied
+    why = "stopped before the best was published; --resume publishes it"
+    message = "; ".join(part for part in (outcome.message, why) if part)
+    stopped = outcome.model_copy(update={"stop": "interrupted", "message": message})
+    journal = prepared.run_dir / JOURNAL_NAME
+    if not journal.exists() or journal_state(journal)[0] != "rolled_back":
+        return stopped, None
+    undone = ApplyRecord(
+        policy=prepared.config.apply,
+        status="rolled_back",
+        message="the stop undid the publish: the target is as it was",
+    )
+    return stopped, undone
+
+
+async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
 async def apply_best(
     prepared: Prepared, host: SandboxHost, outcome: CycleOutcome
 ) -> ApplyRecord | None:

@@ -17,7 +17,7 @@ from evolane.actors import ActorRef
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate
-from evolane.campaign._finish import Session, apply_best, finish, session_ended
+from evolane.campaign._finish import Session, apply_unless_stopped, finish, session_ended
 from evolane.campaign._lock import TargetLock, lock_target
 from evolane.campaign._models import model_backends, model_warnings, plugin_backends
 from evolane.campaign._prepare import Prepared, prepare_run
@@ -246,7 +246,7 @@ async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
             deadline = trio.current_time() + left
         _announce(prepared, ctx.session.bus, host, left)
         outcome, ledger = await _cycle(runtime, host, ctx, deadline)
-        applied = await apply_best(prepared, host, outcome)
+        outcome, applied = await apply_unless_stopped(prepared, host, outcome, ctx.interrupt)
         return await finish(ctx.session, outcome, ledger, applied, host)
 
 
