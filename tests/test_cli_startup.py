@@ -4,11 +4,14 @@ neither the runtime (measure, lanes, sandbox, distributed) nor the report page's
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.campaign_helpers import run_optimize, toy_flags, with_flag, write_toy
 
 HEAVY = (
     "evolane.measure",
@@ -101,3 +104,42 @@ def test_a_ctrl_c_while_starting_is_one_line_and_exit_130(
     assert done.returncode == 130, (done.returncode, done.stderr)
     assert done.stderr.strip() == "evolane: interrupted", done.stderr
     assert not (tmp_path / "store").exists()
+
+
+CTRL_C_ONCE_WRITTEN = """
+import os, signal, sys
+from evolane.campaign import _prepare
+
+written = _prepare.Prepared.persist
+
+def persist(self):  # presses Ctrl-C the moment run.json is written
+    written(self)
+    os.kill(os.getpid(), signal.SIGINT)
+
+_prepare.Prepared.persist = persist
+sys.argv = ["evolane", *sys.argv[1:]]
+from evolane.cli import main
+main()
+"""
+
+
+def test_a_ctrl_c_once_run_json_is_written_prints_the_resume_command(tmp_path: Path) -> None:
+    """The run is left resumable (``interrupted``), so its command is printed (found by
+    review: only 'interrupted', no resume command, as if nothing had been written)."""
+    paths = write_toy(tmp_path, {"0.0": "fix:3"})
+    store = paths["store"]
+    flags = with_flag(toy_flags(paths, store), "--iterations", "1")
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_ONCE_WRITTEN, "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    (run_dir,) = (store / "runs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert f"resume: evolane optimize --resume {run_dir.name} --store {store}" in done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    resumed = run_optimize(["--resume", run_dir.name, "--store", str(store)])
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"

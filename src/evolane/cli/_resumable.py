@@ -60,6 +60,29 @@ def _damage(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:
     return None
 
 
+def recorded_run(store: Path, started: float) -> str | None:
+    """The run a session that began at ``started`` left resumable, if any, read off the store
+    (its ``session_started``; only run folders written since are read). A Ctrl-C that
+    aborts the start of a run once its ``run.json`` is written leaves it ``interrupted``:
+    the command says how to resume it (found by review: it printed no resume command)."""
+    from evolane.campaign import StoreLayout, load_run
+    from evolane.store import StoreError
+
+    layout = StoreLayout(Path(store))
+    try:
+        folders = [p for p in (layout.root / "runs").iterdir() if p.stat().st_mtime >= started - 1]
+    except OSError:
+        return None
+    for folder in sorted(folders, reverse=True):
+        try:
+            record = load_run(layout, folder.name)
+        except (OSError, ValueError, StoreError):  # not a run of this session: not ours
+            continue
+        if record.session_started == started and record.status in RESUMABLE:
+            return record.run_id
+    return None
+
+
 def resume_command(run_id: str, store: Path) -> str:
     """The command that continues an interrupted run."""
     return f"evolane optimize --resume {shlex.quote(run_id)} --store {shlex.quote(str(store))}"

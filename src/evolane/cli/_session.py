@@ -224,10 +224,28 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
         request = _request(flags, estimate_only)
         return trio.run(_main, request, flags, started)
     except BaseException as error:  # every error becomes one line and an exit code
-        return _exit_for(_leaf(error), bool(flags.get("debug")), flags.get("store"))
+        leaf = _leaf(error)
+        if isinstance(leaf, KeyboardInterrupt) and _recorded(flags, started):
+            return EXIT_INTERRUPTED
+        return _exit_for(leaf, bool(flags.get("debug")), flags.get("store"))
     finally:  # the run is over: a late Ctrl-C must not turn its exit code into a signal death
         if from_main:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _recorded(flags: dict[str, Any], started: float) -> bool:
+    """After a Ctrl-C that aborted the start of a run: if the run was written (and so left
+    resumable), print the summary of a cancelled run with its resume command, and say so."""
+    from evolane.cli._resumable import recorded_run
+    from evolane.cli._summary import print_summary
+
+    if flags.get("summarised") or not flags.get("store"):
+        return False
+    run_id = recorded_run(Path(flags["store"]).absolute(), started)
+    if run_id is None:
+        return False
+    print_summary(None, {**flags, "run_id": run_id})
+    return True
 
 
 def _leaf(error: BaseException) -> BaseException:
@@ -384,6 +402,7 @@ async def _session(request: Any, flags: dict[str, Any], started: float, watch: _
         outcome = await _follow(watch.handle, flags)
         watch.ended = True
         print_summary(outcome, flags)
+        flags["summarised"] = True  # a Ctrl-C from now on must not print another
         _observer_notes(watch.handle)
     if outcome is None or outcome.report is None:
         return EXIT_INTERRUPTED
