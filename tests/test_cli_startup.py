@@ -65,11 +65,11 @@ def test_a_command_still_loads_what_it_runs() -> None:
 CTRL_C_AT = """
 import os, signal, sys
 
-class CtrlC:  # presses Ctrl-C the moment {module!r} is first looked up
+class CtrlC:  # presses Ctrl-C (or sends SIGTERM) the moment {module!r} is first looked up
     def find_spec(self, name, path=None, target=None):
         if name == {module!r}:
             sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.{signum})
         return None
 
 sys.meta_path.insert(0, CtrlC())
@@ -89,12 +89,16 @@ main()
         # inside a command, before it handles Ctrl-C itself (typer made it a silent exit 130)
         ("evolane.cli._session", ["optimize", "--resume", "r-1"]),
         ("evolane.store", ["fsck"]),
+        # while optimize reads its request, before the session takes both signals over
+        ("evolane.campaign", ["optimize", "--resume", "r-1"]),
     ],
 )
+# SIGTERM as Ctrl-C: once the modules loaded, it killed the process (exit -15, no message)
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
 def test_a_ctrl_c_while_starting_is_one_line_and_exit_130(
-    tmp_path: Path, module: str, args: list[str]
+    tmp_path: Path, module: str, args: list[str], signum: str
 ) -> None:
-    code = CTRL_C_AT.format(module=module)
+    code = CTRL_C_AT.format(module=module, signum=signum)
     done = subprocess.run(
         [sys.executable, "-c", code, *args, "--store", str(tmp_path / "store")],
         capture_output=True,

@@ -167,8 +167,9 @@ _register()
 def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
     import evolane.cli as package
-    from evolane.cli._loading import take_held
+    from evolane.cli._loading import answer_sigterm_as_ctrl_c, take_held
 
+    answer_sigterm_as_ctrl_c()  # a SIGTERM from now on (the session takes it over) is a Ctrl-C
     if take_held():  # Ctrl-C or SIGTERM while the modules loaded: nothing has started
         typer.echo("evolane: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)

@@ -1,4 +1,4 @@
-"""Ctrl-C (or SIGTERM) while the command line is still loading its modules.
+"""Ctrl-C (or SIGTERM) while the command line is still loading its modules, and SIGTERM after.
 
 Loading takes a second or more on a busy host, and a `KeyboardInterrupt` raised inside a C
 extension's module initialisation can crash the interpreter (a segmentation fault in
@@ -6,7 +6,8 @@ extension's module initialisation can crash the interpreter (a segmentation faul
 or print an import traceback. So the package holds both signals while it loads its modules
 and `main` answers a held one as any interrupted start: one line, exit 130. Only Python's
 own handlers are replaced (a host that set its own keeps them), only in the main thread,
-and only for the import itself.
+and only for the import itself. From then on `main` answers SIGTERM as Ctrl-C
+(`answer_sigterm_as_ctrl_c`), wherever a command has not taken both signals over.
 """
 
 from __future__ import annotations
@@ -46,3 +47,24 @@ def take_held() -> bool:
     held = bool(_HELD)
     _HELD.clear()
     return held
+
+
+def answer_sigterm_as_ctrl_c() -> None:
+    """From now on answer SIGTERM as Ctrl-C, where Python's defaults still handle both (in
+    the main thread; a process started with Ctrl-C ignored, as in a script's background
+    job, keeps SIGTERM's default: it must still end): it raises SIGINT, so whatever handles
+    a Ctrl-C at that moment (Python's `KeyboardInterrupt`, trio's guarded one, a session's
+    receiver, a run over that ignores it) handles it. Found by review: between the load and
+    a run's start (a command's own imports, its reading of the inputs) SIGTERM killed the
+    process (exit -15, no message) where a Ctrl-C is one line and exit 130."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if (
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGTERM, _as_ctrl_c)
+
+
+def _as_ctrl_c(_signum: int, _frame: FrameType | None) -> None:
+    signal.raise_signal(signal.SIGINT)

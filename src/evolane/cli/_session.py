@@ -278,8 +278,8 @@ def _exit_for(error: BaseException, debug: bool, store: str | None = None) -> in
     if failure is not None:  # a full disk or store damage (the run ended failed), one line
         error_line(describe_failure(failure, store or "the store"))
         return EXIT_INTERNAL
-    if isinstance(error, KeyboardInterrupt):
-        error_line("interrupted")
+    if isinstance(error, KeyboardInterrupt):  # not an error: the line every command prints
+        print("evolane: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     if isinstance(error, SystemExit | GeneratorExit):
         raise error
