@@ -27,6 +27,7 @@ from evolane.campaign._run import (
 from evolane.campaign._runs import (
     ENDED_RUNS,
     CampaignState,
+    ReportSummary,
     ResolvedSetting,
     RunRecord,
     StoreLayout,
@@ -68,6 +69,7 @@ __all__ = [
     "Probe",
     "ProposeSettings",
     "Report",
+    "ReportSummary",
     "ResolvedSetting",
     "RunOutcome",
     "RunRecord",

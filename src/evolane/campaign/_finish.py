@@ -17,7 +17,7 @@ from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report
-from evolane.campaign._runs import SEEN_KEPT, CampaignState, RunRecord, end_run
+from evolane.campaign._runs import SEEN_KEPT, CampaignState, ReportSummary, RunRecord, end_run
 from evolane.campaign._trajectories import trajectory_summary
 from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
@@ -285,11 +285,16 @@ def _write_report(
 ) -> None:
     """Report first, then the run's end with the campaign state it leaves (`end_run`): a
     crash before ``run.json`` leaves a run that a resume finishes again, one after it a
-    campaign that reads the staged state."""
-    write_json_atomic(prepared.run_dir / "report.json", report)
+    campaign that reads the staged state. ``run.json`` carries the report's summary (what
+    ``evolane runs`` lists), so it is never newer than the report it summarises."""
+    path = prepared.run_dir / "report.json"
+    write_json_atomic(path, report)
+    listed = {"scores": report.scores.model_dump(mode="json"), "wall_seconds": report.wall_seconds}
+    summary = ReportSummary.of(listed, path.stat().st_size)  # the run holds the report's folder
     markdown = render_markdown(report, case_rows(report, prepared.store))
     write_bytes_atomic(prepared.run_dir / "report.md", markdown.encode())
     run = session_ended(prepared.run, report.status, report.started)
+    run = run.model_copy(update={"summary": summary})
     state = _next_state(prepared.campaign, run, report, outcome, campaign_status, spent)
     end_run(prepared.layout, run, state)
 

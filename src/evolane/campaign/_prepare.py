@@ -165,6 +165,7 @@ def prepare_run(
                 "splits": record.splits or legacy_plan(_in_file(dataset)),
                 "resumed": resumed,
                 "status": "running",
+                "summary": None,  # this session's report will replace the last one
                 "elapsed_seconds": record.elapsed_seconds + _died_session(layout, record),
             }
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -11,7 +11,7 @@ from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, fail_usage
 from evolane.cli._output import StoreOption, store_of
 
 if TYPE_CHECKING:
-    from evolane.campaign import StoreLayout
+    from evolane.campaign import ReportSummary, StoreLayout
     from evolane.store import Problem
 
 EXIT_DAMAGED = EXIT_INTERNAL
@@ -68,14 +68,19 @@ def record_problems(store: Path) -> list[Problem]:
     layout, problems = StoreLayout(store), []
     for run_id in layout.run_ids():
         path = layout.run_dir(run_id) / "run.json"
+        report = None
         try:
             record = load_run(layout, run_id)
             path = path.with_name("report.json")
             if path.exists():
-                Report.model_validate(read_json(path))
+                report = read_json(path)
+                Report.model_validate(report)
         except (OSError, ValueError) as error:
             problems.append(Problem("record", path, record_problem(error), runs=(run_id,)))
             continue
+        summary = record.summary
+        if summary is not None and (wrong := _summary_problem(path, run_id, summary, report)):
+            problems.append(wrong)
         if record.status in ENDED_RUNS and (torn := _torn_after_end(layout, run_id, record.status)):
             problems.append(torn)
     for campaign_id in layout.campaign_ids():
@@ -87,6 +92,27 @@ def record_problems(store: Path) -> list[Problem]:
             why = why.removeprefix(f"cannot read {path}: ").partition("; run `evolane fsck")[0]
             problems.append(Problem("record", path, why))
     return problems
+
+
+def _summary_problem(
+    path: Path, run_id: str, summary: ReportSummary, report: Any
+) -> Problem | None:
+    """``run.json``'s ``summary`` (what ``evolane runs`` lists) when it is not that of the
+    report at ``path`` (``report``: that file as read, None when there is none)."""
+    from evolane.campaign import ReportSummary
+    from evolane.store import Problem
+
+    run_json = path.with_name("run.json")
+    if report is None:
+        why = "its summary is of a report.json that is missing"
+        return Problem("record", run_json, why, runs=(run_id,))
+    actual = ReportSummary.of(report, path.stat().st_size)
+    for name in ReportSummary.model_fields:
+        listed, real = getattr(summary, name), getattr(actual, name)
+        if listed != real:
+            why = f"its summary disagrees with report.json ({name} {listed} against {real})"
+            return Problem("record", run_json, why, runs=(run_id,))
+    return None
 
 
 def _torn_after_end(layout: StoreLayout, run_id: str, status: str) -> Problem | None:

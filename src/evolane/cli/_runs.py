@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,22 +25,43 @@ from evolane.cli._output import (
 )
 
 if TYPE_CHECKING:
-    from evolane.campaign import StoreLayout
+    from evolane.campaign import RunRecord, StoreLayout
 
 
-def _report_digest(path: Path) -> dict[str, Any]:
-    """The few report fields the run list shows, read without validating the whole report."""
+LISTED_REPORT_BYTES = 16 << 20
+"""The largest ``report.json`` the listing reads, for a run whose ``run.json`` holds no summary
+of it (written before summaries existed, or a crash came between the two files); a larger one
+is listed with a note, never read (found by soak review: ``runs`` parsed every report whole)."""
+
+
+def _report_fields(record: RunRecord, report_json: Path) -> dict[str, Any] | None:
+    """What the listing shows of the run's report (None when it has none): the summary in
+    ``run.json`` when it is of this report (the size it was written with), else the fields
+    read from the report itself, at most `LISTED_REPORT_BYTES` of it."""
+    from evolane.campaign import ReportSummary
     from evolane.store import read_json
 
     try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    scores = data.get("scores") or {}
-    means = {name: (scores.get(name) or {}).get("mean") for name in ("baseline_val", "best_val")}
-    return {**means, "wall_seconds": data.get("wall_seconds"), "report_status": data.get("status")}
+        info = os.stat(report_json)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    summary, note = record.summary, None
+    if summary is None or summary.report_bytes != info.st_size:
+        summary = None
+        if info.st_size > LISTED_REPORT_BYTES:
+            note = (
+                f"report.json holds {info.st_size / (1 << 20):.1f} MiB, more than a listing "
+                f"reads ({LISTED_REPORT_BYTES >> 20} MiB): `evolane report {record.run_id}`"
+            )
+        else:
+            try:
+                summary = ReportSummary.of(read_json(report_json, LISTED_REPORT_BYTES), 0)
+            except (OSError, ValueError) as error:
+                note = f"report.json cannot be read ({type(error).__name__}): `evolane fsck`"
+    fields = summary.model_dump(exclude={"report_bytes"}) if summary is not None else {}
+    return {**fields, "report": str(report_json), "note": note}
 
 
 KILLED = "killed"
@@ -54,7 +77,8 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
     """One row per run in the store, oldest first (an unreadable run.json is listed as such).
 
     ``status`` is run.json's, except that a ``running`` run no process holds is `KILLED`;
-    ``live`` says whether a process holds the run now."""
+    ``live`` says whether a process holds the run now; the scores and wall come from the
+    report's summary in run.json (`_report_fields`); ``note`` says why they are missing."""
     from evolane.campaign import load_run, run_is_live
 
     rows: list[dict[str, Any]] = []
@@ -62,7 +86,7 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
         row: dict[str, Any] = dict.fromkeys(
             ("campaign_id", "cycle", "created", "baseline_val", "best_val", "wall_seconds")
         )
-        row.update(run_id=run_id, status="unreadable", report=None, live=False)
+        row.update(run_id=run_id, status="unreadable", report=None, note=None, live=False)
         try:
             record = load_run(layout, run_id)
         except (OSError, ValueError):
@@ -77,11 +101,7 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
             created=record.created,
             live=live,
         )
-        report_json = layout.run_dir(run_id) / "report.json"
-        if report_json.is_file():
-            digest = _report_digest(report_json)
-            digest.pop("report_status", None)
-            row.update(digest, report=str(report_json))
+        row.update(_report_fields(record, layout.run_dir(run_id) / "report.json") or {})
         rows.append(row)
     rows.sort(key=lambda row: (row["created"] or 0.0, row["run_id"]))
     return rows
@@ -179,6 +199,9 @@ def _print_runs(console: Console, rows: list[dict[str, Any]]) -> None:
             "-" if wall is None else f"{wall:.1f} s",
         )
     console.print(table)
+    for row in rows:
+        if row["note"]:
+            console.print(Text(f"{row['run_id']}: {row['note']}"))
 
 
 def _print_campaigns(console: Console, rows: list[dict[str, Any]]) -> None:
