@@ -147,3 +147,48 @@ def test_a_ctrl_c_once_run_json_is_written_prints_the_resume_command(tmp_path: P
     resumed = run_optimize(["--resume", run_dir.name, "--store", str(store)])
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+
+
+CTRL_C_AS_RESUME_STARTS = """
+import os, signal, sys
+from evolane.campaign import _run
+
+prepare = _run.prepare_run
+
+def prepare_run(*args, **kwargs):  # presses Ctrl-C before the resume rewrites run.json
+    os.kill(os.getpid(), signal.SIGINT)
+    return prepare(*args, **kwargs)
+
+_run.prepare_run = prepare_run
+sys.argv = ["evolane", *sys.argv[1:]]
+from evolane.cli import main
+main()
+"""
+
+
+def test_a_ctrl_c_as_a_resume_starts_prints_the_resume_command(tmp_path: Path) -> None:
+    """A Ctrl-C during ``--resume``'s start, before the session rewrote run.json, printed only
+    'evolane: interrupted' (found by review): the run is as resumable as before, so its
+    command is printed."""
+    paths = write_toy(tmp_path, {"0.0": "fix:3"})
+    store = paths["store"]
+    flags = with_flag(toy_flags(paths, store), "--iterations", "1")
+    first = subprocess.run(
+        [sys.executable, "-c", CTRL_C_ONCE_WRITTEN, "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert first.returncode == 130, (first.stdout, first.stderr)
+    (run_dir,) = (store / "runs").iterdir()
+    resume = ["optimize", "--resume", run_dir.name, "--store", str(store)]
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_AS_RESUME_STARTS, *resume],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    assert f"resume: evolane optimize --resume {run_dir.name} --store {store}" in done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    assert json.loads((run_dir / "run.json").read_text())["status"] in ("interrupted", "running")

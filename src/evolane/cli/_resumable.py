@@ -60,15 +60,23 @@ def _damage(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:
     return None
 
 
-def recorded_run(store: Path, started: float) -> str | None:
+def recorded_run(store: Path, started: float, resuming: str | None = None) -> str | None:
     """The run a session that began at ``started`` left resumable, if any, read off the store
-    (its ``session_started``; only run folders written since are read). A Ctrl-C that
-    aborts the start of a run once its ``run.json`` is written leaves it ``interrupted``:
-    the command says how to resume it (found by review: it printed no resume command)."""
+    (its ``session_started``; only run folders written since are read); for a ``--resume``
+    (``resuming``), that run while it is still resumable, whether or not the session had
+    written it yet. A Ctrl-C that aborts the start of a run once its ``run.json`` is written
+    leaves it ``interrupted``: the command says how to resume it (found by review: it
+    printed no resume command)."""
     from evolane.campaign import StoreLayout, load_run
     from evolane.store import StoreError
 
     layout = StoreLayout(Path(store))
+    if resuming is not None:
+        try:
+            record = load_run(layout, resuming)
+        except (OSError, ValueError, StoreError):  # not a run: the start said so, or will
+            return None
+        return record.run_id if record.status in RESUMABLE else None
     try:
         folders = [p for p in (layout.root / "runs").iterdir() if p.stat().st_mtime >= started - 1]
     except OSError:

@@ -241,7 +241,7 @@ def _recorded(flags: dict[str, Any], started: float) -> bool:
 
     if flags.get("summarised") or not flags.get("store"):
         return False
-    run_id = recorded_run(Path(flags["store"]).absolute(), started)
+    run_id = recorded_run(Path(flags["store"]).absolute(), started, flags.get("resume"))
     if run_id is None:
         return False
     print_summary(None, {**flags, "run_id": run_id})
