@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_faults", "_allocator"),  # plumbing every layer may call (root modules): the
-    # fault-injection hook, and the process's allocator policy (light: the CLI imports it)
+    ("_faults", "_allocator", "_version"),  # plumbing every layer may call (root modules):
+    # the fault-injection hook, the process's allocator policy (light: the CLI imports it)
+    # and the package's version
     ("messages",),
     ("store",),
     ("stats",),
@@ -37,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 """Each unit (a subpackage or a root module of ``evolane``) imports only units listed
 before it, never one after it or beside it."""
 
-SHARED_ROOT_MODULES = frozenset({"_faults", "_allocator"})
+SHARED_ROOT_MODULES = frozenset({"_faults", "_allocator", "_version"})
 """Root modules whose private name every unit may import (the package's own plumbing)."""
 
 IO_FREE = {"measure._plan": ("trio", "os", "subprocess", "anyio", "asyncio", "socket")}

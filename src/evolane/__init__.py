@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 
+from evolane._version import __version__
+
 TYPE_CHECKING = False  # not imported from typing, which alone costs ~10 ms of start-up
 if TYPE_CHECKING:
     from evolane.actors import Actor, ActorRef
@@ -24,8 +26,6 @@ if TYPE_CHECKING:
         open_runtime,
     )
     from evolane.supervisors import ActorSpec, Runtime, SupervisorSpec
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "Actor": "evolane.actors",

@@ -29,6 +29,30 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    """``--version``: print the installed evolane's version and exit 0."""
+    if value:
+        from evolane._version import __version__
+
+        typer.echo(f"evolane {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Run self-evolve optimisation campaigns fast, within hard budgets, leaving nothing."""
+
+
 @app.command()
 def stress(
     scenario: Annotated[
