@@ -1,5 +1,7 @@
 """What a user gets from ``pip install evolane``: ``evolane --version`` (found by review: no
-command said which evolane is installed)."""
+command said which evolane is installed), and an optional extra that is not installed refused
+up front with the line that names it (found by review: a model role without ``openai`` ran
+the campaign, then failed it, exit 1)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 import evolane
+from tests.campaign_helpers import toy_flags, with_flag, write_toy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,3 +41,24 @@ def test_version_flag_prints_the_package_version() -> None:
     assert "version" in project["project"]["dynamic"]
     source = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
     assert source == "evolane._version.__version__"
+
+
+def test_a_model_role_without_the_llm_extra_is_refused_before_the_run(tmp_path: Path) -> None:
+    """``--optimizer llm:MODEL`` or ``--judge llm:MODEL`` without ``openai``: one line naming
+    the extra, exit 2, nothing run (it measured the parent, then failed every call: exit 1)."""
+    paths = write_toy(tmp_path / "toy", {"default": "noop"})
+    flags = toy_flags(paths, tmp_path / "store")
+    local = ["--llm-base-url", "http://127.0.0.1:9/v1"]
+    model_optimizer = with_flag(flags, "--optimizer", "llm:some-model")
+    model_judge = [*with_flag(flags, "--judge", "llm:some-model"), "--rubric", str(paths["plan"])]
+    for given, flag in ((model_optimizer, "--optimizer"), (model_judge, "--judge")):
+        for command in ("optimize", "estimate")[: 2 if flag == "--optimizer" else 1]:
+            done = _evolane(command, *given, *local, blocked="openai")
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert done.stderr == (
+                f"evolane: error: {flag} llm:some-model: the llm backends need the extra: "
+                "pip install 'evolane[llm]'\n"
+            )
+    assert not (tmp_path / "store" / "runs").exists() or not any(
+        (tmp_path / "store" / "runs").iterdir()
+    )

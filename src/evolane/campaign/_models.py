@@ -14,12 +14,14 @@ from evolane.distributed import parse_cluster
 from evolane.inputs import InputError, llm_model, plugin_words
 from evolane.lanes import (
     BACKEND_GROUPS,
+    LLM_EXTRA_HINT,
     Backend,
     Endpoint,
     ModelError,
     PluginSpec,
     api_key,
     check_plugin,
+    llm_available,
     llm_judge,
     llm_optimizer,
     plugin_backend,
@@ -44,13 +46,16 @@ def llm_models(config: CampaignConfig) -> dict[str, str]:
 
 
 def check_models(config: CampaignConfig) -> None:
-    """Refuse (`InputError`, exit 2) what cannot run: a model judge without a rubric, and a
-    model with no price while ``--max-cost-usd`` is set (unless ``--unknown-price reserve``)."""
+    """Refuse (`InputError`, exit 2) what cannot run: a model judge without a rubric, a model
+    without the ``evolane[llm]`` extra or without its API key, and a model with no price
+    while ``--max-cost-usd`` is set (unless ``--unknown-price reserve``)."""
     models = config.models
     named = llm_models(config)
     if "--judge" in named and not models.rubric:
         raise InputError(f"--judge {config.measure.judge}: a model judge needs --rubric FILE")
     for flag, model in named.items():  # a missing key: now, not after the replays ran
+        if not llm_available():  # nor a missing SDK (it failed every call, exit 1)
+            raise InputError(f"{flag} llm:{model}: {LLM_EXTRA_HINT}")
         role = flag.removeprefix("--")
         try:
             api_key(endpoint(models, role, model, config.store))

@@ -32,7 +32,16 @@ from evolane.lanes._limits import (
     limits_hit,
     note_limits,
 )
-from evolane.lanes._llm import ChatAnswer, Endpoint, ModelError, api_key, chat, redact
+from evolane.lanes._llm import (
+    LLM_EXTRA_HINT,
+    ChatAnswer,
+    Endpoint,
+    ModelError,
+    api_key,
+    chat,
+    llm_available,
+    redact,
+)
 from evolane.lanes._llm_edits import EDIT_FORMAT, Edit, EditError, apply_edits, parse_edits
 from evolane.lanes._llm_judge import MalformedVerdictError, llm_judge, parse_verdict
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_snapshot
@@ -92,6 +101,7 @@ __all__ = [
     "EDIT_FORMAT",
     "JUDGE_ENDPOINT_FAILED",
     "LIMIT_FLAGS",
+    "LLM_EXTRA_HINT",
     "MAX_ANSWER_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_USAGE_BYTES",
@@ -144,6 +154,7 @@ __all__ = [
     "limit_reason",
     "limiter_snapshot",
     "limits_hit",
+    "llm_available",
     "llm_judge",
     "llm_optimizer",
     "load_entry",

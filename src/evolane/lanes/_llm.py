@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import hashlib
+import importlib.util
 import math
 import os
 import re
@@ -47,7 +48,14 @@ from evolane.lanes._llm_usage import (
 )
 from evolane.store import StoreError, read_regular_file, write_bytes_atomic
 
-EXTRA_HINT = "the llm backends need the extra: pip install 'evolane[llm]'"
+LLM_EXTRA_HINT = "the llm backends need the extra: pip install 'evolane[llm]'"
+
+
+def llm_available() -> bool:
+    """True when the ``openai`` package can be imported (the ``evolane[llm]`` extra)."""
+    return importlib.util.find_spec("openai") is not None
+
+
 RATE_LIMIT_TRIES = 100
 """429 answers one call accepts before it gives up (the deadline usually ends it first)."""
 RATE_LIMIT_BACKOFF = 0.05
@@ -158,7 +166,7 @@ def _client(endpoint: Endpoint) -> Any:
     try:
         import openai
     except ImportError as error:
-        raise ModelError(EXTRA_HINT, sent=False) from error
+        raise ModelError(LLM_EXTRA_HINT, sent=False) from error
     try:
         clients = _CLIENTS.get()
     except LookupError:
