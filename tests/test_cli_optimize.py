@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 
 from evolane.store import read_journal
-from tests.campaign_helpers import toy_flags, usage_replay, write_toy
+from tests.campaign_helpers import toy_flags, usage_replay, with_flag, write_toy
 
 PLAN = {
     "0.0": "fix:2",
@@ -383,3 +383,20 @@ def test_the_summary_says_why_a_publish_was_rolled_back(tmp_path: Path) -> None:
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("apply (")]
     assert line.startswith("apply (auto_verified): rolled_back: post-apply check failed"), line
     assert "exit code 4" in line
+
+
+def test_the_summary_prints_notes_and_paths_as_they_are(tmp_path: Path) -> None:
+    """Found by review: the summary passed the note and the report paths through rich markup,
+    so ``pip install 'evolane[llm]'`` in a note lost ``[llm]`` and a store under
+    ``s[bold]x`` was printed as ``sx`` (a path that does not exist)."""
+    paths = write_toy(tmp_path, {"default": "noop"})
+    flags = toy_flags(paths, tmp_path / "s[bold]x")
+    broken = "sh -c 'echo \"[red]boom[/red] evolane[llm]\" >&2; exit 3'"
+    flags = [*with_flag(flags, "--replay", broken), "--iterations", "1", "--population", "1"]
+    done = _run(["optimize", *flags], timeout=300)
+    assert done.returncode == 1, done.stderr  # the parent could not be measured
+    assert "note: no case of the parent could be scored" in done.stdout
+    assert "[red]boom[/red] evolane[llm]" in done.stdout
+    (report,) = [line for line in done.stdout.splitlines() if line.startswith("report: ")]
+    assert Path(report.removeprefix("report: ")).is_file()
+    assert str(tmp_path / "s[bold]x" / "runs") in report

@@ -63,7 +63,7 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         run = flags.get("resume") or flags.get("run_id")
         console.print("[bold]interrupted[/bold]: cancelled at once; finished units are kept.")
         if run:
-            console.print(f"resume: evolane optimize --resume {run} --store {store}")
+            console.print(escape(f"resume: evolane optimize --resume {run} --store {store}"))
         return
     report, run_dir = outcome.report, outcome.run_dir
     scores, spent = report.scores, report.budget.spent
@@ -81,19 +81,20 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     if report.budget.spent_by_role:
         lines.append(f"spent by role: {role_spend(report.budget.spent_by_role)}")
     if report.message:
-        lines.append(f"note: {report.message}")
+        lines.append(escape(f"note: {report.message}"))
     if report.apply is not None:
         why = ""  # a publish that did not happen says why, not only in report.json
         if report.apply.status in _UNPUBLISHED and report.apply.message:
             why = f": {escape(report.apply.message)}"
         lines.append(f"apply ({report.apply.policy}): {report.apply.status}{why}")
         if report.apply.proposal_dir:
-            lines.append(f"proposal: {report.apply.proposal_dir}")
-    lines += [f"report: {run_dir / 'report.json'}", f"        {run_dir / 'report.md'}"]
+            lines.append(escape(f"proposal: {report.apply.proposal_dir}"))
+    reports = [f"report: {run_dir / 'report.json'}", f"        {run_dir / 'report.md'}"]
     if (run_dir / "report.html").is_file():
-        lines.append(f"        {run_dir / 'report.html'}")
+        reports.append(f"        {run_dir / 'report.html'}")
+    lines += [escape(line) for line in reports]  # a store path may hold "[...]"
     if report.status == "interrupted":
-        lines.append(f"resume: evolane optimize --resume {report.run_id} --store {store}")
+        lines.append(escape(f"resume: evolane optimize --resume {report.run_id} --store {store}"))
     elif report.status == "failed":
         lines += [escape(line) for line in failed_advice(report.config, report.campaign_id)]
     elif report.campaign_status in ("paused", "active"):
