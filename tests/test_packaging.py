@@ -62,3 +62,24 @@ def test_a_model_role_without_the_llm_extra_is_refused_before_the_run(tmp_path: 
     assert not (tmp_path / "store" / "runs").exists() or not any(
         (tmp_path / "store" / "runs").iterdir()
     )
+
+
+FLOORS = {  # what the code imports, and the last release that lacks it (checked by install)
+    "typer": ("from typer.exceptions import", "0.27.3"),  # typer/exceptions.py: from 0.28
+    "pydantic": ("ModelWrapValidatorHandler", "2.10.0"),
+}
+
+
+def test_the_dependency_floors_have_what_the_code_imports() -> None:
+    """Found by review: ``typer>=0.12`` let pip keep a typer 0.12-0.27 already installed, and
+    every ``evolane`` command died in an import traceback (no ``typer.exceptions``); with
+    ``pydantic>=2.7`` a pydantic before 2.11 failed every campaign (no
+    ``ModelWrapValidatorHandler``)."""
+    from packaging.requirements import Requirement
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    specs = {req.name: req.specifier for req in map(Requirement, declared)}
+    source = "\n".join(path.read_text() for path in (ROOT / "src").rglob("*.py"))
+    for name, (used, lacking) in FLOORS.items():
+        assert used in source, f"{name}: the code no longer uses {used!r}; update FLOORS"
+        assert not specs[name].contains(lacking), f"{name}{specs[name]} admits {lacking}"
