@@ -5,11 +5,15 @@ the campaign, then failed it, exit 1)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 import tomllib
 from pathlib import Path
+
+import pytest
 
 import evolane
 from tests.campaign_helpers import toy_flags, with_flag, write_toy
@@ -83,3 +87,35 @@ def test_the_dependency_floors_have_what_the_code_imports() -> None:
     for name, (used, lacking) in FLOORS.items():
         assert used in source, f"{name}: the code no longer uses {used!r}; update FLOORS"
         assert not specs[name].contains(lacking), f"{name}{specs[name]} admits {lacking}"
+
+
+def _sdist(tmp_path: Path) -> set[str]:
+    """The member names of the sdist setuptools builds from a copy of the source tree."""
+    pytest.importorskip("setuptools")
+    tree = tmp_path / "tree"
+    caches = shutil.ignore_patterns("__pycache__", "*.egg-info", ".*")
+    for name in ("src", "tests"):
+        shutil.copytree(ROOT / name, tree / name, ignore=caches)
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in"):
+        if (ROOT / name).exists():
+            shutil.copy(ROOT / name, tree / name)
+    code = "from setuptools import build_meta; print(build_meta.build_sdist('dist'))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(tree / "dist" / done.stdout.split()[-1]) as archive:
+        return {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+
+
+def test_the_sdist_carries_the_whole_test_suite(tmp_path: Path) -> None:
+    """Found by review: the sdist held the ``test_*.py`` files only (setuptools' default),
+    without conftest.py, the helpers they import or tests/data, so its tests could not run."""
+    members = _sdist(tmp_path)
+    suite = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+    assert suite - members == set()
+    assert not [name for name in members if "__pycache__" in name or name.endswith(".pyc")]
