@@ -89,8 +89,8 @@ def test_the_dependency_floors_have_what_the_code_imports() -> None:
         assert not specs[name].contains(lacking), f"{name}{specs[name]} admits {lacking}"
 
 
-def _sdist(tmp_path: Path) -> set[str]:
-    """The member names of the sdist setuptools builds from a copy of the source tree."""
+def _source_copy(tmp_path: Path) -> Path:
+    """A copy of what a build reads from the source tree (no caches)."""
     pytest.importorskip("setuptools")
     tree = tmp_path / "tree"
     caches = shutil.ignore_patterns("__pycache__", "*.egg-info", ".*")
@@ -99,12 +99,23 @@ def _sdist(tmp_path: Path) -> set[str]:
     for name in ("pyproject.toml", "README.md", "MANIFEST.in"):
         if (ROOT / name).exists():
             shutil.copy(ROOT / name, tree / name)
-    code = "from setuptools import build_meta; print(build_meta.build_sdist('dist'))"
+    return tree
+
+
+def _build(tree: Path, code: str) -> str:
+    """Run a setuptools build hook in ``tree``; the archive's file name under dist/."""
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    with tarfile.open(tree / "dist" / done.stdout.split()[-1]) as archive:
+    return done.stdout.split()[-1]
+
+
+def _sdist(tmp_path: Path) -> set[str]:
+    """The member names of the sdist setuptools builds from a copy of the source tree."""
+    tree = _source_copy(tmp_path)
+    code = "from setuptools import build_meta; print(build_meta.build_sdist('dist'))"
+    with tarfile.open(tree / "dist" / _build(tree, code)) as archive:
         return {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
 
 
@@ -119,3 +130,12 @@ def test_the_sdist_carries_the_whole_test_suite(tmp_path: Path) -> None:
     }
     assert suite - members == set()
     assert not [name for name in members if "__pycache__" in name or name.endswith(".pyc")]
+
+
+def test_the_wheel_marks_the_package_typed() -> None:
+    """Found by review: the wheel had no ``py.typed``, so a type checker of a program that
+    embeds evolane ignored every type hint of its API ("missing library stubs or py.typed").
+    Checked on the declaration (a wheel build needs the ``wheel`` package)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["evolane"]
+    assert (ROOT / "src" / "evolane" / "py.typed").is_file()
