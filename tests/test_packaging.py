@@ -1,7 +1,8 @@
 """What a user gets from ``pip install evolane``: ``evolane --version`` (found by review: no
 command said which evolane is installed), and an optional extra that is not installed refused
 up front with the line that names it (found by review: a model role without ``openai`` ran
-the campaign, then failed it, exit 1)."""
+the campaign, then failed it, exit 1; a local Dask cluster without ``cryptography`` left
+a run behind)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,24 @@ def test_a_model_role_without_the_llm_extra_is_refused_before_the_run(tmp_path: 
     assert not (tmp_path / "store" / "runs").exists() or not any(
         (tmp_path / "store" / "runs").iterdir()
     )
+
+
+def test_a_local_dask_cluster_without_cryptography_is_refused_before_the_run(
+    tmp_path: Path,
+) -> None:
+    """``--cluster local:N`` with Dask but without ``cryptography`` (the dask extra makes its
+    TLS key with it): one line naming the extra, exit 2, and no run in the store (it left an
+    interrupted run and an active campaign behind)."""
+    paths = write_toy(tmp_path / "toy", {"default": "noop"})
+    store = tmp_path / "store"
+    flags = [*toy_flags(paths, store), "--cluster", "local:2"]
+    done = _evolane("optimize", *flags, blocked="cryptography")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (
+        "evolane: error: --cluster local:2: a local Dask cluster needs cryptography: "
+        "install the dask extra: pip install 'evolane[dask]'\n"
+    )
+    assert not (store / "runs").exists() or not any((store / "runs").iterdir())
 
 
 FLOORS = {  # what the code imports, and the last release that lacks it (checked by install)

@@ -56,8 +56,14 @@ def dask_available() -> bool:
 
 
 def check_cluster(text: str) -> ClusterSpec:
-    """`parse_cluster`, and for a Dask cluster also check that the extra is installed."""
+    """`parse_cluster`, and for a Dask cluster also check that the extra is installed (a
+    local one also needs ``cryptography`` for its TLS key: found by review, its absence
+    failed the run only once it had started)."""
     spec = parse_cluster(text)
     if spec.uses_dask and not dask_available():
         raise ClusterError(f"--cluster {text}: {EXTRA_HINT}")
+    if spec.kind == "local_dask" and importlib.util.find_spec("cryptography") is None:
+        raise ClusterError(
+            f"--cluster {text}: a local Dask cluster needs cryptography: {EXTRA_HINT}"
+        )
     return spec
