@@ -6,6 +6,7 @@ a run behind)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import tarfile
 import textwrap
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,8 +63,8 @@ def test_a_model_role_without_the_llm_extra_is_refused_before_the_run(tmp_path: 
             done = _evolane(command, *given, *local, blocked="openai")
             assert done.returncode == 2, done.stdout + done.stderr
             assert done.stderr == (
-                f"evolane: error: {flag} llm:some-model: the llm backends need the extra: "
-                "pip install 'evolane[llm]'\n"
+                f"evolane: error: {flag} llm:some-model: the llm backends need the extra "
+                "(openai>=1.106): pip install 'evolane[llm]'\n"
             )
     assert not (tmp_path / "store" / "runs").exists() or not any(
         (tmp_path / "store" / "runs").iterdir()
@@ -87,9 +89,10 @@ def test_a_local_dask_cluster_without_cryptography_is_refused_before_the_run(
     assert not (store / "runs").exists() or not any((store / "runs").iterdir())
 
 
-FLOORS = {  # what the code imports, and the last release that lacks it (checked by install)
+FLOORS = {  # what the code uses, and the last release that lacks it (checked by install)
     "typer": ("from typer.exceptions import", "0.27.3"),  # typer/exceptions.py: from 0.28
     "pydantic": ("ModelWrapValidatorHandler", "2.10.0"),
+    "openai": ("api_key=key,", "1.105.0"),  # an async callable as the key: from 1.106
 }
 
 
@@ -97,15 +100,38 @@ def test_the_dependency_floors_have_what_the_code_imports() -> None:
     """Found by review: ``typer>=0.12`` let pip keep a typer 0.12-0.27 already installed, and
     every ``evolane`` command died in an import traceback (no ``typer.exceptions``); with
     ``pydantic>=2.7`` a pydantic before 2.11 failed every campaign (no
-    ``ModelWrapValidatorHandler``)."""
+    ``ModelWrapValidatorHandler``); with ``openai>=1.40`` (extras llm and test) an openai
+    before 1.106 failed every model call ('no running event loop': the key is an async
+    callable)."""
     from packaging.requirements import Requirement
 
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    specs = {req.name: req.specifier for req in map(Requirement, declared)}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [project["dependencies"], *project["optional-dependencies"].values()]
+    specs: dict[str, list[Any]] = {}
+    for requirement in map(Requirement, [line for group in declared for line in group]):
+        specs.setdefault(requirement.name, []).append(requirement.specifier)
     source = "\n".join(path.read_text() for path in (ROOT / "src").rglob("*.py"))
     for name, (used, lacking) in FLOORS.items():
         assert used in source, f"{name}: the code no longer uses {used!r}; update FLOORS"
-        assert not specs[name].contains(lacking), f"{name}{specs[name]} admits {lacking}"
+        for spec in specs[name]:
+            assert not spec.contains(lacking), f"{name}{spec} admits {lacking}"
+
+
+def test_an_openai_older_than_the_floor_is_not_the_llm_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An openai already installed but older than the floor (pip keeps it when evolane is
+    installed without the extra) is refused like a missing one, not run call after call."""
+    from evolane.lanes import llm_available
+
+    for version, usable in (
+        ("1.55.3", False),
+        ("1.105.0", False),
+        ("1.106.0", True),
+        ("3.63.0", True),
+    ):
+        monkeypatch.setattr(importlib.metadata, "version", lambda name, v=version: v)
+        assert llm_available() is usable, version
 
 
 def _source_copy(tmp_path: Path) -> Path:

@@ -33,16 +33,15 @@ from evolane.lanes._limits import (
     note_limits,
 )
 from evolane.lanes._llm import (
-    LLM_EXTRA_HINT,
     ChatAnswer,
     Endpoint,
     ModelError,
     api_key,
     chat,
-    llm_available,
     redact,
 )
 from evolane.lanes._llm_edits import EDIT_FORMAT, Edit, EditError, apply_edits, parse_edits
+from evolane.lanes._llm_extra import LLM_EXTRA_HINT, llm_available
 from evolane.lanes._llm_judge import MalformedVerdictError, llm_judge, parse_verdict
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_snapshot
 from evolane.lanes._llm_optimizer import llm_optimizer

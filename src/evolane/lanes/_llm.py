@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import hashlib
-import importlib.util
 import math
 import os
 import re
@@ -38,6 +37,7 @@ from urllib.parse import urlsplit
 import orjson
 import trio
 
+from evolane.lanes._llm_extra import LLM_EXTRA_HINT
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_for
 from evolane.lanes._llm_usage import (
     add_usage,
@@ -47,14 +47,6 @@ from evolane.lanes._llm_usage import (
     token_count,
 )
 from evolane.store import StoreError, read_regular_file, write_bytes_atomic
-
-LLM_EXTRA_HINT = "the llm backends need the extra: pip install 'evolane[llm]'"
-
-
-def llm_available() -> bool:
-    """True when the ``openai`` package can be imported (the ``evolane[llm]`` extra)."""
-    return importlib.util.find_spec("openai") is not None
-
 
 RATE_LIMIT_TRIES = 100
 """429 answers one call accepts before it gives up (the deadline usually ends it first)."""
