@@ -13,12 +13,12 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from evolane.testing._chaos import Chaos
-from evolane.testing._leaks import LEASE_VARIABLE, descendants, kill_processes, leaked_processes
+if TYPE_CHECKING:  # the fixtures import what they use: this module loads in every session
+    from evolane.testing._chaos import Chaos
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,6 +42,8 @@ async def runtime(tmp_path: Path) -> AsyncIterator[Any]:
 @pytest.fixture
 def chaos(request: pytest.FixtureRequest) -> Iterator[Chaos]:
     """A seeded fault injector installed in the runtime for this test (rates start at 0)."""
+    from evolane.testing._chaos import Chaos
+
     injector = Chaos(seed=request.config.getoption("--evolane-chaos-seed"))
     with injector.installed():
         yield injector
@@ -50,6 +52,13 @@ def chaos(request: pytest.FixtureRequest) -> Iterator[Chaos]:
 @pytest.fixture
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[str]:
     """Fail the test if a process it spawned (through the sandbox) outlives it."""
+    from evolane.testing._leaks import (
+        LEASE_VARIABLE,
+        descendants,
+        kill_processes,
+        leaked_processes,
+    )
+
     lease = os.environ.get(LEASE_VARIABLE)
     ours = lease is None
     if ours:
