@@ -184,3 +184,18 @@ def test_the_wheel_marks_the_package_typed() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "py.typed" in project["tool"]["setuptools"]["package-data"]["evolane"]
     assert (ROOT / "src" / "evolane" / "py.typed").is_file()
+
+
+MODULES = {"pyyaml": "yaml"}
+"""A distribution whose import name differs from its name (lower case, ``-`` as ``_``)."""
+
+
+def test_every_runtime_dependency_is_imported() -> None:
+    """Found by review: ``trio-util`` was installed with every evolane and imported nowhere."""
+    from packaging.requirements import Requirement
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    source = "\n".join(path.read_text() for path in (ROOT / "src").rglob("*.py"))
+    for name in (Requirement(line).name.lower() for line in declared):
+        module = MODULES.get(name, name.replace("-", "_"))
+        assert f"import {module}" in source or f"from {module}" in source, name
