@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from evolane.embed import BackendCall
 
 FIX_ALL = 'sh -c \'for f in "$1"/t*; do printf %s \\"yes\\" > "$f"; done\' fix {workdir}'
@@ -134,3 +136,10 @@ def agent_report(source: str, *args: str) -> dict[str, Any]:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.splitlines()[-1])
+
+
+async def until(predicate: Callable[[], bool], seconds: float = 300) -> None:
+    """Poll ``predicate`` (a guard against a hang, not a timing figure)."""
+    with trio.fail_after(seconds):
+        while not predicate():
+            await trio.sleep(0.05)

@@ -257,3 +257,27 @@ def test_a_job_another_process_holds_is_skipped_and_drain_exits_0(tmp_path: Path
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"job {job.job_id} is running in another process" in result.stdout
     assert (paths["store"] / "pending" / job.job_id / "job.json").is_file()
+
+
+def test_a_job_whose_target_another_run_holds_stays_pending_and_exits_2(tmp_path: Path) -> None:
+    """Another run holds the job's target (a command-line run, another agent's service):
+    the job is named with that run and stays pending, not retired as failed."""
+    from evolane.campaign._lock import lock_target
+    from evolane.embed._pending import RecordQueue, StoreDirs
+    from evolane.embed._service import trajectory_config
+
+    paths = write_trace_target(tmp_path, 4)
+    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
+    for index in range(4):
+        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
+    job = queue.take("shadow", lambda path: trajectory_config(trace_config(paths), path), 10)
+    queue.close()
+    held = lock_target(paths["target"], "r-other-run")
+    try:
+        result = drain("--store", str(paths["store"]), "--progress", "none")
+    finally:
+        held.release()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert job.job_id in result.stderr and "r-other-run" in result.stderr
+    assert "stays pending" in result.stderr
+    assert [left.state for left in PendingJobs(paths["store"]).list()] == ["pending"]

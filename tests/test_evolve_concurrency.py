@@ -30,6 +30,7 @@ from tests.evolve_helpers import (
     replay_backend,
     trace_config,
     trace_record,
+    until,
     write_trace_target,
 )
 
@@ -159,3 +160,36 @@ def test_a_job_the_disk_refuses_is_a_fault_retried_and_the_agent_goes_on(
     assert seen["fault"].startswith("making a job: ") and "File too large" in seen["fault"]
     assert (seen["queued"], seen["pending"], seen["folders"]) == (9, 0, [])
     assert seen["jobs"] == [9] and seen["left"] == 0
+
+
+async def test_a_job_whose_target_another_run_holds_stays_pending_until_it_is_free(
+    tmp_path: Path,
+) -> None:
+    """Another run holds the target (another agent's service with its own store, a
+    command-line run): the job is a fault retried later, not retired as failed with its
+    records never measured (found by review: two agent processes on one skill folder)."""
+    from evolane.campaign._lock import lock_target
+
+    paths = write_trace_target(tmp_path, 8)
+    other = lock_target(paths["target"], "r-other-run")  # a real flock, as a run holds it
+    settings = ServiceSettings(policy=EvolvePolicy(every=None), retry_interval=0.2)
+    try:
+        async with (
+            evolane.open_runtime(store=paths["store"]) as runtime,
+            open_evolve_service(
+                runtime, backend_config(paths), settings, backends=BACKENDS
+            ) as service,
+        ):
+            for index in range(8):
+                await service.record(trace_record(index))
+            await service.flush()
+            with pytest.warns(RuntimeWarning, match="locked by run r-other-run"):
+                await until(lambda: bool(service.faults or service.finished))
+                assert service.finished == [] and "r-other-run" in service.faults[-1]
+            assert [job.state for job in PendingJobs(paths["store"]).list()] == ["pending"]
+            other.release()
+            await until(lambda: len(service.finished) == 1)
+    finally:
+        other.release()
+    assert service.finished[0].state == "done"
+    assert PendingJobs(paths["store"]).list() == []

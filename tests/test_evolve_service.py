@@ -34,6 +34,7 @@ from tests.evolve_helpers import (
     replay_backend,
     trace_config,
     trace_record,
+    until,
     write_trace_target,
 )
 
@@ -206,13 +207,6 @@ BACKENDS = Backends(replay=replay_backend, judge=judge_backend, optimizer=fix_ba
 TICK = 0.01
 
 
-async def _until(predicate: Any, seconds: float = 300) -> None:
-    """Poll ``predicate`` (a guard against a hang, not a timing figure)."""
-    with trio.fail_after(seconds):
-        while not predicate():
-            await trio.sleep(0.05)
-
-
 async def test_a_trio_agent_loop_records_200_tasks_while_background_jobs_run(
     tmp_path: Path,
 ) -> None:
@@ -235,7 +229,7 @@ async def test_a_trio_agent_loop_records_200_tasks_while_background_jobs_run(
                 stalls_during_jobs.append(trio.current_time() - before - TICK)
             await service.record(trace_record(index))
         assert service.recorded == 200 and service.refused == 0
-        await _until(lambda: len(service.finished) >= 1)
+        await until(lambda: len(service.finished) >= 1)
     # Read after the close: a job whose retirement was in its worker thread when the body
     # ended is appended to `finished` during the close (it is no longer pending then).
     finished = list(service.finished)
@@ -278,7 +272,7 @@ async def test_a_job_retiring_while_the_service_closes_is_counted_as_finished(
         for index in range(8):
             await service.record(trace_record(index))
         await service.flush()
-        await _until(entered.is_set)
+        await until(entered.is_set)
         assert service.finished == []  # the body ends while the job retires
         trio.lowlevel.current_trio_token().run_sync_soon(release.set)
     assert [job.state for job in service.finished] == ["done"]
@@ -300,7 +294,7 @@ async def _one_job(
         for index in range(tasks):
             await service.record(trace_record(index, failed=f"t{index:03d}" in wrong))
         await service.flush()
-        await _until(lambda: len(service.finished) == 1)
+        await until(lambda: len(service.finished) == 1)
         return service.finished[0]
 
 
@@ -377,7 +371,7 @@ async def test_online_publishes_nothing_that_is_not_better(tmp_path: Path) -> No
         for index in range(24):
             await service.record(trace_record(index))
         await service.flush()
-        await _until(lambda: len(service.finished) == 1)
+        await until(lambda: len(service.finished) == 1)
         job = service.finished[0]
     assert job.state == "done" and _report(paths, job.run_id)["selected"] is None
     assert tree_digest(paths["target"]) == before

@@ -5,7 +5,7 @@ from evolane.campaign._advice import after_failure
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
-from evolane.campaign._lock import holder_pid
+from evolane.campaign._lock import TargetLocked, holder_pid
 from evolane.campaign._markdown import candidate_cell, case_rows, ci_text, render_markdown
 from evolane.campaign._probe import CaseProbe, HostReport, Probe, probe_run
 from evolane.campaign._report import (
@@ -78,6 +78,7 @@ __all__ = [
     "ScoreCI",
     "Scores",
     "StoreLayout",
+    "TargetLocked",
     "after_failure",
     "candidate_cell",
     "case_rows",

@@ -45,6 +45,11 @@ _HOLDER_BYTES: Final = 4096
 _UNWRITABLE: Final = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
+class TargetLocked(InputError):
+    """The target is locked by another run (or a resume of the run is going on elsewhere):
+    nothing is wrong with the request, and it may start once that run ends."""
+
+
 @dataclass(slots=True)
 class TargetLock:
     """A held lock on a target; `release` (or process death) frees it."""
@@ -93,7 +98,7 @@ def fallback_lock_path(target: Path) -> Path:
 def lock_target(target: Path, run_id: str | None = None) -> TargetLock:
     """Take the exclusive lock on ``target`` without waiting, naming ``run_id`` if known.
 
-    Raises `InputError` (one line: the holder's run id and pid) while another run holds it.
+    Raises `TargetLocked` (one line: the holder's run id and pid) while another run holds it.
     A target whose folder does not exist gets a lock that holds nothing (the run refuses
     the missing target itself, with its own message).
     """
@@ -123,11 +128,11 @@ def _take(target: Path, path: Path, run_id: str | None = None) -> TargetLock:
             os.close(fd)
             if run_id is not None and holder.startswith(f"run {run_id} "):  # a resume of it
                 pid = holder.removeprefix(f"run {run_id}")
-                raise InputError(
+                raise TargetLocked(
                     f"--resume {run_id}: the run is going on in another process{pid}; "
                     f"follow it with `evolane watch {run_id}`"
                 ) from None
-            raise InputError(
+            raise TargetLocked(
                 f"target {target} is locked by {holder}; wait for it to end (or stop it), "
                 "then start again"
             ) from None

@@ -128,6 +128,7 @@ async def _drain_one(
     runtime: Any, jobs: Any, job: Any, root: Path, progress: str, watch: Any
 ) -> int:
     """Run one job with the live view and its summary; its exit code."""
+    from evolane.campaign import TargetLocked
     from evolane.cli._session import _follow
     from evolane.cli._summary import print_summary
     from evolane.inputs import InputError
@@ -139,6 +140,9 @@ async def _drain_one(
     )
     try:
         job, handle = await jobs.start(runtime, job)
+    except TargetLocked as error:  # another run holds the target: the job waits its turn
+        error_line(f"job {job.job_id}: {error}; it stays pending")
+        return EXIT_USAGE
     except InputError as error:
         await jobs.fail(job, error)
         error_line(f"job {job.job_id}: {error}")

@@ -23,8 +23,9 @@
 - Closing the service (or the process dying) leaves the running job pending with its run id:
   the next service start, or ``evolane drain``, resumes it.
 - A background step that fails (the disk refuses the job's files, a ``job.json`` is
-  damaged) never ends the agent's task: it is noted in ``faults`` (and warned once) and tried
-  again after ``retry_interval``; its records stay queued, so the queue bound still holds.
+  damaged, another run holds the target) never ends the agent's task: it is noted in
+  ``faults`` (and warned once) and tried again after ``retry_interval``; its records stay
+  queued (a job on a held target stays pending), so the queue bound still holds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from pydantic import Field, ValidationError, model_validator
 
-from evolane.campaign import Backends, CampaignConfig
+from evolane.campaign import Backends, CampaignConfig, TargetLocked
 from evolane.embed._pending import (
     MAX_QUEUE,
     EvolveMode,
@@ -296,7 +297,9 @@ class EvolveService:
 
     async def _run_jobs(self) -> None:
         """The runner: pending jobs one at a time, oldest first (those of a crash too). A
-        store it cannot read or write is a fault (the agent goes on), tried again later."""
+        store it cannot read or write, or a target another run holds (another agent's
+        service, a command-line run), is a fault (the agent goes on; the job stays pending),
+        tried again later."""
         while True:
             self._job_made = trio.Event()
             try:
@@ -339,6 +342,8 @@ class EvolveService:
             job = self.running = locked
             try:
                 job = await self._run_job(job)
+            except TargetLocked:  # another run holds the target: the job waits its turn
+                raise
             except Exception as error:  # a refused or broken job must not stop the agent
                 job = await fail_job(self.dirs, job, error)
             finally:
