@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -133,6 +134,7 @@ class RecordQueue:
     def __init__(self, dirs: StoreDirs, bound: int) -> None:
         self.dirs, self.bound = dirs, bound
         self.names: list[str] = []  # queued file names, oldest first
+        self._names_lock = threading.Lock()  # `append` and `take` change them from threads
         self._seq = 0
         self._lock_fd: int | None = None
         self.damaged: list[str] = []  # damaged jobs set aside when it opened (`load_jobs`)
@@ -177,16 +179,20 @@ class RecordQueue:
     @property
     def failures(self) -> int:
         """Queued records whose outcome is a failure."""
-        return sum(name.endswith("-f.json") for name in self.names)
+        names = self.names
+        return sum(name.endswith("-f.json") for name in names)
 
     def append(self, data: bytes, failed: bool) -> str:
-        """Write one record durably; raises `QueueFull` when the queue holds ``bound``."""
-        if len(self.names) >= self.bound:
-            raise QueueFull(f"the evolve queue holds {self.bound} records (its bound)")
-        self._seq += 1
-        name = f"{self._seq:012d}-{'f' if failed else 'o'}.json"
+        """Write one record durably; raises `QueueFull` when the queue holds ``bound``. One
+        append at a time; it may run while `take` makes a job (it never waits for one)."""
+        with self._names_lock:
+            if len(self.names) >= self.bound:
+                raise QueueFull(f"the evolve queue holds {self.bound} records (its bound)")
+            self._seq += 1
+            name = f"{self._seq:012d}-{'f' if failed else 'o'}.json"
         write_bytes_atomic(self.dirs.queue / name, data)
-        self.names.append(name)
+        with self._names_lock:
+            self.names.append(name)
         return name
 
     def take(
@@ -194,8 +200,10 @@ class RecordQueue:
     ) -> PendingJob:
         """Turn up to ``limit`` queued records into a durable pending job whose campaign is
         ``make_config(its trajectory file)``, then remove them from the queue (journal
-        before state: see the module docstring)."""
-        names = self.names[:limit]
+        before state: see the module docstring). One take at a time; appends may go on
+        meanwhile (they add after the records taken)."""
+        with self._names_lock:
+            names = self.names[:limit]
         job_id = f"job-{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:6]}"
         folder = self.dirs.pending / job_id
         folder.mkdir()
@@ -215,7 +223,8 @@ class RecordQueue:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        self.names = self.names[len(names) :]  # the job has them (a crash: `open` removes them)
+        with self._names_lock:  # the job has them (a crash: `open` removes them)
+            self.names = self.names[len(names) :]
         fsync_dir(self.dirs.pending)
         for name in names:
             with contextlib.suppress(FileNotFoundError):

@@ -208,6 +208,10 @@ class EvolveService:
         """Why a background step failed, oldest first (bounded: the last `MAX_FAULTS`); the
         step is tried again after ``retry_interval``, its records kept in the queue."""
         self._lock = trio.Lock()
+        """One append at a time."""
+        self._making = trio.Lock()
+        """One job in the making at a time (the job maker and `flush`); never held by
+        `record`, which must not wait while a job's records are read and written."""
         self._wake = trio.Event()
         self._job_made = trio.Event()
         self._last_job = time.monotonic()
@@ -261,7 +265,7 @@ class EvolveService:
 
     async def _make_job(self, *, force: bool = False) -> PendingJob | None:
         queue = self._queue()
-        async with self._lock:
+        async with self._making:
             since = time.monotonic() - self._last_job
             due = self.settings.policy.due(len(queue.names), queue.failures, since)
             if not queue.names or not (force or due):
