@@ -163,6 +163,12 @@ async def test_a_record_that_is_no_trajectory_record_is_bad_input(tmp_path: Path
             await service.record(["not", "an", "object"])
         with pytest.raises(InputError, match=r"not a trajectory record \(outcome"):
             await service.record({**trace_record(0), "outcome": {"status": "meh"}})
+        # valid for the model, not for JSON (found by review: a TypeError reached the agent)
+        lone_surrogate = {"role": "user", "content": "cut in half: \ud83d"}
+        with pytest.raises(InputError, match="cannot be written as JSON"):
+            await service.record({**trace_record(0), "messages": [lone_surrogate]})
+        with pytest.raises(InputError, match="cannot be written as JSON"):
+            await service.record({**trace_record(0), "metadata": {"id": 2**70}})
         assert service.queued == 0
 
 

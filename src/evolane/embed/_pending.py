@@ -121,7 +121,10 @@ def record_bytes(record: Any) -> tuple[bytes, bool]:
         except ValidationError as error:
             problem = first_problem(error)
             raise InputError(f"record: not a trajectory record ({problem})") from None
-    data = orjson.dumps(record.model_dump(mode="json", exclude_none=True))
+    try:
+        data = orjson.dumps(record.model_dump(mode="json", exclude_none=True))
+    except orjson.JSONEncodeError as error:  # a lone surrogate, an integer over 64 bits
+        raise InputError(f"record: cannot be written as JSON ({error})") from None
     if len(data) > MAX_RECORD_BYTES:
         raise InputError(f"record: {len(data)} bytes, over the {MAX_RECORD_BYTES} bound")
     failed = record.outcome is not None and record.outcome.status == "failure"
