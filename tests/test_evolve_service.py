@@ -402,6 +402,39 @@ async def test_online_publishes_no_candidate_the_test_split_did_not_confirm(
     assert tree_digest(paths["target"]) == before
 
 
+async def test_online_publishes_nothing_unconfirmed_whatever_the_error_control(
+    tmp_path: Path,
+) -> None:
+    """Online mode publishes only a best the held-out test split confirmed (found by
+    review): ``error_control = "none"`` published an unconfirmed best, and so did the default
+    ``auto`` for a job without test cases (a multi-turn agent: 24 turns in 4 sessions, all
+    dealt to val and train), which fell back to online control. The first is refused when
+    the service opens; the second job is retired as failed, its reason naming the missing
+    test cases, and the target is left as it was."""
+    paths = write_trace_target(tmp_path, 24, wrong=mostly_failed)
+    before = tree_digest(paths["target"])
+    settings = ServiceSettings(mode="online", policy=EvolvePolicy(every=None))
+    async with evolane.open_runtime(store=paths["store"]) as runtime:
+        with pytest.raises(InputError, match="error_control 'none': online mode publishes"):
+            async with open_evolve_service(
+                runtime, backend_config(paths, error_control="none"), settings
+            ):
+                pass
+        async with open_evolve_service(
+            runtime, backend_config(paths), settings, backends=BACKENDS
+        ) as service:
+            for index in range(24):
+                record = trace_record(index, failed=mostly_failed(index))
+                await service.record(
+                    {**record, "session_id": f"s{index % 4}", "turn": index // 4 + 1}
+                )
+            await service.flush()
+            await until(lambda: len(service.finished) == 1)
+    job = service.finished[0]
+    assert job.state == "failed" and "no test cases" in str(job.status)
+    assert tree_digest(paths["target"]) == before
+
+
 async def test_online_publishes_nothing_that_is_not_better(tmp_path: Path) -> None:
     """A candidate the gate rejects is never published, even online."""
     paths = write_trace_target(tmp_path, 24)

@@ -17,7 +17,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -41,12 +41,19 @@ if TYPE_CHECKING:
 APPLY_FOR_MODE: dict[EvolveMode, str] = {"shadow": "proposal", "online": "auto_verified"}
 """The apply policy of each mode: shadow only proposes; online publishes a verified candidate
 through the campaign's journaled publish (post-apply check, rollback on failure)."""
+ONLINE_ERROR_CONTROL: Final = "confirm"
+"""The error control of an online job: a best is published only once the held-out test
+split confirmed it (``none`` published an unconfirmed best; ``auto`` without test cases,
+a job of few sessions, fell back to online control, also without the test split)."""
 
 
 def job_config(dirs: StoreDirs, job: PendingJob) -> CampaignConfig:
     """The campaign a job runs: its stored config in this store, with the apply policy of
-    its mode (so a shadow job never publishes, whatever its file says)."""
+    its mode (so a shadow job never publishes, whatever its file says) and, online, the
+    confirmation on the test split."""
     update = {"apply": APPLY_FOR_MODE[job.mode], "store": str(dirs.root)}
+    if job.mode == "online":
+        update["error_control"] = ONLINE_ERROR_CONTROL
     return job.config.model_copy(update=update)
 
 

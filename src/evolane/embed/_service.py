@@ -56,6 +56,7 @@ from evolane.embed._pending import (
 )
 from evolane.embed._pending_run import (
     APPLY_FOR_MODE,
+    ONLINE_ERROR_CONTROL,
     fail_job,
     finish_job,
     job_lock,
@@ -141,7 +142,8 @@ def job_template(
 ) -> dict[str, Any]:
     """The flat settings every job of the service runs with: ``config`` (a `CampaignConfig`
     or its flat fields; its input is replaced by each job's trajectories) with small lanes,
-    a wall clock, nice'd commands and the apply policy of the mode."""
+    a wall clock, nice'd commands and the apply policy of the mode (online: with the
+    confirmation on the test split; an error control that would skip it is `InputError`)."""
     flat = dict(config.model_dump(mode="json") if isinstance(config, CampaignConfig) else config)
     for key in _INPUTS:
         flat.pop(key, None)
@@ -159,6 +161,13 @@ def job_template(
             if flat.get(role):
                 flat[role] = niced(flat[role], settings.nice)
     flat["apply"] = APPLY_FOR_MODE[settings.mode]
+    if settings.mode == "online":
+        if checked.error_control in ("none", "online"):
+            raise InputError(
+                f"evolve service config: error_control {checked.error_control!r}: online "
+                "mode publishes only a best the held-out test split confirmed (auto or confirm)"
+            )
+        flat["error_control"] = ONLINE_ERROR_CONTROL
     return flat
 
 
