@@ -71,6 +71,8 @@ def test_the_readme_commands_run_end_to_end_on_a_small_scale(tmp_path: Path) -> 
     reports = [json.loads((run / "report.json").read_text()) for run in runs]
     assert {r["config"]["apply"] for r in reports} == {"proposal", "auto_verified"}
     assert all(r["status"] == "finished" for r in reports)
+    online = next(out for out in outputs if "(online)" in out)
+    assert "target unchanged" in online or "target: the best candidate published" in online
 
 
 @pytest.mark.slow

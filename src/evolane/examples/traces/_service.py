@@ -4,11 +4,18 @@ own trio loop records each task; the agent reads the skill afresh at each task."
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import trio
 
-from evolane.embed import EvolvePolicy, ServiceSettings, open_evolve_service, open_runtime
+from evolane.embed import (
+    EvolvePolicy,
+    PendingJob,
+    ServiceSettings,
+    open_evolve_service,
+    open_runtime,
+)
 from evolane.examples.traces._agent import task_record
 from evolane.examples.traces._workspace import campaign_settings
 
@@ -41,5 +48,23 @@ async def run_with_service(directory: Path, args: argparse.Namespace) -> int:
         jobs = list(service.finished)
     print(f"{args.tasks} tasks, {failures} failures recorded ({args.evolve})")
     for job in jobs:
-        print(f"job {job.job_id}: {job.records} records, run {job.run_id}: {job.status}")
+        print(
+            f"job {job.job_id}: {job.records} records, run {job.run_id}: {job.status}; "
+            f"{_target_line(Path(settings['store']), job)}"
+        )
     return 0 if jobs and all(job.state == "done" for job in jobs) else 1
+
+
+def _target_line(store: Path, job: PendingJob) -> str:
+    """What the job did to the target, as its run's report says (found by review: an online
+    job printed only ``finished``, whether its best was published or not)."""
+    try:
+        report = json.loads((store / "runs" / str(job.run_id) / "report.json").read_text())
+    except (OSError, ValueError):
+        return "target unchanged (no report)"
+    apply = report.get("apply") or {}
+    if apply.get("status") == "applied":
+        return "target: the best candidate published"
+    if apply:
+        return f"target unchanged ({apply.get('status')}: {apply.get('message', '')})"
+    return "target unchanged (no candidate accepted)"
