@@ -153,6 +153,29 @@ async def test_a_record_never_waits_while_a_job_is_being_made(tmp_path: Path) ->
     assert [json.loads(row)["id"] for row in lines.splitlines()] == ["t000", "t001"]
 
 
+async def test_a_closed_service_keeps_no_record_and_takes_none_from_the_next_owner(
+    tmp_path: Path,
+) -> None:
+    """A record or flush reaching a service after it closed (a task that outlived it) is
+    refused: it was written without the queue's lock, numbered as the next service's next
+    record, and replaced that one (found by review: a record lost silently)."""
+    paths = write_trace_target(tmp_path, 4)
+    settings = ServiceSettings(policy=EvolvePolicy(every=None), run_jobs=False)
+    async with evolane.open_runtime(store=paths["store"]) as runtime:
+        async with open_evolve_service(runtime, trace_config(paths), settings) as closed:
+            await closed.record(trace_record(0))
+        async with open_evolve_service(runtime, trace_config(paths), settings) as owner:
+            await owner.record(trace_record(1))
+            with pytest.raises(RuntimeError, match="closed"):
+                await closed.record(trace_record(2))
+            with pytest.raises(RuntimeError, match="closed"):
+                await closed.flush()
+            job = await owner.flush()
+    assert job is not None
+    lines = (paths["store"] / "pending" / job.job_id / "trajectories.jsonl").read_bytes()
+    assert [json.loads(row)["id"] for row in lines.splitlines()] == ["t000", "t001"]
+
+
 async def test_a_record_that_is_no_trajectory_record_is_bad_input(tmp_path: Path) -> None:
     paths = write_trace_target(tmp_path, 2)
     async with (

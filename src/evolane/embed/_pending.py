@@ -159,10 +159,19 @@ class RecordQueue:
         return queue
 
     def close(self) -> None:
-        """Release the queue's lock (idempotent): another service may open it then."""
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Release the queue's lock (idempotent): another service may open it then, and this
+        queue refuses appends and takes from then on."""
+        with self._names_lock:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def _owned(self) -> None:
+        """Raise `RuntimeError` unless this queue holds its lock (called under the names'
+        lock). Found by review: a record to a closed service was written without it, its
+        number the next owner's, and replaced that owner's record of the same number."""
+        if self._lock_fd is None:
+            raise RuntimeError(f"{self.dirs.queue}: the evolve service is closed (not kept)")
 
     def _read(self) -> None:
         dirs, bound = self.dirs, self.bound
@@ -189,6 +198,7 @@ class RecordQueue:
         """Write one record durably; raises `QueueFull` when the queue holds ``bound``. One
         append at a time; it may run while `take` makes a job (it never waits for one)."""
         with self._names_lock:
+            self._owned()
             if len(self.names) >= self.bound:
                 raise QueueFull(f"the evolve queue holds {self.bound} records (its bound)")
             self._seq += 1
@@ -206,6 +216,7 @@ class RecordQueue:
         before state: see the module docstring). One take at a time; appends may go on
         meanwhile (they add after the records taken)."""
         with self._names_lock:
+            self._owned()
             names = self.names[:limit]
         job_id = f"job-{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:6]}"
         folder = self.dirs.pending / job_id

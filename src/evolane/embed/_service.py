@@ -228,7 +228,8 @@ class EvolveService:
     async def record(self, trajectory: Any) -> None:
         """Append one trajectory record (a pydantic model or a JSON object) to the durable
         queue. Raises `QueueFull` when the queue is at its bound (the record is not kept;
-        ``refused`` counts it) and `InputError` for a record that is no JSON object."""
+        ``refused`` counts it), `InputError` for a record that is no JSON object, and
+        `RuntimeError` once the service is closed (the record is not kept)."""
         data, failed = record_bytes(trajectory)
         queue = self._queue()
         async with self._lock:
