@@ -17,9 +17,10 @@
   ``max_cost_usd``, a wall clock), one lane per role, and the job's commands run under
   ``nice`` (`ServiceSettings.nice`) so that they yield the CPU to the agent's own work.
 - ``shadow`` never changes the target (apply = proposal: the report and the proposal are
-  written, the target is not); ``online`` publishes a verified candidate atomically (apply =
-  auto_verified: the campaign's journaled publish, its post-check, a rollback when the check
-  fails), so the agent reads the new version at its next task.
+  written, the target is not); ``online`` publishes a verified candidate file by file, each
+  file replaced atomically (apply = auto_verified: the campaign's journaled publish, its
+  post-check, a rollback when the check fails), so the agent reads the new version at its
+  next task; a task that reads the target during a publish may see files of both versions.
 - Closing the service (or the process dying) leaves the running job pending with its run id:
   the next service start, or ``evolane drain``, resumes it.
 - A background step that fails (the disk refuses the job's files, a ``job.json`` is
