@@ -139,6 +139,21 @@ async def test_estimate_counts_bound_what_the_run_does(tmp_path: Path) -> None:
     assert (repeated.baseline_repetitions, repeated.candidate_repetitions) == (2, 3)
 
 
+async def test_estimate_bounds_a_final_test_at_the_runs_own_repetitions(tmp_path: Path) -> None:
+    """A best that is not confirmed (``error_control="none"``) is measured on a test split
+    smaller than ``min_cases`` at 2/3 repetitions, not the confirmation's 1/1: 7 x 5 = 35
+    test replays, where the estimate counted 14 (51 replays run under "at most 46")."""
+    paths = write_toy(tmp_path, {"default": "fix:4"}, val=8, test=7)
+    gate = GateConfig(gate="strict", min_cases=8, sequential=False)
+    config = toy_config(paths, iterations=1, population=1, gate=gate, error_control="none")
+    outcome = await _run(RunRequest(config))
+    report = outcome.report
+    assert report is not None and report.selected is not None
+    ran = sum(m.units_run for m in report.measurements)
+    assert ran == 8 + 8 + 7 * 5  # the parent, the candidate, the test split (val reused)
+    assert ran <= outcome.estimate.replays_max
+
+
 async def test_stall_ends_the_campaign_as_exhausted(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {"default": "harm:1"})
     outcome = await _run(RunRequest(toy_config(paths, iterations=6, population=1, stall=2)))

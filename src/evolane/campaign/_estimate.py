@@ -117,13 +117,17 @@ def estimate_run(
     ``probe``, a realistic wall range from its timing (`probe_range`); its preflight under a
     continued campaign's (online, confirmation) ``budgets``."""
     b, c = repetitions_for(config, val_cases)
-    tb = tc = confirm_repetitions(config, test_cases)  # the confirmation's, both arms alike
+    # The test split is measured at the confirmation's repetitions (both arms alike) when the
+    # best is confirmed, else at the run's own (adaptive on the test cases: 2/3 when few).
+    tb = tc = confirm_repetitions(config, test_cases)
     iterations, population = config.iterations, config.population
     screening = (b + c) if config.screening else 0
     feedback = train_cases * repetitions_for(config, train_cases)[0]  # per parent
     baselines = iterations * (val_cases * b + feedback)
     candidates = iterations * population * (val_cases * c + screening)
-    final = val_cases * (b + c) + test_cases * (tb + tc)
+    final = val_cases * (b + c) + test_cases * max(
+        tb + tc, sum(repetitions_for(config, test_cases))
+    )
     replays = baselines + candidates + final
     optimizer_calls = iterations * population
     measure, propose = config.measure, config.propose
