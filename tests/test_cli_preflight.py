@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import toy_flags, usage_replay, write_toy
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 SIXTEEN = (
@@ -63,3 +63,25 @@ def test_a_configuration_that_can_never_accept_is_refused(tmp_path: Path) -> Non
         assert "with 6 val cases the paired gate can never accept" in lines[0]
         assert "at least 8 comparable cases" in lines[0]
         assert not store.exists()  # no run directory, no spend
+
+
+def test_a_later_cycles_estimate_sets_each_ceiling_against_what_is_left(tmp_path: Path) -> None:
+    """A ceiling counts the whole campaign: ``estimate --resume-campaign`` compares the next
+    cycle's spend with what the earlier cycles left of ``--max-tokens`` (found by estimate
+    review: "--max-tokens 9.0k covers this run's ~7.2k" with 4.2k spent already, and the
+    cycle then stopped budget limited, exit 3)."""
+    paths = write_toy(tmp_path, {"default": "fix:1"}, val=10, test=6)
+    flags = toy_flags(paths, tmp_path / "store")
+    flags[flags.index("--replay") + 1] = usage_replay(tmp_path, tokens=100)
+    flags += ["--iterations", "2", "--population", "1", "--max-improvement-cycles", "3"]
+    first = _run(["optimize", *flags, "--max-tokens", "100000"], timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    report = json.loads(next((tmp_path / "store").glob("runs/*/report.json")).read_text())
+    spent = report["budget"]["campaign_spent"]["tokens"]
+    again = [*flags, "--resume-campaign", report["campaign_id"]]
+    tokens = json.loads(_run(["estimate", *again, "--json"]).stdout)["tokens"]
+    ceiling = int(tokens + spent / 2)  # this cycle's spend alone fits, not with what was spent
+    done = _run(["estimate", *again, "--max-tokens", str(ceiling)])
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if "ceiling: --max-tokens" in line)
+    assert "is below the" in line and "the campaign spent" in line, line

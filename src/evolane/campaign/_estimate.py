@@ -91,6 +91,9 @@ class Estimate(Record):
     """What the gate can accept, in words, before anything runs (`campaign._preflight`)."""
     splits: ShortText = ""
     """Which split feeds the optimizer and each split's cases, in words (`campaign._splits`)."""
+    campaign_used: Usage = Usage()
+    """What the campaign's earlier cycles and sessions spent (tokens, dollars, wall seconds):
+    the ceilings count the whole campaign, so this run gets only what is left of each."""
 
 
 def repetitions_for(config: CampaignConfig, cases: int) -> tuple[int, int]:
@@ -111,24 +114,18 @@ def estimate_run(
     train_cases: int = 0,
     probe: ProbeTiming | None = None,
     budgets: tuple[OnlineBudget | None, OnlineBudget | None] = (None, None),
+    used: Usage | None = None,
 ) -> Estimate:
     """The estimate for one cycle of ``config`` on a dataset of this shape (``train_cases``:
     the cases each parent is measured on for the optimizer's feedback, besides val); with a
     ``probe``, a realistic wall range from its timing (`probe_range`); its preflight under a
-    continued campaign's (online, confirmation) ``budgets``."""
+    continued campaign's (online, confirmation) ``budgets``; ``used``: what the campaign's
+    earlier cycles spent (its wall-clock budget caps the range at what is left of it)."""
+    used = used or Usage()
+    config = _wall_left(config, used.wall_seconds or 0.0)
     b, c = repetitions_for(config, val_cases)
-    # The test split is measured at the confirmation's repetitions (both arms alike) when the
-    # best is confirmed, else at the run's own (adaptive on the test cases: 2/3 when few).
-    tb = tc = confirm_repetitions(config, test_cases)
     iterations, population = config.iterations, config.population
-    screening = (b + c) if config.screening else 0
-    feedback = train_cases * repetitions_for(config, train_cases)[0]  # per parent
-    baselines = iterations * (val_cases * b + feedback)
-    candidates = iterations * population * (val_cases * c + screening)
-    final = val_cases * (b + c) + test_cases * max(
-        tb + tc, sum(repetitions_for(config, test_cases))
-    )
-    replays = baselines + candidates + final
+    replays = _replays(config, val_cases, test_cases, train_cases)
     optimizer_calls = iterations * population
     measure, propose = config.measure, config.propose
     judges = replays * (1 + measure.judge_failure_retries) if measure.judge else replays
@@ -190,7 +187,32 @@ def estimate_run(
         cost_usd=cost,
         by_role=by_role,
         basis=basis,
+        campaign_used=used,
     )
+
+
+def _wall_left(config: CampaignConfig, used: float) -> CampaignConfig:
+    """``config`` with the wall-clock budget the campaign has left after ``used`` seconds."""
+    budget = config.wall_clock_budget
+    if budget is None or not used:
+        return config
+    return config.model_copy(update={"wall_clock_budget": max(1e-9, budget - used)})
+
+
+def _replays(config: CampaignConfig, val_cases: int, test_cases: int, train_cases: int) -> int:
+    """Replays at most: every parent on val (and train when it feeds the optimizer), every
+    candidate in full (and screened), the final val and the test split."""
+    b, c = repetitions_for(config, val_cases)
+    # The test split is measured at the confirmation's repetitions (both arms alike) when the
+    # best is confirmed, else at the run's own (adaptive on the test cases: 2/3 when few).
+    tb = confirm_repetitions(config, test_cases)
+    test = max(2 * tb, sum(repetitions_for(config, test_cases)))
+    iterations, population = config.iterations, config.population
+    screening = (b + c) if config.screening else 0
+    feedback = train_cases * repetitions_for(config, train_cases)[0]  # per parent
+    baselines = iterations * (val_cases * b + feedback)
+    candidates = iterations * population * (val_cases * c + screening)
+    return baselines + candidates + val_cases * (b + c) + test_cases * test
 
 
 def _lucky(config: CampaignConfig, val_cases: int, test_cases: int, train_cases: int) -> int:

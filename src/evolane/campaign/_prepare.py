@@ -253,6 +253,7 @@ def _prepared(
     test_cases = dataset.split_counts["test"]
     plan = run.splits or legacy_plan(_in_file(dataset))
     train = plan.train_cases if plan.feedback == "train" else 0
+    used = {"wall_seconds": campaign.elapsed_seconds, "cached": False}
     return Prepared(
         config=config,
         layout=layout,
@@ -270,6 +271,7 @@ def _prepared(
                 history,
                 train_cases=train,
                 budgets=(campaign.online, campaign.confirmations),
+                used=spent.model_copy(update=used),
             ),
             plan,
             trajectory_note(config),

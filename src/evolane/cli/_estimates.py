@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from evolane.cli._amounts import count
@@ -32,38 +33,55 @@ def estimate_lines(estimate: Any) -> list[str]:
 def ceiling_lines(estimate: Any, ceilings: dict[str, float | None]) -> list[str]:
     """Each ceiling set (``max_tokens``, ``max_cost_usd``, ``wall_clock_budget``) against
     what the estimate says this run may spend: below it, the run may stop budget limited
-    (exit 3); a spend no earlier run tells is said to be unknown. The wall is compared only
-    against a realistic range (a probe or an earlier run)."""
+    (exit 3); a spend no earlier run tells is said to be unknown. A ceiling counts the whole
+    campaign: a later cycle gets what its earlier ones left (``estimate.campaign_used``).
+    The wall is compared only against a realistic range (a probe or an earlier run)."""
     lines = []
+    used = getattr(estimate, "campaign_used", None)
     spends = (
-        ("--max-tokens", ceilings.get("max_tokens"), estimate.tokens, count),
-        ("--max-cost-usd", ceilings.get("max_cost_usd"), estimate.cost_usd, _dollars),
+        ("--max-tokens", ceilings.get("max_tokens"), estimate.tokens, count, "tokens"),
+        ("--max-cost-usd", ceilings.get("max_cost_usd"), estimate.cost_usd, _dollars, "cost_usd"),
     )
-    for flag, ceiling, spend, shown in spends:
+    for flag, ceiling, spend, shown, dimension in spends:
         if ceiling is None:
             continue
+        spent = (getattr(used, dimension, None) or 0.0) if used is not None else 0.0
+        left, named = _left(flag, ceiling, spent, shown)
         if spend is None:
             lines.append(
-                f"ceiling: {flag} {shown(ceiling)}: this run's spend is unknown (no earlier "
-                "run in this store reported it)"
+                f"ceiling: {named}: this run's spend is unknown (no earlier run in this store "
+                "reported it)"
             )
-        elif spend > ceiling:
+        elif spend > left:
             lines.append(
-                f"ceiling: {flag} {shown(ceiling)} is below the ~{shown(spend)} this run may "
-                "spend: it may stop there, budget limited (exit 3)"
+                f"ceiling: {named} is below the ~{shown(spend)} this run may spend: it may "
+                "stop there, budget limited (exit 3)"
             )
         else:
-            lines.append(f"ceiling: {flag} {shown(ceiling)} covers this run's ~{shown(spend)}")
+            lines.append(f"ceiling: {named} covers this run's ~{shown(spend)}")
     budget, low = ceilings.get("wall_clock_budget"), estimate.wall_low_seconds
     if budget is not None and low is not None:
-        if low >= budget:
+        spent = (getattr(used, "wall_seconds", None) or 0.0) if used is not None else 0.0
+        left, named = _left("--wall-clock-budget", budget, spent, lambda s: f"{s:.0f} s")
+        if low >= left:
             why = "is below even a lucky run's wall: it will stop budget limited (exit 3)"
-        elif estimate.wall_high_seconds >= budget:
+        elif estimate.wall_high_seconds >= left:
             why = "is within the wall range: the run may stop there, budget limited (exit 3)"
         else:
             why = f"covers the wall range (up to {estimate.wall_high_seconds:.0f} s)"
-        lines.append(f"ceiling: --wall-clock-budget {budget:g} s {why}")
+        lines.append(f"ceiling: {named} {why}")
     return lines
+
+
+def _left(
+    flag: str, ceiling: float, spent: float, shown: Callable[[float], str]
+) -> tuple[float, str]:
+    """What is left of a campaign's ``ceiling`` after ``spent``, and the ceiling in words
+    (with what the campaign has spent of it, when it has)."""
+    if not spent:
+        return ceiling, f"{flag} {shown(ceiling)}"
+    left = max(0.0, ceiling - spent)
+    return left, f"{flag} {shown(ceiling)} ({shown(left)} left: the campaign spent {shown(spent)})"
 
 
 def _dollars(value: float) -> str:
