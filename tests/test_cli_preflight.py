@@ -85,3 +85,25 @@ def test_a_later_cycles_estimate_sets_each_ceiling_against_what_is_left(tmp_path
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if "ceiling: --max-tokens" in line)
     assert "is below the" in line and "the campaign spent" in line, line
+
+
+def test_the_worst_case_wall_counts_each_units_kill_grace(tmp_path: Path) -> None:
+    """A unit into its timeout is killed only after ``--kill-grace`` when it ignores
+    SIGTERM: the ceiling-based wall counts it for every replay (found by estimate review:
+    6 candidates whose replays ignore SIGTERM ran 112 s under a worst case of 57 s)."""
+    paths = write_toy(tmp_path, {"default": "noop"}, val=8, test=0)
+    flags = toy_flags(paths, tmp_path / "store")
+    for flag, value in (
+        ("--iterations", "1"), ("--population", "6"), ("--replay-timeout", "1"),
+        ("--kill-grace", "5"), ("--judge-timeout", "1"), ("--judge-failure-retries", "0"),
+        ("--optimizer-timeout", "3"), ("--replay-concurrency", "3"),
+    ):  # fmt: skip
+        if flag in flags:
+            flags[flags.index(flag) + 1] = value
+        else:
+            flags += [flag, value]
+    done = _run(["estimate", "--json", *flags])
+    assert done.returncode == 0, done.stderr
+    estimate = json.loads(done.stdout)
+    lanes = -(-estimate["replays_max"] // 3)
+    assert estimate["wall_high_seconds"] >= lanes * (1 + 5) + 6 * (3 + 5)

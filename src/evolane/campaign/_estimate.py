@@ -5,7 +5,7 @@ parents, every judge call retried to the limit); when train feeds the optimizer
 (`campaign._splits`), the parent of every iteration is also measured on train, and those
 replays count too. The wall range runs from a lucky run (nothing accepted, every candidate
 stopped early at the coverage floor) at the typical unit time seen before in this store, to
-every unit running into its timeout.
+every unit running into its timeout and its kill grace.
 
 With a timing (`ProbeTiming`: one replay and one judge call timed by ``estimate --probe`` or
 ``doctor``, `campaign._probe`) the wall range is a realistic one: from the lucky run at the
@@ -127,17 +127,9 @@ def estimate_run(
     iterations, population = config.iterations, config.population
     replays = _replays(config, val_cases, test_cases, train_cases)
     optimizer_calls = iterations * population
-    measure, propose = config.measure, config.propose
+    measure = config.measure
     judges = replays * (1 + measure.judge_failure_retries) if measure.judge else replays
-    unit_worst = measure.replay_timeout + measure.judge_timeout * (
-        1 + measure.judge_failure_retries
-    )
-    high = (
-        math.ceil(replays / measure.replay_concurrency) * unit_worst
-        + iterations
-        * math.ceil(population / propose.optimizer_concurrency)
-        * propose.optimizer_timeout
-    )
+    high = _worst(config, replays)
     if config.wall_clock_budget is not None:
         high = min(high, config.wall_clock_budget + config.commands.kill_grace + 1.0)
     low = tokens = cost = None
@@ -213,6 +205,22 @@ def _replays(config: CampaignConfig, val_cases: int, test_cases: int, train_case
     baselines = iterations * (val_cases * b + feedback)
     candidates = iterations * population * (val_cases * c + screening)
     return baselines + candidates + val_cases * (b + c) + test_cases * test
+
+
+def _worst(config: CampaignConfig, replays: int) -> float:
+    """The ceiling-based wall: every replay, every judge attempt and every optimizer call
+    into its timeout and then its kill grace (a tree that ignores SIGTERM is killed only
+    after it), the replays over their lanes and the judge attempts over theirs, one pool
+    after the other (a judge pool narrower than the replays' paces its own), plus the
+    run's set-up."""
+    measure, propose = config.measure, config.propose
+    grace = config.commands.kill_grace
+    attempts = 1 + measure.judge_failure_retries
+    replaying = math.ceil(replays / measure.replay_concurrency) * (measure.replay_timeout + grace)
+    judging = math.ceil(replays / measure.judge_concurrency) * (measure.judge_timeout + grace)
+    steps = config.iterations * math.ceil(config.population / propose.optimizer_concurrency)
+    optimizing = steps * (propose.optimizer_timeout + grace)
+    return replaying + judging * attempts + optimizing + RUN_OVERHEAD_SECONDS
 
 
 def _lucky(config: CampaignConfig, val_cases: int, test_cases: int, train_cases: int) -> int:

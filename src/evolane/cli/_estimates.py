@@ -24,8 +24,8 @@ def estimate_lines(estimate: Any) -> list[str]:
     ]
     if estimate.wall_worst_seconds is not None:
         lines.append(
-            f"worst case: {estimate.wall_worst_seconds:.0f} s (every unit into its timeout, "
-            "every judge call retried)"
+            f"worst case: {estimate.wall_worst_seconds:.0f} s (every unit into its timeout and "
+            "kill grace, every judge call retried)"
         )
     return lines
 
