@@ -107,3 +107,21 @@ def test_the_worst_case_wall_counts_each_units_kill_grace(tmp_path: Path) -> Non
     estimate = json.loads(done.stdout)
     lanes = -(-estimate["replays_max"] // 3)
     assert estimate["wall_high_seconds"] >= lanes * (1 + 5) + 6 * (3 + 5)
+
+
+def test_a_probed_estimate_keeps_the_spend_an_earlier_run_reported(tmp_path: Path) -> None:
+    """``estimate --probe`` draws the wall from the probe and keeps the rest of the dry run's
+    estimate (found by estimate review: it said "this run's spend is unknown (no earlier run
+    in this store reported it)" beside a run that reported 4.2k tokens)."""
+    paths = write_toy(tmp_path, {"default": "fix:1"}, val=10, test=6)
+    flags = toy_flags(paths, tmp_path / "store")
+    flags[flags.index("--replay") + 1] = usage_replay(tmp_path, tokens=100)
+    flags += ["--iterations", "1", "--population", "1"]
+    first = _run(["optimize", *flags], timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    dry = json.loads(_run(["estimate", "--json", *flags]).stdout)
+    probed = _run(["estimate", "--probe", "--json", *flags])
+    assert probed.returncode == 0, probed.stderr
+    estimate = json.loads(probed.stdout)
+    assert estimate["probe"] is not None and dry["tokens"] is not None
+    assert estimate["tokens"] == dry["tokens"] and estimate["by_role"] == dry["by_role"]

@@ -223,6 +223,29 @@ def _worst(config: CampaignConfig, replays: int) -> float:
     return replaying + judging * attempts + optimizing + RUN_OVERHEAD_SECONDS
 
 
+def with_probe(estimate: Estimate, config: CampaignConfig, probe: ProbeTiming) -> Estimate:
+    """``estimate`` (a dry run's: counts, spend from earlier runs, preflight, what the
+    campaign used) with its wall range drawn from ``probe`` (`probe_range`), the
+    ceiling-based bound kept as the worst case."""
+    config = _wall_left(config, estimate.campaign_used.wall_seconds or 0.0)
+    lucky = _lucky(config, estimate.val_cases, estimate.test_cases, estimate.train_cases)
+    low, high = probe_range(config, estimate.replays_max, lucky, probe)
+    worst = estimate.wall_worst_seconds
+    basis = (
+        f"probe: one replay {probe.replay_seconds:.2f} s, one judge call "
+        f"{probe.judge_seconds:.2f} s on this host"
+    )
+    return estimate.model_copy(
+        update={
+            "wall_low_seconds": low,
+            "wall_high_seconds": high,
+            "wall_worst_seconds": estimate.wall_high_seconds if worst is None else worst,
+            "probe": probe,
+            "basis": basis,
+        }
+    )
+
+
 def _lucky(config: CampaignConfig, val_cases: int, test_cases: int, train_cases: int) -> int:
     """Replays of a lucky run: nothing accepted, every candidate stopped at the coverage
     floor (the lower end of the wall range)."""

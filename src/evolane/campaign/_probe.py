@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import trio
 
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._estimate import Estimate, ProbeTiming, estimate_run
+from evolane.campaign._estimate import Estimate, ProbeTiming, with_probe
 from evolane.campaign._models import model_backends, plugin_backends
 from evolane.campaign._prepare import Prepared, prepare_run
 from evolane.inputs import Case, case_json
@@ -87,12 +87,10 @@ async def probe_run(config: CampaignConfig, resume_campaign: str | None = None) 
         confinable = resolve_isolation("confined")[1]
         report = HostReport(level, problem, host.mechanisms, host.cgroups.mechanisms, confinable)
         probed = await _probe_case(config, host, store, case, parent)
-    plan, tests = prepared.splits, prepared.test_cases
-    train = plan.train_cases if plan.feedback == "train" else 0
-    estimate = estimate_run(
-        config, plan.val_cases, tests, None, train_cases=train, probe=probed.timing
-    )
-    estimate = estimate.model_copy(update={"splits": prepared.estimate.splits})
+    # The dry run's estimate (spend from earlier runs, what the campaign used, preflight),
+    # its wall drawn from the probe; found by review: redone from the counts alone, it said
+    # an earlier run's spend was unknown and set each ceiling against a fresh campaign.
+    estimate = with_probe(prepared.estimate, prepared.config, probed.timing)
     return Probe(prepared, report, probed, estimate)
 
 
