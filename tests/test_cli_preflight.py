@@ -125,3 +125,18 @@ def test_a_probed_estimate_keeps_the_spend_an_earlier_run_reported(tmp_path: Pat
     estimate = json.loads(probed.stdout)
     assert estimate["probe"] is not None and dry["tokens"] is not None
     assert estimate["tokens"] == dry["tokens"] and estimate["by_role"] == dry["by_role"]
+
+
+def test_a_failed_probe_draws_no_range_and_keeps_json_whole(tmp_path: Path) -> None:
+    """A probe whose replay fails times nothing worth a range (as doctor says): the estimate
+    is the dry run's, exit 1, and under ``--json`` the failure goes to stderr (found by
+    estimate review: "wall 0 s .. 21 s" drawn from a failed replay, and a FAIL line after
+    the JSON document on stdout)."""
+    paths = write_toy(tmp_path, {"default": "noop"}, val=8, test=5)
+    flags = toy_flags(paths, tmp_path / "store")
+    flags[flags.index("--replay") + 1] = "false"
+    done = _run(["estimate", "--probe", "--json", *flags])
+    assert done.returncode == 1, done.stdout + done.stderr
+    estimate = json.loads(done.stdout)
+    assert estimate["probe"] is None and estimate["wall_low_seconds"] is None
+    assert done.stderr.startswith("FAIL") and "the replay failed" in done.stderr

@@ -10,9 +10,11 @@ campaign can run, 1 when a check failed, 2 for bad input. Also ``estimate --prob
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -273,8 +275,13 @@ def estimate_probe(flags: dict[str, Any]) -> int:
         probe = run_probe(build_config(flags), flags)
     except BaseException as error:  # every error: one line and an exit code
         return _failed(error, flags)
-    print_estimate(probe.estimate, flags)
-    if not probe.case.ok:
+    if probe.case.ok:
+        print_estimate(probe.estimate, flags)
+        return EXIT_OK
+    # A failed probe times nothing worth drawing a range from (as doctor says): the estimate
+    # without it; with --json the failure goes to stderr, so stdout stays one JSON document.
+    print_estimate(probe.prepared.estimate, flags)
+    stream = sys.stderr if flags.get("as_json") else sys.stdout
+    with contextlib.redirect_stdout(stream):
         _print(_case_checks(probe.case))
-        return EXIT_INTERNAL
-    return EXIT_OK
+    return EXIT_INTERNAL
