@@ -1,14 +1,19 @@
 """Preflight through the real CLI (issue 16): ``optimize`` and ``estimate`` say the smallest
 gain the gate can accept before anything runs, and refuse (exit 2, one line, nothing
-written) a configuration in which no candidate can ever be accepted."""
+written) a configuration in which no candidate can ever be accepted; the estimate's
+ceilings, worst case, probe and spend per unit as a user plans from them."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.campaign_helpers import toy_flags, usage_replay, write_toy
 
@@ -140,3 +145,30 @@ def test_a_failed_probe_draws_no_range_and_keeps_json_whole(tmp_path: Path) -> N
     estimate = json.loads(done.stdout)
     assert estimate["probe"] is None and estimate["wall_low_seconds"] is None
     assert done.stderr.startswith("FAIL") and "the replay failed" in done.stderr
+
+
+def test_the_spend_per_unit_of_a_resumed_run_counts_every_session(tmp_path: Path) -> None:
+    """A resumed run's report holds the whole run's spend but only its last session's units
+    run: the next estimate divides by the units of every session (found by estimate review:
+    100 tokens a replay estimated at 617 after a Ctrl-C and a resume, a 6x spend)."""
+    paths = write_toy(tmp_path, {"default": "harm:1"}, val=8, test=5)
+    log = tmp_path / "replays.log"
+    script = tmp_path / "replay.sh"
+    script.write_text(
+        f'echo x >> {log}; sleep 0.3; cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+        'echo \'{"tokens": 100}\' > "$2/usage.json"\n'
+    )
+    flags = toy_flags(paths, tmp_path / "store")
+    flags[flags.index("--replay") + 1] = f"sh {script} {{candidate}} {{output_dir}}"
+    flags += ["--iterations", "1", "--population", "1", "--expose-rw", str(tmp_path)]
+    first = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text()) < 20):
+        time.sleep(0.05)  # ten replays started: some are journaled, some in flight
+    first.send_signal(signal.SIGINT)
+    assert first.wait(timeout=120) == 130
+    run_id = next((tmp_path / "store" / "runs").iterdir()).name
+    resumed = _run(["optimize", "--resume", run_id, "--store", str(tmp_path / "store")])
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    estimate = json.loads(_run(["estimate", "--json", *flags]).stdout)
+    assert estimate["tokens"] == pytest.approx(100 * estimate["replays_max"])

@@ -475,7 +475,8 @@ def _remaining(config: CampaignConfig, spent: Usage) -> Usage:
 
 def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
     """Typical seconds (and usage) per replay unit from the newest comparable report among
-    the newest `HISTORY_RUNS` runs."""
+    the newest `HISTORY_RUNS` runs: its last session's wall over the units it ran, the run's
+    spend over the units of every session (a resumed run's journal restored the others)."""
     for run_id in reversed(layout.run_ids()[-HISTORY_RUNS:]):
         path = layout.run_dir(run_id) / "report.json"
         try:
@@ -487,13 +488,13 @@ def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
         units = sum(m.get("units_run", 0) for m in report.get("measurements", []))
         if not units or report.get("budget", {}).get("cached"):
             continue  # a run answered from the response cache spent less than a real one
-        lanes = report["config"].get("replay_concurrency", 1)
         spent = report.get("budget", {}).get("spent", {})
         tokens, cost = spent.get("tokens"), spent.get("cost_usd")
+        paid = units + sum(m.get("units_restored", 0) for m in report.get("measurements", []))
         return UnitHistory(
-            seconds=report["wall_seconds"] * lanes / units,
-            tokens=tokens / units if tokens else None,
-            cost_usd=cost / units if cost else None,
-            by_role=per_unit_by_role(report, units),
+            seconds=report["wall_seconds"] * report["config"].get("replay_concurrency", 1) / units,
+            tokens=tokens / paid if tokens else None,
+            cost_usd=cost / paid if cost else None,
+            by_role=per_unit_by_role(report, paid),
         )
     return None
