@@ -172,3 +172,19 @@ def test_the_spend_per_unit_of_a_resumed_run_counts_every_session(tmp_path: Path
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     estimate = json.loads(_run(["estimate", "--json", *flags]).stdout)
     assert estimate["tokens"] == pytest.approx(100 * estimate["replays_max"])
+
+
+def test_a_lucky_run_stalls_after_stall_iterations(tmp_path: Path) -> None:
+    """A run that accepts nothing ends after ``--stall`` iterations: the wall's lower end
+    counts no more (found by estimate review: a 12-iteration campaign with --stall 2 that
+    accepted nothing ran 9.2 s under a lucky low of 29.9 s)."""
+    paths = write_toy(tmp_path, {"default": "harm:1"}, val=10, test=5)
+    flags = toy_flags(paths, tmp_path / "store")
+    first = _run(["optimize", *flags, "--iterations", "1", "--population", "1"], timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr  # an earlier run paces the range
+
+    def low(iterations: int) -> float:
+        more = ["--iterations", str(iterations), "--stall", "2"]
+        return json.loads(_run(["estimate", "--json", *flags, *more]).stdout)["wall_low_seconds"]
+
+    assert low(12) == pytest.approx(low(2))

@@ -3,9 +3,10 @@
 Counts are upper bounds (every candidate measured in full, no baseline reused across
 parents, every judge call retried to the limit); when train feeds the optimizer
 (`campaign._splits`), the parent of every iteration is also measured on train, and those
-replays count too. The wall range runs from a lucky run (nothing accepted, every candidate
-stopped early at the coverage floor) at the typical unit time seen before in this store, to
-every unit running into its timeout and its kill grace.
+replays count too. The wall range runs from a lucky run (nothing accepted, so it stalls
+after ``stall`` iterations, every candidate stopped early at the coverage floor) at the
+typical unit time seen before in this store, to every unit running into its timeout and
+its kill grace.
 
 With a timing (`ProbeTiming`: one replay and one judge call timed by ``estimate --probe`` or
 ``doctor``, `campaign._probe`) the wall range is a realistic one: from the lucky run at the
@@ -137,7 +138,7 @@ def estimate_run(
     basis = "no earlier run in this store: the wall's lower end is unknown"
     if history is not None:
         lucky = _lucky(config, val_cases, test_cases, train_cases)
-        optimizer = (history.optimizer_seconds or 0.0) * iterations
+        optimizer = (history.optimizer_seconds or 0.0) * _lucky_steps(config)
         low = min(high, lucky * history.seconds / measure.replay_concurrency + optimizer)
         tokens = history.tokens * replays if history.tokens is not None else None
         cost = history.cost_usd * replays if history.cost_usd is not None else None
@@ -247,18 +248,23 @@ def with_probe(estimate: Estimate, config: CampaignConfig, probe: ProbeTiming) -
 
 
 def _lucky(config: CampaignConfig, val_cases: int, test_cases: int, train_cases: int) -> int:
-    """Replays of a lucky run: nothing accepted, every candidate stopped at the coverage
-    floor (the lower end of the wall range)."""
+    """Replays of a lucky run: nothing accepted, so the campaign stalls after `_lucky_steps`
+    iterations, every candidate stopped at the coverage floor, and the test split measured
+    with the seed on both arms, its replays shared (the lower end of the wall range)."""
     b, c = repetitions_for(config, val_cases)
-    tb = confirm_repetitions(config, test_cases)
     feedback = train_cases * repetitions_for(config, train_cases)[0]
     floor = min(val_cases, config.gate.min_cases)
     return (
         val_cases * b
         + feedback
-        + config.iterations * config.population * floor * c
-        + (test_cases * 2 * tb)
+        + _lucky_steps(config) * config.population * floor * c
+        + test_cases * max(repetitions_for(config, test_cases))
     )
+
+
+def _lucky_steps(config: CampaignConfig) -> int:
+    """Iterations of a run that accepts nothing: ``--stall`` of them end the campaign."""
+    return min(config.iterations, config.stall)
 
 
 def probe_range(
