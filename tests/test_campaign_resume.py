@@ -136,6 +136,13 @@ def test_rerun_evaluator_judges_stored_replays_and_replays_nothing(
     assert sum(m["units_restored"] for m in report["measurements"]) > 0
     # every stored replay now scores 1.0: no candidate can beat its parent under a strict gate
     assert all(d["decision"] != "accept" for d in report["decisions"])
+    # its estimate says so (found by estimate review: "at most 118 replays, 118 judge calls,
+    # 6 optimizer calls" at the start of a re-judge that replayed nothing)
+    events = [json.loads(line) for line in (second / "events.jsonl").read_text().splitlines()]
+    (estimate,) = [e for e in events if e["kind"] == "event.estimate"]
+    assert estimate["replays_max"] == estimate["optimizer_calls_max"] == 0
+    judged = sum(m["units_restored"] for m in report["measurements"])
+    assert estimate["judge_calls_max"] >= judged
 
 
 # -- a kill right after run.json is first written -------------------------------------------

@@ -247,6 +247,27 @@ def with_probe(estimate: Estimate, config: CampaignConfig, probe: ProbeTiming) -
     )
 
 
+def rejudge_estimate(estimate: Estimate, config: CampaignConfig, stored: int) -> Estimate:
+    """A re-judge's estimate (``--from-run --rerun-evaluator``): no replay and no optimizer
+    call, a judge call (and its retries) for each of the ``stored`` replays it judges again."""
+    measure = config.measure
+    retries = measure.judge_failure_retries if measure.judge else 0
+    lanes = math.ceil(stored / measure.judge_concurrency)
+    worst = lanes * (measure.judge_timeout + config.commands.kill_grace) * (1 + retries)
+    return estimate.model_copy(
+        update={
+            "replays_max": 0,
+            "judge_calls_max": stored,
+            "judge_retries_max": stored * retries,
+            "optimizer_calls_max": 0,
+            "wall_low_seconds": None,
+            "wall_high_seconds": worst + RUN_OVERHEAD_SECONDS,
+            "wall_worst_seconds": None,
+            "basis": f"a re-judge of {stored} stored replays: nothing is replayed",
+        }
+    )
+
+
 def _lucky(config: CampaignConfig, val_cases: int, test_cases: int, train_cases: int) -> int:
     """Replays of a lucky run: nothing accepted, so the campaign stalls after `_lucky_steps`
     iterations, every candidate stopped at the coverage floor, and the test split measured

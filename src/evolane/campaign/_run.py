@@ -16,7 +16,7 @@ import trio
 from evolane.actors import ActorRef
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
-from evolane.campaign._estimate import Estimate
+from evolane.campaign._estimate import Estimate, rejudge_estimate
 from evolane.campaign._finish import Session, apply_unless_stopped, finish, session_ended
 from evolane.campaign._lock import TargetLock, lock_target
 from evolane.campaign._models import model_backends, model_warnings, plugin_backends
@@ -158,6 +158,9 @@ async def _run(
         request.resume_campaign,
         request.rerun_from,
     )
+    if request.rerun_from is not None:  # judges the stored replays: it replays nothing
+        stored = len(prepared.resume.units) + len(prepared.resume.replays)
+        prepared.estimate = rejudge_estimate(prepared.estimate, prepared.config, stored)
     if lock is None:
         return RunOutcome(prepared.estimate)
     chosen = _with_models(backends, prepared.config)  # a failing plugin: nothing written yet
