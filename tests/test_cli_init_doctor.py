@@ -190,6 +190,14 @@ def test_the_estimate_range_scales_with_its_timing_and_keeps_retries_apart(
     seen = estimate_run(config, 12, 6, UnitHistory(seconds=0.5))
     assert seen.wall_worst_seconds == worst.wall_high_seconds
     assert seen.wall_low_seconds <= seen.wall_high_seconds < worst.wall_high_seconds
+    # A run stops at its wall-clock budget: no lower end past it (found by estimate review:
+    # "wall 8.0s..8.0s" for --wall-clock-budget 5, the run ending budget limited at 5.0 s).
+    budgeted = config.model_copy(update={"wall_clock_budget": 5.0})
+    timing = ProbeTiming(replay_seconds=1.0, judge_seconds=1.0)
+    for timed in (estimate_run(budgeted, 12, 6, probe=timing), estimate_run(
+        budgeted, 12, 6, UnitHistory(seconds=10.0)
+    )):  # fmt: skip
+        assert timed.wall_low_seconds == 5.0 < timed.wall_high_seconds
 
 
 def _host_lines(

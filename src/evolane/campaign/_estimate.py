@@ -140,6 +140,7 @@ def estimate_run(
         lucky = _lucky(config, val_cases, test_cases, train_cases)
         optimizer = (history.optimizer_seconds or 0.0) * _lucky_steps(config)
         low = min(high, lucky * history.seconds / measure.replay_concurrency + optimizer)
+        low = min(low, config.wall_clock_budget or low)  # a run stops at its budget
         tokens = history.tokens * replays if history.tokens is not None else None
         cost = history.cost_usd * replays if history.cost_usd is not None else None
         by_role = _role_spend(history, {"optimizer": optimizer_calls, "replay": replays,
@@ -308,7 +309,7 @@ def probe_range(
     high += RUN_OVERHEAD_SECONDS
     if config.wall_clock_budget is not None:
         cap = config.wall_clock_budget + config.commands.kill_grace + 1.0
-        low, high = min(low, cap), min(high, cap)
+        low, high = min(low, config.wall_clock_budget), min(high, cap)  # it stops at the budget
     return low, high
 
 
