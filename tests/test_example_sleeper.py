@@ -275,7 +275,7 @@ def test_commands_import_only_the_standard_library() -> None:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    ours = ["evolane.examples", "evolane.examples.sleeper"]
+    ours = ["evolane._version", "evolane.examples", "evolane.examples.sleeper"]  # one constant
     ours += ["evolane.examples.sleeper.commands", "evolane.examples.sleeper.workload"]
     assert result.stdout.strip() == f"[] {ours}"
 
