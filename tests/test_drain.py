@@ -36,8 +36,12 @@ AGENT = textwrap.dedent(
             async with open_evolve_service(
                 runtime, config, ServiceSettings(policy=policy)
             ) as service:
-                for record in records:
-                    await service.record(record)
+                half = len(records) // 2
+                for batch in (records[:half], records[half:]):  # each batch: one job
+                    for record in batch:
+                        await service.record(record)
+                    while service.queued:  # its job is made (record no longer waits for it)
+                        await trio.sleep(0.02)
                 while service.running is None or service.running.run_id is None:
                     await trio.sleep(0.02)
                 with open(marker + ".tmp", "w") as out:
