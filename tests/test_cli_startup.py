@@ -127,18 +127,20 @@ main()
 """
 
 
+def _script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code args...`` (the CLI behind a hook of ``code``), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
+    )
+
+
 def test_a_ctrl_c_once_run_json_is_written_prints_the_resume_command(tmp_path: Path) -> None:
     """The run is left resumable (``interrupted``), so its command is printed (found by
     review: only 'interrupted', no resume command, as if nothing had been written)."""
     paths = write_toy(tmp_path, {"0.0": "fix:3"})
     store = paths["store"]
     flags = with_flag(toy_flags(paths, store), "--iterations", "1")
-    done = subprocess.run(
-        [sys.executable, "-c", CTRL_C_ONCE_WRITTEN, "optimize", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _script(CTRL_C_ONCE_WRITTEN, "optimize", *flags)
     assert done.returncode == 130, (done.stdout, done.stderr)
     (run_dir,) = (store / "runs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
@@ -173,21 +175,11 @@ def test_a_ctrl_c_as_a_resume_starts_prints_the_resume_command(tmp_path: Path) -
     paths = write_toy(tmp_path, {"0.0": "fix:3"})
     store = paths["store"]
     flags = with_flag(toy_flags(paths, store), "--iterations", "1")
-    first = subprocess.run(
-        [sys.executable, "-c", CTRL_C_ONCE_WRITTEN, "optimize", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    first = _script(CTRL_C_ONCE_WRITTEN, "optimize", *flags)
     assert first.returncode == 130, (first.stdout, first.stderr)
     (run_dir,) = (store / "runs").iterdir()
     resume = ["optimize", "--resume", run_dir.name, "--store", str(store)]
-    done = subprocess.run(
-        [sys.executable, "-c", CTRL_C_AS_RESUME_STARTS, *resume],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _script(CTRL_C_AS_RESUME_STARTS, *resume)
     assert done.returncode == 130, (done.stdout, done.stderr)
     assert f"resume: evolane optimize --resume {run_dir.name} --store {store}" in done.stdout
     assert "Traceback" not in done.stderr, done.stderr

@@ -11,11 +11,12 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from evolane.campaign import StoreLayout
-from evolane.embed import PendingJobs
+from evolane.embed import PendingJob, PendingJobs
 from tests.evolve_helpers import replay_command, trace_config, trace_record, write_trace_target
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,6 +64,20 @@ def drain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
         timeout=600,
         cwd=cwd,
     )
+
+
+def _queued_job(paths: dict[str, Path], config: dict[str, Any] | None = None) -> PendingJob:
+    """A shadow job of four trace records, made through the service's queue (closed after)."""
+    from evolane.embed._pending import RecordQueue, StoreDirs
+    from evolane.embed._service import trajectory_config
+
+    campaign = trace_config(paths) if config is None else config
+    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
+    for index in range(4):
+        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
+    job = queue.take("shadow", lambda path: trajectory_config(campaign, path), 10)
+    queue.close()
+    return job
 
 
 def test_a_killed_agent_leaves_pending_and_half_run_jobs_that_drain_finishes(
@@ -156,14 +171,9 @@ def test_a_damaged_job_is_set_aside_and_the_next_job_still_runs(tmp_path: Path) 
     """Found by review: one damaged job.json stopped every later job (drain refused them
     all; the service retried forever while records piled up)."""
     from evolane.embed._pending import RecordQueue, StoreDirs
-    from evolane.embed._service import trajectory_config
 
     paths = write_trace_target(tmp_path, 4)
-    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
-    for index in range(4):
-        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
-    job = queue.take("shadow", lambda path: trajectory_config(trace_config(paths), path), 10)
-    queue.close()
+    job = _queued_job(paths)
     damaged = paths["store"] / "pending" / "job-0000000000001-abcdef"  # sorts first
     damaged.mkdir(parents=True)
     (damaged / "job.json").write_text("{not json")
@@ -224,15 +234,8 @@ def test_a_job_that_cannot_be_read_is_left_in_place_not_set_aside(
 
 def test_a_refused_job_is_retired_as_failed_and_exits_2(tmp_path: Path) -> None:
     """A job whose campaign is refused (its target is gone) fails alone, named, exit 2."""
-    from evolane.embed._pending import RecordQueue, StoreDirs
-    from evolane.embed._service import trajectory_config
-
     paths = write_trace_target(tmp_path, 4)
-    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
-    for index in range(4):
-        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
-    config = trace_config(paths, target=str(tmp_path / "gone"))
-    job = queue.take("shadow", lambda path: trajectory_config(config, path), 10)
+    job = _queued_job(paths, trace_config(paths, target=str(tmp_path / "gone")))
     result = drain("--store", str(paths["store"]), "--progress", "none")
     assert result.returncode == 2, result.stderr
     assert job.job_id in result.stderr and "gone" in result.stderr
@@ -246,14 +249,8 @@ def test_a_job_another_process_holds_is_skipped_and_drain_exits_0(tmp_path: Path
     job named and left pending for its holder."""
     import fcntl
 
-    from evolane.embed._pending import RecordQueue, StoreDirs
-    from evolane.embed._service import trajectory_config
-
     paths = write_trace_target(tmp_path, 4)
-    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
-    for index in range(4):
-        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
-    job = queue.take("shadow", lambda path: trajectory_config(trace_config(paths), path), 10)
+    job = _queued_job(paths)
     lock = paths["store"] / "pending" / job.job_id / ".lock"
     with lock.open("a") as held:  # as the job's running process holds it
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -267,15 +264,9 @@ def test_a_job_whose_target_another_run_holds_stays_pending_and_exits_2(tmp_path
     """Another run holds the job's target (a command-line run, another agent's service):
     the job is named with that run and stays pending, not retired as failed."""
     from evolane.campaign._lock import lock_target
-    from evolane.embed._pending import RecordQueue, StoreDirs
-    from evolane.embed._service import trajectory_config
 
     paths = write_trace_target(tmp_path, 4)
-    queue = RecordQueue.open(StoreDirs(paths["store"]), 10)
-    for index in range(4):
-        queue.append(json.dumps(trace_record(index)).encode() + b"\n", False)
-    job = queue.take("shadow", lambda path: trajectory_config(trace_config(paths), path), 10)
-    queue.close()
+    job = _queued_job(paths)
     held = lock_target(paths["target"], "r-other-run")
     try:
         result = drain("--store", str(paths["store"]), "--progress", "none")
