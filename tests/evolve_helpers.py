@@ -59,7 +59,8 @@ def trace_record(index: int, *, failed: bool | None = None) -> dict[str, Any]:
         "id": f"t{index:03d}",
         "session_id": f"s{index:03d}",
         "turn": 1,
-        "task": "answer yes",
+        "target": "toy",
+        "task": f"task {index}: answer yes",
         "messages": [
             {"role": "user", "content": f"task {index}: answer yes"},
             {"role": "assistant", "content": "no" if wrong else "yes"},

@@ -23,6 +23,7 @@ from evolane.inputs import (
     TrajectoryRecord,
     fit_chain,
     ingest_trajectories,
+    input_identity,
     load_dataset,
     refers_back,
     task_fingerprint,
@@ -242,7 +243,7 @@ def test_the_fingerprint_ignores_case_and_whitespace() -> None:
 
 def _families(tmp_path: Path) -> Path:
     rows = [_turn(f"a{i}", 0, "Sort the list", "failure" if i < 2 else "success") for i in range(3)]
-    rows += [_turn(f"c{i}", 0, "Plan a trip", target="travel") for i in range(5)]
+    rows += [_turn(f"c{i}", 0, f"Plan trip {i}", target="travel") for i in range(5)]
     rows += [_turn(f"d{i}", 0, "Fix bug", "failure", target="bugs") for i in range(2)]
     return _write(tmp_path / "t.jsonl", rows)
 
@@ -263,7 +264,85 @@ def test_the_largest_group_with_failures_is_chosen_by_default(tmp_path: Path) ->
 def test_sessions_with_the_same_first_turn_modulo_spacing_share_a_group(tmp_path: Path) -> None:
     rows = [_turn("x", 0, "Sort the list", "failure"), _turn("y", 0, "  SORT the\tlist ")]
     derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
-    assert len(derived.summary.groups) == 1 and len(derived.dataset) == 2
+    assert len(derived.summary.groups) == 1 and derived.summary.groups[0].cases == 2
+    assert len(derived.dataset) == 1  # one task: the second is a repeat of the first
+    assert [e.id for e in derived.summary.repeats] == ["y-t0"]
+
+
+def _identities(derived: Any) -> list[bytes]:
+    return [input_identity(case.input) for case in derived.dataset]
+
+
+def test_the_same_task_in_many_sessions_is_one_case_not_one_per_split(tmp_path: Path) -> None:
+    """Found by review: sessions were dealt by session id, so 20 sessions of one task gave
+    8 train, 8 val and 4 test cases with one input: the gate judged what the optimizer saw,
+    and val counted one task 8 times. A repeated input is left out, and listed."""
+    rows = [_turn(f"s{i}", 1, "Fix the login bug", "failure" if i % 2 else "success")
+            for i in range(20)]  # fmt: skip
+    path = _write(tmp_path / "t.jsonl", rows)
+    derived = ingest_trajectories([path], seed=2)
+    assert len(derived.dataset) == 1
+    kept = next(iter(derived.dataset)).id
+    assert len(derived.summary.repeats) == 19
+    assert all(
+        e.reason == f"repeat: the same input as case {kept}" for e in derived.summary.repeats
+    )
+    shown = _evolane("dataset", "from-trajectory", str(path), "-o", str(tmp_path / "c.jsonl"))
+    assert shown.returncode == 0, shown.stderr
+    assert "left out (the same input as an earlier case): 19" in shown.stdout + shown.stderr
+    assert "wrote 1 cases" in shown.stdout + shown.stderr
+
+
+def test_a_different_input_field_or_chain_keeps_a_case(tmp_path: Path) -> None:
+    """Only an identical input is a repeat: the same request with another ``input``, or a
+    follow-up after another answer, is another case; a follow-up after the same exchange
+    is a repeat."""
+    rows = [
+        _turn("a", 0, "Summarise the file", input={"file": "a.txt"}, target="files"),
+        _turn("b", 0, "Summarise the file", input={"file": "b.txt"}, target="files"),
+        _turn("c", 0, "Write a poem", target="poems"),
+        _turn("c", 1, "now make it shorter", target="poems"),
+        _turn("d", 0, "Write a poem", target="poems"),
+        _turn("d", 1, "now make it shorter", target="poems"),
+        _turn("e", 0, "Write a haiku", target="poems"),
+        _turn("e", 1, "now make it shorter", target="poems"),
+    ]
+    path = _write(tmp_path / "t.jsonl", rows)
+    files = ingest_trajectories([path], group="files")
+    assert sorted(case.id for case in files.dataset) == ["a-t0", "b-t0"]
+    poems = ingest_trajectories([path], group="poems")
+    assert sorted(case.id for case in poems.dataset) == ["c-t0", "c-t1", "e-t0", "e-t1"]
+    assert [(e.id, e.reason) for e in poems.summary.repeats] == [
+        ("d-t0", "repeat: the same input as case c-t0"),
+        ("d-t1", "repeat: the same input as case c-t1"),
+    ]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["Fix it", "fix  IT", "Sort", "Plan"]), st.integers(0, 2)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(0, 5),
+)
+def test_no_two_cases_share_an_input_and_every_repeat_names_a_kept_case(
+    tmp_path: Path, sessions: list[tuple[str, int]], seed: int
+) -> None:
+    rows = [
+        _turn(f"s{index}", step, text if step == 0 else f"now step {step}", target="g")
+        for index, (text, steps) in enumerate(sessions)
+        for step in range(steps + 1)
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "h.jsonl", rows)], seed=seed)
+    identities = _identities(derived)
+    assert len(set(identities)) == len(identities)
+    kept = {case.id for case in derived.dataset}
+    assert len(kept) + len(derived.summary.repeats) == len(rows)
+    assert all(e.reason.rsplit(" ", 1)[1] in kept for e in derived.summary.repeats)
 
 
 # -- the split -------------------------------------------------------------------------------

@@ -350,7 +350,8 @@ def _head_lines(report: Report) -> list[str]:
 
 def trajectory_lines(summary: TrajectorySummary | None) -> list[str]:
     """The report's section on the trajectories the cases came from: each task group and
-    the turns excluded for incomplete context (none for a run from a dataset file)."""
+    the turns left out for incomplete context or a repeated input (none for a run from a
+    dataset file)."""
     if summary is None:
         return []
     lines = [
@@ -367,12 +368,16 @@ def trajectory_lines(summary: TrajectorySummary | None) -> list[str]:
         f"| {'yes' if g.chosen else ''} |"
         for g in summary.groups
     ]
-    if summary.excluded:
-        lines += ["", f"Excluded from replay ({len(summary.excluded)}):", ""]
-        lines += [
-            f"- `{e.id}` ({_cell(e.group)}, {_cell(e.source)}): {_cell(e.reason)}"
-            for e in summary.excluded
-        ]
+    for title, left_out in (
+        ("Excluded from replay", summary.excluded),
+        ("Left out: the same input as an earlier case", summary.repeats),
+    ):
+        if left_out:
+            lines += ["", f"{title} ({len(left_out)}):", ""]
+            lines += [
+                f"- `{e.id}` ({_cell(e.group)}, {_cell(e.source)}): {_cell(e.reason)}"
+                for e in left_out
+            ]
     omitted = ", ".join(f"{n} more {what}" for what, n in summary.omitted.items())
     return lines + ([f"- not listed: {omitted}"] if omitted else [])
 

@@ -61,4 +61,7 @@ def trajectory_note(config: CampaignConfig) -> str | None:
         return None
     excluded = sum(1 for item in summary.excluded if item.group == summary.chosen)
     left_out = f"; {excluded} turns left out (context_incomplete)" if excluded else ""
+    repeats = len(summary.repeats) + summary.omitted.get("repeats", 0)
+    if repeats:
+        left_out += f"; {repeats} left out (the same input as an earlier case)"
     return f"trajectories: group {summary.chosen}: {summary.choice}{left_out}"

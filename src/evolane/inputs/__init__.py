@@ -56,6 +56,7 @@ from evolane.inputs._trajectory import (
     Trajectories,
     TrajectorySummary,
     ingest_trajectories,
+    input_identity,
     summary_lines,
     task_fingerprint,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "first_problem",
     "fit_chain",
     "ingest_trajectories",
+    "input_identity",
     "llm_model",
     "load_dataset",
     "load_prices",

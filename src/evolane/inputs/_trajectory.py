@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import orjson
 from pydantic import Field, JsonValue
 
 from evolane.inputs._cases import MAX_CASE_ID_CHARS, Case, Split, case_json
@@ -74,14 +75,17 @@ class TraceFailure(Record):
 
 
 class TrajectorySummary(Record):
-    """What ingestion found: the groups, the one chosen and why, the excluded turns and the
-    failures of the chosen group (each list cut at `MAX_LISTED`, ``omitted`` counts the rest)."""
+    """What ingestion found: the groups, the one chosen and why, the excluded turns, and the
+    failures and repeated inputs of the chosen group (each list cut at `MAX_LISTED`,
+    ``omitted`` counts the rest)."""
 
     groups: tuple[GroupSummary, ...] = Field(max_length=MAX_LISTED)
     chosen: Name
     choice: ShortText
     excluded: tuple[ExcludedCase, ...] = Field(default=(), max_length=MAX_LISTED)
     failures: tuple[TraceFailure, ...] = Field(default=(), max_length=MAX_LISTED)
+    repeats: tuple[ExcludedCase, ...] = Field(default=(), max_length=MAX_LISTED)
+    """Turns of the chosen group left out because their input repeats an earlier case's."""
     omitted: dict[str, int] = Field(default_factory=dict, max_length=4)
     sources: tuple[ShortText, ...] = Field(default=(), max_length=256)
 
@@ -118,7 +122,7 @@ def ingest_trajectories(
     usable = [turn for turn in groups[chosen] if not turn.incomplete]
     if not usable:
         raise InputError(f"--group {chosen}: no usable case (every turn lacks context)")
-    splits = _splits(usable, seed)
+    splits, repeats = _splits(usable, seed, context_budget, chosen)
     failures: list[TraceFailure] = []
     cases = _cases(sorted(splits.items()), chosen, context_budget, failures)
     dataset = Dataset(cases, path=f"trajectories:{chosen}")
@@ -128,6 +132,7 @@ def ingest_trajectories(
         "groups": len(tallies),
         "excluded": len(excluded),
         "failures": len(failures),
+        "repeats": len(repeats),
     }
     summary = TrajectorySummary(
         groups=_listed_groups(tallies, chosen),
@@ -135,6 +140,7 @@ def ingest_trajectories(
         choice=choice,
         excluded=tuple(excluded[:MAX_LISTED]),
         failures=tuple(failures[:MAX_LISTED]),
+        repeats=tuple(repeats[:MAX_LISTED]),
         omitted={k: v - MAX_LISTED for k, v in listed.items() if v > MAX_LISTED},
         sources=tuple(path[:256] for path in given[:256]),
     )
@@ -270,9 +276,9 @@ def case_id(turn: Turn) -> str:
     return _safe(stem, MAX_CASE_ID_CHARS - len(suffix)) + suffix
 
 
-def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> Case:
-    """The case of a complete turn: its request with its (bounded) chain of prior turns;
-    a success seeds ``expected_output`` with the recorded answer."""
+def _input_value(turn: Turn, budget: int) -> dict[str, JsonValue]:
+    """What the agent is given to replay a turn: its request with its (bounded) chain of
+    prior turns, and the record's ``input``."""
     entry = turn.entry
     chain = fit_chain(chain_tail(turn, budget), turn.pinned, budget) if turn.follow_up else []
     value: dict[str, JsonValue] = {
@@ -281,6 +287,38 @@ def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> C
     }
     if entry.input is not None:
         value["input"] = entry.input
+    return value
+
+
+def input_identity(value: JsonValue) -> bytes:
+    """A digest of a case input (`_input_value`), its request and message texts taken up
+    to letter case, Unicode form and runs of spaces (`normalise`): two cases with one
+    identity are one task. Other content (``input``, structured message parts) is exact."""
+    shown = value
+    if isinstance(value, dict):
+        messages = value.get("messages")
+        shown = {
+            **value,
+            "request": _normalised(value.get("request")),
+            "messages": [
+                {**m, "content": _normalised(m.get("content"))} if isinstance(m, dict) else m
+                for m in messages
+            ]
+            if isinstance(messages, list)
+            else messages,
+        }
+    return hashlib.sha256(orjson.dumps(shown, option=orjson.OPT_SORT_KEYS)).digest()[:16]
+
+
+def _normalised(text: JsonValue) -> JsonValue:
+    return normalise(text) if isinstance(text, str) else text
+
+
+def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> Case:
+    """The case of a complete turn (`_input_value`); a success seeds ``expected_output``
+    with the recorded answer."""
+    entry = turn.entry
+    value = _input_value(turn, budget)
     metadata: dict[str, JsonValue] = {
         "group": group,
         "session": turn.session[:256],
@@ -299,14 +337,21 @@ def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> C
     return Case(id=case_id_, input=value, expected_output=expected, split=split, metadata=metadata)
 
 
-def _splits(turns: list[Turn], seed: int) -> dict[str, tuple[Split, Turn]]:
+def _splits(
+    turns: list[Turn], seed: int, budget: int, group: str
+) -> tuple[dict[str, tuple[Split, Turn]], list[ExcludedCase]]:
     """Each turn's case id -> its split and the turn. Whole sessions are dealt
     (`_dealt_by`), never single turns: a later turn's input holds the earlier turns and
     their answers, so turns of one session in two splits would show val or test cases to
-    the optimizer (found by review). Sessions are stratified by outcome (any failure, else
-    any success, else unknown), sorted, shuffled with ``seed`` and dealt in `_SPLIT_CYCLE`.
-    A case id given twice is refused with both places."""
+    the optimizer (found by review). A turn whose input repeats an earlier turn's
+    (`input_identity`: an agent given the same task twice) is left out and added to
+    the repeats returned: in another split it would show the optimizer a val or test case, in the
+    same split it would count one task twice. Sessions are stratified by outcome (any
+    failure, else any success, else unknown), sorted, shuffled with ``seed`` and dealt in
+    `_SPLIT_CYCLE`. A case id given twice is refused with both places."""
     seen: dict[str, Turn] = {}
+    first_of: dict[bytes, str] = {}
+    repeats: list[ExcludedCase] = []
     by_session: dict[str, list[str]] = {}
     statuses: dict[str, set[str]] = {}
     for turn in turns:
@@ -317,6 +362,10 @@ def _splits(turns: list[Turn], seed: int) -> dict[str, tuple[Split, Turn]]:
                 turn.entry.path, turn.entry.line, f"case id {cid!r} again (first at {first})"
             )
         seen[cid] = turn
+        earlier = first_of.setdefault(input_identity(_input_value(turn, budget)), cid)
+        if earlier != cid:
+            repeats.append(_left_out(turn, group, f"repeat: the same input as case {earlier}"))
+            continue
         key = _dealt_by(turn)
         by_session.setdefault(key, []).append(cid)
         statuses.setdefault(key, set()).add(turn.entry.status)
@@ -331,7 +380,7 @@ def _splits(turns: list[Turn], seed: int) -> dict[str, tuple[Split, Turn]]:
         for index, session in enumerate(keys):
             for cid in by_session[session]:
                 dealt[cid] = (_SPLIT_CYCLE[index % len(_SPLIT_CYCLE)], seen[cid])
-    return dealt
+    return dealt, repeats
 
 
 def summary_lines(summary: TrajectorySummary) -> list[str]:
@@ -347,13 +396,18 @@ def summary_lines(summary: TrajectorySummary) -> list[str]:
     if summary.excluded:
         lines.append(f"excluded (context_incomplete): {len(summary.excluded)}")
         lines.extend(f"  {e.id} [{e.group}]: {e.reason}" for e in summary.excluded)
+    if summary.repeats:
+        lines.append(f"left out (the same input as an earlier case): {len(summary.repeats)}")
+        lines.extend(f"  {e.id}: {e.reason}" for e in summary.repeats)
     return lines
 
 
 def _excluded(turn: Turn, group: str) -> ExcludedCase:
+    return _left_out(turn, group, f"context_incomplete: {turn.incomplete}")
+
+
+def _left_out(turn: Turn, group: str, reason: str) -> ExcludedCase:
+    """A turn of ``group`` left out of the cases, and why."""
     return ExcludedCase(
-        id=case_id(turn),
-        group=group,
-        reason=f"context_incomplete: {turn.incomplete}"[:256],
-        source=turn.entry.where[:256],
+        id=case_id(turn), group=group, reason=reason[:256], source=turn.entry.where[:256]
     )
