@@ -18,7 +18,13 @@ import pytest
 import trio
 
 from evolane.sandbox import SandboxSpec, lease_holders, open_sandbox
-from evolane.sandbox._disk import DiskFloor, DiskLow, default_floor
+from evolane.sandbox._disk import (
+    DiskFloor,
+    DiskLow,
+    default_floor,
+    default_inode_floor,
+    free_inodes,
+)
 from evolane.store import BlobStore, storage_failure
 from tests.campaign_helpers import toy_flags, write_toy
 
@@ -114,3 +120,54 @@ async def test_a_short_command_that_crosses_the_floor_stops_the_run_too(tmp_path
         host.disk = _Flagged(host.root, marker)
         with trio.fail_after(30), pytest.raises(DiskLow):
             await host.run(SandboxSpec(argv=("sh", "-c", f": > {marker}")), timeout=50)
+
+
+INODE_FILLER = textwrap.dedent(
+    """
+    import os, sys, time
+    for n in range(100000):  # empty files, 100 every 40 ms, errors ignored: no space taken
+        try:
+            open(f"f{n}", "wb").close()
+        except OSError:
+            pass
+        if n % 100 == 0:
+            time.sleep(0.04)
+    open(os.path.join(sys.argv[1], "output.json"), "w").write("1")
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root")
+def test_a_replay_making_empty_files_by_the_many_is_stopped_at_the_inode_floor(
+    tmp_path: Path,
+) -> None:
+    # Found by review: a replay making empty files took every inode of the store's file
+    # system, bytes still free, until its deadline (60 s here): the byte floor never saw it.
+    # The store on a tmpfs of 8,000 inodes in a mount namespace of this test's own.
+    paths = write_toy(tmp_path, {"0.0": "fix:2"})
+    (tmp_path / "filler.py").write_text(INODE_FILLER)
+    store = tmp_path / "store"
+    store.mkdir()
+    flags = toy_flags(paths, store)
+    flags[flags.index("--replay") + 1] = (
+        f"{sys.executable} -I {tmp_path / 'filler.py'} {{output_dir}}"
+    )
+    flags += ["--isolation", "process", "--replay-timeout", "120"]
+    command = " ".join(
+        ["mount -t tmpfs -o size=256m,nr_inodes=8000 evolane-test", str(store), "&&", "exec",
+         sys.executable, "-m", "evolane", "optimize", *map(shlex.quote, flags)]
+    )  # fmt: skip
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    told = done.stdout + done.stderr
+    assert done.returncode == 1, told
+    assert "free inodes" in told and "fell below" in told and "Traceback" not in told, told
+
+
+def test_the_inode_floor_is_never_above_half_of_what_was_free() -> None:
+    floor, free = default_inode_floor(Path("/")), free_inodes(Path("/"))
+    assert free is None or 0 <= floor <= free // 2

@@ -9,6 +9,11 @@ or half of what was free when the host opened) the command's tree is killed and 
 ends ``failed`` with one line (`DiskLow`): the unit's folder goes with it, so the space
 comes back. A writer faster than the check may
 still reach the end of the disk first; the run then fails on the store's own write error.
+
+Free inodes have a floor of their own (`default_inode_floor`): empty files take no space,
+and a replay that made them by the million ran the store's file system out of inodes with
+gigabytes still free (found by review), unseen by the byte floor, every file the host then
+tried to create refused until the command ended.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ CHECK_SECONDS = 0.25
 """How often a running command's watch checks the free space."""
 FLOOR_BYTES = 1 << 30
 FLOOR_SHARE = 0.05
+FLOOR_INODES = 100_000
 
 
 class DiskLow(StorageFailure):
@@ -49,24 +55,60 @@ def default_floor(path: Path) -> int:
     return min(floor, info.f_bavail * info.f_frsize // 2)
 
 
-class DiskFloor:
-    """The floor of free bytes under ``path``; `low` says when it is crossed."""
+def free_inodes(path: Path) -> int | None:
+    """Inodes an unprivileged writer may still use on ``path``'s file system (None:
+    unknown, or a file system that has no fixed number of them, as btrfs)."""
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_favail if info.f_files > 0 else None
 
-    def __init__(self, path: Path, floor: int | None = None) -> None:
+
+def default_inode_floor(path: Path) -> int:
+    """`FLOOR_INODES`, or 5% of ``path``'s file system's inodes when that is less, or half
+    those free now when that is less still (as `default_floor`); 0 where the file system
+    has no fixed number of inodes."""
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return 0
+    if info.f_files <= 0:
+        return 0
+    floor = min(FLOOR_INODES, int(info.f_files * FLOOR_SHARE))
+    return min(floor, info.f_favail // 2)
+
+
+class DiskFloor:
+    """The floors of free bytes and free inodes under ``path``; `low` says when either
+    is crossed."""
+
+    def __init__(
+        self, path: Path, floor: int | None = None, inode_floor: int | None = None
+    ) -> None:
         self.path = path
         self.floor = default_floor(path) if floor is None else floor
+        self.inode_floor = default_inode_floor(path) if inode_floor is None else inode_floor
 
     def low(self) -> bool:
-        """Whether the free space under ``path`` is below the floor now."""
+        """Whether the free space or the free inodes under ``path`` are below their floor."""
         free = free_bytes(self.path)
-        return free is not None and free < self.floor
+        if free is not None and free < self.floor:
+            return True
+        inodes = free_inodes(self.path) if self.inode_floor > 0 else None
+        return inodes is not None and inodes < self.inode_floor
 
     def failure(self) -> DiskLow:
         """The run's failure, in one line."""
-        free = free_bytes(self.path)
-        shown = "?" if free is None else f"{free >> 20} MiB"
+        free, inodes = free_bytes(self.path), free_inodes(self.path)
+        if self.inode_floor > 0 and inodes is not None and inodes < self.inode_floor:
+            what = f"{self.inode_floor} free inodes ({inodes} left)"
+            cause = "a command making files by the many?"
+        else:
+            shown = "?" if free is None else f"{free >> 20} MiB"
+            what = f"{self.floor >> 20} MiB free ({shown} left)"
+            cause = "a command filling the disk?"
         return DiskLow(
-            f"the disk under {self.path} fell below {self.floor >> 20} MiB free ({shown} left) "
-            "while a command ran: it was killed and the run stopped (a command filling the "
-            "disk?); free some space and start it again"
+            f"the disk under {self.path} fell below {what} while a command ran: it was "
+            f"killed and the run stopped ({cause}); free some space and start it again"
         )
