@@ -4,7 +4,8 @@ symlink or into a FIFO (issue 17, item 4)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,65 @@ def test_remove_tree_never_follows_a_symlink(tmp_path: Path) -> None:
     (tmp_path / "top-link").symlink_to(outside)
     assert remove_tree(tree) and remove_tree(tmp_path / "top-link")
     assert (outside / "keep.txt").read_text() == "keep"
+
+
+def _closed_tree(root: Path, outside: Path) -> None:
+    """What a non-root evolane's unit folders may hold: a read-only copy (an optimizer's
+    context: folders 0555 all the way down), folders a command closed (000, nested), and a
+    symlink to a folder outside, all made read-only or closed after they were filled."""
+    for case in ("a", "b"):
+        (root / "context" / "cases" / case / "output").mkdir(parents=True)
+        (root / "context" / "cases" / case / "output" / "output.json").write_text("1")
+    (root / "work" / "shut" / "inner").mkdir(parents=True)
+    (root / "work" / "shut" / "inner" / "f").write_text("x")
+    (root / "work" / "link").symlink_to(outside)
+    for folder in sorted(root.rglob("*"), key=lambda p: -len(p.parts)):
+        if folder.is_dir() and not folder.is_symlink():
+            folder.chmod(0o000 if "shut" in folder.parts else 0o555)
+
+
+def _as_uid(uid: int, folder: Path, action: Callable[[], bool]) -> bool:
+    """``action()`` in ``folder``, in a forked child running as ``uid`` when root (the
+    folders above may be closed to it), else here."""
+    if os.geteuid() != 0:
+        os.chdir(folder)
+        return action()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            os.chdir(folder)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            code = 0 if action() else 1
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_remove_tree_removes_its_owners_read_only_and_closed_folders(tmp_path: Path) -> None:
+    # Found by review: a non-root evolane left each optimizer's read-only context (a
+    # folder cannot move to another parent without write permission on itself) and any
+    # folder a command closed with chmod 000 in the store for good.
+    uid = 4242 if os.geteuid() == 0 else os.geteuid()
+    tree, outside = tmp_path / "unit", tmp_path / "outside"
+    outside.mkdir(mode=0o751)
+    outside.chmod(0o751)
+    (outside / "keep.txt").write_text("keep")
+    _closed_tree(tree, outside)
+    if os.geteuid() == 0:
+        for path in [tmp_path, tree, outside, *tree.rglob("*"), *outside.rglob("*")]:
+            os.chown(path, uid, uid, follow_symlinks=False)
+    tree.chmod(0o000)  # the top folder closed too
+    here = os.getcwd()
+    try:
+        assert _as_uid(uid, tmp_path, lambda: remove_tree("unit"))
+    finally:
+        os.chdir(here)
+    assert not os.path.lexists(tree)
+    assert (outside / "keep.txt").read_text() == "keep"
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o751  # never changed through the link
 
 
 def test_a_deep_chain_is_refused_by_max_depth_without_recursion(tmp_path: Path) -> None:

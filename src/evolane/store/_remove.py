@@ -6,6 +6,11 @@ a workspace raised RecursionError in every later sweep of that store. Here each 
 is emptied of its files and its sub-folders are renamed up to the top of the tree being
 removed (one ``renameat`` each, same filesystem), so the walk stays flat whatever the depth.
 
+A folder its owner closed (mode 000: not listable; or read-only: a folder cannot move to
+another parent without write permission on itself, for its ``..``) is opened up first, as
+its owner may, without following a symlink: found by review, a non-root evolane left every
+optimizer's read-only context folder, and whatever a command closed, in the store for good.
+
 Standard library only: the lifeline process (run with ``python -I -S``) loads this file too.
 """
 
@@ -29,7 +34,7 @@ def remove_tree(path: Path | str) -> bool:
     that cannot go stays."""
     path = os.fspath(path)
     try:
-        top = os.open(path, _DIR_FLAGS)
+        top = _open_folder(path)
     except FileNotFoundError:
         return True
     except OSError as error:
@@ -164,7 +169,7 @@ def _flatten(top: int, name: str, names: itertools.count[int], device: int) -> b
     could not be entered (a mount point, on another filesystem, is not). Whether it was
     left empty, its removal tells."""
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=top)
+        fd = _open_folder(name, top)
     except OSError:
         return False
     try:
@@ -194,5 +199,35 @@ def _hoist(parent: int, child: str, top: int, names: itertools.count[int]) -> No
             os.rename(child, target, src_dir_fd=parent, dst_dir_fd=top)
             return
         except OSError as error:
+            if error.errno in _REFUSED and _open_up(child, parent):
+                continue  # a read-only folder, made writable: try again
             if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                 return
+
+
+def _open_folder(name: str, parent: int | None = None) -> int:
+    """A descriptor of the folder ``name`` (in ``parent``), never through a symlink; a
+    folder whose mode refuses it is opened up (`_open_up`) and tried once more."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as error:
+        if error.errno not in _REFUSED or not _open_up(name, parent):
+            raise
+    return os.open(name, _DIR_FLAGS, dir_fd=parent)
+
+
+def _open_up(name: str, parent: int | None = None) -> bool:
+    """Give the owner every permission on the folder ``name`` (in ``parent``): True when
+    done. Through an ``O_PATH`` descriptor (which needs no permission on the folder and
+    never follows a symlink): nothing but that folder is changed."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return False
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
