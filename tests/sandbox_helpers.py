@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -90,3 +91,23 @@ def in_a_thread(call: Callable[[], Any], wait: float) -> tuple[bool, list[Any]]:
     thread.start()
     thread.join(wait)
     return thread.is_alive(), ended
+
+
+def as_uid(uid: int, folder: Path, action: Callable[[], bool]) -> bool:
+    """``action()`` in ``folder``, in a forked child running as ``uid`` when root (the
+    folders above may be closed to it), else here."""
+    if os.geteuid() != 0:
+        os.chdir(folder)
+        return action()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            os.chdir(folder)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            code = 0 if action() else 1
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0

@@ -25,6 +25,7 @@ from evolane.messages import ArtifactRef, ProposeJob, ProposeResult, StopUnits
 from evolane.sandbox import SandboxHost, SandboxSpec, lease_holders
 from evolane.store import BlobStore, FileEntry, diff_trees, load_manifest, snapshot_tree
 from evolane.supervisors import open_runtime as open_actor_runtime
+from tests.sandbox_helpers import as_uid
 
 
 def lane(host: SandboxHost, store: BlobStore, command: str, **extra: object) -> OptimizerLane:
@@ -399,6 +400,25 @@ def test_the_entries_gate_flags_hard_links_and_devices(tmp_path: Path) -> None:
         return
     device = check_entries(tmp_path)
     assert device.paths == ("null",) and "device" in device.reason
+
+
+def test_the_entries_gate_refuses_a_file_its_owner_closed(tmp_path: Path) -> None:
+    # Found by review: a non-root evolane's optimizer that left a file of mode 000 had its
+    # slot fail as infrastructure (snapshot_failed), not its edit refused.
+    uid = 4242 if os.geteuid() == 0 else os.geteuid()
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "ok.txt").write_text("fine")
+    (tmp_path / "w" / "closed").write_text("secret")
+    if os.geteuid() == 0:
+        for path in (tmp_path, tmp_path / "w", *(tmp_path / "w").iterdir()):
+            os.chown(path, uid, uid)
+    (tmp_path / "w" / "closed").chmod(0)
+    here = os.getcwd()
+    try:
+        refused = as_uid(uid, tmp_path, lambda: check_entries(Path("w")).paths == ("closed",))
+    finally:
+        os.chdir(here)
+    assert refused
 
 
 def test_only_the_parents_own_symlinks_pass_and_only_unchanged(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from evolane.store import (
     scan_tree,
     snapshot_tree,
 )
+from tests.sandbox_helpers import as_uid
 
 
 @pytest.fixture(autouse=True)
@@ -85,26 +86,6 @@ def _closed_tree(root: Path, outside: Path) -> None:
             folder.chmod(0o000 if "shut" in folder.parts else 0o555)
 
 
-def _as_uid(uid: int, folder: Path, action: Callable[[], bool]) -> bool:
-    """``action()`` in ``folder``, in a forked child running as ``uid`` when root (the
-    folders above may be closed to it), else here."""
-    if os.geteuid() != 0:
-        os.chdir(folder)
-        return action()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 1
-        try:
-            os.chdir(folder)
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            code = 0 if action() else 1
-        finally:
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-
-
 def test_remove_tree_removes_its_owners_read_only_and_closed_folders(tmp_path: Path) -> None:
     # Found by review: a non-root evolane left each optimizer's read-only context (a
     # folder cannot move to another parent without write permission on itself) and any
@@ -121,7 +102,7 @@ def test_remove_tree_removes_its_owners_read_only_and_closed_folders(tmp_path: P
     tree.chmod(0o000)  # the top folder closed too
     here = os.getcwd()
     try:
-        assert _as_uid(uid, tmp_path, lambda: remove_tree("unit"))
+        assert as_uid(uid, tmp_path, lambda: remove_tree("unit"))
     finally:
         os.chdir(here)
     assert not os.path.lexists(tree)

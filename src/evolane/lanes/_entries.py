@@ -3,8 +3,11 @@
 The walk never follows a symlink. Refused: symlinks (except those the parent tree already had,
 unchanged: the candidate inherits them), devices, FIFOs, sockets, names that are
 not valid UTF-8 or hold a line break, mount points (another filesystem under the root),
-hard-linked files (their inode may be shared with a file outside the root) and folders that
-cannot be read. Any of these could reach outside the root or break a snapshot of the tree.
+hard-linked files (their inode may be shared with a file outside the root) and folders or
+files that cannot be read (a non-root evolane's optimizer may chmod its own files 000: found
+by review, such a file was an infrastructure ``snapshot_failed`` of the slot, not the
+candidate's refused edit). Any of these could reach outside the root or break a snapshot of
+the tree.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def _entry_problem(child: os.DirEntry[str], root_dev: int) -> str | None:
         return _kind(info.st_mode)
     if info.st_nlink > 1:
         return "a hard link (its inode is shared)"
+    if not info.st_mode & stat.S_IRUSR and not os.access(child.path, os.R_OK):
+        return "cannot read the file: its owner may not"
     return None
 
 
