@@ -118,6 +118,11 @@ class CampaignConfig(Record):
     error_control: ErrorControlMode = "auto"
     """``confirm`` the best on the test split, ``online`` (alpha = 1 - confidence spent over
     the candidates), ``none``; ``auto``: confirm when the dataset has test cases, else online."""
+    error_budget: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """The campaign's error budget alpha when it is not 1 - confidence (None): set by
+    evolane, not a flag. An online job of the evolve service gets its share of the service's
+    budget for its target (`embed._budget`), so that over all its jobs the service publishes
+    an edit with no true gain with probability at most 1 - confidence. Written only when set."""
     focus: Focus = "all"
     feedback_split: FeedbackSplit = "train"
     """Whose results the optimizer sees: ``train`` (honest; carved from val when the dataset
@@ -190,6 +195,8 @@ class CampaignConfig(Record):
     def _has_cases(self) -> Self:
         if not self.dataset and not self.from_trajectory:
             raise ValueError("give dataset or from_trajectory")
+        if self.error_budget is not None and self.error_budget > 1.0 - self.gate.confidence:
+            raise ValueError("error_budget must not exceed 1 - confidence")
         return self
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
@@ -213,6 +220,8 @@ class CampaignConfig(Record):
         if not self.from_trajectory:  # written only when used: older records read the same
             flat.pop("from_trajectory", None)
             flat.pop("group", None)
+        if self.error_budget is None:
+            flat.pop("error_budget", None)
         return flat
 
     @classmethod

@@ -248,7 +248,7 @@ def error_control(
     (``online``, else a fresh one) and price with ``val_cases`` (``val_fed``: the optimizer
     saw val outcomes, and the guarantee does not hold); ``confirm``; or ``none``."""
     gate = config.gate
-    level = 1 - gate.confidence
+    level = campaign_alpha(config)
     mode = resolved_mode(config.error_control, test_cases)
     if mode == "online":
         budget = online or opening_budget(config, config.max_improvement_cycles)
@@ -275,11 +275,20 @@ def error_control(
             "online, or add test cases to confirm the best"
         )
     possible, why = confirmable(config, test_cases)
+    test = f"at confidence {gate.confidence:g}"
+    share = ""
+    if config.error_budget is not None:
+        test = f"at level {level:.2g}"
+        share = (
+            f" (this job's share of the evolve service's error budget for its target: over "
+            f"all its jobs the service publishes an edit with no true gain with probability "
+            f"at most {1 - gate.confidence:.2g})"
+        )
     text = (
         f"confirm before publish: the best is tested against the seed on the "
-        f"{test_cases} held-out test cases (one-sided test of no true gain at confidence "
-        f"{gate.confidence:g}); a best with no true gain is published with probability at "
-        f"most {level:.2g}, however many candidates were tried"
+        f"{test_cases} held-out test cases (one-sided test of no true gain {test}); a best "
+        f"with no true gain is published with probability at most {level:.2g}, however many "
+        f"candidates were tried{share}"
     )
     cycles = config.max_improvement_cycles
     if cycles > 1:

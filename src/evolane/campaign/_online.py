@@ -133,8 +133,11 @@ def p_beside_level(p: float, level: float) -> tuple[str, str]:
 
 
 def campaign_alpha(config: CampaignConfig) -> float:
-    """The campaign's error budget alpha = 1 - confidence (exact decimal): what online
-    control spends over candidates and confirmations over cycles."""
+    """The campaign's error budget alpha = 1 - confidence (exact decimal), or its
+    ``error_budget`` when set (an evolve service job's share): what online control spends
+    over candidates and confirmations over cycles."""
+    if config.error_budget is not None:
+        return config.error_budget
     return float(1 - as_fraction(config.gate.confidence))
 
 

@@ -131,6 +131,7 @@ async def _drain_one(
     from evolane.campaign import TargetLocked
     from evolane.cli._session import _follow
     from evolane.cli._summary import print_summary
+    from evolane.embed import BudgetDamaged
     from evolane.inputs import InputError
 
     how = "resuming run " + job.run_id if job.run_id else "a new run"
@@ -140,7 +141,7 @@ async def _drain_one(
     )
     try:
         job, handle = await jobs.start(runtime, job)
-    except TargetLocked as error:  # another run holds the target: the job waits its turn
+    except (TargetLocked, BudgetDamaged) as error:  # the job waits its turn
         error_line(f"job {job.job_id}: {error}; it stays pending")
         return EXIT_USAGE
     except InputError as error:

@@ -4,6 +4,7 @@ OpenTelemetry exporter (extra ``evolane[otel]``; `evolane.aio` hosts the same on
 `EvolveService`: background evolution from the agent's own recorded trajectories."""
 
 from evolane.campaign import Backends, RunOutcome
+from evolane.embed._budget import BudgetDamaged, ServiceBudget, budget_file
 from evolane.embed._observers import (
     OBSERVER_BUFFER,
     OBSERVER_CLOSE_TIMEOUT,
@@ -34,6 +35,7 @@ __all__ = [
     "Backend",
     "BackendCall",
     "Backends",
+    "BudgetDamaged",
     "EmbeddedRuntime",
     "EvolveMode",
     "EvolvePolicy",
@@ -50,7 +52,9 @@ __all__ = [
     "RunCancelled",
     "RunHandle",
     "RunOutcome",
+    "ServiceBudget",
     "ServiceSettings",
+    "budget_file",
     "observer_name",
     "observer_plugin",
     "open_evolve_service",

@@ -82,6 +82,18 @@ class PendingJob(Record):
     status: ShortText | None = None
     """The run's report status once it ended (``finished``, ``budget_limited``, ...)."""
     exit_code: int | None = None
+    share: int | None = Field(default=None, ge=1)
+    """Online: the index of the job's share of its target's error budget (`embed._budget`),
+    fixed when the job first started, before its campaign saw any of its data."""
+    level: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """Online: the job's error budget, alpha * s(share): its best is confirmed on the test
+    split at this level (over its cycles), so a no-gain best is published with at most it."""
+    spent: bool | None = None
+    """Online, once ended: whether the job reached a confirmation and spent its share
+    (False: it was given back for a later job)."""
+    budget_left: float | None = None
+    """Online: the target's error budget no job holds or spent, when this job last
+    reserved or settled its share."""
 
 
 @dataclass(frozen=True)

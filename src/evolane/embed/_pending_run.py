@@ -8,6 +8,10 @@ finished units are not paid again) instead of starting over. A run that ends
 ``interrupted`` (or is cancelled) leaves the job pending; any other end retires it to
 ``evolve/done/``. A lock per job (``pending/<id>/.lock``, flock) keeps two processes off
 the same job, and the job is read again once the lock is held (a listed copy may be stale).
+
+An online job takes its share of its target's error budget when it first starts, before its
+run (`embed._budget`: reserved in the budget file, then recorded in ``job.json``), confirms
+at that share's level, and spends or gives it back when it ends.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from evolane.campaign import CampaignConfig, RunOutcome, StoreLayout, load_run
+from evolane.campaign import CampaignConfig, RunOutcome, StoreLayout, campaign_alpha, load_run
+from evolane.embed._budget import reached_test, reserve_share, settle_share
 from evolane.embed._pending import (
     JOB_FILE,
     EvolveMode,
@@ -50,10 +55,12 @@ a job of few sessions, fell back to online control, also without the test split)
 def job_config(dirs: StoreDirs, job: PendingJob) -> CampaignConfig:
     """The campaign a job runs: its stored config in this store, with the apply policy of
     its mode (so a shadow job never publishes, whatever its file says) and, online, the
-    confirmation on the test split."""
-    update = {"apply": APPLY_FOR_MODE[job.mode], "store": str(dirs.root)}
+    confirmation on the test split at the level of its share of the target's budget."""
+    update: dict[str, Any] = {"apply": APPLY_FOR_MODE[job.mode], "store": str(dirs.root)}
     if job.mode == "online":
         update["error_control"] = ONLINE_ERROR_CONTROL
+        if job.level is not None:  # its share of the target's budget
+            update["error_budget"] = job.level
     return job.config.model_copy(update=update)
 
 
@@ -119,6 +126,8 @@ async def start_job(
     """Start ``job``'s run (``options`` go to `EmbeddedRuntime.start_optimize`) and record
     its run id in ``job.json``; the handle is None for a job whose run had already ended
     (it is retired here). Raises `InputError` for a job whose settings are refused."""
+    if job.mode == "online" and job.run_id is None:
+        job = await trio.to_thread.run_sync(take_share, dirs, job)
     request = job_request(dirs, job)
     if request is None:
         return await finish_job(dirs, job, _stored_status(dirs, job)), None
@@ -126,6 +135,31 @@ async def start_job(
     job = job.model_copy(update={"state": "started", "run_id": handle.run_id})
     await trio.to_thread.run_sync(save_job, dirs, job)
     return job, handle
+
+
+def take_share(dirs: StoreDirs, job: PendingJob) -> PendingJob:
+    """``job`` with its share of its target's error budget (the one it holds already, after
+    a crash), reserved in the budget file (journal) and then in its ``job.json`` (state).
+    Blocking."""
+    alpha = campaign_alpha(job.config.model_copy(update={"error_budget": None}))
+    held, left = reserve_share(dirs.root, job.config.target, job.job_id, alpha)
+    update = {"share": held.index, "level": held.level, "budget_left": left}
+    if all(getattr(job, key) == value for key, value in update.items()):
+        return job
+    job = job.model_copy(update=update)
+    save_job(dirs, job)
+    return job
+
+
+def settle(dirs: StoreDirs, job: PendingJob) -> PendingJob:
+    """``job`` once its share is spent (its run reached a confirmation: `reached_test`) or
+    given back; a job with no share as it is. Blocking."""
+    if job.share is None:
+        return job
+    report = _run_report(dirs, job) if job.run_id is not None else {}
+    spent = reached_test(report)
+    left = settle_share(dirs.root, job.config.target, job.job_id, spent)
+    return job.model_copy(update={"spent": spent, "budget_left": left})
 
 
 async def finish_job(dirs: StoreDirs, job: PendingJob, status: str | None) -> PendingJob:
@@ -139,6 +173,7 @@ async def finish_job(dirs: StoreDirs, job: PendingJob, status: str | None) -> Pe
     state = "failed" if status == "failed" else "done"
     code = EXIT_FOR_STATUS.get(status, 1)
     job = job.model_copy(update={"state": state, "status": status, "exit_code": code})
+    job = await trio.to_thread.run_sync(settle, dirs, job)
     await trio.to_thread.run_sync(retire_job, dirs, job)
     return job
 
@@ -151,6 +186,7 @@ async def fail_job(dirs: StoreDirs, job: PendingJob, error: BaseException) -> Pe
     line = f"failed: {error}" if isinstance(error, InputError) else f"failed: {error!r}"
     code = 2 if isinstance(error, InputError) else 1
     job = job.model_copy(update={"state": "failed", "status": line[:256], "exit_code": code})
+    job = await trio.to_thread.run_sync(settle, dirs, job)
     await trio.to_thread.run_sync(retire_job, dirs, job)
     return job
 
@@ -164,6 +200,16 @@ def _stored_status(dirs: StoreDirs, job: PendingJob) -> str | None:
     assert job.run_id is not None
     report = StoreLayout(dirs.root).run_dir(job.run_id) / "report.json"
     return read_json(report).get("status")
+
+
+def _run_report(dirs: StoreDirs, job: PendingJob) -> dict[str, Any] | None:
+    """The ``report.json`` of ``job``'s run; None when it has none (or it is unreadable)."""
+    assert job.run_id is not None
+    path = StoreLayout(dirs.root).run_dir(job.run_id) / "report.json"
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
 
 
 class PendingJobs:

@@ -45,6 +45,7 @@ import trio
 from pydantic import Field, ValidationError, model_validator
 
 from evolane.campaign import Backends, CampaignConfig, TargetLocked
+from evolane.embed._budget import BudgetDamaged
 from evolane.embed._pending import (
     MAX_QUEUE,
     EvolveMode,
@@ -357,7 +358,7 @@ class EvolveService:
             job = self.running = locked
             try:
                 job = await self._run_job(job)
-            except TargetLocked:  # another run holds the target: the job waits its turn
+            except (TargetLocked, BudgetDamaged):  # the job waits: it is noted in faults
                 raise
             except Exception as error:  # a refused or broken job must not stop the agent
                 job = await fail_job(self.dirs, job, error)
