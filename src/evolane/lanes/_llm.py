@@ -14,9 +14,10 @@ in evolane's objects, files or messages; the credentials a ``base_url`` may carr
 
 An answer without a usable ``usage`` field (absent, negative, past belief) is metered by the
 size of its request and answer (`text_tokens`: an estimate that errs high), never as 0
-tokens; `Spend` meters the calls of one backend invocation, a call cut off or failed after
-sending included, at least at its request's input (see `evolane.lanes.usage_document`). The
-API key is hidden in every error message and answer text a server sends back.
+tokens; `Spend` meters the calls of one backend invocation, and every request of them cut
+off or failed after sending (a retried one too) at least at its input (see
+`evolane.lanes.usage_document`). The API key is hidden in every error message and answer
+text a server sends back.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
 import trio
 
+from evolane.lanes._llm_cache import cache_key, cache_read, cache_write
 from evolane.lanes._llm_extra import LLM_EXTRA_HINT
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_for
 from evolane.lanes._llm_usage import (
@@ -46,7 +47,6 @@ from evolane.lanes._llm_usage import (
     text_tokens,
     token_count,
 )
-from evolane.store import StoreError, read_regular_file, write_bytes_atomic
 
 RATE_LIMIT_TRIES = 100
 """429 answers one call accepts before it gives up (the deadline usually ends it first)."""
@@ -57,7 +57,6 @@ MAX_RATE_LIMIT_BACKOFF = 4.0
 RETRY_INTERVAL = 0.25
 MAX_RETRY_INTERVAL = 4.0
 """A transient failure's n-th retry waits ``min(RETRY_INTERVAL * 2**n, MAX_RETRY_INTERVAL)``."""
-CACHE_ENTRY_BYTES = 4 << 20
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SDK_DEFAULT_URL = "sdk-default"  # the limiter key of an endpoint without a base_url
 
@@ -200,39 +199,6 @@ def request_body(
     return body
 
 
-def cache_key(
-    endpoint: Endpoint, body: dict[str, Any], seed: int, sample: int, attempt: int
-) -> str:
-    """sha256 of the whole request, the endpoint, the unit's seed, the sample and attempt."""
-    material = {
-        "endpoint": endpoint.key,
-        "body": body,
-        "seed": seed,
-        "sample": sample,
-        "attempt": attempt,
-    }
-    return hashlib.sha256(orjson.dumps(material, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _cache_path(cache_dir: Path, key: str) -> Path:
-    return cache_dir / key[:2] / f"{key}.json"
-
-
-def _cache_read(cache_dir: Path, key: str) -> str | None:
-    try:
-        entry = orjson.loads(read_regular_file(_cache_path(cache_dir, key), CACHE_ENTRY_BYTES))
-    except (OSError, StoreError, orjson.JSONDecodeError):
-        return None  # absent, or damaged: asked again and rewritten
-    text = entry.get("text") if isinstance(entry, dict) else None
-    return text if isinstance(text, str) else None
-
-
-def _cache_write(cache_dir: Path, key: str, text: str) -> None:
-    path = _cache_path(cache_dir, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, orjson.dumps({"text": text}))
-
-
 async def chat(
     endpoint: Endpoint,
     messages: list[dict[str, str]],
@@ -242,6 +208,7 @@ async def chat(
     deadline: float,
     attempt: int = 0,
     cache_if: Callable[[str], object] | None = None,
+    unanswered: Callable[[], object] | None = None,
 ) -> ChatAnswer:
     """Ask ``endpoint`` once (``sample``: which of several answers to the same question,
     ``attempt``: which retry of a rejected answer; both are part of the cache key and of the
@@ -254,11 +221,17 @@ async def chat(
     ``deadline`` is on the trio clock (``math.inf``: none). Raises `ModelError` when the call
     fails for good or no answer came by the deadline (when an enclosing cancel scope has the
     same deadline, that scope's cancellation is what ends the call). A trio cancellation
-    ends the request in flight. A cached answer costs 0 tokens and says ``"cached": true``."""
+    ends the request in flight. A cached answer costs 0 tokens and says ``"cached": true``.
+
+    ``unanswered()`` is called once for every request that may have reached the endpoint
+    and got no answer (failed, cut at its timeout or the deadline, cancelled; not a 429, nor
+    one whose connection was never made), a retried one too: the caller meters what a
+    provider may bill for it (found by review: a request cut at ``--llm-timeout`` and
+    asked again, or a 5xx retried, was charged nothing)."""
     body = request_body(endpoint, messages, seed, sample, attempt)
-    key = cache_key(endpoint, body, seed, sample, attempt) if endpoint.cache_dir else ""
+    key = cache_key(endpoint.key, body, seed, sample, attempt) if endpoint.cache_dir else ""
     if endpoint.cache_dir is not None:
-        text = await trio.to_thread.run_sync(_cache_read, endpoint.cache_dir, key)
+        text = await trio.to_thread.run_sync(cache_read, endpoint.cache_dir, key)
         if text is not None:
             return ChatAnswer(text, answer_usage(endpoint.model, cached=True))
     client = _client(endpoint)
@@ -268,12 +241,12 @@ async def chat(
     )
     answer = None
     with trio.move_on_at(deadline):
-        answer = await _ask(client, limiter, endpoint, body, deadline)
+        answer = await _ask(client, limiter, endpoint, body, deadline, unanswered)
     if answer is None:  # a slow answer may be the content's doing: not the endpoint's
         raise ModelError(f"no answer from {endpoint.model} by the deadline", endpoint_failed=False)
     if endpoint.cache_dir is not None and _acceptable(cache_if, answer.text):
         with contextlib.suppress(OSError):
-            await trio.to_thread.run_sync(_cache_write, endpoint.cache_dir, key, answer.text)
+            await trio.to_thread.run_sync(cache_write, endpoint.cache_dir, key, answer.text)
     return answer
 
 
@@ -288,44 +261,43 @@ def _acceptable(check: Callable[[str], object] | None, text: str) -> bool:
 
 
 async def _ask(
-    client: Any, limiter: AdaptiveLimiter, endpoint: Endpoint, body: dict[str, Any], deadline: float
+    client: Any,
+    limiter: AdaptiveLimiter,
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    deadline: float,
+    unanswered: Callable[[], object] | None = None,
 ) -> ChatAnswer:
-    """The retry loop of one call (see the module docstring)."""
+    """The retry loop of one call (see the module docstring); ``unanswered`` as `chat`'s."""
     import openai
 
     failures = rate_limits = 0
     while True:
-        failure: Exception | None = None
         retry_after: float | None = None
         async with limiter.slot() as ticket:
             timeout = _request_timeout(endpoint, deadline)
-            options = {} if timeout is None else {"timeout": timeout}
-            response, limited = None, False
-            # the SDK's timeout bounds each read: a server dripping bytes held a request to
-            # the phase's deadline (found by review); this scope bounds the whole request
-            with trio.move_on_after(math.inf if timeout is None else timeout):
-                try:
-                    response = await client.chat.completions.create(**body, **options)
-                except openai.RateLimitError as error:
-                    rate_limits, limited = rate_limits + 1, True
-                    retry_after = _retry_after(error.response.headers)
-                    limiter.rate_limited(ticket, retry_after)
-                    if rate_limits >= RATE_LIMIT_TRIES:
-                        raise ModelError(_describe(endpoint, error, "rate limited")) from None
-                except openai.APIError as error:
-                    failure = error
-                except ValueError as error:  # a body that is not JSON (not an APIError)
-                    failure = MalformedResponse(f"the answer is not a chat completion: {error}")
+            response, failure = None, None
+            try:
+                response, failure = await _request(client, body, timeout)
+            finally:  # a failure, a timeout, a cancellation: a request the provider may bill
+                limited = isinstance(failure, openai.RateLimitError)
+                if response is None and not limited and _reached(failure) and unanswered:
+                    unanswered()
             if response is not None:
                 limiter.succeeded()
                 return _answer(endpoint, response, body)
-            if failure is None and not limited:
-                failure = RequestTimedOut(f"no whole answer within {timeout} s")
-        if failure is None:  # a 429: a positive Retry-After pauses the limiter, else back off
-            if retry_after is None or retry_after <= 0:
+            if isinstance(failure, openai.RateLimitError):
+                rate_limits += 1
+                retry_after = _retry_after(failure.response.headers)
+                limiter.rate_limited(ticket, retry_after)
+                if rate_limits >= RATE_LIMIT_TRIES:
+                    raise ModelError(_describe(endpoint, failure, "rate limited")) from None
+        if isinstance(failure, openai.RateLimitError):  # a positive Retry-After pauses the
+            if retry_after is None or retry_after <= 0:  # limiter, else this call backs off
                 pause = rate_limit_backoff(int(body["seed"]), rate_limits)
                 await trio.sleep(min(pause, max(0.0, deadline - trio.current_time())))
             continue
+        assert failure is not None
         timed_out = isinstance(failure, openai.APITimeoutError | RequestTimedOut)
         if timed_out and trio.current_time() >= deadline:
             await trio.sleep_until(deadline)  # the deadline's own cancellation ends the call
@@ -333,6 +305,26 @@ async def _ask(
             raise _failed(endpoint, failure)
         failures += 1
         await trio.sleep(min(RETRY_INTERVAL * 2 ** (failures - 1), MAX_RETRY_INTERVAL))
+
+
+async def _request(
+    client: Any, body: dict[str, Any], timeout: float | None
+) -> tuple[Any, Exception | None]:
+    """One request: its response, or what ended it without one (an ``openai.APIError``, a
+    429 included, a body that is not a completion, no whole answer within ``timeout``)."""
+    import openai
+
+    options = {} if timeout is None else {"timeout": timeout}
+    # the SDK's timeout bounds each read: a server dripping bytes held a request to the
+    # phase's deadline (found by review); this scope bounds the whole request
+    with trio.move_on_after(math.inf if timeout is None else timeout):
+        try:
+            return await client.chat.completions.create(**body, **options), None
+        except openai.APIError as error:
+            return None, error
+        except ValueError as error:  # a body that is not JSON (not an APIError)
+            return None, MalformedResponse(f"the answer is not a chat completion: {error}")
+    return None, RequestTimedOut(f"no whole answer within {timeout} s")
 
 
 def rate_limit_backoff(seed: int, tries: int) -> float:
@@ -365,6 +357,18 @@ def _transient(openai: Any, error: Exception | None) -> bool:
         return True
     status = getattr(error, "status_code", None)
     return isinstance(status, int) and (status in (408, 409) or status >= 500)
+
+
+_NOT_CONNECTED = frozenset({"ConnectError", "ConnectTimeout"})
+"""The HTTP client's errors (by name: the SDK's client library varies) of a request whose
+connection was never made."""
+
+
+def _reached(error: Exception | None) -> bool:
+    """Whether a request that got no answer may have reached the endpoint: not when its
+    connection was never made (refused, or no connection by its timeout)."""
+    cause = error.__cause__ if error is not None else None
+    return type(cause).__name__ not in _NOT_CONNECTED
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -413,6 +417,7 @@ def _failed(endpoint: Endpoint, error: Exception) -> ModelError:
     slow = isinstance(error, openai.APITimeoutError | RequestTimedOut) or status == 408
     return ModelError(
         _describe(endpoint, error, "failed"),
+        sent=_reached(error),
         endpoint_failed=not slow and status not in CONTENT_STATUSES,
     )
 
@@ -441,10 +446,10 @@ def _answer(endpoint: Endpoint, response: Any, body: dict[str, Any]) -> ChatAnsw
 @dataclass
 class Spend:
     """The usage of one backend invocation's model calls, as they come (`ask`): the answers'
-    usage summed, and whether a call ended without its answer (cut by the deadline,
-    cancelled, or failed after sending: a request the provider may bill), which makes the
-    `document` ``partial`` and counts that request's input (`request_tokens`), the least
-    it may be billed."""
+    usage summed, and whether a request ended without its answer (cut at its timeout or the
+    deadline, cancelled, or failed after sending, a retried one too: a request the provider
+    may bill), which makes the `document` ``partial`` and counts each such request's input
+    (`request_tokens`), the least it may be billed."""
 
     model: str
     total: dict[str, Any] | None = None
@@ -454,22 +459,17 @@ class Spend:
     async def ask(
         self, endpoint: Endpoint, messages: list[dict[str, str]], **options: Any
     ) -> ChatAnswer:
-        """`chat` with ``options``, its answer's usage (or its lack of one) metered."""
-        try:
-            answer = await chat(endpoint, messages, **options)
-        except ModelError as error:
-            if error.sent:
-                self._unanswered(messages)
-            raise
-        except BaseException:
-            self._unanswered(messages)
-            raise
+        """`chat` with ``options``: its answer's usage metered, and the input of each of its
+        requests that got no answer (`chat`'s ``unanswered``)."""
+        tokens = request_tokens({"messages": messages})
+
+        def unanswered() -> None:
+            self.unanswered = True
+            self.unanswered_input += tokens
+
+        answer = await chat(endpoint, messages, unanswered=unanswered, **options)
         self.total = add_usage(self.total, answer.usage)
         return answer
-
-    def _unanswered(self, messages: list[dict[str, str]]) -> None:
-        self.unanswered = True
-        self.unanswered_input += request_tokens({"messages": messages})
 
     def document(self) -> dict[str, Any]:
         """The usage document of the calls so far: ``partial`` when one was cut off, with
