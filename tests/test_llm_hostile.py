@@ -1,7 +1,7 @@
 """The model backends against a hostile endpoint (found by review, each through a real HTTP
 server): a key echoed back, an answer dripped byte by byte, a nonsense Retry-After, a body
-that is not JSON, and an outage that must not count against a candidate; and a replay
-output written to talk the judge model round."""
+that is not JSON, a body that never ends, and an outage that must not count against a
+candidate; and a replay output written to talk the judge model round."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import trio
 from evolane.lanes import JUDGE_ENDPOINT_FAILED, Endpoint, ModelError, chat, llm_judge
 from evolane.lanes._backends import ENDPOINT_EXIT
 from evolane.lanes._judge import command_verdict
+from evolane.lanes._llm_http import MAX_RESPONSE_BYTES
 from evolane.measure._table import unscored_counts_as_zero
 from evolane.messages import JudgeResult, ReplayResult
 from evolane.testing import ChatStub
-from tests.test_llm_backends import LIMIT, RUBRIC, _judge_call, _run
+from tests.test_llm_backends import LIMIT, RUBRIC, _judge_call, _run, _until
 
 KEY = "sk-test-DO-NOT-LEAK-0123456789"
 ASK = [{"role": "user", "content": "x"}]
@@ -74,6 +75,18 @@ async def test_a_body_that_is_not_json_is_retried(chat_stub: ChatStub) -> None:
     with pytest.raises(ModelError, match="not a chat completion"):
         await _ask(endpoint)
     assert chat_stub.stats.requests == 3
+
+
+async def test_a_flood_of_a_body_is_read_no_further_than_its_cap(chat_stub: ChatStub) -> None:
+    # The SDK read any body whole: a 300 MB answer took a run from 100 MB to 1 GB of memory.
+    chat_stub.script.flood = 128 << 20  # no Content-Length: only reading shows the size
+    endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=1)
+    with pytest.raises(ModelError, match=f"over {MAX_RESPONSE_BYTES} bytes"):
+        await _ask(endpoint)
+    await _until(lambda: chat_stub.stats.in_flight == 0)  # both writers ended
+    assert chat_stub.stats.requests == 2  # retried once, as a body that is not a completion
+    buffered = 16 << 20  # what the sockets may hold besides what was read
+    assert chat_stub.stats.flooded <= 2 * (MAX_RESPONSE_BYTES + buffered)
 
 
 @pytest.mark.parametrize(

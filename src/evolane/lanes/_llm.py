@@ -39,6 +39,7 @@ import trio
 
 from evolane.lanes._llm_cache import cache_key, cache_read, cache_write
 from evolane.lanes._llm_extra import LLM_EXTRA_HINT
+from evolane.lanes._llm_http import ResponseTooLarge, capped_http_client
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_for
 from evolane.lanes._llm_usage import (
     add_usage,
@@ -171,7 +172,11 @@ def _client(endpoint: Endpoint) -> Any:
 
         timeout = openai.NOT_GIVEN if endpoint.timeout is None else endpoint.timeout
         clients[name] = openai.AsyncOpenAI(
-            base_url=endpoint.base_url, api_key=key, max_retries=0, timeout=timeout
+            base_url=endpoint.base_url,
+            api_key=key,
+            max_retries=0,
+            timeout=timeout,
+            http_client=capped_http_client(openai),
         )
     return clients[name]
 
@@ -322,7 +327,7 @@ async def _request(
             return await client.chat.completions.create(**body, **options), None
         except openai.APIError as error:
             return None, error
-        except ValueError as error:  # a body that is not JSON (not an APIError)
+        except (ValueError, ResponseTooLarge) as error:  # not JSON, or too much of it
             return None, MalformedResponse(f"the answer is not a chat completion: {error}")
     return None, RequestTimedOut(f"no whole answer within {timeout} s")
 

@@ -64,6 +64,9 @@ class StubScript:
     """Answer 200 with this body (not a completion, not even JSON)."""
     drip: float = 0.0
     """Seconds between the bytes of an answer's body (a server that sends it slowly)."""
+    flood: int = 0
+    """Answer 200 with a body this many bytes long, sent without a length until the client
+    leaves (a server gone wrong); `StubStats.flooded` counts the bytes it got out."""
     refuse: str = ""
     """Answer ``refuse_status`` to a request whose last user message holds this text (a
     firewall or guardrail in front of the model, blocking what a request says)."""
@@ -100,6 +103,8 @@ class StubStats:
     max_in_flight: int = 0
     disconnects: int = 0
     """Requests whose client left before the answer (a hang or latency cut short)."""
+    flooded: int = 0
+    """Bytes of flood bodies (`StubScript.flood`) written before their clients left."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -141,6 +146,9 @@ class _Handler(BaseHTTPRequestHandler):
                     said += f": {self.headers.get('Authorization')} is not a valid key"
                 self._send(script.fail_status, {"error": {"message": said}})
                 return
+            if script.flood:
+                self._flood(script.flood)
+                return
             wait = float("inf") if script.hang else script.latency
             if not self._wait(wait):
                 stub.note_disconnect()
@@ -151,6 +159,24 @@ class _Handler(BaseHTTPRequestHandler):
             stub.note_answered()
         finally:
             stub.leave()
+
+    def _flood(self, size: int) -> None:
+        """A 200 whose body (a completion's start, then filler) ends with the connection."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        chunk, sent = b'{"choices": [{"message": {"content": "' + b"x" * (64 << 10), 0
+        try:
+            while sent < size and not self.server.closing.is_set():
+                self.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        finally:
+            with self.server.stub._lock:
+                self.server.stub.stats.flooded += sent
 
     def _wait(self, seconds: float) -> bool:
         """Sleep ``seconds`` (inf: until the server closes); False when the client left."""
