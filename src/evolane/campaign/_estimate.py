@@ -26,6 +26,7 @@ from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import confirm_repetitions
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
+from evolane.inputs import llm_model
 from evolane.measure import ROLES
 from evolane.messages import Name, Record, ShortText, Usage
 
@@ -78,6 +79,9 @@ class Estimate(Record):
     a realistic one, from a probe)."""
     judge_retries_max: int = Field(default=0, ge=0)
     """Judge retries at most, on top of one call per replay (not certain spend)."""
+    judge_samples: int = Field(default=1, ge=1, le=16)
+    """Model requests a judge call makes at least: ``--judge-samples`` for the built-in
+    model judge (found by review: "84 judge calls" for 420 requests at 5 samples), else 1."""
     probe: ProbeTiming | None = None
     """The one-case timing the range is drawn from (``--probe``)."""
     tokens: float | None = Field(default=None, ge=0)
@@ -164,6 +168,7 @@ def estimate_run(
     return Estimate(
         wall_worst_seconds=worst,
         judge_retries_max=judges - replays if measure.judge else 0,
+        judge_samples=config.models.judge_samples if llm_model(measure.judge) else 1,
         probe=probe,
         min_gain=checked.min_gain,
         preflight=checked.lines,

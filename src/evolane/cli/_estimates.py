@@ -8,6 +8,14 @@ from typing import Any
 from evolane.cli._amounts import count
 
 
+def judge_calls(calls: int, samples: int) -> str:
+    """``calls`` judge calls in words, with the model requests they make at ``samples``
+    answers each (the built-in model judge's ``--judge-samples``)."""
+    if samples <= 1:
+        return f"{calls} judge calls"
+    return f"{calls} judge calls x {samples} samples = {calls * samples} model requests"
+
+
 def estimate_lines(estimate: Any) -> list[str]:
     """The estimate in words: counts (judge retries apart: not certain), the wall range, the
     worst case when the range is a realistic one, and what it rests on."""
@@ -15,9 +23,10 @@ def estimate_lines(estimate: Any) -> list[str]:
     low = "?" if estimate.wall_low_seconds is None else f"{estimate.wall_low_seconds:.0f} s"
     more = estimate.judge_retries_max
     retries = f" (+ up to {more} retries)" if more else ""
+    judges = judge_calls(estimate.judge_calls_max, getattr(estimate, "judge_samples", 1))
     lines = [
-        f"estimate: at most {estimate.replays_max} replays, {estimate.judge_calls_max} judge "
-        f"calls{retries}, {estimate.optimizer_calls_max} optimizer calls; wall {low} .. "
+        f"estimate: at most {estimate.replays_max} replays, {judges}{retries}, "
+        f"{estimate.optimizer_calls_max} optimizer calls; wall {low} .. "
         f"{high:.0f} s (val {estimate.val_cases} cases x {estimate.baseline_repetitions}/"
         f"{estimate.candidate_repetitions} repetitions, test {estimate.test_cases}); "
         f"{estimate.basis}"

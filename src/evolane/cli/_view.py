@@ -17,6 +17,7 @@ from rich.text import Text
 
 from evolane import messages
 from evolane.cli._amounts import amount, count, duration, role_spend
+from evolane.cli._estimates import judge_calls
 from evolane.cli._viewtext import (
     decision_segments,
     fit,
@@ -92,7 +93,8 @@ def _score(value: float | None) -> str:
 
 def _estimate_segments(event: messages.EstimateEvent) -> list[str]:
     parts = [
-        f"estimate: at most {event.replays_max} replays, {event.judge_calls_max} judge calls, "
+        f"estimate: at most {event.replays_max} replays, "
+        f"{judge_calls(event.judge_calls_max, event.judge_samples)}, "
         f"{event.optimizer_calls_max} optimizer calls"
     ]
     if event.judge_retries_max:  # possible, not certain: a segment of its own

@@ -76,6 +76,8 @@ class EstimateEvent(ProgressEvent):
     realistic one, from a probe or earlier runs)."""
     judge_retries_max: int = Field(default=0, ge=0, le=_COUNT)
     """Judge retries at most, on top of the judge calls above: possible, not certain spend."""
+    judge_samples: int = Field(default=1, ge=1, le=16)
+    """Model requests each judge call makes (the built-in model judge's samples)."""
     tokens: float | None = Field(default=None, ge=0, le=_COUNT)
     cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
     by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
