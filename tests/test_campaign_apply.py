@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import stat
 import sys
 import textwrap
@@ -536,6 +537,7 @@ async def test_recovery_uses_the_store_backup_when_the_old_copy_is_gone(
     pending = journal(setup.run_dir)
     shutil.rmtree(pending.plan.stash)
     leftover = _publish.temp_path(pending.plan, 0)  # as a crash mid-copy leaves
+    leftover.parent.mkdir(exist_ok=True)
     leftover.write_bytes(b"half")
     outcome = recover_apply(setup.store, setup.run_dir)
     assert outcome is not None and outcome.status == "recovered"
@@ -545,7 +547,7 @@ async def test_recovery_uses_the_store_backup_when_the_old_copy_is_gone(
 
 
 CHILD = """
-import os, sys
+import os, signal, sys
 from pathlib import Path
 from evolane.campaign import _apply
 from evolane.messages import ArtifactRef
@@ -557,7 +559,7 @@ real = _apply._write_journal
 def write_then_die(path, record):
     real(path, record)
     if record.state == step:
-        os._exit(9)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 _apply._write_journal = write_then_die
 parent = ArtifactRef.model_validate_json(parent)
@@ -569,8 +571,9 @@ _apply._publish(BlobStore(store), publish)
 """
 
 
-async def test_recovery_after_a_real_process_death_mid_swap(
-    setup: Setup, host: SandboxHost
+@pytest.mark.parametrize("step", ["started", "backed_up", "staged", "swapping", "swapped"])
+async def test_recovery_after_a_sigkill_at_each_step(
+    setup: Setup, host: SandboxHost, step: str
 ) -> None:
     before = state(setup.target)
     argv = (
@@ -582,15 +585,21 @@ async def test_recovery_after_a_real_process_death_mid_swap(
         str(setup.run_dir),
         setup.parent.model_dump_json(),
         setup.candidate.model_dump_json(),
-        "swapping",
+        step,
     )
     setup.run_dir.mkdir()
     (host.lease_dir / "child").mkdir()
     with trio.fail_after(30):
-        died = await host.run(SandboxSpec(argv=argv, workspace=str(host.lease_dir / "child")))
-    assert died.exit_code == 9, died.stderr.text()
-    assert (setup.target / "blob.bin").read_bytes() == b"\x00\x09"  # the first path is in
-    assert (setup.target / "old.txt").exists()  # the rest is not
+        code = str(Path(_apply.__file__).parents[2])  # the child runs the code under test
+        spec = SandboxSpec(
+            argv=argv, workspace=str(host.lease_dir / "child"), env={"PYTHONPATH": code}
+        )
+        died = await host.run(spec)
+    assert died.signal == signal.SIGKILL, died.stderr.text()
+    if step == "swapping":
+        assert (setup.target / "blob.bin").read_bytes() == b"\x00\x09"  # the first path is in
+        assert (setup.target / "old.txt").exists()  # the rest is not
+    assert [p for p in state(setup.target) if ".evolane-" in p] == []  # never a temp in it
     outcome = recover_apply(setup.store, setup.run_dir)
     assert outcome is not None and outcome.status == "recovered"
     assert state(setup.target) == before

@@ -11,8 +11,11 @@ each journaled by the caller (`evolane.campaign._apply`) before the next:
    folders that will change.
 2. `back_up`: hard-link every original into a stash folder beside the target (a copy with
    the same mode, owner and times where a link is impossible).
-3. `stage`: write each new file to a temp file in its own folder, with its final mode and
-   owner, fsynced (folders a new file needs are made here).
+3. `stage`: write each new file to a temp file in the stash, with its final mode and owner,
+   fsynced (folders a new file needs are made here). So a reader of the target never sees a
+   temp name (a loader globbing the target read them, found by review). Where a rename from
+   the stash into the target would cross a filesystem (the target, or a folder in it, is a
+   mount point), each temp is written beside its path instead, under a hidden name.
 4. `swap`, path by path: check the path is still the original, then rename the temp over
    it (atomic: a reader sees the old or the new file, never part of one), or unlink it.
 
@@ -115,6 +118,10 @@ class PublishPlan(Record):
     """Where the originals are kept during the publish: a hidden folder beside the target."""
     token: Annotated[str, Field(pattern=r"^[0-9a-f]{8,32}$")]
     """Names this publish's temp files."""
+    staging: Literal["stash", "beside"] = "beside"
+    """Where the new versions are staged: in the stash (out of a reader's sight), or beside
+    each path under a hidden name (a target on another filesystem than the stash, and every
+    journal of earlier versions)."""
     ops: Annotated[tuple[PublishOp, ...], Field(max_length=MAX_OPS)]
     made_folders: Annotated[tuple[_Relative, ...], Field(max_length=MAX_OPS)] = ()
     """Folders the added files need, shallowest first."""
@@ -156,10 +163,12 @@ def plan_publish(
         if isinstance(op, str):
             return op
         ops.append(op)
+    devices = {os.stat(location(root, times.path)).st_dev for times in folders.values()}
     return PublishPlan(
         root=str(root),
         stash=str(stash),
         token=token,
+        staging="stash" if devices <= {os.stat(stash.parent).st_dev} else "beside",
         ops=tuple(ops),
         made_folders=tuple(made),
         folders=tuple(folders.values()),
@@ -263,6 +272,7 @@ def back_up(plan: PublishPlan) -> None:
 def stage(store: BlobStore, plan: PublishPlan) -> None:
     """Write every new file and symlink to its temp path, with its final mode and owner."""
     root = Path(plan.root)
+    Path(plan.stash).mkdir(mode=0o700, exist_ok=True)
     for folder in plan.made_folders:
         location(root, folder).mkdir(exist_ok=True)
     touched: set[Path] = set()
@@ -367,6 +377,7 @@ def _put_back(
         os.replace(kept, where)
         return
     temp = temp_path(plan, index)
+    temp.parent.mkdir(mode=0o700, exist_ok=True)  # the stash, if staged there
     remove_path(temp)
     owner = (original.uid, original.gid)
     if isinstance(original.entry, FileEntry):
@@ -397,7 +408,10 @@ def location(root: Path, relative: str) -> Path:
 
 
 def temp_path(plan: PublishPlan, index: int) -> Path:
-    """Where op ``index`` stages its new version: a hidden file beside the path."""
+    """Where op ``index`` stages its new version: in the stash, or a hidden file beside
+    the path (`PublishPlan.staging`)."""
+    if plan.staging == "stash":
+        return Path(plan.stash) / f"new-{index}"
     where = location(Path(plan.root), plan.ops[index].path)
     return where.with_name(f".{where.name[:80]}.evolane-{plan.token}-{index}")
 
