@@ -17,12 +17,8 @@ import pytest
 import trio
 
 from evolane.campaign import _apply, _diff, _publish
-from evolane.campaign._apply import (
-    ApplyJournal,
-    ApplyOutcome,
-    recover_apply,
-    target_tree,
-)
+from evolane.campaign._apply import ApplyJournal, ApplyOutcome, recover_apply
+from evolane.campaign._target import target_tree
 from evolane.inputs import CommandTemplate, InputError, TemplateError
 from evolane.messages import ArtifactRef, unbounded_fields
 from evolane.sandbox import SandboxHost, SandboxSpec

@@ -15,7 +15,6 @@ import pytest
 import trio
 
 from evolane.campaign import _apply, _runs
-from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._report import Report
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
@@ -25,6 +24,7 @@ from evolane.campaign._runs import (
     load_run,
     recover_interrupted_applies,
 )
+from evolane.campaign._target import target_tree
 from evolane.inputs import InputError
 from evolane.store import Journal, snapshot_tree
 from tests.campaign_helpers import (

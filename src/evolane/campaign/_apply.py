@@ -4,9 +4,12 @@ Every policy writes proposal artifacts under ``run_dir/proposals/<label>/``. Onl
 ``auto_verified`` touches the target, and only through a journaled publish
 (``run_dir/apply.json``) of the candidate's diff, path by path (`evolane.campaign._publish`:
 what a publish keeps, and how each step is undone): plan, back up, stage, swap, run the
-post-apply check, then commit or roll back. `recover_apply` undoes a publish a crash
-interrupted. This module holds the policies, that journal and its recovery; the proposal
-artifacts are written by `evolane.campaign._proposal`.
+post-apply check, then commit or roll back. A target that is a symlink to a version folder
+is published tree-atomically instead (`evolane.campaign._publish_link`): plan, build the new
+version beside the current one, check it, swap the link, then commit or remove it.
+`recover_apply` undoes a publish a crash interrupted. This module holds the policies, that
+journal and its recovery; the proposal artifacts are written by `evolane.campaign._proposal`,
+the target's tree is read by `evolane.campaign._target`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Annotated, Any, Final, Literal
 import trio
 from pydantic import Field
 
-from evolane.campaign._files import remove_path
+from evolane.campaign._apply_check import check_failure, check_spec, run_check
 from evolane.campaign._gates import untouchable
 from evolane.campaign._proposal import write_proposal
 from evolane.campaign._publish import (
@@ -37,23 +40,27 @@ from evolane.campaign._publish import (
     swap,
     touched_entries,
 )
-from evolane.campaign._vcs import VCS_FOLDERS
+from evolane.campaign._publish_link import (
+    LinkPlan,
+    build,
+    clean_link,
+    plan_link,
+    prune,
+    restore_link,
+    switch,
+)
 from evolane.inputs import CommandTemplate, InputError
-from evolane.lanes import limit_reason, limits_hit, scratch_dir
+from evolane.lanes import scratch_dir
 from evolane.messages import ArtifactRef, Name, Record, ShortText, Text
-from evolane.sandbox import Isolation, Limits, ProcessOutcome, SandboxHost, SandboxSpec, View
+from evolane.sandbox import Isolation, Limits, SandboxHost, SandboxSpec, View
 from evolane.store import (
     BlobStore,
     FileEntry,
     StoreError,
-    TreeLimitError,
     TreeManifest,
-    UnsafeEntryError,
-    UnsupportedEntryError,
     diff_trees,
     load_manifest,
     read_json,
-    snapshot_tree,
     store_manifest,
     store_refused,
     write_json_atomic,
@@ -99,10 +106,11 @@ class ApplyJournal(Record):
     """``run_dir/apply.json``: enough to finish or undo a publish that was interrupted."""
 
     state: JournalState
-    kind: Literal["dir", "file"]
+    kind: Literal["dir", "file", "link"]
     target: _PathText
-    plan: PublishPlan
-    """The paths to publish, where their originals are kept, and what undoing needs."""
+    plan: PublishPlan | LinkPlan
+    """The paths to publish, where their originals are kept, and what undoing needs (for a
+    link target: the new version folder and the link's text before and after)."""
     done: int = Field(default=0, ge=0)
     """Paths swapped so far (informative: undoing looks at the paths themselves)."""
     backup_ref: ArtifactRef
@@ -115,32 +123,6 @@ class ApplyJournal(Record):
 
 
 # -- public entry points ------------------------------------------------------------------
-
-
-def target_tree(store: BlobStore, target: Path) -> ArtifactRef:
-    """Snapshot the target: a directory as is, a single file as a tree of exactly that file.
-
-    Version-control metadata (`VCS_FOLDERS`: a ``.git`` folder or file, at any depth) is
-    left out: it is not what a campaign improves, every optimizer and replay gets a copy of
-    the tree (found by review: a remote's token in ``.git/config`` and the whole history
-    went to each of them), and a publish never touches what the tree does not hold.
-    `InputError` (one line naming ``--target``) for a target that is neither a regular file
-    nor a directory, a tree holding an entry it cannot record (a device, FIFO, socket, a name
-    that is not UTF-8), over a tree cap, or holding a symlink that points outside it: each
-    refused before anything of the tree is stored."""
-    target = Path(target)
-    try:
-        if target.is_dir():
-            return snapshot_tree(store, target, contained=True, skip=VCS_FOLDERS)
-    except (UnsafeEntryError, UnsupportedEntryError, TreeLimitError) as error:
-        raise InputError(f"--target {target}: {error}") from None
-    if not target.is_file():
-        why = "not a regular file or a directory" if target.exists() else "no such file"
-        raise InputError(f"--target {target}: {why}")
-    ref = store.put_file(target)
-    mode = 0o755 if target.stat().st_mode & 0o111 else 0o644
-    entry = FileEntry(digest=ref.digest, mode=mode, size=ref.size)
-    return store_manifest(store, TreeManifest({target.name: entry}))
 
 
 async def apply_candidate(
@@ -183,7 +165,7 @@ async def apply_candidate(
     run_dir = Path(os.path.abspath(run_dir))
     workspace = scratch_dir(host, "apply", f"{label}-{secrets.token_hex(4)}")
     # Rendered before anything is written, so a bad template costs nothing.
-    spec = _check_spec(check, target, workspace, kill_grace, limits, isolation, view)
+    spec = check_spec(check, target, workspace, kill_grace, limits, isolation, view)
     # Materialising the candidate (verify=True) reads every blob once: the integrity check.
     proposal_dir, diff_ref = await trio.to_thread.run_sync(
         partial(
@@ -218,36 +200,11 @@ async def apply_candidate(
     if isinstance(prepared, _Refusal):
         return ApplyOutcome(**base, status="refused", message=_clip_head(prepared.reason))
     base["backup_ref"] = prepared.journal.backup_ref
+    plan = prepared.journal.plan
+    if isinstance(plan, LinkPlan):  # checked before the link moves: the new version folder
+        new = Path(plan.new_version)
+        spec = check_spec(check, new, workspace, kill_grace, limits, isolation, view)
     return await _publish_and_check(store, host, prepared, spec, check_timeout, base)
-
-
-def _check_spec(
-    check: CommandTemplate | None,
-    target: Path,
-    workspace: Path,
-    kill_grace: float,
-    limits: Limits | None,
-    isolation: Isolation,
-    view: View | None,
-) -> SandboxSpec | None:
-    """The post-publish check's sandbox spec (None: no check): it sees ``view``, its own
-    ``workspace`` and the published ``target`` read-only."""
-    if check is None:
-        return None
-    argv = check.render({"candidate": str(target), "workspace": str(workspace)})
-    shown = (view or View()).model_copy(
-        update={"own": ((str(workspace), True), (str(target), False))}
-    )
-    return SandboxSpec(
-        argv=argv,
-        workspace=str(workspace),
-        kill_grace=kill_grace,
-        limits=limits or Limits(),
-        isolation=isolation,
-        view=shown,
-        drop_root=True,
-        label="apply-check",
-    )
 
 
 def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
@@ -255,7 +212,8 @@ def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
 
     Every path that holds what the publish put there gets its original back (content,
     mode, owner, mtime), added files and the folders made for them go, temps and the stash
-    are removed, and the journal records state ``recovered``; None when nothing was pending
+    are removed (a link target points where it did, its new version folder is removed), and
+    the journal records state ``recovered``; None when nothing was pending
     (no journal, or a committed / rolled back / recovered one).
     """
     path = Path(run_dir) / JOURNAL_NAME
@@ -266,10 +224,10 @@ def recover_apply(store: BlobStore, run_dir: Path) -> ApplyOutcome | None:
         return None  # ended under the whole-folder publish of earlier versions: nothing pending
     journal = ApplyJournal.model_validate(raw)
     if journal.state in _TERMINAL:
-        clean(journal.plan)
+        _clean(journal.plan)
         return None
     interrupted = journal.state
-    restore(store, journal.plan)
+    _restore(store, journal.plan)
     message = f"an apply interrupted in state {interrupted!r} was undone: target restored"
     update = {"state": "recovered", "updated": _now(), "message": message}
     _write_journal(path, journal.model_copy(update=update))
@@ -329,11 +287,44 @@ async def _publish_and_check(
     check_timeout: float,
     base: dict[str, Any],
 ) -> ApplyOutcome:
-    """Swap the candidate's paths in, check, commit or roll back; never left half published."""
+    """Publish, check, (for a link target: swap the link,) then commit or roll back; never
+    left half published."""
+    refused = await _step(store, publish, _publish, base)
+    if refused is not None:
+        return refused
+    failure, code = None, None
+    if check is not None:
+        try:
+            outcome = await run_check(host, check, check_timeout)
+        except BaseException:
+            await _undo(store, publish, "interrupted during the post-apply check")
+            raise
+        code = outcome.exit_code
+        failure = None if outcome.ok else check_failure(outcome, check_timeout, check.limits)
+    if failure is not None:
+        await _undo(store, publish, failure)
+        return ApplyOutcome(
+            **base, status="rolled_back", check_exit_code=code, message=_clip_head(failure)
+        )
+    if isinstance(publish.journal.plan, LinkPlan):
+        refused = await _step(store, publish, _switch, base)
+        if refused is not None:
+            return refused
+    with trio.CancelScope(shield=True):
+        await trio.to_thread.run_sync(_commit, publish)
+    message = "published; post-apply check passed" if check else "published (no check given)"
+    return ApplyOutcome(**base, status="applied", check_exit_code=code, message=message)
+
+
+async def _step(
+    store: BlobStore, publish: _Publish, step: Any, base: dict[str, Any]
+) -> ApplyOutcome | None:
+    """Run a writing step of the publish, shielded; undo it all if it fails (the outcome
+    that says so; None when it went through)."""
     try:
         await trio.lowlevel.checkpoint_if_cancelled()
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(_publish, store, publish)
+            await trio.to_thread.run_sync(step, store, publish)
     except TargetChanged as exc:  # someone edited the target meanwhile: theirs stays
         reason = f"{exc}; the publish was undone, nothing of the edit overwritten"
         await _undo(store, publish, reason)
@@ -347,24 +338,7 @@ async def _publish_and_check(
     except (Exception, trio.Cancelled):
         await _undo(store, publish, "publishing failed or was cancelled")
         raise
-    failure, code = None, None
-    if check is not None:
-        try:
-            outcome = await _run_check(host, check, check_timeout)
-        except BaseException:
-            await _undo(store, publish, "interrupted during the post-apply check")
-            raise
-        code = outcome.exit_code
-        failure = None if outcome.ok else _check_failure(outcome, check_timeout, check.limits)
-    if failure is not None:
-        await _undo(store, publish, failure)
-        return ApplyOutcome(
-            **base, status="rolled_back", check_exit_code=code, message=_clip_head(failure)
-        )
-    with trio.CancelScope(shield=True):
-        await trio.to_thread.run_sync(_commit, publish)
-    message = "published; post-apply check passed" if check else "published (no check given)"
-    return ApplyOutcome(**base, status="applied", check_exit_code=code, message=message)
+    return None
 
 
 async def _undo(store: BlobStore, publish: _Publish, reason: str) -> None:
@@ -398,28 +372,17 @@ def _prepare(
     if offending:
         named = ", ".join(repr(path) for path in offending[:4])
         return _Refusal(f"the publish would touch protected paths ({named}); nothing written")
-    if target.is_symlink():
-        return _Refusal(f"target {target} is a symlink; refusing to replace it")
-    if not target.exists():
-        return _Refusal(f"target {target} does not exist")
-    kind: Literal["dir", "file"] = "dir" if target.is_dir() else "file"
-    if kind == "file":
-        entries = load_manifest(store, candidate_ref)
-        if list(entries) != [target.name] or not isinstance(entries[target.name], FileEntry):
-            return _Refusal(f"a file target needs a candidate holding just {target.name!r}")
-    token = secrets.token_hex(4)
-    stash = target.parent / f".{target.name[:100]}.evolane-{token}"
-    root = target if kind == "dir" else target.parent
-    plan = plan_publish(store, root, parent_ref, candidate_ref, token=token, stash=stash)
-    if isinstance(plan, str):
-        return _Refusal(f"the target changed since the run began: {plan}; nothing written")
-    backup = store_manifest(store, TreeManifest(touched_entries(plan)))
+    planned = _plan(store, target, parent_ref, candidate_ref)
+    if isinstance(planned, _Refusal):
+        return planned
+    kind, plan = planned
+    touched = touched_entries(plan.diff if isinstance(plan, LinkPlan) else plan)
     journal = ApplyJournal(
         state="started",
         kind=kind,
         target=str(target),
         plan=plan,
-        backup_ref=backup,
+        backup_ref=store_manifest(store, TreeManifest(touched)),
         candidate_ref=candidate_ref,
         parent_ref=parent_ref,
         label=label,
@@ -431,9 +394,43 @@ def _prepare(
     return publish
 
 
+def _plan(
+    store: BlobStore, target: Path, parent_ref: ArtifactRef, candidate_ref: ArtifactRef
+) -> tuple[Literal["dir", "file", "link"], PublishPlan | LinkPlan] | _Refusal:
+    """The target's kind and the plan of its publish, or why it is refused."""
+    token = secrets.token_hex(4)
+    if target.is_symlink():
+        try:
+            plan: PublishPlan | LinkPlan | str = plan_link(
+                store, target, parent_ref, candidate_ref, token
+            )
+        except InputError as error:
+            return _Refusal(str(error).removeprefix("--target "))
+        kind: Literal["dir", "file", "link"] = "link"
+    elif not target.exists():
+        return _Refusal(f"target {target} does not exist")
+    else:
+        kind = "dir" if target.is_dir() else "file"
+        if kind == "file":
+            entries = load_manifest(store, candidate_ref)
+            if list(entries) != [target.name] or not isinstance(entries[target.name], FileEntry):
+                return _Refusal(f"a file target needs a candidate holding just {target.name!r}")
+        stash = target.parent / f".{target.name[:100]}.evolane-{token}"
+        root = target if kind == "dir" else target.parent
+        plan = plan_publish(store, root, parent_ref, candidate_ref, token=token, stash=stash)
+    if isinstance(plan, str):
+        return _Refusal(f"the target changed since the run began: {plan}; nothing written")
+    return kind, plan
+
+
 def _publish(store: BlobStore, publish: _Publish) -> None:
-    """Back up the originals, stage the new versions, swap path by path, journaling each."""
+    """Back up the originals, stage the new versions, swap path by path, journaling each
+    (for a link target: build the new version folder)."""
     plan = publish.journal.plan
+    if isinstance(plan, LinkPlan):
+        build(store, plan)
+        publish.record("staged")
+        return
     back_up(plan)
     publish.record("backed_up")
     stage(store, plan)
@@ -444,9 +441,34 @@ def _publish(store: BlobStore, publish: _Publish) -> None:
     publish.record("swapped")
 
 
+def _switch(store: BlobStore, publish: _Publish) -> None:
+    """Point a link target at its new version (checked already)."""
+    plan = publish.journal.plan
+    assert isinstance(plan, LinkPlan)
+    switch(plan)
+    publish.record("swapped")
+
+
 def _commit(publish: _Publish) -> None:
     publish.record("committed")
-    clean(publish.journal.plan)
+    plan = publish.journal.plan
+    _clean(plan)
+    if isinstance(plan, LinkPlan):
+        prune(plan)
+
+
+def _clean(plan: PublishPlan | LinkPlan) -> None:
+    if isinstance(plan, LinkPlan):
+        clean_link(plan)
+    else:
+        clean(plan)
+
+
+def _restore(store: BlobStore, plan: PublishPlan | LinkPlan) -> None:
+    if isinstance(plan, LinkPlan):
+        restore_link(plan)
+    else:
+        restore(store, plan)
 
 
 def _roll_back(store: BlobStore, publish: _Publish, reason: str) -> None:
@@ -456,36 +478,8 @@ def _roll_back(store: BlobStore, publish: _Publish, reason: str) -> None:
     try:
         publish.record("rolling_back", reason)
     finally:
-        restore(store, publish.journal.plan)
+        _restore(store, publish.journal.plan)
     publish.record("rolled_back", reason)
-
-
-# -- check --------------------------------------------------------------------------------
-
-
-async def _run_check(host: SandboxHost, spec: SandboxSpec, timeout: float) -> ProcessOutcome:
-    assert spec.workspace is not None
-    workspace = Path(spec.workspace)
-    await trio.to_thread.run_sync(partial(workspace.mkdir, parents=True))
-    try:
-        return await host.run(spec, timeout=timeout)
-    finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(remove_path, workspace)
-
-
-def _check_failure(outcome: ProcessOutcome, timeout: float, limits: Limits) -> str:
-    stderr = next((line for line in outcome.stderr.text().splitlines() if line.strip()), "")
-    detail = f": {stderr.strip()}" if stderr else ""
-    hit = limits_hit(outcome, limits)
-    if hit:  # the check ran out of room: say which limit and the flag that raises it
-        return f"post-apply check stopped: {limit_reason(hit, limits)}{detail}"
-    if outcome.status == "exited":
-        return f"post-apply check failed with exit code {outcome.exit_code}{detail}"
-    if outcome.status == "timed_out":
-        return f"post-apply check timed out after {timeout:g}s{detail}"
-    why = outcome.error or ", ".join(outcome.limits_hit) or f"signal {outcome.signal}"
-    return f"post-apply check {outcome.status.replace('_', ' ')} ({why}){detail}"
 
 
 def _now() -> str:

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from evolane.campaign._target import tree_root
 from evolane.campaign._vcs import VCS_FOLDERS
 from evolane.inputs import Dataset, InputError, quote
 from evolane.store import (
@@ -147,7 +148,9 @@ def _key(value: Any, expected: Any) -> bytes | None:
 
 def _target_files(target: Path) -> Iterator[tuple[str, str, int]]:
     """(name shown, path, size) of each regular file of the target, as its snapshot walks
-    it (VCS metadata left out)."""
+    it (VCS metadata left out; a symlink target's version folder)."""
+    with contextlib.suppress(InputError):  # a bad link is refused, in its own words, later
+        target = tree_root(target)
     if not target.is_dir():
         with contextlib.suppress(OSError):
             if target.is_file():

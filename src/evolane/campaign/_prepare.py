@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evolane.campaign._advice import after_failure, still_running
-from evolane.campaign._apply import target_tree
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
 from evolane.campaign._continue import check_budgets, continuable_campaign
@@ -51,6 +50,7 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.campaign._splits import SplitPlan, legacy_plan, plan_splits
+from evolane.campaign._target import link_version, target_tree
 from evolane.campaign._trajectories import trajectory_note, with_trajectory_cases
 from evolane.inputs import (
     SPLITS,
@@ -343,7 +343,7 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
 
 def _dataset(config: CampaignConfig) -> Dataset:
     target = Path(config.target)
-    if not target.exists():
+    if link_version(target) is None and not target.exists():  # a bad link says why
         raise InputError(f"--target {config.target}: no such file or directory")
     check_store_placement(Path(config.store), target)
     try:

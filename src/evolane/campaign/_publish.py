@@ -302,7 +302,7 @@ def swap(plan: PublishPlan, index: int) -> None:
     if op.original is None:
         if os.path.lexists(where):
             raise TargetChanged(f"{op.path!r} appeared in the target during the publish")
-    elif not _is_the_original(where, op.original):
+    elif not is_the_original(where, op.original):
         raise TargetChanged(f"{op.path!r} was changed in the target during the publish")
     if op.new is None:
         os.unlink(where)
@@ -350,7 +350,7 @@ def clean(plan: PublishPlan) -> None:
 def _published(where: Path, op: PublishOp) -> bool:
     """Whether ``where`` shows this op's effect: the candidate's version, or nothing for a
     removal. Anything else (the original, or someone's edit) is not the publish's to undo."""
-    if op.original is not None and _is_the_original(where, op.original):
+    if op.original is not None and is_the_original(where, op.original):
         return False
     if op.new is None:
         return not os.path.lexists(where)
@@ -390,7 +390,8 @@ def _put_back(
     os.replace(temp, where)
 
 
-def _is_the_original(where: Path, original: Original) -> bool:
+def is_the_original(where: Path, original: Original) -> bool:
+    """Whether ``where`` is still the very entry the plan found (inode, size, mtime)."""
     try:
         info = os.lstat(where)
     except FileNotFoundError:

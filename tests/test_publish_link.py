@@ -1,0 +1,282 @@
+"""Tree-atomic publish for a target that is a symlink to a version folder (``current ->
+releases/v1``): the new version is built beside the current one, checked there, and the link
+swapped in one rename; a reader that resolves the link once sees the old tree or the new
+one, never a mix, never a temp name, and never a candidate its check rejected (found by
+review: the per-path publish let readers see a mix of old and new files in 404 of 8,556
+snapshots, the temp files in 632, and the candidate during a failing check)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from evolane.campaign._apply import ApplyJournal, ApplyOutcome, recover_apply
+from evolane.campaign._target import target_tree
+from evolane.inputs import CommandTemplate, InputError
+from evolane.sandbox import SandboxHost
+from evolane.store import BlobStore, snapshot_tree
+from tests.campaign_helpers import apply_layout, toy_flags, with_flag, write_toy
+from tests.test_publish_faithful import entries, hidden, on_journal, write
+
+EVOLANE = [sys.executable, "-m", "evolane"]
+
+
+class Releases:
+    """``app/current -> releases/v1``, v1 holding files, a subfolder, an empty folder, a
+    symlink and a ``.git`` folder; a candidate that changes, adds and removes files."""
+
+    def __init__(self, root: Path, store: BlobStore) -> None:
+        self.store, self.run_dir = store, root / "run"
+        self.app = root / "app"
+        self.v1 = self.app / "releases" / "v1"
+        write(self.v1 / "prompt.md", "old prompt\n", 0o640)
+        write(self.v1 / "keep.md", "kept\n")
+        write(self.v1 / "old.txt", "gone soon\n")
+        write(self.v1 / "sub" / "z.md", "zed\n")
+        write(self.v1 / ".git" / "HEAD", "ref: refs/heads/main\n")
+        (self.v1 / "empty").mkdir()
+        (self.v1 / "sub").chmod(0o555)  # read-only: the new version is filled before its mode
+        os.symlink("keep.md", self.v1 / "alias.md")
+        self.target = self.app / "current"
+        os.symlink("releases/v1", self.target)
+        self.parent = target_tree(store, self.target)
+        self.candidate = self.edit(root / "work", self.v1, "new prompt\n")
+
+    def edit(self, work: Path, base: Path, prompt: str) -> Any:
+        """A candidate of ``base`` with ``prompt``, ``new/added.md`` and no ``old.txt``."""
+        shutil.copytree(base, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        write(work / "prompt.md", prompt)
+        write(work / "new" / "added.md", "added\n")
+        (work / "old.txt").unlink(missing_ok=True)
+        return snapshot_tree(self.store, work)
+
+    def versions(self) -> list[str]:
+        return sorted(os.listdir(self.app / "releases"))
+
+    async def apply(self, host: SandboxHost, **extra: Any) -> ApplyOutcome:
+        return await apply_layout(self, host, **({"policy": "auto_verified"} | extra))
+
+
+@pytest.fixture
+def releases(tmp_path: Path, store: BlobStore) -> Releases:
+    return Releases(tmp_path, store)
+
+
+def check(text: str) -> CommandTemplate:
+    return CommandTemplate.parse(text, role="check", allowed=("candidate", "workspace"))
+
+
+async def test_a_link_target_gets_a_new_version_folder_and_the_link_swapped(
+    releases: Releases, host: SandboxHost
+) -> None:
+    before = entries(releases.v1)
+    with trio.fail_after(60):
+        outcome = await releases.apply(host, check=check("grep -q new {candidate}/prompt.md"))
+    assert outcome.status == "applied", outcome.message
+    (new,) = [name for name in releases.versions() if name != "v1"]
+    assert new.startswith("v1.evolane-")
+    assert os.readlink(releases.target) == f"releases/{new}"
+    assert target_tree(releases.store, releases.target) == releases.candidate
+    assert entries(releases.v1) == before  # the previous version is kept exactly
+    folder = releases.app / "releases" / new
+    assert (folder / ".git" / "HEAD").exists() and (folder / "empty").is_dir()
+    assert (folder / "keep.md").stat().st_ino == (releases.v1 / "keep.md").stat().st_ino
+    kept = {k: v for k, v in before.items() if k not in ("prompt.md", "old.txt")}
+    assert {k: v for k, v in entries(folder).items() if k in kept} == kept  # modes, times
+    assert (folder / "prompt.md").stat().st_mode & 0o777 == 0o640  # the target's bits
+    assert hidden(releases.app) == []
+
+
+async def test_the_check_reads_the_new_version_while_the_link_points_at_the_old(
+    releases: Releases, host: SandboxHost
+) -> None:
+    link = releases.target
+    script = f'test "$(readlink {link})" = releases/v1 && grep -q new {{candidate}}/prompt.md'
+    with trio.fail_after(60):
+        outcome = await releases.apply(host, check=check(f"sh -c '{script}'"))
+    assert outcome.status == "applied", outcome.message
+
+
+async def test_a_failing_check_never_moves_the_link(releases: Releases, host: SandboxHost) -> None:
+    before = entries(releases.app)
+    with trio.fail_after(60):
+        outcome = await releases.apply(host, check=check("false"))
+    assert outcome.status == "rolled_back" and outcome.check_exit_code == 1
+    assert entries(releases.app) == before  # the link, v1, and no new version folder
+    assert releases.versions() == ["v1"]
+
+
+STEPS = [("started", True), ("started", False), ("staged", True), ("staged", False)]
+STEPS += [("swapped", True), ("swapped", False)]
+
+
+class Crash(BaseException):
+    """A simulated crash: no cleanup code catches it."""
+
+
+@pytest.mark.parametrize(("step", "written"), STEPS)
+async def test_a_crash_at_each_step_is_undone_exactly(
+    releases: Releases,
+    host: SandboxHost,
+    monkeypatch: pytest.MonkeyPatch,
+    step: str,
+    written: bool,
+) -> None:
+    from evolane.campaign import _apply
+
+    before = entries(releases.app)
+    real = _apply._write_journal
+
+    def write_then_crash(path: Path, record: ApplyJournal) -> None:
+        if record.state == step:
+            if written:
+                real(path, record)
+            raise Crash(step)
+        real(path, record)
+
+    monkeypatch.setattr(_apply, "_write_journal", write_then_crash)
+    with trio.fail_after(60), pytest.raises(Crash):
+        await releases.apply(host)
+    monkeypatch.undo()
+    outcome = recover_apply(releases.store, releases.run_dir)
+    if (step, written) == ("started", False):
+        assert outcome is None
+    else:
+        assert outcome is not None and outcome.status == "recovered"
+    assert entries(releases.app) == before  # the link, v1, and nothing else
+    assert recover_apply(releases.store, releases.run_dir) is None
+
+
+async def test_old_versions_are_bounded_to_the_previous_one(
+    releases: Releases, host: SandboxHost, tmp_path: Path
+) -> None:
+    names = []
+    parent = releases.parent
+    for round_ in range(3):
+        live = Path(os.path.realpath(releases.target))
+        candidate = releases.edit(tmp_path / f"w{round_}", live, f"prompt {round_}\n")
+        with trio.fail_after(60):
+            outcome = await releases.apply(
+                host, parent_ref=parent, candidate_ref=candidate, label=f"r{round_}"
+            )
+        assert outcome.status == "applied", outcome.message
+        names.append(os.readlink(releases.target).removeprefix("releases/"))
+        parent = candidate
+    assert releases.versions() == sorted(["v1", names[1], names[2]])  # the user's v1 stays
+    assert all(name.count(".evolane-") == 1 for name in names)
+
+
+class TreeReader:
+    """Resolves the link once per read and reads the whole tree it points to, over and
+    over in a thread, keeping each tree it saw."""
+
+    def __init__(self, link: Path) -> None:
+        self.link, self.trees, self.reads = link, list[dict[str, bytes]](), 0
+        self.stop = threading.Event()
+        self.more = threading.Condition()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            root = os.path.realpath(self.link)
+            tree = {}
+            for folder, _, files in os.walk(root):
+                for name in files:
+                    path = os.path.join(folder, name)
+                    tree[os.path.relpath(path, root)] = Path(path).read_bytes()
+            self.trees.append(tree)
+            with self.more:
+                self.reads += 1
+                self.more.notify_all()
+
+    def await_reads(self, count: int) -> None:
+        with self.more:
+            wanted = self.reads + count
+            assert self.more.wait_for(lambda: self.reads >= wanted, timeout=30)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        os.path.relpath(os.path.join(folder, name), root): Path(folder, name).read_bytes()
+        for folder, _, files in os.walk(root)
+        for name in files
+    }
+
+
+async def test_a_reader_sees_the_old_tree_or_the_new_one_never_a_mix(
+    releases: Releases, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = _files(releases.v1)
+    reader = TreeReader(releases.target)
+    on_journal(monkeypatch, lambda _record: reader.await_reads(2))
+    try:
+        with trio.fail_after(60):
+            outcome = await releases.apply(host, check=check("sh -c 'sleep 0.2'"))
+    finally:
+        reader.stop.set()
+        reader.thread.join(timeout=30)
+    assert outcome.status == "applied", outcome.message
+    new = _files(releases.target)
+    kinds = {"old" if tree == old else "new" if tree == new else "other" for tree in reader.trees}
+    assert kinds == {"old", "new"}
+
+
+@pytest.mark.parametrize("kind", ["outside", "file", "chain", "dangling"])
+def test_a_link_evolane_may_not_publish_through_is_refused(
+    tmp_path: Path, store: BlobStore, kind: str
+) -> None:
+    app, elsewhere = tmp_path / "app", tmp_path / "elsewhere"
+    write(elsewhere / "v1" / "a.md", "a\n")
+    write(app / "releases" / "v1" / "a.md", "a\n")
+    write(app / "releases" / "file.md", "a\n")
+    os.symlink("v1", app / "releases" / "latest")
+    text = {
+        "outside": str(elsewhere / "v1"),
+        "file": "releases/file.md",
+        "chain": "releases/latest",
+        "dangling": "releases/v9",
+    }[kind]
+    os.symlink(text, app / "current")
+    with pytest.raises(InputError, match=r"^--target .*current: a symlink to "):
+        target_tree(store, app / "current")
+
+
+def test_the_cli_publishes_into_a_link_target_and_refuses_a_bad_link(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    releases = tmp_path / "app" / "releases"
+    releases.mkdir(parents=True)
+    paths["target"].rename(releases / "v1")
+    link = tmp_path / "app" / "current"
+    os.symlink("releases/v1", link)
+    flags = toy_flags(paths | {"target": link}, paths["store"])
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    done = subprocess.run(
+        [*EVOLANE, "optimize", *flags, "--apply", "auto_verified"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "apply (auto_verified): applied" in done.stdout, done.stdout
+    assert os.readlink(link).startswith("releases/v1.evolane-")
+    os.replace(link, tmp_path / "app" / "old-link")
+    os.symlink(str(tmp_path / "elsewhere"), link)
+    (tmp_path / "elsewhere").mkdir()
+    bad = subprocess.run(
+        [*EVOLANE, "optimize", *flags, "--apply", "auto_verified"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2, bad.stderr
+    (line,) = bad.stderr.strip().splitlines()
+    assert f"--target {link}: a symlink to " in line and "outside the link's folder" in line
