@@ -133,7 +133,7 @@ def write_toy(
         for index in range(count):
             case_id = f"{split}{index:02d}"
             rows.append(
-                {"id": case_id, "input": {"n": index}, "expected_output": "yes", "split": split}
+                {"id": case_id, "input": {"n": case_id}, "expected_output": "yes", "split": split}
             )
             good = {"val": index < passing, "test": index < test_passing}.get(split, index > 0)
             (target / case_id).write_text('"yes"' if good else '"no"')

@@ -18,7 +18,13 @@ import pytest
 
 from evolane.campaign import Report, RunRecord
 from evolane.campaign._estimate import estimate_run
-from evolane.campaign._splits import MIN_TRAIN_CASES, SplitPlan, carve, plan_splits
+from evolane.campaign._splits import (
+    MIN_TRAIN_CASES,
+    SplitPlan,
+    carve,
+    plan_splits,
+    repeated_input,
+)
 from evolane.messages import GateConfig
 from evolane.store import read_journal
 from tests.campaign_helpers import toy_config, toy_flags, write_toy
@@ -79,6 +85,46 @@ def test_feedback_split_val_is_never_carved_and_says_val_is_optimistic(tmp_path:
     plan = plan_splits(_config(tmp_path, feedback_split="val"), _in_file(), seed=0)
     assert (plan.requested, plan.feedback, plan.carved, plan.val_cases) == ("val", "val", False, 30)
     assert "optimistic" in plan.note and plan.optimistic
+
+
+# -- repeated inputs ---------------------------------------------------------------------------
+
+
+def _rows(*cases: tuple[str, object]) -> list[tuple[str, bytes]]:
+    return [
+        (case_id, json.dumps({"id": case_id, "input": value}).encode()) for case_id, value in cases
+    ]
+
+
+def test_a_repeated_input_outside_train_is_warned_of_naming_both_cases() -> None:
+    split_of = {"t1": "train", "t2": "train", "v1": "val", "v2": "val", "x1": "test"}
+    assert repeated_input(_rows(("t1", {"q": 1}), ("t2", {"q": 1})), split_of) == ""
+    distinct = _rows(("t1", {"q": 1}), ("v1", {"q": 2}), ("x1", {"q": [1]}))
+    assert repeated_input(distinct, split_of) == ""
+    across = repeated_input(_rows(("t1", {"a": 1, "b": 2}), ("v1", {"b": 2, "a": 1})), split_of)
+    assert across.startswith("val case 'v1' has the same input as train case 't1':")
+    assert "the optimizer sees cases the gate judges" in across
+    within = repeated_input(_rows(("v1", "hi"), ("x1", "other"), ("v2", "hi")), split_of)
+    assert within.startswith("val cases 'v1' and 'v2' have the same input:")
+    many = repeated_input(_rows(("t1", 0), ("t2", 0), ("v1", 0), ("x1", 0)), split_of)
+    assert "(2 such cases)" in many  # v1 and x1 repeat train's t1; t2 is train's own
+
+
+def test_a_carve_that_splits_a_repeated_input_is_warned_of(tmp_path: Path) -> None:
+    """Found by review: a carve moves val cases to train by id, so two val cases with one
+    input can land in train and val; the plan's note says so (val and train)."""
+    in_file, config = _in_file(), _config(tmp_path)
+    carved = plan_splits(config, in_file, seed=7).carved_ids[0]
+    kept = next(case_id for case_id in VAL if case_id not in carved)
+    rows = [(c, json.dumps({"input": "one" if c in (carved, kept) else c}).encode()) for c in VAL]
+    plan = plan_splits(config, in_file, seed=7, rows=rows)
+    first, later = sorted((carved, kept), key=VAL.index)
+    splits = {carved: "train", kept: "val"}
+    assert plan.carved and plan.repeats.startswith(
+        f"{splits[later]} case '{later}' has the same input as {splits[first]} case '{first}'"
+    )
+    plain = [(case_id, json.dumps({"input": case_id}).encode()) for case_id in VAL]
+    assert not plan_splits(config, in_file, seed=7, rows=plain).repeats
 
 
 def test_old_records_without_the_key_ran_and_resume_with_val_feedback() -> None:
@@ -168,6 +214,23 @@ def test_the_optimizer_sees_only_the_datasets_train_cases(tmp_path: Path) -> Non
     train = [m for m in report["measurements"] if m["split"] == "train"]
     assert train and all(m["purpose"] == "baseline" for m in train)
     assert report["selected"] is not None  # val decided for the fix the train failure prompted
+
+
+def test_a_val_case_repeating_a_train_input_is_warned_of_at_the_start_and_in_the_report(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, PLAN, train=6)
+    rows = [json.loads(line) for line in paths["dataset"].read_text().splitlines()]
+    val03 = next(row for row in rows if row["id"] == "val03")
+    val03["input"] = next(row["input"] for row in rows if row["id"] == "train02")
+    paths["dataset"].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = _optimize([*_flags(paths, None), "--progress", "plain"])
+    assert done.returncode == 0, done.stderr
+    said = "val case 'val03' has the same input as train case 'train02'"
+    assert "preflight: val case 'val03' has the same input as train case" in done.stdout
+    run_dir = _run_dir(paths["store"])
+    assert said in json.loads((run_dir / "report.json").read_text())["splits"]["repeats"]
+    assert said in (run_dir / "report.md").read_text()
 
 
 def test_a_carved_train_feeds_the_optimizer_and_is_announced(tmp_path: Path) -> None:

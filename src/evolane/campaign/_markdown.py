@@ -285,8 +285,7 @@ def _splits_lines(plan: SplitPlan | None) -> list[str]:
     if plan is None:
         return []
     lines = [f"- splits: {plan.sentence()}"]
-    if plan.note:
-        lines.append(f"- **warning**: {_text(plan.note)}")
+    lines += [f"- **warning**: {_text(note)}" for note in (plan.note, plan.repeats) if note]
     return lines
 
 

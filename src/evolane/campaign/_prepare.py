@@ -174,9 +174,8 @@ def prepare_run(
         if resume_campaign is not None:  # the next cycle runs its plugins as the last did
             last = last_run_plugins(layout, resume_campaign)
             check_recorded_plugins(config, f"--resume-campaign {resume_campaign}", recorded=last)
-        plan = plan_splits(
-            config, _in_file(dataset), seed=_carve_seed(layout, config, resume_campaign)
-        )
+        seed = _carve_seed(layout, config, resume_campaign)
+        plan = plan_splits(config, _in_file(dataset), seed=seed, rows=dataset.rows())
         _refuse_hopeless(config, plan, _stored_budget(layout, resume_campaign))
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
         record = record.model_copy(update={"splits": plan})
@@ -221,7 +220,7 @@ def _refuse_hopeless(
     the campaign's stored online budget, when it has one)."""
     val = plan.val_cases
     checked = preflight(config, val, plan.test_cases, repetitions_for(config, val), online)
-    if not checked.possible:
+    if checked.refusal is not None:
         raise InputError(f"--dataset {config.dataset}: {checked.refusal}")
 
 
@@ -287,19 +286,18 @@ def _prepared(
 def _with_splits(estimate: Estimate, plan: SplitPlan, group: str | None = None) -> Estimate:
     """``estimate`` saying which split feeds the optimizer (and warning when it is val), and
     which trajectory group the cases come from."""
-    notes = tuple(note[:256] for note in (group, plan.note) if note)
+    notes = tuple(note[:256] for note in (group, plan.note, plan.repeats) if note)
     preflight = (*estimate.preflight, *notes)[:8]
     return estimate.model_copy(update={"splits": plan.sentence()[:256], "preflight": preflight})
 
 
 def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared:
-    """A new run that judges the stored replays of ``run_id`` again, with the judge of
-    ``config`` and its model settings (rubric, endpoints, prices)."""
+    """A new run that judges the stored replays of ``run_id`` again with ``config``'s judge
+    and model settings (rubric, endpoints, prices); it only reports, never writing to the target."""
     try:
         old = load_run(layout, run_id)
     except FileNotFoundError:
         raise InputError(f"--from-run {run_id}: no such run in {layout.root}") from None
-    # A re-judge only reports: it never writes to the target, whatever the run it reads did.
     config = old.config.model_copy(
         update={
             "judge": config.measure.judge,

@@ -19,13 +19,16 @@ for it. A run stored before this existed fed back val; it resumes that way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 
+import orjson
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig, FeedbackSplit
 from evolane.campaign._estimate import repetitions_for
+from evolane.inputs import quote
 from evolane.messages import Record, ShortText, Text
 from evolane.stats import can_ever_accept, case_order, seed_for
 
@@ -56,6 +59,8 @@ class SplitPlan(Record):
     """The val cases the carve moved to train, in file order."""
     note: Text = ""
     """The warning when val fed the optimizer (its scores are then optimistic)."""
+    repeats: Text = ""
+    """The warning when cases outside train repeat an input (`repeated_input`)."""
 
     @property
     def optimistic(self) -> bool:
@@ -71,6 +76,10 @@ class SplitPlan(Record):
             out["train"] = tuple(self.carved_ids)
             out["val"] = tuple(i for i in out.get("val", ()) if i not in moved)
         return out
+
+    def split_of(self, in_file: Mapping[str, Sequence[str]]) -> dict[str, str]:
+        """Each case id's split as measurements read them (`splits`)."""
+        return {case: name for name, ids in self.splits(in_file).items() for case in ids}
 
     def sentence(self) -> str:
         """The splits in one line, for the live view and the report (`note` says more)."""
@@ -100,9 +109,17 @@ def plan_splits(
     in_file: Mapping[str, Sequence[str]],
     *,
     seed: int,
+    rows: Iterable[tuple[str, bytes]] = (),
 ) -> SplitPlan:
     """The splits of a new run of ``config`` on a dataset whose splits hold ``in_file`` (case
-    ids by split); a carve uses ``seed``."""
+    ids by split); a carve uses ``seed``. The cases' ``rows`` (id and canonical JSON) are
+    checked for repeated inputs (`repeated_input`: ``repeats``)."""
+    plan = _plan(config, in_file, seed)
+    warning = repeated_input(rows, plan.split_of(in_file))
+    return plan.model_copy(update={"repeats": warning[:2048]}) if warning else plan
+
+
+def _plan(config: CampaignConfig, in_file: Mapping[str, Sequence[str]], seed: int) -> SplitPlan:
     train, val = tuple(in_file.get("train", ())), tuple(in_file.get("val", ()))
     test = len(in_file.get("test", ()))
     counts = {"train_cases": len(train), "val_cases": len(val), "test_cases": test}
@@ -139,6 +156,39 @@ def plan_splits(
         carve_seed=seed,
         carve_share=_SHARE_WORDS.get(TRAIN_SHARE, str(TRAIN_SHARE)),
         carved_ids=carved,
+    )
+
+
+def repeated_input(rows: Iterable[tuple[str, bytes]], split_of: Mapping[str, str]) -> str:
+    """A warning when cases have the same ``input`` and are not all train cases ("" when
+    none do); ``rows``: each case's id and canonical JSON, ``split_of``: each id's split
+    once carved. A replay reads the input, so in two splits the optimizer would see a case
+    the gate or the confirmation judges, and in one the gate would count one task twice
+    (cases are the independent sample, DESIGN §6); unless the replay tells the cases apart
+    by id (``EVOLANE_CASE_ID``), which is why this warns and does not refuse."""
+    first: dict[bytes, tuple[str, str]] = {}
+    pairs, shown = 0, ""
+    for case_id, row in rows:
+        text = orjson.dumps(orjson.loads(row).get("input"), option=orjson.OPT_SORT_KEYS)
+        split = split_of[case_id]
+        key = hashlib.blake2b(text, digest_size=16).digest()
+        earlier, before = first.setdefault(key, (case_id, split))
+        if earlier == case_id or before == split == "train":
+            continue
+        pairs += 1
+        if not shown and before == split:
+            shown = f"{split} cases {quote(earlier)} and {quote(case_id)} have the same input"
+        elif not shown:
+            shown = (
+                f"{split} case {quote(case_id)} has the same input as {before} case "
+                f"{quote(earlier)}"
+            )
+    if not pairs:
+        return ""
+    more = f" ({pairs} such cases)" if pairs > 1 else ""
+    return (
+        f"{shown}{more}: unless the replay tells them apart by id, the optimizer sees cases "
+        "the gate judges or the gate counts a task twice; drop repeats or make them train"
     )
 
 
