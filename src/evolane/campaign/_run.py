@@ -320,7 +320,7 @@ async def _cycle(
             cases=cases,
             seed=config.seed,
             min_cases=config.gate.min_cases,
-            ledger=Ledger(ceilings=prepared.ceilings),
+            ledger=_ledger(prepared),
             host=host,
             store=store,
             cluster=cluster,
@@ -361,6 +361,17 @@ async def _cycle(
                 await runtime.root.stop_child(slots.prefix)
     raw = await trio.to_thread.run_sync(store.read_bytes, done.outcome)
     return CycleOutcome.model_validate_json(raw), ledger
+
+
+def _ledger(prepared: Prepared) -> Ledger:
+    """The run's ledger: a resumed run's starts with what its earlier sessions spent on units
+    they cut short (the resume runs those again and pays only the new attempt; restored
+    units are charged as they are restored). A re-judge pays none of the stored run's."""
+    ledger = Ledger(ceilings=prepared.ceilings)
+    if not prepared.rejudge:
+        for debit in prepared.resume.unpaid:
+            ledger.debit(debit.item, debit.actual, debit.complete, stage=debit.stage)
+    return ledger
 
 
 async def _relay_interrupt(interrupt: trio.Event, campaign: ActorRef) -> None:

@@ -27,9 +27,10 @@ from evolane.campaign._config import CampaignConfig, with_stored_defaults
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._splits import SplitPlan
 from evolane.inputs import InputError, first_problem
-from evolane.measure import RESTORABLE
+from evolane.measure import RESTORABLE, unpaid_debits
 from evolane.messages import (
     ArtifactRef,
+    Debit,
     Digest,
     JournalRecordError,
     Name,
@@ -351,6 +352,8 @@ class ResumeState:
     units: dict[str, UnitRecord] = field(default_factory=dict)
     replays: dict[str, ReplayRecord] = field(default_factory=dict)  # replayed, not judged
     proposals: dict[str, ProposalRecord] = field(default_factory=dict)
+    unpaid: list[Debit] = field(default_factory=list)
+    """What units a stop cut short spent, every session's (a resume runs them again)."""
     torn: bool = False
 
     def __post_init__(self) -> None:
@@ -396,6 +399,8 @@ def read_resume_state(journal: Path) -> ResumeState:
             raise InputError(text) from None
         if isinstance(record, UnitRecord):
             state.units[record.unit] = record
+            if record.status not in RESTORABLE:  # each session's cut attempt: none is charged again
+                state.unpaid.extend(unpaid_debits(record))
         elif isinstance(record, ReplayRecord):
             state.replays[record.unit] = record
         else:

@@ -39,7 +39,7 @@ from evolane.measure._pipeline import (
     store_cases,
 )
 from evolane.measure._progress import ProgressBus, Subscription
-from evolane.measure._restore import replay_names
+from evolane.measure._restore import replay_names, unpaid_debits
 from evolane.measure._scheduler import MeasurementScheduler
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.measure._settings import (
@@ -124,4 +124,5 @@ __all__ = [
     "reserve_when_known",
     "scheduler_settings",
     "store_cases",
+    "unpaid_debits",
 ]

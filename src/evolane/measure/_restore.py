@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from evolane.measure._table import Unit
 from evolane.measure._units import RESTORABLE
-from evolane.messages import ReplayRecord, UnitRecord
+from evolane.messages import Debit, ReplayRecord, UnitRecord, Usage
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -54,6 +54,36 @@ def not_stored(unit: Unit, diverged: Mapping[str, str]) -> str:
     if other is not None:
         return f"the stored run diverged: it replayed {unit.unit_id} on tree {other}"
     return "no stored replay to judge again"
+
+
+def unpaid_debits(record: UnitRecord) -> tuple[Debit, ...]:
+    """What a journaled unit that a resume runs again (not `RESTORABLE`: a stop cut it
+    short) spent that nothing charges again: its judge's usage (the samples answered and
+    the requests cut off), and its replay's unless that replay succeeded (then it is
+    journaled on its own, and the resume that judges it charges it). Charged as known:
+    the reservation an unknown amount was charged in its session is not journaled."""
+    debits: list[Debit] = []
+    replay, judge = record.replay, record.judge
+    if replay is not None and replay.status != "succeeded" and _spent(replay.usage):
+        debits.append(
+            Debit(
+                item=record.unit,
+                actual=replay.usage,
+                complete=replay.usage_complete,
+                stage="replay",
+            )
+        )
+    if judge is not None and _spent(judge.usage):
+        debits.append(
+            Debit(
+                item=record.unit, actual=judge.usage, complete=judge.usage_complete, stage="judge"
+            )
+        )
+    return tuple(debits)
+
+
+def _spent(usage: Usage) -> bool:
+    return bool(usage.tokens or usage.cost_usd)
 
 
 def replay_names(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:

@@ -106,6 +106,8 @@ class StubStats:
     flooded: int = 0
     """Bytes of flood bodies (`StubScript.flood`) written before their clients left."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    cut: list[dict[str, Any]] = field(default_factory=list)
+    """The bodies of those requests (what a client sent and got no answer to)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -151,7 +153,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             wait = float("inf") if script.hang else script.latency
             if not self._wait(wait):
-                stub.note_disconnect()
+                stub.note_disconnect(body)
                 return
             content = stub.content_for(body)
             answer = script.raw_body if script.raw_body is not None else None
@@ -382,9 +384,12 @@ class ChatStub:
         with self._lock:
             self.stats.answered += 1
 
-    def note_disconnect(self) -> None:
+    def note_disconnect(self, body: dict[str, Any] | None = None) -> None:
+        """Count a request whose client left before its answer (``body``: that request)."""
         with self._lock:
             self.stats.disconnects += 1
+            if body is not None:
+                self.stats.cut.append(body)
 
     def leave(self) -> None:
         with self._lock:
@@ -393,7 +398,7 @@ class ChatStub:
     def snapshot(self) -> dict[str, Any]:
         """The stats without the request bodies."""
         with self._lock:
-            return {k: v for k, v in asdict(self.stats).items() if k != "bodies"}
+            return {k: v for k, v in asdict(self.stats).items() if k not in ("bodies", "cut")}
 
 
 def main(argv: list[str] | None = None) -> None:
