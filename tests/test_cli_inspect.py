@@ -244,6 +244,24 @@ def test_report_text_summarises_a_finished_run(store: Store) -> None:
     assert "resume" not in out
 
 
+def test_a_confirmed_runs_test_line_shows_no_gate_call_beside_the_verdict(store: Store) -> None:
+    """Found by audit: the test delta line showed the gate's own call on the test cases
+    ("accept") beside a confirmation row that said "not confirmed"."""
+    from evolane.campaign._confirm import ConfirmationRecord
+
+    verdict = ConfirmationRecord(
+        decision="unconfirmed", n=10, n_planned=10, repetitions=1, mean_delta=0.1,
+        p_value=0.2, level=0.05, confidence=0.95, reason="no evidence of a true gain",
+        sentence="the best was not confirmed on the 10 held-out test cases",
+    )  # fmt: skip
+    report = store.report.model_copy(update={"confirmation": verdict})
+    write_json_atomic(store.root / "runs" / FINISHED / "report.json", report)
+    out = _cli("report", FINISHED, "--store", str(store.root)).stdout
+    line = next(line for line in out.splitlines() if "the gate's bootstrap interval" in line)
+    assert "the confirmation is the verdict" in line and "accept" not in line, line
+    assert "not confirmed on the 10 held-out test cases" in out
+
+
 def test_token_counts_read_as_whole_numbers_past_a_million(store: Store) -> None:
     """Found by audit: tokens printed with ``:g``: ``16511.5`` (an estimate for units cut
     short) and, past a million, ``1.23457e+06``, in the summary, report.md, ``report`` and
