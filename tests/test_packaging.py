@@ -7,6 +7,7 @@ a run behind)."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,30 @@ def test_a_model_role_without_the_llm_extra_is_refused_before_the_run(tmp_path: 
     assert not (tmp_path / "store" / "runs").exists() or not any(
         (tmp_path / "store" / "runs").iterdir()
     )
+
+
+def test_evolane_plugins_says_which_extra_a_listed_builtin_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: ``evolane plugins`` listed the llm judge and optimizer and the otel
+    observer without their extras, though naming one then fails (exit 2)."""
+
+    def missing(blocked: str) -> dict[tuple[str, str], str | None]:
+        done = _evolane("plugins", "--json", blocked=blocked)
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(done.stdout)["plugins"]
+        return {(row["group"], row["name"]): row["missing_extra"] for row in rows}
+
+    lacking = missing("openai opentelemetry")
+    assert lacking[("evolane.judges", "llm")] == lacking[("evolane.optimizers", "llm")] == "llm"
+    assert lacking[("evolane.observers", "otel")] == "otel"
+    assert lacking[("evolane.optimizers", "agent:aider")] is None
+    installed = missing("")
+    assert installed[("evolane.judges", "llm")] is None  # the test extra installs openai
+    assert installed[("evolane.observers", "otel")] is None
+    monkeypatch.setenv("COLUMNS", "250")  # the table's cells unfolded
+    shown = _evolane("plugins", blocked="openai").stdout
+    assert "llm (built-in) (needs pip install 'evolane[llm]')" in shown
 
 
 def test_a_local_dask_cluster_without_cryptography_is_refused_before_the_run(

@@ -41,6 +41,7 @@ def plugins(
                 "version": p.version,
                 "builtin": p.builtin,
                 "shadowed": p.shadowed,
+                "missing_extra": p.missing or None,
             }
             for p in found
         ]
@@ -56,6 +57,7 @@ def plugins(
         for p in entries:
             name = f"{p.name} (built-in)" if p.builtin else p.name
             name += " (shadowed by the built-in: unused)" if p.shadowed else ""
+            name += f" (needs pip install 'evolane[{p.missing}]')" if p.missing else ""
             table.add_row(*(Text(cell) for cell in (name, p.target, p.distribution, p.version)))
         if entries:
             console.print(table)

@@ -22,6 +22,7 @@ command template, as before plugins existed (``python3 x.py``, ``sh -c 'echo a:b
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 from typing import Any, Literal
@@ -31,6 +32,7 @@ from evolane.inputs import InputError, plugin_words
 from evolane.lanes._agent_presets import BUILTIN_AGENTS
 from evolane.lanes._agents import AGENT_ENTRY_POINTS, AGENT_PREFIX
 from evolane.lanes._backends import Backend
+from evolane.lanes._llm_extra import llm_available
 
 Role = Literal["replay", "judge", "optimizer"]
 BACKEND_GROUPS: dict[str, str] = {
@@ -141,6 +143,8 @@ class InstalledPlugin:
     builtin: bool = False
     shadowed: bool = False
     """A plugin named like a built-in of its group (``llm``, ``agent``): never used."""
+    missing: str = ""
+    """The extra it needs that is not installed here (``llm``, ``otel``): naming it fails."""
 
 
 def installed_plugins() -> list[InstalledPlugin]:
@@ -148,10 +152,19 @@ def installed_plugins() -> list[InstalledPlugin]:
     optimizers, the ``agent:`` presets) and every installed entry point of the plugin
     groups and of ``evolane.agents`` (a plugin a built-in shadows is listed, not used)."""
     own = _own_version()
+    llm = "" if llm_available() else "llm"
     found = [
-        InstalledPlugin("evolane.judges", "llm", "evolane.lanes:llm_judge", "evolane", own, True),
         InstalledPlugin(
-            "evolane.optimizers", "llm", "evolane.lanes:llm_optimizer", "evolane", own, True
+            "evolane.judges", "llm", "evolane.lanes:llm_judge", "evolane", own, True, missing=llm
+        ),
+        InstalledPlugin(
+            "evolane.optimizers",
+            "llm",
+            "evolane.lanes:llm_optimizer",
+            "evolane",
+            own,
+            True,
+            missing=llm,
         ),
     ]
     found += [
@@ -174,10 +187,22 @@ def installed_plugins() -> list[InstalledPlugin]:
             shadowed = point.name in shadowing.get(group, frozenset())
             found.append(
                 InstalledPlugin(
-                    group, point.name, point.value, distribution, release, shadowed=shadowed
+                    group,
+                    point.name,
+                    point.value,
+                    distribution,
+                    release,
+                    shadowed=shadowed,
+                    missing=_missing_extra(point),
                 )
             )
     return found
+
+
+def _missing_extra(point: EntryPoint) -> str:
+    """``otel`` for evolane's own OpenTelemetry observer where its extra is not installed."""
+    own = point.value.startswith("evolane.") and point.name == "otel"
+    return "otel" if own and importlib.util.find_spec("opentelemetry") is None else ""
 
 
 def _own_version() -> str:
