@@ -155,6 +155,24 @@ async def test_a_run_json_without_summary_lists_from_its_report_up_to_a_cap(
     assert f"{run_id}: report.json holds 50.0 MiB" in done.stdout
 
 
+async def test_fsck_repair_writes_the_summary_an_older_run_json_lacks(tmp_path: Path) -> None:
+    """A store older than summaries stayed slow to list (about 30 s for 3,000 runs, each
+    report read): ``fsck --repair`` writes each ended run's summary into its run.json, and
+    rewrites one that disagrees with the report; a plain fsck writes nothing."""
+    layout, run_id = await _finished_run(tmp_path)
+    record = load_run(layout, run_id)
+    assert record.summary is not None
+    for stored in (None, record.summary.model_copy(update={"best_val": 0.125})):
+        save_run(layout, record.model_copy(update={"summary": stored}))
+        _fsck(layout)
+        assert load_run(layout, run_id).summary == stored  # no repair asked: untouched
+        command = [sys.executable, "-m", "evolane", "fsck", "--repair", "--store", str(layout.root)]
+        repaired = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert "wrote the listing's summary into the run.json of 1 runs" in repaired.stdout
+        assert load_run(layout, run_id) == record
+        assert _fsck(layout).returncode == 0
+
+
 async def test_fsck_reports_a_summary_that_disagrees_with_its_report(tmp_path: Path) -> None:
     layout, run_id = await _finished_run(tmp_path)
     record = load_run(layout, run_id)

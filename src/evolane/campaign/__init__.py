@@ -37,6 +37,7 @@ from evolane.campaign._runs import (
     read_resume_state,
     record_problem,
     run_is_live,
+    save_run,
 )
 from evolane.campaign._tree import OptimizerParts, run_tree
 from evolane.campaign._types import (
@@ -95,6 +96,7 @@ __all__ = [
     "run_campaign",
     "run_is_live",
     "run_tree",
+    "save_run",
     "slot_id",
     "slot_of",
     "unified_tree_diff",

@@ -11,7 +11,7 @@ from evolane.cli._exits import EXIT_INTERNAL, EXIT_OK, fail_usage
 from evolane.cli._output import StoreOption, store_of
 
 if TYPE_CHECKING:
-    from evolane.campaign import ReportSummary, StoreLayout
+    from evolane.campaign import ReportSummary, RunRecord, StoreLayout
     from evolane.store import Problem
 
 EXIT_DAMAGED = EXIT_INTERNAL
@@ -24,7 +24,10 @@ def fsck(
         bool,
         typer.Option(
             "--repair",
-            help="Move bad objects to quarantine/ inside the store; make objects read-only.",
+            help=(
+                "Move bad objects to quarantine/ inside the store; make objects read-only; "
+                "write the listing's summary into each ended run's run.json that lacks it."
+            ),
         ),
     ] = False,
 ) -> None:
@@ -36,11 +39,14 @@ def fsck(
         fail_usage(f"--store {store}: no evolane store there")
     try:
         result = check_store(store, repair=repair)
-        result.problems.extend(record_problems(store))
+        filled: list[str] | None = [] if repair else None
+        result.problems.extend(record_problems(store, filled))
     except OSError as error:
         fail_usage(f"--store {store}: cannot be checked: {error.strerror or error}")
     for line in report_lines(result.problems):
         typer.echo(line)
+    if filled:
+        typer.echo(f"wrote the listing's summary into the run.json of {len(filled)} runs")
     found = len(result.problems)
     summary = f"{result.objects} objects checked in {store}: "
     if not found:
@@ -51,9 +57,11 @@ def fsck(
     raise typer.Exit(EXIT_DAMAGED)
 
 
-def record_problems(store: Path) -> list[Problem]:
+def record_problems(store: Path, filled: list[str] | None = None) -> list[Problem]:
     """Every ``run.json``, ``report.json`` and ``campaign.json`` that does not read as its
-    record (as ``report``, ``--resume`` and ``--resume-campaign`` read them)."""
+    record (as ``report``, ``--resume`` and ``--resume-campaign`` read them). With ``filled``
+    (a repair), an ended run whose ``run.json`` lacks its report's summary, or holds a wrong
+    one, gets it (`_fill_summary`) and its id is added to ``filled``."""
     from evolane.campaign import (
         ENDED_RUNS,
         Report,
@@ -79,8 +87,12 @@ def record_problems(store: Path) -> list[Problem]:
             problems.append(Problem("record", path, record_problem(error), runs=(run_id,)))
             continue
         summary = record.summary
-        if summary is not None and (wrong := _summary_problem(path, run_id, summary, report)):
+        wrong = _summary_problem(path, run_id, summary, report) if summary is not None else None
+        if wrong is not None:
             problems.append(wrong)
+        stale = report is not None and (summary is None or wrong is not None)
+        if filled is not None and stale and _fill_summary(layout, record, report, path):
+            filled.append(run_id)
         if record.status in ENDED_RUNS and (torn := _torn_after_end(layout, run_id, record.status)):
             problems.append(torn)
     for campaign_id in layout.campaign_ids():
@@ -92,6 +104,20 @@ def record_problems(store: Path) -> list[Problem]:
             why = why.removeprefix(f"cannot read {path}: ").partition("; run `evolane fsck")[0]
             problems.append(Problem("record", path, why))
     return problems
+
+
+def _fill_summary(layout: StoreLayout, record: RunRecord, report: Any, path: Path) -> bool:
+    """Write the summary of the report at ``path`` into an ended run's ``run.json``, which
+    `evolane runs` then lists without reading the report (a store older than summaries
+    listed 3,000 runs in about 30 s): False for a run that may still change (not ended, or
+    held by a process), whose own session writes it."""
+    from evolane.campaign import ENDED_RUNS, ReportSummary, run_is_live, save_run
+
+    if record.status not in ENDED_RUNS or run_is_live(layout, record.run_id):
+        return False
+    summary = ReportSummary.of(report, path.stat().st_size)
+    save_run(layout, record.model_copy(update={"summary": summary}))
+    return True
 
 
 def _summary_problem(
