@@ -113,22 +113,22 @@ def _dataset_copy_in_target(folder: Path, base: list[str]) -> tuple[list[str], s
     copy = folder / "target" / "evals" / "cases.jsonl"
     copy.parent.mkdir()
     copy.write_text((folder / "dataset.jsonl").read_text())
-    return base, "evals/cases.jsonl:1 holds val case 'val00'|(and 11 more val/test cases)"
+    return base, "evals/cases.jsonl:1 holds val case 'val00'|(and 17 more val/test cases)"
 
 
 def _val_row_pasted_in_prompt(folder: Path, base: list[str]) -> tuple[list[str], str]:
     """One val case as a few-shot example in a prompt, its keys reordered and respaced."""
     prompt = folder / "target" / "prompt.md"
-    row = '  {"expected_output" : "yes", "note": "example", "input": {"n": 7}}'
+    row = '  {"expected_output" : "yes", "note": "example", "input": {"n": "val07"}}'
     prompt.write_text(f"# Examples\n\n{row}\n")
     return base, "prompt.md:3 holds val case 'val07': its input and expected output;"
 
 
 def _test_rows_as_one_document(folder: Path, base: list[str]) -> tuple[list[str], str]:
     """Test cases pretty-printed as a JSON document (no line of it is a row)."""
-    rows = [{"input": {"n": n}, "expected_output": "yes"} for n in (4, 5)]
+    rows = [{"input": {"n": f"test{n:02d}"}, "expected_output": "yes"} for n in (4, 5)]
     (folder / "target" / "fixtures.json").write_text(json.dumps({"cases": rows}, indent=2))
-    return base, "fixtures.json holds val case 'val04'|(and 1 more val/test case)"
+    return base, "fixtures.json holds test case 'test04'|(and 1 more val/test case)"
 
 
 _TRACES = "".join(
