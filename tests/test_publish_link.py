@@ -280,3 +280,81 @@ def test_the_cli_publishes_into_a_link_target_and_refuses_a_bad_link(tmp_path: P
     assert bad.returncode == 2, bad.stderr
     (line,) = bad.stderr.strip().splitlines()
     assert f"--target {link}: a symlink to " in line and "outside the link's folder" in line
+
+
+def _save_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as an editor saves: a temp file renamed over it."""
+    temp = path.with_name(f".{path.name}.swp")
+    temp.write_text(text)
+    os.replace(temp, path)
+
+
+LIVE_EDITS = {
+    "added": lambda v1: write(v1 / "added.md", "x\n"),
+    "added-deep": lambda v1: write(v1 / ".git" / "refs" / "heads" / "topic", "abc\n"),
+    "replaced": lambda v1: _save_atomically(v1 / "keep.md", "saved\n"),
+    "removed": lambda v1: (v1 / "keep.md").unlink(),
+    "folder-added": lambda v1: write(v1 / "new" / "mine.md", "mine\n"),
+}
+
+
+async def publish_editing_during_the_check(
+    releases: Releases, host: SandboxHost, gate: Path, edit: Any
+) -> ApplyOutcome:
+    """Publish with a check that signals it runs (the new version is built), then waits
+    until ``edit(v1)`` has been done to the live version."""
+    gate.mkdir()
+    gate.chmod(0o777)  # the check may run as a unit uid of its own
+    started, go = gate / "started", gate / "go"
+    wait = f"touch {started}; while ! test -e {go}; do sleep 0.05; done"
+
+    async def edit_the_live_version() -> None:
+        while not started.exists():
+            await trio.sleep(0.05)
+        edit(releases.v1)
+        go.touch()
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(edit_the_live_version)
+            return await releases.apply(host, check=check(f"sh -c '{wait}'"))
+
+
+@pytest.mark.parametrize("edit", sorted(LIVE_EDITS))
+async def test_a_live_version_edited_during_the_check_is_not_swapped_away(
+    releases: Releases, host: SandboxHost, tmp_path: Path, edit: str
+) -> None:
+    """Found by review: a file added to the live version, or replaced there by an atomic
+    save, while the new version was built or checked was missing from it, so after the
+    swap it vanished from ``current/`` (kept only in the previous folder)."""
+    outcome = await publish_editing_during_the_check(
+        releases, host, tmp_path / "gate", LIVE_EDITS[edit]
+    )
+    assert outcome.status == "refused", outcome.message
+    assert "the target changed during the publish" in outcome.message, outcome.message
+    assert os.readlink(releases.target) == "releases/v1"  # the link never moved
+    assert releases.versions() == ["v1"] and hidden(releases.app) == []
+    assert recover_apply(releases.store, releases.run_dir) is None
+    if edit == "added":
+        assert (releases.target / "added.md").read_text() == "x\n"
+    if edit == "replaced":
+        assert (releases.target / "keep.md").read_text() == "saved\n"
+
+
+def _edit_in_place(v1: Path) -> None:
+    with (v1 / "keep.md").open("r+") as file:
+        file.write("KEPT\n")
+
+
+@pytest.mark.parametrize("edit", [lambda v1: None, _edit_in_place], ids=["none", "in-place"])
+async def test_an_unchanged_or_in_place_edited_live_version_is_published(
+    releases: Releases, host: SandboxHost, tmp_path: Path, edit: Any
+) -> None:
+    """An untouched file edited in place is shared through the hard link: the swap goes on."""
+    before = (releases.v1 / "keep.md").read_text()
+    outcome = await publish_editing_during_the_check(releases, host, tmp_path / "gate", edit)
+    assert outcome.status == "applied", outcome.message
+    assert os.readlink(releases.target) != "releases/v1"
+    kept = "KEPT\n" if edit is _edit_in_place else before
+    assert (releases.target / "keep.md").read_text() == kept
+    assert (releases.target / "new" / "added.md").read_text() == "added\n"

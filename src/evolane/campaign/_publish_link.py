@@ -16,9 +16,12 @@ writes into that version. Its steps, each journaled by the caller
    the current version's files stay exactly as they are.
 3. The post-apply check runs against the new version folder, before anything a reader sees
    changes: a failing check removes it, and the link never moved.
-4. `switch`: check the link still points where it did and the touched paths of the current
-   version are unchanged, make a symlink to the new version under a temp name beside the
-   link and rename it over the link (atomic).
+4. `switch`: check the link still points where it did, the touched paths of the current
+   version are unchanged and every other entry of it is in the new version as it is (a file
+   added or saved atomically meanwhile would vanish at the swap: refused), make a symlink
+   to the new version under a temp name beside the link and rename it over the link
+   (atomic). What changes between that comparison and the rename (microseconds) is not
+   seen.
 
 `restore_link` undoes any prefix: the link is swapped back if it points to the new version,
 the temp link and the new version folder are removed. After a commit `prune` keeps the new
@@ -30,6 +33,7 @@ points to one; version folders the user made are never removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -168,13 +172,101 @@ def _check_unchanged(plan: LinkPlan) -> None:
             raise TargetChanged(f"{op.path!r} was changed in the target during the publish")
 
 
+def _check_untouched(plan: LinkPlan) -> None:
+    """`TargetChanged` unless every entry of the current version that the diff does not
+    touch is in the new version as it is: the same names in every folder (but the touched
+    paths and the folders that hold them), each file and symlink the same inode (a hard
+    link) or, for a copy, of the same kind, size, mtime, mode and owner, each folder of the
+    same mode and owner. Found by review: a file added to the current version while the new
+    one was built or checked, or replaced there by an atomic save (temp + rename), was not
+    in the new one and vanished from the link at the swap (kept only in the previous
+    folder). Walked iteratively, never following a symlink; a listing of the current
+    version is read no further than its new counterpart's names and the diff's could reach
+    (the new version is the bound: the build made it)."""
+    touched = {op.path for op in plan.diff.ops}
+    above = {path.rsplit("/", up)[0] for path in touched for up in range(1, path.count("/") + 1)}
+    _check_same(plan, "", live=True, new=True)
+    pending: list[tuple[str, bool]] = [("", True)]  # (folder, whether the current one has it)
+    while pending:
+        folder, live = pending.pop()
+        new_names = set(os.listdir(Path(plan.new_version, folder)))  # made by `build`
+        cap = len(new_names) + len(touched) + len(above)  # what a current folder can hold
+        old_names = _names(Path(plan.old_version, folder), cap) if live else set()
+        if old_names is None:
+            raise _changed(f"{folder or '.'!r} gained entries or is no longer a folder")
+        for name in sorted(old_names | new_names):
+            path = f"{folder}/{name}" if folder else name
+            in_old, in_new = name in old_names, name in new_names
+            if path in touched:
+                continue
+            if path not in above or (in_old and in_new):  # a folder made for added files
+                _check_same(plan, path, live=in_old, new=in_new)
+            if stat.S_ISDIR(os.lstat(Path(plan.new_version, path)).st_mode):
+                pending.append((path, in_old))
+
+
+def _names(folder: Path, cap: int) -> set[str] | None:
+    """The names in the current version's ``folder``, never through a symlink (an empty set
+    for a missing one; None past ``cap`` or for a folder that is no longer one)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return set()
+    except OSError as error:
+        if error.errno in (errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    names: set[str] = set()
+    try:
+        with os.scandir(handle) as listing:
+            for entry in listing:
+                names.add(entry.name)
+                if len(names) > cap:
+                    return None
+    finally:
+        os.close(handle)
+    return names
+
+
+def _check_same(plan: LinkPlan, path: str, *, live: bool, new: bool) -> None:
+    """`TargetChanged` unless ``path`` (untouched by the diff) is in the new version as it
+    is in the current one."""
+    if not new:
+        raise _changed(f"{path!r} appeared in the target")
+    if not live:
+        why = "removed from the target, or written there by the check"
+        raise _changed(f"{path!r} is in the new version only ({why})")
+    try:
+        old_info = os.lstat(Path(plan.old_version, path))
+    except FileNotFoundError:  # removed since its folder was listed
+        raise _changed(f"{path!r} was removed from the target") from None
+    new_info = os.lstat(Path(plan.new_version, path))
+    kind = stat.S_IFMT(old_info.st_mode)
+    if kind != stat.S_IFMT(new_info.st_mode):
+        raise _changed(f"{path or '.'!r} was replaced in the target")
+    if stat.S_ISDIR(kind):
+        fields = ("st_mode", "st_uid", "st_gid")
+    elif (old_info.st_dev, old_info.st_ino) == (new_info.st_dev, new_info.st_ino):
+        return  # the very file: an in-place edit is shared
+    else:
+        fields = ("st_size", "st_mtime_ns", "st_mode", "st_uid", "st_gid")
+    if any(getattr(old_info, field) != getattr(new_info, field) for field in fields):
+        raise _changed(f"{path or '.'!r} was replaced in the target")
+
+
+def _changed(what: str) -> TargetChanged:
+    return TargetChanged(f"the target changed during the publish: {what}")
+
+
 def switch(plan: LinkPlan) -> None:
-    """Point the link at the new version, atomically; `TargetChanged` if the link or a
-    touched path of the current version changed meanwhile."""
+    """Point the link at the new version, atomically; `TargetChanged` if the link or the
+    current version changed meanwhile (a touched path, or anything else the new version
+    would then not hold as it is: `_check_untouched`)."""
     link = Path(plan.link)
     if not link.is_symlink() or os.readlink(link) != plan.old_text:
         raise TargetChanged(f"the symlink {link} was changed during the publish")
     _check_unchanged(plan)
+    _check_untouched(plan)
     _point(link, Path(plan.temp_link), plan.new_text)
 
 
