@@ -281,7 +281,7 @@ TODAYS_JOURNAL = """\
 {"type":"unit","measurement":"m","unit":"m.2.0.b","tree":"CAND","status":"succeeded","reused":false,"replay":{"kind":"replay.result","unit_id":"m.2.0.b","case_id":"c2","arm":"baseline","repetition":0,"status":"succeeded","failure":null,"output_ref":OUTPUT,"stdout_ref":null,"stderr_ref":null,"usage":{"tokens":null,"cost_usd":null,"wall_seconds":0.01},"usage_complete":false,"wall_seconds":0.01,"attempts":1,"blocked_by":null},"judge":{"kind":"judge.result","unit_id":"m.2.0.b","status":"succeeded","score":1.0,"source":"exact_match","failure":null,"detail_ref":null,"attempts":1,"wall_seconds":0.0}}
 {"type":"proposal","slot":"c0.i0.s0","result":{"kind":"optimizer.result","slot_id":"c0.i0.s0","status":"failed","tree_ref":null,"gate":null,"failure":null,"stdout_ref":null,"stderr_ref":null,"summary":"","usage":{"tokens":null,"cost_usd":null,"wall_seconds":null},"wall_seconds":0.0}}
 """
-UNIT_KEYS = ["type", "measurement", "unit", "tree", "status", "reused", "replay", "judge"]
+UNIT_KEYS = ["type", "measurement", "unit", "tree", "status", "reused", "replay", "judge", "key"]
 REPLAY_KEYS = ["type", "measurement", "unit", "tree", "replay"]
 
 

@@ -219,6 +219,7 @@ def test_journal_records_write_the_lines_of_the_dicts_they_replace() -> None:
             "reused": False,
             "replay": replay.model_dump(mode="json"),
             "judge": judge.model_dump(mode="json"),
+            "key": None,  # a line without it (an older journal) reads the same
         },
         {
             "type": "replay",
@@ -260,6 +261,7 @@ def test_an_older_unit_record_without_a_tree_still_reads() -> None:
     }
     record = parse_journal_record(line, "j:1")
     assert isinstance(record, UnitRecord) and record.tree is None and record.judge is None
+    assert record.key is None  # never reused by another run
 
 
 @pytest.mark.parametrize(

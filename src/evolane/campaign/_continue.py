@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from evolane.campaign._advice import NEW_CAMPAIGN
 from evolane.campaign._runs import (
     TERMINAL_CAMPAIGN,
     CampaignState,
+    RunRecord,
     StoreLayout,
     load_campaign,
     load_run,
+    read_resume_state,
 )
 from evolane.inputs import InputError
+from evolane.messages import UnitRecord
 
 
 def _clipped(value: object, keep: int = 80) -> str:
@@ -83,3 +88,25 @@ def _unfinished_run(layout: StoreLayout, campaign: CampaignState) -> tuple[str, 
         if status in ("running", "interrupted"):
             return run_id, status
     return None
+
+
+def earlier_results(
+    layout: StoreLayout, campaign: CampaignState, run: RunRecord
+) -> dict[bytes, UnitRecord]:
+    """The succeeded units, by reuse key, of the campaign's runs that ended (their spend is
+    in the campaign's books) in ``run``'s cycle: a wall-clock stop leaves the cycle to run
+    again, and its next run reuses what the stopped one measured instead of paying for it
+    again. Only the same cycle: a later cycle measures its parent afresh. A run whose
+    records cannot be read gives nothing (reuse only saves work)."""
+    found: dict[bytes, UnitRecord] = {}
+    for run_id in campaign.runs:
+        if run_id == run.run_id:
+            continue
+        with contextlib.suppress(OSError, ValueError):  # an InputError is a ValueError
+            earlier = load_run(layout, run_id)
+            if earlier.cycle != run.cycle or earlier.summary is None:
+                continue  # another cycle, or its end never reached the campaign's books
+            journal = layout.run_dir(run_id) / "journal.jsonl"
+            for key, record in read_resume_state(journal).keyed.items():
+                found.setdefault(key, record)
+    return found

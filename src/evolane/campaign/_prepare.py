@@ -15,7 +15,7 @@ from pathlib import Path
 from evolane.campaign._advice import after_failure, still_running
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
-from evolane.campaign._continue import check_budgets, continuable_campaign
+from evolane.campaign._continue import check_budgets, continuable_campaign, earlier_results
 from evolane.campaign._estimate import (
     Estimate,
     UnitHistory,
@@ -181,6 +181,7 @@ def prepare_run(
         record = record.model_copy(update={"splits": plan})
         if campaign.splits is None and plan.carved:  # the campaign's later cycles carve alike
             campaign = campaign.model_copy(update={"splits": plan})
+    resume.earlier = earlier_results(layout, campaign, record)  # a stopped run of this cycle
     if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
         _check_wall_left(config, campaign.elapsed_seconds)
     return _prepared(

@@ -295,6 +295,7 @@ async def _cycle(
         journal=ctx.journal,
         restored=prepared.resume.units,
         restored_replays=prepared.resume.replays,
+        earlier=prepared.resume.earlier,
         on_progress=ctx.session.bus.publish,
         on_unit=ctx.session.bus.publish,
         rejudge=prepared.rejudge,

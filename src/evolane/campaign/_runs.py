@@ -354,6 +354,9 @@ class ResumeState:
     proposals: dict[str, ProposalRecord] = field(default_factory=dict)
     unpaid: list[Debit] = field(default_factory=list)
     """What units a stop cut short spent, every session's (a resume runs them again)."""
+    keyed: dict[bytes, UnitRecord] = field(default_factory=dict)  # succeeded, by reuse key
+    earlier: dict[bytes, UnitRecord] = field(default_factory=dict)
+    """The ``keyed`` units of the campaign's earlier runs of this cycle (`earlier_results`)."""
     torn: bool = False
 
     def __post_init__(self) -> None:
@@ -399,6 +402,8 @@ def read_resume_state(journal: Path) -> ResumeState:
             raise InputError(text) from None
         if isinstance(record, UnitRecord):
             state.units[record.unit] = record
+            if record.key is not None and record.status == "succeeded":
+                state.keyed[bytes.fromhex(record.key)] = record
             if record.status not in RESTORABLE:  # each session's cut attempt: none is charged again
                 state.unpaid.extend(unpaid_debits(record))
         elif isinstance(record, ReplayRecord):

@@ -321,7 +321,8 @@ class MeasurePlan:
             self._counted(unit)
             return
         unit.step = "journaling"
-        record = unit_record(self.request.measurement_id, unit)
+        key = reuse_key(self.settings, unit) if unit.status == "succeeded" else None
+        record = unit_record(self.request.measurement_id, unit, key)
         self._emit(JournalUnit(unit.unit_id, record))
 
     def _counted(self, unit: Unit) -> None:

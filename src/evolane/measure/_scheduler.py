@@ -38,6 +38,7 @@ from evolane.measure._plan import (
 )
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.measure._sealed import SealedRecords
+from evolane.measure._units import preload
 from evolane.messages import (
     Debit,
     FailureEvent,
@@ -98,6 +99,7 @@ class MeasurementScheduler(Actor):
         # Every measurement's sealed unit records, out of memory, and the succeeded units
         # by `reuse_key` for reuse.
         self.records = SealedRecords(store.tmp)
+        preload(self.records, settings.earlier)
         self.running: _Measurement | None = None
         # A stop that found no measurement running: one asked before it may still be queued
         # (its caller was cancelled before it was served), so requests up to the stopper's

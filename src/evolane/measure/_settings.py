@@ -182,6 +182,7 @@ class MeasureContext:
     journal: RunJournal | None = None
     restored: Mapping[str, UnitRecord] = field(default_factory=dict)  # by unit id
     restored_replays: Mapping[str, ReplayRecord] = field(default_factory=dict)  # judged next
+    earlier: Mapping[bytes, UnitRecord] = field(default_factory=dict)  # reused, by reuse key
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
     on_unit: Callable[[UnitEvent], object] | None = None  # hears each unit that ended
     rejudge: bool = False  # --rerun-evaluator: stored replays are judged again, nothing replayed
@@ -221,6 +222,7 @@ def scheduler_settings(
         journal=context.journal,
         restored=context.restored,
         restored_replays=context.restored_replays,
+        earlier=context.earlier,
         on_progress=context.on_progress,
         on_unit=context.on_unit,
         rejudge=context.rejudge,

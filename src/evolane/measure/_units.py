@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import orjson
 
 from evolane.lanes import blind_name
-from evolane.measure._sealed import KEY_BYTES
-from evolane.measure._table import Unit, UnitTable, unit_fields
+from evolane.measure._sealed import KEY_BYTES, SealedRecords
+from evolane.measure._table import Unit, UnitTable, pack, unit_fields
 from evolane.messages import (
     Debit,
     JudgeJob,
@@ -219,6 +219,17 @@ def unit_debits(unit: Unit) -> tuple[Debit, ...]:
     )
 
 
+def preload(records: SealedRecords, earlier: Mapping[bytes, UnitRecord]) -> None:
+    """Put each succeeded unit of ``earlier`` (by `reuse_key`) in ``records``, reusable as if
+    this run had ended it (a measurement takes its replay and judgement, with no charge)."""
+    for key, record in earlier.items():
+        if record.status != "succeeded" or record.replay is None or record.judge is None:
+            continue
+        fields = {"replay": record.replay.model_dump(mode="json")}
+        fields["judge"] = record.judge.model_dump(mode="json")
+        records.reuse.add(key, records.put(pack(orjson.dumps(fields))))
+
+
 def replay_record(measurement_id: str, unit: Unit) -> ReplayRecord:
     """The journal record of ``unit``'s replay, before its judgement."""
     assert unit.replay is not None
@@ -227,8 +238,8 @@ def replay_record(measurement_id: str, unit: Unit) -> ReplayRecord:
     )
 
 
-def unit_record(measurement_id: str, unit: Unit) -> UnitRecord:
-    """The journal record of ``unit``, ended."""
+def unit_record(measurement_id: str, unit: Unit, key: bytes | None = None) -> UnitRecord:
+    """The journal record of ``unit``, ended (``key``: its `reuse_key`, for a succeeded one)."""
     return UnitRecord(
         measurement=measurement_id,
         unit=unit.unit_id,
@@ -237,4 +248,5 @@ def unit_record(measurement_id: str, unit: Unit) -> UnitRecord:
         reused=unit.reused,
         replay=unit.replay,
         judge=unit.judge,
+        key=None if key is None else key.hex(),
     )

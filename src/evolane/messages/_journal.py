@@ -17,6 +17,9 @@ from evolane.messages._base import Digest, Name, Record
 from evolane.messages._measure import JudgeResult, ReplayResult, UnitStatus
 from evolane.messages._optimize import ProposeResult
 
+ReuseKey = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", max_length=32)]
+"""A unit's reuse key (`evolane.measure`'s 16-byte digest of what its experiment was), in hex."""
+
 
 class UnitRecord(Record):
     """A unit that ended (durably journaled before it counts): the source a resume restores."""
@@ -29,6 +32,10 @@ class UnitRecord(Record):
     reused: bool = False
     replay: ReplayResult | None = None
     judge: JudgeResult | None = None
+    key: ReuseKey | None = None
+    """A succeeded unit's reuse key (hex): the next run of the same cycle of its campaign
+    (after a wall-clock stop) reuses it for the same experiment. None in older journals (and
+    for units that did not succeed): never reused across runs."""
 
 
 class ReplayRecord(Record):
