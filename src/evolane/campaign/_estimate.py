@@ -1,7 +1,8 @@
 """The estimate made before any expensive work: how many subprocesses at most, how long.
 
-Counts are upper bounds (every candidate measured in full, no baseline reused across
-parents, every judge call retried to the limit); when train feeds the optimizer
+Counts are upper bounds (every candidate measured in full, and again beside its parent
+under online error control, no baseline reused across parents, every judge call retried to
+the limit); when train feeds the optimizer
 (`campaign._splits`), the parent of every iteration is also measured on train, and those
 replays count too. The wall range runs from a lucky run (nothing accepted, so it stalls
 after ``stall`` iterations, every candidate stopped early at the coverage floor) at the
@@ -24,7 +25,7 @@ from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import confirm_repetitions
-from evolane.campaign._online import OnlineBudget
+from evolane.campaign._online import OnlineBudget, resolved_mode
 from evolane.campaign._preflight import preflight
 from evolane.inputs import llm_model
 from evolane.measure import ROLES
@@ -210,7 +211,10 @@ def _replays(config: CampaignConfig, val_cases: int, test_cases: int, train_case
     screening = (b + c) if config.screening else 0
     feedback = train_cases * repetitions_for(config, train_cases)[0]  # per parent
     baselines = iterations * (val_cases * b + feedback)
-    candidates = iterations * population * (val_cases * c + screening)
+    # Online control measures a candidate it would accept again beside fresh replays of
+    # its parent (`campaign._online.earlier_window`): at most once per candidate.
+    again = b + c if resolved_mode(config.error_control, test_cases) == "online" else 0
+    candidates = iterations * population * (val_cases * (c + again) + screening)
     return baselines + candidates + val_cases * (b + c) + test_cases * test
 
 

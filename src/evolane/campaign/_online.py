@@ -28,6 +28,14 @@ candidates are not fitted to the val cases' outcomes (the optimizer's feedback c
 train). The price is power: with level alpha / 16 = 0.0031, a candidate must improve at
 least 9 val cases with none worse.
 
+The p-values are valid only on pairs replayed in one window: a parent's val replays serve
+every later candidate of a run (reused, or restored by a resume), and a world that drifts up
+in between (an endpoint or a model judge that starts scoring higher) lifts every later
+candidate alike. So a candidate the rule would accept on such pairs (`earlier_window`) is
+measured again with both arms replayed anew (`MeasureRequest.fresh`) and decided on those
+pairs alone (`RECHECKED` in its reason); a rejection keeps the reused baselines (a drift
+down only makes a candidate look worse: power lost, no false accept).
+
 The budget is durable: `OnlineBudget` is part of ``campaign.json`` (written atomically, after
 the report); a cycle's tests derive from its journaled measurements, so a ``--resume`` of an
 interrupted run derives the same tests again and a ``--resume-campaign`` continues the
@@ -36,7 +44,8 @@ stored budget: a campaign never gets a fresh alpha.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -120,6 +129,29 @@ class OnlineBudget(Record):
         return sum(test.decision == "accept" for test in self.tests)
 
 
+RECHECKED = (
+    "re-measured the parent beside the candidate (its val replays were from an earlier window)"
+)
+"""What a decision reason starts with when online control measured the pair again."""
+
+
+def earlier_window(units: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a measurement (its units blob) compared replays of different windows: a unit
+    reused from an earlier measurement (the parent's baselines), or a case some of whose
+    scored units were restored from an earlier session's journal and some replayed in this
+    one. Online control re-measures such a candidate before accepting it (`MeasureRequest.
+    fresh`): a world that drifted in between (an endpoint or a model judge that scores
+    higher, a flaky service that recovered) lifts one arm alone."""
+    restored: dict[Any, set[bool]] = {}
+    for unit in units:
+        if unit.get("score") is None:
+            continue
+        if unit.get("reused"):
+            return True
+        restored.setdefault(unit.get("case"), set()).add(bool(unit.get("restored")))
+    return any(len(flags) > 1 for flags in restored.values())
+
+
 def p_beside_level(p: float, level: float) -> tuple[str, str]:
     """``p`` and ``level`` printed with as many significant digits (2 to 6) as it takes for
     the printed numbers to differ when the numbers do, so "p = X > level Y" never reads as
@@ -172,9 +204,24 @@ class OnlineRule:
         candidate the gate did not accept is recorded too (it spends its share of the
         budget and ends a carried level), without a p-value. ``pass_fail``: every score is
         0 or 1 by construction (`CampaignConfig.pass_fail`)."""
-        tested = gate.decision == "accept"  # else the gate decides: no p-value is needed
-        p = online_p_value(deltas, config, pass_fail) if tested and deltas.size else 1.0
-        return self.decide(slot, gate, p if tested else None)
+        return self.decide(slot, gate, self.p_value(gate, deltas, config, pass_fail))
+
+    @staticmethod
+    def p_value(
+        gate: GateResult, deltas: np.ndarray, config: GateConfig, pass_fail: bool = False
+    ) -> float | None:
+        """The p-value of no true gain of ``deltas`` (`stats.online_p_value`; 1 without a
+        comparable case) when the gate accepts, else None (the gate decides)."""
+        if gate.decision != "accept":
+            return None
+        return online_p_value(deltas, config, pass_fail) if deltas.size else 1.0
+
+    def would_accept(self, gate: GateResult, p_value: float | None) -> bool:
+        """Whether `decide` would accept (nothing recorded): the gate accepts and
+        ``p_value`` is at most the next candidate's level."""
+        if gate.decision != "accept" or p_value is None:
+            return False
+        return p_value <= self._control.level_for_next()
 
     def decide(self, slot: str, gate: GateResult, p_value: float | None) -> GateResult:
         """The rule itself, given the candidate's p-value (None: the gate did not accept):

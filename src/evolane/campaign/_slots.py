@@ -11,6 +11,7 @@ import trio
 from evolane.actors import ActorError, ActorRef
 from evolane.campaign._book import SlotBook, arm_score, hardest_failing
 from evolane.campaign._gates import run_local_gates
+from evolane.campaign._online import RECHECKED, earlier_window
 from evolane.campaign._peers import Peers
 from evolane.campaign._prompt import edit_diff, encode_prompt
 from evolane.campaign._runs import REJECTED_KEPT, RejectedEdit
@@ -29,6 +30,7 @@ from evolane.messages import (
     ArtifactRef,
     Debit,
     FailureEvent,
+    GateResult,
     MeasureRequest,
     MeasureSummary,
     ProposalRecord,
@@ -259,30 +261,11 @@ class Slots:
     async def _paired(self, book: SlotBook, tree: ArtifactRef) -> MeasureSummary | None:
         state = self.state
         book.reach("paired_replay")
-        request = MeasureRequest(
-            measurement_id=book.slot_id,
-            baseline_ref=state.parent,
-            candidate_ref=tree,
-            baseline_repetitions=self.config.baseline_replay_repetitions,
-            candidate_repetitions=self.config.candidate_replay_repetitions,
-            gate=self.config.gate,
-            early_accept=state.online is None,  # online control reads the full evaluation
-        )
-        summary, units = await self.peers.measure(
-            state.book, request, "paired", book.iteration, book.slot
-        )
-        if summary.status == "budget_limited":  # part of the pairs: no decision to act on
-            reason = summary.message or "the budget ran out"
-            book.end("not_run", reason, "indecisive")
-            state.book.decide(book, "indecisive", f"measurement cut short: {reason}")
-            raise Stopped("budget_limited", reason)
+        summary, units = await self._measure_pair(book, tree, fresh=False)
         book.reach("evaluation")
         gate = summary.gate
         if state.online is not None:  # the campaign's rule: the gate and the online budget
-            sample = paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate"))
-            gate = state.online.judge(
-                book.slot_id, gate, sample.deltas, self.config.gate, self.config.pass_fail
-            )
+            summary, units, gate = await self._online(book, tree, summary, units)
         state.book.decide(book, gate.decision, gate.reason)
         self.peers.decided(
             (book.iteration, book.slot),
@@ -301,6 +284,59 @@ class Slots:
             await self._remember(book, tree, self._told(gate.reason))
         return None
 
+    async def _measure_pair(
+        self, book: SlotBook, tree: ArtifactRef, *, fresh: bool
+    ) -> tuple[MeasureSummary, list[dict[str, Any]]]:
+        """The candidate paired with the parent on val (``fresh``: both arms replayed anew,
+        `MeasureRequest.fresh`); `Stopped` when the budget cut it short."""
+        state = self.state
+        request = MeasureRequest(
+            measurement_id=f"{book.slot_id}.recheck" if fresh else book.slot_id,
+            baseline_ref=state.parent,
+            candidate_ref=tree,
+            baseline_repetitions=self.config.baseline_replay_repetitions,
+            candidate_repetitions=self.config.candidate_replay_repetitions,
+            gate=self.config.gate,
+            early_accept=state.online is None,  # online control reads the full evaluation
+            fresh=fresh,
+        )
+        summary, units = await self.peers.measure(
+            state.book, request, "paired", book.iteration, book.slot
+        )
+        if summary.status == "budget_limited":  # part of the pairs: no decision to act on
+            reason = summary.message or "the budget ran out"
+            book.end("not_run", reason, "indecisive")
+            state.book.decide(book, "indecisive", f"measurement cut short: {reason}")
+            raise Stopped("budget_limited", reason)
+        return summary, units
+
+    async def _online(
+        self,
+        book: SlotBook,
+        tree: ArtifactRef,
+        summary: MeasureSummary,
+        units: list[dict[str, Any]],
+    ) -> tuple[MeasureSummary, list[dict[str, Any]], GateResult]:
+        """The campaign's decision under online error control. A candidate it would accept
+        on baseline replays from an earlier window (reused from the parent's measurement,
+        or restored from an earlier session) is measured again beside fresh replays of the
+        parent, and decided on those pairs alone: a drift of the replays' world since (an
+        endpoint or a judge scoring higher) would otherwise favour it (`earlier_window`)."""
+        online, gate_config = self.state.online, self.config.gate
+        assert online is not None
+        p_value = online.p_value(summary.gate, _deltas(units), gate_config, self.config.pass_fail)
+        rechecked = online.would_accept(summary.gate, p_value) and earlier_window(units)
+        if rechecked:
+            summary, units = await self._measure_pair(book, tree, fresh=True)
+            p_value = online.p_value(
+                summary.gate, _deltas(units), gate_config, self.config.pass_fail
+            )
+        gate = online.decide(book.slot_id, summary.gate, p_value)
+        if rechecked:
+            reason = f"{RECHECKED}; {gate.reason}"[:256]
+            gate = gate.model_copy(update={"reason": reason})
+        return summary, units, gate
+
     def _told(self, reason: str) -> str:
         """What the optimizer is told of a rejection: the gate's reason carries val outcomes
         (its mean, SE and p-value), a channel for fitting val that honest splits close (found
@@ -316,6 +352,11 @@ class Slots:
             RejectedEdit(slot=book.slot_id, diff=diff[:4096], reason=reason[:256])
         )
         del state.rejected[:-REJECTED_KEPT]
+
+
+def _deltas(units: list[dict[str, Any]]) -> Any:
+    """Per-case candidate - parent on a measurement's comparable pairs."""
+    return paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate")).deltas
 
 
 def _stopped_in(error: BaseException) -> BaseException:

@@ -13,7 +13,7 @@ with any completion order.
   it stops, and the decision, never depend on completion timing.
 - A finished unit is reused (either arm) when tree, case, repetition, seed and every
   fingerprint match: a parent's baseline across its candidates, an accepted candidate's
-  results as its baseline in the next iteration.
+  results as its baseline in the next iteration; never in a ``fresh`` request.
 - Every completed unit is journaled (durably) before it counts, with its tree's digest: a
   resume or re-judge takes a stored unit only for the same unit id on the same tree.
 """
@@ -234,7 +234,8 @@ class MeasurePlan:
         if self.stop_reason is not None or self._beyond_cutoff(unit):
             self._finish(unit, "not_run", self.stop_reason or "early_stop")
             return
-        cached = self.records.reuse.get(reuse_key(self.settings, unit))
+        fresh = self.request.fresh  # both arms replayed in this window: nothing reused
+        cached = None if fresh else self.records.reuse.get(reuse_key(self.settings, unit))
         if cached is not None:  # the same tree, case, repetition and seed: the same experiment
             mine = {"unit_id": unit.unit_id, "arm": unit.arm}
             stored = orjson.loads(unpack(self.records.get(cached)))

@@ -218,6 +218,11 @@ class MeasureRequest(Message):
     early_accept: bool = True
     """False: an early stop may reject but never accept (online error control reads the
     p-value of the full evaluation, which a data-chosen stop would make invalid)."""
+    fresh: bool = False
+    """True: no unit is reused from another measurement of the run, so both arms are
+    replayed in this one's window, each baseline beside its candidate (online error control
+    re-measures a parent this way before it accepts a candidate whose baseline replays came
+    from an earlier window: a drift of the replays' world would favour the candidate)."""
 
     @field_validator("case_ids")
     @classmethod
