@@ -43,7 +43,7 @@ from evolane.lanes._llm import (
 from evolane.lanes._llm_edits import EDIT_FORMAT, Edit, EditError, apply_edits, parse_edits
 from evolane.lanes._llm_extra import LLM_EXTRA_HINT, llm_available
 from evolane.lanes._llm_judge import MalformedVerdictError, llm_judge, parse_verdict
-from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_snapshot
+from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, NoSlot, limiter_snapshot
 from evolane.lanes._llm_optimizer import llm_optimizer
 from evolane.lanes._optimizer import (
     OPTIMIZER_ENDPOINT_FAILED,
@@ -126,6 +126,7 @@ __all__ = [
     "LimiterSettings",
     "MalformedVerdictError",
     "ModelError",
+    "NoSlot",
     "OptimizerLane",
     "OptimizerSettings",
     "PluginError",

@@ -8,9 +8,14 @@ positive ``Retry-After`` pauses every new caller of the endpoint for that long (
 one (absent, 0 or negative) the call itself backs off exponentially (`rate_limit_backoff`). A
 transient failure (connection error, request timeout, 408, 409, 5xx) is retried
 ``Endpoint.retries`` times with a short backoff. Any other HTTP error is raised at once as
-`ModelError`. The API key is read from the environment for each request and is never stored
-in evolane's objects, files or messages; the credentials a ``base_url`` may carry
-(``user:pass@``) are taken out of every message (`redact`).
+`ModelError`. A wait for the endpoint (a pause, a backoff, a retry's interval, a place its
+limit holds back after 429s) that would not end `wait_reserve` before the deadline ends the
+call at once, as the endpoint's failure: cut by the deadline, a 429 storm was a timeout of
+the judge, counted against a candidate (found by review). A request sent and cut by the
+deadline stays a timeout: how long a model writes depends on what it reads. The API key is
+read from the environment for each request and is never stored in evolane's objects, files
+or messages; the credentials a ``base_url`` may carry (``user:pass@``) are taken out of every
+message (`redact`).
 
 An answer without a usable ``usage`` field (absent, negative, past belief) is metered by the
 size of its request and answer (`text_tokens`: an estimate that errs high), never as 0
@@ -23,12 +28,10 @@ text a server sends back.
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import hashlib
 import math
 import os
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +43,17 @@ import trio
 from evolane.lanes._llm_cache import cache_key, cache_read, cache_write
 from evolane.lanes._llm_extra import LLM_EXTRA_HINT
 from evolane.lanes._llm_http import ResponseTooLarge, capped_http_client
-from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, limiter_for
+from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, NoSlot, limiter_for
+from evolane.lanes._llm_retry import (
+    RATE_LIMIT_TRIES,
+    MalformedResponse,
+    RequestTimedOut,
+    rate_limit_backoff,
+    retry_after,
+    retry_interval,
+    transient,
+    wait_reserve,
+)
 from evolane.lanes._llm_usage import (
     add_usage,
     answer_usage,
@@ -49,15 +62,6 @@ from evolane.lanes._llm_usage import (
     token_count,
 )
 
-RATE_LIMIT_TRIES = 100
-"""429 answers one call accepts before it gives up (the deadline usually ends it first)."""
-RATE_LIMIT_BACKOFF = 0.05
-MAX_RATE_LIMIT_BACKOFF = 4.0
-"""A 429 without a positive ``Retry-After``: the n-th waits about
-``min(RATE_LIMIT_BACKOFF * 2**(n-1), MAX_RATE_LIMIT_BACKOFF)`` (half to all of it)."""
-RETRY_INTERVAL = 0.25
-MAX_RETRY_INTERVAL = 4.0
-"""A transient failure's n-th retry waits ``min(RETRY_INTERVAL * 2**n, MAX_RETRY_INTERVAL)``."""
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SDK_DEFAULT_URL = "sdk-default"  # the limiter key of an endpoint without a base_url
 
@@ -214,6 +218,7 @@ async def chat(
     attempt: int = 0,
     cache_if: Callable[[str], object] | None = None,
     unanswered: Callable[[], object] | None = None,
+    past_pause: bool = False,
 ) -> ChatAnswer:
     """Ask ``endpoint`` once (``sample``: which of several answers to the same question,
     ``attempt``: which retry of a rejected answer; both are part of the cache key and of the
@@ -232,7 +237,10 @@ async def chat(
     and got no answer (failed, cut at its timeout or the deadline, cancelled; not a 429, nor
     one whose connection was never made), a retried one too: the caller meters what a
     provider may bill for it (found by review: a request cut at ``--llm-timeout`` and
-    asked again, or a 5xx retried, was charged nothing)."""
+    asked again, or a 5xx retried, was charged nothing).
+
+    ``past_pause``: the first request goes out at once, past any ``Retry-After`` pause of
+    the endpoint (one probe of whether it answers: `evolane.lanes.llm_judge`'s canary)."""
     body = request_body(endpoint, messages, seed, sample, attempt)
     key = cache_key(endpoint.key, body, seed, sample, attempt) if endpoint.cache_dir else ""
     if endpoint.cache_dir is not None:
@@ -246,7 +254,7 @@ async def chat(
     )
     answer = None
     with trio.move_on_at(deadline):
-        answer = await _ask(client, limiter, endpoint, body, deadline, unanswered)
+        answer = await _ask(client, limiter, endpoint, body, deadline, unanswered, past_pause)
     if answer is None:  # a slow answer may be the content's doing: not the endpoint's
         raise ModelError(f"no answer from {endpoint.model} by the deadline", endpoint_failed=False)
     if endpoint.cache_dir is not None and _acceptable(cache_if, answer.text):
@@ -272,44 +280,59 @@ async def _ask(
     body: dict[str, Any],
     deadline: float,
     unanswered: Callable[[], object] | None = None,
+    past_pause: bool = False,
 ) -> ChatAnswer:
-    """The retry loop of one call (see the module docstring); ``unanswered`` as `chat`'s."""
+    """The retry loop of one call (see the module docstring); ``unanswered`` and
+    ``past_pause`` as `chat`'s."""
     import openai
 
+    by = deadline - wait_reserve(deadline)  # a wait for the endpoint must end by then
     failures = rate_limits = 0
+    sent = False  # a request may have reached the endpoint unanswered (not a 429)
     while True:
-        retry_after: float | None = None
-        async with limiter.slot() as ticket:
-            timeout = _request_timeout(endpoint, deadline)
-            response, failure = None, None
-            try:
-                response, failure = await _request(client, body, timeout)
-            finally:  # a failure, a timeout, a cancellation: a request the provider may bill
-                limited = isinstance(failure, openai.RateLimitError)
-                if response is None and not limited and _reached(failure) and unanswered:
-                    unanswered()
-            if response is not None:
-                limiter.succeeded()
-                return _answer(endpoint, response, body)
-            if isinstance(failure, openai.RateLimitError):
-                rate_limits += 1
-                retry_after = _retry_after(failure.response.headers)
-                limiter.rate_limited(ticket, retry_after)
-                if rate_limits >= RATE_LIMIT_TRIES:
-                    raise ModelError(_describe(endpoint, failure, "rate limited")) from None
+        pause: float | None = None
+        first = past_pause and not (failures or rate_limits)
+        try:
+            async with limiter.slot(by, past_pause=first) as ticket:
+                timeout = _request_timeout(endpoint, deadline)
+                response, failure = None, None
+                try:
+                    response, failure = await _request(client, body, timeout)
+                finally:  # a failure, a timeout, a cancellation: a request the provider may bill
+                    limited = isinstance(failure, openai.RateLimitError)
+                    if response is None and not limited and _reached(failure):
+                        sent = True
+                        if unanswered:
+                            unanswered()
+                if response is not None:
+                    limiter.succeeded()
+                    return _answer(endpoint, response, body)
+                if isinstance(failure, openai.RateLimitError):
+                    rate_limits += 1
+                    pause = retry_after(failure.response.headers)
+                    limiter.rate_limited(ticket, pause)
+        except NoSlot as busy:
+            raise _rate_limited(endpoint, f"no place: {busy}", sent) from None
         if isinstance(failure, openai.RateLimitError):  # a positive Retry-After pauses the
-            if retry_after is None or retry_after <= 0:  # limiter, else this call backs off
-                pause = rate_limit_backoff(int(body["seed"]), rate_limits)
-                await trio.sleep(min(pause, max(0.0, deadline - trio.current_time())))
+            if rate_limits >= RATE_LIMIT_TRIES:  # limiter, else this call backs off
+                raise _rate_limited(endpoint, f"{rate_limits} answers 429", sent)
+            if pause is None or pause <= 0:
+                backoff = rate_limit_backoff(int(body["seed"]), rate_limits)
+                if trio.current_time() + backoff >= by:
+                    raise _rate_limited(endpoint, f"a backoff of {backoff:.2f} s", sent)
+                await trio.sleep(backoff)
             continue
         assert failure is not None
         timed_out = isinstance(failure, openai.APITimeoutError | RequestTimedOut)
         if timed_out and trio.current_time() >= deadline:
             await trio.sleep_until(deadline)  # the deadline's own cancellation ends the call
-        if not _transient(openai, failure) or failures >= endpoint.retries:
+        wait = retry_interval(failures)  # a retry that would come too late is not made
+        if not transient(openai, failure) or failures >= endpoint.retries:
+            raise _failed(endpoint, failure)
+        if trio.current_time() + wait >= by:
             raise _failed(endpoint, failure)
         failures += 1
-        await trio.sleep(min(RETRY_INTERVAL * 2 ** (failures - 1), MAX_RETRY_INTERVAL))
+        await trio.sleep(wait)
 
 
 async def _request(
@@ -332,36 +355,10 @@ async def _request(
     return None, RequestTimedOut(f"no whole answer within {timeout} s")
 
 
-def rate_limit_backoff(seed: int, tries: int) -> float:
-    """Seconds a call waits after its ``tries``-th 429 that gave no positive ``Retry-After``:
-    exponential from `RATE_LIMIT_BACKOFF`, capped at `MAX_RATE_LIMIT_BACKOFF`, with a jitter
-    (half to all of it) drawn from the request's seed and the try, so calls spread out."""
-    step = min(RATE_LIMIT_BACKOFF * 2 ** max(0, tries - 1), MAX_RATE_LIMIT_BACKOFF)
-    digest = hashlib.sha256(f"{seed}:{tries}".encode()).digest()
-    return step * (0.5 + 0.5 * int.from_bytes(digest[:4], "big") / 2**32)
-
-
 def _request_timeout(endpoint: Endpoint, deadline: float) -> float | None:
     left = deadline - trio.current_time()
     timeout = min(endpoint.timeout if endpoint.timeout is not None else math.inf, left)
     return None if math.isinf(timeout) else max(timeout, 0.001)
-
-
-class RequestTimedOut(Exception):
-    """A request with no whole answer within its timeout (a transient failure)."""
-
-
-class MalformedResponse(Exception):
-    """An answer that is not a chat completion at all (a transient failure)."""
-
-
-def _transient(openai: Any, error: Exception | None) -> bool:
-    """A connection error, a request timeout, a body that is not a completion, 408, 409 or
-    5xx: worth asking again."""
-    if isinstance(error, openai.APIConnectionError | RequestTimedOut | MalformedResponse):
-        return True
-    status = getattr(error, "status_code", None)
-    return isinstance(status, int) and (status in (408, 409) or status >= 500)
 
 
 _NOT_CONNECTED = frozenset({"ConnectError", "ConnectTimeout"})
@@ -376,23 +373,13 @@ def _reached(error: Exception | None) -> bool:
     return type(cause).__name__ not in _NOT_CONNECTED
 
 
-def _retry_after(headers: Any) -> float | None:
-    """Seconds the server asks callers to wait: ``retry-after-ms``, or ``retry-after`` as
-    seconds or an HTTP date; None when it says nothing usable."""
-    seconds = None
-    try:
-        if headers.get("retry-after-ms") is not None:
-            seconds = float(headers["retry-after-ms"]) / 1000
-        elif (value := headers.get("retry-after")) is not None:
-            try:
-                seconds = float(value)
-            except ValueError:
-                when = email.utils.parsedate_to_datetime(value).timestamp()
-                seconds = max(0.0, when - time.time())
-    except (ValueError, TypeError, OverflowError):
-        return None
-    # nan or inf says nothing usable (a nan made every call retry at once: found by review)
-    return seconds if seconds is not None and math.isfinite(seconds) else None
+def _rate_limited(endpoint: Endpoint, what: str, sent: bool) -> ModelError:
+    """The endpoint's failure of a call that its rate limit kept from an answer in time
+    (``sent``: a request of it got no answer otherwise than by a 429)."""
+    where = endpoint.base_url or "the OpenAI API"
+    said = f"{endpoint.model} at {where} rate limited (HTTP 429): no answer by the deadline"
+    said += f" ({what})"
+    return ModelError(said, sent=sent)
 
 
 def without_key(endpoint: Endpoint, text: str) -> str:

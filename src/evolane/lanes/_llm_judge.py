@@ -154,7 +154,9 @@ async def _blame(
     the comparison they dropped a candidate's failing cases from it (found by review: a
     worse candidate that wrote a blocked string on every case it could not answer was
     accepted, confirmed and published). Still down, or no answer by half the time left:
-    ``error`` as it was."""
+    ``error`` as it was. The canary goes out at once, past a ``Retry-After`` pause: a
+    request the endpoint answers 429 for its size alone pauses every call, and a canary held
+    back by that pause left the output's cases out."""
     now = trio.current_time()
     canary_deadline = now + (deadline - now) / 2 if math.isfinite(deadline) else deadline
     messages = judge_messages(rubric, call.case, None)
@@ -166,6 +168,7 @@ async def _blame(
             sample=0,
             deadline=canary_deadline,
             attempt=CANARY_ATTEMPT,
+            past_pause=True,  # a pause the output's own 429s made must not block the canary
         )
     except ModelError:
         return error

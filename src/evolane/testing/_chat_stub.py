@@ -50,6 +50,8 @@ class StubScript:
     latency: float = 0.0
     rate_limit_fraction: float = 0.0
     rate_limit_count: int = 0
+    rate_limit_after: int | None = None
+    """Every request after the first N is answered 429 (a storm that starts mid-run)."""
     retry_after: float = 0.0
     hang: bool = False
     fail_count: int = 0
@@ -71,6 +73,7 @@ class StubScript:
     """Answer ``refuse_status`` to a request whose last user message holds this text (a
     firewall or guardrail in front of the model, blocking what a request says)."""
     refuse_status: int = 403
+    """(429: with the 429s' ``Retry-After``, as a rate limit on a request's size.)"""
     rules: list[StubRule] = field(default_factory=list)
     contents: list[str] = field(default_factory=list)
     """A queue of contents, answered in order before the rules and the default."""
@@ -140,7 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(429, {"error": {"message": "rate limited", "type": "rate"}}, headers)
                 return
             if script.refuse and script.refuse in _last_user(body):
-                self._send(script.refuse_status, {"error": {"message": "blocked by policy"}})
+                status = script.refuse_status
+                pause = {"Retry-After": str(script.retry_after)} if status == 429 else {}
+                self._send(status, {"error": {"message": "blocked by policy"}}, pause)
                 return
             if failed:
                 said = "scripted failure"
@@ -354,6 +359,8 @@ class ChatStub:
             if script.rate_limit_count > 0:
                 script.rate_limit_count -= 1
                 limited = True
+            elif script.rate_limit_after is not None:
+                limited = stats.requests > script.rate_limit_after
             elif script.rate_limit_fraction > 0:
                 limited = self._rng.random() < script.rate_limit_fraction
             stats.rate_limited += limited
