@@ -146,6 +146,10 @@ async def test_an_optimizer_endpoint_down_on_every_call_fails_the_run(
     assert report.status == "failed" and report.campaign_status == "paused"
     assert "optimizer's model endpoint failed on every call" in report.message
     assert "HTTP 503" in report.message
+    # each proposal's failure is listed where it happened (the report's failures were empty)
+    assert [(f.where, f.failure.code) for f in report.failures] == [
+        (f"c0.i0.s{slot}", "endpoint_failed") for slot in range(2)
+    ]
     assert all(f.failure.owner == "infrastructure" for f in report.failures)
 
 

@@ -200,6 +200,9 @@ class _Cycle:
             results = await self.slots.propose(iteration, prompts, context)
             down = optimizer_down(results)
             if down is not None:  # it ended finished, a campaign complete (found by review)
+                for book, result in zip(books, results, strict=True):  # listed, as others are
+                    if result.failure is not None:  # (found by review: failures was empty)
+                        state.book.fail(book.slot_id, result.failure)
                 raise Stopped("failed", f"iteration {iteration}: {down}")
             for slot, (book, result) in enumerate(zip(books, results, strict=True)):
                 summary = await self.slots.candidate(book, result)
