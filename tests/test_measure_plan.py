@@ -705,3 +705,19 @@ def test_a_request_naming_a_case_twice_is_refused() -> None:
     """Two units under one id would each take the other's answers."""
     with pytest.raises(ValueError, match="must name each case once"):
         make_request().model_copy(update={"case_ids": ("c1", "c2", "c1")})
+
+
+def test_clustered_cases_are_measured_in_full_and_judged_by_cluster() -> None:
+    """Early stop reads cases one by one as independent: a measurement of clustered cases
+    (the turns of one session) runs in full, and its gate judges clusters."""
+    sessions = {f"c{i}": f"session-{i // 4}" for i in range(40)}  # 10 sessions of 4 turns
+    for clusters, stopped_early in (({}, True), (sessions, False)):
+        plan = MeasurePlan(make_request(), make_settings(40, clusters=clusters), lanes=2)
+        outcomes = {
+            u.unit_id: Outcome(score=1.0 if u.arm == "candidate" else 0.0) for u in plan.units
+        }
+        run_plan(plan, outcomes)
+        summary = plan.summary(ref(9), 0.0)
+        assert (summary.status == "early_stopped") is stopped_early
+        assert summary.gate.decision == "accept"
+        assert summary.gate.reason.startswith("by cluster (10 of 10") is not stopped_early

@@ -355,7 +355,13 @@ class _Cycle:
                     arms = (arm_scores(units, "baseline"), arm_scores(units, "candidate"))
                     against = "seed" if baseline == self.s.seed_ref else "published"
                     state.confirmation, state.confirmations = confirm_best(
-                        budget, best, arms, self.config, self.s.test_cases, against
+                        budget,
+                        best,
+                        arms,
+                        self.config,
+                        self.s.test_cases,
+                        against,
+                        clusters=self.services.clusters,
                     )
         state.scores = Scores(**scores)
 

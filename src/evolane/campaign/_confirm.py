@@ -18,6 +18,7 @@ bound on the mean) a small split gets `SMALL_TEST_REPETITIONS` replays per case 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field
@@ -33,7 +34,13 @@ from evolane.campaign._online import (
     resolved_mode,
 )
 from evolane.messages import ArtifactRef, Record, ShortText, Text
-from evolane.stats import can_ever_confirm, confirm, no_gain_margin
+from evolane.stats import (
+    can_ever_confirm,
+    clustered,
+    confirm,
+    no_gain_margin,
+    planned_clusters,
+)
 
 SMALL_TEST_SPLIT = 32
 """Below this many test cases the confirmation replays each case `SMALL_TEST_REPETITIONS`
@@ -89,18 +96,25 @@ def confirm_repetitions(config: CampaignConfig, test_cases: int) -> int:
 
 
 def confirmable(
-    config: CampaignConfig, test_cases: int, level: float | None = None
+    config: CampaignConfig, test_cases: int, level: float | None = None, grouped: bool = False
 ) -> tuple[bool, str]:
     """Whether ``test_cases`` held-out cases can ever confirm a best at ``level`` (default:
     a new campaign's first confirmation, `first_confirm_level`), with the test `confirm`
-    reads for this campaign's scores and margin, and the one-line why."""
+    reads for this campaign's scores and margin, and the one-line why. ``grouped``: the
+    test cases are clustered, ``test_cases`` counts their clusters (each cluster's mean is
+    read with the betting bound)."""
     gate = config.gate
     level = first_confirm_level(config) if level is None else level
     if level <= 0.0:
         return False, "the campaign's confirmation budget is spent"
-    return can_ever_confirm(
-        test_cases, 1.0 - level, margin=no_gain_margin(gate), pass_fail=config.pass_fail
+    pass_fail = config.pass_fail and not grouped
+    possible, why = can_ever_confirm(
+        test_cases, 1.0 - level, margin=no_gain_margin(gate), pass_fail=pass_fail
     )
+    if grouped:
+        why = why.replace(" held-out cases", " held-out clusters").replace(" cases)", " clusters)")
+        why = why.replace("every case a full gain", "every cluster a full gain")
+    return possible, why
 
 
 def first_confirm_level(config: CampaignConfig) -> float:
@@ -125,17 +139,23 @@ def confirm_best(
     config: CampaignConfig,
     test_cases: int,
     against: Against = "seed",
+    *,
+    clusters: Mapping[str, str] | None = None,
 ) -> tuple[ConfirmationRecord, OnlineBudget]:
     """Confirm ``best`` against the tree a publish would replace (``against``: the seed, or
     what an earlier cycle published) on the test split (``arms``: their scores) under the
     campaign's confirmation ``budget`` (the online fallback procedure over its attempts, as
     online control spends alpha over candidates), and the budget with this attempt. A tree
-    tested before keeps its verdict: a retest would be one more chance."""
+    tested before keeps its verdict: a retest would be one more chance. ``clusters``: per
+    case id, its cluster (`stats.confirm` tests clusters)."""
     earlier = tested_before(budget, best)
     if earlier is not None:
-        return confirmation_of(*arms, config, test_cases, earlier.level, earlier, against), budget
+        record = confirmation_of(
+            *arms, config, test_cases, earlier.level, earlier, against, clusters=clusters
+        )
+        return record, budget
     level = budget.next_level
-    record = confirmation_of(*arms, config, test_cases, level, against=against)
+    record = confirmation_of(*arms, config, test_cases, level, against=against, clusters=clusters)
     attempt = OnlineTest(
         slot=_slot(best),
         index=len(budget.tests) + 1,
@@ -155,10 +175,13 @@ def confirmation_of(
     level: float | None = None,
     earlier: OnlineTest | None = None,
     against: Against = "seed",
+    *,
+    clusters: Mapping[str, str] | None = None,
 ) -> ConfirmationRecord:
     """`stats.confirm` of the best (``candidate``) against ``baseline`` (``against`` says
     which tree that is) on the test split at ``level`` (default 1 - confidence);
-    ``earlier``: this tree's verdict from an earlier cycle, which stands."""
+    ``earlier``: this tree's verdict from an earlier cycle, which stands; ``clusters``: per
+    case id, its cluster (clustered cases are tested by cluster)."""
     gate = config.gate
     level = campaign_alpha(config) if level is None else level
     probe = level if 0.0 < level < 1.0 else 0.5  # the verdict is ours: p against ``level``
@@ -170,6 +193,7 @@ def confirmation_of(
         confidence=1.0 - probe,
         pass_fail=config.pass_fail,
         bound=earlier is None and 0.0 < level < 1.0,  # else it would not be shown
+        clusters=clusters,
     )
     p, note = result.p_value, ""
     decision: ConfirmVerdict
@@ -187,6 +211,10 @@ def confirmation_of(
     shown_p, shown = p_beside_level(p, level)
     stats = f"mean {result.mean_delta:+.3g}, p = {shown_p}"
     cases = f"the {test_cases} held-out test cases"
+    units, grouped, named = test_cases, False, baseline.keys() | candidate.keys()
+    if clusters and clustered(named, clusters):
+        units, grouped = planned_clusters(named, test_cases, clusters), True
+        cases += f" ({result.clusters} of their {units} clusters compared, each one observation)"
     if against == "published":
         cases += " against the tree an earlier cycle published (what a publish replaces)"
     # on the cases compared: the others were left out (a unit unscored for the host's reasons)
@@ -207,7 +235,7 @@ def confirmation_of(
             f"the best candidate could not be confirmed: only {result.n} of {cases} could be "
             "compared"
         )
-    possible, why = confirmable(config, test_cases, level)
+    possible, why = confirmable(config, units, level, grouped)
     if decision != "confirmed" and not possible:
         sentence += f" ({why})"
     published = decision == "confirmed"

@@ -121,12 +121,14 @@ def estimate_run(
     probe: ProbeTiming | None = None,
     budgets: tuple[OnlineBudget | None, OnlineBudget | None] = (None, None),
     used: Usage | None = None,
+    clusters: tuple[int | None, int | None] = (None, None),
 ) -> Estimate:
     """The estimate for one cycle of ``config`` on a dataset of this shape (``train_cases``:
     the cases each parent is measured on for the optimizer's feedback, besides val); with a
     ``probe``, a realistic wall range from its timing (`probe_range`); its preflight under a
     continued campaign's (online, confirmation) ``budgets``; ``used``: what the campaign's
-    earlier cycles spent (its wall-clock budget caps the range at what is left of it)."""
+    earlier cycles spent (its wall-clock budget caps the range at what is left of it);
+    ``clusters``: the val and test cases' clusters, when clustered (`preflight`)."""
     used = used or Usage()
     config = _wall_left(config, used.wall_seconds or 0.0)
     b, c = repetitions_for(config, val_cases)
@@ -165,7 +167,7 @@ def estimate_run(
             f"probe: one replay {probe.replay_seconds:.2f} s, one judge call "
             f"{probe.judge_seconds:.2f} s on this host"
         )
-    checked = preflight(config, val_cases, test_cases, (b, c), *budgets)
+    checked = preflight(config, val_cases, test_cases, (b, c), *budgets, clusters=clusters)
     return Estimate(
         wall_worst_seconds=worst,
         judge_retries_max=judges - replays if measure.judge else 0,

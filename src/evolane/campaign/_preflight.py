@@ -14,15 +14,20 @@ test cases) is refused with an `InputError` (exit 2) naming the reason.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import confirm_repetitions, confirmable
 from evolane.campaign._online import OnlineBudget, opening_budget, resolved_mode
+from evolane.inputs import Dataset, case_clusters
 from evolane.stats import (
+    CLUSTERED_GATES,
     can_ever_accept,
     can_ever_pass_online,
+    clustered,
+    count_clusters,
     min_acceptable_gain,
     no_gain_margin,
     regression_veto_note,
@@ -47,12 +52,20 @@ def preflight(
     repetitions: tuple[int, int],
     online: OnlineBudget | None = None,
     confirmations: OnlineBudget | None = None,
+    *,
+    clusters: tuple[int | None, int | None] = (None, None),
 ) -> Preflight:
     """The preflight of ``config`` on a dataset with ``val_cases`` and ``test_cases``, with
     the val measurement's (baseline, candidate) ``repetitions``; under a continued
     campaign's stored budgets: ``online`` (in online mode) and ``confirmations`` (the level
-    its next confirmation gets), else fresh ones."""
+    its next confirmation gets), else fresh ones. ``clusters``: how many clusters the val
+    and the test cases fall into when two of them share one (`stats.clustered`), else None:
+    the gate and the tests of no true gain then count clusters (`cluster_units`)."""
     gate = config.gate
+    clustered_lines = cluster_lines(config, (val_cases, test_cases), clusters)
+    grouped = clusters[0] if gate.gate in CLUSTERED_GATES else None  # what the gate counts
+    online_val = clusters[0] or val_cases  # what the test of no true gain counts
+    val_cases, tested = grouped or val_cases, clusters[1] or test_cases
     mode = resolved_mode(config.error_control, test_cases)
     if mode == "confirm" and not test_cases:
         why = (
@@ -62,30 +75,35 @@ def preflight(
         return Preflight(False, why, None, (why,))
     possible, why = can_ever_accept(gate, val_cases, repetitions)
     if not possible:
+        why = _by_cluster(why, grouped)
         return Preflight(False, why, None, (why,))
     level, online_lines = None, []
     if mode == "online":
         budget = online or opening_budget(config, config.max_improvement_cycles)
-        refusal, level, online_lines = _online(budget, val_cases, config)
+        refusal, level, online_lines = _online(budget, online_val, config, clusters[0] is not None)
         if refusal is not None:
+            refusal = _by_cluster(refusal, clusters[0])
             return Preflight(False, refusal, None, (refusal,))
+    if online_val != val_cases:  # the gate counts cases, online control clusters: own lines
+        level = None
     binary = min_acceptable_gain(
-        gate, val_cases, repetitions, "binary", level=level, pass_fail=config.pass_fail
+        gate, val_cases, repetitions, "binary", level=level, pass_fail=_pass_fail(config, clusters)
     )
-    lines = [binary.reason]
+    lines = [*clustered_lines, _by_cluster(binary.reason, grouped)]
     if config.measure.judge and gate.gate in ("paired", "bootstrap"):  # a judge may grade
-        lines.append(min_acceptable_gain(gate, val_cases, repetitions, "continuous").reason)
+        continuous = min_acceptable_gain(gate, val_cases, repetitions, "continuous").reason
+        lines.append(_by_cluster(continuous, grouped))
     veto = regression_veto_note(gate, repetitions)
     if veto is not None:
         lines.append(veto)
-    lines += online_lines
+    lines += [_by_cluster(line, clusters[0]) for line in online_lines]
     if mode == "confirm":
         next_level = confirmations.next_level if confirmations is not None else None
-        possible_here, reason = confirmable(config, test_cases, next_level)
+        possible_here, reason = confirmable(config, tested, next_level, clusters[1] is not None)
         if not possible_here:
             lines.append(f"{reason}: verified_only / auto_verified will never publish")
         replays = confirm_repetitions(config, test_cases)
-        if config.pass_fail and replays > 1:
+        if config.pass_fail and replays > 1 and clusters[1] is None:
             lines.append(
                 "warning: with pass/fail scores the confirmation counts only test cases fixed "
                 f"in all {replays} replays (the repetition flags): far less power than one "
@@ -102,12 +120,82 @@ def preflight(
     return Preflight(True, None, binary.mean, tuple(line[:256] for line in lines))
 
 
+def cluster_lines(
+    config: CampaignConfig, cases: tuple[int, int], clusters: tuple[int | None, int | None]
+) -> list[str]:
+    """The lines saying that the (val, test) ``cases`` are clustered, and into how many
+    ``clusters`` (None: not clustered), and what counts them."""
+    lines = []
+    for split, count, groups in zip(("val", "test"), cases, clusters, strict=True):
+        if groups is None:
+            continue
+        what = "the confirmation tests each cluster's mean delta (betting bound)"
+        if split == "val" and config.gate.gate in CLUSTERED_GATES:
+            what = (
+                f"the {config.gate.gate} gate judges each cluster's mean delta (SE, bootstrap, "
+                "min_cases and min_coverage over clusters; no early stop)"
+            )
+        elif split == "val":
+            what = (
+                f"the {config.gate.gate} gate, which has no error level, judges cases; online "
+                "control tests each cluster's mean delta"
+            )
+        lines.append(
+            f"the {count} {split} cases are clustered (a session's turns, or metadata.cluster):"
+            f" {groups} clusters decide, not {count} cases; {what}"
+        )
+    return lines
+
+
+def _pass_fail(config: CampaignConfig, clusters: tuple[int | None, int | None]) -> bool:
+    """Whether online control reads the full-gain sign test: pass/fail scores, val not
+    clustered (a cluster's mean is read with the betting bound)."""
+    return config.pass_fail and clusters[0] is None
+
+
+def _by_cluster(reason: str, groups: int | None) -> str:
+    """A minimum-gain line in clusters when the val cases are clustered."""
+    if groups is None:
+        return reason
+    for case, cluster in _IN_CLUSTERS:
+        reason = reason.replace(case, cluster)
+    return reason
+
+
+_IN_CLUSTERS = (
+    (" val cases", " val clusters"),
+    (" comparable cases", " comparable clusters"),
+    (" case(s)", " whole cluster(s)"),
+    ("each broken case", "each broken cluster"),
+    ("per-case sd", "per-cluster sd"),
+    ("every case a full gain", "every cluster a full gain"),
+)
+"""What the val gate's lines say of cases, said of clusters (`_by_cluster`)."""
+
+
+def cluster_counts(
+    dataset: Dataset, splits: Mapping[str, Sequence[str]]
+) -> tuple[int | None, int | None]:
+    """How many clusters the val and the test cases (``splits``: the ids of each split)
+    fall into (`inputs.case_clusters`), each None when no two of its cases share one (the
+    statistics then count cases)."""
+    clusters = case_clusters(dataset)
+    if not clusters:
+        return None, None
+
+    def count(ids: Sequence[str]) -> int | None:
+        return count_clusters(ids, clusters) if clustered(ids, clusters) else None
+
+    return count(splits.get("val", ())), count(splits.get("test", ()))
+
+
 def _online(
-    budget: OnlineBudget, val_cases: int, config: CampaignConfig
+    budget: OnlineBudget, val_cases: int, config: CampaignConfig, grouped: bool = False
 ) -> tuple[str | None, float, list[str]]:
     """(refusal, level, lines) of online mode: refused only when no candidate can reach the
     highest level any can get (the budget's own, or one carried from an accepted
-    predecessor), warned when only a carried level can be reached."""
+    predecessor), warned when only a carried level can be reached. ``grouped``: val is
+    clustered (``val_cases`` counts clusters, read with the betting bound)."""
     base, carried = budget.base_level, budget.next_level
     best = max(base, carried)
     spread = f"alpha {budget.alpha:g} over {budget.horizon} candidates"
@@ -121,7 +209,7 @@ def _online(
         can_ever_pass_online,
         val_cases,
         margin=no_gain_margin(gate),
-        pass_fail=config.pass_fail,
+        pass_fail=config.pass_fail and not grouped,
         order_seed=gate.seed,
     )
     reachable, why = reach(best)

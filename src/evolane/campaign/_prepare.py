@@ -32,7 +32,7 @@ from evolane.campaign._models import (
     with_recorded_plugins,
 )
 from evolane.campaign._online import OnlineBudget
-from evolane.campaign._preflight import preflight
+from evolane.campaign._preflight import cluster_counts, preflight
 from evolane.campaign._runs import (
     CampaignState,
     ResumeState,
@@ -176,7 +176,7 @@ def prepare_run(
             check_recorded_plugins(config, f"--resume-campaign {resume_campaign}", recorded=last)
         seed = _carve_seed(layout, config, resume_campaign)
         plan = plan_splits(config, _in_file(dataset), seed=seed, rows=dataset.rows())
-        _refuse_hopeless(config, plan, _stored_budget(layout, resume_campaign))
+        _refuse_hopeless(config, plan, dataset, _stored_budget(layout, resume_campaign))
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
         record = record.model_copy(update={"splits": plan})
         if campaign.splits is None and plan.carved:  # the campaign's later cycles carve alike
@@ -215,12 +215,12 @@ def _carve_seed(layout: StoreLayout, config: CampaignConfig, campaign_id: str | 
 
 
 def _refuse_hopeless(
-    config: CampaignConfig, plan: SplitPlan, online: OnlineBudget | None = None
+    config: CampaignConfig, plan: SplitPlan, dataset: Dataset, online: OnlineBudget | None = None
 ) -> None:
-    """Refuse, before anything is written, a configuration that can never accept (under
-    the campaign's stored online budget, when it has one)."""
-    val = plan.val_cases
-    checked = preflight(config, val, plan.test_cases, repetitions_for(config, val), online)
+    """Refuse, before anything is written, what can never accept on ``plan``'s ``dataset``."""
+    clusters = cluster_counts(dataset, plan.splits(_in_file(dataset)))
+    val, reps = plan.val_cases, repetitions_for(config, plan.val_cases)
+    checked = preflight(config, val, plan.test_cases, reps, online, clusters=clusters)
     if checked.refusal is not None:
         raise InputError(f"--dataset {config.dataset}: {checked.refusal}")
 
@@ -272,6 +272,7 @@ def _prepared(
                 train_cases=train,
                 budgets=(campaign.online, campaign.confirmations),
                 used=spent.model_copy(update=used),
+                clusters=cluster_counts(dataset, plan.splits(_in_file(dataset))),
             ),
             plan,
             trajectory_note(config),

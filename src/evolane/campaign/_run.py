@@ -312,6 +312,7 @@ async def _cycle(
             bus=ctx.session.bus,
             resume=prepared.resume,
             case_refs=cases.replay,
+            clusters=cases.clusters,
         )
         measure = measure_parts(
             config.measure,

@@ -39,7 +39,7 @@ from evolane.messages import (
     Reserve,
     ReserveReply,
 )
-from evolane.stats import paired_sample
+from evolane.stats import Clusters, cluster_means, paired_sample
 from evolane.store import storage_failure
 from evolane.supervisors import leaf_exceptions
 from evolane.views import arm_scores
@@ -322,20 +322,26 @@ class Slots:
         or restored from an earlier session) is measured again beside fresh replays of the
         parent, and decided on those pairs alone: a drift of the replays' world since (an
         endpoint or a judge scoring higher) would otherwise favour it (`earlier_window`)."""
-        online, gate_config = self.state.online, self.config.gate
+        online = self.state.online
         assert online is not None
-        p_value = online.p_value(summary.gate, _deltas(units), gate_config, self.config.pass_fail)
+        p_value = self._p_value(summary.gate, units)
         rechecked = online.would_accept(summary.gate, p_value) and earlier_window(units)
         if rechecked:
             summary, units = await self._measure_pair(book, tree, fresh=True)
-            p_value = online.p_value(
-                summary.gate, _deltas(units), gate_config, self.config.pass_fail
-            )
+            p_value = self._p_value(summary.gate, units)
         gate = online.decide(book.slot_id, summary.gate, p_value)
         if rechecked:
             reason = f"{RECHECKED}; {gate.reason}"[:256]
             gate = gate.model_copy(update={"reason": reason})
         return summary, units, gate
+
+    def _p_value(self, gate: GateResult, units: list[dict[str, Any]]) -> float | None:
+        """`OnlineRule.p_value` of a measurement's pairs; clustered cases give each cluster's
+        mean delta, read with the betting bound (a cluster's mean is rarely a full gain)."""
+        online = self.state.online
+        assert online is not None
+        deltas, by_case = _deltas(units, self.services.clusters)
+        return online.p_value(gate, deltas, self.config.gate, self.config.pass_fail and by_case)
 
     def _told(self, reason: str) -> str:
         """What the optimizer is told of a rejection: the gate's reason carries val outcomes
@@ -354,9 +360,12 @@ class Slots:
         del state.rejected[:-REJECTED_KEPT]
 
 
-def _deltas(units: list[dict[str, Any]]) -> Any:
-    """Per-case candidate - parent on a measurement's comparable pairs."""
-    return paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate")).deltas
+def _deltas(units: list[dict[str, Any]], clusters: Clusters) -> tuple[Any, bool]:
+    """Candidate - parent on a measurement's comparable pairs: per case, or each cluster's
+    mean when two of the cases share a cluster (`stats.cluster_means`); and whether per case."""
+    sample = paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate"))
+    ids, (deltas,) = cluster_means(sample.ids, (sample.deltas,), clusters)
+    return deltas, len(ids) == len(sample.ids)
 
 
 def _stopped_in(error: BaseException) -> BaseException:

@@ -165,6 +165,8 @@ class CampaignServices:
     - ``resume``: what the journal of an interrupted run holds (read only).
     - ``case_refs``: the stored cases as replays see them (read only), for the optimizer's
       context.
+    - ``clusters``: per case id, its cluster (read only): online control and the
+      confirmation test clustered cases by cluster (`stats.cluster_means`).
     """
 
     store: BlobStore
@@ -173,6 +175,7 @@ class CampaignServices:
     bus: ProgressBus
     resume: ResumeState
     case_refs: Mapping[str, ArtifactRef]
+    clusters: Mapping[str, str] = field(default_factory=dict)
 
 
 class CycleOutcome(Record):

@@ -37,6 +37,38 @@ def _check_verification(value: str | None) -> str | None:
     return value
 
 
+MAX_CLUSTER_CHARS = 256
+"""Upper bound on the length of a cluster name (``metadata.cluster``), in characters."""
+
+
+def _check_metadata(value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+    """``metadata.cluster``, when present, is a cluster name: a string of 1 to 256
+    characters (or an integer, read as its decimal string)."""
+    if value is None or "cluster" not in value:
+        return value
+    cluster = value["cluster"]
+    if isinstance(cluster, bool) or not isinstance(cluster, str | int):
+        raise ValueError("metadata.cluster must be a string (the name of the case's cluster)")
+    if not 1 <= len(str(cluster)) <= MAX_CLUSTER_CHARS:
+        raise ValueError(f"metadata.cluster must have 1 to {MAX_CLUSTER_CHARS} characters")
+    return value
+
+
+def cluster_of(case: Case) -> str | None:
+    """The cluster a case belongs to, or None (a cluster of its own): ``metadata.cluster``;
+    else, for a case ingested from trajectories before clusters were written (``metadata``
+    with ``session`` and ``turn``), its session. Cases of one cluster are not independent
+    (the turns of one session): the statistics take each cluster as one observation."""
+    metadata = case.metadata or {}
+    cluster = metadata.get("cluster")
+    if cluster is not None:
+        return "cluster:" + str(cluster)
+    session = metadata.get("session")
+    if isinstance(session, str) and "turn" in metadata:
+        return "session:" + session
+    return None
+
+
 CaseId = Annotated[
     str,
     Field(min_length=1, max_length=MAX_CASE_ID_CHARS),
@@ -57,7 +89,7 @@ class Case(Record):
     expected_output: JsonValue = None
     verification_command: Annotated[str | None, AfterValidator(_check_verification)] = None
     split: Split = "val"
-    metadata: dict[str, JsonValue] | None = None
+    metadata: Annotated[dict[str, JsonValue] | None, AfterValidator(_check_metadata)] = None
 
     def verification_template(self) -> CommandTemplate | None:
         """The parsed ``verification_command`` (role ``verification``), or ``None``."""

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import orjson
 from pydantic import ValidationError
 
-from evolane.inputs._cases import SPLITS, Case, Split, case_json, without_answers
+from evolane.inputs._cases import SPLITS, Case, Split, case_json, cluster_of, without_answers
 from evolane.inputs._errors import DatasetError, InputError, quote
 from evolane.store import read_at_most
 
@@ -205,6 +205,21 @@ def require_split(dataset: Dataset, name: Split) -> tuple[Case, ...]:
     if not cases:
         raise DatasetError.at(dataset.path, None, f"the {name} split is empty")
     return cases
+
+
+def case_clusters(dataset: Dataset) -> dict[str, str]:
+    """Per case id, the cluster it names (`cluster_of`); cases that name none are left out
+    (each is a cluster of its own). Cheap for a dataset that names no cluster or session:
+    the rows are not parsed."""
+    jsonl = dataset.canonical_jsonl()
+    if b'"cluster"' not in jsonl and b'"session"' not in jsonl:
+        return {}
+    found = {}
+    for case in dataset:
+        cluster = cluster_of(case)
+        if cluster is not None:
+            found[case.id] = cluster
+    return found
 
 
 def load_dataset(

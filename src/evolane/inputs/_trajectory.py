@@ -322,6 +322,7 @@ def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> C
     metadata: dict[str, JsonValue] = {
         "group": group,
         "session": turn.session[:256],
+        "cluster": _dealt_by(turn)[:256],  # its conversation: not independent of its turns
         "turn": turn.number,
         "source": entry.where[:512],
         "outcome": entry.status,

@@ -21,7 +21,7 @@ import trio
 
 from evolane.actors import ActorError, ActorRef
 from evolane.distributed import DaskCluster, open_cluster
-from evolane.inputs import SPLITS, Dataset
+from evolane.inputs import SPLITS, Dataset, case_clusters
 from evolane.lanes import LaneSettings
 from evolane.measure._budget import Ledger, LedgerSnapshot
 from evolane.measure._settings import (
@@ -107,6 +107,7 @@ def store_cases(store: BlobStore, dataset: Dataset) -> CaseRefs:
         replay=case_references(store, dataset, include_answers=False),
         judge=case_references(store, dataset, include_answers=True),
         splits=splits,
+        clusters=case_clusters(dataset),
     )
 
 

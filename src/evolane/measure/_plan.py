@@ -77,6 +77,7 @@ from evolane.messages import (
     UnitEvent,
     UnitRecord,
 )
+from evolane.stats import clustered
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -126,7 +127,11 @@ class MeasurePlan:
         self._moved = self._finished = False
         self._sealed: list[Unit] = []  # ended since the last event: compacted at the next
         self._judging = 0  # units judging or rejudging now
-        prefix = (len(self.case_ids), self.units, request.gate, request.candidate_ref is not None)
+        paired = request.candidate_ref is not None
+        # Clustered cases are not independent: early stop's tests and bounds read cases, so a
+        # clustered measurement runs in full and its gate judges clusters (`decision`).
+        self.clusters = settings.clusters if clustered(self.case_ids, settings.clusters) else None
+        prefix = (len(self.case_ids), self.units, request.gate, paired and self.clusters is None)
         self._prefix = CasePrefix(*prefix, allow_accept=request.early_accept)
 
     # ----- the machine ------------------------------------------------------------------
@@ -434,7 +439,9 @@ class MeasurePlan:
         if not self._finished:
             raise RuntimeError("the measurement has units that did not end")
         early = self.early if self.stop_reason is None else None
-        gate = decision(self.units, len(self.case_ids), self.request.gate, self.cutoff, early)
+        gate = decision(
+            self.units, len(self.case_ids), self.request.gate, self.cutoff, early, self.clusters
+        )
         status: MeasureStatus = self.stop_reason or ("early_stopped" if self.early else "complete")
         message = self.message
         if self.diverged and not self.settings.replays_allowed and self.stop_reason is None:

@@ -11,7 +11,7 @@ import numpy as np
 from evolane.measure._table import Unit, UnitTable
 from evolane.measure._units import arm_matrices
 from evolane.messages import Decision, GateConfig, GateResult, MeasureEvent
-from evolane.stats import EarlyStop, decide_matrices, mean_and_se
+from evolane.stats import Clusters, EarlyStop, decide_matrices, mean_and_se
 
 
 class CasePrefix:
@@ -29,8 +29,9 @@ class CasePrefix:
         *,
         allow_accept: bool = True,
     ) -> None:
-        """``paired``: the measurement has a candidate arm (a baseline alone is measured
-        whole: there is nothing to decide early); ``allow_accept`` False: an early stop may
+        """``paired``: the measurement has a candidate arm and its cases are independent (a
+        baseline alone is measured whole: there is nothing to decide early; so are clustered
+        cases, which early stop cannot read one by one); ``allow_accept`` False: an early stop may
         only reject (`EarlyStop`)."""
         # Case k's units are ``start + k * step`` for each column (repetition and arm) of the
         # layout: no index, start or count is kept per case.
@@ -114,14 +115,16 @@ def decision(
     gate: GateConfig,
     cutoff: int | None,
     early: tuple[str, str] | None,
+    clusters: Clusters | None = None,
 ) -> GateResult:
     """The gate's result on the cases before ``cutoff`` (all ``cases`` without one); an early
     stop's (decision, reason), when given, replaces the gate's own. Its ``n_planned`` is the
     measurement's ``cases`` either way: an early stop reads fewer, it does not plan fewer
-    (found by review: a stop after 25 of 26 cases was reported as n 25/25)."""
+    (found by review: a stop after 25 of 26 cases was reported as n 25/25). ``clusters``:
+    the gate judges clusters (`stats.judge_clusters`)."""
     baseline, candidate = arm_matrices(units, cutoff)
     planned = cutoff if cutoff is not None else cases
-    result = decide_matrices(baseline, candidate, gate, n_planned=planned)
+    result = decide_matrices(baseline, candidate, gate, n_planned=planned, clusters=clusters)
     update: dict[str, object] = {"n_planned": cases}
     if early is not None:
         update.update(decision=early[0], reason=early[1])

@@ -36,3 +36,6 @@ class SchedulerSettings:
     """Judges may spend (a judge command or a model backend): each judgement is reserved and
     charged under stage ``judge``. False: exact match or verification commands, free."""
     progress_interval: float = 0.1  # seconds between two progress events of a measurement
+    clusters: Mapping[str, str] = field(default_factory=dict)
+    """Per case id, its cluster (`inputs.case_clusters`): clustered cases are judged by
+    cluster (`stats.judge_clusters`) and their measurement runs in full (no early stop)."""

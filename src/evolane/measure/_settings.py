@@ -198,6 +198,8 @@ class CaseRefs:
     replay: Mapping[str, ArtifactRef]
     judge: Mapping[str, ArtifactRef]
     splits: dict[str, tuple[str, ...]]
+    clusters: Mapping[str, str] = field(default_factory=dict)
+    """Per case id, the cluster it names (`inputs.case_clusters`); the others are their own."""
 
 
 def scheduler_settings(
@@ -214,6 +216,7 @@ def scheduler_settings(
         case_refs=cases.replay,
         judge_case_refs=cases.judge,
         splits=cases.splits,
+        clusters=cases.clusters,
         fingerprint=fingerprint,
         replay_timeout=settings.replay_timeout,
         judge_timeout=settings.judge_timeout,

@@ -2,13 +2,13 @@
 (DESIGN §6).
 
 The gates judge a candidate against its baseline from per-case repetition scores; cases
-are the independent sample. `EarlyStop` lets a measurement stop as soon as its decision is
-known, at the gate's own level (`sequential_level`) and under the same coverage rule as the
-full evaluation. `min_acceptable_gain` and `can_ever_accept` say before anything runs what
-the gate can accept; `confirm` and `OnlineErrorControl` bound the probability that a
-campaign publishes an edit with no true effect; `case_order` is the seeded reading order and
-`seed_for` derives seeds. The gate's records (`GateConfig`, `GateResult`) live in
-`evolane.messages`.
+are the independent sample, or clusters of them when cases name one (`Clusters`).
+`EarlyStop` lets a measurement stop as soon as its decision is known, at the gate's own
+level (`sequential_level`) and under the same coverage rule as the full evaluation.
+`min_acceptable_gain` and `can_ever_accept` say before anything runs what the gate can
+accept; `confirm` and `OnlineErrorControl` bound the probability that a campaign publishes
+an edit with no true effect; `case_order` is the seeded reading order and `seed_for`
+derives seeds. The gate's records (`GateConfig`, `GateResult`) live in `evolane.messages`.
 """
 
 from evolane.stats._bootstrap import (
@@ -18,12 +18,21 @@ from evolane.stats._bootstrap import (
     expanded_tail,
 )
 from evolane.stats._bounded import bounded_mean_ci, case_mean_ci, clopper_pearson
+from evolane.stats._clusters import (
+    Clusters,
+    cluster_means,
+    clustered,
+    count_clusters,
+    planned_clusters,
+)
 from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
 from evolane.stats._gates import (
+    CLUSTERED_GATES,
     TOLERANCE,
     CaseScores,
     PairedSample,
     decide,
+    judge_clusters,
     judge_sample,
     mean_and_se,
     paired_deltas,
@@ -79,10 +88,12 @@ from evolane.stats._sequential import (
 )
 
 __all__ = [
+    "CLUSTERED_GATES",
     "DEFAULT_MAX_BET",
     "TOLERANCE",
     "BootstrapMethod",
     "CaseScores",
+    "Clusters",
     "ConfirmDecision",
     "Confirmation",
     "EarlySource",
@@ -109,12 +120,16 @@ __all__ = [
     "case_mean_ci",
     "case_order",
     "clopper_pearson",
+    "cluster_means",
+    "clustered",
     "confirm",
+    "count_clusters",
     "coverage_shortfall",
     "decide",
     "decide_matrices",
     "expanded_tail",
     "gate_level",
+    "judge_clusters",
     "judge_sample",
     "matrix_regressions",
     "matrix_sample",
@@ -130,6 +145,7 @@ __all__ = [
     "online_p_value",
     "paired_deltas",
     "paired_sample",
+    "planned_clusters",
     "regression_p_value",
     "regression_veto_note",
     "regressions",

@@ -2,7 +2,8 @@
 the no-regression veto (DESIGN §6).
 
 Inputs are per-case lists of repetition scores in [0, 1]. Repetitions are averaged within a
-case and cases are the independent sample; a case is *comparable* when both arms have at
+case and cases are the independent sample (clusters are, when cases name them: see
+`evolane.stats._clusters`); a case is *comparable* when both arms have at
 least one score for it. Infrastructure failures are not candidate failures: the caller
 leaves those cases (or repetitions) out, and the coverage guard notices when too few remain.
 
@@ -15,13 +16,14 @@ hangs on floating-point accident. Coverage is compared exactly (integers and fra
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from evolane.messages import MAX_VETOED_LISTED, Decision, GateConfig, GateResult
 from evolane.stats._bootstrap import bootstrap_ci
+from evolane.stats._clusters import Clusters, cluster_means, clustered, planned_clusters
 from evolane.stats._levels import coverage_shortfall
 
 TOLERANCE = 1e-12
@@ -268,8 +270,47 @@ def judge_sample(sample: PairedSample, config: GateConfig, n_planned: int) -> Ga
     )
 
 
+CLUSTERED_GATES = ("paired", "bootstrap")
+"""The gates with an error level: with clustered cases they judge clusters (`judge_clusters`)."""
+
+
+def judge_clusters(
+    sample: PairedSample,
+    config: GateConfig,
+    n_planned: int,
+    planned_ids: Collection[str],
+    clusters: Clusters | None,
+) -> GateResult:
+    """`judge_sample`, by cluster when two of the ``planned_ids`` (of ``n_planned`` cases;
+    the others each a cluster of its own) share a cluster and the gate has an error level
+    (`CLUSTERED_GATES`): each cluster's mean pair is one observation, so the mean delta, its
+    SE, the bootstrap and the coverage guard (``min_cases``, ``min_coverage``) are over
+    clusters; the result's ``n`` and ``n_planned`` stay case counts and its reason names
+    the clusters. Exactly `judge_sample` otherwise. The strict and threshold gates, which
+    have no level, judge cases."""
+    if config.gate not in CLUSTERED_GATES or not clustered(planned_ids, clusters):
+        return judge_sample(sample, config, n_planned)
+    assert clusters is not None
+    ids, (base, cand) = cluster_means(sample.ids, (sample.baseline, sample.candidate), clusters)
+    planned = planned_clusters(planned_ids, n_planned, clusters)
+    result = judge_sample(PairedSample(ids, base, cand), config, planned)
+    reason = f"by cluster ({len(ids)} of {planned} clusters, {len(sample.ids)} cases): "
+    return result.model_copy(
+        update={
+            "n": len(sample.ids),
+            "n_planned": n_planned,
+            "reason": (reason + result.reason)[:256],
+        }
+    )
+
+
 def decide(
-    baseline: CaseScores, candidate: CaseScores, config: GateConfig, n_planned: int | None = None
+    baseline: CaseScores,
+    candidate: CaseScores,
+    config: GateConfig,
+    n_planned: int | None = None,
+    *,
+    clusters: Clusters | None = None,
 ) -> GateResult:
     """Judge ``candidate`` against ``baseline`` (per case, each repetition's score in [0, 1]).
 
@@ -286,10 +327,14 @@ def decide(
     - bootstrap: accept iff the CI's lower bound > min_effect (a tie rejects).
     - strict: accept iff candidate >= baseline on every case and > on at least one.
     - threshold: accept iff the candidate's mean score >= threshold and mean delta > 0.
+
+    ``clusters`` (case id -> cluster name): cases that are not independent; the paired and
+    bootstrap gates then judge clusters (`judge_clusters`).
     """
     sample = paired_sample(baseline, candidate)
-    planned = len(baseline.keys() | candidate.keys()) if n_planned is None else n_planned
-    result = judge_sample(sample, config, planned)
+    named = baseline.keys() | candidate.keys()
+    planned = len(named) if n_planned is None else n_planned
+    result = judge_clusters(sample, config, planned, named, clusters)
     vetoed = regressions(baseline, candidate, config) if config.no_regression else []
     return with_veto(result, vetoed, config)
 

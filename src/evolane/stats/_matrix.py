@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from evolane.messages import GateConfig, GateResult
+from evolane.stats._clusters import Clusters
 from evolane.stats._gates import (
     TOLERANCE,
     PairedSample,
-    judge_sample,
+    judge_clusters,
     regression_p_value,
     with_veto,
 )
@@ -122,12 +123,15 @@ def decide_matrices(
     candidate: ScoreMatrix,
     config: GateConfig,
     n_planned: int | None = None,
+    *,
+    clusters: Clusters | None = None,
 ) -> GateResult:
-    """`decide` on two matrices of the same cases (see `decide` for the rules). The veto's
-    cases are found before the sample is made, so their arrays and the sample's never live
-    at once."""
+    """`decide` on two matrices of the same cases (see `decide` for the rules; the rows are
+    the planned cases, ``clusters`` as there). The veto's cases are found before the sample
+    is made, so their arrays and the sample's never live at once."""
     vetoed = matrix_regressions(baseline, candidate, config) if config.no_regression else []
     if n_planned is None:
         n_planned = int((_scored(baseline).any(axis=1) | _scored(candidate).any(axis=1)).sum())
-    result = judge_sample(matrix_sample(baseline, candidate), config, n_planned)
+    sample = matrix_sample(baseline, candidate)
+    result = judge_clusters(sample, config, n_planned, baseline.ids, clusters)
     return with_veto(result, vetoed, config)

@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 
 from evolane.messages import Decision, GateConfig
+from evolane.stats._clusters import Clusters, cluster_means, clustered, planned_clusters
 from evolane.stats._gates import CaseScores, paired_sample
 from evolane.stats._levels import as_fraction
 from evolane.stats._sequential import SequentialTest
@@ -234,6 +235,8 @@ class Confirmation:
     reason: str
     lower_bound: float | None = None
     """`no_gain_lower_bound` at ``level`` (None: indecisive, or not asked for)."""
+    clusters: int | None = None
+    """The comparable clusters the test read, when the cases were clustered (else None)."""
 
 
 def confirm(
@@ -245,6 +248,7 @@ def confirm(
     confidence: float | None = None,
     pass_fail: bool = False,
     bound: bool = True,
+    clusters: Clusters | None = None,
 ) -> Confirmation:
     """Confirm an accepted best (``candidate``) against the original (``baseline``) on
     held-out cases: a one-sided test of "no true gain" at ``confidence`` (default the
@@ -257,7 +261,10 @@ def confirm(
     original, P(confirmed) <= 1 - confidence, because the held-out cases took no part in
     choosing it: this bounds the campaign's false-publish rate, whatever happened on val.
     ``bound``: also find the test's lower confidence bound (`no_gain_lower_bound`, some ten
-    p-values more).
+    p-values more). ``clusters`` (case id -> cluster name): when two cases share one, each
+    cluster's mean delta is one observation of the test (the betting bound, even with
+    ``pass_fail``: a cluster's mean is a full gain only when every one of its cases is) and
+    ``min_coverage`` counts clusters (`evolane.stats._clusters`).
     """
     confidence = config.confidence if confidence is None else confidence
     if not 0.0 < confidence < 1.0:
@@ -268,17 +275,26 @@ def confirm(
     planned = len(baseline.keys() | candidate.keys()) if n_planned is None else n_planned
     if planned < n:
         raise ValueError(f"n_planned={planned} is smaller than the {n} comparable cases")
-    deltas = sample.deltas
-    mean = math.fsum(deltas.tolist()) / n if n else 0.0
-    if n == 0 or Fraction(n) < as_fraction(config.min_coverage) * planned:
-        reason = f"coverage: {n}/{planned} held-out cases comparable: indecisive"
-        return Confirmation("indecisive", n, planned, mean, 1.0, level, reason)
+    deltas, units, shown, groups = sample.deltas, n, planned, None
+    named = baseline.keys() | candidate.keys()
+    if clustered(named, clusters):
+        assert clusters is not None
+        ids, (deltas,) = cluster_means(sample.ids, (deltas,), clusters)
+        units = groups = len(ids)
+        shown = planned_clusters(named, planned, clusters)
+        pass_fail = False  # a cluster's mean is rarely a full gain: the betting bound reads it
+    mean = math.fsum(deltas.tolist()) / units if units else 0.0
+    where = f"{n} held-out cases" if groups is None else f"{groups} clusters of {n} held-out cases"
+    if units == 0 or Fraction(units) < as_fraction(config.min_coverage) * shown:
+        reason = f"coverage: {units}/{shown} held-out {'cases' if groups is None else 'clusters'} "
+        reason += "comparable: indecisive"
+        return Confirmation("indecisive", n, planned, mean, 1.0, level, reason, None, groups)
     margin = no_gain_margin(config)
     p = no_gain_p_value(deltas, margin=margin, pass_fail=pass_fail, order_seed=config.seed)
     verdict: ConfirmDecision = "confirmed" if p <= level else "unconfirmed"
     relation = "<=" if verdict == "confirmed" else ">"
     reason = (
-        f"confirm: mean {mean:+.4g} on {n} held-out cases, one-sided p {p:.3g} "
+        f"confirm: mean {mean:+.4g} on {where}, one-sided p {p:.3g} "
         f"{relation} {level:.3g} (confidence {confidence:g}, margin {margin:g}): {verdict}"
     )
     lower = (
@@ -288,7 +304,7 @@ def confirm(
         if bound
         else None
     )
-    return Confirmation(verdict, n, planned, mean, p, level, reason[:256], lower)
+    return Confirmation(verdict, n, planned, mean, p, level, reason[:256], lower, groups)
 
 
 @dataclass(frozen=True, slots=True)
