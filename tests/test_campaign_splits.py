@@ -64,6 +64,27 @@ def test_the_carve_is_seeded_disjoint_covering_and_leaves_test_alone(tmp_path: P
     assert set(reordered) == train
 
 
+def test_the_carve_moves_whole_clusters(tmp_path: Path) -> None:
+    """A session split across train and val would show the optimizer turns of a
+    conversation the gate decides on (found: 11 of 12 sessions of 4 turns were split)."""
+    val = tuple(f"val{i:02d}" for i in range(48))
+    in_file = {"val": val, "test": TEST}
+    clusters = {case: f"session:{index // 4}" for index, case in enumerate(val)}
+    config = _config(tmp_path, gate=GateConfig(min_cases=4))  # paired: it counts clusters
+    plan = plan_splits(config, in_file, seed=7, clusters=clusters)
+    assert plan.carved and plan.train_cases == 16  # 4 whole sessions: a third of the cases
+    splits = plan.splits(in_file)
+    train = {clusters[case] for case in splits["train"]}
+    assert not train & {clusters[case] for case in splits["val"]}
+    assert plan == plan_splits(config, in_file, seed=7, clusters=clusters)  # seeded
+    assert carve(val, 7, {}) == carve(val, 7)  # no cluster: the carve as before
+    # Too few clusters left for the gate: no carve (val feeds the optimizer, said so).
+    forty = {"val": val[:40], "test": TEST}  # 10 sessions: 6 left after a carve, min_cases 8
+    few = plan_splits(_config(tmp_path / "b", gate=GateConfig()), forty, seed=7, clusters=clusters)
+    assert not few.carved and "with 6 val clusters" in few.note, few.note
+    assert "8 comparable clusters" in few.note
+
+
 def test_a_dataset_with_train_is_not_carved(tmp_path: Path) -> None:
     in_file = _in_file(train=5)
     plan = plan_splits(_config(tmp_path), in_file, seed=0)

@@ -49,14 +49,14 @@ from evolane.campaign._runs import (
     save_campaign,
     save_run,
 )
-from evolane.campaign._splits import SplitPlan, legacy_plan, plan_splits
+from evolane.campaign._splits import SplitPlan, legacy_plan, plan_splits, split_ids
 from evolane.campaign._target import link_version, target_tree
 from evolane.campaign._trajectories import trajectory_note, with_trajectory_cases
 from evolane.inputs import (
-    SPLITS,
     CommandTemplate,
     Dataset,
     InputError,
+    case_clusters,
     load_dataset,
     require_split,
 )
@@ -162,7 +162,7 @@ def prepare_run(
             raise InputError(f"--dataset {config.dataset}: changed since run {resume_run} began")
         record = record.model_copy(
             update={
-                "splits": record.splits or legacy_plan(_in_file(dataset)),
+                "splits": record.splits or legacy_plan(split_ids(dataset)),
                 "resumed": resumed,
                 "status": "running",
                 "summary": None,  # this session's report will replace the last one
@@ -175,7 +175,10 @@ def prepare_run(
             last = last_run_plugins(layout, resume_campaign)
             check_recorded_plugins(config, f"--resume-campaign {resume_campaign}", recorded=last)
         seed = _carve_seed(layout, config, resume_campaign)
-        plan = plan_splits(config, _in_file(dataset), seed=seed, rows=dataset.rows())
+        clusters = case_clusters(dataset)  # a carve moves whole clusters
+        plan = plan_splits(
+            config, split_ids(dataset), seed=seed, rows=dataset.rows(), clusters=clusters
+        )
         _refuse_hopeless(config, plan, dataset, _stored_budget(layout, resume_campaign))
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
         record = record.model_copy(update={"splits": plan})
@@ -198,11 +201,6 @@ def prepare_run(
     )
 
 
-def _in_file(dataset: Dataset) -> dict[str, tuple[str, ...]]:
-    """The case ids of each split as the dataset file assigns them."""
-    return {name: dataset.split_ids(name) for name in SPLITS}
-
-
 def _carve_seed(layout: StoreLayout, config: CampaignConfig, campaign_id: str | None) -> int:
     """The seed a carve uses: the campaign's earlier carve's, so that every cycle of a
     campaign holds out the same val cases, else the run's seed."""
@@ -217,8 +215,9 @@ def _carve_seed(layout: StoreLayout, config: CampaignConfig, campaign_id: str | 
 def _refuse_hopeless(
     config: CampaignConfig, plan: SplitPlan, dataset: Dataset, online: OnlineBudget | None = None
 ) -> None:
-    """Refuse, before anything is written, what can never accept on ``plan``'s ``dataset``."""
-    clusters = cluster_counts(dataset, plan.splits(_in_file(dataset)))
+    """Refuse, before anything is written, a configuration that can never accept on
+    ``dataset`` split by ``plan`` (under the campaign's stored online budget, if any)."""
+    clusters = cluster_counts(dataset, plan.splits(split_ids(dataset)))
     val, reps = plan.val_cases, repetitions_for(config, plan.val_cases)
     checked = preflight(config, val, plan.test_cases, reps, online, clusters=clusters)
     if checked.refusal is not None:
@@ -251,7 +250,7 @@ def _prepared(
 ) -> Prepared:
     """The checked request, with its estimate and the ceilings left after ``spent``."""
     test_cases = dataset.split_counts["test"]
-    plan = run.splits or legacy_plan(_in_file(dataset))
+    plan = run.splits or legacy_plan(split_ids(dataset))
     train = plan.train_cases if plan.feedback == "train" else 0
     used = {"wall_seconds": campaign.elapsed_seconds, "cached": False}
     return Prepared(
@@ -272,7 +271,7 @@ def _prepared(
                 train_cases=train,
                 budgets=(campaign.online, campaign.confirmations),
                 used=spent.model_copy(update=used),
-                clusters=cluster_counts(dataset, plan.splits(_in_file(dataset))),
+                clusters=cluster_counts(dataset, plan.splits(split_ids(dataset))),
             ),
             plan,
             trajectory_note(config),
@@ -324,7 +323,7 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
         best_ref=old.parent_ref,
         cycles=old.cycle,
     )
-    plan = old.splits or legacy_plan(_in_file(dataset))  # the splits it was judged on
+    plan = old.splits or legacy_plan(split_ids(dataset))  # the splits it was judged on
     record = _run_record(config, campaign, dataset).model_copy(update={"splits": plan})
     return _prepared(
         layout,

@@ -28,9 +28,16 @@ from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig, FeedbackSplit
 from evolane.campaign._estimate import repetitions_for
-from evolane.inputs import quote
+from evolane.inputs import SPLITS, Dataset, quote
 from evolane.messages import Record, ShortText, Text
-from evolane.stats import can_ever_accept, case_order, seed_for
+from evolane.stats import (
+    CLUSTERED_GATES,
+    can_ever_accept,
+    case_order,
+    clustered,
+    count_clusters,
+    seed_for,
+)
 
 TRAIN_SHARE = Fraction(1, 3)
 """The share of val cases a carve moves to train (rounded down): enough failures for the
@@ -96,11 +103,42 @@ class SplitPlan(Record):
         )
 
 
-def carve(val_ids: Sequence[str], seed: int) -> tuple[str, ...]:
+def _in_clusters(why: str, grouped: bool) -> str:
+    """The gate's refusal said of clusters when it counts them."""
+    if not grouped:
+        return why
+    return why.replace(" val cases", " val clusters").replace(
+        " comparable cases", " comparable clusters"
+    )
+
+
+def split_ids(dataset: Dataset) -> dict[str, tuple[str, ...]]:
+    """The case ids of each split as the dataset file assigns them."""
+    return {name: dataset.split_ids(name) for name in SPLITS}
+
+
+def carve(
+    val_ids: Sequence[str], seed: int, clusters: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
     """The val cases a carve under ``seed`` moves to train (`TRAIN_SHARE`, rounded down), in
-    the order given: a function of the set of ids and ``seed`` alone."""
+    the order given: a function of the set of ids and ``seed`` alone. Clustered cases
+    (``clusters``: case id -> cluster, `inputs.case_clusters`) move whole clusters, in a
+    seeded order of the clusters, until the share is reached: a session split across train
+    and val would show the optimizer the turns of a conversation the gate decides on."""
     count = int(len(val_ids) * TRAIN_SHARE)
-    chosen = set(case_order(val_ids, seed_for(seed, "train-carve"))[:count])
+    order = seed_for(seed, "train-carve")
+    if not clustered(val_ids, clusters):
+        chosen = set(case_order(val_ids, order)[:count])
+        return tuple(case_id for case_id in val_ids if case_id in chosen)
+    assert clusters is not None
+    members: dict[str, list[str]] = {}
+    for case_id in val_ids:
+        members.setdefault(clusters.get(case_id, "case:" + case_id), []).append(case_id)
+    chosen = set()
+    for name in case_order(members, order):
+        if len(chosen) >= count:
+            break
+        chosen.update(members[name])
     return tuple(case_id for case_id in val_ids if case_id in chosen)
 
 
@@ -110,16 +148,23 @@ def plan_splits(
     *,
     seed: int,
     rows: Iterable[tuple[str, bytes]] = (),
+    clusters: Mapping[str, str] | None = None,
 ) -> SplitPlan:
     """The splits of a new run of ``config`` on a dataset whose splits hold ``in_file`` (case
-    ids by split); a carve uses ``seed``. The cases' ``rows`` (id and canonical JSON) are
-    checked for repeated inputs (`repeated_input`: ``repeats``)."""
-    plan = _plan(config, in_file, seed)
+    ids by split); a carve uses ``seed`` and moves whole ``clusters`` (`carve`). The cases'
+    ``rows`` (id and canonical JSON) are checked for repeated inputs (`repeated_input`:
+    ``repeats``)."""
+    plan = _plan(config, in_file, seed, clusters)
     warning = repeated_input(rows, plan.split_of(in_file))
     return plan.model_copy(update={"repeats": warning[:2048]}) if warning else plan
 
 
-def _plan(config: CampaignConfig, in_file: Mapping[str, Sequence[str]], seed: int) -> SplitPlan:
+def _plan(
+    config: CampaignConfig,
+    in_file: Mapping[str, Sequence[str]],
+    seed: int,
+    clusters: Mapping[str, str] | None = None,
+) -> SplitPlan:
     train, val = tuple(in_file.get("train", ())), tuple(in_file.get("val", ()))
     test = len(in_file.get("test", ()))
     counts = {"train_cases": len(train), "val_cases": len(val), "test_cases": test}
@@ -132,14 +177,18 @@ def _plan(config: CampaignConfig, in_file: Mapping[str, Sequence[str]], seed: in
         return SplitPlan(requested="val", feedback="val", note=note, **counts)
     if train:
         return SplitPlan(requested="train", feedback="train", **counts)
-    carved = carve(val, seed)
+    carved = carve(val, seed, clusters)
     left = len(val) - len(carved)
-    possible, why = can_ever_accept(config.gate, left, repetitions_for(config, left))
+    kept = [case_id for case_id in val if case_id not in set(carved)]
+    units = left  # what the gate counts: clusters, for a gate with a level
+    if config.gate.gate in CLUSTERED_GATES and clustered(kept, clusters):
+        units = count_clusters(kept, clusters)
+    possible, why = can_ever_accept(config.gate, units, repetitions_for(config, left))
     if len(carved) < MIN_TRAIN_CASES or not possible:
         reason = (
             f"it would give train {len(carved)} cases (fewer than {MIN_TRAIN_CASES})"
             if len(carved) < MIN_TRAIN_CASES
-            else f"with {left} val cases left, {why.rstrip('.')}"
+            else f"with {left} val cases left, {_in_clusters(why, units != left).rstrip('.')}"
         )
         note = (
             f"no train split, and carving one from {len(val)} val cases is not worth it "
