@@ -17,7 +17,7 @@ from evolane.campaign import (
 )
 from evolane.campaign._actor import Campaign
 from evolane.campaign._gates import GateSettings
-from evolane.campaign._runs import ResumeState
+from evolane.campaign._resume import ResumeState
 from evolane.lanes import JudgeLane, OptimizerLane, ReplayLane
 from evolane.measure import (
     LANE_RESTART_PERIOD,

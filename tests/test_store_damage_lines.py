@@ -10,11 +10,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from evolane.campaign._resume import read_resume_state
 from evolane.campaign._runs import (
     CampaignState,
     StoreLayout,
     load_campaign,
-    read_resume_state,
     save_campaign,
 )
 from evolane.inputs import InputError

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import collections
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,109 @@ def test_the_cycle_a_wall_clock_stop_cut_short_reuses_what_it_finished(tmp_path:
     assert report["budget"]["spent"]["tokens"] == len(second) * TOKENS
     assert report["budget"]["campaign_spent"]["tokens"] == (len(first) + len(second)) * TOKENS
     assert sum(m["units_reused"] for m in report["measurements"]) >= len(finished)
+
+
+JUDGED_BEFORE_HANG = 2
+"""Judgements that end before the rest hang (while the ``hang`` file exists)."""
+JUDGE = (
+    'sh -c \'echo x >> "$3/judged"; '
+    'if [ -e "$3/hang" ] && [ "$(wc -l < "$3/judged")" -gt ' + str(JUDGED_BEFORE_HANG) + " ]; "
+    "then sleep 3600; fi; "
+    'if grep -q yes "$2/output.json"; then echo "{{\\"score\\": 1.0}}"; '
+    'else echo "{{\\"score\\": 0.0}}"; fi\' '
+    "judge {case_file} {output_dir} LOG"
+)
+
+
+def _judged_campaign(root: Path) -> tuple[list[str], Path]:
+    """`_campaign` whose replays never hang and whose judge command hangs after the first
+    `JUDGED_BEFORE_HANG` while the log folder's ``hang`` file exists."""
+    args, log = _campaign(root)
+    args[args.index("--replay") + 1] = args[args.index("--replay") + 1].replace(
+        'if [ -e "$3/hang" ]', 'if [ -e "$3/never" ]'
+    )
+    return [*args, "--judge", JUDGE.replace("LOG", str(log))], log
+
+
+def _unjudged_names(run_dir: Path) -> set[str]:
+    """The replay names of the run's journaled replays that no succeeded unit record judged."""
+    replays = set()
+    for line in (run_dir / "journal.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") == "replay":
+            replays.add(record["replay"]["name"])
+    return replays - _succeeded_names(run_dir)
+
+
+def _stop_with_judges_hanging(root: Path) -> tuple[list[str], Path, str]:
+    """`_judged_campaign` run to a wall-clock stop while its judges hang: its flags, log
+    folder and campaign id (the ``hang`` file stays)."""
+    args, log = _judged_campaign(root)
+    (log / "hang").touch()
+    stopped = _run([*args, "--wall-clock-budget", "8"])
+    assert stopped.returncode == 3, stopped.stderr
+    (run_dir,) = (root / "st" / "runs").iterdir()
+    assert _unjudged_names(run_dir), "the stop left no replay unjudged: nothing to judge only"
+    return args, log, json.loads((run_dir / "run.json").read_text())["campaign_id"]
+
+
+def test_replays_a_wall_clock_stop_left_unjudged_are_judged_not_replayed(tmp_path: Path) -> None:
+    """A replay that ended but whose judgement the wall-clock stop cut is journaled; the next
+    ``--resume-campaign`` judges it without replaying it (it replayed each again: 12 of 12
+    baselines twice) or charging it again; decisions and books are an uninterrupted run's."""
+    whole_args, whole_log = _judged_campaign(tmp_path / "whole")
+    whole = _run(whole_args)
+    assert whole.returncode == 0, whole.stderr
+    (uninterrupted,) = _reports(tmp_path / "whole" / "st")
+
+    args, log, campaign = _stop_with_judges_hanging(tmp_path / "cut")
+    first = _started(log)
+    (run_dir,) = (tmp_path / "cut" / "st" / "runs").iterdir()
+    unjudged = _unjudged_names(run_dir)
+    (log / "hang").unlink()
+    rerun = _run([*args, "--resume-campaign", campaign, "--wall-clock-budget", "600"])
+    assert rerun.returncode == 0, rerun.stderr
+    second = _started(log)[len(first) :]
+
+    assert not unjudged & set(second), "a replay the stopped run finished was replayed again"
+    assert max(collections.Counter(first + second).values()) == 1
+    assert len(first) + len(second) == len(_started(whole_log))
+    stop_report, report = _reports(tmp_path / "cut" / "st")
+    assert stop_report["status"] == "budget_limited"
+    assert _decisions(report) == _decisions(uninterrupted)
+    assert report["scores"] == uninterrupted["scores"]
+    assert stop_report["budget"]["spent"]["tokens"] == len(first) * TOKENS
+    assert report["budget"]["spent"]["tokens"] == len(second) * TOKENS
+    assert report["budget"]["campaign_spent"]["tokens"] == (len(first) + len(second)) * TOKENS
+
+
+def test_a_resumed_rerun_does_not_charge_again_the_replays_it_judged(tmp_path: Path) -> None:
+    """The rerun judges the stopped run's replays, a Ctrl-C cuts it once some are judged,
+    its ``--resume`` restores those units: their replays were charged by the stopped run
+    only, so the books count each replay that ran once (they counted those again)."""
+    args, log, campaign = _stop_with_judges_hanging(tmp_path)
+    first = _started(log)
+    (log / "judged").write_text("")  # the rerun's first judgements end, the next hang
+    rerun = subprocess.Popen(
+        [*EVOLANE, *args, "--resume-campaign", campaign, "--wall-clock-budget", "600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 240
+    while len((log / "judged").read_text().split()) <= JUDGED_BEFORE_HANG:
+        assert rerun.poll() is None and time.monotonic() < deadline, "no judgement hangs"
+        time.sleep(0.05)
+    rerun.send_signal(signal.SIGINT)
+    rerun.communicate(timeout=120)
+    assert rerun.returncode == 130
+    (log / "hang").unlink()
+    runs = sorted((tmp_path / "st" / "runs").iterdir())
+    assert len(_succeeded_names(runs[-1])) >= JUDGED_BEFORE_HANG  # restored by the resume
+    resumed = _run(["optimize", "--resume", runs[-1].name, "--store", str(tmp_path / "st")])
+    assert resumed.returncode == 0, resumed.stderr
+    rest = _started(log)[len(first) :]
+
+    assert max(collections.Counter(first + rest).values()) == 1
+    _, report = _reports(tmp_path / "st")
+    assert report["budget"]["spent"]["tokens"] == len(rest) * TOKENS
+    assert report["budget"]["campaign_spent"]["tokens"] == (len(first) + len(rest)) * TOKENS

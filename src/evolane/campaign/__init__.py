@@ -17,6 +17,7 @@ from evolane.campaign._report import (
     ScoreCI,
     Scores,
 )
+from evolane.campaign._resume import read_resume_state
 from evolane.campaign._run import (
     CAMPAIGN_ASK_TIMEOUT,
     EXIT_FOR_STATUS,
@@ -34,7 +35,6 @@ from evolane.campaign._runs import (
     StoreLayout,
     load_campaign,
     load_run,
-    read_resume_state,
     record_problem,
     run_is_live,
     save_run,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from evolane.campaign._advice import NEW_CAMPAIGN
+from evolane.campaign._resume import read_resume_state
 from evolane.campaign._runs import (
     TERMINAL_CAMPAIGN,
     CampaignState,
@@ -12,10 +13,9 @@ from evolane.campaign._runs import (
     StoreLayout,
     load_campaign,
     load_run,
-    read_resume_state,
 )
 from evolane.inputs import InputError
-from evolane.messages import UnitRecord
+from evolane.messages import ReplayRecord, UnitRecord
 
 
 def _clipped(value: object, keep: int = 80) -> str:
@@ -92,13 +92,14 @@ def _unfinished_run(layout: StoreLayout, campaign: CampaignState) -> tuple[str, 
 
 def earlier_results(
     layout: StoreLayout, campaign: CampaignState, run: RunRecord
-) -> dict[bytes, UnitRecord]:
+) -> dict[bytes, UnitRecord | ReplayRecord]:
     """The succeeded units, by reuse key, of the campaign's runs that ended (their spend is
-    in the campaign's books) in ``run``'s cycle: a wall-clock stop leaves the cycle to run
-    again, and its next run reuses what the stopped one measured instead of paying for it
-    again. Only the same cycle: a later cycle measures its parent afresh. A run whose
-    records cannot be read gives nothing (reuse only saves work)."""
-    found: dict[bytes, UnitRecord] = {}
+    in the campaign's books) in ``run``'s cycle, and their replays the stop left unjudged:
+    a wall-clock stop leaves the cycle to run again, and its next run reuses what the
+    stopped one measured (judges what it replayed) instead of paying for it again. Only the
+    same cycle: a later cycle measures its parent afresh. A run whose records cannot be read
+    gives nothing (reuse only saves work). A succeeded unit wins over a replay of its key."""
+    found: dict[bytes, UnitRecord | ReplayRecord] = {}
     for run_id in campaign.runs:
         if run_id == run.run_id:
             continue
@@ -108,5 +109,7 @@ def earlier_results(
                 continue  # another cycle, or its end never reached the campaign's books
             journal = layout.run_dir(run_id) / "journal.jsonl"
             for key, record in read_resume_state(journal).keyed.items():
-                found.setdefault(key, record)
+                held = found.get(key)
+                if held is None or (isinstance(held, ReplayRecord) and record.type == "unit"):
+                    found[key] = record
     return found

@@ -33,9 +33,9 @@ from evolane.campaign._models import (
 )
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import cluster_counts, preflight
+from evolane.campaign._resume import ResumeState, read_resume_state
 from evolane.campaign._runs import (
     CampaignState,
-    ResumeState,
     RunRecord,
     StoreLayout,
     check_id,
@@ -43,7 +43,6 @@ from evolane.campaign._runs import (
     load_campaign,
     load_run,
     new_id,
-    read_resume_state,
     record_problem,
     run_is_live,
     save_campaign,

@@ -24,11 +24,11 @@ from evolane.campaign._online import (
     resolved_mode,
 )
 from evolane.campaign._report import CycleReport, MeasurementRecord, Scores
+from evolane.campaign._resume import ResumeState
 from evolane.campaign._runs import (
     REJECTED_KEPT,
     CampaignState,
     RejectedEdit,
-    ResumeState,
     RunRecord,
 )
 from evolane.lanes import OPTIMIZER_ENDPOINT_FAILED

@@ -28,7 +28,7 @@ import orjson
 
 from evolane.measure._layout import UnitLayout, reading_order, repetitions, start_order
 from evolane.measure._prefix import CasePrefix, decision
-from evolane.measure._restore import not_stored, restorable, stored_replay
+from evolane.measure._restore import earlier_replay, not_stored, restorable, stored_replay
 from evolane.measure._sealed import SealedRecords
 from evolane.measure._steps import (
     Action,
@@ -239,8 +239,9 @@ class MeasurePlan:
         if self.stop_reason is not None or self._beyond_cutoff(unit):
             self._finish(unit, "not_run", self.stop_reason or "early_stop")
             return
+        key = reuse_key(self.settings, unit)
         fresh = self.request.fresh  # both arms replayed in this window: nothing reused
-        cached = None if fresh else self.records.reuse.get(reuse_key(self.settings, unit))
+        cached = None if fresh else self.records.reuse.get(key)
         if cached is not None:  # the same tree, case, repetition and seed: the same experiment
             mine = {"unit_id": unit.unit_id, "arm": unit.arm}
             stored = orjson.loads(unpack(self.records.get(cached)))
@@ -251,7 +252,7 @@ class MeasurePlan:
             return
         record = restorable(self.settings, unit, self.diverged)
         if record is not None:
-            self._restore(unit, record)
+            self._restore(unit, record, key)
             return
         stored = stored_replay(self.settings, unit, self.diverged)
         if stored is not None:  # replayed before an interruption, not yet judged: judge only
@@ -261,14 +262,20 @@ class MeasurePlan:
         if not self.settings.replays_allowed:
             self._finish(unit, "not_run", not_stored(unit, self.diverged))
             return
+        replay = None if fresh else earlier_replay(self.settings, unit, key)
+        if replay is not None:  # a stopped run of this cycle replayed it: judge only, no charge
+            unit.restored, unit.replay = True, replay
+            self._charged(unit)
+            return
         unit.step = "replaying"
         self._emit(StartReplay(unit.unit_id, replay_job(self.settings, unit)))
         self._moved = True  # a lane more is busy: observers see it before any unit ends
 
-    def _restore(self, unit: Unit, record: UnitRecord) -> None:
+    def _restore(self, unit: Unit, record: UnitRecord, key: bytes) -> None:
         """Take a unit finished before an interruption from the journal: no rerun, but its
         usage is charged again so the budget sees the whole run (not in a re-judge: the
-        stored run paid for those replays, which are judged anew)."""
+        stored run paid for those replays, which are judged anew; nor a replay an earlier
+        run of the cycle made, `earlier_replay`: the campaign's books hold it)."""
         assert record.replay is not None
         unit.replay, unit.judge, unit.restored = record.replay, record.judge, True
         unit.note = "rejudged" if self.settings.rejudge else "restored"
@@ -281,8 +288,11 @@ class MeasurePlan:
                 return
             self._conclude(unit, journal=True)
         elif self.budgeted:
+            debits = unit_debits(unit)
+            if unit.replay == earlier_replay(self.settings, unit, key):
+                debits = tuple(debit for debit in debits if debit.stage != "replay")
             unit.step = "charging_restored"
-            self._emit(ChargeUnit(unit.unit_id, unit_debits(unit)))
+            self._emit(ChargeUnit(unit.unit_id, debits))
         else:
             self._conclude(unit, journal=False)
 
@@ -307,7 +317,8 @@ class MeasurePlan:
             self._conclude(unit, journal=True)
         elif not unit.restored and self.journaled:  # a resume judges it without replaying it
             unit.step = "journaling_replay"
-            record = replay_record(self.request.measurement_id, unit)
+            key = reuse_key(self.settings, unit)
+            record = replay_record(self.request.measurement_id, unit, key)
             self._emit(JournalReplay(unit.unit_id, record))
         else:
             self._judge(unit)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from evolane.measure._table import Unit
 from evolane.measure._units import RESTORABLE
-from evolane.messages import Debit, ReplayRecord, UnitRecord, Usage
+from evolane.messages import Debit, ReplayRecord, ReplayResult, UnitRecord, Usage
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -46,6 +46,16 @@ def stored_replay(
 ) -> ReplayRecord | None:
     """The stored replay of ``unit`` that was not judged before the interruption."""
     return _on_tree(settings.restored_replays, unit, diverged)
+
+
+def earlier_replay(settings: SchedulerSettings, unit: Unit, key: bytes) -> ReplayResult | None:
+    """The replay of the experiment ``key`` (``unit``'s `reuse_key`) that an earlier run of
+    the campaign's cycle journaled but a stop left unjudged (`SchedulerSettings.earlier`), as
+    ``unit``'s: judged, not replayed again; its spend is in the campaign's books already."""
+    record = settings.earlier.get(key)
+    if not isinstance(record, ReplayRecord):
+        return None
+    return record.replay.model_copy(update={"unit_id": unit.unit_id, "arm": unit.arm})
 
 
 def not_stored(unit: Unit, diverged: Mapping[str, str]) -> str:

@@ -25,9 +25,10 @@ class SchedulerSettings:
     restored: Mapping[str, UnitRecord] = field(default_factory=dict)  # unit id -> record
     # (a record counts only if its "tree" is the tree the unit plans: unit ids hold no tree)
     restored_replays: Mapping[str, ReplayRecord] = field(default_factory=dict)  # judged next
-    earlier: Mapping[bytes, UnitRecord] = field(default_factory=dict)
+    earlier: Mapping[bytes, UnitRecord | ReplayRecord] = field(default_factory=dict)
     """Succeeded units of the campaign's earlier runs of the same cycle, by `reuse_key`: reused
-    with no charge (their spend is in the campaign's books already)."""
+    with no charge (their spend is in the campaign's books already); and their replays a stop
+    left unjudged: judged, their replay not charged again."""
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
     on_unit: Callable[[UnitEvent], object] | None = None  # hears each unit that ended
     rejudge: bool = False  # restored units are judged again (--rerun-evaluator)

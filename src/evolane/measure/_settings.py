@@ -182,7 +182,7 @@ class MeasureContext:
     journal: RunJournal | None = None
     restored: Mapping[str, UnitRecord] = field(default_factory=dict)  # by unit id
     restored_replays: Mapping[str, ReplayRecord] = field(default_factory=dict)  # judged next
-    earlier: Mapping[bytes, UnitRecord] = field(default_factory=dict)  # reused, by reuse key
+    earlier: Mapping[bytes, UnitRecord | ReplayRecord] = field(default_factory=dict)  # by key
     on_progress: Callable[[MeasureEvent], object] | None = None  # a progress bus's publish
     on_unit: Callable[[UnitEvent], object] | None = None  # hears each unit that ended
     rejudge: bool = False  # --rerun-evaluator: stored replays are judged again, nothing replayed

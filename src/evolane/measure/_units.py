@@ -219,22 +219,30 @@ def unit_debits(unit: Unit) -> tuple[Debit, ...]:
     )
 
 
-def preload(records: SealedRecords, earlier: Mapping[bytes, UnitRecord]) -> None:
+def preload(records: SealedRecords, earlier: Mapping[bytes, UnitRecord | ReplayRecord]) -> None:
     """Put each succeeded unit of ``earlier`` (by `reuse_key`) in ``records``, reusable as if
-    this run had ended it (a measurement takes its replay and judgement, with no charge)."""
+    this run had ended it (a measurement takes its replay and judgement, with no charge; a
+    replay not judged is left to `evolane.measure._restore.earlier_replay`)."""
     for key, record in earlier.items():
-        if record.status != "succeeded" or record.replay is None or record.judge is None:
+        if not isinstance(record, UnitRecord) or record.status != "succeeded":
+            continue
+        if record.replay is None or record.judge is None:
             continue
         fields = {"replay": record.replay.model_dump(mode="json")}
         fields["judge"] = record.judge.model_dump(mode="json")
         records.reuse.add(key, records.put(pack(orjson.dumps(fields))))
 
 
-def replay_record(measurement_id: str, unit: Unit) -> ReplayRecord:
-    """The journal record of ``unit``'s replay, before its judgement."""
+def replay_record(measurement_id: str, unit: Unit, key: bytes) -> ReplayRecord:
+    """The journal record of ``unit``'s replay, before its judgement (``key``: its
+    `reuse_key`)."""
     assert unit.replay is not None
     return ReplayRecord(
-        measurement=measurement_id, unit=unit.unit_id, tree=unit.tree_ref.digest, replay=unit.replay
+        measurement=measurement_id,
+        unit=unit.unit_id,
+        tree=unit.tree_ref.digest,
+        replay=unit.replay,
+        key=key.hex(),
     )
 
 

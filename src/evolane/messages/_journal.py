@@ -46,6 +46,10 @@ class ReplayRecord(Record):
     unit: Name
     tree: Digest | None = None  # as in `UnitRecord`
     replay: ReplayResult
+    key: ReuseKey | None = None
+    """Its unit's reuse key (hex): the next run of the same cycle of its campaign (after a
+    wall-clock stop cut its judgement) judges it instead of replaying it. None in older
+    journals: never taken across runs."""
 
 
 class ProposalRecord(Record):
