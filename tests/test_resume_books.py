@@ -148,3 +148,53 @@ def test_a_resumed_run_counts_what_the_replays_a_ctrl_c_cut_off_reported(tmp_pat
 
 def _lines(path: Path) -> int:
     return len(path.read_text().split()) if path.exists() else 0
+
+
+def test_an_optimizer_call_a_ctrl_c_cut_off_is_in_both_sessions_books(
+    chat_stub: ChatStub, tmp_path: Path
+) -> None:
+    """An ``llm:`` optimizer's request hangs and a Ctrl-C cuts it: the interrupted run's
+    books hold its input as estimated, the resume's hold it too beside the call it asks
+    again, whose answer is the slot's (it was charged in neither session: the cut call was
+    neither debited nor journaled)."""
+    paths = write_toy(tmp_path / "toy", {})
+    flags = toy_flags(paths, tmp_path / "st")
+    flags[flags.index("--optimizer") + 1] = "llm:opt-m"
+    args = ["optimize", *flags, "--llm-base-url", chat_stub.base_url, "--iterations", "1"]
+    chat_stub.script.hang = True  # the optimizer's is the run's first request
+    process = subprocess.Popen(
+        [*EVOLANE, *args, "--population", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while chat_stub.stats.in_flight < 1:
+            assert process.poll() is None and time.monotonic() < deadline, "nothing hangs"
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 130, (out, err)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    deadline = time.monotonic() + 30
+    while chat_stub.stats.in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (cut,) = chat_stub.stats.cut
+    interrupted = _report(tmp_path / "st")
+    assert interrupted["budget"]["spent_by_role"]["optimizer"]["tokens"] == request_tokens(cut)
+    chat_stub.script.hang = False
+    (run_id,) = os.listdir(tmp_path / "st" / "runs")
+    resume = ["optimize", "--resume", run_id, "--store", str(tmp_path / "st"), "--progress", "none"]
+    done = subprocess.run([*EVOLANE, *resume], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+    stats = chat_stub.stats
+    assert stats.requests == 2 and stats.answered == 1  # the slot was asked again
+    sent = PER_ANSWER + request_tokens(cut)
+    report = _report(tmp_path / "st")
+    assert report["budget"]["spent"]["tokens"] == sent
+    assert report["budget"]["spent_by_role"]["optimizer"]["tokens"] == sent
+    assert report["budget"]["campaign_spent"]["tokens"] == sent
+    (decision,) = report["decisions"]
+    assert "cancelled" not in decision["reason"]  # the new answer is the slot's

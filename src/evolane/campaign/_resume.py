@@ -27,7 +27,8 @@ class ResumeState:
     replays: dict[str, ReplayRecord] = field(default_factory=dict)  # replayed, not judged
     proposals: dict[str, ProposalRecord] = field(default_factory=dict)
     unpaid: list[Debit] = field(default_factory=list)
-    """What units a stop cut short spent, every session's (a resume runs them again)."""
+    """What units and optimizer calls a stop cut short spent, every session's (a resume runs
+    them again)."""
     keyed: dict[bytes, UnitRecord | ReplayRecord] = field(default_factory=dict)
     """By reuse key: the succeeded units, then the replays not judged (``replays``)."""
     earlier: dict[bytes, UnitRecord | ReplayRecord] = field(default_factory=dict)
@@ -46,6 +47,16 @@ class ResumeState:
     @property
     def empty(self) -> bool:
         return not self.units and not self.proposals
+
+
+def cut_proposal_debit(record: ProposalRecord) -> Debit:
+    """What an optimizer call a stop cut short spent (its usage as the lane saw it: a model's
+    answered and cut requests), charged as known: the reservation an unknown amount was
+    charged in its session is not journaled."""
+    result = record.result
+    return Debit(
+        item=record.slot, actual=result.usage, complete=result.usage_complete, stage="optimizer"
+    )
 
 
 _VERSION_HINT = ": the store was written by a newer or older evolane"
@@ -83,6 +94,8 @@ def read_resume_state(journal: Path) -> ResumeState:
                 state.unpaid.extend(unpaid_debits(record))
         elif isinstance(record, ReplayRecord):
             state.replays[record.unit] = record
+        elif record.result.status == "cancelled":  # cut: charged again, never the slot's result
+            state.unpaid.append(cut_proposal_debit(record))
         else:
             state.proposals[record.slot] = record
     state.prune()

@@ -38,6 +38,7 @@ from evolane.messages import (
     ProposeResult,
     Reserve,
     ReserveReply,
+    StopUnits,
 )
 from evolane.stats import Clusters, cluster_means, paired_sample
 from evolane.store import storage_failure
@@ -133,10 +134,43 @@ class Slots:
             timeout_seconds=propose.optimizer_timeout,
             idle_seconds=propose.optimizer_idle,
         )
+        result = await self._answer(lane, job)
+        if result.status == "succeeded" and not result.usage_complete:
+            self.probed = True  # it reports no whole usage: waiting for one would serialise
+        return result
+
+    async def _answer(self, lane: ActorRef, job: ProposeJob) -> ProposeResult:
+        """``lane``'s proposal for ``job``, journaled and charged. A cancel (Ctrl-C, the wall
+        clock) stops the job in the lane and still waits, shielded, up to
+        `PROPOSAL_REPLY_SLACK` seconds, for its answer: what the cut call spent (a model's
+        requests the provider may bill) is journaled, so a resume charges it too, and
+        charged, before the cancel goes on (found by review: it was charged nowhere)."""
+        answered: list[ProposeResult] = []
+        waiting = trio.CancelScope(shield=True)
+
+        async def stop_when_cancelled() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:  # cancelled from outside (else by the answer: then nothing is waiting)
+                if not answered:
+                    lane.signal(StopUnits(unit_ids=(job.slot_id,)))
+                    waiting.deadline = trio.current_time() + PROPOSAL_REPLY_SLACK
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_when_cancelled)
+            with waiting:
+                answered.append(await self._ask(lane, job))
+            with trio.CancelScope(shield=True):
+                result = answered[0] if answered else _cut(job.slot_id)
+                await self._settle(result)
+            nursery.cancel_scope.cancel()
+        return result
+
+    async def _ask(self, lane: ActorRef, job: ProposeJob) -> ProposeResult:
+        """``lane``'s answer to ``job``; a broken lane fails the slot (not the candidate)."""
+        timeout = job.timeout_seconds + PROPOSAL_REPLY_SLACK
         try:
-            result: ProposeResult = await lane.ask(
-                job, timeout=propose.optimizer_timeout + PROPOSAL_REPLY_SLACK
-            )
+            result: ProposeResult = await lane.ask(job, timeout=timeout)
         except ActorError as error:  # the lane broke, not the candidate: the slot is lost
             if storage_failure(error) is not None:  # unless the store cannot go on: the run
                 raise
@@ -146,16 +180,20 @@ class Slots:
                 code=type(error).__name__,
                 message=str(error)[:500],
             )
-            result = ProposeResult(slot_id=slot_id, status="failed", failure=failure)
-        # Journal first (a shielded append): a cancel between the two then loses no paid
-        # proposal, since a resume takes it from the journal and charges it again.
-        if result.status != "cancelled":
-            await self.services.journal.append(ProposalRecord(slot=slot_id, result=result))
-        complete = result.usage_complete and result.status != "cancelled"
-        await self.peers.ask_budget(Debit(item=slot_id, actual=result.usage, complete=complete))
-        if result.status == "succeeded" and not complete:
-            self.probed = True  # it reports no whole usage: waiting for one would serialise
+            result = ProposeResult(slot_id=job.slot_id, status="failed", failure=failure)
         return result
+
+    async def _settle(self, result: ProposeResult) -> None:
+        """Journal ``result``, then charge it. Journal first (a shielded append): a cancel
+        between the two then loses no paid proposal, since a resume takes it from the journal
+        and charges it again; a cancelled one that spent is journaled too, a resume charges
+        it (`ResumeState.unpaid`) and asks its slot again."""
+        cancelled = result.status == "cancelled"
+        if not cancelled or result.usage.tokens or result.usage.cost_usd:
+            await self.services.journal.append(ProposalRecord(slot=result.slot_id, result=result))
+        complete = result.usage_complete and not cancelled
+        debit = Debit(item=result.slot_id, actual=result.usage, complete=complete)
+        await self.peers.ask_budget(debit)
 
     async def _reserve(self, slot_id: str) -> ReserveReply:
         """Room in the budget for one optimizer call, at what such calls have cost: under a
@@ -366,6 +404,13 @@ def _deltas(units: list[dict[str, Any]], clusters: Clusters) -> tuple[Any, bool]
     sample = paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate"))
     ids, (deltas,) = cluster_means(sample.ids, (sample.deltas,), clusters)
     return deltas, len(ids) == len(sample.ids)
+
+
+def _cut(slot_id: str) -> ProposeResult:
+    """A proposal cut off with no answer from its lane in time: what it spent is unknown
+    (charged as reserved)."""
+    failure = FailureEvent(owner="framework", stage="optimizer", code="cancelled")
+    return ProposeResult(slot_id=slot_id, status="cancelled", failure=failure)
 
 
 def _stopped_in(error: BaseException) -> BaseException:
