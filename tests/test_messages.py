@@ -229,7 +229,12 @@ def test_journal_records_write_the_lines_of_the_dicts_they_replace() -> None:
             "replay": replay.model_dump(mode="json"),
             "key": None,  # as a unit's: a line without it reads the same
         },
-        {"type": "proposal", "slot": "c0.i0.s0", "result": proposal.model_dump(mode="json")},
+        {
+            "type": "proposal",
+            "slot": "c0.i0.s0",
+            "result": proposal.model_dump(mode="json"),
+            "parent": None,  # as a unit's key
+        },
     ]
     records = [
         UnitRecord(

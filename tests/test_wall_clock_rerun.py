@@ -31,11 +31,12 @@ REPLAY = (
 )
 
 
-def _campaign(root: Path) -> tuple[list[str], Path]:
-    """The toy campaign's flags (one iteration of one slot) and the folder its replays log to."""
+def _campaign(root: Path, paths: dict[str, Path] | None = None) -> tuple[list[str], Path]:
+    """The toy campaign's flags (one iteration of one slot; ``paths``: the toy `write_toy`
+    wrote, else a new one) and the folder its replays log to."""
     log = root / "log"
     log.mkdir(parents=True)
-    paths = write_toy(root / "toy", {"default": "fix:2"})
+    paths = paths or write_toy(root / "toy", {"default": "fix:2"})
     flags = toy_flags(paths, root / "st")
     flags[flags.index("--replay") + 1] = REPLAY.replace("LOG", str(log))
     args = ["optimize", *flags, "--iterations", "1", "--population", "1"]
@@ -211,3 +212,35 @@ def test_a_resumed_rerun_does_not_charge_again_the_replays_it_judged(tmp_path: P
     _, report = _reports(tmp_path / "st")
     assert report["budget"]["spent"]["tokens"] == len(rest) * TOKENS
     assert report["budget"]["campaign_spent"]["tokens"] == (len(first) + len(rest)) * TOKENS
+
+
+def test_the_rerun_takes_the_proposals_the_stopped_run_paid_for(tmp_path: Path) -> None:
+    """The stop cuts the candidates' measurement after both slots proposed: the next
+    ``--resume-campaign`` takes those proposals (same slot, same parent) instead of asking
+    the optimizer again (it asked both again: 4 calls for 2), and decides as one run."""
+    decisions = []
+    for name, stop in (("whole", False), ("cut", True)):
+        paths = write_toy(tmp_path / name / "toy", {"default": "fix:2"})
+        calls = tmp_path / name / "calls" / "log"
+        calls.parent.mkdir(parents=True)
+        plan = json.loads(paths["plan"].read_text())
+        paths["plan"].write_text(json.dumps({**plan, "_record": str(calls)}))
+        args, log = _campaign(tmp_path / name, paths)
+        args += ["--population", "2"]  # the last one counts
+        if stop:  # the 12 baselines and the first candidates end, the rest hang
+            (log / "hang").touch()
+            args[args.index("--replay") + 1] = args[args.index("--replay") + 1].replace(
+                f"-gt {DONE_BEFORE_HANG}", "-gt 14"
+            )
+            stopped = _run([*args, "--wall-clock-budget", "10"])
+            assert stopped.returncode == 3, stopped.stderr
+            assert len(calls.read_text().splitlines()) == 2, "the stop came before the proposals"
+            (run_dir,) = (tmp_path / name / "st" / "runs").iterdir()
+            campaign = json.loads((run_dir / "run.json").read_text())["campaign_id"]
+            (log / "hang").unlink()
+            args += ["--resume-campaign", campaign]
+        done = _run([*args, "--wall-clock-budget", "600"])
+        assert done.returncode == 0, done.stderr
+        assert len(calls.read_text().splitlines()) == 2  # one call a slot, over both runs
+        decisions.append(_decisions(_reports(tmp_path / name / "st")[-1]))
+    assert decisions[0] == decisions[1]

@@ -15,7 +15,7 @@ from evolane.campaign._runs import (
     load_run,
 )
 from evolane.inputs import InputError
-from evolane.messages import ReplayRecord, UnitRecord
+from evolane.messages import ProposalRecord, ReplayRecord, UnitRecord
 
 
 def _clipped(value: object, keep: int = 80) -> str:
@@ -92,14 +92,16 @@ def _unfinished_run(layout: StoreLayout, campaign: CampaignState) -> tuple[str, 
 
 def earlier_results(
     layout: StoreLayout, campaign: CampaignState, run: RunRecord
-) -> dict[bytes, UnitRecord | ReplayRecord]:
+) -> tuple[dict[bytes, UnitRecord | ReplayRecord], dict[tuple[str, str], ProposalRecord]]:
     """The succeeded units, by reuse key, of the campaign's runs that ended (their spend is
-    in the campaign's books) in ``run``'s cycle, and their replays the stop left unjudged:
-    a wall-clock stop leaves the cycle to run again, and its next run reuses what the
-    stopped one measured (judges what it replayed) instead of paying for it again. Only the
-    same cycle: a later cycle measures its parent afresh. A run whose records cannot be read
-    gives nothing (reuse only saves work). A succeeded unit wins over a replay of its key."""
+    in the campaign's books) in ``run``'s cycle, and their replays the stop left unjudged;
+    and their proposals by slot and parent digest: a wall-clock stop leaves the cycle to
+    run again, and its next run reuses what the stopped one measured (judges what it
+    replayed, takes what it proposed) instead of paying for it again. Only the same cycle:
+    a later cycle measures its parent afresh. A run whose records cannot be read gives
+    nothing (reuse only saves work). A succeeded unit wins over a replay of its key."""
     found: dict[bytes, UnitRecord | ReplayRecord] = {}
+    proposals: dict[tuple[str, str], ProposalRecord] = {}
     for run_id in campaign.runs:
         if run_id == run.run_id:
             continue
@@ -108,8 +110,12 @@ def earlier_results(
             if earlier.cycle != run.cycle or earlier.summary is None:
                 continue  # another cycle, or its end never reached the campaign's books
             journal = layout.run_dir(run_id) / "journal.jsonl"
-            for key, record in read_resume_state(journal).keyed.items():
+            state = read_resume_state(journal)
+            for key, record in state.keyed.items():
                 held = found.get(key)
                 if held is None or (isinstance(held, ReplayRecord) and record.type == "unit"):
                     found[key] = record
-    return found
+            for slot, proposal in state.proposals.items():
+                if proposal.parent is not None:
+                    proposals.setdefault((slot, proposal.parent), proposal)
+    return found, proposals

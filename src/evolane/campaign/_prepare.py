@@ -183,7 +183,7 @@ def prepare_run(
         record = record.model_copy(update={"splits": plan})
         if campaign.splits is None and plan.carved:  # the campaign's later cycles carve alike
             campaign = campaign.model_copy(update={"splits": plan})
-    resume.earlier = earlier_results(layout, campaign, record)  # a stopped run of this cycle
+    resume.earlier, resume.earlier_proposals = earlier_results(layout, campaign, record)
     if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
         _check_wall_left(config, campaign.elapsed_seconds)
     return _prepared(

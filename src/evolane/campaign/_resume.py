@@ -33,6 +33,8 @@ class ResumeState:
     """By reuse key: the succeeded units, then the replays not judged (``replays``)."""
     earlier: dict[bytes, UnitRecord | ReplayRecord] = field(default_factory=dict)
     """The ``keyed`` records of the campaign's earlier runs of this cycle (`earlier_results`)."""
+    earlier_proposals: dict[tuple[str, str], ProposalRecord] = field(default_factory=dict)
+    """Their ``proposals``, by slot and parent digest: taken, not asked again nor charged."""
     torn: bool = False
 
     def __post_init__(self) -> None:

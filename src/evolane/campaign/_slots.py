@@ -89,6 +89,12 @@ class Slots:
             if not self.s.optimizer_allowed:
                 results[slot] = not_stored(slot_id)
                 return
+            earlier = self.services.resume.earlier_proposals.get(
+                (slot_id, self.state.parent.digest)
+            )
+            if earlier is not None:  # a stopped run of this cycle asked it: in the books already
+                results[slot] = earlier.result
+                return
             lane = await lanes[1].receive()
             try:
                 results[slot] = await self._propose_one(
@@ -162,7 +168,7 @@ class Slots:
                 answered.append(await self._ask(lane, job))
             with trio.CancelScope(shield=True):
                 result = answered[0] if answered else _cut(job.slot_id)
-                await self._settle(result)
+                await self._settle(result, job.parent_ref.digest)
             nursery.cancel_scope.cancel()
         return result
 
@@ -183,14 +189,16 @@ class Slots:
             result = ProposeResult(slot_id=job.slot_id, status="failed", failure=failure)
         return result
 
-    async def _settle(self, result: ProposeResult) -> None:
-        """Journal ``result``, then charge it. Journal first (a shielded append): a cancel
-        between the two then loses no paid proposal, since a resume takes it from the journal
-        and charges it again; a cancelled one that spent is journaled too, a resume charges
-        it (`ResumeState.unpaid`) and asks its slot again."""
+    async def _settle(self, result: ProposeResult, parent: str) -> None:
+        """Journal ``result`` (a proposal for the tree ``parent``), then charge it. Journal
+        first (a shielded append): a cancel between the two then loses no paid proposal,
+        since a resume takes it from the journal and charges it again; a cancelled one that
+        spent is journaled too, a resume charges it (`ResumeState.unpaid`) and asks its slot
+        again."""
         cancelled = result.status == "cancelled"
         if not cancelled or result.usage.tokens or result.usage.cost_usd:
-            await self.services.journal.append(ProposalRecord(slot=result.slot_id, result=result))
+            record = ProposalRecord(slot=result.slot_id, result=result, parent=parent)
+            await self.services.journal.append(record)
         complete = result.usage_complete and not cancelled
         debit = Debit(item=result.slot_id, actual=result.usage, complete=complete)
         await self.peers.ask_budget(debit)

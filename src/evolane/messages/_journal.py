@@ -58,6 +58,10 @@ class ProposalRecord(Record):
     type: Literal["proposal"] = "proposal"
     slot: Name
     result: ProposeResult
+    parent: Digest | None = None
+    """The tree it was asked to improve: the next run of the same cycle of its campaign
+    (after a wall-clock stop) takes it for the same slot and parent instead of asking the
+    optimizer again. None in older journals: never taken across runs."""
 
 
 JournalRecord = Annotated[UnitRecord | ReplayRecord | ProposalRecord, Field(discriminator="type")]
