@@ -46,6 +46,9 @@ from evolane.supervisors import leaf_exceptions
 from evolane.views import arm_scores
 
 PROPOSAL_REPLY_SLACK = 60.0
+CUT_DEBIT_SECONDS = 10.0
+"""How long a cut proposal's debit may hold a cancel (shielded): a stuck ledger never holds
+a Ctrl-C for good (the journal has the proposal: a resume charges it)."""
 """What an optimizer lane may take beyond the proposal's deadline before it answers: its kill
 ladder, then snapshotting the workdir into the store."""
 ESTIMATE_WAIT = 2.0
@@ -152,6 +155,7 @@ class Slots:
         requests the provider may bill) is journaled, so a resume charges it too, and
         charged, before the cancel goes on (found by review: it was charged nowhere)."""
         answered: list[ProposeResult] = []
+        cut: list[bool] = []
         waiting = trio.CancelScope(shield=True)
 
         async def stop_when_cancelled() -> None:
@@ -159,6 +163,7 @@ class Slots:
                 await trio.sleep_forever()
             finally:  # cancelled from outside (else by the answer: then nothing is waiting)
                 if not answered:
+                    cut.append(True)
                     lane.signal(StopUnits(unit_ids=(job.slot_id,)))
                     waiting.deadline = trio.current_time() + PROPOSAL_REPLY_SLACK
 
@@ -166,9 +171,8 @@ class Slots:
             nursery.start_soon(stop_when_cancelled)
             with waiting:
                 answered.append(await self._ask(lane, job))
-            with trio.CancelScope(shield=True):
-                result = answered[0] if answered else _cut(job.slot_id)
-                await self._settle(result, job.parent_ref.digest)
+            result = answered[0] if answered else _cut(job.slot_id)
+            await self._settle(result, job.parent_ref.digest, cut=bool(cut))
             nursery.cancel_scope.cancel()
         return result
 
@@ -189,19 +193,25 @@ class Slots:
             result = ProposeResult(slot_id=job.slot_id, status="failed", failure=failure)
         return result
 
-    async def _settle(self, result: ProposeResult, parent: str) -> None:
+    async def _settle(self, result: ProposeResult, parent: str, *, cut: bool = False) -> None:
         """Journal ``result`` (a proposal for the tree ``parent``), then charge it. Journal
         first (a shielded append): a cancel between the two then loses no paid proposal,
         since a resume takes it from the journal and charges it again; a cancelled one that
         spent is journaled too, a resume charges it (`ResumeState.unpaid`) and asks its slot
-        again."""
+        again. A ``cut`` call (a cancel came while it ran) is charged under a shield too, but
+        for at most `CUT_DEBIT_SECONDS` (found by the suite: an unbounded shield held a
+        cancel for good behind a stuck debit)."""
         cancelled = result.status == "cancelled"
         if not cancelled or result.usage.tokens or result.usage.cost_usd:
             record = ProposalRecord(slot=result.slot_id, result=result, parent=parent)
-            await self.services.journal.append(record)
+            with trio.CancelScope(shield=True):
+                await self.services.journal.append(record)
         complete = result.usage_complete and not cancelled
         debit = Debit(item=result.slot_id, actual=result.usage, complete=complete)
-        await self.peers.ask_budget(debit)
+        with trio.CancelScope(shield=cut) as scope:
+            if cut:
+                scope.deadline = trio.current_time() + CUT_DEBIT_SECONDS
+            await self.peers.ask_budget(debit)
 
     async def _reserve(self, slot_id: str) -> ReserveReply:
         """Room in the budget for one optimizer call, at what such calls have cost: under a
