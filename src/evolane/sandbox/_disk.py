@@ -81,7 +81,8 @@ def default_inode_floor(path: Path) -> int:
 
 class DiskFloor:
     """The floors of free bytes and free inodes under ``path``; `low` says when either
-    is crossed."""
+    is crossed, and `failure` names the floor `low` saw crossed (read again after the
+    command's kill, its files gone, it would name the wrong one: found by the suite)."""
 
     def __init__(
         self, path: Path, floor: int | None = None, inode_floor: int | None = None
@@ -89,23 +90,28 @@ class DiskFloor:
         self.path = path
         self.floor = default_floor(path) if floor is None else floor
         self.inode_floor = default_inode_floor(path) if inode_floor is None else inode_floor
+        self.crossed: tuple[str, int] | None = None  # ("bytes" | "inodes", what was left)
 
     def low(self) -> bool:
         """Whether the free space or the free inodes under ``path`` are below their floor."""
         free = free_bytes(self.path)
         if free is not None and free < self.floor:
+            self.crossed = ("bytes", free)
             return True
         inodes = free_inodes(self.path) if self.inode_floor > 0 else None
-        return inodes is not None and inodes < self.inode_floor
+        if inodes is not None and inodes < self.inode_floor:
+            self.crossed = ("inodes", inodes)
+            return True
+        return False
 
     def failure(self) -> DiskLow:
-        """The run's failure, in one line."""
-        free, inodes = free_bytes(self.path), free_inodes(self.path)
-        if self.inode_floor > 0 and inodes is not None and inodes < self.inode_floor:
-            what = f"{self.inode_floor} free inodes ({inodes} left)"
+        """The run's failure, in one line, naming the floor `low` last saw crossed."""
+        kind, left = self.crossed or ("bytes", free_bytes(self.path))
+        if kind == "inodes":
+            what = f"{self.inode_floor} free inodes ({left} left)"
             cause = "a command making files by the many?"
         else:
-            shown = "?" if free is None else f"{free >> 20} MiB"
+            shown = "?" if left is None else f"{left >> 20} MiB"
             what = f"{self.floor >> 20} MiB free ({shown} left)"
             cause = "a command filling the disk?"
         return DiskLow(
