@@ -13,8 +13,9 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 import trio
@@ -38,6 +39,7 @@ EVOLANE = [sys.executable, "-m", "evolane"]
 OTHER_UID = 12345
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
 Entry = tuple[object, ...]
+T = TypeVar("T")
 
 
 class Crash(BaseException):
@@ -260,27 +262,36 @@ async def test_a_crash_at_each_step_is_undone_exactly_on_the_next_start(
 # -- readers ------------------------------------------------------------------------------
 
 
-class Reader:
-    """Reads a file over and over in a thread, keeping what each read saw."""
+class Sampler(Generic[T]):
+    """Takes a sample over and over in a thread (a live agent reading the target while a
+    publish runs), keeping every sample; ``with`` stops and joins it."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.seen, self.reads = path, set[bytes](), 0
+    def __init__(self, sample: Callable[[], T]) -> None:
+        self.sample, self.samples = sample, list[T]()
         self.stop = threading.Event()
         self.more = threading.Condition()
         self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Sampler[T]:
         self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
 
     def _loop(self) -> None:
         while not self.stop.is_set():
-            self.seen.add(self.path.read_bytes())  # a missing file would raise: it never is
+            taken = self.sample()
             with self.more:
-                self.reads += 1
+                self.samples.append(taken)
                 self.more.notify_all()
 
-    def await_reads(self, count: int) -> None:
+    def await_samples(self, count: int) -> None:
+        """Block until ``count`` more samples have been taken."""
         with self.more:
-            target = self.reads + count
-            assert self.more.wait_for(lambda: self.reads >= target, timeout=30)
+            wanted = len(self.samples) + count
+            assert self.more.wait_for(lambda: len(self.samples) >= wanted, timeout=30)
 
 
 async def test_a_reader_sees_the_old_or_the_new_file_never_part_of_one(
@@ -293,9 +304,8 @@ async def test_a_reader_sees_the_old_or_the_new_file_never_part_of_one(
     work = tmp_path / "work"
     write(work / "data.bin", new)
     candidate = snapshot_tree(store, work)
-    reader = Reader(target / "data.bin")
-    on_journal(monkeypatch, lambda _record: reader.await_reads(3))  # reads between all steps
-    try:
+    with Sampler((target / "data.bin").read_bytes) as reader:  # a missing file would raise
+        on_journal(monkeypatch, lambda _record: reader.await_samples(3))  # between all steps
         with trio.fail_after(60):
             outcome = await apply_candidate(
                 policy="auto_verified",
@@ -306,11 +316,8 @@ async def test_a_reader_sees_the_old_or_the_new_file_never_part_of_one(
                 candidate_ref=candidate,
                 run_dir=tmp_path / "run",
             )
-    finally:
-        reader.stop.set()
-        reader.thread.join(timeout=30)
     assert outcome.status == "applied", outcome.message
-    assert reader.seen == {old, new}
+    assert set(reader.samples) == {old, new}
 
 
 # -- one run per target -------------------------------------------------------------------

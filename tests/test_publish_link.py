@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from evolane.inputs import CommandTemplate, InputError
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, snapshot_tree
 from tests.campaign_helpers import apply_layout, toy_flags, with_flag, write_toy
-from tests.test_publish_faithful import entries, hidden, on_journal, write
+from tests.test_publish_faithful import Sampler, entries, hidden, on_journal, write
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 
@@ -174,36 +173,6 @@ async def test_old_versions_are_bounded_to_the_previous_one(
     assert all(name.count(".evolane-") == 1 for name in names)
 
 
-class TreeReader:
-    """Resolves the link once per read and reads the whole tree it points to, over and
-    over in a thread, keeping each tree it saw."""
-
-    def __init__(self, link: Path) -> None:
-        self.link, self.trees, self.reads = link, list[dict[str, bytes]](), 0
-        self.stop = threading.Event()
-        self.more = threading.Condition()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            root = os.path.realpath(self.link)
-            tree = {}
-            for folder, _, files in os.walk(root):
-                for name in files:
-                    path = os.path.join(folder, name)
-                    tree[os.path.relpath(path, root)] = Path(path).read_bytes()
-            self.trees.append(tree)
-            with self.more:
-                self.reads += 1
-                self.more.notify_all()
-
-    def await_reads(self, count: int) -> None:
-        with self.more:
-            wanted = self.reads + count
-            assert self.more.wait_for(lambda: self.reads >= wanted, timeout=30)
-
-
 def _files(root: Path) -> dict[str, bytes]:
     return {
         os.path.relpath(os.path.join(folder, name), root): Path(folder, name).read_bytes()
@@ -216,17 +185,14 @@ async def test_a_reader_sees_the_old_tree_or_the_new_one_never_a_mix(
     releases: Releases, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     old = _files(releases.v1)
-    reader = TreeReader(releases.target)
-    on_journal(monkeypatch, lambda _record: reader.await_reads(2))
-    try:
+    # each sample resolves the link once and reads the whole tree it points to
+    with Sampler(lambda: _files(Path(os.path.realpath(releases.target)))) as reader:
+        on_journal(monkeypatch, lambda _record: reader.await_samples(2))
         with trio.fail_after(60):
             outcome = await releases.apply(host, check=check("sh -c 'sleep 0.2'"))
-    finally:
-        reader.stop.set()
-        reader.thread.join(timeout=30)
     assert outcome.status == "applied", outcome.message
     new = _files(releases.target)
-    kinds = {"old" if tree == old else "new" if tree == new else "other" for tree in reader.trees}
+    kinds = {"old" if tree == old else "new" if tree == new else "other" for tree in reader.samples}
     assert kinds == {"old", "new"}
 
 

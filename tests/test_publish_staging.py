@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,55 +18,31 @@ import trio
 from evolane.campaign._apply import ApplyJournal
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore
-from tests.test_publish_faithful import Site, hidden, on_journal
+from tests.test_publish_faithful import Sampler, Site, hidden, on_journal
 
 
-class Walker:
-    """Lists and reads every file under a folder over and over in a thread (as an agent's
-    loader doing ``rglob("*")`` would), keeping every name it saw."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.names, self.walks = root, set[str](), 0
-        self.stop = threading.Event()
-        self.more = threading.Condition()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            for folder, _, files in os.walk(self.root):
-                self.names.update(os.path.join(folder, name) for name in files)
-            with self.more:
-                self.walks += 1
-                self.more.notify_all()
-
-    def await_walks(self, count: int) -> None:
-        with self.more:
-            wanted = self.walks + count
-            assert self.more.wait_for(lambda: self.walks >= wanted, timeout=30)
+def _names(root: Path) -> list[str]:
+    """Every file name under ``root`` as one walk lists them (an agent's ``rglob("*")``)."""
+    return [os.path.join(folder, name) for folder, _, files in os.walk(root) for name in files]
 
 
 async def test_a_reader_of_the_target_never_sees_a_temp_name(
     tmp_path: Path, store: BlobStore, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     site = Site(tmp_path, store, foreign=False)
-    walker = Walker(site.target)
     states: list[str] = []
+    with Sampler(lambda: _names(site.target)) as walker:
 
-    def between_steps(record: ApplyJournal) -> None:
-        states.append(record.state)
-        walker.await_walks(2)  # whole walks of the target at every step
+        def between_steps(record: ApplyJournal) -> None:
+            states.append(record.state)
+            walker.await_samples(2)  # whole walks of the target at every step
 
-    on_journal(monkeypatch, between_steps)
-    try:
+        on_journal(monkeypatch, between_steps)
         with trio.fail_after(60):
             outcome = await site.apply(host)
-    finally:
-        walker.stop.set()
-        walker.thread.join(timeout=30)
     assert outcome.status == "applied", outcome.message
     assert "staged" in states and "swapping" in states
-    seen = {os.path.relpath(name, site.target) for name in walker.names}
+    seen = {os.path.relpath(name, site.target) for walk in walker.samples for name in walk}
     assert [name for name in seen if ".evolane-" in name] == []
     assert "new/deep/added.md" in seen and "old.txt" in seen  # it saw both trees
     assert hidden(site.target.parent) == [] and hidden(site.target) == []
