@@ -281,17 +281,24 @@ def stage(store: BlobStore, plan: PublishPlan) -> None:
             continue
         temp = temp_path(plan, index)
         remove_path(temp)
-        owner = None if op.original is None else (op.original.uid, op.original.gid)
-        if isinstance(op.new, FileEntry):
-            assert op.mode is not None
-            copy_verified(store, op.new, temp, op.mode, owner)
-        else:
-            os.symlink(op.new.target, temp)
-            if owner is not None:
-                set_owner(temp, owner)
+        write_new(store, op, temp)
         touched.add(temp.parent)
     for folder in sorted(touched):
         fsync_dir(folder)
+
+
+def write_new(store: BlobStore, op: PublishOp, where: Path) -> None:
+    """Write ``op``'s new file (verified against its digest) or symlink at ``where``, with
+    its final mode and the original's owner."""
+    assert op.new is not None
+    owner = None if op.original is None else (op.original.uid, op.original.gid)
+    if isinstance(op.new, FileEntry):
+        assert op.mode is not None
+        copy_verified(store, op.new, where, op.mode, owner)
+    else:
+        os.symlink(op.new.target, where)
+        if owner is not None:
+            set_owner(where, owner)
 
 
 def swap(plan: PublishPlan, index: int) -> None:

@@ -42,7 +42,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from evolane.campaign._files import copy_verified, keep_original, remove_path, set_owner
+from evolane.campaign._files import keep_original, remove_path, set_owner
 from evolane.campaign._publish import (
     FolderTime,
     PublishPlan,
@@ -50,10 +50,11 @@ from evolane.campaign._publish import (
     is_the_original,
     location,
     plan_publish,
+    write_new,
 )
 from evolane.campaign._target import link_version
 from evolane.messages import ArtifactRef, Record
-from evolane.store import BlobStore, FileEntry, fsync_dir
+from evolane.store import BlobStore, fsync_dir
 
 _PathText = Annotated[str, Field(min_length=1, max_length=4096)]
 _MADE = re.compile(r"\.evolane-[0-9a-f]{8,32}$")
@@ -123,14 +124,7 @@ def build(store: BlobStore, plan: LinkPlan) -> None:
         if op.new is None:
             continue
         where.parent.mkdir(parents=True, exist_ok=True)
-        owner = None if op.original is None else (op.original.uid, op.original.gid)
-        if isinstance(op.new, FileEntry):
-            assert op.mode is not None
-            copy_verified(store, op.new, where, op.mode, owner)
-        else:
-            os.symlink(op.new.target, where)
-            if owner is not None:
-                set_owner(where, owner)
+        write_new(store, op, where)
     for folder, info in reversed(folders):  # deepest first; a read-only mode only now
         fsync_dir(folder)
         os.chmod(folder, stat.S_IMODE(info.st_mode))
