@@ -13,6 +13,7 @@ import trio
 from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
 from evolane.campaign._confirm import error_control, publish_blocked, tested_before
 from evolane.campaign._containment import containment
+from evolane.campaign._held_out import record_confirmation
 from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
@@ -287,6 +288,11 @@ def _write_report(
     crash before ``run.json`` leaves a run that a resume finishes again, one after it a
     campaign that reads the staged state. ``run.json`` carries the report's summary (what
     ``evolane runs`` lists), so it is never newer than the report it summarises."""
+    confirmation, best = report.confirmation, report.best
+    if confirmation is not None and not tested_before(prepared.campaign.confirmations, best):
+        record_confirmation(
+            prepared.layout.root, prepared.dataset, prepared.run, confirmation, best.digest
+        )
     path = prepared.run_dir / "report.json"
     write_json_atomic(path, report)
     listed = {"scores": report.scores.model_dump(mode="json"), "wall_seconds": report.wall_seconds}

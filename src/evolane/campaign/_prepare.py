@@ -24,6 +24,7 @@ from evolane.campaign._estimate import (
     repetitions_for,
 )
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._held_out import reuse_note
 from evolane.campaign._leaks import check_target_holds_no_cases
 from evolane.campaign._models import (
     check_models,
@@ -274,6 +275,7 @@ def _prepared(
             ),
             plan,
             trajectory_note(config),
+            reuse_note(layout.root, dataset, campaign.campaign_id, config),
         ),
         gates=gates,
         test_cases=test_cases,
@@ -283,10 +285,10 @@ def _prepared(
     )
 
 
-def _with_splits(estimate: Estimate, plan: SplitPlan, group: str | None = None) -> Estimate:
+def _with_splits(estimate: Estimate, plan: SplitPlan, *extra: str | None) -> Estimate:
     """``estimate`` saying which split feeds the optimizer (and warning when it is val), and
-    which trajectory group the cases come from."""
-    notes = tuple(note[:256] for note in (group, plan.note, plan.repeats) if note)
+    its ``extra`` notes (the trajectory group, a reused test split)."""
+    notes = tuple(note[:256] for note in (*extra, plan.note, plan.repeats) if note)
     preflight = (*estimate.preflight, *notes)[:8]
     return estimate.model_copy(update={"splits": plan.sentence()[:256], "preflight": preflight})
 

@@ -39,11 +39,9 @@ level its run was stored with and holds no share.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,7 +49,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from evolane.inputs import InputError, first_problem
 from evolane.messages import Name, Record, Text
-from evolane.store import read_json, write_json_atomic
+from evolane.store import locked, read_json, write_json_atomic
 
 _MANY = 1_000_000
 _TOLERANCE = 1e-9
@@ -166,17 +164,6 @@ def budget_file(root: Path, target: str) -> Path:
     return root / "evolve" / "budget" / f"{key}.json"
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _read(path: Path, target: str, alpha: float) -> ServiceBudget:
     if not path.exists():
         return ServiceBudget(target=os.path.realpath(target), alpha=alpha)
@@ -192,7 +179,7 @@ def reserve_share(root: Path, target: str, job_id: str, alpha: float) -> tuple[B
     """Reserve ``job_id``'s share of ``target``'s budget in the store ``root`` (durable
     before it returns); the share and the budget left. Blocking."""
     path = budget_file(root, target)
-    with _locked(path):
+    with locked(path):
         budget = _read(path, target, alpha)
         updated, held = budget.reserve(job_id, alpha)
         if updated is not budget:
@@ -206,7 +193,7 @@ def settle_share(root: Path, target: str, job_id: str, spent: bool) -> float | N
     path = budget_file(root, target)
     if not path.exists():
         return None
-    with _locked(path):
+    with locked(path):
         budget = _read(path, target, 0.5)
         updated = budget.settle(job_id, spent)
         if updated is not budget:

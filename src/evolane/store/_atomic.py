@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +117,16 @@ def read_json(path: Path | str, max_bytes: int = MAX_JSON_BYTES) -> Any:
             f"{path} holds more than {max_bytes // (1024 * 1024)} MiB: not a record evolane wrote"
         ) from None
     return orjson.loads(data)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path``'s ``.lock`` sibling (made, with its folder,
+    when missing) for a read-modify-write of ``path`` shared by processes. Blocking."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,143 @@
+"""The store's ledger of confirmations on each test split (README "Confirm before publish").
+
+A campaign bounds its own chance of publishing an edit with no true gain at alpha: its
+cycles share that bound (`campaign._confirm`). A *new* campaign on the same cases (the next
+one from a published winner, or a rerun after an unconfirmed best) confirms its best on the
+same test split at a fresh alpha, so over N such confirmations the chance that one of them
+confirmed an edit with no true gain grows to at most N alpha (the union bound, under any
+dependence), about 1 - 0.95^N for independent ones (0.40 at 10, 0.64 at 20). A user who
+reruns until a best is confirmed gets one in the end.
+
+Nothing here changes a decision. Each confirmation is recorded against the digest of the
+test split's cases (`held_out_digest`) in ``STORE/test-splits/<key>.json`` (written
+atomically under a lock: runs of one store may end at once), once per campaign and tree (a
+resume records nothing twice), and a new run's preflight says how often the split confirmed
+before and the union bound over those confirmations and this campaign's (`reuse_note`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+
+from evolane.campaign._config import CampaignConfig
+from evolane.campaign._confirm import ConfirmationRecord
+from evolane.campaign._online import campaign_alpha, resolved_mode
+from evolane.campaign._runs import RunRecord
+from evolane.inputs import Dataset
+from evolane.messages import Name, Record
+from evolane.store import locked, read_json, write_json_atomic
+
+_MANY = 1_000_000
+LEDGER_FOLDER = "test-splits"
+
+
+class ConfirmUse(Record):
+    """One confirmation on a test split: the campaign, run and tree (``tree-<hex32>``) it
+    tested, its level and p-value, and whether it confirmed."""
+
+    campaign_id: Name
+    run_id: Name
+    tree: Name
+    level: float = Field(ge=0.0, le=1.0)
+    p_value: float = Field(ge=0.0, le=1.0)
+    confirmed: bool
+
+
+class ConfirmLedger(Record):
+    """A test split's ledger: its digest, its case count and every confirmation on it."""
+
+    digest: Name
+    cases: int = Field(ge=0)
+    uses: tuple[ConfirmUse, ...] = Field(default=(), max_length=_MANY)
+
+
+def held_out_digest(dataset: Dataset) -> str | None:
+    """``sha256:<hex>`` of the test split's cases (ids, inputs, answers, metadata, in file
+    order), whatever else the dataset holds; None without test cases."""
+    rows = [row for case_id, row in dataset.rows() if dataset.by_id(case_id).split == "test"]
+    if not rows:
+        return None
+    return "sha256:" + hashlib.sha256(b"\n".join(rows)).hexdigest()
+
+
+def ledger_file(root: Path, digest: str) -> Path:
+    """The ledger of the test split ``digest`` in the store ``root``."""
+    return root / LEDGER_FOLDER / f"{digest.rsplit(':', 1)[-1][:32]}.json"
+
+
+def read_uses(root: Path, digest: str) -> ConfirmLedger | None:
+    """The ledger of ``digest`` (an empty one when none was written); None when its file
+    cannot be read as one (advice only: the run goes on, the note says so)."""
+    path = ledger_file(root, digest)
+    try:
+        return ConfirmLedger.model_validate(read_json(path))
+    except FileNotFoundError:
+        return ConfirmLedger(digest=digest, cases=0)
+    except (ValidationError, ValueError, OSError):
+        return None
+
+
+def record_use(root: Path, digest: str, cases: int, use: ConfirmUse) -> None:
+    """Add ``use`` to the ledger of ``digest`` (durable when it returns); a use of the same
+    campaign and tree already there is kept as it is. A damaged ledger is left alone.
+    Blocking."""
+    path = ledger_file(root, digest)
+    with locked(path):
+        ledger = read_uses(root, digest)
+        if ledger is None:
+            return
+        if any(old.campaign_id == use.campaign_id and old.tree == use.tree for old in ledger.uses):
+            return
+        updated = ledger.model_copy(update={"cases": cases, "uses": (*ledger.uses, use)})
+        write_json_atomic(path, updated)
+
+
+def reuse_note(
+    root: Path, dataset: Dataset, campaign_id: str, config: CampaignConfig
+) -> str | None:
+    """The preflight line for a campaign that confirms on ``dataset``'s test split: how
+    many confirmations other campaigns of the store ran on the same cases, and the union
+    bound over them and this campaign's alpha; None when there were none (or it does not
+    confirm)."""
+    digest = held_out_digest(dataset)
+    if digest is None or resolved_mode(config.error_control, 1) != "confirm":
+        return None
+    alpha = campaign_alpha(config)
+    ledger = read_uses(root, digest)
+    if ledger is None:
+        return f"test split: its ledger {ledger_file(root, digest)} cannot be read"
+    earlier = [use for use in ledger.uses if use.campaign_id != campaign_id]
+    if not earlier:
+        return None
+    campaigns = list(dict.fromkeys(use.campaign_id for use in earlier))
+    named = ", ".join(campaigns[:2]) + (f" (+{len(campaigns) - 2})" if len(campaigns) > 2 else "")
+    confirmed = sum(use.confirmed for use in earlier)
+    bound = min(1.0, sum(use.level for use in earlier) + alpha)
+    return (
+        f"test split reused: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
+        f"earlier confirmation(s) in this store ({confirmed} confirmed; {named}); each "
+        f"campaign bounds only its own no-gain publish at {alpha:.2g}: over all of them up to "
+        f"{bound:.2g}; add fresh test cases for an honest bound"
+    )
+
+
+def record_confirmation(
+    root: Path, dataset: Dataset, run: RunRecord, confirmation: ConfirmationRecord, best: str
+) -> None:
+    """Record ``run``'s confirmation of the tree ``best`` (a digest) on ``dataset``'s test
+    split in the store ``root`` (`record_use`). Blocking."""
+    digest = held_out_digest(dataset)
+    if digest is None:
+        return
+    use = ConfirmUse(
+        campaign_id=run.campaign_id,
+        run_id=run.run_id,
+        tree="tree-" + best.rsplit(":", 1)[-1][:32],
+        level=confirmation.level,
+        p_value=confirmation.p_value,
+        confirmed=confirmation.decision == "confirmed",
+    )
+    record_use(root, digest, dataset.split_counts["test"], use)

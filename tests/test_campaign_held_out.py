@@ -1,0 +1,76 @@
+"""A test split reused by new campaigns (README "Confirm before publish"): each campaign
+bounds its own no-gain publish at alpha, but a new campaign on the same cases confirms at a
+fresh alpha; the store's ledger records every confirmation against the split's digest and a
+later campaign's preflight says how often the split confirmed before, with the union bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from evolane.campaign._held_out import (
+    ConfirmUse,
+    held_out_digest,
+    ledger_file,
+    read_uses,
+    record_use,
+)
+from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
+from evolane.inputs import load_dataset
+from tests.campaign_helpers import toy_config, write_toy
+
+
+async def _run(request: RunRequest) -> RunOutcome:
+    with trio.fail_after(120):  # a guard against a hang, not a timing figure
+        return await run_campaign(request)
+
+
+def _reused(outcome: RunOutcome) -> list[str]:
+    return [line for line in outcome.estimate.preflight if line.startswith("test split reused")]
+
+
+async def test_a_new_campaign_on_a_used_test_split_is_told_how_often_it_confirmed(
+    tmp_path: Path,
+) -> None:
+    paths = write_toy(tmp_path, {"default": "overfit:8"})  # accepted on val, unconfirmed
+    config = toy_config(paths, iterations=1, population=1, apply="verified_only")
+    first = await _run(RunRequest(config))
+    assert first.report is not None and first.report.confirmation is not None
+    assert _reused(first) == []  # the split's first confirmation
+    digest = held_out_digest(load_dataset(paths["dataset"]))
+    assert digest is not None
+    store = Path(config.store)
+    ledger = read_uses(store, digest)
+    assert ledger is not None and ledger.cases == 6 and len(ledger.uses) == 1
+    assert ledger.uses[0].campaign_id == first.report.campaign_id
+    assert not ledger.uses[0].confirmed and ledger.uses[0].level == 0.05
+
+    second = await _run(RunRequest(config))  # a new campaign on the same cases
+    assert second.report is not None and second.report.campaign_id != first.report.campaign_id
+    (line,) = _reused(second)
+    assert "these 6 test cases ran 1 earlier confirmation(s)" in line
+    assert "(0 confirmed; " + first.report.campaign_id in line
+    assert "up to 0.1;" in line  # 0.05 spent before, 0.05 now
+    stored = json.loads(ledger_file(store, digest).read_text())
+    assert [use["campaign_id"] for use in stored["uses"]] == [
+        first.report.campaign_id,
+        second.report.campaign_id,
+    ]
+
+
+def test_a_confirmation_is_recorded_once_and_a_damaged_ledger_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    use = ConfirmUse(
+        campaign_id="c1", run_id="r1", tree="tree-ab", level=0.05, p_value=0.2, confirmed=False
+    )
+    record_use(tmp_path, "sha256:00ff", 6, use)
+    record_use(tmp_path, "sha256:00ff", 6, use.model_copy(update={"run_id": "r2"}))  # a resume
+    ledger = read_uses(tmp_path, "sha256:00ff")
+    assert ledger is not None and [u.run_id for u in ledger.uses] == ["r1"]
+    path = ledger_file(tmp_path, "sha256:00ff")
+    path.write_text("{not json")
+    record_use(tmp_path, "sha256:00ff", 6, use.model_copy(update={"campaign_id": "c2"}))
+    assert path.read_text() == "{not json" and read_uses(tmp_path, "sha256:00ff") is None
