@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from evolane.campaign._held_out import (
+    REUSED,
     ConfirmUse,
     held_out_digest,
     ledger_file,
@@ -53,6 +54,10 @@ async def test_a_new_campaign_on_a_used_test_split_is_told_how_often_it_confirme
     assert "these 6 test cases ran 1 earlier confirmation(s)" in line
     assert "(0 confirmed; " + first.report.campaign_id in line
     assert "up to 0.1;" in line  # 0.05 spent before, 0.05 now
+    words = second.report.error_control  # the report's bound is qualified: it is one campaign's
+    assert words.startswith("confirm before publish") and words.endswith("; but " + line)
+    assert first.report.error_control.startswith("confirm before publish")
+    assert REUSED not in first.report.error_control
     stored = json.loads(ledger_file(store, digest).read_text())
     assert [use["campaign_id"] for use in stored["uses"]] == [
         first.report.campaign_id,

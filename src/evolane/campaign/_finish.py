@@ -13,7 +13,7 @@ import trio
 from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
 from evolane.campaign._confirm import error_control, publish_blocked, tested_before
 from evolane.campaign._containment import containment
-from evolane.campaign._held_out import record_confirmation
+from evolane.campaign._held_out import record_confirmation, with_reuse
 from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
@@ -213,12 +213,15 @@ async def finish(
         selected=None if best.digest == run.seed_ref.digest else best,
         best=best,
         apply=applied,
-        error_control=error_control(
-            prepared.config,
-            prepared.test_cases,
-            outcome.report.online,
-            prepared.splits.val_cases,  # after a carve: the cases the gate judged
-            val_fed=prepared.splits.feedback == "val",
+        error_control=with_reuse(
+            error_control(
+                prepared.config,
+                prepared.test_cases,
+                outcome.report.online,
+                prepared.splits.val_cases,  # after a carve: the cases the gate judged
+                val_fed=prepared.splits.feedback == "val",
+            ),
+            prepared.estimate.preflight,
         ),
         artifacts=_artifacts(run.seed_ref, best, applied),
         trajectories=trajectory_summary(prepared.config),

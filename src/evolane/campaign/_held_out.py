@@ -32,6 +32,7 @@ from evolane.store import locked, read_json, write_json_atomic
 
 _MANY = 1_000_000
 LEDGER_FOLDER = "test-splits"
+REUSED = "test split reused"
 
 
 class ConfirmUse(Record):
@@ -117,11 +118,20 @@ def reuse_note(
     confirmed = sum(use.confirmed for use in earlier)
     bound = min(1.0, sum(use.level for use in earlier) + alpha)
     return (
-        f"test split reused: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
+        f"{REUSED}: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
         f"earlier confirmation(s) in this store ({confirmed} confirmed; {named}); each "
         f"campaign bounds only its own no-gain publish at {alpha:.2g}: over all of them up to "
         f"{bound:.2g}; add fresh test cases for an honest bound"
     )
+
+
+def with_reuse(words: str, preflight: tuple[str, ...]) -> str:
+    """The report's error-control ``words`` qualified by the preflight's reused-split line,
+    when there was one: the bound they state is this campaign's only."""
+    reused = next((line for line in preflight if line.startswith(REUSED)), None)
+    if reused is None:
+        return words
+    return f"{words}; but {reused}"[:2048]
 
 
 def record_confirmation(
