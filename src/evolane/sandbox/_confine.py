@@ -45,6 +45,15 @@ HOST_SECRETS = (
 """Covered in every confined view with ``/etc`` whatever their modes, with whatever else
 under /etc others may not read (`host_secrets`): a root evolane's confined command reads
 what root reads (bwrap maps its uid onto root; found by review: /etc/shadow was readable)."""
+PROC_SYS_READ_ONLY = ("--ro-bind", "/proc/sys", "/proc/sys")
+"""Covers the fresh ``/proc``'s sysctls read-only. The kernel lets any task whose uid is
+root on the host write a global sysctl, capabilities or not, and a root evolane's command
+is: bwrap covers ``/proc/sys`` only when it can write the folder itself, which the sysctl
+root never allows (found by review: a confined replay wrote ``vm.swappiness`` and could
+open ``kernel.core_pattern``, whose ``|program`` the kernel runs as root on the host at the
+next core dump; with ``--network``, the host's ``net.*`` too). The host's ``/proc/sys``
+shows the same tables: each one a namespace owns (net, ipc, uts, user) is looked up by
+the task reading it, not by the mount."""
 PRIVATE = ("/tmp", "/var/tmp")
 """Never exposed as a whole (the command gets its own ``/tmp``); a folder inside may be."""
 _PATH_IN_TEXT = re.compile(r"""(?:^|(?<=[\s'"=:,(]))(/[^\s'"`;|&<>()*?$,:=]+)""")
@@ -279,7 +288,8 @@ def bwrap_argv(view: View, *, own: Iterable[tuple[str, bool]], workspace: Path) 
     args += ["--gid", str(SANDBOX_UID)]
     if not view.network:
         args.append("--unshare-net")
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(view.tmp_bytes), "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", *PROC_SYS_READ_ONLY, "--dev", "/dev"]
+    args += ["--size", str(view.tmp_bytes), "--tmpfs", "/tmp"]
     args += _system_args()
     shown = [*SYSTEM_FOLDERS, *view.read_only, *view.read_write]
     args += _binds(view.read_only, writable=False)
