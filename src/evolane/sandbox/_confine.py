@@ -115,7 +115,10 @@ def template_paths(argv: Iterable[str]) -> list[str]:
 def folders_to_expose(paths: Iterable[str]) -> list[str]:
     """What to show read-only for paths a command names: an existing folder itself; an
     existing file's folder (so its siblings import), but only the file when that folder is
-    ``/`` or a home folder; nothing for missing paths or what the system view covers."""
+    ``/`` or a home folder; nothing for missing paths or what the system view covers. Each
+    is judged by its name and by where it really is (it is bound there): a template naming
+    ``/var/run/docker.sock`` showed the host's whole ``/run`` (found by review: its sockets
+    connect through a read-only mount, and a root evolane's command is root to them)."""
     shown: list[str] = []
     homes = {str(Path.home()), "/root"}
     for text in paths:
@@ -123,17 +126,23 @@ def folders_to_expose(paths: Iterable[str]) -> list[str]:
         try:
             if not path.exists():
                 continue
+            folder = path if path.is_dir() else path.parent
+            names = (str(folder), os.path.realpath(folder))
         except OSError:
             continue
-        folder = path if path.is_dir() else path.parent
-        if str(folder) == "/" or str(folder) in homes or folder.parent == Path("/home"):
+        if any(n == "/" or n in homes or Path(n).parent == Path("/home") for n in names):
             folder = path
-        if _covered(str(folder)) or str(folder) in (*HOST_ONLY, *PRIVATE):
-            continue
-        if any(within(str(folder), top) for top in HOST_ONLY):
+            names = (str(path), os.path.realpath(path))
+        if _covered(names[0]) or not all(map(_may_show, names)):
             continue
         shown.append(str(folder))
     return sorted(set(shown))
+
+
+def _may_show(path: str) -> bool:
+    """Whether a template may show ``path``: nothing in `HOST_ONLY`, nor a `PRIVATE` folder
+    or ``/`` as a whole."""
+    return path not in ("/", *PRIVATE) and not any(within(path, top) for top in HOST_ONLY)
 
 
 def within(path: str, top: str) -> bool:
