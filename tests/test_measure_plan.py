@@ -35,6 +35,7 @@ from evolane.measure._plan import (
     UnitJudged,
     UnitReplayed,
 )
+from evolane.measure._prefix import decision
 from evolane.measure._sealed import SealedRecords
 from evolane.messages import (
     ArtifactRef,
@@ -707,17 +708,19 @@ def test_a_request_naming_a_case_twice_is_refused() -> None:
         make_request().model_copy(update={"case_ids": ("c1", "c2", "c1")})
 
 
-def test_clustered_cases_are_measured_in_full_and_judged_by_cluster() -> None:
-    """Early stop reads cases one by one as independent: a measurement of clustered cases
-    (the turns of one session) runs in full, and its gate judges clusters."""
+def test_clustered_cases_stop_early_by_whole_clusters() -> None:
+    """Clustered cases (the turns of one session) are read session by session, and early
+    stop reads whole sessions: it stops at a session's end, counting sessions; the gate on
+    the cases read judges sessions."""
     sessions = {f"c{i}": f"session-{i // 4}" for i in range(40)}  # 10 sessions of 4 turns
-    for clusters, stopped_early in (({}, True), (sessions, False)):
-        plan = MeasurePlan(make_request(), make_settings(40, clusters=clusters), lanes=2)
-        outcomes = {
-            u.unit_id: Outcome(score=1.0 if u.arm == "candidate" else 0.0) for u in plan.units
-        }
-        run_plan(plan, outcomes)
-        summary = plan.summary(ref(9), 0.0)
-        assert (summary.status == "early_stopped") is stopped_early
-        assert summary.gate.decision == "accept"
-        assert summary.gate.reason.startswith("by cluster (10 of 10") is not stopped_early
+    plan = MeasurePlan(make_request(), make_settings(40, clusters=sessions), lanes=2)
+    outcomes = {u.unit_id: Outcome(score=1.0 if u.arm == "candidate" else 0.0) for u in plan.units}
+    run_plan(plan, outcomes)
+    summary = plan.summary(ref(9), 0.0)
+    assert summary.status == "early_stopped" and summary.gate.decision == "accept"
+    assert plan.cutoff is not None and plan.cutoff < 40 and plan.cutoff % 4 == 0
+    read = plan.case_ids[: plan.cutoff]
+    assert all(sum(sessions[c] == sessions[case] for c in read) == 4 for case in read)
+    assert summary.gate.reason.startswith(f"early stop after {plan.cutoff // 4} of 10 clusters")
+    gate = decision(plan.units, 40, plan.request.gate, plan.cutoff, None, sessions)
+    assert gate.reason.startswith(f"by cluster ({plan.cutoff // 4} of {plan.cutoff // 4}")

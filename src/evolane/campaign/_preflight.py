@@ -131,9 +131,10 @@ def cluster_lines(
             continue
         what = "the confirmation tests each cluster's mean delta (betting bound)"
         if split == "val" and config.gate.gate in CLUSTERED_GATES:
+            early = "; early stop reads whole clusters" if config.gate.sequential else ""
             what = (
                 f"the {config.gate.gate} gate judges each cluster's mean delta (SE, bootstrap, "
-                "min_cases and min_coverage over clusters; no early stop)"
+                f"min_cases and min_coverage over clusters{early})"
             )
         elif split == "val":
             what = (

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from evolane.messages import MeasureRequest
-from evolane.stats import case_order
+from evolane.stats import cluster_order, together
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -31,13 +31,17 @@ def reading_order(
     """The cases a measurement reads, in the order it reads them, and each case's place in
     the dataset. A split is read in the run's seeded order (`stats.case_order`, a function
     of the case ids and ``settings.seed`` alone), so no file order (a dataset sorted by
-    difficulty or topic) can steer an early stop; cases the request names keep its order."""
+    difficulty or topic) can steer an early stop; cases the request names keep its order.
+    Clustered cases (``settings.clusters``) are read cluster by cluster (`stats.cluster_order`;
+    the cases a request names, each cluster's at its first: `stats.together`), so early stop
+    can read whole clusters; without two cases of one cluster the order is as above."""
     if request.case_ids:
         named = list(request.case_ids)
-        return named, {case_id: index for index, case_id in enumerate(named)}
+        numbers = {case_id: index for index, case_id in enumerate(named)}
+        return together(named, settings.clusters), numbers
     in_file = list(settings.splits.get(request.split, ()))
     numbers = {case_id: index for index, case_id in enumerate(in_file)}
-    return case_order(in_file, settings.seed), numbers
+    return cluster_order(in_file, settings.seed, settings.clusters), numbers
 
 
 class UnitLayout:

@@ -128,11 +128,13 @@ class MeasurePlan:
         self._sealed: list[Unit] = []  # ended since the last event: compacted at the next
         self._judging = 0  # units judging or rejudging now
         paired = request.candidate_ref is not None
-        # Clustered cases are not independent: early stop's tests and bounds read cases, so a
-        # clustered measurement runs in full and its gate judges clusters (`decision`).
+        # Clustered cases are not independent: the gate judges clusters (`decision`), and early
+        # stop reads whole clusters, which the reading order keeps together (`CasePrefix`).
         self.clusters = settings.clusters if clustered(self.case_ids, settings.clusters) else None
-        prefix = (len(self.case_ids), self.units, request.gate, paired and self.clusters is None)
-        self._prefix = CasePrefix(*prefix, allow_accept=request.early_accept)
+        prefix = (len(self.case_ids), self.units, request.gate, paired)
+        self._prefix = CasePrefix(
+            *prefix, allow_accept=request.early_accept, clusters=self.clusters
+        )
 
     # ----- the machine ------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The prefix of complete cases that early stop reads, grown as units end, and the decision
-(no IO)."""
+(no IO). Clustered cases are read cluster by cluster: early stop takes one value per complete
+cluster, its mean delta, as the clustered gate does (`stats.judge_clusters`)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,29 @@ import numpy as np
 from evolane.measure._table import Unit, UnitTable
 from evolane.measure._units import arm_matrices
 from evolane.messages import Decision, GateConfig, GateResult, MeasureEvent
-from evolane.stats import Clusters, EarlyStop, decide_matrices, mean_and_se
+from evolane.stats import (
+    CLUSTERED_GATES,
+    Clusters,
+    EarlyStop,
+    cluster_ends,
+    decide_matrices,
+    mean_and_se,
+)
 
 
 class CasePrefix:
     """The leading run of cases whose units all ended, in plan order, grown as units end:
     each ended unit costs O(1) amortised (a case's delta is taken once, when it completes)
     plus what `EarlyStop.update` costs. Early stop reads only this prefix, so where it stops
-    never depends on the order in which units end."""
+    never depends on the order in which units end.
+
+    Clustered cases (``clusters``, read cluster by cluster: `stats.cluster_order`) judged by a
+    gate with a level (`stats.CLUSTERED_GATES`): early stop takes one value per cluster once
+    all its cases are complete, the mean delta of its comparable cases (not comparable when
+    it has none), out of as many as there are clusters, so its coverage rule, its settled
+    bounds and its sequential test are those of the clustered gate, on independent values
+    in [-1, 1] read in a seeded order of the clusters; an early stop's cutoff is a cluster's
+    end. Each cluster's mean is taken once, when it completes: O(1) amortised per case."""
 
     def __init__(
         self,
@@ -28,11 +44,12 @@ class CasePrefix:
         paired: bool,
         *,
         allow_accept: bool = True,
+        clusters: Clusters | None = None,
     ) -> None:
-        """``paired``: the measurement has a candidate arm and its cases are independent (a
-        baseline alone is measured whole: there is nothing to decide early; so are clustered
-        cases, which early stop cannot read one by one); ``allow_accept`` False: an early stop may
-        only reject (`EarlyStop`)."""
+        """``paired``: the measurement has a candidate arm (a baseline alone is measured
+        whole: there is nothing to decide early); ``allow_accept`` False: an early stop may
+        only reject (`EarlyStop`); ``clusters``: the cases' clusters when two share one (each
+        cluster's cases together in ``units``' reading order)."""
         # Case k's units are ``start + k * step`` for each column (repetition and arm) of the
         # layout: no index, start or count is kept per case.
         self._columns = units.layout.columns()
@@ -41,9 +58,13 @@ class CasePrefix:
         self.length = 0  # cases in the prefix
         self._complete = array("d")  # each prefix case's delta (NaN: a failure on either side)
         self._deltas = array("d")  # the comparable ones
-        self._fed = 0  # complete cases the early stop has taken
+        self._fed = 0  # complete cases (clusters, by cluster) the early stop has taken
+        self._ends = None  # where each cluster ends, when early stop reads clusters
+        if clusters is not None and gate.gate in CLUSTERED_GATES:
+            self._ends = cluster_ends(units.case_ids[:cases], clusters)
+        planned, noun = (cases, "cases") if self._ends is None else (len(self._ends), "clusters")
         self._stopper = (
-            EarlyStop(gate, cases, allow_accept=allow_accept)
+            EarlyStop(gate, planned, allow_accept=allow_accept, noun=noun)
             if gate.sequential and paired
             else None
         )
@@ -75,12 +96,29 @@ class CasePrefix:
         stopper = self._stopper
         if stopper is None:
             return None
+        if self._ends is not None:
+            return self._cluster_stop(stopper, self._ends)
         while self._fed < len(self._complete):
             index, delta = self._fed, self._complete[self._fed]
             self._fed += 1
             decision = stopper.update(None if math.isnan(delta) else delta)
             if decision is not None:
                 return decision, stopper.reason, index + 1  # "early stop after ..."
+        return None
+
+    def _cluster_stop(
+        self, stopper: EarlyStop, ends: array[int]
+    ) -> tuple[Decision, str, int] | None:
+        """`early_stop` by cluster: each complete cluster's mean delta over its comparable
+        cases (None without any), once; the cutoff is the end of the cluster it stops at."""
+        while self._fed < len(ends) and ends[self._fed] <= len(self._complete):
+            start, end = ends[self._fed - 1] if self._fed else 0, ends[self._fed]
+            self._fed += 1
+            comparable = [d for d in self._complete[start:end] if not math.isnan(d)]
+            mean = math.fsum(comparable) / len(comparable) if comparable else None
+            decision = stopper.update(None if mean is None else min(1.0, max(-1.0, mean)))
+            if decision is not None:
+                return decision, stopper.reason, end
         return None
 
     def event(

@@ -38,5 +38,6 @@ class SchedulerSettings:
     charged under stage ``judge``. False: exact match or verification commands, free."""
     progress_interval: float = 0.1  # seconds between two progress events of a measurement
     clusters: Mapping[str, str] = field(default_factory=dict)
-    """Per case id, its cluster (`inputs.case_clusters`): clustered cases are judged by
-    cluster (`stats.judge_clusters`) and their measurement runs in full (no early stop)."""
+    """Per case id, its cluster (`inputs.case_clusters`): clustered cases are read cluster by
+    cluster (`stats.cluster_order`), judged by cluster (`stats.judge_clusters`) and stopped
+    early by cluster (`CasePrefix`)."""

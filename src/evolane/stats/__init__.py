@@ -20,10 +20,12 @@ from evolane.stats._bootstrap import (
 from evolane.stats._bounded import bounded_mean_ci, case_mean_ci, clopper_pearson
 from evolane.stats._clusters import (
     Clusters,
+    cluster_ends,
     cluster_means,
     clustered,
     count_clusters,
     planned_clusters,
+    together,
 )
 from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
 from evolane.stats._gates import (
@@ -61,7 +63,7 @@ from evolane.stats._online import (
     no_gain_p_value,
     sign_flip_p_value,
 )
-from evolane.stats._order import case_order
+from evolane.stats._order import case_order, cluster_order
 from evolane.stats._preflight import (
     MinimumGain,
     Repetitions,
@@ -120,7 +122,9 @@ __all__ = [
     "case_mean_ci",
     "case_order",
     "clopper_pearson",
+    "cluster_ends",
     "cluster_means",
+    "cluster_order",
     "clustered",
     "confirm",
     "count_clusters",
@@ -157,4 +161,5 @@ __all__ = [
     "sign_flip_p_value",
     "t_cdf",
     "t_quantile",
+    "together",
 ]

@@ -15,7 +15,8 @@ two cases share a cluster, everything is exactly as without clusters.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from array import array
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -23,7 +24,7 @@ Clusters = Mapping[str, str]
 """Per case id, the name of its cluster; a case not named is a cluster of its own."""
 
 
-def _key(case: str, clusters: Clusters) -> tuple[int, str]:
+def cluster_key(case: str, clusters: Clusters) -> tuple[int, str]:
     """The cluster of ``case``: a named one, or the case alone (never equal to a named one)."""
     name = clusters.get(case)
     return (0, case) if name is None else (1, name)
@@ -46,7 +47,7 @@ def clustered(ids: Iterable[str], clusters: Clusters | None) -> bool:
 
 def count_clusters(ids: Iterable[str], clusters: Clusters | None) -> int:
     """How many clusters ``ids`` fall into."""
-    return len({_key(case, clusters or {}) for case in ids})
+    return len({cluster_key(case, clusters or {}) for case in ids})
 
 
 def planned_clusters(planned_ids: Collection[str], n_planned: int, clusters: Clusters) -> int:
@@ -67,7 +68,7 @@ def cluster_means(
     assert clusters is not None
     groups: dict[tuple[int, str], list[int]] = {}
     for index, case in enumerate(ids):
-        groups.setdefault(_key(case, clusters), []).append(index)
+        groups.setdefault(cluster_key(case, clusters), []).append(index)
     keys = sorted(groups)
 
     def means(values: np.ndarray) -> np.ndarray:
@@ -75,3 +76,38 @@ def cluster_means(
         return np.array([math.fsum(row) / len(row) for row in rows], dtype=np.float64)
 
     return [name for _, name in keys], tuple(means(values) for values in arms)
+
+
+def together(ids: Iterable[str], clusters: Clusters | None) -> list[str]:
+    """``ids`` with each cluster's cases moved up to its first case (stable): the clusters
+    in the order their first cases come, each one's cases in their order. ``ids`` as they
+    are when no two share a cluster."""
+    ids = list(ids)
+    if not clustered(ids, clusters):
+        return ids
+    assert clusters is not None
+    members: dict[tuple[int, str], list[str]] = {}
+    for case in ids:
+        members.setdefault(cluster_key(case, clusters), []).append(case)
+    return [case for group in members.values() for case in group]
+
+
+def cluster_ends(ids: Sequence[str], clusters: Clusters) -> array[int]:
+    """Where each cluster of ``ids`` ends (the index after its last case), in order, for
+    ``ids`` that keep each cluster's cases together (`together`, `stats.cluster_order`);
+    ValueError when a cluster comes back after another one. One integer per cluster."""
+    ends: array[int] = array("q")
+    seen: set[tuple[int, str]] = set()
+    previous: tuple[int, str] | None = None
+    for index, case in enumerate(ids):
+        key = cluster_key(case, clusters)
+        if key != previous:
+            if key in seen:
+                raise ValueError(f"cluster {key[1]!r} is not read in one run of cases")
+            seen.add(key)
+            if previous is not None:
+                ends.append(index)
+            previous = key
+    if previous is not None:
+        ends.append(len(ids))
+    return ends

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from evolane.stats._clusters import Clusters, cluster_key, clustered
+
 
 def case_key(case_id: str, seed: int) -> bytes:
     """The sort key of ``case_id`` under ``seed``: sha256 of the seed and the id."""
@@ -41,3 +43,37 @@ def case_order(case_ids: Iterable[str], seed: int) -> list[str]:
     if (ordered[1:] == ordered[:-1]).all(axis=1).any():  # equal keys (practically never)
         return sorted(ids, key=lambda case: (case_key(case, seed), case))
     return [ids[index] for index in order]
+
+
+def cluster_order(case_ids: Iterable[str], seed: int, clusters: Clusters | None) -> list[str]:
+    """The cases in `case_order`, each cluster's cases kept together: exactly `case_order`
+    when no two of them share a cluster (`clustered`).
+
+    Early stop on clustered cases reads whole clusters one after another, so a cluster's cases
+    must be read together. Each cluster keeps its cases in their `case_order`; the clusters
+    come in the order of a seeded key of their own: sha256(seed, name) for a named cluster,
+    the case's own `case_key` for a case of no cluster. A key depends on neither the
+    cluster's size nor its cases, so the clusters are read in a seeded pseudo-random order
+    independent of what they hold (ordering by a cluster's first case would read large
+    clusters first: the smallest of more keys is smaller), which the sequential test's
+    exchangeable order needs.
+    """
+    ordered = case_order(case_ids, seed)
+    if not clustered(ordered, clusters):
+        return ordered
+    assert clusters is not None
+    members: dict[tuple[int, str], list[str]] = {}
+    for case in ordered:
+        members.setdefault(cluster_key(case, clusters), []).append(case)
+
+    def rank(key: tuple[int, str]) -> tuple[bytes, int, str]:
+        named, name = key
+        digest = _cluster_hash(name, seed) if named else case_key(name, seed)
+        return digest, named, name
+
+    return [case for key in sorted(members, key=rank) for case in members[key]]
+
+
+def _cluster_hash(name: str, seed: int) -> bytes:
+    """The sort key of the cluster ``name`` under ``seed`` (apart from every case's key)."""
+    return hashlib.sha256(f"evolane-cluster-order\x00{seed}\x00{name}".encode()).digest()

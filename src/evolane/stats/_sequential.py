@@ -189,8 +189,10 @@ class Running:
 Settlement = tuple[Decision, str]
 
 
-def _settle(seen: Running, remaining: int, config: GateConfig) -> Settlement | None:
-    """`settled` on a running summary, with the reason and its numbers: O(1)."""
+def _settle(
+    seen: Running, remaining: int, config: GateConfig, noun: str = "cases"
+) -> Settlement | None:
+    """`settled` on a running summary, with the reason (of ``noun``) and its numbers: O(1)."""
     if config.gate == "strict":
         return None  # the strict gate's reject is found by EarlyStop from the deltas
     final_n = seen.n + remaining
@@ -204,7 +206,7 @@ def _settle(seen: Running, remaining: int, config: GateConfig) -> Settlement | N
     if highest <= floor or highest <= k * se_low:
         bar = max(floor, k * se_low)
         return "reject", (
-            f"settled: even if the {remaining} remaining cases all gained +1, the mean "
+            f"settled: even if the {remaining} remaining {noun} all gained +1, the mean "
             f"{highest:+.4g} could not exceed {bar:.4g} (k*SE >= {k:.2f} x {se_low:.4g}, "
             f"min_effect {floor:g}): rejected"
         )
@@ -219,7 +221,7 @@ def _settle(seen: Running, remaining: int, config: GateConfig) -> Settlement | N
     bar = max(k * se_high, config.min_effect)
     if lowest > bar + _SAFETY:
         return "accept", (
-            f"settled: even if the {remaining} remaining cases all lost -1, the mean "
+            f"settled: even if the {remaining} remaining {noun} all lost -1, the mean "
             f"{lowest:+.4g} would exceed k*SE <= {k:.2f} x {se_high:.4g} and min_effect "
             f"{config.min_effect:g}: accepted"
         )
@@ -282,6 +284,7 @@ class EarlyStop:
         "_allow_accept",
         "_config",
         "_decision",
+        "_noun",
         "_planned",
         "_reason",
         "_required",
@@ -292,12 +295,17 @@ class EarlyStop:
         "_worse",
     )
 
-    def __init__(self, config: GateConfig, planned: int, *, allow_accept: bool = True) -> None:
-        """Track one measurement of ``planned`` cases judged under ``config``."""
+    def __init__(
+        self, config: GateConfig, planned: int, *, allow_accept: bool = True, noun: str = "cases"
+    ) -> None:
+        """Track one measurement of ``planned`` cases judged under ``config``; ``noun``: what
+        the values fed are, in the reasons (``clusters`` when each is a cluster's mean delta,
+        `measure.CasePrefix`)."""
         if planned < 0:
             raise ValueError(f"planned must be >= 0, got {planned}")
         self._config = config
         self._planned = planned
+        self._noun = noun
         self._required = required_cases(planned, config)
         self._allow_accept = allow_accept and not config.no_regression
         self._running = Running()
@@ -336,7 +344,9 @@ class EarlyStop:
 
     def _stop(self, source: EarlySource, decision: Decision, reason: str) -> None:
         self._decision, self._source = decision, source
-        self._reason = f"early stop after {self._seen} of {self._planned} cases, {reason}"[:256]
+        self._reason = f"early stop after {self._seen} of {self._planned} {self._noun}, {reason}"[
+            :256
+        ]
 
     def _check_coverage(self) -> Decision | None:
         """Stop as indecisive once the comparable cases can no longer reach the minimum."""
@@ -345,7 +355,7 @@ class EarlyStop:
             self._stop(
                 "coverage",
                 "indecisive",
-                f"coverage: at most {reachable} comparable cases of {self._planned}, "
+                f"coverage: at most {reachable} comparable {self._noun} of {self._planned}, "
                 f"< {self._required} needed: indecisive",
             )
         return self._decision
@@ -390,7 +400,7 @@ class EarlyStop:
                     (f"settled: strict: candidate < baseline on {self._worse} case(s): rejected"),
                 )
             return None
-        verdict = _settle(self._running, self._planned - self._seen, self._config)
+        verdict = _settle(self._running, self._planned - self._seen, self._config, self._noun)
         if verdict is None or (verdict[0] == "accept" and not self._allow_accept):
             return None
         return "settled", verdict[0], verdict[1]
