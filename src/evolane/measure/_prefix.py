@@ -16,6 +16,7 @@ from evolane.stats import (
     CLUSTERED_GATES,
     Clusters,
     EarlyStop,
+    ScoreMatrix,
     cluster_ends,
     decide_matrices,
     mean_and_se,
@@ -166,4 +167,38 @@ def decision(
     update: dict[str, object] = {"n_planned": cases}
     if early is not None:
         update.update(decision=early[0], reason=early[1])
-    return result.model_copy(update=update)
+    result = result.model_copy(update=update)
+    if result.decision != "accept":
+        return result
+    worst, left_out = _left_out_at_zero(units, baseline, candidate)
+    if not left_out:
+        return result
+    check = decide_matrices(baseline, worst, gate, n_planned=planned, clusters=clusters)
+    if check.decision == "accept":
+        return result
+    reason = (
+        f"{left_out} candidate unit(s) ended unscored (left out) on cases whose baseline was "
+        "scored, and with them at 0 the gate would not accept: indecisive; "
+        f"gate: {result.reason}"
+    )
+    return result.model_copy(update={"decision": "indecisive", "reason": reason[:256]})
+
+
+def _left_out_at_zero(
+    units: UnitTable, baseline: ScoreMatrix, candidate: ScoreMatrix
+) -> tuple[ScoreMatrix, int]:
+    """``candidate`` with each unit that ran but ended unscored (left out: a judge's model
+    endpoint that failed, a spawn that never started, a stop while it ran) at 0 on a case
+    whose baseline was scored, and how many there were. A pair left out on one side only is
+    missing data the candidate's own output may have caused (an output that takes a judge's
+    endpoint down, and its check with it, on the cases it fails: found by review, a worse
+    candidate accepted on the cases it passes), so an acceptance must hold without it."""
+    scores = candidate.scores.copy()
+    scored = ~np.isnan(baseline.scores).all(axis=1)
+    left_out = 0
+    for place, rep in zip(*np.nonzero(np.isnan(scores) & scored[:, None]), strict=True):
+        index = units.layout.index(int(place), int(rep), True)
+        if index is not None and units[index].took_part:
+            scores[place, rep] = 0.0
+            left_out += 1
+    return ScoreMatrix(candidate.ids, scores), left_out

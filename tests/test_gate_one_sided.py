@@ -1,0 +1,81 @@
+"""Found by review: a worse candidate could still choose which of its cases count. Its
+output made the judge's model endpoint fail, and the check asked without the output failed
+too (a server down for a moment after the output, as one that crashes on it and restarts),
+so the cases it fails were left out as an endpoint outage, and the gate decided on the cases
+it passes: accepted (through the CLI, a local chat stub going down for 1 s after such an
+output, 160 val cases: a candidate scoring 0.47 against the seed's 0.50 was accepted, under
+online error control). A pair left out on the candidate's side only now counts as 0 for an
+acceptance: the gate accepts only if it would with them at 0, else it is indecisive (never
+a rejection: a real outage can cost a candidate a decision, never win it one)."""
+
+from __future__ import annotations
+
+from evolane.lanes import JUDGE_ENDPOINT_FAILED
+from evolane.measure._prefix import decision
+from evolane.measure._table import UnitTable, unit_table
+from evolane.messages import (
+    ArtifactRef,
+    FailureEvent,
+    GateConfig,
+    JudgeResult,
+    MeasureRequest,
+    ReplayResult,
+)
+
+CASES = [f"val{i:02d}" for i in range(16)]
+REF = ArtifactRef(digest="sha256:" + "1" * 64, size=1)
+
+
+def _table(candidate: dict[int, float | None], baseline_down: set[int] = frozenset()) -> UnitTable:
+    """Baseline 0.5 on every case (unscored on ``baseline_down``); the candidate scores
+    ``candidate[i]``, None: its judge's endpoint failed (the unit is left out)."""
+    request = MeasureRequest(
+        measurement_id="m",
+        baseline_ref=REF,
+        candidate_ref=REF.model_copy(update={"digest": "sha256:" + "2" * 64}),
+    )
+    table = unit_table(request, CASES, (1, 1))
+    for unit in table:
+        place = CASES.index(unit.case_id)
+        score = candidate[place] if unit.arm == "candidate" else 0.5
+        if unit.arm == "baseline" and place in baseline_down:
+            score = None
+        unit.replay = ReplayResult(
+            unit_id=unit.unit_id,
+            case_id=unit.case_id,
+            arm=unit.arm,  # type: ignore[arg-type]
+            repetition=0,
+            status="succeeded",
+            output_ref=REF,
+        )
+        failure = FailureEvent(owner="infrastructure", stage="judge", code=JUDGE_ENDPOINT_FAILED)
+        unit.judge = JudgeResult(
+            unit_id=unit.unit_id,
+            status="succeeded" if score is not None else "failed",
+            score=score,
+            source="command",
+            failure=None if score is not None else failure,
+        )
+        unit.status = "succeeded" if score is not None else "failed"
+        unit.seal()
+    return table
+
+
+def test_a_candidate_cannot_win_on_the_cases_it_left_out_on_its_side_only() -> None:
+    # 0.9 where it passes, its 6 failing cases (of 16) left out: 0.56 truly, against 0.5
+    # on the 10 compared it gains +0.4 each, and the gate accepted on them alone.
+    table = _table({i: (None if i % 3 == 0 else 0.9) for i in range(16)})
+    result = decision(table, len(CASES), GateConfig(), None, None)
+    assert result.decision == "indecisive", result.reason
+    assert "6 candidate unit(s) ended unscored" in result.reason
+
+
+def test_an_acceptance_that_holds_with_the_left_out_units_at_0_stands() -> None:
+    table = _table({i: (None if i == 0 else 1.0) for i in range(16)})
+    assert decision(table, len(CASES), GateConfig(), None, None).decision == "accept"
+
+
+def test_a_pair_left_out_on_the_baselines_side_is_not_counted_against_the_candidate() -> None:
+    down = {i for i in range(16) if i % 3 == 0}
+    table = _table({i: (None if i in down else 0.9) for i in range(16)}, down)
+    assert decision(table, len(CASES), GateConfig(), None, None).decision == "accept"
