@@ -55,7 +55,7 @@ from evolane.messages import (
     WarningEvent,
 )
 from evolane.store import describe_failure, storage_failure
-from evolane.views import arm_scores
+from evolane.views import arm_scores, left_out_at_zero
 
 __all__ = ["Campaign"]
 
@@ -353,6 +353,7 @@ class _Cycle:
                 if confirming:  # confirm before publish, under the campaign's budget
                     budget = self.s.confirmation_budget()
                     arms = (arm_scores(units, "baseline"), arm_scores(units, "candidate"))
+                    worst = left_out_at_zero(units, arms[0])
                     against = "seed" if baseline == self.s.seed_ref else "published"
                     state.confirmation, state.confirmations = confirm_best(
                         budget,
@@ -362,6 +363,7 @@ class _Cycle:
                         self.s.test_cases,
                         against,
                         clusters=self.services.clusters,
+                        worst=worst,
                     )
         state.scores = Scores(**scores)
 

@@ -141,13 +141,16 @@ def confirm_best(
     against: Against = "seed",
     *,
     clusters: Mapping[str, str] | None = None,
+    worst: tuple[dict[str, list[float]], int] | None = None,
 ) -> tuple[ConfirmationRecord, OnlineBudget]:
     """Confirm ``best`` against the tree a publish would replace (``against``: the seed, or
     what an earlier cycle published) on the test split (``arms``: their scores) under the
     campaign's confirmation ``budget`` (the online fallback procedure over its attempts, as
     online control spends alpha over candidates), and the budget with this attempt. A tree
     tested before keeps its verdict: a retest would be one more chance. ``clusters``: per
-    case id, its cluster (`stats.confirm` tests clusters)."""
+    case id, its cluster (`stats.confirm` tests clusters). ``worst``: the candidate's
+    scores with its units left out on its side only at 0, and how many (`views.
+    left_out_at_zero`): a confirmation that does not hold with them is indecisive."""
     earlier = tested_before(budget, best)
     if earlier is not None:
         record = confirmation_of(
@@ -156,6 +159,12 @@ def confirm_best(
         return record, budget
     level = budget.next_level
     record = confirmation_of(*arms, config, test_cases, level, against=against, clusters=clusters)
+    if record.published and worst is not None and worst[1]:
+        check = confirmation_of(
+            arms[0], worst[0], config, test_cases, level, against=against, clusters=clusters
+        )
+        if not check.published:
+            record = _left_out(record, worst[1], config)
     attempt = OnlineTest(
         slot=_slot(best),
         index=len(budget.tests) + 1,
@@ -165,6 +174,28 @@ def confirm_best(
         decision="accept" if record.published else "reject",
     )
     return record, budget.model_copy(update={"tests": (*budget.tests, attempt)})
+
+
+def _left_out(record: ConfirmationRecord, count: int, config: CampaignConfig) -> ConfirmationRecord:
+    """``record`` (confirmed) made indecisive: with the ``count`` candidate units left out
+    on its side only at 0 it would not be (an outage may cost a best its publish, never
+    win it one; found by review: an output that took the judge's endpoint down on the
+    cases it fails had them left out)."""
+    why = (
+        f"{count} of the best candidate's test units ended unscored (left out) on cases "
+        "whose baseline was scored, and with them at 0 it would not be confirmed"
+    )
+    sentence = f"the best candidate could not be confirmed: {why}"
+    if config.apply != "proposal":
+        sentence += ": not published"
+    return record.model_copy(
+        update={
+            "decision": "indecisive",
+            "published": False,
+            "reason": f"confirm: indecisive, {why}"[:256],
+            "sentence": sentence[:2048],
+        }
+    )
 
 
 def confirmation_of(

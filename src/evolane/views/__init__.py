@@ -9,6 +9,7 @@ from evolane.views._cases import (
     Category,
     arm_scores,
     case_runs,
+    left_out_at_zero,
     mean_passes,
     run_kind,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "isolation_text",
     "isolation_words",
     "kind_of",
+    "left_out_at_zero",
     "mean_passes",
     "page_data",
     "read_events",

@@ -11,6 +11,7 @@ score of 1 the two agree: only a case whose every run passes has a mean of 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -111,6 +112,27 @@ def arm_scores(units: list[dict[str, Any]], arm: str) -> dict[str, list[float]]:
         if unit.get("arm") == arm and score is not None:
             scores.setdefault(str(unit.get("case")), []).append(score)
     return scores
+
+
+def left_out_at_zero(
+    units: list[dict[str, Any]], baseline: Mapping[str, list[float]]
+) -> tuple[dict[str, list[float]], int]:
+    """The candidate arm's per-case scores (`arm_scores`) with each candidate unit that ran
+    but ended unscored (left out: a judge's endpoint that failed, a stop while it ran) on a
+    case ``baseline`` scored at 0, and how many there were: missing data on the candidate's
+    side only may be its own output's doing (an output that takes a judge's endpoint down
+    on the cases it fails), so a confirmation must hold with it at 0."""
+    scores = arm_scores(units, "candidate")
+    count = 0
+    for unit in units:
+        if unit.get("arm") != "candidate" or _score(unit) is not None:
+            continue
+        replay, case = unit.get("replay"), str(unit.get("case"))
+        ran = isinstance(replay, dict) and replay.get("status") != "blocked"
+        if case in baseline and (ran or unit.get("reused") or unit.get("restored")):
+            scores.setdefault(case, []).append(0.0)
+            count += 1
+    return scores, count
 
 
 def _score(unit: dict[str, Any]) -> float | None:
