@@ -99,6 +99,19 @@ def test_init_then_doctor_then_optimize_completes_and_accepts(tmp_path: Path) ->
     assert report["best"] != report["seed"]
 
 
+def test_the_starter_dataset_repeats_no_input_across_its_splits(tmp_path: Path) -> None:
+    """The starter is the model a user copies: its own preflight must not warn that val or
+    test cases are train cases under other ids (it did: 12 such cases, 'Ada' greeted in
+    English in train and val)."""
+    root = _init(tmp_path)
+    done = _run(["estimate", *_config_args(root)], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "same input" not in done.stdout + done.stderr, done.stdout
+    rows = [json.loads(line) for line in (root / "dataset.jsonl").read_text().splitlines()]
+    inputs = [json.dumps(row["input"], sort_keys=True) for row in rows]
+    assert len(set(inputs)) == len(rows) == 42
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
