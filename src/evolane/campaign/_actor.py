@@ -112,12 +112,7 @@ class _Cycle:
                 await self._run_stages()
                 nursery.cancel_scope.cancel()
         if scope.cancelled_caught:
-            timed_out = deadline is not None and trio.current_time() >= deadline
-            self.state.wall_clock_hit = timed_out
-            self.state.stop = "budget_limited" if timed_out else "interrupted"
-            self.state.message = (
-                "the wall-clock budget ran out" if timed_out else "interrupted: resumable"
-            )
+            self.state.stopped(deadline is not None and trio.current_time() >= deadline)
 
     async def _run_stages(self) -> None:
         state = self.state

@@ -31,7 +31,13 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.campaign._tree import OptimizerParts, run_tree
-from evolane.campaign._types import CampaignServices, CampaignSetup, CycleOutcome, RunSlots
+from evolane.campaign._types import (
+    CampaignServices,
+    CampaignSetup,
+    CycleOutcome,
+    CycleState,
+    RunSlots,
+)
 from evolane.lanes import Backend
 from evolane.measure import (
     Ledger,
@@ -303,7 +309,11 @@ async def _cycle(
         judge_backend=ctx.backends.judge,
     )
     async with open_measure_cluster(config.measure, context, host, store) as cluster:
-        cases = await trio.to_thread.run_sync(store_cases, store, prepared.dataset)
+        try:
+            between = _stop_storing(ctx.interrupt, deadline)
+            cases = await trio.to_thread.run_sync(store_cases, store, prepared.dataset, between)
+        except _StoringStopped:  # a large dataset takes minutes to store on a slow disk
+            return _stopped_before_start(prepared, slots, deadline)
         cases = dataclasses.replace(cases, splits=prepared.splits.splits(cases.splits))
         services = CampaignServices(
             store=store,
@@ -363,6 +373,37 @@ async def _cycle(
                 await runtime.root.stop_child(slots.prefix)
     raw = await trio.to_thread.run_sync(store.read_bytes, done.outcome)
     return CycleOutcome.model_validate_json(raw), ledger
+
+
+class _StoringStopped(Exception):
+    """The run was stopped (gracefully, or by its wall-clock deadline) while its cases were
+    being stored, before its tree started."""
+
+
+def _stop_storing(interrupt: trio.Event, deadline: float | None) -> Callable[[], None]:
+    """What the thread storing the cases calls between batches: a cancel raises
+    `trio.Cancelled`, a graceful stop or the deadline `_StoringStopped` (storing 100,000 cases
+    took minutes on a loaded host, deaf to Ctrl-C and past the wall-clock budget)."""
+
+    def stop_now() -> bool:
+        return interrupt.is_set() or (deadline is not None and trio.current_time() >= deadline)
+
+    def between() -> None:
+        trio.from_thread.check_cancelled()
+        if trio.from_thread.run_sync(stop_now):
+            raise _StoringStopped
+
+    return between
+
+
+def _stopped_before_start(
+    prepared: Prepared, slots: RunSlots, deadline: float | None
+) -> tuple[CycleOutcome, LedgerSnapshot]:
+    """The outcome of a cycle stopped before its tree started: nothing ran, the campaign's
+    memory (stall, rejected edits, seen trees) carried over as the campaign would."""
+    state = CycleState.starting(_setup(prepared, slots))
+    state.stopped(deadline is not None and trio.current_time() >= deadline)
+    return state.outcome(prepared.campaign.seen), _ledger(prepared).snapshot()
 
 
 def _ledger(prepared: Prepared) -> Ledger:

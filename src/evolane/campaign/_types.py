@@ -229,6 +229,13 @@ class CycleState:
             online=OnlineRule(budget) if budget is not None else None,
         )
 
+    def stopped(self, timed_out: bool) -> None:
+        """The cycle was cut short: by its wall-clock deadline (``budget_limited``) when
+        ``timed_out``, else by a graceful stop (``interrupted``, resumable)."""
+        self.wall_clock_hit = timed_out
+        self.stop = "budget_limited" if timed_out else "interrupted"
+        self.message = "the wall-clock budget ran out" if timed_out else "interrupted: resumable"
+
     def outcome(self, seen_before: tuple[str, ...]) -> CycleOutcome:
         """The cycle's outcome (``seen_before``: the campaign's digests when it began)."""
         book = self.book

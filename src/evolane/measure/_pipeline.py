@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -92,20 +92,29 @@ class Pipeline:
         return await self.budget.ask(LedgerQuery())
 
 
-def case_references(store: BlobStore, dataset: Dataset, *, include_answers: bool) -> RefTable:
+def case_references(
+    store: BlobStore,
+    dataset: Dataset,
+    *,
+    include_answers: bool,
+    between: Callable[[], None] | None = None,
+) -> RefTable:
     """Store every case as ``{case_file}`` JSON: without the answers (``expected_output``,
     ``verification_command``) for replays, so an agent cannot read them; with them for judges."""
     rows = dataset.rows(include_answers=include_answers)
-    return put_table(store, rows, JSON, places=dataset.places)
+    return put_table(store, rows, JSON, places=dataset.places, between=between)
 
 
-def store_cases(store: BlobStore, dataset: Dataset) -> CaseRefs:
+def store_cases(
+    store: BlobStore, dataset: Dataset, between: Callable[[], None] | None = None
+) -> CaseRefs:
     """Store the dataset's cases for replays and for judges, in one batch each (one fsync
-    pass, not one per blob; blocking: run it in a thread)."""
+    pass, not one per blob; blocking: run it in a thread). ``between`` is called between
+    batches and may raise to stop (a run stopped while a large dataset is stored)."""
     splits = {s: dataset.split_ids(s) for s in SPLITS}
     return CaseRefs(
-        replay=case_references(store, dataset, include_answers=False),
-        judge=case_references(store, dataset, include_answers=True),
+        replay=case_references(store, dataset, include_answers=False, between=between),
+        judge=case_references(store, dataset, include_answers=True, between=between),
         splits=splits,
         clusters=case_clusters(dataset),
     )

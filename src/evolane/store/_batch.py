@@ -10,7 +10,7 @@ import hashlib
 import os
 import tempfile
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from evolane.messages import ArtifactRef
@@ -60,13 +60,15 @@ def put_table(
     media_type: str,
     *,
     places: Mapping[str, int] | None = None,
+    between: Callable[[], None] | None = None,
 ) -> RefTable:
     """Store every ``(name, data)`` of ``named`` with the guarantees of `BlobStore.put_bytes`
     (a blob is durable before it is visible, the first writer of a digest wins) and one fsync
     pass per `BATCH_FILES` blobs; their refs by name as a compact `RefTable` (a name given
     twice keeps its last blob). ``places``: each name's place in ``named`` as the caller
     already holds it (a dataset's ids); the table shares it when it matches (checked) rather
-    than holding a mapping of its own."""
+    than holding a mapping of its own. ``between`` is called before each batch is written:
+    it may raise to stop a long table early (the batches written before stay stored)."""
     names: list[str] = []
 
     def datas() -> Iterator[bytes]:
@@ -75,7 +77,7 @@ def put_table(
             yield data
 
     digests, sizes = bytearray(), array("q")
-    for digest, size in _put_each(store, datas()):
+    for digest, size in _put_each(store, datas(), between):
         digests += digest
         sizes.append(size)
     at: Mapping[str, int]
@@ -93,21 +95,29 @@ def _places_match(places: Mapping[str, int], names: list[str]) -> bool:
     )
 
 
-def _put_each(store: BlobStore, datas: Iterable[bytes]) -> Iterator[tuple[bytes, int]]:
+def _put_each(
+    store: BlobStore, datas: Iterable[bytes], between: Callable[[], None] | None
+) -> Iterator[tuple[bytes, int]]:
     """Each blob's raw sha256 digest and size, in order, storing the new ones a batch at a
-    time. The last batch is written only when this is exhausted: exhaust it before using
-    anything it gave."""
+    time (``between`` called before each, and every `BATCH_FILES` blobs read). The last
+    batch is written only when this is exhausted: exhaust it before using anything it gave."""
     pending: dict[str, bytes] = {}  # digest -> data, new in this batch
-    for data in datas:
+    for read, data in enumerate(datas, 1):
+        if between is not None and read % BATCH_FILES == 0:
+            between()  # also while every blob is stored already: hashing 100,000 takes time
         raw = hashlib.sha256(data).digest()
         digest = _DIGEST + raw.hex()
         if digest not in pending and not store.has(digest):
             pending[digest] = data
         if len(pending) >= BATCH_FILES:
+            if between is not None:
+                between()
             _write_batch(store, pending)
             pending = {}
         yield raw, len(data)
     if pending:
+        if between is not None:
+            between()
         _write_batch(store, pending)
 
 
