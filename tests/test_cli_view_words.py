@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from evolane.cli._render import render_view
+from evolane.cli._view import plain_line
 from evolane.cli._viewtext import fit, middle, pack, rule_text, short_digest, sparkline
 from evolane.measure._progress import ProgressBus
 from evolane.messages import (
@@ -383,3 +384,28 @@ def test_an_early_stop_reads_the_same_in_either_stored_form(prefix: str) -> None
     reason = f"{prefix}early stop after 12 of 16 cases, settled: even if the rest: indecisive"
     event = _decision(0, GOOD, decision="indecisive", reason=reason, mean_delta=0.1, se=0.1)
     assert rule_text(event) == "even if the rest"
+
+
+def test_an_accepted_slot_another_did_better_than_says_why_it_was_rejected() -> None:
+    # Found by review: "decision i0.s1 accept ..." then "slot i0.s1 rejected sha256:..." with
+    # no reason; a slot that ended as its decision said keeps its line short.
+    state = ViewState()
+    lines = []
+    for event in (
+        _decision(0, GOOD, decision="reject", reason="worse"),
+        _decision(1, BAD, decision="accept", reason="better"),
+        SlotEvent(run_id="-", iteration=0, slot=0, stage="rejected", digest=GOOD, reason="worse"),
+        SlotEvent(
+            run_id="-",
+            iteration=0,
+            slot=1,
+            stage="rejected",
+            digest=BAD,
+            reason="accepted, but another candidate of the iteration did better",
+        ),
+    ):
+        state.fold(event)
+        lines.append(plain_line(event, state) or "")
+    assert "slot i0.s0 rejected" in lines[2] and "worse" not in lines[2], lines
+    assert "slot i0.s1 rejected" in lines[3], lines
+    assert "another candidate of the iteration did better" in lines[3], lines

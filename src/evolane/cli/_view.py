@@ -159,8 +159,15 @@ def _slot_segments(event: messages.SlotEvent, state: ViewState) -> list[str]:
         return []
     parts = [f"slot {_slot_label(event.iteration, event.slot)} {event.stage}"]
     parts += [short_digest(event.digest)] if event.digest else []
-    decided = any((d.iteration, d.slot) == (event.iteration, event.slot) for d in state.decisions)
-    return parts + ([reason_words(event.reason)] if event.reason and not decided else [])
+    said = [
+        d.decision
+        for d in state.decisions
+        if (d.iteration, d.slot) == (event.iteration, event.slot)
+    ]
+    # a decided slot's line shows the decision's reason, unless the slot ended otherwise (an
+    # accepted candidate rejected because another of its iteration did better)
+    ended_as_said = bool(said) and (said[-1] == "accept") == (event.stage != "rejected")
+    return parts + ([reason_words(event.reason)] if event.reason and not ended_as_said else [])
 
 
 def _slot_reason(slot: messages.SlotEvent, state: ViewState) -> str:
