@@ -21,7 +21,7 @@ from evolane.campaign._run import RunRequest, run_campaign
 from evolane.campaign._runs import StoreLayout, load_run
 from evolane.measure import replay_names
 from evolane.store import read_journal
-from tests.campaign_helpers import publishing_config, toy_config, toy_flags, write_toy
+from tests.campaign_helpers import publishing_config, toy_config, toy_flags, with_flag, write_toy
 
 # iteration 0 accepts nothing (the stall count rises); 1 and 2 accept
 PLAN = {"0.0": "harm:1", "0.1": "noop", "1.0": "fix:2", "1.1": "harm:2", "2.0": "fix:1"}
@@ -376,3 +376,71 @@ def test_a_journal_record_of_a_newer_evolane_is_one_clear_error(tmp_path: Path) 
         read_resume_state(journal)
     message = str(caught.value)
     assert message.startswith(f"{journal}:2: ") and "newer or older evolane" in message
+
+
+# -- the books of a resume whose measurements end before they judge every stored replay ------
+
+DIE_AS_THE_REPORT_IS_WRITTEN = """
+import os, sys
+from evolane.campaign import _finish
+from evolane.cli import main
+
+def die(*args, **kwargs):
+    os._exit(9)  # every unit is journaled, none in flight: as a SIGKILL at the report
+
+_finish._write_report = die
+sys.argv = ["evolane", "optimize", *sys.argv[1:]]
+main()
+"""
+
+SLOW_JUDGE = """
+import json, sys, time
+time.sleep(0.2)  # the replays run ahead of their judgements
+answer = json.load(open(sys.argv[1]))
+print(json.dumps({"score": 1.0 if answer == "yes" else 0.0}))
+"""
+
+
+def test_a_resume_charges_the_replays_an_early_stop_left_unjudged(tmp_path: Path) -> None:
+    """Found by crash fuzzing (SIGKILL as the report was written, then ``--resume``): the
+    replays an early stop cut off before their judgement (journaled on their own) were
+    charged in the killed session, but the resume, which settles the same early stop from
+    the journal and never judges them, charged none of them: 14,000 tokens for the 14,400
+    the uninterrupted run spent. Each replay is charged once, as the run resumes."""
+    paths = write_toy(tmp_path, {"0.0": "harm:1"})
+    store, log = tmp_path / "store", tmp_path / "logs" / "replays.log"
+    log.parent.mkdir()
+    flags = toy_flags(paths, store, log, lanes=4)
+    flags = with_flag(flags, "--replay", usage_replay_logged(tmp_path, log))
+    judge = tmp_path / "judge.py"
+    judge.write_text(SLOW_JUDGE)
+    judging = f"{sys.executable} -I {judge} {{output_dir}}/output.json"
+    flags += ["--judge", judging, "--iterations", "1", "--population", "1"]
+    died = subprocess.run(
+        [sys.executable, "-c", DIE_AS_THE_REPORT_IS_WRITTEN, *flags],
+        capture_output=True,
+        timeout=300,
+    )
+    assert died.returncode == 9, died.stderr.decode()
+    records = _journal_records(store)
+    judged = {r["unit"] for r in records if r["type"] == "unit" and r["status"] == "succeeded"}
+    unjudged = {r["unit"] for r in records if r["type"] == "replay"} - judged
+    assert unjudged  # the early stop cut replays off before their judgement
+    (run_dir,) = (store / "runs").iterdir()
+    resumed = _optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
+    _finish(resumed)
+    launched = len(log.read_text().split())  # none in flight at the kill: each one ended
+    budget = _report(store)["budget"]
+    assert budget["spent"]["tokens"] == launched * 100
+    assert budget["campaign_spent"]["tokens"] == launched * 100
+
+
+def usage_replay_logged(root: Path, log: Path) -> str:
+    """The toy replay, writing ``usage.json`` (100 tokens) and a line per launch to ``log``."""
+    script = root / "replay.sh"
+    script.write_text(
+        f'echo "$EVOLANE_UNIT" >> {log}\n'
+        'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
+        'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
+    )
+    return f"sh {script} {{candidate}} {{output_dir}}"

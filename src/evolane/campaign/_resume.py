@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evolane.inputs import InputError
-from evolane.measure import RESTORABLE, unpaid_debits
+from evolane.measure import RESTORABLE, stored_replay_debit, unpaid_debits
 from evolane.messages import (
     Debit,
     JournalRecordError,
@@ -28,7 +28,7 @@ class ResumeState:
     proposals: dict[str, ProposalRecord] = field(default_factory=dict)
     unpaid: list[Debit] = field(default_factory=list)
     """What units and optimizer calls a stop cut short spent, every session's (a resume runs
-    them again)."""
+    them again), and the replays journaled unjudged (``replays``: judged, if at all, free)."""
     keyed: dict[bytes, UnitRecord | ReplayRecord] = field(default_factory=dict)
     """By reuse key: the succeeded units, then the replays not judged (``replays``)."""
     earlier: dict[bytes, UnitRecord | ReplayRecord] = field(default_factory=dict)
@@ -104,4 +104,7 @@ def read_resume_state(journal: Path) -> ResumeState:
     for replay in state.replays.values():  # after the units: a succeeded one serves first
         if replay.key is not None:
             state.keyed.setdefault(bytes.fromhex(replay.key), replay)
+        debit = stored_replay_debit(replay)  # judged or not by the resume: charged once here
+        if debit is not None:
+            state.unpaid.append(debit)
     return state

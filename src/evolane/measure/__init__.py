@@ -39,7 +39,7 @@ from evolane.measure._pipeline import (
     store_cases,
 )
 from evolane.measure._progress import ProgressBus, Subscription
-from evolane.measure._restore import replay_names, unpaid_debits
+from evolane.measure._restore import replay_names, stored_replay_debit, unpaid_debits
 from evolane.measure._scheduler import MeasurementScheduler
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.measure._settings import (
@@ -124,5 +124,6 @@ __all__ = [
     "reserve_when_known",
     "scheduler_settings",
     "store_cases",
+    "stored_replay_debit",
     "unpaid_debits",
 ]

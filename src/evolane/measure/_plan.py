@@ -258,8 +258,8 @@ class MeasurePlan:
             return
         stored = stored_replay(self.settings, unit, self.diverged)
         if stored is not None:  # replayed before an interruption, not yet judged: judge only
-            unit.restored, unit.step = True, "replaying"
-            self._replayed(unit, stored.replay)
+            unit.restored, unit.replay = True, stored.replay  # charged as the run resumed
+            self._charged(unit)
             return
         if not self.settings.replays_allowed:
             self._finish(unit, "not_run", not_stored(unit, self.diverged))

@@ -70,7 +70,7 @@ def unpaid_debits(record: UnitRecord) -> tuple[Debit, ...]:
     """What a journaled unit that a resume runs again (not `RESTORABLE`: a stop cut it
     short) spent that nothing charges again: its judge's usage (the samples answered and
     the requests cut off), and its replay's unless that replay succeeded (then it is
-    journaled on its own, and the resume that judges it charges it). Charged as known:
+    journaled on its own and charged as the run resumes: `stored_replay_debit`). Charged as known:
     the reservation an unknown amount was charged in its session is not journaled."""
     debits: list[Debit] = []
     replay, judge = record.replay, record.judge
@@ -90,6 +90,18 @@ def unpaid_debits(record: UnitRecord) -> tuple[Debit, ...]:
             )
         )
     return tuple(debits)
+
+
+def stored_replay_debit(record: ReplayRecord) -> Debit | None:
+    """What a replay journaled before an interruption and not judged then spent: charged
+    once as the run resumes, whether the resume judges it or not (an early stop or a
+    decision reached first can leave it unjudged for good, and its spend was real)."""
+    replay = record.replay
+    if not _spent(replay.usage):
+        return None
+    return Debit(
+        item=record.unit, actual=replay.usage, complete=replay.usage_complete, stage="replay"
+    )
 
 
 def _spent(usage: Usage) -> bool:
