@@ -8,6 +8,8 @@ killed runtime left one for ever: found by review), and a stale one goes the sam
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ import trio
 
 from evolane.sandbox import open_sandbox
 from evolane.store import BlobStore
+from tests.campaign_helpers import run_optimize, toy_flags, write_toy
 
 
 async def test_opening_a_host_removes_a_killed_writers_temp_files(tmp_path: Path) -> None:
@@ -58,3 +61,41 @@ def test_the_optimizers_context_is_made_in_the_stores_temp_folder(
     _prompt.write_context(store, [], [], {})
     (folder,) = made
     assert Path(folder).parent == store.tmp and not Path(folder).exists()
+
+
+DIE_AS_THE_REPORT_IS_RENAMED = """
+import os, sys
+from evolane.cli import main
+
+real = os.replace
+
+def replace(source, target, *args, **kwargs):
+    if str(target).endswith("report.json"):
+        os._exit(9)  # as a SIGKILL between the temp file's write and its rename
+    return real(source, target, *args, **kwargs)
+
+os.replace = replace
+sys.argv = ["evolane", "optimize", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_resume_removes_the_temp_file_a_kill_left_in_its_run_folder(tmp_path: Path) -> None:
+    """Found by crash fuzzing: a SIGKILL while a run wrote a record (``report.json``,
+    ``apply.json``) left its ``.<name>.<random>.tmp`` in the run's folder for good, through
+    the resume that finished the run."""
+    paths = write_toy(tmp_path, {"0.0": "fix:2"})
+    store = tmp_path / "store"
+    flags = [*toy_flags(paths, store), "--iterations", "1", "--population", "1"]
+    died = subprocess.run(
+        [sys.executable, "-c", DIE_AS_THE_REPORT_IS_RENAMED, *flags],
+        capture_output=True,
+        timeout=300,
+    )
+    assert died.returncode == 9, died.stderr.decode()
+    (run_dir,) = (store / "runs").iterdir()
+    assert [p.name for p in run_dir.glob(".report.json.*.tmp")]  # what the kill left
+    done = run_optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
+    assert done.returncode == 0, done.stderr
+    assert (run_dir / "report.json").is_file()
+    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]

@@ -59,7 +59,13 @@ from evolane.messages import (
     WarningEvent,
 )
 from evolane.sandbox import SandboxHost, open_sandbox
-from evolane.store import StorageFailure, StoreError, describe_failure, storage_failure
+from evolane.store import (
+    StorageFailure,
+    StoreError,
+    describe_failure,
+    remove_atomic_temps,
+    storage_failure,
+)
 from evolane.supervisors import Runtime, open_runtime
 
 CAMPAIGN_ASK_TIMEOUT = float("inf")
@@ -176,6 +182,9 @@ async def _run(
     if request.settings is not None and request.resume_run is None:
         update["settings"] = request.settings
     prepared.run = prepared.run.model_copy(update=update)
+    campaign_dir = prepared.layout.campaign_file(prepared.campaign.campaign_id).parent
+    # what a kill cut between write and rename: this run alone writes here now (its lock)
+    await trio.to_thread.run_sync(remove_atomic_temps, prepared.run_dir, campaign_dir)
     await trio.to_thread.run_sync(prepared.persist)
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
     for undone in recovered:

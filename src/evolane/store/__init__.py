@@ -12,6 +12,7 @@ from evolane.store._atomic import (
     locked,
     make_folders_durable,
     read_json,
+    remove_atomic_temps,
     write_bytes_atomic,
     write_json_atomic,
 )
@@ -152,6 +153,7 @@ __all__ = [
     "read_journal",
     "read_json",
     "read_regular_file",
+    "remove_atomic_temps",
     "remove_small_tree",
     "remove_tree",
     "scan_tree",

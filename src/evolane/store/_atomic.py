@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,29 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> None:
             raise with_path(error, path) from None
         raise
     fsync_dir(path.parent)
+
+
+_TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+"""The name `write_bytes_atomic` gives its temp file: ``.<name>.<8 random>.tmp``."""
+
+
+def remove_atomic_temps(*folders: Path | str) -> int:
+    """Remove the temp files `write_bytes_atomic` left in ``folders`` when a kill came
+    between their creation and their rename (a crash leaves them for good); only for
+    folders the caller alone writes (a resumed run's own, under its target's lock).
+    Returns how many went."""
+    removed = 0
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if _TEMP_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
 
 
 def write_json_atomic(path: Path | str, value: Any) -> None:
