@@ -393,12 +393,45 @@ sys.argv = ["evolane", "optimize", *sys.argv[1:]]
 main()
 """
 
-SLOW_JUDGE = """
+JUDGE = """
 import json, sys, time
-time.sleep(0.2)  # the replays run ahead of their judgements
-answer = json.load(open(sys.argv[1]))
+case, answer = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+slow = sys.argv[4] == "*" or case.get("id") in sys.argv[4].split(",")
+time.sleep(float(sys.argv[3]) if slow else 0.0)
 print(json.dumps({"score": 1.0 if answer == "yes" else 0.0}))
 """
+
+
+def _killed_at_the_report_then_resumed(
+    tmp_path: Path, judges: int, slow: str
+) -> tuple[list[dict], int, dict]:
+    """The toy, one harmful candidate (an early stop), killed as the report is written (every
+    unit ended), then resumed to its end: the killed session's journal, the replays launched
+    over both sessions and the resumed run's report. ``slow``: how long the judge takes
+    and for which cases (``*``: every case)."""
+    paths = write_toy(tmp_path, {"0.0": "harm:1"})
+    store, log = tmp_path / "store", tmp_path / "logs" / "replays.log"
+    log.parent.mkdir()
+    flags = toy_flags(paths, store, log, lanes=3)
+    flags = with_flag(flags, "--replay", usage_replay_logged(tmp_path, log))
+    script = tmp_path / "judge.py"
+    script.write_text(JUDGE)
+    judging = f"{sys.executable} -I {script} {{case_file}} {{output_dir}}/output.json"
+    judging += f" {slow}"
+    flags += ["--judge", judging, "--judge-concurrency", str(judges)]
+    flags += ["--iterations", "1", "--population", "1"]
+    died = subprocess.run(
+        [sys.executable, "-c", DIE_AS_THE_REPORT_IS_WRITTEN, *flags],
+        capture_output=True,
+        timeout=300,
+    )
+    assert died.returncode == 9, died.stderr.decode()
+    records = _journal_records(store)
+    (run_dir,) = (store / "runs").iterdir()
+    resumed = _optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
+    _finish(resumed)
+    launched = len(log.read_text().split())  # none in flight at the kill: each one ended
+    return records, launched, _report(store)
 
 
 def test_a_resume_charges_the_replays_an_early_stop_left_unjudged(tmp_path: Path) -> None:
@@ -407,32 +440,28 @@ def test_a_resume_charges_the_replays_an_early_stop_left_unjudged(tmp_path: Path
     charged in the killed session, but the resume, which settles the same early stop from
     the journal and never judges them, charged none of them: 14,000 tokens for the 14,400
     the uninterrupted run spent. Each replay is charged once, as the run resumes."""
-    paths = write_toy(tmp_path, {"0.0": "harm:1"})
-    store, log = tmp_path / "store", tmp_path / "logs" / "replays.log"
-    log.parent.mkdir()
-    flags = toy_flags(paths, store, log, lanes=4)
-    flags = with_flag(flags, "--replay", usage_replay_logged(tmp_path, log))
-    judge = tmp_path / "judge.py"
-    judge.write_text(SLOW_JUDGE)
-    judging = f"{sys.executable} -I {judge} {{output_dir}}/output.json"
-    flags += ["--judge", judging, "--iterations", "1", "--population", "1"]
-    died = subprocess.run(
-        [sys.executable, "-c", DIE_AS_THE_REPORT_IS_WRITTEN, *flags],
-        capture_output=True,
-        timeout=300,
-    )
-    assert died.returncode == 9, died.stderr.decode()
-    records = _journal_records(store)
+    records, launched, report = _killed_at_the_report_then_resumed(tmp_path, 2, "0.2 *")
     judged = {r["unit"] for r in records if r["type"] == "unit" and r["status"] == "succeeded"}
     unjudged = {r["unit"] for r in records if r["type"] == "replay"} - judged
     assert unjudged  # the early stop cut replays off before their judgement
-    (run_dir,) = (store / "runs").iterdir()
-    resumed = _optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
-    _finish(resumed)
-    launched = len(log.read_text().split())  # none in flight at the kill: each one ended
-    budget = _report(store)["budget"]
-    assert budget["spent"]["tokens"] == launched * 100
-    assert budget["campaign_spent"]["tokens"] == launched * 100
+    assert report["budget"]["spent"]["tokens"] == launched * 100
+    assert report["budget"]["campaign_spent"]["tokens"] == launched * 100
+
+
+def test_a_resume_charges_the_units_its_early_stop_never_reads_again(tmp_path: Path) -> None:
+    """Found by crash fuzzing (SIGKILL during a later measurement, then ``--resume``): the
+    killed session judged every unit of a measurement (all in flight at once) before the
+    early stop; the resume reads the journal in order, stops as soon as the decision is
+    settled and never reads the rest, which were charged only as they were read: 14,200
+    tokens for 14,400. Every journaled unit is now charged once, as the run resumes."""
+    solid = "val00,val01,val02,val03"  # the harmed case is one: judged last, every other first
+    records, launched, report = _killed_at_the_report_then_resumed(tmp_path, 12, f"2 {solid}")
+    (measured,) = [m for m in report["measurements"] if m["measurement_id"] == "c0.i0.s0"]
+    journaled = [r for r in records if r["type"] == "unit" and r["measurement"] == "c0.i0.s0"]
+    assert len([r for r in journaled if r["status"] == "succeeded"]) > measured["units_restored"]
+    assert launched == len({r["replay"]["name"] for r in records if r.get("replay")})
+    assert report["budget"]["spent"]["tokens"] == launched * 100
+    assert report["budget"]["campaign_spent"]["tokens"] == launched * 100
 
 
 def usage_replay_logged(root: Path, log: Path) -> str:

@@ -48,6 +48,7 @@ from evolane.measure import (
     measure_parts,
     open_measure_cluster,
     optimizer_settings,
+    restored_debits,
     store_cases,
 )
 from evolane.messages import (
@@ -416,12 +417,15 @@ def _stopped_before_start(
 
 
 def _ledger(prepared: Prepared) -> Ledger:
-    """The run's ledger: a resumed run's starts with what its earlier sessions spent on units
-    they cut short (the resume runs those again and pays only the new attempt; restored
-    units are charged as they are restored). A re-judge pays none of the stored run's."""
+    """The run's ledger: a resumed run's starts with what its earlier sessions spent: on
+    units they cut short (the resume runs those again and pays only the new attempt) and on
+    the units and replays it restores (`restored_debits`: not again as they are read). A
+    re-judge pays none of the stored run's."""
     ledger = Ledger(ceilings=prepared.ceilings)
     if not prepared.rejudge:
-        for debit in prepared.resume.unpaid:
+        resume = prepared.resume
+        restored = (restored_debits(r, resume.earlier) for r in resume.units.values())
+        for debit in (*resume.unpaid, *(debit for debits in restored for debit in debits)):
             ledger.debit(debit.item, debit.actual, debit.complete, stage=debit.stage)
     return ledger
 

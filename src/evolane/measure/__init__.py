@@ -39,7 +39,12 @@ from evolane.measure._pipeline import (
     store_cases,
 )
 from evolane.measure._progress import ProgressBus, Subscription
-from evolane.measure._restore import replay_names, stored_replay_debit, unpaid_debits
+from evolane.measure._restore import (
+    replay_names,
+    restored_debits,
+    stored_replay_debit,
+    unpaid_debits,
+)
 from evolane.measure._scheduler import MeasurementScheduler
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.measure._settings import (
@@ -122,6 +127,7 @@ __all__ = [
     "repetitions",
     "replay_names",
     "reserve_when_known",
+    "restored_debits",
     "scheduler_settings",
     "store_cases",
     "stored_replay_debit",

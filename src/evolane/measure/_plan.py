@@ -60,7 +60,6 @@ from evolane.measure._units import (
     replay_record,
     reuse_key,
     unit_counts,
-    unit_debits,
     unit_event,
     unit_record,
     unit_records_chunks,
@@ -175,7 +174,7 @@ class MeasurePlan:
             self._stop("budget_limited", "the budget denied a judge")
             self._finish(unit, "cancelled", "budget")
         elif isinstance(event, UnitCharged):
-            self._charged(self._at(event.unit_id, "charging", "charging_restored"))
+            self._charged(self._at(event.unit_id, "charging"))
         elif isinstance(event, ReplayJournaled):
             self._judge(self._at(event.unit_id, "journaling_replay"))
         elif isinstance(event, UnitJudged):
@@ -254,7 +253,7 @@ class MeasurePlan:
             return
         record = restorable(self.settings, unit, self.diverged)
         if record is not None:
-            self._restore(unit, record, key)
+            self._restore(unit, record)
             return
         stored = stored_replay(self.settings, unit, self.diverged)
         if stored is not None:  # replayed before an interruption, not yet judged: judge only
@@ -273,11 +272,10 @@ class MeasurePlan:
         self._emit(StartReplay(unit.unit_id, replay_job(self.settings, unit)))
         self._moved = True  # a lane more is busy: observers see it before any unit ends
 
-    def _restore(self, unit: Unit, record: UnitRecord, key: bytes) -> None:
-        """Take a unit finished before an interruption from the journal: no rerun, but its
-        usage is charged again so the budget sees the whole run (not in a re-judge: the
-        stored run paid for those replays, which are judged anew; nor a replay an earlier
-        run of the cycle made, `earlier_replay`: the campaign's books hold it)."""
+    def _restore(self, unit: Unit, record: UnitRecord) -> None:
+        """Take a unit finished before an interruption from the journal: no rerun, and no
+        charge here: what it spent was charged as the run resumed (`restored_debits`), as
+        an early stop can leave it unread (not in a re-judge, which judges it anew)."""
         assert record.replay is not None
         unit.replay, unit.judge, unit.restored = record.replay, record.judge, True
         unit.note = "rejudged" if self.settings.rejudge else "restored"
@@ -289,12 +287,6 @@ class MeasurePlan:
                 self._emit(StartJudge(unit.unit_id, judge_job(self.settings, unit)))
                 return
             self._conclude(unit, journal=True)
-        elif self.budgeted:
-            debits = unit_debits(unit)
-            if unit.replay == earlier_replay(self.settings, unit, key):
-                debits = tuple(debit for debit in debits if debit.stage != "replay")
-            unit.step = "charging_restored"
-            self._emit(ChargeUnit(unit.unit_id, debits))
         else:
             self._conclude(unit, journal=False)
 
@@ -313,9 +305,7 @@ class MeasurePlan:
     def _charged(self, unit: Unit) -> None:
         assert unit.replay is not None
         self._release_lane(unit)
-        if unit.step == "charging_restored":
-            self._conclude(unit, journal=False)
-        elif unit.replay.status != "succeeded":
+        if unit.replay.status != "succeeded":
             self._conclude(unit, journal=True)
         elif not unit.restored and self.journaled:  # a resume judges it without replaying it
             unit.step = "journaling_replay"

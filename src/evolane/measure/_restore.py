@@ -92,6 +92,31 @@ def unpaid_debits(record: UnitRecord) -> tuple[Debit, ...]:
     return tuple(debits)
 
 
+def restored_debits(
+    record: UnitRecord, earlier: Mapping[bytes, UnitRecord | ReplayRecord]
+) -> tuple[Debit, ...]:
+    """What a journaled unit a resume takes (`RESTORABLE`) spent, charged once as the run
+    resumes, whether its measurement reads it again or not (an early stop reached sooner
+    can leave it unread, and its spend was real): its judgement, and its replay unless an
+    earlier run of the cycle made that replay (``earlier``: the campaign's books hold it)."""
+    replay, judge = record.replay, record.judge
+    if record.status not in RESTORABLE or replay is None:
+        return ()
+    taken = {
+        stored.replay.name
+        for stored in earlier.values()
+        if isinstance(stored, ReplayRecord) and stored.replay.name is not None
+    }
+    debits: list[Debit] = []
+    if replay.name is None or replay.name not in taken:
+        usage, complete = replay.usage, replay.usage_complete
+        debits.append(Debit(item=record.unit, actual=usage, complete=complete, stage="replay"))
+    if judge is not None and _spent(judge.usage):
+        usage, complete = judge.usage, judge.usage_complete
+        debits.append(Debit(item=record.unit, actual=usage, complete=complete, stage="judge"))
+    return tuple(debits)
+
+
 def stored_replay_debit(record: ReplayRecord) -> Debit | None:
     """What a replay journaled before an interruption and not judged then spent: charged
     once as the run resumes, whether the resume judges it or not (an early stop or a

@@ -27,7 +27,6 @@ UnitStep = Literal[
     "ready",  # for a lane
     "replaying",  # the shell reserves and replays (or the unit is restored while holding it)
     "charging",
-    "charging_restored",
     "journaling_replay",
     "judging",
     "rejudging",  # a restored replay judged again, its lane still held

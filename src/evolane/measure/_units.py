@@ -208,17 +208,6 @@ def replay_debit(unit: Unit) -> Debit:
     )
 
 
-def unit_debits(unit: Unit) -> tuple[Debit, ...]:
-    """The charges of a unit restored from the journal: its replay, then its judgement."""
-    judge = unit.judge
-    if judge is None or not (judge.usage.tokens or judge.usage.cost_usd):  # it cost nothing
-        return (replay_debit(unit),)
-    return (
-        replay_debit(unit),
-        Debit(item=unit.unit_id, actual=judge.usage, complete=judge.usage_complete, stage="judge"),
-    )
-
-
 def preload(records: SealedRecords, earlier: Mapping[bytes, UnitRecord | ReplayRecord]) -> None:
     """Put each succeeded unit of ``earlier`` (by `reuse_key`) in ``records``, reusable as if
     this run had ended it (a measurement takes its replay and judgement, with no charge; a
