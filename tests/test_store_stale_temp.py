@@ -63,39 +63,61 @@ def test_the_optimizers_context_is_made_in_the_stores_temp_folder(
     assert Path(folder).parent == store.tmp and not Path(folder).exists()
 
 
-DIE_AS_THE_REPORT_IS_RENAMED = """
+DIE_AS_A_RECORD_IS_RENAMED = """
 import os, sys
 from evolane.cli import main
 
-real = os.replace
+real, name = os.replace, sys.argv[1]
 
 def replace(source, target, *args, **kwargs):
-    if str(target).endswith("report.json"):
+    if str(target).endswith(name):
         os._exit(9)  # as a SIGKILL between the temp file's write and its rename
     return real(source, target, *args, **kwargs)
 
 os.replace = replace
-sys.argv = ["evolane", "optimize", *sys.argv[1:]]
+sys.argv = ["evolane", "optimize", *sys.argv[2:]]
 main()
 """
+
+
+def _killed_as_it_renames(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """The toy, one iteration, killed as it renames the record ``name`` into its run's
+    folder: the store and that folder."""
+    paths = write_toy(tmp_path, {"0.0": "fix:2"})
+    store = tmp_path / "store"
+    flags = [*toy_flags(paths, store), "--iterations", "1", "--population", "1"]
+    died = subprocess.run(
+        [sys.executable, "-c", DIE_AS_A_RECORD_IS_RENAMED, name, *flags],
+        capture_output=True,
+        timeout=300,
+    )
+    assert died.returncode == 9, died.stderr.decode()
+    (run_dir,) = (store / "runs").iterdir()
+    assert [p.name for p in run_dir.glob(f".{name}.*.tmp")]  # what the kill left
+    return store, run_dir
 
 
 def test_a_resume_removes_the_temp_file_a_kill_left_in_its_run_folder(tmp_path: Path) -> None:
     """Found by crash fuzzing: a SIGKILL while a run wrote a record (``report.json``,
     ``apply.json``) left its ``.<name>.<random>.tmp`` in the run's folder for good, through
     the resume that finished the run."""
-    paths = write_toy(tmp_path, {"0.0": "fix:2"})
-    store = tmp_path / "store"
-    flags = [*toy_flags(paths, store), "--iterations", "1", "--population", "1"]
-    died = subprocess.run(
-        [sys.executable, "-c", DIE_AS_THE_REPORT_IS_RENAMED, *flags],
-        capture_output=True,
-        timeout=300,
-    )
-    assert died.returncode == 9, died.stderr.decode()
-    (run_dir,) = (store / "runs").iterdir()
-    assert [p.name for p in run_dir.glob(".report.json.*.tmp")]  # what the kill left
+    store, run_dir = _killed_as_it_renames(tmp_path, "report.json")
     done = run_optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
     assert done.returncode == 0, done.stderr
     assert (run_dir / "report.json").is_file()
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_fsck_repair_removes_the_temp_file_a_kill_left_in_an_ended_run(tmp_path: Path) -> None:
+    """Found by crash fuzzing: report.html is written after ``run.json`` says the run
+    ended, so a SIGKILL as it was renamed left ``.report.html.<random>.tmp`` that no resume
+    takes up (the run ended), and ``evolane fsck --repair`` called the store clean."""
+    store, run_dir = _killed_as_it_renames(tmp_path, "report.html")
+    fsck = [sys.executable, "-m", "evolane", "fsck", "--store", str(store)]
+    found = subprocess.run(fsck, capture_output=True, text=True, timeout=300)
+    assert found.returncode == 1 and "leftover temp file" in found.stdout, found.stdout
+    assert [p.name for p in run_dir.glob(".report.html.*.tmp")]  # only reported
+    repaired = subprocess.run([*fsck, "--repair"], capture_output=True, text=True, timeout=300)
+    assert repaired.returncode == 1 and "(removed)" in repaired.stdout, repaired.stdout
+    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+    assert subprocess.run(fsck, capture_output=True, timeout=300).returncode == 0

@@ -26,7 +26,8 @@ def fsck(
             "--repair",
             help=(
                 "Move bad objects to quarantine/ inside the store; make objects read-only; "
-                "write the listing's summary into each ended run's run.json that lacks it."
+                "write the listing's summary into each ended run's run.json that lacks it; "
+                "remove the temp files a kill left in ended runs' folders."
             ),
         ),
     ] = False,
@@ -95,6 +96,8 @@ def record_problems(store: Path, filled: list[str] | None = None) -> list[Proble
             filled.append(run_id)
         if record.status in ENDED_RUNS and (torn := _torn_after_end(layout, run_id, record.status)):
             problems.append(torn)
+        if record.status in ENDED_RUNS:
+            problems.extend(_left_temps(layout, record, repair=filled is not None))
     for campaign_id in layout.campaign_ids():
         try:
             load_campaign(layout, campaign_id)
@@ -118,6 +121,24 @@ def _fill_summary(layout: StoreLayout, record: RunRecord, report: Any, path: Pat
     summary = ReportSummary.of(report, path.stat().st_size)
     save_run(layout, record.model_copy(update={"summary": summary}))
     return True
+
+
+def _left_temps(layout: StoreLayout, record: RunRecord, repair: bool) -> list[Problem]:
+    """The temp files a kill left in an ended run's folder (a record cut between its write
+    and its rename: report.html is written after the run ended, so no resume removes it);
+    a repair removes them. None for a run still held by a process (it may be writing)."""
+    from evolane.campaign import run_is_live
+    from evolane.store import Problem, atomic_temps
+
+    if run_is_live(layout, record.run_id):
+        return []
+    problems = []
+    for path in atomic_temps(layout.run_dir(record.run_id)):
+        if repair:
+            path.unlink(missing_ok=True)
+        why = "a kill cut the write of a record short" + (" (removed)" if repair else "")
+        problems.append(Problem("temp", path, why, runs=(record.run_id,)))
+    return problems
 
 
 def _summary_problem(
@@ -169,6 +190,7 @@ def report_lines(problems: list[Problem]) -> list[str]:
             "journal": "damaged journal",
             "missing": "missing object",
             "record": "damaged record",
+            "temp": "leftover temp file",
         }
         line = f"{what.get(problem.kind, problem.kind)} {problem.path}: {problem.reason}"
         if problem.runs:

@@ -8,6 +8,7 @@ file I/O: call it from trio through ``trio.to_thread.run_sync`` when it may bloc
 from evolane.store._atomic import (
     MAX_JSON_BYTES,
     UnreadableRecordError,
+    atomic_temps,
     dump_json,
     locked,
     make_folders_durable,
@@ -133,6 +134,7 @@ __all__ = [
     "UnreadableRecordError",
     "UnsafeEntryError",
     "UnsupportedEntryError",
+    "atomic_temps",
     "check_store",
     "deferred_blobs",
     "describe_failure",

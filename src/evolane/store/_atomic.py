@@ -102,22 +102,29 @@ _TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 """The name `write_bytes_atomic` gives its temp file: ``.<name>.<8 random>.tmp``."""
 
 
+def atomic_temps(folder: Path | str) -> list[Path]:
+    """The temp files `write_bytes_atomic` left in ``folder`` (``.<name>.<8 random>.tmp``):
+    a kill came between their creation and their rename (a crash leaves them for good)."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    return [
+        Path(entry.path)
+        for entry in entries
+        if _TEMP_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
+    ]
+
+
 def remove_atomic_temps(*folders: Path | str) -> int:
-    """Remove the temp files `write_bytes_atomic` left in ``folders`` when a kill came
-    between their creation and their rename (a crash leaves them for good); only for
-    folders the caller alone writes (a resumed run's own, under its target's lock).
-    Returns how many went."""
+    """Remove the `atomic_temps` of ``folders``; only for folders the caller alone writes
+    (a resumed run's own, under its target's lock). Returns how many went."""
     removed = 0
     for folder in folders:
-        try:
-            entries = list(os.scandir(folder))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            if _TEMP_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    removed += 1
+        for path in atomic_temps(folder):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
     return removed
 
 
