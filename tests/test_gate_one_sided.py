@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from evolane.campaign._confirm import confirm_best
+from evolane.campaign._confirm import ConfirmationRecord, confirm_best
 from evolane.campaign._online import OnlineBudget
 from evolane.lanes import JUDGE_ENDPOINT_FAILED
 from evolane.measure._prefix import decision
@@ -93,18 +93,22 @@ def test_a_pair_left_out_on_the_baselines_side_is_not_counted_against_the_candid
 def _confirm(table: UnitTable) -> tuple[str, bool]:
     """The confirmation of the table's candidate (as the best) on its cases as a test
     split, as the campaign makes it from the measurement's unit records."""
+    record, after = _confirm_in(table, OnlineBudget(alpha=0.05, horizon=1))
+    assert after.tests[-1].decision == ("accept" if record.published else "reject")
+    return record.decision, record.published
+
+
+def _confirm_in(table: UnitTable, budget: OnlineBudget) -> tuple[ConfirmationRecord, OnlineBudget]:
+    """`confirm_best` of the table's candidate under ``budget``: the record, the budget."""
     units = [orjson.loads(unpack(table.records.get(unit.sealed_at))) for unit in table]
     arms = (arm_scores(units, "baseline"), arm_scores(units, "candidate"))
     config = toy_config(write_toy(Path(tempfile.mkdtemp()), {"0.0": "fix:2"}))
     measure = config.measure.model_copy(update={"judge": "judge {output_dir}"})  # scores in [0, 1]
     config = config.model_copy(update={"gate": GateConfig(), "measure": measure})
-    budget = OnlineBudget(alpha=0.05, horizon=1)
     best = REF.model_copy(update={"digest": "sha256:" + "2" * 64})
-    record, after = confirm_best(
+    return confirm_best(
         budget, best, arms, config, len(CASES), worst=left_out_at_zero(units, arms[0])
     )
-    assert after.tests[-1].decision == ("accept" if record.published else "reject")
-    return record.decision, record.published
 
 
 def test_a_best_is_not_confirmed_on_the_test_cases_it_left_out_on_its_side_only() -> None:
@@ -118,3 +122,14 @@ def test_a_best_is_not_confirmed_on_the_test_cases_it_left_out_on_its_side_only(
         "confirmed",
         True,
     )
+
+
+def test_a_confirmation_made_indecisive_by_its_left_out_units_carries_no_level() -> None:
+    # Found by review: the attempt was stored as a reject with the p-value of the cases it
+    # passes (below the level), and the budget read again (`OnlineBudget.control`) carried
+    # that level to the next best as after a confirmation: 0.05 where a reject leaves 0.
+    table = _table({i: (None if i % 3 == 0 else 1.0) for i in range(16)})
+    record, after = _confirm_in(table, OnlineBudget(alpha=0.05, horizon=1))
+    assert record.decision == "indecisive"
+    assert after.tests[-1].decision == "reject"
+    assert after.next_level == 0.0  # as after any attempt that did not confirm

@@ -33,7 +33,7 @@ from evolane.campaign._online import (
     p_beside_level,
     resolved_mode,
 )
-from evolane.messages import ArtifactRef, Record, ShortText, Text
+from evolane.messages import ArtifactRef, Decision, Record, ShortText, Text
 from evolane.stats import (
     can_ever_confirm,
     clustered,
@@ -159,17 +159,21 @@ def confirm_best(
         return record, budget
     level = budget.next_level
     record = confirmation_of(*arms, config, test_cases, level, against=against, clusters=clusters)
+    gate: Decision = "accept"
     if record.published and worst is not None and worst[1]:
         check = confirmation_of(
             arms[0], worst[0], config, test_cases, level, against=against, clusters=clusters
         )
         if not check.published:
             record = _left_out(record, worst[1], config)
+            # Recorded as not tested: its p-value, below the level, would carry the level
+            # to the next attempt when the budget is read again (`OnlineBudget.control`).
+            gate = "indecisive"
     attempt = OnlineTest(
         slot=_slot(best),
         index=len(budget.tests) + 1,
-        gate="accept",
-        p_value=record.p_value,
+        gate=gate,
+        p_value=record.p_value if gate == "accept" else None,
         level=level,
         decision="accept" if record.published else "reject",
     )
