@@ -16,7 +16,8 @@ from pathlib import Path
 import orjson
 
 from evolane.campaign._confirm import ConfirmationRecord, confirm_best
-from evolane.campaign._online import OnlineBudget
+from evolane.campaign._online import OnlineBudget, OnlineRule
+from evolane.campaign._slots import _deltas
 from evolane.lanes import JUDGE_ENDPOINT_FAILED
 from evolane.measure._prefix import decision
 from evolane.measure._table import UnitTable, unit_table, unpack
@@ -133,3 +134,17 @@ def test_a_confirmation_made_indecisive_by_its_left_out_units_carries_no_level()
     assert record.decision == "indecisive"
     assert after.tests[-1].decision == "reject"
     assert after.next_level == 0.0  # as after any attempt that did not confirm
+
+
+def test_online_control_reads_the_left_out_units_at_0_too() -> None:
+    # Found by review: the gate accepted with them at 0 (11 of 16 cases +0.5, 5 left out:
+    # +0.16 with them at 0), but online control took its p-value from the 11 cases it
+    # passes alone (p 0.024 <= 0.05, accepted); with them at 0 it is 0.68.
+    table = _table({i: (None if i < 5 else 1.0) for i in range(16)})
+    gate = decision(table, len(CASES), GateConfig(), None, None)
+    assert gate.decision == "accept"
+    units = [orjson.loads(unpack(table.records.get(unit.sealed_at))) for unit in table]
+    deltas, by_case = _deltas(units, {})
+    assert by_case and len(deltas) == 16
+    rule = OnlineRule(OnlineBudget(alpha=0.05, horizon=1))
+    assert rule.judge("s1", gate, deltas, GateConfig()).decision == "reject"

@@ -43,7 +43,7 @@ from evolane.messages import (
 from evolane.stats import Clusters, cluster_means, paired_sample
 from evolane.store import storage_failure
 from evolane.supervisors import leaf_exceptions
-from evolane.views import arm_scores
+from evolane.views import arm_scores, left_out_at_zero
 
 PROPOSAL_REPLY_SLACK = 60.0
 CUT_DEBIT_SECONDS = 10.0
@@ -418,8 +418,13 @@ class Slots:
 
 def _deltas(units: list[dict[str, Any]], clusters: Clusters) -> tuple[Any, bool]:
     """Candidate - parent on a measurement's comparable pairs: per case, or each cluster's
-    mean when two of the cases share a cluster (`stats.cluster_means`); and whether per case."""
-    sample = paired_sample(arm_scores(units, "baseline"), arm_scores(units, "candidate"))
+    mean when two of the cases share a cluster (`stats.cluster_means`); and whether per case.
+    A candidate unit left out on its side only counts as 0 (`views.left_out_at_zero`), as
+    the gate reads it for an acceptance: the online p-value of the cases it passes alone let
+    an output that takes the judge's endpoint down on the cases it fails pass a level the
+    same measurement with them at 0 does not (found by review)."""
+    baseline = arm_scores(units, "baseline")
+    sample = paired_sample(baseline, left_out_at_zero(units, baseline)[0])
     ids, (deltas,) = cluster_means(sample.ids, (sample.deltas,), clusters)
     return deltas, len(ids) == len(sample.ids)
 
