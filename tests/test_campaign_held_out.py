@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from evolane.campaign._held_out import (
+    LEDGER_FOLDER,
     REUSED,
     ConfirmUse,
     held_out_digest,
@@ -79,3 +80,17 @@ def test_a_confirmation_is_recorded_once_and_a_damaged_ledger_is_left_alone(
     path.write_text("{not json")
     record_use(tmp_path, "sha256:00ff", 6, use.model_copy(update={"campaign_id": "c2"}))
     assert path.read_text() == "{not json" and read_uses(tmp_path, "sha256:00ff") is None
+
+
+async def test_a_ledger_that_cannot_be_written_does_not_fail_the_run(tmp_path: Path) -> None:
+    # Found by review: the ledger is advice, but a store whose test-splits folder could not
+    # be made or written (here a file in its way; a folder of another user, a full disk)
+    # failed the run at its end, before its report, with a traceback.
+    paths = write_toy(tmp_path, {"default": "overfit:8"})
+    config = toy_config(paths, iterations=1, population=1, apply="verified_only")
+    store = Path(config.store)
+    store.mkdir(parents=True, exist_ok=True)
+    (store / LEDGER_FOLDER).write_text("in the way")
+    outcome = await _run(RunRequest(config))
+    assert outcome.report is not None and outcome.report.confirmation is not None
+    assert (store / LEDGER_FOLDER).read_text() == "in the way"

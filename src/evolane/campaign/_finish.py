@@ -236,9 +236,11 @@ async def finish(
         ),
         **dict(outcome.report),
     )
-    await trio.to_thread.run_sync(
+    unrecorded = await trio.to_thread.run_sync(
         _write_report, prepared, report, outcome, campaign_status, campaign_spent
     )
+    if unrecorded is not None:
+        bus.publish(WarningEvent(run_id=run.run_id, message=unrecorded[:256]))
     scores = report.scores
     bus.publish(
         RunFinished(
@@ -286,14 +288,15 @@ def _message(outcome: CycleOutcome, bus: ProgressBus, run_id: str, recovered: st
 
 def _write_report(
     prepared: Prepared, report: Report, outcome: CycleOutcome, campaign_status: str, spent: Usage
-) -> None:
+) -> str | None:
     """Report first, then the run's end with the campaign state it leaves (`end_run`): a
     crash before ``run.json`` leaves a run that a resume finishes again, one after it a
     campaign that reads the staged state. ``run.json`` carries the report's summary (what
-    ``evolane runs`` lists), so it is never newer than the report it summarises."""
-    confirmation, best = report.confirmation, report.best
+    ``evolane runs`` lists), so it is never newer than the report it summarises. Returns
+    the warning when the test split's ledger was not written (`record_confirmation`)."""
+    confirmation, best, unrecorded = report.confirmation, report.best, None
     if confirmation is not None and not tested_before(prepared.campaign.confirmations, best):
-        record_confirmation(
+        unrecorded = record_confirmation(
             prepared.layout.root, prepared.dataset, prepared.run, confirmation, best.digest
         )
     path = prepared.run_dir / "report.json"
@@ -306,6 +309,7 @@ def _write_report(
     run = run.model_copy(update={"summary": summary})
     state = _next_state(prepared.campaign, run, report, outcome, campaign_status, spent)
     end_run(prepared.layout, run, state)
+    return unrecorded
 
 
 def _next_state(

@@ -136,12 +136,14 @@ def with_reuse(words: str, preflight: tuple[str, ...]) -> str:
 
 def record_confirmation(
     root: Path, dataset: Dataset, run: RunRecord, confirmation: ConfirmationRecord, best: str
-) -> None:
+) -> str | None:
     """Record ``run``'s confirmation of the tree ``best`` (a digest) on ``dataset``'s test
-    split in the store ``root`` (`record_use`). Blocking."""
+    split in the store ``root`` (`record_use`); the warning when its ledger could not be
+    written (advice only: the run goes on; found by review, a ledger folder that could not
+    be made failed the run before its report). Blocking."""
     digest = held_out_digest(dataset)
     if digest is None:
-        return
+        return None
     use = ConfirmUse(
         campaign_id=run.campaign_id,
         run_id=run.run_id,
@@ -150,4 +152,9 @@ def record_confirmation(
         p_value=confirmation.p_value,
         confirmed=confirmation.decision == "confirmed",
     )
-    record_use(root, digest, dataset.split_counts["test"], use)
+    try:
+        record_use(root, digest, dataset.split_counts["test"], use)
+    except OSError as error:
+        path = ledger_file(root, digest)
+        return f"the test split's ledger {path} was not written: {error.strerror or error}"
+    return None
