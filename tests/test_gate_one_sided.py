@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
+import pytest
 
 from evolane.campaign._confirm import ConfirmationRecord, confirm_best
 from evolane.campaign._online import OnlineBudget, OnlineRule
@@ -83,6 +84,22 @@ def test_a_candidate_cannot_win_on_the_cases_it_left_out_on_its_side_only() -> N
 def test_an_acceptance_that_holds_with_the_left_out_units_at_0_stands() -> None:
     table = _table({i: (None if i == 0 else 1.0) for i in range(16)})
     assert decision(table, len(CASES), GateConfig(), None, None).decision == "accept"
+
+
+def test_an_acceptance_with_left_out_units_reports_its_evidence_with_them_at_0() -> None:
+    # Found by review: the mean that ranks the accepted candidates of an iteration was the
+    # one without the left-out units, so a candidate with 4 of 16 left out (+0.25 with them
+    # at 0) showed +0.5 and was chosen over one with 2 real failures (+0.375).
+    left_out = decision(
+        _table({i: (None if i < 4 else 1.0) for i in range(16)}), 16, GateConfig(), None, None
+    )
+    failed = decision(
+        _table({i: (0.0 if i < 2 else 1.0) for i in range(16)}), 16, GateConfig(), None, None
+    )
+    assert left_out.decision == failed.decision == "accept"
+    assert left_out.mean_delta == pytest.approx(0.25) and failed.mean_delta == pytest.approx(0.375)
+    assert left_out.ci_low < left_out.mean_delta < left_out.ci_high
+    assert left_out.reason.endswith("4 left-out candidate unit(s) counted at 0")
 
 
 def test_a_pair_left_out_on_the_baselines_side_is_not_counted_against_the_candidate() -> None:

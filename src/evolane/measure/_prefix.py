@@ -148,6 +148,9 @@ def _case_delta(units: list[Unit]) -> float | None:
     return sum(cand) / len(cand) - sum(base) / len(base) if base and cand else None
 
 
+_EVIDENCE = ("mean_delta", "se", "ci_low", "ci_high")
+
+
 def decision(
     units: UnitTable,
     cases: int,
@@ -174,8 +177,12 @@ def decision(
     if not left_out:
         return result
     check = decide_matrices(baseline, worst, gate, n_planned=planned, clusters=clusters)
-    if check.decision == "accept":
-        return result
+    if check.decision == "accept":  # its evidence with them at 0: what ranks candidates
+        evidence = {
+            name: getattr(check, name) for name in ("mean_delta", "se", "ci_low", "ci_high")
+        }
+        said = f"{result.reason}; {left_out} left-out candidate unit(s) counted at 0"
+        return result.model_copy(update={**evidence, "reason": said[:256]})
     reason = (
         f"{left_out} candidate unit(s) ended unscored (left out) on cases whose baseline was "
         "scored, and with them at 0 the gate would not accept: indecisive; "
