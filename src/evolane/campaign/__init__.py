@@ -39,6 +39,7 @@ from evolane.campaign._runs import (
     run_is_live,
     save_run,
 )
+from evolane.campaign._shares import BudgetShare, ShareBook, reached_test, share
 from evolane.campaign._tree import OptimizerParts, run_tree
 from evolane.campaign._types import (
     CampaignServices,
@@ -55,6 +56,7 @@ __all__ = [
     "EXIT_FOR_STATUS",
     "ApplyPolicyName",
     "Backends",
+    "BudgetShare",
     "CampaignConfig",
     "CampaignServices",
     "CampaignSetup",
@@ -79,6 +81,7 @@ __all__ = [
     "RunSlots",
     "ScoreCI",
     "Scores",
+    "ShareBook",
     "StoreLayout",
     "TargetLocked",
     "after_failure",
@@ -90,6 +93,7 @@ __all__ = [
     "load_campaign",
     "load_run",
     "probe_run",
+    "reached_test",
     "read_resume_state",
     "record_problem",
     "render_markdown",
@@ -97,6 +101,7 @@ __all__ = [
     "run_is_live",
     "run_tree",
     "save_run",
+    "share",
     "slot_id",
     "slot_of",
     "unified_tree_diff",
