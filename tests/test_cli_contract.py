@@ -88,6 +88,7 @@ OPTIMIZE_FLAGS = [
     "--feedback-split",
     "--confirm-split",
     "--error-control",
+    "--test-budget",
     "--rubric",
     "--llm-base-url",
     "--llm-api-key-env",

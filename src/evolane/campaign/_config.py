@@ -60,6 +60,10 @@ ErrorControlMode = Literal["auto", "confirm", "online", "none", "legacy"]
 `campaign._online`). ``legacy`` is not a flag value: it is what a run.json written before
 the setting existed means (confirm when there are test cases, else none), so such a run
 resumes as it ran."""
+TestBudget = Literal["campaign", "store"]
+"""Whose error budget a campaign's confirmation spends (``--test-budget``): its own alpha
+(``campaign``), or a share of the test split's budget in the store (``store``,
+`campaign._test_budget`), shared by every ``store`` campaign on the same test cases."""
 PluginRole = Literal["replay", "judge", "optimizer"]
 """A role whose value may name a plugin (``--replay/--judge/--optimizer NAME:ARGS``)."""
 
@@ -123,6 +127,10 @@ class CampaignConfig(Record):
     evolane, not a flag. An online job of the evolve service gets its share of the service's
     budget for its target (`embed._budget`), so that over all its jobs the service publishes
     an edit with no true gain with probability at most 1 - confidence. Written only when set."""
+    test_budget: TestBudget = "campaign"
+    """``campaign``: the confirmation spends this campaign's alpha; ``store``: a share of
+    the test split's budget in the store, which every ``store`` campaign on the same test
+    cases shares (its level becomes ``error_budget``). Written only when ``store``."""
     focus: Focus = "all"
     feedback_split: FeedbackSplit = "train"
     """Whose results the optimizer sees: ``train`` (honest; carved from val when the dataset
@@ -176,7 +184,8 @@ class CampaignConfig(Record):
 
     def identity(self) -> dict[str, object]:
         """What a campaign may not change between cycles: target, dataset, replay, judge
-        (and a model judge's rubric, by its digest), and its error control and confidence:
+        (and a model judge's rubric, by its digest), and its error control, confidence and
+        test budget (its cycles share one level):
         a cycle run with ``none`` chose a best that a later ``online`` cycle published
         under a guarantee that never covered it (found by review)."""
         identity: dict[str, object] = {
@@ -186,6 +195,7 @@ class CampaignConfig(Record):
             "judge": self.measure.judge,
             "error_control": self.error_control,
             "confidence": f"{self.gate.confidence:g}",
+            "test_budget": self.test_budget,
         }
         if self.models.rubric is not None:
             identity["rubric"] = hashlib.sha256(self.models.rubric.encode()).hexdigest()
@@ -222,6 +232,8 @@ class CampaignConfig(Record):
             flat.pop("group", None)
         if self.error_budget is None:
             flat.pop("error_budget", None)
+        if self.test_budget == "campaign":  # the default, as records before it ran
+            flat.pop("test_budget", None)
         return flat
 
     @classmethod

@@ -306,10 +306,13 @@ def error_control(
     online: OnlineBudget | None = None,
     val_cases: int | None = None,
     val_fed: bool = False,
+    split_alpha: float | None = None,
 ) -> str:
     """The campaign's error control, in words, for the report: ``online`` with its budget
     (``online``, else a fresh one) and price with ``val_cases`` (``val_fed``: the optimizer
-    saw val outcomes, and the guarantee does not hold); ``confirm``; or ``none``."""
+    saw val outcomes, and the guarantee does not hold); ``confirm`` (``split_alpha``: the
+    test split's budget, of which the campaign confirms at its share, ``--test-budget
+    store``); or ``none``."""
     gate = config.gate
     level = campaign_alpha(config)
     mode = resolved_mode(config.error_control, test_cases)
@@ -340,7 +343,15 @@ def error_control(
     possible, why = confirmable(config, test_cases)
     test = f"at confidence {gate.confidence:g}"
     share = ""
-    if config.error_budget is not None:
+    if config.error_budget is not None and config.test_budget == "store":
+        test = f"at level {level:.2g}"
+        bound = 1 - gate.confidence if split_alpha is None else split_alpha
+        share = (
+            f" (this campaign's share of the test split's error budget: over all campaigns on "
+            f"these test cases in this store, a no-gain publish has probability at most "
+            f"{bound:.2g})"
+        )
+    elif config.error_budget is not None:
         test = f"at level {level:.2g}"
         share = (
             f" (this job's share of the evolve service's error budget for its target: over "

@@ -26,6 +26,8 @@ def _clipped(value: object, keep: int = 80) -> str:
 
 ADDED_TO_IDENTITY = frozenset({"error_control", "confidence"})
 """Identity keys newer than some stored campaigns: compared only where stored."""
+IDENTITY_DEFAULTS = {"test_budget": "campaign"}
+"""Identity keys newer than some stored campaigns, with what such a campaign ran with."""
 
 
 def continuable_campaign(
@@ -45,10 +47,11 @@ def continuable_campaign(
     for key, value in identity.items():
         if key in ADDED_TO_IDENTITY and key not in campaign.identity:
             continue  # a campaign from before the key was kept ran with whatever it had
-        if campaign.identity.get(key) != value:
+        stored = campaign.identity.get(key, IDENTITY_DEFAULTS.get(key))
+        if stored != value:
             raise InputError(
                 f"--resume-campaign {campaign_id}: the {key.replace('_digest', '')} changed "
-                f"({_clipped(campaign.identity.get(key))} -> {_clipped(value)}): {NEW_CAMPAIGN}"
+                f"({_clipped(stored)} -> {_clipped(value)}): {NEW_CAMPAIGN}"
             )
     check_budgets(layout, campaign, f"--resume-campaign {campaign_id}")
     unfinished = _unfinished_run(layout, campaign)

@@ -19,6 +19,7 @@ from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report
 from evolane.campaign._runs import SEEN_KEPT, CampaignState, ReportSummary, RunRecord, end_run
+from evolane.campaign._test_budget import settle_split
 from evolane.campaign._trajectories import trajectory_summary
 from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
@@ -220,6 +221,7 @@ async def finish(
                 outcome.report.online,
                 prepared.splits.val_cases,  # after a carve: the cases the gate judged
                 val_fed=prepared.splits.feedback == "val",
+                split_alpha=prepared.split.alpha if prepared.split is not None else None,
             ),
             prepared.estimate.preflight,
         ),
@@ -309,6 +311,9 @@ def _write_report(
     run = run.model_copy(update={"summary": summary})
     state = _next_state(prepared.campaign, run, report, outcome, campaign_status, spent)
     end_run(prepared.layout, run, state)
+    # after the campaign's state: a share given back is never one its next run still uses
+    dumped = report.model_dump(mode="json")
+    settle_split(prepared.layout.root, prepared.dataset, prepared.config, dumped, state)
     return unrecorded
 
 

@@ -26,6 +26,7 @@ from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._online import campaign_alpha, resolved_mode
 from evolane.campaign._runs import RunRecord
+from evolane.campaign._shares import ShareBook
 from evolane.inputs import Dataset
 from evolane.messages import Name, Record
 from evolane.store import locked, read_json, write_json_atomic
@@ -48,11 +49,14 @@ class ConfirmUse(Record):
 
 
 class ConfirmLedger(Record):
-    """A test split's ledger: its digest, its case count and every confirmation on it."""
+    """A test split's ledger: its digest, its case count, every confirmation on it, and
+    the error budget its ``--test-budget store`` campaigns share (`campaign._test_budget`;
+    None until the first of them)."""
 
     digest: Name
     cases: int = Field(ge=0)
     uses: tuple[ConfirmUse, ...] = Field(default=(), max_length=_MANY)
+    budget: ShareBook | None = None
 
 
 def held_out_digest(dataset: Dataset) -> str | None:
@@ -121,7 +125,7 @@ def reuse_note(
         f"{REUSED}: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
         f"earlier confirmation(s) in this store ({confirmed} confirmed; {named}); each "
         f"campaign bounds only its own no-gain publish at {alpha:.2g}: over all of them up to "
-        f"{bound:.2g}; add fresh test cases for an honest bound"
+        f"{bound:.2g}; add fresh test cases, or share one bound with --test-budget store"
     )
 
 

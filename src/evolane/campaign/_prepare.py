@@ -24,7 +24,6 @@ from evolane.campaign._estimate import (
     repetitions_for,
 )
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
-from evolane.campaign._held_out import reuse_note
 from evolane.campaign._leaks import check_target_holds_no_cases
 from evolane.campaign._models import (
     check_models,
@@ -50,7 +49,8 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.campaign._splits import SplitPlan, legacy_plan, plan_splits, split_ids
-from evolane.campaign._target import link_version, target_tree
+from evolane.campaign._target import check_store_placement, link_version, target_tree
+from evolane.campaign._test_budget import SplitShare, peek_split, split_notes, with_level
 from evolane.campaign._trajectories import trajectory_note, with_trajectory_cases
 from evolane.inputs import (
     CommandTemplate,
@@ -88,6 +88,7 @@ class Prepared:
     ceilings: Usage
     splits: SplitPlan
     rejudge: bool = False  # --from-run --rerun-evaluator: judge stored replays, run nothing else
+    split: SplitShare | None = None  # --test-budget store: its share of the test split's budget
 
     @property
     def run_dir(self) -> Path:
@@ -144,7 +145,7 @@ def prepare_run(
     written here; what goes into the store is content-addressed (the target's snapshot,
     cases derived from trajectories), so a dry run or an estimate leaves no run behind."""
     layout = StoreLayout(Path(config.store))
-    resume, resumed = ResumeState(), 0
+    resume, resumed, split = ResumeState(), 0, None
     if rerun_from is not None:
         return _rerun(layout, config, rerun_from)
     if resume_run is not None:
@@ -169,6 +170,7 @@ def prepare_run(
                 "elapsed_seconds": record.elapsed_seconds + _died_session(layout, record),
             }
         )
+        split = peek_split(layout.root, dataset, record.campaign_id, config)  # its stored level
     else:
         config = with_recorded_plugins(config)  # frozen into run.json: a resume needs them
         if resume_campaign is not None:  # the next cycle runs its plugins as the last did
@@ -181,7 +183,11 @@ def prepare_run(
         )
         _refuse_hopeless(config, plan, dataset, _stored_budget(layout, resume_campaign))
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
-        record = record.model_copy(update={"splits": plan})
+        split = peek_split(layout.root, dataset, campaign.campaign_id, config)
+        config = with_level(config, split)  # reserved before run.json is written (`_run`)
+        record = record.model_copy(
+            update={"splits": plan, "config": with_level(record.config, split)}
+        )
         if campaign.splits is None and plan.carved:  # the campaign's later cycles carve alike
             campaign = campaign.model_copy(update={"splits": plan})
     resume.earlier, resume.earlier_proposals = earlier_results(layout, campaign, record)
@@ -198,6 +204,7 @@ def prepare_run(
         resumed=resumed,
         spent=campaign.spent,
         history=_history(layout, config),
+        split=split,
     )
 
 
@@ -247,6 +254,7 @@ def _prepared(
     spent: Usage,
     history: UnitHistory | None,
     rejudge: bool = False,
+    split: SplitShare | None = None,
 ) -> Prepared:
     """The checked request, with its estimate and the ceilings left after ``spent``."""
     test_cases = dataset.split_counts["test"]
@@ -275,13 +283,14 @@ def _prepared(
             ),
             plan,
             trajectory_note(config),
-            reuse_note(layout.root, dataset, campaign.campaign_id, config),
+            *split_notes(layout.root, dataset, campaign.campaign_id, config, split),
         ),
         gates=gates,
         test_cases=test_cases,
         ceilings=_remaining(config, spent),
         splits=plan,
         rejudge=rejudge,
+        split=split,
     )
 
 
@@ -355,23 +364,6 @@ def _dataset(config: CampaignConfig) -> Dataset:
     dataset = load_dataset(config.dataset)
     require_split(dataset, "val")
     return dataset
-
-
-def check_store_placement(store: Path, target: Path) -> None:
-    """Refuse a store inside the target, or a target inside the store but out of its
-    ``examples/`` (`InputError`), once symlinks and ``..`` are resolved: a candidate would be
-    snapshotted with evolane's own state in it, and a publish could rewrite the store."""
-    real_store, real_target = store.resolve(), target.resolve()
-    if real_store == real_target or real_target in real_store.parents:
-        raise InputError(
-            f"--store {store} is inside --target {target} ({real_store} in {real_target});"
-            " put the store outside the target"
-        )
-    if real_store in real_target.parents and real_store / "examples" not in real_target.parents:
-        raise InputError(
-            f"--target {target} is inside --store {store} ({real_target} in {real_store});"
-            " put the target outside the store"
-        )
 
 
 def _resumable_run(layout: StoreLayout, run_id: str) -> tuple[RunRecord, CampaignState]:

@@ -30,6 +30,7 @@ from evolane.campaign._runs import (
     recover_interrupted_applies,
     save_run,
 )
+from evolane.campaign._test_budget import BUDGET_NOTE, reserve_split, split_notes, with_level
 from evolane.campaign._tree import OptimizerParts, run_tree
 from evolane.campaign._types import (
     CampaignServices,
@@ -186,6 +187,8 @@ async def _run(
     campaign_dir = prepared.layout.campaign_file(prepared.campaign.campaign_id).parent
     # what a kill cut between write and rename: this run alone writes here now (its lock)
     await trio.to_thread.run_sync(remove_atomic_temps, prepared.run_dir, campaign_dir)
+    if prepared.split is not None and request.resume_run is None:  # durable before it is used
+        await trio.to_thread.run_sync(_take_share, prepared)
     await trio.to_thread.run_sync(prepared.persist)
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
     for undone in recovered:
@@ -216,6 +219,31 @@ async def _run(
         journal.close()
         bus.close()
     return RunOutcome(prepared.estimate, report, prepared.run_dir)
+
+
+def _take_share(prepared: Prepared) -> None:
+    """Reserve the campaign's share of its test split's budget (``--test-budget store``)
+    before ``run.json`` names its level: the one peeked, or, when a campaign started
+    meanwhile took that one, the next (the run then confirms at that level, and the
+    estimate's line says so). Blocking."""
+    assert prepared.split is not None
+    peeked = prepared.split
+    held = reserve_split(prepared.layout.root, peeked, prepared.campaign.campaign_id)
+    prepared.split = held
+    if held.level == peeked.level:
+        return
+    prepared.config = with_level(prepared.config, held)
+    prepared.run = prepared.run.model_copy(update={"config": with_level(prepared.run.config, held)})
+    notes = split_notes(
+        prepared.layout.root,
+        prepared.dataset,
+        prepared.campaign.campaign_id,
+        prepared.config,
+        held,
+    )
+    kept = [line for line in prepared.estimate.preflight if not line.startswith(BUDGET_NOTE)]
+    preflight = (*notes[:1], *kept)[:8]
+    prepared.estimate = prepared.estimate.model_copy(update={"preflight": preflight})
 
 
 def _save_ended(prepared: Prepared, started: float, failed: bool) -> None:

@@ -81,3 +81,20 @@ def link_version(target: Path) -> Path | None:
 def tree_root(target: Path) -> Path:
     """The folder (or file) whose content is the target: a symlink's version folder."""
     return link_version(target) or target
+
+
+def check_store_placement(store: Path, target: Path) -> None:
+    """Refuse a store inside the target, or a target inside the store but out of its
+    ``examples/`` (`InputError`), once symlinks and ``..`` are resolved: a candidate would be
+    snapshotted with evolane's own state in it, and a publish could rewrite the store."""
+    real_store, real_target = store.resolve(), target.resolve()
+    if real_store == real_target or real_target in real_store.parents:
+        raise InputError(
+            f"--store {store} is inside --target {target} ({real_store} in {real_target});"
+            " put the store outside the target"
+        )
+    if real_store in real_target.parents and real_store / "examples" not in real_target.parents:
+        raise InputError(
+            f"--target {target} is inside --store {store} ({real_target} in {real_store});"
+            " put the target outside the store"
+        )

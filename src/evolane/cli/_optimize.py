@@ -24,7 +24,7 @@ _PANELS = {
     "Search": "iterations population max-improvement-cycles stall focus feedback-split "
     "protected seed",
     "Decision": "apply gate k-se min-effect threshold confidence bootstrap-samples "
-    "no-regression sequential error-control confirm-split",
+    "no-regression sequential error-control confirm-split test-budget",
     "Measurement": "baseline-replay-repetitions candidate-replay-repetitions "
     "judge-failure-retries fast-verified",
     "Budgets and deadlines": "wall-clock-budget max-tokens max-cost-usd replay-timeout "
@@ -194,6 +194,15 @@ def optimize(
             "test: confirm the best on the test split before it is published (the same as "
             "--error-control confirm).",
             "--confirm-split",
+        ),
+    ] = None,
+    test_budget: Annotated[
+        str | None,
+        _o(
+            "campaign | store (default campaign): the confirmation spends this campaign's "
+            "alpha, or a share of the test split's budget in the store, so that over every "
+            "store campaign on these test cases a no-gain publish is at most alpha.",
+            "--test-budget",
         ),
     ] = None,
     focus: Annotated[

@@ -33,6 +33,7 @@ _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
     "error_control": ("auto", "confirm", "online", "none"),
     "confirm_split": ("test",),
+    "test_budget": ("campaign", "store"),
     "gate": ("paired", "bootstrap", "strict", "threshold"),
     "focus": ("all", "cyclic", "hardest-first"),
     "feedback_split": ("train", "val"),
@@ -51,7 +52,7 @@ _CONFIG_FLAGS = (
     "max_cost_usd", "baseline_replay_repetitions", "candidate_replay_repetitions",
     "judge_failure_retries", "focus", "feedback_split", "isolation", "seed", "cluster",
     "error_control", "network", "max_procs", "max_memory", "max_file_size",
-    "max_open_files", "judge_samples", "unknown_price",
+    "max_open_files", "judge_samples", "unknown_price", "test_budget",
 )  # fmt: skip
 
 
