@@ -19,6 +19,7 @@ from evolane.campaign._config import CampaignConfig
 from evolane.campaign._held_out import REUSED, held_out_digest, read_uses
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.campaign._shares import ShareBook
+from evolane.campaign._test_budget import peek_split, reserve_split
 from evolane.inputs import InputError, load_dataset
 from tests.campaign_helpers import toy_config, toy_flags, wait_for, write_toy
 
@@ -218,3 +219,39 @@ def test_the_estimate_says_the_level_and_bad_input_is_one_line(tmp_path: Path) -
     damaged = _cli(["estimate", *flags, "--test-budget", "store"])
     assert damaged.returncode == 2 and len(damaged.stderr.strip().splitlines()) == 1
     assert f"the test split's ledger {ledger} cannot be read" in damaged.stderr
+
+
+async def test_two_campaigns_starting_at_once_on_one_split_take_two_shares(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    paths = [write_toy(tmp_path / name, {"default": "overfit:8"}) for name in "ab"]
+    reports = []
+
+    async def one(config: CampaignConfig) -> None:
+        reports.append((await _run(RunRequest(config))).report)
+
+    async with trio.open_nursery() as nursery:  # both peek share 1; the ledger's lock decides
+        for each in paths:
+            nursery.start_soon(one, _config(each, store))
+    levels = sorted(
+        report.confirmation.level for report in reports if report and report.confirmation
+    )
+    assert levels == pytest.approx([_level(2), _level(1)])
+    assert sorted(_shares(store, paths[0]["dataset"]).values()) == [(1, "spent"), (2, "spent")]
+    for report in reports:
+        assert report is not None and report.config.error_budget == report.confirmation.level
+
+
+def test_a_stale_peek_reserves_the_next_share_and_a_holder_keeps_its_own(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "noop"})
+    config = _config(paths, tmp_path / "store")
+    dataset = load_dataset(paths["dataset"])
+    store = Path(config.store)
+    first, second = (peek_split(store, dataset, name, config) for name in ("c-1", "c-2"))
+    assert first is not None and second is not None
+    assert first.share.index == second.share.index == 1  # nothing reserved yet
+    assert reserve_split(store, first, "c-1").share.index == 1
+    taken = reserve_split(store, second, "c-2")  # it peeked before c-1 reserved
+    assert taken.share.index == 2 and taken.level == pytest.approx(_level(2))
+    again = reserve_split(store, second, "c-2")  # a resumed holder: the same share
+    assert again.share == taken.share and again.others == 1
+    assert _shares(store, paths["dataset"]) == {"c-1": (1, "reserved"), "c-2": (2, "reserved")}
