@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._held_out import REUSED, held_out_digest, read_uses
@@ -255,3 +257,23 @@ def test_a_stale_peek_reserves_the_next_share_and_a_holder_keeps_its_own(tmp_pat
     again = reserve_split(store, second, "c-2")  # a resumed holder: the same share
     assert again.share == taken.share and again.others == 1
     assert _shares(store, paths["dataset"]) == {"c-1": (1, "reserved"), "c-2": (2, "reserved")}
+
+
+@given(reached=st.lists(st.booleans(), max_size=60), alpha=st.floats(1e-4, 0.5))
+def test_the_kth_campaign_to_reach_the_split_confirms_at_alpha_over_k_k_plus_1(
+    reached: list[bool], alpha: float
+) -> None:
+    """Campaigns one after another, each reaching the test split or not: a campaign that
+    did not gives its share back, so the k-th to reach it holds share k, and the levels
+    spent never sum above alpha (the arithmetic is the evolve service's: its property tests
+    run every order of starts, ends and resumes)."""
+    book, levels = ShareBook(alpha=alpha), []
+    for number, reaches in enumerate(reached):
+        book, held = book.reserve(f"c-{number}", alpha)
+        if reaches:
+            k = len(levels) + 1
+            assert held.index == k and held.level == pytest.approx(alpha / (k * (k + 1)))
+            levels.append(held.level)
+        book = book.settle(f"c-{number}", reaches)
+    assert sum(levels) <= alpha * (1 + 1e-9) and book.spent == pytest.approx(sum(levels))
+    assert book.released == reached.count(False)
