@@ -214,17 +214,7 @@ async def finish(
         selected=None if best.digest == run.seed_ref.digest else best,
         best=best,
         apply=applied,
-        error_control=with_reuse(
-            error_control(
-                prepared.config,
-                prepared.test_cases,
-                outcome.report.online,
-                prepared.splits.val_cases,  # after a carve: the cases the gate judged
-                val_fed=prepared.splits.feedback == "val",
-                split_alpha=prepared.split.alpha if prepared.split is not None else None,
-            ),
-            prepared.estimate.preflight,
-        ),
+        error_control=_error_control(prepared, outcome),
         artifacts=_artifacts(run.seed_ref, best, applied),
         trajectories=trajectory_summary(prepared.config),
         budget=BudgetRecord(
@@ -315,6 +305,19 @@ def _write_report(
     dumped = report.model_dump(mode="json")
     settle_split(prepared.layout.root, prepared.dataset, prepared.config, dumped, state)
     return unrecorded
+
+
+def _error_control(prepared: Prepared, outcome: CycleOutcome) -> str:
+    """The report's error control in words, with a reused test split's line."""
+    words = error_control(
+        prepared.config,
+        prepared.test_cases,
+        outcome.report.online,
+        prepared.splits.val_cases,  # after a carve: the cases the gate judged
+        val_fed=prepared.splits.feedback == "val",
+        split_alpha=prepared.split.alpha if prepared.split is not None else None,
+    )
+    return with_reuse(words, prepared.estimate.preflight)
 
 
 def _next_state(
