@@ -83,13 +83,23 @@ def together(ids: Iterable[str], clusters: Clusters | None) -> list[str]:
     in the order their first cases come, each one's cases in their order. ``ids`` as they
     are when no two share a cluster."""
     ids = list(ids)
+    members = cluster_members(ids, clusters)
+    return ids if members is None else [case for group in members.values() for case in group]
+
+
+def cluster_members(
+    ids: Iterable[str], clusters: Clusters | None
+) -> dict[tuple[int, str], list[str]] | None:
+    """Each cluster's cases in ``ids`` (in their order), by `cluster_key`, the clusters in
+    the order their first cases come; None when no two of them share a cluster."""
+    ids = list(ids)
     if not clustered(ids, clusters):
-        return ids
+        return None
     assert clusters is not None
     members: dict[tuple[int, str], list[str]] = {}
     for case in ids:
         members.setdefault(cluster_key(case, clusters), []).append(case)
-    return [case for group in members.values() for case in group]
+    return members
 
 
 def cluster_ends(ids: Sequence[str], clusters: Clusters) -> array[int]:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from evolane.stats._clusters import Clusters, cluster_key, clustered
+from evolane.stats._clusters import Clusters, cluster_members
 
 
 def case_key(case_id: str, seed: int) -> bytes:
@@ -59,12 +59,9 @@ def cluster_order(case_ids: Iterable[str], seed: int, clusters: Clusters | None)
     exchangeable order needs.
     """
     ordered = case_order(case_ids, seed)
-    if not clustered(ordered, clusters):
+    members = cluster_members(ordered, clusters)
+    if members is None:
         return ordered
-    assert clusters is not None
-    members: dict[tuple[int, str], list[str]] = {}
-    for case in ordered:
-        members.setdefault(cluster_key(case, clusters), []).append(case)
 
     def rank(key: tuple[int, str]) -> tuple[bytes, int, str]:
         named, name = key
