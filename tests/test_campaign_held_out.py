@@ -5,6 +5,7 @@ later campaign's preflight says how often the split confirmed before, with the u
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from evolane.campaign._held_out import (
     record_use,
 )
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
-from evolane.inputs import load_dataset
+from evolane.inputs import Case, Dataset, case_json, load_dataset
 from tests.campaign_helpers import toy_config, write_toy
 
 
@@ -94,3 +95,22 @@ async def test_a_ledger_that_cannot_be_written_does_not_fail_the_run(tmp_path: P
     outcome = await _run(RunRequest(config))
     assert outcome.report is not None and outcome.report.confirmation is not None
     assert (store / LEDGER_FOLDER).read_text() == "in the way"
+
+
+def test_the_split_digest_is_of_the_test_rows_alone_in_file_order() -> None:
+    # The digest names the ledgers earlier campaigns wrote: it is the sha256 of the test
+    # cases' canonical rows in file order, whatever the other splits hold, and none without
+    # test cases (it is now read from the rows, no case built).
+    def cases(val_input: str) -> list[Case]:
+        return [
+            Case(id="t1", input={"q": 1}, expected_output=1, split="test"),
+            Case(id="v1", input={"q": val_input}, split="val"),
+            Case(id="t2", input={"q": 2}, split="test", metadata={"cluster": "a"}),
+        ]
+
+    first, second = Dataset(cases("x")), Dataset(cases("y"))
+    rows = [case_json(case) for case in cases("x") if case.split == "test"]
+    expected = "sha256:" + hashlib.sha256(b"\n".join(rows)).hexdigest()
+    assert held_out_digest(first) == held_out_digest(second) == expected
+    assert list(first.split_rows("test")) == rows
+    assert held_out_digest(Dataset(cases("x")[1:2])) is None

@@ -62,7 +62,7 @@ class ConfirmLedger(Record):
 def held_out_digest(dataset: Dataset) -> str | None:
     """``sha256:<hex>`` of the test split's cases (ids, inputs, answers, metadata, in file
     order), whatever else the dataset holds; None without test cases."""
-    rows = [row for case_id, row in dataset.rows() if dataset.by_id(case_id).split == "test"]
+    rows = list(dataset.split_rows("test"))
     if not rows:
         return None
     return "sha256:" + hashlib.sha256(b"\n".join(rows)).hexdigest()

@@ -122,6 +122,10 @@ class Dataset:
         """The ids of split ``name``'s cases in file order (no case is built)."""
         return tuple(self._ids[index] for index in self._places(name))
 
+    def split_rows(self, name: str) -> Iterator[bytes]:
+        """The `case_json` of split ``name``'s cases in file order (no case is built)."""
+        return map(self._row, self._places(name))
+
     def by_id(self, case_id: str) -> Case:
         """The case with id ``case_id``; `KeyError` if there is none."""
         return self._case(self._by_id[case_id])
