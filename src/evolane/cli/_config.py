@@ -150,7 +150,7 @@ def load_config(path: Path) -> ConfigFile:
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(_syntax_error(path, str(error))) from None
+        raise ConfigError(_syntax_error(path, str(error), text)) from None
     except RecursionError:
         raise ConfigError(f"{shown_path(path)}: not valid TOML (nested too deeply)") from None
     except ValueError as error:  # an integer of over 4300 digits
@@ -175,14 +175,19 @@ def load_config(path: Path) -> ConfigFile:
     return config
 
 
-def _syntax_error(path: Path, message: str) -> str:
+def _syntax_error(path: Path, message: str, text: str) -> str:
     """A TOML syntax error as ``FILE:LINE: not valid TOML (what, column N)`` (the parser
-    says ``what (at line L, column N)``; found by review: the line was only inside it)."""
+    says ``what (at line L, column N)``, or ``what (at end of document)``: the last line;
+    found by review: the line was only inside it, or not given)."""
     at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
-    if at is None:
-        return f"{shown_path(path)}: not valid TOML ({message})"
-    what = message[: at.start()]
-    return f"{shown_path(path)}:{at.group(1)}: not valid TOML ({what}, column {at.group(2)})"
+    if at is not None:
+        what = message[: at.start()]
+        return f"{shown_path(path)}:{at.group(1)}: not valid TOML ({what}, column {at.group(2)})"
+    end = re.search(r"\s*\(at end of document\)$", message)
+    if end is not None:
+        last = max(1, len(text.splitlines()))
+        return f"{shown_path(path)}:{last}: not valid TOML ({message[: end.start()]}, at its end)"
+    return f"{shown_path(path)}: not valid TOML ({message})"
 
 
 def _value_problem(error: ValueError) -> str:
@@ -218,6 +223,9 @@ def _checked(config: ConfigFile, key: str, value: Any, kind: Any) -> Any:
     if isinstance(value, dict):  # ``[key]`` or ``key.x = ``: pydantic's text named Path
         raise ConfigError(f"{config.where(name)}: {key}: a table, where a value belongs")
     kinds = set(typing.get_args(kind)) or {kind}
+    if (bool in kinds) != isinstance(value, bool):  # TOML has booleans: no "yes", no 1
+        what = "expected true or false" if bool in kinds else "a boolean, where a value belongs"
+        raise ConfigError(f"{config.where(name)}: {key}: {what} (got {value!r})")
     is_list = any(typing.get_origin(each) is list for each in kinds)
     if is_list and not isinstance(value, list):
         value = [value]  # one value of a repeatable flag
