@@ -44,12 +44,16 @@ def _flags(tmp_path: Path, stub: ChatStub) -> list[str]:
     ]  # fmt: skip
 
 
-def _interrupt_once_requests_hang(args: list[str], stub: ChatStub, after: int) -> None:
-    """Run ``evolane args`` until the stub has had ``after`` more requests, then make every
-    new request hang and Ctrl-C the run once every judge lane is stuck (exit 130): the
-    requests in flight, all received, are cut off (a request cut while it was still being
-    sent is charged too, as the server may have read it: not what this test counts)."""
+def _interrupt_once_requests_hang(
+    args: list[str], stub: ChatStub, after: int, hanging: int = HANGING
+) -> None:
+    """Run ``evolane args`` until the stub has had ``after`` more requests (0: from the
+    run's first), then make every new request hang and Ctrl-C the run once ``hanging`` hang
+    (every judge lane stuck; exit 130): the requests in flight, all received, are cut off (a
+    request cut while it was still being sent is charged too, as the server may have read
+    it: not what this test counts)."""
     start = stub.stats.requests
+    stub.script.hang = after == 0
     process = subprocess.Popen([*EVOLANE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240
@@ -57,7 +61,7 @@ def _interrupt_once_requests_hang(args: list[str], stub: ChatStub, after: int) -
             assert process.poll() is None and time.monotonic() < deadline, "no progress"
             time.sleep(0.01)
         stub.script.hang = True
-        while stub.stats.in_flight < HANGING:
+        while stub.stats.in_flight < hanging:
             assert process.poll() is None and time.monotonic() < deadline, "nothing hangs"
             time.sleep(0.01)
         process.send_signal(signal.SIGINT)
@@ -161,29 +165,11 @@ def test_an_optimizer_call_a_ctrl_c_cut_off_is_in_both_sessions_books(
     flags = toy_flags(paths, tmp_path / "st")
     flags[flags.index("--optimizer") + 1] = "llm:opt-m"
     args = ["optimize", *flags, "--llm-base-url", chat_stub.base_url, "--iterations", "1"]
-    chat_stub.script.hang = True  # the optimizer's is the run's first request
-    process = subprocess.Popen(
-        [*EVOLANE, *args, "--population", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while chat_stub.stats.in_flight < 1:
-            assert process.poll() is None and time.monotonic() < deadline, "nothing hangs"
-            time.sleep(0.01)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 130, (out, err)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    deadline = time.monotonic() + 30
-    while chat_stub.stats.in_flight and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # The optimizer's is the run's first request.
+    _interrupt_once_requests_hang([*args, "--population", "1"], chat_stub, after=0, hanging=1)
     (cut,) = chat_stub.stats.cut
     interrupted = _report(tmp_path / "st")
     assert interrupted["budget"]["spent_by_role"]["optimizer"]["tokens"] == request_tokens(cut)
-    chat_stub.script.hang = False
     (run_id,) = os.listdir(tmp_path / "st" / "runs")
     resume = ["optimize", "--resume", run_id, "--store", str(tmp_path / "st"), "--progress", "none"]
     done = subprocess.run([*EVOLANE, *resume], capture_output=True, text=True, timeout=300)
