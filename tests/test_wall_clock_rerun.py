@@ -98,13 +98,7 @@ def test_the_cycle_a_wall_clock_stop_cut_short_reuses_what_it_finished(tmp_path:
     assert not finished & set(second), "a unit the stopped run finished was replayed again"
     assert max(collections.Counter(second).values()) == 1
     assert len(first) + len(second) <= len(_started(whole_log)) + len(first) - len(finished)
-    stop_report, report = _reports(tmp_path / "cut" / "st")
-    assert stop_report["status"] == "budget_limited"
-    assert _decisions(report) == _decisions(uninterrupted)
-    assert report["scores"] == uninterrupted["scores"]
-    assert stop_report["budget"]["spent"]["tokens"] == len(first) * TOKENS
-    assert report["budget"]["spent"]["tokens"] == len(second) * TOKENS
-    assert report["budget"]["campaign_spent"]["tokens"] == (len(first) + len(second)) * TOKENS
+    report = _books_match(tmp_path / "cut" / "st", uninterrupted, first, second)
     assert sum(m["units_reused"] for m in report["measurements"]) >= len(finished)
 
 
@@ -173,13 +167,23 @@ def test_replays_a_wall_clock_stop_left_unjudged_are_judged_not_replayed(tmp_pat
     assert not unjudged & set(second), "a replay the stopped run finished was replayed again"
     assert max(collections.Counter(first + second).values()) == 1
     assert len(first) + len(second) == len(_started(whole_log))
-    stop_report, report = _reports(tmp_path / "cut" / "st")
+    _books_match(tmp_path / "cut" / "st", uninterrupted, first, second)
+
+
+def _books_match(
+    store: Path, uninterrupted: dict[str, Any], first: list[str], second: list[str]
+) -> dict[str, Any]:
+    """Check the stopped run's and its rerun's reports in ``store`` against the
+    ``uninterrupted`` one (same decisions and scores) and the replays each session started
+    (each charged once, in its own session); the rerun's report."""
+    stop_report, report = _reports(store)
     assert stop_report["status"] == "budget_limited"
     assert _decisions(report) == _decisions(uninterrupted)
     assert report["scores"] == uninterrupted["scores"]
     assert stop_report["budget"]["spent"]["tokens"] == len(first) * TOKENS
     assert report["budget"]["spent"]["tokens"] == len(second) * TOKENS
     assert report["budget"]["campaign_spent"]["tokens"] == (len(first) + len(second)) * TOKENS
+    return report
 
 
 def test_a_resumed_rerun_does_not_charge_again_the_replays_it_judged(tmp_path: Path) -> None:
