@@ -120,7 +120,6 @@ def folders_to_expose(paths: Iterable[str]) -> list[str]:
     ``/var/run/docker.sock`` showed the host's whole ``/run`` (found by review: its sockets
     connect through a read-only mount, and a root evolane's command is root to them)."""
     shown: list[str] = []
-    homes = {str(Path.home()), "/root"}
     for text in paths:
         path = Path(text)
         try:
@@ -130,7 +129,7 @@ def folders_to_expose(paths: Iterable[str]) -> list[str]:
             names = (str(folder), os.path.realpath(folder))
         except OSError:
             continue
-        if any(n == "/" or n in homes or Path(n).parent == Path("/home") for n in names):
+        if any(map(_too_wide, names)):
             folder = path
             names = (str(path), os.path.realpath(path))
         if _covered(names[0]) or not all(map(_may_show, names)):
@@ -190,15 +189,31 @@ def outermost(paths: Iterable[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
+def _too_wide(name: str) -> bool:
+    """Whether ``name`` is ``/``, ``/home``, a home folder or a folder ``/home`` holds:
+    never shown for the one file or program a command names."""
+    homes = ("/", "/home", str(Path.home()), "/root")
+    return name in homes or Path(name).parent == Path("/home")
+
+
 def program_folders(program: str) -> list[str]:
     """The prefix of the program a command runs (``/x/venv`` for ``/x/venv/bin/python``)
-    and of the file its symlinks resolve to, unless the system view covers them."""
+    and of the file its symlinks resolve to, unless the system view covers them. A prefix
+    that is too wide (`_too_wide`: ``~/bin/tool`` showed the whole home, ``~/.ssh`` with
+    it; found by review) or never shown (``/tmp/bin/tool``: the host's ``/tmp``) gives
+    way to the program's folder, else the program alone."""
     folders = []
     for path in (Path(program), Path(os.path.realpath(program))):
-        folder = path.parent.parent if path.parent.name == "bin" else path.parent
-        if str(folder) != "/" and not _covered(str(folder)):
+        prefix = path.parent.parent if path.parent.name == "bin" else path.parent
+        for folder in (prefix, path.parent, path):
+            names = (str(folder), os.path.realpath(folder))
+            if not any(map(_too_wide, names)) and all(map(_may_show, names)):
+                break
+        else:
+            continue
+        if not _covered(str(folder)):
             folders.append(str(folder))
-    return folders
+    return list(dict.fromkeys(folders))
 
 
 @cache
