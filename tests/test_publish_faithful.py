@@ -184,6 +184,33 @@ async def test_a_concurrent_edit_of_a_touched_file_refuses_the_publish(
     assert not (site.run_dir / "apply.json").exists()
 
 
+@pytest.mark.parametrize("kind", ["file", "symlink"])
+async def test_a_candidate_that_makes_a_file_or_link_a_folder_is_refused_as_its_doing(
+    tmp_path: Path, store: BlobStore, host: SandboxHost, kind: str
+) -> None:
+    """Found by review: the refusal said the target changed since the run began (it had not:
+    the candidate replaced the parent's ``cfg`` with a folder)."""
+    site = Site(tmp_path, store, foreign=False)
+    work = tmp_path / "work2"
+    shutil.copytree(site.target, work, symlinks=True)
+    for root in (site.target, work):
+        if kind == "file":
+            write(root / "cfg", "a file\n")
+        else:
+            (root / "cfg").symlink_to("sub")
+    site.parent = snapshot_tree(store, site.target)
+    (work / "cfg").unlink()
+    write(work / "cfg" / "a.md", "now a folder\n")
+    site.candidate = snapshot_tree(store, work)
+    before = entries(site.target)
+    with trio.fail_after(30):
+        outcome = await site.apply(host)
+    assert outcome.status == "refused", outcome.message
+    assert "the candidate replaces 'cfg'" in outcome.message, outcome.message
+    assert "since the run began" not in outcome.message, outcome.message
+    assert entries(site.target) == before
+
+
 async def test_an_edit_during_the_publish_refuses_it_and_undoes_the_paths_already_swapped(
     tmp_path: Path, store: BlobStore, host: SandboxHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:

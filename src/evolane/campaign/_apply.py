@@ -419,7 +419,7 @@ def _plan(
         root = target if kind == "dir" else target.parent
         plan = plan_publish(store, root, parent_ref, candidate_ref, token=token, stash=stash)
     if isinstance(plan, str):
-        return _Refusal(f"the target changed since the run began: {plan}; nothing written")
+        return _Refusal(f"{plan}; nothing written")  # each reason says whose doing it is
     return kind, plan
 
 

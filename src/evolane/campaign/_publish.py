@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Final, Literal
 
@@ -151,7 +152,7 @@ def plan_publish(
         old, new = parent.get(path), candidate.get(path)
         if old == new:
             continue
-        missing, problem = _folders_of(root, path)
+        missing, problem = _folders_of(root, path, parent)
         if problem is None and missing and old is not None:
             problem = f"{path!r} is gone from the target since the run began"
         if problem is not None:
@@ -203,9 +204,13 @@ def published_mode(original: Original, new: FileEntry) -> int:
     return mode | ((mode & 0o444) >> 2) if new.executable else mode & ~0o111
 
 
-def _folders_of(root: Path, path: str) -> tuple[list[str], str | None]:
+def _folders_of(
+    root: Path, path: str, parent: Mapping[str, TreeEntry]
+) -> tuple[list[str], str | None]:
     """The folders above ``path`` (below ``root``) that do not exist, and a refusal if one
-    that exists is not a real folder (a symlink could lead the publish out of the target)."""
+    that exists is not a real folder (a symlink could lead the publish out of the target):
+    the candidate's doing when the ``parent`` tree has that file or symlink too (found by
+    review: that was said to be a change of the target since the run began)."""
     missing: list[str] = []
     for folder in reversed(PurePosixPath(path).parents[:-1]):
         if missing:
@@ -217,7 +222,13 @@ def _folders_of(root: Path, path: str) -> tuple[list[str], str | None]:
             missing.append(str(folder))
             continue
         if not stat.S_ISDIR(info.st_mode):
-            return [], f"{str(folder)!r} in the target is not a folder (a file or a symlink)"
+            if str(folder) in parent:
+                why = f"the candidate replaces {str(folder)!r} (a file or a symlink) with a folder"
+                return [], f"{why}; publish it by hand"
+            return (
+                [],
+                f"{str(folder)!r} in the target became a file or a symlink since the run began",
+            )
     return missing, None
 
 
