@@ -3,12 +3,14 @@ in a workspace of its own, and the one line that says why it failed."""
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from pathlib import Path
 
 import trio
 
 from evolane.campaign._files import remove_path
+from evolane.campaign._vcs import VCS_FOLDERS
 from evolane.inputs import CommandTemplate
 from evolane.lanes import limit_reason, limits_hit
 from evolane.sandbox import Isolation, Limits, ProcessOutcome, SandboxHost, SandboxSpec, View
@@ -44,13 +46,30 @@ def check_spec(
     )
 
 
+def vcs_metadata(target: Path) -> tuple[str, ...]:
+    """The version-control metadata at the top of ``target`` (a ``.git`` folder or file...):
+    kept from the check as from every optimizer and replay (the seed tree leaves it out),
+    while the check is shown the target itself (found by review: a check running the
+    published candidate's code read a remote's token in ``.git/config``)."""
+    try:
+        names = os.listdir(target) if target.is_dir() else []
+    except OSError:
+        return ()
+    return tuple(str(target / name) for name in sorted(names) if name.casefold() in VCS_FOLDERS)
+
+
 async def run_check(host: SandboxHost, spec: SandboxSpec, timeout: float) -> ProcessOutcome:
-    """Run the check in its own workspace (made here, removed after, whatever happens)."""
+    """Run the check in its own workspace (made here, removed after, whatever happens),
+    the `vcs_metadata` of what it checks hidden (looked up now: a link target's new version
+    folder is built after its spec)."""
     assert spec.workspace is not None
     workspace = Path(spec.workspace)
     await trio.to_thread.run_sync(partial(workspace.mkdir, parents=True))
+    checked = [Path(path) for path, writable in spec.view.own if not writable]
     try:
-        return await host.run(spec, timeout=timeout)
+        found = await trio.to_thread.run_sync(lambda: [p for c in checked for p in vcs_metadata(c)])
+        view = spec.view.model_copy(update={"hidden": (*spec.view.hidden, *found)})
+        return await host.run(spec.model_copy(update={"view": view}), timeout=timeout)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(remove_path, workspace)

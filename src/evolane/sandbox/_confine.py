@@ -276,6 +276,19 @@ def host_secrets() -> tuple[str, ...]:
     return tuple(sorted(found)[:MAX_SECRETS])
 
 
+def _inside(hidden: Iterable[str], own: list[str]) -> list[str]:
+    """The ``hidden`` paths that lie strictly inside one of a command's ``own`` paths (by
+    real location): covered after the own binds, which would otherwise show them (the
+    target's ``.git`` under a post-apply check that is shown the target)."""
+    tops = [os.path.realpath(path) for path in own]
+    inside = []
+    for path in hidden:
+        real = os.path.realpath(path)
+        if any(within(real, top) and real != top for top in tops):
+            inside.append(path)
+    return inside
+
+
 def _masks(hidden: Iterable[str], shown: list[str]) -> tuple[list[str], list[str]]:
     """Cover each hidden path wherever something shown holds it, compared by real location
     and covered under every name the holder is shown at: an empty folder over a folder
@@ -322,7 +335,9 @@ def bwrap_argv(view: View, *, own: Iterable[tuple[str, bool]], workspace: Path) 
     args += masks
     for path, writable in own:
         args += _binds([path], writable)
-    args += seal
+    owned = [path for path, _ in own]
+    inner, inner_seal = _masks(_inside(view.hidden, owned), owned)
+    args += [*inner, *seal, *inner_seal]
     # The root the mounts hang on is bwrap's own tmpfs: read-only, so a command can store
     # nothing outside its own directories and /tmp (whose size is capped).
     args += ["--remount-ro", "/", "--chdir", str(workspace)]
