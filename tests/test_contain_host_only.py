@@ -62,6 +62,14 @@ def test_a_programs_prefix_is_never_a_home_nor_a_folder_never_shown(
     assert program_folders("/tmp/bin/tool") == ["/tmp/bin"]
     assert program_folders("/run/bin/tool") == []
     assert program_folders(f"{tmp_path}/venv/bin/python") == [f"{tmp_path}/venv"]
+    # A home's hidden folder holds the user's data beside its bin (~/.local/share's
+    # credentials, ~/.cargo/credentials.toml): only the bin is shown, unless it is a venv.
+    assert program_folders(f"{home}/.local/bin/claude") == [f"{home}/.local/bin"]
+    assert program_folders("/home/me/.cargo/bin/tool") == ["/home/me/.cargo/bin"]
+    (home / ".venv").mkdir(parents=True)
+    (home / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert program_folders(f"{home}/.venv/bin/python") == [f"{home}/.venv"]
+    assert program_folders(f"{home}/.tools/lib/tool") == [f"{home}/.tools/lib"]
 
 
 @pytest.mark.skipif(confinement_problem() is not None, reason=f"{confinement_problem()}")

@@ -196,18 +196,30 @@ def _too_wide(name: str) -> bool:
     return name in homes or Path(name).parent == Path("/home")
 
 
+def _user_data(name: str) -> bool:
+    """Whether ``name`` is a hidden folder of a home that is no virtual environment
+    (``~/.local``, ``~/.cargo``: a user's data and credentials beside the ``bin`` a
+    program is installed in, e.g. ``~/.local/share/*/auth.json``; found by review)."""
+    folder = Path(name)
+    home = folder.parent
+    in_home = str(home) in (str(Path.home()), "/root") or home.parent == Path("/home")
+    return in_home and folder.name.startswith(".") and not (folder / "pyvenv.cfg").exists()
+
+
 def program_folders(program: str) -> list[str]:
     """The prefix of the program a command runs (``/x/venv`` for ``/x/venv/bin/python``)
     and of the file its symlinks resolve to, unless the system view covers them. A prefix
     that is too wide (`_too_wide`: ``~/bin/tool`` showed the whole home, ``~/.ssh`` with
-    it; found by review) or never shown (``/tmp/bin/tool``: the host's ``/tmp``) gives
-    way to the program's folder, else the program alone."""
+    it; found by review), a home's hidden folder (`_user_data`: ``~/.local/bin/tool``
+    showed ``~/.local/share``) or never shown (``/tmp/bin/tool``: the host's ``/tmp``)
+    gives way to the program's folder, else the program alone."""
     folders = []
     for path in (Path(program), Path(os.path.realpath(program))):
         prefix = path.parent.parent if path.parent.name == "bin" else path.parent
         for folder in (prefix, path.parent, path):
             names = (str(folder), os.path.realpath(folder))
-            if not any(map(_too_wide, names)) and all(map(_may_show, names)):
+            wide = any(_too_wide(name) or _user_data(name) for name in names)
+            if not wide and all(map(_may_show, names)):
                 break
         else:
             continue
