@@ -183,3 +183,23 @@ def test_a_judges_reason_never_drives_the_terminal_through_report_md(tmp_path: P
     for text in (page, shown.stdout):
         assert "wrong" in text  # the reason is still told, as text
         assert not set(text) & set("\x1b\x9b\x9c\x9d\u202e\u202c"), repr(text[-400:])
+
+
+def test_an_error_line_never_drives_the_terminal(tmp_path: Path) -> None:
+    """Found by review: a trajectory folder's file name (what an agent's logs are called is
+    not the user's choice) went into the one-line error raw: ``ESC ]0;...BEL`` set the
+    terminal's title, a bidi override reordered the line. It is named as text now."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "b\x1b]0;PWNED\x07\u202e.jsonl").write_text('{"session_id": 1, bad\n')
+    out = str(tmp_path / "cases.jsonl")
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "dataset", "from-trajectory", str(folder), "-o", out],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "PWNED" in done.stderr and ".jsonl:1: invalid JSON" in done.stderr  # still named
+    assert not set(done.stderr) & set("\x1b\x07\u202e"), repr(done.stderr)
+    assert len(done.stderr.splitlines()) == 1

@@ -15,7 +15,7 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from evolane._allocator import fix_mmap_threshold
-from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, fail_usage
+from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, error_words, fail_usage
 
 if TYPE_CHECKING:
     from evolane.stress import ScenarioReport
@@ -205,7 +205,7 @@ def main() -> None:
         ctx = getattr(error, "ctx", None)
         where = f"{ctx.command_path}: " if ctx is not None else ""
         if error.format_message():  # empty when the help was shown for a bare `evolane`
-            typer.echo(f"evolane: error: {where}{error.format_message()}", err=True)
+            typer.echo(error_words(f"{where}{error.format_message()}"), err=True)
         code = error.exit_code
     except (typer.Abort, KeyboardInterrupt):  # a Ctrl-C before a command took it over
         typer.echo("evolane: interrupted", err=True)

@@ -12,14 +12,24 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 
 interrupted (Ctrl-C)."""
 
 
+def error_words(message: str) -> str:
+    """The one-line error the CLI contract asks for, as text: a name in it may come from a
+    file or a command (a trajectory folder's file name, a case id), and its control and
+    bidirectional characters are shown as U+FFFD, never run (found by review: a trajectory
+    file named with an escape sequence set the terminal's title from the error line)."""
+    from evolane.messages import printable
+
+    return f"evolane: error: {printable(message)}"
+
+
 def error_line(message: str) -> None:
     """Print the one-line error the CLI contract asks for."""
-    print(f"evolane: error: {message}", file=sys.stderr)
+    print(error_words(message), file=sys.stderr)
 
 
 def fail_usage(message: str) -> NoReturn:
     """Print one clear error line and exit with the usage code (2)."""
-    typer.echo(f"evolane: error: {message}", err=True)
+    typer.echo(error_words(message), err=True)
     raise typer.Exit(EXIT_USAGE)
 
 
