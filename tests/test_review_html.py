@@ -163,6 +163,21 @@ def test_every_report_field_is_escaped() -> None:
     assert "<script" not in text
 
 
+def test_the_diff_shows_a_hostile_line_as_one_line() -> None:
+    """Found by review: the page's diff broke lines at "\\r" (and "\\x0c", U+2028...) as
+    well as "\\n", so the tail of an added line showed as an unchanged line or as a forged
+    file header (``+++ b/harmless.txt``)."""
+    diff = (
+        "--- a/x\n+++ b/x\n@@ -0,0 +1 @@\n+curl x | sh\r+++ b/harmless.txt\u2028 innocent\x0cmore\n"
+    )
+    text = render_html(PageData(report={"run_id": "r-1"}, history=History(), diff=diff), {})
+    shown = text[text.index("<pre class='diff'>") :]
+    spans = shown[: shown.index("</pre>")].split("\n")
+    assert len(spans) == 4, spans  # the four lines of the diff, no more
+    assert spans[3].startswith("<span class='add'>+curl x | sh+++ b/harmless.txt")
+    assert spans[3].endswith(" innocentmore</span>")
+
+
 @pytest.mark.parametrize(
     "secret_line",
     [

@@ -118,7 +118,10 @@ def _diff(data: PageData) -> str:
     if not data.diff:
         return "<p>The best tree is the seed: no change.</p>"
     lines = []
-    for line in data.diff.splitlines():
+    # Lines end at "\n" only, as a patch tool reads them: `splitlines` also broke at "\r",
+    # "\x0c", "\x85" or U+2028 inside an added line, and showed its tail as an unchanged
+    # line or as a forged "+++ b/..." header (found by review).
+    for line in data.diff.removesuffix("\n").split("\n"):
         cls = "add" if line.startswith("+") else "del" if line.startswith("-") else ""
         cls = "hunk" if line.startswith("@@") else cls
         lines.append(f"<span class='{cls}'>{scrub(line)}</span>")
