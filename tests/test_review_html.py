@@ -178,6 +178,17 @@ def test_the_diff_shows_a_hostile_line_as_one_line() -> None:
     assert spans[3].endswith(" innocentmore</span>")
 
 
+def test_a_bidi_override_never_reorders_the_page() -> None:
+    """Found by review: a bidi override in a candidate's file name (or a case id, an
+    optimizer's words) reached the page as it was: ``a<U+202E>txt.exe`` read ``aexe.txt``
+    in the diff, as the terminal's ``evolane diff`` no longer shows it."""
+    diff = "--- a/a\u202etxt.exe\n+++ b/a\u202etxt.exe\n@@ -0,0 +1 @@\n+x\u2066y\n"
+    report = {"run_id": "r-1", "message": "note \u202egnp.exe"}
+    text = render_html(PageData(report=report, history=History(), diff=diff), {})
+    assert not set(text) & set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+    assert "+++ b/a\ufffdtxt.exe" in text and "note \ufffdgnp.exe" in text
+
+
 @pytest.mark.parametrize(
     "secret_line",
     [

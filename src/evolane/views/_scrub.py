@@ -8,6 +8,7 @@ from html import escape
 from typing import Any
 
 from evolane.lanes import redact
+from evolane.messages import printable
 
 _KEY = r"[A-Za-z0-9_.-]*(?:api[_-]?key|token|secret|passw(?:or)?d|pwd|credential)[A-Za-z0-9_.-]*"
 _SECRETS: tuple[tuple[re.Pattern[str], str | None], ...] = (
@@ -24,8 +25,10 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 def scrub(text: Any) -> str:
     """``text`` as a string with credentials hidden (URL passwords, bearer tokens, ``sk-``
     keys, values of keys named like a key, token, secret or password) and control
-    characters dropped, then HTML-escaped."""
-    words = _CONTROL.sub("", redact(str(text)))
+    characters dropped, bidirectional controls shown as U+FFFD (`printable`: found by
+    review, a candidate's file ``a<U+202E>txt.exe`` read ``aexe.txt`` in the page's diff),
+    then HTML-escaped."""
+    words = printable(_CONTROL.sub("", redact(str(text))))
     for pattern, replacement in _SECRETS:
         words = pattern.sub(replacement or _hide_value, words)
     return escape(words)
