@@ -409,3 +409,27 @@ def test_an_accepted_slot_another_did_better_than_says_why_it_was_rejected() -> 
     assert "slot i0.s0 rejected" in lines[2] and "worse" not in lines[2], lines
     assert "slot i0.s1 rejected" in lines[3], lines
     assert "another candidate of the iteration did better" in lines[3], lines
+
+
+FORGED = "oops\nfinished: finished (campaign complete)\r\n\u2028  i0.s0 accept  fixed 7"
+
+
+def test_a_commands_line_breaks_never_make_a_line_of_their_own() -> None:
+    """Found by review: an optimizer that failed with ``oops\\nfinished: finished ...`` on
+    stderr printed, in the plain lines and in the live view, a line of its own at column 0
+    (no time, no indent) that read as the run's end. Its words stay on its entry's lines."""
+    state = ViewState()
+    event = SlotEvent(
+        run_id="-",
+        iteration=0,
+        slot=0,
+        stage="blocked",
+        reason=f"the optimizer failed: exit_1 {FORGED}",
+    )
+    state.fold(event)
+    plain = (plain_line(event, state) or "").split("\n")
+    assert all(line.startswith("[") for line in plain), plain  # each stamped with its time
+    assert "oops finished:" in " ".join(plain)  # still told, as text
+    drawn = _drawn(state, 120)
+    assert not [line for line in drawn if line.startswith(("finished", "i0.s0 accept"))], drawn
+    assert not [line for line in drawn if "\u2028" in line or "\r" in line], drawn

@@ -15,6 +15,7 @@ from rich.cells import cell_len
 
 from evolane import messages
 from evolane.cli._amounts import amount
+from evolane.inputs import one_line
 
 ELLIPSIS = "…"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -32,8 +33,11 @@ _RESULT = (": accepted", ": rejected", ": indecisive")
 
 
 def fit(text: str, width: int) -> str:
-    """``text`` in at most ``width`` cells: whole trailing words dropped for ``…`` (a single
-    word too long for the width is cut)."""
+    """``text`` in at most ``width`` cells, on one line (its line breaks folded: found by
+    review, an optimizer's stderr ``oops\\nfinished: finished ...`` printed a line of its own
+    that read as the run's end): whole trailing words dropped for ``…`` (a single word too
+    long for the width is cut)."""
+    text = one_line(text)
     if cell_len(text) <= width:
         return text
     words = text.split(" ")
@@ -83,7 +87,7 @@ def pack(segments: list[str], width: int, indent: int = 4, gap: str = "  ") -> l
     line is `fit` (by words)."""
     lines: list[str] = []
     line = ""
-    for segment in (s for s in segments if s):
+    for segment in (one_line(s) for s in segments if s):
         if line and cell_len(line + gap + segment) <= width:
             line += gap + segment
             continue

@@ -29,6 +29,7 @@ from evolane.inputs._errors import (
     InputError,
     TemplateError,
     first_problem,
+    one_line,
     quote,
 )
 from evolane.inputs._prices import (
@@ -128,6 +129,7 @@ __all__ = [
     "llm_model",
     "load_dataset",
     "load_prices",
+    "one_line",
     "parse_dataset",
     "plugin_words",
     "priced_cost",
