@@ -203,3 +203,26 @@ def test_an_error_line_never_drives_the_terminal(tmp_path: Path) -> None:
     assert "PWNED" in done.stderr and ".jsonl:1: invalid JSON" in done.stderr  # still named
     assert not set(done.stderr) & set("\x1b\x07\u202e"), repr(done.stderr)
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_evolane_plugins_shows_a_packages_names_as_text(tmp_path: Path) -> None:
+    """Found by review: ``evolane plugins`` printed an entry point's name, target and its
+    distribution's name as they were: a package could set the title or clear the screen."""
+    from tests.plugin_helpers import write_distribution
+
+    root = write_distribution(
+        tmp_path, "evil_plug", "", "[evolane.judges]\nev\x1b]0;PWNED\x07il\u202e = evil_plug:x\n"
+    )
+    metadata = root / "evil_plug-1.0.dist-info" / "METADATA"
+    metadata.write_text("Metadata-Version: 2.1\nName: evil\x1b[2Jplug\nVersion: 1.0\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "plugins"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "PWNED" in done.stdout and "evil_plug:x" in done.stdout  # still listed
+    assert not set(done.stdout) & set("\x1b\x07\u202e"), repr(done.stdout)

@@ -29,6 +29,7 @@ def plugins(
 ) -> None:
     """List installed backends, judges, optimizers and observers (built-ins included)."""
     from evolane.lanes import installed_plugins
+    from evolane.messages import printable
 
     found = installed_plugins()
     if as_json:
@@ -58,7 +59,8 @@ def plugins(
             name = f"{p.name} (built-in)" if p.builtin else p.name
             name += " (shadowed by the built-in: unused)" if p.shadowed else ""
             name += f" (needs pip install 'evolane[{p.missing}]')" if p.missing else ""
-            table.add_row(*(Text(cell) for cell in (name, p.target, p.distribution, p.version)))
+            cells = (name, p.target, p.distribution, p.version)  # a package's words: text
+            table.add_row(*(Text(printable(cell)) for cell in cells))
         if entries:
             console.print(table)
         else:
