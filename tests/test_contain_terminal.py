@@ -226,3 +226,30 @@ def test_evolane_plugins_shows_a_packages_names_as_text(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "PWNED" in done.stdout and "evil_plug:x" in done.stdout  # still listed
     assert not set(done.stdout) & set("\x1b\x07\u202e"), repr(done.stdout)
+
+
+def test_the_summarys_note_is_one_line_of_text(tmp_path: Path) -> None:
+    """Found by review: an optimizer that could not run (exit 127) wrote line breaks into
+    its stderr, which the summary's ``note:`` quoted as they were: ``finished  campaign
+    c-1: complete`` and ``best: sha256:abc`` printed as lines of the summary's own."""
+    paths = write_toy(tmp_path, {"default": "noop"}, val=12, test=0, passing=6)
+    script = tmp_path / "opt.py"
+    script.write_text(
+        "import sys\nsys.stderr.write('nf\\x1b]0;PWNED\\x07\\nfinished  campaign c-1: complete"
+        "\\nbest: sha256:abc\\n')\nsys.exit(127)\n"
+    )
+    flags = toy_flags(paths, paths["store"])
+    flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {script} {{workdir}}")
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cannot run" in done.stdout and "complete best: sha256:abc" in done.stdout  # told
+    lines = done.stdout.splitlines()
+    assert not [line for line in lines if line.startswith(("finished  campaign c-1", "best: sha"))]
+    assert "\x1b" not in done.stdout

@@ -11,6 +11,8 @@ from rich.markup import escape
 from evolane.cli._amounts import role_spend
 from evolane.cli._output import reader_may_leave, test_delta_text
 from evolane.cli._resumable import failed_advice
+from evolane.inputs import one_line
+from evolane.messages import printable
 from evolane.views import token_count
 
 _UNPUBLISHED = frozenset({"refused", "rolled_back", "recovered"})
@@ -48,6 +50,13 @@ def _val_note(report: Any) -> str:
     return ""
 
 
+def _said(text: str) -> str:
+    """A note that may quote a command (its stderr) on one line, as text: found by review,
+    an optimizer that could not run wrote ``\\nfinished  campaign ...: complete`` and
+    ``\\nbest: ...`` into the summary's note, lines of their own that read as the summary's."""
+    return printable(one_line(text))
+
+
 def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     """Print the summary (to stderr when stdout carries the JSONL event stream); a reader
     that went away ends it quietly (`reader_may_leave`)."""
@@ -81,11 +90,11 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     if report.budget.spent_by_role:
         lines.append(f"spent by role: {role_spend(report.budget.spent_by_role)}")
     if report.message:
-        lines.append(escape(f"note: {report.message}"))
+        lines.append(escape(f"note: {_said(report.message)}"))
     if report.apply is not None:
         why = ""  # a publish that did not happen says why, not only in report.json
         if report.apply.status in _UNPUBLISHED and report.apply.message:
-            why = f": {escape(report.apply.message)}"
+            why = f": {escape(_said(report.apply.message))}"
         lines.append(f"apply ({report.apply.policy}): {report.apply.status}{why}")
         if report.apply.proposal_dir:
             lines.append(escape(f"proposal: {report.apply.proposal_dir}"))
