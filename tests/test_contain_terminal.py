@@ -253,3 +253,29 @@ def test_the_summarys_note_is_one_line_of_text(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert not [line for line in lines if line.startswith(("finished  campaign c-1", "best: sha"))]
     assert "\x1b" not in done.stdout
+
+
+def test_doctor_shows_a_replays_output_as_one_line_of_text(tmp_path: Path) -> None:
+    """Found by review: ``evolane doctor`` quoted the replay's output (and its stderr, the
+    judge's verdict) as it was: ``ESC ]0;...BEL`` set the terminal's title, and a line break
+    in it printed an ``ok`` line of the output's own."""
+    paths = write_toy(tmp_path, {"default": "noop"}, val=12, test=0, passing=6)
+    script = tmp_path / "replay.py"
+    script.write_text(
+        "import pathlib, sys\npathlib.Path(sys.argv[1], 'output.json').write_text("
+        "'\"out\\x1b]0;PWNED\\x07\"\\nok    forged: a campaign can run\\n')\n"
+    )
+    flags = toy_flags(paths, paths["store"])
+    flags = with_flag(flags, "--replay", f"{sys.executable} -I {script} {{output_dir}}")
+    at = flags.index("--progress")
+    del flags[at : at + 2]  # doctor shows no progress
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "doctor", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert "PWNED" in done.stdout, done.stdout + done.stderr  # the output is still quoted
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    assert not [line for line in done.stdout.splitlines() if line.startswith("ok    forged")]

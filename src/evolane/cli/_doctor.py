@@ -208,7 +208,14 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 def _print(checks: list[Check]) -> None:
+    """One line per check, as text: a check quotes the replay's output, its stderr and the
+    judge's verdict (found by review: an output ``ESC ]0;...BEL`` set the terminal's title,
+    and one with line breaks printed ``ok`` lines of its own)."""
+    from evolane.inputs import one_line
+    from evolane.messages import printable
+
     for level, what, why in checks:
+        what, why = printable(one_line(what)), printable(one_line(why))
         print(f"{level:<4}  {what}  ({why})" if why else f"{level:<4}  {what}")
 
 
