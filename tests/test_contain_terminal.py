@@ -279,3 +279,39 @@ def test_doctor_shows_a_replays_output_as_one_line_of_text(tmp_path: Path) -> No
     assert "PWNED" in done.stdout, done.stdout + done.stderr  # the output is still quoted
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout
     assert not [line for line in done.stdout.splitlines() if line.startswith("ok    forged")]
+
+
+FIXING = """
+import pathlib, sys
+for case in pathlib.Path(sys.argv[1]).iterdir():
+    if case.is_file() and case.read_text().strip() == '"no"':
+        case.write_text('"yes"')
+print("fixed every case")
+"""
+
+
+def test_evolane_report_shows_a_failed_checks_words_as_text(tmp_path: Path) -> None:
+    """Found by review: ``evolane report`` showed the apply's reason, which quotes the
+    ``--check`` command's stderr (what a check of the candidate prints is the candidate's
+    to choose), as it was: ``ESC ]0;...`` set the terminal's title."""
+    paths = write_toy(tmp_path, {}, val=12, test=0, passing=2)
+    (tmp_path / "fix.py").write_text(FIXING)
+    (tmp_path / "check.py").write_text(
+        "import sys\nsys.stderr.write('chk\\x1b]0;PWNED\\x07\\u202eZ\\n')\nsys.exit(1)\n"
+    )
+    flags = toy_flags(paths, paths["store"])
+    flags = with_flag(
+        flags, "--optimizer", f"{sys.executable} -I {tmp_path / 'fix.py'} {{workdir}}"
+    )
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    flags += ["--apply", "auto_verified", "--error-control", "none"]
+    flags += ["--check", f"{sys.executable} -I {tmp_path / 'check.py'}"]
+    run = [sys.executable, "-m", "evolane"]
+    done = subprocess.run(
+        [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0 and "rolled_back" in done.stdout, done.stdout + done.stderr
+    run_id = next(paths["store"].glob("runs/*")).name
+    shown = _on_a_terminal([*run, "report", "--store", str(paths["store"]), run_id])
+    assert b"rolled_back" in shown and b"PWNED" in shown  # still told, as text
+    assert b"\x1b]" not in shown and "\u202e".encode() not in shown

@@ -334,13 +334,22 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     return rows
 
 
+def _shown(value: str) -> Text:
+    """A report's words as text: an apply's reason quotes the ``--check`` command's stderr,
+    which the candidate under check can write (found by review: ``ESC ]0;...`` in it set the
+    terminal's title through ``evolane report``)."""
+    from evolane.messages import printable
+
+    return Text(printable(value))
+
+
 def _print_report(rep: Report, run_dir: Path, store: Path, blocked: str | None) -> None:
     console = wide_console()
     table = Table(title=f"evolane run {rep.run_id}", show_header=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for name, value in _summary_rows(rep):
-        table.add_row(name, Text(value))
+        table.add_row(name, _shown(value))
     console.print(table)
     if rep.decisions:
         from evolane.campaign import candidate_cell
@@ -354,11 +363,11 @@ def _print_report(rep: Report, run_dir: Path, store: Path, blocked: str | None) 
                 str(d.cycle),
                 str(d.iteration),
                 str(d.slot),
-                Text(
+                _shown(
                     candidate_cell(d.digest, slots.get((d.cycle, d.iteration, d.slot))).strip("`")
                 ),
                 Text(d.decision),
-                Text(d.reason),
+                _shown(d.reason),
             )
         console.print(decisions)
     else:
