@@ -315,3 +315,21 @@ def test_evolane_report_shows_a_failed_checks_words_as_text(tmp_path: Path) -> N
     shown = _on_a_terminal([*run, "report", "--store", str(paths["store"]), run_id])
     assert b"rolled_back" in shown and b"PWNED" in shown  # still told, as text
     assert b"\x1b]" not in shown and "\u202e".encode() not in shown
+
+
+def test_a_backslash_in_a_commands_words_makes_no_link_in_report_md() -> None:
+    """Found by review: a judge's reason ``\\[the log\\](https://attacker.example/?d=...)``
+    had a backslash put before each bracket, ``\\\\[``: an escaped backslash, then a bare
+    bracket, so report.md showed a link after all (rendered by markdown-it, as GitHub's
+    tables read it); a pipe after a backslash must not open a cell either."""
+    from markdown_it import MarkdownIt
+
+    from evolane.campaign._markdown import _cell, _text
+
+    words = r"see \[the log\](https://attacker.example/?d=s) \\[x\\](https://y.example) a\| b"
+    render = MarkdownIt("commonmark").enable("table").render
+    for made in (_text(words), f"| a |\n|---|\n| {_cell(words)} |\n"):
+        page = render(made)
+        assert "<a " not in page and "attacker.example" in page, page
+    row = render(f"| a | b |\n|---|---|\n| {_cell(words)} | x |\n")
+    assert row.count("<td>") == 2, row  # the words stay in their cell

@@ -151,9 +151,10 @@ def _text(text: str) -> str:
     fetch when the page is viewed); ``p <= 0.05`` reads as it was. Control characters
     (a judge's reason ``ESC c`` reset the terminal that showed report.md: found by review)
     and bidirectional controls are shown as U+FFFD (`printable`)."""
-    line = (
-        " ".join(printable(text).split()).replace("[", "\\[").replace("]", "\\]")
-    )  # no link, no image
+    # no link, no image: the text's own backslashes are escaped first (found by review: a
+    # reason's "\[x\](url)" became "\\[x\\](url)": a literal backslash, then a link)
+    line = " ".join(printable(text).split()).replace("\\", "\\\\")
+    line = line.replace("[", "\\[").replace("]", "\\]")
     return _TAG_OPEN.sub("&lt;", _ENTITY.sub("&amp;", line))
 
 
