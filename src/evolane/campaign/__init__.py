@@ -3,6 +3,7 @@ policies, the run directory, resume, the report)."""
 
 from evolane.campaign._advice import after_failure
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
+from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._lock import TargetLocked, holder_pid
@@ -54,6 +55,7 @@ __all__ = [
     "CAMPAIGN_ASK_TIMEOUT",
     "ENDED_RUNS",
     "EXIT_FOR_STATUS",
+    "PUBLISHED_ON_TEST",
     "ApplyPolicyName",
     "Backends",
     "BudgetShare",
@@ -93,6 +95,7 @@ __all__ = [
     "load_campaign",
     "load_run",
     "probe_run",
+    "published_on_test",
     "reached_test",
     "read_resume_state",
     "record_problem",

@@ -14,6 +14,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._prompt import _failure_code, _judge_reason
 from evolane.campaign._report import (
@@ -311,7 +312,7 @@ def _online_lines(budget: OnlineBudget | None) -> list[str]:
 
 
 def _head_lines(report: Report) -> list[str]:
-    s = report.scores
+    s, published = report.scores, published_on_test(report.confirmation)
     lines = [
         f"# evolane run {report.run_id}",
         "",
@@ -326,7 +327,8 @@ def _head_lines(report: Report) -> list[str]:
         f"- val: {ci_text(s.baseline_val)} -> {ci_text(s.best_val)}"
         + ("" if report.selected is None else f" ({CHOSEN_ON_VAL})"),
         f"- test (sealed: never used to choose, only to confirm): {ci_text(s.baseline_test)} -> "
-        f"{ci_text(s.best_test)}",
+        f"{ci_text(s.best_test)}"
+        + (f" (the test delta is {PUBLISHED_ON_TEST})" if published else ""),
     ]
     lines += _splits_lines(report.splits)
     if report.confirmation is not None:
@@ -441,10 +443,13 @@ def _measurement_lines(report: Report) -> list[str]:
     for m in shown_measurements(report):
         where = (m.cycle, m.iteration, m.slot)
         mark = m.purpose in ("screening", "paired") and where in chosen and m.decision == "accept"
+        confirmed = report.test is not None and m.measurement_id == report.test.measurement_id
+        confirmed = confirmed and published_on_test(report.confirmation)
         lines.append(
             f"| {m.measurement_id} | {m.n}/{m.n_planned} | {m.mean_delta:+.3f} | {m.se:.3f} | "
             f"[{m.ci_low:+.3f}, {m.ci_high:+.3f}] | {m.decision}"
             + (f" ({CHOSEN_ON_VAL})" if mark else "")
+            + (f" ({PUBLISHED_ON_TEST})" if confirmed else "")
             + f" | {m.units_run}/{m.units_reused}/{m.units_restored} |"
         )
     return [*lines, "", GATE_CI_NOTE]

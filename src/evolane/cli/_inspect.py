@@ -303,7 +303,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     ]
     if rep.test is not None:
         confirmed = rep.confirmation is not None
-        delta = test_delta_text(rep.test, confirmed)
+        delta = test_delta_text(rep.test, rep.confirmation)
         # beside a confirmation, the gate's own call on the test cases ("accept") read as a
         # contradiction of "not confirmed" (found by review): the confirmation is the verdict
         said = "" if confirmed else f" {rep.test.decision}: {rep.test.reason}"

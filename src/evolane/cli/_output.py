@@ -124,12 +124,19 @@ def resolve_run(layout: StoreLayout, run_id: str) -> str:
     fail_usage(f"unknown run {run_id!r} in store {layout.root} (see `evolane runs`)")
 
 
-def test_delta_text(test: Any, confirmed: bool) -> str:
+def test_delta_text(test: Any, confirmation: Any | None) -> str:
     """A best's sealed test delta with the gate's bootstrap interval, named as such: beside
-    a confirmation's verdict on the same cases (``confirmed``: one was made), an unnamed
+    a confirmation's verdict on the same cases (``confirmation``: one was made), an unnamed
     interval that excluded 0 read as a contradiction of "not confirmed" (found by review;
-    the confirmation's own bound is in its sentence)."""
-    verdict = "; the confirmation is the verdict" if confirmed else ""
+    the confirmation's own bound is in its sentence). A confirmed best's delta is said to be
+    optimistic (`campaign.PUBLISHED_ON_TEST`): it was published because that delta was high."""
+    verdict = ""
+    if confirmation is not None:
+        verdict = "; the confirmation is the verdict"
+        if confirmation.decision == "confirmed":
+            from evolane.campaign import PUBLISHED_ON_TEST
+
+            verdict += f"; {PUBLISHED_ON_TEST}"
     return (
         f"{test.mean_delta:+.3f} over {test.n} cases (the gate's bootstrap interval "
         f"[{test.ci_low:+.3f}, {test.ci_high:+.3f}]{verdict})"

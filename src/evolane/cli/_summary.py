@@ -30,7 +30,7 @@ def _test_result(report: Any) -> list[str]:
     campaign's error control in words."""
     test, lines = report.test, []
     if test is not None:
-        lines.append(f"test delta: {test_delta_text(test, report.confirmation is not None)}")
+        lines.append(f"test delta: {test_delta_text(test, report.confirmation)}")
     if report.confirmation is not None:
         lines.append(f"confirmation: {report.confirmation.sentence}")
     if report.error_control:
@@ -41,10 +41,15 @@ def _test_result(report: Any) -> list[str]:
 def _val_note(report: Any) -> str:
     """A warning on the val line: its scores are optimistic when val fed the optimizer, and
     a best's are whenever it was chosen on these very replays (found by review: a useless
-    best's val gain was positive in 83 of 83 campaigns, +0.12 on average); test is honest."""
+    best's val gain was positive in 83 of 83 campaigns, +0.12 on average); test is honest,
+    unless the best was published on it (`campaign.PUBLISHED_ON_TEST`, said on its line)."""
+    from evolane.campaign import published_on_test
+
     splits = report.splits
     if splits and splits.optimistic:
         return "  (optimistic: val fed the optimizer)"
+    if report.selected is not None and published_on_test(report.confirmation):
+        return "  (optimistic: the best was chosen on these replays)"  # and test: see its line
     if report.selected is not None:
         return "  (optimistic: the best was chosen on these replays; test is the honest figure)"
     return ""
