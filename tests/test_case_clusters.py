@@ -128,3 +128,20 @@ def test_online_control_reads_each_clusters_mean_delta() -> None:
     assert sorted(deltas.tolist()) == [0.5, 1.0] and not by_case
     deltas, by_case = _deltas(units, {})
     assert sorted(deltas.tolist()) == [0.0, 1.0, 1.0, 1.0] and by_case
+
+
+def test_a_clustered_confirmations_reason_counts_its_clusters(tmp_path: Path) -> None:
+    # Found by review: the sentence said "8 of their 8 clusters compared", but the reason
+    # (report.json's confirmation.reason) said "p = 0.68 on 32 held-out cases", as if the
+    # test had read 32 observations, not 8 cluster means.
+    from evolane.campaign._confirm import confirmation_of
+    from tests.campaign_helpers import toy_config, write_toy
+
+    config = toy_config(write_toy(tmp_path, {}))
+    ids = [f"t{i:02d}" for i in range(32)]
+    clusters = {case: f"s{int(case[1:]) // 4}" for case in ids}
+    baseline = {case: [0.0] for case in ids}
+    candidate = {case: [float(int(case[1:]) // 4 % 2)] for case in ids}
+    record = confirmation_of(baseline, candidate, config, 32, 0.05, clusters=clusters)
+    assert "8 of their 8 clusters compared" in record.sentence
+    assert " on 32 held-out cases (8 clusters) " in record.reason, record.reason

@@ -291,8 +291,8 @@ def confirmation_of(
     published = decision == "confirmed"
     if not published and config.apply != "proposal":
         sentence += ": not published"
-    relation = "<=" if published else ">"
-    reason = f"confirm: {stats} on {result.n} held-out cases {relation} level {level:.3g}{note}"
+    read = f"{result.n} held-out cases" + (f" ({result.clusters} clusters)" if grouped else "")
+    reason = f"confirm: {stats} on {read} {'<=' if published else '>'} level {level:.3g}{note}"
     return ConfirmationRecord(
         decision=decision,
         published=published,
