@@ -18,11 +18,13 @@ from evolane.campaign._confirm import (
     confirm_repetitions,
     confirmation_of,
     error_control,
+    even_gain_needed,
 )
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._preflight import preflight
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.messages import ArtifactRef
+from evolane.stats import no_gain_p_value
 from tests.campaign_helpers import (
     publishing_config,
     run_optimize,
@@ -298,3 +300,24 @@ async def test_an_unconfirmed_bests_test_gain_is_not_said_to_be_optimistic(
     confirmed = report.confirmation.model_copy(update={"decision": "confirmed"})
     said = _val_note(report.model_copy(update={"splits": honest, "confirmation": confirmed}))
     assert "chosen on these replays" in said and "test is the honest figure" not in said
+
+
+def test_the_preflight_says_how_large_an_even_gain_a_graded_confirmation_needs(
+    tmp_path: Path,
+) -> None:
+    # Found by review: 16 graded test cases "can confirm" (a full gain on each does), but
+    # the test that holds for any score distribution needs about +0.24 on every case at
+    # 0.05, so a true +0.1 was confirmed in 0 of 100 campaigns with nothing said before.
+    toy = toy_config(write_toy(tmp_path, {})).model_copy(update={"error_control": "confirm"})
+    graded = toy.model_copy(update={"measure": toy.measure.model_copy(update={"judge": "j"})})
+    assert not graded.pass_fail
+    gain = even_gain_needed(graded, 16, 0.05)
+    assert gain is not None and 0.2 < gain < 0.3
+    assert no_gain_p_value(np.full(16, gain), pass_fail=False) <= 0.05
+    assert no_gain_p_value(np.full(16, gain - 0.01), pass_fail=False) > 0.05
+    (line,) = [line for line in preflight(graded, 16, 16, (1, 1)).lines if "every one" in line]
+    assert f"confirming on 16 test cases needs a gain of about +{gain:.2f}" in line
+    # Enough cases for small gains, or pass/fail scores (the full-gain test): nothing said.
+    assert not any("every one" in line for line in preflight(graded, 16, 2000, (1, 1)).lines)
+    assert not any("every one" in line for line in preflight(toy, 16, 16, (1, 1)).lines)
+    assert even_gain_needed(graded, 3, 0.05) is None  # not even a full gain on each confirms

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Literal
 
+import numpy as np
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
@@ -39,6 +40,7 @@ from evolane.stats import (
     clustered,
     confirm,
     no_gain_margin,
+    no_gain_p_value,
     planned_clusters,
 )
 
@@ -130,6 +132,27 @@ def confirmable(
         why = why.replace(" held-out cases", " held-out clusters").replace(" cases)", " clusters)")
         why = why.replace("every case a full gain", "every cluster a full gain")
     return possible, why
+
+
+def even_gain_needed(config: CampaignConfig, test_cases: int, level: float) -> float | None:
+    """The smallest gain that, on every one of ``test_cases`` graded cases alike, confirms
+    at ``level`` (to 0.01, rounded up); None when not even a full gain on each does. The
+    test holds for any score distribution, so on a small split it needs a large gain
+    (found by review: 16 graded cases need +0.24 on each at 0.05, and a true +0.1 was
+    confirmed in 0 of 100 campaigns, while the preflight said they can confirm)."""
+    margin = no_gain_margin(config.gate)
+
+    def reaches(gain: float) -> bool:
+        deltas = np.full(test_cases, gain)
+        return no_gain_p_value(deltas, margin=margin, pass_fail=False) <= level
+
+    if test_cases < 1 or not reaches(1.0):
+        return None
+    low, high = 0, 100  # hundredths: ``high`` reaches, ``low`` does not (or is 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reaches(middle / 100) else (middle, high)
+    return high / 100
 
 
 def first_confirm_level(config: CampaignConfig) -> float:

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from functools import partial
 
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._confirm import confirm_repetitions, confirmable
+from evolane.campaign._confirm import (
+    confirm_repetitions,
+    confirmable,
+    even_gain_needed,
+    first_confirm_level,
+)
 from evolane.campaign._online import OnlineBudget, opening_budget, resolved_mode
 from evolane.inputs import Dataset, case_clusters
 from evolane.stats import (
@@ -102,6 +107,8 @@ def preflight(
         possible_here, reason = confirmable(config, tested, next_level, clusters[1] is not None)
         if not possible_here:
             lines.append(f"{reason}: verified_only / auto_verified will never publish")
+        elif not config.pass_fail:
+            lines += _even_gain_line(config, tested, next_level, clusters[1] is not None)
         replays = confirm_repetitions(config, test_cases)
         if config.pass_fail and replays > 1 and clusters[1] is None:
             lines.append(
@@ -118,6 +125,27 @@ def preflight(
     elif test_cases:
         lines.append(f"the {test_cases} test cases are scored, not used to confirm the best")
     return Preflight(True, None, binary.mean, tuple(line[:256] for line in lines))
+
+
+EVEN_GAIN_WORTH_SAYING = 0.05
+"""The gain on every test case a graded confirmation needs from which the preflight says it."""
+
+
+def _even_gain_line(
+    config: CampaignConfig, tested: int, level: float | None, grouped: bool
+) -> list[str]:
+    """The line saying how large a gain on every test case (cluster) a graded confirmation
+    needs (`even_gain_needed`), when it is large enough to keep realistic gains unpublished."""
+    level = first_confirm_level(config) if level is None else level
+    gain = even_gain_needed(config, tested, level)
+    if gain is None or gain < EVEN_GAIN_WORTH_SAYING:
+        return []
+    unit = "clusters" if grouped else "cases"
+    return [
+        f"graded scores: confirming on {tested} test {unit} needs a gain of about +{gain:.2f} "
+        f"on every one at {level:.2g} (the test holds for any score distribution): a smaller "
+        "true gain is rarely published; add test cases for more power"
+    ]
 
 
 def cluster_lines(
