@@ -72,24 +72,41 @@ def _capture(data: bytes) -> StreamCapture:
     )
 
 
+def _plain(value: Any) -> Any:
+    """What orjson cannot write of a backend's value: a `float` or `int` subclass (a score
+    computed with a library's own float type) as the plain number it is."""
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, int):
+        return int(value)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _dumps(value: Any) -> bytes:
+    """``value`` as JSON, numpy scalars and arrays included (a judge's ``np.mean(...)`` is a
+    score: found by review, it failed every judgement with "Type is not JSON serializable:
+    numpy.float64")."""
+    return orjson.dumps(value, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
 def _stdout_for(call: BackendCall, value: Any) -> bytes:
     """What a command in the backend's place would have printed (and its usage file)."""
     if isinstance(value, dict) and isinstance(value.get("usage"), dict):
         if call.usage_file is not None:
-            call.usage_file.write_bytes(orjson.dumps(value["usage"]))
+            call.usage_file.write_bytes(_dumps(value["usage"]))
         value = {k: v for k, v in value.items() if k != "usage"}
         if call.role == "optimizer":
             value = value.get("summary")
     if call.role == "judge":
         verdict = value if isinstance(value, dict) else {"score": value}
-        return orjson.dumps(verdict)
+        return _dumps(verdict)
     if call.role == "replay":
         if isinstance(value, dict) and "output" in value and call.output_dir is not None:
-            (call.output_dir / "output.json").write_bytes(orjson.dumps(value["output"]))
+            (call.output_dir / "output.json").write_bytes(_dumps(value["output"]))
         if isinstance(value, dict) and {"tokens", "cost_usd"} <= value.keys():
             usage = {"tokens": value["tokens"], "cost_usd": value["cost_usd"]}
             if call.output_dir is not None:
-                (call.output_dir / "usage.json").write_bytes(orjson.dumps(usage))
+                (call.output_dir / "usage.json").write_bytes(_dumps(usage))
         return b""
     return (str(value) + "\n").encode() if value is not None else b""
 

@@ -1,0 +1,46 @@
+"""What an in-process judge backend returns is its verdict as a command's stdout would be:
+a number type of a numeric library (``np.mean(...)``) is the score it stands for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import trio
+
+import evolane
+from evolane.embed import BackendCall, Backends, OptimizeRequest
+from tests.campaign_helpers import toy_config, write_toy
+from tests.test_embed import PLAN, optimizer_backend, replay_backend
+
+
+async def _judged(tmp_path: Path, judge: Any) -> list[dict[str, Any]]:
+    """Run the toy campaign (one cycle) with ``judge`` in-process; each unit's judge result."""
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(
+        paths, replay="backend:r", judge="backend:j", optimizer="backend:o", iterations=1
+    )
+    backends = Backends(replay=replay_backend, judge=judge, optimizer=optimizer_backend)
+    with trio.fail_after(120):  # a hang guard, not a timing figure
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
+    assert report is not None
+    journal = paths["store"] / "runs" / report.run_id / "journal.jsonl"
+    units = [orjson.loads(line) for line in journal.read_bytes().splitlines()]
+    return [unit["judge"] for unit in units if unit["type"] == "unit"]
+
+
+async def test_a_numpy_score_is_a_score(tmp_path: Path) -> None:
+    # Found by review: np.float64 (a float), np.float32 failed every judgement with
+    # "TypeError: Type is not JSON serializable: numpy.float64" (judge_exit_1).
+    async def judge(call: BackendCall) -> Any:
+        assert call.output_dir is not None
+        answer = orjson.loads((call.output_dir / "output.json").read_bytes())
+        right = np.array([answer == "yes"], dtype=np.float32)
+        return np.mean(right) if call.case and call.case["id"] < "val06" else right.mean()
+
+    verdicts = await _judged(tmp_path, judge)
+    assert verdicts and {v["status"] for v in verdicts} == {"succeeded"}
+    assert {v["score"] for v in verdicts} == {0.0, 1.0}
