@@ -48,6 +48,7 @@ from evolane.embed import open_runtime as open_trio_runtime
 
 EVENTS_BUFFER = 256
 _END = object()
+CLOSED = "the evolane runtime is closed (its `async with` has ended)"
 
 
 class _Bridge:
@@ -75,20 +76,43 @@ class _Bridge:
         return self.closing
 
     def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> asyncio.Future[Any]:
-        """Run ``await fn(*args)`` in trio; the future gets its result or error."""
+        """Run ``await fn(*args)`` in trio; the future gets its result or error. Raises
+        `RuntimeError`, with nothing sent to the guest, from another loop than the one that
+        opened the runtime (another thread's: found by review, asyncio's "attached to a
+        different loop" came after the run had started, which went on without a handle)
+        and once the runtime is closing or closed (trio's `RunFinishedError` before)."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self.loop:
+            raise RuntimeError(
+                "an evolane.aio runtime is used from another event loop (or thread) than the "
+                "one that opened it"
+            )
+        if self.closed:
+            raise RuntimeError(CLOSED)
         future: asyncio.Future[Any] = self.loop.create_future()
         assert self.token is not None
-        self.token.run_sync_soon(self._spawn, future, fn, args)
+        try:
+            self.token.run_sync_soon(self._spawn, future, fn, args)
+        except trio.RunFinishedError:
+            raise RuntimeError(CLOSED) from None
         return future
 
     def soon(self, fn: Callable[[], object]) -> None:
-        """Run a plain function in the trio guest soon."""
+        """Run a plain function in the trio guest soon; nothing once the guest has ended (a
+        stop or cancel of a run that ended with its runtime is a no-op, as in trio)."""
         assert self.token is not None
-        self.token.run_sync_soon(fn)
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(fn)
 
     def _spawn(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple) -> None:
         assert self.nursery is not None
-        self.nursery.start_soon(self._run, future, fn, args)
+        try:
+            self.nursery.start_soon(self._run, future, fn, args)
+        except RuntimeError:  # the guest is closing: its nursery takes no more
+            self._settle(future, None, RuntimeError(CLOSED))
 
     async def _run(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple) -> None:
         try:

@@ -1,0 +1,71 @@
+"""An `evolane.aio` runtime used where it cannot work says so in one `RuntimeError`, with
+nothing started: from another thread's event loop, or once its ``async with`` has ended;
+a stop or cancel of a run that ended with its runtime does nothing, as in trio."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+import evolane.aio
+from evolane.embed import Backends, OptimizeRequest
+from tests.campaign_helpers import toy_config, write_toy
+from tests.test_embed import PLAN, judge_backend, optimizer_backend, replay_backend
+
+BACKENDS = Backends(replay=replay_backend, judge=judge_backend, optimizer=optimizer_backend)
+
+
+def _request(tmp_path: Path) -> tuple[OptimizeRequest, Path]:
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="backend:r", judge="backend:j", optimizer="backend:o")
+    return OptimizeRequest(config=config), paths["store"]
+
+
+def test_a_runtime_used_from_another_threads_loop_refuses_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    # Found by review: asyncio's "got Future attached to a different loop" came only after
+    # the run had started in the runtime's loop, where it went on with no handle.
+    request, store = _request(tmp_path)
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        async with evolane.aio.open_runtime(store=str(store)) as runtime:
+
+            def other() -> None:
+                try:
+                    asyncio.run(runtime.start_optimize(request, backends=BACKENDS))
+                except BaseException as error:  # what it raised is the test
+                    errors.append(error)
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            while thread.is_alive():
+                await asyncio.sleep(0.01)
+            for _ in range(20):  # the guest's turns: a run sent to it would begin here
+                await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
+    assert "another event loop" in str(errors[0])
+    assert not (store / "runs").exists()  # no run was started
+
+
+def test_a_closed_runtime_refuses_and_a_stop_after_it_does_nothing(tmp_path: Path) -> None:
+    # Found by review: both raised trio.RunFinishedError into the asyncio caller.
+    request, store = _request(tmp_path)
+
+    async def main() -> None:
+        async with evolane.aio.open_runtime(store=str(store)) as runtime:
+            handle = await runtime.start_optimize(request, backends=BACKENDS)
+            report = (await handle.result()).report
+            assert report is not None and report.status == "finished"
+        handle.stop()
+        handle.cancel()
+        with pytest.raises(RuntimeError, match="runtime is closed"):
+            await runtime.start_optimize(request, backends=BACKENDS)
+
+    asyncio.run(main())
