@@ -1,6 +1,7 @@
 """An `evolane.aio` runtime used where it cannot work says so in one `RuntimeError`, with
 nothing started: from another thread's event loop, or once its ``async with`` has ended;
-a stop or cancel of a run that ended with its runtime does nothing, as in trio."""
+a stop or cancel of a run that ended with its runtime does nothing, as in trio; and a
+cancelled entry leaves nothing running in the guest."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 import pytest
 
 import evolane.aio
-from evolane.embed import Backends, OptimizeRequest
+from evolane.embed import Backends, EvolvePolicy, OptimizeRequest, ServiceSettings
 from tests.campaign_helpers import toy_config, write_toy
+from tests.evolve_helpers import backend_config, trace_record, write_trace_target
 from tests.test_embed import PLAN, judge_backend, optimizer_backend, replay_backend
+from tests.test_evolve_service import BACKENDS as EVOLVE_BACKENDS
 
 BACKENDS = Backends(replay=replay_backend, judge=judge_backend, optimizer=optimizer_backend)
 
@@ -67,5 +70,36 @@ def test_a_closed_runtime_refuses_and_a_stop_after_it_does_nothing(tmp_path: Pat
         handle.cancel()
         with pytest.raises(RuntimeError, match="runtime is closed"):
             await runtime.start_optimize(request, backends=BACKENDS)
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_entry_of_an_evolve_service_closes_it(tmp_path: Path) -> None:
+    # Found by review: the service went on starting in the guest and ran there with no
+    # owner, its store's queue held: opening one again raised InputError ("the evolve queue
+    # is open in another service") until the runtime closed. The cancel comes after a
+    # number of loop turns swept over the start (it hit the start in 9 of 20 before).
+    paths = write_trace_target(tmp_path, 4)
+    settings = ServiceSettings(policy=EvolvePolicy(every=100), run_jobs=False)
+    config = backend_config(paths)
+
+    async def main() -> None:
+        async with evolane.aio.open_runtime(store=str(paths["store"])) as runtime:
+            for turns in range(0, 40, 2):
+
+                async def enter() -> None:
+                    async with runtime.evolve_service(config, settings, backends=EVOLVE_BACKENDS):
+                        await asyncio.sleep(60)
+
+                task = asyncio.ensure_future(enter())
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                async with runtime.evolve_service(
+                    config, settings, backends=EVOLVE_BACKENDS
+                ) as evolve:
+                    await evolve.record(trace_record(turns))
 
     asyncio.run(main())

@@ -340,7 +340,8 @@ class AioRuntime:
         backends: Backends | None = None,
     ) -> AsyncIterator[AioEvolveService]:
         """`evolane.embed.open_evolve_service` in the guest for the ``async with``; at exit
-        its running job is cancelled (its trees killed; the job stays pending)."""
+        its running job is cancelled (its trees killed; the job stays pending). Cancelling
+        the entry closes the service it was opening before the cancellation goes on."""
         closing, closed = trio.Event(), trio.Event()
 
         async def start() -> EvolveService:
@@ -349,7 +350,17 @@ class AioRuntime:
                 _serve_evolve, self._runtime, config, settings, backends, closing, closed
             )
 
-        service = await self._bridge.call(start)
+        started = self._bridge.call(start)
+        try:
+            service = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            # Found by review: the service went on starting in the guest and ran there with
+            # no owner, its store's queue held (a second one refused) until the runtime closed.
+            await asyncio.wait([started])
+            _retrieve(started)
+            self._bridge.soon(closing.set)
+            await asyncio.wait([self._bridge.call(closed.wait)])
+            raise
         try:
             yield AioEvolveService(self._bridge, service)
         finally:
