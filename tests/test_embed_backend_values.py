@@ -1,5 +1,6 @@
 """What an in-process judge backend returns is its verdict as a command's stdout would be:
-a number type of a numeric library (``np.mean(...)``) is the score it stands for."""
+a number type of a numeric library (``np.mean(...)``) is the score it stands for, and a
+verdict too long to keep whole keeps its score."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ async def test_a_numpy_score_is_a_score(tmp_path: Path) -> None:
         answer = orjson.loads((call.output_dir / "output.json").read_bytes())
         right = np.array([answer == "yes"], dtype=np.float32)
         return np.mean(right) if call.case and call.case["id"] < "val06" else right.mean()
+
+    verdicts = await _judged(tmp_path, judge)
+    assert verdicts and {v["status"] for v in verdicts} == {"succeeded"}
+    assert {v["score"] for v in verdicts} == {0.0, 1.0}
+
+
+async def test_a_long_verdict_keeps_its_score(tmp_path: Path) -> None:
+    # Found by review: a verdict dict over the 16 KiB of output kept (a long rationale) lost
+    # its score: "the judge printed over 16384 bytes" (judge_output_too_long).
+    async def judge(call: BackendCall) -> dict[str, Any]:
+        assert call.output_dir is not None
+        answer = orjson.loads((call.output_dir / "output.json").read_bytes())
+        return {"rationale": "because " * 10_000, "score": 1.0 if answer == "yes" else 0.0}
 
     verdicts = await _judged(tmp_path, judge)
     assert verdicts and {v["status"] for v in verdicts} == {"succeeded"}

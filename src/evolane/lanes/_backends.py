@@ -89,6 +89,17 @@ def _dumps(value: Any) -> bytes:
     return orjson.dumps(value, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+def _verdict_line(verdict: dict[str, Any]) -> bytes:
+    """A judge backend's verdict as the one line a judge command prints; one longer than the
+    output kept (`CAPTURE_BYTES`: a long rationale) keeps its score and says how long it was
+    (found by review: the score was lost, the unit failed as "the judge printed over 16384
+    bytes", which an in-process judge never did)."""
+    line = _dumps(verdict)
+    if len(line) <= CAPTURE_BYTES:
+        return line
+    return _dumps({"score": verdict.get("score"), "verdict_bytes": len(line)})
+
+
 def _stdout_for(call: BackendCall, value: Any) -> bytes:
     """What a command in the backend's place would have printed (and its usage file)."""
     if isinstance(value, dict) and isinstance(value.get("usage"), dict):
@@ -98,8 +109,7 @@ def _stdout_for(call: BackendCall, value: Any) -> bytes:
         if call.role == "optimizer":
             value = value.get("summary")
     if call.role == "judge":
-        verdict = value if isinstance(value, dict) else {"score": value}
-        return _dumps(verdict)
+        return _verdict_line(value if isinstance(value, dict) else {"score": value})
     if call.role == "replay":
         if isinstance(value, dict) and "output" in value and call.output_dir is not None:
             (call.output_dir / "output.json").write_bytes(_dumps(value["output"]))
