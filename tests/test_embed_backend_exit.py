@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import trio
 
 import evolane
@@ -131,3 +132,23 @@ async def test_a_backend_failing_as_it_is_stopped_or_timed_out_leaves_no_group()
         outer.cancel()
         await run_backend(cleanup_fails_replay, call, trio.current_time() + 3600, trio.Event())
     assert outer.cancelled_caught
+
+
+async def interrupted_replay(call: BackendCall) -> None:
+    """What trio does with a Ctrl-C that arrives while a busy backend runs: it raises
+    `KeyboardInterrupt` there."""
+    raise KeyboardInterrupt
+
+
+async def test_a_ctrl_c_in_a_backend_leaves_the_runtime_as_a_keyboard_interrupt(
+    tmp_path: Path,
+) -> None:
+    # Found by review: it came out of open_runtime as a BaseExceptionGroup of the
+    # KeyboardInterrupt and what it interrupted (NotAnswered), which a host's
+    # ``except KeyboardInterrupt`` missed (the CLI digs it out; an embedding could not).
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="backend:agent", judge="backend:j", optimizer="backend:o")
+    backends = Backends(replay=interrupted_replay, judge=judge_backend, optimizer=optimizer_backend)
+    with pytest.raises(KeyboardInterrupt), trio.fail_after(120):
+        async with evolane.open_runtime(store=paths["store"]) as runtime:
+            await runtime.optimize(OptimizeRequest(config=config), backends=backends)

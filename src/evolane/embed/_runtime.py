@@ -38,7 +38,7 @@ from evolane.embed._request import OptimizeRequest
 from evolane.inputs import InputError
 from evolane.measure import ProgressBus, Subscription
 from evolane.messages import ProgressEvent
-from evolane.supervisors import Runtime
+from evolane.supervisors import Runtime, leaf_exceptions
 from evolane.supervisors import open_runtime as open_actor_runtime
 
 EVENTS_BUFFER = 256
@@ -256,16 +256,28 @@ async def open_runtime(
     `RunHandle.observers` reports on them too; one that raises is disabled for that run).
     They are closed once, after the last run has ended, each at most
     `OBSERVER_CLOSE_TIMEOUT`; a close that fails is a `RuntimeWarning` naming it. Raises
-    `TypeError` for anything in ``observers`` that is no observer."""
+    `TypeError` for anything in ``observers`` that is no observer. A Ctrl-C that lands in a
+    run's task leaves it as a `KeyboardInterrupt` (its group is the ``__cause__``)."""
     check_observers(observers)
-    async with open_actor_runtime(**options) as actors:
-        try:
-            async with trio.open_nursery() as nursery:
-                runtime = EmbeddedRuntime(actors, Path(store), nursery, observers)
-                try:
-                    yield runtime
-                finally:
-                    nursery.cancel_scope.cancel()
-        finally:  # every run has ended (and let its observers drain): close the shared ones
-            for failure in await close_observers(observers):
-                warnings.warn(failure, RuntimeWarning, stacklevel=2)
+    try:
+        async with open_actor_runtime(**options) as actors:
+            try:
+                async with trio.open_nursery() as nursery:
+                    runtime = EmbeddedRuntime(actors, Path(store), nursery, observers)
+                    try:
+                        yield runtime
+                    finally:
+                        nursery.cancel_scope.cancel()
+            finally:  # every run has ended (and let its observers drain): close shared ones
+                for failure in await close_observers(observers):
+                    warnings.warn(failure, RuntimeWarning, stacklevel=2)
+    except BaseExceptionGroup as group:
+        # A Ctrl-C trio raised in a task of a run (a busy in-process backend) left the runtime
+        # as a group of it and what it interrupted: found by review, the host's
+        # ``except KeyboardInterrupt`` missed it. It is the user's Ctrl-C, as the CLI reads it.
+        interrupt = next(
+            (e for e in leaf_exceptions(group) if isinstance(e, KeyboardInterrupt)), None
+        )
+        if interrupt is None:
+            raise
+        raise KeyboardInterrupt(*interrupt.args) from group
