@@ -103,3 +103,18 @@ def test_cancelling_the_entry_of_an_evolve_service_closes_it(tmp_path: Path) -> 
                     await evolve.record(trace_record(turns))
 
     asyncio.run(main())
+
+
+def test_a_second_runtime_in_one_loop_is_refused_and_the_first_runs_on(tmp_path: Path) -> None:
+    # Found by review: trio's "Attempted to call run() from inside a run()" was all it said.
+    request, store = _request(tmp_path)
+
+    async def main() -> str:
+        async with evolane.aio.open_runtime(store=str(store)) as runtime:
+            with pytest.raises(RuntimeError, match="already open in this thread"):
+                async with evolane.aio.open_runtime(store=str(store)):
+                    pass
+            report = await runtime.optimize(request, backends=BACKENDS)
+            return report.status
+
+    assert asyncio.run(main()) == "finished"

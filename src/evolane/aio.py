@@ -450,6 +450,11 @@ async def open_runtime(
 
         loop.call_soon_threadsafe(settle)
 
+    if trio.lowlevel.in_trio_run():  # a runtime already open here (found by review)
+        raise RuntimeError(
+            "an evolane runtime is already open in this thread: one loop holds one runtime, "
+            "share it (it runs many campaigns at once)"
+        )
     trio.lowlevel.start_guest_run(
         trio_main,
         run_sync_soon_threadsafe=loop.call_soon_threadsafe,
