@@ -433,3 +433,12 @@ def test_a_commands_line_breaks_never_make_a_line_of_their_own() -> None:
     drawn = _drawn(state, 120)
     assert not [line for line in drawn if line.startswith(("finished", "i0.s0 accept"))], drawn
     assert not [line for line in drawn if "\u2028" in line or "\r" in line], drawn
+
+
+def test_the_views_text_never_carries_a_control_or_bidi_character() -> None:
+    # Each text reaching the view is made printable by its producer (`Said` fields, repr);
+    # `fit` and `pack`, which every line of the view goes through, make sure of it too.
+    hostile = "ok\x1b]0;pwned\x07 a\u202etxt.exe \x1b[2J done"
+    for line in (fit(hostile, 80), fit(hostile * 4, 40), *pack([hostile, hostile], 60)):
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", line)
+        assert "\ufffd" in line

@@ -36,8 +36,9 @@ def fit(text: str, width: int) -> str:
     """``text`` in at most ``width`` cells, on one line (its line breaks folded: found by
     review, an optimizer's stderr ``oops\\nfinished: finished ...`` printed a line of its own
     that read as the run's end): whole trailing words dropped for ``…`` (a single word too
-    long for the width is cut)."""
-    text = one_line(text)
+    long for the width is cut). Its control and bidi characters are shown as U+FFFD
+    (`messages.printable`), whoever made it: the view's one place for a command's words."""
+    text = messages.printable(one_line(text))
     if cell_len(text) <= width:
         return text
     words = text.split(" ")
@@ -87,7 +88,7 @@ def pack(segments: list[str], width: int, indent: int = 4, gap: str = "  ") -> l
     line is `fit` (by words)."""
     lines: list[str] = []
     line = ""
-    for segment in (one_line(s) for s in segments if s):
+    for segment in (messages.printable(one_line(s)) for s in segments if s):
         if line and cell_len(line + gap + segment) <= width:
             line += gap + segment
             continue
