@@ -41,20 +41,12 @@ def test_escape_sequences_from_commands_never_reach_the_terminal(
     flags[flags.index("--optimizer") + 1] = f"{sys.executable} -I {tmp_path / 'opt.py'} {{workdir}}"
     flags[flags.index("--iterations") + 1] = "1"
     flags[flags.index("--progress") + 1] = "plain"
-    run = [sys.executable, "-m", "evolane"]
-    done = subprocess.run(
-        [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
+    done = _evolane("optimize", *flags, cwd=tmp_path)
     told = "boom" if where == "words" else "disallowed_entries"
     assert told in done.stdout + done.stderr  # what went wrong is still told, as text
     assert "\x1b" not in done.stdout + done.stderr
     run_id = next(paths["store"].glob("runs/*")).name
-    report = subprocess.run(
-        [*run, "report", "--store", str(paths["store"]), run_id],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    report = _evolane("report", "--store", str(paths["store"]), run_id)
     assert report.returncode == 0 and "\x1b" not in report.stdout + report.stderr
     pages = list(paths["store"].glob("runs/*/report.md"))
     assert pages
@@ -97,6 +89,22 @@ print("fixed every case")
 """
 
 
+def _evolane(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``evolane args`` in a subprocess, its output as text (a 300 s guard against a hang,
+    not a timing figure)."""
+    return subprocess.run(
+        [sys.executable, "-m", "evolane", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env=env,
+        check=False,
+    )
+
+
 def _on_a_terminal(argv: list[str]) -> bytes:
     """What ``argv`` writes to a pseudo-terminal (its stdout and stderr)."""
     master, slave = pty.openpty()
@@ -127,9 +135,7 @@ def test_evolane_diff_never_drives_the_terminal(tmp_path: Path) -> None:
     flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {script} {{workdir}}")
     flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
     run = [sys.executable, "-m", "evolane"]
-    done = subprocess.run(
-        [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
+    done = _evolane("optimize", *flags, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     run_id = next(paths["store"].glob("runs/*")).name
     diff = [*run, "diff", "--store", str(paths["store"]), run_id]
@@ -166,18 +172,10 @@ def test_a_judges_reason_never_drives_the_terminal_through_report_md(tmp_path: P
         f"{sys.executable} -I {tmp_path / 'judge.py'} {{case_file}} {{output_dir}}",
     ]
     flags[flags.index("--iterations") + 1] = "1"
-    run = [sys.executable, "-m", "evolane"]
-    done = subprocess.run(
-        [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
+    done = _evolane("optimize", *flags, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     run_id = next(paths["store"].glob("runs/*")).name
-    shown = subprocess.run(
-        [*run, "report", "--store", str(paths["store"]), run_id, "--format", "md"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    shown = _evolane("report", "--store", str(paths["store"]), run_id, "--format", "md")
     assert shown.returncode == 0, shown.stderr
     page = (paths["store"] / "runs" / run_id / "report.md").read_text()
     for text in (page, shown.stdout):
@@ -193,12 +191,7 @@ def test_an_error_line_never_drives_the_terminal(tmp_path: Path) -> None:
     folder.mkdir()
     (folder / "b\x1b]0;PWNED\x07\u202e.jsonl").write_text('{"session_id": 1, bad\n')
     out = str(tmp_path / "cases.jsonl")
-    done = subprocess.run(
-        [sys.executable, "-m", "evolane", "dataset", "from-trajectory", str(folder), "-o", out],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _evolane("dataset", "from-trajectory", str(folder), "-o", out)
     assert done.returncode == 2, done.stderr
     assert "PWNED" in done.stderr and ".jsonl:1: invalid JSON" in done.stderr  # still named
     assert not set(done.stderr) & set("\x1b\x07\u202e"), repr(done.stderr)
@@ -216,13 +209,7 @@ def test_evolane_plugins_shows_a_packages_names_as_text(tmp_path: Path) -> None:
     metadata = root / "evil_plug-1.0.dist-info" / "METADATA"
     metadata.write_text("Metadata-Version: 2.1\nName: evil\x1b[2Jplug\nVersion: 1.0\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path])}
-    done = subprocess.run(
-        [sys.executable, "-m", "evolane", "plugins"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "COLUMNS": "200"},
-    )
+    done = _evolane("plugins", env={**env, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     assert "PWNED" in done.stdout and "evil_plug:x" in done.stdout  # still listed
     assert not set(done.stdout) & set("\x1b\x07\u202e"), repr(done.stdout)
@@ -241,13 +228,7 @@ def test_the_summarys_note_is_one_line_of_text(tmp_path: Path) -> None:
     flags = toy_flags(paths, paths["store"])
     flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {script} {{workdir}}")
     flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
-    done = subprocess.run(
-        [sys.executable, "-m", "evolane", "optimize", *flags],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = _evolane("optimize", *flags, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "cannot run" in done.stdout and "complete best: sha256:abc" in done.stdout  # told
     lines = done.stdout.splitlines()
@@ -269,13 +250,7 @@ def test_doctor_shows_a_replays_output_as_one_line_of_text(tmp_path: Path) -> No
     flags = with_flag(flags, "--replay", f"{sys.executable} -I {script} {{output_dir}}")
     at = flags.index("--progress")
     del flags[at : at + 2]  # doctor shows no progress
-    done = subprocess.run(
-        [sys.executable, "-m", "evolane", "doctor", *flags],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = _evolane("doctor", *flags, cwd=tmp_path)
     assert "PWNED" in done.stdout, done.stdout + done.stderr  # the output is still quoted
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout
     assert not [line for line in done.stdout.splitlines() if line.startswith("ok    forged")]
@@ -307,9 +282,7 @@ def test_evolane_report_shows_a_failed_checks_words_as_text(tmp_path: Path) -> N
     flags += ["--apply", "auto_verified", "--error-control", "none"]
     flags += ["--check", f"{sys.executable} -I {tmp_path / 'check.py'}"]
     run = [sys.executable, "-m", "evolane"]
-    done = subprocess.run(
-        [*run, "optimize", *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
+    done = _evolane("optimize", *flags, cwd=tmp_path)
     assert done.returncode == 0 and "rolled_back" in done.stdout, done.stdout + done.stderr
     run_id = next(paths["store"].glob("runs/*")).name
     shown = _on_a_terminal([*run, "report", "--store", str(paths["store"]), run_id])
