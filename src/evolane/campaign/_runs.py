@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, JsonValue, ValidationError, model_validator
 
-from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, recover_apply
+from evolane.campaign._apply import JOURNAL_NAME, ApplyOutcome, journal_state, recover_apply
 from evolane.campaign._config import CampaignConfig, with_stored_defaults
 from evolane.campaign._online import OnlineBudget
 from evolane.campaign._splits import SplitPlan
@@ -370,6 +370,28 @@ def recover_interrupted_applies(layout: StoreLayout) -> list[RecoveredApply]:
         if outcome is not None:
             recovered.append(RecoveredApply(run_dir.name, outcome))
     return recovered
+
+
+def publish_note(run_dir: Path) -> str | None:
+    """What a run's apply journal says of its publish, for a run that has no report (one
+    killed during or after its publish); None when it began none. A committed publish
+    stands (the target holds the candidate); any other state but a final one is undone by
+    the next ``evolane optimize`` on the store (`recover_interrupted_applies`)."""
+    path = run_dir / JOURNAL_NAME
+    if not path.exists():
+        return None
+    try:
+        state, candidate = journal_state(path)
+    except (OSError, ValueError, StoreError) as error:
+        return f"{path}: not readable ({type(error).__name__}): the target may be half published"
+    if state == "committed":
+        return f"published {candidate.digest[:19]}: the target holds it (committed before the stop)"
+    if state in ("rolled_back", "recovered"):
+        return f"{state.replace('_', ' ')}: the target holds what it held before"
+    return (
+        f"interrupted in state {state!r}: the target may be half published until the next "
+        "evolane optimize on this store puts it back"
+    )
 
 
 def run_is_live(layout: StoreLayout, run_id: str) -> bool:

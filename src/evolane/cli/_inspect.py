@@ -163,7 +163,7 @@ def _show_html(layout: StoreLayout, run_dir: Path) -> None:
 
 def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> dict[str, Any]:
     """What run.json, the journal and the event stream say about a run that has no report."""
-    from evolane.campaign import read_resume_state
+    from evolane.campaign import publish_note, read_resume_state
     from evolane.store import StoreError
 
     run_dir = layout.run_dir(record.run_id)
@@ -185,6 +185,7 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
         "report": None,
         "journal": journal,
         "events": _event_summary(run_dir / "events.jsonl"),
+        "publish": publish_note(run_dir),
         "resume": None if blocked else resume_command(record.run_id, store),
         "resume_blocked": blocked,
         "live": live,
@@ -233,6 +234,7 @@ def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     last = events["last_phase"] or "-"
     if events["last_t"] is not None:
         last += f" at {events['last_t']:.1f} s"
+    publish = [("publish", summary["publish"])] if summary["publish"] else []
     return [
         ("status", status),
         ("campaign", f"{summary['campaign_id']} (cycle {summary['cycle']})"),
@@ -240,6 +242,7 @@ def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("resumed", f"{summary['resumed']}x" if summary["resumed"] else "never"),
         ("journal", journaled),
         ("events", f"{events['count']} (last phase: {last})"),
+        *publish,
         ("report", "none"),
         ("resume", summary["resume"] or f"not possible: {summary['resume_blocked']}"),
     ]
