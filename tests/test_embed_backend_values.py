@@ -58,3 +58,20 @@ async def test_a_long_verdict_keeps_its_score(tmp_path: Path) -> None:
     verdicts = await _judged(tmp_path, judge)
     assert verdicts and {v["status"] for v in verdicts} == {"succeeded"}
     assert {v["score"] for v in verdicts} == {0.0, 1.0}
+
+
+async def test_a_score_json_cannot_hold_is_named_in_the_failure(tmp_path: Path) -> None:
+    # Found by review: a NaN or infinite score (a mean of nothing) was refused as a judge
+    # failure, but its message showed {"score":null}: what orjson writes for NaN.
+    async def judge(call: BackendCall) -> Any:
+        return np.float64("nan") if call.case and call.case["id"] < "val06" else float("-inf")
+
+    verdicts = await _judged(tmp_path, judge)
+    assert verdicts and {v["status"] for v in verdicts} == {"failed"}
+    assert all(v["score"] is None for v in verdicts)  # refused, never scored
+    messages = {v["failure"]["message"] for v in verdicts}
+    assert {v["failure"]["code"] for v in verdicts} == {"judge_bad_score"}
+    assert messages == {
+        f'the judge\'s score is not a number in [0, 1]: \'{{"score":"{shown}"}}\''
+        for shown in ("nan", "-inf")
+    }

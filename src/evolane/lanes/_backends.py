@@ -22,6 +22,7 @@ An exception is the backend's own failure (like a non-zero exit), never a score.
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -94,6 +95,9 @@ def _verdict_line(verdict: dict[str, Any]) -> bytes:
     output kept (`CAPTURE_BYTES`: a long rationale) keeps its score and says how long it was
     (found by review: the score was lost, the unit failed as "the judge printed over 16384
     bytes", which an in-process judge never did)."""
+    score = verdict.get("score")
+    if isinstance(score, float) and not math.isfinite(score):  # JSON has none: orjson says null
+        verdict = {**verdict, "score": str(float(score))}  # refused, named: "nan", "-inf"
     line = _dumps(verdict)
     if len(line) <= CAPTURE_BYTES:
         return line
