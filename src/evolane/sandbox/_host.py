@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +53,44 @@ def _process_identity(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
+
+
+def _read_link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _process_space() -> dict[str, str | None]:
+    """Where this process's pids mean something: the host's name, its boot and the pid
+    namespace. A lease's owner pid is checked only in the same space: a store shared by two
+    hosts (a network folder) or two containers (a bind-mounted volume) holds leases whose
+    pids name nothing here (found by review: a run started on another host swept a live
+    run's lease and its units failed, `No such file or directory`)."""
+    return {
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "pid_ns": _read_link("/proc/self/ns/pid"),
+    }
+
+
+def _pids_comparable(owner: dict[str, object], here: dict[str, str | None]) -> bool | None:
+    """Whether the owner's pid can be looked up here (True), its host rebooted since, so it
+    is dead (None), or its pids belong to another host or pid namespace (False). An owner
+    file without these fields (an older evolane's) is taken as of this space, as before."""
+    boot, namespace = owner.get("boot_id"), owner.get("pid_ns")
+    if boot is not None and boot != here["boot_id"]:
+        same_host = owner.get("host") is not None and owner.get("host") == here["host"]
+        return None if same_host and here["boot_id"] is not None else False
+    return namespace is None or namespace == here["pid_ns"]
 
 
 CLEANUP_DELAY = 0.03
@@ -220,7 +259,11 @@ class SandboxHost:
         self.lease_dir.mkdir()
         self.spool_dir.mkdir(mode=0o700)
         self.disk = DiskFloor(self.root)
-        owner = {"pid": os.getpid(), "create_time": _process_identity(os.getpid())}
+        owner = {
+            "pid": os.getpid(),
+            "create_time": _process_identity(os.getpid()),
+            **_process_space(),
+        }
         write_json_atomic(self.lease_dir / _OWNER_FILE, owner)
         self._start_lifeline()
         if self._use_spawner:  # now, like the lifeline: a helper of the host's whole life
@@ -308,16 +351,21 @@ class SandboxHost:
 
     @staticmethod
     def _owner_is_dead(lease_dir: Path) -> bool:
-        """Only a provably dead owner counts; anything unreadable is left alone."""
+        """Only a provably dead owner counts; anything unreadable is left alone, and so is
+        the lease of a runtime on another host or in another pid namespace (`_process_space`)
+        unless that host has rebooted since."""
         try:
             owner = json.loads(read_regular_file(lease_dir / _OWNER_FILE, _OWNER_MAX_BYTES))
-            return _process_identity(int(owner["pid"])) != owner["create_time"]
+            comparable = _pids_comparable(owner, _process_space())
+            if comparable is None:
+                return True
+            return comparable and _process_identity(int(owner["pid"])) != owner["create_time"]
         except FileNotFoundError:
             try:  # no owner file: a host being created right now, or one that died doing so
                 return time.time() - lease_dir.stat().st_mtime > 60
             except OSError:
                 return False
-        except (OSError, ValueError, KeyError, TypeError, StoreError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, StoreError):
             return False
 
     def _cgroup_dirs_of(self, lease: str) -> list[Path]:
