@@ -442,3 +442,37 @@ def test_the_views_text_never_carries_a_control_or_bidi_character() -> None:
     for line in (fit(hostile, 80), fit(hostile * 4, 40), *pack([hostile, hostile], 60)):
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", line)
         assert "\ufffd" in line
+
+
+def test_a_quiet_run_says_it_waits_on_the_optimizer_or_a_judge() -> None:
+    """Found by review: a hung optimizer read ``no event for 2m00s (0/4 lanes busy)`` until
+    ``--optimizer-idle`` ended it, and a hung judge the same once the replays were done: as
+    if nothing ran at all. The quiet words say what does run then."""
+    from evolane.cli._view import quiet_words
+
+    state = ViewState()
+    for event in (
+        RunStarted(
+            run_id=RUN_ID, t=0.1, campaign_id=CAMPAIGN_ID, cycle=0, iterations=2,
+            population=2, replay_lanes=4, judge_lanes=2,
+        ),
+        MeasureEvent(
+            run_id=RUN_ID, t=3.0, measurement_id="c0.i0.base", pairs_done=18,
+            pairs_planned=18, finished=True, parent_only=True,
+        ),
+        PhaseEvent(run_id=RUN_ID, t=5.0, phase="optimize", cycle=0, iteration=0),
+    ):  # fmt: skip
+        state.fold(event)
+    assert quiet_words(state, 120.0) == (
+        "no event for 2m00s (0/4 lanes busy, waiting for the optimizer)"
+    )
+    judged = MeasureEvent(
+        run_id=RUN_ID, t=9.0, measurement_id="c0.i0.s0", pairs_done=17, pairs_planned=18,
+        lanes_busy=0, judges_busy=1,
+    )  # fmt: skip
+    state.fold(judged)
+    assert quiet_words(state, 60.0) == "no event for 1m00s (0/4 lanes busy, 1 being judged)"
+    for slot in (0, 1):
+        state.fold(SlotEvent(run_id=RUN_ID, t=12.0, iteration=0, slot=slot, stage="rejected"))
+    state.fold(judged.model_copy(update={"finished": True, "judges_busy": 0}))
+    assert quiet_words(state, 60.0) == "no event for 1m00s (0/4 lanes busy)"

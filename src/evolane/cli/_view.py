@@ -247,11 +247,17 @@ class Packed:
 
 
 def quiet_words(state: ViewState, quiet: float) -> str | None:
-    """``no event for 1m05s (2/4 replay lanes busy)`` once a run that has not finished has
-    been quiet for `QUIET_AFTER` seconds or more; else None."""
+    """``no event for 1m05s (2/4 lanes busy)`` once a run that has not finished has been
+    quiet for `QUIET_AFTER` seconds or more (else None), adding the units being judged and
+    a wait on the optimizer: what is running while nothing is said."""
     if state.finished is not None or not state.events or quiet < QUIET_AFTER:
         return None
-    return f"no event for {duration(quiet)} ({state.lanes_busy}/{state.replay_lanes} lanes busy)"
+    busy = [f"{state.lanes_busy}/{state.replay_lanes} lanes busy"]
+    if state.judges_busy:
+        busy.append(f"{state.judges_busy} being judged")
+    if state.proposing():
+        busy.append("waiting for the optimizer")
+    return f"no event for {duration(quiet)} ({', '.join(busy)})"
 
 
 def quiet_line(state: ViewState, quiet: float) -> str | None:

@@ -58,6 +58,7 @@ class ViewState:
     measures: dict[str, messages.MeasureEvent] = field(default_factory=dict)  # unfinished
     last_measure: messages.MeasureEvent | None = None
     lanes_busy: int = 0
+    judges_busy: int = 0  # units being judged now, over the open measurements
     budget: messages.BudgetUpdate | None = None
     decisions: deque[messages.DecisionEvent] = field(default_factory=lambda: deque(maxlen=_KEPT))
     warnings: deque[messages.WarningEvent] = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -120,12 +121,22 @@ class ViewState:
         self.last_measure = event
         if event.finished:
             self.measures.pop(event.measurement_id, None)
-            if not self.measures:
-                self.lanes_busy = 0
             self._scored(event)
         else:
             self.measures[event.measurement_id] = event
-            self.lanes_busy = event.lanes_busy
+        self.lanes_busy = sum(m.lanes_busy for m in self.measures.values())
+        self.judges_busy = sum(m.judges_busy for m in self.measures.values())
+
+    def proposing(self) -> bool:
+        """Whether the run waits on its optimizer (or a proposal's checks): an iteration's
+        slots are not all ended and no measurement is open. A silent run then has no lane
+        busy, and must not read as one where nothing runs (found by review: `0/4 lanes
+        busy` for the two minutes a hung optimizer took to reach `--optimizer-idle`)."""
+        if self.phase != "optimize" or self.measures or self.finished is not None:
+            return False
+        current = self.slot_iteration == self.iteration
+        ended = sum(s.stage in TERMINAL_STAGES for s in self.slots.values()) if current else 0
+        return ended < self.population
 
     def _scored(self, event: messages.MeasureEvent) -> None:
         """A finished measurement's scores: a parent's on val, or the final val figures."""
@@ -171,7 +182,7 @@ class ViewState:
     def _finished(self, event: messages.RunFinished) -> None:
         self.finished = event
         self.measures.clear()
-        self.lanes_busy = 0
+        self.lanes_busy = self.judges_busy = 0
 
     def fraction_done(self) -> float | None:
         """How much of the search is done (iterations and the current one's slots), if known."""
