@@ -318,3 +318,49 @@ def test_watch_says_a_silent_run_is_quiet_with_its_lanes_busy(tmp_path: Path) ->
                     process.wait()
     assert "no event for 5m" in quiet and "(3/3 lanes busy)" in quiet, quiet
     assert float(quiet.split("s]", 1)[0].strip("[ ")) >= 300  # the run's clock, not ours
+
+
+def test_a_watchers_silence_is_on_its_own_clock_once_attached(tmp_path: Path) -> None:
+    """Found by review: the silence was the wall clock less the events file's time, so with
+    that time ahead of the watcher's clock (a clock stepped back, a store on a host whose
+    clock is ahead) ``no event for`` never came for a hung run. After the attach-time
+    reading, the watcher's own monotonic clock counts it; a new event starts it again."""
+    import fcntl
+
+    import trio
+    import trio.testing
+
+    from evolane.campaign import StoreLayout
+    from evolane.cli._watch import _Follower
+    from evolane.views import EventDecoder
+
+    layout = StoreLayout(tmp_path / "store")
+    run_dir = layout.run_dir("r-1")
+    run_dir.mkdir(parents=True)
+    events = run_dir / "events.jsonl"
+    events.write_bytes(b"")
+    ahead = time.time() + 3600
+    os.utime(events, (ahead, ahead))  # written "an hour from now", by the watcher's clock
+    held = os.open(run_dir / "journal.jsonl", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)  # a live run holds its journal
+    follower = _Follower(layout, "r-1", EventTail(events), EventDecoder(events, print))
+    seen: list[float] = []
+
+    async def main() -> None:
+        send, receive = trio.open_memory_channel[object](16)
+        async with trio.open_nursery() as nursery, receive:
+            nursery.start_soon(follower.follow, send)
+            await trio.sleep(45)
+            seen.append(follower.lag())
+            with events.open("a") as out:
+                out.write("{}\n")  # a new line (not an event: skipped) is news all the same
+            await trio.sleep(5)
+            seen.append(follower.lag())
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        os.close(held)
+    assert seen[0] >= 40, seen
+    assert seen[1] < 10, seen

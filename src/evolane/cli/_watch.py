@@ -75,18 +75,37 @@ class _Follower:
     last: messages.ProgressEvent | None = None
     quiet_since: float | None = None  # when the run was first seen without a process
     caught_up: bool = False  # whether every event the file held has been sent once
+    silent_for: float = 0.0  # how long the run had been silent when `silent_from` was
+    silent_from: float = 0.0  # the watcher's (monotonic) time of that reading
 
     def lag(self) -> float:
         """Seconds since the run wrote its newest event, once the watcher has read up to it
-        (0 before: the view's clock is then the newest event's time)."""
-        events = self.layout.run_dir(self.run_id) / "events.jsonl"
-        return written_ago(events) if self.caught_up else 0.0
+        (0 before: the view's clock is then the newest event's time). Only the reading on
+        attaching is the wall clock's (the events file's time); from there on it is the
+        watcher's monotonic clock since it last read a new event, so a clock that jumps back
+        (or a store on another host whose clock is ahead) never hides a silence (found by
+        review: `no event for` never came while the file's time was in the future)."""
+        if not self.caught_up:
+            return 0.0
+        return self.silent_for + (trio.current_time() - self.silent_from)
+
+    def _heard(self, fresh: bool) -> None:
+        """The file has been read to its end: at the first time, take the run's silence
+        from the file's time; afterwards a new event starts it again at zero."""
+        if not self.caught_up:
+            events = self.layout.run_dir(self.run_id) / "events.jsonl"
+            self.silent_for, self.silent_from = written_ago(events), trio.current_time()
+            self.caught_up = True
+        elif fresh:
+            self.silent_for, self.silent_from = 0.0, trio.current_time()
 
     async def follow(self, send: trio.MemorySendChannel[messages.ProgressEvent]) -> Ending:
         """Send every event of the run, from its first, until it ends; then close ``send``."""
         async with send:
+            fresh = False  # whether new lines came since the end was last reached
             while True:
                 lines, at_end = self.tail.read()
+                fresh = fresh or bool(lines)
                 first = self.tail.line_number - len(lines) + 1
                 for number, line in enumerate(lines, start=first):
                     event = self.decoder.decode(line, number)
@@ -99,8 +118,8 @@ class _Follower:
                 if not at_end:
                     await trio.lowlevel.checkpoint()
                     continue
-                self.caught_up = True
-                ending = self._ended(bool(lines))
+                self._heard(fresh)
+                ending, fresh = self._ended(fresh), False
                 if ending is not None:
                     return ending
                 await trio.sleep(POLL_INTERVAL)
