@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -506,6 +507,37 @@ def test_runs_lists_a_running_run_no_process_holds_as_killed(tmp_path: Path) -> 
         listing = orjson.loads(_evolane("runs", "--store", str(root), "--json").stdout)
         (row,) = listing["runs"]
         assert row["status"] == "running" and row["live"] is True
+    finally:
+        holder.communicate("")
+
+
+def test_runs_says_how_long_a_running_run_has_been_silent(tmp_path: Path) -> None:
+    """Found by review: `runs` listed a run whose units hung (or whose process was stopped)
+    as `running`, like one at work. A live run says how long since its newest event."""
+    root = tmp_path / "store"
+    layout = StoreLayout(root)
+    run_id = "20260101-120000-eeeeee"
+    save_run(layout, _record(run_id, T0, "running"))
+    journal = layout.run_dir(run_id) / "journal.jsonl"
+    journal.write_bytes(b"")
+    events = layout.run_dir(run_id) / "events.jsonl"
+    events.write_bytes(b"")
+    past = time.time() - 300
+    os.utime(events, (past, past))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(journal)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        listing = orjson.loads(_evolane("runs", "--store", str(root), "--json").stdout)
+        (row,) = listing["runs"]
+        assert row["status"] == "running" and row["silent_seconds"] >= 300, row
+        assert "running, no event for 5m" in _evolane("runs", "--store", str(root)).stdout
+        shown = _evolane("report", run_id, "--store", str(root)).stdout
+        assert "in another process, no event for 5m" in " ".join(shown.split()), shown
     finally:
         holder.communicate("")
 

@@ -97,16 +97,23 @@ def resume_command(run_id: str, store: Path) -> str:
 
 
 def live_note(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:
-    """ "it is running (pid N) ...: follow it with `evolane watch ...`", or None when no
-    process runs ``record``'s run (it holds the run's journal while it runs)."""
+    """ "it is running (pid N) ...: follow it with `evolane watch ...`" (with how long it
+    has been silent, past `QUIET_AFTER` seconds), or None when no process runs ``record``'s
+    run (it holds the run's journal while it runs)."""
     from evolane.campaign import holder_pid, run_is_live
 
     if record.status != "running" or not run_is_live(layout, record.run_id):
         return None
+    from evolane.cli._amounts import duration
+    from evolane.cli._output import written_ago
+    from evolane.cli._view import QUIET_AFTER
+
     pid = holder_pid(Path(record.config.target), record.run_id)
     held = f" (pid {pid})" if pid else ""
+    silent = written_ago(layout.run_dir(record.run_id) / "events.jsonl")
+    quiet = f", no event for {duration(silent)}" if silent >= QUIET_AFTER else ""
     watch = watch_command(record.run_id, store)
-    return f"it is running{held} in another process: follow it with `{watch}`"
+    return f"it is running{held} in another process{quiet}: follow it with `{watch}`"
 
 
 def watch_command(run_id: str, store: Path) -> str:

@@ -77,7 +77,8 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
     """One row per run in the store, oldest first (an unreadable run.json is listed as such).
 
     ``status`` is run.json's, except that a ``running`` run no process holds is `KILLED`;
-    ``live`` says whether a process holds the run now; the scores and wall come from the
+    ``live`` says whether a process holds the run now, ``silent_seconds`` (a live run's)
+    how long since it wrote its newest event; the scores and wall come from the
     report's summary in run.json (`_report_fields`); ``note`` says why they are missing."""
     from evolane.campaign import load_run, run_is_live
 
@@ -87,6 +88,7 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
             ("campaign_id", "cycle", "created", "baseline_val", "best_val", "wall_seconds")
         )
         row.update(run_id=run_id, status="unreadable", report=None, note=None, live=False)
+        row["silent_seconds"] = None
         try:
             record = load_run(layout, run_id)
         except (OSError, ValueError):
@@ -100,11 +102,19 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
             status=KILLED if killed else record.status,
             created=record.created,
             live=live,
+            silent_seconds=_silence(layout, run_id) if live else None,
         )
         row.update(_report_fields(record, layout.run_dir(run_id) / "report.json") or {})
         rows.append(row)
     rows.sort(key=lambda row: (row["created"] or 0.0, row["run_id"]))
     return rows
+
+
+def _silence(layout: StoreLayout, run_id: str) -> float:
+    """Seconds since a live run wrote its newest event (its events file's time): a running
+    run that has said nothing for long (a hung unit, a stopped or blocked process) must not
+    be listed as one at work (found by review: `runs` said `running` alike for both)."""
+    return round(written_ago(layout.run_dir(run_id) / "events.jsonl"), 1)
 
 
 def _opening(layout: StoreLayout, run_id: str) -> bool:
@@ -187,13 +197,19 @@ def _print_runs(console: Console, rows: list[dict[str, Any]]) -> None:
     columns = ("run", "campaign", "cycle", "status", "created", "best val", "wall")
     whole = ("run", "status") if console.width >= 120 else ("status",)  # else every column fits
     table = _list_table("runs", columns, no_wrap=whole)
+    from evolane.cli._amounts import duration
+    from evolane.cli._view import QUIET_AFTER
+
     for row in rows:
-        wall = row["wall_seconds"]
+        wall, silent = row["wall_seconds"], row["silent_seconds"]
+        status = row["status"]
+        if silent is not None and silent >= QUIET_AFTER:
+            status += f", no event for {duration(silent)}"
         table.add_row(
             Text(row["run_id"]),
             Text(row["campaign_id"] or "-"),
             "-" if row["cycle"] is None else str(row["cycle"]),
-            Text(row["status"]),
+            Text(status),
             stamp(row["created"], "%Y-%m-%d %H:%M"),
             number(row["best_val"]),
             "-" if wall is None else f"{wall:.1f} s",
