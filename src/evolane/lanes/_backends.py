@@ -172,6 +172,11 @@ def _exit_code(error: BaseException) -> int:
     return ENDPOINT_EXIT if getattr(error, "endpoint_failed", False) is True else 1
 
 
+BLOCKED_PAST = 1.0
+"""Seconds past its deadline an in-process backend must have run without yielding before
+its timeout is said to be its blocking of the event loop (`blocked_words`)."""
+
+
 async def run_backend(
     backend: Backend, call: BackendCall, deadline: float, stop: trio.Event
 ) -> ProcessOutcome:
@@ -180,7 +185,8 @@ async def run_backend(
     its crash included (`actors.is_crash`: they become an exit code, `_exit_code`, with the
     error as stderr, owned by the task as an exception is, not a lane crash)."""
     started = time.monotonic()
-    status, code, out, err = "exited", 0, b"", b""
+    status, code, out, err, error = "exited", 0, b"", b"", ""
+    returned = None  # trio's clock when the backend returned or raised its own error
     with trio.move_on_at(deadline) as timer:
         async with trio.open_nursery() as nursery:
 
@@ -191,20 +197,24 @@ async def run_backend(
             nursery.start_soon(watch_stop)
             try:
                 value = await backend(call)
+                returned = trio.current_time()
                 out = _stdout_for(call, value)
-            except BaseException as error:  # the backend's failure, like a command's
-                if not _own_failure(error):
-                    stop_of = _stop_of(error)
-                    if stop_of is error:
+            except BaseException as failure:  # the backend's failure, like a command's
+                if not _own_failure(failure):
+                    stop_of = _stop_of(failure)
+                    if stop_of is failure:
                         raise
                     raise stop_of from None  # the cancel scopes above take it
-                code = _exit_code(error)
-                leaves = leaf_exceptions(error)  # a group's: what its tasks raised
+                returned = trio.current_time()
+                code = _exit_code(failure)
+                leaves = leaf_exceptions(failure)  # a group's: what its tasks raised
                 said = "".join(line for e in leaves for line in traceback.format_exception_only(e))
                 err = said.encode()[-CAPTURE_BYTES:]
             nursery.cancel_scope.cancel()
     if timer.cancelled_caught:
         status, code = "timed_out", None
+        if returned is not None and returned > deadline + BLOCKED_PAST:
+            error = blocked_words(returned - deadline)
     elif stop.is_set() and not out and code == 0:
         status, code = "cancelled", None
     return ProcessOutcome(
@@ -213,4 +223,18 @@ async def run_backend(
         wall_seconds=time.monotonic() - started,
         stdout=_capture(out),
         stderr=_capture(err),
+        error=error,
+    )
+
+
+def blocked_words(over: float) -> str:
+    """Why an in-process backend outlived its deadline: it ran ``over`` seconds past it
+    without once yielding to the event loop, so nothing could stop it, and no deadline, view
+    or other lane of the run could act meanwhile (found by review: a backend that called
+    ``time.sleep(40)`` under a 10 s deadline was said to be `killed at the deadline after
+    40.0s`)."""
+    return (
+        f"ran {over:.1f}s past its deadline without yielding to the event loop (a blocking "
+        "call in an async backend: time.sleep, a synchronous client; run it through "
+        "trio.to_thread.run_sync): the whole run stood still meanwhile"
     )

@@ -373,7 +373,7 @@ def _failure(
             owner="infrastructure", stage="optimizer", code="idle", message=message
         )
     if outcome.status == "timed_out":
-        message = f"killed at the deadline after {wall:.1f}s"
+        message = outcome.error or f"killed at the deadline after {wall:.1f}s"
         return "timed_out", FailureEvent(
             owner="infrastructure", stage="optimizer", code="timeout", message=message
         )

@@ -450,7 +450,7 @@ def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
             owner="infrastructure",
             stage="replay",
             code="timeout",
-            message=f"killed at the deadline after {outcome.wall_seconds:.1f}s",
+            message=outcome.error or f"killed at the deadline after {outcome.wall_seconds:.1f}s",
             repairable=True,
         )
     if outcome.status == "cancelled":
