@@ -9,11 +9,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
+import trio
 
-from evolane.sandbox import open_sandbox
+from evolane.sandbox import lease_holders, open_sandbox
 
 DEAD_PID = 4_000_000  # above any pid_max: no process has it
 
@@ -44,43 +46,57 @@ async def test_leases_of_other_hosts_and_pid_namespaces_are_left_alone(tmp_path:
 
 RUNTIME = textwrap.dedent(
     """
-    import sys, time, trio
-    from evolane.sandbox import open_sandbox
+    import sys, trio
+    from evolane.sandbox import SandboxSpec, open_sandbox
 
-    async def main() -> None:
-        async with open_sandbox(sys.argv[1]) as host:
-            print(host.lease, flush=True)
-            await trio.sleep(60)
+    async def main(root):
+        async with open_sandbox(root) as host:
+            async with trio.open_nursery() as nursery:
+                spec = SandboxSpec(argv=("sleep", "60"))
+                nursery.start_soon(lambda: host.run(spec, timeout=120))
+                print(host.lease, flush=True)
 
-    trio.run(main)
+    trio.run(main, sys.argv[1])
     """
+)
+
+
+SWEEP = "import sys, trio; from evolane.sandbox import open_sandbox\n" + (
+    "async def main():\n    async with open_sandbox(sys.argv[1]):\n        pass\ntrio.run(main)\n"
 )
 
 
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
 )
-async def test_a_live_runtime_in_another_pid_namespace_keeps_its_lease(tmp_path: Path) -> None:
+async def test_a_runtime_in_another_pid_namespace_leaves_a_live_run_alone(tmp_path: Path) -> None:
+    """Found by review: a run started in another pid namespace (a container) on the same
+    store and cgroup tree took a live run's lease for dead (its pid is none there), removed
+    its folder and killed its units' cgroups: the run failed, its replays `signal_9`."""
     root = tmp_path / "sandbox"
-    command = [
-        "unshare",
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--mount-proc",
-        sys.executable,
-        "-c",
-        RUNTIME,
-    ]
-    runtime = subprocess.Popen([*command, str(root)], stdout=subprocess.PIPE, text=True)
+    runtime = subprocess.Popen(
+        [sys.executable, "-c", RUNTIME, str(root)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert runtime.stdout is not None
         lease = runtime.stdout.readline().strip()
-        if not lease.startswith("rt-"):
-            pytest.skip("no pid namespace here")
-        async with open_sandbox(root):
-            pass
+        assert lease.startswith("rt-"), lease
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing figure
+        while not lease_holders(lease):
+            assert time.monotonic() < deadline, "the unit did not start"
+            await trio.sleep(0.05)
+        unshare = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+        sweep = subprocess.run(
+            [*unshare, sys.executable, "-c", SWEEP, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if sweep.returncode != 0 and "unshare" in sweep.stderr:
+            pytest.skip(f"no pid namespace here: {sweep.stderr.strip()}")
+        assert sweep.returncode == 0, sweep.stderr
         assert (root / lease / "owner.json").exists(), "a live runtime's lease was swept"
+        assert lease_holders(lease), "a live runtime's unit was killed"
     finally:
         runtime.kill()
         runtime.wait(timeout=10)

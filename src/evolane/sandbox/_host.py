@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import secrets
 import socket
 import subprocess
@@ -80,6 +81,19 @@ def _process_space() -> dict[str, str | None]:
         "boot_id": _boot_id(),
         "pid_ns": _read_link("/proc/self/ns/pid"),
     }
+
+
+def _namespace_tag() -> str:
+    """``n<inode>`` of this process's pid namespace (empty when unreadable): part of the
+    lease's name, so a cgroup is swept only by a runtime whose pids mean the same."""
+    try:
+        return f"n{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+_CGROUP_NAME = re.compile(r"evolane-rt-(\d+)(n\d+)?-[0-9a-f]+")
+"""A runtime's cgroup: its pid, its pid namespace's tag (none: an older evolane's)."""
 
 
 def _pids_comparable(owner: dict[str, object], here: dict[str, str | None]) -> bool | None:
@@ -160,7 +174,7 @@ class SandboxHost:
     ) -> None:
         self.root = root.resolve()
         self.store = store
-        self.lease = f"rt-{os.getpid()}-{secrets.token_hex(4)}"
+        self.lease = f"rt-{os.getpid()}{_namespace_tag()}-{secrets.token_hex(4)}"
         self.inherited_lease = os.environ.get(LEASE_VARIABLE) or None
         self.lease_dir = self.root / self.lease
         self.spool_dir = self.lease_dir / ".spool"
@@ -339,12 +353,17 @@ class SandboxHost:
         return swept + self._sweep_orphan_cgroups()
 
     def _sweep_orphan_cgroups(self) -> int:
-        """Remove cgroups of runtimes (under any root) whose process no longer exists."""
-        swept = 0
+        """Remove cgroups of runtimes (under any root) whose process no longer exists: only
+        of runtimes of this pid namespace (`_namespace_tag`), or of an older evolane's
+        untagged name (found by review: a run in a container sharing the cgroup tree killed
+        a live run's replays, which ended `signal_9` as if they had crashed)."""
+        swept, tag = 0, _namespace_tag()
         for base in {root.parent for root in self.cgroups.roots()}:
             for path in base.glob("evolane-rt-*"):
-                pid = path.name.split("-")[2]
-                if path.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
+                found = _CGROUP_NAME.fullmatch(path.name)
+                if found is None or (found[2] and found[2] != tag):
+                    continue
+                if path.is_dir() and not psutil.pid_exists(int(found[1])):
                     kill_cgroup_tree(path)
                     swept += 1
         return swept
