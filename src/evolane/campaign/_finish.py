@@ -39,6 +39,20 @@ class Session:
     bus: ProgressBus
     started: float
     note: str = ""
+    clock: float | None = None
+    """The monotonic clock's reading at ``started`` (wall time): the session's length is
+    counted on it, so a wall clock stepped during the run (NTP, a resumed VM) neither
+    spends nor gives back wall-clock budget (found by review). None: ``started`` read now."""
+
+    def seconds(self) -> float:
+        """How long this session has run, on the monotonic clock."""
+        clock = monotonic_at(self.started) if self.clock is None else self.clock
+        return max(0.0, time.monotonic() - clock)
+
+
+def monotonic_at(started: float) -> float:
+    """The monotonic clock's reading at the wall time ``started`` (a moment just past)."""
+    return time.monotonic() - max(0.0, time.time() - started)
 
 
 async def apply_unless_stopped(
@@ -199,7 +213,7 @@ async def finish(
         message=_message(outcome, bus, run.run_id, session.note),
         started=started,
         finished=time.time(),
-        wall_seconds=time.time() - started,
+        wall_seconds=session.seconds(),
         resumed=prepared.resumed,
         isolation=f"{contained.description}; {', '.join(host.mechanisms)}",
         limits=describe_limits(
@@ -297,7 +311,7 @@ def _write_report(
     summary = ReportSummary.of(listed, path.stat().st_size)  # the run holds the report's folder
     markdown = render_markdown(report, case_rows(report, prepared.store))
     write_bytes_atomic(prepared.run_dir / "report.md", markdown.encode())
-    run = session_ended(prepared.run, report.status, report.started)
+    run = session_ended(prepared.run, report.status, report.wall_seconds)
     run = run.model_copy(update={"summary": summary})
     state = _next_state(prepared.campaign, run, report, outcome, campaign_status, spent)
     end_run(prepared.layout, run, state)
@@ -352,9 +366,9 @@ def _next_state(
     )
 
 
-def session_ended(run: RunRecord, status: str, started: float) -> RunRecord:
-    """``run`` with this session over: its status, and its wall added to the run's."""
-    elapsed = run.elapsed_seconds + max(0.0, time.time() - started)
+def session_ended(run: RunRecord, status: str, seconds: float) -> RunRecord:
+    """``run`` with this session over: its status, and its ``seconds`` added to the run's."""
+    elapsed = run.elapsed_seconds + max(0.0, seconds)
     return run.model_copy(update={"status": status, "elapsed_seconds": elapsed})
 
 

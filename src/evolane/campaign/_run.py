@@ -17,7 +17,13 @@ from evolane.actors import ActorRef
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
 from evolane.campaign._estimate import Estimate, rejudge_estimate
-from evolane.campaign._finish import Session, apply_unless_stopped, finish, session_ended
+from evolane.campaign._finish import (
+    Session,
+    apply_unless_stopped,
+    finish,
+    monotonic_at,
+    session_ended,
+)
 from evolane.campaign._lock import TargetLock, lock_target
 from evolane.campaign._models import model_backends, model_warnings, plugin_backends
 from evolane.campaign._prepare import Prepared, prepare_run
@@ -180,6 +186,7 @@ async def _run(
     chosen = _with_models(backends, prepared.config)  # a failing plugin: nothing written yet
     lock.name_run(prepared.run.run_id)
     started = request.started if request.started is not None else time.time()
+    clock = monotonic_at(started)
     update: dict[str, object] = {"session_started": started}
     if request.settings is not None and request.resume_run is None:
         update["settings"] = request.settings
@@ -198,7 +205,7 @@ async def _run(
     journal = RunJournal(prepared.run_dir / "journal.jsonl")
     try:
         context = _RunContext(
-            Session(prepared, bus, started, _undone(recovered)),
+            Session(prepared, bus, started, _undone(recovered), clock),
             journal,
             interrupt if interrupt is not None else trio.Event(),
             chosen,
@@ -211,7 +218,7 @@ async def _run(
     except BaseException as error:
         failure = storage_failure(error)
         with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
-            await trio.to_thread.run_sync(_save_ended, prepared, started, failure is not None)
+            await trio.to_thread.run_sync(_save_ended, prepared, clock, failure is not None)
         if failure is not None:  # one line, not a traceback: the run ended failed
             raise StorageFailure(describe_failure(failure, prepared.layout.root)) from error
         raise
@@ -246,14 +253,15 @@ def _take_share(prepared: Prepared) -> None:
     prepared.estimate = prepared.estimate.model_copy(update={"preflight": preflight})
 
 
-def _save_ended(prepared: Prepared, started: float, failed: bool) -> None:
+def _save_ended(prepared: Prepared, clock: float, failed: bool) -> None:
     """Record a run cancelled at once as ``interrupted`` (resumable), or one whose store
     failed as ``failed`` (as far as the store still takes writes), unless its report was
     already written: then run.json and campaign.json already agree on how it ended."""
     try:
         if load_run(prepared.layout, prepared.run.run_id).status == "running":
             status = "failed" if failed else "interrupted"
-            save_run(prepared.layout, session_ended(prepared.run, status, started))
+            seconds = time.monotonic() - clock  # since the session began
+            save_run(prepared.layout, session_ended(prepared.run, status, seconds))
     except (OSError, StoreError, ValueError):
         if not failed:  # a failed store may refuse this too: its error is already raised
             raise
@@ -289,7 +297,7 @@ async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
         config, run = prepared.config, prepared.run
         if config.wall_clock_budget is not None:  # the whole campaign's: earlier sessions count
             used = prepared.campaign.elapsed_seconds + run.elapsed_seconds
-            left = config.wall_clock_budget - used - (time.time() - ctx.session.started)
+            left = config.wall_clock_budget - used - ctx.session.seconds()
             deadline = trio.current_time() + left
         _announce(prepared, ctx.session.bus, host, left)
         outcome, ledger = await _cycle(runtime, host, ctx, deadline)
