@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evolane.lanes import EditError, apply_edits, parse_edits
-from evolane.lanes._llm_edits import check_path
+from evolane.lanes._llm_edits import MAX_EDITS, check_path
 
 
 def _file(path: str, content: str) -> str:
@@ -128,6 +128,19 @@ def test_malformed_blocks_are_named() -> None:
         parse_edits("=== EDIT: a.txt ===\n<<<<<<< SEARCH\nold\n=== END EDIT ===\n")
     with pytest.raises(EditError, match="search text is empty"):
         parse_edits(_edit("a.txt", ("", "new")).replace("SEARCH\n\n", "SEARCH\n"))
+
+
+def test_an_answer_holds_a_bounded_number_of_edits(workdir: Path) -> None:
+    """Each edit is a write with fsyncs (or a scan of a file) in a thread no deadline cuts:
+    an answer of thousands of one-line files held a 5 s optimizer call for 49 s. One edit
+    past `MAX_EDITS` refuses the answer, named, before anything is written."""
+    files = [_file(f"d/f{i}.txt", "x\n") for i in range(MAX_EDITS)]
+    assert len(parse_edits("".join(files))[1]) == MAX_EDITS
+    blocks = [("be brief", "be brief")] * 2
+    answer = "".join(files[:-1]) + _edit("skill/SKILL.md", *blocks) + _file("z.txt", "z\n")
+    with pytest.raises(EditError, match=rf"edit {MAX_EDITS + 1} .*at most {MAX_EDITS} edits"):
+        parse_edits(answer)
+    assert not (workdir / "d").exists()
 
 
 def test_an_answer_without_blocks_has_no_edits() -> None:

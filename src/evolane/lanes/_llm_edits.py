@@ -16,7 +16,8 @@ The format (told to the model by `EDIT_FORMAT`), each marker a whole line:
 
 An EDIT holds one or more SEARCH/REPLACE blocks; the search text must match whole lines,
 exactly once. Text outside the blocks is ignored (the summary is the ``SUMMARY:`` line).
-A FILE block's content is taken verbatim (it cannot hold its own end marker line).
+A FILE block's content is taken verbatim (it cannot hold its own end marker line). An answer
+holds at most `MAX_EDITS` edits.
 
 Applying is all or none: every edit is checked and computed first, against the disk and
 against the tree the whole batch makes, and one that cannot apply (path outside the folder,
@@ -41,6 +42,11 @@ from evolane.store import BlobTooLargeError, StoreError, read_regular_file, writ
 MAX_EDIT_FILE_BYTES = 1 << 20
 """The largest file an edit may read (a larger one is refused, not cut)."""
 MAX_PATH_CHARS = 512
+MAX_EDITS = 256
+"""The most edits (whole files and search/replace blocks) one answer may hold: each is a
+write with two fsyncs or a scan of a file, in a thread no deadline can cut (found by review:
+a 0.5 MB answer of 12,000 one-line files held a 5 s optimizer call for 49 s; the 16 MiB an
+answer may be, some 400,000 files, for a quarter of an hour)."""
 MAX_BACKUP_BYTES = 64 << 20
 """The largest file a whole-file edit may replace (its old bytes are kept to undo)."""
 
@@ -126,6 +132,10 @@ def parse_edits(answer: str) -> tuple[str, list[Edit]]:
                 edits.append(_checked(edit))
         elif line.startswith("SUMMARY:") and not summary:
             summary = line[len("SUMMARY:") :].strip()
+        if len(edits) > MAX_EDITS:
+            raise EditError(
+                f"{edits[MAX_EDITS].name} is refused: an answer holds at most {MAX_EDITS} edits"
+            )
         at += 1
     return summary[:200], edits
 
