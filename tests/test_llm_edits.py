@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evolane.lanes import EditError, apply_edits, parse_edits
-from evolane.lanes._llm_edits import MAX_EDITS, check_path
+from evolane.lanes._llm_edits import MAX_EDITS, _replace_once, check_path
 
 
 def _file(path: str, content: str) -> str:
@@ -66,11 +66,49 @@ def test_one_failed_edit_applies_none_and_is_named(workdir: Path) -> None:
 def test_an_ambiguous_or_partial_line_search_is_refused(workdir: Path) -> None:
     (workdir / "twice.txt").write_text("x = 1\ny\nx = 1\n")
     _, edits = parse_edits(_edit("twice.txt", ("x = 1", "x = 2")))
-    with pytest.raises(EditError, match="found 2 times"):
+    with pytest.raises(EditError, match="found more than once"):
         apply_edits(workdir, edits)
     _, edits = parse_edits(_edit("skill/SKILL.md", ("brief", "long")))  # not a whole line
     with pytest.raises(EditError, match="not in the file"):
         apply_edits(workdir, edits)
+
+
+class _CountedText(str):
+    """A file's text that counts the searches made in it."""
+
+    finds = 0
+
+    def find(self, *args: object) -> int:  # type: ignore[override]
+        _CountedText.finds += 1
+        return super().find(*args)  # type: ignore[arg-type]
+
+
+@given(
+    lines=st.lists(st.sampled_from(["a", "a a", "b", ""]), max_size=8),
+    search=st.lists(st.sampled_from(["a", "a a", "b", ""]), min_size=1, max_size=3),
+)
+def test_a_search_matches_whole_lines_exactly_once(lines: list[str], search: list[str]) -> None:
+    text, needle = "\n".join(lines), "\n".join(search)
+    lines = text.split("\n")
+    starts = [i for i in range(len(lines)) if lines[i : i + len(search)] == search]
+    try:
+        replaced = _replace_once(text, needle, "R")
+    except ValueError as error:
+        assert len(starts) != 1, error
+        return
+    assert len(starts) == 1
+    at = starts[0]
+    assert replaced == "\n".join([*lines[:at], "R", *lines[at + len(search) :]])
+
+
+def test_a_search_costs_a_bounded_number_of_scans() -> None:
+    """A search is not tried at each place it occurs within lines (found by review:
+    quadratic, about 5 minutes for a 1 MiB file, in a thread no deadline cuts)."""
+    text = _CountedText("b\n" + "a" * 4000 + "\n")
+    _CountedText.finds = 0
+    with pytest.raises(ValueError, match="not in the file"):
+        _replace_once(text, "a" * 2000, "x")
+    assert _CountedText.finds <= 2
 
 
 @pytest.mark.parametrize(
