@@ -161,6 +161,23 @@ def test_a_model_without_a_price_under_a_cost_ceiling_is_refused_before_the_run(
     assert estimate.returncode == 0, estimate.stderr
 
 
+@pytest.mark.parametrize("tail", ["?api-key=sk-in-the-url-0123", "#sk-in-the-url-0123"])
+def test_a_base_url_with_a_query_or_fragment_is_refused_before_the_run(
+    tmp_path: Path, tail: str
+) -> None:
+    """Stored in run.json, the journal and the reports, and (a query) put by the SDK before
+    the request's path, so that every call failed: refused, one line, the URL not echoed."""
+    flags, store = _workload(tmp_path)
+    rubric = tmp_path / "rubric.md"
+    rubric.write_text("1 if the answer is yes\n")
+    flags[flags.index("--judge") + 1] = "llm:judge-m"
+    url = "http://127.0.0.1:9/v1" + tail
+    done = _run(["optimize", *flags, "--rubric", str(rubric), "--llm-base-url", url])
+    _one_error_line(done, "--llm-base-url")
+    assert "sk-in-the-url" not in done.stderr + done.stdout
+    assert not store.exists()
+
+
 @pytest.mark.parametrize(
     ("name", "content", "needle"),
     [

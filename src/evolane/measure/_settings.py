@@ -132,8 +132,9 @@ class ModelSettings(Record):
     @field_validator("llm_base_url")
     @classmethod
     def _plain_urls(cls, value: dict[str, str]) -> dict[str, str]:
-        """http(s) URLs without a user or password (they would be stored: a key belongs in
-        the variable ``--llm-api-key-env`` names)."""
+        """http(s) URLs without a user or password, a query or a fragment (they would be
+        stored: a key belongs in the variable ``--llm-api-key-env`` names; and the SDK puts
+        a query before the request's path, so that every call failed: found by review)."""
         for url in value.values():
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -142,6 +143,12 @@ class ModelSettings(Record):
                 raise ValueError(
                     "a URL with a user or password would be stored: name the variable "
                     "holding the key with --llm-api-key-env"
+                )
+            if parts.query or parts.fragment or "?" in url or "#" in url:
+                raise ValueError(
+                    "a URL with a query or fragment ('?', '#') would be stored, and the SDK "
+                    "puts it before the request's path: give the base URL alone, the key in "
+                    "the variable --llm-api-key-env names"
                 )
         return value
 
