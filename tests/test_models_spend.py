@@ -178,6 +178,23 @@ def test_a_base_url_with_a_query_or_fragment_is_refused_before_the_run(
     assert not store.exists()
 
 
+@pytest.mark.parametrize("flag", ["--pass-env", "--llm-api-key-env"])
+def test_a_key_given_for_a_variable_name_is_refused_before_the_run(
+    tmp_path: Path, flag: str
+) -> None:
+    """A value that is no variable's name (the key itself, ``NAME=value``) was stored in
+    run.json and the report; under --pass-env every command then failed to start (exit 1)."""
+    flags, store = _workload(tmp_path)
+    rubric = tmp_path / "rubric.md"
+    rubric.write_text("1 if the answer is yes\n")
+    flags[flags.index("--judge") + 1] = "llm:judge-m"
+    model = ["--rubric", str(rubric), "--llm-base-url", "http://127.0.0.1:9/v1"]
+    done = _run(["optimize", *flags, *model, flag, "sk-proj-given-for-a-name-0123"])
+    _one_error_line(done, flag)
+    assert "sk-proj-given" not in done.stderr + done.stdout
+    assert not store.exists()
+
+
 @pytest.mark.parametrize(
     ("name", "content", "needle"),
     [

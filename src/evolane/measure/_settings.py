@@ -37,7 +37,6 @@ from evolane.measure._scheduling import SchedulerSettings
 from evolane.messages import (
     ArtifactRef,
     MeasureEvent,
-    Name,
     Record,
     ReplayRecord,
     ShortText,
@@ -45,7 +44,14 @@ from evolane.messages import (
     UnitEvent,
     UnitRecord,
 )
-from evolane.sandbox import MAX_HIDDEN, Isolation, View, folders_to_expose, template_paths
+from evolane.sandbox import (
+    MAX_HIDDEN,
+    EnvName,
+    Isolation,
+    View,
+    folders_to_expose,
+    template_paths,
+)
 from evolane.store import TreeLimits
 
 PathText = Annotated[str, Field(min_length=1, max_length=4096)]
@@ -63,8 +69,11 @@ class CommandSettings(CommandLimits):
     """How every command is confined: ``confined`` (a bubblewrap view; refuses to run
     without it), ``auto`` (confined where possible, else weaker with a warning),
     ``process``; ``namespace`` (pid and network namespaces only) is kept for old runs."""
-    pass_env: tuple[Name, ...] = Field(default=(), max_length=64)
-    """Environment variables a command may see (evolane's own are never passed on)."""
+    pass_env: tuple[EnvName, ...] = Field(default=(), max_length=64)
+    """Environment variables a command may see (evolane's own are never passed on), by
+    name: a value that is no variable's name (a key given in its place) is refused before
+    the run (found by review: it was stored in run.json, and every command failed to
+    start)."""
     network: bool = False
     """Whether a confined command may use the network (``--network``: an agent that calls
     an LLM API needs it)."""
@@ -112,7 +121,7 @@ class ModelSettings(Record):
     judge_samples: int = Field(default=1, ge=1, le=16)
     """Answers the built-in judge averages per judgement."""
     llm_base_url: dict[LLMRole, ShortText] = Field(default_factory=dict, max_length=2)
-    llm_api_key_env: dict[LLMRole, Name] = Field(default_factory=dict, max_length=2)
+    llm_api_key_env: dict[LLMRole, EnvName] = Field(default_factory=dict, max_length=2)
     llm_temperature: dict[LLMRole, Annotated[float, Field(ge=0, le=2)]] = Field(
         default_factory=dict, max_length=2
     )

@@ -20,6 +20,7 @@ from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_match
 from evolane.sandbox._secrets import commands_run_unprivileged, trees_run_as_unit_uids
 from evolane.sandbox._spec import (
     MAX_HIDDEN,
+    EnvName,
     Isolation,
     Limits,
     OutputCaps,
@@ -38,6 +39,7 @@ __all__ = [
     "INLINE_FOLDER_BYTES",
     "LEASE_VARIABLE",
     "MAX_HIDDEN",
+    "EnvName",
     "InlineGate",
     "Isolation",
     "Limits",
