@@ -34,6 +34,24 @@ def test_without_an_estimate_one_probe_per_stage_runs_under_an_active_ceiling() 
     assert Ledger().reserve("judge", "u5", None)[0]  # no ceiling: nothing to protect
 
 
+def test_a_cached_unit_is_no_sample_of_what_a_fresh_one_costs() -> None:
+    """Cached answers cost 0: taken as samples, they made the estimate 0, and fresh calls
+    then reserved nothing, every lane's at once, past the ceiling."""
+    ledger = Ledger(ceilings=Usage(cost_usd=0.0025))
+    for index in range(12):
+        assert ledger.reserve("judge", f"c{index}", ledger.estimate("judge"))[0]
+        ledger.debit(f"c{index}", Usage(tokens=0, cost_usd=0, wall_seconds=0.01, cached=True))
+    assert ledger.snapshot().spent.cost_usd == 0
+    assert ledger.estimate("judge") is None  # still unknown: the next fresh unit probes
+    assert ledger.reserve("judge", "f1", ledger.estimate("judge"))[0]
+    assert ledger.reserve("judge", "f2", ledger.estimate("judge")) == (False, PROBE_RUNNING)
+    ledger.debit("f1", Usage(tokens=1000, cost_usd=0.001, wall_seconds=0.3))
+    estimate = ledger.estimate("judge")
+    assert estimate is not None and estimate.cost_usd == 0.001
+    granted = [ledger.reserve("judge", f"g{index}", estimate)[0] for index in range(8)]
+    assert granted.count(True) == 2  # room for what is left under the ceiling, no more
+
+
 def test_a_denial_changes_no_state() -> None:
     ledger = Ledger(ceilings=Usage(tokens=10))
     ledger.reserve("replay", "u1", Usage(tokens=10, cost_usd=0))

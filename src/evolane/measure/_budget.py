@@ -111,7 +111,10 @@ class Ledger:
     ``deadline`` (a ``clock()`` time) is the wall-clock ceiling: a unit whose wall estimate
     cannot finish before it is denied. ``cold_start`` gives per-unit estimates per stage
     until real samples exist; afterwards the estimate is the upper quartile of the last 64.
-    """
+    A unit answered from a cache (``Usage.cached``) is no sample: it costs nothing and says
+    nothing of what a fresh call costs (found by review: after cached judgements the
+    estimate was 0, and every judge lane's first fresh calls went out at once, reserving
+    nothing, 60 % past a cost ceiling)."""
 
     ceilings: Usage = field(default_factory=Usage)
     deadline: float | None = None
@@ -179,7 +182,7 @@ class Ledger:
             )
             self._spent[dimension] += charged
             stage_totals[dimension] += charged
-            if known is not None and complete:
+            if known is not None and complete and not actual.cached:
                 self._samples.setdefault((stage, dimension), deque(maxlen=SAMPLES_KEPT)).append(
                     known
                 )
