@@ -89,6 +89,17 @@ async def test_a_flood_of_a_body_is_read_no_further_than_its_cap(chat_stub: Chat
     assert chat_stub.stats.flooded <= 2 * (MAX_RESPONSE_BYTES + buffered)
 
 
+async def test_a_compressed_answer_is_not_read(chat_stub: ChatStub) -> None:
+    # Asked uncompressed, a server sent gzip all the same: the cap counted compressed bytes,
+    # and a 200 KB body became a 200 MB answer (a 16 MiB one, 16 GB).
+    chat_stub.script.gzip = True
+    chat_stub.script.default_content = "a" * (2 * MAX_RESPONSE_BYTES)  # some 70 KB gzipped
+    endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=1)
+    with pytest.raises(ModelError, match=r"compressed \(gzip\) though asked uncompressed"):
+        await _ask(endpoint)
+    assert chat_stub.stats.requests == 2  # retried once, as a body that is not a completion
+
+
 @pytest.mark.parametrize(
     ("status", "endpoint_failed"), [(500, True), (401, True), (400, False), (None, False)]
 )

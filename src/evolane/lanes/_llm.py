@@ -42,7 +42,7 @@ import trio
 
 from evolane.lanes._llm_cache import cache_key, cache_read, cache_write
 from evolane.lanes._llm_extra import LLM_EXTRA_HINT
-from evolane.lanes._llm_http import ResponseTooLarge, capped_http_client
+from evolane.lanes._llm_http import UnreadableResponse, capped_http_client
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, NoSlot, limiter_for
 from evolane.lanes._llm_retry import (
     RATE_LIMIT_TRIES,
@@ -350,7 +350,7 @@ async def _request(
             return await client.chat.completions.create(**body, **options), None
         except openai.APIError as error:
             return None, error
-        except (ValueError, ResponseTooLarge) as error:  # not JSON, or too much of it
+        except (ValueError, UnreadableResponse) as error:  # not JSON, too much, compressed
             return None, MalformedResponse(f"the answer is not a chat completion: {error}")
     return None, RequestTimedOut(f"no whole answer within {timeout} s")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import random
@@ -69,6 +70,9 @@ class StubScript:
     flood: int = 0
     """Answer 200 with a body this many bytes long, sent without a length until the client
     leaves (a server gone wrong); `StubStats.flooded` counts the bytes it got out."""
+    gzip: bool = False
+    """Answer with a gzip-compressed body (``Content-Encoding: gzip``) whatever the request
+    asked (a server or proxy that ignores ``Accept-Encoding``)."""
     refuse: str = ""
     """Answer ``refuse_status`` to a request whose last user message holds this text (a
     firewall or guardrail in front of the model, blocking what a request says)."""
@@ -162,7 +166,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             content = stub.content_for(body)
             answer = script.raw_body if script.raw_body is not None else None
-            self._send(200, _completion(body, content, script), raw=answer, drip=script.drip)
+            self._send(
+                200,
+                _completion(body, content, script),
+                raw=answer,
+                drip=script.drip,
+                compress=script.gzip,
+            )
             stub.note_answered()
         finally:
             stub.leave()
@@ -209,10 +219,14 @@ class _Handler(BaseHTTPRequestHandler):
         *,
         raw: str | None = None,
         drip: float = 0.0,
+        compress: bool = False,
     ) -> None:
         data = raw.encode() if raw is not None else json.dumps(value).encode()
+        data = gzip.compress(data) if compress else data
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        if compress:
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(data)))
         for name, text in (headers or {}).items():
             self.send_header(name, text)
