@@ -89,6 +89,31 @@ async def test_a_flood_of_a_body_is_read_no_further_than_its_cap(chat_stub: Chat
     assert chat_stub.stats.flooded <= 2 * (MAX_RESPONSE_BYTES + buffered)
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[" * 100_000,  # nested past what the JSON parser recurses into
+        '{"choices": null}',
+        '{"choices": []}',
+        '{"choices": [null]}',
+        '{"choices": [{"message": null}]}',
+        '{"choices": [{"message": {"content": 5}}]}',
+        "null",
+    ],
+)
+async def test_json_that_is_no_completion_is_the_endpoints_failure(
+    chat_stub: ChatStub, raw: str
+) -> None:
+    # The SDK builds its objects from any JSON unchecked: these raised an AttributeError, a
+    # RecursionError or an AssertionError, never retried, and a judge's such failure counted
+    # against the candidate (a lane counts a `ModelError` with endpoint_failed as an outage).
+    chat_stub.script.raw_body = raw
+    endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=1)
+    with pytest.raises(ModelError, match="not a chat completion") as caught:
+        await _ask(endpoint)
+    assert caught.value.endpoint_failed and chat_stub.stats.requests == 2
+
+
 async def test_a_compressed_answer_is_not_read(chat_stub: ChatStub) -> None:
     # Asked uncompressed, a server sent gzip all the same: the cap counted compressed bytes,
     # and a 200 KB body became a 200 MB answer (a 16 MiB one, 16 GB).

@@ -42,12 +42,13 @@ import trio
 
 from evolane.lanes._llm_cache import cache_key, cache_read, cache_write
 from evolane.lanes._llm_extra import LLM_EXTRA_HINT
-from evolane.lanes._llm_http import UnreadableResponse, capped_http_client
+from evolane.lanes._llm_http import capped_http_client
 from evolane.lanes._llm_limit import AdaptiveLimiter, LimiterSettings, NoSlot, limiter_for
 from evolane.lanes._llm_retry import (
     RATE_LIMIT_TRIES,
     MalformedResponse,
     RequestTimedOut,
+    completion_problem,
     rate_limit_backoff,
     retry_after,
     retry_interval,
@@ -347,11 +348,18 @@ async def _request(
     # phase's deadline (found by review); this scope bounds the whole request
     with trio.move_on_after(math.inf if timeout is None else timeout):
         try:
-            return await client.chat.completions.create(**body, **options), None
+            response = await client.chat.completions.create(**body, **options)
         except openai.APIError as error:
             return None, error
-        except (ValueError, UnreadableResponse) as error:  # not JSON, too much, compressed
-            return None, MalformedResponse(f"the answer is not a chat completion: {error}")
+        except ModelError:  # evolane's own (the key, read for each request)
+            raise
+        except Exception as error:  # not JSON (or nested past parsing), too much, compressed
+            said = str(error) or type(error).__name__
+            return None, MalformedResponse(f"the answer is not a chat completion: {said}")
+        problem = completion_problem(response)
+        if problem is not None:
+            return None, MalformedResponse(f"the answer is not a chat completion: {problem}")
+        return response, None
     return None, RequestTimedOut(f"no whole answer within {timeout} s")
 
 

@@ -57,6 +57,24 @@ class MalformedResponse(Exception):
     """An answer that is not a chat completion at all (a transient failure)."""
 
 
+def completion_problem(response: Any) -> str | None:
+    """What makes a parsed answer no chat completion (None: it is one): no list of choices,
+    a first choice without a message, a message whose content is neither text nor null. The
+    SDK builds its objects from any JSON unchecked (found by review: ``{"choices": null}``
+    and the like raised an AttributeError, counted against the candidate as its judge's
+    failure, never retried)."""
+    choices = getattr(response, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        return "no choices"
+    message = getattr(choices[0], "message", None)
+    if message is None:
+        return "no message in its first choice"
+    content = getattr(message, "content", None)
+    if content is not None and not isinstance(content, str):
+        return f"its content is a {type(content).__name__}, not text"
+    return None
+
+
 def transient(openai: Any, error: Exception | None) -> bool:
     """A connection error, a request timeout, a body that is not a completion, 408, 409 or
     5xx: worth asking again."""
