@@ -511,6 +511,22 @@ async def test_an_answer_without_usage_is_metered_by_its_text_never_as_zero(
     assert usage["estimated"] is True  # the sum says some of it was estimated
 
 
+@pytest.mark.parametrize(("prompt", "completion"), [(0, 0), (0, 7), (12, 0)])
+async def test_an_answer_reporting_zero_tokens_is_metered_by_its_text(
+    chat_stub: ChatStub, prompt: int, completion: int
+) -> None:
+    # Found by review: a server (or a proxy) reporting zeros was charged $0 a call, and no
+    # cost ceiling ever stopped the run: no request is 0 tokens, nor is any text.
+    chat_stub.script.prompt_tokens, chat_stub.script.completion_tokens = prompt, completion
+    endpoint = Endpoint("m", base_url=chat_stub.base_url)
+    answer = await chat(
+        endpoint, [{"role": "user", "content": "x" * 30}], seed=0, sample=0, deadline=1e9
+    )
+    assert answer.usage["estimated"] is True
+    assert answer.usage["input_tokens"] == 10 + 4  # bytes / 3, the message's overhead
+    assert answer.usage["output_tokens"] == -(-len(answer.text) // 3) > 0
+
+
 async def test_a_call_cut_off_or_failed_makes_the_usage_partial(
     chat_stub: ChatStub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -424,15 +424,18 @@ def _failed(endpoint: Endpoint, error: Exception) -> ModelError:
 
 def _answer(endpoint: Endpoint, response: Any, body: dict[str, Any]) -> ChatAnswer:
     """The first choice's text (the API key hidden) and the API's usage as a usage document;
-    an answer that reports no usable input or output count is metered by `text_tokens` of
-    the request and the answer (found by review: metered as unknown, such answers cost 0,
-    and no token or dollar ceiling ever stopped a run)."""
+    an answer that reports no usable input or output count (or 0 input tokens, or 0 output
+    tokens for some text) is metered by `text_tokens` of the request and the answer (found
+    by review: metered as unknown, such answers cost 0, and no token or dollar ceiling ever
+    stopped a run)."""
     choices = getattr(response, "choices", None) or []
     text = without_key(endpoint, (choices[0].message.content if choices else None) or "")
     usage = getattr(response, "usage", None)
     inputs = token_count(getattr(usage, "prompt_tokens", None))
     outputs = token_count(getattr(usage, "completion_tokens", None))
-    if inputs is None or outputs is None:
+    # no request is 0 tokens, no text is (found by review: a server reporting zeros was
+    # charged $0 a call, and no ceiling stopped the run)
+    if not inputs or outputs is None or (outputs == 0 and text):
         estimated = answer_usage(
             endpoint.model, request_tokens(body), text_tokens(text), cached=False
         )
