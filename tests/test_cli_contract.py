@@ -169,3 +169,26 @@ def test_no_help_text_shows_docstring_markup() -> None:
             done = runner.invoke(app, [*words, "--help"], env={"COLUMNS": "200"})
             assert done.exit_code == 0, (words, done.output)
             assert "``" not in done.output, (words, done.output)
+
+
+def test_no_help_text_loses_brackets_to_rich_markup() -> None:
+    """Typer renders help as rich markup, where ``[default: ...]`` or ``[judge=|...]`` is a
+    style tag and vanishes: every command's ``--store`` help read "The store directory ."
+    and ``--llm-base-url``'s lost its ``[judge=|optimizer=]`` (found by review)."""
+    from rich.text import Text
+
+    def check(command: Any, path: str) -> list[str]:
+        texts = [(path, command.help or "")]
+        texts += [
+            (f"{path} {param.name}", getattr(param, "help", None) or "") for param in command.params
+        ]
+        lost = [
+            where
+            for where, text in texts
+            if Text.from_markup(text).plain != text.replace("\\[", "[")
+        ]
+        for name, sub in getattr(command, "commands", {}).items():
+            lost += check(sub, f"{path} {name}")
+        return lost
+
+    assert check(typer.main.get_command(app), "evolane") == []

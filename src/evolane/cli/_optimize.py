@@ -280,7 +280,7 @@ def optimize(
     ] = None,
     llm_base_url: Annotated[
         list[str] | None,
-        _o("[judge=|optimizer=]URL of an OpenAI-compatible endpoint.", "--llm-base-url"),
+        _o("\\[judge=|optimizer=]URL of an OpenAI-compatible endpoint.", "--llm-base-url"),
     ] = None,
     llm_api_key_env: Annotated[
         list[str] | None,

@@ -29,7 +29,9 @@ StoreOption = Annotated[
     Path | None,
     typer.Option(
         "--store",
-        help="The store directory [default: the store of the nearest evolane.toml, else .evolane].",
+        help=(  # rich markup would take an unescaped [default: ...] for a style tag
+            "The store directory \\[default: the store of the nearest evolane.toml, else .evolane]."
+        ),
         show_default=False,
     ),
 ]
