@@ -3,6 +3,7 @@ would run, written as a dataset JSONL file."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Annotated
 
@@ -33,17 +34,34 @@ def from_trajectory(
     """Derive the cases of one task family from trajectory files; print the groups, the
     choice and the excluded (context_incomplete) turns."""
     from evolane.inputs import InputError, ingest_trajectories, summary_lines
-    from evolane.store import write_bytes_atomic
 
     try:
         derived = ingest_trajectories(paths, group=group, seed=seed)
     except InputError as error:
         fail_usage(str(error))
     try:
-        write_bytes_atomic(output, derived.dataset.canonical_jsonl())
+        _write_output(output, derived.dataset.canonical_jsonl())
     except OSError as error:
         fail_usage(f"{output}: cannot write: {error.strerror or error}")
     for line in summary_lines(derived.summary):
         typer.echo(line)
     counts = ", ".join(f"{n} {name}" for name, n in derived.dataset.split_counts.items())
     typer.echo(f"wrote {len(derived.dataset)} cases ({counts}) to {output}")
+
+
+def _write_output(path: Path, data: bytes) -> None:
+    """Write ``data`` where ``-o`` names: a file (or a new one) is replaced atomically, through
+    a symlink its target; a device or a pipe (``/dev/stdout``, a FIFO) is written to, never
+    replaced: the atomic rename put a regular file in place of ``/dev/full`` (as root; found
+    by review), and of a symlink rather than the file it names."""
+    from evolane.store import write_bytes_atomic
+
+    try:
+        mode: int | None = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        with open(path, "wb") as out:
+            out.write(data)
+        return
+    write_bytes_atomic(path.resolve() if path.is_symlink() else path, data)
