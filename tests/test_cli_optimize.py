@@ -189,6 +189,24 @@ def test_bad_inputs_exit_2_in_one_line_and_run_nothing(tmp_path: Path) -> None:
     assert not store.exists()  # nothing ran, nothing was written
 
 
+def test_a_store_that_is_a_file_is_bad_input_to_the_probe_and_doctor(tmp_path: Path) -> None:
+    """``estimate --probe`` and ``doctor`` refuse a ``--store`` naming a file (or a path
+    under one) as ``optimize`` does: exit 2 in one line (found by review: exit 1,
+    "internal error: NotADirectoryError" as the probe wrote the seed's blobs)."""
+    paths = write_toy(tmp_path, PLAN)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    base = toy_flags(paths, a_file)
+    at = base.index("--progress")
+    del base[at : at + 2]  # doctor has no view
+    for command in (["estimate", "--probe"], ["doctor"]):
+        for where in (a_file, a_file / "store"):
+            args = [*command, *base]
+            args[args.index("--store") + 1] = str(where)
+            _one_error_line(_run(args), f"--store {where}: not a directory")
+    assert a_file.read_text() == "x"
+
+
 def test_a_corrupt_or_invalid_run_record_is_bad_input(tmp_path: Path) -> None:
     store = tmp_path / "store"
     for run_id, content in (("r-corrupt", "{not json"), ("r-invalid", '{"run_id": 3}')):

@@ -42,6 +42,7 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.campaign._shares import BudgetShare, ShareBook, reached_test, share
+from evolane.campaign._target import store_root
 from evolane.campaign._tree import OptimizerParts, run_tree
 from evolane.campaign._types import (
     CampaignServices,
@@ -109,5 +110,6 @@ __all__ = [
     "share",
     "slot_id",
     "slot_of",
+    "store_root",
     "unified_tree_diff",
 ]

@@ -49,7 +49,7 @@ from evolane.campaign._runs import (
     save_run,
 )
 from evolane.campaign._splits import SplitPlan, legacy_plan, plan_splits, split_ids
-from evolane.campaign._target import check_store_placement, link_version, target_tree
+from evolane.campaign._target import check_store_placement, link_version, store_root, target_tree
 from evolane.campaign._test_budget import SplitShare, peek_split, split_notes, with_level
 from evolane.campaign._trajectories import trajectory_note, with_trajectory_cases
 from evolane.inputs import (
@@ -144,7 +144,7 @@ def prepare_run(
     """Check the request and build the records of its run. No run or campaign record is
     written here; what goes into the store is content-addressed (the target's snapshot,
     cases derived from trajectories), so a dry run or an estimate leaves no run behind."""
-    layout = StoreLayout(Path(config.store))
+    layout = StoreLayout(store_root(Path(config.store)))  # a file there: InputError, not OSError
     resume, resumed, split = ResumeState(), 0, None
     if rerun_from is not None:
         return _rerun(layout, config, rerun_from)

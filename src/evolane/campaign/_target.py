@@ -98,3 +98,14 @@ def check_store_placement(store: Path, target: Path) -> None:
             f"--target {target} is inside --store {store} ({real_target} in {real_store});"
             " put the target outside the store"
         )
+
+
+def store_root(store: Path) -> Path:
+    """The store's absolute path; `InputError` when it (or the nearest existing folder above
+    it) is not a directory."""
+    root = store.absolute()
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "" if existing == root else f" ({existing} is a file)"
+        raise InputError(f"--store {store}: not a directory{where}")
+    return root

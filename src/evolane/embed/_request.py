@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, model_validator
 
-from evolane.campaign import CampaignConfig, ResolvedSetting, RunRequest
+from evolane.campaign import CampaignConfig, ResolvedSetting, RunRequest, store_root
 from evolane.inputs import InputError, first_problem
 from evolane.measure import ModelSettings
 from evolane.messages import Name, Record, Text
@@ -48,7 +48,7 @@ class OptimizeRequest(Record):
         """The campaign layer's request in ``store``; a resume or re-evaluation reads its
         config from the stored run. Raises `InputError` for a store that is not a
         directory and for a missing, unreadable or invalid ``run.json``."""
-        root = check_store(Path(store))
+        root = store_root(Path(store))
         config = self.config
         if self.resume is not None or self.from_run is not None:
             config = self._stored_config(root)
@@ -98,14 +98,3 @@ class OptimizeRequest(Record):
             raise InputError(f"{path}: not a valid run record ({problem})") from None
         except (OSError, ValueError) as error:  # unreadable, or not JSON
             raise InputError(f"{path}: cannot read the run record ({error})") from None
-
-
-def check_store(store: Path) -> Path:
-    """The store's absolute path; `InputError` when it (or the nearest existing folder above
-    it) is not a directory."""
-    root = store.absolute()
-    existing = next((p for p in (root, *root.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "" if existing == root else f" ({existing} is a file)"
-        raise InputError(f"--store {store}: not a directory{where}")
-    return root

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from pydantic import Field, ValidationError, model_validator
 
-from evolane.campaign import Backends, CampaignConfig, TargetLocked
+from evolane.campaign import Backends, CampaignConfig, TargetLocked, store_root
 from evolane.embed._budget import BudgetDamaged
 from evolane.embed._pending import (
     MAX_QUEUE,
@@ -65,7 +65,6 @@ from evolane.embed._pending_run import (
     outcome_status,
     start_job,
 )
-from evolane.embed._request import check_store
 from evolane.inputs import InputError, first_problem
 from evolane.messages import Record
 
@@ -208,7 +207,7 @@ class EvolveService:
     ) -> None:
         self.runtime, self.settings, self.backends = runtime, settings, backends
         self.template = job_template(config, settings)
-        self.dirs = StoreDirs(check_store(runtime.store))
+        self.dirs = StoreDirs(store_root(runtime.store))
         self.queue: RecordQueue | None = None
         self.recorded = 0
         self.refused = 0
