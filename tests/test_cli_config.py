@@ -223,6 +223,7 @@ def test_config_show_prints_each_value_with_its_source(tmp_path: Path) -> None:
     assert re.search(r"^population +=\s3  # flag$", done.stdout, re.M)
     assert re.search(r"^stall +=\s4  # default$", done.stdout, re.M)
     assert re.search(r"^max-tokens +=\s\(not set\)  # default$", done.stdout, re.M)
+    assert re.search(r'^test-budget += "campaign"  # default$', done.stdout, re.M)
     assert re.search(r'^required-file += \["REQUIRED"\]  # evolane\.toml:7$', done.stdout, re.M)
     shown = _show(tmp_path, "--example", "sleeper", "--iterations", "1")
     assert shown["replay_concurrency"] == {"value": 8, "source": "example sleeper"}

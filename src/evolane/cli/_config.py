@@ -324,6 +324,9 @@ _GATE_KEYS = frozenset(
     ("gate", "k_se", "min_effect", "threshold", "confidence", "bootstrap_samples", "sequential")
 )
 _AS_GIVEN = frozenset(("rubric", "prices"))  # the config holds their contents: show the path
+_DUMPED_ONLY_SET = frozenset(("test_budget",))
+"""Settings `CampaignConfig` dumps only when not at their default: ``test-budget`` showed
+"(not set)" where its default ``campaign`` was in force (found by review)."""
 
 
 def resolved_settings(config: Any, flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -339,6 +342,8 @@ def resolved_settings(config: Any, flags: dict[str, Any]) -> dict[str, dict[str,
             value = dumped["gate"][name]
         elif field_name in dumped and name not in _AS_GIVEN:
             value = dumped[field_name]
+        elif name in _DUMPED_ONLY_SET:
+            value = getattr(config, name)
         else:
             value = flags.get(name)
         value = json.loads(json.dumps(value, default=str))  # paths and tuples as JSON
