@@ -192,3 +192,19 @@ def test_no_help_text_loses_brackets_to_rich_markup() -> None:
         return lost
 
     assert check(typer.main.get_command(app), "evolane") == []
+
+
+def test_no_help_line_names_its_default_twice() -> None:
+    """A help text that says its default in words is not followed by typer's own
+    ``[default: ...]`` (``drain --progress``: "(default auto). [default: auto]"; ``init``:
+    "(default: this one). [default: .]"), and ``drain --debug`` is a flag as ``optimize``'s
+    is, with no ``--no-debug`` (found by review)."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    for name in COMMANDS:
+        for words in [[name, *[s]] for s in SUBCOMMANDS[name]] if name in SUBCOMMANDS else [[name]]:
+            done = runner.invoke(app, [*words, "--help"], env={"COLUMNS": "250"})
+            twice = [line for line in done.output.splitlines() if line.count("default") > 1]
+            assert twice == [], words
+            assert "--no-debug" not in done.output, words

@@ -39,9 +39,10 @@ def drain(
         int | None, typer.Option(help="Run at most N jobs (default: every pending job).")
     ] = None,
     progress: Annotated[
-        str, typer.Option(help="auto | rich | plain | jsonl | none (default auto).")
+        str,
+        typer.Option(help="auto | rich | plain | jsonl | none (default auto).", show_default=False),
     ] = "auto",
-    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Run the pending background-evolution jobs (resuming half-run ones), one at a time."""
     root = str(store_of(store))

@@ -95,7 +95,10 @@ def _write(files: dict[Path, str]) -> None:
 
 def init(
     directory: Annotated[
-        Path, typer.Argument(help="The folder to write the project in (default: this one).")
+        Path,
+        typer.Argument(
+            help="The folder to write the project in (default: this one).", show_default=False
+        ),
     ] = Path("."),
 ) -> None:
     """Write a starter project (skill, dataset, replay, judge, optimizer, evolane.toml)."""
