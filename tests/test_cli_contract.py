@@ -208,3 +208,12 @@ def test_no_help_line_names_its_default_twice() -> None:
             twice = [line for line in done.output.splitlines() if line.count("default") > 1]
             assert twice == [], words
             assert "--no-debug" not in done.output, words
+
+
+def test_every_campaign_ceiling_says_it_spans_the_campaign() -> None:
+    """The three ceilings count every session of every run of a campaign (README: budgets);
+    ``--wall-clock-budget``'s help said "the whole run" (found by review)."""
+    params = typer.main.get_command(app).commands["optimize"].params  # type: ignore[attr-defined]
+    helps = {param.name: param.help or "" for param in params}
+    for name in ("wall_clock_budget", "max_tokens", "max_cost_usd"):
+        assert "whole campaign" in helps[name], (name, helps[name])

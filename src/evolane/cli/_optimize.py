@@ -133,7 +133,8 @@ def optimize(
         float | None, _o("SIGTERM-to-SIGKILL grace (default 2).", "--kill-grace")
     ] = None,
     wall_clock_budget: Annotated[
-        float | None, _o("Seconds for the whole run.", "--wall-clock-budget")
+        float | None,
+        _o("Seconds for the whole campaign (every session of every run).", "--wall-clock-budget"),
     ] = None,
     max_tokens: Annotated[int | None, _o("Token ceiling (whole campaign).", "--max-tokens")] = None,
     max_cost_usd: Annotated[
