@@ -265,6 +265,14 @@ def explicit_flags(flags: dict[str, Any]) -> set[str]:
     return given
 
 
+def ignored_by_resume(flags: dict[str, Any]) -> list[str]:
+    """The flags given on the command line beside ``--resume`` that the resumed run ignores
+    (it keeps its stored settings; only the session's keys and ``--debug`` apply), as
+    ``--name``: found by review, ``--resume R --iterations 5`` ran the stored 2, silently."""
+    kept = {*SESSION_KEYS, *NOT_IN_FILE}
+    return [f"--{name.replace('_', '-')}" for name in sorted(explicit_flags(flags) - kept)]
+
+
 def _current_context() -> Any:
     """The running command's click context, or None: typer 0.2x runs its commands on a
     vendored copy of click (whose context stack is its own), older typer on click."""

@@ -292,7 +292,13 @@ def _exit_for(error: BaseException, debug: bool, store: str | None = None) -> in
 
 def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     """The flags as the public API's `OptimizeRequest`."""
-    from evolane.cli._config import ConfigError, locate, merge_config_file, resolved_settings
+    from evolane.cli._config import (
+        ConfigError,
+        ignored_by_resume,
+        locate,
+        merge_config_file,
+        resolved_settings,
+    )
     from evolane.embed import OptimizeRequest
 
     try:  # a continued run takes only the session's keys (store, view) from the file
@@ -302,6 +308,7 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
         raise UsageError(locate(str(error), flags)) from None
     refuse_continued(flags, estimate_only)
     if flags.get("resume"):
+        flags["ignored"] = ignored_by_resume(flags)  # said once the run resumes (`_session`)
         return OptimizeRequest(resume=flags["resume"])
     from_run = flags.get("from_run")
     if from_run:
@@ -400,6 +407,12 @@ async def _session(request: Any, flags: dict[str, Any], started: float, watch: _
         if request.dry_run:
             return print_estimate((await watch.handle.result()).estimate, flags)
         flags["run_id"] = watch.handle.run_id
+        if flags.get("ignored"):
+            ignored = ", ".join(flags["ignored"])
+            warning = (
+                f"--resume {flags['run_id']} keeps the run's stored settings; ignored: {ignored}"
+            )
+            print(f"evolane: warning: {warning}", file=sys.stderr)
         outcome = await _follow(watch.handle, flags)
         watch.ended = True
         print_summary(outcome, flags)
