@@ -331,6 +331,13 @@ def test_a_killed_run_without_journal_or_events_still_reports(tmp_path: Path) ->
     assert summary["status"] == "running"
     assert summary["journal"]["units"] == 0 and summary["events"]["count"] == 0
     assert summary["resume"].startswith(f"evolane optimize --resume {FINISHED}")
+    run_json = layout.run_dir(FINISHED) / "run.json"
+    os.utime(run_json, (T0, T0))  # long written, and no process holds it: killed
+    summary = orjson.loads(
+        _cli("report", FINISHED, "--store", str(layout.root), "--format", "json").stdout
+    )
+    listed = orjson.loads(_cli("runs", "--store", str(layout.root), "--json").stdout)["runs"]
+    assert summary["status"] == listed[0]["status"] == "killed"  # found by review: "running"
 
 
 def test_unknown_run_missing_store_and_bad_format_are_one_line_exit_2(store: Store) -> None:

@@ -29,6 +29,7 @@ from evolane.cli._output import (
     write_json,
 )
 from evolane.cli._resumable import live_note, resume_blocker, resume_command
+from evolane.cli._runs import KILLED, run_opening
 
 if TYPE_CHECKING:
     from evolane.campaign import Report, RunRecord, StoreLayout
@@ -175,11 +176,14 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
         journal.update(units=len(state.units), proposals=len(state.proposals), torn=state.torn)
     except (OSError, ValueError, StoreError) as error:
         journal["error"] = _why(error)
+    status = record.status  # a "running" run no process holds is killed, as `runs` lists it
+    if status == "running" and live is None and not run_opening(layout, record.run_id):
+        status = KILLED
     return {
         "run_id": record.run_id,
         "campaign_id": record.campaign_id,
         "cycle": record.cycle,
-        "status": record.status,
+        "status": status,
         "created": record.created,
         "resumed": record.resumed,
         "report": None,
@@ -222,7 +226,7 @@ def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     status = summary["status"]
     if summary["live"]:
         status = summary["live"].split(":")[0]  # "it is running (pid N) in another process"
-    elif status == "running":
+    elif status in ("running", KILLED):
         status = "killed: no process runs it (or it is only starting)"
     journal, events = summary["journal"], summary["events"]
     if journal["error"]:

@@ -95,7 +95,7 @@ def run_rows(layout: StoreLayout) -> list[dict[str, Any]]:
             rows.append(row)
             continue
         live = record.status == "running" and run_is_live(layout, run_id)
-        killed = record.status == "running" and not live and not _opening(layout, run_id)
+        killed = record.status == "running" and not live and not run_opening(layout, run_id)
         row.update(
             campaign_id=record.campaign_id,
             cycle=record.cycle,
@@ -117,7 +117,7 @@ def _silence(layout: StoreLayout, run_id: str) -> float:
     return round(written_ago(layout.run_dir(run_id) / "events.jsonl"), 1)
 
 
-def _opening(layout: StoreLayout, run_id: str) -> bool:
+def run_opening(layout: StoreLayout, run_id: str) -> bool:
     """Whether the run's run.json was written within `OPENING_GRACE` seconds."""
     return written_ago(layout.run_dir(run_id) / "run.json") < OPENING_GRACE
 
