@@ -4,6 +4,7 @@ confirmation on the test split, through the real CLI."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,18 @@ def test_every_campaign_ceiling_says_it_spans_the_campaign() -> None:
     helps = {param.name: param.help or "" for param in params}
     for name in ("wall_clock_budget", "max_tokens", "max_cost_usd"):
         assert "whole campaign" in helps[name], (name, helps[name])
+
+
+def test_a_dry_run_under_progress_jsonl_prints_json_lines(tmp_path: Path) -> None:
+    """``--progress jsonl`` makes stdout JSON lines; ``optimize --dry-run`` printed its
+    estimate as text there, which a ``| jq`` could not read (found by review): the estimate
+    is one JSON line, the document ``estimate --json`` prints."""
+    paths = write_toy(tmp_path, {"0.0": "noop"}, test=6)
+    flags = toy_flags(paths, tmp_path / "store")
+    flags[flags.index("--progress") + 1] = "jsonl"
+    done = subprocess.run(
+        [*EVOLANE, "optimize", *flags, "--dry-run"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line)["replays_max"] > 0

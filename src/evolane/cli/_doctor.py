@@ -288,7 +288,7 @@ def estimate_probe(flags: dict[str, Any]) -> int:
     # A failed probe times nothing worth drawing a range from (as doctor says): the estimate
     # without it; with --json the failure goes to stderr, so stdout stays one JSON document.
     print_estimate(probe.prepared.estimate, flags)
-    stream = sys.stderr if flags.get("as_json") else sys.stdout
+    stream = sys.stderr if flags.get("as_json") or flags.get("progress") == "jsonl" else sys.stdout
     with contextlib.redirect_stdout(stream):
         _print(_case_checks(probe.case))
     return EXIT_INTERNAL

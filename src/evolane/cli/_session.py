@@ -359,6 +359,9 @@ def _print_estimate(estimate: Any, flags: dict[str, Any]) -> None:
     if flags.get("as_json"):
         print(estimate.model_dump_json(indent=2))
         return
+    if flags.get("progress") == "jsonl":  # stdout is JSON lines: the estimate as one
+        print(estimate.model_dump_json())
+        return
     from evolane.cli._estimates import ceiling_lines, estimate_lines
 
     for line in estimate_lines(estimate):
