@@ -68,3 +68,22 @@ def test_a_folder_or_a_missing_parent_is_one_error_line(tmp_path: Path) -> None:
         assert done.returncode == 2
         (line,) = done.stderr.strip().splitlines()
         assert line.startswith(f"evolane: error: {output}: cannot write: {why}"), line
+
+
+def test_an_output_that_is_an_input_is_refused_and_kept(tmp_path: Path) -> None:
+    """``-o`` naming the trajectory file (or a file of an input folder) replaced the agent's
+    records with the derived cases (found by review): refused, exit 2, the file intact."""
+    trajectory = _trajectory(tmp_path)
+    records = trajectory.read_bytes()
+    command = [*EVOLANE, "dataset", "from-trajectory"]
+    for given, output in ((trajectory, trajectory), (tmp_path, trajectory)):
+        done = subprocess.run(
+            [*command, str(given), "-o", str(output)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2
+        (line,) = done.stderr.strip().splitlines()
+        assert (
+            line
+            == f"evolane: error: -o {output}: it is an input ({given}); write the cases elsewhere"
+        )
+        assert trajectory.read_bytes() == records

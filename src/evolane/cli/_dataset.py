@@ -3,6 +3,7 @@ would run, written as a dataset JSONL file."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 from typing import Annotated
@@ -35,6 +36,9 @@ def from_trajectory(
     choice and the excluded (context_incomplete) turns."""
     from evolane.inputs import InputError, ingest_trajectories, summary_lines
 
+    source = _input_at(output, paths)
+    if source is not None:
+        fail_usage(f"-o {output}: it is an input ({source}); write the cases elsewhere")
     try:
         derived = ingest_trajectories(paths, group=group, seed=seed)
     except InputError as error:
@@ -65,3 +69,18 @@ def _write_output(path: Path, data: bytes) -> None:
             out.write(data)
         return
     write_bytes_atomic(path.resolve() if path.is_symlink() else path, data)
+
+
+def _input_at(output: Path, paths: list[Path]) -> Path | None:
+    """The input ``output`` would overwrite: one of ``paths``, or a trajectory file in a
+    folder of them (found by review: ``-o`` naming the trajectory file replaced it)."""
+    if not output.exists():
+        return None
+    for path in paths:
+        if path.is_dir():
+            inside = output.resolve().is_relative_to(path.resolve())
+            if inside and output.suffix in (".jsonl", ".ndjson"):
+                return path
+        elif path.exists() and os.path.samefile(path, output):
+            return path
+    return None
