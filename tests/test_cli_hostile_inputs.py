@@ -191,6 +191,7 @@ CASES: dict[str, Case] = {
     "too-deep": _target_with("deep", _deep, "over the cap of 64 (max_depth)"),
     "fifo-target": _fifo_target,
     "dev-null-target": _value("--target", "/dev/null", "--target /dev/null: not a regular file"),
+    "store-empty": _value("--store", "", "--store is empty: name the store's folder"),  # "$STORE"
     "max-tokens": _value("--max-tokens", "1000000000000001", "--max-tokens: "),
     "max-cost": _value("--max-cost-usd", "1e300", "--max-cost-usd: "),
     "prices-long-int": _file(

@@ -125,6 +125,8 @@ def _build_config(flags: dict[str, Any]) -> Any:
     values["target"] = str(Path(values["target"]).absolute())
     if values["dataset"]:
         values["dataset"] = str(Path(values["dataset"]).absolute())
+    if not str(flags["store"]).strip():  # an unset "$STORE": the current folder, unasked
+        raise UsageError("--store is empty: name the store's folder")
     values["store"] = str(Path(flags["store"]).absolute())
     gate = {k: flags[k] for k in _GATE_FLAGS if flags.get(k) is not None}
     gate["no_regression"] = bool(flags.get("no_regression"))
