@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from evolane.sandbox import lease_holders, open_sandbox
+from evolane.sandbox._lease_owner import LOCK_FILE, claim, owner_is_dead, process_space
 
 DEAD_PID = 4_000_000  # above any pid_max: no process has it
 
@@ -29,9 +30,7 @@ def _lease(root: Path, name: str, **owner: object) -> Path:
 
 
 async def test_leases_of_other_hosts_and_pid_namespaces_are_left_alone(tmp_path: Path) -> None:
-    from evolane.sandbox._host import _process_space
-
-    here = _process_space()
+    here = process_space()
     root = tmp_path / "sandbox"
     other_ns = _lease(root, "rt-1-aaaa", **{**here, "pid_ns": "pid:[1]"})
     other_host = _lease(root, "rt-2-bbbb", host="elsewhere", boot_id="b-elsewhere", pid_ns="x")
@@ -100,3 +99,79 @@ async def test_a_runtime_in_another_pid_namespace_leaves_a_live_run_alone(tmp_pa
     finally:
         runtime.kill()
         runtime.wait(timeout=10)
+
+
+def test_a_lease_lock_held_is_a_live_owner_and_a_free_one_a_dead_owner(tmp_path: Path) -> None:
+    """The lock speaks before the pid: a live owner of any host or namespace holds it, and
+    the kernel frees it when the owner dies, however it dies."""
+    live = tmp_path / "rt-1-live"
+    live.mkdir()
+    fd = claim(live)
+    assert fd is not None and (live / LOCK_FILE).is_file()
+    try:
+        # the owner file may say anything (a pid of another namespace, one reused here)
+        (live / "owner.json").write_text(json.dumps({"pid": DEAD_PID, "create_time": 1.0}))
+        assert not owner_is_dead(live)
+    finally:
+        os.close(fd)
+    assert owner_is_dead(live)  # the lock went with its owner's descriptor
+
+
+async def test_a_dead_runtimes_lease_of_another_namespace_or_host_is_swept(tmp_path: Path) -> None:
+    """Found by review of the namespace check: a lease whose owner ran in another pid
+    namespace (a container since restarted) or on another host was never swept, its units'
+    folders left in the store for ever. Its lock, free, says its owner is dead."""
+    root = tmp_path / "sandbox"
+    here = process_space()
+    gone = [
+        _lease(root, "rt-1n1-aaaa", **{**here, "pid_ns": "pid:[1]"}),
+        _lease(root, "rt-2-bbbb", host="elsewhere", boot_id="b-elsewhere", pid_ns="x"),
+    ]
+    for lease in gone:
+        (lease / LOCK_FILE).touch()  # what a dead owner leaves: the file, no lock on it
+    alive = _lease(root, "rt-3-cccc", host="elsewhere", boot_id="b-elsewhere", pid_ns="x")
+    (alive / "owner.json").unlink()
+    fd = claim(alive)  # a live owner elsewhere: its lock held
+    try:
+        async with open_sandbox(root) as host:
+            assert host.stale_swept >= 2
+        assert not any(lease.exists() for lease in gone)
+        assert (alive / LOCK_FILE).exists() and (alive / "units").is_dir()
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+async def test_a_runtime_killed_in_another_pid_namespace_is_swept_from_here(
+    tmp_path: Path,
+) -> None:
+    """A container killed outright (its pid namespace with it: no lifeline cleans up)
+    leaves its lease; the next runtime, here, sweeps it."""
+    root = tmp_path / "sandbox"
+    unshare = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    runtime = subprocess.Popen(
+        [*unshare, sys.executable, "-c", RUNTIME, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert runtime.stdout is not None
+        lease = runtime.stdout.readline().strip()
+        if not lease:
+            pytest.skip("no pid namespace here")
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing figure
+        while not lease_holders(lease):
+            assert time.monotonic() < deadline, "the unit did not start"
+            await trio.sleep(0.05)
+    finally:
+        runtime.kill()  # unshare: --kill-child takes the namespace's every process with it
+        runtime.wait(timeout=10)
+    deadline = time.monotonic() + 60
+    while lease_holders(lease):
+        assert time.monotonic() < deadline, "the namespace's processes outlived it"
+        await trio.sleep(0.05)
+    assert (root / lease / "owner.json").exists()  # nothing in the namespace cleaned up
+    async with open_sandbox(root) as host:
+        assert host.stale_swept >= 1
+    assert not (root / lease).exists()

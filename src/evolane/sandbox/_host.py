@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import queue
-import re
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +24,7 @@ from evolane.sandbox._cgroups import CgroupRoots
 from evolane.sandbox._disk import DiskFloor
 from evolane.sandbox._host_flags import hold_host_flags, release_host_flags
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
+from evolane.sandbox._lease_owner import CGROUP_NAME, claim, namespace_tag, owner_is_dead
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._run import run_unit
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN
@@ -35,76 +33,13 @@ from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._start import ProgramCache
 from evolane.store import (
     BlobStore,
-    StoreError,
-    read_regular_file,
     remove_small_tree,
     remove_tree,
-    write_json_atomic,
 )
 
-_OWNER_FILE = "owner.json"
-_OWNER_MAX_BYTES = 4096  # a pid and a time; a command could have replaced the file
 LIFELINE_EXIT_WAIT = 5.0
 """Seconds the lifeline process gets to exit once its pipe closes (it kills the lease and
 leaves at once); past them it is killed."""
-
-
-def _process_identity(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def _read_link(path: str) -> str | None:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _process_space() -> dict[str, str | None]:
-    """Where this process's pids mean something: the host's name, its boot and the pid
-    namespace. A lease's owner pid is checked only in the same space: a store shared by two
-    hosts (a network folder) or two containers (a bind-mounted volume) holds leases whose
-    pids name nothing here (found by review: a run started on another host swept a live
-    run's lease and its units failed, `No such file or directory`)."""
-    return {
-        "host": socket.gethostname(),
-        "boot_id": _boot_id(),
-        "pid_ns": _read_link("/proc/self/ns/pid"),
-    }
-
-
-def _namespace_tag() -> str:
-    """``n<inode>`` of this process's pid namespace (empty when unreadable): part of the
-    lease's name, so a cgroup is swept only by a runtime whose pids mean the same."""
-    try:
-        return f"n{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return ""
-
-
-_CGROUP_NAME = re.compile(r"evolane-rt-(\d+)(n\d+)?-[0-9a-f]+")
-"""A runtime's cgroup: its pid, its pid namespace's tag (none: an older evolane's)."""
-
-
-def _pids_comparable(owner: dict[str, object], here: dict[str, str | None]) -> bool | None:
-    """Whether the owner's pid can be looked up here (True), its host rebooted since, so it
-    is dead (None), or its pids belong to another host or pid namespace (False). An owner
-    file without these fields (an older evolane's) is taken as of this space, as before."""
-    boot, namespace = owner.get("boot_id"), owner.get("pid_ns")
-    if boot is not None and boot != here["boot_id"]:
-        same_host = owner.get("host") is not None and owner.get("host") == here["host"]
-        return None if same_host and here["boot_id"] is not None else False
-    return namespace is None or namespace == here["pid_ns"]
 
 
 CLEANUP_DELAY = 0.03
@@ -174,7 +109,7 @@ class SandboxHost:
     ) -> None:
         self.root = root.resolve()
         self.store = store
-        self.lease = f"rt-{os.getpid()}{_namespace_tag()}-{secrets.token_hex(4)}"
+        self.lease = f"rt-{os.getpid()}{namespace_tag()}-{secrets.token_hex(4)}"
         self.inherited_lease = os.environ.get(LEASE_VARIABLE) or None
         self.lease_dir = self.root / self.lease
         self.spool_dir = self.lease_dir / ".spool"
@@ -194,6 +129,7 @@ class SandboxHost:
         server works here; None: every command starts through the launcher chain."""
         self._lifeline: subprocess.Popen[bytes] | None = None
         self._lifeline_fd: int | None = None
+        self._lease_lock: int | None = None  # `claim`'s lock: held while the lease is
         self.stale_swept = 0
         self._janitor = _Janitor()
         self.inline = InlineGate()
@@ -273,12 +209,7 @@ class SandboxHost:
         self.lease_dir.mkdir()
         self.spool_dir.mkdir(mode=0o700)
         self.disk = DiskFloor(self.root)
-        owner = {
-            "pid": os.getpid(),
-            "create_time": _process_identity(os.getpid()),
-            **_process_space(),
-        }
-        write_json_atomic(self.lease_dir / _OWNER_FILE, owner)
+        self._lease_lock = claim(self.lease_dir)  # held until `close` removes the lease
         self._start_lifeline()
         if self._use_spawner:  # now, like the lifeline: a helper of the host's whole life
             self.spawner = self._start_spawner()
@@ -326,6 +257,9 @@ class SandboxHost:
             kill_cgroup_tree(root)
         kill_lease(self.lease)
         remove_tree(self.lease_dir)
+        if self._lease_lock is not None:  # only now may a sweep take the lease for dead
+            os.close(self._lease_lock)
+            self._lease_lock = None
         if self._lifeline_fd is not None:
             os.close(self._lifeline_fd)
             self._lifeline_fd = None
@@ -346,7 +280,7 @@ class SandboxHost:
         for lease_dir in list(self.root.iterdir()):
             if not lease_dir.name.startswith("rt-") or lease_dir == self.lease_dir:
                 continue
-            if not self._owner_is_dead(lease_dir):
+            if not owner_is_dead(lease_dir):
                 continue
             _lifeline.sweep(lease_dir.name, [*self._cgroup_dirs_of(lease_dir.name), lease_dir])
             swept += 1
@@ -354,38 +288,19 @@ class SandboxHost:
 
     def _sweep_orphan_cgroups(self) -> int:
         """Remove cgroups of runtimes (under any root) whose process no longer exists: only
-        of runtimes of this pid namespace (`_namespace_tag`), or of an older evolane's
+        of runtimes of this pid namespace (`namespace_tag`), or of an older evolane's
         untagged name (found by review: a run in a container sharing the cgroup tree killed
         a live run's replays, which ended `signal_9` as if they had crashed)."""
-        swept, tag = 0, _namespace_tag()
+        swept, tag = 0, namespace_tag()
         for base in {root.parent for root in self.cgroups.roots()}:
             for path in base.glob("evolane-rt-*"):
-                found = _CGROUP_NAME.fullmatch(path.name)
+                found = CGROUP_NAME.fullmatch(path.name)
                 if found is None or (found[2] and found[2] != tag):
                     continue
                 if path.is_dir() and not psutil.pid_exists(int(found[1])):
                     kill_cgroup_tree(path)
                     swept += 1
         return swept
-
-    @staticmethod
-    def _owner_is_dead(lease_dir: Path) -> bool:
-        """Only a provably dead owner counts; anything unreadable is left alone, and so is
-        the lease of a runtime on another host or in another pid namespace (`_process_space`)
-        unless that host has rebooted since."""
-        try:
-            owner = json.loads(read_regular_file(lease_dir / _OWNER_FILE, _OWNER_MAX_BYTES))
-            comparable = _pids_comparable(owner, _process_space())
-            if comparable is None:
-                return True
-            return comparable and _process_identity(int(owner["pid"])) != owner["create_time"]
-        except FileNotFoundError:
-            try:  # no owner file: a host being created right now, or one that died doing so
-                return time.time() - lease_dir.stat().st_mtime > 60
-            except OSError:
-                return False
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, StoreError):
-            return False
 
     def _cgroup_dirs_of(self, lease: str) -> list[Path]:
         return [root.parent / f"evolane-{lease}" for root in self.cgroups.roots()]
