@@ -694,3 +694,45 @@ async def test_untouched_policies_keep_a_file_target_as_is(
 
 def test_recover_apply_without_a_journal_is_a_no_op(tmp_path: Path, store: BlobStore) -> None:
     assert recover_apply(store, tmp_path) is None
+
+
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+def _set_immutable(path: Path, on: bool) -> None:
+    """Set or clear ``path``'s immutable attribute (``chattr +i``): every write into it is
+    refused, whoever writes; skips the test where the file system or user cannot."""
+    import fcntl
+    import struct
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        flags = struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, struct.pack("i", 0)))[0]
+        flags = flags | _FS_IMMUTABLE_FL if on else flags & ~_FS_IMMUTABLE_FL
+        fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("i", flags))
+    except OSError as error:
+        pytest.skip(f"cannot change the immutable attribute here: {error}")
+    finally:
+        os.close(fd)
+
+
+async def test_a_target_that_refuses_writes_rolls_back(setup: Setup, host: SandboxHost) -> None:
+    """Found by review (a read-only or immutable target at publish): the rollback set the
+    target folder's times back, which the target refused too, so the run died with
+    `internal error: PermissionError` (or, for EROFS, a failure blamed on the store), its
+    apply.json left `rolling_back`, and every later run in the store refused to start
+    ("restore its target by hand") though nothing had been written. Now the publish rolls
+    back (status rolled_back) and nothing awaits recovery."""
+    before = state(setup.target)
+    _set_immutable(setup.target, True)
+    try:
+        with trio.fail_after(30):
+            outcome = await setup.apply(host, "auto_verified", check=check("true"))
+    finally:
+        _set_immutable(setup.target, False)
+    assert outcome.status == "rolled_back", outcome.message
+    assert "Operation not permitted" in outcome.message
+    assert state(setup.target) == before
+    assert journal(setup.run_dir).state == "rolled_back"
+    assert hidden(setup.target.parent) == []
+    assert recover_apply(setup.store, setup.run_dir) is None

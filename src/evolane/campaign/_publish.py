@@ -350,8 +350,8 @@ def restore(store: BlobStore, plan: PublishPlan) -> None:
     for times in plan.folders:
         try:
             os.utime(location(root, times.path), ns=(times.atime_ns, times.mtime_ns))
-        except FileNotFoundError:
-            continue
+        except OSError:  # gone; or a target that refuses writes (read-only, immutable), which
+            continue  # refused the publish too: its times are its own (found by review)
 
 
 def clean(plan: PublishPlan) -> None:

@@ -285,7 +285,7 @@ def restore_link(plan: LinkPlan) -> None:
     for times in plan.times:  # the link (if swapped back here), then its folders
         if times.path == plan.link and not back:
             continue  # the link never moved, or someone else's link stands
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone, or a folder that refuses writes
             stamp = (times.atime_ns, times.mtime_ns)
             os.utime(times.path, ns=stamp, follow_symlinks=False)
 
