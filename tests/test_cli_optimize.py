@@ -423,3 +423,30 @@ def test_the_summary_prints_notes_and_paths_as_they_are(tmp_path: Path) -> None:
     (report,) = [line for line in done.stdout.splitlines() if line.startswith("report: ")]
     assert Path(report.removeprefix("report: ")).is_file()
     assert str(tmp_path / "s[bold]x" / "runs") in report
+
+
+def test_a_run_out_of_open_files_fails_in_one_line_naming_the_limit(tmp_path: Path) -> None:
+    """Found by review (``ulimit -n 32``): evolane's own EMFILE was a replay's failure (a
+    candidate's case scored 0 for the store's ``Too many open files``), a lane's crash, and
+    the run ended failed saying ``not run: shared_failure``. Now it ends failed with one
+    line naming the limit to raise, and no unit is charged for it."""
+    import resource
+
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    flags = [*toy_flags(paths, paths["store"], lanes=16), "--iterations", "1"]
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # 16 replays at once need more
+    done = subprocess.run(
+        [*EVOLANE, "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (32, hard)),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Too many open files: evolane's open-file limit (`ulimit -n`) is 32" in (
+        done.stdout + done.stderr
+    )
+    for journal in Path(paths["store"]).glob("runs/*/journal.jsonl"):
+        charged = [r for r in read_journal(journal).records if "open files" in json.dumps(r)]
+        assert charged == [], charged[:1]

@@ -50,7 +50,7 @@ from evolane.sandbox import (
     View,
 )
 from evolane.store import (
-    WRITE_ERRNOS,
+    FATAL_ERRNOS,
     BlobStore,
     StoreError,
     SymlinkEntry,
@@ -179,7 +179,7 @@ class OptimizerLane(StoppableLane):
                 if self.settings.backend is None:
                     spec = await trio.to_thread.run_sync(self._spec, job, scratch)
             except (StoreError, OSError, ValueError) as error:
-                if isinstance(error, OSError) and error.errno in WRITE_ERRNOS:
+                if isinstance(error, OSError) and error.errno in FATAL_ERRNOS:
                     raise  # the store's own (a full disk): the run ends failed, as a replay's
                 failure = FailureEvent.of(
                     error, owner="framework", stage="optimizer", code="prepare_failed"

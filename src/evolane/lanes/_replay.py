@@ -47,7 +47,7 @@ from evolane.sandbox import (
     commands_run_unprivileged,
 )
 from evolane.store import (
-    WRITE_ERRNOS,
+    FATAL_ERRNOS,
     BlobStore,
     StoreError,
     TreeLimitError,
@@ -399,9 +399,7 @@ def _store_output(
             raise _NotSmall from error
         return _output_failure(job, "output_over_limit", error)
     except (UnsupportedEntryError, OSError) as error:  # a symlink or FIFO since the walk, a
-        if isinstance(error, OSError) and error.errno in WRITE_ERRNOS:  # file made unreadable
-            raise  # the store's own (a full disk)
-        return _output_failure(job, "output_unsupported", error)
+        return _output_failure(job, "output_unsupported", error)  # file made unreadable
 
 
 def _escaping_link(out: Path, scan: TreeScan) -> ValueError | None:
@@ -419,6 +417,8 @@ def _escaping_link(out: Path, scan: TreeScan) -> ValueError | None:
 
 
 def _output_failure(job: ReplayJob, code: str, error: BaseException) -> FailureEvent:
+    if isinstance(error, OSError) and error.errno in FATAL_ERRNOS:  # the store's own (a full
+        raise error  # disk), or evolane's open files ran out: never the replay's failure
     return FailureEvent(
         owner=arm_owner(job.arm),  # type: ignore[arg-type]
         stage="replay",

@@ -26,6 +26,7 @@ from evolane.sandbox._launch import Cloned, launch, launcher_argv, rlimit_number
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
 from evolane.sandbox._spec import IsolationInForce, Limits, SandboxSpec
+from evolane.store import HOST_ERRNOS
 
 Spawned = tuple[int, tuple[str, ...]]
 """A started command's pid and the mechanisms in force for it."""
@@ -122,6 +123,8 @@ class Launch:
             if started is None:  # no server, or it did not take this one: the launcher chain
                 started = self._launch_chain(confine)
         except (OSError, ValueError) as error:
+            if isinstance(error, OSError) and error.errno in HOST_ERRNOS:
+                raise  # evolane's own open files ran out: the run cannot go on
             return str(error)[:2048]
         return self._spawned(*started)
 
@@ -145,6 +148,8 @@ class Launch:
         except SpawnerUnavailable:
             return None
         except (OSError, ValueError) as error:
+            if isinstance(error, OSError) and error.errno in HOST_ERRNOS:
+                raise  # evolane's own open files ran out: the run cannot go on
             return str(error)[:2048]
         return None if pid is None else self._spawned(pid, mechanisms)
 

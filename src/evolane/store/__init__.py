@@ -40,6 +40,8 @@ from evolane.store._blobs import (
     sync_deferred,
 )
 from evolane.store._failure import (
+    FATAL_ERRNOS,
+    HOST_ERRNOS,
     WRITE_ERRNOS,
     StorageFailure,
     describe_failure,
@@ -93,6 +95,8 @@ from evolane.store._trees import (
 __all__ = [
     "CHUNK_SIZE",
     "DEFAULT_MEDIA_TYPE",
+    "FATAL_ERRNOS",
+    "HOST_ERRNOS",
     "MAX_JSON_BYTES",
     "MAX_PATH_BYTES",
     "MAX_RECORD_BYTES",

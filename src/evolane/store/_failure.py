@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 
 from evolane.store._blobs import CorruptBlobError, MissingBlobError, StoreError
 from evolane.store._journal import JournalCorruptError, JournalWriteError
@@ -16,6 +17,14 @@ from evolane.store._journal import JournalCorruptError, JournalWriteError
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 """The errno values that mean the store's device refuses writes (full, quota, read-only,
 failing, file too large), as opposed to a command's own file errors."""
+
+HOST_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+"""The errno values that mean evolane's own process ran out of open files (its ``ulimit -n``,
+or the system's file table): never a command's doing to charge to it, and no unit can go on
+(found by review: under ``ulimit -n 32`` a candidate's replay was scored 0 for the store's
+EMFILE, and the run ended failed saying ``not run: shared_failure``)."""
+FATAL_ERRNOS = WRITE_ERRNOS | HOST_ERRNOS
+"""The errno values that end a run ``failed``, wherever evolane's own process meets them."""
 
 _MAX_WALK = 1000  # exceptions looked at: groups and causes are walked, never recursed
 
@@ -35,15 +44,15 @@ _DAMAGE = (
 
 
 def storage_failure(error: BaseException) -> BaseException | None:
-    """The write error or store damage inside ``error`` (its exception groups and
-    ``__cause__`` chain, walked iteratively), or None when there is none."""
+    """The write error, store damage or exhausted open files inside ``error`` (its exception
+    groups and ``__cause__`` chain, walked iteratively), or None when there is none."""
     pending, seen = [error], 0
     while pending and seen < _MAX_WALK:
         current = pending.pop()
         seen += 1
         if isinstance(current, _DAMAGE):
             return current
-        if isinstance(current, OSError) and current.errno in WRITE_ERRNOS:
+        if isinstance(current, OSError) and current.errno in FATAL_ERRNOS:
             return current
         if isinstance(current, BaseExceptionGroup):
             pending.extend(reversed(current.exceptions))
@@ -65,6 +74,13 @@ def describe_failure(failure: BaseException, store: os.PathLike[str] | str) -> s
     """One plain line for a failure `storage_failure` found in the store at ``store``."""
     if isinstance(failure, StorageFailure | JournalWriteError):
         return str(failure)
+    if isinstance(failure, OSError) and failure.errno in HOST_ERRNOS:
+        named = f"cannot open {failure.filename}: " if failure.filename is not None else ""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (
+            f"{named}{failure.strerror or failure}: evolane's open-file limit (`ulimit -n`) "
+            f"is {soft}: raise it"
+        )
     if isinstance(failure, OSError) and not isinstance(failure, MissingBlobError):
         where = failure.filename if failure.filename is not None else store
         return f"cannot write {where}: {failure.strerror or failure}"
