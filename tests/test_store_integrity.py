@@ -130,8 +130,11 @@ def test_a_run_whose_report_cannot_be_written_fails_in_one_line(tmp_path: Path) 
     (run_dir,) = (paths["store"] / "runs").iterdir()
     line = _one_line(done, 1)
     report = run_dir / "report.json"
-    assert line == f"evolane: error: cannot write {report}: No space left on device"
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    assert line == (
+        f"evolane: error: cannot write {report}: No space left on device; once fixed, "
+        f"continue the run with --resume {run_dir.name}"
+    )  # no report: left resumable (tests/test_store_full_resume.py)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
 
 
 RUN_JSON_ON_A_FULL_DISK = """

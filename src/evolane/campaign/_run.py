@@ -71,6 +71,7 @@ from evolane.store import (
     StorageFailure,
     StoreError,
     describe_failure,
+    refused_write,
     remove_atomic_temps,
     storage_failure,
 )
@@ -218,9 +219,12 @@ async def _run(
     except BaseException as error:
         failure = storage_failure(error)
         with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
-            await trio.to_thread.run_sync(_save_ended, prepared, clock, failure is not None)
+            status = await trio.to_thread.run_sync(_save_ended, prepared, clock, failure)
         if failure is not None:  # one line, not a traceback: the run ended failed
-            raise StorageFailure(describe_failure(failure, prepared.layout.root)) from error
+            line = describe_failure(failure, prepared.layout.root)
+            if status == "interrupted" and refused_write(failure):  # nothing paid again
+                line += f"; once fixed, continue the run with --resume {prepared.run.run_id}"
+            raise StorageFailure(line) from error
         raise
     finally:
         journal.close()
@@ -253,18 +257,25 @@ def _take_share(prepared: Prepared) -> None:
     prepared.estimate = prepared.estimate.model_copy(update={"preflight": preflight})
 
 
-def _save_ended(prepared: Prepared, clock: float, failed: bool) -> None:
-    """Record a run cancelled at once as ``interrupted`` (resumable), or one whose store
-    failed as ``failed`` (as far as the store still takes writes), unless its report was
-    already written: then run.json and campaign.json already agree on how it ended."""
+def _save_ended(prepared: Prepared, clock: float, failure: BaseException | None) -> str:
+    """Record a run cancelled at once as ``interrupted`` (resumable), and one whose store
+    refused a write before its report was written too (found by review: marked ``failed``
+    with no report, its units were neither resumable nor reused by ``--resume-campaign``,
+    but paid again, and their spend was in no book); a damaged store's as ``failed`` (as
+    far as the store still takes writes). A run whose report was written is left as it
+    ended: run.json and campaign.json already agree. Returns the status it has now."""
+    status = "running"
     try:
-        if load_run(prepared.layout, prepared.run.run_id).status == "running":
-            status = "failed" if failed else "interrupted"
+        status = load_run(prepared.layout, prepared.run.run_id).status
+        if status == "running":
+            resumable = failure is None or refused_write(failure)
+            status = "interrupted" if resumable else "failed"
             seconds = time.monotonic() - clock  # since the session began
             save_run(prepared.layout, session_ended(prepared.run, status, seconds))
     except (OSError, StoreError, ValueError):
-        if not failed:  # a failed store may refuse this too: its error is already raised
+        if failure is None:  # a failed store may refuse this too: its error is already raised
             raise
+    return "interrupted" if status == "running" else status  # unsaved: a kill's state
 
 
 def _recovery_note(undone: RecoveredApply) -> str:

@@ -33,6 +33,8 @@ FLOOR_INODES = 100_000
 class DiskLow(StorageFailure):
     """The disk under the sandbox fell below its floor while a command ran."""
 
+    resumable = True
+
 
 def free_bytes(path: Path) -> int | None:
     """Bytes an unprivileged writer may still use on ``path``'s file system (None: unknown)."""

@@ -45,6 +45,7 @@ from evolane.store._failure import (
     WRITE_ERRNOS,
     StorageFailure,
     describe_failure,
+    refused_write,
     storage_failure,
     store_refused,
 )
@@ -159,6 +160,7 @@ __all__ = [
     "read_journal",
     "read_json",
     "read_regular_file",
+    "refused_write",
     "remove_atomic_temps",
     "remove_small_tree",
     "remove_tree",

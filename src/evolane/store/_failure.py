@@ -33,6 +33,9 @@ class StorageFailure(StoreError):
     """The store could not be written, or read back whole: the run ended ``failed``; its
     message is the one line to show (it names the path, and ``evolane fsck`` for damage)."""
 
+    resumable = False
+    """Whether nothing the run journaled is lost (a disk short of room, not damage)."""
+
 
 _DAMAGE = (
     StorageFailure,
@@ -68,6 +71,15 @@ def store_refused(error: BaseException, root: os.PathLike[str] | str) -> bool:
         return False
     named, store = os.path.abspath(error.filename), os.path.abspath(root)
     return os.path.commonpath([named, store]) == store
+
+
+def refused_write(failure: BaseException) -> bool:
+    """Whether ``failure`` (what `storage_failure` found) is a write the store's device
+    refused, the disk's floor crossed, or open files run out, as opposed to damage: nothing
+    the run journaled is lost, so once there is room (or files) it can go on from it."""
+    if isinstance(failure, JournalWriteError) or getattr(failure, "resumable", False):
+        return True
+    return isinstance(failure, OSError) and failure.errno in FATAL_ERRNOS
 
 
 def describe_failure(failure: BaseException, store: os.PathLike[str] | str) -> str:
