@@ -511,7 +511,7 @@ async def test_a_cancel_landing_after_the_report_was_written_leaves_the_run_as_r
     before = load_run(layout, outcome.report.run_id)
     prepared = prepare_run(config.model_copy(update={"store": str(paths["store"])}))
     prepared.run = before.model_copy(update={"status": "running"})  # as the session held it
-    _save_ended(prepared, clock=0.0, failed=False)  # a second Ctrl-C right after the report
+    _save_ended(prepared, clock=0.0, failure=None)  # a second Ctrl-C right after the report
     assert load_run(layout, outcome.report.run_id) == before
 
 
