@@ -243,13 +243,13 @@ def test_a_cgroup_walk_is_iterative_deepest_first_and_capped(
         folder.mkdir()
     (deep / "side").mkdir()
     (deep / "a-file").write_text("not a cgroup")
-    found = _lifeline._cgroup_dirs(deep)
+    found = _lifeline.cgroup_dirs(deep)
     assert len(found) == 1101 and found[-1] == deep and set(chain) <= set(found)
     order = {path: n for n, path in enumerate(found)}
     for child, parent in zip(chain[1:], chain[:-1], strict=True):
         assert order[child] < order[parent]  # removed before its parent
     monkeypatch.setattr(_lifeline, "CGROUP_WALK_MAX", 10)
-    assert len(_lifeline._cgroup_dirs(deep)) == 10
+    assert len(_lifeline.cgroup_dirs(deep)) == 10
     (deep / "a-file").unlink()
     for folder in [deep / "side", *reversed(chain)]:  # pytest's own removal recurses
         folder.rmdir()

@@ -24,7 +24,13 @@ from evolane.sandbox._cgroups import CgroupRoots
 from evolane.sandbox._disk import DiskFloor
 from evolane.sandbox._host_flags import hold_host_flags, release_host_flags
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
-from evolane.sandbox._lease_owner import CGROUP_NAME, claim, namespace_tag, owner_is_dead
+from evolane.sandbox._lease_owner import (
+    CGROUP_NAME,
+    claim,
+    holds_foreign_processes,
+    namespace_tag,
+    owner_is_dead,
+)
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
 from evolane.sandbox._run import run_unit
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN
@@ -288,18 +294,28 @@ class SandboxHost:
 
     def _sweep_orphan_cgroups(self) -> int:
         """Remove cgroups of runtimes (under any root) whose process no longer exists: only
-        of runtimes of this pid namespace (`namespace_tag`), or of an older evolane's
-        untagged name (found by review: a run in a container sharing the cgroup tree killed
-        a live run's replays, which ended `signal_9` as if they had crashed)."""
-        swept, tag = 0, namespace_tag()
+        of runtimes of this pid namespace (`namespace_tag`; found by review: a run in a
+        container sharing the cgroup tree killed a live run's replays, which ended
+        `signal_9` as if they had crashed), or of an older evolane's untagged name, and
+        never one holding a process of another pid namespace (`holds_foreign_processes`:
+        found by review, an evolane in a pid namespace of its own killed every running
+        command of the host's)."""
+        dead: dict[str, list[Path]] = {}
+        tag = namespace_tag()
         for base in {root.parent for root in self.cgroups.roots()}:
             for path in base.glob("evolane-rt-*"):
                 found = CGROUP_NAME.fullmatch(path.name)
                 if found is None or (found[2] and found[2] != tag):
                     continue
                 if path.is_dir() and not psutil.pid_exists(int(found[1])):
-                    kill_cgroup_tree(path)
-                    swept += 1
+                    dead.setdefault(path.name, []).append(path)
+        swept = 0
+        for paths in dead.values():
+            if any(holds_foreign_processes(path) for path in paths):
+                continue
+            for path in paths:
+                kill_cgroup_tree(path)
+                swept += 1
         return swept
 
     def _cgroup_dirs_of(self, lease: str) -> list[Path]:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from evolane.sandbox._lifeline import cgroup_dirs, read_cgroup_file, read_pids
 from evolane.store import StoreError, read_regular_file, write_json_atomic
 
 OWNER_FILE = "owner.json"
@@ -148,3 +149,27 @@ def owner_is_dead(lease_dir: Path) -> bool:
             return False
     except (OSError, ValueError, KeyError, TypeError, AttributeError, StoreError):
         return False
+
+
+def _pid_namespace(pid: int | str) -> int | None:
+    """The pid namespace of process ``pid`` ("self": this one), None when unreadable."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def holds_foreign_processes(path: Path) -> bool:
+    """Whether the cgroup tree at ``path`` holds a process of another pid namespace: one
+    this namespace sees in another, or one it cannot see at all (the tree is populated, or
+    counts more processes, than the members it lists): not this namespace's to judge by the
+    pid in its name."""
+    own, seen = _pid_namespace("self"), set()
+    for directory in cgroup_dirs(path):
+        seen |= read_pids(directory)
+    if any(_pid_namespace(pid) not in (own, None) for pid in seen):
+        return True
+    if "populated 1" in read_cgroup_file(path / "cgroup.events") and not seen:
+        return True
+    count = read_cgroup_file(path / "pids.current").strip()
+    return count.isdigit() and int(count) > len(seen)

@@ -159,7 +159,7 @@ CGROUP_WALK_MAX = 100_000
 """Cgroup directories one kill or removal visits at most (a walk never runs unbounded)."""
 
 
-def _cgroup_dirs(path: Path) -> list[Path]:
+def cgroup_dirs(path: Path) -> list[Path]:
     """``path`` and every cgroup below it (at most `CGROUP_WALK_MAX`), each after all of
     its descendants: an iterative walk whose entries say their type (no stat each)."""
     found, pending = [path], [path]
@@ -178,7 +178,7 @@ def _kill_subtree(path: Path) -> None:
         with contextlib.suppress(OSError):
             kill_file.write_text("1")
             return
-    for directory in _cgroup_dirs(path):  # v1, or a v2 kill refused: each member in turn
+    for directory in cgroup_dirs(path):  # v1, or a v2 kill refused: each member in turn
         for pid in read_pids(directory):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -186,7 +186,7 @@ def _kill_subtree(path: Path) -> None:
 
 def _remove_subtree(path: Path) -> bool:
     """Remove the empty cgroups under ``path``, deepest first; True once ``path`` is gone."""
-    for directory in _cgroup_dirs(path):
+    for directory in cgroup_dirs(path):
         with contextlib.suppress(OSError):
             directory.rmdir()
     return not path.exists()
