@@ -500,8 +500,8 @@ async def test_judges_stopped_by_an_early_stop_are_not_reported_as_failures(
 async def test_a_cancel_landing_after_the_report_was_written_leaves_the_run_as_reported(
     tmp_path: Path,
 ) -> None:
+    from evolane.campaign._finish import save_ended
     from evolane.campaign._prepare import prepare_run
-    from evolane.campaign._run import _save_ended
 
     paths = write_toy(tmp_path, {"default": "fix:2"})
     config = toy_config(paths, iterations=1, population=1)
@@ -511,7 +511,7 @@ async def test_a_cancel_landing_after_the_report_was_written_leaves_the_run_as_r
     before = load_run(layout, outcome.report.run_id)
     prepared = prepare_run(config.model_copy(update={"store": str(paths["store"])}))
     prepared.run = before.model_copy(update={"status": "running"})  # as the session held it
-    _save_ended(prepared, clock=0.0, failure=None)  # a second Ctrl-C right after the report
+    save_ended(prepared, clock=0.0, failure=None)  # a second Ctrl-C right after the report
     assert load_run(layout, outcome.report.run_id) == before
 
 

@@ -18,7 +18,15 @@ from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report
-from evolane.campaign._runs import SEEN_KEPT, CampaignState, ReportSummary, RunRecord, end_run
+from evolane.campaign._runs import (
+    SEEN_KEPT,
+    CampaignState,
+    ReportSummary,
+    RunRecord,
+    end_run,
+    load_run,
+    save_run,
+)
 from evolane.campaign._test_budget import settle_split
 from evolane.campaign._trajectories import trajectory_summary
 from evolane.campaign._types import CycleOutcome
@@ -26,7 +34,7 @@ from evolane.inputs import CommandTemplate
 from evolane.measure import ROLES, LedgerSnapshot, ProgressBus, describe_limits
 from evolane.messages import ArtifactRef, RunFinished, Usage, WarningEvent
 from evolane.sandbox import SandboxHost, trees_run_as_unit_uids
-from evolane.store import write_bytes_atomic, write_json_atomic
+from evolane.store import StoreError, refused_write, write_bytes_atomic, write_json_atomic
 from evolane.views import write_report_html
 
 
@@ -386,3 +394,24 @@ def _artifacts(seed: ArtifactRef, best: ArtifactRef, applied: ApplyRecord | None
     if applied is not None and applied.backup_ref is not None:
         found["target_backup"] = applied.backup_ref
     return found
+
+
+def save_ended(prepared: Prepared, clock: float, failure: BaseException | None) -> str:
+    """Record a run cancelled at once as ``interrupted`` (resumable), and one whose store
+    refused a write before its report was written too (found by review: marked ``failed``
+    with no report, its units were neither resumable nor reused by ``--resume-campaign``,
+    but paid again, and their spend was in no book); a damaged store's as ``failed`` (as
+    far as the store still takes writes). A run whose report was written is left as it
+    ended: run.json and campaign.json already agree. Returns the status it has now."""
+    status = "running"
+    try:
+        status = load_run(prepared.layout, prepared.run.run_id).status
+        if status == "running":
+            resumable = failure is None or refused_write(failure)
+            status = "interrupted" if resumable else "failed"
+            seconds = time.monotonic() - clock  # since the session began
+            save_run(prepared.layout, session_ended(prepared.run, status, seconds))
+    except (OSError, StoreError, ValueError):
+        if failure is None:  # a failed store may refuse this too: its error is already raised
+            raise
+    return "interrupted" if status == "running" else status  # unsaved: a kill's state

@@ -22,7 +22,7 @@ from evolane.campaign._finish import (
     apply_unless_stopped,
     finish,
     monotonic_at,
-    session_ended,
+    save_ended,
 )
 from evolane.campaign._lock import TargetLock, lock_target
 from evolane.campaign._models import model_backends, model_warnings, plugin_backends
@@ -34,7 +34,6 @@ from evolane.campaign._runs import (
     StoreLayout,
     load_run,
     recover_interrupted_applies,
-    save_run,
 )
 from evolane.campaign._test_budget import BUDGET_NOTE, reserve_split, split_notes, with_level
 from evolane.campaign._tree import OptimizerParts, run_tree
@@ -69,7 +68,6 @@ from evolane.messages import (
 from evolane.sandbox import SandboxHost, open_sandbox
 from evolane.store import (
     StorageFailure,
-    StoreError,
     describe_failure,
     refused_write,
     remove_atomic_temps,
@@ -219,7 +217,7 @@ async def _run(
     except BaseException as error:
         failure = storage_failure(error)
         with trio.CancelScope(shield=True):  # cancelled at once: the journal is the checkpoint
-            status = await trio.to_thread.run_sync(_save_ended, prepared, clock, failure)
+            status = await trio.to_thread.run_sync(save_ended, prepared, clock, failure)
         if failure is not None:  # one line, not a traceback: the run ended failed
             line = describe_failure(failure, prepared.layout.root)
             if status == "interrupted" and refused_write(failure):  # nothing paid again
@@ -255,27 +253,6 @@ def _take_share(prepared: Prepared) -> None:
     kept = [line for line in prepared.estimate.preflight if not line.startswith(BUDGET_NOTE)]
     preflight = (*notes[:1], *kept)[:8]
     prepared.estimate = prepared.estimate.model_copy(update={"preflight": preflight})
-
-
-def _save_ended(prepared: Prepared, clock: float, failure: BaseException | None) -> str:
-    """Record a run cancelled at once as ``interrupted`` (resumable), and one whose store
-    refused a write before its report was written too (found by review: marked ``failed``
-    with no report, its units were neither resumable nor reused by ``--resume-campaign``,
-    but paid again, and their spend was in no book); a damaged store's as ``failed`` (as
-    far as the store still takes writes). A run whose report was written is left as it
-    ended: run.json and campaign.json already agree. Returns the status it has now."""
-    status = "running"
-    try:
-        status = load_run(prepared.layout, prepared.run.run_id).status
-        if status == "running":
-            resumable = failure is None or refused_write(failure)
-            status = "interrupted" if resumable else "failed"
-            seconds = time.monotonic() - clock  # since the session began
-            save_run(prepared.layout, session_ended(prepared.run, status, seconds))
-    except (OSError, StoreError, ValueError):
-        if failure is None:  # a failed store may refuse this too: its error is already raised
-            raise
-    return "interrupted" if status == "running" else status  # unsaved: a kill's state
 
 
 def _recovery_note(undone: RecoveredApply) -> str:
