@@ -597,3 +597,24 @@ async def test_the_credentials_of_a_base_url_never_show_in_messages(
     with pytest.raises(ModelError, match="EVOLANE_TEST_NO_KEY is not set") as caught:
         await chat(remote, [{"role": "user", "content": "x"}], seed=0, sample=0, deadline=1e9)
     assert "s3cret" not in str(caught.value) and "t0ken" not in str(caught.value)
+
+
+async def test_the_cache_tells_apart_the_servers_openai_base_url_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: without a base URL every answer was cached under "sdk-default", so
+    once ``OPENAI_BASE_URL`` named another server, a rerun was served the first one's."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    endpoint = Endpoint("m", cache_dir=tmp_path / "cache")  # no base URL: the SDK's
+    scores = []
+    with ChatStub() as first, ChatStub() as second:
+        first.script.contents = ['{"score": 0.25, "reason": "first"}']
+        second.script.contents = ['{"score": 0.75, "reason": "second"}']
+        for stub in (first, second, first):
+            monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
+            call = _judge_call(tmp_path / f"call{len(scores)}")
+            outcome = await _run(llm_judge(endpoint, RUBRIC), call)
+            assert outcome.ok, outcome.stderr.head
+            scores.append(orjson.loads(outcome.stdout.head)["score"])
+        assert scores == [0.25, 0.75, 0.25]
+        assert first.stats.requests == 1 and second.stats.requests == 1  # the last: cached

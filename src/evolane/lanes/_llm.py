@@ -129,6 +129,15 @@ class Endpoint:
         the key is shown in the live view)."""
         return redact(self.base_url) if self.base_url else SDK_DEFAULT_URL
 
+    @property
+    def answered_by(self) -> str:
+        """Where the answers come from, in a cache key: the base URL, else the one the SDK
+        takes (``OPENAI_BASE_URL``, read as it makes the client): found by review, a run
+        without ``--llm-base-url`` was served, after ``OPENAI_BASE_URL`` changed, the
+        answers another server had given."""
+        url = self.base_url or os.environ.get("OPENAI_BASE_URL", "")
+        return redact(url) if url else SDK_DEFAULT_URL
+
 
 @dataclass(frozen=True)
 class ChatAnswer:
@@ -169,7 +178,7 @@ def _client(endpoint: Endpoint) -> Any:
     except LookupError:
         clients = {}
         _CLIENTS.set(clients)
-    name = (endpoint.key, endpoint.api_key_env)
+    name = (endpoint.answered_by, endpoint.api_key_env)
     if name not in clients:
 
         async def key() -> str:  # read for each request: the client holds no key
@@ -243,7 +252,7 @@ async def chat(
     ``past_pause``: the first request goes out at once, past any ``Retry-After`` pause of
     the endpoint (one probe of whether it answers: `evolane.lanes.llm_judge`'s canary)."""
     body = request_body(endpoint, messages, seed, sample, attempt)
-    key = cache_key(endpoint.key, body, seed, sample, attempt) if endpoint.cache_dir else ""
+    key = cache_key(endpoint.answered_by, body, seed, sample, attempt) if endpoint.cache_dir else ""
     if endpoint.cache_dir is not None:
         text = await trio.to_thread.run_sync(cache_read, endpoint.cache_dir, key)
         if text is not None:
