@@ -179,3 +179,14 @@ def test_the_failure_names_the_floor_that_was_crossed_not_what_is_left_after_the
     assert floor.low()  # 5 inodes left: crossed
     told = str(floor.failure())  # read now, 1,000,000 would be free
     assert "below 100 free inodes (5 left)" in told and "MiB" not in told, told
+
+
+def test_a_small_disks_floor_is_told_in_kib(tmp_path: Path) -> None:
+    """Found by review: on a small disk the line read "fell below 0 MiB free (0 MiB left)"."""
+    floor = DiskFloor(tmp_path, floor=512 << 10, inode_floor=0)
+    floor.crossed = ("bytes", 3 << 10)  # what `low` saw
+    told = str(floor.failure())
+    assert "fell below 512 KiB free (3 KiB left)" in told, told
+    floor = DiskFloor(tmp_path, floor=12 << 20, inode_floor=0)
+    floor.crossed = ("bytes", 5 << 20)
+    assert "fell below 12 MiB free (5 MiB left)" in str(floor.failure())

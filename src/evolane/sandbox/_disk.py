@@ -113,10 +113,16 @@ class DiskFloor:
             what = f"{self.inode_floor} free inodes ({left} left)"
             cause = "a command making files by the many?"
         else:
-            shown = "?" if left is None else f"{left >> 20} MiB"
-            what = f"{self.floor >> 20} MiB free ({shown} left)"
+            shown = "?" if left is None else _size(left)
+            what = f"{_size(self.floor)} free ({shown} left)"
             cause = "a command filling the disk?"
         return DiskLow(
             f"the disk under {self.path} fell below {what} while a command ran: it was "
             f"killed and the run stopped ({cause}); free some space and start it again"
         )
+
+
+def _size(count: int) -> str:
+    """``count`` bytes in MiB, or in KiB below one (found by review: a small disk's floor
+    read "fell below 0 MiB free (0 MiB left)")."""
+    return f"{count >> 20} MiB" if count >= 1 << 20 else f"{count >> 10} KiB"
