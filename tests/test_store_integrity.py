@@ -162,6 +162,25 @@ def test_a_full_disk_before_the_run_starts_is_one_line_naming_the_file(tmp_path:
     assert not list(paths["store"].glob("runs/*/run.json"))
 
 
+def test_debug_shows_a_full_disks_traceback_before_its_line(tmp_path: Path) -> None:
+    """Found by review: --debug printed the one line alone for a store that refused a write,
+    where every other internal failure gets its traceback."""
+    paths = write_toy(tmp_path, PLAN)
+    script = paths["store"].parent / "patched_evolane.py"
+    script.write_text(RUN_JSON_ON_A_FULL_DISK)
+    flags = [*toy_flags(paths, paths["store"]), "--debug"]
+    done = subprocess.run(
+        [sys.executable, str(script), "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "OSError" in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("evolane: error: cannot write ") and "No space left" in last
+
+
 async def _corrupting_run(paths: dict[str, Path]) -> Any:
     """A run whose optimizer overwrites every object of the store (as a hostile one could
     without confinement): the next read of one ends the run."""

@@ -279,6 +279,8 @@ def _exit_for(error: BaseException, debug: bool, store: str | None = None) -> in
         return EXIT_USAGE
     failure = storage_failure(error)
     if failure is not None:  # a full disk or store damage (the run ended failed), one line
+        if debug:  # found by review: --debug printed no traceback of these either
+            traceback.print_exception(error)
         error_line(describe_failure(failure, store or "the store"))
         return EXIT_INTERNAL
     if isinstance(error, KeyboardInterrupt):  # not an error: the line every command prints
