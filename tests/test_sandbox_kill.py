@@ -92,6 +92,17 @@ async def test_a_polite_tree_is_gone_right_after_the_deadline(host: SandboxHost)
     assert lease_holders(host.lease) == set()
 
 
+async def test_a_stopped_tree_takes_its_term_at_the_deadline(host: SandboxHost) -> None:
+    """Found by review: a tree stopped whole (SIGSTOP) kept its TERM pending and was only
+    killed after the whole grace; continued with it, it ends on the TERM."""
+    script = "sleep 100 & kill -STOP 0"  # the whole group stops itself
+    with trio.fail_after(20):  # a hang guard: the TERM ends it, no KILL after the 30 s grace
+        outcome = await host.run(SandboxSpec(**sh(script, kill_grace=30.0)), timeout=0.5)
+    assert outcome.status == "timed_out"
+    assert outcome.signal == signal.SIGTERM, outcome
+    assert lease_holders(host.lease) == set()
+
+
 RUNTIME = textwrap.dedent(
     """
     import sys, trio

@@ -140,6 +140,13 @@ class ProcessTree:
                 signal.pidfd_send_signal(fd, signum)
                 self.signalled.add(pid)
 
+    def terminate(self) -> None:
+        """SIGTERM to the group and held escapees, then SIGCONT: a stopped process acts on
+        its TERM only once continued (found by review: a tree that had SIGSTOPped itself
+        waited out the whole grace for its SIGKILL)."""
+        self.signal_all(signal.SIGTERM)
+        self.signal_all(signal.SIGCONT)
+
     def kill_all(self) -> None:
         """SIGKILL everything: the cgroups (atomically), the group, held escapees."""
         if self.cgroups is not None:
@@ -209,7 +216,7 @@ async def kill_ladder(tree: ProcessTree, grace: float, sweep: bool) -> KillRepor
     """
     report = KillReport()
     if await _alive(tree):
-        await _act(tree, tree.signal_all, signal.SIGTERM)
+        await _act(tree, tree.terminate)
         if not await wait_until_gone(tree, grace):
             report.escalated = True
             await _act(tree, tree.kill_all)
