@@ -199,6 +199,10 @@ def test_the_judges_last_line_is_read_from_the_tail_of_a_long_output() -> None:
     assert cut.failure is not None and cut.failure.code == "judge_output_too_long"
     partial = parse_judge_output(b'"score": 1.0}\nnoise\n', complete=False)
     assert partial.failure is not None  # a cut first line is never taken for the score
+    # found by review: a verdict line longer than the tail, ended by its newline, read
+    # "the judge printed no JSON" (it did: its line was cut)
+    ended = parse_judge_output(b'"' + b"because " * 500 + b'", "score": 1.0}\n', complete=False)
+    assert ended.failure is not None and ended.failure.code == "judge_output_too_long"
 
 
 @pytest.mark.parametrize(("kind", "cap"), [("file", "max_files"), ("folder", "max_folders")])

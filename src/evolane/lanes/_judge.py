@@ -95,7 +95,7 @@ def parse_judge_output(stdout: bytes, *, complete: bool = True) -> _Verdict:
         lines, candidates = stdout.splitlines(), [stdout]
     else:
         cut = stdout.find(b"\n")
-        if cut < 0:
+        if cut < 0 or not stdout[cut + 1 :].strip():  # no whole line kept: its last is cut
             return _infra(
                 "judge_output_too_long",
                 f"the judge printed over {len(stdout)} bytes and its last line is longer than "
