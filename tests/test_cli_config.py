@@ -214,6 +214,25 @@ def test_a_config_given_through_a_pipe_loads(tmp_path: Path) -> None:
     assert json.loads(done.stdout)["settings"]["population"]["value"] == 3
 
 
+def test_every_boolean_the_file_sets_true_a_flag_turns_off(tmp_path: Path) -> None:
+    """Each boolean a config file may set has a flag that turns it off, and ``config show``
+    names the flag as its source (found by review: ``network = true`` in the file could not
+    be undone: there was no ``--no-network``, ``--no-fast-verified``, ``--no-llm-cache``, and
+    ``--no-regression`` had no opposite)."""
+    on = {"network": True, "fast-verified": True, "llm-cache": True, "no-regression": True}
+    (tmp_path / "evolane.toml").write_text(_toml({**_project(tmp_path), **on}))
+    from_file = _show(tmp_path)
+    for key in ("network", "fast_verified", "llm_cache", "no_regression"):
+        assert from_file[key]["value"] is True, (key, from_file[key])
+    assert from_file["judge_failure_retries"] == {"value": 1, "source": "--fast-verified"}
+    offs = ("--no-network", "--no-fast-verified", "--no-llm-cache", "--allow-regression")
+    shown = _show(tmp_path, *offs, "--no-sequential")
+    for key in ("network", "fast_verified", "llm_cache", "no_regression", "sequential"):
+        assert shown[key] == {"value": False, "source": "flag"}, (key, shown[key])
+    assert shown["judge_failure_retries"] == {"value": 2, "source": "default"}  # no preset
+    assert shown["baseline_replay_repetitions"]["source"] == "default"
+
+
 def test_config_show_prints_each_value_with_its_source(tmp_path: Path) -> None:
     (tmp_path / "evolane.toml").write_text(_toml(_project(tmp_path)))
     done = _run(["config", "show", "--population", "3"], tmp_path)

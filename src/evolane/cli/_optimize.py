@@ -24,9 +24,8 @@ _PANELS = {
     "Search": "iterations population max-improvement-cycles stall focus feedback-split "
     "protected seed",
     "Decision": "apply gate k-se min-effect threshold confidence bootstrap-samples "
-    "no-regression sequential error-control confirm-split test-budget",
-    "Measurement": "baseline-replay-repetitions candidate-replay-repetitions "
-    "judge-failure-retries fast-verified",
+    "no-regression sequential error-control confirm-split test-budget fast-verified",
+    "Measurement": "baseline-replay-repetitions candidate-replay-repetitions judge-failure-retries",
     "Budgets and deadlines": "wall-clock-budget max-tokens max-cost-usd replay-timeout "
     "judge-timeout optimizer-timeout optimizer-idle kill-grace",
     "Lanes": "replay-concurrency judge-concurrency optimizer-concurrency cluster",
@@ -152,7 +151,11 @@ def optimize(
         int | None, _o("Retries of a failed judge call (default 2).", "--judge-failure-retries")
     ] = None,
     fast_verified: Annotated[
-        bool, _o("Fast preset: screening, one repetition, one judge retry.", "--fast-verified")
+        bool,
+        _o(
+            "Fast preset: screening, one repetition, one judge retry.",
+            "--fast-verified/--no-fast-verified",
+        ),
     ] = False,
     apply: Annotated[
         str | None, _o("proposal | verified_only | auto_verified (default proposal).", "--apply")
@@ -175,7 +178,11 @@ def optimize(
         int | None, _o("Bootstrap resamples (default 10000).", "--bootstrap-samples")
     ] = None,
     no_regression: Annotated[
-        bool, _o("Veto a candidate that fails a case the parent passed.", "--no-regression")
+        bool,
+        _o(
+            "Veto a candidate that fails a case the parent passed (--allow-regression: no veto).",
+            "--no-regression/--allow-regression",
+        ),
     ] = False,
     sequential: Annotated[
         bool | None,
@@ -231,7 +238,8 @@ def optimize(
         ),
     ] = None,
     network: Annotated[
-        bool | None, _o("Let confined commands use the network (default: none).", "--network")
+        bool | None,
+        _o("Let confined commands use the network (default: none).", "--network/--no-network"),
     ] = None,
     expose: Annotated[
         list[str] | None,
@@ -300,7 +308,11 @@ def optimize(
         list[str] | None, _o("[ROLE=]N retries of a failed request (default 2).", "--llm-retries")
     ] = None,
     llm_cache: Annotated[
-        bool, _o("Answer repeated model requests from a cache (development).", "--llm-cache")
+        bool,
+        _o(
+            "Answer repeated model requests from a cache (development).",
+            "--llm-cache/--no-llm-cache",
+        ),
     ] = False,
     prices: Annotated[
         Path | None, _o("Dollars per million tokens per model (YAML or JSON).", "--prices")
