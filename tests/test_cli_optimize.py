@@ -207,6 +207,27 @@ def test_a_store_that_is_a_file_is_bad_input_to_the_probe_and_doctor(tmp_path: P
     assert a_file.read_text() == "x"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no procfs")
+def test_a_store_or_example_dir_evolane_cannot_write_in_is_bad_input(tmp_path: Path) -> None:
+    """``--store /proc/self`` (or a path under it, or ``--example-dir`` there) is one line
+    naming the path, exit 2 (found by review: exit 1, "internal error: FileNotFoundError"
+    as the example or the seed's blobs were written). procfs refuses root too."""
+    paths = write_toy(tmp_path, PLAN)
+    for where in ("/proc/self", "/proc/self/store"):
+        args = toy_flags(paths, Path(where))
+        for command in (["optimize"], ["estimate"], ["optimize", "--dry-run"]):
+            _one_error_line(_run([*command, *args]), f"--store {where}: cannot make a store there")
+        example = ["optimize", "--example", "sleeper", "--store", where, "--dry-run"]
+        _one_error_line(_run(example), f"--store {where}: cannot make a store there")
+    example_dir = ["--example", "sleeper", "--example-dir", "/proc/self/ws"]
+    store = tmp_path / "store"
+    done = _run(["estimate", *example_dir, "--store", str(store)])
+    _one_error_line(done, "--example-dir /proc/self/ws: cannot write the example there")
+    good = _run(["estimate", *toy_flags(paths, store)])  # a store that can be made still is
+    assert good.returncode == 0, good.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".evolane-probe-")]
+
+
 def test_a_corrupt_or_invalid_run_record_is_bad_input(tmp_path: Path) -> None:
     store = tmp_path / "store"
     for run_id, content in (("r-corrupt", "{not json"), ("r-invalid", '{"run_id": 3}')):

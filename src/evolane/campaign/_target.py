@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from evolane.campaign._vcs import VCS_FOLDERS
@@ -102,10 +103,20 @@ def check_store_placement(store: Path, target: Path) -> None:
 
 def store_root(store: Path) -> Path:
     """The store's absolute path; `InputError` when it (or the nearest existing folder above
-    it) is not a directory."""
+    it) is not a directory, or is one evolane cannot write in (found by review: ``--store
+    /proc/self`` or ``/sys/x`` was "internal error: FileNotFoundError", exit 1). The write
+    is probed with a folder made and removed there: nothing is left behind."""
     root = store.absolute()
     existing = next((p for p in (root, *root.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
+    if existing is None:
+        return root
+    if not existing.is_dir():
         where = "" if existing == root else f" ({existing} is a file)"
         raise InputError(f"--store {store}: not a directory{where}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".evolane-probe-", dir=existing))
+    except OSError as error:
+        where = "" if existing == root else f" ({existing})"
+        reason = error.strerror or type(error).__name__
+        raise InputError(f"--store {store}: cannot make a store there{where}: {reason}") from None
     return root

@@ -35,7 +35,12 @@ def example_settings(name: str, directory: Path) -> dict[str, Any]:
     elif directory.exists() and any(directory.iterdir()):
         raise InputError(f"--example-dir {directory}: exists and is not an evolane example")
     else:
-        _write_example(name, directory)
+        try:
+            _write_example(name, directory)
+        except OSError as error:  # /proc, /sys: one line, not an internal error (review)
+            reason = error.strerror or type(error).__name__
+            message = f"--example-dir {directory}: cannot write the example there: {reason}"
+            raise InputError(message) from None
         settings = json.loads(marker.read_text())
     base = directory.resolve()
     settings["target"] = str(base / settings["target"])

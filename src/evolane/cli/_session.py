@@ -141,6 +141,7 @@ def _build_config(flags: dict[str, Any]) -> Any:
 def _presets(flags: dict[str, Any]) -> dict[str, Any]:
     """The values an example (``--example``) and ``--fast-verified`` preset; their sources
     join ``flags``'s where no flag or file set them."""
+    from evolane.campaign import store_root
     from evolane.cli._config import FAST, SOURCES_KEY
 
     values: dict[str, Any] = {}
@@ -149,7 +150,7 @@ def _presets(flags: dict[str, Any]) -> dict[str, Any]:
     if example is not None:
         if example not in EXAMPLES:
             raise UsageError(f"--example {example}: choose from {', '.join(EXAMPLES)}")
-        store = Path(flags["store"]).absolute()
+        store = store_root(Path(flags["store"]))  # the example is written there: one line
         flags["example_dir"] = flags.get("example_dir") or store / "examples" / example
         settings = example_settings(example, Path(flags["example_dir"]))
         values.update(EXAMPLE_DEFAULTS[example])  # presets from this version, not the workspace
