@@ -157,6 +157,24 @@ def test_pyproject_tool_evolane_is_read_when_there_is_no_evolane_toml(tmp_path: 
     assert _show(tmp_path)["iterations"]["value"] == 3  # evolane.toml comes first
 
 
+def test_a_pyproject_named_by_config_without_tool_evolane_is_refused(tmp_path: Path) -> None:
+    """``--config pyproject.toml`` naming one without ``[tool.evolane]`` is one line, exit 2
+    (found by review: accepted with no settings read, silently); found by the search, such
+    a pyproject is passed over, silently, as before."""
+    (tmp_path / ".git").mkdir()  # the search stops here
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    for command in (["estimate"], ["config", "show"], ["optimize", "--dry-run"]):
+        done = _run([*command, "--config", "pyproject.toml", "--example", "sleeper"], tmp_path)
+        _one_error(done, "--config pyproject.toml: has no [tool.evolane] table")
+    assert _show(tmp_path, "--example", "sleeper")["seed"]["source"] == "default"
+    (tmp_path / "pyproject.toml").write_text("tool = 3\n")  # was AttributeError, exit 1
+    done = _run(["config", "show", "--config", "pyproject.toml", "--example", "sleeper"], tmp_path)
+    _one_error(done, "--config pyproject.toml: has no [tool.evolane] table")
+    (tmp_path / "pyproject.toml").write_text("[tool.evolane]\n")  # empty, but there
+    named = _show(tmp_path, "--config", "pyproject.toml", "--example", "sleeper")
+    assert named["seed"]["source"] == "default"
+
+
 @pytest.mark.parametrize(
     ("line", "needles"),
     [

@@ -144,8 +144,10 @@ def _text(path: Path) -> str:
         raise ConfigError(f"{shown_path(path)}: cannot read the config file ({error})") from None
 
 
-def load_config(path: Path) -> ConfigFile:
-    """Parse and check ``path``: every key a known flag, every value of its flag's type."""
+def load_config(path: Path, *, named: bool = False) -> ConfigFile:
+    """Parse and check ``path``: every key a known flag, every value of its flag's type. A
+    ``pyproject.toml`` ``named`` by ``--config`` must hold ``[tool.evolane]`` (found by
+    review: one without it was read as no settings, silently)."""
     text = _text(path)
     try:
         document = tomllib.loads(text)
@@ -157,7 +159,11 @@ def load_config(path: Path) -> ConfigFile:
         raise ConfigError(f"{shown_path(path)}: not valid TOML ({_value_problem(error)})") from None
     table: Any = document
     if path.name == _PYPROJECT:
-        table = document.get("tool", {}).get("evolane", {})
+        tool = document.get("tool")
+        table = tool.get("evolane") if isinstance(tool, dict) else None
+        if table is None and named:
+            raise ConfigError(f"--config {shown_path(path)}: has no [tool.evolane] table")
+        table = {} if table is None else table
     if not isinstance(table, dict):
         raise ConfigError(f"{shown_path(path)}: [tool.evolane] must be a table")
     config = ConfigFile(path.absolute())
@@ -301,7 +307,7 @@ def merge_config_file(flags: dict[str, Any], *, session_only: bool = False) -> d
     else:
         path = find_config(Path.cwd())
     if path is not None:
-        config = load_config(path)
+        config = load_config(path, named=named is not None)
         for name, value in config.values.items():
             if name in given or (session_only and name not in SESSION_KEYS):
                 continue
