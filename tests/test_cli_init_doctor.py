@@ -148,6 +148,20 @@ def test_init_refuses_a_folder_that_holds_a_project_or_its_files(tmp_path: Path)
     assert here.returncode == 2 and "skill" in here.stderr
 
 
+def test_init_refuses_an_empty_folder_name(tmp_path: Path) -> None:
+    """``init ""`` (an unset ``"$DIR"``) is one line, exit 2, and writes nothing (found by
+    review: it wrote the project into the current folder); no DIR still means this one."""
+    for empty in ("", " "):
+        done = _run(["init", empty], cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("evolane: error:"), done.stderr
+        assert "'DIR': empty: name the folder" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+    here = _run(["init"], cwd=tmp_path)
+    assert here.returncode == 0 and (tmp_path / "evolane.toml").is_file(), here.stderr
+
+
 def test_doctor_fails_on_a_missing_program_and_warns_on_a_relative_path(tmp_path: Path) -> None:
     root = _init(tmp_path)
     config = tomllib.loads((root / "evolane.toml").read_text())

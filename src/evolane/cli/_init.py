@@ -93,11 +93,22 @@ def _write(files: dict[Path, str]) -> None:
         fail_usage(f"init: cannot write {where}: {error.strerror or error}")
 
 
+def _folder(text: str) -> Path:
+    """DIR as a path; an empty one (an unset ``"$DIR"``) is refused, not taken as the current
+    folder (found by review: ``init ""`` wrote the project here, unasked)."""
+    if not str(text).strip():
+        raise typer.BadParameter("empty: name the folder (or give none for this one)")
+    return Path(text)
+
+
 def init(
     directory: Annotated[
         Path,
         typer.Argument(
-            help="The folder to write the project in (default: this one).", show_default=False
+            help="The folder to write the project in (default: this one).",
+            show_default=False,
+            parser=_folder,
+            metavar="DIR",
         ),
     ] = Path("."),
 ) -> None:
