@@ -514,8 +514,15 @@ def test_runs_lists_a_running_run_no_process_holds_as_killed(tmp_path: Path) -> 
         listing = orjson.loads(_evolane("runs", "--store", str(root), "--json").stdout)
         (row,) = listing["runs"]
         assert row["status"] == "running" and row["live"] is True
+        held = _evolane("report", run_id, "--store", str(root), "--format", "json").stdout
+        summary = orjson.loads(held)  # `live` a boolean as in `runs --json` (found by review)
+        assert summary["live"] is True and summary["resume"] is None
+        assert summary["live_note"].startswith("it is running") and "evolane watch" in held
     finally:
         holder.communicate("")
+    gone = _evolane("report", run_id, "--store", str(root), "--format", "json").stdout
+    summary = orjson.loads(gone)
+    assert summary["live"] is False and summary["live_note"] is None
 
 
 def test_runs_says_how_long_a_running_run_has_been_silent(tmp_path: Path) -> None:

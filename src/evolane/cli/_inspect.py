@@ -192,7 +192,8 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
         "publish": publish_note(run_dir),
         "resume": None if blocked else resume_command(record.run_id, store),
         "resume_blocked": blocked,
-        "live": live,
+        "live": live is not None,  # as `runs --json`'s (found by review: it was the sentence)
+        "live_note": live,
     }
 
 
@@ -224,8 +225,8 @@ def _event_summary(path: Path) -> dict[str, Any]:
 
 def _unfinished_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     status = summary["status"]
-    if summary["live"]:
-        status = summary["live"].split(":")[0]  # "it is running (pid N) in another process"
+    if summary["live_note"]:
+        status = summary["live_note"].split(":")[0]  # "it is running (pid N) in another process"
     elif status in ("running", KILLED):
         status = "killed: no process runs it (or it is only starting)"
     journal, events = summary["journal"], summary["events"]
@@ -272,8 +273,9 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
     for name, value in lines[:-1]:
         table.add_row(name, Text(value))
     console.print(table)
-    if summary["live"]:
-        console.print(Text(f"This run has no report yet: {summary['live']}"), soft_wrap=True)
+    if summary["live_note"]:
+        note = f"This run has no report yet: {summary['live_note']}"
+        console.print(Text(note), soft_wrap=True)
         return
     if summary["resume"] is None:
         console.print(
