@@ -26,6 +26,7 @@ from evolane.lanes import (
     parse_judge_output,
     run_backend,
 )
+from evolane.lanes._backends import ENDPOINT_EXIT
 from evolane.lanes._llm_limit import limiter_for
 from evolane.sandbox import ProcessOutcome
 from evolane.testing import ChatStub, StubRule
@@ -209,9 +210,10 @@ async def test_a_hanging_endpoint_is_cut_by_the_deadline(
 ) -> None:
     chat_stub.script.hang = True
     call = _judge_call(tmp_path)
-    outcome = await _run(llm_judge(Endpoint("m", base_url=chat_stub.base_url), RUBRIC), call, 0.5)
-    assert outcome.status == "timed_out"
-    await _until(lambda: chat_stub.stats.disconnects == 1 and chat_stub.stats.in_flight == 0)
+    outcome = await _run(llm_judge(Endpoint("m", base_url=chat_stub.base_url), RUBRIC), call, 1.0)
+    # cut before the deadline, and its canary too: the endpoint's failure (test_llm_judge_hang)
+    assert outcome.status == "exited" and outcome.exit_code == ENDPOINT_EXIT, outcome.stderr.head
+    await _until(lambda: chat_stub.stats.disconnects == 2 and chat_stub.stats.in_flight == 0)
 
     with pytest.raises(ModelError, match="no answer from m by the deadline"):  # no outer scope
         with trio.fail_after(LIMIT):
@@ -222,7 +224,7 @@ async def test_a_hanging_endpoint_is_cut_by_the_deadline(
                 sample=0,
                 deadline=trio.current_time() + 0.3,
             )
-    await _until(lambda: chat_stub.stats.disconnects == 2)
+    await _until(lambda: chat_stub.stats.disconnects == 3)
 
 
 async def test_a_cancel_ends_the_call_in_flight(chat_stub: ChatStub, tmp_path: Path) -> None:
@@ -540,7 +542,7 @@ async def test_a_call_cut_off_or_failed_makes_the_usage_partial(
     call = _judge_call(tmp_path / "judge")
     endpoint = Endpoint("m", base_url=chat_stub.base_url)
     outcome = await _run(llm_judge(endpoint, RUBRIC), call, 1.0)
-    assert outcome.status == "timed_out"
+    assert outcome.exit_code == ENDPOINT_EXIT  # its canary hangs too: the endpoint's failure
     usage = _usage(call)  # the answer's 10 + 5, and at least the input of the request cut off
     assert usage["output_tokens"] == 5 and usage["partial"] is True
     assert usage["input_tokens"] >= 10 + 100 and usage["tokens"] == usage["input_tokens"] + 5

@@ -136,8 +136,8 @@ async def test_an_endpoint_outage_is_the_endpoints_failure_never_the_candidates(
     # cause (400: a content filter, a context too long) still counts against it, and so does
     # a request cut at its timeout (None here): an output can ask the judge to write at
     # length, and its failing cases would drop out of the comparison (found by review).
-    if status is None:
-        chat_stub.script.latency = 5.0
+    if status is None:  # the output's doing: the same judgement without it is answered
+        chat_stub.script.hang_on = "Paris"
     else:
         chat_stub.script.fail_count, chat_stub.script.fail_status = 10**6, status
     endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=0, timeout=0.3)

@@ -50,9 +50,10 @@ async def test_a_retried_request_is_metered_like_the_last_one(
     endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=2, timeout=0.3)
     call = _judge_call(tmp_path / "cut")
     outcome = await _run(llm_judge(endpoint, RUBRIC), call)
-    assert not outcome.ok and len(chat_stub.stats.bodies) == 3
+    # and the canary (the judgement without the output) too, cut and asked again twice
+    assert not outcome.ok and len(chat_stub.stats.bodies) == 6
     usage = _usage(call)
-    assert usage["partial"] is True and usage["input_tokens"] == _inputs(chat_stub, 3)
+    assert usage["partial"] is True and usage["input_tokens"] == _inputs(chat_stub, 6)
 
 
 async def test_a_429_is_not_metered(chat_stub: ChatStub, tmp_path: Path) -> None:

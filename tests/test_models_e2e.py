@@ -204,13 +204,13 @@ def test_a_resume_after_sigkill_pays_no_finished_call_twice(
 def test_a_hanging_endpoint_is_cut_by_the_judge_deadline(
     chat_stub: ChatStub, tmp_path: Path
 ) -> None:
-    flags = _toy_flags(tmp_path, chat_stub, "st", "--judge-timeout", "1")
-    chat_stub.script.hang = True  # the judge's model never answers
+    flags = _toy_flags(tmp_path, chat_stub, "st", "--judge-timeout", "2")
+    chat_stub.script.hang = True  # the judge's model never answers, nor its canary
     flags += ["--judge-failure-retries", "0"]
     done = _run(flags)
     assert done.returncode == 1, done.stderr  # nothing could be scored: the run failed
     (report,) = _reports(tmp_path / "st")
-    assert report["status"] == "failed" and "judge_timed_out" in report["message"]
+    assert report["status"] == "failed" and "judge_endpoint_failed" in report["message"]
     assert chat_stub.stats.disconnects >= 1  # the call was ended, not left hanging
 
 

@@ -82,12 +82,22 @@ class ModelError(RuntimeError):
     have caused it (the endpoint, the network, the key or the setup failed), so a lane
     counts it as an infrastructure failure, never against the candidate (`ENDPOINT_EXIT`);
     False for what a request's content may cause: an HTTP 400, 413, 415 or 422 (a content
-    filter, a context too long) and a timeout (a model told to write at length)."""
+    filter, a context too long) and a timeout (a model told to write at length).
+    ``timed_out``: no whole answer in time (cut at its timeout or the deadline, an HTTP 408:
+    `evolane.lanes.llm_judge`'s canary tells the output's doing from a hung endpoint)."""
 
-    def __init__(self, message: str, *, sent: bool = True, endpoint_failed: bool = True) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        sent: bool = True,
+        endpoint_failed: bool = True,
+        timed_out: bool = False,
+    ) -> None:
         super().__init__(redact(message))
         self.sent = sent
         self.endpoint_failed = endpoint_failed
+        self.timed_out = timed_out
 
 
 CONTENT_STATUSES = frozenset({400, 413, 415, 422})
@@ -266,7 +276,8 @@ async def chat(
     with trio.move_on_at(deadline):
         answer = await _ask(client, limiter, endpoint, body, deadline, unanswered, past_pause)
     if answer is None:  # a slow answer may be the content's doing: not the endpoint's
-        raise ModelError(f"no answer from {endpoint.model} by the deadline", endpoint_failed=False)
+        said = f"no answer from {endpoint.model} by the deadline"
+        raise ModelError(said, endpoint_failed=False, timed_out=True)
     if endpoint.cache_dir is not None and _acceptable(cache_if, answer.text):
         with contextlib.suppress(OSError):
             await trio.to_thread.run_sync(cache_write, endpoint.cache_dir, key, answer.text)
@@ -428,6 +439,7 @@ def _failed(endpoint: Endpoint, error: Exception) -> ModelError:
         _describe(endpoint, error, "failed"),
         sent=_reached(error),
         endpoint_failed=not slow and status not in CONTENT_STATUSES,
+        timed_out=slow,
     )
 
 

@@ -137,6 +137,18 @@ async def _sample(
 
 CANARY_ATTEMPT = 1_000_000
 """The attempt number (part of the API seed) of `_blame`'s request."""
+CANARY_RESERVE = 10.0
+CANARY_RESERVE_SHARE = 0.25
+"""A judgement's requests end this long before the judge's deadline (`CANARY_RESERVE`, or
+`CANARY_RESERVE_SHARE` of the time left when that is shorter): room for `_blame`'s canary
+and for reporting its outcome before the deadline cuts the judge."""
+
+
+def asks_by(deadline: float) -> float:
+    """When (trio clock) a judgement's requests must end for the canary to fit before
+    ``deadline`` (see `CANARY_RESERVE`)."""
+    left = max(0.0, deadline - trio.current_time())
+    return deadline - min(CANARY_RESERVE, CANARY_RESERVE_SHARE * left)
 
 
 async def _blame(
@@ -147,16 +159,19 @@ async def _blame(
     spend: Spend,
     error: ModelError,
 ) -> ModelError:
-    """``error``, an endpoint's failure, as the output's own when the endpoint answers the
-    same judgement without the output (never from the cache): a firewall or guardrail in
-    front of the model that blocks what an output says (HTTP 403), a server that fails on
-    it (5xx), a request too large for a rate limit (429) are not outages, and left out of
-    the comparison they dropped a candidate's failing cases from it (found by review: a
-    worse candidate that wrote a blocked string on every case it could not answer was
-    accepted, confirmed and published). Still down, or no answer by half the time left:
-    ``error`` as it was. The canary goes out at once, past a ``Retry-After`` pause: a
-    request the endpoint answers 429 for its size alone pauses every call, and a canary held
-    back by that pause left the output's cases out."""
+    """``error``, an endpoint's failure or a timeout, judged by asking the endpoint the same
+    judgement without the output (never from the cache). Answered: the output's own
+    failure. A firewall or guardrail in front of the model that blocks what an output says
+    (HTTP 403), a server that fails on it (5xx), a request too large for a rate limit (429)
+    are not outages, and left out of the comparison they dropped a candidate's failing
+    cases from it (found by review: a worse candidate that wrote a blocked string on every
+    case it could not answer was accepted, confirmed and published); an output can ask the
+    judge to write at length, so a timeout the canary does not repeat stays the output's.
+    Still down, or no answer by half the time left: the endpoint's failure (a timeout
+    too: an endpoint that stopped answering scored every candidate unit 0 and rejected a
+    better candidate, found by review). The canary goes out at once, past a
+    ``Retry-After`` pause: a request the endpoint answers 429 for its size alone pauses
+    every call, and a canary held back by that pause left the output's cases out."""
     now = trio.current_time()
     canary_deadline = now + (deadline - now) / 2 if math.isfinite(deadline) else deadline
     messages = judge_messages(rubric, call.case, None)
@@ -170,8 +185,14 @@ async def _blame(
             attempt=CANARY_ATTEMPT,
             past_pause=True,  # a pause the output's own 429s made must not block the canary
         )
-    except ModelError:
-        return error
+    except ModelError as canary:
+        if not error.timed_out:
+            return error
+        return ModelError(
+            f"{error} (the endpoint did not answer the same judgement without the output "
+            f"either: {canary})",
+            sent=error.sent,
+        )
     return ModelError(
         f"{error} (the endpoint answered the same judgement without this output: the "
         "output caused the failure)",
@@ -191,13 +212,14 @@ def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
     async def judge(call: BackendCall) -> dict[str, Any]:
         messages = await trio.to_thread.run_sync(judge_messages, rubric, call.case, call.output_dir)
         deadline = trio.current_effective_deadline()
+        by = asks_by(deadline)  # the rest is the canary's
         verdicts: list[tuple[float, str] | None] = [None] * samples
         errors: list[Exception] = []
         spend = Spend(endpoint.model)
 
         async def one(index: int) -> None:
             try:
-                verdicts[index] = await _sample(endpoint, messages, call, index, deadline, spend)
+                verdicts[index] = await _sample(endpoint, messages, call, index, by, spend)
             except Exception as error:  # reported below, after the others' usage is in
                 errors.append(error)
 
@@ -210,7 +232,7 @@ def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
             raise
         if errors:
             error = errors[0]
-            if isinstance(error, ModelError) and error.endpoint_failed:
+            if isinstance(error, ModelError) and (error.endpoint_failed or error.timed_out):
                 error = await _blame(endpoint, rubric, call, deadline, spend, error)
             write_usage(call, spend.document())
             raise error

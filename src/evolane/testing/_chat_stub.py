@@ -55,6 +55,11 @@ class StubScript:
     """Every request after the first N is answered 429 (a storm that starts mid-run)."""
     retry_after: float = 0.0
     hang: bool = False
+    hang_after: int | None = None
+    """Every request after the first N hangs (an endpoint that stops answering mid-run)."""
+    hang_on: str = ""
+    """A request whose last user message holds this text hangs (a model an output keeps
+    writing)."""
     fail_count: int = 0
     """The first N requests (after any 429s) are answered ``fail_status``."""
     fail_status: int = 500
@@ -137,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return
         stub = self.server.stub
-        script, limited, failed = stub.admit(body)
+        script, limited, failed, late = stub.admit(body)
         try:
             if limited:
                 headers = {"Retry-After": str(script.retry_after)}
@@ -160,7 +165,8 @@ class _Handler(BaseHTTPRequestHandler):
             if script.flood:
                 self._flood(script.flood)
                 return
-            wait = float("inf") if script.hang else script.latency
+            hung = script.hang or (script.hang_on and script.hang_on in _last_user(body))
+            wait = float("inf") if hung or late else script.latency
             if not self._wait(wait):
                 stub.note_disconnect(body)
                 return
@@ -360,9 +366,9 @@ class ChatStub:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def admit(self, body: dict[str, Any]) -> tuple[StubScript, bool, bool]:
-        """Count a request in; whether it is to be answered 429, and whether with a
-        scripted failure."""
+    def admit(self, body: dict[str, Any]) -> tuple[StubScript, bool, bool, bool]:
+        """Count a request in; whether it is to be answered 429, whether with a scripted
+        failure, and whether it comes after `StubScript.hang_after`."""
         with self._lock:
             script, stats = self.script, self.stats
             stats.requests += 1
@@ -383,7 +389,8 @@ class ChatStub:
             if self.record is not None:
                 with self.record.open("a") as out:
                     out.write(json.dumps({"body": body, "rate_limited": limited}) + "\n")
-            return script, limited, failed
+            late = script.hang_after is not None and stats.requests > script.hang_after
+            return script, limited, failed, late
 
     def content_for(self, body: dict[str, Any]) -> str:
         """The scripted content for a request: the queue first, then the first rule whose
