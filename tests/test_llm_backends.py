@@ -552,7 +552,7 @@ async def test_a_call_cut_off_or_failed_makes_the_usage_partial(
     chat_stub.script.default_content = "SUMMARY: x\n=== FILE: ../out ===\nx\n=== END FILE ===\n"
     call = _optimizer_call(tmp_path / "optimizer")
     outcome = await _run(llm_optimizer(endpoint), call, 1.0)
-    assert outcome.status == "timed_out"
+    assert outcome.exit_code == ENDPOINT_EXIT  # its probe hangs too: the endpoint's failure
     assert _usage(call)["tokens"] > 15 and _usage(call)["partial"] is True
 
     chat_stub.script.hang = False

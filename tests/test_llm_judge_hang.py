@@ -1,25 +1,29 @@
-"""A model judge's endpoint that stops answering (found by review): it accepted the requests
+"""A model endpoint that stops answering (found by review): it accepted the judge's requests
 and never answered, every candidate unit ended ``judge_timed_out``, counted as 0, and a
 better candidate was rejected, the campaign ``complete``. A judgement whose request timed
 out now asks the canary (the same judgement without the output) in time kept back before
 the deadline: unanswered too, the timeout is the endpoint's (`judge_endpoint_failed`, left
 out); answered, it stays the output's (a 0: an output can ask the judge to write at
-length). On a real HTTP server; the campaign through the real CLI."""
+length). The optimizer's proposals timed out alike, and the run ended ``finished`` with no
+word of why; a short probe now tells. On a real HTTP server; the campaign through the real
+CLI or API."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from evolane.lanes import Endpoint, llm_judge
+from evolane.lanes import Endpoint, llm_judge, llm_optimizer
 from evolane.lanes._backends import ENDPOINT_EXIT
 from evolane.lanes._judge import command_verdict
 from evolane.measure._table import unscored_counts_as_zero
 from evolane.messages import FailureEvent, JudgeResult, ReplayResult
 from evolane.testing import ChatStub
 from tests.campaign_helpers import run_optimize
-from tests.test_llm_backends import RUBRIC, _judge_call, _last_user, _run
+from tests.test_llm_backends import RUBRIC, _judge_call, _last_user, _optimizer_call, _run
+from tests.test_llm_hostile import _campaign
 from tests.test_llm_rate_limits import _campaign_flags, _report
 
 JUDGE_SECONDS = 4.0
@@ -94,3 +98,31 @@ def test_a_judge_endpoint_that_stops_answering_never_rejects_the_candidate(
         ("judge_endpoint_failed", "infrastructure")
     }, report["failures"]
     assert "did not answer the same judgement without the output" in mine[0]["message"]
+
+
+async def test_an_optimizer_endpoint_that_stops_answering_fails_the_run_naming_it(
+    chat_stub: ChatStub, tmp_path: Path
+) -> None:
+    # Every proposal timed out, and the run ended "finished", the campaign "complete",
+    # having tried nothing, its message empty.
+    chat_stub.script.hang = True
+    report: Any = await _campaign(
+        chat_stub, tmp_path, iterations=2, population=2, optimizer_timeout=JUDGE_SECONDS
+    )
+    assert report.status == "failed" and report.campaign_status == "paused", report.message
+    assert "optimizer's model endpoint failed on every call" in report.message
+    assert "did not answer a short request either" in report.message
+    assert {f.failure.code for f in report.failures} == {"endpoint_failed"}
+
+
+async def test_an_optimizer_model_slow_on_its_proposal_alone_stays_a_timeout(
+    chat_stub: ChatStub, tmp_path: Path
+) -> None:
+    # The endpoint answers a short request: the model is slow on this proposal, not down.
+    chat_stub.script.hang_on = "be brief"
+    for timeout in (1.0, None):
+        endpoint = Endpoint("m", base_url=chat_stub.base_url, retries=0, timeout=timeout)
+        call = _optimizer_call(tmp_path / str(timeout))
+        outcome = await _run(llm_optimizer(endpoint), call, JUDGE_SECONDS)
+        assert outcome.status == "exited" and outcome.exit_code == 1, outcome.stderr.head
+        assert _last_user(chat_stub.stats.bodies[-1]) == "Answer with the one word: ok"

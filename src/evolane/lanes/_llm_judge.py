@@ -24,6 +24,7 @@ import trio
 from evolane.lanes._backends import Backend, BackendCall
 from evolane.lanes._llm import Endpoint, ModelError, Spend
 from evolane.lanes._llm_files import folder_texts, render_texts
+from evolane.lanes._llm_retry import asks_by
 from evolane.lanes._llm_usage import write_usage
 
 MALFORMED_RETRIES = 2
@@ -137,18 +138,6 @@ async def _sample(
 
 CANARY_ATTEMPT = 1_000_000
 """The attempt number (part of the API seed) of `_blame`'s request."""
-CANARY_RESERVE = 10.0
-CANARY_RESERVE_SHARE = 0.25
-"""A judgement's requests end this long before the judge's deadline (`CANARY_RESERVE`, or
-`CANARY_RESERVE_SHARE` of the time left when that is shorter): room for `_blame`'s canary
-and for reporting its outcome before the deadline cuts the judge."""
-
-
-def asks_by(deadline: float) -> float:
-    """When (trio clock) a judgement's requests must end for the canary to fit before
-    ``deadline`` (see `CANARY_RESERVE`)."""
-    left = max(0.0, deadline - trio.current_time())
-    return deadline - min(CANARY_RESERVE, CANARY_RESERVE_SHARE * left)
 
 
 async def _blame(
@@ -212,7 +201,7 @@ def llm_judge(endpoint: Endpoint, rubric: str, samples: int = 1) -> Backend:
     async def judge(call: BackendCall) -> dict[str, Any]:
         messages = await trio.to_thread.run_sync(judge_messages, rubric, call.case, call.output_dir)
         deadline = trio.current_effective_deadline()
-        by = asks_by(deadline)  # the rest is the canary's
+        by = asks_by(deadline)  # the rest is the canary's (`_blame`)
         verdicts: list[tuple[float, str] | None] = [None] * samples
         errors: list[Exception] = []
         spend = Spend(endpoint.model)

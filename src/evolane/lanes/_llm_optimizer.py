@@ -7,20 +7,25 @@ An answer whose edits cannot be parsed or applied is shown its error and asked a
 reports as the optimizer's failure. An answer without edits proposes nothing (the summary
 says so). Every answer's tokens are metered, also when the backend raises; the usage says
 ``"partial": true`` when a call got no answer (cut by the deadline, cancelled, failed after
-sending: the provider may bill it).
+sending: the provider may bill it). A request with no whole answer in time is the
+endpoint's failure when a short one gets none either (`_probe`, in time its requests keep
+back before the deadline: `asks_by`).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from evolane.lanes._backends import Backend, BackendCall
-from evolane.lanes._llm import Endpoint, Spend
+from evolane.lanes._llm import Endpoint, ModelError, Spend
 from evolane.lanes._llm_edits import EDIT_FORMAT, EditError, apply_edits, parse_edits
 from evolane.lanes._llm_files import folder_texts, render_texts
+from evolane.lanes._llm_retry import asks_by
 from evolane.lanes._llm_usage import write_usage
 from evolane.lanes._prompt_text import prompt_text
 
@@ -57,6 +62,38 @@ def optimizer_messages(
     return [{"role": "system", "content": OPTIMIZER_SYSTEM}, {"role": "user", "content": user}]
 
 
+PROBE = [{"role": "user", "content": "Answer with the one word: ok"}]
+PROBE_ATTEMPT = 1_000_000
+"""`_probe`'s request and its attempt number (part of the API seed)."""
+
+
+async def _probe(
+    endpoint: Endpoint, seed: int, deadline: float, spend: Spend, error: ModelError
+) -> ModelError:
+    """``error``, a proposal's request that got no whole answer in time, as the endpoint's
+    failure when a short request (never from the cache, sent at once past any
+    ``Retry-After`` pause) gets none by half the time left either: an endpoint that took
+    the requests and never answered timed out every proposal, and the run ended
+    ``finished``, its campaign ``complete``, having tried nothing, with no word of why
+    (found by review). Answered: ``error`` as it was (a model slow on this proposal)."""
+    now = trio.current_time()
+    probe_deadline = now + (deadline - now) / 2 if math.isfinite(deadline) else deadline
+    try:
+        await spend.ask(
+            replace(endpoint, cache_dir=None),
+            PROBE,
+            seed=seed,
+            sample=0,
+            deadline=probe_deadline,
+            attempt=PROBE_ATTEMPT,
+            past_pause=True,
+        )
+    except ModelError as probe:
+        said = f"{error} (the endpoint did not answer a short request either: {probe})"
+        return ModelError(said, sent=error.sent)
+    return error
+
+
 def _apply(workdir: Path, answer: str) -> str:
     """Apply the answer's edits; the one-line summary of what was done."""
     summary, edits = parse_edits(answer)
@@ -81,15 +118,20 @@ def llm_optimizer(endpoint: Endpoint) -> Backend:
         spend = Spend(endpoint.model)
         try:
             for attempt in range(EDIT_RETRIES + 1):
-                answer = await spend.ask(
-                    endpoint,
-                    messages,
-                    seed=call.seed,
-                    sample=0,
-                    deadline=deadline,
-                    attempt=attempt,
-                    cache_if=parse_edits,  # an answer that does not parse is not kept
-                )
+                try:
+                    answer = await spend.ask(
+                        endpoint,
+                        messages,
+                        seed=call.seed,
+                        sample=0,
+                        deadline=asks_by(deadline),  # the rest is the probe's
+                        attempt=attempt,
+                        cache_if=parse_edits,  # an answer that does not parse is not kept
+                    )
+                except ModelError as error:
+                    if not error.timed_out:
+                        raise
+                    raise await _probe(endpoint, call.seed, deadline, spend, error) from None
                 try:
                     summary = await trio.to_thread.run_sync(_apply, workdir, answer.text)
                 except EditError as error:

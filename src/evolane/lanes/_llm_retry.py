@@ -35,6 +35,21 @@ def wait_reserve(deadline: float) -> float:
     return min(WAIT_RESERVE, WAIT_RESERVE_SHARE * max(0.0, deadline - trio.current_time()))
 
 
+CANARY_RESERVE = 10.0
+CANARY_RESERVE_SHARE = 0.25
+"""A backend's requests end this long before its deadline (`CANARY_RESERVE`, or
+`CANARY_RESERVE_SHARE` of the time left when that is shorter): room, after a timeout, to ask
+whether the endpoint answers at all (the judge's canary, the optimizer's probe) and to
+report the answer before the deadline cuts the call (`asks_by`)."""
+
+
+def asks_by(deadline: float) -> float:
+    """When (trio clock) a backend's requests must end for its canary to fit before
+    ``deadline`` (see `CANARY_RESERVE`; ``math.inf`` stays so)."""
+    left = max(0.0, deadline - trio.current_time())
+    return deadline - min(CANARY_RESERVE, CANARY_RESERVE_SHARE * left)
+
+
 def rate_limit_backoff(seed: int, tries: int) -> float:
     """Seconds a call waits after its ``tries``-th 429 that gave no positive ``Retry-After``:
     exponential from `RATE_LIMIT_BACKOFF`, capped at `MAX_RATE_LIMIT_BACKOFF`, with a jitter
