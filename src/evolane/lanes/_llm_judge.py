@@ -22,9 +22,10 @@ import orjson
 import trio
 
 from evolane.lanes._backends import Backend, BackendCall
-from evolane.lanes._llm import Endpoint, ModelError, Spend
+from evolane.lanes._llm import Endpoint, ModelError
 from evolane.lanes._llm_files import folder_texts, render_texts
 from evolane.lanes._llm_retry import asks_by
+from evolane.lanes._llm_spend import Spend
 from evolane.lanes._llm_usage import write_usage
 
 MALFORMED_RETRIES = 2
