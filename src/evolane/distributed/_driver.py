@@ -104,7 +104,7 @@ class DaskCluster:
         bundles = [] if self.shared else await self._inputs(job, lane.workspace_seed)
         future = self.client.submit(run_unit, request, *bundles, key=key, pure=False, retries=0)
         try:
-            return await self._wait(future, job, key, stop, remaining + lane.kill_grace, staging)
+            return await self._wait(future, job, key, stop, remaining, lane.kill_grace, staging)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self._abort(future, key, lane.kill_grace, staging)
@@ -116,30 +116,45 @@ class DaskCluster:
         job: ReplayJob,
         key: str,
         stop: trio.Event,
-        allowed: float,
+        remaining: float,
+        grace: float,
         staging: Path | None,
     ) -> ReplayResult:
         result: ReplayResult | None = None
-        with trio.move_on_after(allowed + GUARD_SECONDS):
+        with trio.move_on_after(remaining + grace + GUARD_SECONDS):
+            ended = False
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._forward_stop, stop, key)
+                nursery.start_soon(self._forward_stop, stop, key, grace, nursery.cancel_scope)
                 await future_done(future)  # no thread is held while the unit runs
+                ended = True
+                nursery.cancel_scope.cancel()
+            if ended:  # a result on its way is fetched even when the stop's patience runs out
                 result = await trio.to_thread.run_sync(
                     self._settle, future, job, staging, abandon_on_cancel=True
                 )
-                nursery.cancel_scope.cancel()
-        if result is None:
-            with trio.CancelScope(shield=True):
-                await self._abort(future, key, 1.0, staging)
+        if result is not None:
+            return result
+        if stop.is_set():  # stopped, and its worker never answered (hung, or cut off)
+            with trio.CancelScope(shield=True):  # asking it again would wait as long
+                await self._drop(future, staging)
             failure = FailureEvent(
-                owner="infrastructure",
+                owner="framework",
                 stage="replay",
-                code="cluster_timeout",
-                message=f"no answer from the cluster {GUARD_SECONDS:.0f}s past the deadline",
-                repairable=True,
+                code="cancelled",
+                message="stopped; its worker did not confirm the kill "
+                f"{grace + REMOTE_KILL_MARGIN:.0f}s later",
             )
-            return _failed(job, failure)
-        return result
+            return ReplayResult.without_output(job, "cancelled", failure)
+        with trio.CancelScope(shield=True):
+            await self._abort(future, key, 1.0, staging)
+        failure = FailureEvent(
+            owner="infrastructure",
+            stage="replay",
+            code="cluster_timeout",
+            message=f"no answer from the cluster {GUARD_SECONDS:.0f}s past the deadline",
+            repairable=True,
+        )
+        return _failed(job, failure)
 
     def _settle(self, future: Any, job: ReplayJob, staging: Path | None) -> ReplayResult:
         """In one thread, once the task has ended: fetch, verify and store what it made,
@@ -153,10 +168,19 @@ class DaskCluster:
             if staging is not None:
                 remove_tree(staging)
 
-    async def _forward_stop(self, stop: trio.Event, key: str) -> None:
-        """A stopped unit is killed on its worker and still reports (as cancelled)."""
+    async def _forward_stop(
+        self, stop: trio.Event, key: str, grace: float, give_up: trio.CancelScope
+    ) -> None:
+        """A stopped unit is killed on its worker and still reports (as cancelled); one
+        whose worker does not answer within the kill grace plus `REMOTE_KILL_MARGIN` (a
+        hung or cut-off worker) is given up, so a stop (Ctrl-C, the wall clock, an early
+        stop) never waits for the unit's own deadline (found by review: a SIGSTOPped
+        worker held a Ctrl-C'd run for --replay-timeout plus 30 s)."""
         await stop.wait()
-        await trio.to_thread.run_sync(self._stop_remote, key, 0.0, abandon_on_cancel=True)
+        with trio.move_on_after(grace + REMOTE_KILL_MARGIN):
+            await trio.to_thread.run_sync(self._stop_remote, key, 0.0, abandon_on_cancel=True)
+            await trio.sleep_forever()  # the unit's report ends this wait first
+        give_up.cancel()
 
     def _stop_remote(self, key: str, wait_seconds: float) -> dict[str, Any]:
         return self.client.run(stop_unit, key, wait_seconds, on_error="return")  # type: ignore[no-any-return]
@@ -167,6 +191,10 @@ class DaskCluster:
             await trio.to_thread.run_sync(
                 self._stop_remote, key, grace + REMOTE_KILL_MARGIN, abandon_on_cancel=True
             )
+        await self._drop(future, staging)
+
+    async def _drop(self, future: Any, staging: Path | None) -> None:
+        """Have Dask forget the unit's task (bounded) and remove its staging folder."""
         with trio.move_on_after(CANCEL_WAIT):
             await trio.to_thread.run_sync(_cancel, future, abandon_on_cancel=True)
         if staging is not None:
