@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import pickle
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -27,11 +25,11 @@ from typing import Any
 
 import trio
 
+from evolane.distributed._futures import answer_of, cancel_quietly, future_done, lost_scheduler
 from evolane.distributed._local import local_cluster
 from evolane.distributed._protocol import (
     INLINE_TOTAL,
     PRIVATE_RESULT_BYTES,
-    REPORT_FILE,
     UnitReport,
     UnitRequest,
 )
@@ -54,6 +52,7 @@ GUARD_SECONDS = 30.0
 """How long past a unit's deadline (plus kill grace) the driver waits before giving it up."""
 _BUNDLES = 64
 _CONNECT_SECONDS = 10.0
+_WATCH_SECONDS = 0.5
 REMOTE_KILL_MARGIN = 10.0
 """Seconds past the kill grace a worker may take to report a stopped unit's tree gone (the
 request crosses the Dask scheduler both ways)."""
@@ -101,6 +100,8 @@ class DaskCluster:
             staging=str(staging) if staging is not None else None,
             inline_total=INLINE_TOTAL if self.shared else PRIVATE_RESULT_BYTES,
         )
+        if self.lost():
+            return _failed(job, lost_scheduler())
         bundles = [] if self.shared else await self._inputs(job, lane.workspace_seed)
         future = self.client.submit(run_unit, request, *bundles, key=key, pure=False, retries=0)
         try:
@@ -125,6 +126,7 @@ class DaskCluster:
             ended = False
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._forward_stop, stop, key, grace, nursery.cancel_scope)
+                nursery.start_soon(self._watch_client, nursery.cancel_scope)
                 await future_done(future)  # no thread is held while the unit runs
                 ended = True
                 nursery.cancel_scope.cancel()
@@ -134,9 +136,12 @@ class DaskCluster:
                 )
         if result is not None:
             return result
-        if stop.is_set():  # stopped, and its worker never answered (hung, or cut off)
+        if self.lost() or stop.is_set():  # no scheduler, or a worker that never answered
             with trio.CancelScope(shield=True):  # asking it again would wait as long
                 await self._drop(future, staging)
+        if self.lost():
+            return _failed(job, lost_scheduler())
+        if stop.is_set():
             failure = FailureEvent(
                 owner="framework",
                 stage="replay",
@@ -160,9 +165,9 @@ class DaskCluster:
         """In one thread, once the task has ended: fetch, verify and store what it made,
         drop its staging."""
         try:
-            answer = _answer(future, staging)
-            if isinstance(answer, FailureEvent):
-                return _failed(job, answer)
+            answer = answer_of(future, staging)
+            if isinstance(answer, FailureEvent):  # Dask cancels what a lost client waited on
+                return _failed(job, lost_scheduler() if self.lost() else answer)
             return self._ingest(answer, staging)
         finally:
             if staging is not None:
@@ -182,6 +187,18 @@ class DaskCluster:
             await trio.sleep_forever()  # the unit's report ends this wait first
         give_up.cancel()
 
+    def lost(self) -> bool:
+        """True once the client has lost its scheduler (killed, or unreachable: Dask
+        cancels every future then, and closes the client past its reconnect timeout)."""
+        return self.client.status != "running"
+
+    async def _watch_client(self, give_up: trio.CancelScope) -> None:
+        """Give a unit up when the scheduler is lost (found by review: a killed scheduler
+        held the run for --replay-timeout plus 30 s, its lanes waiting on dead futures)."""
+        while not self.lost():
+            await trio.sleep(_WATCH_SECONDS)
+        give_up.cancel()
+
     def _stop_remote(self, key: str, wait_seconds: float) -> dict[str, Any]:
         return self.client.run(stop_unit, key, wait_seconds, on_error="return")  # type: ignore[no-any-return]
 
@@ -196,7 +213,7 @@ class DaskCluster:
     async def _drop(self, future: Any, staging: Path | None) -> None:
         """Have Dask forget the unit's task (bounded) and remove its staging folder."""
         with trio.move_on_after(CANCEL_WAIT):
-            await trio.to_thread.run_sync(_cancel, future, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(cancel_quietly, future, abandon_on_cancel=True)
         if staging is not None:
             await trio.to_thread.run_sync(remove_tree, staging)
 
@@ -298,72 +315,6 @@ class DaskCluster:
                 self.scratch.parent.rmdir()  # when no other run uses it
             if self.directory is not None:
                 remove_tree(self.directory)
-
-
-async def future_done(future: Any) -> None:
-    """Wait until a Dask future has ended (finished, failed or cancelled) without holding a
-    thread: its done callback (run in Dask's callback thread, also for a future that has
-    already ended) wakes this task through the trio token."""
-    token = trio.lowlevel.current_trio_token()
-    ended = trio.Event()
-
-    def wake(_: Any) -> None:
-        with contextlib.suppress(trio.RunFinishedError):  # the trio run is already gone
-            token.run_sync_soon(ended.set)
-
-    future.add_done_callback(wake)
-    await ended.wait()
-
-
-def _answer(future: Any, staging: Path | None) -> UnitReport | FailureEvent:
-    """Wait for the task (in a thread) and turn what Dask says into a report or a failure."""
-    from distributed import KilledWorker
-
-    finished = threading.Event()
-    future.add_done_callback(lambda _: finished.set())  # also on error and cancellation
-    try:
-        finished.wait()
-        report = None
-        if future.status == "finished" and staging is not None:
-            with contextlib.suppress(FileNotFoundError):  # else the report is the task's value
-                report = pickle.loads((staging / REPORT_FILE).read_bytes())
-        if report is None:
-            report = future.result()
-    except KilledWorker as error:
-        return FailureEvent(
-            owner="infrastructure",
-            stage="replay",
-            code="worker_lost",
-            message=f"the worker running this unit died: {error}"[:512],
-            repairable=True,
-        )
-    except BaseException as error:  # the remote function raised, or the cluster cancelled it
-        cancelled = type(error).__name__ in ("CancelledError", "FutureCancelledError")
-        # A worker that cannot read the store or write its scratch space is the cluster's
-        # problem; anything else raised on the worker is a bug of ours.
-        infrastructure = cancelled or isinstance(error, StoreError | OSError)
-        code = (
-            "cluster_cancelled" if cancelled else "worker_io" if infrastructure else "remote_error"
-        )
-        return FailureEvent.of(
-            error,
-            owner="infrastructure" if infrastructure else "framework",
-            stage="replay",
-            code=code,
-            repairable=infrastructure,
-        )
-    if not isinstance(report, UnitReport):
-        return FailureEvent(
-            owner="framework", stage="replay", code="remote_error", message="not a unit report"
-        )
-    return report
-
-
-def _cancel(future: Any) -> None:
-    try:
-        future.cancel()
-    except Exception:  # the client may already be closing; the task dies with its key
-        return
 
 
 def _failed(job: ReplayJob, failure: FailureEvent) -> ReplayResult:

@@ -292,9 +292,10 @@ class MeasurePlan:
 
     def _replayed(self, unit: Unit, replay: ReplayResult) -> None:
         unit.replay = replay
-        if replay.failure is not None and replay.failure.code == "spawn_failed":
+        if replay.failure is not None and replay.failure.code in ("spawn_failed", "cluster_lost"):
             # Stop before this lane is handed back: no further unit may start.
-            why = f"{unit.arm} replay could not start: {replay.failure.message}"
+            how = "could not start" if replay.failure.code == "spawn_failed" else "failed"
+            why = f"{unit.arm} replay {how}: {replay.failure.message}"
             self._stop("shared_failure", why)
         if self.budgeted and not (unit.restored and self.settings.rejudge):
             unit.step = "charging"  # its lane frees once charged: the next reserve sees it
