@@ -19,7 +19,14 @@ import trio
 from pydantic import Field
 
 from evolane.messages import Record
-from evolane.sandbox import ProcessOutcome, SandboxHost, SandboxSpec, lease_holders, open_sandbox
+from evolane.sandbox import (
+    LEASE_FILES,
+    ProcessOutcome,
+    SandboxHost,
+    SandboxSpec,
+    lease_holders,
+    open_sandbox,
+)
 from evolane.stress._harness import RoundResult, cpu_seconds
 from evolane.testing import DAEMON_AFTER_EXIT_SH, EVIL_TREE_SH, descendants
 
@@ -163,10 +170,10 @@ async def _sample(host: SandboxHost, tally: _Tally) -> None:
 
 
 def _leftovers(host: SandboxHost) -> list[str]:
-    """Unit directories still under the lease (the spool and owner file belong to the host)."""
-    return sorted(
-        p.name for p in host.lease_dir.iterdir() if p.name not in {".spool", "owner.json"}
-    )
+    """Unit directories still under the lease (the spool, the owner and lock files belong to
+    the host)."""
+    own = {host.spool_dir.name, *LEASE_FILES}
+    return sorted(p.name for p in host.lease_dir.iterdir() if p.name not in own)
 
 
 async def run_process_storm(config: ProcessConfig) -> RoundResult:
