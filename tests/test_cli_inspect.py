@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -488,6 +490,22 @@ sys.stdin.read()
 """
 
 
+@contextlib.contextmanager
+def _held(journal: Path) -> Iterator[None]:
+    """A real process holds ``journal``'s lock (as a live run does) for the block's length."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(journal)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield
+    finally:
+        holder.communicate("")
+
+
 def test_runs_lists_a_running_run_no_process_holds_as_killed(tmp_path: Path) -> None:
     """run.json says ``running`` forever after a SIGKILL: `runs` must not believe it; while a
     real process holds the run's journal, the run is ``running``."""
@@ -503,14 +521,7 @@ def test_runs_lists_a_running_run_no_process_holds_as_killed(tmp_path: Path) -> 
     (row,) = listing["runs"]
     assert row["status"] == "killed" and row["live"] is False
     assert "killed" in _evolane("runs", "--store", str(root)).stdout
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, str(journal)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with _held(journal):
         listing = orjson.loads(_evolane("runs", "--store", str(root), "--json").stdout)
         (row,) = listing["runs"]
         assert row["status"] == "running" and row["live"] is True
@@ -518,8 +529,6 @@ def test_runs_lists_a_running_run_no_process_holds_as_killed(tmp_path: Path) -> 
         summary = orjson.loads(held)  # `live` a boolean as in `runs --json` (found by review)
         assert summary["live"] is True and summary["resume"] is None
         assert summary["live_note"].startswith("it is running") and "evolane watch" in held
-    finally:
-        holder.communicate("")
     gone = _evolane("report", run_id, "--store", str(root), "--format", "json").stdout
     summary = orjson.loads(gone)
     assert summary["live"] is False and summary["live_note"] is None
@@ -538,22 +547,13 @@ def test_runs_says_how_long_a_running_run_has_been_silent(tmp_path: Path) -> Non
     events.write_bytes(b"")
     past = time.time() - 300
     os.utime(events, (past, past))
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, str(journal)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with _held(journal):
         listing = orjson.loads(_evolane("runs", "--store", str(root), "--json").stdout)
         (row,) = listing["runs"]
         assert row["status"] == "running" and row["silent_seconds"] >= 300, row
         assert "running, no event for 5m" in _evolane("runs", "--store", str(root)).stdout
         shown = _evolane("report", run_id, "--store", str(root)).stdout
         assert "in another process, no event for 5m" in " ".join(shown.split()), shown
-    finally:
-        holder.communicate("")
 
 
 @pytest.mark.parametrize("errno_name", ["ENOLCK", "EBADF"])

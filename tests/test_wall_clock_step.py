@@ -33,10 +33,12 @@ async def test_a_wall_clock_step_during_a_run_is_not_its_length(
     paths = write_toy(tmp_path, PLAN)
     config = toy_config(paths, replay="backend:r", judge=None, optimizer="backend:o", iterations=1)
     backends = Backends(replay=replay, optimizer=optimizer_backend)
+    began = time.monotonic()  # the session as this test sees it, on a clock nobody steps
     with trio.fail_after(120):  # a hang guard, not a timing figure
         async with evolane.open_runtime(store=paths["store"]) as runtime:
             report = await runtime.optimize(OptimizeRequest(config=config), backends=backends)
+    span = time.monotonic() - began
     assert report is not None and step[0] == DAY
     run = orjson.loads((paths["store"] / "runs" / report.run_id / "run.json").read_bytes())
-    assert report.wall_seconds < DAY / 2, report.wall_seconds
-    assert run["elapsed_seconds"] < DAY / 2, run["elapsed_seconds"]
+    assert report.wall_seconds <= span, (report.wall_seconds, span)  # not the day stepped
+    assert run["elapsed_seconds"] <= span, (run["elapsed_seconds"], span)
