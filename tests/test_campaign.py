@@ -437,20 +437,28 @@ async def test_a_long_replay_command_is_a_campaign_identity_like_any_other(
 
 
 @pytest.mark.parametrize(
-    ("override", "quoted"),
+    ("override", "said", "quoted"),
     [
-        ({"judge": "sh -c 'echo judge is broken >&2; exit 2'"}, "judge is broken"),
-        ({"replay": "/nonexistent/agent {candidate} {output_dir}"}, "/nonexistent/agent"),
+        (
+            {"judge": "sh -c 'echo judge is broken >&2; exit 2'"},
+            "no case of the parent could be scored",
+            "judge is broken",
+        ),
+        (  # a replay that cannot start stops its measurement first: the host's failure
+            {"replay": "/nonexistent/agent {candidate} {output_dir}"},
+            "measurement c0.i0.base stopped: baseline replay could not start",
+            "/nonexistent/agent",
+        ),
     ],
 )
 async def test_a_run_that_can_score_nothing_fails_loudly(
-    tmp_path: Path, override: dict[str, str], quoted: str
+    tmp_path: Path, override: dict[str, str], said: str, quoted: str
 ) -> None:
     paths = write_toy(tmp_path, {"default": "fix:2"})
     outcome = await _run(RunRequest(toy_config(paths, **override)))
     report = outcome.report
     assert report is not None and report.status == "failed" and outcome.exit_code == 1
-    assert "no case of the parent could be scored" in report.message
+    assert said in report.message
     assert quoted in report.message
     assert report.campaign_status == "paused" and report.decisions == ()
     assert report.funnel == ()  # no optimizer call was paid for

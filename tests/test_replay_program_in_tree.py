@@ -49,8 +49,9 @@ def _campaign(root: Path, edit: str, isolation: str) -> tuple[dict, str]:
         ],
         capture_output=True, text=True, timeout=300, cwd=root,
     )  # fmt: skip
-    report = json.loads(next((root / "store").glob("runs/*/report.json")).read_text())
-    return report, done.stdout + done.stderr
+    reports = list((root / "store").glob("runs/*/report.json"))
+    assert len(reports) == 1, done.stdout + done.stderr  # a run with no report says why
+    return json.loads(reports[0].read_text()), done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,12 @@ import trio
 from evolane.actors import ActorRef
 from evolane.campaign._book import Book
 from evolane.campaign._report import Purpose
-from evolane.campaign._types import CampaignServices, CampaignSetup, Stopped
+from evolane.campaign._types import (
+    CampaignServices,
+    CampaignSetup,
+    Stopped,
+    shared_failure_line,
+)
 from evolane.campaign._verdict import arm_mean, decision_fields
 from evolane.lanes import limiter_snapshot
 from evolane.measure import Pipeline
@@ -124,8 +129,9 @@ class Peers:
         )
         self.emit(done)
         self.emit(await self.budget_event())
-        if summary.status == "shared_failure":
+        if summary.status == "shared_failure":  # the host's failure: no decision stands on it
             self.emit(WarningEvent(run_id=self.run_id, message=summary.message[:256]))
+            raise Stopped("failed", shared_failure_line(summary))
         return summary, units
 
     def decided(

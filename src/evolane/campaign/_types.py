@@ -37,6 +37,7 @@ from evolane.messages import (
     ArtifactRef,
     CycleStop,
     FailureEvent,
+    MeasureSummary,
     ProposeResult,
     Record,
     ShortText,
@@ -313,6 +314,17 @@ def optimizer_down(results: list[ProposeResult]) -> str | None:
             f"({said or 'no output'})"
         )
     return None
+
+
+def shared_failure_line(summary: MeasureSummary) -> str:
+    """Why a run stops when a measurement stopped as a shared failure (a replay that could not
+    start, a lost Dask cluster): the host's failure, never a candidate's, so no decision may
+    stand on the pairs it cut short (found by review: the run went on, published on partial
+    pairs or none, and ended ``finished``, a campaign ``complete``, exit 0)."""
+    return (
+        f"measurement {summary.measurement_id} stopped: {summary.message[:300]} "
+        "(the host's failure, not a candidate's: nothing was decided on it)"
+    )
 
 
 def not_stored(slot_id: str) -> ProposeResult:
