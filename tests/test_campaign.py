@@ -270,9 +270,16 @@ async def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -
 
 
 async def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    """Not even a store: found by review, a dry run (and ``evolane estimate``, whose default
+    store is ``.evolane`` in the current folder) created the store and wrote the seed tree's
+    and the dataset's blobs into it. An existing store gets the same estimate."""
     paths = write_toy(tmp_path, {})
     outcome = await _run(RunRequest(toy_config(paths), dry_run=True))
     assert outcome.report is None and outcome.estimate.replays_max > 0
+    assert not paths["store"].exists()
+    paths["store"].mkdir()
+    again = await _run(RunRequest(toy_config(paths), dry_run=True))
+    assert again.estimate == outcome.estimate
     assert not (paths["store"] / "runs").exists()
 
 

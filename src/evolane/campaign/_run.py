@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,7 +149,13 @@ async def run_campaign(
     that run. Every start (but a dry run) then undoes any publish a crash left half done in
     the store, whichever run it belonged to, so the target is whole before it is read."""
     if request.dry_run:
-        return await _run(request, None, runtime, interrupt, on_bus, backends)
+        if Path(request.config.store).exists():
+            return await _run(request, None, runtime, interrupt, on_bus, backends)
+        # a dry run creates no store: it prepares in one of its own, removed (found by review)
+        with tempfile.TemporaryDirectory(prefix="evolane-dry-run-") as scratch:
+            config = request.config.model_copy(update={"store": str(Path(scratch, "store"))})
+            request = dataclasses.replace(request, config=config)
+            return await _run(request, None, runtime, interrupt, on_bus, backends)
     target = Path(request.config.target)
     lock = await trio.to_thread.run_sync(lock_target, target, request.resume_run)
     try:
