@@ -419,10 +419,29 @@ def test_schema_events_has_every_kind() -> None:
     assert done.returncode == 0, done.stderr
     schemas = orjson.loads(done.stdout)
     kinds = {cls.model_fields["kind"].default for cls in EVENT_TYPES}
-    assert set(schemas) == kinds and "event.run_finished" in kinds
-    for kind, schema in schemas.items():
-        assert schema["properties"]["kind"]["const"] == kind
-        assert "run_id" in schema["required"]
+    assert {key for key in schemas if key.startswith("event.")} == kinds
+    assert "event.run_finished" in kinds
+    for kind in kinds:
+        assert schemas[kind]["properties"]["kind"]["const"] == kind
+        assert "run_id" in schemas[kind]["required"]
+
+
+def test_the_schema_documents_validate_what_they_describe_and_nothing_else() -> None:
+    """Found by review: ``schema events`` and ``schema messages`` had no rule at their top
+    level, so any document at all (``{}``, ``[]``, an unknown kind) was valid against them;
+    a consumer validating a line against the document checked nothing."""
+    import jsonschema
+
+    from evolane.messages import LedgerQuery, PhaseEvent
+
+    events = jsonschema.Draft202012Validator(orjson.loads(_evolane("schema", "events").stdout))
+    messages = jsonschema.Draft202012Validator(orjson.loads(_evolane("schema", "messages").stdout))
+    phase = PhaseEvent(run_id="r-1", phase="baseline").model_dump(mode="json")
+    assert events.is_valid(phase)
+    assert messages.is_valid(phase) and messages.is_valid(LedgerQuery().model_dump(mode="json"))
+    for bad in ({}, [], 3, {**phase, "kind": "event.nope"}, {**phase, "phase": "nope"}):
+        assert not events.is_valid(bad), bad
+        assert not messages.is_valid(bad), bad
 
 
 def test_schema_report_describes_report_json() -> None:

@@ -88,8 +88,10 @@ def test_jsonl_events_validate_against_the_exported_schema(tmp_path: Path) -> No
     assert [e["seq"] for e in journaled] == list(range(1, len(journaled) + 1))  # none lost
     kinds = ("run_started", "estimate", "phase", "slot", "measure", "decision", "run_finished")
     assert {e["kind"] for e in journaled} >= {f"event.{kind}" for kind in kinds}
+    whole = jsonschema.Draft202012Validator(schemas)  # the document, not only its kinds
     for event in streamed + journaled:
         jsonschema.validate(event, schemas[event["kind"]])
+        whole.validate(event)
     seqs = [e["seq"] for e in streamed]
     assert seqs == sorted(seqs) and seqs[-1] == journaled[-1]["seq"]
     assert "report:" in done.stderr  # the summary keeps stdout a pure event stream

@@ -401,9 +401,9 @@ def schema_document(which: str) -> dict[str, Any]:
 
         return message_schemas()
     if which == "events":
-        from evolane.messages import EVENT_TYPES
+        from evolane.messages import event_schemas
 
-        return {cls.model_fields["kind"].default: cls.model_json_schema() for cls in EVENT_TYPES}
+        return event_schemas()
     if which == "report":
         from evolane.campaign import Report
 

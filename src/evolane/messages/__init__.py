@@ -81,7 +81,7 @@ from evolane.messages._optimize import (
     ProposeJob,
     ProposeResult,
 )
-from evolane.messages._schema import message_schemas
+from evolane.messages._schema import event_schemas, message_schemas
 from evolane.messages._system import (
     MAX_STOPS_PER_SIGNAL,
     DeadLetter,
@@ -170,6 +170,7 @@ __all__ = [
     "UnitStatus",
     "Usage",
     "WarningEvent",
+    "event_schemas",
     "message_classes",
     "message_schemas",
     "parse_journal_record",
