@@ -338,12 +338,12 @@ def test_ctrl_c_then_resume_completes(tmp_path: Path, signals: int) -> None:
         assert "cancelled at once" in printed and "report:" not in printed
     resumed = _run(
         ["optimize", "--resume", run_dir.name, "--store", str(store), "--progress", "none",
-         "--iterations", "7", "--seed", "3"]
+         "--iterations", "7", "--seed", "3", "--no-network"]
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.startswith(  # found by review: ignored without a word
         f"evolane: warning: --resume {run_dir.name} keeps the run's stored settings; "
-        "ignored: --iterations, --seed\n"
+        "ignored: --iterations, --no-network, --seed\n"  # as typed, not --network
     )
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "finished" and report["resumed"] == 1

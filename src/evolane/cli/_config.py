@@ -276,7 +276,17 @@ def ignored_by_resume(flags: dict[str, Any]) -> list[str]:
     (it keeps its stored settings; only the session's keys and ``--debug`` apply), as
     ``--name``: found by review, ``--resume R --iterations 5`` ran the stored 2, silently."""
     kept = {*SESSION_KEYS, *NOT_IN_FILE}
-    return [f"--{name.replace('_', '-')}" for name in sorted(explicit_flags(flags) - kept)]
+    return [_as_given(name, flags[name]) for name in sorted(explicit_flags(flags) - kept)]
+
+
+def _as_given(name: str, value: Any) -> str:
+    """The flag ``name`` as it was typed: a boolean's off form (``--no-network``) when it is
+    false (found by review: ``--resume R --no-network`` was said as ``--network``)."""
+    ctx = _current_context()
+    for param in ctx.command.params if ctx is not None else ():
+        if param.name == name and getattr(param, "is_bool_flag", False) and param.secondary_opts:
+            return str(param.opts[0] if value else param.secondary_opts[0])
+    return f"--{name.replace('_', '-')}"
 
 
 def _current_context() -> Any:
