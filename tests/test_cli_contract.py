@@ -172,6 +172,18 @@ def test_no_help_text_shows_docstring_markup() -> None:
             assert "``" not in done.output, (words, done.output)
 
 
+def test_the_command_list_gives_each_command_one_summary_line() -> None:
+    """``evolane --help`` lists each command with its docstring's first paragraph, which kept
+    its line breaks there: ``estimate`` read "nothing runs (with" on a line of its own and
+    ``schema`` "report.json or a" (found by review). The summary is one line, wrapped by rich
+    to the terminal's width, the same words as the command's own help."""
+    from typer.testing import CliRunner
+
+    listing = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "250"}).output
+    assert "nothing runs (with `--probe`: one replay" in listing
+    assert "report.json or a trajectory record" in listing
+
+
 def test_no_help_text_loses_brackets_to_rich_markup() -> None:
     """Typer renders help as rich markup, where ``[default: ...]`` or ``[judge=|...]`` is a
     style tag and vanishes: every command's ``--store`` help read "The store directory ."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
@@ -246,6 +247,19 @@ def _register_drain() -> None:
 _register_drain()
 
 
+def _one_line_summaries(commands: typer.Typer) -> None:
+    """Give every command of ``commands`` (and of its groups) its docstring's first paragraph
+    on one line as the summary ``evolane --help`` lists: the listing kept the docstring's
+    line breaks ("nothing runs (with" on a line of its own)."""
+    for info in commands.registered_commands:
+        doc = inspect.getdoc(info.callback) if info.callback is not None else None
+        if info.short_help is None and info.help is None and doc:
+            info.short_help = " ".join(doc.split("\n\n")[0].split())
+    for group in commands.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
 def _answer_ctrl_c(commands: typer.Typer) -> None:
     """Make every command of ``commands`` (and of its groups) answer a Ctrl-C it does not
     handle itself with one line and exit 130: typer turns one into exit 130 silently."""
@@ -269,4 +283,5 @@ def _interruptible(callback: Callable[..., Any]) -> Callable[..., Any]:
     return answered
 
 
+_one_line_summaries(app)
 _answer_ctrl_c(app)
