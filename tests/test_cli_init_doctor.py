@@ -62,15 +62,6 @@ def test_init_then_doctor_then_optimize_completes_and_accepts(tmp_path: Path) ->
     root = _init(tmp_path)
     args = _config_args(root)
 
-    doctor = _run(["doctor", *args], cwd=tmp_path)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    lines = doctor.stdout.splitlines()
-    assert not [line for line in lines if line.startswith("FAIL")], doctor.stdout
-    judged = [line for line in lines if "one val case" in line and "score" in line]
-    assert judged and "score 1.000" in judged[0], doctor.stdout  # the seed greets in English
-    assert any(line.split()[1:2] == ["isolation"] for line in lines), doctor.stdout
-    assert "doctor: a campaign can run" in doctor.stdout
-
     probed = _run(["estimate", "--probe", "--json", *args], cwd=tmp_path)
     assert probed.returncode == 0, probed.stderr
     estimate = json.loads(probed.stdout)
@@ -84,6 +75,17 @@ def test_init_then_doctor_then_optimize_completes_and_accepts(tmp_path: Path) ->
     dry = _run(["optimize", "--dry-run", "--probe", *args], cwd=tmp_path)  # the same, as a flag
     assert dry.returncode == 0, dry.stderr
     assert "probe: one replay" in dry.stdout and "worst case" in dry.stdout
+    # an estimate creates no store (found by review: the probe made .evolane/ and wrote to it)
+    assert not (root / ".evolane").exists()
+
+    doctor = _run(["doctor", *args], cwd=tmp_path)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    lines = doctor.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("FAIL")], doctor.stdout
+    judged = [line for line in lines if "one val case" in line and "score" in line]
+    assert judged and "score 1.000" in judged[0], doctor.stdout  # the seed greets in English
+    assert any(line.split()[1:2] == ["isolation"] for line in lines), doctor.stdout
+    assert "doctor: a campaign can run" in doctor.stdout
 
     if _config_flag_exists():
         # The config file is found as ruff and pytest find theirs: no flags at all, in DIR.

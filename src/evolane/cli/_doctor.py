@@ -15,6 +15,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +280,12 @@ def estimate_probe(flags: dict[str, Any]) -> int:
 
     try:
         refuse_continued(flags, estimate_only=True)
-        probe = run_probe(build_config(flags), flags)
+        config = build_config(flags)
+        with contextlib.ExitStack() as scratch:
+            if not Path(config.store).exists():  # an estimate creates no store, as --dry-run
+                folder = scratch.enter_context(tempfile.TemporaryDirectory(prefix="evolane-"))
+                config = config.model_copy(update={"store": str(Path(folder, "store"))})
+            probe = run_probe(config, flags)
     except BaseException as error:  # every error: one line and an exit code
         return _failed(error, flags)
     if probe.case.ok:
