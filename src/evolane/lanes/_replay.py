@@ -24,6 +24,7 @@ from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._inproc import hand_over, make_unit_dir, read_case, shared_tree
 from evolane.lanes._limits import note_limits
 from evolane.lanes._program import arm_owner, blame_tree
+from evolane.lanes._replay_failure import classify, may_pass, refused_for_now
 from evolane.lanes._scratch import UnitScratch, replay_environment, replay_name
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
@@ -176,17 +177,21 @@ class ReplayLane(CommandLane):
         if not in_process and job.name is None:  # one name for every attempt, on any lane
             job = job.model_copy(update={"name": replay_name(job)})
         try:
-            attempt, result = 0, None
+            attempt, refusals, result = 0, 0, None
             while True:
                 attempt += 1
                 result = await self._attempt(job, attempt, deadline, stop)
-                retry = (
-                    result.failure is not None
-                    and result.failure.owner == "infrastructure"
-                    and result.failure.code != "spawn_failed"
-                    and not result.failure.code.startswith("limit_")  # it would hit it again
-                )
-                if not retry or attempt > self.settings.retries or trio.current_time() >= deadline:
+                wait = refused_for_now(result, refusals)
+                if wait is not None and trio.current_time() + wait < deadline:
+                    refusals += 1
+                    with trio.move_on_after(wait):
+                        await stop.wait()
+                    if not stop.is_set():
+                        continue
+                tries = attempt - refusals  # refused spawns ran nothing: not a retry spent
+                if not may_pass(result) or tries > self.settings.retries:
+                    break
+                if trio.current_time() >= deadline:
                     break
             name = None if in_process else job.name  # a backend is trusted: the unit id
             update = {"attempts": attempt, "wall_seconds": trio.current_time() - started}
@@ -348,7 +353,7 @@ def collect_replay(
         "stdout_ref": outcome.stdout.ref,
         "stderr_ref": outcome.stderr.ref,
     }
-    failure = _classify(outcome, job.arm)
+    failure = classify(outcome, job.arm)
     # The command may have swapped its output folder for a symlink to anywhere: nothing
     # below its unit folder is followed, read or written through.
     usage_file = scratch.usage_file("replay")
@@ -433,45 +438,6 @@ def _write_new(folder: Path, relative: str, data: bytes) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     with os.fdopen(open_below(folder, relative, flags), "wb") as out:
         out.write(data)
-
-
-def _classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
-    if outcome.ok:
-        return None
-    if outcome.status == "spawn_failed":
-        return FailureEvent(
-            owner="infrastructure",
-            stage="replay",
-            code="spawn_failed",
-            message=outcome.error[:512],
-        )
-    if outcome.status == "timed_out":
-        return FailureEvent(
-            owner="infrastructure",
-            stage="replay",
-            code="timeout",
-            message=outcome.error or f"killed at the deadline after {outcome.wall_seconds:.1f}s",
-            repairable=True,
-        )
-    if outcome.status == "cancelled":
-        return FailureEvent(owner="framework", stage="replay", code="cancelled")
-    if outcome.status == "limit_exceeded":
-        # The replay ran the tree under test and it used more than the run allows: that is
-        # the tree's doing, like a crash (a candidate's case scores 0; a baseline's is not
-        # comparable). Were it an infrastructure failure, a candidate could drop the cases
-        # it fails from the comparison by exhausting a limit (or by printing "Too many open
-        # files") on them.
-        return FailureEvent(
-            owner=arm_owner(arm),  # type: ignore[arg-type]
-            stage="replay",
-            code=f"limit_{'_'.join(outcome.limits_hit)}",
-            message=outcome.error[:512],
-        )
-    detail = outcome.stderr.text()[-500:]
-    code = (
-        f"exit_{outcome.exit_code}" if outcome.exit_code is not None else f"signal_{outcome.signal}"
-    )
-    return FailureEvent(owner=arm_owner(arm), stage="replay", code=code, message=detail)  # type: ignore[arg-type]
 
 
 def read_usage(

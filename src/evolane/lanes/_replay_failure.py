@@ -1,0 +1,87 @@
+"""How a replay's outcome reads as a failure (`classify`), and which failed replays a lane
+tries again, and when.
+
+A replay's infrastructure failure may pass (a lost worker, a crash of the lane's own work), so
+it is tried again up to `ReplaySettings.retries` times; not a limit the tree would hit again,
+nor a spawn, which is its own case: a program missing stays missing, while a host refusing a
+process slot or memory for the moment (EAGAIN, ENOMEM) is tried again after a short wait.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from evolane.lanes._program import arm_owner
+from evolane.messages import FailureEvent, ReplayResult
+from evolane.sandbox import ProcessOutcome
+
+SPAWN_REFUSALS = 3
+"""How many times a replay whose spawn the host refused for the moment is tried again."""
+_REFUSED = (f"[Errno {errno.EAGAIN}]", f"[Errno {errno.ENOMEM}]")  # a pid or memory limit
+
+
+def may_pass(result: ReplayResult) -> bool:
+    """Whether ``result`` failed on the infrastructure in a way a retry may mend: not a
+    spawn (see `refused_for_now`) and not a limit (the tree would hit it again)."""
+    failure = result.failure
+    return (
+        failure is not None
+        and failure.owner == "infrastructure"
+        and failure.code != "spawn_failed"
+        and not failure.code.startswith("limit_")
+    )
+
+
+def refused_for_now(result: ReplayResult, refusals: int) -> float | None:
+    """How long to wait before trying again a replay whose spawn the host refused for want
+    of a process slot or memory (EAGAIN, ENOMEM: a pid limit or memory reached for a
+    moment), after ``refusals`` such refusals; None when it is not one or the tries are
+    spent. No command ran, so nothing is charged twice (found by review: under a pid limit
+    one refusal stopped the measurement as a shared failure, and with it the run)."""
+    failure = result.failure
+    if failure is None or failure.code != "spawn_failed" or refusals >= SPAWN_REFUSALS:
+        return None
+    if not any(said in failure.message for said in _REFUSED):
+        return None
+    return 0.25 * 2**refusals
+
+
+def classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
+    """The failure of a replay that ended as ``outcome`` on ``arm``, and whose it is: the
+    host's (a spawn, a timeout), the run's (cancelled), or the tree's (a limit, an exit)."""
+    if outcome.ok:
+        return None
+    if outcome.status == "spawn_failed":
+        return FailureEvent(
+            owner="infrastructure",
+            stage="replay",
+            code="spawn_failed",
+            message=outcome.error[:512],
+        )
+    if outcome.status == "timed_out":
+        return FailureEvent(
+            owner="infrastructure",
+            stage="replay",
+            code="timeout",
+            message=outcome.error or f"killed at the deadline after {outcome.wall_seconds:.1f}s",
+            repairable=True,
+        )
+    if outcome.status == "cancelled":
+        return FailureEvent(owner="framework", stage="replay", code="cancelled")
+    if outcome.status == "limit_exceeded":
+        # The replay ran the tree under test and it used more than the run allows: that is
+        # the tree's doing, like a crash (a candidate's case scores 0; a baseline's is not
+        # comparable). Were it an infrastructure failure, a candidate could drop the cases
+        # it fails from the comparison by exhausting a limit (or by printing "Too many open
+        # files") on them.
+        return FailureEvent(
+            owner=arm_owner(arm),  # type: ignore[arg-type]
+            stage="replay",
+            code=f"limit_{'_'.join(outcome.limits_hit)}",
+            message=outcome.error[:512],
+        )
+    detail = outcome.stderr.text()[-500:]
+    code = (
+        f"exit_{outcome.exit_code}" if outcome.exit_code is not None else f"signal_{outcome.signal}"
+    )
+    return FailureEvent(owner=arm_owner(arm), stage="replay", code=code, message=detail)  # type: ignore[arg-type]

@@ -1,0 +1,81 @@
+"""A replay spawn the host refuses for the moment (EAGAIN, ENOMEM) is tried again.
+
+Found by review: under a pid limit (a cgroup's ``pids.max``, the host's other work) a
+replay's ``clone3`` failed with EAGAIN, the measurement stopped as a shared failure and the
+run with it, though the next spawn a moment later would have started. No command ran, so
+trying again charges nothing twice; a refusal that lasts ends the run as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+
+import trio
+
+from evolane._faults import INSTALLED
+from evolane.campaign import RunOutcome, RunRequest, run_campaign
+from evolane.lanes._replay_failure import SPAWN_REFUSALS
+from tests.campaign_helpers import toy_config, write_toy
+
+
+class _PidLimit:
+    """A host at its pid limit: the first ``refusals`` replay spawns fail as ``clone3``
+    fails there (the runtime's fault hook, so the spawns after it are real)."""
+
+    def __init__(self, refusals: int) -> None:
+        self.left, self.refused = refusals, 0
+        self._lock = threading.Lock()  # spawns are decided in worker threads
+
+    async def before_handler(self, actor: str, kind: str) -> None:
+        return None
+
+    def before_spawn(self, label: str) -> None:
+        if label != "replay":
+            return
+        with self._lock:
+            if self.left <= 0:
+                return
+            self.left -= 1
+            self.refused += 1
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+
+async def _run_under(limit: _PidLimit, root: Path) -> RunOutcome:
+    paths = write_toy(root, {"default": "fix:8"})
+    INSTALLED.append(limit)
+    try:
+        with trio.fail_after(120):
+            return await run_campaign(RunRequest(toy_config(paths)))
+    finally:
+        INSTALLED.remove(limit)
+
+
+async def test_a_spawn_refused_for_a_moment_is_tried_again_and_the_run_finishes(
+    tmp_path: Path,
+) -> None:
+    # As many refusals as one unit may meet: whichever units meet them, each starts at last.
+    limit = _PidLimit(SPAWN_REFUSALS)
+    outcome = await _run_under(limit, tmp_path / "limited")
+    assert limit.refused == SPAWN_REFUSALS
+    report = outcome.report
+    assert report is not None and report.status == "finished", report and report.message
+    assert not [f for f in report.failures if f.failure.code == "spawn_failed"]
+    reference = await _run_under(_PidLimit(0), tmp_path / "free")
+    assert reference.report is not None
+    decided = [(d.iteration, d.slot, d.decision) for d in report.decisions]
+    assert decided == [(d.iteration, d.slot, d.decision) for d in reference.report.decisions]
+    assert report.scores == reference.report.scores
+
+
+async def test_a_refusal_that_lasts_fails_the_run_after_a_bounded_number_of_tries(
+    tmp_path: Path,
+) -> None:
+    limit = _PidLimit(10**6)
+    outcome = await _run_under(limit, tmp_path)
+    report = outcome.report
+    assert report is not None and report.status == "failed"
+    assert "baseline replay could not start: [Errno 11]" in report.message
+    lanes = toy_config(write_toy(tmp_path / "n", {})).measure.replay_concurrency
+    assert limit.refused <= lanes * (1 + SPAWN_REFUSALS)  # each unit tried a bounded number
