@@ -4,6 +4,7 @@ policies, the run directory, resume, the report)."""
 from evolane.campaign._advice import after_failure
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
 from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
+from evolane.campaign._containment import host_warnings
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._lock import TargetLocked, holder_pid
@@ -94,6 +95,7 @@ __all__ = [
     "case_rows",
     "ci_text",
     "holder_pid",
+    "host_warnings",
     "load_campaign",
     "load_run",
     "probe_run",

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from evolane.campaign._config import CampaignConfig
 from evolane.inputs import InputError
 from evolane.lanes import optimizer_command
-from evolane.sandbox import confinement_fix, resolve_isolation, template_paths, within
+from evolane.sandbox import (
+    confinement_fix,
+    process_headroom,
+    resolve_isolation,
+    template_paths,
+    within,
+)
 
 
 @dataclass(frozen=True)
@@ -104,3 +110,26 @@ def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
     """The hidden path that ``path`` is or lies inside (after resolving), or None."""
     real = os.path.realpath(path)
     return next((name for name in hidden if within(real, os.path.realpath(name))), None)
+
+
+def host_warnings(config: CampaignConfig) -> list[str]:
+    """A warning when the pids cgroups enclosing evolane allow fewer processes than its
+    command trees may hold at once (each up to ``--max-procs``): a fork refused there fails
+    inside a replay, which counts as its tree's failure, a candidate's case scored 0 (found
+    by review: under a container's ``pids.max`` a candidate that fixed 8 of 12 cases was
+    rejected, its cases failing with "processes limit 512 hit (--max-procs)")."""
+    per_tree = config.commands.max_procs
+    headroom = process_headroom()
+    if per_tree is None or headroom is None:
+        return []
+    measure = config.measure
+    trees = measure.replay_concurrency + (measure.judge_concurrency if measure.judge else 0)
+    trees += config.population
+    left, cgroup = headroom
+    if trees * per_tree <= left:
+        return []
+    return [
+        f"the host allows {left} more processes ({cgroup}/pids.max), fewer than {trees} "
+        f"command trees x --max-procs {per_tree}: a process the host refuses fails inside a "
+        "replay and counts as its tree's failure; lower --max-procs or the lanes"
+    ]

@@ -16,7 +16,7 @@ import trio
 
 from evolane.actors import ActorRef
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._containment import containment
+from evolane.campaign._containment import containment, host_warnings
 from evolane.campaign._estimate import Estimate, rejudge_estimate
 from evolane.campaign._finish import (
     Session,
@@ -327,7 +327,7 @@ def _announce(
         bus.publish(WarningEvent(run_id=run.run_id, message=prepared.splits.note[:256]))
     if contained.warning is not None:
         bus.publish(WarningEvent(run_id=run.run_id, message=contained.warning[:256]))
-    for warning in model_warnings(prepared.config):
+    for warning in (*model_warnings(prepared.config), *host_warnings(prepared.config)):
         bus.publish(WarningEvent(run_id=run.run_id, message=warning[:256]))
 
 

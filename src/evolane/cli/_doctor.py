@@ -33,6 +33,7 @@ MIN_RUN_BYTES = 64 << 20
 
 
 def _host_checks(probe: Any, store: str) -> list[Check]:
+    from evolane.campaign import host_warnings
     from evolane.sandbox import confinement_fix, trees_run_as_unit_uids
 
     host = probe.host
@@ -52,6 +53,7 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
         checks.append(("ok", f"isolation {host.isolation}", why))
     unit_uids = trees_run_as_unit_uids(host.isolation)
     checks.append(cgroup_check(host.cgroups, probe.prepared.config.commands, unit_uids))
+    checks += [("warn", "processes", said) for said in host_warnings(probe.prepared.config)]
     where = Path(store)
     while not where.exists():
         where = where.parent

@@ -6,6 +6,7 @@ bounded output capture, a kill ladder that also finds escapees, and a lifeline p
 kills every tree if the runtime itself dies.
 """
 
+from evolane.sandbox._cgroups import process_headroom
 from evolane.sandbox._confine import (
     confinement_fix,
     folders_to_expose,
@@ -62,6 +63,7 @@ __all__ = [
     "lease_matches",
     "materialize_workspace",
     "open_sandbox",
+    "process_headroom",
     "resolve_isolation",
     "sweep_stale_leases",
     "template_paths",

@@ -269,3 +269,33 @@ def _write(path: Path, text: str) -> bool:
         return True
     except OSError:
         return False
+
+
+_MAX_LEVELS = 64  # cgroup levels walked up from this process's own
+
+
+def process_headroom() -> tuple[int, Path] | None:
+    """How many more processes (tasks) the pids cgroups enclosing this process allow: the
+    smallest ``pids.max - pids.current`` from its own cgroup up to its hierarchy's root (v2,
+    or the v1 ``pids`` controller), and that cgroup; None where none sets a limit. A fork
+    refused there fails inside whichever command tree made it, and the kernel counts it in
+    that tree's own ``pids.events`` (v1, and v2 before 6.12) as if its own limit was hit."""
+    own, best = _own_paths(), None
+    for root, mount, fstype, options in _mounts():
+        if fstype == "cgroup2" and "" in own:
+            folder = _inside(root, mount, own[""])
+        elif fstype == "cgroup" and "pids" in options.split(",") and "pids" in own:
+            folder = _inside(root, mount, own["pids"])
+        else:
+            continue
+        for _ in range(_MAX_LEVELS):
+            limit = read_cgroup_file(folder / "pids.max").strip()
+            current = read_cgroup_file(folder / "pids.current").strip()
+            if limit.isdigit() and current.isdigit():
+                left = max(0, int(limit) - int(current))
+                if best is None or left < best[0]:
+                    best = (left, folder)
+            if folder == Path(mount) or folder.parent == folder:
+                break
+            folder = folder.parent
+    return best
