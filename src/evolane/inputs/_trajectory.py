@@ -213,10 +213,13 @@ def _dealt_by(turn: Turn) -> str:
     """What a turn is dealt to a split with: its session; a record without a session id
     (each its own session: an API log holding the conversation so far) goes with every
     record that opens with the same first user message, so no conversation is split
-    (found by review: 24 of 36 val and test turns sat inside train inputs)."""
+    (found by review: 24 of 36 val and test turns sat inside train inputs). That is the
+    message its messages log, not its ``task`` or ``input`` (`Entry.conversation`: found
+    by review, a first call logged with its ``input`` was dealt apart from the later calls
+    that log it, and 12 of 18 val and test answers sat inside train inputs)."""
     if turn.entry.session_id:
         return "session:" + turn.session
-    return "opening:" + task_fingerprint(turn.entry.opening)
+    return "opening:" + task_fingerprint(turn.entry.conversation)
 
 
 def task_fingerprint(text: str) -> str:

@@ -72,7 +72,9 @@ class Entry(NamedTuple):
     ``line``). ``input`` is the record's ``input`` when it has no ``task`` (a case carries
     it); ``attached``: its attachment names (at most `MAX_PINNED`, as given); ``pins``: the
     same bounded for pinning; ``excerpt``: a failure's `trace_excerpt`; ``inline``: the
-    earlier turns its messages log (None when they log no user turn).
+    earlier turns its messages log (None when they log no user turn); ``first``: its user
+    message's text when it logs no earlier one and that text is not its request (a record
+    whose ``task`` or ``input`` stands for it), else None.
 
     A tuple: small, quick to make, and of strings alone it is left out of the cyclic
     garbage collector's walks (a million records would otherwise be walked again and
@@ -94,6 +96,7 @@ class Entry(NamedTuple):
     attached: tuple[str, ...]
     pins: tuple[str, ...]
     inline: Inline | None
+    first: str | None = None
 
     @property
     def where(self) -> str:
@@ -104,6 +107,13 @@ class Entry(NamedTuple):
     def opening(self) -> str:
         """The first user message of the conversation (else the request)."""
         return self.inline.opening if self.inline is not None else self.request
+
+    @property
+    def conversation(self) -> str:
+        """The first user message of the conversation as its messages log it: `opening`,
+        but the record's own user message rather than its ``task`` or ``input`` when it
+        logs no earlier turn (what a later record's inline history opens with)."""
+        return self.inline.opening if self.inline is not None else self.first or self.request
 
 
 def entry_of(record: TrajectoryRecord, path: str, line: int, shared: dict[str, str]) -> Entry:
@@ -121,6 +131,9 @@ def entry_of(record: TrajectoryRecord, path: str, line: int, shared: dict[str, s
             tuple((role, text) for role, text in said if text),
         )
     answer = next((text for m in reversed(own) if m.role == "assistant" and (text := m.text())), "")
+    request, first = record.request(), None
+    if inline is None:
+        first = next((text for m in own if m.role == "user" and (text := m.text())), None)
     attachments = record.attachments()
     outcome = record.outcome
     status = outcome.status if outcome is not None else "unknown"
@@ -132,7 +145,7 @@ def entry_of(record: TrajectoryRecord, path: str, line: int, shared: dict[str, s
         record.id,
         _shared(shared, record.target),
         record.follows,
-        record.request(),
+        request,
         answer,
         record.input if record.task is None else None,
         status,
@@ -141,6 +154,7 @@ def entry_of(record: TrajectoryRecord, path: str, line: int, shared: dict[str, s
         tuple(attachments[:MAX_PINNED]) or _NONE,
         bounded_names(attachments) or _NONE,
         inline,
+        None if first == request else first,
     )
 
 
