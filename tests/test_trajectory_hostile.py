@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evolane.inputs import ingest_trajectories
+import pytest
+
+from evolane.inputs import DatasetError, ingest_trajectories
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -51,3 +53,27 @@ def test_a_first_call_logged_with_its_input_is_dealt_with_the_calls_that_log_it(
         by_conversation.setdefault(str(case.metadata["cluster"]), set()).add(case.split)
     assert len(by_conversation) == 30
     assert all(len(splits) == 1 for splits in by_conversation.values())
+
+
+def test_ids_alike_only_in_their_safe_form_give_distinct_cases(tmp_path: Path) -> None:
+    """Case ids are made of safe characters: session ids of other letters, ids alike in
+    their first 120 characters and ``traces.jsonl`` of two day folders were refused as one
+    case id given twice. Each gets a digest of its full name; an ``id`` given twice is
+    still refused."""
+    long = "x" * 200
+    rows = [
+        {"session_id": sid, "turn": 1, "task": f"q {n}", "target": "T"}
+        for n, sid in enumerate(["会话1", "客户1", "a b", "a/b", long + "1", long + "2"])
+    ]
+    _write(tmp_path / "s.jsonl", rows)
+    for day in ("mon", "tue"):
+        _write(tmp_path / day / "traces.jsonl", [{"task": f"on {day}", "target": "T"}])
+    derived = ingest_trajectories([tmp_path])
+    ids = [case.id for case in derived.dataset]
+    assert len(ids) == 8 == len(set(ids)), ids
+    assert sum(1 for i in ids if i.startswith("traces-L1-")) == 2
+    again = ingest_trajectories([tmp_path / "tue", tmp_path / "mon", tmp_path / "s.jsonl"])
+    assert sorted(c.id for c in again.dataset) == sorted(ids)  # whatever the order given
+    twice = [{"id": "same", "task": "a", "target": "T"}, {"id": "same", "task": "b", "target": "T"}]
+    with pytest.raises(DatasetError, match=r"t\.jsonl:2: case id 'same' again"):
+        ingest_trajectories([_write(tmp_path / "t" / "t.jsonl", twice)])

@@ -279,6 +279,34 @@ def case_id(turn: Turn) -> str:
     return _safe(stem, MAX_CASE_ID_CHARS - len(suffix)) + suffix
 
 
+def _case_ids(turns: list[Turn]) -> list[str]:
+    """The case id of each of ``turns`` (`case_id`); turns whose ids are equal only in
+    their safe form (session ids ``a b`` and ``a/b``, or of non-Latin letters alone, long
+    ones alike in their first 120 characters, ``traces.jsonl`` of two folders) each get
+    ``-`` and 8 hex digits of what names them in full: their records were refused as the
+    same case (found by review). Records named alike in full (an ``id`` given twice) keep
+    the one id, refused by `_splits`."""
+    ids = [case_id(turn) for turn in turns]
+    names: dict[str, set[tuple[object, ...]]] = {}
+    for cid, turn in zip(ids, turns, strict=True):
+        names.setdefault(cid, set()).add(_full_name(turn))
+    for index, (cid, turn) in enumerate(zip(ids, turns, strict=True)):
+        if len(names[cid]) > 1:
+            digest = hashlib.sha256(repr(_full_name(turn)).encode()).hexdigest()[:8]
+            ids[index] = cid[: MAX_CASE_ID_CHARS - 9].rstrip("_.") + "-" + digest
+    return ids
+
+
+def _full_name(turn: Turn) -> tuple[object, ...]:
+    """What `case_id` makes a turn's id of, in full."""
+    entry = turn.entry
+    if entry.id:
+        return ("id", entry.id)
+    if entry.session_id:
+        return ("session", entry.session_id, turn.number)
+    return ("file", entry.path, entry.line)
+
+
 def _input_value(turn: Turn, budget: int) -> dict[str, JsonValue]:
     """What the agent is given to replay a turn: its request with its (bounded) chain of
     prior turns, and the record's ``input``."""
@@ -358,8 +386,7 @@ def _splits(
     repeats: list[ExcludedCase] = []
     by_session: dict[str, list[str]] = {}
     statuses: dict[str, set[str]] = {}
-    for turn in turns:
-        cid = case_id(turn)
+    for cid, turn in zip(_case_ids(turns), turns, strict=True):
         if cid in seen:
             first = seen[cid].entry.where
             raise DatasetError.at(
