@@ -77,3 +77,27 @@ def test_ids_alike_only_in_their_safe_form_give_distinct_cases(tmp_path: Path) -
     twice = [{"id": "same", "task": "a", "target": "T"}, {"id": "same", "task": "b", "target": "T"}]
     with pytest.raises(DatasetError, match=r"t\.jsonl:2: case id 'same' again"):
         ingest_trajectories([_write(tmp_path / "t" / "t.jsonl", twice)])
+
+
+def test_a_long_chain_of_follow_ups_is_refused_before_every_chain_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each follow-up's case carries its chain, so a long session's cases outgrow a
+    dataset: a session of 20,000 tiny follow-ups (2 MB) was refused after a minute, once
+    every turn's chain had been built. The refusal comes at the turn that goes over."""
+    import evolane.inputs._trajectory as trajectory
+
+    monkeypatch.setattr(trajectory, "MAX_CASES_BYTES", 40_000)
+    built = 0
+    chain_tail = trajectory.chain_tail
+
+    def counted(turn: Any, budget: int) -> Any:
+        nonlocal built
+        built += 1
+        return chain_tail(turn, budget)
+
+    monkeypatch.setattr(trajectory, "chain_tail", counted)
+    rows = [{"session_id": "s", "turn": t, "task": f"and {t}", "target": "T"} for t in range(3000)]
+    with pytest.raises(DatasetError, match=r"t\.jsonl:\d+: the cases of group 'T' are over"):
+        ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], context_budget=4096)
+    assert built < 300, built

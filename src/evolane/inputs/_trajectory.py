@@ -161,15 +161,20 @@ def _cases(
         case = _case(turn, case_id_, group, budget, split)
         size += len(case_json(case)) + 1
         if size > MAX_CASES_BYTES:
-            raise DatasetError.at(
-                turn.entry.path,
-                turn.entry.line,
-                f"the cases of group {group!r} are over the {_size(MAX_CASES_BYTES)} limit of "
-                "a dataset (pick a smaller group with --group, or give fewer files)",
-            )
+            raise _over_limit(turn, group)
         if turn.entry.status == "failure":
             failures.append(TraceFailure(id=case.id, reason=turn.entry.excerpt or ""))
         yield case
+
+
+def _over_limit(turn: Turn, group: str) -> DatasetError:
+    """The error for the turn whose case takes ``group``'s cases over `MAX_CASES_BYTES`."""
+    return DatasetError.at(
+        turn.entry.path,
+        turn.entry.line,
+        f"the cases of group {group!r} are over the {_size(MAX_CASES_BYTES)} limit of "
+        "a dataset (pick a smaller group with --group, or give fewer files)",
+    )
 
 
 class _Tally(NamedTuple):
@@ -380,8 +385,12 @@ def _splits(
     the repeats returned: in another split it would show the optimizer a val or test case, in the
     same split it would count one task twice. Sessions are stratified by outcome (any
     failure, else any success, else unknown), sorted, shuffled with ``seed`` and dealt in
-    `_SPLIT_CYCLE`. A case id given twice is refused with both places."""
+    `_SPLIT_CYCLE`. A case id given twice is refused with both places, and the turn whose
+    input takes the kept inputs over `MAX_CASES_BYTES` as `_cases` would refuse it: a
+    session of 20,000 tiny follow-ups (2 MB), each carrying its chain, was refused after
+    a minute, every chain built first (found by review)."""
     seen: dict[str, Turn] = {}
+    size = 0
     first_of: dict[bytes, str] = {}
     repeats: list[ExcludedCase] = []
     by_session: dict[str, list[str]] = {}
@@ -393,10 +402,14 @@ def _splits(
                 turn.entry.path, turn.entry.line, f"case id {cid!r} again (first at {first})"
             )
         seen[cid] = turn
-        earlier = first_of.setdefault(input_identity(_input_value(turn, budget)), cid)
+        value = _input_value(turn, budget)
+        earlier = first_of.setdefault(input_identity(value), cid)
         if earlier != cid:
             repeats.append(_left_out(turn, group, f"repeat: the same input as case {earlier}"))
             continue
+        size += len(orjson.dumps(value))  # each case holds its input
+        if size > MAX_CASES_BYTES:
+            raise _over_limit(turn, group)
         key = _dealt_by(turn)
         by_session.setdefault(key, []).append(cid)
         statuses.setdefault(key, set()).add(turn.entry.status)
