@@ -6,6 +6,8 @@ the same file given twice, and runs of blank lines."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +103,23 @@ def test_a_long_chain_of_follow_ups_is_refused_before_every_chain_is_built(
     with pytest.raises(DatasetError, match=r"t\.jsonl:\d+: the cases of group 'T' are over"):
         ingest_trajectories([_write(tmp_path / "t.jsonl", rows)], context_budget=4096)
     assert built < 300, built
+
+
+def _evolane(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", "from evolane.cli import main; main()", *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=120, cwd=cwd, input=stdin
+    )
+
+
+def test_a_pipe_is_read_and_a_device_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """``/dev/stdin`` from a pipe (or ``<(zcat ...)``) was said to be "no such file or
+    directory", and so was ``/dev/null``."""
+    rows = "".join(json.dumps({"task": f"q{n}", "target": "T"}) + "\n" for n in range(3))
+    out = ["-o", "cases.jsonl"]
+    done = _evolane("dataset", "from-trajectory", "/dev/stdin", *out, cwd=tmp_path, stdin=rows)
+    assert done.returncode == 0, done.stderr
+    assert "wrote 3 cases" in done.stdout
+    done = _evolane("dataset", "from-trajectory", "/dev/null", "-o", "x.jsonl", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == "evolane: error: /dev/null: not a file, a pipe or a folder\n"

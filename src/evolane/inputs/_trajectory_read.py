@@ -9,6 +9,7 @@ and kept as a compact `Entry` (~0.3 KB for a tiny record), the model and the JSO
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 
 import orjson
@@ -50,17 +51,20 @@ TRAJECTORY_SUFFIXES = (".jsonl", ".ndjson")
 def trajectory_files(
     paths: Iterable[str | os.PathLike[str]], *, max_files: int = MAX_TRAJECTORY_FILES
 ) -> list[str]:
-    """The files named by ``paths``: a file as given, a folder's ``*.jsonl``/``*.ndjson``
-    files (walked iteratively, sorted, symlinked folders not followed); `DatasetError` for a
-    missing path, an empty result or more than ``max_files``."""
+    """The files named by ``paths``: a file (or a pipe: ``/dev/stdin``, ``<(zcat ...)``) as
+    given, a folder's ``*.jsonl``/``*.ndjson`` files (walked iteratively, sorted, symlinked
+    folders not followed); `DatasetError` for a missing path or one of another kind (a
+    device: both were said to be "no such file or directory", and so was a pipe: found by
+    review), an empty result or more than ``max_files``."""
     paths = list(paths)
     found: list[str] = []
     seen = 0
     for given in paths:
         shown = os.fspath(given)
-        if os.path.isfile(shown):
+        mode = _mode(shown)
+        if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
             found.append(shown)
-        elif os.path.isdir(shown):
+        elif stat.S_ISDIR(mode):
             stack = [shown]
             while stack:
                 folder = stack.pop()
@@ -79,12 +83,24 @@ def trajectory_files(
                         found.append(entry.path)
                 stack.extend(reversed(folders))
         else:
-            _fail(shown, None, "no such file or directory")
+            _fail(shown, None, "not a file, a pipe or a folder")
         if len(found) > max_files:
             _fail(shown, None, f"more than {max_files} trajectory files")
     if not found:
         _fail(", ".join(os.fspath(p) for p in paths) or "<no paths>", None, "no trajectory files")
     return found
+
+
+def _mode(path: str) -> int:
+    """The mode of the file ``path`` names (symlinks followed); `DatasetError` when it
+    cannot be had (the path was said to be missing whatever the reason: found by review)."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        _fail(path, None, "no such file or directory")
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        _fail(path, None, f"cannot read: {reason[:1].lower()}{reason[1:]}")
 
 
 def read_trajectories(
