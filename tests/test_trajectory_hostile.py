@@ -123,3 +123,14 @@ def test_a_pipe_is_read_and_a_device_is_named_for_what_it_is(tmp_path: Path) -> 
     done = _evolane("dataset", "from-trajectory", "/dev/null", "-o", "x.jsonl", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr == "evolane: error: /dev/null: not a file, a pipe or a folder\n"
+
+
+def test_a_file_named_twice_is_read_once(tmp_path: Path) -> None:
+    """A file given twice, or a folder and a file in it, was read twice: refused as its own
+    turns again (and counted twice against the cap on files)."""
+    rows = [{"session_id": f"s{n}", "turn": 1, "task": f"q{n}", "target": "T"} for n in range(4)]
+    path = _write(tmp_path / "in" / "t.jsonl", rows)
+    (tmp_path / "in" / "link.jsonl").symlink_to(path)
+    derived = ingest_trajectories([path, tmp_path / "in", tmp_path / "in" / ".." / "in"])
+    assert len(derived.dataset) == 4
+    assert derived.dataset.by_id("s0-t1").metadata["source"] == f"{path}:1"

@@ -53,17 +53,20 @@ def trajectory_files(
 ) -> list[str]:
     """The files named by ``paths``: a file (or a pipe: ``/dev/stdin``, ``<(zcat ...)``) as
     given, a folder's ``*.jsonl``/``*.ndjson`` files (walked iteratively, sorted, symlinked
-    folders not followed); `DatasetError` for a missing path or one of another kind (a
-    device: both were said to be "no such file or directory", and so was a pipe: found by
-    review), an empty result or more than ``max_files``."""
+    folders not followed), each file once however often it is named (a file given twice,
+    or a folder and a file in it, was read twice and refused as its own turns again:
+    found by review); `DatasetError` for a missing path or one of another kind (a device),
+    an empty result or more than ``max_files``."""
     paths = list(paths)
     found: list[str] = []
+    known: set[tuple[int, int]] = set()
     seen = 0
     for given in paths:
         shown = os.fspath(given)
-        mode = _mode(shown)
+        info = _stat(shown)
+        mode = info.st_mode
         if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
-            found.append(shown)
+            _add(found, known, shown, info)
         elif stat.S_ISDIR(mode):
             stack = [shown]
             while stack:
@@ -80,7 +83,7 @@ def trajectory_files(
                     if entry.is_dir(follow_symlinks=False):
                         folders.append(entry.path)
                     elif entry.name.endswith(TRAJECTORY_SUFFIXES) and entry.is_file():
-                        found.append(entry.path)
+                        _add(found, known, entry.path, _stat(entry.path))
                 stack.extend(reversed(folders))
         else:
             _fail(shown, None, "not a file, a pipe or a folder")
@@ -91,16 +94,23 @@ def trajectory_files(
     return found
 
 
-def _mode(path: str) -> int:
-    """The mode of the file ``path`` names (symlinks followed); `DatasetError` when it
+def _stat(path: str) -> os.stat_result:
+    """The status of the file ``path`` names (symlinks followed); `DatasetError` when it
     cannot be had (the path was said to be missing whatever the reason: found by review)."""
     try:
-        return os.stat(path).st_mode
+        return os.stat(path)
     except FileNotFoundError:
         _fail(path, None, "no such file or directory")
     except OSError as error:
         reason = error.strerror or str(error) or type(error).__name__
         _fail(path, None, f"cannot read: {reason[:1].lower()}{reason[1:]}")
+
+
+def _add(found: list[str], known: set[tuple[int, int]], path: str, info: os.stat_result) -> None:
+    """Add ``path`` to ``found`` unless the file it names (``info``) is there already."""
+    if (info.st_dev, info.st_ino) not in known:
+        known.add((info.st_dev, info.st_ino))
+        found.append(path)
 
 
 def read_trajectories(
