@@ -9,21 +9,20 @@ and kept as a compact `Entry` (~0.3 KB for a tiny record), the model and the JSO
 from __future__ import annotations
 
 import os
+import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import orjson
 from pydantic import ValidationError
 
 from evolane.inputs._dataset import (
     _BOM,
-    _JSON_SPACE,
     MAX_FILE_BYTES,
     MAX_LINE_BYTES,
     _describe,
     _fail,
     _json_kind,
-    _line_spans,
     _read_bounded,
     _size,
     _trim_orjson,
@@ -45,6 +44,7 @@ one over, by file:line, before any line is parsed: this many tiny records peak a
 MAX_FIELD_PATH_CHARS = 80
 """A bad field's dotted path (``messages.0.content``) longer than this is cut in the error."""
 TRAJECTORY_SUFFIXES = (".jsonl", ".ndjson")
+_NOT_SPACE = re.compile(rb"[^ \t\r\n]")
 """The files a folder walk reads (a file named on its own is read whatever its name)."""
 
 
@@ -166,30 +166,43 @@ def parse_trajectory(
         _refuse_past(data, start, path, before, limit)
     shared = {} if shared is None else shared
     records: list[Entry] = []
-    for number, first, end in _line_spans(data, start):
+    for number, first, end in _record_spans(data, start):
         if end - first > max_line_bytes:
             _fail(
                 path, number, f"line is {end - first} bytes, over the {_size(max_line_bytes)} limit"
             )
         line = data[first:end]
-        if line.strip(_JSON_SPACE):
-            records.append(entry_of(_parse_line(line, path, number), path, number, shared))
+        records.append(entry_of(_parse_line(line, path, number), path, number, shared))
     return records
+
+
+def _record_spans(data: bytes, start: int) -> Iterator[tuple[int, int, int]]:
+    """``(line number, start, end)`` of every non-blank line of ``data`` from ``start`` (the
+    newline excluded). Blank lines are passed over in bulk, not one by one: 32 MiB of
+    newlines took 30 s, one line at a time (found by review)."""
+    number, counted, where = 1, start, start
+    while (found := _NOT_SPACE.search(data, where)) is not None:
+        first = max(data.rfind(b"\n", start, found.start()) + 1, start)
+        number += data.count(b"\n", counted, first)
+        counted = first
+        end = data.find(b"\n", found.start())
+        end = len(data) if end < 0 else end
+        yield number, first, end
+        where = end + 1
 
 
 def _refuse_past(data: bytes, start: int, path: str, seen: int, limit: int) -> None:
     """Raise `DatasetError` at the line of the record (non-blank line) past ``limit``, if
     ``data`` has one (``seen`` records were read before it)."""
-    for number, first, end in _line_spans(data, start):
-        if data[first:end].strip(_JSON_SPACE):
-            seen += 1
-            if seen > limit:
-                _fail(
-                    path,
-                    number,
-                    f"more than {limit:,} trajectory records in all "
-                    "(the limit: give fewer files, or split them across runs)",
-                )
+    for number, _, _ in _record_spans(data, start):
+        seen += 1
+        if seen > limit:
+            _fail(
+                path,
+                number,
+                f"more than {limit:,} trajectory records in all "
+                "(the limit: give fewer files, or split them across runs)",
+            )
 
 
 def _parse_line(line: bytes, path: str, number: int) -> TrajectoryRecord:
