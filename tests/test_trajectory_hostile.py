@@ -163,3 +163,17 @@ def test_runs_of_blank_lines_are_passed_over_in_bulk(
     with pytest.raises(DatasetError, match=r"t\.jsonl:60004: more than 2 trajectory records"):
         read.read_trajectories([tmp_path / "t.jsonl"], max_records=2)
     assert lines < 100, lines
+
+
+def test_sessions_of_long_ids_alike_in_their_start_are_clusters_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """A cluster name is at most 256 characters: cut alone, 24 sessions whose ids share
+    their first 250 characters were one cluster, and the gate counted one observation."""
+    rows = [
+        {"session_id": "x" * 250 + f"{n:03d}", "turn": 1, "task": f"q{n}", "target": "T"}
+        for n in range(24)
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
+    clusters = {str(case.metadata["cluster"]) for case in derived.dataset}
+    assert len(clusters) == 24 and max(map(len, clusters)) <= 256

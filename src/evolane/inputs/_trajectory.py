@@ -227,6 +227,15 @@ def _dealt_by(turn: Turn) -> str:
     return "opening:" + task_fingerprint(turn.entry.conversation)
 
 
+def _bounded(key: str, limit: int = 256) -> str:
+    """``key`` as a cluster name of at most ``limit`` characters: a longer one is cut and
+    ends with a digest of it in full (cut alone, the sessions of ids alike in their first
+    248 characters were one cluster: found by review)."""
+    if len(key) <= limit:
+        return key
+    return key[: limit - 17] + "~" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def task_fingerprint(text: str) -> str:
     """``fp-`` and 12 hex digits of the SHA-256 of ``text`` normalised (`normalise`)."""
     return "fp-" + hashlib.sha256(normalise(text).encode()).hexdigest()[:12]
@@ -358,7 +367,7 @@ def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> C
     metadata: dict[str, JsonValue] = {
         "group": group,
         "session": turn.session[:256],
-        "cluster": _dealt_by(turn)[:256],  # its conversation: not independent of its turns
+        "cluster": _bounded(_dealt_by(turn)),  # its conversation: its turns are not independent
         "turn": turn.number,
         "source": entry.where[:512],
         "outcome": entry.status,
