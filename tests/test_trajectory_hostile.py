@@ -177,3 +177,25 @@ def test_sessions_of_long_ids_alike_in_their_start_are_clusters_of_their_own(
     derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
     clusters = {str(case.metadata["cluster"]) for case in derived.dataset}
     assert len(clusters) == 24 and max(map(len, clusters)) <= 256
+
+
+def test_an_image_first_conversation_is_dealt_by_its_image(tmp_path: Path) -> None:
+    """A first call whose user message is an image alone (no text) was dealt by its
+    ``task``, the later calls that log it by an empty opening, all together: with seed 4,
+    12 of 12 val and test answers sat inside train inputs. The image's name is the key."""
+    rows = []
+    for n in range(30):
+        image = {"type": "image_url", "image_url": {"url": f"https://x.test/{n}.png"}}
+        first = [{"role": "user", "content": [image]}, _said("assistant", f"SECRET-{n}-")]
+        status = "success" if n % 3 else "failure"
+        rows.append({"target": "T", "task": f"describe {n}", "messages": first})
+        rows[-1]["outcome"] = {"status": status}
+        later = [*first, _said("user", f"and the colour? {n}"), _said("assistant", "b")]
+        rows.append({"target": "T", "messages": later, "outcome": {"status": "failure"}})
+    path = _write(tmp_path / "calls.jsonl", rows)
+    for seed in range(6):
+        cases = list(ingest_trajectories([path], seed=seed).dataset)
+        held = {c.expected_output for c in cases if c.split != "train" and c.expected_output}
+        shown = " ".join(json.dumps(c.input) for c in cases if c.split == "train")
+        assert held and not [answer for answer in held if str(answer) in shown], seed
+        assert len({c.metadata["cluster"] for c in cases}) == 30

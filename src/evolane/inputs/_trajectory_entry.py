@@ -73,8 +73,9 @@ class Entry(NamedTuple):
     it); ``attached``: its attachment names (at most `MAX_PINNED`, as given); ``pins``: the
     same bounded for pinning; ``excerpt``: a failure's `trace_excerpt`; ``inline``: the
     earlier turns its messages log (None when they log no user turn); ``first``: its user
-    message's text when it logs no earlier one and that text is not its request (a record
-    whose ``task`` or ``input`` stands for it), else None.
+    message as `conversation` gives it when it logs no earlier one and that is not its
+    request (a record whose ``task`` or ``input`` stands for it, or whose message is an
+    image), else None.
 
     A tuple: small, quick to make, and of strings alone it is left out of the cyclic
     garbage collector's walks (a million records would otherwise be walked again and
@@ -110,10 +111,19 @@ class Entry(NamedTuple):
 
     @property
     def conversation(self) -> str:
-        """The first user message of the conversation as its messages log it: `opening`,
-        but the record's own user message rather than its ``task`` or ``input`` when it
-        logs no earlier turn (what a later record's inline history opens with)."""
-        return self.inline.opening if self.inline is not None else self.first or self.request
+        """The first user message of the conversation as its messages log it, its text and
+        its attachments' names (`opening_of`): the record's own user message rather than
+        its ``task`` or ``input`` when it logs no earlier turn (what a later record's inline
+        history opens with)."""
+        if self.inline is not None:
+            return opening_of(self.inline.opening, self.inline.pins)
+        return self.request if self.first is None else self.first
+
+
+def opening_of(text: str, attachments: tuple[str, ...]) -> str:
+    """A conversation's first user message as one string: its text, and the names of its
+    attachments (an image-only first message has no text)."""
+    return text + ("\n[attached: " + ", ".join(attachments) + "]" if attachments else "")
 
 
 def entry_of(record: TrajectoryRecord, path: str, line: int, shared: dict[str, str]) -> Entry:
@@ -132,8 +142,9 @@ def entry_of(record: TrajectoryRecord, path: str, line: int, shared: dict[str, s
         )
     answer = next((text for m in reversed(own) if m.role == "assistant" and (text := m.text())), "")
     request, first = record.request(), None
-    if inline is None:
-        first = next((text for m in own if m.role == "user" and (text := m.text())), None)
+    asked = next((m for m in own if m.role == "user"), None)
+    if inline is None and asked is not None:
+        first = opening_of(asked.text(), bounded_names(asked.attachments()))
     attachments = record.attachments()
     outcome = record.outcome
     status = outcome.status if outcome is not None else "unknown"
