@@ -6,6 +6,7 @@ the same file given twice, and runs of blank lines."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -199,3 +200,17 @@ def test_an_image_first_conversation_is_dealt_by_its_image(tmp_path: Path) -> No
         shown = " ".join(json.dumps(c.input) for c in cases if c.split == "train")
         assert held and not [answer for answer in held if str(answer) in shown], seed
         assert len({c.metadata["cluster"] for c in cases}) == 30
+
+
+def test_a_file_whose_name_is_not_utf8_gives_cases_not_a_traceback(tmp_path: Path) -> None:
+    """A file so named in a folder (``\\xff.jsonl``: Latin-1 from an older system) broke
+    ingestion with a traceback: its name, in each case's ``source``, could not be written."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    row = {"task": "q", "outcome": {"status": "failure"}}
+    with open(os.path.join(os.fsencode(folder), b"\xff.jsonl"), "wb") as out:
+        out.write(json.dumps(row).encode() + b"\n")
+    done = _evolane("dataset", "from-trajectory", "in", "-o", "cases.jsonl", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (case,) = [json.loads(line) for line in (tmp_path / "cases.jsonl").read_text().splitlines()]
+    assert case["metadata"]["source"] == "in/\\xff.jsonl:1"

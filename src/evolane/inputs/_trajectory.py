@@ -25,7 +25,7 @@ from pydantic import Field, JsonValue
 from evolane.inputs._cases import MAX_CASE_ID_CHARS, Case, Split, case_json
 from evolane.inputs._dataset import MAX_FILE_BYTES, Dataset, _size
 from evolane.inputs._errors import DatasetError, InputError
-from evolane.inputs._trajectory_read import read_trajectories
+from evolane.inputs._trajectory_read import read_trajectories, shown_path
 from evolane.inputs._trajectory_sessions import (
     DEFAULT_CONTEXT_BUDGET,
     Turn,
@@ -142,7 +142,7 @@ def ingest_trajectories(
         failures=tuple(failures[:MAX_LISTED]),
         repeats=tuple(repeats[:MAX_LISTED]),
         omitted={k: v - MAX_LISTED for k, v in listed.items() if v > MAX_LISTED},
-        sources=tuple(path[:256] for path in given[:256]),
+        sources=tuple(shown_path(path)[:256] for path in given[:256]),
     )
     return Trajectories(dataset, summary)
 

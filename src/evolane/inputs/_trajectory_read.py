@@ -136,7 +136,7 @@ def read_trajectories(
         records.extend(
             parse_trajectory(
                 data,
-                path=path,
+                path=shown_path(path),
                 max_line_bytes=max_line_bytes,
                 max_records=limit,
                 before=len(records),
@@ -145,6 +145,18 @@ def read_trajectories(
         )
         del data
     return records
+
+
+def shown_path(path: str) -> str:
+    """``path`` as text that JSON can hold: a name's bytes that are not UTF-8 (read by
+    Python as lone surrogates) become ``\\xff`` escapes. A file named so in a folder broke
+    ingestion with a traceback: its name, in each case's ``source``, could not be written
+    (found by review)."""
+    try:
+        raw = path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file system name decodes to
+        raw = path.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def parse_trajectory(
