@@ -214,3 +214,15 @@ def test_a_file_whose_name_is_not_utf8_gives_cases_not_a_traceback(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     (case,) = [json.loads(line) for line in (tmp_path / "cases.jsonl").read_text().splitlines()]
     assert case["metadata"]["source"] == "in/\\xff.jsonl:1"
+
+
+def test_cases_written_to_stdout_are_not_mixed_with_the_summary(tmp_path: Path) -> None:
+    """``-o /dev/stdout | ...``: the groups and the "wrote" line went into the stream of
+    cases, read as bad cases by what read it."""
+    _write(tmp_path / "t.jsonl", [{"task": f"q{n}", "target": "T"} for n in range(3)])
+    out = ["-o", "/dev/stdout"]
+    done = _evolane("dataset", "from-trajectory", "t.jsonl", *out, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [row["metadata"]["group"] for row in rows] == ["T"] * 3
+    assert "wrote 3 cases" in done.stderr and "chosen: T" in done.stderr

@@ -43,14 +43,26 @@ def from_trajectory(
         derived = ingest_trajectories(paths, group=group, seed=seed)
     except InputError as error:
         fail_usage(str(error))
+    aside = _is_stdout(output)
     try:
         _write_output(output, derived.dataset.canonical_jsonl())
     except OSError as error:
         fail_usage(f"{output}: cannot write: {error.strerror or error}")
     for line in summary_lines(derived.summary):
-        typer.echo(line)
+        typer.echo(line, err=aside)
     counts = ", ".join(f"{n} {name}" for name, n in derived.dataset.split_counts.items())
-    typer.echo(f"wrote {len(derived.dataset)} cases ({counts}) to {output}")
+    typer.echo(f"wrote {len(derived.dataset)} cases ({counts}) to {output}", err=aside)
+
+
+def _is_stdout(path: Path) -> bool:
+    """Whether ``path`` names this process's standard output, a pipe or a device (``-o
+    /dev/stdout | ...``): the summary then goes to standard error, not into the cases
+    (found by review: the groups and the "wrote" line were read as bad cases)."""
+    try:
+        named, ours = path.stat(), os.fstat(1)
+    except OSError:
+        return False
+    return not stat.S_ISREG(named.st_mode) and os.path.samestat(named, ours)
 
 
 def _write_output(path: Path, data: bytes) -> None:
