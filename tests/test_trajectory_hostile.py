@@ -226,3 +226,23 @@ def test_cases_written_to_stdout_are_not_mixed_with_the_summary(tmp_path: Path) 
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [row["metadata"]["group"] for row in rows] == ["T"] * 3
     assert "wrote 3 cases" in done.stderr and "chosen: T" in done.stderr
+
+
+def test_a_group_of_one_task_given_many_times_is_not_the_largest(tmp_path: Path) -> None:
+    """A task given 50 times is one case once its repeats are left out: it was chosen as
+    the largest group over 20 distinct tasks, and gave one case."""
+    rows = [
+        {"session_id": f"cron{n}", "turn": 1, "task": "Check the backups", "target": "cron"}
+        | {"outcome": {"status": "failure" if n % 2 else "success"}}
+        for n in range(50)
+    ]
+    rows += [
+        {"session_id": f"ask{n}", "turn": 1, "task": f"question {n}", "target": "ask"}
+        | {"outcome": {"status": "failure" if n % 3 else "success"}}
+        for n in range(20)
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
+    assert derived.summary.chosen == "ask" and len(derived.dataset) == 20
+    assert derived.summary.choice.startswith("the largest group with failures (20 cases, 13")
+    cron = ingest_trajectories([tmp_path / "t.jsonl"], group="cron")
+    assert len(cron.dataset) == 1 and len(cron.summary.repeats) == 49

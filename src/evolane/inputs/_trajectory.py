@@ -117,7 +117,7 @@ def ingest_trajectories(
     if not groups:
         shown = " ".join(given[:3]) + (" ..." if len(given) > 3 else "")
         raise InputError(f"--from-trajectory {shown}: no trajectory records in it")
-    tallies = {name: _tally(name, members) for name, members in groups.items()}
+    tallies = {name: _tally(name, members, context_budget) for name, members in groups.items()}
     chosen, choice = _choose(tallies, group)
     usable = [turn for turn in groups[chosen] if not turn.incomplete]
     if not usable:
@@ -184,6 +184,12 @@ class _Tally(NamedTuple):
     cases: int  # usable cases (context complete)
     failures: int  # usable cases whose outcome is failure
     excluded: int  # context_incomplete turns
+    distinct: int  # usable cases, a repeated input (not a follow-up's) counted once
+
+    def size(self) -> str:
+        """``N cases``, and how many distinct inputs when fewer."""
+        shown = f"{self.cases} cases"
+        return shown if self.distinct == self.cases else f"{shown}, {self.distinct} distinct"
 
     def summary(self, chosen: str) -> GroupSummary:
         """The family as a `GroupSummary`."""
@@ -248,10 +254,21 @@ def _groups(by_session: list[list[Turn]]) -> dict[str, list[Turn]]:
     return groups
 
 
-def _tally(name: str, members: list[Turn]) -> _Tally:
+def _tally(name: str, members: list[Turn], budget: int) -> _Tally:
+    """A group's counts; ``distinct`` counts a turn that is not a follow-up and repeats an
+    earlier one's input once, as `_splits` keeps it (its chain, unbuilt, is not compared)."""
     usable = [turn for turn in members if not turn.incomplete]
     failures = sum(1 for turn in usable if turn.entry.status == "failure")
-    return _Tally(name, len(usable), failures, len(members) - len(usable))
+    seen: set[bytes] = set()
+    distinct = 0
+    for turn in usable:
+        if len(usable) > 1 and not turn.follow_up:
+            identity = input_identity(_input_value(turn, budget))
+            if identity in seen:
+                continue
+            seen.add(identity)
+        distinct += 1
+    return _Tally(name, len(usable), failures, len(members) - len(usable), distinct)
 
 
 def _choose(tallies: dict[str, _Tally], group: str | None) -> tuple[str, str]:
@@ -261,16 +278,18 @@ def _choose(tallies: dict[str, _Tally], group: str | None) -> tuple[str, str]:
             known = ", ".join(sorted(tallies)[:10])
             raise InputError(f"--group {group}: no such group (groups: {known})")
         return group, f"--group {group}"
-    ranked = sorted(tallies.values(), key=lambda s: (-s.cases, s.name))
+    # the largest by distinct inputs: a group of one task given 500 times was chosen over
+    # 60 distinct tasks, and gave one case, its repeats left out (found by review)
+    ranked = sorted(tallies.values(), key=lambda s: (-s.distinct, -s.cases, s.name))
     with_failures = [s for s in ranked if s.failures and s.cases]
     if with_failures:
         best = with_failures[0]
         return best.name, (
-            f"the largest group with failures ({best.cases} cases, {best.failures} failures "
+            f"the largest group with failures ({best.size()}, {best.failures} failures "
             f"of {len(tallies)} groups); pick another with --group"
         )
     best = next((s for s in ranked if s.cases), ranked[0])
-    return best.name, f"no group has failures: the largest ({best.cases} cases) was chosen"
+    return best.name, f"no group has failures: the largest ({best.size()}) was chosen"
 
 
 def _safe(text: str, limit: int = 128) -> str:
