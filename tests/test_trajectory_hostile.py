@@ -246,3 +246,22 @@ def test_a_group_of_one_task_given_many_times_is_not_the_largest(tmp_path: Path)
     assert derived.summary.choice.startswith("the largest group with failures (20 cases, 13")
     cron = ingest_trajectories([tmp_path / "t.jsonl"], group="cron")
     assert len(cron.dataset) == 1 and len(cron.summary.repeats) == 49
+
+
+def test_a_session_giving_turns_on_some_records_only_is_refused_at_the_record(
+    tmp_path: Path,
+) -> None:
+    """A record without a turn, after turn 5, was taken as turn 1: replayed first, as a
+    task of its own, without the context it followed up."""
+    rows = [
+        {"session_id": "s", "turn": 5, "task": "start", "outcome": {"status": "failure"}},
+        {"session_id": "s", "task": "and then fix it", "outcome": {"status": "failure"}},
+    ]
+    _write(tmp_path / "t.jsonl", rows)
+    done = _evolane("dataset", "from-trajectory", "t.jsonl", "-o", "out.jsonl", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr == (
+        "evolane: error: t.jsonl:2: gives no 'turn', unlike the first record of session 's' "
+        "(t.jsonl:1): give every record's turn, or none\n"
+    )
+    assert not (tmp_path / "out.jsonl").exists()

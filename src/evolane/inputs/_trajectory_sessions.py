@@ -184,8 +184,17 @@ def _single(entry: Entry) -> list[Turn]:
 
 
 def _session(items: list[Entry]) -> list[Turn]:
+    """The turns of one session's records. Either every record gives its ``turn`` or none
+    does (then file order numbers them): a record without one, after turn 5, was taken
+    as turn 1, replayed first and without the context it followed up (found by review)."""
     turns: dict[int, Turn] = {}
+    numbered = items[0].turn is not None
     for index, entry in enumerate(items):
+        if (entry.turn is not None) != numbered:
+            gives = "gives no 'turn'" if numbered else "gives a 'turn'"
+            first = f"the first record of session {entry.session_id!r} ({items[0].where})"
+            _fail(entry.path, entry.line, f"{gives}, unlike {first}: give every record's turn, "
+                  "or none")  # fmt: skip
         number = entry.turn if entry.turn is not None else index
         if number in turns:
             earlier = turns[number].entry.where
