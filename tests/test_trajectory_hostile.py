@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -265,3 +266,20 @@ def test_a_session_giving_turns_on_some_records_only_is_refused_at_the_record(
         "(t.jsonl:1): give every record's turn, or none\n"
     )
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_targets_alike_only_in_safe_characters_stay_families_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """Group names are made of safe characters: every target in another script was the one
+    family ``x``, and ``my agent`` and ``my/agent`` were one."""
+    targets = ["客服", "编程", "my agent", "my/agent", "plain"]
+    rows = [
+        {"session_id": f"s{n}", "turn": 1, "task": f"q{n}", "target": target}
+        | {"outcome": {"status": "failure"}}
+        for n, target in enumerate(targets)
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
+    names = sorted(g.name for g in derived.summary.groups)
+    assert len(names) == 5 and "plain" in names, names
+    assert sum(1 for name in names if re.fullmatch(r"x-[0-9a-f]{8}", name)) == 2

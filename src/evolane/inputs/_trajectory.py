@@ -211,13 +211,9 @@ def _listed_groups(tallies: dict[str, _Tally], chosen: str) -> tuple[GroupSummar
     return tuple(s.summary(chosen) for s in ranked)
 
 
-def group_of(turns: list[Turn]) -> str:
-    """A session's task family: the first ``target`` of its records, else ``fp-`` and a
-    fingerprint of its first user turn's normalised text."""
-    for turn in turns:
-        if turn.entry.target:
-            return _safe(turn.entry.target)
-    return task_fingerprint(turns[0].entry.opening)
+def _target_of(turns: list[Turn]) -> str | None:
+    """The first ``target`` of a session's records (None: it names none)."""
+    return next((turn.entry.target for turn in turns if turn.entry.target), None)
 
 
 def _dealt_by(turn: Turn) -> str:
@@ -248,9 +244,24 @@ def task_fingerprint(text: str) -> str:
 
 
 def _groups(by_session: list[list[Turn]]) -> dict[str, list[Turn]]:
+    """The sessions by task family: their ``target`` in safe characters (`_safe`), else
+    ``fp-`` and a fingerprint of the first user turn's normalised text. Targets alike only
+    in that form (``客服`` and ``编程``, ``my agent`` and ``my/agent``) each end with ``-``
+    and 8 hex digits of the target in full: they were one family (found by review)."""
+    named = [(_target_of(members), members) for members in by_session]
+    targets: dict[str, set[str]] = {}
+    for target, _ in named:
+        if target is not None:
+            targets.setdefault(_safe(target), set()).add(target)
     groups: dict[str, list[Turn]] = {}
-    for members in by_session:
-        groups.setdefault(group_of(members), []).extend(members)
+    for target, members in named:
+        if target is None:
+            name = task_fingerprint(members[0].entry.opening)
+        elif len(targets[_safe(target)]) > 1:
+            name = _safe(target, 119) + "-" + hashlib.sha256(target.encode()).hexdigest()[:8]
+        else:
+            name = _safe(target)
+        groups.setdefault(name, []).extend(members)
     return groups
 
 
