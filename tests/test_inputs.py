@@ -151,7 +151,7 @@ GOOD = orjson.dumps({"id": "ok", "input": 1})
         (b'{"id": "a", "input": 1} x', "invalid JSON: unexpected content after document"),
         (b'{"id": "a", "input": NaN}', "invalid JSON:"),
         (b'{"id": "a", "input": 1e999}', "invalid JSON: number is infinity"),
-        (b'{"id": "a", "input": "\xff"}', "invalid JSON: str is not valid UTF-8"),
+        (b'{"id": "a", "input": "\xff"}', "not UTF-8 text (byte 0xff at column 23)"),
         (b"\xef\xbb\xbf" + GOOD, "invalid JSON"),
         (b"[1, 2]", "a row must be a JSON object, got an array"),
         (b'"text"', "a row must be a JSON object, got a string"),

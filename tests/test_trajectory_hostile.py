@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from evolane.inputs import DatasetError, ingest_trajectories
+from evolane.inputs import DatasetError, ingest_trajectories, load_dataset
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -283,3 +283,19 @@ def test_targets_alike_only_in_safe_characters_stay_families_of_their_own(
     names = sorted(g.name for g in derived.summary.groups)
     assert len(names) == 5 and "plain" in names, names
     assert sum(1 for name in names if re.fullmatch(r"x-[0-9a-f]{8}", name)) == 2
+
+
+def test_bytes_that_are_not_utf8_are_named_as_such(tmp_path: Path) -> None:
+    """orjson said "str is not valid UTF-8: surrogates not allowed at column 1" for any
+    byte that is not UTF-8 (a gzip or UTF-16 file, a Latin-1 name): no surrogate is there,
+    and the byte is often elsewhere. A dataset file is read the same way."""
+    (tmp_path / "t.jsonl").write_bytes(b'{"task": "caf\xe9"}\n')
+    args = ["dataset", "from-trajectory", "t.jsonl", "-o", "out.jsonl"]
+    done = _evolane(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr == "evolane: error: t.jsonl:1: not UTF-8 text (byte 0xe9 at column 14)\n"
+    (tmp_path / "d.jsonl").write_bytes(b'{"id": "a", "input": "caf\xe9"}\n')
+    with pytest.raises(
+        DatasetError, match=r"d\.jsonl:1: not UTF-8 text \(byte 0xe9 at column 26\)$"
+    ):
+        load_dataset(tmp_path / "d.jsonl")

@@ -295,7 +295,7 @@ def _parse_row(line: bytes, path: str, number: int) -> tuple[Case, bytes]:
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError as error:
-        _fail(path, number, f"invalid JSON: {_trim_orjson(str(error))}")
+        _fail(path, number, _invalid_json(line, error))
     if not isinstance(row, dict):
         _fail(path, number, f"a row must be a JSON object, got {_json_kind(row)}")
     unknown = [key for key in row if key not in _FIELDS]
@@ -360,6 +360,17 @@ def _json_kind(value: object) -> str:
     if value is None:
         return "null"
     return "a number"
+
+
+def _invalid_json(line: bytes, error: orjson.JSONDecodeError) -> str:
+    """Why ``line`` is not JSON: where it is not UTF-8 (orjson says "surrogates not
+    allowed" at column 1 for any such byte: a gzip or UTF-16 file read so; found by
+    review), else orjson's reason."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"not UTF-8 text (byte 0x{line[bad.start]:02x} at column {bad.start + 1})"
+    return f"invalid JSON: {_trim_orjson(str(error))}"
 
 
 def _trim_orjson(message: str) -> str:

@@ -22,10 +22,10 @@ from evolane.inputs._dataset import (
     MAX_LINE_BYTES,
     _describe,
     _fail,
+    _invalid_json,
     _json_kind,
     _read_bounded,
     _size,
-    _trim_orjson,
 )
 from evolane.inputs._errors import DatasetError
 from evolane.inputs._trajectory_entry import Entry, entry_of
@@ -221,7 +221,7 @@ def _parse_line(line: bytes, path: str, number: int) -> TrajectoryRecord:
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError as error:
-        _fail(path, number, f"invalid JSON: {_trim_orjson(str(error))}")
+        _fail(path, number, _invalid_json(line, error))
     if not isinstance(row, dict):
         _fail(path, number, f"a record must be a JSON object, got {_json_kind(row)}")
     try:
