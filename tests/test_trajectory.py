@@ -29,6 +29,7 @@ from evolane.inputs import (
     task_fingerprint,
     trajectory_schema,
 )
+from evolane.inputs._cases import case_json, without_answers
 
 
 def _write(path: Path, rows: list[dict[str, Any] | str]) -> Path:
@@ -77,6 +78,26 @@ def test_evolane_records_become_cases_with_outcomes_seeding_expected(tmp_path: P
     assert cases["s2-t0"].metadata["trace_reason"].startswith("wrong | assistant: answer to")
     assert cases["s3-t0"].input["messages"] == [{"role": "user", "content": "Sum 1 and 1"}]
     assert [f.id for f in derived.summary.failures] == ["s2-t0"]
+
+
+def test_a_replay_never_sees_what_the_trace_recorded_of_its_turn(tmp_path: Path) -> None:
+    """Found by review: a trajectory case's ``{case_file}`` carried ``metadata.outcome``,
+    ``score`` and ``trace_reason`` (the judge's reason and the end of the wrong answer) on val
+    and test cases: a harness handing the file to its agent told it which answer was wrong.
+    The judge and the optimizer's train feedback still read them from the full case."""
+    failed = _turn("s2", 0, "Sum 3 and 4", "failure", target="calc")
+    failed["outcome"]["score"] = 0.25
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", [failed])])
+    (case,) = derived.dataset
+    full = orjson.loads(case_json(case))
+    assert {"outcome", "score", "trace_reason"} <= set(full["metadata"])
+    shown = case_json(case, include_answers=False)
+    replayed = orjson.loads(shown)
+    assert not {"outcome", "score", "trace_reason"} & set(replayed["metadata"])
+    assert b"wrong" not in shown and b"answer to" not in shown
+    assert replayed["metadata"]["session"] == "s2" and replayed["input"] == full["input"]
+    assert without_answers(case_json(case)) == shown  # the blob the lanes write
+    assert case.metadata is not None and "trace_reason" in case.metadata  # left whole
 
 
 def test_plain_chat_lines_are_sessions_of_their_own(tmp_path: Path) -> None:

@@ -102,12 +102,19 @@ class Case(Record):
 
 ANSWER_FIELDS = ("expected_output", "verification_command")
 """The fields a replay never sees (`case_row` and `without_answers` leave them out)."""
+RECORDED_FIELDS = ("outcome", "score", "trace_reason")
+"""The ``metadata`` keys a replay never sees either: what a trace recorded of the turn (its
+status, score, the judge's reason and the end of its wrong answer). Found by review: a
+trajectory case's ``{case_file}`` carried them on val and test cases, so a harness that
+hands the case file to its agent told it which answer was wrong; an edit reading them
+gains on val and test alike, a gain no production request gives."""
 
 
 def case_row(case: Case, *, include_answers: bool = True) -> dict[str, JsonValue]:
     """The case as a JSON row: absent optional fields are left out, ``split`` is always there.
 
-    ``include_answers=False`` also leaves out ``expected_output`` and ``verification_command``.
+    ``include_answers=False`` also leaves out ``expected_output`` and ``verification_command``,
+    and the recorded outcome in ``metadata`` (`RECORDED_FIELDS`).
     """
     row: dict[str, JsonValue] = {"id": case.id, "input": case.input, "split": case.split}
     optional = {
@@ -122,6 +129,9 @@ def case_row(case: Case, *, include_answers: bool = True) -> dict[str, JsonValue
 def _answerless(row: dict[str, JsonValue]) -> dict[str, JsonValue]:
     for name in ANSWER_FIELDS:
         row.pop(name, None)
+    metadata = row.get("metadata")
+    if isinstance(metadata, dict) and any(name in metadata for name in RECORDED_FIELDS):
+        row["metadata"] = {k: v for k, v in metadata.items() if k not in RECORDED_FIELDS}
     return row
 
 
