@@ -377,3 +377,45 @@ SHAPE = {
     "replay_lanes": 2,
     "judge_lanes": 1,
 }
+
+
+async def test_a_runtime_wide_observer_ends_a_cancelled_runs_spans_with_the_run(
+    tmp_path: Path,
+) -> None:
+    """Given to `open_runtime`, the observer outlives the run: a cancelled run (which
+    publishes no event.run_finished) still has every span ended, ERROR, and its lanes taken
+    out of the lane metrics, by the time ``handle.result()`` returns."""
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths, replay="backend:replay", kill_grace=0.2)
+    telemetry = Telemetry()
+    units = trio.Event()
+
+    async def replay(call: BackendCall) -> None:
+        assert call.candidate is not None and call.output_dir is not None and call.case
+        if call.env["EVOLANE_UNIT"].startswith("c0.i0.s0."):
+            await trio.sleep_forever()
+        answer = (call.candidate / call.case["id"]).read_text()
+        (call.output_dir / "output.json").write_text(answer)
+
+    async def watch(event: Any) -> None:
+        if event.kind == "event.unit" and event.measurement_id.startswith("c0.i0.s0"):
+            units.set()
+
+    with trio.fail_after(120):
+        async with evolane.open_runtime(
+            store=paths["store"], observers=[telemetry.observer]
+        ) as runtime:
+            handle = await runtime.start_optimize(
+                OptimizeRequest(config=config), backends=Backends(replay=replay), observers=[watch]
+            )
+            await units.wait()
+            handle.cancel()
+            with pytest.raises(evolane.embed.RunCancelled):
+                await handle.result()
+            spans = telemetry.finished()
+            assert telemetry.ends.started == telemetry.ends.ended  # while the runtime is open
+            (run,) = [s for s in spans if s.name == "evolane.run"]
+            assert run.status.status_code is StatusCode.ERROR
+            capacity = telemetry.sums("evolane.lanes.capacity", "evolane.pool")
+            assert capacity == {"replay": 0, "judge": 0}
+            assert handle.observers[0].failed is None

@@ -15,7 +15,9 @@ run's ``events.jsonl`` has every event), and reported once, when the run ends
 `WarningEvent` naming it and goes on. When the run ends the observers take the events they
 still hold (at most `OBSERVER_DRAIN_TIMEOUT`) and the run's own are closed (each at most
 `OBSERVER_CLOSE_TIMEOUT`). A runtime-wide observer that raises is disabled for that run
-only: the next run feeds it again.
+only: the next run feeds it again. An observer may also have a synchronous
+``run_ended(run_id)`` (`RUN_ENDED`): it is called when each run it heard ends (a cancelled
+run publishes no ``event.run_finished``), before the run's own observers are closed.
 """
 
 from __future__ import annotations
@@ -103,6 +105,17 @@ def observer_plugin(name: str) -> Any:
 
 WRAPS_OBSERVER = "wraps_observer"
 """The class attribute (True) of evolane's wrappers of an observer, held as ``inner``."""
+RUN_ENDED = "run_ended"
+"""An observer's optional synchronous method ``run_ended(run_id)``, called when a run it
+heard has ended: a runtime-wide `OpenTelemetryObserver` ends that run's spans there (found by
+review: a cancelled run's spans stayed open, unexported, until the runtime closed)."""
+
+
+def unwrapped(observer: Any) -> Any:
+    """The user's observer inside evolane's wrappers of it (`WRAPS_OBSERVER`)."""
+    while getattr(type(observer), WRAPS_OBSERVER, False) is True:
+        observer = observer.inner
+    return observer
 
 
 @dataclass
@@ -193,6 +206,7 @@ class Observing:
         mine += [(o, True) for o in distinct([*shared, *observers])[len(mine) :]]
         self._entries = [_Entry(o, ObserverReport(observer_name(o)), owned) for o, owned in mine]
         self._buffer = buffer
+        self._run_id: str | None = None
 
     @property
     def reports(self) -> list[ObserverReport]:
@@ -201,6 +215,7 @@ class Observing:
 
     def attach(self, bus: ProgressBus, nursery: trio.Nursery) -> None:
         """Subscribe every observer to ``bus`` and start its relay in ``nursery``."""
+        self._run_id = bus.run_id
         for entry in self._entries:
             feed, subscription = bus.subscribe(self._buffer)
             entry.attached = True
@@ -247,10 +262,25 @@ class Observing:
                 if entry.attached:
                     with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT):  # one that ignores it
                         await entry.relayed.wait()
+                    _run_ended(entry, self._run_id)
                 if entry.owned:
                     failed = await close_observer(entry.observer)
                     if entry.report.failed is None:
                         entry.report.failed = failed
+
+
+def _run_ended(entry: _Entry, run_id: str | None) -> None:
+    """Tell ``entry``'s observer that run ``run_id`` ended (`RUN_ENDED`), if it asks."""
+    ended = getattr(unwrapped(entry.observer), RUN_ENDED, None)
+    if ended is None or run_id is None:
+        return
+    try:
+        ended(run_id)
+    except BaseException as error:  # the observer's bug, never the run's
+        if not is_crash(error):
+            raise
+        if entry.report.failed is None:
+            entry.report.failed = f"{RUN_ENDED}() raised {type(error).__name__}: {error}"
 
 
 async def close_observer(observer: Any) -> str | None:

@@ -15,7 +15,9 @@ arrives, plus each event's ``t``), so a span is placed right even when its event
 late. A unit's span ends at its event and starts its replay and judge seconds earlier (a
 reused unit ran nothing: its span has no length). Failed and timed-out units, failed runs,
 and runs that ended without their ``event.run_finished`` (killed) have status ERROR. Every
-span still open ends at ``event.run_finished`` and at `OpenTelemetryObserver.close`.
+span still open ends at ``event.run_finished``, when the runtime says its run ended
+(`OpenTelemetryObserver.run_ended`: a runtime-wide observer outlives its runs) and at
+`OpenTelemetryObserver.close`.
 
 Metrics: counters ``evolane.spend.tokens`` and ``evolane.spend.cost`` (USD) by ``evolane.role``
 (what the run's ledger shows spent: optimizer, replay, judge), ``evolane.units`` by status and
@@ -155,6 +157,13 @@ class OpenTelemetryObserver:
         run = self._run(event)
         if handler is not None:
             handler(self, run, event)
+
+    def run_ended(self, run_id: str) -> None:
+        """Run ``run_id`` has ended (the runtime says so, `evolane.embed.Observer`): its spans
+        still open end now, with status ERROR (it ended without its ``event.run_finished``)."""
+        run = self._runs.get(run_id)
+        if run is not None:
+            self._end_run(run, time.time_ns(), NO_FINISH)
 
     async def close(self) -> None:
         """End every span still open (a killed run's spans end now, with status ERROR)."""
