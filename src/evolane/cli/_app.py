@@ -192,7 +192,7 @@ _register()
 def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
     import evolane.cli as package
-    from evolane.cli._loading import answer_sigterm_as_ctrl_c, take_held
+    from evolane.cli._loading import answer_sigterm_as_ctrl_c, exit_on_late_signal, take_held
 
     answer_sigterm_as_ctrl_c()  # a SIGTERM from now on (the session takes it over) is a Ctrl-C
     if take_held():  # Ctrl-C or SIGTERM while the modules loaded: nothing has started
@@ -213,7 +213,9 @@ def main() -> None:
         code = EXIT_INTERRUPTED
     finally:  # a command that ran no run (doctor, drain, a probe) leaves no start behind
         package.LAUNCHED = None
-    sys.exit(code if isinstance(code, int) else EXIT_OK)
+    code = code if isinstance(code, int) else EXIT_OK
+    exit_on_late_signal(code)  # a thread left running must not make the process unkillable
+    sys.exit(code)
 
 
 def _register_inspect() -> None:

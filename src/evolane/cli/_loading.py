@@ -12,10 +12,12 @@ and only for the import itself. From then on `main` answers SIGTERM as Ctrl-C
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import FrameType
 
 _HELD: list[int] = []
@@ -68,3 +70,30 @@ def answer_sigterm_as_ctrl_c() -> None:
 
 def _as_ctrl_c(_signum: int, _frame: FrameType | None) -> None:
     signal.raise_signal(signal.SIGINT)
+
+
+def exit_on_late_signal(code: int) -> None:
+    """From now on (the command is over: its output written, exit code ``code``) a Ctrl-C or
+    SIGTERM ends the process at once with ``code``, where the command answered them (SIGTERM
+    as Ctrl-C): found by review, a thread a plugin or observer left running (not a daemon)
+    held the process at exit, and a run had set Ctrl-C, and so SIGTERM, to be ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not _as_ctrl_c:
+        return  # started with Ctrl-C ignored (a script's background job): SIGTERM still ends it
+
+    def _exit_now(_signum: int, _frame: FrameType | None) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _exit_now)
+    left = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    if any(not t.daemon and t.is_alive() for t in left):
+        print(
+            "evolane: waiting for threads a plugin or observer left running "
+            "(Ctrl-C ends the process now)",
+            file=sys.stderr,
+        )

@@ -1,0 +1,85 @@
+"""Plugin code that holds the process: an observer that leaves a thread running (not a
+daemon) after the run, an observer factory that blocks. Ctrl-C and SIGTERM still end
+``evolane optimize``; the run's exit code is kept when it had ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.campaign_helpers import toy_flags, write_toy
+from tests.plugin_helpers import write_distribution
+
+PLUGIN = textwrap.dedent(
+    """
+    import os, threading, time
+
+    class Leaker:
+        async def on_event(self, event):
+            if event.kind == "event.run_started":  # a thread that never ends, not a daemon
+                threading.Thread(target=threading.Event().wait, name="leaked").start()
+
+    def blocking_factory():
+        open(os.environ["HANGPLUG_GATE"], "w").close()
+        time.sleep(3600)  # a blocking connect with no timeout
+    """
+)
+ENTRY_POINTS = """\
+[evolane.observers]
+leaker = evolane_hangplug:Leaker
+blocking = evolane_hangplug:blocking_factory
+"""
+
+
+def _start(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """``evolane optimize`` on the toy with the test plugin installed, and its stdout and
+    stderr files."""
+    site = write_distribution(tmp_path / "site", "evolane_hangplug", PLUGIN, ENTRY_POINTS)
+    paths = write_toy(tmp_path, {"0.0": "fix:1"})
+    paths_env = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    gate = str(tmp_path / "gate")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths_env), "HANGPLUG_GATE": gate}
+    out, err = tmp_path / "out", tmp_path / "err"
+    args = [*toy_flags(paths, tmp_path / "store"), "--iterations", "1", *flags]
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "evolane", "optimize", *args],
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+        )
+    return process, out, err
+
+
+def _wait_for(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 180  # a guard against a hang, not a timing figure
+    while text not in path.read_text(errors="replace"):
+        assert process.poll() is None, path.read_text(errors="replace")
+        assert time.monotonic() < deadline, f"never said {text!r}: {path.read_text()}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_thread_left_running_does_not_make_the_process_unkillable(
+    tmp_path: Path, signum: int
+) -> None:
+    process, out, err = _start(tmp_path, "--observer", "leaker")
+    try:
+        _wait_for(out, "report:", process)  # the run ended: its summary is printed
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing figure
+        while process.poll() is None and time.monotonic() < deadline:
+            process.send_signal(signum)  # as a person would, again and again
+            time.sleep(0.5)
+        assert process.poll() == 0, err.read_text()  # the run's exit code, not a signal death
+        assert "waiting for threads a plugin or observer left running" in err.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
