@@ -83,3 +83,23 @@ def test_a_thread_left_running_does_not_make_the_process_unkillable(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_observer_factory_that_blocks_is_ended_by_ctrl_c(tmp_path: Path, signum: int) -> None:
+    """Ctrl-C (or SIGTERM) during a blocking factory ends the command as an interrupted
+    start: one line, exit 130, no run written."""
+    process, _, err = _start(tmp_path, "--observer", "blocking")
+    try:
+        deadline = time.monotonic() + 180  # a guard against a hang, not a timing figure
+        while not (tmp_path / "gate").exists():
+            assert process.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        process.send_signal(signum)
+        assert process.wait(timeout=60) == 130, err.read_text()
+        assert err.read_text().strip().splitlines()[-1].startswith("evolane: interrupted")
+        assert not (tmp_path / "store" / "runs").exists()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -226,7 +226,8 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
     started, package.LAUNCHED = package.LAUNCHED or time.time(), None  # counts starting up
     try:
         request = _request(flags, estimate_only)
-        return trio.run(_main, request, flags, started)
+        observers = _observers(request, flags)
+        return trio.run(_main, request, flags, started, observers)
     except BaseException as error:  # every error becomes one line and an exit code
         leaf = _leaf(error)
         if isinstance(leaf, KeyboardInterrupt) and _recorded(flags, started):
@@ -386,9 +387,18 @@ def _print_estimate(estimate: Any, flags: dict[str, Any]) -> None:
         print(f"preflight: {line}")
 
 
-async def _main(request: Any, flags: dict[str, Any], started: float) -> int:
+def _observers(request: Any, flags: dict[str, Any]) -> list[Any]:
+    """The ``--observer`` plugins' observers, made before the loop: a factory that blocks is
+    ended by Ctrl-C there (found by review: in the loop it held the process, deaf to both)."""
+    from evolane import embed
+
+    names = [] if request.dry_run else flags.get("observer") or []
+    return [embed.observer_plugin(name) for name in dict.fromkeys(names)]
+
+
+async def _main(request: Any, flags: dict[str, Any], started: float, observers: list[Any]) -> int:
     """One run through the public embedding API, with the view and Ctrl-C handling."""
-    return await watching_signals(lambda watch: _session(request, flags, started, watch))
+    return await watching_signals(lambda watch: _session(request, flags, started, watch, observers))
 
 
 async def watching_signals(body: Callable[[_SignalWatch], Awaitable[int]]) -> int:
@@ -403,13 +413,13 @@ async def watching_signals(body: Callable[[_SignalWatch], Awaitable[int]]) -> in
     return code
 
 
-async def _session(request: Any, flags: dict[str, Any], started: float, watch: _SignalWatch) -> int:
+async def _session(
+    request: Any, flags: dict[str, Any], started: float, watch: _SignalWatch, observers: list[Any]
+) -> int:
     from evolane import embed
     from evolane.cli._summary import print_summary
 
     store = str(Path(flags["store"]).absolute())
-    names = [] if request.dry_run else flags.get("observer") or []
-    observers = [embed.observer_plugin(name) for name in dict.fromkeys(names)]
     async with embed.open_runtime(store=store) as runtime:
         watch.handle = await runtime.start_optimize(request, started=started, observers=observers)
         if request.dry_run:
