@@ -316,3 +316,40 @@ def test_a_raising_asyncio_observer_is_disabled_with_one_warning(
     assert reports["explode"].announced and reports["listen"].failed is None
     assert sum("observer explode was disabled" in w for w in _warnings(outcome)) == 1
     assert "event.warning" in heard and heard == _stored_kinds(outcome)
+
+
+class Mutator:
+    """A buggy observer: it empties each budget event's ``by_role`` it is handed."""
+
+    async def on_event(self, event: ProgressEvent) -> None:
+        if event.kind == "event.budget":
+            event.by_role.clear()  # type: ignore[attr-defined]
+
+
+async def test_an_observer_that_changes_an_event_changes_it_for_itself_only(
+    tmp_path: Path,
+) -> None:
+    """The other observers and the handle's own feed get the events as the run's
+    events.jsonl has them (found by review: one shared event object was handed to all)."""
+    request = _request(tmp_path)
+    roles: list[dict[str, Any]] = []
+
+    async def listen(event: ProgressEvent) -> None:
+        if event.kind == "event.budget":
+            roles.append(dict(event.by_role))  # type: ignore[attr-defined]
+
+    with trio.fail_after(120):  # a guard against a hang, not a timing figure
+        async with evolane.open_runtime(store=request.config.store) as runtime:  # type: ignore[union-attr]
+            handle = await runtime.start_optimize(
+                request, backends=Backends(replay=_replay), observers=[Mutator(), listen]
+            )
+            fed = [dict(e.by_role) async for e in handle.events() if e.kind == "event.budget"]  # type: ignore[attr-defined]
+            outcome = await handle.result()
+    stored = [
+        json.loads(line)["by_role"]
+        for line in (outcome.run_dir / "events.jsonl").read_text().splitlines()  # type: ignore[union-attr]
+        if json.loads(line)["kind"] == "event.budget"
+    ]
+    assert stored and any(stored)  # the run spent: its ledger names roles
+    for heard in (roles, fed):
+        assert [{k: v.model_dump(mode="json") for k, v in r.items()} for r in heard] == stored

@@ -6,7 +6,10 @@ it cannot take and counts the loss; the file is written for every event.
 
 from __future__ import annotations
 
+import copy
+import functools
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +17,15 @@ import trio
 
 from evolane.messages import ProgressEvent
 from evolane.store import Journal
+
+
+@functools.cache
+def holds_containers(kind: type[ProgressEvent]) -> bool:
+    """Whether events of ``kind`` hold a mutable container (a dict, a list): each observer
+    gets its own copy of those (found by review: an observer that changed an event's
+    ``by_role`` changed it for the live view and every other observer)."""
+    types = [(f.annotation, *typing.get_args(f.annotation)) for f in kind.model_fields.values()]
+    return any(typing.get_origin(t) in (dict, list) for each in types for t in each)
 
 
 @dataclass
@@ -47,7 +59,8 @@ class ProgressBus:
         return receive, subscription
 
     def publish(self, event: ProgressEvent) -> ProgressEvent:
-        """Stamp and record ``event``; never blocks on an observer."""
+        """Stamp and record ``event``; never blocks on an observer. Each observer gets its
+        own copy of an event with a mutable container (`holds_containers`)."""
         self.seq += 1
         stamped = event.model_copy(
             update={"run_id": self.run_id, "seq": self.seq, "t": time.monotonic() - self.started}
@@ -55,9 +68,10 @@ class ProgressBus:
         if self._file is not None:
             self._file.append(stamped)
         self.last[stamped.kind] = stamped
+        own_copies = holds_containers(type(stamped))
         for subscription in self._subscribers:
             try:
-                subscription.channel.send_nowait(stamped)
+                subscription.channel.send_nowait(copy.deepcopy(stamped) if own_copies else stamped)
             except trio.WouldBlock:
                 subscription.dropped += 1
             except (trio.BrokenResourceError, trio.ClosedResourceError):
