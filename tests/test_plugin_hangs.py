@@ -1,9 +1,11 @@
-"""Plugin code that holds the process: an observer that leaves a thread running (not a
-daemon) after the run, an observer factory that blocks. Ctrl-C and SIGTERM still end
-``evolane optimize``; the run's exit code is kept when it had ended."""
+"""Plugin code that holds or disturbs the process: an observer that leaves a thread running
+(not a daemon) after the run, an observer factory that blocks, an observer that prints. Ctrl-C
+and SIGTERM still end ``evolane optimize`` (the run's exit code is kept when it had ended);
+under ``--progress jsonl`` stdout stays JSON lines."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +28,10 @@ PLUGIN = textwrap.dedent(
             if event.kind == "event.run_started":  # a thread that never ends, not a daemon
                 threading.Thread(target=threading.Event().wait, name="leaked").start()
 
+    class Printer:
+        async def on_event(self, event):
+            print("plugin says", event.kind)
+
     def blocking_factory():
         open(os.environ["HANGPLUG_GATE"], "w").close()
         time.sleep(3600)  # a blocking connect with no timeout
@@ -35,6 +41,7 @@ ENTRY_POINTS = """\
 [evolane.observers]
 leaker = evolane_hangplug:Leaker
 blocking = evolane_hangplug:blocking_factory
+printer = evolane_hangplug:Printer
 """
 
 
@@ -103,3 +110,17 @@ def test_an_observer_factory_that_blocks_is_ended_by_ctrl_c(tmp_path: Path, sign
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_plugins_print_leaves_jsonl_progress_json(tmp_path: Path) -> None:
+    """What an observer prints goes to stderr: every stdout line is a progress event."""
+    process, out, err = _start(tmp_path, "--observer", "printer", "--progress", "jsonl")
+    try:
+        assert process.wait(timeout=240) == 0, err.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines = out.read_text().splitlines()
+    assert lines and all(json.loads(line)["kind"].startswith("event.") for line in lines)
+    assert "plugin says event.run_finished" in err.read_text()

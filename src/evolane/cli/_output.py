@@ -9,9 +9,9 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, redirect_stdout, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import orjson
 import typer
@@ -153,3 +153,29 @@ def written_ago(path: Path) -> float:
         return max(0.0, time.time() - path.stat().st_mtime)
     except OSError:
         return 0.0
+
+
+_OWN_STDOUT: list[TextIO] = []
+"""The real stdout while `json_stdout_only` holds it for evolane's own lines."""
+
+
+@contextmanager
+def json_stdout_only(active: bool) -> Iterator[None]:
+    """For the block (when ``active``: ``--progress jsonl``), whatever else prints to
+    ``sys.stdout`` (a plugin, an observer, an in-process backend) goes to stderr, so stdout
+    stays JSON lines; evolane writes its own to `own_stdout` (found by review: a plugin's
+    print broke the stream for a program reading it)."""
+    if not active:
+        yield
+        return
+    _OWN_STDOUT.append(sys.stdout)
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _OWN_STDOUT.pop()
+
+
+def own_stdout() -> TextIO:
+    """Where evolane's own output goes: the real stdout (see `json_stdout_only`)."""
+    return _OWN_STDOUT[-1] if _OWN_STDOUT else sys.stdout

@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from evolane.cli._exits import (
     flag_problem,
 )
 from evolane.cli._models import model_flags, rejudge_models
+from evolane.cli._output import json_stdout_only, own_stdout
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
@@ -225,9 +227,10 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
     from_main = package.LAUNCHED is not None  # the process is ours: a console-script call
     started, package.LAUNCHED = package.LAUNCHED or time.time(), None  # counts starting up
     try:
-        request = _request(flags, estimate_only)
-        observers = _observers(request, flags)
-        return trio.run(_main, request, flags, started, observers)
+        with json_stdout_only(flags.get("progress") == "jsonl"):  # a plugin's print: stderr
+            request = _request(flags, estimate_only)
+            observers = _observers(request, flags)
+            return trio.run(_main, request, flags, started, observers)
     except BaseException as error:  # every error becomes one line and an exit code
         leaf = _leaf(error)
         if isinstance(leaf, KeyboardInterrupt) and _recorded(flags, started):
@@ -363,10 +366,10 @@ def print_estimate(estimate: Any, flags: dict[str, Any]) -> int:
 
 def _print_estimate(estimate: Any, flags: dict[str, Any]) -> None:
     if flags.get("as_json"):
-        print(estimate.model_dump_json(indent=2))
+        print(estimate.model_dump_json(indent=2), file=own_stdout())
         return
     if flags.get("progress") == "jsonl":  # stdout is JSON lines: the estimate as one
-        print(estimate.model_dump_json())
+        print(estimate.model_dump_json(), file=own_stdout())
         return
     from evolane.cli._estimates import ceiling_lines, estimate_lines
 
@@ -388,8 +391,7 @@ def _print_estimate(estimate: Any, flags: dict[str, Any]) -> None:
 
 
 def _observers(request: Any, flags: dict[str, Any]) -> list[Any]:
-    """The ``--observer`` plugins' observers, made before the loop: a factory that blocks is
-    ended by Ctrl-C there (found by review: in the loop it held the process, deaf to both)."""
+    """The ``--observer`` plugins' observers, made before the loop: there Ctrl-C ends one."""
     from evolane import embed
 
     names = [] if request.dry_run else flags.get("observer") or []
@@ -464,8 +466,8 @@ async def _follow(handle: Any, flags: dict[str, Any]) -> Any:
 def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
     from evolane.cli._render import render_progress, resolve_mode
 
-    resolved = resolve_mode(mode, sys.stdout)
-    nursery.start_soon(render_progress, resolved, handle.feed, handle.subscription)
+    render = partial(render_progress, out=own_stdout())
+    nursery.start_soon(render, resolve_mode(mode, own_stdout()), handle.feed, handle.subscription)
 
 
 class _SignalWatch:
