@@ -200,6 +200,25 @@ def test_installed_plugins_name_their_distribution(installed: Path) -> None:
     assert ("evolane.optimizers", "agent:claude-code", True) in found
 
 
+def test_a_distribution_with_unreadable_metadata_is_listed_as_unknown(
+    plugin_dir: Path, tmp_path: Path
+) -> None:
+    """A METADATA that is not UTF-8 (a broken install): ``evolane plugins`` still lists the
+    rest, and that distribution's entry with ``?`` for its name and version."""
+    broken = write_distribution(
+        tmp_path / "broken", "badmeta", "", "[evolane.observers]\nbm = x:y\n"
+    )
+    (broken / "badmeta-1.0.dist-info" / "METADATA").write_bytes(b"\xff\xfe not text")
+    done = _run(["plugins", "--json"], plugin_dir, PYTHONPATH=os.pathsep.join(
+        [str(broken), str(plugin_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
+    ))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["plugins"]
+    (bad,) = [r for r in rows if r["name"] == "bm"]
+    assert (bad["distribution"], bad["version"], bad["target"]) == ("?", "?", "x:y")
+    assert any(r["name"] == "myjudge" for r in rows)
+
+
 # -- the command line ------------------------------------------------------------------------
 
 

@@ -213,8 +213,13 @@ def _own_version() -> str:
 
 
 def _shipped_by(point: EntryPoint) -> tuple[str, str]:
-    """The distribution (name, version) that declares ``point`` (``?`` when unknown)."""
+    """The distribution (name, version) that declares ``point`` (``?`` when unknown, also
+    when its metadata cannot be read: found by review, a METADATA that is not UTF-8 made
+    ``evolane plugins`` a traceback)."""
     dist = getattr(point, "dist", None)
     if dist is None:
         return "?", "?"
-    return str(dist.metadata["Name"] or "?"), str(dist.version or "?")
+    try:
+        return str(dist.metadata["Name"] or "?"), str(dist.version or "?")
+    except Exception:  # a broken distribution's own problem, not a reason to fail the list
+        return "?", "?"
