@@ -473,3 +473,28 @@ async def test_a_slow_observer_loses_events_and_they_are_counted(
     assert seen == ["event.run_started"] and report.delivered == 0
     assert report.dropped == total - 1  # all but the one it held when the run ended
     assert "missed" in (report.note() or "")
+
+
+def test_evolanes_own_otel_observer_wins_over_a_plugin_of_its_name(tmp_path: Path) -> None:
+    """Another package's ``otel`` observer (its module sorting before ``evolane``) never
+    takes ``--observer otel``: it is listed as shadowed, evolane's as the built-in."""
+    source = "class Obs:\n    async def on_event(self, event):\n        pass\n"
+    site = write_distribution(
+        tmp_path / "site", "aaa_otel", source, "[evolane.observers]\notel = aaa_otel:Obs\n"
+    )
+    code = (
+        "from evolane.embed import observer_plugin, OpenTelemetryObserver\n"
+        "from evolane.lanes import installed_plugins\n"
+        "assert isinstance(observer_plugin('otel').inner, OpenTelemetryObserver)\n"
+        "rows = [p for p in installed_plugins() if p.name == 'otel']\n"
+        "print(sorted((p.target, p.builtin, p.shadowed) for p in rows))\n"
+    )
+    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(
+        [("aaa_otel:Obs", False, True), ("evolane.embed:OpenTelemetryObserver", True, False)]
+    )

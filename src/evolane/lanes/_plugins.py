@@ -73,12 +73,19 @@ class PluginSpec:
 
 
 def plugin_points(group: str) -> dict[str, EntryPoint]:
-    """The installed entry points of ``group`` by name (for a name installed twice, the
-    first by ``module:attr``, so the choice does not depend on the path order)."""
+    """The installed entry points of ``group`` by name (for a name installed twice, evolane's
+    own, else the first by ``module:attr``, so the choice does not depend on the path order).
+    Found by review: another package's ``otel`` observer whose module sorted first took
+    ``--observer otel`` from evolane's OpenTelemetry exporter."""
     points: dict[str, EntryPoint] = {}
-    for point in sorted(entry_points(group=group), key=lambda p: (p.name, p.value)):
+    for point in sorted(entry_points(group=group), key=lambda p: (p.name, not _own(p), p.value)):
         points.setdefault(point.name, point)
     return points
+
+
+def _own(point: EntryPoint) -> bool:
+    """Whether evolane itself declares ``point`` (its ``otel`` observer)."""
+    return _shipped_by(point)[0] == "evolane"
 
 
 def plugin_spec(spec: str | None, role: str) -> PluginSpec | None:
@@ -142,7 +149,8 @@ class InstalledPlugin:
     version: str
     builtin: bool = False
     shadowed: bool = False
-    """A plugin named like a built-in of its group (``llm``, ``agent``): never used."""
+    """A plugin named like a built-in of its group (``llm``, ``agent``, evolane's own
+    ``otel`` observer): never used."""
     missing: str = ""
     """The extra it needs that is not installed here (``llm``, ``otel``): naming it fails."""
 
@@ -182,9 +190,11 @@ def installed_plugins() -> list[InstalledPlugin]:
     shadowing = {BACKEND_GROUPS[role]: names for role, names in builtins.items()}
     shadowing[AGENT_ENTRY_POINTS] = frozenset(BUILTIN_AGENTS)
     for group in (*BACKEND_GROUPS.values(), OBSERVER_GROUP, AGENT_ENTRY_POINTS):
+        used = plugin_points(group)
         for point in sorted(entry_points(group=group), key=lambda p: (p.name, p.value)):
             distribution, release = _shipped_by(point)
             shadowed = point.name in shadowing.get(group, frozenset())
+            shadowed = shadowed or (_own(used[point.name]) and not _own(point))
             found.append(
                 InstalledPlugin(
                     group,
@@ -192,6 +202,7 @@ def installed_plugins() -> list[InstalledPlugin]:
                     point.value,
                     distribution,
                     release,
+                    builtin=_own(point),
                     shadowed=shadowed,
                     missing=_missing_extra(point),
                 )
