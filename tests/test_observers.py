@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -353,3 +354,39 @@ async def test_an_observer_that_changes_an_event_changes_it_for_itself_only(
     assert stored and any(stored)  # the run spent: its ledger names roles
     for heard in (roles, fed):
         assert [{k: v.model_dump(mode="json") for k, v in r.items()} for r in heard] == stored
+
+
+class Stubborn:
+    """An observer whose last event and close cannot be cut short: a shielded wait, and a
+    blocking call (a synchronous SDK flush)."""
+
+    async def on_event(self, event: ProgressEvent) -> None:
+        if event.kind == "event.run_finished":
+            with trio.CancelScope(shield=True):
+                await trio.sleep(3.0)
+
+    async def close(self) -> None:
+        time.sleep(1.0)
+
+
+async def test_an_observer_that_outlasts_its_bounds_is_said_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain and close bounds cannot cut code that does not yield to cancellation; the
+    observer's report says what held the run's end (found by review: it said nothing)."""
+    import evolane.embed._observers as observers
+
+    monkeypatch.setattr(observers, "OBSERVER_DRAIN_TIMEOUT", 1.0)  # it has its last event
+    monkeypatch.setattr(observers, "OBSERVER_CLOSE_TIMEOUT", 0.1)
+    request = _request(tmp_path)
+    with trio.fail_after(120):  # a guard against a hang, not a timing figure
+        async with evolane.open_runtime(store=request.config.store) as runtime:  # type: ignore[union-attr]
+            handle = await runtime.start_optimize(
+                request, backends=Backends(replay=_replay), observers=[Stubborn()]
+            )
+            await handle.result()
+    (report,) = handle.observers
+    assert report.failed is not None and "did not stop when cancelled" in report.failed
+    assert "Stubborn was disabled" in (report.note() or "")
+    failed = await observers.close_observer(Stubborn())
+    assert failed is not None and "without yielding to cancellation" in failed

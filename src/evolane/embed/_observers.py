@@ -262,6 +262,11 @@ class Observing:
                 if entry.attached:
                     with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT):  # one that ignores it
                         await entry.relayed.wait()
+                    if not entry.relayed.is_set() and entry.report.failed is None:
+                        entry.report.failed = (
+                            "on_event() did not stop when cancelled at the run's end (a "
+                            "shielded wait): the runtime waits for it as it closes"
+                        )  # said, at least (found by review: the process hung without a word)
                     _run_ended(entry, self._run_id)
                 if entry.owned:
                     failed = await close_observer(entry.observer)
@@ -290,6 +295,7 @@ async def close_observer(observer: Any) -> str | None:
     if closer is None or not hasattr(observer, "on_event"):
         return None
     failed = None
+    started = trio.current_time()
     with trio.move_on_after(OBSERVER_CLOSE_TIMEOUT) as scope:
         try:
             await closer()
@@ -297,8 +303,14 @@ async def close_observer(observer: Any) -> str | None:
             if not is_crash(error):
                 raise
             failed = f"close() raised {type(error).__name__}: {error}"
+    took = trio.current_time() - started
     if scope.cancelled_caught and failed is None:
         failed = f"close() took over {OBSERVER_CLOSE_TIMEOUT:g} s"
+    elif took > OBSERVER_CLOSE_TIMEOUT and failed is None:  # a blocking call: cannot be cut
+        failed = (
+            f"close() took {took:.1f} s, over {OBSERVER_CLOSE_TIMEOUT:g} s, without yielding to "
+            "cancellation (a blocking call or a shielded wait)"
+        )  # found by review: said nothing
     return failed
 
 
