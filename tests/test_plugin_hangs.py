@@ -32,7 +32,7 @@ PLUGIN = textwrap.dedent(
         async def on_event(self, event):
             print("plugin says", event.kind)
 
-    def blocking_factory():
+    def blocking_factory(*args):
         open(os.environ["HANGPLUG_GATE"], "w").close()
         time.sleep(3600)  # a blocking connect with no timeout
     """
@@ -42,6 +42,9 @@ ENTRY_POINTS = """\
 leaker = evolane_hangplug:Leaker
 blocking = evolane_hangplug:blocking_factory
 printer = evolane_hangplug:Printer
+
+[evolane.judges]
+blocking = evolane_hangplug:blocking_factory
 """
 
 
@@ -92,11 +95,17 @@ def test_a_thread_left_running_does_not_make_the_process_unkillable(
             process.wait()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_an_observer_factory_that_blocks_is_ended_by_ctrl_c(tmp_path: Path, signum: int) -> None:
-    """Ctrl-C (or SIGTERM) during a blocking factory ends the command as an interrupted
-    start: one line, exit 130, no run written."""
-    process, _, err = _start(tmp_path, "--observer", "blocking")
+@pytest.mark.parametrize(
+    ("flag", "value", "signum"),
+    [("--observer", "blocking", signal.SIGTERM), ("--observer", "blocking", signal.SIGINT),
+     ("--judge", "blocking:x", signal.SIGINT)],
+)  # fmt: skip
+def test_a_plugin_factory_that_blocks_is_ended_by_ctrl_c(
+    tmp_path: Path, flag: str, value: str, signum: int
+) -> None:
+    """Ctrl-C (or SIGTERM) during a blocking factory (an observer's, a judge's) ends the
+    command as an interrupted start: one line, exit 130, no run written."""
+    process, _, err = _start(tmp_path, flag, value)
     try:
         deadline = time.monotonic() + 180  # a guard against a hang, not a timing figure
         while not (tmp_path / "gate").exists():

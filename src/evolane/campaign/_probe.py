@@ -98,7 +98,7 @@ async def _probe_case(
     config: CampaignConfig, host: SandboxHost, store: BlobStore, case: Case, tree: ArtifactRef
 ) -> CaseProbe:
     judge_backend, _ = model_backends(config)
-    plugins = plugin_backends(config)
+    plugins = await trio.to_thread.run_sync(plugin_backends, config, abandon_on_cancel=True)
     context = MeasureContext(
         replay_backend=plugins.get("replay"), judge_backend=judge_backend or plugins.get("judge")
     )

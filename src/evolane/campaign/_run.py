@@ -119,12 +119,14 @@ class Backends:
     optimizer: Backend | None = None
 
 
-def _with_models(backends: Backends | None, config: CampaignConfig) -> Backends:
+async def _with_models(backends: Backends | None, config: CampaignConfig) -> Backends:
     """``backends`` with the built-in model backends and the plugin backends ``config``
-    names where none is given (a plugin factory that raises: `PluginError`, exit 2)."""
+    names where none is given (a plugin factory that raises: `PluginError`, exit 2). The
+    factories run in a worker thread, given up when the run is cancelled: found by review,
+    one that blocked (a connect with no timeout) held the loop, and so Ctrl-C went unheard."""
     given = backends or Backends()
     judge, optimizer = model_backends(config)
-    plugins = plugin_backends(config)
+    plugins = await trio.to_thread.run_sync(plugin_backends, config, abandon_on_cancel=True)
     return Backends(
         replay=given.replay or plugins.get("replay"),
         judge=given.judge or judge or plugins.get("judge"),
@@ -189,7 +191,7 @@ async def _run(
         prepared.estimate = rejudge_estimate(prepared.estimate, prepared.config, stored)
     if lock is None:
         return RunOutcome(prepared.estimate)
-    chosen = _with_models(backends, prepared.config)  # a failing plugin: nothing written yet
+    chosen = await _with_models(backends, prepared.config)  # a failing plugin: nothing written
     lock.name_run(prepared.run.run_id)
     started = request.started if request.started is not None else time.time()
     clock = monotonic_at(started)
