@@ -28,6 +28,10 @@ PLUGIN = textwrap.dedent(
             if event.kind == "event.run_started":  # a thread that never ends, not a daemon
                 threading.Thread(target=threading.Event().wait, name="leaked").start()
 
+    class Boom:
+        async def on_event(self, event):
+            raise RuntimeError("boom")
+
     class Printer:
         async def on_event(self, event):
             print("plugin says", event.kind)
@@ -42,6 +46,7 @@ ENTRY_POINTS = """\
 leaker = evolane_hangplug:Leaker
 blocking = evolane_hangplug:blocking_factory
 printer = evolane_hangplug:Printer
+boom = evolane_hangplug:Boom
 
 [evolane.judges]
 blocking = evolane_hangplug:blocking_factory
@@ -133,3 +138,17 @@ def test_a_plugins_print_leaves_jsonl_progress_json(tmp_path: Path) -> None:
     lines = out.read_text().splitlines()
     assert lines and all(json.loads(line)["kind"].startswith("event.") for line in lines)
     assert "plugin says event.run_finished" in err.read_text()
+
+
+def test_a_disabled_observer_is_said_without_a_live_view(tmp_path: Path) -> None:
+    """Under ``--progress none`` nobody saw the run's warning: the disabled observer is one
+    line on stderr after the run (found by review: exit 0 and not a word)."""
+    process, _, err = _start(tmp_path, "--observer", "boom", "--progress", "none")
+    try:
+        assert process.wait(timeout=240) == 0, err.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    said = [line for line in err.read_text().splitlines() if "observer boom" in line]
+    assert said == ["evolane: observer boom was disabled: it raised RuntimeError: boom"]

@@ -437,17 +437,17 @@ async def _session(
         watch.ended = True
         print_summary(outcome, flags)
         flags["summarised"] = True  # a Ctrl-C from now on must not print another
-        _observer_notes(watch.handle)
+        _observer_notes(watch.handle, unseen=flags.get("progress") == "none")
     if outcome is None or outcome.report is None:
         return EXIT_INTERRUPTED
     return outcome.exit_code
 
 
-def _observer_notes(handle: Any) -> None:
-    """One line per observer that lost events, or failed unannounced (after the run)."""
+def _observer_notes(handle: Any, unseen: bool) -> None:
+    """One line per observer that lost events, or failed unannounced or ``unseen`` (no view)."""
     for report in handle.observers:
         note = report.note()
-        if note is not None and not report.announced:
+        if note is not None and (unseen or not report.announced):
             print(f"evolane: {note}", file=sys.stderr)
 
 
