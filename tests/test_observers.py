@@ -390,3 +390,15 @@ async def test_an_observer_that_outlasts_its_bounds_is_said_to(
     assert "Stubborn was disabled" in (report.note() or "")
     failed = await observers.close_observer(Stubborn())
     assert failed is not None and "without yielding to cancellation" in failed
+
+
+def test_an_observers_note_is_one_bounded_line_of_text() -> None:
+    """Its name and error are the observer's own words: no terminal control, no line break,
+    not megabytes on the terminal."""
+    from evolane.embed import ObserverReport
+
+    failed = "it raised RuntimeError: " + "y" * 100_000 + "\nsecond line"
+    note = ObserverReport(name="spy\x1b]0;pwned\x07", failed=failed).note()
+    assert note is not None and note.startswith("observer spy")
+    assert "\x1b" not in note and "\x07" not in note and "\n" not in note
+    assert len(note) <= 1024

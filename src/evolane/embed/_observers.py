@@ -31,7 +31,7 @@ import trio
 from evolane.actors import is_crash
 from evolane.lanes import OBSERVER_GROUP, PluginError, load_entry, plugin_points
 from evolane.measure import ProgressBus, Subscription
-from evolane.messages import ProgressEvent, WarningEvent
+from evolane.messages import ProgressEvent, WarningEvent, printable
 
 OBSERVER_BUFFER = 256
 """Events an observer's subscription holds for it; beyond that they are dropped (counted)."""
@@ -41,6 +41,8 @@ OBSERVER_CLOSE_TIMEOUT = 5.0
 """Seconds a finished run (or, for runtime-wide observers, a closing runtime) waits for each
 observer's ``close()``."""
 MAX_WARNING_CHARS = 256
+MAX_NOTE_CHARS = 1024
+"""The longest `ObserverReport.note` (an observer's error can be any length)."""
 
 
 @runtime_checkable
@@ -71,15 +73,22 @@ class ObserverReport:
     """Whether its failure was published as a `WarningEvent` (the run was still going)."""
 
     def note(self) -> str | None:
-        """One line for a person when something was lost or failed, else None."""
+        """One line for a person when something was lost or failed, else None (at most
+        `MAX_NOTE_CHARS`, shown as text: the name and the error are the observer's words,
+        found by review printed whole, escape sequences and all)."""
         if self.failed is not None:
-            return f"observer {self.name} was disabled: {self.failed}"
+            return _line(f"observer {self.name} was disabled: {self.failed}")
         if self.dropped:
-            return (
+            return _line(
                 f"observer {self.name} missed {self.dropped} events (too slow); the run's "
                 "events.jsonl has them all"
             )
         return None
+
+
+def _line(text: str) -> str:
+    """``text`` as one bounded line of text (no terminal control, no line break)."""
+    return " ".join(printable(text).split())[:MAX_NOTE_CHARS]
 
 
 def observer_plugin(name: str) -> Any:
