@@ -99,3 +99,28 @@ def test_the_plugin_loads_none_of_the_runtime() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == []
+
+
+def test_no_leaks_under_an_inherited_lease_spares_the_other_holders(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest run as an evolane replay inherits the unit's lease: found by review, `no_leaks`
+    took it as the test's own and SIGKILLed every other process holding it (the replay's own
+    shell, the unit's other processes) after a test that leaked nothing."""
+    outer = "rt-outer-review/unit-1"
+    sibling = subprocess.Popen(
+        ["sleep", "60"], env={"PATH": "/usr/bin:/bin", "EVOLANE_LEASE": outer}
+    )
+    try:
+        monkeypatch.setenv("EVOLANE_LEASE", outer)
+        pytester.makepyfile(
+            test_user="import subprocess\n\n"
+            "def test_clean(no_leaks):\n    subprocess.run(['true'], check=True)\n\n"
+            "def test_leaky(no_leaks):\n    subprocess.Popen(['setsid', 'sleep', '60'])\n"
+        )
+        result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+        result.assert_outcomes(passed=2, errors=1)
+        assert sibling.poll() is None, "no_leaks killed a process of the inherited lease"
+    finally:
+        sibling.kill()
+        sibling.wait()

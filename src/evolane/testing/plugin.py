@@ -51,7 +51,8 @@ def chaos(request: pytest.FixtureRequest) -> Iterator[Chaos]:
 
 @pytest.fixture
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Fail the test if a process it spawned (through the sandbox) outlives it."""
+    """Fail the test if a process it spawned (through the sandbox) outlives it; yields the
+    test's lease (what `evolane.testing.lease_holders` takes), nested under any inherited."""
     from evolane.testing._leaks import (
         LEASE_VARIABLE,
         descendants,
@@ -59,18 +60,20 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[str]:
         leaked_processes,
     )
 
-    lease = os.environ.get(LEASE_VARIABLE)
-    ours = lease is None
-    if ours:
-        lease = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.environ[LEASE_VARIABLE] = lease
-    assert lease is not None
+    # A lease of the test's own, nested under any this process runs under (pytest run as an
+    # evolane replay): found by review, the fixture took the inherited lease as its own and
+    # SIGKILLed every other holder of it, the replay's own shell among them.
+    inherited = os.environ.get(LEASE_VARIABLE)
+    lease = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.environ[LEASE_VARIABLE] = f"{inherited}/{lease}" if inherited else lease
     before = descendants()
     try:
         yield lease
     finally:
-        if ours:
-            del os.environ[LEASE_VARIABLE]
+        if inherited is None:
+            os.environ.pop(LEASE_VARIABLE, None)
+        else:
+            os.environ[LEASE_VARIABLE] = inherited
     leaked = leaked_processes(before, lease)
     if leaked:
         kill_processes(leaked)
