@@ -99,6 +99,8 @@ def stress(
     raise typer.Exit(EXIT_OK if report.ok else EXIT_INTERNAL)
 
 
+_MAX_SEED = 2**63 - 1
+"""The largest ``--seed`` (the JSON report holds 64-bit integers at most)."""
 _STRESS_FLAGS = {"actors": "actors", "messages": "actors", "faults": "actors", "trees": "processes"}
 
 
@@ -129,8 +131,8 @@ def _stress_options(
             if scenario != owner:
                 fail_usage(f"--{flag} applies to --scenario {owner}; use --set for {scenario}")
             options[flag] = value
-    if seed < 0:
-        fail_usage(f"--seed must not be negative, got {seed}")
+    if not 0 <= seed <= _MAX_SEED:  # found by review: a larger one ran, then a traceback
+        fail_usage(f"--seed must be from 0 to {_MAX_SEED}, got {seed}")
     if duration is not None and not duration > 0:
         fail_usage(f"--duration must be positive, got {duration}")
     try:
