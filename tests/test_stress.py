@@ -6,8 +6,10 @@ import subprocess
 import sys
 
 import orjson
+import pytest
+from pydantic import ValidationError
 
-from evolane.stress import StressConfig, fault_schedule, run_actor_stress
+from evolane.stress import StressConfig, explain, fault_schedule, run_actor_stress, scenario_config
 
 
 async def test_small_storm_loses_nothing_and_counts_refusals_and_restarts() -> None:
@@ -56,6 +58,15 @@ def test_bad_input_is_one_line_and_exit_code_2() -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("evolane: error:"), done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_sizes_that_would_not_fit_in_memory_are_refused() -> None:
+    """An actor holds ~12 KiB and the plan ~100 bytes a message: found by review, a million
+    actors and 100 million messages (~22 GiB) were accepted (checked without running them)."""
+    for name, size in (("actors", 1_000_000), ("messages", 100_000_000)):
+        with pytest.raises(ValidationError) as caught:
+            scenario_config("actors", options={name: size})
+        assert explain(caught.value, [name]).startswith(f"--{name}: input should be less than")
 
 
 def test_schema_prints_every_message_kind() -> None:
