@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 import evolane.stress
@@ -29,8 +30,10 @@ from evolane.stress import (
     _cascade,
     ask_plan,
     budget_plan,
+    explain,
     process_plan,
     run_scenario,
+    scenario_config,
 )
 from evolane.stress._cascade import build_tree, fault_plan
 
@@ -275,6 +278,16 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("evolane: error:"), done.stderr
     assert "--set seed: the seed is a flag of its own; use --seed" in lines[0]
+
+
+def test_a_process_storm_past_the_hosts_pid_space_is_refused() -> None:
+    """Found by review: 5,000 trees at once (~160,000 processes with the default escapers,
+    past many hosts' 32,768 pids) were accepted; checked without running them."""
+    with pytest.raises(ValidationError) as caught:
+        scenario_config("processes", options={"trees": 100_000, "concurrency": 5_000})
+    line = explain(caught.value, ["trees"])
+    assert line.startswith("--set concurrency: 5,000 trees at once may run 162,500 processes")
+    scenario_config("processes", options={"concurrency": 1_000})  # 500 trees at once: 3,215 at most
 
 
 def test_a_failed_invariant_exits_1_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,7 +28,9 @@ def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
 def explain(error: ValidationError, flags: Iterable[str] = (), known: Iterable[str] = ()) -> str:
     """One line for the first problem: which option or setting, and what is wrong with it."""
     first: dict[str, Any] = error.errors()[0]
-    name = str(first["loc"][0]) if first["loc"] else "?"
+    if not first["loc"]:  # a check of the whole config names its settings itself
+        return str(first["msg"]).removeprefix("Value error, ")
+    name = str(first["loc"][0])
     where = f"--{name}" if name in set(flags) else f"--set {name}"
     if first["type"] == "extra_forbidden":
         return f"{where}: not a setting of this scenario (known: {', '.join(known)})"

@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 import trio
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from evolane.messages import Record
 from evolane.sandbox import (
@@ -55,6 +55,34 @@ class ProcessConfig(Record):
     abandon_share: float = Field(default=0.05, ge=0.0, le=1.0)
     max_deadline: float = Field(default=0.5, gt=0.0, le=600.0)
     seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _fits_the_host(self) -> ProcessConfig:
+        """Refuse a plan that may run more than `MAX_PROCESSES` processes at once: found by
+        review, ``concurrency=5000`` over 100,000 trees asked for ~160,000 (a host's pid space is
+        often 32,768, shared with everything else on it)."""
+        at_once = peak_processes(self)
+        if at_once > MAX_PROCESSES:
+            raise ValueError(
+                f"--set concurrency: {min(self.concurrency, self.trees):,} trees at once may run "
+                f"{at_once:,} processes; at most {MAX_PROCESSES:,} (lower concurrency or "
+                "escaper_share)"
+            )
+        return self
+
+
+MAX_PROCESSES = 8192
+"""Processes a plan may run at once, at worst (see `peak_processes`)."""
+EVIL_TREE_PROCESSES = 60  # EVIL_TREE_SH: ~50, and the children that fork again on SIGTERM
+TREE_PROCESSES = 5  # every other script
+
+
+def peak_processes(config: ProcessConfig) -> int:
+    """The most processes the plan can run at once: every evil tree (half the escapers) in a
+    slot of its own, the other slots running the largest other script."""
+    slots = min(config.concurrency, config.trees)
+    evil = min(slots, (round(config.trees * config.escaper_share) + 1) // 2)
+    return evil * EVIL_TREE_PROCESSES + (slots - evil) * TREE_PROCESSES
 
 
 @dataclass(frozen=True)
