@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 import evolane.stress
-from evolane.actors import ActorRef
+from evolane.actors import ActorRef, _kernel
 from evolane.measure._budget import Ledger
 from evolane.measure._progress import ProgressBus
 from evolane.sandbox import SandboxHost
@@ -157,6 +157,31 @@ def test_process_plan_has_exactly_the_requested_shares() -> None:
 
 
 # ----- each invariant fails when its property is broken on purpose ----------------------------
+
+
+async def test_an_actor_runtime_that_drops_a_crashed_actors_queue_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: dropping the messages queued for a crashed actor as dead letters
+    passed every invariant (a dead letter counted as accounted for, not lost)."""
+    real = _kernel._file_failure
+
+    def dropping(box: Any, message: Any, reply: Any, error: BaseException) -> None:
+        real(box, message, reply, error)
+        while True:
+            try:
+                dropped, _ = box.receive_channel.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            box.dequeued += 1
+            box.dead_letters.post(box.name, dropped.kind, "dropped")
+
+    monkeypatch.setattr(_kernel, "_file_failure", dropping)
+    report = await _quick("actors", ask_ratio=0.0)
+    assert set(_failed(report)) == {
+        "every dead letter is a crash",
+        "crashes handled == crashes planned and accepted",
+    }
 
 
 async def test_a_hanging_ask_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
