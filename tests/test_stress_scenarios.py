@@ -93,7 +93,8 @@ async def test_budget_spending_stays_within_ceiling_plus_one_reservation() -> No
     report = await _quick("budget")
     assert report.ok, report.details
     assert report.counts["denied"] > 0 and report.counts["overruns"] > 0
-    assert 1.0 <= report.measures["tokens_spent_over_ceiling"] < 1.02
+    # Near the ceiling: 64 lanes may end holding room they reserved and did not use.
+    assert 0.95 <= report.measures["tokens_spent_over_ceiling"] < 1.02
 
 
 async def test_a_ledger_past_its_kept_overruns_still_counts_every_one() -> None:
@@ -223,6 +224,20 @@ async def test_a_ledger_that_ignores_the_ceiling_is_caught(
     report = await _quick("budget", overrun_rate=0.0)
     assert "tokens spent <= ceiling + largest reservation + overruns" in _failed(report)
     assert report.counts["denied"] == 0
+
+
+async def test_a_ledger_that_ignores_reservations_in_flight_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: the quick run's 16 lanes overspent this way by about the bound's own
+    slack, and it passed for 15 seeds of 40; its 64 lanes miss it in about 1 run of 60
+    (an overspend is a race, so this counts catches over 20 seeds)."""
+    monkeypatch.setattr(Ledger, "reserved", lambda self, dimension: 0.0)
+    caught = 0
+    for seed in range(20):
+        report = await run_scenario("budget", quick=True, seed=seed)
+        caught += "tokens spent <= ceiling + largest reservation + overruns" in _failed(report)
+    assert caught >= 18
 
 
 async def test_a_tree_the_sandbox_misses_is_counted_as_a_survivor(
