@@ -28,6 +28,7 @@ from evolane.stress import (
     ScenarioReport,
     _ask_storm,
     _cascade,
+    _crash_resume,
     ask_plan,
     budget_plan,
     explain,
@@ -116,6 +117,21 @@ async def test_crash_resume_reaches_the_same_decisions() -> None:
     assert report.ok, report.details
     assert report.counts["kills"] == 1 and report.counts["kills_missed"] == 0
     assert report.counts["replays_rerun"] <= report.counts["replays_in_flight_at_kill"]
+
+
+async def test_a_run_that_ends_before_its_kill_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a killed run that ended on its own before the kill (here: at once,
+    on a bad option) was never resumed nor checked, and the round passed."""
+    real = _crash_resume.optimize_argv
+
+    def failing_after_the_reference(root: Any, config: Any) -> list[str]:
+        argv = real(root, config)
+        return argv if root.name == "reference" else [*argv, "--no-such-option"]
+
+    monkeypatch.setattr(_crash_resume, "optimize_argv", failing_after_the_reference)
+    report = await _quick("crash-resume")
+    assert _failed(report) == ["every kill landed in a running campaign"]
+    assert report.counts["kills_missed"] == 1
 
 
 async def test_a_soak_repeats_rounds_with_the_next_seeds() -> None:

@@ -252,6 +252,10 @@ def _result(
     result = RoundResult(invariants={})
     result.check("the reference run finished", not problems, "; ".join(problems))
     decided = [k for k in kills if not k.missed]
+    # The kill lands below the reference run's record count: a run that ended before it
+    # did not do what the reference did (found by review: such a round passed, unchecked).
+    missed = [f"kill at record {k.at_record}: the run ended before it" for k in kills if k.missed]
+    result.check("every kill landed in a running campaign", not missed, "; ".join(missed[:3]))
     failures = [k.failure for k in kills if k.failure]
     result.check("resumed runs reach the same decisions", not failures, "; ".join(failures[:3]))
     excess = [k.excess for k in kills if k.excess]
