@@ -3,6 +3,7 @@ schedule from the seed, and fails when the property it guards is broken on purpo
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from evolane.actors import ActorRef, _kernel
 from evolane.measure._budget import Ledger
 from evolane.measure._progress import ProgressBus
 from evolane.sandbox import SandboxHost
+from evolane.sandbox._cgroups import CgroupRoots, UnitCgroups
 from evolane.stress import (
     SCENARIOS,
     AskConfig,
@@ -277,6 +279,22 @@ async def test_a_tree_the_sandbox_misses_is_counted_as_a_survivor(
     assert report.counts["survivors"] == 1
     with trio.fail_after(10):  # the host's own cleanup killed it once the scan was done
         await planted[0].wait()
+
+
+async def test_a_sandbox_that_leaves_unit_cgroups_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: a sandbox that never removed a unit's cgroups passed (the host removes
+    its whole cgroup tree at close, so they piled up only while it ran, unchecked)."""
+    probe = CgroupRoots.detect(f"review-{os.getpid()}")
+    probe.remove()
+    if not probe.roots():
+        pytest.skip("no cgroup this process may create")
+    monkeypatch.setattr(UnitCgroups, "remove", lambda self: None)
+    monkeypatch.setattr(UnitCgroups, "remove_empty", lambda self: True)
+    report = await _quick("processes", trees=10)
+    assert _failed(report) == ["no unit directory or cgroup left"]
+    assert "cgroup /sys/fs/cgroup/" in report.details[0]
 
 
 async def test_an_observer_that_slows_the_run_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -199,9 +199,14 @@ async def _sample(host: SandboxHost, tally: _Tally) -> None:
 
 def _leftovers(host: SandboxHost) -> list[str]:
     """Unit directories still under the lease (the spool, the owner and lock files belong to
-    the host)."""
+    the host) and unit cgroups still under the host's."""
     own = {host.spool_dir.name, *LEASE_FILES}
-    return sorted(p.name for p in host.lease_dir.iterdir() if p.name not in own)
+    left = sorted(p.name for p in host.lease_dir.iterdir() if p.name not in own)
+    # The units' cgroups too: found by review, a sandbox that never removed them (the host
+    # removes its whole cgroup tree when it closes, so they pile up only while it runs) passed.
+    for root in host.cgroups.roots():
+        left += sorted(f"cgroup {p}" for p in root.iterdir() if p.is_dir())
+    return left
 
 
 async def run_process_storm(config: ProcessConfig) -> RoundResult:
@@ -252,7 +257,7 @@ def _result(
     result.check("0 survivors", not survivors, f"pids {sorted(survivors)[:10]}")
     result.check("0 survivors reported by the kill ladder", reported == 0, f"{reported}")
     result.check("every tree ended as planned", not tally.wrong, "; ".join(tally.wrong[:3]))
-    result.check("no unit directory left", not leftovers, ", ".join(leftovers[:5]))
+    result.check("no unit directory or cgroup left", not leftovers, ", ".join(leftovers[:5]))
     escapers = [o for t, o in tally.outcomes if t.kind in ("escaper", "daemon") and o is not None]
     latencies = [o.kill_latency_seconds for o in outcomes if o.kill_latency_seconds is not None]
     ms = np.array(latencies or [0.0]) * 1000
