@@ -214,7 +214,7 @@ async def test_a_hanging_ask_is_reported(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(ActorRef, "ask", sometimes_hangs)
     monkeypatch.setattr(_ask_storm, "HANG_SLACK", 0.2)
     report = await _quick("ask", asks=300)
-    assert "none hung" in _failed(report)
+    assert {"none hung", "every ask ended in a reply or a typed error"} <= set(_failed(report))
     assert report.counts["hung"] == len(range(0, 300, 97))
 
 

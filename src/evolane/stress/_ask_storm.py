@@ -263,8 +263,14 @@ def _result(
 ) -> RoundResult:
     seen, rt = out.seen, seen_by_runtime
     result = RoundResult(invariants={})
-    answered = sum(seen.values())
-    result.check("every ask ended", answered == config.asks, f"{answered} of {config.asks}")
+    # Ended in a reply or a typed error: found by review, this counted hung and untyped
+    # outcomes as ended too, so it could never fail.
+    ended = sum(seen.values()) - seen["hung"] - seen["untyped"]
+    result.check(
+        "every ask ended in a reply or a typed error",
+        ended == config.asks,
+        f"{ended} of {config.asks}",
+    )
     result.check("none hung", seen["hung"] == 0, f"{seen['hung']} hung")
     result.check("errors are typed", seen["untyped"] == 0, f"{seen['untyped']} untyped")
     result.check("replies and errors match the asks", not out.wrong, "; ".join(out.wrong[:3]))
