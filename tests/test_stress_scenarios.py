@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -134,6 +135,23 @@ async def test_a_run_that_ends_before_its_kill_is_caught(monkeypatch: pytest.Mon
     report = await _quick("crash-resume")
     assert _failed(report) == ["every kill landed in a running campaign"]
     assert report.counts["kills_missed"] == 1
+
+
+async def test_a_resume_that_runs_journaled_units_again_is_caught(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Found by review: the replays' launch log was never written (a confined replay, run as
+    a unit uid, could not reach it), so no launch was counted and a resume that ran every
+    journaled unit again passed. The fault is planted in the `evolane optimize` processes."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import evolane.measure._plan as plan\n"
+        "plan.restorable = lambda settings, unit, diverged: None\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    with trio.fail_after(120):  # seed 3 kills once 16 records (14 replays) are journaled
+        report = await run_scenario("crash-resume", quick=True, seed=3)
+    assert _failed(report) == ["re-run at most the units in flight"]
+    assert report.counts["replays_rerun"] > 0
 
 
 async def test_a_soak_repeats_rounds_with_the_next_seeds() -> None:

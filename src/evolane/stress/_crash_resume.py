@@ -77,12 +77,25 @@ def write_workload(root: Path, config: ResumeConfig) -> dict[str, Path]:
     (root / "dataset.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (root / "optimizer.py").write_text(OPTIMIZER)
     (root / "plan.json").write_text(json.dumps(PLAN))
-    return {"target": target, "store": root / "store", "log": root / "replays.log"}
+    log = replay_log(root)
+    # A root evolane runs each replay as a unit uid of its own, and a confined replay sees the
+    # log's folder only as exposed (`optimize_argv`): found by review, the log was never
+    # written, so no launch was counted and no re-run could be seen.
+    log.parent.mkdir(mode=0o777)
+    log.parent.chmod(0o777)
+    log.touch(mode=0o666)
+    log.chmod(0o666)
+    return {"target": target, "store": root / "store", "log": log}
+
+
+def replay_log(root: Path) -> Path:
+    """The file each replay launched for the workload under ``root`` appends its unit to."""
+    return root / "log" / "replays.log"
 
 
 def optimize_argv(root: Path, config: ResumeConfig) -> list[str]:
-    """``evolane optimize`` over the workload under ``root``."""
-    log = root / "replays.log"
+    """``evolane optimize`` over the workload under ``root`` (its replay log exposed)."""
+    log = replay_log(root)
     replay = (
         f'sh -c \'echo "$EVOLANE_UNIT" >> {log}; cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\' '
         "replay {candidate} {output_dir}"
@@ -98,6 +111,7 @@ def optimize_argv(root: Path, config: ResumeConfig) -> list[str]:
         "--protected", "grader/**", "--required-file", "REQUIRED", "--gate", "strict",
         "--iterations", str(config.iterations), "--population", "2",
         "--replay-concurrency", str(config.lanes), "--kill-grace", "0.3", "--progress", "none",
+        "--expose-rw", str(log.parent),
     ]  # fmt: skip
 
 
@@ -200,7 +214,7 @@ async def _kill_and_resume(
     if _decisions(store) != decisions:
         kill.failure = f"kill at record {kill.at_record}: decisions differ"
     before = set(kill.launched)
-    kill.rerun = [u for u in _launches(root / "replays.log")[len(kill.launched) :] if u in before]
+    kill.rerun = [u for u in _launches(replay_log(root))[len(kill.launched) :] if u in before]
     in_flight = before - kill.journaled
     if not set(kill.rerun) <= in_flight or len(kill.rerun) > len(in_flight):
         kill.excess = (
@@ -212,6 +226,7 @@ async def _kill_and_resume(
 async def run_crash_resume(config: ResumeConfig) -> RoundResult:
     """One round: an uninterrupted reference run, then ``kills`` kill-and-resume cycles."""
     base = Path(tempfile.mkdtemp(prefix="evolane-stress-"))
+    base.chmod(0o755)  # a replay run as a unit uid reaches its log through it
     lease = _Lease()
     started = time.perf_counter()
     kills: list[_Kill] = []
@@ -221,9 +236,12 @@ async def run_crash_resume(config: ResumeConfig) -> RoundResult:
         paths = await trio.to_thread.run_sync(write_workload, reference_root, config)
         code, err = await _run_to_end(optimize_argv(reference_root, config), lease)
         decisions = _decisions(paths["store"])
-        records = len(_journal(paths["store"]))
+        journal = _journal(paths["store"])
+        records, logged = len(journal), set(_launches(paths["log"]))
         if code != 0 or decisions is None:
             problems.append(f"the reference run exited {code}: {err}")
+        elif not set(replay_names(journal)) <= logged:
+            problems.append(f"the replay log has {len(logged)} launches: it cannot count re-runs")
         else:
             rng = random.Random(config.seed)
             for index in range(config.kills):
