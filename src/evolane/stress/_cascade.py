@@ -183,6 +183,7 @@ class _Run:
     """The real tree's log and what differs from the model."""
 
     log: list[Event] = field(default_factory=list)
+    checked: int = 0  # events of the log already found equal to the model's
     problems: list[str] = field(default_factory=list)
     tasks_steady: int = 0
     task_drift: int = 0
@@ -210,9 +211,12 @@ async def _inject(
                 return
             model.crash(nodes[name])
             await _wait_for(run, len(model.events))
-            if run.log != model.events:
+            # Only the events since the last check: found by review, comparing the whole log
+            # after every crash made a long run quadratic (2,000 bursts: 454 s, 500: 61 s).
+            if run.log[run.checked :] != model.events[run.checked :]:
                 run.problems.append(_first_difference(run.log, model.events, f"{burst}.{k}"))
                 return
+            run.checked = len(model.events)
         now = await settle_tasks(run.tasks_steady)
         run.task_drift = max(run.task_drift, abs(now - run.tasks_steady))
 
