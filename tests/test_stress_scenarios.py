@@ -433,6 +433,22 @@ def test_a_failed_invariant_exits_1_and_says_why(monkeypatch: pytest.MonkeyPatch
     assert "pids [123, 456]" in result.output
 
 
+def test_a_ctrl_c_inside_a_scenarios_nursery_is_one_line_and_exit_130(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: a Ctrl-C that trio raised in a task of a scenario's nursery (as a
+    group) printed a traceback and exited 1."""
+    from evolane.cli._app import app
+
+    async def interrupted(name: str, **kwargs: Any) -> ScenarioReport:
+        raise BaseExceptionGroup("nursery", [KeyboardInterrupt()])
+
+    monkeypatch.setattr(evolane.stress, "run_scenario", interrupted)
+    result = CliRunner().invoke(app, ["stress", "--scenario", "crash-resume", "--quick"])
+    assert result.exit_code == 130, result.exception
+    assert result.output.strip() == "evolane: interrupted"
+
+
 def test_every_scenario_is_registered() -> None:
     assert set(SCENARIOS) == {
         "actors", "ask", "cascade", "processes", "budget", "slow-observer", "crash-resume"

@@ -283,6 +283,13 @@ def _interruptible(callback: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             typer.echo("evolane: interrupted", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BaseExceptionGroup as group:
+            # A Ctrl-C trio raised in a task of a nursery (found by review: `evolane stress`
+            # interrupted mid-scenario printed a traceback and exited 1).
+            if group.subgroup(KeyboardInterrupt) is None:
+                raise
+            typer.echo("evolane: interrupted", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return answered
 
