@@ -394,6 +394,7 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
         ["--scenario", "budget", "--set", "lanes"],
         ["--scenario", "budget", "--set", "lane=3"],
         ["--duration", "-1"],
+        ["--scenario", "cascade", "--quick", "--duration", "inf"],  # review: soaked forever
         ["--scenario", "cascade", "--quick", "--json", "--seed", str(2**64)],  # review: exit 1
         ["--scenario", "budget", "--seed", "5", "--set", "seed=3"],  # review: used 5 silently
     ):

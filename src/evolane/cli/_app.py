@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
@@ -133,8 +134,8 @@ def _stress_options(
             options[flag] = value
     if not 0 <= seed <= _MAX_SEED:  # found by review: a larger one ran, then a traceback
         fail_usage(f"--seed must be from 0 to {_MAX_SEED}, got {seed}")
-    if duration is not None and not duration > 0:
-        fail_usage(f"--duration must be positive, got {duration}")
+    if duration is not None and not 0 < duration < math.inf:  # review: inf soaked forever
+        fail_usage(f"--duration must be a positive number of seconds, got {duration}")
     try:
         scenario_config(scenario, seed=seed, quick=quick, options=options)
     except ValidationError as error:
