@@ -47,7 +47,9 @@ class Record(BaseModel):
     respects the field bounds; ``model_copy(update=...)`` re-validates.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # defer_build: a record's validator is built when first used, not at import; a command
+    # uses a few of the ~120 models, and building them all cost every process ~0.1 s CPU.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
     @classmethod
     def model_construct(cls, _fields_set: set[str] | None = None, **values: Any) -> Self:
