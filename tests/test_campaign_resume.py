@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,12 +61,19 @@ def _journal_records(store: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
+def reference_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the uninterrupted run (``store``, ``replays.log``): tests read it, and
+    one that adds a run works on a copy of the store."""
     root = tmp_path_factory.mktemp("reference")
     paths = write_toy(root, PLAN)
-    log = root / "replays.log"
-    _finish(_optimize(toy_flags(paths, root / "store", log)))
-    return _report(root / "store"), len(log.read_text().splitlines())
+    _finish(_optimize(toy_flags(paths, root / "store", root / "replays.log")))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(reference_root: Path) -> tuple[dict, int]:
+    log = reference_root / "replays.log"
+    return _report(reference_root / "store"), len(log.read_text().splitlines())
 
 
 @pytest.mark.parametrize("kill_after", [1, 12, 40])
@@ -103,11 +111,12 @@ def test_resume_after_sigkill_reaches_the_same_decisions(
 
 
 def test_rerun_evaluator_judges_stored_replays_and_replays_nothing(
-    tmp_path: Path, reference: tuple[dict, int]
+    tmp_path: Path, reference_root: Path
 ) -> None:
-    paths = write_toy(tmp_path, PLAN)
-    store, log = tmp_path / "store", tmp_path / "replays.log"
-    _finish(_optimize(toy_flags(paths, store, log)))
+    # The uninterrupted run, in a copy of its store; its replay command still logs to
+    # reference_root's replays.log, so a replay run again would show there.
+    store, log = tmp_path / "store", reference_root / "replays.log"
+    shutil.copytree(reference_root / "store", store)
     (first,) = (store / "runs").iterdir()
     launches = len(log.read_text().splitlines())
     judge = tmp_path / "lenient.sh"
