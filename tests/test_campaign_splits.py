@@ -218,17 +218,33 @@ def _never_mentioned(entries: list[dict[str, Any]], hidden: set[str]) -> None:
 PLAN = {"0.0": "cure", "0.1": "harm:1", "default": "noop"}
 
 
-def test_the_optimizer_sees_only_the_datasets_train_cases(tmp_path: Path) -> None:
-    record = tmp_path / "shown.jsonl"
-    paths = write_toy(tmp_path, {**PLAN, "_record": str(record)}, train=6)
-    done = _optimize(_flags(paths, None))
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
+    """One campaign on the toy with 6 train cases (read-only for the tests that share it):
+    val03 repeats train02's input; the optimizer records what it was shown. Its folder,
+    the record and the finished `evolane optimize --progress plain`."""
+    root = tmp_path_factory.mktemp("train-run")
+    record = root / "shown.jsonl"
+    paths = write_toy(root, {**PLAN, "_record": str(record)}, train=6)
+    rows = [json.loads(line) for line in paths["dataset"].read_text().splitlines()]
+    val03 = next(row for row in rows if row["id"] == "val03")
+    val03["input"] = next(row["input"] for row in rows if row["id"] == "train02")
+    paths["dataset"].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = _optimize([*_flags(paths, None), "--progress", "plain"])
     assert done.returncode == 0, done.stderr
+    return root, record, done
+
+
+def test_the_optimizer_sees_only_the_datasets_train_cases(
+    train_run: tuple[Path, Path, Any],
+) -> None:
+    root, record, _ = train_run
     entries = _shown(record)
     assert entries and all(_ids_shown(e) <= {f"train{i:02d}" for i in range(6)} for e in entries)
     assert any("train00" in e["context"] for e in entries)  # the failing train case is shown
     hidden = {f"val{i:02d}" for i in range(12)} | {f"test{i:02d}" for i in range(6)}
     _never_mentioned(entries, hidden)
-    report = json.loads((_run_dir(paths["store"]) / "report.json").read_text())
+    report = json.loads((_run_dir(root / "store") / "report.json").read_text())
     splits = report["splits"]
     assert (splits["feedback"], splits["carved"], splits["train_cases"]) == ("train", False, 6)
     assert not splits["note"]
@@ -238,18 +254,12 @@ def test_the_optimizer_sees_only_the_datasets_train_cases(tmp_path: Path) -> Non
 
 
 def test_a_val_case_repeating_a_train_input_is_warned_of_at_the_start_and_in_the_report(
-    tmp_path: Path,
+    train_run: tuple[Path, Path, Any],
 ) -> None:
-    paths = write_toy(tmp_path, PLAN, train=6)
-    rows = [json.loads(line) for line in paths["dataset"].read_text().splitlines()]
-    val03 = next(row for row in rows if row["id"] == "val03")
-    val03["input"] = next(row["input"] for row in rows if row["id"] == "train02")
-    paths["dataset"].write_text("".join(json.dumps(row) + "\n" for row in rows))
-    done = _optimize([*_flags(paths, None), "--progress", "plain"])
-    assert done.returncode == 0, done.stderr
+    root, _, done = train_run
     said = "val case 'val03' has the same input as train case 'train02'"
     assert "preflight: val case 'val03' has the same input as train case" in done.stdout
-    run_dir = _run_dir(paths["store"])
+    run_dir = _run_dir(root / "store")
     assert said in json.loads((run_dir / "report.json").read_text())["splits"]["repeats"]
     assert said in (run_dir / "report.md").read_text()
 
