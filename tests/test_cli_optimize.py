@@ -48,9 +48,12 @@ def _one_error_line(done: subprocess.CompletedProcess[str], needle: str) -> None
 def test_the_live_view_renders_under_a_pseudo_terminal(tmp_path: Path) -> None:
     master, slave = pty.openpty()
     env = {**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm-256color"}
-    args = ["optimize", "--example", "self-evolution", "--example-dir", str(tmp_path / "ex"),
-            "--store", str(tmp_path / "st"), "--iterations", "1", "--population", "2"]  # fmt: skip
-    process = subprocess.Popen([*EVOLANE, *args], stdin=slave, stdout=slave, stderr=slave, env=env)
+    # The toy campaign (sh replays): what is drawn does not depend on the workload, and the
+    # self-evolution example (80 cases, a python process per replay and judge) cost ~45 CPU-s.
+    flags = with_flag(toy_flags(write_toy(tmp_path, PLAN), tmp_path / "st"), "--progress", "auto")
+    process = subprocess.Popen(
+        [*EVOLANE, "optimize", *flags], stdin=slave, stdout=slave, stderr=slave, env=env
+    )
     os.close(slave)
     chunks: list[bytes] = []
 
