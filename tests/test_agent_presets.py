@@ -48,6 +48,7 @@ from tests.agent_fakes import (
     install_fakes,
     path_with,
 )
+from tests.campaign_helpers import toy_flags, with_flag, write_toy
 
 PROGRAMS = {
     "claude-code": "claude",
@@ -395,10 +396,12 @@ ISOLATIONS = [
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_evolane_optimize_with_a_claude_code_preset(isolation: str, tmp_path: Path) -> None:
     fakes = install_fakes(tmp_path / "fake-bin", ("claude",))
-    args = ["optimize", "--example", "self-evolution", "--example-dir", str(tmp_path / "ex"),
-            "--store", str(tmp_path / "st"), "--optimizer", "agent:claude-code",
-            "--iterations", "1", "--population", "2", "--progress", "none",
-            "--isolation", isolation]  # fmt: skip
+    # The toy campaign (sh replays), not the self-evolution example (80 cases, a python
+    # process per replay and judge: ~17 CPU-s per isolation): the preset is what is tested.
+    flags = toy_flags(write_toy(tmp_path / "toy", {}), tmp_path / "st")
+    for name, value in (("--optimizer", "agent:claude-code"), ("--iterations", "1")):
+        flags = with_flag(flags, name, value)
+    args = ["optimize", *flags, "--isolation", isolation]  # the toy runs 2 slots
     env = {**os.environ, "PATH": path_with(fakes)}
     done = subprocess.run(
         [sys.executable, "-m", "evolane", *args], capture_output=True, text=True, env=env,
