@@ -281,6 +281,9 @@ async def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     again = await _run(RunRequest(toy_config(paths), dry_run=True))
     assert again.estimate == outcome.estimate
     assert not (paths["store"] / "runs").exists()
+    under_a_file = toy_config(paths, store=str(paths["dataset"] / "store"))
+    with pytest.raises(InputError, match="not a directory"):  # refused, not estimated
+        await _run(RunRequest(under_a_file, dry_run=True))
 
 
 async def test_every_finished_unit_is_journaled_once(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from evolane.campaign._runs import (
     load_run,
     recover_interrupted_applies,
 )
+from evolane.campaign._target import store_root
 from evolane.campaign._test_budget import BUDGET_NOTE, reserve_split, split_notes, with_level
 from evolane.campaign._tree import OptimizerParts, run_tree
 from evolane.campaign._types import (
@@ -151,6 +152,7 @@ async def run_campaign(
     that run. Every start (but a dry run) then undoes any publish a crash left half done in
     the store, whichever run it belonged to, so the target is whole before it is read."""
     if request.dry_run:
+        store_root(Path(request.config.store))  # a store that cannot be is refused first
         if Path(request.config.store).exists():
             return await _run(request, None, runtime, interrupt, on_bus, backends)
         # a dry run creates no store: it prepares in one of its own, removed (found by review)

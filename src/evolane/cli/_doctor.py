@@ -278,11 +278,13 @@ def estimate_probe(flags: dict[str, Any]) -> int:
     """``estimate --probe`` and ``optimize --dry-run --probe``: the estimate with its wall
     range from one timed replay and judge call; exit 1 when the probe could not score its
     case."""
+    from evolane.campaign import store_root
     from evolane.cli._session import build_config, print_estimate, refuse_continued
 
     try:
         refuse_continued(flags, estimate_only=True)
         config = build_config(flags)
+        store_root(Path(config.store))  # a store that cannot be is refused first
         with contextlib.ExitStack() as scratch:
             if not Path(config.store).exists():  # an estimate creates no store, as --dry-run
                 folder = scratch.enter_context(tempfile.TemporaryDirectory(prefix="evolane-"))
