@@ -9,8 +9,10 @@ failure (``program_unrunnable``): its cases score 0 and it is rejected."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,10 @@ EDITS = {
     "noexec": "chmod -x run.sh; echo drop the executable bit",
     "shebang": "sed -i 1s,.*,#!/nonexistent/sh, run.sh; echo break the interpreter line",
     "crlf": 'sed -i "s/\\$/\\r/" run.sh; echo save it with CRLF line ends',
+    # An ELF binary linked for a loader the host lacks (a musl build, another distro's): the
+    # exec fails ENOENT though the file is there (found by review: the host was blamed, the
+    # run failed, and failed again on every --resume-campaign of the journaled proposal).
+    "loader": "cp /bin/true run.sh; sed -i s,/ld-,/lX-, run.sh; echo link it for no loader",
 }
 
 
@@ -56,7 +62,13 @@ def _campaign(root: Path, edit: str, isolation: str) -> tuple[dict, str]:
 
 @pytest.mark.parametrize(
     ("edit", "isolation"),
-    [("noexec", "process"), ("noexec", "auto"), ("shebang", "process"), ("crlf", "process")],
+    [
+        ("noexec", "process"),
+        ("noexec", "auto"),
+        ("shebang", "process"),
+        ("crlf", "process"),
+        ("loader", "process"),
+    ],
 )
 def test_a_candidate_that_breaks_its_own_replay_program_is_rejected(
     tmp_path: Path, edit: str, isolation: str
@@ -68,6 +80,28 @@ def test_a_candidate_that_breaks_its_own_replay_program_is_rejected(
     assert failures, output
     assert all(f["owner"] == "candidate" for f in failures), failures
     assert not any(f["code"] == "spawn_failed" for f in failures), failures
+
+
+def test_an_elf_file_naming_a_missing_loader_is_broken(tmp_path: Path) -> None:
+    true = Path("/bin/true").read_bytes()
+    if not true.startswith(b"\x7fELF") or b"/ld-" not in true:
+        pytest.skip("no dynamically linked /bin/true here")
+    assert unrunnable(_script(tmp_path / "true", true)) is None
+    broken = _script(tmp_path / "broken", true.replace(b"/ld-", b"/lX-", 1))
+    assert "ELF interpreter" in (unrunnable(broken) or "")
+    assert unrunnable(_script(tmp_path / "short", b"\x7fELF")) is None  # no headers: no say
+    loader = next(word for word in true.split(b"\0") if b"/ld-" in word)
+    relative = true.replace(loader, loader[1:] + b"\0", 1)  # looked for in the working folder
+    assert "not an absolute path" in (unrunnable(_script(tmp_path / "rel", relative)) or "")
+    # A loader of another machine's (ELIBBAD), at a path short enough to patch in.
+    handle, name = tempfile.mkstemp(dir="/tmp", prefix="e")
+    os.close(handle)
+    try:
+        _script(Path(name), true[:18] + b"\xb7\x00" + true[20:])  # aarch64's
+        other = true.replace(loader, os.fsencode(name).ljust(len(loader), b"\0"), 1)
+        assert "another machine" in (unrunnable(_script(tmp_path / "o", other)) or "")
+    finally:
+        os.unlink(name)
 
 
 def _script(path: Path, text: bytes, mode: int = 0o755) -> Path:

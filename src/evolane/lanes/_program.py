@@ -1,24 +1,29 @@
 """Whether a command that never started was the tree's doing: its program is a file of the
 tree under test that cannot be run.
 
-A replay template may run a program the candidate carries (``{candidate}/run.sh``). A
-candidate that deletes it, drops its executable bit or breaks its ``#!`` line breaks its own
-replay, like one that makes it exit non-zero: that is the candidate's failure (its cases
-score 0), not a spawn the host could not make (left out of the comparison, the measurement
-stopped as a shared failure). Found by review: such a candidate was ``indecisive``, never
-rejected, its failure blamed on the infrastructure, and under ``--isolation process`` a
-broken ``#!`` line was so while a confined run (bwrap's own exec) rejected the same edit.
+A replay template may run a program the candidate carries (``{candidate}/run.sh``). A candidate
+that deletes it, drops its executable bit, breaks its ``#!`` line or ships a binary linked for
+a loader the host lacks breaks its own replay, like one that makes it exit non-zero: that is
+the candidate's failure (its cases score 0), not a spawn the host could not make (left out of
+the comparison, the measurement stopped as a shared failure). Found by review: such a candidate
+was ``indecisive``, never rejected, its failure blamed on the infrastructure, and under
+``--isolation process`` a broken ``#!`` line was so while a confined run (bwrap's own exec)
+rejected the same edit.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import struct
 from pathlib import Path
+from typing import BinaryIO
 
 from evolane.messages import FailureEvent, ReplayResult
 
 _SHEBANG_BYTES = 256  # the kernel reads at most this much of a "#!" line (BINPRM_BUF_SIZE)
+_ELF_HEADERS = 64 * 1024  # the program headers read at most (the kernel takes <= 64 KiB)
+_PT_INTERP = 3
 
 
 def arm_owner(arm: str) -> str:
@@ -40,6 +45,8 @@ def unrunnable(program: Path) -> str | None:
             head = file.read(_SHEBANG_BYTES)
     except OSError:
         return None  # unreadable to evolane: the exec's own verdict stands
+    if head.startswith(b"\x7fELF"):
+        return _elf_fault(program)
     if not head.startswith(b"#!"):
         return None
     name = _interpreter_name(head)
@@ -50,6 +57,61 @@ def unrunnable(program: Path) -> str | None:
         return f"{program}: its #! interpreter {interpreter} is not an absolute path"
     if not interpreter.is_file() or not os.access(interpreter, os.X_OK):
         return f"{program}: its #! interpreter {interpreter} is missing or not executable"
+    return None
+
+
+def _elf_fault(program: Path) -> str | None:
+    """Why the ELF file ``program`` cannot be run when it names a program interpreter
+    (``PT_INTERP``, the dynamic loader) that is missing or not an executable ELF file of its
+    machine: the exec fails (ENOENT, ELIBBAD, EACCES) though the file is there (found by
+    review: a candidate shipping a binary linked for another loader, a musl one, made every replay
+    ``spawn_failed`` under ``--isolation process``, and so the run ``failed``, again on each
+    resume). None: it names none, or one that is there, or it cannot be read (the exec's
+    verdict stands)."""
+    try:
+        with program.open("rb") as file:
+            head = file.read(_ELF_HEADERS)
+            interpreter = _elf_interpreter(head, file)
+    except (OSError, struct.error, IndexError):
+        return None
+    if interpreter is None:
+        return None
+    path = Path(os.fsdecode(interpreter))
+    if not path.is_absolute():  # found from the exec's working folder, the unit's: never there
+        return f"{program}: its ELF interpreter {path} is not an absolute path"
+    try:
+        with path.open("rb") as file:
+            its = file.read(20)
+    except OSError:
+        return f"{program}: its ELF interpreter {path} is missing or unreadable"
+    if not path.is_file() or not its.startswith(b"\x7fELF") or not os.access(path, os.X_OK):
+        return f"{program}: its ELF interpreter {path} is not an executable ELF file"
+    if (its[4:6], its[18:20]) != (head[4:6], head[18:20]):  # class, byte order, machine
+        return f"{program}: its ELF interpreter {path} is built for another machine"
+    return None
+
+
+def _elf_interpreter(head: bytes, file: BinaryIO) -> bytes | None:
+    """The ``PT_INTERP`` path of the ELF file whose first bytes are ``head`` (read from the
+    open ``file`` when it lies further), or None when it names none."""
+    wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+    if wide:
+        phoff, size, count = struct.unpack_from(f"{order}32xQ14xHH", head)
+        layout = f"{order}I4xQ16xQ"  # p_type, p_offset, p_filesz
+    else:
+        phoff, size, count = struct.unpack_from(f"{order}28xI8xHH", head)
+        layout = f"{order}II8xI"
+    for index in range(count):
+        start = phoff + index * size
+        if start + struct.calcsize(layout) > len(head):
+            return None
+        kind, offset, length = struct.unpack_from(layout, head, start)
+        if kind != _PT_INTERP:
+            continue
+        if length < 2 or length > 4096:  # the kernel refuses these (ENOEXEC): sh runs it
+            return None
+        file.seek(offset)
+        return file.read(length).split(b"\0", 1)[0]
     return None
 
 
