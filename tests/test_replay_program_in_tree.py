@@ -28,6 +28,10 @@ EDITS = {
     # exec fails ENOENT though the file is there (found by review: the host was blamed, the
     # run failed, and failed again on every --resume-campaign of the journaled proposal).
     "loader": "cp /bin/true run.sh; sed -i s,/ld-,/lX-, run.sh; echo link it for no loader",
+    # A script as interpreter whose own #! line names a missing one (ENOENT), as a file an
+    # earlier replay left in the shared /var/tmp could be (found by review: the host was
+    # blamed, the run failed, and failed again on every resume).
+    "nested": "sed -i 1s,.*,#!ROOT/interp, run.sh; echo name a script that cannot run",
 }
 
 
@@ -37,6 +41,8 @@ def _campaign(root: Path, edit: str, isolation: str) -> tuple[dict, str]:
     target.mkdir()
     (target / "run.sh").write_text(RUN_SH)
     (target / "run.sh").chmod(0o755)
+    (root / "interp").write_text("#!/nonexistent/sh\n")
+    (root / "interp").chmod(0o755)
     splits = ["val"] * 10 + ["train"] * 2
     rows = [
         {"id": f"{split[0]}{i}", "input": {}, "expected_output": "yes", "split": split}
@@ -49,7 +55,7 @@ def _campaign(root: Path, edit: str, isolation: str) -> tuple[dict, str]:
             "--target", str(target), "--dataset", str(root / "cases.jsonl"),
             "--store", str(root / "store"),
             "--replay", "{candidate}/run.sh {output_dir}",
-            "--optimizer", f"sh -c '{EDITS[edit]}'",
+            "--optimizer", f"sh -c '{EDITS[edit].replace('ROOT', str(root))}'",
             "--iterations", "1", "--population", "1", "--replay-concurrency", "2",
             "--isolation", isolation, "--progress", "none",
         ],
@@ -68,6 +74,7 @@ def _campaign(root: Path, edit: str, isolation: str) -> tuple[dict, str]:
         ("shebang", "process"),
         ("crlf", "process"),
         ("loader", "process"),
+        ("nested", "process"),
     ],
 )
 def test_a_candidate_that_breaks_its_own_replay_program_is_rejected(
@@ -127,6 +134,22 @@ def test_what_a_broken_program_is(tmp_path: Path) -> None:
     assert tree_program_fault((str(bad), "x"), tmp_path / "other") is None
     assert tree_program_fault(("sh", str(bad)), tree) is None
     assert tree_program_fault((f"{tree}/../tree2/x",), tree) is None
+
+
+def test_a_script_interpreter_is_checked_as_the_kernel_follows_it(tmp_path: Path) -> None:
+    # An interpreter that is a script runs by its own #! line, up to 5 such files deep.
+    broken = _script(tmp_path / "broken", b"#!/nonexistent/sh\n")
+    assert "/nonexistent/sh" in (
+        unrunnable(_script(tmp_path / "a", b"#!%s\n" % bytes(broken))) or ""
+    )
+    previous = Path("/bin/sh")
+    for level in range(1, 7):
+        previous = _script(tmp_path / f"s{level}", b"#!%s\ntrue\n" % bytes(previous))
+        fault = unrunnable(previous)
+        assert (fault is None) == (level <= 5), (level, fault)
+    loop = tmp_path / "loop"
+    _script(loop, b"#!%s\n" % bytes(loop))
+    assert "deeper" in (unrunnable(loop) or "")
 
 
 def test_a_hash_bang_line_is_read_as_the_kernel_reads_it(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from evolane.messages import FailureEvent, ReplayResult
 _SHEBANG_BYTES = 256  # the kernel reads at most this much of a "#!" line (BINPRM_BUF_SIZE)
 _ELF_HEADERS = 64 * 1024  # the program headers read at most (the kernel takes <= 64 KiB)
 _PT_INTERP = 3
+_SCRIPT_LEVELS = 5  # the "#!" files an exec follows, one naming the next (fs/exec.c)
 
 
 def arm_owner(arm: str) -> str:
@@ -34,8 +35,15 @@ def arm_owner(arm: str) -> str:
 
 def unrunnable(program: Path) -> str | None:
     """Why the file ``program`` cannot be run, when the file itself says so: missing, not
-    a regular executable file, or a ``#!`` line naming an interpreter that is missing or
-    not executable (blocking I/O). None: it looks runnable."""
+    a regular executable file, a ``#!`` line naming an interpreter that cannot be run
+    itself (missing, not executable, its own ``#!`` line broken, ``#!`` lines nested deeper
+    than the kernel follows), or an ELF file naming a loader that cannot be run (blocking
+    I/O). None: it looks runnable."""
+    return _fault(program, 0)
+
+
+def _fault(program: Path, scripts: int) -> str | None:
+    """`unrunnable` of ``program``, the interpreter of ``scripts`` ``#!`` files."""
     if not program.is_file():
         return f"{program} is missing (or not a regular file)"
     if not os.access(program, os.X_OK):
@@ -49,6 +57,8 @@ def unrunnable(program: Path) -> str | None:
         return _elf_fault(program)
     if not head.startswith(b"#!"):
         return None
+    if scripts >= _SCRIPT_LEVELS:  # the exec fails ELOOP (found by review)
+        return f"{program}: #! interpreters nested deeper than {_SCRIPT_LEVELS}"
     name = _interpreter_name(head)
     if not name:
         return f"{program} has an empty #! line"
@@ -57,7 +67,10 @@ def unrunnable(program: Path) -> str | None:
         return f"{program}: its #! interpreter {interpreter} is not an absolute path"
     if not interpreter.is_file() or not os.access(interpreter, os.X_OK):
         return f"{program}: its #! interpreter {interpreter} is missing or not executable"
-    return None
+    # A script as interpreter runs by its own #! line (found by review: one naming a
+    # missing interpreter failed the exec ENOENT, and the host was blamed).
+    fault = _fault(interpreter, scripts + 1)
+    return None if fault is None else f"{program}: its #! interpreter cannot run: {fault}"
 
 
 def _elf_fault(program: Path) -> str | None:
