@@ -103,3 +103,17 @@ def test_a_run_says_when_its_command_trees_may_outgrow_the_hosts_pid_limit(
     assert again.returncode == 0, again.stdout + again.stderr
     (events,) = (tmp_path / "store2").glob("runs/*/events.jsonl")
     assert "the host allows" not in events.read_text()
+
+
+def test_a_run_with_no_process_limit_says_so_under_the_hosts_pid_limit(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by review: with --max-procs none nothing was said, though one tree may then
+    # take every process the host leaves (every sibling's fork and spawn refused).
+    cgroup, _ = limited
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    flags = [*toy_flags(paths, paths["store"]), "--iterations", "1", "--max-procs", "none"]
+    done = _inside(cgroup, [sys.executable, "-m", "evolane", "optimize", *flags])
+    assert done.returncode == 0, done.stdout + done.stderr
+    (events,) = Path(paths["store"]).glob("runs/*/events.jsonl")
+    assert f"({cgroup}/pids.max) and --max-procs is off" in events.read_text()

@@ -113,19 +113,26 @@ def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
 
 
 def host_warnings(config: CampaignConfig) -> list[str]:
-    """A warning when the pids cgroups enclosing evolane allow fewer processes than its
-    command trees may hold at once (each up to ``--max-procs``): a fork refused there fails
-    inside a replay, which counts as its tree's failure, a candidate's case scored 0 (found
-    by review: under a container's ``pids.max`` a candidate that fixed 8 of 12 cases was
-    rejected, its cases failing with "processes limit 512 hit (--max-procs)")."""
+    """A warning when the pids cgroups enclosing evolane allow fewer processes than its command
+    trees may hold at once (each up to ``--max-procs``; any number with none): a fork
+    refused there fails inside a replay, which counts as its tree's failure, a candidate's
+    case scored 0 (found by review: under a container's ``pids.max`` a candidate that fixed
+    8 of 12 cases was rejected, its cases failing with "processes limit 512 hit
+    (--max-procs)")."""
     per_tree = config.commands.max_procs
     headroom = process_headroom()
-    if per_tree is None or headroom is None:
+    if headroom is None:
         return []
+    left, cgroup = headroom
+    if per_tree is None:  # one tree may take every process the host leaves (found by review)
+        return [
+            f"the host allows {left} more processes ({cgroup}/pids.max) and --max-procs is "
+            "off: one command tree may take them all, and a process the host refuses fails "
+            "inside a replay and counts as its tree's failure; set --max-procs"
+        ]
     measure = config.measure
     trees = measure.replay_concurrency + (measure.judge_concurrency if measure.judge else 0)
     trees += config.population
-    left, cgroup = headroom
     if trees * per_tree <= left:
         return []
     return [
