@@ -24,8 +24,8 @@ class _PidLimit:
     """A host at its pid limit: the first ``refusals`` replay spawns fail as ``clone3``
     fails there (the runtime's fault hook, so the spawns after it are real)."""
 
-    def __init__(self, refusals: int) -> None:
-        self.left, self.refused = refusals, 0
+    def __init__(self, refusals: int, after: int = 0) -> None:
+        self.left, self.refused, self.spared = refusals, 0, after  # the first ``after`` start
         self._lock = threading.Lock()  # spawns are decided in worker threads
 
     async def before_handler(self, actor: str, kind: str) -> None:
@@ -35,6 +35,9 @@ class _PidLimit:
         if label != "replay":
             return
         with self._lock:
+            if self.spared > 0:
+                self.spared -= 1
+                return
             if self.left <= 0:
                 return
             self.left -= 1
@@ -42,12 +45,14 @@ class _PidLimit:
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
 
-async def _run_under(limit: _PidLimit, root: Path) -> RunOutcome:
-    paths = write_toy(root, {"default": "fix:8"})
+async def _run_under(
+    limit: _PidLimit, root: Path, plan: str = "fix:8", test: int = 6, **overrides: object
+) -> RunOutcome:
+    paths = write_toy(root, {"default": plan}, test=test)
     INSTALLED.append(limit)
     try:
         with trio.fail_after(120):
-            return await run_campaign(RunRequest(toy_config(paths)))
+            return await run_campaign(RunRequest(toy_config(paths, **overrides)))
     finally:
         INSTALLED.remove(limit)
 
@@ -79,3 +84,24 @@ async def test_a_refusal_that_lasts_fails_the_run_after_a_bounded_number_of_trie
     assert "baseline replay could not start: [Errno 11]" in report.message
     lanes = toy_config(write_toy(tmp_path / "n", {})).measure.replay_concurrency
     assert limit.refused <= lanes * (1 + SPAWN_REFUSALS)  # each unit tried a bounded number
+
+
+async def test_a_unit_an_early_stop_ends_while_its_spawn_waits_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    # Found by review: the candidate breaks its first cases and is rejected early; a unit
+    # beyond the cutoff, its spawn refused, was stopped while it waited to try again and
+    # ended spawn_failed: its measurement stopped as a shared failure and the run failed,
+    # the campaign paused, though the decision was taken on the pairs before the cutoff.
+    # The parent's 12 replays start, then the candidate's first 6 in the seeded order: enough
+    # to reject it early; every spawn after them is refused (no test split: none follows).
+    limit = _PidLimit(10**6, after=12 + 6)
+    outcome = await _run_under(
+        limit, tmp_path, "harm:4", test=0, iterations=1, population=1, replay_concurrency=2
+    )
+    report = outcome.report
+    assert report is not None
+    assert limit.refused > 0  # some unit met the refusals
+    assert report.status == "finished", report.message
+    assert [d.decision for d in report.decisions] == ["reject"]
+    assert not [f for f in report.failures if f.failure.code == "spawn_failed"]

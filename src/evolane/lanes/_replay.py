@@ -24,7 +24,7 @@ from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._inproc import hand_over, make_unit_dir, read_case, shared_tree
 from evolane.lanes._limits import note_limits
 from evolane.lanes._program import arm_owner, blame_tree
-from evolane.lanes._replay_failure import classify, may_pass, refused_for_now
+from evolane.lanes._replay_failure import classify, may_pass, refused_for_now, stopped_waiting
 from evolane.lanes._scratch import UnitScratch, replay_environment, replay_name
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
@@ -188,6 +188,7 @@ class ReplayLane(CommandLane):
                         await stop.wait()
                     if not stop.is_set():
                         continue
+                    result = stopped_waiting(result)
                 tries = attempt - refusals  # refused spawns ran nothing: not a retry spent
                 if not may_pass(result) or tries > self.settings.retries:
                     break

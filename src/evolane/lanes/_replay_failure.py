@@ -46,6 +46,16 @@ def refused_for_now(result: ReplayResult, refusals: int) -> float | None:
     return 0.25 * 2**refusals
 
 
+def stopped_waiting(result: ReplayResult) -> ReplayResult:
+    """``result``, a refused spawn, when the run stopped its unit while it waited to try
+    again (an early stop's cutoff, the budget, a cancel): ``cancelled``, the run's doing,
+    never the host's failure (found by review: a unit beyond an early stop's cutoff ended
+    ``spawn_failed``, stopping its measurement as a shared failure, and the run ``failed``
+    though its decision was taken)."""
+    failure = FailureEvent(owner="framework", stage="replay", code="cancelled")
+    return result.model_copy(update={"status": "cancelled", "failure": failure})
+
+
 def classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
     """The failure of a replay that ended as ``outcome`` on ``arm``, and whose it is: the
     host's (a spawn, a timeout), the run's (cancelled), or the tree's (a limit, an exit)."""
