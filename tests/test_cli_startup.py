@@ -1,6 +1,6 @@
 """The command line starts light: ``evolane --help`` (and the parsing of any command) loads
 neither the runtime (measure, lanes, sandbox, distributed) nor the report page's numbers
-(views, stats, numpy); a command loads what it runs when it runs."""
+(views, stats, numpy) nor trio; a command loads what it runs when it runs."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ HEAVY = (
     "evolane.supervisors",  # the CLI's allocator policy is a root module, not the runtime
     "evolane.actors",
     "numpy",
+    "trio",  # only the commands that run something (stress, watch, drain, optimize) need it
 )
 PROBE = """
 import sys
@@ -38,7 +39,15 @@ print("LOADED", *sorted(name for name in sys.modules if name in {heavy!r}))
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["optimize", "--help"], ["watch", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["optimize", "--help"],
+        ["watch", "--help"],
+        ["optimize", "--iterations", "abc"],  # a flag's bad value: one line before any run
+    ],
+)
 def test_help_loads_none_of_the_runtime(args: list[str]) -> None:
     code = PROBE.format(heavy=set(HEAVY))
     done = subprocess.run(

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
-import trio
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -83,6 +82,8 @@ def stress(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run a stress scenario with seeded faults; print the invariants it checked and its figures."""
+    import trio
+
     from evolane.stress import run_scenario
 
     given = {"actors": actors, "messages": messages, "faults": faults, "trees": trees}

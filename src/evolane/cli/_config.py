@@ -21,10 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
-from evolane.store import read_at_most
-
 FLAG, DEFAULT, FAST = "flag", "default", "--fast-verified"
 """Sources of a value besides a config file (its path) and an example (``example NAME``)."""
 SOURCES_KEY = "_sources"
@@ -132,6 +128,8 @@ few hundred bytes, and a 100 MB one took 14 s to parse (found by review)."""
 def _text(path: Path) -> str:
     """The file's text, at most `MAX_CONFIG_BYTES` read; a pipe given as ``--config``
     (``<(...)``) is read as a file is (the search for a config file takes files only)."""
+    from evolane.store import read_at_most
+
     try:
         with open(path, "rb") as handle:
             data = read_at_most(handle, MAX_CONFIG_BYTES)
@@ -241,6 +239,8 @@ def _checked(config: ConfigFile, key: str, value: Any, kind: Any) -> Any:
             str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in items
         ]
         value = numbers if is_list else numbers[0]
+    from pydantic import TypeAdapter, ValidationError
+
     try:
         checked = TypeAdapter(kind).validate_python(value, strict=False)
     except ValidationError as error:

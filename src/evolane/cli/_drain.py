@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import trio
 import typer
 
 from evolane.cli._exits import (
@@ -69,6 +68,8 @@ def run_drain(store: str, *, max_jobs: int | None, progress: str, debug: bool) -
 
     try:
         root = _check(store, max_jobs, progress)
+        import trio
+
         from evolane.cli._session import watching_signals
 
         return trio.run(
@@ -94,6 +95,8 @@ def _check(store: str, max_jobs: int | None, progress: str) -> Path:
 
 
 async def _drain_jobs(root: Path, max_jobs: int | None, progress: str, watch: Any) -> int:
+    import trio
+
     from evolane import embed
 
     jobs, damaged = embed.PendingJobs(root), []

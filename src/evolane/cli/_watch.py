@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TextIO
 
-import trio
 import typer
 from rich.console import Console
 
@@ -26,6 +25,8 @@ from evolane.cli._output import StoreOption, open_store, resolve_run, store_of, 
 from evolane.cli._resumable import resume_blocker, resume_command
 
 if TYPE_CHECKING:  # the view's modules load when a run is followed, not with the command line
+    import trio
+
     from evolane import messages
     from evolane.campaign import StoreLayout
     from evolane.cli._render import ProgressMode
@@ -85,6 +86,8 @@ class _Follower:
         watcher's monotonic clock since it last read a new event, so a clock that jumps back
         (or a store on another host whose clock is ahead) never hides a silence (found by
         review: `no event for` never came while the file's time was in the future)."""
+        import trio
+
         if not self.caught_up:
             return 0.0
         return self.silent_for + (trio.current_time() - self.silent_from)
@@ -92,6 +95,8 @@ class _Follower:
     def _heard(self, fresh: bool) -> None:
         """The file has been read to its end: at the first time, take the run's silence
         from the file's time; afterwards a new event starts it again at zero."""
+        import trio
+
         if not self.caught_up:
             events = self.layout.run_dir(self.run_id) / "events.jsonl"
             self.silent_for, self.silent_from = written_ago(events), trio.current_time()
@@ -101,6 +106,8 @@ class _Follower:
 
     async def follow(self, send: trio.MemorySendChannel[messages.ProgressEvent]) -> Ending:
         """Send every event of the run, from its first, until it ends; then close ``send``."""
+        import trio
+
         async with send:
             fresh = False  # whether new lines came since the end was last reached
             while True:
@@ -126,6 +133,8 @@ class _Follower:
 
     def _ended(self, fresh: bool) -> Ending | None:
         """How the run ended, once the whole file is read; None while it may go on."""
+        import trio
+
         from evolane.campaign import run_is_live
         from evolane.messages import RunFinished
 
@@ -165,6 +174,8 @@ class _Follower:
 
 async def _watch(follower: _Follower, mode: ProgressMode, out: TextIO) -> Ending:
     """Render the run until it ends; Ctrl-C stops the tail only, and the view draws its end."""
+    import trio
+
     from evolane import messages
     from evolane.cli._render import render_progress
 
@@ -200,6 +211,8 @@ def follow_run(
     command's exit code is ``Ending.exit_code``."""
     if progress not in WATCH_MODES:
         fail_usage(f"unknown --progress {progress!r}; choose from: {', '.join(WATCH_MODES)}")
+    import trio
+
     from evolane.cli._render import resolve_mode
     from evolane.views import EventDecoder, EventTail
 
