@@ -71,6 +71,29 @@ def test_a_command_still_loads_what_it_runs() -> None:
     assert "evolane.campaign" in loaded.split(), loaded
 
 
+def test_a_bad_choice_is_one_line_before_the_runtime_loads(tmp_path: Path) -> None:
+    """A flag value outside its choices is refused (one line, exit 2) before the request
+    loads the runtime: the campaign, the measurement, the lanes, numpy."""
+    flags = ["--target", str(tmp_path), "--dataset", str(tmp_path / "cases.jsonl")]
+    flags += ["--replay", "true", "--optimizer", "true", "--isolation", "bogus"]
+    flags += ["--store", str(tmp_path / "store")]
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    expected = "evolane: error: --isolation bogus: choose from auto, confined, process, namespace"
+    assert done.stderr.strip() == expected, done.stderr
+    runtime = {"evolane.campaign", "evolane.measure", "evolane.lanes", "evolane.embed", "numpy"}
+    code = PROBE.format(heavy=runtime)
+    probed = _script(code, "optimize", *flags)
+    (loaded,) = [line for line in probed.stdout.splitlines() if line.startswith("LOADED")]
+    assert loaded == "LOADED", loaded
+    assert not (tmp_path / "store").exists()
+
+
 CTRL_C_AT = """
 import os, signal, sys
 

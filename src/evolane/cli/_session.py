@@ -1,7 +1,6 @@
 """One ``optimize``/``estimate`` invocation: flags to config, the run under trio with the
 progress view, Ctrl-C handling (first: stop now, kill the units in flight, write the report;
-second: cancel at once, no report), the summary.
-"""
+second: cancel at once, no report), the summary."""
 
 from __future__ import annotations
 
@@ -308,7 +307,6 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
         merge_config_file,
         resolved_settings,
     )
-    from evolane.embed import OptimizeRequest
 
     try:  # a continued run takes only the session's keys (store, view) from the file
         merge_config_file(flags, session_only=bool(flags.get("resume") or flags.get("from_run")))
@@ -316,6 +314,8 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     except (ConfigError, UsageError) as error:
         raise UsageError(locate(str(error), flags)) from None
     refuse_continued(flags, estimate_only)
+    from evolane.embed import OptimizeRequest  # the runtime loads once the flags checked out
+
     if flags.get("resume"):
         flags["ignored"] = ignored_by_resume(flags)  # said once the run resumes (`_session`)
         return OptimizeRequest(resume=flags["resume"])
