@@ -243,7 +243,7 @@ async def test_a_best_the_run_stopped_before_confirming_is_reported_unconfirmed(
 async def test_a_bests_val_line_says_it_was_chosen_on_those_replays(tmp_path: Path) -> None:
     # Found by review: with honest splits the val gain of a useless best was positive in 83
     # of 83 campaigns (the gate chose it on those very replays); nothing said so.
-    from evolane.cli._summary import _val_note
+    from evolane.cli._summary import val_note
 
     paths = write_toy(tmp_path, {"default": "overfit:8"})
     outcome = await _run(RunRequest(publishing_config(paths)))
@@ -253,9 +253,9 @@ async def test_a_bests_val_line_says_it_was_chosen_on_those_replays(tmp_path: Pa
     assert "(optimistic: the best was chosen on these replays)" in page
     honest = report.splits.model_copy(update={"feedback": "train", "train_cases": 4})
     assert not honest.optimistic
-    said = _val_note(report.model_copy(update={"splits": honest}))
+    said = val_note(report.model_copy(update={"splits": honest}))
     assert "the best was chosen on these replays" in said
-    assert _val_note(report.model_copy(update={"splits": honest, "selected": None})) == ""
+    assert val_note(report.model_copy(update={"splits": honest, "selected": None})) == ""
 
 
 def test_a_published_bests_test_gain_is_said_to_be_optimistic(tmp_path: Path) -> None:
@@ -285,7 +285,7 @@ async def test_an_unconfirmed_bests_test_gain_is_not_said_to_be_optimistic(
     tmp_path: Path,
 ) -> None:
     from evolane.cli._output import test_delta_text
-    from evolane.cli._summary import _val_note
+    from evolane.cli._summary import val_note
 
     paths = write_toy(tmp_path, {"default": "overfit:8"})  # fits val, changes no test case
     outcome = await _run(RunRequest(publishing_config(paths)))
@@ -296,9 +296,9 @@ async def test_an_unconfirmed_bests_test_gain_is_not_said_to_be_optimistic(
     assert PUBLISHED_ON_TEST not in test_delta_text(report.test, report.confirmation)
     assert report.splits is not None
     honest = report.splits.model_copy(update={"feedback": "train", "train_cases": 4})
-    assert "test is the honest figure" in _val_note(report.model_copy(update={"splits": honest}))
+    assert "test is the honest figure" in val_note(report.model_copy(update={"splits": honest}))
     confirmed = report.confirmation.model_copy(update={"decision": "confirmed"})
-    said = _val_note(report.model_copy(update={"splits": honest, "confirmation": confirmed}))
+    said = val_note(report.model_copy(update={"splits": honest, "confirmation": confirmed}))
     assert "chosen on these replays" in said and "test is the honest figure" not in said
 
 

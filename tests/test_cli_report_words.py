@@ -343,3 +343,17 @@ def test_compare_warns_when_the_runs_read_different_datasets(runs: Runs, tmp_pat
     assert len(set(line.split()[2:])) == 2  # two digests
     found = json.loads(_evolane("compare", *ids, "--store", store, "--json").stdout)
     assert found["warnings"] and "different datasets" in found["warnings"][0]
+
+
+def test_report_text_marks_the_val_scores_optimistic_as_the_summary_and_md_do(runs: Runs) -> None:
+    # Found by review: the summary's "val:" line and report.md said the best's val scores
+    # were optimistic (val fed the optimizer; the best was chosen on them), `evolane report`
+    # printed the same figures with no caveat.
+    assert runs.report(runs.first)["selected"] is not None
+    shown = _evolane("report", runs.first, "--store", str(runs.store))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("│ val "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("│ test (sealed)"))
+    row = " ".join(line.split("│")[2].strip() for line in lines[start:end])
+    assert "(optimistic: val fed the optimizer)" in row, shown.stdout

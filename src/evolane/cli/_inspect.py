@@ -291,6 +291,7 @@ def _show_unfinished(summary: dict[str, Any], fmt: str) -> None:
 
 def _summary_rows(rep: Report) -> list[tuple[str, str]]:
     from evolane.campaign import ci_text as _ci
+    from evolane.cli._summary import val_note
     from evolane.views import isolation_text, token_count
 
     spent, total = rep.budget.spent, rep.budget.campaign_spent
@@ -307,7 +308,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
         ("isolation", isolation_text(rep.isolation or "n/a")),
         ("limits", rep.limits or "n/a"),
         ("best", best),
-        ("val", f"{_ci(rep.scores.baseline_val)} -> {_ci(rep.scores.best_val)}"),
+        ("val", f"{_ci(rep.scores.baseline_val)} -> {_ci(rep.scores.best_val)}{val_note(rep)}"),
         ("test (sealed)", f"{_ci(rep.scores.baseline_test)} -> {_ci(rep.scores.best_test)}"),
     ]
     if rep.test is not None:

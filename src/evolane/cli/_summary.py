@@ -38,7 +38,7 @@ def _test_result(report: Any) -> list[str]:
     return lines
 
 
-def _val_note(report: Any) -> str:
+def val_note(report: Any) -> str:
     """A warning on the val line: its scores are optimistic when val fed the optimizer, and
     a best's are whenever it was chosen on these very replays (found by review: a useless
     best's val gain was positive in 83 of 83 campaigns, +0.12 on average); test is honest,
@@ -86,7 +86,7 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         f"[bold]{report.status}[/bold]  campaign {report.campaign_id}: {report.campaign_status}"
         f"  (run {report.run_id}, {report.wall_seconds:.1f} s)",
         f"best: {best}",
-        f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}{_val_note(report)}",
+        f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}{val_note(report)}",
         f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: only confirms)",
         *_test_result(report),
         f"budget spent: command time {spent.wall_seconds or 0:.1f} s,"
