@@ -15,7 +15,7 @@ from evolane.inputs import one_line
 from evolane.messages import printable
 from evolane.views import token_count
 
-_UNPUBLISHED = frozenset({"refused", "rolled_back", "recovered"})
+_UNPUBLISHED = frozenset({"refused", "rolled_back", "recovered", "unconfirmed"})
 """Apply statuses of an ``auto_verified`` publish that left the target as it was."""
 
 
@@ -99,7 +99,8 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     if report.apply is not None:
         why = ""  # a publish that did not happen says why, not only in report.json
         if report.apply.status in _UNPUBLISHED and report.apply.message:
-            why = f": {escape(_said(report.apply.message))}"
+            said = report.apply.message.removesuffix(f"; proposal in {report.apply.proposal_dir}")
+            why = f": {escape(_said(said))}"  # the proposal has a line of its own
         lines.append(f"apply ({report.apply.policy}): {report.apply.status}{why}")
         if report.apply.proposal_dir:
             lines.append(escape(f"proposal: {report.apply.proposal_dir}"))
