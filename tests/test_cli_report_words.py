@@ -5,6 +5,7 @@ decisions (rule, delta, the optimizer's summary) and no phantom rows; `evolane d
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -357,3 +358,46 @@ def test_report_text_marks_the_val_scores_optimistic_as_the_summary_and_md_do(ru
     end = next(i for i, line in enumerate(lines) if line.startswith("│ test (sealed)"))
     row = " ".join(line.split("│")[2].strip() for line in lines[start:end])
     assert "(optimistic: val fed the optimizer)" in row, shown.stdout
+
+
+def test_a_resumed_runs_wall_counts_every_session(tmp_path: Path) -> None:
+    # Found by review: a run cut by Ctrl-C and resumed said "wall 2.3 s" (its last session
+    # alone) in the summary, report.md, `evolane report`, `runs` and report.html, beside the
+    # command time of both sessions (18.1 s) and a page whose run clock went on to ~10 s.
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    paths = write_toy(tmp_path / "toy", PLAN)
+    flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    flags = [*with_flag(flags, "--replay", GATED_REPLAY.format(gate=gate)), "--expose", str(gate)]
+    store = tmp_path / "store"
+    run = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing figure
+        while not list(store.glob("runs/*/events.jsonl")):
+            assert run.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=120) == 130
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    (run_id,) = [p.name for p in (store / "runs").iterdir()]
+    first = runs_report(store, run_id)["wall_seconds"]
+    (gate / "open").touch()
+    done = _evolane("optimize", "--resume", run_id, "--store", str(store), "--progress", "none")
+    assert done.returncode == 0, done.stderr
+    report = runs_report(store, run_id)
+    total = report["run_wall_seconds"]
+    assert report["resumed"] == 1 and total == pytest.approx(first + report["wall_seconds"])
+    said = f"{total:.1f} s over 2 sessions ({report['wall_seconds']:.1f} s this one)"
+    assert said in done.stdout.splitlines()[0], done.stdout
+    assert f"- wall: {said}" in (store / "runs" / run_id / "report.md").read_text()
+    assert said in (store / "runs" / run_id / "report.html").read_text()
+    listed = json.loads(_evolane("runs", "--store", str(store), "--json").stdout)
+    assert [r["wall_seconds"] for r in listed["runs"]] == [pytest.approx(total)]
+
+
+def runs_report(store: Path, run_id: str) -> dict:
+    """``report.json`` of ``run_id`` in ``store``."""
+    return json.loads((store / "runs" / run_id / "report.json").read_text())

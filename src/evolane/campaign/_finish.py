@@ -212,6 +212,7 @@ async def finish(
     )
     best = outcome.best_ref or run.seed_ref
     contained = containment(prepared.config)
+    seconds = session.seconds()
     report = Report(
         run_id=run.run_id,
         campaign_id=run.campaign_id,
@@ -221,7 +222,8 @@ async def finish(
         message=_message(outcome, bus, run.run_id, session.note),
         started=started,
         finished=time.time(),
-        wall_seconds=session.seconds(),
+        wall_seconds=seconds,
+        run_wall_seconds=run.elapsed_seconds + seconds,
         resumed=prepared.resumed,
         isolation=f"{contained.description}; {', '.join(host.mechanisms)}",
         limits=describe_limits(
@@ -315,7 +317,8 @@ def _write_report(
         )
     path = prepared.run_dir / "report.json"
     write_json_atomic(path, report)
-    listed = {"scores": report.scores.model_dump(mode="json"), "wall_seconds": report.wall_seconds}
+    wall = report.wall_seconds if report.run_wall_seconds is None else report.run_wall_seconds
+    listed = {"scores": report.scores.model_dump(mode="json"), "wall_seconds": wall}
     summary = ReportSummary.of(listed, path.stat().st_size)  # the run holds the report's folder
     markdown = render_markdown(report, case_rows(report, prepared.store))
     write_bytes_atomic(prepared.run_dir / "report.md", markdown.encode())

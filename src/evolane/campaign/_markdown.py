@@ -318,7 +318,7 @@ def _head_lines(report: Report) -> list[str]:
         "",
         f"- status: **{report.status}**; campaign {report.campaign_id}: "
         f"**{report.campaign_status}** (cycle {report.cycle})",
-        f"- wall: {report.wall_seconds:.1f} s; "
+        f"- wall: {report.wall_text()}; "
         f"isolation: {isolation_text(report.isolation or 'n/a')}"
         + (f"; resumed {report.resumed}x" if report.resumed else ""),
         f"- limits per command: {report.limits or 'n/a'}",

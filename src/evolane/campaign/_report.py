@@ -181,6 +181,9 @@ class Report(Record):
     started: float
     finished: float
     wall_seconds: float = Field(ge=0)
+    """This session's wall (a resumed run's earlier sessions are in ``run_wall_seconds``)."""
+    run_wall_seconds: float | None = Field(default=None, ge=0)
+    """The run's wall over every session it ran (None: a report from before it was kept)."""
     resumed: int = Field(default=0, ge=0)
     isolation: ShortText = ""
     limits: Text = ""
@@ -190,6 +193,16 @@ class Report(Record):
     estimate: Estimate | None = None
     splits: SplitPlan | None = None
     """Which split fed the optimizer, each split's cases, the carve (None: an older report)."""
+
+    def wall_text(self) -> str:
+        """The run's wall in words: a resumed run's over all its sessions, then this one's
+        (found by review: a resumed run showed its last session's wall alone, beside the
+        spend of all its sessions)."""
+        total = self.wall_seconds if self.run_wall_seconds is None else self.run_wall_seconds
+        if not self.resumed:
+            return f"{total:.1f} s"
+        sessions = self.resumed + 1
+        return f"{total:.1f} s over {sessions} sessions ({self.wall_seconds:.1f} s this one)"
 
     @model_validator(mode="before")
     @classmethod

@@ -67,8 +67,7 @@ def score_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
     from evolane.campaign import ci_text as _ci
 
     rows = [(name, _ci(getattr(a.scores, f)), _ci(getattr(b.scores, f))) for name, f in SCORES]
-    rows.insert(0, ("status", f"{a.status} ({a.wall_seconds:.1f} s)", f"{b.status} "
-                    f"({b.wall_seconds:.1f} s)"))  # fmt: skip
+    rows.insert(0, ("status", f"{a.status} ({a.wall_text()})", f"{b.status} ({b.wall_text()})"))
     return rows
 
 

@@ -303,7 +303,7 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
         ("started", stamp(rep.started)),
         (
             "wall",
-            f"{rep.wall_seconds:.1f} s" + (f"; resumed {rep.resumed}x" if rep.resumed else ""),
+            rep.wall_text() + (f"; resumed {rep.resumed}x" if rep.resumed else ""),
         ),
         ("isolation", isolation_text(rep.isolation or "n/a")),
         ("limits", rep.limits or "n/a"),

@@ -84,7 +84,7 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
     best = "the seed (nothing accepted)" if report.selected is None else report.best.digest[:19]
     lines = [
         f"[bold]{report.status}[/bold]  campaign {report.campaign_id}: {report.campaign_status}"
-        f"  (run {report.run_id}, {report.wall_seconds:.1f} s)",
+        f"  (run {report.run_id}, {report.wall_text()})",
         f"best: {best}",
         f"val:  {_ci(scores.baseline_val)} -> {_ci(scores.best_val)}{val_note(report)}",
         f"test: {_ci(scores.baseline_test)} -> {_ci(scores.best_test)}  (sealed: only confirms)",

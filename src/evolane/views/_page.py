@@ -19,6 +19,17 @@ def _num(value: Any, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _wall(report: dict[str, Any]) -> str:
+    """The run's wall: a resumed run's over all its sessions, then this one's (as
+    `Report.wall_text` words it)."""
+    session, total, resumed = (
+        report.get(k) for k in ("wall_seconds", "run_wall_seconds", "resumed")
+    )
+    if not isinstance(resumed, int) or resumed <= 0 or total is None:
+        return f"{_num(total if total is not None else session, '.1f')} s"
+    return f"{_num(total, '.1f')} s over {resumed + 1} sessions ({_num(session, '.1f')} s this one)"
+
+
 def _score_row(name: str, score: dict[str, Any] | None) -> str:
     if not score:
         return f"<tr><th>{name}</th><td>n/a</td></tr>"
@@ -37,7 +48,7 @@ def _summary(report: dict[str, Any]) -> str:
             _score_row(k.replace("_", " "), scores.get(k))
             for k in ("baseline_val", "best_val", "baseline_test", "best_test")
         ),
-        f"<tr><th>wall</th><td class='num'>{_num(report.get('wall_seconds'), '.1f')} s</td></tr>",
+        f"<tr><th>wall</th><td class='num'>{scrub(_wall(report))}</td></tr>",
     ]
     confirmation = report.get("confirmation") or {}
     if confirmation.get("sentence"):
