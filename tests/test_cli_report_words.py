@@ -401,3 +401,23 @@ def test_a_resumed_runs_wall_counts_every_session(tmp_path: Path) -> None:
 def runs_report(store: Path, run_id: str) -> dict:
     """``report.json`` of ``run_id`` in ``store``."""
     return json.loads((store / "runs" / run_id / "report.json").read_text())
+
+
+def test_compare_says_whether_each_best_was_confirmed_and_published(tmp_path: Path) -> None:
+    # Found by review: side by side, a best the test split did not confirm (so not
+    # published) showed the same "test best" as a published one, and nothing else said so.
+    store = tmp_path / "store"
+    for name, plan in (("pub", {"0.0": "fix:3"}), ("over", {"0.0": "overfit:3"})):
+        paths = write_toy(tmp_path / name, {**plan, "default": "noop"})
+        flags = with_flag(toy_flags(paths, store), "--iterations", "1")
+        done = _evolane("optimize", *flags, "--apply", "auto_verified", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    a, b = sorted(p.name for p in (store / "runs").iterdir())
+    found = json.loads(_evolane("compare", a, b, "--store", str(store), "--json").stdout)
+    verdicts = found["scores"]["confirmation"]
+    assert verdicts["a"].startswith("confirmed (mean +0.833, p = 0.031"), verdicts
+    assert verdicts["b"].startswith("unconfirmed (mean +0.000, p = 1"), verdicts
+    assert found["scores"]["apply"] == {
+        "a": "auto_verified: applied",
+        "b": "auto_verified: unconfirmed",
+    }

@@ -9,7 +9,7 @@ from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._lock import TargetLocked, holder_pid
 from evolane.campaign._markdown import candidate_cell, case_rows, ci_text, render_markdown
-from evolane.campaign._online import campaign_alpha
+from evolane.campaign._online import campaign_alpha, p_beside_level
 from evolane.campaign._probe import CaseProbe, HostReport, Probe, probe_run
 from evolane.campaign._report import (
     DecisionRecord,
@@ -98,6 +98,7 @@ __all__ = [
     "host_warnings",
     "load_campaign",
     "load_run",
+    "p_beside_level",
     "probe_run",
     "publish_note",
     "published_on_test",

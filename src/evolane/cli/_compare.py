@@ -68,7 +68,26 @@ def score_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
 
     rows = [(name, _ci(getattr(a.scores, f)), _ci(getattr(b.scores, f))) for name, f in SCORES]
     rows.insert(0, ("status", f"{a.status} ({a.wall_text()})", f"{b.status} ({b.wall_text()})"))
+    rows.append(("confirmation", _verdict(a), _verdict(b)))
+    rows.append(("apply", _applied(a), _applied(b)))
     return rows
+
+
+def _verdict(report: Report) -> str:
+    """The test split's verdict on the best (found by review: side by side, a best the test
+    split did not confirm, and so did not publish, read as well as one it did)."""
+    from evolane.campaign import p_beside_level
+
+    c = report.confirmation
+    if c is None:
+        return "-"
+    p, level = p_beside_level(c.p_value, c.level)
+    return f"{c.decision} (mean {c.mean_delta:+.3f}, p = {p}, level {level})"
+
+
+def _applied(report: Report) -> str:
+    """What the run did with its best: the apply policy and its outcome."""
+    return "-" if report.apply is None else f"{report.apply.policy}: {report.apply.status}"
 
 
 def spend_rows(a: Report, b: Report) -> list[tuple[str, str, str]]:
