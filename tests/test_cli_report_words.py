@@ -421,3 +421,20 @@ def test_compare_says_whether_each_best_was_confirmed_and_published(tmp_path: Pa
         "a": "auto_verified: applied",
         "b": "auto_verified: unconfirmed",
     }
+
+
+def test_the_runs_last_words_say_the_best_was_not_confirmed_nor_published(tmp_path: Path) -> None:
+    # Found by review: the live view's last frame and `evolane watch` ended on "finished:
+    # finished ... best ... val 0.333 -> 0.583" of a best the test split did not confirm and
+    # the run did not publish: nothing but the summary (another terminal's) said so.
+    paths = write_toy(tmp_path / "toy", {"0.0": "overfit:3", "default": "noop"})
+    flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    flags = with_flag(flags, "--progress", "plain")
+    done = _evolane("optimize", *flags, "--apply", "auto_verified", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "] finished: finished" in line)
+    entry = [lines[start]]
+    entry += [line for line in lines[start + 1 :] if line.startswith("[") and "]     " in line]
+    said = " ".join(line.split("]", 1)[1].strip() for line in entry)
+    assert "not confirmed on the test split; apply auto_verified: unconfirmed" in said, said

@@ -267,10 +267,30 @@ async def finish(
             baseline_val=scores.baseline_val.mean if scores.baseline_val else None,
             best_val=scores.best_val.mean if scores.best_val else None,
             report=str(prepared.run_dir / "report.json")[-256:],
+            verdict=_verdict(report)[:256],
         )
     )
     await _write_page(prepared, bus, report)  # after run_finished: it plots the whole stream
     return report
+
+
+_CONFIRMED = {
+    "confirmed": "confirmed on the test split",
+    "unconfirmed": "not confirmed on the test split",
+    "indecisive": "indecisive on the test split",
+}
+
+
+def _verdict(report: Report) -> str:
+    """What the run's end says of its best beyond its val scores (found by review: a watched
+    run's last frame read "best ... val 0.333 -> 0.583" of a best the test split did not
+    confirm and the run did not publish)."""
+    parts = []
+    if report.confirmation is not None:
+        parts.append(_CONFIRMED.get(report.confirmation.decision, report.confirmation.decision))
+    if report.apply is not None:
+        parts.append(f"apply {report.apply.policy}: {report.apply.status}")
+    return "; ".join(parts)
 
 
 async def _write_page(prepared: Prepared, bus: ProgressBus, report: Report) -> None:

@@ -126,6 +126,8 @@ def _finished_segments(event: messages.RunFinished) -> list[str]:
     if event.baseline_val is not None or event.best_val is not None:
         low, high = ("?" if v is None else f"{v:.3f}" for v in (event.baseline_val, event.best_val))
         parts.append(f"val {low} -> {high}")
+    if event.verdict:
+        parts.append(event.verdict)
     if event.report:
         parts.append(f"report {event.report}")
     return parts
@@ -401,5 +403,6 @@ def render_view(state: ViewState, elapsed: float, dropped: int = 0) -> Renderabl
         lost = f"the view dropped {dropped} events (the run is unaffected)"
         parts.append(Packed([lost], style="yellow"))
     if state.finished is not None:
-        parts.append(Packed(_finished_segments(state.finished), style="bold green"))
+        ended = "bold green" if state.finished.status == "finished" else "bold yellow"
+        parts.append(Packed(_finished_segments(state.finished), style=ended))
     return Group(*parts)

@@ -239,6 +239,9 @@ class RunFinished(ProgressEvent):
     baseline_val: float | None = None
     best_val: float | None = None
     report: ShortText = ""
+    verdict: ShortText = ""
+    """The test split's verdict on the best and what became of it (e.g. ``not confirmed on
+    the test split; apply auto_verified: unconfirmed``); empty when there was neither."""
 
 
 EVENT_TYPES: tuple[type[ProgressEvent], ...] = (
