@@ -4,6 +4,7 @@ decisions (rule, delta, the optimizer's summary) and no phantom rows; `evolane d
 
 from __future__ import annotations
 
+import html
 import json
 import signal
 import subprocess
@@ -438,3 +439,17 @@ def test_the_runs_last_words_say_the_best_was_not_confirmed_nor_published(tmp_pa
     entry += [line for line in lines[start + 1 :] if line.startswith("[") and "]     " in line]
     said = " ".join(line.split("]", 1)[1].strip() for line in entry)
     assert "not confirmed on the test split; apply auto_verified: unconfirmed" in said, said
+
+
+def test_report_html_says_what_the_apply_did_and_that_val_is_optimistic(tmp_path: Path) -> None:
+    # Found by review: report.html's summary never said whether the target was changed (a
+    # publish applied, rolled back or not made: the same page) nor that the best's val score
+    # was chosen on those replays, which the summary and report.md say.
+    paths = write_toy(tmp_path / "toy", {"0.0": "overfit:3", "default": "noop"})
+    flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
+    done = _evolane("optimize", *flags, "--apply", "auto_verified")
+    assert done.returncode == 0, done.stderr
+    (page,) = (tmp_path / "store" / "runs").glob("*/report.html")
+    text = html.unescape(page.read_text())
+    assert "<th>apply</th><td>auto_verified: unconfirmed (the best candidate was not" in text
+    assert "val fed the optimizer, and the best was chosen on these replays" in text

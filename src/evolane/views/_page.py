@@ -30,6 +30,18 @@ def _wall(report: dict[str, Any]) -> str:
     return f"{_num(total, '.1f')} s over {resumed + 1} sessions ({_num(session, '.1f')} s this one)"
 
 
+def _optimistic(report: dict[str, Any]) -> list[str]:
+    """The caveat on the best's val score the summary and report.md give: it was chosen on
+    those replays (and val fed the optimizer, when it did)."""
+    if not report.get("selected"):
+        return []
+    splits = report.get("splits")
+    fed = isinstance(splits, dict) and splits.get("feedback") == "val"
+    said = "val fed the optimizer, and " if fed else ""
+    said += "the best was chosen on these replays: its val score is optimistic"
+    return [f"<tr><th>note</th><td>{scrub(said)}</td></tr>"]
+
+
 def _score_row(name: str, score: dict[str, Any] | None) -> str:
     if not score:
         return f"<tr><th>{name}</th><td>n/a</td></tr>"
@@ -48,6 +60,7 @@ def _summary(report: dict[str, Any]) -> str:
             _score_row(k.replace("_", " "), scores.get(k))
             for k in ("baseline_val", "best_val", "baseline_test", "best_test")
         ),
+        *_optimistic(report),
         f"<tr><th>wall</th><td class='num'>{scrub(_wall(report))}</td></tr>",
     ]
     confirmation = report.get("confirmation") or {}
@@ -55,6 +68,11 @@ def _summary(report: dict[str, Any]) -> str:
         rows.append(f"<tr><th>confirmation</th><td>{scrub(confirmation['sentence'])}</td></tr>")
     if report.get("error_control"):
         rows.append(f"<tr><th>error control</th><td>{scrub(report['error_control'])}</td></tr>")
+    apply = report.get("apply")
+    if isinstance(apply, dict):  # found by review: the page never said if the target changed
+        said = f"{apply.get('policy')}: {apply.get('status')}"
+        said += f" ({apply['message']})" if apply.get("message") else ""
+        rows.append(f"<tr><th>apply</th><td>{scrub(said)}</td></tr>")
     if report.get("message"):
         rows.append(f"<tr><th>message</th><td>{scrub(report['message'])}</td></tr>")
     return f"<table class='summary'>{''.join(rows)}</table>"
