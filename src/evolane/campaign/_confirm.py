@@ -52,13 +52,15 @@ SMALL_TEST_REPETITIONS = 3
 ConfirmVerdict = Literal["confirmed", "unconfirmed", "indecisive"]
 
 PUBLISHED_ON_TEST = (
-    "optimistic: published because this gain cleared the confirmation on these replays; "
+    "optimistic: confirmed because this gain cleared the test on these very replays; "
     "the confirmation's lower bound is the honest figure"
 )
-"""Said of a confirmed best's test delta: a publish needs it high, so it leans high (the
+"""Said of a confirmed best's test delta: a confirmation needs it high, so it leans high (the
 winner's curse of a significance filter). Found by review: on 16 pass/fail test cases a
 true +0.125 edit was confirmed 8.6% of the time, and then reported +0.36 on average (2.8x;
-more than 2x in every one), while the summary called test the honest figure."""
+more than 2x in every one), while the summary called test the honest figure. It said
+"published because", also of a best the run only proposed (``--apply proposal``: the target
+untouched; found by review)."""
 Against = Literal["seed", "published"]
 """What a best is confirmed against: the seed, or the tree an earlier cycle published."""
 
