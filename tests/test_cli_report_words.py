@@ -453,3 +453,34 @@ def test_report_html_says_what_the_apply_did_and_that_val_is_optimistic(tmp_path
     text = html.unescape(page.read_text())
     assert "<th>apply</th><td>auto_verified: unconfirmed (the best candidate was not" in text
     assert "val fed the optimizer, and the best was chosen on these replays" in text
+
+
+def test_the_summary_says_an_unconfirmed_best_was_not_published(tmp_path: Path) -> None:
+    """Found by review: a best the test split did not confirm (or a run stopped before the
+    confirmation) printed ``apply (auto_verified): unconfirmed`` and nothing more; report.md
+    said ``not published`` and why."""
+    paths = write_toy(tmp_path, {"default": "overfit:3"})
+    flags = toy_flags(paths, paths["store"])
+    flags += ["--iterations", "1", "--population", "1", "--apply", "auto_verified"]
+    done = _evolane("optimize", *flags)
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("apply (")]
+    assert line.startswith("apply (auto_verified): unconfirmed: the best candidate was not"), line
+    assert line.endswith("not published"), line  # the proposal's path is on its own line
+    assert any(x.startswith("proposal: ") for x in done.stdout.splitlines())
+
+
+def test_a_confirmed_best_only_proposed_is_not_said_to_be_published(tmp_path: Path) -> None:
+    """Found by review: with ``--apply proposal`` (the default: the target untouched) a
+    confirmed best's test delta said ``optimistic: published because ...`` in the summary
+    and report.md."""
+    paths = write_toy(tmp_path, {"default": "fix:3"})
+    flags = [*toy_flags(paths, paths["store"]), "--iterations", "1", "--population", "1"]
+    done = _evolane("optimize", *flags)
+    assert done.returncode == 0, done.stderr
+    assert "apply (proposal): proposed" in done.stdout, done.stdout
+    assert "the best candidate was confirmed" in done.stdout, done.stdout
+    (md,) = paths["store"].glob("runs/*/report.md")
+    for text in (done.stdout, md.read_text()):
+        assert "published because" not in text
+        assert "optimistic: confirmed because this gain cleared the test" in text
