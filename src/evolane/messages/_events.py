@@ -82,9 +82,12 @@ class EstimateEvent(ProgressEvent):
     cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
     by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
     """Tokens and dollars expected per role (optimizer, replay, judge)."""
-    preflight: tuple[ShortText, ...] = Field(default=(), max_length=8)
-    """What the gate can accept with these cases and repetitions, in words."""
-    splits: ShortText = ""
+    preflight: tuple[ShortSaid, ...] = Field(default=(), max_length=8)
+    """What the gate can accept with these cases and repetitions, in words (shown as text: a
+    line quoting a file name holds no terminal control, and each control character is 3
+    bytes, not the 6 of its JSON escape: found by hypothesis, 8 lines of them went over
+    `MAX_MESSAGE_BYTES`)."""
+    splits: ShortSaid = ""
     """Which split feeds the optimizer and how many cases each split has, in words."""
 
 
