@@ -73,6 +73,16 @@ def _start(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[bytes], Path, 
     return process, out, err
 
 
+def _ended(process: subprocess.Popen[bytes], err: Path) -> None:
+    """Wait for ``process`` to exit 0 (a 240 s guard against a hang), killed if it did not."""
+    try:
+        assert process.wait(timeout=240) == 0, err.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def _wait_for(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 180  # a guard against a hang, not a timing figure
     while text not in path.read_text(errors="replace"):
@@ -129,12 +139,7 @@ def test_a_plugin_factory_that_blocks_is_ended_by_ctrl_c(
 def test_a_plugins_print_leaves_jsonl_progress_json(tmp_path: Path) -> None:
     """What an observer prints goes to stderr: every stdout line is a progress event."""
     process, out, err = _start(tmp_path, "--observer", "printer", "--progress", "jsonl")
-    try:
-        assert process.wait(timeout=240) == 0, err.read_text()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    _ended(process, err)
     lines = out.read_text().splitlines()
     assert lines and all(json.loads(line)["kind"].startswith("event.") for line in lines)
     assert "plugin says event.run_finished" in err.read_text()
@@ -144,11 +149,6 @@ def test_a_disabled_observer_is_said_without_a_live_view(tmp_path: Path) -> None
     """Under ``--progress none`` nobody saw the run's warning: the disabled observer is one
     line on stderr after the run (found by review: exit 0 and not a word)."""
     process, _, err = _start(tmp_path, "--observer", "boom", "--progress", "none")
-    try:
-        assert process.wait(timeout=240) == 0, err.read_text()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    _ended(process, err)
     said = [line for line in err.read_text().splitlines() if "observer boom" in line]
     assert said == ["evolane: observer boom was disabled: it raised RuntimeError: boom"]
