@@ -262,14 +262,19 @@ def test_a_failed_run_with_a_relative_script_advises_a_command_that_works(
     assert advised.returncode == 0 and advised.stdout.startswith("finished"), advised.stderr
 
 
-def test_report_on_a_live_run_says_it_is_running_and_suggests_watch(tmp_path: Path) -> None:
+def _gated_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """A one-iteration toy run whose replays wait for ``tmp_path/gate``, and its store."""
     gate = tmp_path / "gate"
     gate.mkdir()
     paths = write_toy(tmp_path / "toy", PLAN)
     flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
     flags = [*with_flag(flags, "--replay", GATED_REPLAY.format(gate=gate)), "--expose", str(gate)]
-    store = tmp_path / "store"
     run = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL, cwd=tmp_path)
+    return run, tmp_path / "store"
+
+
+def test_report_on_a_live_run_says_it_is_running_and_suggests_watch(tmp_path: Path) -> None:
+    run, store = _gated_run(tmp_path)
     try:
         deadline = time.monotonic() + 120  # a guard against a hang, not a timing figure
         while True:
@@ -288,10 +293,10 @@ def test_report_on_a_live_run_says_it_is_running_and_suggests_watch(tmp_path: Pa
         assert resumed.returncode == 2
         assert f"(pid {run.pid})" in resumed.stderr
         assert f"follow it with `evolane watch {run_id}`" in resumed.stderr
-        (gate / "open").touch()
+        (tmp_path / "gate" / "open").touch()
         assert run.wait(timeout=120) == 0
     finally:
-        (gate / "open").touch()
+        (tmp_path / "gate" / "open").touch()
         if run.poll() is None:
             run.kill()
             run.wait()
@@ -365,13 +370,7 @@ def test_a_resumed_runs_wall_counts_every_session(tmp_path: Path) -> None:
     # Found by review: a run cut by Ctrl-C and resumed said "wall 2.3 s" (its last session
     # alone) in the summary, report.md, `evolane report`, `runs` and report.html, beside the
     # command time of both sessions (18.1 s) and a page whose run clock went on to ~10 s.
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    paths = write_toy(tmp_path / "toy", PLAN)
-    flags = with_flag(toy_flags(paths, tmp_path / "store"), "--iterations", "1")
-    flags = [*with_flag(flags, "--replay", GATED_REPLAY.format(gate=gate)), "--expose", str(gate)]
-    store = tmp_path / "store"
-    run = subprocess.Popen([*EVOLANE, "optimize", *flags], stdout=subprocess.DEVNULL, cwd=tmp_path)
+    run, store = _gated_run(tmp_path)
     try:
         deadline = time.monotonic() + 120  # a guard against a hang, not a timing figure
         while not list(store.glob("runs/*/events.jsonl")):
@@ -385,7 +384,7 @@ def test_a_resumed_runs_wall_counts_every_session(tmp_path: Path) -> None:
             run.wait()
     (run_id,) = [p.name for p in (store / "runs").iterdir()]
     first = runs_report(store, run_id)["wall_seconds"]
-    (gate / "open").touch()
+    (tmp_path / "gate" / "open").touch()
     done = _evolane("optimize", "--resume", run_id, "--store", str(store), "--progress", "none")
     assert done.returncode == 0, done.stderr
     report = runs_report(store, run_id)
