@@ -3,9 +3,10 @@
 Found by review: under an enclosing ``pids.max`` (a container's, a CI job's) a replay whose
 fork the host refused failed, and the kernel counted the refusal in the replay's own cgroup
 (``pids.events``: v1, and v2 before 6.12), so the report said "processes limit 512 hit
-(--max-procs)", owner candidate: a candidate that fixed 8 of 12 cases was rejected. The run
-cannot tell such a refusal from the tree's own limit after the fact; it says, at its start
-and in ``doctor``, when its command trees may hold more processes than the host allows.
+(--max-procs)", owner candidate: a candidate that fixed 8 of 12 cases was rejected. The
+tree's high-water mark (``pids.peak``) tells the two apart: such a replay is tried again,
+then stops the run as the host's failure. The run also says, at its start and in
+``doctor``, when its command trees may hold more processes than the host allows.
 These tests make a pids cgroup of their own (a child of this process's, removed after).
 """
 
@@ -117,3 +118,156 @@ def test_a_run_with_no_process_limit_says_so_under_the_hosts_pid_limit(
     assert done.returncode == 0, done.stdout + done.stderr
     (events,) = Path(paths["store"]).glob("runs/*/events.jsonl")
     assert f"({cgroup}/pids.max) and --max-procs is off" in events.read_text()
+
+
+_FORKER = """
+import os, sys, time
+kids = 0
+for _ in range({count}):
+    try:
+        pid = os.fork()
+    except OSError:
+        print(kids)
+        sys.exit(1)
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    kids += 1
+print(kids)
+"""
+_WHOSE = """
+import json, sys, trio
+from evolane.sandbox import Limits, SandboxSpec, open_sandbox
+
+async def main():
+    seen = []
+    async with open_sandbox(sys.argv[1]) as host:
+        for processes in (512, 16):
+            spec = SandboxSpec(argv=(sys.executable, "-c", sys.argv[2]),
+                               limits=Limits(processes=processes), kill_grace=0.2)
+            outcome = await host.run(spec, timeout=60)
+            seen.append([outcome.status, list(outcome.limits_hit), outcome.stdout.text()])
+    print(json.dumps(seen))
+
+trio.run(main)
+"""
+
+
+def test_a_fork_the_host_refused_is_told_from_one_the_trees_own_limit_refused(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Both refusals count in the tree's own pids.events; its high-water mark tells them
+    # apart: 300 forks under its own 512 meet the host's 200 first; under its own 16, its own.
+    cgroup, _ = limited
+    argv = [sys.executable, "-c", _WHOSE, str(tmp_path / "sb"), _FORKER.format(count=300)]
+    done = _inside(cgroup, argv)
+    assert done.returncode == 0, done.stderr
+    host, own = json.loads(done.stdout)
+    assert host[:2] == ["limit_exceeded", ["host_processes"]], host
+    assert 0 < int(host[2]) < 200  # refused by the host before its own limit
+    assert own[:2] == ["limit_exceeded", ["processes"]], own
+    assert int(own[2]) < 16
+
+
+_REPLAY = """
+import json, os, sys, time
+candidate, out, marks, mode = sys.argv[1:5]
+with open(os.path.join(out, "usage.json"), "w") as usage:
+    json.dump({"tokens": 100}, usage)  # every attempt spends
+mark = os.path.join(marks, os.environ["EVOLANE_UNIT"])
+if mode == "always" or (mode == "once" and not os.path.exists(mark)):
+    open(mark, "w").close()
+    for _ in range(300):  # more than the host's pids.max 200 allows, within --max-procs 512
+        try:
+            pid = os.fork()
+        except OSError:
+            sys.exit(1)
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+with open(os.path.join(candidate, os.environ["EVOLANE_CASE_ID"])) as answer:
+    with open(os.path.join(out, "output.json"), "w") as output:
+        output.write(answer.read())
+"""
+
+
+def _forking_run(root: Path, mode: str, cgroup: Path | None) -> tuple[int, dict, str]:
+    """A one-iteration toy run whose replays fork past the host's limit (``mode``: on
+    every attempt, on each unit's first, never), inside ``cgroup`` when given: its exit
+    code, report.json and output."""
+    paths = write_toy(root, {"default": "fix:8"})
+    marks = root / "marks"
+    marks.mkdir()
+    marks.chmod(0o777)  # a replay may run as a unit uid of its own
+    script = root / "replay.py"
+    script.write_text(_REPLAY)
+    flags = toy_flags(paths, paths["store"], lanes=1)  # one tree at the host's limit at a time
+    replay = f"{sys.executable} -I {script} {{candidate}} {{output_dir}} {marks} {mode}"
+    flags[flags.index("--replay") + 1] = replay
+    flags += ["--iterations", "1", "--expose-rw", str(marks)]
+    argv = [sys.executable, "-m", "evolane", "optimize", *flags]
+    done = (
+        _inside(cgroup, argv)
+        if cgroup is not None
+        else subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    )
+    (report,) = Path(paths["store"]).glob("runs/*/report.json")
+    return done.returncode, json.loads(report.read_text()), done.stdout + done.stderr
+
+
+def test_a_replay_the_host_refused_a_process_is_tried_again_not_scored(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by review: the refusal was read as the tree's own --max-procs, owner candidate,
+    # its case scored 0: the candidate that fixed 8 of 12 cases was rejected.
+    cgroup, _ = limited
+    code, report, said = _forking_run(tmp_path / "limited", "once", cgroup)
+    assert code == 0, said
+    ref_code, reference, ref_said = _forking_run(tmp_path / "free", "never", None)
+    assert ref_code == 0, ref_said
+    decided = [(d["slot"], d["decision"]) for d in report["decisions"]]
+    assert decided == [(d["slot"], d["decision"]) for d in reference["decisions"]]
+    assert "accept" in {decision for _, decision in decided}, decided
+    assert report["scores"] == reference["scores"]
+    assert not [f for f in report["failures"] if "processes" in json.dumps(f)], report["failures"]
+    # each unit ran twice and both attempts' model calls are paid
+    spent = report["budget"]["spent_by_role"]["replay"]["tokens"]
+    assert spent == 2 * reference["budget"]["spent_by_role"]["replay"]["tokens"] > 0
+
+
+def test_a_host_that_keeps_refusing_processes_fails_the_run_naming_the_host(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    cgroup, _ = limited
+    code, report, said = _forking_run(tmp_path / "limited", "always", cgroup)
+    assert code == 1, said
+    assert report["status"] == "failed" and report["campaign_status"] == "paused"
+    assert "the host refused a process" in said and "not --max-procs" in said, said
+    assert "processes limit 512" not in said
+    assert not report["decisions"] or all(d["decision"] != "reject" for d in report["decisions"])
+
+
+_NO_THREADS = """
+import sys
+from pathlib import Path
+from evolane.sandbox._host import _Janitor
+
+cgroup = Path(sys.argv[1])
+(cgroup / "pids.max").write_text((cgroup / "pids.current").read_text())  # not one task more
+janitor, done = _Janitor(), []
+janitor.put(lambda: done.append(1))
+janitor.settle()
+janitor.close()
+print(len(done))
+"""
+
+
+def test_the_janitor_cleans_up_at_once_when_the_host_refuses_it_a_thread(
+    limited: tuple[Path, int],
+) -> None:
+    # Found by review: the unstarted thread was kept; closing the host joined it and raised
+    # "cannot join thread before it is started" (the run's end an internal error).
+    cgroup, _ = limited
+    done = _inside(cgroup, [sys.executable, "-c", _NO_THREADS, str(cgroup)])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1"]

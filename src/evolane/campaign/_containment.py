@@ -115,10 +115,9 @@ def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
 def host_warnings(config: CampaignConfig) -> list[str]:
     """A warning when the pids cgroups enclosing evolane allow fewer processes than its command
     trees may hold at once (each up to ``--max-procs``; any number with none): a fork
-    refused there fails inside a replay, which counts as its tree's failure, a candidate's
-    case scored 0 (found by review: under a container's ``pids.max`` a candidate that fixed
-    8 of 12 cases was rejected, its cases failing with "processes limit 512 hit
-    (--max-procs)")."""
+    refused there fails inside a replay, tried again and then stopping the run as the
+    host's failure (`evolane.lanes.HOST_REFUSED`), and evolane's own threads compete for
+    the same slots."""
     per_tree = config.commands.max_procs
     headroom = process_headroom()
     if headroom is None:

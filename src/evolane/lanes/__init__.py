@@ -77,6 +77,7 @@ from evolane.lanes._replay import (
     read_usage,
     run_lane_command,
 )
+from evolane.lanes._replay_failure import HOST_REFUSED
 from evolane.lanes._scratch import (
     ScratchKind,
     SlotScratch,
@@ -98,6 +99,7 @@ __all__ = [
     "BUILTIN_AGENTS",
     "EARLY_STOPS_KEPT",
     "EDIT_FORMAT",
+    "HOST_REFUSED",
     "JUDGE_ENDPOINT_FAILED",
     "LIMIT_FLAGS",
     "LLM_EXTRA_HINT",

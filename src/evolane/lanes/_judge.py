@@ -26,6 +26,7 @@ from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_ov
 from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._scratch import UnitScratch
+from evolane.lanes._usage import sum_usage
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
 from evolane.sandbox import ProcessOutcome
 from evolane.store import (
@@ -56,15 +57,6 @@ class _Verdict:
     detail_ref: ArtifactRef | None = None  # already stored
     usage: Usage = FREE
     usage_complete: bool = True
-
-
-def _sum_usage(total: Usage, part: Usage) -> Usage:
-    """``total`` plus ``part`` per dimension (unknown stays unknown only where both are)."""
-    values = {}
-    for name in ("tokens", "cost_usd", "wall_seconds"):
-        a, b = getattr(total, name), getattr(part, name)
-        values[name] = None if a is None and b is None else (a or 0.0) + (b or 0.0)
-    return Usage(**values, cached=total.cached or part.cached)
 
 
 JUDGE_ENDPOINT_FAILED = "judge_endpoint_failed"
@@ -141,7 +133,7 @@ class JudgeLane(CommandLane):
                     )
                 else:
                     source, verdict = await self._attempt(job, attempt, deadline, stop)
-                usage = _sum_usage(usage, verdict.usage)
+                usage = sum_usage(usage, verdict.usage)
                 complete = complete and verdict.usage_complete
                 if verdict.failure is None or attempt > self.settings.retries or stop.is_set():
                     break

@@ -28,6 +28,11 @@ LIMIT_FLAGS = {
     "open_files": "--max-open-files",
 }
 """The flag that raises each limit the sandbox reports (`ProcessOutcome.limits_hit` names)."""
+HOST_LIMITS = {
+    "host_processes": "the host refused a process: a pid limit enclosing evolane (a cgroup's "
+    "pids.max), not --max-procs",
+}
+"""Limits the sandbox reports that are the host's, not the run's (no flag raises them)."""
 _STDERR_EVIDENCE = {
     "file_size": os.strerror(errno.EFBIG),
     "open_files": os.strerror(errno.EMFILE),
@@ -72,6 +77,9 @@ def limit_reason(hit: tuple[str, ...], limits: Limits) -> str:
     """``memory limit 4 GiB hit (--max-memory)``, one clause per limit in ``hit``."""
     clauses = []
     for name in hit:
+        if name in HOST_LIMITS:
+            clauses.append(HOST_LIMITS[name])
+            continue
         flag = LIMIT_FLAGS.get(name)
         label = name.replace("_", " ")
         clause = f"{label} limit{_value(name, limits)} hit"

@@ -24,7 +24,13 @@ from evolane.lanes._backends import Backend, BackendCall, run_backend
 from evolane.lanes._inproc import hand_over, make_unit_dir, read_case, shared_tree
 from evolane.lanes._limits import note_limits
 from evolane.lanes._program import arm_owner, blame_tree
-from evolane.lanes._replay_failure import classify, may_pass, refused_for_now, stopped_waiting
+from evolane.lanes._replay_failure import (
+    classify,
+    may_pass,
+    refused_for_now,
+    stopped_waiting,
+    with_spend,
+)
 from evolane.lanes._scratch import UnitScratch, replay_environment, replay_name
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
@@ -177,9 +183,13 @@ class ReplayLane(CommandLane):
         if not in_process and job.name is None:  # one name for every attempt, on any lane
             job = job.model_copy(update={"name": replay_name(job)})
         try:
-            attempt, refusals, result = 0, 0, None
+            attempt, refusals, result, ran = 0, 0, None, []
             while True:
                 attempt += 1
+                if result is not None and (
+                    result.failure is None or result.failure.code != "spawn_failed"
+                ):
+                    ran.append(result)  # an attempt that ran, tried again: its spend counts
                 result = await self._attempt(job, attempt, deadline, stop)
                 wait = refused_for_now(result, refusals)
                 if wait is not None and trio.current_time() + wait < deadline:
@@ -196,7 +206,7 @@ class ReplayLane(CommandLane):
                     break
             name = None if in_process else job.name  # a backend is trusted: the unit id
             update = {"attempts": attempt, "wall_seconds": trio.current_time() - started}
-            return result.model_copy(update={**update, "name": name})
+            return with_spend(result, ran).model_copy(update={**update, "name": name})
         finally:
             self.stops.disarm(job.unit_id)
 

@@ -12,11 +12,16 @@ from __future__ import annotations
 import errno
 
 from evolane.lanes._program import arm_owner
+from evolane.lanes._usage import sum_usage
 from evolane.messages import FailureEvent, ReplayResult
 from evolane.sandbox import ProcessOutcome
 
 SPAWN_REFUSALS = 3
-"""How many times a replay whose spawn the host refused for the moment is tried again."""
+"""How many times a replay whose spawn (or a fork of its tree: `HOST_REFUSED`) the host
+refused for the moment is tried again."""
+HOST_REFUSED = "host_refused"
+"""The code of a replay whose tree failed after the host refused it a process: a pid limit
+enclosing evolane (a cgroup's ``pids.max``), not the run's ``--max-procs``."""
 _REFUSED = (f"[Errno {errno.EAGAIN}]", f"[Errno {errno.ENOMEM}]")  # a pid or memory limit
 
 
@@ -27,7 +32,7 @@ def may_pass(result: ReplayResult) -> bool:
     return (
         failure is not None
         and failure.owner == "infrastructure"
-        and failure.code != "spawn_failed"
+        and failure.code not in ("spawn_failed", HOST_REFUSED)
         and not failure.code.startswith("limit_")
     )
 
@@ -39,11 +44,26 @@ def refused_for_now(result: ReplayResult, refusals: int) -> float | None:
     spent. No command ran, so nothing is charged twice (found by review: under a pid limit
     one refusal stopped the measurement as a shared failure, and with it the run)."""
     failure = result.failure
-    if failure is None or failure.code != "spawn_failed" or refusals >= SPAWN_REFUSALS:
+    if failure is None or refusals >= SPAWN_REFUSALS:
         return None
-    if not any(said in failure.message for said in _REFUSED):
-        return None
-    return 0.25 * 2**refusals
+    if failure.code == "spawn_failed" and any(said in failure.message for said in _REFUSED):
+        return 0.25 * 2**refusals
+    if failure.code == HOST_REFUSED:  # the tree ran: its spend stays charged (`with_spend`)
+        return 0.25 * 2**refusals
+    return None
+
+
+def with_spend(result: ReplayResult, ran_before: list[ReplayResult]) -> ReplayResult:
+    """``result``, the last attempt of a unit, charged also what the attempts before it
+    that ran (``ran_before``: a tree the host refused a process, tried again) spent: a
+    retried replay's model calls are paid once each, never dropped from the budget."""
+    if not ran_before:
+        return result
+    usage, complete = result.usage, result.usage_complete
+    for earlier in ran_before:
+        usage = sum_usage(usage, earlier.usage)
+        complete = complete and earlier.usage_complete
+    return result.model_copy(update={"usage": usage, "usage_complete": complete})
 
 
 def stopped_waiting(result: ReplayResult) -> ReplayResult:
@@ -78,6 +98,13 @@ def classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
         )
     if outcome.status == "cancelled":
         return FailureEvent(owner="framework", stage="replay", code="cancelled")
+    if outcome.status == "limit_exceeded" and outcome.limits_hit == ("host_processes",):
+        # The host refused a fork (the tree's own limit was never reached): its failure is
+        # the host's, tried again, then a shared failure (found by review: charged to the
+        # candidate as its --max-procs, a candidate fixing 8 of 12 cases was rejected).
+        return FailureEvent(
+            owner="infrastructure", stage="replay", code=HOST_REFUSED, message=outcome.error[:512]
+        )
     if outcome.status == "limit_exceeded":
         # The replay ran the tree under test and it used more than the run allows: that is
         # the tree's doing, like a crash (a candidate's case scores 0; a baseline's is not

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from evolane.messages import Usage
+
 MODEL_CHARS = 128
 """Characters of a model name a usage document keeps."""
 
@@ -49,3 +51,13 @@ def usage_document(
     if partial:
         document["partial"] = True
     return document
+
+
+def sum_usage(total: Usage, part: Usage) -> Usage:
+    """``total`` plus ``part`` per dimension (unknown stays unknown only where both are):
+    what the attempts of one unit spent together."""
+    values = {}
+    for name in ("tokens", "cost_usd", "wall_seconds"):
+        a, b = getattr(total, name), getattr(part, name)
+        values[name] = None if a is None and b is None else (a or 0.0) + (b or 0.0)
+    return Usage(**values, cached=total.cached or part.cached)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from evolane.lanes import HOST_REFUSED
 from evolane.measure._layout import UnitLayout, reading_order, repetitions, start_order
 from evolane.measure._prefix import CasePrefix, decision
 from evolane.measure._restore import earlier_replay, not_stored, restorable, stored_replay
@@ -77,6 +78,10 @@ from evolane.messages import (
     UnitRecord,
 )
 from evolane.stats import clustered
+
+_HOSTS_FAILURES = ("spawn_failed", "cluster_lost", HOST_REFUSED)
+"""Replay failures that are the host's and shared by every unit (tried again by the lane
+first): the measurement stops on one, nothing decided on the pairs it cut short."""
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -292,7 +297,7 @@ class MeasurePlan:
 
     def _replayed(self, unit: Unit, replay: ReplayResult) -> None:
         unit.replay = replay
-        if replay.failure is not None and replay.failure.code in ("spawn_failed", "cluster_lost"):
+        if replay.failure is not None and replay.failure.code in _HOSTS_FAILURES:
             # Stop before this lane is handed back: no further unit may start.
             how = "could not start" if replay.failure.code == "spawn_failed" else "failed"
             why = f"{unit.arm} replay {how}: {replay.failure.message}"

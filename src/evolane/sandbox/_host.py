@@ -65,18 +65,26 @@ class _Janitor:
 
     def put(self, cleanup: Callable[[], object]) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="evolane-janitor", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="evolane-janitor", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # the host refused a thread (its pid limit): clean up now
+                self._now(cleanup)  # (found by review: an unstarted thread kept, its join
+                return  # at close raised, a settle waited for a queue nothing drained)
+            self._thread = thread
         try:
             self._queue.put_nowait(cleanup)
         except queue.Full:  # cleaning is behind: do this one now rather than wait
-            with contextlib.suppress(Exception):  # as in the thread: litter, not damage
-                cleanup()
+            self._now(cleanup)
+
+    @staticmethod
+    def _now(cleanup: Callable[[], object]) -> None:
+        with contextlib.suppress(Exception):  # as in the thread: litter, not damage
+            cleanup()
 
     def _run(self) -> None:
         while (cleanup := self._next()) is not None:
-            with contextlib.suppress(Exception):  # a cleanup failure leaves litter, not damage
-                cleanup()
+            self._now(cleanup)  # a cleanup failure leaves litter, not damage
             self._queue.task_done()
 
     def _next(self) -> Callable[[], object] | None:

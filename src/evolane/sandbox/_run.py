@@ -389,6 +389,7 @@ def _limits_hit(
     if unit.cgroups is not None:
         if unit.cgroups.oom_killed():
             hit.append("memory")
-        if unit.cgroups.pids_limit_hit():
-            hit.append("processes")
+        refused = unit.cgroups.pids_refused()
+        if refused is not None:
+            hit.append(refused)
     return tuple(hit)
