@@ -100,6 +100,28 @@ def test_a_replay_never_sees_what_the_trace_recorded_of_its_turn(tmp_path: Path)
     assert case.metadata is not None and "trace_reason" in case.metadata  # left whole
 
 
+def test_a_replay_never_sees_the_name_of_the_file_a_turn_was_recorded_in(tmp_path: Path) -> None:
+    """Found by review: a record without a session was case ``failures-L3``, its case file's
+    ``source`` and ``session`` ``failures.jsonl:3``: traces filed by outcome told a tree
+    which cases its seed failed (in ``EVOLANE_CASE_ID`` and ``{case_file}``)."""
+    for name, status in (("failures", "failure"), ("successes", "success")):
+        rows = [
+            {"task": f"question {name[0]}{n}", "target": "T", "outcome": {"status": status}}
+            for n in range(3)
+        ]
+        _write(tmp_path / f"{name}.jsonl", rows)
+    derived = ingest_trajectories([tmp_path])
+    assert len(derived.dataset) == 6
+    for case in derived.dataset:
+        shown = case_json(case, include_answers=False)
+        assert b"failure" not in shown and b"success" not in shown, shown
+        assert "failure" not in case.id and "success" not in case.id
+        assert case.metadata is not None and case.metadata["source"].endswith(
+            ".jsonl:" + case.id[1]
+        )
+    assert len({case.id for case in derived.dataset}) == 6  # lines alike in two files: digests
+
+
 def test_plain_chat_lines_are_sessions_of_their_own(tmp_path: Path) -> None:
     chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     history = {
@@ -116,7 +138,7 @@ def test_plain_chat_lines_are_sessions_of_their_own(tmp_path: Path) -> None:
     assert len(groups) == 2 and sum(g.cases for g in groups.values()) == 2
     both = ingest_trajectories([path], group=task_fingerprint("read https://x.io/doc"))
     (case,) = both.dataset.cases
-    assert case.id == "chat-L3" and case.metadata["follow_up"] is True  # its context inline
+    assert case.id == "L3" and case.metadata["follow_up"] is True  # its context inline
     assert case.input["messages"] == [
         {"role": "user", "content": "read https://x.io/doc"},
         {"role": "assistant", "content": "done"},

@@ -75,7 +75,7 @@ def test_ids_alike_only_in_their_safe_form_give_distinct_cases(tmp_path: Path) -
     derived = ingest_trajectories([tmp_path])
     ids = [case.id for case in derived.dataset]
     assert len(ids) == 8 == len(set(ids)), ids
-    assert sum(1 for i in ids if i.startswith("traces-L1-")) == 2
+    assert sum(1 for i in ids if i.startswith("L1-")) == 2
     again = ingest_trajectories([tmp_path / "tue", tmp_path / "mon", tmp_path / "s.jsonl"])
     assert sorted(c.id for c in again.dataset) == sorted(ids)  # whatever the order given
     twice = [{"id": "same", "task": "a", "target": "T"}, {"id": "same", "task": "b", "target": "T"}]

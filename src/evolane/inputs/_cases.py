@@ -102,12 +102,13 @@ class Case(Record):
 
 ANSWER_FIELDS = ("expected_output", "verification_command")
 """The fields a replay never sees (`case_row` and `without_answers` leave them out)."""
-RECORDED_FIELDS = ("outcome", "score", "trace_reason")
+RECORDED_FIELDS = ("outcome", "score", "trace_reason", "source")
 """The ``metadata`` keys a replay never sees either: what a trace recorded of the turn (its
-status, score, the judge's reason and the end of its wrong answer). Found by review: a
-trajectory case's ``{case_file}`` carried them on val and test cases, so a harness that
-hands the case file to its agent told it which answer was wrong; an edit reading them
-gains on val and test alike, a gain no production request gives."""
+status, score, the judge's reason and the end of its wrong answer) and where (its file and
+line: traces filed by outcome name it). Found by review: a trajectory case's
+``{case_file}`` carried them on val and test cases, so a harness that hands the case file
+to its agent told it which answer was wrong; an edit reading them gains on val and test
+alike, a gain no production request gives."""
 
 
 def case_row(case: Case, *, include_answers: bool = True) -> dict[str, JsonValue]:

@@ -311,16 +311,16 @@ def _safe(text: str, limit: int = 128) -> str:
 
 def case_id(turn: Turn) -> str:
     """The case id of a turn: its record's ``id``, else session and turn (``S-t3``), else
-    ``FILE-L12`` for a record without a session."""
+    its line (``L12``) for a record without a session: never its file's name, which a
+    replay sees in ``EVOLANE_CASE_ID`` (found by review: ``failures-L3`` told a tree which
+    cases its seed failed, when the traces were filed by outcome)."""
     entry = turn.entry
     if entry.id:
         return _safe(entry.id, MAX_CASE_ID_CHARS)
     if entry.session_id:
         suffix = f"-t{turn.number}"
         return _safe(entry.session_id, MAX_CASE_ID_CHARS - len(suffix)) + suffix
-    stem = os.path.splitext(os.path.basename(entry.path))[0]
-    suffix = f"-L{entry.line}"
-    return _safe(stem, MAX_CASE_ID_CHARS - len(suffix)) + suffix
+    return f"L{entry.line}"
 
 
 def _case_ids(turns: list[Turn]) -> list[str]:
@@ -396,7 +396,7 @@ def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> C
     value = _input_value(turn, budget)
     metadata: dict[str, JsonValue] = {
         "group": group,
-        "session": turn.session[:256],
+        "session": (turn.session if entry.session_id else case_id_)[:256],  # not its file
         "cluster": _bounded(_dealt_by(turn)),  # its conversation: its turns are not independent
         "turn": turn.number,
         "source": entry.where[:512],
