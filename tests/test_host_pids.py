@@ -191,10 +191,27 @@ with open(os.path.join(candidate, os.environ["EVOLANE_CASE_ID"])) as answer:
 """
 
 
-def _forking_run(root: Path, mode: str, cgroup: Path | None) -> tuple[int, dict, str]:
+_JUDGE = """
+import json, os, sys, time
+answer = json.load(open(sys.argv[1]))
+for _ in range(300):  # past the host's pids.max 200, within --max-procs 512: every time
+    try:
+        pid = os.fork()
+    except OSError:
+        sys.exit(1)
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+print(json.dumps({"score": 1.0 if answer == "yes" else 0.0}))
+"""
+
+
+def _forking_run(
+    root: Path, mode: str, cgroup: Path | None, judge: bool = False
+) -> tuple[int, dict, str]:
     """A one-iteration toy run whose replays fork past the host's limit (``mode``: on
-    every attempt, on each unit's first, never), inside ``cgroup`` when given: its exit
-    code, report.json and output."""
+    every attempt, on each unit's first, never), and its judge on every call when
+    ``judge``, inside ``cgroup`` when given: its exit code, report.json and output."""
     paths = write_toy(root, {"default": "fix:8"})
     marks = root / "marks"
     marks.mkdir()
@@ -205,6 +222,10 @@ def _forking_run(root: Path, mode: str, cgroup: Path | None) -> tuple[int, dict,
     replay = f"{sys.executable} -I {script} {{candidate}} {{output_dir}} {marks} {mode}"
     flags[flags.index("--replay") + 1] = replay
     flags += ["--iterations", "1", "--expose-rw", str(marks)]
+    if judge:
+        (root / "judge.py").write_text(_JUDGE)
+        judging = f"{sys.executable} -I {root / 'judge.py'} {{output_dir}}/output.json"
+        flags += ["--judge", judging, "--judge-concurrency", "1"]
     argv = [sys.executable, "-m", "evolane", "optimize", *flags]
     done = (
         _inside(cgroup, argv)
@@ -245,6 +266,19 @@ def test_a_host_that_keeps_refusing_processes_fails_the_run_naming_the_host(
     assert "the host refused a process" in said and "not --max-procs" in said, said
     assert "processes limit 512" not in said
     assert not report["decisions"] or all(d["decision"] != "reject" for d in report["decisions"])
+
+
+def test_a_judge_the_host_refused_a_process_stops_the_run_naming_the_host(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # The same refusal in a judge was "processes limit 512 hit", an infrastructure failure
+    # of the unit: a candidate's unit so judged counts as 0.
+    cgroup, _ = limited
+    code, report, said = _forking_run(tmp_path / "limited", "never", cgroup, judge=True)
+    assert code == 1, said
+    assert report["status"] == "failed" and report["campaign_status"] == "paused"
+    assert "judge failed: the judge: the host refused a process" in said, said
+    assert "processes limit 512" not in said
 
 
 _NO_THREADS = """

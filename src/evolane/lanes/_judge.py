@@ -25,6 +25,7 @@ from evolane.lanes._backends import ENDPOINT_EXIT, BackendCall, run_backend
 from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
 from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
+from evolane.lanes._replay_failure import HOST_REFUSED
 from evolane.lanes._scratch import UnitScratch
 from evolane.lanes._usage import sum_usage
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
@@ -63,6 +64,15 @@ JUDGE_ENDPOINT_FAILED = "judge_endpoint_failed"
 """A judge backend's model endpoint failed (HTTP 5xx, 401, retries or rate limits spent,
 the network): nothing the candidate's output did, so such a unit is left out of the
 comparison rather than scored 0 (`evolane.measure.unscored_counts_as_zero`)."""
+
+
+def _limit(outcome: ProcessOutcome, what: str) -> _Verdict:
+    """The failure of a judge (or verification) command that hit a limit: the run's
+    (``limit_<names>``), or the host's pid limit alone (`HOST_REFUSED`: tried again after a
+    wait, then the measurement stops, as for a replay; never a score of the output)."""
+    if outcome.limits_hit == ("host_processes",):
+        return _infra(HOST_REFUSED, f"{what}: {outcome.error}")
+    return _infra(f"limit_{'_'.join(outcome.limits_hit)}", f"{what}: {outcome.error}")
 
 
 def _infra(code: str, message: str) -> _Verdict:
@@ -139,6 +149,9 @@ class JudgeLane(CommandLane):
                     break
                 if verdict.failure.code.startswith("limit_"):  # it would hit it again
                     break
+                if verdict.failure.code == HOST_REFUSED:  # the host's, for a moment or not
+                    with trio.move_on_after(0.25 * 2 ** (attempt - 1)):
+                        await stop.wait()
                 if trio.current_time() >= deadline:
                     break
         finally:
@@ -308,8 +321,7 @@ class JudgeLane(CommandLane):
             self.host, self.settings, argv, scratch, "verify", {}, deadline, stop
         )
         if outcome.status == "limit_exceeded":
-            code, why = f"limit_{'_'.join(outcome.limits_hit)}", outcome.error
-            return _infra(code, f"the verification command: {why}")
+            return _limit(outcome, "the verification command")
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
             return _infra(f"verification_{outcome.status}", outcome.error or outcome.status)
         passed = outcome.ok
@@ -327,7 +339,7 @@ def command_verdict(outcome: ProcessOutcome, backend: bool = False) -> _Verdict:
     if backend and outcome.exit_code == ENDPOINT_EXIT:
         return _infra(JUDGE_ENDPOINT_FAILED, f"the judge: {excerpt(outcome.stderr.head)}")
     if outcome.status == "limit_exceeded":
-        return _infra(f"limit_{'_'.join(outcome.limits_hit)}", f"the judge: {outcome.error}")
+        return _limit(outcome, "the judge")
     if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
         return _infra(f"judge_{outcome.status}", outcome.error or outcome.status)
     if outcome.exit_code != 0:

@@ -186,6 +186,10 @@ class MeasurePlan:
             unit = self._at(event.unit_id, "judging", "rejudging")
             self._judging -= 1
             unit.judge = event.judge
+            if event.judge.failure is not None and event.judge.failure.code == HOST_REFUSED:
+                self._stop(
+                    "shared_failure", f"{unit.arm} judge failed: {event.judge.failure.message}"
+                )
             self._conclude(unit, journal=True)
         elif isinstance(event, UnitJournaled):
             self._counted(self._at(event.unit_id, "journaling"))
