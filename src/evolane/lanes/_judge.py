@@ -152,6 +152,8 @@ class JudgeLane(CommandLane):
                 if verdict.failure.code == HOST_REFUSED:  # the host's, for a moment or not
                     with trio.move_on_after(0.25 * 2 ** (attempt - 1)):
                         await stop.wait()
+                    if stop.is_set():
+                        break
                 if trio.current_time() >= deadline:
                     break
         finally:
