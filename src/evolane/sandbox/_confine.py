@@ -2,9 +2,10 @@
 
 A confined command sees the system folders read-only, the interpreters' prefixes
 read-only, what its `View` exposes, its own directories, a fresh ``/proc`` of its own pid
-namespace, a private size-capped ``/tmp``, no network unless the view allows it, and
-nothing else: the store, the target and the dataset are masked even when an exposed folder
-holds them. The mounts are bubblewrap's (what Flatpak uses), never hand-rolled.
+namespace, a private size-capped ``/tmp`` and ``/dev/shm`` (the rest of ``/dev`` read-only),
+no network unless the view allows it, and nothing else: the store, the target and the
+dataset are masked even when an exposed folder holds them. The mounts are bubblewrap's
+(what Flatpak uses), never hand-rolled.
 
 It runs as ``nobody`` (uid 65534) in an unprivileged user namespace with no capability
 outside it (``--disable-userns``: no nested namespace gets any either). The namespace maps
@@ -54,6 +55,11 @@ open ``kernel.core_pattern``, whose ``|program`` the kernel runs as root on the 
 next core dump; with ``--network``, the host's ``net.*`` too). The host's ``/proc/sys``
 shows the same tables: each one a namespace owns (net, ipc, uts, user) is looked up by
 the task reading it, not by the mount."""
+DEV_READ_ONLY = ("--remount-ro", "/dev")
+"""Seals bwrap's own ``/dev`` (an uncapped tmpfs: half the host's memory) once its devices
+and a capped ``/dev/shm`` are in: a confined command wrote 600 MiB there, and as much in
+``/dev/shm``, beside a ``/tmp`` full at 256 MiB (found by review; with ``--max-memory none``
+each command could fill half the host's memory). The devices still read and write."""
 PRIVATE = ("/tmp", "/var/tmp")
 """Never exposed as a whole (the command gets its own ``/tmp``); a folder inside may be."""
 _PATH_IN_TEXT = re.compile(r"""(?:^|(?<=[\s'"=:,(]))(/[^\s'"`;|&<>()*?$,:=]+)""")
@@ -338,7 +344,9 @@ def bwrap_argv(view: View, *, own: Iterable[tuple[str, bool]], workspace: Path) 
     if not view.network:
         args.append("--unshare-net")
     args += ["--proc", "/proc", *PROC_SYS_READ_ONLY, "--dev", "/dev"]
-    args += ["--size", str(view.tmp_bytes), "--tmpfs", "/tmp"]
+    for scratch in ("/tmp", "/dev/shm"):  # each capped: the only memory-backed writable places
+        args += ["--size", str(view.tmp_bytes), "--tmpfs", scratch]
+    args += DEV_READ_ONLY
     args += _system_args()
     shown = [*SYSTEM_FOLDERS, *view.read_only, *view.read_write]
     args += _binds(view.read_only, writable=False)
