@@ -82,7 +82,8 @@ async def test_a_big_leftover_goes_in_the_cleanup_thread_not_on_the_loop(
     folder = f"/dev/shm/evolane-test-{tag}"
     many = f"mkdir {folder} && for n in $(seq 100); do : > {folder}/f$n; done"
     async with open_sandbox(tmp_path / "sandbox", store=BlobStore(tmp_path / "store")) as host:
-        host.inline.slow = host.inline.stall = float("inf")  # only the bounds decide
+        for gate in (host.inline, host.inline_cleanup):
+            gate.slow = gate.stall = float("inf")  # only the bounds decide
         spec = SandboxSpec(argv=("sh", "-c", many), isolation="process", drop_root=True)
         assert (await host.run(spec, timeout=50)).ok
         await trio.to_thread.run_sync(host.settle)

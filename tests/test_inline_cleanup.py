@@ -112,7 +112,7 @@ def test_a_small_tree_is_removed_whole_or_not_at_all(shape: list[tuple[int, int]
 def test_clean_soon_runs_inline_only_while_the_gate_is_open_and_small_succeeds() -> None:
     deferred: list[Callable[[], object]] = []
     ran: list[str] = []
-    host: Any = SimpleNamespace(inline=InlineGate(), defer=deferred.append)
+    host: Any = SimpleNamespace(inline_cleanup=InlineGate(), defer=deferred.append)
 
     def cleanup() -> None:
         ran.append("thread")
@@ -127,8 +127,8 @@ def test_clean_soon_runs_inline_only_while_the_gate_is_open_and_small_succeeds()
 
     SandboxHost.clean_soon(host, broken, cleanup)  # never raises: the thread retries
     assert len(deferred) == 2
-    host.inline = InlineGate(slow=-1.0, strikes=1)
-    host.inline.took(1.0, time.monotonic())  # closed
+    host.inline_cleanup = InlineGate(slow=-1.0, strikes=1)
+    host.inline_cleanup.took(1.0, time.monotonic())  # closed
     SandboxHost.clean_soon(host, lambda: ran.append("inline") is None, cleanup)
     assert ran == ["inline"] and len(deferred) == 3  # nothing ran inline
 
@@ -136,7 +136,8 @@ def test_clean_soon_runs_inline_only_while_the_gate_is_open_and_small_succeeds()
 @pytest.fixture
 async def host(tmp_path: Path) -> AsyncIterator[SandboxHost]:
     async with open_sandbox(tmp_path / "sandbox", store=BlobStore(tmp_path / "store")) as opened:
-        opened.inline.slow = opened.inline.stall = float("inf")  # only the bounds decide
+        for gate in (opened.inline, opened.inline_cleanup):
+            gate.slow = gate.stall = float("inf")  # only the bounds decide
         yield opened
 
 
@@ -174,9 +175,29 @@ async def test_a_closed_gate_sends_every_removal_to_the_cleanup_thread(
     host: SandboxHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hops = count_hops(monkeypatch)
-    host.inline = InlineGate()
-    host.inline.took(1.0, time.monotonic())  # a stall: closed for its pause
+    host.inline_cleanup = InlineGate()
+    host.inline_cleanup.took(1.0, time.monotonic())  # a stall: closed for its pause
     for _ in range(3):
         assert (await host.run(SandboxSpec(argv=("true",)))).ok
     assert hops["defer:Unit.remove"] == 3
+    assert hops["_prepare_and_spawn"] == 0  # the layouts' own gate stays open
     await _nothing_left(host)
+
+
+async def test_slow_removals_close_the_cleanup_gate_alone(host: SandboxHost) -> None:
+    # Issue 22: on a disk mounted with ``discard`` every rmdir waits for its folder's block
+    # to be discarded (0.1-20 ms), where making folders does not wait; with one gate for
+    # both, three slow removals sent every layout and spawn to threads for 30 s as well.
+    host.inline_cleanup = InlineGate()  # timing decides again, as on a real host
+    waited: list[float] = []
+
+    def slow_removal() -> bool:
+        time.sleep(host.inline_cleanup.stall * 2)  # waits, as an rmdir on such a disk
+        waited.append(1.0)
+        return True
+
+    host.clean_soon(slow_removal, lambda: None)
+    assert waited and not host.inline_cleanup.open(time.monotonic())
+    assert host.inline.open(time.monotonic()) and host.inline.closings == 0
+    host.clean_soon(slow_removal, lambda: None)  # now the cleanup thread's
+    assert len(waited) == 1

@@ -179,9 +179,10 @@ async def _measure(
     settings = MeasureSettings(replay="true", judge="true", replay_concurrency=4)
     async with two_trees(tmp_path, rows, settings, context) as bench:
         host, store = bench.host, bench.store
-        host.inline.slow = -1.0 if slow_disk else float("inf")
-        host.inline.pause = 1e9  # once closed, closed for the whole run
-        host.inline.stall = float("inf")  # a loaded host's one long piece: not here
+        for gate in (host.inline, host.inline_cleanup):  # a slow disk is slow for both
+            gate.slow = -1.0 if slow_disk else float("inf")
+            gate.pause = 1e9  # once closed, closed for the whole run
+            gate.stall = float("inf")  # a loaded host's one long piece: not here
         summary = await bench.pipeline.measure(bench.request)
         await trio.to_thread.run_sync(host.settle)
         gate = host.inline
@@ -256,7 +257,8 @@ async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_th
     commands = CommandSettings(kill_grace=0.2, isolation="process")
     async with two_trees(tmp_path, rows, settings, MeasureContext(journal), commands) as bench:
         store = bench.store
-        bench.host.inline.slow = float("inf")  # timing aside: only the bounds decide here
+        for gate in (bench.host.inline, bench.host.inline_cleanup):
+            gate.slow = float("inf")  # timing aside: only the bounds decide here
         summary = await bench.pipeline.measure(bench.request)
     journal.close()
     units = [r for r in read_journal(tmp_path / "journal.jsonl").records if r["type"] == "unit"]
