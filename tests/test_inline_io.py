@@ -27,6 +27,7 @@ from evolane.measure import (
     RunJournal,
 )
 from evolane.sandbox import INLINE_BYTES, INLINE_FILES, InlineGate
+from evolane.sandbox._inline import held_seconds
 from evolane.store import load_manifest, read_journal
 from tests.pipeline_helpers import two_trees
 from tests.sandbox_helpers import count_hops
@@ -70,8 +71,24 @@ def test_one_piece_over_the_stall_bound_closes_the_gate_at_once() -> None:
     assert gate.open(32.0)
 
 
+def test_a_piece_preempted_counts_its_cpu_time_and_one_that_waited_its_wall() -> None:
+    # Issue 22: at load 6-12 on 2 cores, layouts of a few folders took 20-30 ms of wall
+    # with ~1 ms of CPU and no wait: preempted by other work, which a thread meets as well.
+    assert held_seconds(0.030, (5, 1.000), (5, 1.001)) == pytest.approx(0.001)
+    assert held_seconds(0.030, (5, 1.000), (6, 1.001)) == 0.030  # it waited: the disk
+    assert held_seconds(0.002, (5, 1.000), (5, 1.009)) == 0.002  # never more than the wall
+    readings = iter([(7, 2.0), (7, 2.0005)] * 4)  # no voluntary switch, 0.5 ms of CPU
+    gate = InlineGate(slow=0.005, strikes=3, pause=1e9, stall=0.02, usage=lambda: next(readings))
+    for _ in range(4):  # each holds the loop 30 ms of wall, preempted: never a strike
+        assert gate.attempt(lambda: time.sleep(0.03) or "done") == "done"
+    assert gate.open(time.monotonic()) and gate.closings == 0
+    waited = InlineGate(slow=0.005, strikes=3, pause=1e9, stall=0.02)  # the thread's own
+    assert waited.attempt(lambda: time.sleep(0.03) or "done") == "done"  # slept: it waited
+    assert not waited.open(time.monotonic()) and waited.closings == 1
+
+
 def test_a_closed_gate_runs_nothing() -> None:
-    gate = InlineGate(slow=0.0, strikes=1, pause=1e9)
+    gate = InlineGate(slow=-1.0, strikes=1, pause=1e9)
     calls: list[int] = []
     assert gate.attempt(lambda: calls.append(1) or "done") == "done"  # ran, slow: closes
     assert gate.attempt(lambda: calls.append(2) or "done") is None

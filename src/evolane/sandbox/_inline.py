@@ -8,15 +8,20 @@ less CPU). So small, bounded file work (storing a replay's output of a few files
 in-process unit's folder for the next unit, laying a small command unit out) runs inline
 while it stays fast; once `STRIKES` pieces in a row take longer than `SLOW_SECONDS` (a slow
 or network disk; one slow piece alone is a cold cache, a preemption or a garbage
-collection), or one piece takes longer than `STALL_SECONDS` (a host too loaded for the loop
-to carry file work: every unit's deadline waits on the loop), every piece goes to threads
-for `PAUSE_SECONDS`, then inline is tried again. Work that is not small by its own
-bounds (`INLINE_FILES`, `INLINE_BYTES`, `INLINE_FOLDER_BYTES`, no symlink to resolve) is
-never run inline.
+collection), or one piece takes longer than `STALL_SECONDS` (a stalled disk: every unit's
+deadline waits on the loop), every piece goes to threads
+for `PAUSE_SECONDS`, then inline is tried again. A piece that never waited (no voluntary
+context switch of its thread) counts its CPU time, not its wall: it was only preempted, by
+a host busy with other work, as a worker thread would have been too (issue 22: at load
+6-12 on 2 cores such pieces closed the gate for whole runs, and every layout and spawn then
+hopped to threads: ~0.7 ms more CPU and 20 more context switches a command). Work that is
+not small by its own bounds (`INLINE_FILES`, `INLINE_BYTES`, `INLINE_FOLDER_BYTES`, no
+symlink to resolve) is never run inline.
 """
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -45,6 +50,23 @@ held a million entries stays that large when emptied (a fresh one lists 4 KiB)."
 
 T = TypeVar("T")
 
+Usage = Callable[[], tuple[int, float]]
+"""The calling thread's voluntary context switches and CPU seconds so far."""
+
+
+def thread_usage() -> tuple[int, float]:
+    """This thread's voluntary context switches and CPU seconds (one ``getrusage``)."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_nvcsw, usage.ru_utime + usage.ru_stime
+
+
+def held_seconds(wall: float, before: tuple[int, float], after: tuple[int, float]) -> float:
+    """How long a piece that took ``wall`` seconds held the loop by its own doing: all of
+    it when its thread waited (the disk, a lock), else its CPU time alone."""
+    if after[0] > before[0]:
+        return wall
+    return min(wall, after[1] - before[1])
+
 
 class InlineGate:
     """Says whether small file work may run inline now; told how long each inline piece took.
@@ -57,8 +79,10 @@ class InlineGate:
         strikes: int = STRIKES,
         pause: float = PAUSE_SECONDS,
         stall: float = STALL_SECONDS,
+        usage: Usage = thread_usage,
     ) -> None:
         self.slow, self.strikes, self.pause, self.stall = slow, strikes, pause, stall
+        self._usage = usage
         self._closed_until = float("-inf")
         self._in_a_row = 0
         self.closings = 0
@@ -80,13 +104,15 @@ class InlineGate:
             self._closed_until = now + self.pause
 
     def attempt(self, piece: Callable[[], T]) -> T | None:
-        """``piece()`` run inline and timed when the gate is open; None (nothing run) when
-        it is closed. ``piece`` must itself return None when it is not small enough."""
+        """``piece()`` run inline and timed (`held_seconds`) when the gate is open; None
+        (nothing run) when it is closed. ``piece`` must itself return None when it is not
+        small enough."""
         start = time.monotonic()
         if not self.open(start):
             return None
+        before = self._usage()
         try:
             return piece()
         finally:
             end = time.monotonic()
-            self.took(end - start, end)
+            self.took(held_seconds(end - start, before, self._usage()), end)
