@@ -103,3 +103,32 @@ async def test_fork_bomb_is_bounded_and_leaves_nothing(host: SandboxHost) -> Non
         assert "pids_cgroup" in outcome.enforcement
     assert outcome.survivors == 0
     assert lease_holders(host.lease) == set()
+
+
+async def test_the_memory_of_a_process_its_leader_never_waited_for_is_sampled(
+    host: SandboxHost,
+) -> None:
+    # The leader's own rusage counts only what it reaped: a child it left running is seen
+    # by the watch's samples alone (taken while it waits for the leader, issue 22).
+    hold = f"{PY} -c 'import time; held = b\"x\" * (96 << 20); time.sleep(5)'"
+    spec = SandboxSpec(argv=("sh", "-c", f"{hold} & sleep 1.2"), kill_grace=0.2)
+    outcome = await host.run(spec, timeout=20)
+    assert outcome.ok, outcome.error
+    assert outcome.peak_rss_bytes >= 96 << 20
+
+
+async def test_a_command_run_without_a_stop_starts_no_task_beside_its_two_drains(
+    host: SandboxHost,
+) -> None:
+    # Issue 22: a racer task for the leader's exit, one for the disk floor and a memory
+    # sampler were started and cancelled for every command, ~0.1 ms of CPU each.
+    spawned: list[str] = []
+
+    class Spawns(trio.abc.Instrument):
+        def task_spawned(self, task: trio.lowlevel.Task) -> None:
+            spawned.append(task.name)
+
+    trio.lowlevel.add_instrument(Spawns())
+    outcome = await host.run(SandboxSpec(argv=("true",)), timeout=20)
+    assert outcome.ok, outcome.error
+    assert [name.rsplit(".", 1)[-1] for name in spawned] == ["drain", "drain"]

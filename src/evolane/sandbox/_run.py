@@ -240,7 +240,6 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         async with trio.open_nursery() as nursery:
             for name, stream in streams.items():
                 nursery.start_soon(watch.drain, stream, captures[name])
-            nursery.start_soon(watch.sample_memory)
             try:
                 await watch.wait(deadline, stop, host.disk.low if host.disk else None)
             finally:
