@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 import trio
 
 import evolane
 from evolane.embed import BackendCall, Backends, OptimizeRequest
+from evolane.lanes import MalformedVerdictError, parse_judge_output, parse_verdict
 from tests.campaign_helpers import toy_config, write_toy
 from tests.test_embed import PLAN, optimizer_backend, replay_backend
 
@@ -75,3 +77,31 @@ async def test_a_score_json_cannot_hold_is_named_in_the_failure(tmp_path: Path) 
         f'the judge\'s score is not a number in [0, 1]: \'{{"score":"{shown}"}}\''
         for shown in ("nan", "-inf")
     }
+
+
+async def test_a_score_an_ulp_outside_the_unit_interval_is_read_as_its_bound(
+    tmp_path: Path,
+) -> None:
+    # Found by review: a judge that sums nine checks worth 1/9 each scores a perfect answer
+    # 1.0000000000000002; it was refused (judge_bad_score), and a refused judgement of a
+    # candidate's output counts 0: its perfect answers scored as its worst.
+    async def judge(call: BackendCall) -> float:
+        assert call.output_dir is not None
+        answer = orjson.loads((call.output_dir / "output.json").read_bytes())
+        checks = [1.0 / 9] * 9 if answer == "yes" else [0.3, -0.1, -0.2]  # 1 + 2e-16, -3e-17
+        return sum(checks)
+
+    verdicts = await _judged(tmp_path, judge)
+    assert verdicts and {v["status"] for v in verdicts} == {"succeeded"}
+    assert {v["score"] for v in verdicts} == {0.0, 1.0}
+
+
+def test_only_rounding_is_forgiven_of_a_score_outside_the_unit_interval() -> None:
+    assert parse_judge_output(b'{"score": 1.0000000000000002}').score == 1.0
+    assert parse_verdict('{"score": -2.7e-17}') == (0.0, "")
+    for shown in (b"1.001", b"-0.01", b"2", b"true", b'"1"'):
+        verdict = parse_judge_output(b'{"score": ' + shown + b"}")
+        assert verdict.score is None and verdict.failure is not None
+        assert verdict.failure.code == "judge_bad_score"
+    with pytest.raises(MalformedVerdictError, match="outside"):
+        parse_verdict('{"score": 1.001}')

@@ -75,6 +75,24 @@ def _limit(outcome: ProcessOutcome, what: str) -> _Verdict:
     return _infra(f"limit_{'_'.join(outcome.limits_hit)}", f"{what}: {outcome.error}")
 
 
+SCORE_ROUNDING = 1e-9
+"""How far outside [0, 1] a judge's score may lie and still be read, as the bound it rounds
+to: a sum of weights is off by an ulp or two (nine checks worth 1/9 each sum to
+1.0000000000000002). Found by review: such a score was refused as judge_bad_score, and a
+refused judgement of a candidate's output counts 0, so its perfect answers scored as its
+worst and the parent's were left out of the comparison."""
+
+
+def unit_score(score: object) -> float | None:
+    """``score`` as a score in [0, 1]: a number (not a bool) within `SCORE_ROUNDING` of the
+    interval, clamped to it; None for anything else (NaN, infinities, 1.5, "1")."""
+    if isinstance(score, bool) or not isinstance(score, int | float):
+        return None
+    if not -SCORE_ROUNDING <= score <= 1.0 + SCORE_ROUNDING:  # also refuses NaN
+        return None
+    return min(1.0, max(0.0, float(score)))
+
+
 def _infra(code: str, message: str) -> _Verdict:
     return _Verdict(
         None,
@@ -110,9 +128,9 @@ def parse_judge_output(stdout: bytes, *, complete: bool = True) -> _Verdict:
             data = orjson.loads(text)
         except orjson.JSONDecodeError:
             continue
-        score = data.get("score") if isinstance(data, dict) else None
-        if isinstance(score, int | float) and not isinstance(score, bool) and 0.0 <= score <= 1.0:
-            return _Verdict(float(score), detail=text)
+        score = unit_score(data.get("score")) if isinstance(data, dict) else None
+        if score is not None:
+            return _Verdict(score, detail=text)
         return _infra(
             "judge_bad_score", f"the judge's score is not a number in [0, 1]: {excerpt(text)!r}"
         )

@@ -22,6 +22,7 @@ import orjson
 import trio
 
 from evolane.lanes._backends import Backend, BackendCall
+from evolane.lanes._judge import unit_score
 from evolane.lanes._llm import Endpoint, ModelError
 from evolane.lanes._llm_files import folder_texts, render_texts
 from evolane.lanes._llm_retry import asks_by
@@ -71,9 +72,10 @@ def parse_verdict(text: str) -> tuple[float, str]:
         score = value.get("score") if isinstance(value, dict) else None
         if isinstance(score, bool) or not isinstance(score, int | float):
             raise MalformedVerdictError(f"no numeric score in the answer: {text[:200]!r}")
-        if not 0.0 <= score <= 1.0:
+        read = unit_score(score)
+        if read is None:
             raise MalformedVerdictError(f"the score {score} is outside [0, 1]")
-        return float(score), str(value.get("reason", ""))[:REASON_CHARS]
+        return read, str(value.get("reason", ""))[:REASON_CHARS]
     raise MalformedVerdictError(f"the answer is not JSON: {text[:200]!r}")
 
 
