@@ -68,6 +68,9 @@ class Dataset:
             if earlier is not None:
                 reason = f"duplicate id {quote(case.id)} (cases {earlier} and {index})"
                 raise DatasetError.at(shown, None, reason)
+            reason = rows.split_cluster(case, index, "case")
+            if reason is not None:
+                raise DatasetError.at(shown, None, f"case {index}: {reason}")
         rows.fill(self, shown)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -172,6 +175,7 @@ class _Rows:
         self.places: dict[str, int] = {}
         self.numbers: array[int] = array("q")
         self.splits: dict[str, array[int]] = {name: array("q") for name in SPLITS}
+        self.clusters: dict[str, tuple[str, int]] = {}  # cluster -> its first split, number
 
     def add(self, case_id: str, split: Split, row: bytes, number: int) -> int | None:
         """Append one case; a duplicate id is not added and its first number is returned."""
@@ -186,6 +190,26 @@ class _Rows:
         self.jsonl += b"\n"
         self.ends.append(len(self.jsonl) - 1)
         return None
+
+    def split_cluster(self, case: Case, number: int, noun: str = "line") -> str | None:
+        """Why ``case`` may not join its cluster (`cluster_of`), None when it may: a cluster's
+        cases are not independent, so one in two splits shows the optimizer (train) cases
+        the gate (val) decides on, or val cases the test split confirms a choice on (found by
+        review: a useless best chosen on val cases whose clusters test shares was published
+        8.7% of the time at level 0.05)."""
+        cluster = cluster_of(case)
+        if cluster is None:
+            return None
+        split, first = self.clusters.setdefault(cluster, (case.split, number))
+        if split == case.split:
+            return None
+        kind, _, name = cluster.partition(":")
+        return (
+            f"{case.split} case {quote(case.id)} is in {kind} {quote(name)}, whose case on "
+            f"{noun} {first} is a {split} case: a cluster's cases must share one split (they "
+            "are not independent, so the optimizer or the gate would see cases the gate or "
+            "the test split judges)"
+        )
 
     def fill(self, dataset: Dataset, path: str) -> None:
         """Give ``dataset`` these rows; no rows raise `DatasetError` ``"no cases"``."""
@@ -257,6 +281,9 @@ def parse_dataset(
         earlier = rows.add(case.id, case.split, row_json, number)
         if earlier is not None:
             _fail(path, number, f"duplicate id {quote(case.id)} (first on line {earlier})")
+        reason = rows.split_cluster(case, number)
+        if reason is not None:
+            _fail(path, number, reason)
     dataset = Dataset.__new__(Dataset)
     rows.fill(dataset, path)
     return dataset
