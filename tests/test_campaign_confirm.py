@@ -321,3 +321,26 @@ def test_the_preflight_says_how_large_an_even_gain_a_graded_confirmation_needs(
     assert not any("every one" in line for line in preflight(graded, 16, 2000, (1, 1)).lines)
     assert not any("every one" in line for line in preflight(toy, 16, 16, (1, 1)).lines)
     assert even_gain_needed(graded, 3, 0.05) is None  # not even a full gain on each confirms
+
+
+def test_a_confirmation_an_outage_left_undecided_is_tested_again_next_cycle(
+    tmp_path: Path,
+) -> None:
+    # Found by review: every test unit of the seed went unscored in cycle 1 (a judge outage),
+    # so the confirmation was indecisive; it was kept as the tree's verdict, and in every later
+    # cycle the same best read "not confirmed (p = 1 > 0.01; its verdict of an earlier cycle
+    # stands)": an infrastructure failure counted as the candidate's loss for good.
+    config = toy_config(write_toy(tmp_path, {})).model_copy(update={"max_improvement_cycles": 5})
+    budget = OnlineBudget(alpha=0.05, horizon=5)
+    gains = {f"c{i}": [1.0] for i in range(8)}
+    outage, budget = confirm_best(budget, _tree("a"), ({}, gains), config, 8)
+    assert outage.decision == "indecisive" and not outage.published
+    assert budget.next_level == pytest.approx(0.01)  # its level is spent, nothing carried
+    zeros = {f"c{i}": [0.0] for i in range(8)}
+    retested, budget = confirm_best(budget, _tree("a"), (zeros, gains), config, 8)  # p 2^-8
+    assert retested.decision == "confirmed" and retested.level == pytest.approx(0.01)
+    assert "earlier cycle" not in retested.reason
+    assert [t.gate for t in budget.tests] == ["indecisive", "accept"]
+    assert budget.control() is not None
+    kept, same = confirm_best(budget, _tree("a"), ({}, {}), config, 8)  # a verdict stands
+    assert kept.decision == "confirmed" and same == budget

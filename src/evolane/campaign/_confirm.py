@@ -163,9 +163,14 @@ def first_confirm_level(config: CampaignConfig) -> float:
 
 
 def tested_before(budget: OnlineBudget | None, best: ArtifactRef) -> OnlineTest | None:
-    """``best``'s confirmation in an earlier cycle, if it had one (its verdict stands)."""
+    """``best``'s confirmation in an earlier cycle, if it had one (its verdict stands). An
+    attempt that could not decide (too few cases compared: an outage) spent its level but
+    is no verdict: the tree is tested again (found by review, a judge outage during the
+    test measurement left a best "not confirmed, p = 1" in every later cycle)."""
+    if budget is None:
+        return None
     slot = _slot(best)
-    return next((test for test in budget.tests if test.slot == slot), None) if budget else None
+    return next((t for t in budget.tests if t.slot == slot and t.gate == "accept"), None)
 
 
 def _slot(best: ArtifactRef) -> str:
@@ -199,7 +204,7 @@ def confirm_best(
         return record, budget
     level = budget.next_level
     record = confirmation_of(*arms, config, test_cases, level, against=against, clusters=clusters)
-    gate: Decision = "accept"
+    gate: Decision = "indecisive" if record.decision == "indecisive" else "accept"
     if record.published and worst is not None and worst[1]:
         check = confirmation_of(
             arms[0], worst[0], config, test_cases, level, against=against, clusters=clusters
