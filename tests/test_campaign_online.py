@@ -429,3 +429,29 @@ def test_the_report_states_no_guarantee_when_val_fed_the_optimizer(tmp_path: Pat
     honest, fed = error_control(config, 0, None, 12), error_control(config, 0, None, 12, True)
     assert "at most 0.05" in honest and "NO GUARANTEE" not in honest
     assert "NO GUARANTEE" in fed and "at most 0.05, however" not in fed
+
+
+async def test_a_new_online_campaign_on_the_same_val_cases_is_told_of_the_earlier_ones(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a new campaign on the val cases an earlier online campaign of the
+    store decided on spent a fresh alpha, and nothing said so (a reused test split is warned
+    of): over N such campaigns the chance that one accepted a useless edit is up to N alpha."""
+    paths = write_toy(tmp_path, {"default": "harm:1"}, test=0)  # measured, and rejected
+    reports = []
+    for _ in range(3):
+        with trio.fail_after(120):  # a hang guard, not a timing figure
+            outcome = await run_campaign(RunRequest(toy_config(paths, iterations=1)))
+        assert outcome.report is not None and outcome.report.online is not None
+        reports.append(outcome.report)
+    first, second, third = reports
+    assert not any("val split reused" in line for line in first.estimate.preflight)
+    (line,) = (line for line in third.estimate.preflight if line.startswith("val split reused"))
+    assert line.startswith("val split reused: these 12 val cases decided 2 earlier online")
+    assert "each bounds only its own no-gain accept at 0.05: over all of them up to 0.15" in line
+    assert second.campaign_id in line
+    assert third.error_control.endswith(line)
+    none = toy_config(paths, iterations=1, error_control="none")  # decides under no budget
+    with trio.fail_after(120):
+        quiet = (await run_campaign(RunRequest(none))).report
+    assert quiet is not None and not any("val split" in n for n in quiet.estimate.preflight)

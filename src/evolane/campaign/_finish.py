@@ -13,7 +13,7 @@ import trio
 from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
 from evolane.campaign._confirm import error_control, publish_blocked, tested_before
 from evolane.campaign._containment import containment
-from evolane.campaign._held_out import record_confirmation, with_reuse
+from evolane.campaign._held_out import record_confirmation, record_online, with_reuse
 from evolane.campaign._markdown import case_rows, render_markdown
 from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
@@ -335,6 +335,8 @@ def _write_report(
         unrecorded = record_confirmation(
             prepared.layout.root, prepared.dataset, prepared.run, confirmation, best.digest
         )
+    if report.online is not None:
+        record_online(prepared.layout.root, prepared.dataset, prepared.run, report.online)
     path = prepared.run_dir / "report.json"
     write_json_atomic(path, report)
     wall = report.wall_seconds if report.run_wall_seconds is None else report.run_wall_seconds

@@ -17,6 +17,7 @@ before and the union bound over those confirmations and this campaign's (`reuse_
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from pydantic import Field, ValidationError
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._confirm import ConfirmationRecord
-from evolane.campaign._online import campaign_alpha, resolved_mode
+from evolane.campaign._online import OnlineBudget, campaign_alpha, resolved_mode
 from evolane.campaign._runs import RunRecord
 from evolane.campaign._shares import ShareBook
 from evolane.inputs import Dataset
@@ -34,6 +35,9 @@ from evolane.store import locked, read_json, write_json_atomic
 _MANY = 1_000_000
 LEDGER_FOLDER = "test-splits"
 REUSED = "test split reused"
+VAL_REUSED = "val split reused"
+ONLINE_USE = "online"
+"""The ``tree`` of a val split's ledger entry: a campaign's online budget, not one tree."""
 
 
 class ConfirmUse(Record):
@@ -66,6 +70,13 @@ def held_out_digest(dataset: Dataset) -> str | None:
     if not rows:
         return None
     return "sha256:" + hashlib.sha256(b"\n".join(rows)).hexdigest()
+
+
+def val_digest(dataset: Dataset) -> str:
+    """``sha256:<hex>`` of the val split's cases, apart from any test split's digest: the
+    key of the ledger of the online campaigns that decided on them."""
+    rows = b"\n".join(dataset.split_rows("val"))
+    return "sha256:" + hashlib.sha256(b"val split\n" + rows).hexdigest()
 
 
 def ledger_file(root: Path, digest: str) -> Path:
@@ -129,10 +140,60 @@ def reuse_note(
     )
 
 
+def online_reuse_note(
+    root: Path, dataset: Dataset, campaign_id: str, config: CampaignConfig
+) -> str | None:
+    """The preflight line for an ``online`` campaign whose val cases other online campaigns
+    of the store decided on: each spent its own alpha on them, so over all of them the
+    chance that one accepted an edit with no true gain is up to the sum (found by review:
+    a new campaign on the same val cases got a fresh alpha and nothing said so, where a
+    reused test split is warned of). None when there were none (or it is not online)."""
+    if resolved_mode(config.error_control, dataset.split_counts["test"]) != "online":
+        return None
+    digest = val_digest(dataset)
+    ledger = read_uses(root, digest)
+    if ledger is None:
+        return f"val split: its ledger {ledger_file(root, digest)} cannot be read"
+    earlier = list(
+        dict.fromkeys(use.campaign_id for use in ledger.uses if use.campaign_id != campaign_id)
+    )
+    if not earlier:
+        return None
+    alpha = campaign_alpha(config)
+    named = ", ".join(earlier[:2]) + (f" (+{len(earlier) - 2})" if len(earlier) > 2 else "")
+    levels = {use.campaign_id: use.level for use in ledger.uses}
+    bound = min(1.0, alpha + sum(levels[campaign] for campaign in earlier))
+    return (
+        f"{VAL_REUSED}: these {ledger.cases} val cases decided {len(earlier)} earlier online "
+        f"campaign(s) in this store ({named}); each bounds only its own no-gain accept at "
+        f"{alpha:.2g}: over all of them up to {bound:.2g}; add fresh val cases, or go on "
+        "with --resume-campaign"
+    )
+
+
+def record_online(root: Path, dataset: Dataset, run: RunRecord, budget: OnlineBudget) -> None:
+    """Record that ``run``'s campaign spent its online ``budget`` on ``dataset``'s val
+    cases (once per campaign: its cycles share one budget), when it tested a candidate.
+    Blocking; a ledger that cannot be written is left as it is (advice only)."""
+    if not budget.tests:
+        return
+    tested = [test.p_value for test in budget.tests if test.p_value is not None]
+    use = ConfirmUse(
+        campaign_id=run.campaign_id,
+        run_id=run.run_id,
+        tree=ONLINE_USE,
+        level=budget.alpha,
+        p_value=min(tested, default=1.0),
+        confirmed=budget.accepted > 0,
+    )
+    with contextlib.suppress(OSError):
+        record_use(root, val_digest(dataset), dataset.split_counts["val"], use)
+
+
 def with_reuse(words: str, preflight: tuple[str, ...]) -> str:
     """The report's error-control ``words`` qualified by the preflight's reused-split line,
     when there was one: the bound they state is this campaign's only."""
-    reused = next((line for line in preflight if line.startswith(REUSED)), None)
+    reused = next((line for line in preflight if line.startswith((REUSED, VAL_REUSED))), None)
     if reused is None:
         return words
     return f"{words}; but {reused}"[:2048]

@@ -24,6 +24,7 @@ from evolane.campaign._estimate import (
     repetitions_for,
 )
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
+from evolane.campaign._held_out import online_reuse_note
 from evolane.campaign._leaks import check_target_holds_no_cases
 from evolane.campaign._models import (
     check_models,
@@ -284,6 +285,7 @@ def _prepared(
             plan,
             trajectory_note(config),
             *split_notes(layout.root, dataset, campaign.campaign_id, config, split),
+            online_reuse_note(layout.root, dataset, campaign.campaign_id, config),
         ),
         gates=gates,
         test_cases=test_cases,
