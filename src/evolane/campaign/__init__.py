@@ -5,6 +5,7 @@ from evolane.campaign._advice import after_failure
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
 from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
 from evolane.campaign._containment import host_warnings
+from evolane.campaign._continue import HOST_FAILED_RUNS, dropped_on_host
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._lock import TargetLocked, holder_pid
@@ -58,6 +59,7 @@ __all__ = [
     "CAMPAIGN_ASK_TIMEOUT",
     "ENDED_RUNS",
     "EXIT_FOR_STATUS",
+    "HOST_FAILED_RUNS",
     "PUBLISHED_ON_TEST",
     "ApplyPolicyName",
     "Backends",
@@ -94,6 +96,7 @@ __all__ = [
     "candidate_cell",
     "case_rows",
     "ci_text",
+    "dropped_on_host",
     "holder_pid",
     "host_warnings",
     "load_campaign",

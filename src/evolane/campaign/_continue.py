@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 from evolane.campaign._advice import NEW_CAMPAIGN
+from evolane.campaign._report import FunnelRecord, Report
 from evolane.campaign._resume import read_resume_state
 from evolane.campaign._runs import (
     TERMINAL_CAMPAIGN,
@@ -14,8 +17,10 @@ from evolane.campaign._runs import (
     load_campaign,
     load_run,
 )
+from evolane.campaign._types import slot_id, slot_of
 from evolane.inputs import InputError
 from evolane.messages import ProposalRecord, ReplayRecord, UnitRecord
+from evolane.store import read_json
 
 
 def _clipped(value: object, keep: int = 80) -> str:
@@ -105,14 +110,9 @@ def earlier_results(
     nothing (reuse only saves work). A succeeded unit wins over a replay of its key."""
     found: dict[bytes, UnitRecord | ReplayRecord] = {}
     proposals: dict[tuple[str, str], ProposalRecord] = {}
-    for run_id in campaign.runs:
-        if run_id == run.run_id:
-            continue
+    for earlier in _ended_runs_of_cycle(layout, campaign, run):
         with contextlib.suppress(OSError, ValueError):  # an InputError is a ValueError
-            earlier = load_run(layout, run_id)
-            if earlier.cycle != run.cycle or earlier.summary is None:
-                continue  # another cycle, or its end never reached the campaign's books
-            journal = layout.run_dir(run_id) / "journal.jsonl"
+            journal = layout.run_dir(earlier.run_id) / "journal.jsonl"
             state = read_resume_state(journal)
             for key, record in state.keyed.items():
                 held = found.get(key)
@@ -122,3 +122,80 @@ def earlier_results(
                 if proposal.parent is not None:
                     proposals.setdefault((slot, proposal.parent), proposal)
     return found, proposals
+
+
+HOST_FAILED_RUNS = 3
+"""How many runs of a campaign may end failed on the host's failure in a measurement of the
+same proposal (its slot and tree) before the next run drops that proposal as indecisive:
+else a host that keeps failing on it (or a candidate that breaks the host) has every
+``--resume-campaign`` measure it again, for ever."""
+
+
+DROPPED_ON_HOST = "dropped unmeasured"
+"""How the reason of a proposal dropped for `HOST_FAILED_RUNS` begins (`dropped_on_host`)."""
+
+
+def dropped_on_host(report: Report) -> list[FunnelRecord]:
+    """The slots of ``report`` whose proposal was dropped, unmeasured, because its
+    measurement stopped on the host's failure in `HOST_FAILED_RUNS` earlier runs."""
+    return [
+        row
+        for row in report.funnel
+        if row.decision == "indecisive" and row.reason.startswith(DROPPED_ON_HOST)
+    ]
+
+
+def host_failed_runs(
+    layout: StoreLayout, campaign: CampaignState, run: RunRecord
+) -> dict[tuple[str, str], tuple[str, ...]]:
+    """The campaign's runs of ``run``'s cycle that ended failed because a measurement of a
+    candidate stopped on the host's failure (``shared_failure``: a replay that could not
+    start, a lost cluster), by the candidate's slot id and tree digest, oldest first. Read
+    from their reports: a report that cannot be read counts for nothing."""
+    failed: dict[tuple[str, str], tuple[str, ...]] = {}
+    for earlier in _ended_runs_of_cycle(layout, campaign, run):
+        if earlier.status != "failed":
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            report = read_json(layout.run_dir(earlier.run_id) / "report.json")
+            for key in _host_failed_slots(report):
+                failed[key] = (*failed.get(key, ()), earlier.run_id)
+    return failed
+
+
+def _host_failed_slots(report: Any) -> set[tuple[str, str]]:
+    """The (slot id, tree digest) of the candidates a run's ``report`` (``report.json`` as
+    read) has a measurement of that stopped on the host's failure."""
+    if not isinstance(report, dict):
+        return set()
+    digests = {
+        row.get("slot_id"): row.get("digest")
+        for row in report.get("funnel") or ()
+        if isinstance(row, dict)
+    }
+    found = set()
+    for measurement in report.get("measurements") or ():
+        if not isinstance(measurement, dict) or measurement.get("status") != "shared_failure":
+            continue
+        where = slot_of(str(measurement.get("measurement_id")))
+        digest = digests.get(slot_id(*where)) if where is not None else None
+        if where is not None and isinstance(digest, str) and digest:
+            found.add((slot_id(*where), digest))
+    return found
+
+
+def _ended_runs_of_cycle(
+    layout: StoreLayout, campaign: CampaignState, run: RunRecord
+) -> Iterator[RunRecord]:
+    """The campaign's runs other than ``run`` in ``run``'s cycle whose end reached the
+    campaign's books (their report was written), oldest first; one whose run.json cannot
+    be read is left out."""
+    for run_id in campaign.runs:
+        if run_id == run.run_id:
+            continue
+        try:
+            earlier = load_run(layout, run_id)
+        except (OSError, ValueError):  # an InputError is a ValueError
+            continue
+        if earlier.cycle == run.cycle and earlier.summary is not None:
+            yield earlier

@@ -17,6 +17,7 @@ from evolane.campaign._report import Purpose
 from evolane.campaign._types import (
     CampaignServices,
     CampaignSetup,
+    HostFailed,
     Stopped,
     shared_failure_line,
 )
@@ -131,7 +132,7 @@ class Peers:
         self.emit(await self.budget_event())
         if summary.status == "shared_failure":  # the host's failure: no decision stands on it
             self.emit(WarningEvent(run_id=self.run_id, message=summary.message[:256]))
-            raise Stopped("failed", shared_failure_line(summary))
+            raise HostFailed(shared_failure_line(summary))
         return summary, units
 
     def decided(

@@ -15,7 +15,12 @@ from pathlib import Path
 from evolane.campaign._advice import after_failure, still_running
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
-from evolane.campaign._continue import check_budgets, continuable_campaign, earlier_results
+from evolane.campaign._continue import (
+    check_budgets,
+    continuable_campaign,
+    earlier_results,
+    host_failed_runs,
+)
 from evolane.campaign._estimate import (
     Estimate,
     UnitHistory,
@@ -192,6 +197,7 @@ def prepare_run(
         if campaign.splits is None and plan.carved:  # the campaign's later cycles carve alike
             campaign = campaign.model_copy(update={"splits": plan})
     resume.earlier, resume.earlier_proposals = earlier_results(layout, campaign, record)
+    resume.host_failed = host_failed_runs(layout, campaign, record)
     if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
         _check_wall_left(config, campaign.elapsed_seconds)
     return _prepared(

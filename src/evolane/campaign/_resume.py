@@ -35,6 +35,9 @@ class ResumeState:
     """The ``keyed`` records of the campaign's earlier runs of this cycle (`earlier_results`)."""
     earlier_proposals: dict[tuple[str, str], ProposalRecord] = field(default_factory=dict)
     """Their ``proposals``, by slot and parent digest: taken, not asked again nor charged."""
+    host_failed: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    """The earlier runs of the cycle that failed on the host's failure in measuring a
+    candidate, by its slot id and tree digest (`host_failed_runs`)."""
     torn: bool = False
 
     def __post_init__(self) -> None:

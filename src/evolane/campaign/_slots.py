@@ -10,6 +10,7 @@ import trio
 
 from evolane.actors import ActorError, ActorRef
 from evolane.campaign._book import SlotBook, arm_score, hardest_failing
+from evolane.campaign._continue import DROPPED_ON_HOST, HOST_FAILED_RUNS
 from evolane.campaign._gates import run_local_gates
 from evolane.campaign._online import RECHECKED, earlier_window
 from evolane.campaign._peers import Peers
@@ -19,6 +20,7 @@ from evolane.campaign._types import (
     CampaignServices,
     CampaignSetup,
     CycleState,
+    HostFailed,
     Stopped,
     failure_text,
     not_stored,
@@ -39,6 +41,7 @@ from evolane.messages import (
     Reserve,
     ReserveReply,
     StopUnits,
+    WarningEvent,
 )
 from evolane.stats import Clusters, cluster_means, paired_sample
 from evolane.store import storage_failure
@@ -280,9 +283,41 @@ class Slots:
             if remembered or failed.gate == "protected_paths":  # tampering is told too
                 await self._remember(book, tree, book.reason)
             return None
-        if self.config.screening and not await self._screen(book, tree):
+        if self._host_failed_too_often(book, tree):
             return None
-        return await self._paired(book, tree)
+        try:
+            if self.config.screening and not await self._screen(book, tree):
+                return None
+            return await self._paired(book, tree)
+        except HostFailed as failed:
+            if len(self._host_failed_in(book, tree)) + 1 < HOST_FAILED_RUNS:
+                raise
+            told = f"{failed.message}; this proposal's measurement stopped so in"
+            then = "the next run drops it unmeasured, as indecisive"
+            raise HostFailed(f"{told} {HOST_FAILED_RUNS} runs now: {then}") from None
+
+    def _host_failed_in(self, book: SlotBook, tree: ArtifactRef) -> tuple[str, ...]:
+        """The earlier runs of the cycle that failed on the host's failure in measuring the
+        slot's proposal ``tree``."""
+        return self.services.resume.host_failed.get((book.slot_id, tree.digest), ())
+
+    def _host_failed_too_often(self, book: SlotBook, tree: ArtifactRef) -> bool:
+        """Drop, as indecisive, a proposal whose measurement stopped on the host's failure in
+        `HOST_FAILED_RUNS` earlier runs of the cycle (never a loss: nothing is remembered
+        against it, and it counts as no stall); whether it was dropped."""
+        runs = self._host_failed_in(book, tree)
+        if len(runs) < HOST_FAILED_RUNS:
+            return False
+        reason = (
+            f"{DROPPED_ON_HOST}: its measurement stopped on the host's failure in {len(runs)} "
+            f"runs ({', '.join(runs[-HOST_FAILED_RUNS:])}); not a loss of the candidate"
+        )
+        book.end("blocked", reason, "indecisive")
+        self.state.book.decide(book, "indecisive", reason)
+        self.peers.emit(
+            WarningEvent(run_id=self.s.run_id, message=f"{book.slot_id} {reason}"[:256])
+        )
+        return True
 
     async def _screen(self, book: SlotBook, tree: ArtifactRef) -> bool:
         state, seed = self.state, self.config.seed

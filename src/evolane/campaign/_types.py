@@ -278,6 +278,14 @@ class Stopped(Exception):
         self.stop, self.message = stop, message
 
 
+class HostFailed(Stopped):
+    """The cycle ends ``failed``: a measurement stopped on the host's failure (see
+    `shared_failure_line`), not on a candidate's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("failed", message)
+
+
 CANNOT_RUN = frozenset({"spawn_failed", "exit_126", "exit_127"})
 """Optimizer failures no retry mends: its command did not start for want of its program
 (`MISSING_PROGRAM`), or its shell could not run a program it names (126 not executable, 127

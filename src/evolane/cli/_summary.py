@@ -70,6 +70,8 @@ def print_summary(outcome: Any, flags: dict[str, Any]) -> None:
 
 
 def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
+    from evolane.campaign import dropped_on_host as dropped
+
     stream = sys.stderr if flags.get("progress") == "jsonl" else sys.stdout
     console = Console(file=stream, highlight=False, soft_wrap=True)
     store = flags["store"]
@@ -96,6 +98,7 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         lines.append(f"spent by role: {role_spend(report.budget.spent_by_role)}")
     if report.message:
         lines.append(escape(f"note: {_said(report.message)}"))
+    lines += [escape(f"slot {row.slot_id}: {_said(row.reason)}") for row in dropped(report)]
     if report.apply is not None:
         why = ""  # a publish that did not happen says why, not only in report.json
         if report.apply.status in _UNPUBLISHED and report.apply.message:
