@@ -133,6 +133,8 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     limited = _run(["optimize", *flag("--replay", usage_replay(tmp_path)), "--max-tokens", "1500"])
     assert limited.returncode == 3, limited.stderr
     assert "continue:" not in limited.stdout  # a spent token ceiling ends the campaign
+    # each ceiling set, beside what the campaign spent of it (the wall clock was shown nowhere)
+    assert re.search(r"^ceilings \(the campaign's\): tokens \S+ of 1,500$", limited.stdout, re.M)
     paused = _run(["optimize", *flag("--replay", "sleep 30"), "--wall-clock-budget", "1"])
     assert paused.returncode == 3, paused.stderr
     (again,) = [line for line in paused.stdout.splitlines() if line.startswith("continue: ")]
@@ -141,6 +143,10 @@ def test_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
         r"--wall-clock-budget <larger>",
         again,
     )
+    (ceilings,) = [line for line in paused.stdout.splitlines() if line.startswith("ceilings ")]
+    assert re.fullmatch(r"ceilings \(the campaign's\): wall clock \d+\.\d s of 1\.0 s", ceilings)
+    (md,) = [line.split()[-1] for line in paused.stdout.splitlines() if "report.md" in line]
+    assert f"- {ceilings}" in Path(md).read_text()
     finished = _run(["optimize", *base])
     assert finished.returncode == 0, finished.stderr
     (path,) = [line[8:] for line in finished.stdout.splitlines() if line.startswith("report: ")]

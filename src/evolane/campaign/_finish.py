@@ -249,6 +249,7 @@ async def finish(
             spent_by_role=ledger.by_role(),
             cached={k: v for k, v in ledger.cached_by_stage.items() if k in ROLES},
             overruns=ledger.overruns_total,
+            campaign_wall_seconds=prepared.campaign.elapsed_seconds + run.elapsed_seconds + seconds,
         ),
         **dict(outcome.report),
     )

@@ -345,6 +345,7 @@ def _head_lines(report: Report) -> list[str]:
     lines += [
         f"- budget spent: tokens {token_count(spent.tokens)}, cost ${spent.cost_usd or 0:.4f}, "
         f"command time {spent.wall_seconds or 0:.1f} s",
+        *([f"- ceilings (the campaign's): {said}"] if (said := report.ceilings_text()) else []),
         *_role_lines(report.budget),
     ]
     return lines

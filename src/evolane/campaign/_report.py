@@ -32,6 +32,7 @@ from evolane.messages import (
     Usage,
 )
 from evolane.stats import case_mean_ci
+from evolane.views import token_count
 
 REPORT_VERSION = 1
 _MANY = 1_000_000
@@ -155,6 +156,9 @@ class BudgetRecord(Record):
     cached: dict[Name, int] = Field(default_factory=dict, max_length=8)
     """Model answers taken from the response cache (free), by role."""
     overruns: int = Field(default=0, ge=0)
+    campaign_wall_seconds: float | None = Field(default=None, ge=0)
+    """The campaign's wall over its runs up to this run's end: what ``--wall-clock-budget``
+    counts (None: a report from before it was kept)."""
 
 
 class ApplyRecord(Record):
@@ -203,6 +207,21 @@ class Report(Record):
             return f"{total:.1f} s"
         sessions = self.resumed + 1
         return f"{total:.1f} s over {sessions} sessions ({self.wall_seconds:.1f} s this one)"
+
+    def ceilings_text(self) -> str:
+        """Each of the campaign's ceilings that is set (tokens, cost, wall clock) with what
+        the campaign spent of it, in words; empty when none is (found by review: the
+        wall-clock budget was shown nowhere in the summary or the reports)."""
+        spent, ceilings, parts = self.budget.campaign_spent, self.budget.ceilings, []
+        if ceilings.tokens is not None:
+            parts.append(f"tokens {token_count(spent.tokens)} of {token_count(ceilings.tokens)}")
+        if ceilings.cost_usd is not None:
+            parts.append(f"cost ${spent.cost_usd or 0:.4f} of ${ceilings.cost_usd:.4f}")
+        budget, wall = self.config.wall_clock_budget, self.budget.campaign_wall_seconds
+        if budget is not None:
+            used = "" if wall is None else f"{wall:.1f} s of "
+            parts.append(f"wall clock {used}{budget:.1f} s")
+        return "; ".join(parts)
 
     @model_validator(mode="before")
     @classmethod

@@ -330,6 +330,8 @@ def _summary_rows(rep: Report) -> list[tuple[str, str]]:
             f"(campaign: tokens {token_count(total.tokens)}, cost ${total.cost_usd or 0:.4f})",
         )
     )
+    if rep.ceilings_text():
+        rows.append(("ceilings", f"{rep.ceilings_text()} (the campaign's)"))
     if rep.apply is not None:
         applied = f"{rep.apply.policy}: {rep.apply.status} {rep.apply.message}".strip()
         if rep.apply.proposal_dir and rep.apply.proposal_dir not in applied:

@@ -94,6 +94,8 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         f"budget spent: command time {spent.wall_seconds or 0:.1f} s,"
         f" tokens {token_count(spent.tokens)}, cost ${spent.cost_usd or 0:.4f}",
     ]
+    if report.ceilings_text():
+        lines.append(f"ceilings (the campaign's): {report.ceilings_text()}")
     if report.budget.spent_by_role:
         lines.append(f"spent by role: {role_spend(report.budget.spent_by_role)}")
     if report.message:
