@@ -345,11 +345,15 @@ def test_ctrl_c_then_resume_completes(tmp_path: Path, signals: int) -> None:
     else:  # the second Ctrl-C cancelled the stop itself: no report
         assert not (run_dir / "report.json").exists()
         assert "cancelled at once" in printed and "report:" not in printed
+    # the first session's --progress none is kept when the resume does not give one (it drew
+    # the live view: found by review), and one given beside --resume is honoured
+    view = ["--progress", "none"] if signals == 1 else []
     resumed = _run(
-        ["optimize", "--resume", run_dir.name, "--store", str(store), "--progress", "none",
+        ["optimize", "--resume", run_dir.name, "--store", str(store), *view,
          "--iterations", "7", "--seed", "3", "--no-network"]
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith("finished  campaign"), resumed.stdout  # no live view
     assert resumed.stderr.startswith(  # found by review: ignored without a word
         f"evolane: warning: --resume {run_dir.name} keeps the run's stored settings; "
         "ignored: --iterations, --no-network, --seed\n"  # as typed, not --network

@@ -279,6 +279,31 @@ def ignored_by_resume(flags: dict[str, Any]) -> list[str]:
     return [_as_given(name, flags[name]) for name in sorted(explicit_flags(flags) - kept)]
 
 
+VIEW_KEYS = ("progress", "observer")
+"""The session keys a resumed run keeps from its first session's settings when neither a
+flag nor the config file gives them."""
+
+
+def continue_session(flags: dict[str, Any]) -> list[str]:
+    """For ``--resume``: the flags given beside it that the run ignores (`ignored_by_resume`),
+    once its `VIEW_KEYS` that neither a flag nor the config file set are taken from the
+    run's stored settings, as the README promises (found by review: ``--progress none``
+    given to the first session was forgotten, and its resume drew the live view). A run
+    that cannot be read is left to the resume to report."""
+    sources = flags.get(SOURCES_KEY, {})
+    missing = [name for name in VIEW_KEYS if name not in sources]
+    if missing:
+        from evolane.campaign import StoreLayout, load_run
+
+        with contextlib.suppress(OSError, ValueError):  # an InputError is a ValueError
+            run = load_run(StoreLayout(Path(flags["store"]).absolute()), flags["resume"])
+            for name in missing:
+                stored = (run.settings or {}).get(name)
+                if stored is not None and stored.value not in (None, []):
+                    flags[name], sources[name] = stored.value, f"run {run.run_id}"
+    return ignored_by_resume(flags)
+
+
 def _as_given(name: str, value: Any) -> str:
     """The flag ``name`` as it was typed: a boolean's off form (``--no-network``) when it is
     false (found by review: ``--resume R --no-network`` was said as ``--network``)."""

@@ -302,7 +302,7 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     """The flags as the public API's `OptimizeRequest`."""
     from evolane.cli._config import (
         ConfigError,
-        ignored_by_resume,
+        continue_session,
         locate,
         merge_config_file,
         resolved_settings,
@@ -317,7 +317,7 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
     from evolane.embed import OptimizeRequest  # the runtime loads once the flags checked out
 
     if flags.get("resume"):
-        flags["ignored"] = ignored_by_resume(flags)  # said once the run resumes (`_session`)
+        flags["ignored"] = continue_session(flags)  # said once the run resumes (`_session`)
         return OptimizeRequest(resume=flags["resume"])
     from_run = flags.get("from_run")
     if from_run:
