@@ -8,7 +8,7 @@ import os
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from evolane.campaign import CampaignConfig, RunRecord, StoreLayout
@@ -58,6 +58,29 @@ def _damage(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:
         except OSError as error:
             return f"blob {ref.digest} cannot be read ({error.strerror}); {fsck}"
     return None
+
+
+def ended_outcome(flags: dict[str, Any]) -> Any:
+    """The outcome of the session's run (``flags["run_id"]``) when a second Ctrl-C cancelled
+    the session after the run had ended (its ``run.json`` says so: the report it summarises
+    was written): its report and folder, as `RunOutcome`; else None. Found by review: a
+    second Ctrl-C while the report was written said "interrupted", printed a ``--resume``
+    that is refused, and exited 130, of a run recorded ``finished``."""
+    from evolane.campaign import ENDED_RUNS, Report, RunOutcome, StoreLayout, load_run
+    from evolane.store import StoreError, read_json
+
+    if flags.get("run_id") is None or not flags.get("store"):
+        return None
+    layout = StoreLayout(Path(flags["store"]).absolute())
+    try:
+        record = load_run(layout, flags["run_id"])
+        if record.status not in ENDED_RUNS or record.summary is None:
+            return None
+        run_dir = layout.run_dir(record.run_id)
+        report = Report.model_validate(read_json(run_dir / "report.json"))
+    except (OSError, ValueError, StoreError):  # no report to stand on: as cancelled
+        return None
+    return RunOutcome(estimate=report.estimate, report=report, run_dir=run_dir)  # type: ignore[arg-type]
 
 
 def recorded_run(store: Path, started: float, resuming: str | None = None) -> str | None:

@@ -29,6 +29,7 @@ from evolane.cli._exits import (
 )
 from evolane.cli._models import model_flags, rejudge_models
 from evolane.cli._output import json_stdout_only, own_stdout
+from evolane.cli._resumable import ended_outcome, recorded_run
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
@@ -243,7 +244,6 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
 def _recorded(flags: dict[str, Any], started: float) -> bool:
     """After a Ctrl-C that aborted the start of a run: if the run was written (and so left
     resumable), print the summary of a cancelled run with its resume command, and say so."""
-    from evolane.cli._resumable import recorded_run
     from evolane.cli._summary import print_summary
 
     if flags.get("summarised") or not flags.get("store"):
@@ -433,7 +433,7 @@ async def _session(
                 f"--resume {flags['run_id']} keeps the run's stored settings; ignored: {ignored}"
             )
             print(f"evolane: warning: {warning}", file=sys.stderr)
-        outcome = await _follow(watch.handle, flags)
+        outcome = await _follow(watch.handle, flags) or ended_outcome(flags)  # a late Ctrl-C
         watch.ended = True
         print_summary(outcome, flags)
         flags["summarised"] = True  # a Ctrl-C from now on must not print another
