@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 import evolane.stress
-from evolane.actors import ActorRef, _kernel
+from evolane.actors import _kernel
 from evolane.measure._budget import Ledger
 from evolane.measure._progress import ProgressBus
 from evolane.sandbox import SandboxHost
@@ -30,7 +30,6 @@ from evolane.stress import (
     CascadeConfig,
     ProcessConfig,
     ScenarioReport,
-    _ask_storm,
     _cascade,
     _crash_resume,
     ask_plan,
@@ -220,21 +219,6 @@ async def test_an_actor_runtime_that_drops_a_crashed_actors_queue_is_caught(
         "every dead letter is a crash",
         "crashes handled == crashes planned and accepted",
     }
-
-
-async def test_a_hanging_ask_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_ask = ActorRef.ask
-
-    async def sometimes_hangs(self: ActorRef, message: Any, timeout: float) -> Any:
-        if message.seq % 97 == 0:
-            await trio.sleep_forever()
-        return await real_ask(self, message, timeout)
-
-    monkeypatch.setattr(ActorRef, "ask", sometimes_hangs)
-    monkeypatch.setattr(_ask_storm, "HANG_SLACK", 0.2)
-    report = await _quick("ask", asks=300)
-    assert {"none hung", "every ask ended in a reply or a typed error"} <= set(_failed(report))
-    assert report.counts["hung"] == len(range(0, 300, 97))
 
 
 async def test_a_supervisor_that_differs_from_the_model_is_caught(
