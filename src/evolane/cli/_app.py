@@ -16,7 +16,15 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from evolane._allocator import fix_mmap_threshold
-from evolane.cli._exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, error_words, fail_usage
+from evolane.cli._exits import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    broken_entry_points,
+    error_words,
+    fail_usage,
+)
 
 if TYPE_CHECKING:
     from evolane.stress import ScenarioReport
@@ -215,6 +223,12 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):  # a Ctrl-C before a command took it over
         typer.echo("evolane: interrupted", err=True)
         code = EXIT_INTERRUPTED
+    except Exception:  # a broken distribution's entry points (pydantic's plugin loader): 1 line
+        broken = broken_entry_points()
+        if broken is None:
+            raise
+        typer.echo(error_words(broken), err=True)
+        code = EXIT_USAGE
     finally:  # a command that ran no run (doctor, drain, a probe) leaves no start behind
         package.LAUNCHED = None
     code = code if isinstance(code, int) else EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import Any, NoReturn
 
 import typer
@@ -39,3 +40,54 @@ def flag_problem(error: Any) -> str:
     flag, *within = [str(part) for part in first["loc"]] or ["config"]
     where = f" ({'.'.join(within)})" if within else ""  # e.g. a role of a per-role flag
     return f"--{flag.replace('_', '-')}{where}: {first['msg']}"
+
+
+def broken_entry_points() -> str | None:
+    """One line naming the first installed distribution whose ``entry_points.txt`` cannot be
+    parsed (the file and the line), or None. Such a file (a hand-made or half-written
+    ``.dist-info`` on the path) made ``importlib.metadata.entry_points`` raise inside
+    pydantic's plugin loader, and so evolane's start, with a traceback (found by review).
+    Asked after an error only: it reads every distribution on the path."""
+    from importlib.metadata import distributions
+
+    for dist in distributions():
+        try:
+            dist.entry_points  # noqa: B018 (parsed here, as the loaders parse it)
+        except Exception:  # the parser raises TypeError or ValueError, by version
+            folder = getattr(dist, "_path", None)
+            where = f"{folder}/entry_points.txt" if folder is not None else "entry_points.txt"
+            text = dist.read_text("entry_points.txt") or ""
+            number = next(
+                (n for n, line in enumerate(text.splitlines(), 1) if _not_an_entry(line)), None
+            )
+            at = f"{where}:{number}" if number is not None else where
+            return (
+                f"{at}: not an entry point ('name = module:attr' under a [group]): a broken "
+                "distribution on the path (PYTHONPATH, site-packages); fix or remove it"
+            )
+    return None
+
+
+def _not_an_entry(line: str) -> bool:
+    """Whether ``line`` of an ``entry_points.txt`` is neither blank, a comment, a
+    ``[group]`` header nor ``name = value``."""
+    text = line.strip()
+    if not text or text.startswith(("#", ";")):
+        return False
+    if text.startswith("[") and text.endswith("]"):
+        return False
+    return "=" not in text
+
+
+def internal_error(error: BaseException, debug: bool) -> int:
+    """Say an unexpected ``error`` in one line (its traceback first with ``--debug``) and
+    return the exit code: 2 when a broken distribution's entry points caused it (the line
+    names its file: `broken_entry_points`), else 1."""
+    if debug:
+        traceback.print_exception(error)
+    broken = broken_entry_points()
+    if broken is not None:
+        error_line(broken)
+        return EXIT_USAGE
+    error_line(f"internal error: {type(error).__name__}: {error}")
+    return EXIT_INTERNAL

@@ -26,6 +26,7 @@ from evolane.cli._exits import (
     EXIT_USAGE,
     error_line,
     flag_problem,
+    internal_error,
 )
 from evolane.cli._models import model_flags, rejudge_models
 from evolane.cli._output import json_stdout_only, own_stdout
@@ -292,10 +293,7 @@ def _exit_for(error: BaseException, debug: bool, store: str | None = None) -> in
         return EXIT_INTERRUPTED
     if isinstance(error, SystemExit | GeneratorExit):
         raise error
-    if debug:
-        traceback.print_exception(error)
-    error_line(f"internal error: {type(error).__name__}: {error}")
-    return EXIT_INTERNAL
+    return internal_error(error, debug)
 
 
 def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
