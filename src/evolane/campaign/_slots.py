@@ -304,7 +304,7 @@ class Slots:
     def _host_failed_too_often(self, book: SlotBook, tree: ArtifactRef) -> bool:
         """Drop, as indecisive, a proposal whose measurement stopped on the host's failure in
         `HOST_FAILED_RUNS` earlier runs of the cycle (never a loss: nothing is remembered
-        against it, and it counts as no stall); whether it was dropped."""
+        against it, and alone it makes no stall); whether it was dropped."""
         runs = self._host_failed_in(book, tree)
         if len(runs) < HOST_FAILED_RUNS:
             return False
