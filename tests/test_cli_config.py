@@ -196,6 +196,8 @@ def test_a_pyproject_named_by_config_without_tool_evolane_is_refused(tmp_path: P
         ("[prices]\nx = 1", ["evolane.toml:14: prices: a table, where a value belongs"]),
         ('prices.x = "a"', ["evolane.toml:14: prices: a table, where a value belongs"]),
         ("[[expose]]\nx = 1", ["evolane.toml:14: expose: ", "valid string"]),
+        ('expose = ["replays=keys"]', ["evolane.toml:14: expose: 'replays' is no command's"]),
+        ('pass-env = ["optimizer="]', ["evolane.toml:14: pass-env optimizer=: nothing given"]),
     ],
 )
 def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(
@@ -210,6 +212,22 @@ def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(
     (tmp_path / "evolane.toml").write_text(body)
     _one_error(_run(["optimize"], tmp_path), *needles)
     assert not (tmp_path / "store").exists()  # nothing ran
+
+
+def test_a_files_exposed_path_given_to_a_role_keeps_it_and_is_relative_to_the_file(
+    tmp_path: Path,
+) -> None:
+    """``expose = ["optimizer=keys/a"]``: the path is the file's folder's, the role kept (it
+    was read as a path ``optimizer=keys/a`` beside the file: no such file)."""
+    settings = _project(tmp_path)
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "a").write_text("k")
+    settings |= {"expose": ["optimizer=keys/a", "keys"], "pass-env": ["optimizer=KEY"]}
+    (tmp_path / "evolane.toml").write_text(_toml(settings))
+    shown = _show(tmp_path / "keys")  # found from a subfolder: paths are still the file's
+    keys = tmp_path / "keys"
+    assert shown["expose"]["value"] == [f"optimizer={keys / 'a'}", str(keys)]
+    assert shown["pass_env"]["value"] == ["optimizer=KEY"]
 
 
 def test_a_config_file_over_its_cap_is_refused_unread(tmp_path: Path) -> None:

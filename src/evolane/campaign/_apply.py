@@ -142,6 +142,7 @@ async def apply_candidate(
     isolation: Isolation = "process",
     view: View | None = None,
     protected: tuple[str, ...] = (),
+    pass_env: tuple[str, ...] = (),
 ) -> ApplyOutcome:
     """Write the proposal artifacts, then keep or publish the candidate as ``policy`` says.
 
@@ -153,7 +154,8 @@ async def apply_candidate(
 
     ``check`` (placeholders ``{candidate}`` = the target, ``{workspace}``) runs in the sandbox
     after an ``auto_verified`` publish, under ``limits`` (default none) and ``isolation``
-    (confined: it sees ``view`` and the published target read-only); a non-zero exit,
+    (confined: it sees ``view`` and the published target read-only), with the variables
+    ``pass_env`` names; a non-zero exit,
     timeout, kill or limit hit rolls it back.
     Store errors (a corrupt or missing candidate blob) raise.
     """
@@ -165,7 +167,7 @@ async def apply_candidate(
     run_dir = Path(os.path.abspath(run_dir))
     workspace = scratch_dir(host, "apply", f"{label}-{secrets.token_hex(4)}")
     # Rendered before anything is written, so a bad template costs nothing.
-    spec = check_spec(check, target, workspace, kill_grace, limits, isolation, view)
+    spec = check_spec(check, target, workspace, kill_grace, limits, isolation, view, pass_env)
     # Materialising the candidate (verify=True) reads every blob once: the integrity check.
     proposal_dir, diff_ref = await trio.to_thread.run_sync(
         partial(
@@ -203,7 +205,7 @@ async def apply_candidate(
     plan = prepared.journal.plan
     if isinstance(plan, LinkPlan):  # checked before the link moves: the new version folder
         new = Path(plan.new_version)
-        spec = check_spec(check, new, workspace, kill_grace, limits, isolation, view)
+        spec = check_spec(check, new, workspace, kill_grace, limits, isolation, view, pass_env)
     return await _publish_and_check(store, host, prepared, spec, check_timeout, base)
 
 

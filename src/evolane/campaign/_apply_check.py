@@ -24,10 +24,11 @@ def check_spec(
     limits: Limits | None,
     isolation: Isolation,
     view: View | None,
+    pass_env: tuple[str, ...] = (),
 ) -> SandboxSpec | None:
     """The post-publish check's sandbox spec (None: no check): it sees ``view``, its own
     ``workspace`` and ``target`` (what it checks: the published target, or a link target's
-    new version folder) read-only."""
+    new version folder) read-only, and the variables ``pass_env`` names."""
     if check is None:
         return None
     argv = check.render({"candidate": str(target), "workspace": str(workspace)})
@@ -38,6 +39,7 @@ def check_spec(
         argv=argv,
         workspace=str(workspace),
         kill_grace=kill_grace,
+        pass_env=pass_env,
         limits=limits or Limits(),
         isolation=isolation,
         view=shown,

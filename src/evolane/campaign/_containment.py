@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from evolane.campaign._config import CampaignConfig
 from evolane.inputs import InputError
 from evolane.lanes import optimizer_command
+from evolane.measure import split_grant
 from evolane.sandbox import (
     confinement_fix,
     process_headroom,
@@ -43,11 +44,11 @@ def containment(config: CampaignConfig) -> Containment:
     level, problem = resolve_isolation(commands.isolation)
     if problem is not None and commands.isolation != "auto":
         raise InputError(f"--isolation {commands.isolation}: {problem}")
-    for flag, paths in (("--expose", commands.expose), ("--expose-rw", commands.expose_rw)):
-        for path in paths:
-            inside = _hidden_holding(path, commands.hidden)
+    for flag, grants in (("--expose", commands.expose), ("--expose-rw", commands.expose_rw)):
+        for grant in grants:  # named as given: ROLE=PATH says whose it is
+            inside = _hidden_holding(split_grant(grant)[1], commands.hidden)
             if inside is not None:
-                raise InputError(f"{flag} {path}: inside {inside}, which no command may see")
+                raise InputError(f"{flag} {grant}: inside {inside}, which no command may see")
     if level == "confined":
         _check_templates(config)
     warning = None

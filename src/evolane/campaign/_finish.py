@@ -141,8 +141,9 @@ async def apply_best(
         kill_grace=config.commands.kill_grace,
         limits=config.commands.sandbox_limits(),
         isolation=config.commands.isolation,
-        view=config.run_commands.view(check),
+        view=config.run_commands.view("check", check),
         protected=config.guarded,
+        pass_env=config.commands.passed("check"),
     )
     if blocked:
         why = (

@@ -367,7 +367,8 @@ async def _run_validator(
             workspace=str(workspace),
             kill_grace=settings.commands.kill_grace,
             isolation=settings.commands.isolation,
-            view=settings.commands.view(settings.validator).model_copy(
+            pass_env=settings.commands.passed("validator"),
+            view=settings.commands.view("validator", settings.validator).model_copy(
                 update={"own": ((str(scratch), True),)}
             ),
             drop_root=True,

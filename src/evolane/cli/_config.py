@@ -249,9 +249,24 @@ def _checked(config: ConfigFile, key: str, value: Any, kind: Any) -> Any:
     if name in _PATH_KEYS and checked is not None:
         folder = config.path.parent
         if isinstance(checked, list):
-            return [str(folder / Path(item).expanduser()) for item in checked]
+            return [_grant_path(config, key, folder, item) for item in checked]
         return type(checked)(folder / Path(str(checked)).expanduser())
     return checked
+
+
+def _grant_path(config: ConfigFile, key: str, folder: Path, item: str) -> str:
+    """``item`` made absolute against ``folder``; an ``expose``'s ``ROLE=PATH`` keeps its
+    role (`evolane.measure.split_grant`), a bad one is this file's error."""
+    if key.replace("-", "_") not in ("expose", "expose_rw"):
+        return str(folder / Path(item).expanduser())
+    from evolane.measure import split_grant
+
+    try:
+        role, path = split_grant(item)
+    except ValueError as error:
+        raise ConfigError(f"{config.where(key.replace('-', '_'))}: {key}: {error}") from None
+    absolute = str(folder / Path(path).expanduser())
+    return absolute if role is None else f"{role}={absolute}"
 
 
 def explicit_flags(flags: dict[str, Any]) -> set[str]:

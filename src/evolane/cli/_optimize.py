@@ -228,7 +228,12 @@ def optimize(
         list[str] | None, _o("Glob a candidate may not touch (repeatable).", "--protected")
     ] = None,
     pass_env: Annotated[
-        list[str] | None, _o("An environment variable commands may see (repeatable).", "--pass-env")
+        list[str] | None,
+        _o(
+            "[ROLE=]NAME of an environment variable commands (with ROLE: replay, judge, "
+            "optimizer, validator or check, that role's alone) may see (repeatable).",
+            "--pass-env",
+        ),
     ] = None,
     isolation: Annotated[
         str | None,
@@ -243,11 +248,11 @@ def optimize(
     ] = None,
     expose: Annotated[
         list[str] | None,
-        _o("A host path confined commands may read (repeatable).", "--expose"),
+        _o("[ROLE=]PATH confined commands (or ROLE's) may read (repeatable).", "--expose"),
     ] = None,
     expose_rw: Annotated[
         list[str] | None,
-        _o("A host path confined commands may write (repeatable).", "--expose-rw"),
+        _o("[ROLE=]PATH confined commands (or ROLE's) may write (repeatable).", "--expose-rw"),
     ] = None,
     cluster: Annotated[
         str, _o("local | local:N | dask://HOST:PORT (default local).", "--cluster")

@@ -4,7 +4,6 @@ second: cancel at once, no report), the summary."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -28,6 +27,7 @@ from evolane.cli._exits import (
     flag_problem,
     internal_error,
 )
+from evolane.cli._grants import grant_values
 from evolane.cli._models import model_flags, rejudge_models
 from evolane.cli._output import json_stdout_only, own_stdout
 from evolane.cli._resumable import ended_outcome, recorded_run
@@ -107,11 +107,7 @@ def _build_config(flags: dict[str, Any]) -> Any:
         values["protected"] = tuple(flags["protected"])
     if flags.get("required_file"):
         values["required_files"] = tuple(flags["required_file"])
-    if flags.get("pass_env"):
-        values["pass_env"] = tuple(flags["pass_env"])
-    for key in ("expose", "expose_rw"):
-        if flags.get(key):
-            values[key] = _exposed(key, flags[key])
+    values.update(grant_values(flags))
     values.update(model_flags(flags))
     if flags.get("from_trajectory"):
         if flags.get("dataset"):
@@ -193,17 +189,6 @@ def _confirm_split(flags: dict[str, Any]) -> None:
     if mode is None and sources is not None and "confirm_split" in sources:
         sources["error_control"] = sources["confirm_split"]  # `config show` names the flag
     flags["error_control"] = "confirm"
-
-
-def _exposed(key: str, paths: list[str]) -> tuple[str, ...]:
-    """``--expose``/``--expose-rw`` paths, absolute; each must exist."""
-    flag = "--" + key.replace("_", "-")
-    absolute = []
-    for path in paths:
-        if not Path(path).exists():
-            raise UsageError(f"{flag} {path}: no such file or folder")
-        absolute.append(os.path.abspath(path))  # shown at this name and its real one
-    return tuple(absolute)
 
 
 def _cluster(flags: dict[str, Any]) -> None:

@@ -56,7 +56,8 @@ class AgentPreset:
     """A one-line summary of the change from the CLI's stdout ("" when there is none)."""
     interface: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
-    """Fixed environment entries for the CLI (never secrets: those come via --pass-env)."""
+    """Fixed environment entries for the CLI (never secrets: those come via ``--pass-env
+    optimizer=NAME``, which no replay sees)."""
 
 
 def json_objects(data: bytes) -> list[dict[str, Any]]:

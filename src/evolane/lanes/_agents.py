@@ -18,9 +18,11 @@ turns the CLI's stdout into ``usage.json`` (unless the CLI wrote one) and a one-
 (`AgentCommand.record_usage`, `AgentCommand.summary`).
 
 Credentials never pass by default: the sandbox scrubs the environment and gives a fresh
-HOME, so a CLI's API key must be named with ``--pass-env`` (``ANTHROPIC_API_KEY``,
-``OPENAI_API_KEY``, ``GEMINI_API_KEY``...), and a CLI installed outside the system folders
-under ``--isolation confined`` may need ``--expose`` for its runtime (e.g. a node install).
+HOME, so a CLI's API key must be named with ``--pass-env optimizer=NAME``
+(``ANTHROPIC_API_KEY``, ``OPENAI_API_KEY``, ``GEMINI_API_KEY``...: with ``optimizer=`` no
+replay, which runs the candidate's code, sees it), and a CLI installed outside the system
+folders under ``--isolation confined`` may need ``--expose optimizer=PATH`` for its runtime
+(e.g. a node install).
 """
 
 from __future__ import annotations

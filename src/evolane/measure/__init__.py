@@ -48,6 +48,7 @@ from evolane.measure._restore import (
 from evolane.measure._scheduler import MeasurementScheduler
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.measure._settings import (
+    COMMAND_ROLES,
     MAX_TIMEOUT,
     CaseRefs,
     CommandSettings,
@@ -57,6 +58,7 @@ from evolane.measure._settings import (
     lane_settings,
     optimizer_settings,
     scheduler_settings,
+    split_grant,
 )
 from evolane.measure._tree import (
     LANE_RESTART_PERIOD,
@@ -74,6 +76,7 @@ from evolane.measure._tree import (
 from evolane.measure._units import RESTORABLE
 
 __all__ = [
+    "COMMAND_ROLES",
     "DEFAULT_MAX_FILE_SIZE",
     "DEFAULT_MAX_MEMORY",
     "DEFAULT_MAX_OPEN_FILES",
@@ -129,6 +132,7 @@ __all__ = [
     "reserve_when_known",
     "restored_debits",
     "scheduler_settings",
+    "split_grant",
     "store_cases",
     "stored_replay_debit",
     "unpaid_debits",

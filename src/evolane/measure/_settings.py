@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from evolane.inputs import (
@@ -45,6 +45,7 @@ from evolane.messages import (
     UnitRecord,
 )
 from evolane.sandbox import (
+    ENV_NAME_PATTERN,
     MAX_HIDDEN,
     EnvName,
     Isolation,
@@ -57,6 +58,44 @@ from evolane.store import TreeLimits
 PathText = Annotated[str, Field(min_length=1, max_length=4096)]
 MAX_TIMEOUT = 86_400.0
 """The longest deadline a setting accepts for one command (a day): longer is a typo."""
+CommandRole = Literal["replay", "judge", "optimizer", "validator", "check"]
+"""The commands of a run, by the flag that gives each; a grant (``--pass-env``,
+``--expose``, ``--expose-rw``) written ``ROLE=VALUE`` reaches that role's commands only."""
+COMMAND_ROLES: tuple[CommandRole, ...] = ("replay", "judge", "optimizer", "validator", "check")
+
+
+def split_grant(text: str) -> tuple[CommandRole | None, str]:
+    """``ROLE=VALUE`` as (ROLE, VALUE), anything else as (None, ``text``): every command's.
+    What comes before the first ``=`` is a role unless it holds a ``/`` (``./a=b`` is a
+    path); `ValueError` when it is no role (`COMMAND_ROLES`) or VALUE is empty."""
+    head, sep, value = text.partition("=")
+    if not sep or "/" in head:
+        return None, text
+    if head not in COMMAND_ROLES:
+        raise ValueError(f"{head!r} is no command's role: choose from {', '.join(COMMAND_ROLES)}")
+    if not value:
+        raise ValueError(f"nothing given for {head}")
+    return cast(CommandRole, head), value
+
+
+def granted_to(role: CommandRole, grants: tuple[str, ...]) -> tuple[str, ...]:
+    """The values of ``grants`` (``[ROLE=]VALUE`` each) that reach ``role``'s commands."""
+    chosen = (split_grant(grant) for grant in grants)
+    return tuple(dict.fromkeys(value for to, value in chosen if to in (None, role)))
+
+
+def _known_role(text: str) -> str:
+    split_grant(text)  # a ValueError is pydantic's error
+    return text
+
+
+GrantedName = Annotated[
+    str,
+    Field(pattern=f"^(?:(?:{'|'.join(COMMAND_ROLES)})=)?{ENV_NAME_PATTERN}$", max_length=140),
+]
+"""A variable's name, for every command (``NAME``) or one role's (``ROLE=NAME``)."""
+GrantedPath = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_known_role)]
+"""A host path, for every command (``PATH``) or one role's (``ROLE=PATH``)."""
 
 
 class CommandSettings(CommandLimits):
@@ -69,32 +108,41 @@ class CommandSettings(CommandLimits):
     """How every command is confined: ``confined`` (a bubblewrap view; refuses to run
     without it), ``auto`` (confined where possible, else weaker with a warning),
     ``process``; ``namespace`` (pid and network namespaces only) is kept for old runs."""
-    pass_env: tuple[EnvName, ...] = Field(default=(), max_length=64)
+    pass_env: tuple[GrantedName, ...] = Field(default=(), max_length=64)
     """Environment variables a command may see (evolane's own are never passed on), by
-    name: a value that is no variable's name (a key given in its place) is refused before
-    the run (found by review: it was stored in run.json, and every command failed to
-    start)."""
+    name, ``ROLE=NAME`` for one role's commands (`COMMAND_ROLES`), ``NAME`` for every
+    command: a value that is no variable's name (a key given in its place) is refused
+    before the run (found by review: it was stored in run.json, and every command failed
+    to start)."""
     network: bool = False
     """Whether a confined command may use the network (``--network``: an agent that calls
     an LLM API needs it)."""
-    expose: tuple[PathText, ...] = Field(default=(), max_length=64)
-    """Host paths a confined command is shown read-only besides those its template names."""
-    expose_rw: tuple[PathText, ...] = Field(default=(), max_length=64)
-    """Host paths a confined command may write."""
+    expose: tuple[GrantedPath, ...] = Field(default=(), max_length=64)
+    """Host paths a confined command is shown read-only besides those its template names
+    (``ROLE=PATH``: one role's commands only; ``PATH``: every command)."""
+    expose_rw: tuple[GrantedPath, ...] = Field(default=(), max_length=64)
+    """Host paths a confined command may write (``ROLE=PATH`` or ``PATH``, as `expose`)."""
     hidden: SkipJsonSchema[tuple[PathText, ...]] = Field(
         default=(), max_length=MAX_HIDDEN, exclude=True
     )
     """Paths no command may see even under an exposed folder: a campaign fills in its
     store, target and dataset or trajectory files (derived, so never stored)."""
 
-    def view(self, *templates: CommandTemplate | None) -> View:
-        """What a confined command of ``templates`` sees: the folders of the absolute paths
-        the templates name and the exposed paths, minus the hidden ones."""
+    def passed(self, role: CommandRole) -> tuple[str, ...]:
+        """The variables ``role``'s commands may see: those given for every command and
+        those given for ``role`` (a coding agent's key given ``optimizer=`` reaches no
+        replay: found by review, every replay could read it)."""
+        return granted_to(role, self.pass_env)
+
+    def view(self, role: CommandRole, *templates: CommandTemplate | None) -> View:
+        """What a confined command of ``role`` running ``templates`` sees: the folders of
+        the absolute paths the templates name and the paths exposed to every command or to
+        ``role``, minus the hidden ones."""
         words = [word for template in templates if template for word in template.literal_words()]
         named = folders_to_expose(template_paths(words))
         return View(
-            read_only=tuple(dict.fromkeys((*named, *self.expose))),
-            read_write=self.expose_rw,
+            read_only=tuple(dict.fromkeys((*named, *granted_to(role, self.expose)))),
+            read_write=granted_to(role, self.expose_rw),
             hidden=self.hidden,
             network=self.network,
         )
@@ -272,18 +320,22 @@ def lane_settings(
         judge = CommandTemplate.parse(settings.judge, role="judge", allowed=JUDGE_PLACEHOLDERS)
     sandbox = {
         "kill_grace": commands.kill_grace,
-        "pass_env": commands.pass_env,
         "isolation": commands.isolation,
         "limits": commands.sandbox_limits(),
         "prices": prices,
     }
     return (
         LaneSettings(
-            template=replay, backend=context.replay_backend, view=commands.view(replay), **sandbox
+            template=replay,
+            backend=context.replay_backend,
+            pass_env=commands.passed("replay"),
+            view=commands.view("replay", replay),
+            **sandbox,
         ),
         LaneSettings(
             template=judge,
-            view=commands.view(judge),
+            pass_env=commands.passed("judge"),
+            view=commands.view("judge", judge),
             retries=settings.judge_failure_retries,
             backend=context.judge_backend,
             **sandbox,
@@ -314,9 +366,9 @@ def optimizer_settings(
         template=template,
         agent=agent,
         kill_grace=commands.kill_grace,
-        pass_env=commands.pass_env,
+        pass_env=commands.passed("optimizer"),
         isolation=commands.isolation,
-        view=commands.view(template),
+        view=commands.view("optimizer", template),
         limits=commands.sandbox_limits(),
         backend=backend,
         tree_limits=tree_limits or TreeLimits(),

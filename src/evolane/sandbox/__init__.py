@@ -21,6 +21,7 @@ from evolane.sandbox._lease_owner import LEASE_FILES
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
 from evolane.sandbox._secrets import commands_run_unprivileged, trees_run_as_unit_uids
 from evolane.sandbox._spec import (
+    ENV_NAME_PATTERN,
     MAX_HIDDEN,
     EnvName,
     Isolation,
@@ -36,6 +37,7 @@ from evolane.sandbox._spec import (
 from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
 
 __all__ = [
+    "ENV_NAME_PATTERN",
     "INLINE_BYTES",
     "INLINE_FILES",
     "INLINE_FOLDER_BYTES",

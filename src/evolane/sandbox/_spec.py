@@ -22,7 +22,9 @@ def _no_nul(text: str) -> str:
     return text
 
 
-EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+"""What an environment variable's name may be (`EnvName`), unanchored."""
+EnvName = Annotated[str, Field(pattern=f"^{ENV_NAME_PATTERN}$", max_length=128)]
 Arg = Annotated[str, Field(max_length=65_536), AfterValidator(_no_nul)]
 PathText = Annotated[str, Field(min_length=1, max_length=4096)]
 MAX_HIDDEN = 272
