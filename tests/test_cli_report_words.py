@@ -396,6 +396,8 @@ def test_a_resumed_runs_wall_counts_every_session(tmp_path: Path) -> None:
     assert said in (store / "runs" / run_id / "report.html").read_text()
     listed = json.loads(_evolane("runs", "--store", str(store), "--json").stdout)
     assert [r["wall_seconds"] for r in listed["runs"]] == [pytest.approx(total)]
+    checked = _evolane("fsck", "--store", str(store))  # found by review: it called the
+    assert checked.returncode == 0, checked.stdout  # summary of the run's wall wrong
 
 
 def runs_report(store: Path, run_id: str) -> dict:

@@ -341,8 +341,8 @@ def _write_report(
         record_online(prepared.layout.root, prepared.dataset, prepared.run, report.online)
     path = prepared.run_dir / "report.json"
     write_json_atomic(path, report)
-    wall = report.wall_seconds if report.run_wall_seconds is None else report.run_wall_seconds
-    listed = {"scores": report.scores.model_dump(mode="json"), "wall_seconds": wall}
+    listed = {"scores": report.scores.model_dump(mode="json")}
+    listed |= {"wall_seconds": report.wall_seconds, "run_wall_seconds": report.run_wall_seconds}
     summary = ReportSummary.of(listed, path.stat().st_size)  # the run holds the report's folder
     markdown = render_markdown(report, case_rows(report, prepared.store))
     write_bytes_atomic(prepared.run_dir / "report.md", markdown.encode())

@@ -80,7 +80,10 @@ class ReportSummary(Record):
     @classmethod
     def of(cls, report: Any, report_bytes: int) -> ReportSummary:
         """The summary of ``report`` (``report.json`` as a JSON object, as written or read;
-        a field of the wrong type is left out, as a listing shows it)."""
+        a field of the wrong type is left out, as a listing shows it). The wall is the
+        run's over all its sessions (``run_wall_seconds``) when the report keeps it, as the
+        session that wrote the report listed it (found by review: `evolane fsck` called
+        every resumed run's summary wrong, and ``--repair`` put the last session's in)."""
         report = report if isinstance(report, dict) else {}
         scores = report.get("scores") if isinstance(report.get("scores"), dict) else {}
 
@@ -92,7 +95,8 @@ class ReportSummary(Record):
             score = scores.get(name)
             return number(score.get("mean")) if isinstance(score, dict) else None
 
-        wall = number(report.get("wall_seconds"))
+        wall = number(report.get("run_wall_seconds"))
+        wall = number(report.get("wall_seconds")) if wall is None else wall
         return cls(
             baseline_val=mean("baseline_val"),
             best_val=mean("best_val"),
