@@ -3,6 +3,8 @@ review #4): ``--resume ../../../x`` never reads a run outside the store."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +46,39 @@ def test_resume_of_a_path_outside_the_store_is_one_line_exit_2(tmp_path: Path) -
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "'../../x' is not a run id" in lines[0], done.stderr
+
+
+def _evolane(*args: str | bytes) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "evolane", *args],
+        capture_output=True,
+        encoding="utf-8",
+        errors="surrogateescape",  # a path printed as its bytes
+        timeout=120,
+    )
+
+
+def test_a_folder_named_by_no_id_is_named_by_fsck_and_read_by_no_command(tmp_path: Path) -> None:
+    # Found by review: a run folder copied to `bad name` (or named by bytes that are not
+    # UTF-8) made `fsck` and `report bad` fail with a traceback (exit 1), and a store path
+    # not UTF-8 did the same to `runs --json`.
+    store = tmp_path / "st\udcffore"  # the bytes b"st\xffore"
+    for folder in ("runs/bad name", "runs/x\udcff", "campaigns/.hidden"):
+        (store / folder).mkdir(parents=True)
+        (store / folder / f"{folder.split('/')[0][:-1]}.json").write_text("{}")
+    checked = _evolane("fsck", "--store", os.fsencode(store))
+    assert checked.returncode == 1 and not checked.stderr, checked.stderr
+    lines = checked.stdout.splitlines()
+    assert len(lines) == 4 and all(line.startswith("misnamed folder ") for line in lines[:3])
+    assert "bad name: its name is not an id" in lines[0], lines
+    for args in (("report", "bad"), ("watch", "x"), ("diff", "bad")):
+        done = _evolane(*args, "--store", os.fsencode(store))
+        assert done.returncode == 2 and "unknown run" in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    listed = _evolane("runs", "--json", "--store", os.fsencode(store))
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == {
+        "store": str(store).replace("\udcff", "\ufffd"),
+        "runs": [],
+        "campaigns": [],
+    }

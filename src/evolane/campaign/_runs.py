@@ -223,17 +223,32 @@ class StoreLayout:
 
     def run_ids(self) -> list[str]:
         """Every run with a ``run.json`` (of any kind: one that is not a file is refused
-        where it is read, not taken for an unknown run), oldest first."""
-        runs = self.root / "runs"
-        if not runs.is_dir():
-            return []
-        return sorted(p.name for p in runs.iterdir() if os.path.lexists(p / "run.json"))
+        where it is read, not taken for an unknown run), by id. A folder whose name is no
+        run id (`check_id`) is none: evolane never makes one (`evolane fsck` names it)."""
+        return self._ids("runs", "run.json")[0]
 
     def campaign_ids(self) -> list[str]:
-        folder = self.root / "campaigns"
-        if not folder.is_dir():
-            return []
-        return sorted(p.name for p in folder.iterdir() if os.path.lexists(p / "campaign.json"))
+        """Every campaign with a ``campaign.json``, by id (as `run_ids`)."""
+        return self._ids("campaigns", "campaign.json")[0]
+
+    def misnamed(self) -> list[Path]:
+        """The run and campaign folders (holding a ``run.json`` or ``campaign.json``) whose
+        names are no id: no command reads them (found by review: a copy named ``bad name``,
+        or a name not UTF-8, made ``fsck`` and ``report`` fail with a traceback)."""
+        return [*self._ids("runs", "run.json")[1], *self._ids("campaigns", "campaign.json")[1]]
+
+    def _ids(self, kind: str, record: str) -> tuple[list[str], list[Path]]:
+        """The ids of the folders of ``kind`` holding ``record``, and those named by no id."""
+        ids, misnamed = [], []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for entry in os.scandir(self.root / kind):
+                if not os.path.lexists(os.path.join(entry.path, record)):
+                    continue
+                if _ID_RE.fullmatch(entry.name):
+                    ids.append(entry.name)
+                else:
+                    misnamed.append(Path(entry.path))
+        return sorted(ids), sorted(misnamed)
 
 
 def save_run(layout: StoreLayout, record: RunRecord) -> None:

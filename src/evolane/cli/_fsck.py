@@ -75,6 +75,9 @@ def record_problems(store: Path, filled: list[str] | None = None) -> list[Proble
     from evolane.store import Problem, read_json
 
     layout, problems = StoreLayout(store), []
+    for path in layout.misnamed():
+        why = "its name is not an id (letters, digits, '.', '_', '-'): no command reads it"
+        problems.append(Problem("name", path, why))
     for run_id in layout.run_ids():
         path = layout.run_dir(run_id) / "run.json"
         report = None
@@ -191,6 +194,7 @@ def report_lines(problems: list[Problem]) -> list[str]:
             "missing": "missing object",
             "record": "damaged record",
             "temp": "leftover temp file",
+            "name": "misnamed folder",
         }
         line = f"{what.get(problem.kind, problem.kind)} {problem.path}: {problem.reason}"
         if problem.runs:

@@ -53,8 +53,25 @@ def store_of(store: Path | None) -> Path:
 
 
 def write_json(value: Any) -> None:
-    """Print ``value`` as indented JSON on stdout."""
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+    """Print ``value`` as indented JSON on stdout. A path whose bytes are not UTF-8 (a store
+    named so) is shown with U+FFFD for each such byte (found by review: ``runs --json``
+    failed with a traceback, orjson refusing the undecodable bytes Python keeps in a str)."""
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_INDENT_2)
+    except TypeError:  # a str holding surrogates (os.fsdecode of a name that is not UTF-8)
+        data = orjson.dumps(_as_unicode(value), option=orjson.OPT_INDENT_2)
+    sys.stdout.write(data.decode() + "\n")
+
+
+def _as_unicode(value: Any) -> Any:
+    """``value`` with every str made valid Unicode (an undecodable byte as U+FFFD)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_as_unicode(key): _as_unicode(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_unicode(item) for item in value]
+    return value
 
 
 def stamp(seconds: float | None, spec: str = "%Y-%m-%d %H:%M:%S") -> str:
