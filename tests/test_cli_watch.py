@@ -213,6 +213,25 @@ def test_watch_skips_a_garbage_line_with_a_warning(tmp_path: Path, finished: Fin
     assert "Traceback" not in watched.stderr
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_watch_of_events_that_are_no_file_is_one_error_line(
+    tmp_path: Path, finished: Finished, kind: str
+) -> None:
+    # Found by review: a FIFO in place of events.jsonl hung `watch` in its open, deaf to
+    # Ctrl-C, and a link to /dev/zero was read for ever (one core busy).
+    store = tmp_path / "store"
+    shutil.copytree(finished.store, store)
+    events = store / "runs" / finished.run_id / "events.jsonl"
+    events.unlink()
+    os.mkfifo(events) if kind == "fifo" else events.symlink_to("/dev/zero")
+    for command in (("watch",), ("report", "--follow")):
+        done = _evolane(*command, finished.run_id, "--store", str(store), timeout=60)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.splitlines()
+        what = "a FIFO" if kind == "fifo" else "a character device"
+        assert line.startswith(f"evolane: error: {events} is {what}, not a regular file"), line
+
+
 def test_watch_of_an_unknown_run_is_one_error_line(tmp_path: Path) -> None:
     (tmp_path / "store" / "runs").mkdir(parents=True)
     done = _evolane("watch", "nope", "--store", str(tmp_path / "store"))

@@ -200,6 +200,7 @@ def unfinished_summary(layout: StoreLayout, record: RunRecord, store: Path) -> d
 def _event_summary(path: Path) -> dict[str, Any]:
     """How many events the run published, its last phase and the time of its last event
     (`EventTail`'s bounded lines; a FIFO or device in its place is not waited on)."""
+    from evolane.store import StoreError
     from evolane.views import EventTail
 
     count, phase, last_t = 0, None, None
@@ -207,7 +208,7 @@ def _event_summary(path: Path) -> dict[str, Any]:
     while not at_end:
         try:
             lines, at_end = tail.read()
-        except OSError:  # unreadable: what was read so far
+        except (OSError, StoreError):  # unreadable, or no longer a file: what was read so far
             break
         for line in lines:
             try:

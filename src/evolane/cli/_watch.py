@@ -52,6 +52,7 @@ class Ending:
 
     status: str | None = None  # the run's own status; None when it died without saying
     detached: bool = False  # Ctrl-C on the watcher: the run goes on
+    unreadable: str | None = None  # why the run's events cannot be followed (no file there)
 
     @property
     def exit_code(self) -> int:
@@ -108,10 +109,15 @@ class _Follower:
         """Send every event of the run, from its first, until it ends; then close ``send``."""
         import trio
 
+        from evolane.store import NotRegularFileError
+
         async with send:
             fresh = False  # whether new lines came since the end was last reached
             while True:
-                lines, at_end = self.tail.read()
+                try:
+                    lines, at_end = self.tail.read()
+                except NotRegularFileError as error:  # a FIFO, a device: never waited on
+                    return Ending(unreadable=str(error))
                 fresh = fresh or bool(lines)
                 first = self.tail.line_number - len(lines) + 1
                 for number, line in enumerate(lines, start=first):
@@ -221,6 +227,8 @@ def follow_run(
     events = layout.run_dir(run_id) / "events.jsonl"
     follower = _Follower(layout, run_id, EventTail(events), EventDecoder(events, _warn))
     ending = trio.run(_watch, follower, mode, view_out)
+    if ending.unreadable is not None:
+        fail_usage(f"{ending.unreadable}: no events to follow; run `evolane fsck --store {store}`")
     try:
         view_out.flush()
         _say_how_it_ended(

@@ -16,6 +16,7 @@ import orjson
 from pydantic import ValidationError
 
 from evolane import messages
+from evolane.store import NotRegularFileError, open_regular_file
 
 READ_CHUNK = 64 * 1024
 """Bytes of ``events.jsonl`` read per poll at most; a backlog is read a chunk at a time."""
@@ -43,9 +44,11 @@ class EventTail:
 
     def read(self) -> tuple[list[bytes | None], bool]:
         """The complete lines read now (None for an overlong one) and whether the end of
-        the file was reached (a missing file is an empty one)."""
-        try:
-            with self.path.open("rb") as source:
+        the file was reached (a missing file is an empty one). Anything but a regular file
+        is `NotRegularFileError` (found by review: ``evolane watch`` of a run whose events
+        file was a FIFO hung in its open, deaf to Ctrl-C; ``/dev/zero`` was read for ever)."""
+        try:  # a FIFO or device in its place is never waited on nor read: NotRegularFileError
+            with open_regular_file(self.path, follow_symlinks=True) as source:
                 source.seek(self.offset)
                 data = source.read(self.chunk)
         except FileNotFoundError:
@@ -109,12 +112,13 @@ def read_events(
     """Every event of a (finished) ``events.jsonl``, in file order, one at a time (a fold
     holds no list of them), reading at most ``max_bytes`` (a longer file is cut there,
     with a warning). Anything but a regular file is no event stream."""
-    if path.exists() and not path.is_file():
-        warn(f"{path}: not a regular file; no events read")
-        return
     tail, decoder = EventTail(path), EventDecoder(path, warn)
     while True:
-        lines, at_end = tail.read()
+        try:
+            lines, at_end = tail.read()
+        except NotRegularFileError:
+            warn(f"{path}: not a regular file; no events read")
+            return
         first = tail.line_number - len(lines) + 1
         for number, line in enumerate(lines, start=first):
             event = decoder.decode(line, number)
