@@ -169,11 +169,11 @@ def _torn_after_end(layout: StoreLayout, run_id: str, status: str) -> Problem | 
     """A torn last journal line in a run that ended (`campaign.ENDED_RUNS`): what a kill
     leaves, and a resume repairs, in a running or interrupted run; after the run's end it is
     damage, and its last record is lost (found by review: fsck called such a store clean)."""
-    from evolane.store import JournalCorruptError, Problem, read_journal
+    from evolane.store import JournalCorruptError, Problem, torn_tail
 
     path = layout.run_dir(run_id) / "journal.jsonl"
     try:
-        torn = read_journal(path).torn
+        torn = torn_tail(path)
     except (OSError, JournalCorruptError):
         return None  # told by the store's own check
     if torn is None:

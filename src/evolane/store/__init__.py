@@ -60,6 +60,8 @@ from evolane.store._journal import (
     TornLine,
     encode_record,
     read_journal,
+    scan_journal,
+    torn_tail,
 )
 from evolane.store._remove import remove_small_tree, remove_tree
 from evolane.store._scan import (
@@ -164,6 +166,7 @@ __all__ = [
     "remove_atomic_temps",
     "remove_small_tree",
     "remove_tree",
+    "scan_journal",
     "scan_tree",
     "snapshot_tree",
     "storage_failure",
@@ -171,6 +174,7 @@ __all__ = [
     "store_refused",
     "store_scan",
     "sync_deferred",
+    "torn_tail",
     "write_all",
     "write_bytes_atomic",
     "write_json_atomic",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from evolane.messages import JournalRecordError, parse_journal_record
 from evolane.store._blobs import CHUNK_SIZE, StoreError, fsync_dir, open_regular_file, read_at_most
-from evolane.store._journal import JournalCorruptError, read_journal
+from evolane.store._journal import JournalCorruptError, scan_journal
 from evolane.store._trees import FileEntry, TreeManifest
 
 RUN_FILES = ("run.json", "report.json", "apply.json", "journal.jsonl")
@@ -273,28 +273,29 @@ def _quarantine(path: Path, folder: Path) -> Path:
 def _journal_problems(root: Path) -> list[Problem]:
     """Every run journal with a damaged line before its last (a torn last line is what a
     kill leaves, and is not damage: a resume repairs it), or a record of ``journal.jsonl``
-    that does not validate as a journal record (as ``--resume`` reads it)."""
+    that does not validate as a journal record (as ``--resume`` reads it). Each file is
+    read a line at a time (`scan_journal`): no record is kept."""
     problems = []
     for run_dir in _run_dirs(root):
         for name in JOURNALS:
             path = run_dir / name
             try:
-                records = read_journal(path).records
+                reason = _invalid_record(path, name == "journal.jsonl")
             except JournalCorruptError as error:
-                problems.append(Problem("journal", path, str(error), runs=(run_dir.name,)))
-                continue
+                reason = str(error)
             except OSError as error:
                 reason = f"unreadable: {error.strerror or error}"
-                problems.append(Problem("journal", path, reason, runs=(run_dir.name,)))
-                continue
-            if name == "journal.jsonl" and (reason := _invalid_record(path, records)):
+            if reason is not None:
                 problems.append(Problem("journal", path, reason, runs=(run_dir.name,)))
     return problems
 
 
-def _invalid_record(path: Path, records: list[dict[str, object]]) -> str | None:
-    """Why the first record that is not a valid journal record is not, or None."""
-    for line, value in enumerate(records, start=1):
+def _invalid_record(path: Path, validate: bool) -> str | None:
+    """Why the first record of the journal at ``path`` that is not a valid journal record
+    (with ``validate``; else only its lines are read) is not, or None."""
+    for line, value in scan_journal(path):
+        if not validate:
+            continue
         try:
             parse_journal_record(value, f"{path}:{line}")
         except JournalRecordError as error:

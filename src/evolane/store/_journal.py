@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -89,12 +90,36 @@ def read_journal(path: Path | str) -> JournalRead:
     `JournalCorruptError`. No line is held past `MAX_RECORD_BYTES` (a longer one is no
     record: the rest of it is skipped unread), and a journal that is not a regular file is
     `JournalCorruptError` (a FIFO is never waited on)."""
-    path = Path(path)
     records: list[dict[str, Any]] = []
+    scan = scan_journal(path)
+    while True:
+        try:
+            records.append(next(scan)[1])
+        except StopIteration as end:
+            return JournalRead(records=records, torn=end.value)
+
+
+def torn_tail(path: Path | str) -> TornLine | None:
+    """The torn final line of a journal, if any, read through a line at a time (damage
+    raises as in `read_journal`; no record is kept)."""
+    scan = scan_journal(path)
+    while True:
+        try:
+            next(scan)
+        except StopIteration as end:
+            return end.value
+
+
+def scan_journal(path: Path | str) -> Generator[tuple[int, dict[str, Any]], None, TornLine | None]:
+    """Each whole record of a journal with its line number, one at a time (memory: one
+    line, whatever the file's size); the generator's return value is the torn final line,
+    if any. Damage as `read_journal` raises it (found by review: ``evolane fsck`` held
+    every record of a 267 MB ``events.jsonl``, 1.6 GB)."""
+    path = Path(path)
     try:
         source = open_regular_file(path, follow_symlinks=True)
     except FileNotFoundError:
-        return JournalRead(records=records, torn=None)
+        return None
     except NotRegularFileError as error:
         raise JournalCorruptError(str(error)) from None
     with source:
@@ -112,13 +137,12 @@ def read_journal(path: Path | str) -> JournalRead:
             if record is None:
                 pending = (number, offset, size, line[:_HEAD_BYTES])
             else:
-                records.append(record)
+                yield number, record
             offset += size
-    torn = None
-    if pending is not None:
-        number, start, size, head = pending
-        torn = TornLine(line=number, offset=start, size=size, head=head)
-    return JournalRead(records=records, torn=torn)
+    if pending is None:
+        return None
+    number, start, size, head = pending
+    return TornLine(line=number, offset=start, size=size, head=head)
 
 
 def _skip_line(source: BinaryIO) -> int:
