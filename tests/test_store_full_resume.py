@@ -72,3 +72,41 @@ def test_what_leaves_a_run_resumable_is_room_not_damage() -> None:
     assert refused_write(DiskLow("the disk under s fell below 1 MiB free"))
     assert not refused_write(CorruptBlobError("sha256:00 does not match"))
     assert not refused_write(StorageFailure("cannot read back"))
+
+
+DIE_AFTER_RUN_RECORD = textwrap.dedent(
+    """
+    import os, sys, trio
+    from evolane.campaign import _prepare
+    from evolane.campaign._config import CampaignConfig
+    from evolane.campaign._run import RunRequest, run_campaign
+    real = _prepare.save_run
+    def save_then_die(layout, record):
+        real(layout, record)
+        os._exit(9)  # as a SIGKILL right after run.json was written
+    _prepare.save_run = save_then_die
+    trio.run(run_campaign, RunRequest(CampaignConfig.model_validate_json(sys.argv[1])))
+    """
+)
+
+
+def test_a_resume_runs_in_the_store_it_is_given_not_the_one_the_run_began_in(
+    tmp_path: Path,
+) -> None:
+    # Found by review: a store moved (or copied) elsewhere resumed with the settings of its
+    # old place, so a full disk was said of the old path ("cannot write <old store>: No
+    # space left on device") and an --llm-cache would have been written there.
+    from evolane.campaign._prepare import prepare_run
+    from tests.campaign_helpers import toy_config
+
+    paths = write_toy(tmp_path, {"0.0": "fix:1"})
+    config = toy_config(paths, iterations=1, population=1)
+    died = _run([sys.executable, "-c", DIE_AFTER_RUN_RECORD, config.model_dump_json()])
+    assert died.returncode == 9, died.stderr
+    moved = tmp_path / "moved"
+    paths["store"].rename(moved)
+    (run_dir,) = (moved / "runs").iterdir()
+    here = config.model_copy(update={"store": str(moved)})
+    prepared = prepare_run(here, resume_run=run_dir.name)
+    assert prepared.config.store == str(moved)
+    assert not paths["store"].exists()

@@ -156,7 +156,9 @@ def prepare_run(
         return _rerun(layout, config, rerun_from)
     if resume_run is not None:
         record, campaign = _resumable_run(layout, resume_run)
-        config = record.config
+        # the store it resumes in, not the one it began in (found by review: a store moved
+        # or copied elsewhere failed naming the old path; an LLM cache went there)
+        config = record.config.model_copy(update={"store": config.store})
         check_recorded_plugins(config, f"--resume {resume_run}")
         resume = read_resume_state(layout.run_dir(resume_run) / "journal.jsonl")
         resumed = record.resumed + 1
