@@ -118,6 +118,8 @@ class _Follower:
                     lines, at_end = self.tail.read()
                 except NotRegularFileError as error:  # a FIFO, a device: never waited on
                     return Ending(unreadable=str(error))
+                except OSError as error:  # unreadable (its mode): a traceback before
+                    return Ending(unreadable=f"cannot read {self.tail.path}: {error.strerror}")
                 fresh = fresh or bool(lines)
                 first = self.tail.line_number - len(lines) + 1
                 for number, line in enumerate(lines, start=first):
