@@ -167,3 +167,30 @@ def test_fsck_reads_a_large_journal_a_line_at_a_time(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert result.clean, result.problems  # a torn last line of a running run is no damage
     assert peak < 4 << 20, peak  # the records held whole took 44 MB
+
+
+def test_fsck_names_a_folder_of_objects_it_cannot_list_and_checks_the_rest(
+    tmp_path: Path,
+) -> None:
+    # Found by review: one fan-out folder its mode closed made the whole check one line,
+    # "--store ...: cannot be checked: Permission denied", naming no folder, exit 2.
+    import os
+    import shutil
+
+    root = [] if os.geteuid() else ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    if root and shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv lists every folder")
+    store = BlobStore(tmp_path)
+    closed = store.path_of(store.put_bytes(b"closed")).parent
+    writable = store.path_of(store.put_bytes(b"left writable"))
+    writable.chmod(0o644)
+    closed.chmod(0)
+    try:
+        command = [*root, sys.executable, "-m", "evolane", "fsck", "--store", str(tmp_path)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    finally:
+        closed.chmod(0o755)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    said = f"unreadable folder {closed}: Permission denied: its objects were not checked"
+    assert said in lines and f"object {writable}: writable: objects are read-only" in lines

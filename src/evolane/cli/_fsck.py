@@ -195,6 +195,7 @@ def report_lines(problems: list[Problem]) -> list[str]:
             "record": "damaged record",
             "temp": "leftover temp file",
             "name": "misnamed folder",
+            "folder": "unreadable folder",
         }
         line = f"{what.get(problem.kind, problem.kind)} {problem.path}: {problem.reason}"
         if problem.runs:

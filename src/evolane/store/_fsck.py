@@ -50,7 +50,8 @@ class Problem:
     by a repair) or ``journal`` (a damaged line before the last; or a torn last line in a
     finished run, found by `evolane fsck`)."""
 
-    kind: str  # ``missing``: an object a run references is not in the store
+    kind: str  # ``missing``: an object a run references is not in the store; ``folder``:
+    # a fan-out folder of objects that cannot be listed
     path: Path
     reason: str
     digest: str | None = None
@@ -79,7 +80,11 @@ def check_store(root: Path | str, *, repair: bool = False) -> FsckResult:
     root = Path(root)
     result = FsckResult(root)
     bad: list[tuple[Path, str, str]] = []
-    for path, name in _object_files(root / "objects" / "sha256"):
+    for path, name, unreadable in _object_files(root / "objects" / "sha256"):
+        if unreadable is not None:  # a fan-out folder not listable: its objects unchecked
+            why = f"{unreadable}: its objects were not checked"
+            result.problems.append(Problem("folder", path, why))
+            continue
         result.objects += 1
         reason = _object_problem(path, name)
         if reason is not None:
@@ -102,17 +107,24 @@ def check_store(root: Path | str, *, repair: bool = False) -> FsckResult:
     return result
 
 
-def _object_files(objects: Path) -> Iterator[tuple[Path, str]]:
+def _object_files(objects: Path) -> Iterator[tuple[Path, str, str | None]]:
     """Every entry two levels under ``objects`` (``<ab>/<name>``), by a flat scan of each
-    fan-out folder; anything else at the first level is yielded as itself."""
+    fan-out folder; anything else at the first level is yielded as itself. A fan-out folder
+    that cannot be listed is yielded with why (found by review: its mode made the whole
+    check one line, ``cannot be checked: Permission denied``, naming no folder, exit 2)."""
     if not objects.is_dir():
         return
     for fan in sorted(os.scandir(objects), key=lambda e: e.name):
         if not fan.is_dir(follow_symlinks=False):
-            yield Path(fan.path), fan.name
+            yield Path(fan.path), fan.name, None
             continue
-        for entry in sorted(os.scandir(fan.path), key=lambda e: e.name):
-            yield Path(entry.path), entry.name
+        try:
+            entries = sorted(os.scandir(fan.path), key=lambda e: e.name)
+        except OSError as error:
+            yield Path(fan.path), fan.name, error.strerror or str(error)
+            continue
+        for entry in entries:
+            yield Path(entry.path), entry.name, None
 
 
 def _object_problem(path: Path, name: str) -> str | None:
