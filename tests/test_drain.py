@@ -276,3 +276,23 @@ def test_a_job_whose_target_another_run_holds_stays_pending_and_exits_2(tmp_path
     assert job.job_id in result.stderr and "r-other-run" in result.stderr
     assert "stays pending" in result.stderr
     assert [left.state for left in PendingJobs(paths["store"]).list()] == ["pending"]
+
+
+def test_a_deep_half_made_job_folder_goes_when_the_queue_opens(tmp_path: Path) -> None:
+    """Found by review: a job folder with no job.json (a crash as the job was made) is
+    removed when the queue opens; one holding a chain of 3,000 folders made the open fail
+    with RecursionError (``shutil.rmtree`` recurses once per level)."""
+    from evolane.embed._pending import RecordQueue, StoreDirs
+
+    dirs = StoreDirs(tmp_path / "store")
+    deep = dirs.pending / "job-half-made"
+    deep.mkdir(parents=True)
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(3000):  # each level made through its parent's descriptor: no long path
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    RecordQueue.open(dirs, 10).close()
+    assert not deep.exists()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -41,7 +40,13 @@ from pydantic import Field, ValidationError
 from evolane.campaign import CampaignConfig
 from evolane.inputs import InputError, TrajectoryRecord, first_problem
 from evolane.messages import Name, Record, ShortText
-from evolane.store import fsync_dir, read_json, write_bytes_atomic, write_json_atomic
+from evolane.store import (
+    fsync_dir,
+    read_json,
+    remove_tree,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 
 EvolveMode = Literal["shadow", "online"]
 """``shadow``: measure and report, never change the target; ``online``: publish a verified
@@ -247,7 +252,7 @@ class RecordQueue:
             )
             write_json_atomic(folder / JOB_FILE, job)
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_tree(folder)
             raise
         with self._names_lock:  # the job has them (a crash: `open` removes them)
             self.names = self.names[len(names) :]
@@ -294,7 +299,7 @@ def load_jobs(
             continue
         if not (folder / JOB_FILE).exists():
             if clean:
-                shutil.rmtree(folder, ignore_errors=True)
+                remove_tree(folder)
             continue
         try:
             jobs.append(read_job(folder / JOB_FILE))
@@ -367,4 +372,4 @@ def retire_job(dirs: StoreDirs, job: PendingJob) -> Path:
 def _trim(names: Iterable[str], folder: Path) -> None:
     names = list(names)
     for name in names[: max(0, len(names) - KEEP_DONE)]:
-        shutil.rmtree(folder / name, ignore_errors=True)
+        remove_tree(folder / name)  # iterative: however deep
