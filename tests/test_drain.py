@@ -283,6 +283,7 @@ def test_a_deep_half_made_job_folder_goes_when_the_queue_opens(tmp_path: Path) -
     removed when the queue opens; one holding a chain of 3,000 folders made the open fail
     with RecursionError (``shutil.rmtree`` recurses once per level)."""
     from evolane.embed._pending import RecordQueue, StoreDirs
+    from evolane.store import remove_tree
 
     dirs = StoreDirs(tmp_path / "store")
     deep = dirs.pending / "job-half-made"
@@ -294,5 +295,8 @@ def test_a_deep_half_made_job_folder_goes_when_the_queue_opens(tmp_path: Path) -
         os.close(fd)
         fd = inner
     os.close(fd)
-    RecordQueue.open(dirs, 10).close()
-    assert not deep.exists()
+    try:
+        RecordQueue.open(dirs, 10).close()
+        assert not deep.exists()
+    finally:  # pytest's own clean-up of its folders recurses too
+        remove_tree(deep)

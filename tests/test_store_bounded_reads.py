@@ -119,3 +119,25 @@ def test_report_on_a_fifo_run_json_says_so_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(run_json) in lines[0] and "is a FIFO" in lines[0]
+
+
+def test_a_blob_larger_than_its_ref_is_corrupt_read_no_further(tmp_path: Path) -> None:
+    # Found by review: a blob a damaged store held at 64 MiB behind a 10-byte ref (grown,
+    # or another file in its place) was read whole into memory before its digest failed;
+    # `evolane diff` and every read of a tree's file did so, whatever the size.
+    import tracemalloc
+
+    store = BlobStore(tmp_path)
+    ref = store.put_bytes(b"ten bytes!")
+    path = store.path_of(ref)
+    path.unlink()
+    with path.open("wb") as out:
+        out.truncate(64 << 20)  # sparse: no disk used
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptBlobError, match="over its size"):
+            store.read_bytes(ref)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak

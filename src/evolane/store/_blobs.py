@@ -105,10 +105,9 @@ def fsync_dir(directory: Path) -> None:
 
 
 def publish(temp: Path, final: Path) -> bool:
-    """Publish the complete file ``temp`` at ``final`` unless a blob is already there (a hard
-    link: the first writer wins); whether it was placed. On a filesystem without hard links,
-    a rename: still atomic, and a racing writer can only replace the blob with identical
-    bytes. FileNotFoundError when ``final``'s folder does not exist yet."""
+    """Publish the complete file ``temp`` at ``final`` unless a blob is there (a hard link:
+    the first writer wins; without hard links a rename, as atomic: a racer's bytes are the
+    same); whether it was placed. FileNotFoundError when ``final``'s folder is missing."""
     try:
         os.link(temp, final)
     except FileExistsError:
@@ -178,9 +177,8 @@ def deferred_blobs() -> int:
 class BlobStore:
     """Immutable blobs addressed by SHA-256; safe under concurrent writers (threads, processes).
 
-    Writers stream into a unique temp file in ``objects/tmp`` (same filesystem), fsync it,
-    make it read-only and hard-link it into place; the first writer of a digest wins and
-    later ones discard their copy, so readers never observe a partial blob.
+    Writers stream into a unique temp file in ``objects/tmp``, fsync it, make it read-only
+    and hard-link it into place (the first writer wins): readers never see a partial blob.
     """
 
     def __init__(self, root: Path | str, *, deferred: bool = False) -> None:
@@ -351,12 +349,14 @@ class BlobStore:
             raise with_path(error, where) from None
 
     def read_bytes(self, blob: BlobId, *, verify: bool = True) -> bytes:
-        """The blob's whole content, checked against its digest (and size) by default."""
+        """The blob's content, checked against its digest and size (a ref's caps the read)."""
         fd = self._open_fd(blob)  # unbuffered: open, fstat, read, close (one read if small)
         try:
-            data = _read_fd(fd)
+            data = _read_fd(fd, blob.size if verify and isinstance(blob, ArtifactRef) else None)
         except OSError as error:
             raise with_path(error, self.path_of(blob)) from None
+        except BlobTooLargeError:
+            raise CorruptBlobError(f"corrupt blob {self.path_of(blob)}: over its size") from None
         finally:
             os.close(fd)
         if verify:
@@ -476,11 +476,9 @@ def _read_fd(fd: int, max_bytes: int | None = None) -> bytes:
     if len(first) <= size and (max_bytes is None or len(first) <= max_bytes):
         return first  # a short read of a regular file: its end
     chunks, total = [first], len(first)
-    while chunk := os.read(fd, CHUNK_SIZE):
+    while (max_bytes is None or total <= max_bytes) and (chunk := os.read(fd, CHUNK_SIZE)):
         chunks.append(chunk)
         total += len(chunk)
-        if max_bytes is not None and total > max_bytes:
-            break
     if max_bytes is not None and total > max_bytes:
         raise BlobTooLargeError(f"more than {max_bytes} bytes")
     return b"".join(chunks)
