@@ -12,15 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from evolane.campaign import _continue
 from evolane.campaign._advice import after_failure, still_running
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
-from evolane.campaign._continue import (
-    check_budgets,
-    continuable_campaign,
-    earlier_results,
-    host_failed_runs,
-)
+from evolane.campaign._continue import check_budgets, continuable_campaign, earlier_results
 from evolane.campaign._estimate import (
     Estimate,
     UnitHistory,
@@ -156,9 +152,7 @@ def prepare_run(
         return _rerun(layout, config, rerun_from)
     if resume_run is not None:
         record, campaign = _resumable_run(layout, resume_run)
-        # the store it resumes in, not the one it began in (found by review: a store moved
-        # or copied elsewhere failed naming the old path; an LLM cache went there)
-        config = record.config.model_copy(update={"store": config.store})
+        config = record.config.model_copy(update={"store": config.store})  # not its old place
         check_recorded_plugins(config, f"--resume {resume_run}")
         resume = read_resume_state(layout.run_dir(resume_run) / "journal.jsonl")
         resumed = record.resumed + 1
@@ -199,7 +193,7 @@ def prepare_run(
         if campaign.splits is None and plan.carved:  # the campaign's later cycles carve alike
             campaign = campaign.model_copy(update={"splits": plan})
     resume.earlier, resume.earlier_proposals = earlier_results(layout, campaign, record)
-    resume.host_failed = host_failed_runs(layout, campaign, record)
+    resume.host_failed = _continue.host_failed_runs(layout, campaign, record)
     if resume_campaign is not None:  # a --resume with none left ends budget_limited at once
         _check_wall_left(config, campaign.elapsed_seconds)
     return _prepared(
