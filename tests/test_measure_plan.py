@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from evolane.lanes import HOST_REFUSED
 from evolane.measure import SchedulerSettings
 from evolane.measure._plan import (
     Action,
@@ -548,6 +549,46 @@ def test_a_replay_that_cannot_spawn_is_one_shared_failure() -> None:
     assert summary.status == "shared_failure" and "no-such-agent" in summary.message
     assert len(kinds(driver, StartReplay)) == 4
     assert summary.units_blocked == 4 and summary.units_not_run == 32 - 8
+
+
+@pytest.mark.parametrize("stage", ["replay", "judge"])
+def test_a_host_failure_beyond_an_early_stops_cutoff_fails_nothing(stage: str) -> None:
+    # Found by review: a judge the host refused a process, stopped by the run while it
+    # waited to try again (beyond the cutoff), came back with code host_refused: the
+    # measurement early stop had decided ended shared_failure, and its run failed (a
+    # replay so refused as its stop came did the same).
+    plan = MeasurePlan(make_request(), make_settings(40), lanes=8, journaled=True)
+    outcomes = {u.unit_id: Outcome(score=1.0 if u.arm == "candidate" else 0.0) for u in plan.units}
+    driver = Driver(plan, outcomes, checking=False)  # what is held is in flight too
+    driver.take(plan.start())
+    held: list[Any] = []
+    kind = StartReplay if stage == "replay" else StartJudge
+    while driver.pending and plan.early is None:
+        action = driver.pending[0]
+        late = isinstance(action, kind) and plan.unit(action.unit_id).case_index >= 20
+        if late and len(held) < 2:
+            held.append(driver.pending.pop(0))  # still running as the decision comes
+            continue
+        driver.answer(0)
+    assert plan.cutoff == 20 and held and all(a.unit_id in driver.stopped for a in held)
+    said = "the host refused a process"
+    failure = FailureEvent(owner="infrastructure", stage=stage, code=HOST_REFUSED, message=said)
+    for action in held:
+        if stage == "judge":
+            judged = JudgeResult(
+                unit_id=action.unit_id, status="cancelled", source="command", failure=failure
+            )
+            driver.take(plan.handle(UnitJudged(action.unit_id, judged)))
+            continue
+        job = action.job
+        refused = replay_result(job, Outcome(replay="failed")).model_copy(
+            update={"failure": failure}
+        )
+        driver.take(plan.handle(UnitReplayed(job.unit_id, refused)))
+    while driver.pending:
+        driver.answer(0)
+    summary = plan.summary(OUTPUT, 0.0)
+    assert (summary.status, summary.gate.decision) == ("early_stopped", "accept"), summary.message
 
 
 def test_a_cancelled_measurement_starts_nothing_more_and_ends() -> None:

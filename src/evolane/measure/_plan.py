@@ -81,7 +81,10 @@ from evolane.stats import clustered
 
 _HOSTS_FAILURES = ("spawn_failed", "cluster_lost", HOST_REFUSED)
 """Replay failures that are the host's and shared by every unit (tried again by the lane
-first): the measurement stops on one, nothing decided on the pairs it cut short."""
+first): the measurement stops on one, nothing decided on the pairs it cut short. Not one
+of a unit beyond an early stop's cutoff: the run stopped it, the decision is taken (found
+by review: a judge so stopped while it waited to try again after the host refused it a
+process turned the decided measurement into a shared failure, and its run failed)."""
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -186,7 +189,12 @@ class MeasurePlan:
             unit = self._at(event.unit_id, "judging", "rejudging")
             self._judging -= 1
             unit.judge = event.judge
-            if event.judge.failure is not None and event.judge.failure.code == HOST_REFUSED:
+            failure = event.judge.failure
+            if (
+                failure is not None
+                and failure.code == HOST_REFUSED
+                and not self._beyond_cutoff(unit)
+            ):
                 self._stop(
                     "shared_failure", f"{unit.arm} judge failed: {event.judge.failure.message}"
                 )
@@ -301,7 +309,12 @@ class MeasurePlan:
 
     def _replayed(self, unit: Unit, replay: ReplayResult) -> None:
         unit.replay = replay
-        if replay.failure is not None and replay.failure.code in _HOSTS_FAILURES:
+        failure = replay.failure
+        if (
+            failure is not None
+            and failure.code in _HOSTS_FAILURES
+            and not self._beyond_cutoff(unit)
+        ):
             # Stop before this lane is handed back: no further unit may start.
             how = "could not start" if replay.failure.code == "spawn_failed" else "failed"
             why = f"{unit.arm} replay {how}: {replay.failure.message}"
