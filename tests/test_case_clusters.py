@@ -110,6 +110,44 @@ def test_a_cluster_in_two_splits_is_refused_naming_both_lines(tmp_path: Path) ->
         raise AssertionError("a session in train and val was taken")
 
 
+_BEGUN_BEFORE_THE_RULE = """
+import os, sys
+from evolane.campaign import _finish
+from evolane.cli import main
+from evolane.inputs import _dataset
+
+_dataset._Rows.split_cluster = lambda *args, **kwargs: None  # as evolane was before the rule
+_finish._write_report = lambda *args, **kwargs: os._exit(9)  # killed as the report is written
+sys.argv = ["evolane", "optimize", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_run_begun_on_a_cluster_of_two_splits_before_the_rule_resumes(tmp_path: Path) -> None:
+    # Found by review: the rule stranded runs in progress: `--resume` reads the dataset
+    # again, its digest must match, and a cluster of two splits was refused (exit 2).
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    rows = [json.loads(line) for line in paths["dataset"].read_text().splitlines()]
+    for row in rows[:2]:
+        row["metadata"] = {"cluster": "both"}  # a train or val case and the next one
+    rows[1]["split"] = "test" if rows[0]["split"] == "val" else "val"
+    paths["dataset"].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    store = tmp_path / "store"
+    flags = [*toy_flags(paths, store), "--iterations", "1"]
+    assert _run(["optimize", *flags]).returncode == 2  # new work: refused
+    died = subprocess.run(
+        [sys.executable, "-c", _BEGUN_BEFORE_THE_RULE, *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert died.returncode == 9, died.stderr
+    (run,) = (store / "runs").iterdir()
+    resumed = _run(["optimize", "--resume", run.name, "--store", str(store)])
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run / "report.json").read_text())["status"] == "finished"
+
+
 def test_the_preflight_says_how_many_clusters_decide(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, {"default": "noop"}, val=40, test=12)
     _clustered(paths, 4)  # 10 val clusters of 4 cases, 3 test clusters

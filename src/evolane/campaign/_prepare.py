@@ -159,7 +159,7 @@ def prepare_run(
     else:
         config = with_trajectory_cases(config)  # the run's cases, fixed in the store
     gates = check_templates(config)
-    dataset = _dataset(config)
+    dataset = _dataset(config, continued=resume_run is not None or resume_campaign is not None)
     if resume_run is not None:
         if dataset.digest != record.dataset_digest:
             raise InputError(f"--dataset {config.dataset}: changed since run {resume_run} began")
@@ -327,7 +327,7 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
     check_recorded_plugins(config, f"--from-run {run_id}", roles=("judge",))  # all it runs
     config = with_recorded_plugins(config)
     gates = check_templates(config)
-    dataset = _dataset(config)
+    dataset = _dataset(config, continued=True)
     if dataset.digest != old.dataset_digest:
         raise InputError(f"--dataset {config.dataset}: changed since run {run_id}")
     campaign = CampaignState(
@@ -354,7 +354,9 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
     )
 
 
-def _dataset(config: CampaignConfig) -> Dataset:
+def _dataset(config: CampaignConfig, continued: bool = False) -> Dataset:
+    """The run's dataset; ``continued``: earlier work goes on on it, a cluster of two
+    splits included (refused only for new work since 2026-12-06)."""
     target = Path(config.target)
     if link_version(target) is None and not target.exists():  # a bad link says why
         raise InputError(f"--target {config.target}: no such file or directory")
@@ -365,7 +367,7 @@ def _dataset(config: CampaignConfig) -> Dataset:
         raise InputError(f"--dataset {config.dataset}: no such file") from None
     if not stat.S_ISREG(mode):
         raise InputError(f"--dataset {config.dataset}: {describe_mode(mode)}, not a regular file")
-    dataset = load_dataset(config.dataset)
+    dataset = load_dataset(config.dataset, clusters_may_span=continued)
     require_split(dataset, "val")
     return dataset
 

@@ -255,16 +255,24 @@ def load_dataset(
     *,
     max_file_bytes: int = MAX_FILE_BYTES,
     max_line_bytes: int = MAX_LINE_BYTES,
+    clusters_may_span: bool = False,
 ) -> Dataset:
-    """Read and check the JSONL dataset at ``path``; the first problem raises `DatasetError`."""
+    """Read and check the JSONL dataset at ``path``; the first problem raises `DatasetError`.
+    ``clusters_may_span``: a cluster's cases may lie in two splits (a run or campaign begun
+    before that was refused continues on the dataset it began on, rather than stranded)."""
     shown = os.fspath(path)
+    data = _read_bounded(shown, max_file_bytes)
     return parse_dataset(
-        _read_bounded(shown, max_file_bytes), path=shown, max_line_bytes=max_line_bytes
+        data, path=shown, max_line_bytes=max_line_bytes, clusters_may_span=clusters_may_span
     )
 
 
 def parse_dataset(
-    data: bytes, *, path: str = _DEFAULT_PATH, max_line_bytes: int = MAX_LINE_BYTES
+    data: bytes,
+    *,
+    path: str = _DEFAULT_PATH,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    clusters_may_span: bool = False,
 ) -> Dataset:
     """Check JSONL ``data`` (named ``path`` in messages) as `load_dataset` does for a file."""
     rows = _Rows()
@@ -281,7 +289,7 @@ def parse_dataset(
         earlier = rows.add(case.id, case.split, row_json, number)
         if earlier is not None:
             _fail(path, number, f"duplicate id {quote(case.id)} (first on line {earlier})")
-        reason = rows.split_cluster(case, number)
+        reason = None if clusters_may_span else rows.split_cluster(case, number)
         if reason is not None:
             _fail(path, number, reason)
     dataset = Dataset.__new__(Dataset)
