@@ -63,6 +63,9 @@ def _start(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[bytes], Path, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths_env), "HANGPLUG_GATE": gate}
     out, err = tmp_path / "out", tmp_path / "err"
     args = [*toy_flags(paths, tmp_path / "store"), "--iterations", "1", *flags]
+    if "--config" in flags:  # the file says how progress is shown
+        at = args.index("--progress")
+        del args[at : at + 2]
     with out.open("wb") as stdout, err.open("wb") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "evolane", "optimize", *args],
@@ -139,6 +142,18 @@ def test_a_plugin_factory_that_blocks_is_ended_by_ctrl_c(
 def test_a_plugins_print_leaves_jsonl_progress_json(tmp_path: Path) -> None:
     """What an observer prints goes to stderr: every stdout line is a progress event."""
     process, out, err = _start(tmp_path, "--observer", "printer", "--progress", "jsonl")
+    _ended(process, err)
+    lines = out.read_text().splitlines()
+    assert lines and all(json.loads(line)["kind"].startswith("event.") for line in lines)
+    assert "plugin says event.run_finished" in err.read_text()
+
+
+def test_a_plugins_print_leaves_jsonl_progress_from_the_config_file_json(tmp_path: Path) -> None:
+    # Found by review: stdout was kept for JSON lines only when --progress jsonl was a flag,
+    # not when it came from the config file (or a resumed run's stored settings).
+    config = tmp_path / "evolane.toml"
+    config.write_text('progress = "jsonl"\n')
+    process, out, err = _start(tmp_path, "--observer", "printer", "--config", str(config))
     _ended(process, err)
     lines = out.read_text().splitlines()
     assert lines and all(json.loads(line)["kind"].startswith("event.") for line in lines)

@@ -213,10 +213,13 @@ def run_optimize(flags: dict[str, Any], *, estimate_only: bool) -> int:
     from_main = package.LAUNCHED is not None  # the process is ours: a console-script call
     started, package.LAUNCHED = package.LAUNCHED or time.time(), None  # counts starting up
     try:
-        with json_stdout_only(flags.get("progress") == "jsonl"):  # a plugin's print: stderr
+        early = flags.get("progress") == "jsonl"
+        with json_stdout_only(early):  # a plugin's print: stderr
             request = _request(flags, estimate_only)
-            observers = _observers(request, flags)
-            return trio.run(_main, request, flags, started, observers)
+            # jsonl from the config file or a resumed run's settings is known only now
+            with json_stdout_only(not early and flags.get("progress") == "jsonl"):
+                observers = _observers(request, flags)
+                return trio.run(_main, request, flags, started, observers)
     except BaseException as error:  # every error becomes one line and an exit code
         leaf = _leaf(error)
         if isinstance(leaf, KeyboardInterrupt) and _recorded(flags, started):
