@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -13,8 +14,9 @@ import psutil
 import pytest
 import trio
 
-from evolane.sandbox import SandboxHost, SandboxSpec, _spawnd, lease_holders
+from evolane.sandbox import SandboxHost, SandboxSpec, View, _spawnd, lease_holders, open_sandbox
 from evolane.sandbox._spec import ProcessOutcome
+from evolane.store import BlobStore
 from evolane.testing import descendants
 
 
@@ -111,3 +113,13 @@ def as_uid(uid: int, folder: Path, action: Callable[[], bool]) -> bool:
         finally:
             os._exit(code)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+async def run_confined(tmp_path: Path, code: str, spawner: bool, view: View) -> ProcessOutcome:
+    """``code`` run by this Python, confined with ``view``, on a fresh host started with the
+    spawn server (``spawner``) or the launcher chain (60 s at most)."""
+    store = BlobStore(tmp_path / "store")
+    async with open_sandbox(tmp_path / "sandbox", store=store, use_spawner=spawner) as host:
+        spec = SandboxSpec(argv=(sys.executable, "-I", "-c", code), isolation="confined", view=view)
+        with trio.fail_after(60):
+            return await host.run(spec, timeout=50)

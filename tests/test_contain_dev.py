@@ -7,16 +7,14 @@ devices, a pseudo-terminal and POSIX shared memory still work."""
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-import trio
 
-from evolane.sandbox import SandboxSpec, View, open_sandbox
+from evolane.sandbox import View
 from evolane.sandbox._confine import confinement_problem
-from evolane.store import BlobStore
+from tests.sandbox_helpers import run_confined
 
 pytestmark = pytest.mark.skipif(
     confinement_problem() is not None, reason=f"no confinement here: {confinement_problem()}"
@@ -61,15 +59,7 @@ FILL = textwrap.dedent(
 async def test_dev_and_dev_shm_take_no_more_than_the_private_tmp(
     tmp_path: Path, spawner: bool
 ) -> None:
-    store = BlobStore(tmp_path / "store")
-    async with open_sandbox(tmp_path / "sandbox", store=store, use_spawner=spawner) as host:
-        spec = SandboxSpec(
-            argv=(sys.executable, "-I", "-c", FILL),
-            isolation="confined",
-            view=View(tmp_bytes=CAP),
-        )
-        with trio.fail_after(60):
-            outcome = await host.run(spec, timeout=50)
+    outcome = await run_confined(tmp_path, FILL, spawner, View(tmp_bytes=CAP))
     assert outcome.ok, outcome.stderr.text()
     found = json.loads(outcome.stdout.text())
     assert found["/tmp/fill"][1] == "No space left on device", found

@@ -9,16 +9,14 @@ that opens for writing is writable."""
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-import trio
 
-from evolane.sandbox import SandboxSpec, View, open_sandbox
+from evolane.sandbox import View
 from evolane.sandbox._confine import confinement_problem
-from evolane.store import BlobStore
+from tests.sandbox_helpers import run_confined
 
 pytestmark = pytest.mark.skipif(
     confinement_problem() is not None, reason=f"no confinement here: {confinement_problem()}"
@@ -48,15 +46,7 @@ WRITABLE = textwrap.dedent(
 async def test_a_confined_command_writes_no_sysctl(
     tmp_path: Path, network: bool, spawner: bool
 ) -> None:
-    store = BlobStore(tmp_path / "store")
-    async with open_sandbox(tmp_path / "sandbox", store=store, use_spawner=spawner) as host:
-        spec = SandboxSpec(
-            argv=(sys.executable, "-I", "-c", WRITABLE),
-            isolation="confined",
-            view=View(network=network),
-        )
-        with trio.fail_after(60):
-            outcome = await host.run(spec, timeout=50)
+    outcome = await run_confined(tmp_path, WRITABLE, spawner, View(network=network))
     assert outcome.ok, outcome.stderr.text()
     count, read, *some = outcome.stdout.text().split()
     assert (count, read) == ("0", "3"), (count, read, some)

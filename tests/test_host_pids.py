@@ -261,11 +261,17 @@ def test_a_host_that_keeps_refusing_processes_fails_the_run_naming_the_host(
 ) -> None:
     cgroup, _ = limited
     code, report, said = _forking_run(tmp_path / "limited", "always", cgroup)
+    _failed_naming_the_host(code, report, said, "the host refused a process")
+    assert "not --max-procs" in said, said
+    assert not report["decisions"] or all(d["decision"] != "reject" for d in report["decisions"])
+
+
+def _failed_naming_the_host(code: int, report: dict, said: str, words: str) -> None:
+    """The run failed, its campaign paused (resumable), saying ``words``, never the tree's
+    own --max-procs."""
     assert code == 1, said
     assert report["status"] == "failed" and report["campaign_status"] == "paused"
-    assert "the host refused a process" in said and "not --max-procs" in said, said
-    assert "processes limit 512" not in said
-    assert not report["decisions"] or all(d["decision"] != "reject" for d in report["decisions"])
+    assert words in said and "processes limit 512" not in said, said
 
 
 def test_a_judge_the_host_refused_a_process_stops_the_run_naming_the_host(
@@ -275,10 +281,9 @@ def test_a_judge_the_host_refused_a_process_stops_the_run_naming_the_host(
     # of the unit: a candidate's unit so judged counts as 0.
     cgroup, _ = limited
     code, report, said = _forking_run(tmp_path / "limited", "never", cgroup, judge=True)
-    assert code == 1, said
-    assert report["status"] == "failed" and report["campaign_status"] == "paused"
-    assert "judge failed: the judge: the host refused a process" in said, said
-    assert "processes limit 512" not in said
+    _failed_naming_the_host(
+        code, report, said, "judge failed: the judge: the host refused a process"
+    )
 
 
 _NO_THREADS = """

@@ -25,7 +25,7 @@ from evolane.lanes._backends import ENDPOINT_EXIT, BackendCall, run_backend
 from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
 from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
-from evolane.lanes._replay_failure import HOST_REFUSED
+from evolane.lanes._replay_failure import HOST_REFUSED, refusal_wait
 from evolane.lanes._scratch import UnitScratch
 from evolane.lanes._usage import sum_usage
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
@@ -168,7 +168,7 @@ class JudgeLane(CommandLane):
                 if verdict.failure.code.startswith("limit_"):  # it would hit it again
                     break
                 if verdict.failure.code == HOST_REFUSED:  # the host's, for a moment or not
-                    with trio.move_on_after(0.25 * 2 ** (attempt - 1)):
+                    with trio.move_on_after(refusal_wait(attempt - 1)):
                         await stop.wait()
                     if stop.is_set():
                         break

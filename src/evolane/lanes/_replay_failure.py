@@ -47,10 +47,16 @@ def refused_for_now(result: ReplayResult, refusals: int) -> float | None:
     if failure is None or refusals >= SPAWN_REFUSALS:
         return None
     if failure.code == "spawn_failed" and any(said in failure.message for said in _REFUSED):
-        return 0.25 * 2**refusals
+        return refusal_wait(refusals)
     if failure.code == HOST_REFUSED:  # the tree ran: its spend stays charged (`with_spend`)
-        return 0.25 * 2**refusals
+        return refusal_wait(refusals)
     return None
+
+
+def refusal_wait(refusals: int) -> float:
+    """How long a command the host refused (a spawn, a process of its tree) waits before
+    it is tried again, after ``refusals`` such refusals: 0.25, 0.5, 1 s."""
+    return 0.25 * 2**refusals
 
 
 def with_spend(result: ReplayResult, ran_before: list[ReplayResult]) -> ReplayResult:
