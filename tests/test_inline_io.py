@@ -263,7 +263,7 @@ async def test_a_command_replays_small_output_is_stored_inline_a_big_one_in_a_th
     rows = [{"id": f"c{i}", "input": i, "expected_output": 1} for i in range(4)]
     # Cases 0-1 leave one file; cases 2-3 one more than the inline bound.
     script = (
-        'echo 1 > "$1"/output.json; grep -q "input.:[01]," "$2" || '
+        'echo 1 > "$1"/output.json; grep -q "input.:[01][,}}]" "$2" || '
         f'for n in $(seq {INLINE_FILES}); do echo $n > "$1"/f$n; done'
     )
     settings = MeasureSettings(

@@ -100,8 +100,10 @@ class Case(Record):
         )
 
 
-ANSWER_FIELDS = ("expected_output", "verification_command")
-"""The fields a replay never sees (`case_row` and `without_answers` leave them out)."""
+ANSWER_FIELDS = ("expected_output", "verification_command", "split")
+"""The fields a replay never sees (`case_row` and `without_answers` leave them out): the
+answers, and the split, which told a tree whether its case is val or test (it could answer
+well only where the gate or the confirmation looks; found by review)."""
 RECORDED_FIELDS = ("outcome", "score", "trace_reason", "source")
 """The ``metadata`` keys a replay never sees either: what a trace recorded of the turn (its
 status, score, the judge's reason and the end of its wrong answer) and where (its file and
@@ -114,8 +116,9 @@ alike, a gain no production request gives."""
 def case_row(case: Case, *, include_answers: bool = True) -> dict[str, JsonValue]:
     """The case as a JSON row: absent optional fields are left out, ``split`` is always there.
 
-    ``include_answers=False`` also leaves out ``expected_output`` and ``verification_command``,
-    and the recorded outcome in ``metadata`` (`RECORDED_FIELDS`).
+    ``include_answers=False`` (a replay's copy) also leaves out ``expected_output``,
+    ``verification_command`` and ``split`` (`ANSWER_FIELDS`), and the recorded outcome in
+    ``metadata`` (`RECORDED_FIELDS`).
     """
     row: dict[str, JsonValue] = {"id": case.id, "input": case.input, "split": case.split}
     optional = {

@@ -1,0 +1,98 @@
+"""What a replay is given does not tell it the split of its case. Found by review (hostile
+commands run through ``evolane optimize``): a replay's ``{case_file}`` held ``"split": "val"``
+or ``"test"``, so a tree could answer well only where the gate or the confirmation looks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.campaign_helpers import run_optimize, shared_folder
+
+SPY = textwrap.dedent(
+    """
+    import json, os, sys, tempfile
+    def spy(role, **seen):
+        seen.update(role=role, cwd=os.getcwd(), argv=sys.argv[1:],
+                    env={k: v for k, v in os.environ.items() if k.startswith(("EVOLANE", "HOME"))})
+        handle, _ = tempfile.mkstemp(dir=LOG, prefix=role + ".", suffix=".json")
+        os.write(handle, json.dumps(seen).encode())
+        os.close(handle)
+    """
+)
+
+AGENT = """import json, os, sys
+from spy import spy
+case_file, out = sys.argv[1:3]
+text = open(case_file).read()
+spy("replay", case=text)
+n = json.loads(text)["input"]["n"]
+ans = n * 2 if n % 3 != KNOWN else -1
+json.dump(ans, open(os.path.join(out, "output.json"), "w"))
+"""
+
+JUDGE = """import json, os, sys
+from spy import spy
+spy("judge")
+case = json.load(open(sys.argv[1]))
+answer = json.load(open(os.path.join(sys.argv[2], "output.json")))
+print(json.dumps({"score": 1.0 if answer == case["expected_output"] else 0.0}))
+"""
+
+OPTIMIZER = """import sys
+from spy import spy
+spy("optimizer")
+src = open("agent.py").read()
+open("agent.py", "w").write(src.replace("KNOWN = 2", "KNOWN = 9") + "# edit\\n")
+"""
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
+    """One campaign (train 8, val 12, test 8; two iterations), what each command saw."""
+    root = tmp_path_factory.mktemp("holdout")
+    log, tools = shared_folder(root / "log"), root / "tools"
+    tools.mkdir()
+    (tools / "spy.py").write_text(f"LOG = {str(log)!r}\n{SPY}")
+    reach = f"import sys\nsys.path.insert(0, {str(tools)!r})\n"  # python -I: no script folder
+    (tools / "judge.py").write_text(reach + JUDGE)
+    (tools / "opt.py").write_text(reach + OPTIMIZER)
+    (root / "agent").mkdir()
+    (root / "agent" / "agent.py").write_text(f"{reach}KNOWN = 2\n{AGENT}")
+    rows = []
+    for n in range(28):  # k00-k07 train, k08-k19 val, k20-k27 test
+        split = "train" if n < 8 else "val" if n < 20 else "test"
+        row = {"id": f"k{n:02d}", "input": {"n": n}, "expected_output": 2 * n, "split": split}
+        rows.append(row)
+    (root / "cases.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    python = f"{sys.executable} -I"
+    done = run_optimize([
+        "--target", str(root / "agent"), "--dataset", str(root / "cases.jsonl"),
+        "--store", str(root / "store"), "--iterations", "2", "--population", "1",
+        "--progress", "none", "--expose", str(tools), "--expose-rw", str(log),
+        "--replay", f"{python} {{candidate}}/agent.py {{case_file}} {{output_dir}}",
+        "--judge", f"{python} {tools / 'judge.py'} {{case_file}} {{output_dir}}",
+        "--optimizer", f"{python} {tools / 'opt.py'}",
+    ])  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = [json.loads(path.read_text()) for path in sorted(log.glob("*.json"))]
+    return root, seen
+
+
+def _of(seen: list[dict[str, object]], role: str) -> list[dict[str, object]]:
+    views = [view for view in seen if view["role"] == role]
+    assert views, f"no {role} ran"
+    return views
+
+
+def test_a_replay_is_not_told_the_split_of_its_case(campaign: tuple[Path, list]) -> None:
+    _, seen = campaign
+    cases = [json.loads(str(view["case"])) for view in _of(seen, "replay")]
+    assert {case["id"] for case in cases} >= {"k00", "k08", "k20"}  # train, val, test
+    for case in cases:
+        assert set(case) <= {"id", "input", "metadata"}, case
