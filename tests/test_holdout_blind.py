@@ -1,6 +1,13 @@
-"""What a replay is given does not tell it the split of its case. Found by review (hostile
-commands run through ``evolane optimize``): a replay's ``{case_file}`` held ``"split": "val"``
-or ``"test"``, so a tree could answer well only where the gate or the confirmation looks.
+"""What a command is given tells it neither the split of its case nor the arm and
+measurement of its unit. Found by review (hostile commands run through ``evolane optimize``):
+
+- a replay's ``{case_file}`` held ``"split": "val"`` or ``"test"``: a tree could answer
+  well only where the gate or the confirmation looks;
+- a judge's folder (its working directory, ``{case_file}``, ``{output_dir}``,
+  ``EVOLANE_USAGE_FILE``) was named by the unit id (``c1.i0.base.3.0.b-judge.1``): a judge
+  that runs the candidate's code or the replay's answer (``pytest {candidate}``, a
+  verification command running the output) handed it the arm, so a tree could fail as its
+  own baseline, as replays could before their names were made opaque.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from evolane.store import read_journal
 from tests.campaign_helpers import run_optimize, shared_folder
 
 SPY = textwrap.dedent(
@@ -96,3 +104,21 @@ def test_a_replay_is_not_told_the_split_of_its_case(campaign: tuple[Path, list])
     assert {case["id"] for case in cases} >= {"k00", "k08", "k20"}  # train, val, test
     for case in cases:
         assert set(case) <= {"id", "input", "metadata"}, case
+
+
+def test_a_judge_is_not_told_the_arm_measurement_or_split_of_its_unit(
+    campaign: tuple[Path, list],
+) -> None:
+    root, seen = campaign
+    units = {
+        str(record["unit"])
+        for journal in (root / "store" / "runs").glob("*/journal.jsonl")
+        for record in read_journal(journal).records
+        if "unit" in record
+    }
+    assert any(unit.endswith(".b") for unit in units) and any(u.endswith(".c") for u in units)
+    views = _of(seen, "judge")
+    assert {view["env"]["EVOLANE_CASE_ID"] for view in views} >= {"k00", "k08", "k20"}
+    for view in views:
+        text = json.dumps(view)
+        assert not [unit for unit in units if unit in text], view

@@ -26,7 +26,7 @@ from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_ov
 from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._replay_failure import HOST_REFUSED, refusal_wait
-from evolane.lanes._scratch import UnitScratch
+from evolane.lanes._scratch import UnitScratch, replay_name
 from evolane.lanes._usage import sum_usage
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
 from evolane.sandbox import ProcessOutcome
@@ -202,7 +202,7 @@ class JudgeLane(CommandLane):
     async def _attempt(
         self, job: JudgeJob, attempt: int, deadline: float, stop: trio.Event
     ) -> tuple[str, _Verdict]:
-        scratch = UnitScratch(self.host, self.store, job.unit_id + "-judge", attempt)
+        scratch = UnitScratch(self.host, self.store, replay_name(job) + "-judge", attempt)
         template = self.settings.template
         wants_candidate = template is not None and "candidate" in template.placeholders
         tree_ref = job.tree_ref if wants_candidate else None

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import orjson
 
-from evolane.messages import ArtifactRef, ProposeJob, ReplayJob
+from evolane.messages import ArtifactRef, JudgeJob, ProposeJob, ReplayJob
 from evolane.sandbox import SandboxHost, materialize_workspace
 from evolane.store import BlobStore, materialize_tree, remove_tree
 
@@ -51,8 +51,9 @@ def _secret(key: str) -> bytes:
     return hashlib.sha256(b"evolane-unit-name:" + key.encode()).digest()
 
 
-def replay_name(job: ReplayJob) -> str:
-    """`ReplayJob.name`, else a random one (a job built without the run's key)."""
+def replay_name(job: ReplayJob | JudgeJob) -> str:
+    """The job's opaque ``name`` (`ReplayJob.name`, `JudgeJob.name`), else a random one (a
+    job built without the run's key)."""
     return job.name or blind_name(secrets.token_hex(16), job.unit_id)
 
 

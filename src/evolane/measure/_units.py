@@ -196,6 +196,7 @@ def judge_job(settings: SchedulerSettings, unit: Unit) -> JudgeJob:
         tree_ref=unit.tree_ref,
         timeout_seconds=settings.judge_timeout,
         seed=pair_seed(settings, unit),
+        name=blind_name(settings.fingerprint, unit.unit_id),
     )
 
 

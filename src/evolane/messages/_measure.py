@@ -181,6 +181,11 @@ class JudgeJob(Message):
     tree_ref: ArtifactRef
     seed: int = Field(ge=0, le=2**63 - 1)
     timeout_seconds: float = Field(gt=0, le=86_400)
+    name: Name | None = None
+    """What a judge command sees of the unit (its folder's name, with ``-judge``): its
+    replay's opaque name (`ReplayJob.name`), never the unit id; None: a random one. A judge
+    may run the candidate's code or the replay's output (``pytest {candidate}``, a
+    verification command running an answer), which must not learn its arm or split."""
 
 
 class JudgeResult(Message):
