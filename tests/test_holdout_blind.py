@@ -1,5 +1,6 @@
-"""What a command is given tells it neither the split of its case nor the arm and
-measurement of its unit. Found by review (hostile commands run through ``evolane optimize``):
+"""What a command is given tells it neither the split of its case, nor the arm and
+measurement of its unit, nor how many commands ran before it. Found by review (hostile
+commands run through ``evolane optimize``):
 
 - a replay's ``{case_file}`` held ``"split": "val"`` or ``"test"``: a tree could answer
   well only where the gate or the confirmation looks;
@@ -7,7 +8,11 @@ measurement of its unit. Found by review (hostile commands run through ``evolane
   ``EVOLANE_USAGE_FILE``) was named by the unit id (``c1.i0.base.3.0.b-judge.1``): a judge
   that runs the candidate's code or the replay's answer (``pytest {candidate}``, a
   verification command running the output) handed it the arm, so a tree could fail as its
-  own baseline, as replays could before their names were made opaque.
+  own baseline, as replays could before their names were made opaque;
+- every command's ``HOME`` and ``EVOLANE_LEASE`` counted the commands the run had started
+  (``optimizer-153-4fa08b``): an optimizer that kept its count in its edit (a rejected edit
+  comes back as its diff) learnt how many val units the last candidates took, the early
+  stop's verdict in part, which honest splits withhold.
 """
 
 from __future__ import annotations
@@ -122,3 +127,15 @@ def test_a_judge_is_not_told_the_arm_measurement_or_split_of_its_unit(
     for view in views:
         text = json.dumps(view)
         assert not [unit for unit in units if unit in text], view
+
+
+def test_no_command_is_told_how_many_commands_ran_before_it(campaign: tuple[Path, list]) -> None:
+    _, seen = campaign
+    assert len(_of(seen, "optimizer")) == 2
+    for view in seen:
+        env = view["env"]
+        for name in (Path(env["HOME"]).parent.name, env["EVOLANE_LEASE"].rsplit("/", 1)[-1]):
+            label, *rest = name.split("-")
+            assert label == view["role"], name
+            counts = [part for part in rest if part.isdecimal() and len(part) < 20]
+            assert not counts, name  # the random part is 20 hex digits

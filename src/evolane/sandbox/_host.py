@@ -133,7 +133,6 @@ class SandboxHost:
         self.cgroups = (
             CgroupRoots.detect(self.lease) if use_cgroups else CgroupRoots(None, None, None)
         )
-        self._counter = itertools.count(1)
         # Hosts rarely share a uid: each starts at its own random place in the span.
         self._uids = itertools.count(secrets.randbelow(UNIT_UID_SPAN))
         self.active_leaders: set[int] = set()
@@ -192,9 +191,13 @@ class SandboxHost:
         self._janitor.settle()
 
     def unit_name(self, label: str) -> str:
-        """A unique, filesystem- and lease-safe name for the next unit."""
+        """A unique, filesystem- and lease-safe name for the next unit: its label and 80
+        random bits, never a count (a command sees its name in ``HOME`` and
+        ``EVOLANE_LEASE``: a count of the commands before it told an optimizer how many val
+        units the last candidates were measured on, the early stop's verdict in part;
+        found by review)."""
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in label)[:40] or "unit"
-        return f"{safe}-{next(self._counter)}-{secrets.token_hex(3)}"
+        return f"{safe}-{secrets.token_hex(10)}"
 
     def unit_uid(self) -> int:
         """The uid the next ``drop_root`` command runs as when evolane is root: one per unit,
