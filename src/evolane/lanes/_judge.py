@@ -275,13 +275,13 @@ class JudgeLane(CommandLane):
         """In a thread: the case, and the exact-match verdict (detail stored) when that is how
         it is judged, read straight from the store when ``output.json`` is a plain file; else
         the unit's scratch directory for a command. One thread hop either way."""
-        if no_command:
-            case = orjson.loads(self.store.read_bytes(job.case_ref))
-            if not case.get("verification_command"):
-                answer = _stored_answer(self.store, job.output_ref)
-                if answer is not None:
-                    return case, self._with_detail(_exact_match(case, answer))
-        case = scratch.prepare(job.case_ref, tree_ref, None, job.output_ref)
+        stored = orjson.loads(self.store.read_bytes(job.case_ref)) if no_command else None
+        if stored is not None and not stored.get("verification_command"):
+            answer = _stored_answer(self.store, job.output_ref)
+            if answer is not None:
+                return stored, self._with_detail(_exact_match(stored, answer))
+        named = _names_case_file(self.settings.template, stored)
+        case = scratch.prepare(job.case_ref, tree_ref, None, job.output_ref, case_file=named)
         if not no_command or case.get("verification_command"):
             return case, None
         answer = scratch.out / "output.json"  # laid out by us: its links stay inside
@@ -324,9 +324,7 @@ class JudgeLane(CommandLane):
         self, command: str, scratch: UnitScratch, job: JudgeJob, deadline: float, stop: trio.Event
     ) -> _Verdict:
         try:
-            template = CommandTemplate.parse(
-                command, role="verification", allowed=VERIFICATION_PLACEHOLDERS
-            )
+            template = _verification_template(command)
         except TemplateError as error:
             return _Verdict(
                 None,
@@ -371,6 +369,27 @@ def command_verdict(outcome: ProcessOutcome, backend: bool = False) -> _Verdict:
     if stdout.truncated:  # the last-line rule holds for any size: read the tail
         return parse_judge_output(stdout.tail, complete=False)
     return parse_judge_output(stdout.head + stdout.tail)  # all of it: nothing was dropped
+
+
+def _names_case_file(template: CommandTemplate | None, case: dict[str, Any] | None) -> bool:
+    """Whether the judge's command (``template``, else ``case``'s verification command)
+    names ``{case_file}``. None is laid out for one that does not: it may run the
+    candidate's code or the replay's answer, which read the answers in it (found by review:
+    ``python3 {output_dir}/solution.py`` printed ``../case.json``'s expected output)."""
+    if template is not None:
+        return "case_file" in template.placeholders
+    command = case.get("verification_command") if case is not None else None
+    if not isinstance(command, str):
+        return False  # exact match: judged here, from the case row
+    try:
+        return "case_file" in _verification_template(command).placeholders
+    except TemplateError:
+        return True  # refused as bad_verification, as before
+
+
+def _verification_template(command: str) -> CommandTemplate:
+    """A case's verification command parsed (`TemplateError` when it is no template)."""
+    return CommandTemplate.parse(command, role="verification", allowed=VERIFICATION_PLACEHOLDERS)
 
 
 def _lay_out_output(store: BlobStore, scratch: UnitScratch, job: JudgeJob) -> None:

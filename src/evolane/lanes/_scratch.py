@@ -96,11 +96,14 @@ class UnitScratch:
         seed_ref: ArtifactRef | None,
         output_ref: ArtifactRef | None = None,
         leftover: Path | None = None,
+        *,
+        case_file: bool = True,
     ) -> dict[str, Any]:
         """Lay the unit out and return the case row (blocking I/O: run it in a thread).
 
         ``leftover``, a worker's previous scratch directory, is removed first. After
-        `share_candidate`, ``tree_ref`` is not copied."""
+        `share_candidate`, ``tree_ref`` is not copied. ``case_file=False`` writes no
+        ``case.json`` (a judge command that does not name it)."""
         if leftover is not None:
             remove_tree(leftover)
         try:
@@ -109,7 +112,8 @@ class UnitScratch:
             remove_tree(self.dir)
             self.dir.mkdir(parents=True)
         case_bytes = self.store.read_bytes(case_ref)
-        self.case_file.write_bytes(case_bytes)
+        if case_file:
+            self.case_file.write_bytes(case_bytes)
         if not self.shared:
             materialize_workspace(self.store, tree_ref, (), self.candidate)
         materialize_workspace(self.store, seed_ref, (), self.work)
