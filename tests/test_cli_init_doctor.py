@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -112,6 +113,17 @@ def test_the_starter_dataset_repeats_no_input_across_its_splits(tmp_path: Path) 
     rows = [json.loads(line) for line in (root / "dataset.jsonl").read_text().splitlines()]
     inputs = [json.dumps(row["input"], sort_keys=True) for row in rows]
     assert len(set(inputs)) == len(rows) == 42
+
+
+def test_the_starter_case_ids_do_not_name_their_split(tmp_path: Path) -> None:
+    """A replay sees its case's id (``EVOLANE_CASE_ID``, ``{case_file}``): the starter a user
+    copies named each case by its split (``test-en-12``), so a tree could tell val and test
+    cases from train (found by review)."""
+    root = _init(tmp_path)
+    rows = [json.loads(line) for line in (root / "dataset.jsonl").read_text().splitlines()]
+    for row in rows:
+        words = set(re.split(r"[^a-z]+", row["id"].lower()))
+        assert not words & {"train", "val", "test"}, row["id"]
 
 
 @pytest.mark.parametrize(

@@ -126,7 +126,7 @@ def dataset_rows() -> list[dict[str, object]]:
                 greeted[lang] += 1
                 rows.append(
                     {
-                        "id": f"{split}-{lang}-{index:02d}",
+                        "id": f"{lang}-{index:02d}",  # no split: a replay sees the id
                         "input": {"name": name, "lang": lang},
                         "expected_output": f"{word}, {name}!",
                         "split": split,
