@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import trio
@@ -22,7 +27,7 @@ from evolane.campaign._held_out import (
 )
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.inputs import Case, Dataset, case_json, load_dataset
-from tests.campaign_helpers import toy_config, write_toy
+from tests.campaign_helpers import run_optimize, toy_config, toy_flags, with_flag, write_toy
 
 
 async def _run(request: RunRequest) -> RunOutcome:
@@ -114,3 +119,89 @@ def test_the_split_digest_is_of_the_test_rows_alone_in_file_order() -> None:
     assert held_out_digest(first) == held_out_digest(second) == expected
     assert list(first.split_rows("test")) == rows
     assert held_out_digest(Dataset(cases("x")[1:2])) is None
+
+
+def _holding_replay(log: Path, hold: Path) -> str:
+    """The toy's replay, recording each unit to ``log`` and, while ``hold`` exists, hanging
+    on the test cases (a test measurement begun, cut short by the kill)."""
+    wait = f'case "$EVOLANE_CASE_ID" in test*) if [ -e {hold} ]; then sleep 600; fi;; esac; '
+    return (
+        f'sh -c \'echo "$EVOLANE_UNIT" >> {log}; {wait}cat "$1/$EVOLANE_CASE_ID" > '
+        '"$2/output.json"\' replay {candidate} {output_dir}'
+    )
+
+
+def _test_measured(store: Path) -> bool:
+    events = list(store.glob("runs/*/events.jsonl"))
+    return bool(events) and '"c0.final.test"' in events[0].read_text()
+
+
+def _killed_in_the_test_measurement(flags: list[str], store: Path) -> Path:
+    """Start ``evolane optimize`` with ``flags``, SIGKILL it once its test measurement began;
+    its run's folder."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "evolane", "optimize", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300  # a guard against a hang, not a timing figure
+        while not _test_measured(store):
+            assert process.poll() is None, "the run ended before its test measurement"
+            assert time.monotonic() < deadline, "the test measurement never began"
+            time.sleep(0.05)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    (run_dir,) = (store / "runs").iterdir()
+    return run_dir
+
+
+def test_a_run_killed_during_its_test_measurement_has_spent_the_split(tmp_path: Path) -> None:
+    # Found by review: the ledger recorded a confirmation only at the run's end, so a user
+    # who killed a run whose test measurement was going badly and started over confirmed
+    # on the same test cases at a fresh alpha, and no preflight said so.
+    paths = write_toy(tmp_path, {"default": "overfit:8"})  # accepted on val: tested
+    store, logs = tmp_path / "store", tmp_path / "logs"
+    logs.mkdir()
+    log, hold = logs / "replays.log", logs / "hold"
+    hold.touch()
+    flags = [*toy_flags(paths, store, log=log), "--iterations", "1", "--population", "1"]
+    flags = with_flag(flags, "--replay", _holding_replay(log, hold))
+    flags = with_flag(flags, "--apply", "verified_only")
+    run_dir = _killed_in_the_test_measurement(flags, store)
+    killed = json.loads((run_dir / "run.json").read_text())["campaign_id"]
+    digest = held_out_digest(load_dataset(paths["dataset"]))
+    assert digest is not None
+    ledger = read_uses(store, digest)  # journaled before the first test replay
+    assert ledger is not None and [(u.campaign_id, u.finished) for u in ledger.uses] == [
+        (killed, False)
+    ]
+    assert ledger.uses[0].level == 0.05 and not ledger.uses[0].confirmed
+
+    hold.unlink()
+    again = run_optimize(flags)  # starting over: told of the look, charged its level
+    assert again.returncode == 0, again.stderr
+    report = json.loads(next(p for p in (store / "runs").glob("*/report.json")).read_text())
+    assert report["campaign_id"] != killed
+    assert (
+        "these 6 test cases ran 1 earlier confirmation(s) in this store (0 confirmed, 1 cut "
+        f"short during the test measurement; {killed}); each campaign bounds only its own "
+        "no-gain publish at 0.05: over all of them up to 0.1;"
+    ) in report["error_control"]
+
+
+def test_a_test_measurement_that_began_is_replaced_by_its_verdict_never_the_reverse(
+    tmp_path: Path,
+) -> None:
+    began = ConfirmUse(
+        campaign_id="c-1", run_id="r-1", tree="tree-a", level=0.05, p_value=1.0,
+        confirmed=False, finished=False,
+    )  # fmt: skip
+    verdict = began.model_copy(update={"p_value": 0.01, "confirmed": True, "finished": True})
+    record_use(tmp_path, "sha256:ab", 6, began)
+    record_use(tmp_path, "sha256:ab", 6, began)  # a resume begins it again: one entry
+    record_use(tmp_path, "sha256:ab", 6, verdict)  # the resumed run's verdict replaces it
+    record_use(tmp_path, "sha256:ab", 6, began)  # a later begin never hides the verdict
+    ledger = read_uses(tmp_path, "sha256:ab")
+    assert ledger is not None and ledger.uses == (verdict,)

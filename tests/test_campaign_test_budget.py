@@ -18,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._held_out import REUSED, held_out_digest, read_uses
+from evolane.campaign._held_out import REUSED, ConfirmUse, held_out_digest, read_uses, record_use
+from evolane.campaign._report import Report
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.campaign._shares import ShareBook
 from evolane.campaign._test_budget import peek_split, reserve_split
@@ -110,15 +111,21 @@ async def test_a_store_campaign_after_confirmations_outside_the_budget_says_so(
     assert "up to 0.12;" in later.error_control  # 0.05 + 0.025 before, 0.05 now
 
 
-async def test_a_campaign_that_never_reaches_a_confirmation_gives_its_share_back(
-    tmp_path: Path,
-) -> None:
+async def _paused(tmp_path: Path) -> tuple[dict[str, Path], CampaignConfig, Report]:
+    """A store campaign of two cycles whose first chose no best: paused, holding share 1."""
     paths = write_toy(tmp_path, {"default": "noop"})  # nothing accepted: the seed is the best
-    store = tmp_path / "store"
-    config = _config(paths, store, max_improvement_cycles=2)
+    config = _config(paths, tmp_path / "store", max_improvement_cycles=2)
     first = (await _run(RunRequest(config))).report
     assert first is not None and first.confirmation is None
     assert first.campaign_status == "paused"  # it may go on: it keeps its share
+    return paths, config, first
+
+
+async def test_a_campaign_that_never_reaches_a_confirmation_gives_its_share_back(
+    tmp_path: Path,
+) -> None:
+    paths, config, first = await _paused(tmp_path)
+    store = Path(config.store)
     assert _shares(store, paths["dataset"]) == {first.campaign_id: (1, "reserved")}
     last = (await _run(RunRequest(config, resume_campaign=first.campaign_id))).report
     assert last is not None and last.campaign_status == "complete"
@@ -130,14 +137,31 @@ async def test_a_campaign_that_never_reaches_a_confirmation_gives_its_share_back
     assert report.confirmation.level == pytest.approx(_level(1))  # the share given back
 
 
+async def test_a_campaign_whose_test_measurement_began_never_gives_its_share_back(
+    tmp_path: Path,
+) -> None:
+    # A look at the test split spends the share whether or not a verdict followed: a run
+    # killed during its test measurement (the ledger's unfinished entry) and a campaign
+    # that then ended without a recorded confirmation gave the share back before.
+    paths, config, first = await _paused(tmp_path)
+    store = Path(config.store)
+    digest = held_out_digest(load_dataset(paths["dataset"]))
+    assert digest is not None
+    began = ConfirmUse(
+        campaign_id=first.campaign_id, run_id=first.run_id, tree="tree-" + "a" * 32,
+        level=_level(1), p_value=1.0, confirmed=False, finished=False,
+    )  # fmt: skip
+    record_use(store, digest, 6, began)
+    last = (await _run(RunRequest(config, resume_campaign=first.campaign_id))).report
+    assert last is not None and last.campaign_status == "complete"
+    assert _shares(store, paths["dataset"]) == {first.campaign_id: (1, "spent")}
+
+
 async def test_a_continued_campaign_keeps_its_share_and_cannot_leave_the_budget(
     tmp_path: Path,
 ) -> None:
-    paths = write_toy(tmp_path, {"default": "noop"})
-    store = tmp_path / "store"
-    config = _config(paths, store, max_improvement_cycles=2)
-    first = (await _run(RunRequest(config))).report
-    assert first is not None and first.campaign_status == "paused"
+    paths, config, first = await _paused(tmp_path)
+    store = Path(config.store)
     paths["plan"].write_text(json.dumps({"default": "overfit:8"}))
     between = (await _run(RunRequest(_config(paths, store)))).report  # takes share 2
     assert between is not None and between.confirmation is not None

@@ -26,7 +26,7 @@ from evolane.campaign._book import (
     arm_score,
     first_failure,
 )
-from evolane.campaign._confirm import confirm_best, confirm_repetitions
+from evolane.campaign._confirm import confirm_best, confirm_repetitions, tested_before
 from evolane.campaign._peers import Peers
 from evolane.campaign._prompt import (
     build_prompt,
@@ -46,6 +46,7 @@ from evolane.campaign._types import (
     slot_event,
 )
 from evolane.messages import (
+    ArtifactRef,
     CampaignDone,
     MeasureRequest,
     Message,
@@ -325,6 +326,7 @@ class _Cycle:
             if split == "test" and confirming:
                 reps = (confirm_repetitions(self.config, self.s.test_cases),) * 2
                 baseline = self.s.replaced_by(best)
+                await self._test_begins(best)
             request = MeasureRequest(
                 measurement_id=f"c{self.s.cycle}.final.{split}",
                 baseline_ref=baseline,
@@ -361,6 +363,19 @@ class _Cycle:
                         worst=worst,
                     )
         state.scores = Scores(**scores)
+
+    async def _test_begins(self, best: ArtifactRef) -> None:
+        """Record in the test split's ledger that ``best``'s confirmation begins, at the level
+        it is tested at, before any test replay runs (a tree tested before keeps its verdict:
+        no new level is spent on it)."""
+        begins = self.services.test_begins
+        budget = self.s.confirmation_budget()
+        if begins is None or tested_before(budget, best) is not None:
+            return
+        level = budget.next_level
+        warning = await trio.to_thread.run_sync(begins, best.digest, level)
+        if warning is not None:
+            self.peers.emit(WarningEvent(run_id=self.s.run_id, message=warning[:256]))
 
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:

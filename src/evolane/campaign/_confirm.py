@@ -174,7 +174,13 @@ def tested_before(budget: OnlineBudget | None, best: ArtifactRef) -> OnlineTest 
 
 
 def _slot(best: ArtifactRef) -> str:
-    return "tree-" + best.digest.rsplit(":", 1)[-1][:32]
+    return tree_slot(best.digest)
+
+
+def tree_slot(digest: str) -> str:
+    """``tree-<hex32>``: how a confirmation names the tree of ``digest`` (its budget's
+    slot, its entry in the test split's ledger)."""
+    return "tree-" + digest.rsplit(":", 1)[-1][:32]
 
 
 def confirm_best(

@@ -18,13 +18,15 @@ before and the union bound over those confirmations and this campaign's (`reuse_
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import Field, ValidationError
 
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._confirm import ConfirmationRecord
+from evolane.campaign._confirm import ConfirmationRecord, tree_slot
 from evolane.campaign._online import OnlineBudget, campaign_alpha, resolved_mode
 from evolane.campaign._runs import RunRecord
 from evolane.campaign._shares import ShareBook
@@ -42,7 +44,9 @@ ONLINE_USE = "online"
 
 class ConfirmUse(Record):
     """One confirmation on a test split: the campaign, run and tree (``tree-<hex32>``) it
-    tested, its level and p-value, and whether it confirmed."""
+    tested, its level and p-value, and whether it confirmed. ``finished`` False: its test
+    measurement began and no verdict was recorded yet (a run killed or stopped during it:
+    the look at the split spent its level all the same; p-value 1, not confirmed)."""
 
     campaign_id: Name
     run_id: Name
@@ -50,6 +54,7 @@ class ConfirmUse(Record):
     level: float = Field(ge=0.0, le=1.0)
     p_value: float = Field(ge=0.0, le=1.0)
     confirmed: bool
+    finished: bool = True
 
 
 class ConfirmLedger(Record):
@@ -98,17 +103,22 @@ def read_uses(root: Path, digest: str) -> ConfirmLedger | None:
 
 def record_use(root: Path, digest: str, cases: int, use: ConfirmUse) -> None:
     """Add ``use`` to the ledger of ``digest`` (durable when it returns); a use of the same
-    campaign and tree already there is kept as it is. A damaged ledger is left alone.
-    Blocking."""
+    campaign and tree already there is kept as it is, unless it is unfinished and ``use``
+    its verdict. A damaged ledger is left alone. Blocking."""
     path = ledger_file(root, digest)
     with locked(path):
         ledger = read_uses(root, digest)
         if ledger is None:
             return
-        if any(old.campaign_id == use.campaign_id and old.tree == use.tree for old in ledger.uses):
-            return
-        updated = ledger.model_copy(update={"cases": cases, "uses": (*ledger.uses, use)})
-        write_json_atomic(path, updated)
+        same = [old.campaign_id == use.campaign_id and old.tree == use.tree for old in ledger.uses]
+        if any(same):
+            at = same.index(True)
+            if ledger.uses[at].finished or not use.finished:
+                return
+            uses = (*ledger.uses[:at], use, *ledger.uses[at + 1 :])
+        else:
+            uses = (*ledger.uses, use)
+        write_json_atomic(path, ledger.model_copy(update={"cases": cases, "uses": uses}))
 
 
 def reuse_note(
@@ -131,10 +141,12 @@ def reuse_note(
     campaigns = list(dict.fromkeys(use.campaign_id for use in earlier))
     named = ", ".join(campaigns[:2]) + (f" (+{len(campaigns) - 2})" if len(campaigns) > 2 else "")
     confirmed = sum(use.confirmed for use in earlier)
+    cut = sum(not use.finished for use in earlier)
+    short = f", {cut} cut short during the test measurement" if cut else ""
     bound = min(1.0, sum(use.level for use in earlier) + alpha)
     return (
         f"{REUSED}: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
-        f"earlier confirmation(s) in this store ({confirmed} confirmed; {named}); each "
+        f"earlier confirmation(s) in this store ({confirmed} confirmed{short}; {named}); each "
         f"campaign bounds only its own no-gain publish at {alpha:.2g}: over all of them up to "
         f"{bound:.2g}; add fresh test cases, or share one bound with --test-budget store"
     )
@@ -199,6 +211,47 @@ def with_reuse(words: str, preflight: tuple[str, ...]) -> str:
     return f"{words}; but {reused}"[:2048]
 
 
+def record_test_start(
+    root: Path, dataset: Dataset, run: RunRecord, best: str, level: float
+) -> str | None:
+    """Record, before ``run`` measures the tree ``best`` (a digest) on ``dataset``'s test
+    split, that its confirmation at ``level`` began: a look at the split spends its level
+    whether or not a verdict follows (found by review: a run killed during the test
+    measurement left no trace, so a user who saw it going badly and started over got a
+    fresh alpha on the same cases, unwarned). The warning when the ledger could not be
+    written, as `record_confirmation`. Blocking."""
+    use = ConfirmUse(
+        campaign_id=run.campaign_id,
+        run_id=run.run_id,
+        tree=tree_slot(best),
+        level=level,
+        p_value=1.0,
+        confirmed=False,
+        finished=False,
+    )
+    return _recorded(root, dataset, use)
+
+
+def test_recorder(
+    root: Path, dataset: Dataset, run: RunRecord
+) -> Callable[[str, float], str | None]:
+    """`record_test_start` for ``run`` on ``dataset`` in the store ``root``: given a tree's
+    digest and a level (`campaign._types.CampaignServices.test_begins`)."""
+    return functools.partial(record_test_start, root, dataset, run)
+
+
+def _recorded(root: Path, dataset: Dataset, use: ConfirmUse) -> str | None:
+    digest = held_out_digest(dataset)
+    if digest is None:
+        return None
+    try:
+        record_use(root, digest, dataset.split_counts["test"], use)
+    except OSError as error:
+        path = ledger_file(root, digest)
+        return f"the test split's ledger {path} was not written: {error.strerror or error}"
+    return None
+
+
 def record_confirmation(
     root: Path, dataset: Dataset, run: RunRecord, confirmation: ConfirmationRecord, best: str
 ) -> str | None:
@@ -206,20 +259,12 @@ def record_confirmation(
     split in the store ``root`` (`record_use`); the warning when its ledger could not be
     written (advice only: the run goes on; found by review, a ledger folder that could not
     be made failed the run before its report). Blocking."""
-    digest = held_out_digest(dataset)
-    if digest is None:
-        return None
     use = ConfirmUse(
         campaign_id=run.campaign_id,
         run_id=run.run_id,
-        tree="tree-" + best.rsplit(":", 1)[-1][:32],
+        tree=tree_slot(best),
         level=confirmation.level,
         p_value=confirmation.p_value,
         confirmed=confirmation.decision == "confirmed",
     )
-    try:
-        record_use(root, digest, dataset.split_counts["test"], use)
-    except OSError as error:
-        path = ledger_file(root, digest)
-        return f"the test split's ledger {path} was not written: {error.strerror or error}"
-    return None
+    return _recorded(root, dataset, use)

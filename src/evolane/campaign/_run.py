@@ -25,6 +25,7 @@ from evolane.campaign._finish import (
     monotonic_at,
     save_ended,
 )
+from evolane.campaign._held_out import test_recorder
 from evolane.campaign._lock import TargetLock, lock_target
 from evolane.campaign._models import model_backends, model_warnings, plugin_backends
 from evolane.campaign._prepare import Prepared, prepare_run
@@ -368,6 +369,7 @@ async def _cycle(
             resume=prepared.resume,
             case_refs=cases.replay,
             clusters=cases.clusters,
+            test_begins=test_recorder(prepared.layout.root, prepared.dataset, prepared.run),
         )
         measure = measure_parts(
             config.measure,
@@ -383,16 +385,15 @@ async def _cycle(
             cluster=cluster,
             models=config.models,
         )
-        propose = config.propose
         optimizer = OptimizerParts(
             optimizer_settings(
-                propose.optimizer,
+                config.propose.optimizer,
                 config.run_commands,
                 ctx.backends.optimizer,
                 tree_limits=prepared.gates.tree_limits,  # the size gate, applied while walking
                 prices=config.models.prices,
             ),
-            propose.optimizer_concurrency,
+            config.propose.optimizer_concurrency,
         )
         await runtime.start_supervisor(
             run_tree(slots, measure, optimizer, _setup(prepared, slots), services)

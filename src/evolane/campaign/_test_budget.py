@@ -151,9 +151,9 @@ def settle_split(
 ) -> None:
     """Settle the campaign's share after a run ended with ``report``, leaving the campaign
     ``state``: spent once a run of it reached a confirmation (this one, or an earlier one
-    by the campaign's stored confirmations); given back when the campaign ended without
-    reaching one; else kept. A damaged ledger is left alone (the share stays held: the
-    budget only grows safer). Blocking."""
+    by the campaign's stored confirmations, or the ledger's record of one that began);
+    given back when the campaign ended without reaching one; else kept. A damaged ledger
+    is left alone (the share stays held: the budget only grows safer). Blocking."""
     digest = split_digest(config, dataset)
     if digest is None:
         return
@@ -166,6 +166,8 @@ def settle_split(
         ledger = read_uses(root, digest)
         if ledger is None or ledger.budget is None:
             return
+        # a look at the test split that began (a killed run's) spent the share all the same
+        spent = spent or any(use.campaign_id == state.campaign_id for use in ledger.uses)
         updated = ledger.budget.settle(state.campaign_id, spent)
         if updated is not ledger.budget:
             write_json_atomic(path, ledger.model_copy(update={"budget": updated}))

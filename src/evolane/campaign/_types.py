@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -168,6 +168,9 @@ class CampaignServices:
       context.
     - ``clusters``: per case id, its cluster (read only): online control and the
       confirmation test clustered cases by cluster (`stats.cluster_means`).
+    - ``test_begins``: records in the store's ledger of the test split, before the split
+      is measured, that the confirmation of a tree (its digest) at a level began (blocking;
+      the warning when it could not be written): `campaign._held_out.record_test_start`.
     """
 
     store: BlobStore
@@ -177,6 +180,7 @@ class CampaignServices:
     resume: ResumeState
     case_refs: Mapping[str, ArtifactRef]
     clusters: Mapping[str, str] = field(default_factory=dict)
+    test_begins: Callable[[str, float], str | None] | None = None
 
 
 class CycleOutcome(Record):
