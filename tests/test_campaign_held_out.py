@@ -24,6 +24,7 @@ from evolane.campaign._held_out import (
     ledger_file,
     read_uses,
     record_use,
+    val_digest,
 )
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
 from evolane.inputs import Case, Dataset, case_json, load_dataset
@@ -131,14 +132,14 @@ def _holding_replay(log: Path, hold: Path) -> str:
     )
 
 
-def _test_measured(store: Path) -> bool:
+def _measuring(store: Path, measurement: str) -> bool:
     events = list(store.glob("runs/*/events.jsonl"))
-    return bool(events) and '"c0.final.test"' in events[0].read_text()
+    return bool(events) and f'"{measurement}"' in events[0].read_text()
 
 
-def _killed_in_the_test_measurement(flags: list[str], store: Path) -> Path:
-    """Start ``evolane optimize`` with ``flags``, SIGKILL it once its test measurement began;
-    its run's folder."""
+def _killed_measuring(flags: list[str], store: Path, measurement: str) -> Path:
+    """Start ``evolane optimize`` with ``flags``, SIGKILL it once ``measurement`` began; its
+    run's folder."""
     process = subprocess.Popen(
         [sys.executable, "-m", "evolane", "optimize", *flags],
         stdout=subprocess.DEVNULL,
@@ -146,9 +147,9 @@ def _killed_in_the_test_measurement(flags: list[str], store: Path) -> Path:
     )
     try:
         deadline = time.monotonic() + 300  # a guard against a hang, not a timing figure
-        while not _test_measured(store):
-            assert process.poll() is None, "the run ended before its test measurement"
-            assert time.monotonic() < deadline, "the test measurement never began"
+        while not _measuring(store, measurement):
+            assert process.poll() is None, f"the run ended before {measurement}"
+            assert time.monotonic() < deadline, f"{measurement} never began"
             time.sleep(0.05)
     finally:
         os.kill(process.pid, signal.SIGKILL)
@@ -169,7 +170,7 @@ def test_a_run_killed_during_its_test_measurement_has_spent_the_split(tmp_path: 
     flags = [*toy_flags(paths, store, log=log), "--iterations", "1", "--population", "1"]
     flags = with_flag(flags, "--replay", _holding_replay(log, hold))
     flags = with_flag(flags, "--apply", "verified_only")
-    run_dir = _killed_in_the_test_measurement(flags, store)
+    run_dir = _killed_measuring(flags, store, "c0.final.test")
     killed = json.loads((run_dir / "run.json").read_text())["campaign_id"]
     digest = held_out_digest(load_dataset(paths["dataset"]))
     assert digest is not None
@@ -205,3 +206,43 @@ def test_a_test_measurement_that_began_is_replaced_by_its_verdict_never_the_reve
     record_use(tmp_path, "sha256:ab", 6, began)  # a later begin never hides the verdict
     ledger = read_uses(tmp_path, "sha256:ab")
     assert ledger is not None and ledger.uses == (verdict,)
+
+
+def _hanging_on_a_second_replay(log: Path, hold: Path) -> str:
+    """The toy's replay, recording each case id to ``log`` and, while ``hold`` exists,
+    hanging on a case replayed before (the candidate's val replays after its parent's)."""
+    wait = f'if [ -e {hold} ] && grep -qx "$EVOLANE_CASE_ID" {log}; then sleep 600; fi; '
+    return (
+        f'sh -c \'{wait}echo "$EVOLANE_CASE_ID" >> {log}; cat "$1/$EVOLANE_CASE_ID" > '
+        '"$2/output.json"\' replay {candidate} {output_dir}'
+    )
+
+
+def test_an_online_run_killed_measuring_its_first_candidate_has_spent_the_val_split(
+    tmp_path: Path,
+) -> None:
+    # The online counterpart: the val split's ledger was written at the run's end only.
+    paths = write_toy(tmp_path, {"default": "overfit:8"}, test=0)  # online control
+    store, logs = tmp_path / "store", tmp_path / "logs"
+    logs.mkdir()
+    log, hold = logs / "cases.log", logs / "hold"
+    log.touch()
+    hold.touch()
+    flags = [*toy_flags(paths, store, log=log), "--iterations", "1", "--population", "1"]
+    flags = with_flag(flags, "--replay", _hanging_on_a_second_replay(log, hold))
+    run_dir = _killed_measuring(flags, store, "c0.i0.s0")
+    killed = json.loads((run_dir / "run.json").read_text())["campaign_id"]
+    ledger = read_uses(store, val_digest(load_dataset(paths["dataset"])))
+    assert ledger is not None and [(u.campaign_id, u.finished) for u in ledger.uses] == [
+        (killed, False)
+    ]
+    hold.unlink()
+    again = run_optimize(flags)
+    assert again.returncode == 0, again.stderr
+    report = json.loads(next(p for p in (store / "runs").glob("*/report.json")).read_text())
+    assert report["campaign_id"] != killed
+    assert (
+        f"val split reused: these 12 val cases decided 1 earlier online campaign(s) in this "
+        f"store ({killed}, 1 cut short); each bounds only its own no-gain accept at 0.05: over "
+        "all of them up to 0.1;"
+    ) in report["error_control"]

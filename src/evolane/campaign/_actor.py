@@ -368,12 +368,11 @@ class _Cycle:
         """Record in the test split's ledger that ``best``'s confirmation begins, at the level
         it is tested at, before any test replay runs (a tree tested before keeps its verdict:
         no new level is spent on it)."""
-        begins = self.services.test_begins
+        looks = self.services.looks
         budget = self.s.confirmation_budget()
-        if begins is None or tested_before(budget, best) is not None:
+        if looks is None or tested_before(budget, best) is not None:
             return
-        level = budget.next_level
-        warning = await trio.to_thread.run_sync(begins, best.digest, level)
+        warning = await trio.to_thread.run_sync(looks.test, best.digest, budget.next_level)
         if warning is not None:
             self.peers.emit(WarningEvent(run_id=self.s.run_id, message=warning[:256]))
 

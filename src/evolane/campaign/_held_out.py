@@ -11,16 +11,17 @@ reruns until a best is confirmed gets one in the end.
 Nothing here changes a decision. Each confirmation is recorded against the digest of the
 test split's cases (`held_out_digest`) in ``STORE/test-splits/<key>.json`` (written
 atomically under a lock: runs of one store may end at once), once per campaign and tree (a
-resume records nothing twice), and a new run's preflight says how often the split confirmed
-before and the union bound over those confirmations and this campaign's (`reuse_note`).
+resume records nothing twice): as its test measurement begins (`SplitLooks`: a look spends
+its level, verdict or not), then with its verdict. A new run's preflight says how often the
+split confirmed before and the union bound over those confirmations and this campaign's
+(`reuse_note`). The online campaigns that decided on a val split are kept alike.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import Field, ValidationError
@@ -175,9 +176,11 @@ def online_reuse_note(
     named = ", ".join(earlier[:2]) + (f" (+{len(earlier) - 2})" if len(earlier) > 2 else "")
     levels = {use.campaign_id: use.level for use in ledger.uses}
     bound = min(1.0, alpha + sum(levels[campaign] for campaign in earlier))
+    cut = {use.campaign_id for use in ledger.uses if not use.finished} & set(earlier)
+    short = f", {len(cut)} cut short" if cut else ""
     return (
         f"{VAL_REUSED}: these {ledger.cases} val cases decided {len(earlier)} earlier online "
-        f"campaign(s) in this store ({named}); each bounds only its own no-gain accept at "
+        f"campaign(s) in this store ({named}{short}); each bounds only its own no-gain accept at "
         f"{alpha:.2g}: over all of them up to {bound:.2g}; add fresh val cases, or go on "
         "with --resume-campaign"
     )
@@ -211,33 +214,47 @@ def with_reuse(words: str, preflight: tuple[str, ...]) -> str:
     return f"{words}; but {reused}"[:2048]
 
 
-def record_test_start(
-    root: Path, dataset: Dataset, run: RunRecord, best: str, level: float
-) -> str | None:
-    """Record, before ``run`` measures the tree ``best`` (a digest) on ``dataset``'s test
-    split, that its confirmation at ``level`` began: a look at the split spends its level
-    whether or not a verdict follows (found by review: a run killed during the test
-    measurement left no trace, so a user who saw it going badly and started over got a
-    fresh alpha on the same cases, unwarned). The warning when the ledger could not be
-    written, as `record_confirmation`. Blocking."""
-    use = ConfirmUse(
-        campaign_id=run.campaign_id,
-        run_id=run.run_id,
-        tree=tree_slot(best),
-        level=level,
-        p_value=1.0,
-        confirmed=False,
-        finished=False,
-    )
-    return _recorded(root, dataset, use)
+@dataclass(frozen=True)
+class SplitLooks:
+    """Records in the store ``root``'s ledgers that ``run`` began to look at a held-out
+    split of ``dataset``, before the first replay of the look: a look spends its level
+    whether or not a verdict follows (found by review: a run killed during its test
+    measurement left no trace, so a user who saw it going badly and started over confirmed
+    on the same cases at a fresh alpha, unwarned). Its verdict replaces the entry
+    (`record_use`). Blocking."""
 
+    root: Path
+    dataset: Dataset
+    run: RunRecord
 
-def test_recorder(
-    root: Path, dataset: Dataset, run: RunRecord
-) -> Callable[[str, float], str | None]:
-    """`record_test_start` for ``run`` on ``dataset`` in the store ``root``: given a tree's
-    digest and a level (`campaign._types.CampaignServices.test_begins`)."""
-    return functools.partial(record_test_start, root, dataset, run)
+    def test(self, best: str, level: float) -> str | None:
+        """The confirmation of the tree ``best`` (a digest) at ``level`` begins; the warning
+        when the ledger could not be written, as `record_confirmation`."""
+        use = ConfirmUse(
+            campaign_id=self.run.campaign_id,
+            run_id=self.run.run_id,
+            tree=tree_slot(best),
+            level=level,
+            p_value=1.0,
+            confirmed=False,
+            finished=False,
+        )
+        return _recorded(self.root, self.dataset, use)
+
+    def val(self, alpha: float) -> None:
+        """The campaign's online budget ``alpha`` begins to be spent on the val cases (its
+        first candidate's measurement); advice only, as `record_online`."""
+        use = ConfirmUse(
+            campaign_id=self.run.campaign_id,
+            run_id=self.run.run_id,
+            tree=ONLINE_USE,
+            level=alpha,
+            p_value=1.0,
+            confirmed=False,
+            finished=False,
+        )
+        with contextlib.suppress(OSError):
+            record_use(self.root, val_digest(self.dataset), self.dataset.split_counts["val"], use)
 
 
 def _recorded(root: Path, dataset: Dataset, use: ConfirmUse) -> str | None:

@@ -25,7 +25,7 @@ from evolane.campaign._finish import (
     monotonic_at,
     save_ended,
 )
-from evolane.campaign._held_out import test_recorder
+from evolane.campaign._held_out import SplitLooks
 from evolane.campaign._lock import TargetLock, lock_target
 from evolane.campaign._models import model_backends, model_warnings, plugin_backends
 from evolane.campaign._prepare import Prepared, prepare_run
@@ -369,7 +369,7 @@ async def _cycle(
             resume=prepared.resume,
             case_refs=cases.replay,
             clusters=cases.clusters,
-            test_begins=test_recorder(prepared.layout.root, prepared.dataset, prepared.run),
+            looks=SplitLooks(prepared.layout.root, prepared.dataset, prepared.run),
         )
         measure = measure_parts(
             config.measure,

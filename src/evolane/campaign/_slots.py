@@ -67,6 +67,7 @@ class Slots:
         self.s, self.services, self.peers, self.state = setup, services, peers, state
         self.config = setup.config
         self.probed = False  # a call succeeded without a whole usage: none will give one
+        self.looked = False  # the val ledger was told that the online budget is being spent
 
     def slot_id(self, iteration: int, slot: int) -> str:
         """The slot's id, the same on a resume: ``c<cycle>.i<iteration>.s<slot>``."""
@@ -352,6 +353,8 @@ class Slots:
     async def _paired(self, book: SlotBook, tree: ArtifactRef) -> MeasureSummary | None:
         state = self.state
         book.reach("paired_replay")
+        if state.online is not None:
+            await self._val_look()
         summary, units = await self._measure_pair(book, tree, fresh=False)
         book.reach("evaluation")
         gate = summary.gate
@@ -374,6 +377,15 @@ class Slots:
         if gate.decision == "reject":
             await self._remember(book, tree, self._told(gate.reason))
         return None
+
+    async def _val_look(self) -> None:
+        """Record in the val split's ledger, before the run's first candidate is measured,
+        that the campaign's online budget is being spent on these cases (`SplitLooks.val`)."""
+        budget, looks = self.s.online_budget(), self.services.looks
+        if self.looked or looks is None or budget is None:
+            return
+        self.looked = True
+        await trio.to_thread.run_sync(looks.val, budget.alpha)
 
     async def _measure_pair(
         self, book: SlotBook, tree: ArtifactRef, *, fresh: bool

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +15,7 @@ from evolane.campaign._book import Book, SlotBook, settled_digests
 from evolane.campaign._config import CampaignConfig, FeedbackSplit
 from evolane.campaign._confirm import ConfirmationRecord
 from evolane.campaign._gates import GateSettings
+from evolane.campaign._held_out import SplitLooks
 from evolane.campaign._online import (
     Mode,
     OnlineBudget,
@@ -168,9 +169,8 @@ class CampaignServices:
       context.
     - ``clusters``: per case id, its cluster (read only): online control and the
       confirmation test clustered cases by cluster (`stats.cluster_means`).
-    - ``test_begins``: records in the store's ledger of the test split, before the split
-      is measured, that the confirmation of a tree (its digest) at a level began (blocking;
-      the warning when it could not be written): `campaign._held_out.record_test_start`.
+    - ``looks``: records in the store's ledgers of the held-out splits that a look at one
+      begins, before its first replay (blocking): `campaign._held_out.SplitLooks`.
     """
 
     store: BlobStore
@@ -180,7 +180,7 @@ class CampaignServices:
     resume: ResumeState
     case_refs: Mapping[str, ArtifactRef]
     clusters: Mapping[str, str] = field(default_factory=dict)
-    test_begins: Callable[[str, float], str | None] | None = None
+    looks: SplitLooks | None = None
 
 
 class CycleOutcome(Record):
