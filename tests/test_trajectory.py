@@ -397,6 +397,20 @@ def _outcomes(tmp_path: Path) -> Path:
     return _write(tmp_path / "t.jsonl", rows)
 
 
+def test_a_text_input_alike_up_to_case_and_spacing_is_one_case(tmp_path: Path) -> None:
+    """Found by review: the same request given as ``input`` ("Fix the Bug", "fix the  bug
+    ") was two cases, one of them possibly in test while the optimizer saw the other."""
+    rows = [
+        {"session_id": "a", "input": "Fix the Bug in parser.py", "target": "g"},
+        {"session_id": "b", "input": " fix the  bug in PARSER.py", "target": "g"},
+        {"session_id": "c", "input": {"file": "parser.py"}, "target": "g"},
+        {"session_id": "d", "input": {"file": "Parser.py"}, "target": "g"},
+    ]
+    derived = ingest_trajectories([_write(tmp_path / "t.jsonl", rows)])
+    assert [c.id for c in derived.dataset] == ["a-t0", "c-t0", "d-t0"]
+    assert [e.reason for e in derived.summary.repeats] == ["repeat: the same input as case a-t0"]
+
+
 def test_the_split_is_seeded_and_stratified_by_outcome(tmp_path: Path) -> None:
     path = _outcomes(tmp_path)
     one, again = ingest_trajectories([path], seed=3), ingest_trajectories([path], seed=3)

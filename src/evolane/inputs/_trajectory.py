@@ -366,9 +366,11 @@ def _input_value(turn: Turn, budget: int) -> dict[str, JsonValue]:
 
 
 def input_identity(value: JsonValue) -> bytes:
-    """A digest of a case input (`_input_value`), its request and message texts taken up
-    to letter case, Unicode form and runs of spaces (`normalise`): two cases with one
-    identity are one task. Other content (``input``, structured message parts) is exact."""
+    """A digest of a case input (`_input_value`), its request, message texts and a text
+    ``input`` (the request, given as ``input``) taken up to letter case, Unicode form and
+    runs of spaces (`normalise`): two cases with one identity are one task. Other content
+    (a structured ``input``, structured message parts) is exact. Found by review: ``Fix
+    X`` and ``fix  x``, given as ``input``, were two cases, in any two splits."""
     shown = value
     if isinstance(value, dict):
         messages = value.get("messages")
@@ -382,6 +384,8 @@ def input_identity(value: JsonValue) -> bytes:
             if isinstance(messages, list)
             else messages,
         }
+        if isinstance(value.get("input"), str):
+            shown["input"] = _normalised(value["input"])
     return hashlib.sha256(orjson.dumps(shown, option=orjson.OPT_SORT_KEYS)).digest()[:16]
 
 
