@@ -352,9 +352,9 @@ def _head_lines(report: Report) -> list[str]:
 
 
 def trajectory_lines(summary: TrajectorySummary | None) -> list[str]:
-    """The report's section on the trajectories the cases came from: each task group and
-    the turns left out for incomplete context or a repeated input (none for a run from a
-    dataset file)."""
+    """The report's section on the trajectories the cases came from: each task group, the
+    turns left out for incomplete context, a repeated input or a stock opening, and the
+    conversations dealt (none for a run from a dataset file)."""
     if summary is None:
         return []
     lines = [
@@ -374,6 +374,7 @@ def trajectory_lines(summary: TrajectorySummary | None) -> list[str]:
     for title, left_out in (
         ("Excluded from replay", summary.excluded),
         ("Left out: the same input as an earlier case", summary.repeats),
+        ("Left out: a stock opening of many conversations", summary.shared),
     ):
         if left_out:
             lines += ["", f"{title} ({len(left_out)}):", ""]
@@ -382,7 +383,8 @@ def trajectory_lines(summary: TrajectorySummary | None) -> list[str]:
                 for e in left_out
             ]
     omitted = ", ".join(f"{n} more {what}" for what, n in summary.omitted.items())
-    return lines + ([f"- not listed: {omitted}"] if omitted else [])
+    lines += [f"- not listed: {omitted}"] if omitted else []
+    return lines + ([f"- clusters: {_cell(summary.clusters)}"] if summary.clusters else [])
 
 
 def shown_measurements(report: Report) -> list[MeasurementRecord]:

@@ -64,4 +64,7 @@ def trajectory_note(config: CampaignConfig) -> str | None:
     repeats = len(summary.repeats) + summary.omitted.get("repeats", 0)
     if repeats:
         left_out += f"; {repeats} left out (the same input as an earlier case)"
+    shared = len(summary.shared) + summary.omitted.get("shared", 0)
+    if shared:
+        left_out += f"; {shared} left out (a stock opening of many conversations)"
     return f"trajectories: group {summary.chosen}: {summary.choice}{left_out}"

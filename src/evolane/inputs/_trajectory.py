@@ -2,7 +2,8 @@
 
 `ingest_trajectories` reads the files (`inputs._trajectory_read`), resolves sessions and
 follow-ups (`inputs._trajectory_sessions`), groups the turns by task family, picks one
-group, and splits its cases into train/val/test, seeded and stratified by outcome.
+group, finds its conversations (`inputs._trajectory_clusters`) and deals them whole into
+train/val/test, seeded and stratified by outcome.
 
 Memory is held per record only as an `Entry` and a `Turn`: groups are counted (a
 `GroupSummary` is made for the listed ones alone) and the cases go into the `Dataset` one
@@ -14,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -22,9 +22,11 @@ from typing import NamedTuple
 import orjson
 from pydantic import Field, JsonValue
 
-from evolane.inputs._cases import MAX_CASE_ID_CHARS, Case, Split, case_json
+from evolane.inputs._cases import Case, Split, case_json
 from evolane.inputs._dataset import MAX_FILE_BYTES, Dataset, _size
 from evolane.inputs._errors import DatasetError, InputError
+from evolane.inputs._trajectory_clusters import cluster_note, conversations, shared_reason
+from evolane.inputs._trajectory_ids import case_id, case_ids, safe_name
 from evolane.inputs._trajectory_read import read_trajectories, shown_path
 from evolane.inputs._trajectory_sessions import (
     DEFAULT_CONTEXT_BUDGET,
@@ -34,7 +36,7 @@ from evolane.inputs._trajectory_sessions import (
     normalise,
     sessions,
 )
-from evolane.messages import Name, Record, ShortText
+from evolane.messages import Name, Record, ShortText, Text
 
 MAX_LISTED = 1000
 """At most this many excluded cases and failures are listed in a summary."""
@@ -44,7 +46,6 @@ may not be larger, and a follow-up case carries up to `DEFAULT_CONTEXT_BUDGET` o
 _SPLIT_CYCLE: tuple[Split, ...] = ("val", "train", "val", "test", "train")
 """Each outcome's cases, shuffled, are dealt in this cycle: 40% val, 40% train, 20% test,
 and every outcome with a case has one in val."""
-_UNSAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class GroupSummary(Record):
@@ -86,7 +87,10 @@ class TrajectorySummary(Record):
     failures: tuple[TraceFailure, ...] = Field(default=(), max_length=MAX_LISTED)
     repeats: tuple[ExcludedCase, ...] = Field(default=(), max_length=MAX_LISTED)
     """Turns of the chosen group left out because their input repeats an earlier case's."""
-    omitted: dict[str, int] = Field(default_factory=dict, max_length=4)
+    shared: tuple[ExcludedCase, ...] = Field(default=(), max_length=MAX_LISTED)
+    """Turns of the chosen group left out as a stock opening (`conversations`)."""
+    clusters: Text = ""  # `cluster_note`
+    omitted: dict[str, int] = Field(default_factory=dict, max_length=5)
     sources: tuple[ShortText, ...] = Field(default=(), max_length=256)
 
 
@@ -122,9 +126,9 @@ def ingest_trajectories(
     usable = [turn for turn in groups[chosen] if not turn.incomplete]
     if not usable:
         raise InputError(f"--group {chosen}: no usable case (every turn lacks context)")
-    splits, repeats = _splits(usable, seed, context_budget, chosen)
+    dealt = _splits(usable, seed, context_budget, chosen)
     failures: list[TraceFailure] = []
-    cases = _cases(sorted(splits.items()), chosen, context_budget, failures)
+    cases = _cases(sorted(dealt.cases.items()), chosen, context_budget, failures)
     dataset = Dataset(cases, path=f"trajectories:{chosen}")
     excluded = [_excluded(turn, name) for name, ts in groups.items() for turn in ts
                 if turn.incomplete]  # fmt: skip
@@ -132,7 +136,8 @@ def ingest_trajectories(
         "groups": len(tallies),
         "excluded": len(excluded),
         "failures": len(failures),
-        "repeats": len(repeats),
+        "repeats": len(dealt.repeats),
+        "shared": len(dealt.shared),
     }
     summary = TrajectorySummary(
         groups=_listed_groups(tallies, chosen),
@@ -140,7 +145,9 @@ def ingest_trajectories(
         choice=choice,
         excluded=tuple(excluded[:MAX_LISTED]),
         failures=tuple(failures[:MAX_LISTED]),
-        repeats=tuple(repeats[:MAX_LISTED]),
+        repeats=tuple(dealt.repeats[:MAX_LISTED]),
+        shared=tuple(dealt.shared[:MAX_LISTED]),
+        clusters=dealt.clusters,
         omitted={k: v - MAX_LISTED for k, v in listed.items() if v > MAX_LISTED},
         sources=tuple(shown_path(path)[:256] for path in given[:256]),
     )
@@ -148,7 +155,7 @@ def ingest_trajectories(
 
 
 def _cases(
-    dealt: list[tuple[str, tuple[Split, Turn]]],
+    dealt: list[tuple[str, tuple[Split, Turn, str]]],
     group: str,
     budget: int,
     failures: list[TraceFailure],
@@ -157,8 +164,8 @@ def _cases(
     failure is added to ``failures``. Raises `DatasetError` at the record whose case takes
     the cases over `MAX_CASES_BYTES`."""
     size = 0
-    for case_id_, (split, turn) in dealt:
-        case = _case(turn, case_id_, group, budget, split)
+    for case_id_, (split, turn, cluster) in dealt:
+        case = _case(turn, case_id_, group, budget, split, cluster)
         size += len(case_json(case)) + 1
         if size > MAX_CASES_BYTES:
             raise _over_limit(turn, group)
@@ -216,19 +223,6 @@ def _target_of(turns: list[Turn]) -> str | None:
     return next((turn.entry.target for turn in turns if turn.entry.target), None)
 
 
-def _dealt_by(turn: Turn) -> str:
-    """What a turn is dealt to a split with: its session; a record without a session id
-    (each its own session: an API log holding the conversation so far) goes with every
-    record that opens with the same first user message, so no conversation is split
-    (found by review: 24 of 36 val and test turns sat inside train inputs). That is the
-    message its messages log, not its ``task`` or ``input`` (`Entry.conversation`: found
-    by review, a first call logged with its ``input`` was dealt apart from the later calls
-    that log it, and 12 of 18 val and test answers sat inside train inputs)."""
-    if turn.entry.session_id:
-        return "session:" + turn.session
-    return "opening:" + task_fingerprint(turn.entry.conversation)
-
-
 def _bounded(key: str, limit: int = 256) -> str:
     """``key`` as a cluster name of at most ``limit`` characters: a longer one is cut and
     ends with a digest of it in full (cut alone, the sessions of ids alike in their first
@@ -244,7 +238,7 @@ def task_fingerprint(text: str) -> str:
 
 
 def _groups(by_session: list[list[Turn]]) -> dict[str, list[Turn]]:
-    """The sessions by task family: their ``target`` in safe characters (`_safe`), else
+    """The sessions by task family: their ``target`` in safe characters (`safe_name`), else
     ``fp-`` and a fingerprint of the first user turn's normalised text. Targets alike only
     in that form (``客服`` and ``编程``, ``my agent`` and ``my/agent``) each end with ``-``
     and 8 hex digits of the target in full: they were one family (found by review)."""
@@ -252,15 +246,15 @@ def _groups(by_session: list[list[Turn]]) -> dict[str, list[Turn]]:
     targets: dict[str, set[str]] = {}
     for target, _ in named:
         if target is not None:
-            targets.setdefault(_safe(target), set()).add(target)
+            targets.setdefault(safe_name(target), set()).add(target)
     groups: dict[str, list[Turn]] = {}
     for target, members in named:
         if target is None:
             name = task_fingerprint(members[0].entry.opening)
-        elif len(targets[_safe(target)]) > 1:
-            name = _safe(target, 119) + "-" + hashlib.sha256(target.encode()).hexdigest()[:8]
+        elif len(targets[safe_name(target)]) > 1:
+            name = safe_name(target, 119) + "-" + hashlib.sha256(target.encode()).hexdigest()[:8]
         else:
-            name = _safe(target)
+            name = safe_name(target)
         groups.setdefault(name, []).extend(members)
     return groups
 
@@ -301,54 +295,6 @@ def _choose(tallies: dict[str, _Tally], group: str | None) -> tuple[str, str]:
         )
     best = next((s for s in ranked if s.cases), ranked[0])
     return best.name, f"no group has failures: the largest ({best.size()}) was chosen"
-
-
-def _safe(text: str, limit: int = 128) -> str:
-    """``text`` usable as a case id or group name: unsafe runs become ``_``, bounded."""
-    cleaned = _UNSAFE_ID.sub("_", text).strip("_.") or "x"
-    return cleaned[:limit]
-
-
-def case_id(turn: Turn) -> str:
-    """The case id of a turn: its record's ``id``, else session and turn (``S-t3``), else
-    its line (``L12``) for a record without a session: never its file's name, which a
-    replay sees in ``EVOLANE_CASE_ID`` (found by review: ``failures-L3`` told a tree which
-    cases its seed failed, when the traces were filed by outcome)."""
-    entry = turn.entry
-    if entry.id:
-        return _safe(entry.id, MAX_CASE_ID_CHARS)
-    if entry.session_id:
-        suffix = f"-t{turn.number}"
-        return _safe(entry.session_id, MAX_CASE_ID_CHARS - len(suffix)) + suffix
-    return f"L{entry.line}"
-
-
-def _case_ids(turns: list[Turn]) -> list[str]:
-    """The case id of each of ``turns`` (`case_id`); turns whose ids are equal only in
-    their safe form (session ids ``a b`` and ``a/b``, or of non-Latin letters alone, long
-    ones alike in their first 120 characters, ``traces.jsonl`` of two folders) each get
-    ``-`` and 8 hex digits of what names them in full: their records were refused as the
-    same case (found by review). Records named alike in full (an ``id`` given twice) keep
-    the one id, refused by `_splits`."""
-    ids = [case_id(turn) for turn in turns]
-    names: dict[str, set[tuple[object, ...]]] = {}
-    for cid, turn in zip(ids, turns, strict=True):
-        names.setdefault(cid, set()).add(_full_name(turn))
-    for index, (cid, turn) in enumerate(zip(ids, turns, strict=True)):
-        if len(names[cid]) > 1:
-            digest = hashlib.sha256(repr(_full_name(turn)).encode()).hexdigest()[:8]
-            ids[index] = cid[: MAX_CASE_ID_CHARS - 9].rstrip("_.") + "-" + digest
-    return ids
-
-
-def _full_name(turn: Turn) -> tuple[object, ...]:
-    """What `case_id` makes a turn's id of, in full."""
-    entry = turn.entry
-    if entry.id:
-        return ("id", entry.id)
-    if entry.session_id:
-        return ("session", entry.session_id, turn.number)
-    return ("file", entry.path, entry.line)
 
 
 def _input_value(turn: Turn, budget: int) -> dict[str, JsonValue]:
@@ -393,7 +339,7 @@ def _normalised(text: JsonValue) -> JsonValue:
     return normalise(text) if isinstance(text, str) else text
 
 
-def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> Case:
+def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split, cluster: str) -> Case:
     """The case of a complete turn (`_input_value`); a success seeds ``expected_output``
     with the recorded answer."""
     entry = turn.entry
@@ -401,7 +347,7 @@ def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> C
     metadata: dict[str, JsonValue] = {
         "group": group,
         "session": (turn.session if entry.session_id else case_id_)[:256],  # not its file
-        "cluster": _bounded(_dealt_by(turn)),  # its conversation: its turns are not independent
+        "cluster": _bounded(cluster),  # its conversation: its turns are not independent
         "turn": turn.number,
         "source": entry.where[:512],
         "outcome": entry.status,
@@ -417,34 +363,48 @@ def _case(turn: Turn, case_id_: str, group: str, budget: int, split: Split) -> C
     return Case(id=case_id_, input=value, expected_output=expected, split=split, metadata=metadata)
 
 
-def _splits(
-    turns: list[Turn], seed: int, budget: int, group: str
-) -> tuple[dict[str, tuple[Split, Turn]], list[ExcludedCase]]:
-    """Each turn's case id -> its split and the turn. Whole sessions are dealt
-    (`_dealt_by`), never single turns: a later turn's input holds the earlier turns and
-    their answers, so turns of one session in two splits would show val or test cases to
-    the optimizer (found by review). A turn whose input repeats an earlier turn's
-    (`input_identity`: an agent given the same task twice) is left out and added to
-    the repeats returned: in another split it would show the optimizer a val or test case, in the
-    same split it would count one task twice. Sessions are stratified by outcome (any
-    failure, else any success, else unknown), sorted, shuffled with ``seed`` and dealt in
-    `_SPLIT_CYCLE`. A case id given twice is refused with both places, and the turn whose
-    input takes the kept inputs over `MAX_CASES_BYTES` as `_cases` would refuse it: a
-    session of 20,000 tiny follow-ups (2 MB), each carrying its chain, was refused after
-    a minute, every chain built first (found by review)."""
+class _Dealt(NamedTuple):
+    """`_splits`' result: each kept case's split, turn and cluster, and what was left out."""
+
+    cases: dict[str, tuple[Split, Turn, str]]
+    repeats: list[ExcludedCase]
+    shared: list[ExcludedCase]
+    clusters: str  # `cluster_note`
+
+
+def _splits(turns: list[Turn], seed: int, budget: int, group: str) -> _Dealt:
+    """Each turn's case id -> its split, the turn and its cluster. Whole conversations
+    (`conversations`) are dealt, never single turns: a later turn's input holds the earlier
+    turns and their answers, so turns of one conversation in two splits would show val or
+    test cases to the optimizer (found by review). A stock opening's turns are left out
+    (``shared``). A turn whose input repeats an earlier turn's (`input_identity`: an agent
+    given the same task twice) is left out (``repeats``): in another split it would show
+    the optimizer a val or test case, in the same split it would count one task twice.
+    Conversations are stratified by outcome (any failure, else any success, else unknown),
+    sorted, shuffled with ``seed`` and dealt in `_SPLIT_CYCLE`. A case id given twice is
+    refused with both places, and the turn whose input takes the kept inputs over
+    `MAX_CASES_BYTES` as `_cases` would refuse it: a session of 20,000 tiny follow-ups
+    (2 MB), each carrying its chain, was refused after a minute, every chain built first
+    (found by review)."""
     seen: dict[str, Turn] = {}
     size = 0
     first_of: dict[bytes, str] = {}
     repeats: list[ExcludedCase] = []
-    by_session: dict[str, list[str]] = {}
+    shared: list[ExcludedCase] = []
+    members: dict[str, list[str]] = {}
     statuses: dict[str, set[str]] = {}
-    for cid, turn in zip(_case_ids(turns), turns, strict=True):
+    ids = case_ids(turns)
+    found = conversations(turns, ids)
+    for index, (cid, turn, key) in enumerate(zip(ids, turns, found.keys, strict=True)):
         if cid in seen:
             first = seen[cid].entry.where
             raise DatasetError.at(
                 turn.entry.path, turn.entry.line, f"case id {cid!r} again (first at {first})"
             )
         seen[cid] = turn
+        if key is None:
+            shared.append(_left_out(turn, group, shared_reason(found.fanout[index])))
+            continue
         value = _input_value(turn, budget)
         earlier = first_of.setdefault(input_identity(value), cid)
         if earlier != cid:
@@ -453,21 +413,21 @@ def _splits(
         size += len(orjson.dumps(value))  # each case holds its input
         if size > MAX_CASES_BYTES:
             raise _over_limit(turn, group)
-        key = _dealt_by(turn)
-        by_session.setdefault(key, []).append(cid)
+        members.setdefault(key, []).append(cid)
         statuses.setdefault(key, set()).add(turn.entry.status)
     strata: dict[str, list[str]] = {}
-    for session, found in statuses.items():
-        stratum = next((s for s in ("failure", "success") if s in found), "unknown")
-        strata.setdefault(stratum, []).append(session)
-    dealt: dict[str, tuple[Split, Turn]] = {}
+    for key, outcomes in statuses.items():
+        stratum = next((s for s in ("failure", "success") if s in outcomes), "unknown")
+        strata.setdefault(stratum, []).append(key)
+    dealt: dict[str, tuple[Split, Turn, str]] = {}
     for outcome, keys in sorted(strata.items()):
         keys.sort()
         random.Random(f"{seed}:{outcome}").shuffle(keys)
-        for index, session in enumerate(keys):
-            for cid in by_session[session]:
-                dealt[cid] = (_SPLIT_CYCLE[index % len(_SPLIT_CYCLE)], seen[cid])
-    return dealt, repeats
+        for index, key in enumerate(keys):
+            for cid in members[key]:
+                dealt[cid] = (_SPLIT_CYCLE[index % len(_SPLIT_CYCLE)], seen[cid], key)
+    note = cluster_note([(split, key) for split, _, key in dealt.values()], found.joined)
+    return _Dealt(dealt, repeats, shared, note)
 
 
 def summary_lines(summary: TrajectorySummary) -> list[str]:
@@ -486,6 +446,11 @@ def summary_lines(summary: TrajectorySummary) -> list[str]:
     if summary.repeats:
         lines.append(f"left out (the same input as an earlier case): {len(summary.repeats)}")
         lines.extend(f"  {e.id}: {e.reason}" for e in summary.repeats)
+    if summary.shared:
+        lines.append(f"left out (a stock opening of many conversations): {len(summary.shared)}")
+        lines.extend(f"  {e.id}: {e.reason}" for e in summary.shared)
+    if summary.clusters:
+        lines.append(f"clusters: {summary.clusters}")
     return lines
 
 

@@ -75,7 +75,8 @@ class Entry(NamedTuple):
     earlier turns its messages log (None when they log no user turn); ``first``: its user
     message as `conversation` gives it when it logs no earlier one and that is not its
     request (a record whose ``task`` or ``input`` stands for it, or whose message is an
-    image), else None.
+    image), else None; ``asked``: the text of its own user message when that is not its
+    request (a ``task`` or ``input`` stands for it), else None (`ask`).
 
     A tuple: small, quick to make, and of strings alone it is left out of the cyclic
     garbage collector's walks (a million records would otherwise be walked again and
@@ -98,6 +99,7 @@ class Entry(NamedTuple):
     pins: tuple[str, ...]
     inline: Inline | None
     first: str | None = None
+    asked: str | None = None
 
     @property
     def where(self) -> str:
@@ -118,6 +120,12 @@ class Entry(NamedTuple):
         if self.inline is not None:
             return opening_of(self.inline.opening, self.inline.pins)
         return self.request if self.first is None else self.first
+
+    @property
+    def ask(self) -> str:
+        """The text of the record's own user message, as a later record's messages log
+        it (its request when it has no user message)."""
+        return self.request if self.asked is None else self.asked
 
 
 def opening_of(text: str, attachments: tuple[str, ...]) -> str:
@@ -141,10 +149,12 @@ def entry_of(record: TrajectoryRecord, path: str, line: int, shared: dict[str, s
             tuple((role, text) for role, text in said if text),
         )
     answer = next((text for m in reversed(own) if m.role == "assistant" and (text := m.text())), "")
-    request, first = record.request(), None
+    request, first, text = record.request(), None, None
     asked = next((m for m in own if m.role == "user"), None)
-    if inline is None and asked is not None:
-        first = opening_of(asked.text(), bounded_names(asked.attachments()))
+    if asked is not None:
+        text = asked.text()
+        if inline is None:
+            first = opening_of(text, bounded_names(asked.attachments()))
     attachments = record.attachments()
     outcome = record.outcome
     status = outcome.status if outcome is not None else "unknown"
@@ -166,6 +176,7 @@ def entry_of(record: TrajectoryRecord, path: str, line: int, shared: dict[str, s
         bounded_names(attachments) or _NONE,
         inline,
         None if first == request else first,
+        None if text == request else text,
     )
 
 
