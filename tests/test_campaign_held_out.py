@@ -18,12 +18,16 @@ import trio
 
 from evolane.campaign._held_out import (
     LEDGER_FOLDER,
+    LINE_ROOM,
+    ONLINE_USE,
     REUSED,
     ConfirmUse,
     held_out_digest,
     ledger_file,
+    online_reuse_note,
     read_uses,
     record_use,
+    reuse_note,
     val_digest,
 )
 from evolane.campaign._run import RunOutcome, RunRequest, run_campaign
@@ -246,3 +250,42 @@ def test_an_online_run_killed_measuring_its_first_candidate_has_spent_the_val_sp
         f"store ({killed}, 1 cut short); each bounds only its own no-gain accept at 0.05: over "
         "all of them up to 0.1;"
     ) in report["error_control"]
+
+
+def _earlier(store: Path, digest: str, campaign: str, tree: str) -> None:
+    use = ConfirmUse(
+        campaign_id=campaign,
+        run_id="r-" + campaign,
+        tree=tree,
+        level=0.05,
+        p_value=0.3,
+        confirmed=False,
+    )
+    record_use(store, digest, 16, use)
+
+
+def test_a_reused_split_line_keeps_its_advice_within_a_preflight_line(tmp_path: Path) -> None:
+    # Found by README review: the line was cut at 256 characters, a preflight line's room,
+    # and with one campaign id of evolane's own form its advice ("--test-budget store") was
+    # lost, in the live view and in the report's error control alike.
+    ids = [f"c-20261206-15162{n}-d99af{n}" for n in range(4)]
+    paths = write_toy(tmp_path / "confirm", {})
+    dataset = load_dataset(paths["dataset"])
+    digest = held_out_digest(dataset)
+    assert digest is not None
+    for campaign in ids:
+        _earlier(tmp_path, digest, campaign, "tree-ab")
+        line = reuse_note(tmp_path, dataset, "c-new", toy_config(paths))
+        assert line is not None and len(line) <= LINE_ROOM, line
+        assert line.endswith("add fresh test cases, or share one bound with --test-budget store")
+        assert campaign in line  # the newest earlier campaign is named, the others counted
+    assert "(+3)" in line and "all of them up to 0.25;" in line
+
+    paths = write_toy(tmp_path / "online", {}, test=0)  # no test split: online control
+    dataset = load_dataset(paths["dataset"])
+    for campaign in ids:
+        _earlier(tmp_path, val_digest(dataset), campaign, ONLINE_USE)
+        line = online_reuse_note(tmp_path, dataset, "c-new", toy_config(paths))
+        assert line is not None and len(line) <= LINE_ROOM, line
+        assert line.endswith("add fresh val cases, or go on with --resume-campaign")
+        assert campaign in line

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,8 @@ REUSED = "test split reused"
 VAL_REUSED = "val split reused"
 ONLINE_USE = "online"
 """The ``tree`` of a val split's ledger entry: a campaign's online budget, not one tree."""
+LINE_ROOM = 256
+"""A preflight line's room (`messages.EstimateEvent.preflight`): a longer one is cut."""
 
 
 class ConfirmUse(Record):
@@ -140,16 +143,18 @@ def reuse_note(
     if not earlier:
         return None
     campaigns = list(dict.fromkeys(use.campaign_id for use in earlier))
-    named = ", ".join(campaigns[:2]) + (f" (+{len(campaigns) - 2})" if len(campaigns) > 2 else "")
     confirmed = sum(use.confirmed for use in earlier)
     cut = sum(not use.finished for use in earlier)
     short = f", {cut} cut short during the test measurement" if cut else ""
     bound = min(1.0, sum(use.level for use in earlier) + alpha)
-    return (
-        f"{REUSED}: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
-        f"earlier confirmation(s) in this store ({confirmed} confirmed{short}; {named}); each "
-        f"campaign bounds only its own no-gain publish at {alpha:.2g}: over all of them up to "
-        f"{bound:.2g}; add fresh test cases, or share one bound with --test-budget store"
+    return name_campaigns(
+        lambda named: (
+            f"{REUSED}: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
+            f"earlier confirmation(s) ({confirmed} confirmed{short}; {named}); each bounds "
+            f"only its own no-gain publish at {alpha:.2g}, all of them up to {bound:.2g}; add "
+            "fresh test cases, or share one bound with --test-budget store"
+        ),
+        campaigns,
     )
 
 
@@ -173,17 +178,35 @@ def online_reuse_note(
     if not earlier:
         return None
     alpha = campaign_alpha(config)
-    named = ", ".join(earlier[:2]) + (f" (+{len(earlier) - 2})" if len(earlier) > 2 else "")
     levels = {use.campaign_id: use.level for use in ledger.uses}
     bound = min(1.0, alpha + sum(levels[campaign] for campaign in earlier))
     cut = {use.campaign_id for use in ledger.uses if not use.finished} & set(earlier)
     short = f", {len(cut)} cut short" if cut else ""
-    return (
-        f"{VAL_REUSED}: these {ledger.cases} val cases decided {len(earlier)} earlier online "
-        f"campaign(s) in this store ({named}{short}); each bounds only its own no-gain accept at "
-        f"{alpha:.2g}: over all of them up to {bound:.2g}; add fresh val cases, or go on "
-        "with --resume-campaign"
+    return name_campaigns(
+        lambda named: (
+            f"{VAL_REUSED}: these {ledger.cases} val cases decided {len(earlier)} earlier "
+            f"online campaign(s) ({named}{short}); each bounds only its own no-gain accept at "
+            f"{alpha:.2g}: over all of them up to {bound:.2g}; add fresh val cases, or go on "
+            "with --resume-campaign"
+        ),
+        earlier,
     )
+
+
+def name_campaigns(line: Callable[[str], str], campaigns: Sequence[str]) -> str:
+    """``line`` naming the newest of ``campaigns`` (two, else one, else a count), whichever
+    first fits a preflight line: the line was cut at `LINE_ROOM`, and with it the advice at
+    its end (``--test-budget store``; found by review: one campaign id was enough)."""
+    text = ""
+    for shown in (2, 1, 0):
+        more = len(campaigns) - shown
+        named = ", ".join(campaigns[len(campaigns) - shown :] if shown else ())
+        if more > 0:
+            named = f"{named} (+{more})" if shown else f"{more} campaign(s)"
+        text = line(named)
+        if len(text) <= LINE_ROOM:
+            break
+    return text
 
 
 def record_online(root: Path, dataset: Dataset, run: RunRecord, budget: OnlineBudget) -> None:

@@ -33,6 +33,7 @@ from evolane.campaign._held_out import (
     ConfirmUse,
     held_out_digest,
     ledger_file,
+    name_campaigns,
     read_uses,
     reuse_note,
 )
@@ -197,12 +198,16 @@ def split_notes(
     ]
     earlier = [use for use in split.outside if use.campaign_id != campaign_id]
     if earlier:
-        named = list(dict.fromkeys(use.campaign_id for use in earlier))
-        shown = ", ".join(named[:2]) + (f" (+{len(named) - 2})" if len(named) > 2 else "")
+        campaigns = list(dict.fromkeys(use.campaign_id for use in earlier))
         bound = min(1.0, split.alpha + sum(use.level for use in earlier))
         lines.append(
-            f"{REUSED} outside the budget: {len(earlier)} earlier confirmation(s) on these "
-            f"cases by campaigns without --test-budget store ({shown}): over all campaigns "
-            f"on them up to {bound:.2g}"
+            name_campaigns(
+                lambda named: (
+                    f"{REUSED} outside the budget: {len(earlier)} earlier confirmation(s) on "
+                    f"these cases by campaigns without --test-budget store ({named}): over "
+                    f"all campaigns on them up to {bound:.2g}"
+                ),
+                campaigns,
+            )
         )
     return tuple(lines)
