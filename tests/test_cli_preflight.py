@@ -132,6 +132,30 @@ def test_a_probed_estimate_keeps_the_spend_an_earlier_run_reported(tmp_path: Pat
     assert estimate["tokens"] == dry["tokens"] and estimate["by_role"] == dry["by_role"]
 
 
+def test_an_estimate_takes_no_spend_from_a_run_with_another_judge(tmp_path: Path) -> None:
+    """Found by README review: after runs with a free judge, the estimate for a model judge
+    under ``--max-cost-usd 20`` said "covers this run's ~$0.00": an earlier run's spend
+    paces a role only when the role runs the same command (here the judge)."""
+    paths = write_toy(tmp_path, {"default": "fix:1"}, val=10, test=6)
+    flags = toy_flags(paths, tmp_path / "store")
+    flags[flags.index("--replay") + 1] = usage_replay(tmp_path, tokens=100)
+    flags += ["--iterations", "1", "--population", "1", "--max-tokens", "10000000"]
+    first = _run(["optimize", *flags], timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    same = _run(["estimate", "--json", *flags])
+    assert json.loads(same.stdout)["tokens"] is not None, same.stderr  # its own commands
+    judge = tmp_path / "judge.py"
+    judge.write_text("print('{\"score\": 1.0}')\n")
+    other = [*flags, "--judge", f"{sys.executable} -I {judge} {{case_file}}"]
+    done = _run(["estimate", "--json", *other])
+    assert done.returncode == 0, done.stderr
+    estimate = json.loads(done.stdout)
+    assert estimate["tokens"] is None and "judge" not in estimate["by_role"]
+    assert estimate["by_role"]["replay"]["tokens"] > 0  # the replay is the same: it paces
+    text = _run(["estimate", *other]).stdout
+    assert "--max-tokens" in text and "spend is unknown" in text and "covers" not in text
+
+
 def test_a_failed_probe_draws_no_range_and_keeps_json_whole(tmp_path: Path) -> None:
     """A probe whose replay fails times nothing worth a range (as doctor says): the estimate
     is the dry run's, exit 1, and under ``--json`` the failure goes to stderr (found by

@@ -155,6 +155,8 @@ def estimate_run(
         if by_role:  # the roles add up to the whole (an old history: the whole per unit)
             tokens = _total(by_role, "tokens")
             cost = _total(by_role, "cost_usd")
+            if not {"optimizer", "replay", *(["judge"] if measure.judge else [])} <= by_role.keys():
+                tokens = cost = None  # a role no earlier run tells: the whole is unknown
         basis = f"typical unit {history.seconds:.2f} s from earlier runs in this store"
     worst = None
     if probe is None and history is not None:  # the unit time seen before paces the run
@@ -350,14 +352,17 @@ def _total(by_role: dict[str, Usage], dimension: str) -> float | None:
     return sum(known) if known else None
 
 
-def per_unit_by_role(report: dict[str, Any], units: int) -> dict[str, Usage]:
-    """A report's spend by role, per replay unit (per proposal for the optimizer)."""
+def per_unit_by_role(
+    report: dict[str, Any], units: int, config: CampaignConfig
+) -> dict[str, Usage]:
+    """A report's spend by role, per replay unit (per proposal for the optimizer), for the
+    roles whose command ``config`` runs as the report's run did (`_same_command`)."""
     by_stage = report.get("budget", {}).get("spent_by_stage", {})
     proposals = max(1, len(report.get("funnel", [])))
     per_role = {}
     for role in ROLES:
         spent = by_stage.get(role)
-        if not isinstance(spent, dict):
+        if not isinstance(spent, dict) or not _same_command(report, config, role):
             continue
         count = proposals if role == "optimizer" else units
         values = {d: spent.get(d) for d in ("tokens", "cost_usd")}
@@ -365,3 +370,16 @@ def per_unit_by_role(report: dict[str, Any], units: int) -> dict[str, Usage]:
             **{d: v / count if isinstance(v, int | float) else None for d, v in values.items()}
         )
     return per_role
+
+
+def _same_command(report: dict[str, Any], config: CampaignConfig, role: str) -> bool:
+    """Whether ``config`` runs ``role`` as the run of ``report`` did: another judge or
+    optimizer spends otherwise (found by README review: after runs with a free judge, a
+    model judge's estimate said ``--max-cost-usd $20.00 covers this run's ~$0.00``)."""
+    ran = report.get("config", {})
+    if role == "judge":
+        samples = ran.get("judge_samples", 1) == config.models.judge_samples
+        return samples and ran.get("judge") == config.measure.judge
+    if role == "optimizer":
+        return ran.get("optimizer") == config.propose.optimizer
+    return True  # the replay: a report is read only when its replay is this run's

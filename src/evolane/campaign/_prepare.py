@@ -493,6 +493,6 @@ def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
             seconds=report["wall_seconds"] * report["config"].get("replay_concurrency", 1) / units,
             tokens=tokens / paid if tokens else None,
             cost_usd=cost / paid if cost else None,
-            by_role=per_unit_by_role(report, paid),
+            by_role=per_unit_by_role(report, paid, config),
         )
     return None

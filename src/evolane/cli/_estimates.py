@@ -59,7 +59,7 @@ def ceiling_lines(estimate: Any, ceilings: dict[str, float | None]) -> list[str]
         if spend is None:
             lines.append(
                 f"ceiling: {named}: this run's spend is unknown (no earlier run in this store "
-                "reported it)"
+                "with these commands reported it)"
             )
         elif spend > left:
             lines.append(
