@@ -107,7 +107,7 @@ async def test_a_store_campaign_after_confirmations_outside_the_budget_says_so(
     )  # the budget 0.05 and 0.05 outside
     later = (await _run(RunRequest(_config(paths, store, test_budget="campaign")))).report
     assert later is not None  # a campaign outside the budget is told of every confirmation
-    assert "ran 2 earlier confirmation(s)" in later.error_control
+    assert "ran 2 confirmation(s) (0 confirmed" in later.error_control
     assert "up to 0.12;" in later.error_control  # 0.05 + 0.025 before, 0.05 now
 
 

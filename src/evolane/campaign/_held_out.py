@@ -145,12 +145,12 @@ def reuse_note(
     campaigns = list(dict.fromkeys(use.campaign_id for use in earlier))
     confirmed = sum(use.confirmed for use in earlier)
     cut = sum(not use.finished for use in earlier)
-    short = f", {cut} cut short during the test measurement" if cut else ""
+    short = f", {cut} cut short" if cut else ""  # killed or stopped mid-test
     bound = min(1.0, sum(use.level for use in earlier) + alpha)
     return name_campaigns(
         lambda named: (
             f"{REUSED}: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
-            f"earlier confirmation(s) ({confirmed} confirmed{short}; {named}); each bounds "
+            f"confirmation(s) ({confirmed} confirmed{short}; {named}); each bounds "
             f"only its own no-gain publish at {alpha:.2g}, all of them up to {bound:.2g}; add "
             "fresh test cases, or share one bound with --test-budget store"
         ),
