@@ -310,3 +310,28 @@ def test_the_janitor_cleans_up_at_once_when_the_host_refuses_it_a_thread(
     done = _inside(cgroup, [sys.executable, "-c", _NO_THREADS, str(cgroup)])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1"]
+
+
+def test_a_thread_the_host_refused_evolane_ends_the_run_in_one_line_and_resumable(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by review: under a full pids.max a trio worker thread's refusal ended the run
+    # "internal error: ActorCrashed: ... RuntimeError(\"can't start new thread\")", naming
+    # neither the host nor the way on. pids.max 3: the interpreter and two of its threads.
+    cgroup, _ = limited
+    (cgroup / "pids.max").write_text("3")
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    flags = [*toy_flags(paths, paths["store"]), "--iterations", "1"]
+    done = _inside(cgroup, [sys.executable, "-m", "evolane", "optimize", *flags])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("evolane: error:")]
+    assert "the host refused evolane a thread" in line and "pids.max" in line, line
+    run_id = line.rsplit("--resume ", 1)[1]  # nothing was decided: the run goes on
+    (run,) = Path(paths["store"]).glob(f"runs/{run_id}/run.json")
+    assert json.loads(run.read_text())["status"] == "interrupted"
+    (cgroup / "pids.max").write_text("max")
+    argv = [sys.executable, "-m", "evolane", "optimize", "--resume", run_id]
+    again = _inside(cgroup, [*argv, "--store", str(paths["store"])])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(run.read_text())["status"] == "finished"

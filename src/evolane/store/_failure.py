@@ -25,6 +25,9 @@ or the system's file table): never a command's doing to charge to it, and no uni
 EMFILE, and the run ended failed saying ``not run: shared_failure``)."""
 FATAL_ERRNOS = WRITE_ERRNOS | HOST_ERRNOS
 """The errno values that end a run ``failed``, wherever evolane's own process meets them."""
+_NO_THREAD = "can't start new thread"
+"""What ``threading.Thread.start`` raises (a ``RuntimeError``) when the host refuses evolane
+a thread: a pid limit enclosing it (a cgroup's ``pids.max``), or ``ulimit -u``."""
 
 _MAX_WALK = 1000  # exceptions looked at: groups and causes are walked, never recursed
 
@@ -46,9 +49,17 @@ _DAMAGE = (
 )
 
 
+def thread_refused(error: BaseException) -> bool:
+    """Whether ``error`` is the host refusing evolane's own process a thread (found by review:
+    under a full ``pids.max`` a trio worker thread's refusal ended the run as ``internal
+    error: RuntimeError: can't start new thread``)."""
+    return type(error) is RuntimeError and str(error) == _NO_THREAD
+
+
 def storage_failure(error: BaseException) -> BaseException | None:
-    """The write error, store damage or exhausted open files inside ``error`` (its exception
-    groups and ``__cause__`` chain, walked iteratively), or None when there is none."""
+    """The write error, store damage, exhausted open files or a thread the host refused
+    inside ``error`` (its exception groups and ``__cause__`` chain, walked iteratively), or
+    None when there is none."""
     pending, seen = [error], 0
     while pending and seen < _MAX_WALK:
         current = pending.pop()
@@ -56,6 +67,8 @@ def storage_failure(error: BaseException) -> BaseException | None:
         if isinstance(current, _DAMAGE):
             return current
         if isinstance(current, OSError) and current.errno in FATAL_ERRNOS:
+            return current
+        if thread_refused(current):
             return current
         if isinstance(current, BaseExceptionGroup):
             pending.extend(reversed(current.exceptions))
@@ -75,9 +88,11 @@ def store_refused(error: BaseException, root: os.PathLike[str] | str) -> bool:
 
 def refused_write(failure: BaseException) -> bool:
     """Whether ``failure`` (what `storage_failure` found) is a write the store's device
-    refused, the disk's floor crossed, or open files run out, as opposed to damage: nothing
-    the run journaled is lost, so once there is room (or files) it can go on from it."""
+    refused, the disk's floor crossed, open files or threads run out, as opposed to damage:
+    nothing the run journaled is lost, so once there is room (or files) it can go on from it."""
     if isinstance(failure, JournalWriteError) or getattr(failure, "resumable", False):
+        return True
+    if thread_refused(failure):
         return True
     return isinstance(failure, OSError) and failure.errno in FATAL_ERRNOS
 
@@ -86,6 +101,11 @@ def describe_failure(failure: BaseException, store: os.PathLike[str] | str) -> s
     """One plain line for a failure `storage_failure` found in the store at ``store``."""
     if isinstance(failure, StorageFailure | JournalWriteError):
         return str(failure)
+    if thread_refused(failure):
+        return (
+            "the host refused evolane a thread (can't start new thread): a pid limit "
+            "enclosing evolane (a cgroup's pids.max) or its `ulimit -u` is reached: raise it"
+        )
     if isinstance(failure, OSError) and failure.errno in HOST_ERRNOS:
         named = f"cannot open {failure.filename}: " if failure.filename is not None else ""
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
