@@ -27,7 +27,7 @@ FATAL_ERRNOS = WRITE_ERRNOS | HOST_ERRNOS
 """The errno values that end a run ``failed``, wherever evolane's own process meets them."""
 _NO_THREAD = "can't start new thread"
 """What ``threading.Thread.start`` raises (a ``RuntimeError``) when the host refuses evolane
-a thread: a pid limit enclosing it (a cgroup's ``pids.max``), or ``ulimit -u``."""
+a thread: a pid limit enclosing it (a cgroup's ``pids.max``), ``ulimit -u`` or ``ulimit -v``."""
 
 _MAX_WALK = 1000  # exceptions looked at: groups and causes are walked, never recursed
 
@@ -49,16 +49,19 @@ _DAMAGE = (
 )
 
 
-def thread_refused(error: BaseException) -> bool:
-    """Whether ``error`` is the host refusing evolane's own process a thread (found by review:
-    under a full ``pids.max`` a trio worker thread's refusal ended the run as ``internal
-    error: RuntimeError: can't start new thread``)."""
+def host_refused(error: BaseException) -> bool:
+    """Whether ``error`` is the host refusing evolane's own process a thread or memory (found
+    by review: under a full ``pids.max`` a trio worker thread's refusal ended the run as
+    ``internal error: RuntimeError: can't start new thread``, and under ``ulimit -v`` as
+    ``internal error: MemoryError``)."""
+    if isinstance(error, MemoryError):
+        return True
     return type(error) is RuntimeError and str(error) == _NO_THREAD
 
 
 def storage_failure(error: BaseException) -> BaseException | None:
-    """The write error, store damage, exhausted open files or a thread the host refused
-    inside ``error`` (its exception groups and ``__cause__`` chain, walked iteratively), or
+    """The write error, store damage, exhausted open files, or a thread or memory the host
+    refused inside ``error`` (its exception groups and ``__cause__`` chain, walked iteratively), or
     None when there is none."""
     pending, seen = [error], 0
     while pending and seen < _MAX_WALK:
@@ -68,7 +71,7 @@ def storage_failure(error: BaseException) -> BaseException | None:
             return current
         if isinstance(current, OSError) and current.errno in FATAL_ERRNOS:
             return current
-        if thread_refused(current):
+        if host_refused(current):
             return current
         if isinstance(current, BaseExceptionGroup):
             pending.extend(reversed(current.exceptions))
@@ -88,24 +91,41 @@ def store_refused(error: BaseException, root: os.PathLike[str] | str) -> bool:
 
 def refused_write(failure: BaseException) -> bool:
     """Whether ``failure`` (what `storage_failure` found) is a write the store's device
-    refused, the disk's floor crossed, open files or threads run out, as opposed to damage:
+    refused, the disk's floor crossed, open files, threads or memory run out, as opposed to damage:
     nothing the run journaled is lost, so once there is room (or files) it can go on from it."""
     if isinstance(failure, JournalWriteError) or getattr(failure, "resumable", False):
         return True
-    if thread_refused(failure):
+    if host_refused(failure):
         return True
     return isinstance(failure, OSError) and failure.errno in FATAL_ERRNOS
+
+
+def _refusal_line(failure: BaseException) -> str:
+    """The line for a thread or memory the host refused evolane: the limits that may have
+    refused it (its address space named when ``ulimit -v`` sets one)."""
+    space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    virtual = (
+        f"its address-space limit (`ulimit -v`) of {space >> 20} MiB"
+        if space != resource.RLIM_INFINITY
+        else None
+    )
+    if isinstance(failure, MemoryError):
+        limit = virtual or "the host's memory (a cgroup's memory limit, or the machine's)"
+        return f"evolane ran out of memory (MemoryError): {limit} is reached: raise it"
+    limits = ["a pid limit enclosing evolane (a cgroup's pids.max)", "its `ulimit -u`"]
+    limits += [virtual] if virtual else []
+    return (
+        f"the host refused evolane a thread (can't start new thread): {', '.join(limits[:-1])} "
+        f"or {limits[-1]} is reached: raise it"
+    )
 
 
 def describe_failure(failure: BaseException, store: os.PathLike[str] | str) -> str:
     """One plain line for a failure `storage_failure` found in the store at ``store``."""
     if isinstance(failure, StorageFailure | JournalWriteError):
         return str(failure)
-    if thread_refused(failure):
-        return (
-            "the host refused evolane a thread (can't start new thread): a pid limit "
-            "enclosing evolane (a cgroup's pids.max) or its `ulimit -u` is reached: raise it"
-        )
+    if host_refused(failure):
+        return _refusal_line(failure)
     if isinstance(failure, OSError) and failure.errno in HOST_ERRNOS:
         named = f"cannot open {failure.filename}: " if failure.filename is not None else ""
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
