@@ -335,3 +335,37 @@ def test_a_thread_the_host_refused_evolane_ends_the_run_in_one_line_and_resumabl
     again = _inside(cgroup, [*argv, "--store", str(paths["store"])])
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads(run.read_text())["status"] == "finished"
+
+
+_SPAWN_REFUSED = """
+import json, sys, trio
+from pathlib import Path
+from evolane.sandbox import SandboxSpec, open_sandbox
+
+async def main():
+    cgroup = Path(sys.argv[2])
+    async with open_sandbox(sys.argv[1]) as host:
+        spec = SandboxSpec(argv=(sys.executable, "-c", "pass"), kill_grace=0.2)
+        first = await host.run(spec, timeout=60)  # the spawn server and a worker thread up
+        (cgroup / "pids.max").write_text((cgroup / "pids.current").read_text())
+        refused = await host.run(spec, timeout=60)
+        print(json.dumps([first.status, refused.status, refused.error]))
+
+trio.run(main)
+"""
+
+
+def test_a_spawn_the_host_refused_names_the_pid_limit(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by review: a run stopped on "baseline replay could not start: [Errno 11] clone3:
+    # Resource temporarily unavailable", naming no limit to raise.
+    cgroup, _ = limited
+    done = _inside(
+        cgroup, [sys.executable, "-c", _SPAWN_REFUSED, str(tmp_path / "sb"), str(cgroup)]
+    )
+    assert done.returncode == 0, done.stderr
+    first, status, error = json.loads(done.stdout)
+    assert (first, status) == ("exited", "spawn_failed"), error
+    assert error.startswith("[Errno 11]"), error  # still tried again as a refusal for now
+    assert f"the host refused a process ({cgroup}/pids.max enclosing evolane)" in error, error

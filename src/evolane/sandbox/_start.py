@@ -4,6 +4,7 @@ spawn server (awaited on the event loop, or in a worker thread) or the launcher 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import time
@@ -14,7 +15,7 @@ from typing import Protocol
 import trio
 
 from evolane._faults import INSTALLED
-from evolane.sandbox._cgroups import UnitCgroups
+from evolane.sandbox._cgroups import UnitCgroups, process_headroom
 from evolane.sandbox._confine import (
     bwrap_argv,
     bwrap_wants_privileges,
@@ -82,6 +83,20 @@ class LaidOut(Protocol):
     def host(self) -> _Host: ...
 
 
+def spawn_error(error: OSError | ValueError) -> str:
+    """The message of a spawn that failed with ``error``; one the host refused a process
+    (EAGAIN) names its pid limit (found by review: a run stopped saying only ``[Errno 11]
+    clone3: Resource temporarily unavailable``, under a full ``pids.max``)."""
+    said = str(error)
+    if isinstance(error, OSError) and error.errno == errno.EAGAIN:
+        headroom = process_headroom()
+        where = (
+            f"{headroom[1]}/pids.max" if headroom is not None else "its `ulimit -u`, or a pid limit"
+        )
+        said += f": the host refused a process ({where} enclosing evolane), not --max-procs"
+    return said[:2048]
+
+
 def resolve_executable(argv0: str, cwd: Path, path: str) -> str | None:
     """Where argv[0] would be found, or None (so a missing command never gets spawned)."""
     if "/" in argv0:
@@ -125,7 +140,7 @@ class Launch:
         except (OSError, ValueError) as error:
             if isinstance(error, OSError) and error.errno in HOST_ERRNOS:
                 raise  # evolane's own open files ran out: the run cannot go on
-            return str(error)[:2048]
+            return spawn_error(error)
         return self._spawned(*started)
 
     async def from_loop(self) -> Spawned | str | None:
@@ -150,7 +165,7 @@ class Launch:
         except (OSError, ValueError) as error:
             if isinstance(error, OSError) and error.errno in HOST_ERRNOS:
                 raise  # evolane's own open files ran out: the run cannot go on
-            return str(error)[:2048]
+            return spawn_error(error)
         return None if pid is None else self._spawned(pid, mechanisms)
 
     def _hook(self) -> None:
