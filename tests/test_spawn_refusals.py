@@ -24,15 +24,16 @@ class _PidLimit:
     """A host at its pid limit: the first ``refusals`` replay spawns fail as ``clone3``
     fails there (the runtime's fault hook, so the spawns after it are real)."""
 
-    def __init__(self, refusals: int, after: int = 0) -> None:
+    def __init__(self, refusals: int, after: int = 0, label: str = "replay") -> None:
         self.left, self.refused, self.spared = refusals, 0, after  # the first ``after`` start
+        self.label = label
         self._lock = threading.Lock()  # spawns are decided in worker threads
 
     async def before_handler(self, actor: str, kind: str) -> None:
         return None
 
     def before_spawn(self, label: str) -> None:
-        if label != "replay":
+        if label != self.label:
             return
         with self._lock:
             if self.spared > 0:
@@ -105,3 +106,21 @@ async def test_a_unit_an_early_stop_ends_while_its_spawn_waits_is_cancelled(
     assert report.status == "finished", report.message
     assert [d.decision for d in report.decisions] == ["reject"]
     assert not [f for f in report.failures if f.failure.code == "spawn_failed"]
+
+
+async def test_an_optimizer_spawn_refused_for_a_moment_is_tried_again(tmp_path: Path) -> None:
+    # Found by review: an optimizer command whose spawn the host refused for a moment (a
+    # full pids.max) lost its slot, unblamed but unproposed: with every proposal of an
+    # iteration refused, the iteration was lost and a campaign ended complete having tried
+    # nothing. No command ran, so it is tried again, as a replay's spawn is.
+    limit = _PidLimit(SPAWN_REFUSALS, label="optimizer")
+    outcome = await _run_under(limit, tmp_path / "limited", iterations=1)
+    assert limit.refused == SPAWN_REFUSALS
+    report = outcome.report
+    assert report is not None and report.status == "finished", report and report.message
+    assert not [f for f in report.failures if f.failure.code == "spawn_failed"], report.failures
+    reference = await _run_under(_PidLimit(0), tmp_path / "free", iterations=1)
+    assert reference.report is not None
+    decided = [(d.iteration, d.slot, d.decision) for d in report.decisions]
+    assert decided == [(d.iteration, d.slot, d.decision) for d in reference.report.decisions]
+    assert "accept" in [d.decision for d in report.decisions]

@@ -29,6 +29,7 @@ from evolane.lanes._backends import ENDPOINT_EXIT, Backend, BackendCall, run_bac
 from evolane.lanes._entries import check_entries
 from evolane.lanes._limits import note_limits
 from evolane.lanes._replay import read_usage
+from evolane.lanes._replay_failure import SPAWN_REFUSALS, refusal_wait, spawn_refused
 from evolane.lanes._scratch import SlotScratch
 from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
@@ -187,6 +188,14 @@ class OptimizerLane(StoppableLane):
                 return ProposeResult(slot_id=job.slot_id, status="failed", failure=failure)
             deadline = started + job.timeout_seconds
             outcome, idle = await self._run(job, scratch, spec, deadline, stop)
+            for refusals in range(SPAWN_REFUSALS):  # the host's for a moment: no command ran
+                if outcome.status != "spawn_failed" or not spawn_refused(outcome.error):
+                    break
+                with trio.move_on_at(min(deadline, trio.current_time() + refusal_wait(refusals))):
+                    await stop.wait()  # a stop ends the wait, and the tries
+                if stop.is_set() or trio.current_time() >= deadline:
+                    break
+                outcome, idle = await self._run(job, scratch, spec, deadline, stop)
             result = await trio.to_thread.run_sync(self._collect, job, scratch, outcome, idle)
             return result.model_copy(update={"wall_seconds": trio.current_time() - started})
         finally:

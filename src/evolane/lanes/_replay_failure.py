@@ -46,11 +46,17 @@ def refused_for_now(result: ReplayResult, refusals: int) -> float | None:
     failure = result.failure
     if failure is None or refusals >= SPAWN_REFUSALS:
         return None
-    if failure.code == "spawn_failed" and any(said in failure.message for said in _REFUSED):
+    if failure.code == "spawn_failed" and spawn_refused(failure.message):
         return refusal_wait(refusals)
     if failure.code == HOST_REFUSED:  # the tree ran: its spend stays charged (`with_spend`)
         return refusal_wait(refusals)
     return None
+
+
+def spawn_refused(error: str) -> bool:
+    """Whether a spawn failed with ``error`` for want of a process slot or memory on the host
+    for the moment (EAGAIN, ENOMEM): no command ran, so trying again costs nothing."""
+    return any(said in error for said in _REFUSED)
 
 
 def refusal_wait(refusals: int) -> float:
