@@ -162,6 +162,17 @@ def _killed_measuring(flags: list[str], store: Path, measurement: str) -> Path:
     return run_dir
 
 
+def _started_over(flags: list[str], store: Path, hold: Path, killed: str) -> str:
+    """The error control of a new campaign run with ``flags`` once ``hold`` is gone (a user
+    starting over after the kill: told of the look, charged its level)."""
+    hold.unlink()
+    again = run_optimize(flags)
+    assert again.returncode == 0, again.stderr
+    report = json.loads(next(p for p in (store / "runs").glob("*/report.json")).read_text())
+    assert report["campaign_id"] != killed
+    return report["error_control"]
+
+
 def test_a_run_killed_during_its_test_measurement_has_spent_the_split(tmp_path: Path) -> None:
     # Found by review: the ledger recorded a confirmation only at the run's end, so a user
     # who killed a run whose test measurement was going badly and started over confirmed
@@ -184,15 +195,10 @@ def test_a_run_killed_during_its_test_measurement_has_spent_the_split(tmp_path: 
     ]
     assert ledger.uses[0].level == 0.05 and not ledger.uses[0].confirmed
 
-    hold.unlink()
-    again = run_optimize(flags)  # starting over: told of the look, charged its level
-    assert again.returncode == 0, again.stderr
-    report = json.loads(next(p for p in (store / "runs").glob("*/report.json")).read_text())
-    assert report["campaign_id"] != killed
     assert (
         f"these 6 test cases ran 1 confirmation(s) (0 confirmed, 1 cut short; {killed}); "
         "each bounds only its own no-gain publish at 0.05, all of them up to 0.1;"
-    ) in report["error_control"]
+    ) in _started_over(flags, store, hold, killed)
 
 
 def test_a_test_measurement_that_began_is_replaced_by_its_verdict_never_the_reverse(
@@ -239,16 +245,11 @@ def test_an_online_run_killed_measuring_its_first_candidate_has_spent_the_val_sp
     assert ledger is not None and [(u.campaign_id, u.finished) for u in ledger.uses] == [
         (killed, False)
     ]
-    hold.unlink()
-    again = run_optimize(flags)
-    assert again.returncode == 0, again.stderr
-    report = json.loads(next(p for p in (store / "runs").glob("*/report.json")).read_text())
-    assert report["campaign_id"] != killed
     assert (
         f"val split reused: these 12 val cases decided 1 earlier online campaign(s) ({killed}, "
         "1 cut short); each bounds only its own no-gain accept at 0.05: over all of them up to "
         "0.1;"
-    ) in report["error_control"]
+    ) in _started_over(flags, store, hold, killed)
 
 
 def _earlier(store: Path, digest: str, campaign: str, tree: str) -> None:

@@ -352,9 +352,8 @@ def _head_lines(report: Report) -> list[str]:
 
 
 def trajectory_lines(summary: TrajectorySummary | None) -> list[str]:
-    """The report's section on the trajectories the cases came from: each task group, the
-    turns left out for incomplete context, a repeated input or a stock opening, and the
-    conversations dealt (none for a run from a dataset file)."""
+    """The report's section on the trajectories the cases came from: task groups, turns left
+    out (context, repeats, stock openings), conversations dealt; none from a dataset file."""
     if summary is None:
         return []
     lines = [
