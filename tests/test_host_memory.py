@@ -11,9 +11,12 @@ run left as a kill leaves it, for ``--resume``.)"""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
+
+import pytest
 
 _REFUSED = """
 import json, threading, time
@@ -61,3 +64,23 @@ def test_a_thread_or_memory_the_host_refused_is_the_hosts_one_line_and_resumable
     assert thread[:3] == ["RuntimeError", True, True], thread
     assert thread[3].startswith("the host refused evolane a thread (can't start new thread)")
     assert "pids.max" in thread[3] and limit in thread[3], thread
+
+
+_THREADS = (
+    "import os, evolane.cli, numpy; "
+    "print(len(os.listdir('/proc/self/task')), os.environ['OPENBLAS_NUM_THREADS'])"
+)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no thread on one core")
+def test_the_command_line_starts_no_blas_thread_and_keeps_a_users_setting() -> None:
+    # Found by review: numpy's OpenBLAS started a thread per core but one in every evolane
+    # process (63 on a 64-core host), each a pid under a container's pids.max.
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", _THREADS], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [b"1", b"1"]  # the main thread alone
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    done = subprocess.run([sys.executable, "-c", _THREADS], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [b"2", b"2"]  # the user's own setting wins

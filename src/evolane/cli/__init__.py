@@ -1,6 +1,14 @@
 """The `evolane` command line."""
 
+import os
 import time
+
+# OpenBLAS (numpy's) starts a thread per core but one at load: 63 more threads in every
+# evolane process of a 64-core host, each a pid under a container's pids.max, and under a
+# full one its refused thread raised SIGINT, read as a Ctrl-C (found by review). evolane's
+# statistics are vector work that gains nothing from them; a user's own setting wins, and
+# commands never see it (their environment is an allowlist).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 STARTED = time.time()
 """When the command line was loaded: a run's wall-clock budget counts from here."""
