@@ -29,9 +29,9 @@ from tests.campaign_helpers import run_optimize, shared_folder
 
 SPY = textwrap.dedent(
     """
-    import json, os, sys, tempfile
+    import json, os, sys, tempfile, time
     def spy(role, **seen):
-        seen.update(role=role, cwd=os.getcwd(), argv=sys.argv[1:],
+        seen.update(role=role, cwd=os.getcwd(), argv=sys.argv[1:], at=time.time(),
                     env={k: v for k, v in os.environ.items() if k.startswith(("EVOLANE", "HOME"))})
         handle, _ = tempfile.mkstemp(dir=LOG, prefix=role + ".", suffix=".json")
         os.write(handle, json.dumps(seen).encode())
@@ -43,7 +43,7 @@ AGENT = """import json, os, sys
 from spy import spy
 case_file, out = sys.argv[1:3]
 text = open(case_file).read()
-spy("replay", case=text)
+spy("replay", case=text, known=KNOWN)
 n = json.loads(text)["input"]["n"]
 ans = n * 2 if n % 3 != KNOWN else -1
 json.dump(ans, open(os.path.join(out, "output.json"), "w"))
@@ -68,7 +68,11 @@ open("agent.py", "w").write(src.replace("KNOWN = 2", "KNOWN = 9") + "# edit\\n")
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
     """One campaign (train 8, val 12, test 8; two iterations), what each command saw."""
-    root = tmp_path_factory.mktemp("holdout")
+    return _spied(tmp_path_factory.mktemp("holdout"), "--iterations", "2")
+
+
+def _spied(root: Path, *flags: str) -> tuple[Path, list[dict[str, object]]]:
+    """A campaign run with ``flags`` by spying commands, and what each of them saw."""
     log, tools = shared_folder(root / "log"), root / "tools"
     tools.mkdir()
     (tools / "spy.py").write_text(f"LOG = {str(log)!r}\n{SPY}")
@@ -86,7 +90,7 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[
     python = f"{sys.executable} -I"
     done = run_optimize([
         "--target", str(root / "agent"), "--dataset", str(root / "cases.jsonl"),
-        "--store", str(root / "store"), "--iterations", "2", "--population", "1",
+        "--store", str(root / "store"), *flags, "--population", "1",
         "--progress", "none", "--expose", str(tools), "--expose-rw", str(log),
         "--replay", f"{python} {{candidate}}/agent.py {{case_file}} {{output_dir}}",
         "--judge", f"{python} {tools / 'judge.py'} {{case_file}} {{output_dir}}",
@@ -139,3 +143,24 @@ def test_no_command_is_told_how_many_commands_ran_before_it(campaign: tuple[Path
             assert label == view["role"], name
             counts = [part for part in rest if part.isdecimal() and len(part) < 20]
             assert not counts, name  # the random part is 20 hex digits
+
+
+def test_a_replay_told_its_repetition_is_not_told_its_arm(tmp_path: Path) -> None:
+    # Found by review: with fewer baseline than candidate repetitions, a replay told
+    # repetition 1 (EVOLANE_REPETITION, and the seed made from it) was a candidate's: a tree
+    # could answer well only as a candidate and fail as its own baseline. The arm with fewer
+    # repetitions is told numbers drawn from the other's, per case, by the run's secret.
+    flags = ("--iterations", "1", "--baseline-replay-repetitions", "1")
+    _, seen = _spied(tmp_path, *flags, "--candidate-replay-repetitions", "2")
+    told: dict[tuple[object, str], list[str]] = {}
+    for view in sorted(_of(seen, "replay"), key=lambda view: float(view["at"])):
+        case = json.loads(str(view["case"]))["id"]
+        if case <= "k19":  # train and val: the seed tree the baseline alone
+            told.setdefault((view["known"], case), []).append(view["env"]["EVOLANE_REPETITION"])
+    # The seed's first replay of each case is its measurement alone (1 repetition, told as
+    # the gate's baseline is, and reused by it); a later measurement may replay the other.
+    seed = {case: reps for (known, case), reps in told.items() if known == 2}
+    assert len(seed) == 20, seed  # (all told 0 or all 1 by chance: 2 in 2**20)
+    assert {reps[0] for reps in seed.values()} == {"0", "1"}, seed  # as a candidate's are
+    candidate = {rep for (known, _), reps in told.items() if known == 9 for rep in reps}
+    assert candidate == {"0", "1"}, told

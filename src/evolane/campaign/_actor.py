@@ -300,6 +300,8 @@ class _Cycle:
             baseline_ref=state.parent,
             split=split,  # type: ignore[arg-type]
             baseline_repetitions=self.config.baseline_replay_repetitions,
+            # alone, but told the repetitions its arm is told against a candidate (reused)
+            candidate_repetitions=self.config.candidate_replay_repetitions,
             gate=self.config.gate,
         )
         summary, units = await self.peers.measure(state.book, request, "baseline", iteration, None)

@@ -152,9 +152,29 @@ def unit_counts(units: UnitTable) -> dict[str, int]:
 # ----- what a unit asks for, derived from the run's settings -----------------------------
 
 
+def shown_repetition(settings: SchedulerSettings, unit: Unit) -> int:
+    """The repetition ``unit``'s commands are told (``EVOLANE_REPETITION``, and its seed):
+    its own where both arms have as many; for the arm with fewer, a draw without replacement
+    from the other arm's numbers, per case, keyed by the run's secret (`blind_name`'s), the
+    same in every measurement of the run (so a tree's replays still serve either arm).
+    Found by review: with 1/2 repetitions a tree told repetition 1 knew it was a candidate,
+    and could answer well only as one, failing as its own baseline."""
+    layout = unit.table.layout
+    rep, most = unit.repetition, max(layout.reps)
+    if layout.reps[0] == layout.reps[1]:  # (a parent measured alone draws alike: reused)
+        return rep
+    fewer = layout.reps[0] if unit.arm == "baseline" else layout.reps[1]
+    if fewer == most:
+        return rep
+    case = unit.case_id
+    drawn = sorted(range(most), key=lambda n: blind_name(settings.fingerprint, f"{case}#{n}"))
+    return drawn[rep]
+
+
 def pair_seed(settings: SchedulerSettings, unit: Unit) -> int:
-    """The seed shared by both arms of a pair (same case, same repetition)."""
-    return seed_for(settings.seed, unit.case_id, unit.repetition)
+    """The seed of ``unit``'s case and shown repetition (`shown_repetition`): shared by the
+    two arms' replays told the same repetition."""
+    return seed_for(settings.seed, unit.case_id, shown_repetition(settings, unit))
 
 
 def reuse_key(settings: SchedulerSettings, unit: Unit) -> bytes:
@@ -164,7 +184,7 @@ def reuse_key(settings: SchedulerSettings, unit: Unit) -> bytes:
         settings.fingerprint,
         unit.tree_ref.digest,
         settings.case_refs[unit.case_id].digest,
-        unit.repetition,
+        shown_repetition(settings, unit),
         pair_seed(settings, unit),
     )
     return hashlib.blake2b(repr(parts).encode(), digest_size=KEY_BYTES).digest()
@@ -178,7 +198,7 @@ def replay_job(settings: SchedulerSettings, unit: Unit) -> ReplayJob:
         case_ref=settings.case_refs[unit.case_id],
         tree_ref=unit.tree_ref,
         arm=unit.arm,  # type: ignore[arg-type]
-        repetition=unit.repetition,
+        repetition=shown_repetition(settings, unit),
         seed=pair_seed(settings, unit),
         timeout_seconds=settings.replay_timeout,
         name=blind_name(settings.fingerprint, unit.unit_id),

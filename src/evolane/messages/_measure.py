@@ -126,6 +126,8 @@ class ReplayJob(Message):
     tree_ref: ArtifactRef
     arm: Arm
     repetition: int = Field(ge=0, le=10_000)
+    """The repetition its command is told (``EVOLANE_REPETITION``): the unit's own, or for the
+    arm with fewer repetitions one drawn from the other's (``shown_repetition`` in evolane.measure)."""
     seed: int = Field(ge=0, le=2**63 - 1)
     timeout_seconds: float = Field(gt=0, le=86_400)
     name: Name | None = None
