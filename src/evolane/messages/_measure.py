@@ -127,7 +127,7 @@ class ReplayJob(Message):
     arm: Arm
     repetition: int = Field(ge=0, le=10_000)
     """The repetition its command is told (``EVOLANE_REPETITION``): the unit's own, or for the
-    arm with fewer repetitions one drawn from the other's (``shown_repetition`` in evolane.measure)."""
+    arm with fewer repetitions one drawn from the other's (``measure``'s shown_repetition)."""
     seed: int = Field(ge=0, le=2**63 - 1)
     timeout_seconds: float = Field(gt=0, le=86_400)
     name: Name | None = None
