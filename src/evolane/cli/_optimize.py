@@ -238,7 +238,7 @@ def optimize(
     isolation: Annotated[
         str | None,
         _o(
-            "auto | confined | process (default auto: confined where bubblewrap works).",
+            "auto | confined | namespace | process (default auto: confined where bwrap works).",
             "--isolation",
         ),
     ] = None,
