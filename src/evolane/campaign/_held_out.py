@@ -224,8 +224,7 @@ def record_online(root: Path, dataset: Dataset, run: RunRecord, budget: OnlineBu
         p_value=min(tested, default=1.0),
         confirmed=budget.accepted > 0,
     )
-    with contextlib.suppress(OSError):
-        record_use(root, val_digest(dataset), dataset.split_counts["val"], use)
+    _recorded_val(root, dataset, use)
 
 
 def with_reuse(words: str, preflight: tuple[str, ...]) -> str:
@@ -253,31 +252,31 @@ class SplitLooks:
     def test(self, best: str, level: float) -> str | None:
         """The confirmation of the tree ``best`` (a digest) at ``level`` begins; the warning
         when the ledger could not be written, as `record_confirmation`."""
-        use = ConfirmUse(
+        return _recorded(self.root, self.dataset, self._begun(tree_slot(best), level))
+
+    def val(self, alpha: float) -> None:
+        """The campaign's online budget ``alpha`` begins to be spent on the val cases (its
+        first candidate's measurement); advice only, as `record_online`."""
+        _recorded_val(self.root, self.dataset, self._begun(ONLINE_USE, alpha))
+
+    def _begun(self, tree: str, level: float) -> ConfirmUse:
+        """The entry of a look at ``level`` that has no verdict yet."""
+        return ConfirmUse(
             campaign_id=self.run.campaign_id,
             run_id=self.run.run_id,
-            tree=tree_slot(best),
+            tree=tree,
             level=level,
             p_value=1.0,
             confirmed=False,
             finished=False,
         )
-        return _recorded(self.root, self.dataset, use)
 
-    def val(self, alpha: float) -> None:
-        """The campaign's online budget ``alpha`` begins to be spent on the val cases (its
-        first candidate's measurement); advice only, as `record_online`."""
-        use = ConfirmUse(
-            campaign_id=self.run.campaign_id,
-            run_id=self.run.run_id,
-            tree=ONLINE_USE,
-            level=alpha,
-            p_value=1.0,
-            confirmed=False,
-            finished=False,
-        )
-        with contextlib.suppress(OSError):
-            record_use(self.root, val_digest(self.dataset), self.dataset.split_counts["val"], use)
+
+def _recorded_val(root: Path, dataset: Dataset, use: ConfirmUse) -> None:
+    """``use`` in the ledger of ``dataset``'s val split (advice only: a ledger that cannot be
+    written is left as it is)."""
+    with contextlib.suppress(OSError):
+        record_use(root, val_digest(dataset), dataset.split_counts["val"], use)
 
 
 def _recorded(root: Path, dataset: Dataset, use: ConfirmUse) -> str | None:

@@ -4,6 +4,7 @@ that fails is an infrastructure outcome, retried, and never turned into a score 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -387,8 +388,10 @@ def _names_case_file(template: CommandTemplate | None, case: dict[str, Any] | No
         return True  # refused as bad_verification, as before
 
 
+@functools.lru_cache(maxsize=256)
 def _verification_template(command: str) -> CommandTemplate:
-    """A case's verification command parsed (`TemplateError` when it is no template)."""
+    """A case's verification command parsed (`TemplateError` when it is no template); kept,
+    as a unit's judge reads it twice (`_names_case_file`, then to run it)."""
     return CommandTemplate.parse(command, role="verification", allowed=VERIFICATION_PLACEHOLDERS)
 
 

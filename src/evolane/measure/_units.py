@@ -171,35 +171,39 @@ def shown_repetition(settings: SchedulerSettings, unit: Unit) -> int:
     return drawn[rep]
 
 
-def pair_seed(settings: SchedulerSettings, unit: Unit) -> int:
-    """The seed of ``unit``'s case and shown repetition (`shown_repetition`): shared by the
-    two arms' replays told the same repetition."""
-    return seed_for(settings.seed, unit.case_id, shown_repetition(settings, unit))
+def pair_seed(settings: SchedulerSettings, unit: Unit, shown: int | None = None) -> int:
+    """The seed of ``unit``'s case and shown repetition (``shown``, else `shown_repetition`):
+    shared by the two arms' replays told the same repetition."""
+    if shown is None:
+        shown = shown_repetition(settings, unit)
+    return seed_for(settings.seed, unit.case_id, shown)
 
 
 def reuse_key(settings: SchedulerSettings, unit: Unit) -> bytes:
     """What a reused unit must match: fingerprint, tree, case, repetition and seed (a
     16-byte digest: `ReuseIndex` holds one per succeeded unit)."""
+    shown = shown_repetition(settings, unit)
     parts = (
         settings.fingerprint,
         unit.tree_ref.digest,
         settings.case_refs[unit.case_id].digest,
-        shown_repetition(settings, unit),
-        pair_seed(settings, unit),
+        shown,
+        pair_seed(settings, unit, shown),
     )
     return hashlib.blake2b(repr(parts).encode(), digest_size=KEY_BYTES).digest()
 
 
 def replay_job(settings: SchedulerSettings, unit: Unit) -> ReplayJob:
     """The replay of ``unit`` (its case without the answers)."""
+    shown = shown_repetition(settings, unit)
     return ReplayJob(
         unit_id=unit.unit_id,
         case_id=unit.case_id,
         case_ref=settings.case_refs[unit.case_id],
         tree_ref=unit.tree_ref,
         arm=unit.arm,  # type: ignore[arg-type]
-        repetition=shown_repetition(settings, unit),
-        seed=pair_seed(settings, unit),
+        repetition=shown,
+        seed=pair_seed(settings, unit, shown),
         timeout_seconds=settings.replay_timeout,
         name=blind_name(settings.fingerprint, unit.unit_id),
     )
