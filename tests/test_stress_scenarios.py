@@ -215,7 +215,11 @@ async def test_an_actor_runtime_that_drops_a_crashed_actors_queue_is_caught(
 
     monkeypatch.setattr(_kernel, "_file_failure", dropping)
     report = await _quick("actors", ask_ratio=0.0)
-    assert set(_failed(report)) == {
+    # Whether a dropped queue also held a planned crash depends on scheduling (CI's run of
+    # stop 51 dropped none): that second invariant may or may not fail, the first must.
+    failed = set(_failed(report))
+    assert "every dead letter is a crash" in failed
+    assert failed <= {
         "every dead letter is a crash",
         "crashes handled == crashes planned and accepted",
     }
