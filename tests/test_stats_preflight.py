@@ -181,6 +181,14 @@ def test_can_ever_confirm_is_what_confirm_does_with_every_case_a_full_gain(
         assert not can_ever_confirm(needed - 1, confidence, margin=margin, pass_fail=pass_fail)[0]
 
 
+def test_a_confirmations_line_names_its_level_not_a_confidence() -> None:
+    """Found by review: a later cycle's or online job's line read "can never confirm at
+    0.991667", the confidence of its level 0.00833."""
+    possible, why = can_ever_confirm(4, 1.0 - 0.05 / 6)
+    assert not possible and "at level 0.00833:" in why and "0.9916" not in why
+    assert can_ever_confirm(16, 0.95)[1] == "16 held-out cases can confirm at level 0.05"
+
+
 def test_a_judges_scores_and_a_margin_need_more_held_out_cases() -> None:
     assert can_ever_confirm(5, 0.95)[0]  # pass/fail: 2^-5 <= 0.05
     betting = can_ever_confirm(5, 0.95, pass_fail=False)

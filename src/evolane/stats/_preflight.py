@@ -442,12 +442,12 @@ def can_ever_confirm(
     level = float(1 - as_fraction(confidence))
     floor = best_case_p_value(n_test, margin=margin, pass_fail=pass_fail)
     if n_test >= 1 and floor <= level:
-        return True, f"{n_test} held-out cases can confirm at {confidence:g}"
+        return True, f"{n_test} held-out cases can confirm at level {level:.3g}"
     fewest = fewest_cases(level, margin=margin, pass_fail=pass_fail)
     return False, (
-        f"{n_test} held-out cases can never confirm at {confidence:g}: the smallest possible "
-        f"p-value ({_test_words(margin, pass_fail)}, every case a full gain) is {floor:.3g} > "
-        f"{level:.3g} (needs >= {fewest} cases)"
+        f"{n_test} held-out cases can never confirm at level {level:.3g}: the smallest "
+        f"possible p-value ({_test_words(margin, pass_fail)}, every case a full gain) is "
+        f"{floor:.3g} > {level:.3g} (needs >= {fewest} cases)"
     )
 
 
