@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -44,7 +46,15 @@ SPY = textwrap.dedent(
         key = open(KEY_PATH).read().strip()
     except OSError as error:
         key = type(error).__name__
-    seen = {"role": role, "env": os.environ.get("SECRET", "-"), "key": key}
+    net = "-"
+    if NET_PORT:  # a real server of the test's on the host's loopback
+        import socket
+        try:
+            socket.create_connection(("127.0.0.1", NET_PORT), timeout=5).close()
+            net = "connected"
+        except OSError as error:
+            net = type(error).__name__
+    seen = {"role": role, "env": os.environ.get("SECRET", "-"), "key": key, "net": net}
     handle, _ = tempfile.mkstemp(dir=SPY_DIR, prefix=role + ".", suffix=".json")
     os.write(handle, json.dumps(seen).encode())
     os.close(handle)
@@ -67,8 +77,9 @@ SPY = textwrap.dedent(
 )
 
 
-def _setup(root: Path) -> tuple[list[str], Path, Path]:
-    """The flags of a run whose every command spies, the spy folder and the key file."""
+def _setup(root: Path, port: int = 0) -> tuple[list[str], Path, Path]:
+    """The flags of a run whose every command spies, the spy folder and the key file; with
+    ``port``, each command also tries to connect to the host's loopback at that port."""
     paths = write_toy(root / "toy", {"default": "fix:8"}, val=8, test=8, passing=2)
     spy = shared_folder(root / "spy")
     key = root / "secret" / "key.txt"
@@ -79,7 +90,7 @@ def _setup(root: Path) -> tuple[list[str], Path, Path]:
     tools = root / "tools"
     tools.mkdir()
     script = tools / "spy.py"
-    script.write_text(f"KEY_PATH = {str(key)!r}\nSPY_DIR = {str(spy)!r}\n{SPY}")
+    script.write_text(f"KEY_PATH = {str(key)!r}\nSPY_DIR = {str(spy)!r}\nNET_PORT = {port}\n{SPY}")
     run = f"{sys.executable} -I {script}"
     flags = toy_flags(paths, paths["store"])
     flags[flags.index("--replay") + 1] = f"{run} replay {{candidate}} {{output_dir}}"
@@ -160,6 +171,47 @@ def test_a_grant_given_to_two_roles_reaches_those_two(
     assert seen["replay"] == seen["check"] == {("-", "FileNotFoundError")}
 
 
+def test_the_network_given_to_the_optimizer_reaches_no_replay_or_judge(tmp_path: Path) -> None:
+    """Found by review: ``--network`` had no role, so a coding-agent optimizer's network
+    let every replay (the candidate's code) and judge reach the host's loopback services
+    and send anything anywhere. ``--network-for ROLE`` gives it to that role alone."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.2)
+        heard: list[int] = []
+        stop = threading.Event()
+
+        def listen() -> None:
+            while not stop.is_set():
+                try:
+                    server.accept()[0].close()
+                except OSError:  # the timeout: look at the stop flag again
+                    continue
+                heard.append(1)
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        flags, spy, _ = _setup(tmp_path, port=server.getsockname()[1])
+        flags += ["--network-for", "optimizer", "--network-for", "check"]
+        try:
+            done = run_optimize(flags, cwd=tmp_path)
+        finally:
+            stop.set()
+            listener.join()
+    assert done.returncode == 0, done.stderr
+    nets: dict[str, set[str]] = {}
+    for path in spy.glob("*.json"):
+        account = json.loads(path.read_text())
+        nets.setdefault(account["role"], set()).add(account["net"])
+    assert nets["optimizer"] == nets["check"] == {"connected"}, nets
+    for role in ("replay", "judge", "validator"):
+        assert "connected" not in nets[role], (role, nets[role])
+    assert len(heard) == len(list(spy.glob("optimizer.*.json"))) + 1  # and the one check
+    run = next((tmp_path / "toy" / "store").glob("runs/*/report.json")).parent
+    report = json.loads((run / "report.json").read_text())
+    assert report["isolation"].startswith("confined (network: optimizer, check)"), report
+    assert "(bubblewrap, network for optimizer, check only)" in (run / "report.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("given", "line"),
     [
@@ -170,6 +222,7 @@ def test_a_grant_given_to_two_roles_reaches_those_two(
         (["--pass-env", "optimizer=sk-live-1"], "--pass-env optimizer=...: not a variable's"),
         (["--expose", "agent=/etc"], "--expose agent=/etc: 'agent' is no command's role"),
         (["--expose-rw", "judge="], "--expose-rw judge=: nothing given for judge"),
+        (["--network-for", "agent"], "--network-for agent: no command's role: choose from"),
     ],
 )
 def test_a_bad_role_or_an_empty_grant_is_one_line_and_exit_2(

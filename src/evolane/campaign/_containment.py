@@ -58,6 +58,8 @@ def containment(config: CampaignConfig) -> Containment:
             f"read the host's files; {confinement_fix()}, or pass --isolation process to accept"
         )
     network = "network" if commands.network else "no network"
+    if commands.network_for and not commands.network:  # e.g. "network: optimizer"
+        network = "network: " + ", ".join(commands.network_for)
     description = f"{level} ({network})" if level != "process" else "process"
     return Containment(level, description, warning)
 

@@ -1,6 +1,7 @@
 """The grant flags read into config values: ``--pass-env``, ``--expose`` and ``--expose-rw``,
 each ``[ROLE=]VALUE`` (repeatable): with a role (`evolane.measure.COMMAND_ROLES`) the grant
-reaches that role's commands only, without one every command, as before roles existed."""
+reaches that role's commands only, without one every command, as before roles existed; and
+``--network-for ROLE`` (repeatable), the network for one role's commands."""
 
 from __future__ import annotations
 
@@ -22,7 +23,19 @@ def grant_values(flags: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     for key in ("expose", "expose_rw"):
         if flags.get(key):
             values[key] = tuple(_path("--" + key.replace("_", "-"), text) for text in flags[key])
+    if flags.get("network_for"):
+        values["network_for"] = tuple(dict.fromkeys(_role(text) for text in flags["network_for"]))
     return values
+
+
+def _role(text: str) -> str:
+    """A ``--network-for`` value: one of `evolane.measure.COMMAND_ROLES`."""
+    from evolane.measure import COMMAND_ROLES
+
+    if text not in COMMAND_ROLES:
+        roles = ", ".join(COMMAND_ROLES)
+        raise InputError(f"--network-for {text}: no command's role: choose from {roles}")
+    return text
 
 
 def _variable(text: str) -> str:

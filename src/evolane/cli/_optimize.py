@@ -29,7 +29,7 @@ _PANELS = {
     "Budgets and deadlines": "wall-clock-budget max-tokens max-cost-usd replay-timeout "
     "judge-timeout optimizer-timeout optimizer-idle kill-grace",
     "Lanes": "replay-concurrency judge-concurrency optimizer-concurrency cluster",
-    "Isolation": "isolation network expose expose-rw pass-env max-procs max-memory "
+    "Isolation": "isolation network network-for expose expose-rw pass-env max-procs max-memory "
     "max-file-size max-open-files",
     "Models": "judge-samples llm-base-url llm-api-key-env llm-temperature llm-max-tokens "
     "llm-timeout llm-retries llm-cache prices unknown-price",
@@ -245,6 +245,10 @@ def optimize(
     network: Annotated[
         bool | None,
         _o("Let confined commands use the network (default: none).", "--network/--no-network"),
+    ] = None,
+    network_for: Annotated[
+        list[str] | None,
+        _o("ROLE whose confined commands may use the network (repeatable).", "--network-for"),
     ] = None,
     expose: Annotated[
         list[str] | None,

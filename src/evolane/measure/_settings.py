@@ -115,8 +115,12 @@ class CommandSettings(CommandLimits):
     before the run (found by review: it was stored in run.json, and every command failed
     to start)."""
     network: bool = False
-    """Whether a confined command may use the network (``--network``: an agent that calls
-    an LLM API needs it)."""
+    """Whether every confined command may use the network (``--network``: an agent that
+    calls an LLM API needs it)."""
+    network_for: tuple[CommandRole, ...] = Field(default=(), max_length=len(COMMAND_ROLES))
+    """The roles whose confined commands may use the network (``--network-for ROLE``): a
+    coding-agent optimizer's, and no replay running a candidate's code (found by review:
+    ``--network`` had no role, so every replay and judge reached what the optimizer did)."""
     expose: tuple[GrantedPath, ...] = Field(default=(), max_length=64)
     """Host paths a confined command is shown read-only besides those its template names
     (``ROLE=PATH``: one role's commands only; ``PATH``: every command)."""
@@ -144,7 +148,7 @@ class CommandSettings(CommandLimits):
             read_only=tuple(dict.fromkeys((*named, *granted_to(role, self.expose)))),
             read_write=granted_to(role, self.expose_rw),
             hidden=self.hidden,
-            network=self.network,
+            network=self.network or role in self.network_for,
         )
 
 

@@ -20,12 +20,17 @@ def isolation_words(isolation: str, safeguards: tuple[str, ...] = ()) -> list[st
     level, _, rest = isolation.partition(" ")
     template = _LEVEL_WORDS.get(level)
     network = rest.strip("()")
+    said = ""
+    if network == "no network":
+        said = "no network"
+    elif network.startswith("network: "):  # --network-for ROLE
+        said = f"network for {network.removeprefix('network: ')} only"
     if template is None:
         words = isolation
     elif level == "confined":
-        words = template.format(", no network" if network == "no network" else "")
+        words = template.format(f", {said}" if said else "")
     else:
-        words = template.format(" (no network)" if network == "no network" else "")
+        words = template.format(f" ({said})" if said else "")
     if _REAPING & set(safeguards):
         return [words + ",", "processes reaped on exit"]
     return [words]
