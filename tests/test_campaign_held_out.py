@@ -173,17 +173,24 @@ def _started_over(flags: list[str], store: Path, hold: Path, killed: str) -> str
     return report["error_control"]
 
 
-def test_a_run_killed_during_its_test_measurement_has_spent_the_split(tmp_path: Path) -> None:
-    # Found by review: the ledger recorded a confirmation only at the run's end, so a user
-    # who killed a run whose test measurement was going badly and started over confirmed
-    # on the same test cases at a fresh alpha, and no preflight said so.
-    paths = write_toy(tmp_path, {"default": "overfit:8"})  # accepted on val: tested
+def _held_at_test(tmp_path: Path) -> tuple[dict[str, Path], Path, Path, list[str]]:
+    """The toy (one slot, accepted on val: its best is scored on the test split) with a
+    replay that hangs on the test cases while the returned ``hold`` file exists: its paths,
+    store, ``hold`` and ``evolane optimize`` flags."""
+    paths = write_toy(tmp_path, {"default": "overfit:8"})
     store, logs = tmp_path / "store", tmp_path / "logs"
     logs.mkdir()
     log, hold = logs / "replays.log", logs / "hold"
     hold.touch()
     flags = [*toy_flags(paths, store, log=log), "--iterations", "1", "--population", "1"]
-    flags = with_flag(flags, "--replay", _holding_replay(log, hold))
+    return paths, store, hold, with_flag(flags, "--replay", _holding_replay(log, hold))
+
+
+def test_a_run_killed_during_its_test_measurement_has_spent_the_split(tmp_path: Path) -> None:
+    # Found by review: the ledger recorded a confirmation only at the run's end, so a user
+    # who killed a run whose test measurement was going badly and started over confirmed
+    # on the same test cases at a fresh alpha, and no preflight said so.
+    paths, store, hold, flags = _held_at_test(tmp_path)
     flags = with_flag(flags, "--apply", "verified_only")
     run_dir = _killed_measuring(flags, store, "c0.final.test")
     killed = json.loads((run_dir / "run.json").read_text())["campaign_id"]
@@ -289,3 +296,99 @@ def test_a_reused_split_line_keeps_its_advice_within_a_preflight_line(tmp_path: 
         assert line is not None and len(line) <= LINE_ROOM, line
         assert line.endswith("add fresh val cases, or go on with --resume-campaign")
         assert campaign in line
+
+
+def _look(ledger_uses: tuple[ConfirmUse, ...]) -> list[tuple[str, float | None, bool]]:
+    return [(use.campaign_id, use.level, use.finished) for use in ledger_uses]
+
+
+def test_a_confirmation_after_a_none_run_on_the_same_cases_names_its_look(
+    tmp_path: Path,
+) -> None:
+    # Found by review: --error-control none measured its best on the test split and showed
+    # the scores, but wrote no ledger entry, so a user who picked a best from them and
+    # confirmed it on the same cases got a fresh alpha and no reused-split line.
+    paths = write_toy(tmp_path, {"default": "overfit:8"})  # accepted on val
+    store = tmp_path / "store"
+    flags = [*toy_flags(paths, store), "--iterations", "1", "--population", "1"]
+    looked = run_optimize([*flags, "--error-control", "none"])
+    assert looked.returncode == 0, looked.stderr
+    (first,) = [json.loads(p.read_text()) for p in store.glob("runs/*/report.json")]
+    assert first["scores"]["best_test"] is not None  # the test split was scored and shown
+    digest = held_out_digest(load_dataset(paths["dataset"]))
+    assert digest is not None
+    ledger = read_uses(store, digest)
+    assert ledger is not None and _look(ledger.uses) == [(first["campaign_id"], None, True)]
+    assert ledger.uses[0].tree == "tree-" + first["best"]["digest"].split(":")[1][:32]
+    # a re-judge of that run scores the test split again, with no confirmation either
+    rerun = ["--from-run", first["run_id"], "--rerun-evaluator", "--store", str(store)]
+    rejudged = run_optimize([*rerun, "--progress", "none"])
+    assert rejudged.returncode == 0, rejudged.stderr
+    ledger = read_uses(store, digest)
+    assert ledger is not None and [use.level for use in ledger.uses] == [None, None]
+    again = ledger.uses[1].campaign_id
+
+    confirmed = run_optimize([*flags, "--error-control", "confirm"])
+    assert confirmed.returncode == 0, confirmed.stderr
+    (second,) = [
+        json.loads(p.read_text())
+        for p in store.glob("runs/*/report.json")
+        if json.loads(p.read_text())["campaign_id"] not in (first["campaign_id"], again)
+    ]
+    assert second["confirmation"] is not None  # it confirmed the tree the looks had seen
+    words = second["error_control"]
+    assert (
+        f"; but {REUSED}: these 6 test cases had 2 uncontrolled look(s) "
+        f"({first['campaign_id']}, {again}): scores seen at no level: a tree picked on them "
+        "is not confirmed by them; add fresh test cases"
+    ) in words
+    assert "bounds only its own no-gain publish" not in words  # a look adds no level
+
+
+def test_a_none_run_killed_during_its_test_measurement_has_left_its_look(
+    tmp_path: Path,
+) -> None:
+    # The look is recorded before the first test replay, as a confirmation's is: a run
+    # killed while the user watched its test scores come in still counts.
+    paths, store, hold, flags = _held_at_test(tmp_path)
+    run_dir = _killed_measuring([*flags, "--error-control", "none"], store, "c0.final.test")
+    killed = json.loads((run_dir / "run.json").read_text())["campaign_id"]
+    digest = held_out_digest(load_dataset(paths["dataset"]))
+    assert digest is not None
+    ledger = read_uses(store, digest)
+    assert ledger is not None and _look(ledger.uses) == [(killed, None, False)]
+    assert f"these 6 test cases had 1 uncontrolled look(s) ({killed}): " in _started_over(
+        [*flags, "--error-control", "confirm"], store, hold, killed
+    )
+
+
+def test_an_older_ledger_reads_beside_looks_and_a_damaged_one_is_still_reported(
+    tmp_path: Path,
+) -> None:
+    # A ledger an older evolane wrote has entries without ``finished`` and always a level:
+    # they read as confirmations beside the uncontrolled looks (no level) written now.
+    paths = write_toy(tmp_path, {})
+    dataset = load_dataset(paths["dataset"])
+    digest = held_out_digest(dataset)
+    assert digest is not None
+    old = {"campaign_id": "c-old", "run_id": "r-old", "tree": "tree-ab", "level": 0.05}
+    old |= {"p_value": 0.3, "confirmed": False}
+    path = ledger_file(tmp_path, digest)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"digest": digest, "cases": 6, "uses": [old]}))
+    look = ConfirmUse(
+        campaign_id="c-look", run_id="r-look", tree="tree-ab", level=None, p_value=1.0,
+        confirmed=False,
+    )  # fmt: skip
+    record_use(tmp_path, digest, 6, look)
+    record_use(tmp_path, digest, 6, look.model_copy(update={"run_id": "r-again"}))  # once
+    line = reuse_note(tmp_path, dataset, "c-new", toy_config(paths))
+    assert line == (
+        f"{REUSED}: these 6 test cases ran 1 confirmation(s) (0 confirmed; all up to 0.1) and "
+        "1 uncontrolled look(s) (c-old, c-look): scores seen at no level: a tree picked on "
+        "them is not confirmed by them; add fresh test cases"
+    )
+    path.write_text(path.read_text()[:-9])
+    assert reuse_note(tmp_path, dataset, "c-new", toy_config(paths)) == (
+        f"test split: its ledger {path} cannot be read"
+    )

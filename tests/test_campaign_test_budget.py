@@ -111,6 +111,34 @@ async def test_a_store_campaign_after_confirmations_outside_the_budget_says_so(
     assert "up to 0.12;" in later.error_control  # 0.05 + 0.025 before, 0.05 now
 
 
+async def test_a_store_campaign_is_told_of_an_uncontrolled_look_which_holds_no_share(
+    tmp_path: Path,
+) -> None:
+    # A --error-control none run scored the test split with no level: it takes no share of
+    # the budget, but a store campaign on the same cases is told its scores were seen.
+    paths = write_toy(tmp_path, {"default": "overfit:8"})
+    store = tmp_path / "store"
+    none = _config(paths, store, error_control="none", apply="proposal")
+    looked = (await _run(RunRequest(none))).report
+    assert looked is not None and looked.scores.best_test is not None
+    report = (await _run(RunRequest(_config(paths, store)))).report
+    assert report is not None and report.confirmation is not None
+    assert report.confirmation.level == pytest.approx(_level(1))  # the look took no share
+    assert _shares(store, paths["dataset"]) == {report.campaign_id: (1, "spent")}
+    assert report.error_control.endswith(
+        f"; but {REUSED} outside the budget: 1 uncontrolled look(s) ({looked.campaign_id}): "
+        "scores seen at no level: a tree picked on them is not confirmed by them"
+    )
+
+
+def _uses(store: Path, dataset: Path) -> tuple[ConfirmUse, ...]:
+    digest = held_out_digest(load_dataset(dataset))
+    assert digest is not None
+    ledger = read_uses(store, digest)
+    assert ledger is not None
+    return ledger.uses
+
+
 async def _paused(tmp_path: Path) -> tuple[dict[str, Path], CampaignConfig, Report]:
     """A store campaign of two cycles whose first chose no best: paused, holding share 1."""
     paths = write_toy(tmp_path, {"default": "noop"})  # nothing accepted: the seed is the best
@@ -131,6 +159,11 @@ async def test_a_campaign_that_never_reaches_a_confirmation_gives_its_share_back
     assert last is not None and last.campaign_status == "complete"
     book = _book(store, paths["dataset"])
     assert book.shares == () and book.released == 1  # ended without a confirmation
+    # its seed, the best of each cycle, was scored on the test split: an uncontrolled look
+    # is recorded, and having no level it spends no share
+    assert [(use.campaign_id, use.level) for use in _uses(store, paths["dataset"])] == [
+        (first.campaign_id, None)
+    ]
     paths["plan"].write_text(json.dumps({"default": "overfit:8"}))
     report = (await _run(RunRequest(_config(paths, store)))).report
     assert report is not None and report.confirmation is not None

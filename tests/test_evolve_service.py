@@ -388,6 +388,22 @@ async def test_shadow_measures_and_never_writes_the_target(tmp_path: Path) -> No
     assert tree_digest(paths["target"]) == before
 
 
+async def test_a_shadow_job_without_error_control_records_its_look_at_the_test_split(
+    tmp_path: Path,
+) -> None:
+    # A job run with error_control "none" scores its best on the trajectories' test split
+    # and shows it; the split's ledger records that uncontrolled look (no level).
+    paths = write_trace_target(tmp_path, 24)
+    settings = ServiceSettings(mode="shadow", policy=EvolvePolicy(every=None))
+    job = await _one_job(paths, settings, error_control="none")
+    report = _report(paths, job.run_id)
+    assert report["scores"]["best_test"] is not None
+    (ledger,) = [json.loads(p.read_text()) for p in paths["store"].glob("test-splits/*.json")]
+    assert [(use["campaign_id"], use["level"]) for use in ledger["uses"]] == [
+        (report["campaign_id"], None)
+    ]
+
+
 async def test_online_publishes_a_verified_candidate_to_the_target(tmp_path: Path) -> None:
     # A judge command's scores may be graded: confirming needs more held-out cases than
     # pass/fail scores would (`stats.no_gain_p_value`): 48 tasks, not 32.

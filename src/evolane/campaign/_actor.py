@@ -329,6 +329,8 @@ class _Cycle:
                 reps = (confirm_repetitions(self.config, self.s.test_cases),) * 2
                 baseline = self.s.replaced_by(best)
                 await self._test_begins(best)
+            elif split == "test":  # scores seen, nothing confirmed: an uncontrolled look
+                await self._seen(best, finished=False)
             request = MeasureRequest(
                 measurement_id=f"c{self.s.cycle}.final.{split}",
                 baseline_ref=baseline,
@@ -349,7 +351,9 @@ class _Cycle:
             )
             if split == "test":
                 state.test = state.book.measurements[-1]
-                if confirming:  # confirm before publish, under the campaign's budget
+                if not confirming:
+                    await self._seen(best, finished=True)
+                else:  # confirm before publish, under the campaign's budget
                     budget = self.s.confirmation_budget()
                     arms = (arm_scores(units, "baseline"), arm_scores(units, "candidate"))
                     worst = left_out_at_zero(units, arms[0])
@@ -376,6 +380,17 @@ class _Cycle:
             return
         warning = await trio.to_thread.run_sync(looks.test, best.digest, budget.next_level)
         if warning is not None:
+            self.peers.emit(WarningEvent(run_id=self.s.run_id, message=warning[:256]))
+
+    async def _seen(self, best: ArtifactRef, finished: bool) -> None:
+        """Record in the test split's ledger that ``best`` is scored on it with no
+        confirmation (an uncontrolled look, `SplitLooks.seen`): before any test replay
+        runs, then once measured (``finished``)."""
+        looks = self.services.looks
+        if looks is None:
+            return
+        warning = await trio.to_thread.run_sync(looks.seen, best.digest, finished)
+        if warning is not None and not finished:  # the same ledger: warned once
             self.peers.emit(WarningEvent(run_id=self.s.run_id, message=warning[:256]))
 
 

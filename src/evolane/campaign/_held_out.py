@@ -8,6 +8,11 @@ confirmed an edit with no true gain grows to at most N alpha (the union bound, u
 dependence), about 1 - 0.95^N for independent ones (0.40 at 10, 0.64 at 20). A user who
 reruns until a best is confirmed gets one in the end.
 
+A run that scores the test split without confirming (``--error-control none`` or
+``online``, a best that is the seed, a re-judge of such a run) is an *uncontrolled look*:
+recorded alike, with no level (it adds nothing to the union bound), because its scores were
+seen: a tree picked after seeing them is not confirmed by these cases at any level.
+
 Nothing here changes a decision. Each confirmation is recorded against the digest of the
 test split's cases (`held_out_digest`) in ``STORE/test-splits/<key>.json`` (written
 atomically under a lock: runs of one store may end at once), once per campaign and tree (a
@@ -42,6 +47,10 @@ REUSED = "test split reused"
 VAL_REUSED = "val split reused"
 ONLINE_USE = "online"
 """The ``tree`` of a val split's ledger entry: a campaign's online budget, not one tree."""
+LOOKS = "uncontrolled look(s)"
+"""Runs that scored a test split without confirming (`SplitLooks.seen`)."""
+LOOK_MEANS = "scores seen at no level: a tree picked on them is not confirmed by them"
+"""What an uncontrolled look means for a campaign that confirms on the same cases."""
 LINE_ROOM = 256
 """A preflight line's room (`messages.EstimateEvent.preflight`): a longer one is cut."""
 
@@ -50,21 +59,28 @@ class ConfirmUse(Record):
     """One confirmation on a test split: the campaign, run and tree (``tree-<hex32>``) it
     tested, its level and p-value, and whether it confirmed. ``finished`` False: its test
     measurement began and no verdict was recorded yet (a run killed or stopped during it:
-    the look at the split spent its level all the same; p-value 1, not confirmed)."""
+    the look at the split spent its level all the same; p-value 1, not confirmed). ``level``
+    None: an uncontrolled look, the split scored with no confirmation (p-value 1, not
+    confirmed; an older evolane recorded no looks: its entries all have a level)."""
 
     campaign_id: Name
     run_id: Name
     tree: Name
-    level: float = Field(ge=0.0, le=1.0)
+    level: float | None = Field(ge=0.0, le=1.0)
     p_value: float = Field(ge=0.0, le=1.0)
     confirmed: bool
     finished: bool = True
 
+    @property
+    def confirms(self) -> bool:
+        """Whether this is a confirmation (it has a level), not an uncontrolled look."""
+        return self.level is not None
+
 
 class ConfirmLedger(Record):
-    """A test split's ledger: its digest, its case count, every confirmation on it, and
-    the error budget its ``--test-budget store`` campaigns share (`campaign._test_budget`;
-    None until the first of them)."""
+    """A test split's ledger: its digest, its case count, every confirmation and uncontrolled
+    look on it, and the error budget its ``--test-budget store`` campaigns share
+    (`campaign._test_budget`; None until the first of them)."""
 
     digest: Name
     cases: int = Field(ge=0)
@@ -114,7 +130,7 @@ def record_use(root: Path, digest: str, cases: int, use: ConfirmUse) -> None:
         ledger = read_uses(root, digest)
         if ledger is None:
             return
-        same = [old.campaign_id == use.campaign_id and old.tree == use.tree for old in ledger.uses]
+        same = [_same(old, use) for old in ledger.uses]
         if any(same):
             at = same.index(True)
             if ledger.uses[at].finished or not use.finished:
@@ -125,13 +141,18 @@ def record_use(root: Path, digest: str, cases: int, use: ConfirmUse) -> None:
         write_json_atomic(path, ledger.model_copy(update={"cases": cases, "uses": uses}))
 
 
+def _same(old: ConfirmUse, use: ConfirmUse) -> bool:
+    """Whether ``old`` and ``use`` are one look: the same campaign, tree and kind."""
+    return (old.campaign_id, old.tree, old.confirms) == (use.campaign_id, use.tree, use.confirms)
+
+
 def reuse_note(
     root: Path, dataset: Dataset, campaign_id: str, config: CampaignConfig
 ) -> str | None:
     """The preflight line for a campaign that confirms on ``dataset``'s test split: how
     many confirmations other campaigns of the store ran on the same cases, and the union
-    bound over them and this campaign's alpha; None when there were none (or it does not
-    confirm)."""
+    bound over them and this campaign's alpha, and how many uncontrolled looks saw them;
+    None when there were none (or it does not confirm)."""
     digest = held_out_digest(dataset)
     if digest is None or resolved_mode(config.error_control, 1) != "confirm":
         return None
@@ -143,19 +164,35 @@ def reuse_note(
     if not earlier:
         return None
     campaigns = list(dict.fromkeys(use.campaign_id for use in earlier))
-    confirmed = sum(use.confirmed for use in earlier)
-    cut = sum(not use.finished for use in earlier)
+    tests = [use for use in earlier if use.confirms]
+    confirmed = sum(use.confirmed for use in tests)
+    cut = sum(not use.finished for use in tests)
     short = f", {cut} cut short" if cut else ""  # killed or stopped mid-test
-    bound = min(1.0, sum(use.level for use in earlier) + alpha)
+    bound = min(1.0, spent_levels(tests) + alpha)
+    cases = ledger.cases or "same"
+    if len(tests) == len(earlier):
+        return name_campaigns(
+            lambda named: (
+                f"{REUSED}: these {cases} test cases ran {len(tests)} "
+                f"confirmation(s) ({confirmed} confirmed{short}; {named}); each bounds "
+                f"only its own no-gain publish at {alpha:.2g}, all of them up to {bound:.2g}; "
+                "add fresh test cases, or share one bound with --test-budget store"
+            ),
+            campaigns,
+        )
+    ran = f"ran {len(tests)} confirmation(s) ({confirmed} confirmed{short}; all up to {bound:.2g})"
     return name_campaigns(
         lambda named: (
-            f"{REUSED}: these {ledger.cases or 'same'} test cases ran {len(earlier)} "
-            f"confirmation(s) ({confirmed} confirmed{short}; {named}); each bounds "
-            f"only its own no-gain publish at {alpha:.2g}, all of them up to {bound:.2g}; add "
-            "fresh test cases, or share one bound with --test-budget store"
+            f"{REUSED}: these {cases} test cases {f'{ran} and' if tests else 'had'} "
+            f"{len(earlier) - len(tests)} {LOOKS} ({named}): {LOOK_MEANS}; add fresh test cases"
         ),
         campaigns,
     )
+
+
+def spent_levels(uses: Sequence[ConfirmUse]) -> float:
+    """The levels ``uses`` spent: their confirmations' (an uncontrolled look has none)."""
+    return sum(use.level for use in uses if use.level is not None)
 
 
 def online_reuse_note(
@@ -178,7 +215,7 @@ def online_reuse_note(
     if not earlier:
         return None
     alpha = campaign_alpha(config)
-    levels = {use.campaign_id: use.level for use in ledger.uses}
+    levels = {use.campaign_id: use.level or 0.0 for use in ledger.uses}  # all have one
     bound = min(1.0, alpha + sum(levels[campaign] for campaign in earlier))
     cut = {use.campaign_id for use in ledger.uses if not use.finished} & set(earlier)
     short = f", {len(cut)} cut short" if cut else ""
@@ -254,13 +291,19 @@ class SplitLooks:
         when the ledger could not be written, as `record_confirmation`."""
         return _recorded(self.root, self.dataset, self._begun(tree_slot(best), level))
 
+    def seen(self, best: str, finished: bool) -> str | None:
+        """The tree ``best`` (a digest) is scored on the test split with no confirmation (an
+        uncontrolled look: no level), beginning or ``finished``; the warning as `test`."""
+        look = self._begun(tree_slot(best), None).model_copy(update={"finished": finished})
+        return _recorded(self.root, self.dataset, look)
+
     def val(self, alpha: float) -> None:
         """The campaign's online budget ``alpha`` begins to be spent on the val cases (its
         first candidate's measurement); advice only, as `record_online`."""
         _recorded_val(self.root, self.dataset, self._begun(ONLINE_USE, alpha))
 
-    def _begun(self, tree: str, level: float) -> ConfirmUse:
-        """The entry of a look at ``level`` that has no verdict yet."""
+    def _begun(self, tree: str, level: float | None) -> ConfirmUse:
+        """The entry of a look at ``level`` (None: uncontrolled) that has no verdict yet."""
         return ConfirmUse(
             campaign_id=self.run.campaign_id,
             run_id=self.run.run_id,

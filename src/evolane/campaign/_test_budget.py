@@ -28,6 +28,8 @@ from typing import Any
 
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._held_out import (
+    LOOK_MEANS,
+    LOOKS,
     REUSED,
     ConfirmLedger,
     ConfirmUse,
@@ -36,6 +38,7 @@ from evolane.campaign._held_out import (
     name_campaigns,
     read_uses,
     reuse_note,
+    spent_levels,
 )
 from evolane.campaign._online import campaign_alpha, resolved_mode
 from evolane.campaign._runs import TERMINAL_CAMPAIGN, CampaignState
@@ -50,9 +53,10 @@ BUDGET_NOTE = "test budget"
 class SplitShare:
     """A campaign's share of its test split's budget: the ``share`` (peeked or held), the
     budget's ``alpha``, the split's ``digest`` and ``cases``, the shares others hold or
-    spent, the confirmations on the split by campaigns holding no share (``outside``), the
-    campaign's own alpha (``own``: 1 - confidence) and the level it was given before
-    (``preset``: an evolve job's share of its target's budget)."""
+    spent, the confirmations on the split by campaigns holding no share and every
+    uncontrolled look (``outside``), the campaign's own alpha (``own``: 1 - confidence) and
+    the level it was given before (``preset``: an evolve job's share of its target's
+    budget)."""
 
     share: BudgetShare
     alpha: float
@@ -87,7 +91,7 @@ def _own_alpha(config: CampaignConfig) -> float:
 
 def _found(ledger: ConfirmLedger, book: ShareBook, held: BudgetShare, cases: int) -> SplitShare:
     holders = {item.job_id for item in book.shares}
-    outside = tuple(use for use in ledger.uses if use.campaign_id not in holders)
+    outside = tuple(u for u in ledger.uses if u.campaign_id not in holders or not u.confirms)
     others = sum(item.job_id != held.job_id for item in book.shares)
     return SplitShare(held, book.alpha, ledger.digest, cases, others, outside)
 
@@ -167,8 +171,10 @@ def settle_split(
         ledger = read_uses(root, digest)
         if ledger is None or ledger.budget is None:
             return
-        # a look at the test split that began (a killed run's) spent the share all the same
-        spent = spent or any(use.campaign_id == state.campaign_id for use in ledger.uses)
+        # a confirmation that began (a killed run's) spent the share all the same; an
+        # uncontrolled look (its seed scored as its best) has no level: it spends none
+        mine = (use for use in ledger.uses if use.campaign_id == state.campaign_id)
+        spent = spent or any(use.confirms for use in mine)
         updated = ledger.budget.settle(state.campaign_id, spent)
         if updated is not ledger.budget:
             write_json_atomic(path, ledger.model_copy(update={"budget": updated}))
@@ -182,8 +188,8 @@ def split_notes(
     split: SplitShare | None,
 ) -> tuple[str, ...]:
     """The preflight lines on the test split: with a share, its level and the budget over
-    every ``store`` campaign on these cases (and the confirmations outside it); without
-    one, the reused-split line (`reuse_note`)."""
+    every ``store`` campaign on these cases (and the confirmations outside it, the
+    uncontrolled looks); without one, the reused-split line (`reuse_note`)."""
     if split is None:
         note = reuse_note(root, dataset, campaign_id, config)
         return (note,) if note else ()
@@ -198,16 +204,30 @@ def split_notes(
     ]
     earlier = [use for use in split.outside if use.campaign_id != campaign_id]
     if earlier:
-        campaigns = list(dict.fromkeys(use.campaign_id for use in earlier))
-        bound = min(1.0, split.alpha + sum(use.level for use in earlier))
-        lines.append(
-            name_campaigns(
-                lambda named: (
-                    f"{REUSED} outside the budget: {len(earlier)} earlier confirmation(s) on "
-                    f"these cases by campaigns without --test-budget store ({named}): over "
-                    f"all campaigns on them up to {bound:.2g}"
-                ),
-                campaigns,
-            )
-        )
+        lines.append(_outside(split.alpha, earlier))
     return tuple(lines)
+
+
+def _outside(alpha: float, earlier: list[ConfirmUse]) -> str:
+    """The line on the confirmations outside a budget of ``alpha`` and the uncontrolled
+    looks, ``earlier`` on the split: the bound over all campaigns, what the looks mean."""
+    campaigns = list(dict.fromkeys(use.campaign_id for use in earlier))
+    tests = [use for use in earlier if use.confirms]
+    bound = min(1.0, alpha + spent_levels(tests))
+    ran = (
+        f"{len(tests)} earlier confirmation(s) on these cases by campaigns without "
+        "--test-budget store"
+    )
+    if len(tests) == len(earlier):
+        return name_campaigns(
+            lambda named: (
+                f"{REUSED} outside the budget: {ran} ({named}): over all campaigns on them up "
+                f"to {bound:.2g}"
+            ),
+            campaigns,
+        )
+    looks = f"{len(earlier) - len(tests)} {LOOKS}"
+    looked = f"{ran} (all up to {bound:.2g}) and {looks}" if tests else looks
+    return name_campaigns(
+        lambda named: f"{REUSED} outside the budget: {looked} ({named}): {LOOK_MEANS}", campaigns
+    )
