@@ -152,8 +152,10 @@ class CampaignConfig(Record):
     @property
     def run_commands(self) -> CommandSettings:
         """`commands` as the run's commands get them: the store, the target and the dataset
-        hidden from every one (`CommandSettings.hidden`)."""
+        hidden from every one (`CommandSettings.hidden`), with the copies of the held-out
+        cases found in their folders (`campaign._copies`: ``commands.hidden``)."""
         paths = (self.store, self.target, self.dataset, *self.from_trajectory)
+        paths += self.commands.hidden
         hidden = tuple(os.path.abspath(path) for path in paths if path)
         return self.commands.model_copy(update={"hidden": hidden})
 

@@ -17,6 +17,7 @@ from evolane.campaign._advice import after_failure, still_running
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment
 from evolane.campaign._continue import check_budgets, continuable_campaign, earlier_results
+from evolane.campaign._copies import mask_for_run
 from evolane.campaign._estimate import (
     Estimate,
     UnitHistory,
@@ -68,8 +69,7 @@ from evolane.store import BlobStore, describe_mode, read_json
 
 _NO_ROOM = 1e-9  # a ceiling already spent: a zero would read as "no ceiling"
 HISTORY_RUNS = 16
-"""The newest runs whose reports a start looks through for a comparable one (it read every
-report in the store: 15 s before each start in a store of 3,000 runs of another agent)."""
+"""The newest runs a start reads for a comparable report (all of them: 15 s in 3,000 runs)."""
 
 
 @dataclass
@@ -259,7 +259,8 @@ def _prepared(
     rejudge: bool = False,
     split: SplitShare | None = None,
 ) -> Prepared:
-    """The checked request, with its estimate and the ceilings left after ``spent``."""
+    """The checked request (held-out copies masked), its estimate, the ceilings left."""
+    config, gates, copies = mask_for_run(config, gates, dataset, run.splits)
     test_cases = dataset.split_counts["test"]
     plan = run.splits or legacy_plan(split_ids(dataset))
     train = plan.train_cases if plan.feedback == "train" else 0
@@ -285,6 +286,7 @@ def _prepared(
                 clusters=cluster_counts(dataset, plan.splits(split_ids(dataset))),
             ),
             plan,
+            *copies,
             trajectory_note(config),
             *split_notes(layout.root, dataset, campaign.campaign_id, config, split),
             online_reuse_note(layout.root, dataset, campaign.campaign_id, config),

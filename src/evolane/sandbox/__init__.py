@@ -10,6 +10,7 @@ from evolane.sandbox._cgroups import process_headroom
 from evolane.sandbox._confine import (
     confinement_fix,
     folders_to_expose,
+    outermost,
     resolve_isolation,
     template_paths,
     within,
@@ -65,6 +66,7 @@ __all__ = [
     "lease_matches",
     "materialize_workspace",
     "open_sandbox",
+    "outermost",
     "process_headroom",
     "resolve_isolation",
     "sweep_stale_leases",

@@ -27,9 +27,10 @@ ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 EnvName = Annotated[str, Field(pattern=f"^{ENV_NAME_PATTERN}$", max_length=128)]
 Arg = Annotated[str, Field(max_length=65_536), AfterValidator(_no_nul)]
 PathText = Annotated[str, Field(min_length=1, max_length=4096)]
-MAX_HIDDEN = 272
+MAX_HIDDEN = 336
 """Paths a command may be kept from seeing at most: a campaign's store, target and dataset,
-or up to 256 trajectory files (``--from-trajectory``), with room to spare."""
+or up to 256 trajectory files (``--from-trajectory``), and up to 64 copies of held-out
+cases found in the folders commands are shown, with room to spare."""
 
 
 class Limits(Record):
