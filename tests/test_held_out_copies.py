@@ -146,3 +146,25 @@ def test_a_judge_naming_a_copy_is_refused(tmp_path: Path) -> None:
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"--judge names {log}, which holds val/test cases" in refused.stderr, refused.stderr
     assert "{case_file}" in refused.stderr
+
+
+def test_a_folder_of_one_session_a_file_is_masked(tmp_path: Path) -> None:
+    """Trajectories kept a session a file hold one held-out case each: together they are
+    the answers, so each file holding one is masked (a file of another folder with one
+    case alone is not: a chance match)."""
+    paths = _project(tmp_path, ())
+    sessions = paths["proj"] / "sessions"
+    sessions.mkdir()
+    for split in ("val", "test"):
+        for i in range(CASES[split]):
+            row = _row(split, i)
+            (sessions / f"{row['id']}.json").write_text(json.dumps(row, indent=2))
+    lone = paths["proj"] / "notes"
+    lone.mkdir()
+    (lone / "one.txt").write_text(str(_row("val", 3)["expected_output"]) + "\n")
+    estimate = _evolane(tmp_path, paths, "estimate").stdout
+    named = [line for line in estimate.splitlines() if "val/test case" in line]
+    assert f"preflight: {sessions}/" in named[0] and "holds 1 val/test case: masked" in named[0]
+    held = CASES["val"] + CASES["test"]
+    assert named[-1] == f"preflight: {held - 3} more files hold val/test cases: masked as well"
+    assert "one.txt" not in estimate, estimate

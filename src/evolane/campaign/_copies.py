@@ -46,7 +46,8 @@ from evolane.store import NotRegularFileError, open_regular_file
 MIN_TOKEN = 16
 """Characters a string of a case must have to be matched: "yes" or "4" is in every folder."""
 MIN_CASES = 3
-"""Held-out cases a file must hold to be a copy (fewer when val and test hold fewer)."""
+"""Held-out cases a file, or the files of one folder together, must hold to be copies
+(fewer when val and test hold fewer)."""
 MAX_FILES = 50_000
 MAX_DEPTH = 32
 MAX_FILE_BYTES = 128 << 20
@@ -227,10 +228,12 @@ def scan_folders(
     folders: Iterable[str], hidden: Iterable[str], tokens: dict[bytes, int], needed: int
 ) -> Scan:
     """Walk ``folders`` (capped; ``hidden`` skipped) for files holding at least ``needed``
-    of the cases ``tokens`` names."""
+    of the cases ``tokens`` names, or any of them when their folder's files hold as many
+    together (a trajectory a file: found by review of this scan)."""
     scan = Scan()
     skip = {os.path.realpath(path) for path in hidden}
     wanted = _Wanted.of(tokens)
+    found: dict[str, set[int]] = {}
     for top in folders:
         for path, size in _files(top, skip, scan):
             if size > MAX_TOTAL_BYTES - scan.read:
@@ -240,8 +243,14 @@ def scan_folders(
             elif size > MAX_FILE_BYTES:
                 scan.partial.setdefault(top, f"{path} is over {MAX_FILE_BYTES >> 20} MiB")
             held = _cases_in_file(path, wanted, scan)
-            if len(held) >= needed:
-                scan.copies.append((path, len(held)))
+            if held:
+                found[path] = held
+    by_folder: dict[str, set[int]] = {}
+    for path, held in found.items():
+        by_folder.setdefault(os.path.dirname(path), set()).update(held)
+    for path, held in found.items():  # a folder of one session a file holds them together
+        if len(held) >= needed or len(by_folder[os.path.dirname(path)]) >= needed:
+            scan.copies.append((path, len(held)))
     return scan
 
 
@@ -306,13 +315,12 @@ def _lines(scan: Scan, masked: bool) -> list[str]:
     folder the caps cut short."""
     lines = []
     for path, count in scan.copies[: MAX_LINES - 1]:
+        cases = f"{count} val/test case{'s' if count != 1 else ''}"
         if masked:
-            lines.append(
-                f"{path} holds {count} val/test cases: masked from every command, as the dataset is"
-            )
+            lines.append(f"{path} holds {cases}: masked from every command, as the dataset is")
         else:
             lines.append(
-                f"warning: {path} holds {count} val/test cases and every command can read "
+                f"warning: {path} holds {cases} and every command can read "
                 "it (no confinement masks it): move it out of the folders commands are "
                 "shown, or run with --isolation confined"
             )
