@@ -168,3 +168,27 @@ def test_a_folder_of_one_session_a_file_is_masked(tmp_path: Path) -> None:
     held = CASES["val"] + CASES["test"]
     assert named[-1] == f"preflight: {held - 3} more files hold val/test cases: masked as well"
     assert "one.txt" not in estimate, estimate
+
+
+def test_the_prefix_of_the_program_a_replay_runs_is_scanned(tmp_path: Path) -> None:
+    """A confined ``/proj/bin/agent`` is shown all of ``/proj`` (its program's prefix), not
+    only ``/proj/bin``: the log in ``/proj`` is found there too; a virtual environment in
+    it is not walked."""
+    paths = _project(tmp_path, ("val", "test"))
+    agent = paths["proj"] / "bin" / "agent"
+    agent.parent.mkdir()
+    agent.write_text('#!/bin/sh\necho \'"x"\' > "$1/output.json"\n')
+    agent.chmod(0o755)
+    venv = paths["proj"] / ".venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "copy.jsonl").write_text((paths["proj"] / "traces.jsonl").read_text())
+    estimate = subprocess.run(
+        [sys.executable, "-m", "evolane", "estimate", "--target", str(paths["target"]),
+         "--dataset", str(paths["dataset"]), "--store", str(tmp_path / "store"),
+         "--optimizer", "true", "--replay", f"{agent} {{output_dir}}", "--isolation", "confined"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    log = paths["proj"] / "traces.jsonl"
+    assert f"preflight: {log} holds 14 val/test cases: masked" in estimate.stdout, estimate
+    assert "copy.jsonl" not in estimate.stdout

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import stat
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -40,7 +41,13 @@ from evolane.inputs import (
 )
 from evolane.lanes import optimizer_command
 from evolane.measure import COMMAND_ROLES, CommandRole, split_grant
-from evolane.sandbox import outermost, resolve_isolation, template_paths, within
+from evolane.sandbox import (
+    outermost,
+    program_folders,
+    resolve_isolation,
+    template_paths,
+    within,
+)
 from evolane.store import NotRegularFileError, open_regular_file
 
 MIN_TOKEN = 16
@@ -48,6 +55,10 @@ MIN_TOKEN = 16
 MIN_CASES = 3
 """Held-out cases a file, or the files of one folder together, must hold to be copies
 (fewer when val and test hold fewer)."""
+SKIPPED = VCS_FOLDERS | {"__pycache__", "node_modules"}
+"""Folders never walked (with every virtual environment: a folder holding `VENV_MARK`):
+compressed objects and installed code, thousands of files no copy is kept in."""
+VENV_MARK = "pyvenv.cfg"
 MAX_FILES = 50_000
 MAX_DEPTH = 32
 MAX_FILE_BYTES = 128 << 20
@@ -186,8 +197,20 @@ def shown_folders(config: CampaignConfig) -> tuple[str, ...]:
             with contextlib.suppress(TemplateError, ValueError):
                 template = CommandTemplate.parse(text, role=role, allowed=ALL_PLACEHOLDERS)
         view = commands.view(role, template)
-        shown += [*view.read_only, *view.read_write]
+        shown += [*view.read_only, *view.read_write, *_program_prefix(template)]
     return outermost(os.path.realpath(path) for path in shown if os.path.lexists(path))
+
+
+def _program_prefix(template: CommandTemplate | None) -> list[str]:
+    """The folders a confined command is shown for the program it runs (its prefix:
+    ``/proj`` for ``/proj/bin/agent``; `evolane.sandbox.program_folders`)."""
+    if template is None or not template.argv or "{" in template.argv[0]:
+        return []
+    program = template.argv[0]
+    if "/" in program and not program.startswith("/"):
+        return []  # relative to the command's own workspace, not the host's
+    found = program if program.startswith("/") else shutil.which(program)
+    return program_folders(found) if found else []
 
 
 def _templates(config: CampaignConfig) -> Iterator[tuple[CommandRole, str | None]]:
@@ -270,14 +293,14 @@ def _files(top: str, skip: set[str], scan: Scan) -> Iterator[tuple[str, int]]:
             scan.files += 1
             yield folder, info.st_size
             continue
-        if not stat.S_ISDIR(info.st_mode):
+        if not stat.S_ISDIR(info.st_mode) or os.path.lexists(os.path.join(folder, VENV_MARK)):
             continue
         if depth >= MAX_DEPTH:
             scan.partial.setdefault(top, f"folders deeper than {MAX_DEPTH}")
             continue
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
             for entry in entries:
-                if entry.name in VCS_FOLDERS or entry.path in skip:
+                if entry.name in SKIPPED or entry.path in skip:
                     continue
                 if scan.files >= MAX_FILES:
                     scan.partial.setdefault(top, f"over {MAX_FILES} files")
