@@ -65,8 +65,9 @@ MAX_FILE_BYTES = 128 << 20
 MAX_TOTAL_BYTES = 1 << 30
 MAX_COPIES = 64
 """Files masked at most: more is refused (a folder of copies belongs out of sight)."""
-MAX_LINES = 4
-"""Preflight lines about copies at most (the rest summed up in the last)."""
+MAX_LINES = 3
+"""Preflight lines about copies at most (the rest summed up in the last), besides one
+about the folders the caps cut short."""
 BLOCK_BYTES = 4 << 20
 _SEPARATORS = b"\"'\\,:;=<>{}[]|`\x7f" + bytes(range(0x20))
 """What splits a text into the strings matched: what JSON, CSV, YAML, Markdown or a
@@ -334,8 +335,8 @@ def _cases_in_file(path: str, wanted: _Wanted, scan: Scan) -> set[int]:
 
 
 def _lines(scan: Scan, masked: bool) -> list[str]:
-    """The preflight lines: each copy (masked, or a warning when it cannot be), then each
-    folder the caps cut short."""
+    """The preflight lines: each copy (masked, or a warning when it cannot be), then the
+    folders the caps cut short."""
     lines = []
     for path, count in scan.copies[: MAX_LINES - 1]:
         cases = f"{count} val/test case{'s' if count != 1 else ''}"
@@ -351,11 +352,14 @@ def _lines(scan: Scan, masked: bool) -> list[str]:
     if more:
         how = "masked as well" if masked else "readable by every command as well"
         lines.append(f"{len(more)} more files hold val/test cases: {how}")
-    lines += [
-        f"{top} was not scanned whole for copies of the val/test cases ({why}): a copy "
-        "there is not masked"
-        for top, why in scan.partial.items()
-    ]
+    if scan.partial:  # one line, however many folders: the preflight's lines are few
+        top, why = next(iter(scan.partial.items()))
+        others = len(scan.partial) - 1
+        also = f" (and {others} more folder{'s' if others != 1 else ''})" if others else ""
+        lines.append(
+            f"{top}{also} was not scanned whole for copies of the val/test cases ({why}): a "
+            "copy there is not masked"
+        )
     return lines
 
 
