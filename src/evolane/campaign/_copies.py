@@ -98,9 +98,9 @@ def mask_held_out_copies(
     """``config`` with every copy of the held-out cases (``splits``: case ids by split as
     measured) found in its commands' folders hidden from every command, and the preflight
     lines saying what was found; `InputError` when a template names a copy itself."""
-    tokens = held_out_tokens(dataset, splits)
     folders = shown_folders(config)
-    if not tokens or not folders:
+    tokens = held_out_tokens(dataset, splits) if folders else {}
+    if not tokens:
         return config, []
     needed = min(MIN_CASES, len(set(tokens.values())))
     scan = scan_folders(folders, config.run_commands.hidden, tokens, needed)
