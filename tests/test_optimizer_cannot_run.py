@@ -65,20 +65,30 @@ def test_an_optimizer_that_fails_otherwise_still_only_costs_its_slots(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    ("message", "down"),
+    ("message", "number", "down"),
     [
-        ("no-such-agent: [Errno 2] No such file or directory (or not executable)", True),
-        ("[Errno 13] Permission denied: '/opt/agent'", True),
-        ("[Errno 11] Resource temporarily unavailable", False),  # fork under a pids limit
-        ("[Errno 24] Too many open files", False),
-        ("chaos: refused to spawn optimizer", False),  # evolane.testing.Chaos
+        ("no-such-agent: [Errno 2] No such file or directory (or not executable)", 2, True),
+        ("[Errno 13] Permission denied: '/opt/agent'", 13, True),
+        ("[Errno 11] Resource temporarily unavailable", 11, False),  # fork under a pids limit
+        ("[Errno 24] Too many open files", 24, False),
+        ("chaos: refused to spawn optimizer", None, False),  # evolane.testing.Chaos
+        # its own stderr through the launcher's join failure line (exit 125): no errno
+        ("evolane-launch-0123: cannot join cgroup [Errno 2] No such file", None, False),
     ],
 )
-def test_only_a_missing_program_makes_a_spawn_failure_cannot_run(message: str, down: bool) -> None:
+def test_only_a_missing_program_makes_a_spawn_failure_cannot_run(
+    message: str, number: int | None, down: bool
+) -> None:
     """Found by review: every spawn failure counted as 'cannot run', so a transient one
-    (EAGAIN, EMFILE, a Chaos refusal) on every call of an iteration failed the run."""
+    (EAGAIN, EMFILE, a Chaos refusal) on every call of an iteration failed the run. Read
+    from the spawn's errno, never from its message's text (a command's, through the join
+    failure line, could say ``[Errno 2]``: found by review)."""
     failure = FailureEvent(
-        owner="infrastructure", stage="optimizer", code="spawn_failed", message=message
+        owner="infrastructure",
+        stage="optimizer",
+        code="spawn_failed",
+        message=message,
+        spawn_errno=number,
     )
     results = [ProposeResult(slot_id=f"s{n}", status="failed", failure=failure) for n in (0, 1)]
     said = optimizer_down(results)

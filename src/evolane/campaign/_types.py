@@ -294,8 +294,9 @@ CANNOT_RUN = frozenset({"spawn_failed", "exit_126", "exit_127"})
 """Optimizer failures no retry mends: its command did not start for want of its program
 (`MISSING_PROGRAM`), or its shell could not run a program it names (126 not executable, 127
 not found)."""
-MISSING_PROGRAM = tuple(f"[Errno {n}]" for n in (errno.ENOENT, errno.EACCES, errno.ENOEXEC))
-"""What a ``spawn_failed`` message says when the program is missing or cannot be executed.
+MISSING_PROGRAM = (errno.ENOENT, errno.EACCES, errno.ENOEXEC)
+"""The errno of a ``spawn_failed`` (`FailureEvent.spawn_errno`, never its message's text)
+when the program is missing or cannot be executed.
 Any other spawn failure (EAGAIN, ENOMEM, EMFILE, a cgroup it could not join, an injected
 `evolane.testing.Chaos` refusal) may pass: it costs its slot only (found by review: a
 transient one on every call of an iteration failed the run)."""
@@ -304,7 +305,7 @@ transient one on every call of an iteration failed the run)."""
 def _cannot_run(failure: FailureEvent) -> bool:
     """Whether ``failure`` says the optimizer's command cannot run (see `CANNOT_RUN`)."""
     if failure.code == "spawn_failed":
-        return any(said in failure.message for said in MISSING_PROGRAM)
+        return failure.spawn_errno in MISSING_PROGRAM
     return failure.code in CANNOT_RUN
 
 

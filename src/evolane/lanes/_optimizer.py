@@ -189,7 +189,7 @@ class OptimizerLane(StoppableLane):
             deadline = started + job.timeout_seconds
             outcome, idle = await self._run(job, scratch, spec, deadline, stop)
             for refusals in range(SPAWN_REFUSALS):  # the host's for a moment: no command ran
-                if outcome.status != "spawn_failed" or not spawn_refused(outcome.error):
+                if outcome.status != "spawn_failed" or not spawn_refused(outcome.spawn_errno):
                     break
                 with trio.move_on_at(min(deadline, trio.current_time() + refusal_wait(refusals))):
                     await stop.wait()  # a stop ends the wait, and the tries
@@ -394,6 +394,7 @@ def _failure(
             stage="optimizer",
             code="spawn_failed",
             message=outcome.error[:512],
+            spawn_errno=outcome.spawn_errno,
         )
     if outcome.status == "limit_exceeded":
         code, why = f"limit_{'_'.join(outcome.limits_hit)}", outcome.error[:512]

@@ -22,7 +22,7 @@ refused for the moment is tried again."""
 HOST_REFUSED = "host_refused"
 """The code of a replay whose tree failed after the host refused it a process: a pid limit
 enclosing evolane (a cgroup's ``pids.max``), not the run's ``--max-procs``."""
-_REFUSED = (f"[Errno {errno.EAGAIN}]", f"[Errno {errno.ENOMEM}]")  # a pid or memory limit
+_REFUSED = (errno.EAGAIN, errno.ENOMEM)  # a pid or memory limit
 
 
 def may_pass(result: ReplayResult) -> bool:
@@ -46,17 +46,20 @@ def refused_for_now(result: ReplayResult, refusals: int) -> float | None:
     failure = result.failure
     if failure is None or refusals >= SPAWN_REFUSALS:
         return None
-    if failure.code == "spawn_failed" and spawn_refused(failure.message):
+    if failure.code == "spawn_failed" and spawn_refused(failure.spawn_errno):
         return refusal_wait(refusals)
     if failure.code == HOST_REFUSED:  # the tree ran: its spend stays charged (`with_spend`)
         return refusal_wait(refusals)
     return None
 
 
-def spawn_refused(error: str) -> bool:
-    """Whether a spawn failed with ``error`` for want of a process slot or memory on the host
-    for the moment (EAGAIN, ENOMEM): no command ran, so trying again costs nothing."""
-    return any(said in error for said in _REFUSED)
+def spawn_refused(number: int | None) -> bool:
+    """Whether a spawn whose own call failed with errno ``number`` (`ProcessOutcome.spawn_errno`)
+    was refused a process slot or memory by the host for the moment (EAGAIN, ENOMEM): no
+    command ran, so trying again costs nothing. An errno, not the message's text: a command
+    that printed the launcher's join failure line with ``[Errno 11]`` in it was read as
+    refused (found by review)."""
+    return number in _REFUSED
 
 
 def refusal_wait(refusals: int) -> float:
@@ -99,6 +102,7 @@ def classify(outcome: ProcessOutcome, arm: str) -> FailureEvent | None:
             stage="replay",
             code="spawn_failed",
             message=outcome.error[:512],
+            spawn_errno=outcome.spawn_errno,
         )
     if outcome.status == "timed_out":
         return FailureEvent(

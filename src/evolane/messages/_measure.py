@@ -45,6 +45,9 @@ class FailureEvent(Record):
     code: ShortText
     message: Said = ""
     repairable: bool = False
+    spawn_errno: int | None = None
+    """A ``spawn_failed``'s errno from evolane's own spawn (`ProcessOutcome.spawn_errno`):
+    whether the host refused it for the moment is read from this, never from the message."""
 
     @classmethod
     def of(

@@ -33,7 +33,7 @@ from evolane.sandbox._litter import remove_litter
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
-from evolane.sandbox._start import Launch, ProgramCache, Spawned
+from evolane.sandbox._start import Launch, ProgramCache, Spawned, SpawnError
 from evolane.sandbox._tree import ProcessTree
 from evolane.sandbox._watch import Watch
 from evolane.sandbox._workspace import WorkspaceError, hand_over, inside, materialize_workspace
@@ -228,8 +228,9 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         fds = {name: pipes.open() for name in _STREAMS}
         started = trio.current_time()
         spawned = await _start(unit, isolation, fds)
-        if isinstance(spawned, str):
-            return ProcessOutcome(status="spawn_failed", error=spawned, **base)
+        if isinstance(spawned, SpawnError):
+            error, number = spawned.message, spawned.errno
+            return ProcessOutcome(status="spawn_failed", error=error, spawn_errno=number, **base)
         pid, mechanisms = spawned
         base["enforcement"] = (*mechanisms, *host.mechanisms)
         for _, write_fd in fds.values():
@@ -250,7 +251,7 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         return await _outcome(unit, tree, watch, captures, started, base)
 
 
-async def _start(unit: Unit, isolation: IsolationInForce, fds: dict) -> Spawned | str:
+async def _start(unit: Unit, isolation: IsolationInForce, fds: dict) -> Spawned | SpawnError:
     """Lay the unit out and spawn its command in one worker thread; or, for a small layout
     while the host's `InlineGate` is open, lay it out on the event loop (a thread's GIL
     hand-offs cost more than a few folders) and spawn it from the loop too when it can
@@ -258,7 +259,7 @@ async def _start(unit: Unit, isolation: IsolationInForce, fds: dict) -> Spawned 
     if unit.small_layout:
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run lays nothing out
         launch = unit.host.inline.attempt(partial(_prepare, unit, isolation, fds))
-        if isinstance(launch, str):
+        if isinstance(launch, SpawnError):
             return launch
         if launch is not None:
             started = await launch.from_loop()
@@ -268,19 +269,19 @@ async def _start(unit: Unit, isolation: IsolationInForce, fds: dict) -> Spawned 
     return await trio.to_thread.run_sync(_prepare_and_spawn, unit, isolation, fds)
 
 
-def _prepare_and_spawn(unit: Unit, isolation: IsolationInForce, fds: dict) -> Spawned | str:
+def _prepare_and_spawn(unit: Unit, isolation: IsolationInForce, fds: dict) -> Spawned | SpawnError:
     """In a worker thread: `_prepare`, then the spawn it returns."""
     launch = _prepare(unit, isolation, fds)
-    return launch if isinstance(launch, str) else _spawn_unless_cancelled(launch)
+    return launch if isinstance(launch, SpawnError) else _spawn_unless_cancelled(launch)
 
 
-def _spawn_unless_cancelled(launch: Launch) -> Spawned | str:
+def _spawn_unless_cancelled(launch: Launch) -> Spawned | SpawnError:
     """In a worker thread: ``launch``, unless the run was cancelled meanwhile."""
     trio.from_thread.check_cancelled()
     return launch.in_thread()
 
 
-def _prepare(unit: Unit, isolation: IsolationInForce, fds: dict) -> Launch | str:
+def _prepare(unit: Unit, isolation: IsolationInForce, fds: dict) -> Launch | SpawnError:
     """Lay the unit out and make its cgroups (errors raise, or return as the message of a
     ``spawn_failed`` outcome): file work under the sandbox root and in the cgroup tree
     only. Returns the launch (it looks the program up in PATH, whose folders may be
@@ -299,7 +300,7 @@ def _prepare(unit: Unit, isolation: IsolationInForce, fds: dict) -> Launch | str
         unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
         uid = _unit_uid(unit) if isolation != "confined" else None  # confined: no unit uid
     except (OSError, ValueError) as error:
-        return str(error)[:2048]
+        return SpawnError(str(error)[:2048], error.errno if isinstance(error, OSError) else None)
     pids_cgroup = unit.cgroups is not None and unit.cgroups.bounds_processes
     limits = uid_process_cap(spec.limits, pids_cgroup, uid, extra)
     output = (fds["stdout"][1], fds["stderr"][1])

@@ -135,6 +135,10 @@ class ProcessOutcome(Record):
     exit_code: int | None = None
     signal: int | None = None
     error: Text = ""
+    spawn_errno: int | None = None
+    """A ``spawn_failed`` outcome's errno from evolane's own spawn (the clone, exec, cgroup
+    or layout call that failed); None when none was read, and never from the command's
+    output, so no command can pass its failure off as the host refusing a spawn."""
     wall_seconds: float = 0.0
     cpu_seconds: float = 0.0
     peak_rss_bytes: int = 0

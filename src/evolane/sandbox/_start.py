@@ -83,8 +83,17 @@ class LaidOut(Protocol):
     def host(self) -> _Host: ...
 
 
-def spawn_error(error: OSError | ValueError) -> str:
-    """The message of a spawn that failed with ``error``; one the host refused a process
+@dataclass(frozen=True)
+class SpawnError:
+    """Why evolane could not start a command: the message of its ``spawn_failed`` outcome,
+    and the errno of evolane's own call that failed (None: none, or not an OSError)."""
+
+    message: str
+    errno: int | None = None
+
+
+def spawn_error(error: OSError | ValueError) -> SpawnError:
+    """The failure of a spawn that failed with ``error``; one the host refused a process
     (EAGAIN) names its pid limit (found by review: a run stopped saying only ``[Errno 11]
     clone3: Resource temporarily unavailable``, under a full ``pids.max``)."""
     said = str(error)
@@ -94,7 +103,7 @@ def spawn_error(error: OSError | ValueError) -> str:
             f"{headroom[1]}/pids.max" if headroom is not None else "its `ulimit -u`, or a pid limit"
         )
         said += f": the host refused a process ({where} enclosing evolane), not --max-procs"
-    return said[:2048]
+    return SpawnError(said[:2048], error.errno if isinstance(error, OSError) else None)
 
 
 def resolve_executable(argv0: str, cwd: Path, path: str) -> str | None:
@@ -118,14 +127,15 @@ class Launch:
     """The spec's limits, with `Limits.uid_processes` where the unit uid bounds the tree."""
     _hooked: bool = field(default=False, init=False)  # the fault hook ran (once a spawn)
 
-    def in_thread(self) -> Spawned | str:
+    def in_thread(self) -> Spawned | SpawnError:
         """Start the command through the spawn server, else the launcher chain (blocking:
         a worker thread's); errors return as the message of a ``spawn_failed`` outcome."""
         unit = self.unit
         argv0, path = unit.spec.argv[0], self.env["PATH"]
         program = resolve_executable(argv0, unit.work, path)
         if program is None:
-            return f"{argv0}: [Errno 2] No such file or directory (or not executable)"
+            said = f"{argv0}: [Errno 2] No such file or directory (or not executable)"
+            return SpawnError(said, errno.ENOENT)
         unit.host.programs.put(argv0, path, program)
         try:
             self._hook()
@@ -143,7 +153,7 @@ class Launch:
             return spawn_error(error)
         return self._spawned(*started)
 
-    async def from_loop(self) -> Spawned | str | None:
+    async def from_loop(self) -> Spawned | SpawnError | None:
         """`in_thread` with no thread: when the program was found lately (`ProgramCache`)
         and the spawn server takes the request, awaited on the event loop. None when it
         cannot be (confined, no server, a program to look up, the server busy with a
