@@ -98,6 +98,9 @@ def test_a_run_says_when_its_command_trees_may_outgrow_the_hosts_pid_limit(
     warned = [line for line in said if line.startswith("the host allows")]
     assert warned, said
     assert f"({cgroup}/pids.max), fewer than 5 command trees x --max-procs 512" in warned[0]
+    # what happens then, truly: a refusal below the tree's own limit stops the run (found
+    # by review: it said the refusal counts as its tree's failure)
+    assert "a fork the host refuses stops the run" in warned[0], warned[0]
     # with room for every tree, nothing is said
     flags += ["--max-procs", "8", "--store", str(tmp_path / "store2")]
     again = _inside(cgroup, [sys.executable, "-m", "evolane", "optimize", *flags])

@@ -118,9 +118,10 @@ def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
 def host_warnings(config: CampaignConfig) -> list[str]:
     """A warning when the pids cgroups enclosing evolane allow fewer processes than its command
     trees may hold at once (each up to ``--max-procs``; any number with none): a fork
-    refused there fails inside a replay, tried again and then stopping the run as the
-    host's failure (`evolane.lanes.HOST_REFUSED`), and evolane's own threads compete for
-    the same slots."""
+    refused there below the tree's own limit fails inside a replay, tried again and then
+    stopping the run as the host's failure (`evolane.lanes.HOST_REFUSED`; with none, the
+    tree's failure), and evolane's own threads compete for the same slots. Found by review:
+    it said the tree's failure, while a candidate's fork bomb so stopped the run."""
     per_tree = config.commands.max_procs
     headroom = process_headroom()
     if headroom is None:
@@ -139,6 +140,6 @@ def host_warnings(config: CampaignConfig) -> list[str]:
         return []
     return [
         f"the host allows {left} more processes ({cgroup}/pids.max), fewer than {trees} "
-        f"command trees x --max-procs {per_tree}: a process the host refuses fails inside a "
-        "replay and counts as its tree's failure; lower --max-procs or the lanes"
+        f"command trees x --max-procs {per_tree}: a fork the host refuses stops the run (a "
+        "candidate's fork bomb can); lower --max-procs or the lanes"
     ]
