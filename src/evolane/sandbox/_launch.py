@@ -27,15 +27,18 @@ from evolane.sandbox._spec import Limits
 
 def join_failed_marker(nonce: str) -> bytes:
     """What the launcher prints when it cannot join a cgroup. ``nonce`` is the unit's own
-    secret: it is only in the launcher shell's argv, which the command's exec replaces, so
-    a command cannot print it to pass its own failure off as a spawn failure."""
+    secret: it is only in the launcher shell's environment (`launcher_env`), which it
+    unsets before its exec, so a command cannot print it to pass its own failure off as a
+    spawn failure. Not in its argv: ``/proc/PID/cmdline`` is world-readable, and another
+    unit's command read it there while the shell lived (found by review)."""
     return f"evolane-launch-{nonce}: cannot join cgroup".encode()
 
 
+_NONCE_VARIABLE = "EVOLANE_LAUNCH_NONCE"
 _JOIN_CGROUPS = (
-    'while [ "$1" != "--" ]; do echo $$ > "$1" || '
-    '{ echo "$0: cannot join cgroup $1" >&2; exit 125; }; shift; done; shift; '
-    'ulimit -c 0; exec "$@"'
+    'while [ "$1" != "--" ]; do { echo $$ > "$1"; } 2>/dev/null || '
+    f'{{ echo "$0-${_NONCE_VARIABLE}: cannot join cgroup $1" >&2; exit 125; }}; shift; done; '
+    f'shift; unset {_NONCE_VARIABLE}; ulimit -c 0; exec "$@"'
 )
 # PID 1 of a namespace ignores signals it has no handler for; so the command runs as PID 2
 # under a shell that only waits (the trailing "exit" keeps dash from exec'ing the command).
@@ -164,20 +167,19 @@ def launcher_argv(
     namespace: bool,
     confine: list[str] | None = None,
     uid: int | None = None,
-    nonce: str = "",
     cloned: Cloned | None = None,
 ) -> tuple[list[str], tuple[str, ...]]:
     """The full argv that runs ``command`` confined, and the mechanisms it puts in force.
 
     ``confine`` is a bwrap prefix (`evolane.sandbox._confine.bwrap_argv`): it replaces the
     ``unshare`` step, and drops root itself. ``uid``: a root evolane's command runs as that
-    uid (`evolane.sandbox._secrets.unit_uid_argv`). ``nonce``: see `join_failed_marker`.
+    uid (`evolane.sandbox._secrets.unit_uid_argv`); it starts with `launcher_env`.
     ``cloned``: the spawn server's clone already did these steps (no exec for them)."""
     tools = host_tools()
     argv: list[str] = []
     mechanisms: list[str] = ["session", "env_allowlist"]
     if cloned is None:
-        argv += _join_and_limit(procs_files, limits, nonce)
+        argv += _join_and_limit(procs_files, limits)
     mechanisms.append("rlimits")
     if confine is not None:
         return [*argv, *confine, *command], (*mechanisms, *confined_mechanisms(confine))
@@ -211,12 +213,26 @@ class Cloned:
     uid_switched: bool = False
 
 
-def _join_and_limit(procs_files: list[str], limits: Limits, nonce: str) -> list[str]:
+def launcher_env(env: dict[str, str], procs_files: list[str], nonce: str) -> dict[str, str]:
+    """The environment the launcher chain starts with: ``env``, and the unit's ``nonce``
+    (`join_failed_marker`) for its shell that joins ``procs_files``, which unsets it."""
+    if not _joins_cgroups(procs_files):
+        return env
+    return {**env, _NONCE_VARIABLE: nonce}
+
+
+def _joins_cgroups(procs_files: list[str]) -> bool:
+    """Whether the launcher chain starts with the shell that joins ``procs_files``."""
+    return bool(procs_files) and host_tools().sh is not None
+
+
+def _join_and_limit(procs_files: list[str], limits: Limits) -> list[str]:
     """The launcher steps that join the unit's cgroups and set its rlimits."""
     tools = host_tools()
     argv: list[str] = []
-    if procs_files and tools.sh is not None:
-        argv += [tools.sh, "-c", _JOIN_CGROUPS, f"evolane-launch-{nonce}", *procs_files, "--"]
+    if _joins_cgroups(procs_files):
+        assert tools.sh is not None
+        argv += [tools.sh, "-c", _JOIN_CGROUPS, "evolane-launch", *procs_files, "--"]
     triples = rlimit_triples(limits)
     if procs_files and tools.sh is not None and len(triples) == 1:
         pass  # only "no core dumps": the launcher shell's own `ulimit -c 0` did it

@@ -23,7 +23,7 @@ from evolane.sandbox._confine import (
     outermost,
     program_folders,
 )
-from evolane.sandbox._launch import Cloned, launch, launcher_argv, rlimit_numbers
+from evolane.sandbox._launch import Cloned, launch, launcher_argv, launcher_env, rlimit_numbers
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
 from evolane.sandbox._spec import IsolationInForce, Limits, SandboxSpec
@@ -188,29 +188,31 @@ class Launch:
         """Start the launcher chain; a confined one gets the seccomp filter from a memfd
         bwrap reads (``--seccomp FD``), as a clone of the spawn server installs it."""
         program = no_set_id_filter() if confine is not None else None
+        cgroups = self.unit.cgroups
+        env = launcher_env(self.env, cgroups.procs_files if cgroups else [], self.unit.nonce)
         if confine is None or program is None:
-            argv, mechanisms = self._chain(confine, nonce=self.unit.nonce)
-            return launch(argv, self.unit.work, self.env, self.output), mechanisms
+            argv, mechanisms = self._chain(confine)
+            return launch(argv, self.unit.work, env, self.output), mechanisms
         fd = os.memfd_create("evolane-seccomp", os.MFD_CLOEXEC)
         try:
             os.write(fd, program)
             os.lseek(fd, 0, os.SEEK_SET)
             confine = [*confine[:-1], "--seccomp", str(fd), confine[-1]]  # before its "--"
-            argv, mechanisms = self._chain(confine, nonce=self.unit.nonce)
-            pid = launch(argv, self.unit.work, self.env, self.output, keep=(fd,))
+            argv, mechanisms = self._chain(confine)
+            pid = launch(argv, self.unit.work, env, self.output, keep=(fd,))
         finally:
             os.close(fd)
         return pid, (*mechanisms, "no_set_id")
 
     def _chain(
-        self, confine: list[str] | None, nonce: str = "", cloned: Cloned | None = None
+        self, confine: list[str] | None, cloned: Cloned | None = None
     ) -> tuple[list[str], tuple[str, ...]]:
         """The launcher chain's argv and mechanisms (``cloned``: what the clone did)."""
         spec, cgroups = self.unit.spec, self.unit.cgroups
         procs = cgroups.procs_files if cgroups is not None else []
         namespace = self.isolation == "namespace"
         return launcher_argv(
-            spec.argv, procs, self.limits, namespace, confine, self.uid, nonce=nonce, cloned=cloned
+            spec.argv, procs, self.limits, namespace, confine, self.uid, cloned=cloned
         )
 
     def _request(
