@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import trio
 
-from evolane.campaign import _prepare
-from evolane.campaign._prepare import HISTORY_RUNS, prepare_run
+from evolane.campaign import _history
+from evolane.campaign._history import HISTORY_RUNS
+from evolane.campaign._prepare import prepare_run
 from evolane.campaign._run import RunRequest, run_campaign
 from evolane.campaign._runs import StoreLayout, load_run, save_run
 from evolane.cli._runs import run_rows
@@ -40,14 +41,14 @@ def _earlier_runs(store: Path, count: int, replay: str) -> None:
 def _reports_read(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The report.json files a start reads from here on (read for real)."""
     seen: list[Path] = []
-    real = _prepare.read_json
+    real = _history.read_json
 
     def spy(path: Path, *args: Any, **kwargs: Any) -> Any:
         if Path(path).name == "report.json":
             seen.append(Path(path))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(_prepare, "read_json", spy)
+    monkeypatch.setattr(_history, "read_json", spy)
     return seen
 
 

@@ -22,11 +22,11 @@ from evolane.campaign._estimate import (
     Estimate,
     UnitHistory,
     estimate_run,
-    per_unit_by_role,
     repetitions_for,
 )
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
 from evolane.campaign._held_out import online_reuse_note
+from evolane.campaign._history import unit_history
 from evolane.campaign._leaks import check_target_holds_no_cases
 from evolane.campaign._models import (
     check_models,
@@ -65,11 +65,9 @@ from evolane.inputs import (
 )
 from evolane.measure import MeasureContext, lane_settings, optimizer_settings
 from evolane.messages import Usage
-from evolane.store import BlobStore, describe_mode, read_json
+from evolane.store import BlobStore, describe_mode
 
 _NO_ROOM = 1e-9  # a ceiling already spent: a zero would read as "no ceiling"
-HISTORY_RUNS = 16
-"""The newest runs a start reads for a comparable report (all of them: 15 s in 3,000 runs)."""
 
 
 @dataclass
@@ -206,7 +204,7 @@ def prepare_run(
         resume=resume,
         resumed=resumed,
         spent=campaign.spent,
-        history=_history(layout, config),
+        history=unit_history(layout, config),
         split=split,
     )
 
@@ -471,30 +469,3 @@ def _remaining(config: CampaignConfig, spent: Usage) -> Usage:
         tokens=left(config.max_tokens, spent.tokens),
         cost_usd=left(config.max_cost_usd, spent.cost_usd),
     )
-
-
-def _history(layout: StoreLayout, config: CampaignConfig) -> UnitHistory | None:
-    """Typical seconds (and usage) per replay unit from the newest comparable report among
-    the newest `HISTORY_RUNS` runs: its last session's wall over the units it ran, the run's
-    spend over the units of every session (a resumed run's journal restored the others)."""
-    for run_id in reversed(layout.run_ids()[-HISTORY_RUNS:]):
-        path = layout.run_dir(run_id) / "report.json"
-        try:
-            report = read_json(path)
-        except (OSError, ValueError):
-            continue
-        if report.get("config", {}).get("replay") != config.measure.replay:
-            continue
-        units = sum(m.get("units_run", 0) for m in report.get("measurements", []))
-        if not units or report.get("budget", {}).get("cached"):
-            continue  # a run answered from the response cache spent less than a real one
-        spent = report.get("budget", {}).get("spent", {})
-        tokens, cost = spent.get("tokens"), spent.get("cost_usd")
-        paid = units + sum(m.get("units_restored", 0) for m in report.get("measurements", []))
-        return UnitHistory(
-            seconds=report["wall_seconds"] * report["config"].get("replay_concurrency", 1) / units,
-            tokens=tokens / paid if tokens else None,
-            cost_usd=cost / paid if cost else None,
-            by_role=per_unit_by_role(report, paid, config),
-        )
-    return None
