@@ -33,19 +33,23 @@ def fsck(
     ] = False,
 ) -> None:
     """Verify every object's digest and every run journal; exit 0 when clean, 1 on damage."""
+    from evolane.cli._tally import Tally
     from evolane.store import check_store
 
     store = store_of(store)
     if not store.is_dir():
         fail_usage(f"--store {store}: no evolane store there")
     try:
-        result = check_store(store, repair=repair)
-        filled: list[str] | None = [] if repair else None
-        result.problems.extend(record_problems(store, filled))
+        with Tally("fsck", counts_damage=True) as tally:
+            records = RecordCheck(store, [] if repair else None)
+            result = check_store(store, repair=repair, per_run=records.run, tally=tally)
+            result.problems.extend(records.problems())
+            tally.damaged = len(result.problems)  # the last line says what the summary says
     except OSError as error:
         fail_usage(f"--store {store}: cannot be checked: {error.strerror or error}")
     for line in report_lines(result.problems):
         typer.echo(line)
+    filled = records.filled
     if filled:
         typer.echo(f"wrote the listing's summary into the run.json of {len(filled)} runs")
     found = len(result.problems)
@@ -58,57 +62,83 @@ def fsck(
     raise typer.Exit(EXIT_DAMAGED)
 
 
-def record_problems(store: Path, filled: list[str] | None = None) -> list[Problem]:
+class RecordCheck:
     """Every ``run.json``, ``report.json`` and ``campaign.json`` that does not read as its
-    record (as ``report``, ``--resume`` and ``--resume-campaign`` read them). With ``filled``
-    (a repair), an ended run whose ``run.json`` lacks its report's summary, or holds a wrong
-    one, gets it (`_fill_summary`) and its id is added to ``filled``."""
-    from evolane.campaign import (
-        ENDED_RUNS,
-        Report,
-        StoreLayout,
-        load_campaign,
-        load_run,
-        record_problem,
-    )
-    from evolane.inputs import InputError
+    record (as ``report``, ``--resume`` and ``--resume-campaign`` read them), a run at a
+    time: `run` as a store walk reaches each run folder (`check_store`'s ``per_run``), then
+    `problems` lists them all by id (runs not reached, a symlinked folder, checked there).
+    With ``filled`` (a repair), an ended run whose ``run.json`` lacks its report's summary,
+    or holds a wrong one, gets it (`_fill_summary`) and its id is added to ``filled``."""
+
+    def __init__(self, store: Path, filled: list[str] | None) -> None:
+        from evolane.campaign import StoreLayout
+
+        self.layout, self.filled = StoreLayout(store), filled
+        self.run_ids = set(self.layout.run_ids())
+        self.checked: set[str] = set()
+        self.found: dict[str, list[Problem]] = {}  # runs with problems only
+
+    def run(self, run_id: str) -> int:
+        """How many problems one run's records have (kept for `problems`)."""
+        if run_id not in self.run_ids or run_id in self.checked:
+            return 0
+        self.checked.add(run_id)
+        found = _run_problems(self.layout, run_id, self.filled)
+        if found:
+            self.found[run_id] = found
+        return len(found)
+
+    def problems(self) -> list[Problem]:
+        """Misnamed folders, then every run's problems by id, then every campaign's."""
+        from evolane.campaign import load_campaign, record_problem
+        from evolane.inputs import InputError
+        from evolane.store import Problem
+
+        layout, problems = self.layout, []
+        for path in layout.misnamed():
+            why = "its name is not an id (letters, digits, '.', '_', '-'): no command reads it"
+            problems.append(Problem("name", path, why))
+        for run_id in sorted(self.run_ids - self.checked):
+            self.run(run_id)
+        for run_id in sorted(self.found):
+            problems.extend(self.found[run_id])
+        for campaign_id in layout.campaign_ids():
+            try:
+                load_campaign(layout, campaign_id)
+            except (OSError, ValueError) as error:
+                path = layout.campaign_file(campaign_id)
+                why = str(error) if isinstance(error, InputError) else record_problem(error)
+                why = why.removeprefix(f"cannot read {path}: ").partition("; run `evolane fsck")[0]
+                problems.append(Problem("record", path, why))
+        return problems
+
+
+def _run_problems(layout: StoreLayout, run_id: str, filled: list[str] | None) -> list[Problem]:
+    """The problems of one run's ``run.json`` and ``report.json`` (see `RecordCheck`)."""
+    from evolane.campaign import ENDED_RUNS, Report, load_run, record_problem
     from evolane.store import Problem, read_json
 
-    layout, problems = StoreLayout(store), []
-    for path in layout.misnamed():
-        why = "its name is not an id (letters, digits, '.', '_', '-'): no command reads it"
-        problems.append(Problem("name", path, why))
-    for run_id in layout.run_ids():
-        path = layout.run_dir(run_id) / "run.json"
-        report = None
-        try:
-            record = load_run(layout, run_id)
-            path = path.with_name("report.json")
-            if path.exists():
-                report = read_json(path)
-                Report.model_validate(report)
-        except (OSError, ValueError) as error:
-            problems.append(Problem("record", path, record_problem(error), runs=(run_id,)))
-            continue
-        summary = record.summary
-        wrong = _summary_problem(path, run_id, summary, report) if summary is not None else None
-        if wrong is not None:
-            problems.append(wrong)
-        stale = report is not None and (summary is None or wrong is not None)
-        if filled is not None and stale and _fill_summary(layout, record, report, path):
-            filled.append(run_id)
-        if record.status in ENDED_RUNS and (torn := _torn_after_end(layout, run_id, record.status)):
-            problems.append(torn)
-        if record.status in ENDED_RUNS:
-            problems.extend(_left_temps(layout, record, repair=filled is not None))
-    for campaign_id in layout.campaign_ids():
-        try:
-            load_campaign(layout, campaign_id)
-        except (OSError, ValueError) as error:
-            path = layout.campaign_file(campaign_id)
-            why = str(error) if isinstance(error, InputError) else record_problem(error)
-            why = why.removeprefix(f"cannot read {path}: ").partition("; run `evolane fsck")[0]
-            problems.append(Problem("record", path, why))
+    path = layout.run_dir(run_id) / "run.json"
+    report, problems = None, []
+    try:
+        record = load_run(layout, run_id)
+        path = path.with_name("report.json")
+        if path.exists():
+            report = read_json(path)
+            Report.model_validate(report)
+    except (OSError, ValueError) as error:
+        return [Problem("record", path, record_problem(error), runs=(run_id,))]
+    summary = record.summary
+    wrong = _summary_problem(path, run_id, summary, report) if summary is not None else None
+    if wrong is not None:
+        problems.append(wrong)
+    stale = report is not None and (summary is None or wrong is not None)
+    if filled is not None and stale and _fill_summary(layout, record, report, path):
+        filled.append(run_id)
+    if record.status in ENDED_RUNS and (torn := _torn_after_end(layout, run_id, record.status)):
+        problems.append(torn)
+    if record.status in ENDED_RUNS:
+        problems.extend(_left_temps(layout, record, repair=filled is not None))
     return problems
 
 

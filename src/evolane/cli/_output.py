@@ -56,11 +56,19 @@ def write_json(value: Any) -> None:
     """Print ``value`` as indented JSON on stdout. A path whose bytes are not UTF-8 (a store
     named so) is shown with U+FFFD for each such byte (found by review: ``runs --json``
     failed with a traceback, orjson refusing the undecodable bytes Python keeps in a str)."""
+    option = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
     try:
-        data = orjson.dumps(value, option=orjson.OPT_INDENT_2)
+        data = orjson.dumps(value, option=option)
     except TypeError:  # a str holding surrogates (os.fsdecode of a name that is not UTF-8)
-        data = orjson.dumps(_as_unicode(value), option=orjson.OPT_INDENT_2)
-    sys.stdout.write(data.decode() + "\n")
+        data = orjson.dumps(_as_unicode(value), option=option)
+    stream = sys.stdout
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None or (getattr(stream, "encoding", "") or "").lower() not in ("utf-8", "utf8"):
+        stream.write(data.decode())
+        return
+    stream.flush()  # the bytes as they are: no decoded and re-encoded copies of a big listing
+    buffer.write(data)
+    buffer.flush()
 
 
 def _as_unicode(value: Any) -> Any:
@@ -103,6 +111,14 @@ def reader_may_leave() -> Iterator[None]:
 def _raise_broken_pipe(console: Console) -> None:
     console.quiet = True
     raise BrokenPipeError(errno.EPIPE, "the reader went away")
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal (False for one closed or without a descriptor)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def wide_console() -> Console:

@@ -20,6 +20,7 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 
 from evolane import messages
+from evolane.cli._output import is_terminal
 from evolane.cli._view import (
     PLAIN_WIDTH,
     QUIET_AFTER,
@@ -65,11 +66,7 @@ def resolve_mode(mode: str, stream: TextIO) -> ProgressMode:
         raise ValueError(f"unknown progress mode {mode!r} (one of {choices})")
     if mode != "auto":
         return mode  # type: ignore[return-value]
-    try:
-        terminal = stream.isatty()
-    except (AttributeError, ValueError, OSError):
-        terminal = False
-    return "rich" if terminal else "plain"
+    return "rich" if is_terminal(stream) else "plain"
 
 
 # ----- the renderers ----------------------------------------------------------------------

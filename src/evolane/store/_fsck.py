@@ -12,9 +12,10 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from evolane.messages import JournalRecordError, parse_journal_record
 from evolane.store._blobs import CHUNK_SIZE, StoreError, fsync_dir, open_regular_file, read_at_most
@@ -73,28 +74,48 @@ class FsckResult:
         return not self.problems
 
 
-def check_store(root: Path | str, *, repair: bool = False) -> FsckResult:
+class WalkTally(Protocol):
+    """What `check_store` tells of its walk as it goes (the CLI shows it as progress)."""
+
+    def begin(self, what: str, total: int | None) -> None:
+        """``total`` items of ``what`` (None: not known before the walk) come next."""
+
+    def tick(self, count: int = 1, damaged: int = 0) -> None:
+        """``count`` more items walked, ``damaged`` more problems found among them."""
+
+
+RunCheck = Callable[[str], int]
+"""A caller's own check of one run folder, by its name (records the store cannot read): it
+keeps what it finds and returns how many problems (counted as the walk's damage)."""
+
+
+def check_store(
+    root: Path | str,
+    *,
+    repair: bool = False,
+    per_run: RunCheck | None = None,
+    tally: WalkTally | None = None,
+) -> FsckResult:
     """Verify every object's digest and every run journal's lines under the store ``root``;
     with ``repair``, move each bad object to ``quarantine/<stamp>/`` inside the store (a
-    run that needs it then fails with a clear missing-blob error instead of a wrong one)."""
+    run that needs it then fails with a clear missing-blob error instead of a wrong one).
+    ``per_run`` is called once per run folder as the walk reaches it (the caller lists
+    what it finds); ``tally`` is told of each object and run walked, and the damage."""
     root = Path(root)
     result = FsckResult(root)
     bad: list[tuple[Path, str, str]] = []
+    if tally is not None:
+        tally.begin("objects", None)
     for path, name, unreadable in _object_files(root / "objects" / "sha256"):
+        found = len(result.problems) + len(bad)
         if unreadable is not None:  # a fan-out folder not listable: its objects unchecked
             why = f"{unreadable}: its objects were not checked"
             result.problems.append(Problem("folder", path, why))
-            continue
-        result.objects += 1
-        reason = _object_problem(path, name)
-        if reason is not None:
-            bad.append((path, name, reason))
-        elif _writable(path):  # intact, but open to the next overwrite
-            if repair:
-                os.chmod(path, 0o444)
-            fixed = " (made read-only)" if repair else ""
-            reason = f"writable: objects are read-only{fixed}"
-            result.problems.append(Problem("mode", path, reason, f"sha256:{name}"))
+        else:
+            result.objects += 1
+            _check_object(result, bad, path, name, repair)
+        if tally is not None:
+            tally.tick(1, len(result.problems) + len(bad) - found)
     users = _users(root, {name for _, name, _ in bad}) if bad else {}
     quarantine = root / "quarantine" / time.strftime("%Y%m%d-%H%M%S")
     for path, name, reason in bad:
@@ -102,9 +123,56 @@ def check_store(root: Path | str, *, repair: bool = False) -> FsckResult:
         runs = tuple(sorted(users.get(name, ())))
         result.problems.append(Problem("object", path, reason, f"sha256:{name}", runs, moved))
     known = {name for _, name, _ in bad} | _quarantined(root)
-    result.problems.extend(_missing_problems(root, known))
-    result.problems.extend(_journal_problems(root))
+    journals = _walk_runs(root, per_run, tally)
+    result.problems.extend(_missing_problems(root, known, journals.missing))
+    result.problems.extend(journals.problems)
     return result
+
+
+def _check_object(
+    result: FsckResult, bad: list[tuple[Path, str, str]], path: Path, name: str, repair: bool
+) -> None:
+    """Hash one object: a bad one goes to ``bad``, an intact writable one is a problem."""
+    reason = _object_problem(path, name)
+    if reason is not None:
+        bad.append((path, name, reason))
+    elif _writable(path):  # intact, but open to the next overwrite
+        if repair:
+            os.chmod(path, 0o444)
+        fixed = " (made read-only)" if repair else ""
+        reason = f"writable: objects are read-only{fixed}"
+        result.problems.append(Problem("mode", path, reason, f"sha256:{name}"))
+
+
+@dataclass
+class _RunWalk:
+    """What one walk of the run folders gathers: whether each object a run needs is there,
+    the runs that need each one that is not, and the journals' problems. Only a missing
+    object's runs are kept (found by review: every run's name for every object it uses
+    was, the bulk of fsck's memory in a store of many runs)."""
+
+    present: dict[str, bool] = field(default_factory=dict)
+    missing: dict[str, set[str]] = field(default_factory=dict)
+    within: dict[str, set[str]] = field(default_factory=dict)  # a tree's files, read once
+    problems: list[Problem] = field(default_factory=list)
+
+
+def _walk_runs(root: Path, per_run: RunCheck | None, tally: WalkTally | None) -> _RunWalk:
+    """One pass over the run folders: the objects each references, its journals' problems
+    and ``per_run``'s (each run's files are read in turn, not once per check)."""
+    walk = _RunWalk()
+    run_dirs = _run_dirs(root)
+    if tally is not None:
+        tally.begin("runs", len(run_dirs))
+    objects = root / "objects" / "sha256"
+    for run_dir in run_dirs:
+        found = len(walk.problems)
+        _needed_by(run_dir, objects, walk)
+        walk.problems.extend(_journal_problems(run_dir))
+        own = per_run(run_dir.name) if per_run is not None else 0
+        if tally is not None:
+            tally.tick(1, len(walk.problems) - found + own)
+    return walk
 
 
 def _object_files(objects: Path) -> Iterator[tuple[Path, str, str | None]]:
@@ -247,29 +315,37 @@ def _quarantined(root: Path) -> set[str]:
     return names
 
 
-def _missing_problems(root: Path, reported: set[str]) -> list[Problem]:
-    """Every object a run references (an artifact ref in its records, or a file of a tree
-    it references) that is not in the store, with the runs that need it; those ``reported``
-    as bad or quarantined are left out."""
+def _needed_by(run_dir: Path, objects: Path, walk: _RunWalk) -> None:
+    """Look for every object the run references (an artifact ref in its records, or a file
+    of a tree it references), each once, at most `MAX_MISSING_CHECKED` in all: one that
+    is not in the store gets the run added to ``walk.missing``."""
+    for digest in _run_refs(run_dir, _ARTIFACT_RE):
+        if digest not in walk.present and len(walk.present) >= MAX_MISSING_CHECKED:
+            break
+        _need(digest, run_dir.name, objects, walk)
+        if digest not in walk.within:
+            walk.within[digest] = _manifest_files(objects / digest[:2] / digest)
+        for inner in walk.within[digest]:
+            _need(inner, run_dir.name, objects, walk)
+
+
+def _need(digest: str, run: str, objects: Path, walk: _RunWalk) -> None:
+    if digest not in walk.present:
+        walk.present[digest] = os.path.lexists(objects / digest[:2] / digest)
+    if not walk.present[digest]:
+        walk.missing.setdefault(digest, set()).add(run)
+
+
+def _missing_problems(
+    root: Path, reported: set[str], missing: dict[str, set[str]]
+) -> list[Problem]:
+    """A problem for every object of ``missing`` (with the runs that need it), but those
+    ``reported`` as bad or quarantined."""
     objects = root / "objects" / "sha256"
-    needed: dict[str, set[str]] = {}
-    within: dict[str, set[str]] = {}  # a tree's file digests, read once per tree
-    for run_dir in _run_dirs(root):
-        for digest in _run_refs(run_dir, _ARTIFACT_RE):
-            if len(needed) >= MAX_MISSING_CHECKED:
-                break
-            needed.setdefault(digest, set()).add(run_dir.name)
-            if digest not in within:
-                within[digest] = _manifest_files(objects / digest[:2] / digest)
-            for inner in within[digest]:
-                needed.setdefault(inner, set()).add(run_dir.name)
-    problems = []
-    for digest in sorted(needed.keys() - reported):
-        path = objects / digest[:2] / digest
-        if not os.path.lexists(path):
-            runs = tuple(sorted(needed[digest]))
-            problems.append(Problem("missing", path, "missing", f"sha256:{digest}", runs))
-    return problems
+    return [
+        Problem("missing", objects / d[:2] / d, "missing", f"sha256:{d}", tuple(sorted(missing[d])))
+        for d in sorted(missing.keys() - reported)
+    ]
 
 
 def _quarantine(path: Path, folder: Path) -> Path:
@@ -282,23 +358,22 @@ def _quarantine(path: Path, folder: Path) -> Path:
     return destination
 
 
-def _journal_problems(root: Path) -> list[Problem]:
-    """Every run journal with a damaged line before its last (a torn last line is what a
+def _journal_problems(run_dir: Path) -> list[Problem]:
+    """The run's journals with a damaged line before their last (a torn last line is what a
     kill leaves, and is not damage: a resume repairs it), or a record of ``journal.jsonl``
     that does not validate as a journal record (as ``--resume`` reads it). Each file is
     read a line at a time (`scan_journal`): no record is kept."""
     problems = []
-    for run_dir in _run_dirs(root):
-        for name in JOURNALS:
-            path = run_dir / name
-            try:
-                reason = _invalid_record(path, name == "journal.jsonl")
-            except JournalCorruptError as error:
-                reason = str(error)
-            except OSError as error:
-                reason = f"unreadable: {error.strerror or error}"
-            if reason is not None:
-                problems.append(Problem("journal", path, reason, runs=(run_dir.name,)))
+    for name in JOURNALS:
+        path = run_dir / name
+        try:
+            reason = _invalid_record(path, name == "journal.jsonl")
+        except JournalCorruptError as error:
+            reason = str(error)
+        except OSError as error:
+            reason = f"unreadable: {error.strerror or error}"
+        if reason is not None:
+            problems.append(Problem("journal", path, reason, runs=(run_dir.name,)))
     return problems
 
 
