@@ -23,6 +23,7 @@ about the funnel, gates, budgets and resume, not about which split feeds the opt
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -284,3 +285,19 @@ async def apply_layout(layout: Any, host: Any, **arguments: Any) -> Any:
         "run_dir": layout.run_dir,
     }
     return await apply_candidate(host=host, **(defaults | arguments))
+
+
+def read_terminal(master: int) -> bytes:
+    """Everything written to the pseudo-terminal whose master end is ``master`` until every
+    writer has closed it (then it is closed here too)."""
+    chunks: list[bytes] = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the other end closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return b"".join(chunks)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from evolane.messages import FailureEvent, printable
-from tests.campaign_helpers import toy_flags, with_flag, write_toy
+from tests.campaign_helpers import read_terminal, toy_flags, with_flag, write_toy
 
 ESCAPES = "\x1b]0;PWNED\x07\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J"
 HTML = "<img src=x onerror=alert(1)>"
@@ -110,18 +110,9 @@ def _on_a_terminal(argv: list[str]) -> bytes:
     master, slave = pty.openpty()
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
     os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # the other end closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    assert process.wait(timeout=120) == 0, b"".join(chunks)
-    return b"".join(chunks)
+    written = read_terminal(master)
+    assert process.wait(timeout=120) == 0, written
+    return written
 
 
 def test_evolane_diff_never_drives_the_terminal(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from evolane.campaign import CampaignConfig, ReportSummary, RunRecord, StoreLayo
 from evolane.cli._runs import CAMPAIGN_COLUMNS, RUN_COLUMNS, _print_runs, plain_table, run_rows
 from evolane.cli._tally import AFTER_ENV, Tally, TallySettings
 from evolane.messages import ArtifactRef
+from tests.campaign_helpers import read_terminal
 
 RUNS = 40
 T0 = 1_767_261_600.0  # 2026-01-01 10:00 UTC
@@ -167,20 +168,11 @@ def test_on_a_terminal_stderr_the_progress_is_a_live_line_that_is_gone_at_the_en
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, env=env
     )
     os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # the other end closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
+    written = read_terminal(master)
     assert process.stdout is not None
     stdout = process.stdout.read().decode()
     assert process.wait(timeout=120) == 1
-    drawn = b"".join(chunks).decode()
+    drawn = written.decode()
     assert "fsck: " in drawn and " runs, " in drawn and "damaged so far" in drawn
     assert "\x1b[" in drawn  # cursor moves: the line is redrawn in place, then erased
     assert stdout == _evolane("fsck", "--store", str(store), after="3600").stdout
