@@ -197,7 +197,11 @@ with open(os.path.join(candidate, os.environ["EVOLANE_CASE_ID"])) as answer:
 _JUDGE = """
 import json, os, sys, time
 answer = json.load(open(sys.argv[1]))
-for _ in range(300):  # past the host's pids.max 200, within --max-procs 512: every time
+marks, mode = sys.argv[2:4]
+mark = os.path.join(marks, "judged")  # "once": the run's first judge call forks, no other
+forks = 300 if mode == "always" or (mode == "once" and not os.path.exists(mark)) else 0
+open(mark, "w").close()
+for _ in range(forks):  # past the host's pids.max 200, within --max-procs 512
     try:
         pid = os.fork()
     except OSError:
@@ -210,11 +214,11 @@ print(json.dumps({"score": 1.0 if answer == "yes" else 0.0}))
 
 
 def _forking_run(
-    root: Path, mode: str, cgroup: Path | None, judge: bool = False
+    root: Path, mode: str, cgroup: Path | None, judge: str = "", extra: tuple[str, ...] = ()
 ) -> tuple[int, dict, str]:
     """A one-iteration toy run whose replays fork past the host's limit (``mode``: on
-    every attempt, on each unit's first, never), and its judge on every call when
-    ``judge``, inside ``cgroup`` when given: its exit code, report.json and output."""
+    every attempt, on each unit's first, never), and with ``judge`` (a mode too) a judge
+    command that does, inside ``cgroup`` when given: its exit code, report.json and output."""
     paths = write_toy(root, {"default": "fix:8"})
     marks = root / "marks"
     marks.mkdir()
@@ -227,8 +231,10 @@ def _forking_run(
     flags += ["--iterations", "1", "--expose-rw", str(marks)]
     if judge:
         (root / "judge.py").write_text(_JUDGE)
-        judging = f"{sys.executable} -I {root / 'judge.py'} {{output_dir}}/output.json"
+        script = root / "judge.py"
+        judging = f"{sys.executable} -I {script} {{output_dir}}/output.json {marks} {judge}"
         flags += ["--judge", judging, "--judge-concurrency", "1"]
+    flags += extra
     argv = [sys.executable, "-m", "evolane", "optimize", *flags]
     done = (
         _inside(cgroup, argv)
@@ -283,10 +289,27 @@ def test_a_judge_the_host_refused_a_process_stops_the_run_naming_the_host(
     # The same refusal in a judge was "processes limit 512 hit", an infrastructure failure
     # of the unit: a candidate's unit so judged counts as 0.
     cgroup, _ = limited
-    code, report, said = _forking_run(tmp_path / "limited", "never", cgroup, judge=True)
+    code, report, said = _forking_run(tmp_path / "limited", "never", cgroup, judge="always")
     _failed_naming_the_host(
         code, report, said, "judge failed: the judge: the host refused a process"
     )
+
+
+def test_a_judge_the_host_refused_a_process_once_is_tried_again_whatever_its_retries(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by review: with --judge-failure-retries 0 one refusal of the host stopped the
+    # run, where a replay's is tried again whatever its retries.
+    cgroup, _ = limited
+    retries = ("--judge-failure-retries", "0")
+    code, report, said = _forking_run(tmp_path / "limited", "never", cgroup, "once", retries)
+    assert code == 0, said
+    free = _forking_run(tmp_path / "free", "never", None, "never", retries)
+    assert free[0] == 0, free[2]
+    decided = [(d["slot"], d["decision"]) for d in report["decisions"]]
+    assert decided == [(d["slot"], d["decision"]) for d in free[1]["decisions"]]
+    assert report["scores"] == free[1]["scores"]
+    assert "accept" in {decision for _, decision in decided}, decided
 
 
 _NO_THREADS = """

@@ -26,7 +26,12 @@ from evolane.lanes._backends import ENDPOINT_EXIT, BackendCall, run_backend
 from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
 from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
-from evolane.lanes._replay_failure import HOST_REFUSED, refusal_wait
+from evolane.lanes._replay_failure import (
+    HOST_REFUSED,
+    SPAWN_REFUSALS,
+    refusal_wait,
+    refused_by_host,
+)
 from evolane.lanes._scratch import UnitScratch, replay_name
 from evolane.lanes._usage import sum_usage
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
@@ -94,7 +99,7 @@ def unit_score(score: object) -> float | None:
     return min(1.0, max(0.0, float(score)))
 
 
-def _infra(code: str, message: str) -> _Verdict:
+def _infra(code: str, message: str, spawn_errno: int | None = None) -> _Verdict:
     return _Verdict(
         None,
         FailureEvent(
@@ -103,6 +108,7 @@ def _infra(code: str, message: str) -> _Verdict:
             code=code,
             message=message[:512],
             repairable=True,
+            spawn_errno=spawn_errno,
         ),
     )
 
@@ -139,7 +145,8 @@ def parse_judge_output(stdout: bytes, *, complete: bool = True) -> _Verdict:
 
 
 class JudgeLane(CommandLane):
-    """Runs `JudgeJob`s; retries infrastructure failures ``settings.retries`` times."""
+    """Runs `JudgeJob`s; retries infrastructure failures ``settings.retries`` times, and a
+    process the host refused `SPAWN_REFUSALS` times besides."""
 
     accepts = (JudgeJob,)
 
@@ -147,7 +154,7 @@ class JudgeLane(CommandLane):
         assert isinstance(message, JudgeJob)
         job = message
         started, deadline, stop = self.begin(job.unit_id, job.timeout_seconds)
-        attempt, usage, complete = 0, Usage(), True
+        attempt, refusals, usage, complete = 0, 0, Usage(), True
         in_process = self.settings.backend is not None
         # The replay's own output folder, when its lane handed it over (first attempt only).
         handed = take_over(self.host, job.unit_id, job.output_ref) if in_process else None
@@ -164,15 +171,20 @@ class JudgeLane(CommandLane):
                     source, verdict = await self._attempt(job, attempt, deadline, stop)
                 usage = sum_usage(usage, verdict.usage)
                 complete = complete and verdict.usage_complete
-                if verdict.failure is None or attempt > self.settings.retries or stop.is_set():
+                if verdict.failure is None or stop.is_set():
                     break
                 if verdict.failure.code.startswith("limit_"):  # it would hit it again
                     break
-                if verdict.failure.code == HOST_REFUSED:  # the host's, for a moment or not
-                    with trio.move_on_after(refusal_wait(attempt - 1)):
+                if refused_by_host(verdict.failure):  # the host's, for a moment or not: tried again
+                    if refusals >= SPAWN_REFUSALS:  # as a replay's is, whatever the retries
+                        break  # (found by review: with retries 0 one refusal stopped the run)
+                    with trio.move_on_after(refusal_wait(refusals)):
                         await stop.wait()
+                    refusals += 1
                     if stop.is_set():
                         break
+                elif attempt - refusals > self.settings.retries:
+                    break
                 if trio.current_time() >= deadline:
                     break
         finally:
@@ -342,7 +354,11 @@ class JudgeLane(CommandLane):
         if outcome.status == "limit_exceeded":
             return _limit(outcome, "the verification command")
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
-            return _infra(f"verification_{outcome.status}", outcome.error or outcome.status)
+            return _infra(
+                f"verification_{outcome.status}",
+                outcome.error or outcome.status,
+                outcome.spawn_errno,
+            )
         passed = outcome.ok
         return _Verdict(
             1.0 if passed else 0.0,
@@ -360,7 +376,9 @@ def command_verdict(outcome: ProcessOutcome, backend: bool = False) -> _Verdict:
     if outcome.status == "limit_exceeded":
         return _limit(outcome, "the judge")
     if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
-        return _infra(f"judge_{outcome.status}", outcome.error or outcome.status)
+        return _infra(
+            f"judge_{outcome.status}", outcome.error or outcome.status, outcome.spawn_errno
+        )
     if outcome.exit_code != 0:
         return _infra(
             f"judge_exit_{outcome.exit_code}",

@@ -44,13 +44,18 @@ def refused_for_now(result: ReplayResult, refusals: int) -> float | None:
     spent. No command ran, so nothing is charged twice (found by review: under a pid limit
     one refusal stopped the measurement as a shared failure, and with it the run)."""
     failure = result.failure
-    if failure is None or refusals >= SPAWN_REFUSALS:
+    if failure is None or refusals >= SPAWN_REFUSALS or not refused_by_host(failure):
         return None
-    if failure.code == "spawn_failed" and spawn_refused(failure.spawn_errno):
-        return refusal_wait(refusals)
-    if failure.code == HOST_REFUSED:  # the tree ran: its spend stays charged (`with_spend`)
-        return refusal_wait(refusals)
-    return None
+    return refusal_wait(refusals)  # a tree that ran: its spend stays charged (`with_spend`)
+
+
+def refused_by_host(failure: FailureEvent) -> bool:
+    """Whether ``failure`` is the host refusing a process for the moment: a command's own
+    spawn (``spawn_failed``, ``judge_spawn_failed``... with a refused errno) or a fork of
+    its tree (`HOST_REFUSED`)."""
+    if failure.code == HOST_REFUSED:
+        return True
+    return failure.code.endswith("spawn_failed") and spawn_refused(failure.spawn_errno)
 
 
 def spawn_refused(number: int | None) -> bool:
