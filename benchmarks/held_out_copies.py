@@ -29,10 +29,37 @@ from evolane.campaign._splits import split_ids
 from evolane.inputs import load_dataset
 from trajectory_ingest import best_of  # benchmarks/ is on sys.path: run as a script
 
-WORDS = (
-    "agent tool call returned the result of a search over files error retry plan step user "
-    "asked for summary answer context window token budget cache hit miss latency request"
-).split()
+WORDS = [
+    "agent",
+    "tool",
+    "call",
+    "returned",
+    "the",
+    "result",
+    "of",
+    "a",
+    "search",
+    "over",
+    "files",
+    "error",
+    "retry",
+    "plan",
+    "step",
+    "user",
+    "asked",
+    "for",
+    "summary",
+    "answer",
+    "context",
+    "window",
+    "token",
+    "budget",
+    "cache",
+    "hit",
+    "miss",
+    "latency",
+    "request",
+]
 
 
 def sentence(rng: random.Random, words: int) -> str:
