@@ -40,7 +40,7 @@ from evolane.inputs import (
     TemplateError,
 )
 from evolane.lanes import optimizer_command
-from evolane.measure import COMMAND_ROLES, CommandRole, split_grant
+from evolane.measure import CommandRole, split_grant
 from evolane.sandbox import (
     outermost,
     program_folders,
@@ -216,15 +216,11 @@ def _program_prefix(template: CommandTemplate | None) -> list[str]:
 
 def _templates(config: CampaignConfig) -> Iterator[tuple[CommandRole, str | None]]:
     """Each role's command template text (None where the role has none)."""
-    texts: dict[CommandRole, str | None] = {
-        "replay": config.measure.replay,
-        "judge": config.measure.judge,
-        "optimizer": optimizer_command(config.propose.optimizer),
-        "validator": config.validator,
-        "check": config.check,
-    }
-    for role in COMMAND_ROLES:
-        yield role, texts[role]
+    yield "replay", config.measure.replay
+    yield "judge", config.measure.judge
+    yield "optimizer", optimizer_command(config.propose.optimizer)
+    yield "validator", config.validator
+    yield "check", config.check
 
 
 def _check_not_named(config: CampaignConfig, copies: tuple[str, ...]) -> None:

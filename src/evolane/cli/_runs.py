@@ -299,12 +299,5 @@ def plain_table(
 
 
 def write_lines(lines: Iterator[str]) -> None:
-    """Write ``lines`` on stdout, a block of them at a time."""
-    block: list[str] = []
-    for text in lines:
-        block.append(text)
-        if len(block) >= 1024:
-            sys.stdout.write("\n".join(block) + "\n")
-            block.clear()
-    if block:
-        sys.stdout.write("\n".join(block) + "\n")
+    """Write ``lines`` on stdout (buffered by it), each ended by a newline."""
+    sys.stdout.writelines(f"{text}\n" for text in lines)

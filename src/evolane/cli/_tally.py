@@ -74,8 +74,7 @@ class Tally:
         self.stream = stream if stream is not None else sys.stderr
         self.what, self.done, self.damaged = "runs", 0, 0
         self.total: int | None = 0
-        self._started = time.monotonic()
-        self._next = self._started + self.settings.after  # when to show (or show again)
+        self._next = time.monotonic() + self.settings.after  # when to show (or show again)
         self._live: Live | None = None
         self._terminal = is_terminal(self.stream)
         self._shown = False
