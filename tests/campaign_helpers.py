@@ -4,7 +4,8 @@ built-in exact-match judge, and a scripted optimizer whose every slot does what 
 The target holds one file per case (its JSON answer) plus a protected ``grader/`` folder and
 a required ``REQUIRED`` file. The optimizer reads ``{iteration}.{slot}`` from its prompt and
 looks up its action in the plan: ``fix:N`` flips the first N failing cases (they all expect
-``"yes"``) and, as a real fix would, every failing held-out ``test*`` case too; ``overfit:N``
+``"yes"``) and, as a real fix would, every failing held-out ``test*`` case too (``fork:N``
+also writes a ``FORK`` file, for a replay that forks when it sees one); ``overfit:N``
 flips only the first N failing cases (a fix that fits val alone), ``harm:N`` flips N solid
 ones, ``noop``, ``same`` (the same edit as slot 0: a duplicate), ``break`` (rewrites
 REQUIRED), ``tamper``, ``symlink``, ``oversize``, ``malformed``, ``crash``, ``hang``,
@@ -50,8 +51,10 @@ OPTIMIZER = textwrap.dedent(
             path = wd / cid
             path.write_text('"yes"' if path.read_text().strip() == '"no"' else '"no"')
     name, _, count = action.partition(":")
-    if name in ("fix", "same"):
+    if name in ("fix", "same", "fork"):
         flip(failing[: int(count or 1)])
+        if name == "fork":  # a replay that forks when it sees FORK
+            (wd / "FORK").write_text("fork")
         flip(sorted(p.name for p in wd.glob("test*") if p.read_text().strip() == '"no"'))
     elif name == "overfit":
         flip(failing[: int(count or 1)])

@@ -5,8 +5,9 @@ fork the host refused failed, and the kernel counted the refusal in the replay's
 (``pids.events``: v1, and v2 before 6.12), so the report said "processes limit 512 hit
 (--max-procs)", owner candidate: a candidate that fixed 8 of 12 cases was rejected. The
 tree's high-water mark (``pids.peak``) tells the two apart: such a replay is tried again,
-then stops the run as the host's failure. The run also says, at its start and in
-``doctor``, when its command trees may hold more processes than the host allows.
+then stops the run as the host's failure. When its command trees may hold more processes
+than the host allows, a run shares the host's room among them (`share_host_pids`), so a
+candidate's fork bomb fails on its own tree's limit; where no share fits, it warns.
 These tests make a pids cgroup of their own (a child of this process's, removed after).
 """
 
@@ -17,12 +18,18 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tests.campaign_helpers import toy_flags, write_toy
+from evolane.campaign import host_warnings
+from evolane.campaign._containment import share_host_pids
+from evolane.sandbox import NAMESPACE_EXTRA_PROCESSES
+from tests.campaign_helpers import toy_config, toy_flags, write_toy
 
 _V1_PIDS = Path("/sys/fs/cgroup/pids")
 
@@ -58,14 +65,19 @@ def limited(tmp_path: Path) -> Iterator[tuple[Path, int]]:
                 time.sleep(0.1)
 
 
-def _inside(cgroup: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """``argv`` run as a process of ``cgroup`` (it joins before it runs anything)."""
+def _joiner(cgroup: Path) -> Callable[[], None]:
+    """A ``preexec_fn`` joining ``cgroup`` before the child runs anything."""
 
     def join() -> None:
         (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
+    return join
+
+
+def _inside(cgroup: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` run as a process of ``cgroup`` (it joins before it runs anything)."""
     return subprocess.run(
-        argv, capture_output=True, text=True, timeout=300, preexec_fn=join, check=False
+        argv, capture_output=True, text=True, timeout=300, preexec_fn=_joiner(cgroup), check=False
     )
 
 
@@ -81,32 +93,85 @@ def test_the_headroom_is_the_enclosing_limit_less_what_it_holds(
     assert 0 < int(left) < limit  # the interpreter itself is one of the tasks counted
 
 
-def test_a_run_says_when_its_command_trees_may_outgrow_the_hosts_pid_limit(
+def _said(store: Path) -> tuple[list[str], str]:
+    """The warning lines and the estimate's preflight lines of the one run in ``store``."""
+    (events,) = store.glob("runs/*/events.jsonl")
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    warned = [r["message"] for r in records if r.get("kind") == "event.warning"]
+    preflight = [
+        line for r in records if r.get("kind") == "event.estimate" for line in r["preflight"]
+    ]
+    return warned, "\n".join(preflight)
+
+
+def test_a_run_shares_the_hosts_pid_room_among_its_command_trees(
     limited: tuple[Path, int], tmp_path: Path
 ) -> None:
+    # Found by review: with 5 trees x --max-procs 512 under the host's 200, a candidate's
+    # fork bomb took the host's room and the run stopped. Each tree now gets its share.
     cgroup, _ = limited
     paths = write_toy(tmp_path, {"default": "fix:8"})
     flags = [*toy_flags(paths, paths["store"]), "--iterations", "1"]
     done = _inside(cgroup, [sys.executable, "-m", "evolane", "optimize", *flags])
     assert done.returncode == 0, done.stdout + done.stderr
-    (events,) = Path(paths["store"]).glob("runs/*/events.jsonl")
-    said = [
-        json.loads(line)["message"]
-        for line in events.read_text().splitlines()
-        if '"event.warning"' in line
-    ]
-    warned = [line for line in said if line.startswith("the host allows")]
-    assert warned, said
-    assert f"({cgroup}/pids.max), fewer than 5 command trees x --max-procs 512" in warned[0]
-    # what happens then, truly: a refusal below the tree's own limit stops the run (found
-    # by review: it said the refusal counts as its tree's failure)
-    assert "a fork the host refuses stops the run" in warned[0], warned[0]
+    warned, preflight = _said(Path(paths["store"]))
+    assert not [line for line in warned if line.startswith("the host allows")], warned
+    assert "--max-procs 512 lowered to " in preflight, preflight
+    assert f"more processes ({cgroup}/pids.max) for 5 trees at once" in preflight, preflight
+    share = int(preflight.split("lowered to ", 1)[1].split()[0])
+    assert share >= 1 and 5 * (share + 2) < 200
+    (report,) = Path(paths["store"]).glob("runs/*/report.json")
+    assert f"processes {share} (pids_cgroup)" in json.loads(report.read_text())["limits"]
+    (run,) = Path(paths["store"]).glob("runs/*/run.json")
+    assert (
+        json.loads(run.read_text())["config"]["max_procs"] == 512
+    )  # the flag as given: a resume shares anew
     # with room for every tree, nothing is said
     flags += ["--max-procs", "8", "--store", str(tmp_path / "store2")]
     again = _inside(cgroup, [sys.executable, "-m", "evolane", "optimize", *flags])
     assert again.returncode == 0, again.stdout + again.stderr
-    (events,) = (tmp_path / "store2").glob("runs/*/events.jsonl")
-    assert "the host allows" not in events.read_text()
+    warned, preflight = _said(tmp_path / "store2")
+    assert "lowered" not in preflight and not [w for w in warned if "host allows" in w]
+
+
+_FORK_BOMB = """
+import os, sys, time
+candidate, out = sys.argv[1:3]
+if os.path.exists(os.path.join(candidate, "FORK")):
+    while True:  # fork until refused, every child held
+        try:
+            pid = os.fork()
+        except OSError:
+            sys.exit(1)
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+with open(os.path.join(candidate, os.environ["EVOLANE_CASE_ID"])) as answer:
+    with open(os.path.join(out, "output.json"), "w") as output:
+        output.write(answer.read())
+"""
+
+
+def test_a_candidates_fork_bomb_under_the_hosts_pid_limit_fails_the_candidate_not_the_run(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by review: a candidate whose replay forked until refused took the room of the
+    # host's pids.max, a refusal of the host's that stopped the run (exit 1), where its own
+    # tree's limit would have failed the candidate alone.
+    cgroup, _ = limited
+    paths = write_toy(tmp_path, {"0.0": "fork:8", "0.1": "fix:8"})
+    (tmp_path / "replay.py").write_text(_FORK_BOMB)
+    flags = [*toy_flags(paths, paths["store"]), "--iterations", "1"]
+    flags[flags.index("--replay") + 1] = (
+        f"{sys.executable} -I {tmp_path / 'replay.py'} {{candidate}} {{output_dir}}"
+    )
+    done = _inside(cgroup, [sys.executable, "-m", "evolane", "optimize", *flags])
+    assert done.returncode == 0, done.stdout + done.stderr
+    (report,) = Path(paths["store"]).glob("runs/*/report.json")
+    decided = json.loads(report.read_text())["decisions"]
+    assert [(d["slot"], d["decision"]) for d in decided] == [(0, "reject"), (1, "accept")]
+    text = report.read_text()
+    assert "the host refused" not in text and "processes limit " in text, text[-2000:]
 
 
 def test_a_run_with_no_process_limit_says_so_under_the_hosts_pid_limit(
@@ -172,7 +237,18 @@ def test_a_fork_the_host_refused_is_told_from_one_the_trees_own_limit_refused(
     assert int(own[2]) < 16
 
 
-_REPLAY = """
+_WAIT = """
+import os, time
+def wait_for_the_room_taken(marks):  # the test lowers the host's pids.max, then says go
+    open(os.path.join(marks, "waiting"), "w").close()
+    for _ in range(6000):
+        if os.path.exists(os.path.join(marks, "go")):
+            return
+        time.sleep(0.02)
+"""
+_REPLAY = (
+    _WAIT
+    + """
 import json, os, sys, time
 candidate, out, marks, mode = sys.argv[1:5]
 with open(os.path.join(out, "usage.json"), "w") as usage:
@@ -180,6 +256,7 @@ with open(os.path.join(out, "usage.json"), "w") as usage:
 mark = os.path.join(marks, os.environ["EVOLANE_UNIT"])
 if mode == "always" or (mode == "once" and not os.path.exists(mark)):
     open(mark, "w").close()
+    wait_for_the_room_taken(marks)
     for _ in range(300):  # more than the host's pids.max 200 allows, within --max-procs 512
         try:
             pid = os.fork()
@@ -192,15 +269,20 @@ with open(os.path.join(candidate, os.environ["EVOLANE_CASE_ID"])) as answer:
     with open(os.path.join(out, "output.json"), "w") as output:
         output.write(answer.read())
 """
+)
 
 
-_JUDGE = """
+_JUDGE = (
+    _WAIT
+    + """
 import json, os, sys, time
 answer = json.load(open(sys.argv[1]))
 marks, mode = sys.argv[2:4]
 mark = os.path.join(marks, "judged")  # "once": the run's first judge call forks, no other
 forks = 300 if mode == "always" or (mode == "once" and not os.path.exists(mark)) else 0
 open(mark, "w").close()
+if forks:
+    wait_for_the_room_taken(marks)
 for _ in range(forks):  # past the host's pids.max 200, within --max-procs 512
     try:
         pid = os.fork()
@@ -211,6 +293,7 @@ for _ in range(forks):  # past the host's pids.max 200, within --max-procs 512
         os._exit(0)
 print(json.dumps({"score": 1.0 if answer == "yes" else 0.0}))
 """
+)
 
 
 def _forking_run(
@@ -236,13 +319,39 @@ def _forking_run(
         flags += ["--judge", judging, "--judge-concurrency", "1"]
     flags += extra
     argv = [sys.executable, "-m", "evolane", "optimize", *flags]
-    done = (
-        _inside(cgroup, argv)
-        if cgroup is not None
-        else subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    )
+    if cgroup is None:
+        (marks / "go").touch()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        code, said = done.returncode, done.stdout + done.stderr
+    else:
+        code, said = _room_taken_after_preflight(cgroup, argv, marks)
     (report,) = Path(paths["store"]).glob("runs/*/report.json")
-    return done.returncode, json.loads(report.read_text()), done.stdout + done.stderr
+    return code, json.loads(report.read_text()), said
+
+
+def _room_taken_after_preflight(cgroup: Path, argv: list[str], marks: Path) -> tuple[int, str]:
+    """``argv`` run in ``cgroup`` with no pid limit at its start (so its trees keep their
+    --max-procs: `share_host_pids`), the limit lowered to 200 once a command is about to
+    fork: its exit code and output."""
+    (cgroup / "pids.max").write_text("max")
+    log = marks.parent / "said.txt"
+    with log.open("w") as out:
+        running = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=_joiner(cgroup)
+        )
+        try:
+            for _ in range(3000):  # until a command waits, or the run ended without one
+                if (marks / "waiting").exists() or running.poll() is not None:
+                    break
+                time.sleep(0.1)
+            (cgroup / "pids.max").write_text("200")
+            (marks / "go").touch()
+            code = running.wait(timeout=300)
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.wait()
+    return code, log.read_text()
 
 
 def test_a_replay_the_host_refused_a_process_is_tried_again_not_scored(
@@ -395,3 +504,36 @@ def test_a_spawn_the_host_refused_names_the_pid_limit(
     assert (first, status) == ("exited", "spawn_failed"), error
     assert error.startswith("[Errno 11]"), error  # still tried again as a refusal for now
     assert f"the host refused a process ({cgroup}/pids.max enclosing evolane)" in error, error
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    left=st.integers(0, 200_000),
+    per_tree=st.integers(1, 8192),
+    replays=st.integers(1, 64),
+    population=st.integers(1, 64),
+)
+def test_each_trees_share_fits_the_hosts_room_or_the_run_is_warned(
+    left: int, per_tree: int, replays: int, population: int
+) -> None:
+    # What the host allows is shared so that every tree at its limit, with its launcher's
+    # processes, leaves evolane a reserve; where no share of 1 fits, the warning stays.
+    paths = {name: Path(f"/nowhere/{name}") for name in ("target", "dataset", "store")}
+    paths |= {"script": Path("/nowhere/o.py"), "plan": Path("/nowhere/plan.json")}
+    config = toy_config(
+        paths, max_procs=per_tree, replay_concurrency=replays, population=population
+    )
+    trees = replays + population
+    where = (left, Path("/sys/fs/cgroup/pids/x"))
+    with mock.patch("evolane.campaign._containment.process_headroom", return_value=where):
+        shared, said = share_host_pids(config)
+        warned = host_warnings(shared)
+    share = shared.commands.max_procs
+    assert share is not None and share <= per_tree
+    if said is None:
+        assert shared == config
+        assert bool(warned) == (trees * per_tree > left), warned
+    else:
+        assert share < per_tree and f"lowered to {share} a command tree" in said
+        assert trees * (share + NAMESPACE_EXTRA_PROCESSES) + min(16, left) <= left
+        assert not warned

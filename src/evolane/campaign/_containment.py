@@ -18,6 +18,7 @@ from evolane.inputs import InputError
 from evolane.lanes import optimizer_command
 from evolane.measure import split_grant
 from evolane.sandbox import (
+    NAMESPACE_EXTRA_PROCESSES,
     confinement_fix,
     process_headroom,
     resolve_isolation,
@@ -115,6 +116,44 @@ def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
     return next((name for name in hidden if within(real, os.path.realpath(name))), None)
 
 
+HOST_RESERVE = (16, 64)
+"""Processes the host's room keeps for evolane itself (its threads, its spawn server) before
+it is shared among the command trees: a quarter of the room, within these bounds."""
+
+
+def _command_trees(config: CampaignConfig) -> int:
+    """The local command trees ``config``'s run may hold at once: its replay lanes, its
+    judge lanes when the judge is a command, and a validator or optimizer per slot."""
+    measure = config.measure
+    trees = measure.replay_concurrency + (measure.judge_concurrency if measure.judge else 0)
+    return trees + config.population
+
+
+def share_host_pids(config: CampaignConfig) -> tuple[CampaignConfig, str | None]:
+    """``config`` with ``--max-procs`` lowered to each command tree's share of the room the
+    pids cgroups enclosing evolane leave, when its trees may hold more than that room, and
+    the preflight line saying so. A fork past the share then fails in its own tree, the
+    tree's failure (a candidate's case scored 0), where past the host's room it was the
+    host's, which stops the run: found by review, a candidate's fork bomb stopped it. The
+    share is taken anew at each start (run.json keeps the flag as given)."""
+    per_tree, headroom = config.commands.max_procs, process_headroom()
+    if per_tree is None or headroom is None:  # none: every process the host leaves, as asked
+        return config, None
+    left, cgroup = headroom
+    trees = _command_trees(config)
+    reserve = min(max(left // 4, HOST_RESERVE[0]), HOST_RESERVE[1])
+    share = (left - reserve) // trees - NAMESPACE_EXTRA_PROCESSES
+    if trees * (per_tree + NAMESPACE_EXTRA_PROCESSES) <= left - reserve or share < 1:
+        return config, None  # room for every tree, or none to share (`host_warnings`)
+    commands = config.commands.model_copy(update={"max_procs": share})
+    said = (
+        f"--max-procs {per_tree} lowered to {share} a command tree: the host allows {left} "
+        f"more processes ({cgroup}/pids.max) for {trees} trees at once, so a tree forking "
+        "past its share fails on its own limit and the run goes on"
+    )
+    return config.model_copy(update={"commands": commands}), said
+
+
 def host_warnings(config: CampaignConfig) -> list[str]:
     """A warning when the pids cgroups enclosing evolane allow fewer processes than its command
     trees may hold at once (each up to ``--max-procs``; any number with none): a fork
@@ -133,9 +172,7 @@ def host_warnings(config: CampaignConfig) -> list[str]:
             "off: one command tree may take them all, and a process the host refuses fails "
             "inside a replay and counts as its tree's failure; set --max-procs"
         ]
-    measure = config.measure
-    trees = measure.replay_concurrency + (measure.judge_concurrency if measure.judge else 0)
-    trees += config.population
+    trees = _command_trees(config)
     if trees * per_tree <= left:
         return []
     return [

@@ -19,6 +19,7 @@ from evolane.sandbox._confine import (
 from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
+from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES
 from evolane.sandbox._lease_owner import LEASE_FILES
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
 from evolane.sandbox._secrets import commands_run_unprivileged, trees_run_as_unit_uids
@@ -46,6 +47,7 @@ __all__ = [
     "LEASE_FILES",
     "LEASE_VARIABLE",
     "MAX_HIDDEN",
+    "NAMESPACE_EXTRA_PROCESSES",
     "EnvName",
     "InlineGate",
     "Isolation",
