@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,13 @@ PLUGIN = textwrap.dedent(
         async def on_event(self, event):
             print("plugin says", event.kind)
 
+    class Stuck:  # sync code blocking the event loop, once: a resume runs free
+        async def on_event(self, event):
+            stuck = os.environ["HANGPLUG_GATE"] + ".stuck"
+            if event.kind == "event.phase" and not os.path.exists(stuck):
+                open(stuck, "w").close()
+                time.sleep(3600)
+
     def blocking_factory(*args):
         open(os.environ["HANGPLUG_GATE"], "w").close()
         time.sleep(3600)  # a blocking connect with no timeout
@@ -47,6 +55,7 @@ leaker = evolane_hangplug:Leaker
 blocking = evolane_hangplug:blocking_factory
 printer = evolane_hangplug:Printer
 boom = evolane_hangplug:Boom
+stuck = evolane_hangplug:Stuck
 
 [evolane.judges]
 blocking = evolane_hangplug:blocking_factory
@@ -137,6 +146,48 @@ def test_a_plugin_factory_that_blocks_is_ended_by_ctrl_c(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_event_loop_blocked_by_sync_code_still_ends_on_the_third_signal(
+    tmp_path: Path, signum: int
+) -> None:
+    # Found by review: an observer running sync code on the loop left the command deaf to
+    # every Ctrl-C and SIGTERM (the loop's receiver never ran). Signals the loop has not
+    # taken now end the process on the third: one line, exit 130, resumable.
+    process, _, err = _start(tmp_path, "--observer", "stuck")
+    try:
+        _wait_for_file(tmp_path / "gate.stuck", process, err)
+        for _ in range(120):  # as a person would, again and again (a guard, not a timing)
+            process.send_signal(signum)
+            if process.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert process.wait(timeout=60) == 130, err.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    (line,) = [x for x in err.read_text().splitlines() if "signals unheard" in x]
+    assert re.match(r"evolane: interrupted: \d+ signals unheard for [\d.]+ s \(code blocking", line)
+    run_id = line.rsplit("--resume ", 1)[1].split()[0]
+    again = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", "--resume", run_id,
+         "--store", str(tmp_path / "store"), "--progress", "none"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site"),
+             "HANGPLUG_GATE": str(tmp_path / "gate")},
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    (run,) = (tmp_path / "store").glob(f"runs/{run_id}/run.json")
+    assert json.loads(run.read_text())["status"] == "finished"
+
+
+def _wait_for_file(path: Path, process: subprocess.Popen[bytes], err: Path) -> None:
+    deadline = time.monotonic() + 180  # a guard against a hang, not a timing figure
+    while not path.exists():
+        assert process.poll() is None and time.monotonic() < deadline, err.read_text()
+        time.sleep(0.1)
 
 
 def test_a_plugins_print_leaves_jsonl_progress_json(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def run_drain(store: str, *, max_jobs: int | None, progress: str, debug: bool) -
         root = _check(store, max_jobs, progress)
         import trio
 
-        from evolane.cli._session import watching_signals
+        from evolane.cli._signals import watching_signals
 
         return trio.run(
             watching_signals, lambda watch: _drain_jobs(root, max_jobs, progress, watch)

@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from evolane.cli._grants import grant_values
 from evolane.cli._models import model_flags, rejudge_models
 from evolane.cli._output import json_stdout_only, own_stdout
 from evolane.cli._resumable import ended_outcome, recorded_run
+from evolane.cli._signals import SignalWatch, watching_signals
 
 _CHOICES = {
     "apply": ("proposal", "verified_only", "auto_verified"),
@@ -389,20 +389,8 @@ async def _main(request: Any, flags: dict[str, Any], started: float, observers: 
     return await watching_signals(lambda watch: _session(request, flags, started, watch, observers))
 
 
-async def watching_signals(body: Callable[[_SignalWatch], Awaitable[int]]) -> int:
-    """``body``'s exit code, run under one SIGINT/SIGTERM receiver for the whole session (a
-    Ctrl-C is never lost between handlers; `_SignalWatch` decides what it means)."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        watch = _SignalWatch()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch.follow, signals)
-            code = await body(watch)
-            nursery.cancel_scope.cancel()
-    return code
-
-
 async def _session(
-    request: Any, flags: dict[str, Any], started: float, watch: _SignalWatch, observers: list[Any]
+    request: Any, flags: dict[str, Any], started: float, watch: SignalWatch, observers: list[Any]
 ) -> int:
     from evolane import embed
     from evolane.cli._summary import print_summary
@@ -454,33 +442,3 @@ def _start_view(nursery: trio.Nursery, handle: Any, mode: str) -> None:
 
     render = partial(render_progress, out=own_stdout())
     nursery.start_soon(render, resolve_mode(mode, own_stdout()), handle.feed, handle.subscription)
-
-
-class _SignalWatch:
-    """What Ctrl-C (or SIGTERM) means at each moment of a session: before the run exists,
-    abort start-up; while it runs, stop it now (the units in flight are killed through the
-    kill ladder and run again on resume; the report is written), then (again) cancel at
-    once without a report; after it ended, nothing the first time (a second Ctrl-C often
-    races a quick stop and must not cut the summary short), then abort the runtime's close."""
-
-    def __init__(self) -> None:
-        self.handle: Any = None
-        self.ended = False
-        self._ignored = False
-
-    async def follow(self, signals: Any) -> None:
-        async for _ in signals:
-            if self.handle is None or (self.ended and self._ignored):
-                raise KeyboardInterrupt
-            if self.ended:
-                self._ignored = True
-                continue
-            if self.handle._interrupt.is_set():
-                self.handle.cancel()
-                continue
-            print(
-                "\nevolane: stopping now: units in flight are killed (SIGTERM, --kill-grace, "
-                "SIGKILL) and re-run on --resume; writing the report (Ctrl-C again: no report)",
-                file=sys.stderr,
-            )
-            self.handle.stop()
