@@ -12,7 +12,9 @@ outside it (``--disable-userns``: no nested namespace gets any either). The name
 that uid to evolane's own: the files the command writes belong to evolane's user, and a
 root evolane's commands can read root-owned files they are *shown* (the mount view is
 what keeps them in). A real unprivileged host uid would also need every exposed folder
-readable by that uid, which ``mkdtemp`` folders (0700) and ``/root`` are not.
+readable by that uid, which ``mkdtemp`` folders (0700) and ``/root`` are not. bwrap makes
+that namespace inside another of the command's own, whose limits cap what it takes of
+evolane's user's per-user counts (`user_counts_step`, `evolane.sandbox._ucounts`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from collections.abc import Iterable
 from functools import cache, lru_cache
 from pathlib import Path, PurePosixPath
 
-from evolane.sandbox._launch import namespaces_available
+from evolane.sandbox._launch import host_tools, namespaces_available
 from evolane.sandbox._secrets import probe_succeeds
 from evolane.sandbox._spec import Isolation, IsolationInForce, View
+from evolane.sandbox._ucounts import count_caps_argv, user_count_caps
 
 SANDBOX_UID = 65_534
 """The uid (and gid) a confined command has inside its user namespace: ``nobody``."""
@@ -98,6 +101,23 @@ def confinement_problem() -> str | None:
     if probe_succeeds([*argv, true]):
         return None
     return f"bubblewrap cannot create namespaces on this host ({bwrap} {' '.join(argv[1:4])}...)"
+
+
+@cache
+def user_counts_step() -> tuple[str, ...] | None:
+    """The launcher step that caps a confined command's share of evolane's user's counts
+    (`evolane.sandbox._ucounts`), or None where it cannot work: no such counts (a kernel
+    before 5.11), no ``unshare``, or bwrap fails inside it (a host may forbid the nested
+    user namespace). Probed once."""
+    tools, caps = host_tools(), user_count_caps()
+    true = shutil.which("true", path="/usr/bin:/bin")
+    if not caps or tools.unshare is None or tools.sh is None or true is None:
+        return None
+    if confinement_problem() is not None:
+        return None
+    step = count_caps_argv(tools.unshare, tools.sh, caps)
+    argv = bwrap_argv(View(), own=(), workspace=Path("/"))
+    return tuple(step) if probe_succeeds([*step, *argv, true]) else None
 
 
 def confinement_fix() -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from evolane.sandbox._secrets import dropped_capabilities_argv, probe_succeeds, unit_uid_argv
 from evolane.sandbox._spec import Limits
+from evolane.sandbox._ucounts import rlimit_caps
 
 
 def join_failed_marker(nonce: str) -> bytes:
@@ -84,13 +85,14 @@ def namespaces_available() -> bool:
 
 
 def rlimit_triples(limits: Limits) -> list[tuple[str, int, int]]:
-    """(resource name, soft, hard) for every limit set; core dumps are always off.
+    """(resource name, soft, hard) for every limit set; core dumps are always off, and
+    message queue bytes and queued signals are a share of evolane's (`rlimit_caps`).
 
     ``processes`` is not an rlimit here: RLIMIT_NPROC counts every process of the user (and
     root ignores it), so the pids cgroup bounds a tree instead; ``uid_processes`` is, for a
     tree whose uid is its own (`uid_process_cap`).
     """
-    triples = [("RLIMIT_CORE", 0, 0)]
+    triples = [("RLIMIT_CORE", 0, 0), *((name, cap, cap) for name, cap in rlimit_caps())]
     if limits.uid_processes is not None:
         triples.append(("RLIMIT_NPROC", limits.uid_processes, limits.uid_processes))
     if limits.address_space_bytes is not None:
@@ -157,6 +159,8 @@ _PRLIMIT_FLAGS = {
     "RLIMIT_FSIZE": "--fsize",
     "RLIMIT_NOFILE": "--nofile",
     "RLIMIT_NPROC": "--nproc",
+    "RLIMIT_MSGQUEUE": "--msgqueue",
+    "RLIMIT_SIGPENDING": "--sigpending",
 }
 
 

@@ -33,6 +33,7 @@ import sys
 SYS_CLONE3 = 435  # the same number on every architecture Linux gives clone3
 CLONE_PARENT = 0x00008000
 CLONE_INTO_CGROUP = 0x200000000
+CLONE_NEWUSER = 0x10000000
 _ARGS_SIZE = 88  # struct clone_args up to ``cgroup`` (CLONE_ARGS_SIZE_VER2)
 _SYS_KEYCTL = {  # older system calls are numbered per architecture (of this interpreter)
     ("x86_64", 8): 250, ("x86_64", 4): 288, ("i686", 4): 288, ("aarch64", 8): 219,
@@ -101,20 +102,16 @@ def _child(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
 
 
 def _prepare_and_exec(libc: ctypes.CDLL, request: tuple, fds: list[int]) -> None:
-    path, argv, env, cwd, rlimits, v1_tasks, dropped, _, switch, seccomp = request
+    path, argv, env, cwd, rlimits, v1_tasks, dropped, _, switch, seccomp, counts = request
     stdin, stdout, stderr, failed = fds
     os.setsid()
     _new_session_keyring(libc)
     for tasks in v1_tasks:  # "0" moves this (only) thread: joined before anything runs
-        handle = os.open(tasks, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(handle, b"0")
-        except OSError as error:
-            raise OSError(error.errno, f"cannot join cgroup {os.fsdecode(tasks)}") from None
-        finally:
-            os.close(handle)
+        _write_file(tasks, b"0", f"cannot join cgroup {os.fsdecode(tasks)}")
     for number in dropped:
         _prctl(libc, f"cannot drop capability {number}", _PR_CAPBSET_DROP, number)
+    if counts:  # a confined command's: bwrap's own namespace is made inside this one
+        _cap_user_counts(libc, counts)
     os.set_inheritable(failed, False)  # whatever happens, the exec closes it
     os.dup2(stdin, 0)
     os.dup2(stdout, 1)
@@ -149,6 +146,35 @@ def _new_session_keyring(libc: ctypes.CDLL) -> None:
         number = ctypes.get_errno()
         if number not in _NO_KEYRINGS:
             raise OSError(number, "cannot join a new session keyring")
+
+
+def _cap_user_counts(libc: ctypes.CDLL, counts: list[tuple[str, int]]) -> None:
+    """Enter a user namespace of this clone's own, mapped onto its uid and gid as root
+    there, and set its ``counts`` (``/proc/sys/user/max_*`` files, each to its cap): what
+    the command makes (inotify instances, watches) is charged to this namespace and to
+    evolane's user above it, so the command takes at most these caps of that user's counts
+    (`evolane.sandbox._ucounts`; the launcher's ``unshare --map-root-user`` step does the
+    same)."""
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "cannot make the command's user namespace")
+    maps = (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1"))
+    for name, text in maps:
+        _write_file(f"/proc/self/{name}", text.encode(), f"cannot write /proc/self/{name}")
+    for path, cap in counts:
+        _write_file(path, str(cap).encode(), f"cannot set {path}")
+
+
+def _write_file(path: str | bytes, data: bytes, why: str) -> None:
+    """Write ``data`` to ``path`` (a file that exists); OSError(errno, ``why``) if not."""
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(handle, data)
+        finally:
+            os.close(handle)
+    except OSError as error:
+        raise OSError(error.errno, why) from None
 
 
 def _switch_uid(libc: ctypes.CDLL, uid: int, kept: tuple[int, ...]) -> None:

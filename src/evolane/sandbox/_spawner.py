@@ -70,6 +70,8 @@ def _dropped_numbers() -> tuple[int, ...]:
     return tuple(n for n in DROPPED_CAPABILITIES.values() if n <= last)
 
 
+UserCounts = tuple[tuple[str, int], ...]
+"""(``/proc/sys/user/max_*`` file, cap) pairs the clone sets in its own user namespace."""
 UidSwitch = tuple[int, tuple[int, ...]]
 """(uid, the capabilities kept): the clone becomes the unit uid (see `_spawnd._switch_uid`)."""
 
@@ -162,15 +164,17 @@ class Spawner:
         cgroup: str | None,
         switch: UidSwitch | None = None,
         seccomp: bytes | None = None,
+        counts: UserCounts = (),
     ) -> int:
         """Start ``path`` with ``argv`` as a child of this process, in a session of its own,
         stdin from /dev/null, stdout and stderr to ``output``; returns its pid once it has
         exec'd. ``switch`` (from `uid_switch`): it runs as that unit uid, and ``dropped``
         is ignored. ``seccomp``: a filter the clone installs last (a confined command's).
+        ``counts``: the clone runs it in a user namespace of its own with these caps.
         Raises OSError when it could not start (the child is killed and reaped), and
         `SpawnerUnavailable` when the server did not take the request."""
         payload = self._request(
-            path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch, seccomp
+            path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch, seccomp, counts
         )
         failed_read, failed_write = os.pipe2(os.O_CLOEXEC)
         try:
@@ -208,13 +212,14 @@ class Spawner:
         cgroup: str | None,
         switch: UidSwitch | None = None,
         seccomp: bytes | None = None,
+        counts: UserCounts = (),
     ) -> int | None:
         """`spawn` awaited on a trio event loop: no thread, and nothing blocks the loop (the
         rare failure paths that must wait for a clone to die run in a worker thread). None,
         with nothing sent, while a worker thread's `spawn` holds the connection: `spawn` it
         there too. Not cancellable once called: it ends within its timeouts, as `spawn`."""
         payload = self._request(
-            path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch, seccomp
+            path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch, seccomp, counts
         )
         with trio.CancelScope(shield=True):
             failed_read, failed_write = os.pipe2(os.O_CLOEXEC)
@@ -252,12 +257,13 @@ class Spawner:
         cgroup: str | None,
         switch: UidSwitch | None,
         seccomp: bytes | None,
+        counts: UserCounts,
     ) -> bytes:
         """The request `spawn` sends (`SpawnerUnavailable` when it is too large)."""
         if switch is not None:
             dropped = self._unit_bounding
-        request = (path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch, seccomp)
-        payload = marshal.dumps(request)
+        request = (path, argv, env, cwd, rlimits, v1_tasks, dropped, cgroup, switch)
+        payload = marshal.dumps((*request, seccomp, counts))
         if len(payload) > self.largest_request:
             raise SpawnerUnavailable("the request is larger than the spawn server takes")
         return payload

@@ -22,11 +22,13 @@ from evolane.sandbox._confine import (
     interpreter_folders,
     outermost,
     program_folders,
+    user_counts_step,
 )
 from evolane.sandbox._launch import Cloned, launch, launcher_argv, launcher_env, rlimit_numbers
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
 from evolane.sandbox._spec import IsolationInForce, Limits, SandboxSpec
+from evolane.sandbox._ucounts import user_count_caps
 from evolane.store import HOST_ERRNOS
 
 Spawned = tuple[int, tuple[str, ...]]
@@ -190,9 +192,13 @@ class Launch:
         program = no_set_id_filter() if confine is not None else None
         cgroups = self.unit.cgroups
         env = launcher_env(self.env, cgroups.procs_files if cgroups else [], self.unit.nonce)
+        step = user_counts_step() if confine is not None else None
+        counted = ("user_counts",) if step else ()
+        if confine is not None and step:
+            confine = [*step, *confine]
         if confine is None or program is None:
             argv, mechanisms = self._chain(confine)
-            return launch(argv, self.unit.work, env, self.output), mechanisms
+            return launch(argv, self.unit.work, env, self.output), (*mechanisms, *counted)
         fd = os.memfd_create("evolane-seccomp", os.MFD_CLOEXEC)
         try:
             os.write(fd, program)
@@ -202,7 +208,7 @@ class Launch:
             pid = launch(argv, self.unit.work, env, self.output, keep=(fd,))
         finally:
             os.close(fd)
-        return pid, (*mechanisms, "no_set_id")
+        return pid, (*mechanisms, *counted, "no_set_id")
 
     def _chain(
         self, confine: list[str] | None, cloned: Cloned | None = None
@@ -234,11 +240,13 @@ class Launch:
         seccomp = no_set_id_filter() if confine is not None else None
         if seccomp and bwrap_wants_privileges():  # bwrap takes the filter (`_launch_chain`)
             raise SpawnerUnavailable("a set-uid bwrap installs the seccomp filter itself")
+        counts = user_count_caps() if confine is not None and user_counts_step() else ()
         args = (
             path, argv, self.env, str(unit.work), self.output, rlimit_numbers(self.limits),
             cgroups.v1_tasks_files if cgroups else [], dropped,
-            cgroups.unified_dir if cgroups else None, switch, seccomp,
+            cgroups.unified_dir if cgroups else None, switch, seccomp, counts,
         )  # fmt: skip
+        mechanisms = (*mechanisms, "user_counts") if counts else mechanisms
         return args, (*mechanisms, "no_set_id") if seccomp else mechanisms
 
     def _spawned(self, pid: int, mechanisms: tuple[str, ...]) -> Spawned:
