@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from evolane.sandbox import trees_run_as_unit_uids
+import evolane.sandbox
+from evolane.sandbox import trees_run_as_unit_uids, user_counts_step
 
 EVOLANE = [sys.executable, "-m", "evolane"]
 PATH_KEYS = ("target", "dataset", "store")
@@ -279,6 +280,21 @@ def test_doctor_says_which_limits_this_host_cannot_enforce(tmp_path: Path) -> No
         )
         assert "processes 512 (rlimit_nproc)" in line, line
         assert line.startswith("warn") and "memory 4 GiB NOT ENFORCED" in line, line
+
+
+def test_doctor_warns_where_a_confined_command_could_take_all_per_user_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a confined command cannot have a user namespace of its own (a kernel before
+    5.11, a host forbidding the nested one), one command may take all of the user's inotify
+    instances: doctor says so rather than let it pass unseen."""
+    if user_counts_step() is not None:  # this host caps them: nothing to warn of
+        assert not [line for line in _host_lines(tmp_path, ()) if "per-user counts" in line]
+    monkeypatch.setattr(evolane.sandbox, "user_counts_step", lambda: None)
+    (line,) = [line for line in _host_lines(tmp_path, ()) if "per-user counts" in line]
+    assert line.startswith("warn per-user counts (not capped:") and "inotify" in line, line
+    process = _host_lines(tmp_path, (), "process")
+    assert not [line for line in process if "per-user counts" in line]
 
 
 def test_init_that_cannot_write_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:

@@ -28,13 +28,19 @@ Check = tuple[str, str, str]
 """(level ``ok``/``warn``/``FAIL``, what, why or how to fix)."""
 LOW_DISK_BYTES = 1 << 30
 """Free space under the store below which a run may fill the disk (blobs, outputs)."""
+UNCAPPED_COUNTS = (
+    "not capped: one confined command may take all of this user's inotify instances and "
+    "watches and fanotify groups (a kernel before 5.11 keeps none per user namespace, or "
+    "this host forbids a nested one: see README, Security model)"
+)
+"""Doctor's warning where a confined command cannot get a user namespace of its own."""
 MIN_RUN_BYTES = 64 << 20
 """Free space under the store below which no run can work (doctor FAILs)."""
 
 
 def _host_checks(probe: Any, store: str) -> list[Check]:
     from evolane.campaign import host_warnings
-    from evolane.sandbox import confinement_fix, trees_run_as_unit_uids
+    from evolane.sandbox import confinement_fix, trees_run_as_unit_uids, user_counts_step
 
     host = probe.host
     checks: list[Check] = []
@@ -45,6 +51,8 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
     elif host.isolation == "confined":
         why = "bubblewrap: the system read-only, nothing of the store, target or dataset"
         checks.append(("ok", "isolation confined", why))
+        if user_counts_step() is None:
+            checks.append(("warn", "per-user counts", UNCAPPED_COUNTS))
     else:
         can = host.confinable is None
         why = f"as asked (--isolation {asked}); confined is " + (

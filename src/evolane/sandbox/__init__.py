@@ -14,6 +14,7 @@ from evolane.sandbox._confine import (
     program_folders,
     resolve_isolation,
     template_paths,
+    user_counts_step,
     within,
 )
 from evolane.sandbox._env import child_lease
@@ -76,5 +77,6 @@ __all__ = [
     "sweep_stale_leases",
     "template_paths",
     "trees_run_as_unit_uids",
+    "user_counts_step",
     "within",
 ]
