@@ -134,22 +134,30 @@ def test_a_run_shares_the_hosts_pid_room_among_its_command_trees(
     assert "lowered" not in preflight and not [w for w in warned if "host allows" in w]
 
 
-_FORK_BOMB = """
+_FORKS = """
 import os, sys, time
-candidate, out = sys.argv[1:3]
-if os.path.exists(os.path.join(candidate, "FORK")):
-    while True:  # fork until refused, every child held
+def fork_or_exit(count, hold):  # fork count children (None: until refused), each held
+    while count is None or count > 0:
         try:
             pid = os.fork()
         except OSError:
             sys.exit(1)
         if pid == 0:
-            time.sleep(600)
+            time.sleep(hold)
             os._exit(0)
+        count = None if count is None else count - 1
+"""
+_FORK_BOMB = (
+    _FORKS
+    + """
+candidate, out = sys.argv[1:3]
+if os.path.exists(os.path.join(candidate, "FORK")):
+    fork_or_exit(None, 600)
 with open(os.path.join(candidate, os.environ["EVOLANE_CASE_ID"])) as answer:
     with open(os.path.join(out, "output.json"), "w") as output:
         output.write(answer.read())
 """
+)
 
 
 def test_a_candidates_fork_bomb_under_the_hosts_pid_limit_fails_the_candidate_not_the_run(
@@ -237,8 +245,9 @@ def test_a_fork_the_host_refused_is_told_from_one_the_trees_own_limit_refused(
     assert int(own[2]) < 16
 
 
-_WAIT = """
-import os, time
+_WAIT = (
+    _FORKS
+    + """
 def wait_for_the_room_taken(marks):  # the test lowers the host's pids.max, then says go
     open(os.path.join(marks, "waiting"), "w").close()
     for _ in range(6000):
@@ -246,6 +255,7 @@ def wait_for_the_room_taken(marks):  # the test lowers the host's pids.max, then
             return
         time.sleep(0.02)
 """
+)
 _REPLAY = (
     _WAIT
     + """
@@ -257,14 +267,7 @@ mark = os.path.join(marks, os.environ["EVOLANE_UNIT"])
 if mode == "always" or (mode == "once" and not os.path.exists(mark)):
     open(mark, "w").close()
     wait_for_the_room_taken(marks)
-    for _ in range(300):  # more than the host's pids.max 200 allows, within --max-procs 512
-        try:
-            pid = os.fork()
-        except OSError:
-            sys.exit(1)
-        if pid == 0:
-            time.sleep(60)
-            os._exit(0)
+    fork_or_exit(300, 60)  # more than the host's pids.max 200 allows, within --max-procs 512
 with open(os.path.join(candidate, os.environ["EVOLANE_CASE_ID"])) as answer:
     with open(os.path.join(out, "output.json"), "w") as output:
         output.write(answer.read())
@@ -283,14 +286,7 @@ forks = 300 if mode == "always" or (mode == "once" and not os.path.exists(mark))
 open(mark, "w").close()
 if forks:
     wait_for_the_room_taken(marks)
-for _ in range(forks):  # past the host's pids.max 200, within --max-procs 512
-    try:
-        pid = os.fork()
-    except OSError:
-        sys.exit(1)
-    if pid == 0:
-        time.sleep(60)
-        os._exit(0)
+    fork_or_exit(forks, 60)  # past the host's pids.max 200, within --max-procs 512
 print(json.dumps({"score": 1.0 if answer == "yes" else 0.0}))
 """
 )
