@@ -8,7 +8,11 @@ page cache:
 - a plain ``os.walk`` and read of each file (the floor: what any look at the bytes costs);
 - `scan_folders` on the same tree (its walk, its caps, the matching);
 
-and prints the ratio of each pair.
+and prints the ratio of each pair. Then it times the scan every start of this host makes
+for a replay run by this Python (``{sys.executable} proj/agent.py``): the folders such a
+run's commands are shown (`shown_folders`: its program's prefix, the interpreter's own),
+walked as the preflight walks them (run it with another checkout's ``src`` on
+``PYTHONPATH`` for that code's figure).
 
     python benchmarks/held_out_copies.py [--root DIR] [--files 10000] [--mib 200]
         [--log-mib 100] [--cases 1000] [--rounds 3]
@@ -20,11 +24,13 @@ import argparse
 import json
 import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from evolane.campaign._copies import held_out_tokens, scan_folders
+from evolane.campaign import CampaignConfig
+from evolane.campaign._copies import held_out_tokens, scan_folders, shown_folders
 from evolane.campaign._splits import split_ids
 from evolane.inputs import load_dataset
 from trajectory_ingest import best_of  # benchmarks/ is on sys.path: run as a script
@@ -122,6 +128,25 @@ def plain_read(top: str) -> int:
     return read
 
 
+def start_scan(root: Path, tokens: dict[bytes, int], rounds: int) -> None:
+    """Time the scan of what a run whose replay is this Python is shown, as a start does."""
+    proj = root / "proj"
+    proj.mkdir(exist_ok=True)
+    (proj / "agent.py").write_text("print('x')\n")
+    config = CampaignConfig(
+        target=str(root / "tree"), dataset=str(root / "dataset.jsonl"), optimizer="true",
+        replay=f"{sys.executable} {proj / 'agent.py'} {{output_dir}}",
+    )  # fmt: skip
+    folders = shown_folders(config)
+    scan = scan_folders(folders, (), tokens, 3)
+    took = best_of(rounds, lambda: scan_folders(folders, (), tokens, 3))
+    print(
+        f"start ({sys.executable} replays; {len(folders)} folders shown: {', '.join(folders)}): "
+        f"scan {took:.2f} s; {scan.files} files, {scan.read >> 20} MiB read, "
+        f"cut short: {scan.partial or 'no'}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--root", type=Path, default=None)
@@ -158,6 +183,7 @@ def main() -> None:
             f"{took / floor:.1f}x; {scan.files} files, {scan.read >> 20} MiB read, "
             f"{len(scan.copies)} copies found, cut short: {scan.partial or 'no'}"
         )
+    start_scan(root, tokens, args.rounds)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import site
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import evolane
 from evolane.sandbox._confine import confinement_problem
 
 pytestmark = pytest.mark.skipif(confinement_problem() is not None, reason="needs bubblewrap")
@@ -172,17 +174,18 @@ def test_a_folder_of_one_session_a_file_is_masked(tmp_path: Path) -> None:
 
 def test_the_prefix_of_the_program_a_replay_runs_is_scanned(tmp_path: Path) -> None:
     """A confined ``/proj/bin/agent`` is shown all of ``/proj`` (its program's prefix), not
-    only ``/proj/bin``: the log in ``/proj`` is found there too; a virtual environment in
-    it is not walked."""
+    only ``/proj/bin``: the log in ``/proj`` is found there too; the installed code of a
+    virtual environment in it is not walked."""
     paths = _project(tmp_path, ("val", "test"))
     agent = paths["proj"] / "bin" / "agent"
     agent.parent.mkdir()
     agent.write_text('#!/bin/sh\necho \'"x"\' > "$1/output.json"\n')
     agent.chmod(0o755)
     venv = paths["proj"] / ".venv"
-    venv.mkdir()
+    installed = venv / "lib" / "python3.11" / "site-packages" / "pkg"
+    installed.mkdir(parents=True)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    (venv / "copy.jsonl").write_text((paths["proj"] / "traces.jsonl").read_text())
+    (installed / "copy.jsonl").write_text((paths["proj"] / "traces.jsonl").read_text())
     estimate = subprocess.run(
         [sys.executable, "-m", "evolane", "estimate", "--target", str(paths["target"]),
          "--dataset", str(paths["dataset"]), "--store", str(tmp_path / "store"),
@@ -192,3 +195,56 @@ def test_the_prefix_of_the_program_a_replay_runs_is_scanned(tmp_path: Path) -> N
     log = paths["proj"] / "traces.jsonl"
     assert f"preflight: {log} holds 14 val/test cases: masked" in estimate.stdout, estimate
     assert "copy.jsonl" not in estimate.stdout
+
+
+def _venv_with_editable(root: Path, project: Path) -> Path:
+    """A virtual environment's Python that finds evolane and its dependencies, with
+    ``project`` installed editable as pip installs a flat layout (its root in a .pth)."""
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    packages = next((venv / "lib").glob("python3*/site-packages"))
+    ours = Path(evolane.__file__).resolve().parents[1]
+    deps = [*site.getsitepackages(), site.getusersitepackages()]  # this test's own packages
+    (packages / "_deps.pth").write_text(
+        f"{ours}\nimport site; list(map(site.addsitedir, {deps!r}))\n"
+    )
+    (packages / "__editable__.proj-0.1.pth").write_text(f"{project}\n")
+    return venv / "bin" / "python"
+
+
+def test_the_root_of_a_project_installed_editable_is_scanned(tmp_path: Path) -> None:
+    """A flat project installed editable has its root on the interpreter's path, which every
+    confined command is shown: a replay importing the package read the log at its root
+    (found by review); the log is masked and named, though no template names the root."""
+    paths = _project(tmp_path, ("val", "test"))
+    package = paths["proj"] / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "agent.py").write_text(
+        "import sys\nfrom pathlib import Path\n"
+        "log = Path(__file__).resolve().parents[1] / 'traces.jsonl'\n"
+        "with open(Path(sys.argv[2]) / 'seen.txt', 'a') as seen:\n"
+        "    try:\n        seen.write(log.read_text())\n"
+        "    except OSError as error:\n        seen.write(str(error))\n"
+        "(Path(sys.argv[1]) / 'output.json').write_text('\"x\"')\n"
+    )
+    python = _venv_with_editable(tmp_path, paths["proj"])
+    flags = [
+        "--target", str(paths["target"]), "--dataset", str(paths["dataset"]),
+        "--store", str(tmp_path / "store"), "--optimizer", "true", "--iterations", "1",
+        "--replay", f"{python} -m mypkg.agent {{output_dir}} {paths['sink']}",
+        "--expose-rw", f"replay={paths['sink']}", "--isolation", "confined",
+        "--progress", "plain", "--kill-grace", "0.3",
+    ]  # fmt: skip
+    done = subprocess.run(
+        [python, "-m", "evolane", "optimize", *flags],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    seen = (paths["sink"] / "seen.txt").read_text()
+    assert "Harbour" not in seen + said, seen  # no replay read an answer
+    assert done.returncode == 0, said
+    report = json.loads(next((tmp_path / "store").glob("runs/*/report.json")).read_text())
+    log = paths["proj"] / "traces.jsonl"
+    said = f"{log} holds 14 val/test cases: masked from every command, as the dataset is"
+    assert said in report["estimate"]["preflight"], report["estimate"]

@@ -2,16 +2,18 @@
 starts (README "Honest splits").
 
 A confined command sees the folders its template names and those ``--expose`` and
-``--expose-rw`` grant. The dataset and the store are masked there, but a copy of the cases
-was not: the trajectory log the dataset came from, a backup or a CSV export beside the
-``agent.py`` a replay names let a candidate read the val and test answers and pass the gate
-and the confirmation (found by holdout review). Before anything runs, every such folder is
-walked (iteratively, capped: `MAX_FILES`, `MAX_DEPTH`, `MAX_FILE_BYTES`, `MAX_TOTAL_BYTES`;
-the hidden paths and VCS metadata skipped, symlinks never followed) and each file is
-matched against distinctive strings of the held-out cases (`held_out_tokens`). A file
-holding `MIN_CASES` of them is masked from every command as the dataset is (the judge reads
-the expected outputs from its ``{case_file}``); without confinement, nothing can be masked
-and a warning says so. A folder the caps cut short is said, never passed over silently.
+``--expose-rw`` grant, its program's prefix, and evolane's interpreter's folders (its
+prefixes and what is on its ``sys.path``: the root of a project installed editable). The
+dataset and the store are masked there, but a copy of the cases was not: the trajectory log
+the dataset came from, a backup or a CSV export beside the ``agent.py`` a replay names let a
+candidate read the val and test answers and pass the gate and the confirmation (found by
+holdout review). Before anything runs, every such folder is walked (iteratively, capped:
+`MAX_FILES`, `MAX_DEPTH`, `MAX_FILE_BYTES`, `MAX_TOTAL_BYTES`; the hidden paths, VCS
+metadata and installed code skipped, symlinks never followed) and each file is matched
+against distinctive strings of the held-out cases (`held_out_tokens`). A file holding
+`MIN_CASES` of them is masked from every command as the dataset is (the judge reads the
+expected outputs from its ``{case_file}``); without confinement, nothing can be masked and
+a warning says so. A folder the caps cut short is said, never passed over silently.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from evolane.inputs import (
 from evolane.lanes import optimizer_command
 from evolane.measure import CommandRole, split_grant
 from evolane.sandbox import (
+    interpreter_folders,
+    interpreter_prefixes,
     outermost,
     program_folders,
     resolve_isolation,
@@ -55,10 +59,15 @@ MIN_TOKEN = 16
 MIN_CASES = 3
 """Held-out cases a file, or the files of one folder together, must hold to be copies
 (fewer when val and test hold fewer)."""
-SKIPPED = VCS_FOLDERS | {"__pycache__", "node_modules"}
-"""Folders never walked (with every virtual environment: a folder holding `VENV_MARK`):
-compressed objects and installed code, thousands of files no copy is kept in."""
-VENV_MARK = "pyvenv.cfg"
+SKIPPED = VCS_FOLDERS | {"__pycache__", "node_modules", "site-packages", "dist-packages"}
+"""Folders never walked (with a Python's standard library: a ``python3.X`` folder holding
+``os.py``): compressed objects and installed code, thousands of files no copy is kept in."""
+INSTALL_MARKS = frozenset({"pyvenv.cfg", "conda-meta"})
+"""What a virtual or conda environment's folder holds (the running interpreter's prefixes
+are installs too, marked or not)."""
+INSTALL_TREES = frozenset({"bin", "include", "lib", "lib32", "lib64", "share", "pkgs"})
+"""An install's own folders, not walked: the rest of it is (a project made its virtual
+environment at its root: ``python -m venv .``; found by review)."""
 MAX_FILES = 50_000
 MAX_DEPTH = 32
 MAX_FILE_BYTES = 128 << 20
@@ -188,10 +197,12 @@ class _Wanted:
 
 
 def shown_folders(config: CampaignConfig) -> tuple[str, ...]:
-    """The folders (or files) some command of ``config`` is shown from the host because
-    the user named them: those its templates name and ``--expose``/``--expose-rw``."""
+    """The folders (or files) some command of ``config`` is shown from the host: those its
+    templates name, ``--expose``/``--expose-rw``, its program's prefix, and the running
+    interpreter's folders (`interpreter_folders`: a flat project installed editable has
+    its whole root on ``sys.path``; found by review)."""
     commands = config.run_commands
-    shown: list[str] = []
+    shown: list[str] = [*interpreter_folders()]
     for role, text in _templates(config):
         template = None
         if text:
@@ -254,8 +265,9 @@ def scan_folders(
     skip = {os.path.realpath(path) for path in hidden}
     wanted = _Wanted.of(tokens)
     found: dict[str, set[int]] = {}
+    prefixes = {os.path.realpath(prefix) for prefix in interpreter_prefixes()}
     for top in folders:
-        for path, size in _files(top, skip, scan):
+        for path, size in _files(top, skip, scan, prefixes):
             if size > MAX_TOTAL_BYTES - scan.read:
                 scan.partial.setdefault(top, f"over {MAX_TOTAL_BYTES >> 20} MiB read in all")
                 if scan.read >= MAX_TOTAL_BYTES:
@@ -274,9 +286,14 @@ def scan_folders(
     return scan
 
 
-def _files(top: str, skip: set[str], scan: Scan) -> Iterator[tuple[str, int]]:
+def _files(top: str, skip: set[str], scan: Scan, prefixes: set[str]) -> Iterator[tuple[str, int]]:
     """Each regular file under ``top`` (``top`` itself when a file) with its size, walked
-    iteratively without following symlinks; a cap reached is noted in ``scan.partial``."""
+    iteratively without following symlinks, installed code left out (``prefixes``: the
+    interpreter's); a cap reached is noted in ``scan.partial``."""
+    parent = os.path.dirname(top)
+    marks = [name for name in INSTALL_MARKS if os.path.lexists(os.path.join(parent, name))]
+    if _left_out(top, os.path.basename(top), _install(parent, marks, prefixes)):
+        return
     pending = [(top, 0)]
     while pending:
         folder, depth = pending.pop()
@@ -290,24 +307,43 @@ def _files(top: str, skip: set[str], scan: Scan) -> Iterator[tuple[str, int]]:
             scan.files += 1
             yield folder, info.st_size
             continue
-        if not stat.S_ISDIR(info.st_mode) or os.path.lexists(os.path.join(folder, VENV_MARK)):
+        if not stat.S_ISDIR(info.st_mode):
             continue
         if depth >= MAX_DEPTH:
             scan.partial.setdefault(top, f"folders deeper than {MAX_DEPTH}")
             continue
-        with contextlib.suppress(OSError), os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.name in SKIPPED or entry.path in skip:
-                    continue
-                if scan.files >= MAX_FILES:
-                    scan.partial.setdefault(top, f"over {MAX_FILES} files")
-                    return
-                with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append((entry.path, depth + 1))
-                    elif entry.is_file(follow_symlinks=False):
-                        scan.files += 1
-                        yield entry.path, entry.stat(follow_symlinks=False).st_size
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        install = _install(folder, (entry.name for entry in entries), prefixes)
+        for entry in entries:
+            if entry.path in skip or _left_out(entry.path, entry.name, install):
+                continue
+            if scan.files >= MAX_FILES:
+                scan.partial.setdefault(top, f"over {MAX_FILES} files")
+                return
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, depth + 1))
+                elif entry.is_file(follow_symlinks=False):
+                    scan.files += 1
+                    yield entry.path, entry.stat(follow_symlinks=False).st_size
+
+
+def _install(folder: str, names: Iterable[str], prefixes: set[str]) -> bool:
+    """Whether ``folder``, holding ``names``, is a Python install: a virtual or conda
+    environment, or a prefix of the running interpreter."""
+    return folder in prefixes or not INSTALL_MARKS.isdisjoint(names)
+
+
+def _left_out(path: str, name: str, in_install: bool) -> bool:
+    """Whether the walk leaves ``path`` out: `SKIPPED`, an install's own folder
+    (`INSTALL_TREES`) or a standard library (a ``python3.X`` folder holding ``os.py``)."""
+    if name in SKIPPED or (in_install and name in INSTALL_TREES):
+        return True
+    return name.startswith(("python", "pypy")) and os.path.lexists(os.path.join(path, "os.py"))
 
 
 def _cases_in_file(path: str, wanted: _Wanted, scan: Scan) -> set[int]:

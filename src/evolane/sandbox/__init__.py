@@ -10,6 +10,8 @@ from evolane.sandbox._cgroups import process_headroom
 from evolane.sandbox._confine import (
     confinement_fix,
     folders_to_expose,
+    interpreter_folders,
+    interpreter_prefixes,
     outermost,
     program_folders,
     resolve_isolation,
@@ -66,6 +68,8 @@ __all__ = [
     "commands_run_unprivileged",
     "confinement_fix",
     "folders_to_expose",
+    "interpreter_folders",
+    "interpreter_prefixes",
     "lease_holders",
     "lease_matches",
     "materialize_workspace",

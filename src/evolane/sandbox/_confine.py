@@ -190,10 +190,15 @@ def interpreter_folders() -> tuple[str, ...]:
     return _interpreter_folders(tuple(sys.path))
 
 
+def interpreter_prefixes() -> set[str]:
+    """The running interpreter's prefixes (a virtual environment's and its base's)."""
+    return {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+
+
 @lru_cache(maxsize=8)
 def _interpreter_folders(path: tuple[str, ...]) -> tuple[str, ...]:
     """`interpreter_folders` for this ``sys.path``."""
-    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    folders = interpreter_prefixes()
     folders.add(str(Path(__file__).resolve().parents[2]))  # holds evolane/ (an editable src/)
     given = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     given |= {os.getcwd(), os.path.abspath(path[0] or os.getcwd())} if path else set()
