@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evolane.campaign._markdown import _case_row
+from evolane.campaign._case_rows import _case_row
 from evolane.campaign._verdict import fixed_and_broken
 from evolane.store import BlobStore
 from evolane.views import mean_passes

@@ -89,6 +89,8 @@ def test_a_log_of_test_answers_beside_the_replay_is_masked_and_named(tmp_path: P
     estimate = _evolane(tmp_path, paths, "estimate").stdout  # its lines whole
     log = paths["proj"] / "traces.jsonl"
     assert f"preflight: {log} holds {cases} val/test cases: masked" in estimate, estimate
+    report = next((tmp_path / "store").glob("runs/*/report.md")).read_text()
+    assert f"- {log} holds {cases} val/test cases: masked from every command" in report, report
 
 
 def test_a_copy_of_train_cases_only_stays_shown(tmp_path: Path) -> None:
@@ -121,6 +123,24 @@ def test_a_folder_over_the_caps_is_said(tmp_path: Path) -> None:
         f"preflight: {paths['proj']} was not scanned whole for copies of the val/test cases "
         f"({paths['proj'] / 'weights.bin'} is over 128 MiB): a copy there is not masked"
     ], estimate.stdout + estimate.stderr
+
+
+def test_the_reports_say_what_the_copy_scan_found(tmp_path: Path) -> None:
+    """A user reading report.md or report.html after the run sees the preflight's lines on
+    copies: the warning that every command could read one, the folder not scanned whole
+    (they were in the live view, the estimate and events.jsonl alone)."""
+    paths = _project(tmp_path, ("val", "test"))
+    with open(paths["proj"] / "weights.bin", "wb") as big:
+        big.truncate((128 << 20) + 1)
+    done = _evolane(tmp_path, paths, isolation="process")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = next((tmp_path / "store").glob("runs/*/"))
+    report, page = (run / "report.md").read_text(), (run / "report.html").read_text()
+    log, proj = paths["proj"] / "traces.jsonl", paths["proj"]
+    warned = f"{log} holds 14 val/test cases and every command can read it"
+    cut = f"{proj} was not scanned whole for copies of the val/test cases"
+    assert f"- **warning**: {warned}" in report and f"- {cut}" in report, report
+    assert f"<th>preflight</th><td>warning: {warned}" in page and cut in page, page
 
 
 def test_without_confinement_the_copy_is_warned_of(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 policies, the run directory, resume, the report)."""
 
 from evolane.campaign._advice import after_failure
+from evolane.campaign._case_rows import case_rows
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
 from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
 from evolane.campaign._containment import host_warnings
@@ -9,7 +10,7 @@ from evolane.campaign._continue import HOST_FAILED_RUNS, dropped_on_host
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
 from evolane.campaign._lock import TargetLocked, holder_pid
-from evolane.campaign._markdown import candidate_cell, case_rows, ci_text, render_markdown
+from evolane.campaign._markdown import candidate_cell, ci_text, render_markdown
 from evolane.campaign._online import campaign_alpha, p_beside_level
 from evolane.campaign._probe import CaseProbe, HostReport, Probe, probe_run
 from evolane.campaign._report import (

@@ -11,10 +11,11 @@ from pathlib import Path
 import trio
 
 from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
+from evolane.campaign._case_rows import case_rows
 from evolane.campaign._confirm import error_control, publish_blocked, tested_before
 from evolane.campaign._containment import containment
 from evolane.campaign._held_out import record_confirmation, record_online, with_reuse
-from evolane.campaign._markdown import case_rows, render_markdown
+from evolane.campaign._markdown import render_markdown
 from evolane.campaign._online import resolved_mode
 from evolane.campaign._prepare import Prepared
 from evolane.campaign._report import ApplyRecord, BudgetRecord, Report

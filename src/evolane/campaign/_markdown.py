@@ -9,14 +9,11 @@ optimizer's one-line summary, the delta with its SE and the rule with its number
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final
 
-import orjson
-
+from evolane.campaign._case_rows import CaseRow, case_counts
 from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
 from evolane.campaign._online import OnlineBudget
-from evolane.campaign._prompt import _failure_code, _judge_reason
 from evolane.campaign._report import (
     BudgetRecord,
     DecisionRecord,
@@ -28,119 +25,17 @@ from evolane.campaign._report import (
 from evolane.campaign._splits import SplitPlan
 from evolane.inputs import TrajectorySummary
 from evolane.messages import printable
-from evolane.store import BlobStore, StoreError
-from evolane.views import CaseRuns, case_runs, isolation_text, token_count
+from evolane.views import isolation_text, token_count
 
-Change = Literal["fixed", "broken", "same", "unjudged"]
-"""``unjudged``: an arm has no score for the case (its runs failed on infrastructure), so
-it is neither fixed nor broken (as the decision's counts leave it out)."""
 MAX_CASE_ROWS: Final = 200
 """Above this many cases, the cases passing at both ends are counted, not listed."""
 _ORDER: Final = {"broken": 0, "fixed": 1, "unjudged": 2, "same": 3}
-
-
-@dataclass(frozen=True)
-class CaseRow:
-    """One case of the final measurements: the seed's and the best's scores and the change."""
-
-    split: str
-    case: str
-    seed: float | None  # the mean score over the seed's scored runs (None: none scored)
-    best: float | None
-    change: Change  # against the gate's pass_score: fixed, broken, the same or unjudged
-    passing: bool  # whether the best passes it (`views.mean_passes` of its scored runs)
-    reason: str = ""  # the judge's reason (else a failure code) for a case the best fails
-
-
-def case_rows(report: Report, blobs: BlobStore) -> tuple[CaseRow, ...]:
-    """The per-case rows of the report's ``final_val`` and ``final_test`` measurements; a
-    measurement whose unit records cannot be read gives none."""
-    threshold = report.config.gate.pass_score
-    rows: list[CaseRow] = []
-    for measurement in report.measurements:
-        if measurement.purpose not in ("final_val", "final_test"):
-            continue
-        try:
-            units = orjson.loads(blobs.read_bytes(measurement.units_ref))
-        except (StoreError, OSError, ValueError):
-            continue
-        arms: dict[str, dict[str, list[dict[str, Any]]]] = {}
-        for unit in units if isinstance(units, list) else []:
-            if isinstance(unit, dict) and unit.get("arm") in ("baseline", "candidate"):
-                case = arms.setdefault(str(unit.get("case")), {"baseline": [], "candidate": []})
-                case[unit["arm"]].append(unit)
-        for case_id, runs in arms.items():
-            row = _case_row(measurement.split, case_id, runs, blobs, threshold)
-            if row is not None:
-                rows.append(row)
-    return tuple(rows)
-
-
-def _case_row(
-    split: str,
-    case_id: str,
-    runs: dict[str, list[dict[str, Any]]],
-    blobs: BlobStore,
-    threshold: float,
-) -> CaseRow | None:
-    seed = case_runs(runs["baseline"], threshold)
-    best = case_runs(runs["candidate"] or runs["baseline"], threshold)
-    if seed is None and best is None:
-        return None  # it never ran (not_run, blocked)
-    seed_passes, best_passes = _passes(seed), _passes(best)
-    change: Change = "same"
-    if seed is None or best is None or not seed.scored or not best.scored:
-        change = "unjudged"  # nothing to compare on one arm (the decision counts it alike)
-    elif best_passes and not seed_passes:
-        change = "fixed"
-    elif seed_passes and not best_passes:
-        change = "broken"
-    return CaseRow(
-        split=split,
-        case=case_id,
-        seed=_mean(seed),
-        best=_mean(best),
-        change=change,
-        passing=best_passes,
-        reason="" if best_passes else _reason(best, blobs),
-    )
-
-
-def _passes(runs: CaseRuns | None) -> bool:
-    return runs is not None and runs.passes
-
-
-def _mean(runs: CaseRuns | None) -> float | None:
-    return runs.mean if runs is not None and runs.scored else None
-
-
-def _reason(runs: CaseRuns | None, blobs: BlobStore) -> str:
-    """Why the best fails a case: its judge's reason, else the failure code of a run."""
-    if runs is None:
-        return "not run"
-    if runs.failing:
-        unit = runs.failing[0][1]
-        found = _judge_reason(blobs, unit.get("judge")) or _failure_code(unit)
-        return found or "the judge gave no reason"
-    return _failure_code(runs.infra[0], or_status=True) if runs.infra else ""
-
-
-def case_counts(rows: tuple[CaseRow, ...] | list[CaseRow], split: str) -> dict[str, int]:
-    """How many cases of ``split`` the best fixed, broke, and left passing or failing."""
-    mine = [row for row in rows if row.split == split]
-    return {
-        "fixed": sum(row.change == "fixed" for row in mine),
-        "broken": sum(row.change == "broken" for row in mine),
-        "same_passing": sum(row.change == "same" and row.passing for row in mine),
-        "same_failing": sum(row.change == "same" and not row.passing for row in mine),
-        "unjudged": sum(row.change == "unjudged" for row in mine),
-    }
-
-
 _TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
 _ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
 
 
+WARNING = "warning: "
+"""How a preflight line that warns begins (report.md makes it bold)."""
 CHOSEN_ON_VAL = "optimistic: the best was chosen on these replays"
 """Said of a best's val scores: the gate chose it on the same replays (selection bias)."""
 
@@ -288,6 +183,22 @@ def _splits_lines(plan: SplitPlan | None) -> list[str]:
         return []
     lines = [f"- splits: {plan.sentence()}"]
     lines += [f"- **warning**: {_text(note)}" for note in (plan.note, plan.repeats) if note]
+    return lines
+
+
+def _preflight_lines(report: Report) -> list[str]:
+    """What the run's start said before anything ran (the estimate's preflight lines: what
+    the gate can accept, copies of the val/test cases masked or readable, folders the copy
+    scan cut short), the splits' warnings left out: the head gives them."""
+    estimate, plan = report.estimate, report.splits
+    if estimate is None or not estimate.preflight:
+        return []
+    said = {note[:256] for note in (plan.note, plan.repeats) if note} if plan else set()
+    lines = ["", "## Preflight", ""]
+    for line in estimate.preflight:
+        rest = line.removeprefix(WARNING)
+        if line not in said:
+            lines.append(f"- **warning**: {_text(rest)}" if rest != line else f"- {_text(line)}")
     return lines
 
 
@@ -460,6 +371,7 @@ def _measurement_lines(report: Report) -> list[str]:
 def render_markdown(report: Report, cases: tuple[CaseRow, ...] = ()) -> str:
     """The human summary of a report; ``cases`` (see `case_rows`) fill its per-case table."""
     lines = _head_lines(report)
+    lines += _preflight_lines(report)
     lines += trajectory_lines(report.trajectories)
     lines += _case_lines(report, cases)
     lines += _decision_lines(report)

@@ -75,7 +75,17 @@ def _summary(report: dict[str, Any]) -> str:
         rows.append(f"<tr><th>apply</th><td>{scrub(said)}</td></tr>")
     if report.get("message"):
         rows.append(f"<tr><th>message</th><td>{scrub(report['message'])}</td></tr>")
+    rows += _preflight(report)
     return f"<table class='summary'>{''.join(rows)}</table>"
+
+
+def _preflight(report: dict[str, Any]) -> list[str]:
+    """A row for each line the run's start said (report.json's ``estimate.preflight``: the
+    gate's reach, copies of the val/test cases masked or readable; report.md's lines)."""
+    estimate = report.get("estimate")
+    said = estimate.get("preflight") if isinstance(estimate, dict) else None
+    lines = [line for line in said if isinstance(line, str)] if isinstance(said, list) else []
+    return [f"<tr><th>preflight</th><td>{scrub(line)}</td></tr>" for line in lines]
 
 
 def _budget(report: dict[str, Any]) -> str:
