@@ -29,7 +29,7 @@ from evolane.campaign._online import OnlineBudget, resolved_mode
 from evolane.campaign._preflight import preflight
 from evolane.inputs import llm_model
 from evolane.measure import ROLES
-from evolane.messages import Name, Record, ShortText, Usage
+from evolane.messages import MAX_PREFLIGHT_LINES, Name, Record, ShortText, Usage
 
 PROBE_MARGIN = 3.0
 """How much slower than the probe a unit may run in the realistic upper bound: one timed
@@ -93,7 +93,7 @@ class Estimate(Record):
     basis: ShortText = ""
     min_gain: float | None = None
     """The smallest mean gain the gate can accept with pass/fail scores (preflight)."""
-    preflight: tuple[ShortText, ...] = Field(default=(), max_length=8)
+    preflight: tuple[ShortText, ...] = Field(default=(), max_length=MAX_PREFLIGHT_LINES)
     """What the gate can accept, in words, before anything runs (`campaign._preflight`)."""
     splits: ShortText = ""
     """Which split feeds the optimizer and each split's cases, in words (`campaign._splits`)."""

@@ -64,7 +64,7 @@ from evolane.inputs import (
     require_split,
 )
 from evolane.measure import MeasureContext, lane_settings, optimizer_settings
-from evolane.messages import Usage
+from evolane.messages import MAX_PREFLIGHT_LINES, Usage
 from evolane.store import BlobStore, describe_mode
 
 _NO_ROOM = 1e-9  # a ceiling already spent: a zero would read as "no ceiling"
@@ -305,7 +305,7 @@ def _with_splits(estimate: Estimate, plan: SplitPlan, *extra: str | None) -> Est
     """``estimate`` saying which split feeds the optimizer (and warning when it is val), and
     its ``extra`` notes (the trajectory group, a reused test split)."""
     notes = tuple(note[:256] for note in (*extra, plan.note, plan.repeats) if note)
-    preflight = (*estimate.preflight, *notes)[:8]
+    preflight = (*estimate.preflight, *notes)[:MAX_PREFLIGHT_LINES]
     return estimate.model_copy(update={"splits": plan.sentence()[:256], "preflight": preflight})
 
 

@@ -61,6 +61,7 @@ from evolane.measure import (
     store_cases,
 )
 from evolane.messages import (
+    MAX_PREFLIGHT_LINES,
     EstimateEvent,
     LedgerQuery,
     RunCampaign,
@@ -263,7 +264,7 @@ def _take_share(prepared: Prepared) -> None:
         held,
     )
     kept = [line for line in prepared.estimate.preflight if not line.startswith(BUDGET_NOTE)]
-    preflight = (*notes[:1], *kept)[:8]
+    preflight = (*notes[:1], *kept)[:MAX_PREFLIGHT_LINES]
     prepared.estimate = prepared.estimate.model_copy(update={"preflight": preflight})
 
 

@@ -20,6 +20,7 @@ from evolane.messages._bounds import unbounded_fields
 from evolane.messages._campaign import CampaignDone, CycleStop, RunCampaign
 from evolane.messages._events import (
     EVENT_TYPES,
+    MAX_PREFLIGHT_LINES,
     BudgetUpdate,
     DecisionEvent,
     EndpointLoad,
@@ -99,6 +100,7 @@ __all__ = [
     "EVENT_TYPES",
     "JOURNAL_RECORDS",
     "MAX_MESSAGE_BYTES",
+    "MAX_PREFLIGHT_LINES",
     "MAX_STOPS_PER_SIGNAL",
     "MAX_VETOED_LISTED",
     "Arm",

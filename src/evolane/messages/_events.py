@@ -14,6 +14,10 @@ from evolane.messages._base import Message, Name, Record, ShortSaid, ShortText
 from evolane.messages._measure import Arm, UnitStatus, Usage
 from evolane.messages._optimize import LocalGateResult
 
+MAX_PREFLIGHT_LINES = 12
+"""Preflight lines a run's estimate carries at most (the gate's, the splits', the copy
+scan's, the host's share of processes): 8 cut a copy line off (found by review)."""
+
 _COUNT = 10**15
 """Upper bound of every count and amount in an event (events are bounded by schema)."""
 
@@ -82,7 +86,7 @@ class EstimateEvent(ProgressEvent):
     cost_usd: float | None = Field(default=None, ge=0, le=_COUNT)
     by_role: dict[Name, Usage] = Field(default_factory=dict, max_length=8)
     """Tokens and dollars expected per role (optimizer, replay, judge)."""
-    preflight: tuple[ShortSaid, ...] = Field(default=(), max_length=8)
+    preflight: tuple[ShortSaid, ...] = Field(default=(), max_length=MAX_PREFLIGHT_LINES)
     """What the gate can accept with these cases and repetitions, in words (shown as text: a
     line quoting a file name holds no terminal control, and each control character is 3
     bytes, not the 6 of its JSON escape: found by hypothesis, 8 lines of them went over
