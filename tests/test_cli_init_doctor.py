@@ -251,11 +251,13 @@ def _host_lines(
 
     from evolane.campaign._probe import HostReport
     from evolane.cli._doctor import _host_checks
+    from evolane.inputs import Case, Dataset
     from evolane.measure import CommandSettings
 
     host = HostReport(isolation, None, (), cgroups, None)
     config = SimpleNamespace(commands=CommandSettings(**limits))
-    probe = SimpleNamespace(host=host, prepared=SimpleNamespace(config=config))
+    dataset = Dataset([Case(id="c1", input="x", expected_output="yes")])
+    probe = SimpleNamespace(host=host, prepared=SimpleNamespace(config=config, dataset=dataset))
     return [f"{level} {what} ({why})" for level, what, why in _host_checks(probe, str(tmp_path))]
 
 

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from evolane.campaign import host_warnings
 from evolane.campaign._containment import share_host_pids
+from evolane.inputs import Case, Dataset
 from evolane.sandbox import NAMESPACE_EXTRA_PROCESSES
 from tests.campaign_helpers import toy_config, toy_flags, write_toy
 
@@ -180,6 +181,54 @@ def test_a_candidates_fork_bomb_under_the_hosts_pid_limit_fails_the_candidate_no
     assert [(d["slot"], d["decision"]) for d in decided] == [(0, "reject"), (1, "accept")]
     text = report.read_text()
     assert "the host refused" not in text and "processes limit " in text, text[-2000:]
+
+
+_ANSWER_BOMB = """
+import os, sys, time
+candidate, out = sys.argv[1:3]
+with open(os.path.join(candidate, os.environ["EVOLANE_CASE_ID"])) as answer:
+    with open(os.path.join(out, "output.json"), "w") as output:
+        output.write(answer.read())
+check = "import json, sys; sys.exit(json.load(open(sys.argv[1])) != 'yes')"
+if os.path.exists(os.path.join(candidate, "FORK")):  # an answer that forks when it is run
+    check = (
+        "import os, sys, time\\nwhile True:\\n    try:\\n        pid = os.fork()\\n"
+        "    except OSError:\\n        time.sleep(3)\\n        sys.exit(1)\\n"
+        "    if pid == 0:\\n        time.sleep(60)\\n        os._exit(0)\\n"
+    )
+with open(os.path.join(out, "check.py"), "w") as script:
+    script.write(check)
+"""
+
+
+def test_a_candidates_answer_run_by_verification_commands_fails_the_candidate_not_the_run(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by review: without --judge a case's verification command runs in a judge lane,
+    # and those lanes were not counted among the trees sharing the host's room: an answer
+    # that forked (held 3 s) in all 8 of them took the host's 200 and stopped the run.
+    cgroup, _ = limited
+    paths = write_toy(tmp_path, {"0.0": "fork:8", "0.1": "fix:8"})
+    dataset = Path(paths["dataset"])
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    verify = f"{sys.executable} -I {{output_dir}}/check.py {{output_dir}}/output.json"
+    dataset.write_text(
+        "".join(json.dumps({**r, "verification_command": verify}) + "\n" for r in rows)
+    )
+    (tmp_path / "replay.py").write_text(_ANSWER_BOMB)
+    flags = [*toy_flags(paths, paths["store"], lanes=2), "--iterations", "1"]
+    flags[flags.index("--replay") + 1] = (
+        f"{sys.executable} -I {tmp_path / 'replay.py'} {{candidate}} {{output_dir}}"
+    )
+    flags += ["--judge-concurrency", "8", "--judge-failure-retries", "0"]
+    done = _inside(cgroup, [sys.executable, "-m", "evolane", "optimize", *flags])
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, preflight = _said(Path(paths["store"]))
+    assert "for 12 trees at once" in preflight, preflight  # 2 replay, 8 judge lanes, 2 slots
+    (report,) = Path(paths["store"]).glob("runs/*/report.json")
+    decided = json.loads(report.read_text())["decisions"]
+    assert [(d["slot"], d["decision"]) for d in decided] == [(0, "reject"), (1, "accept")]
+    assert "the host refused" not in report.read_text()
 
 
 def test_a_run_with_no_process_limit_says_so_under_the_hosts_pid_limit(
@@ -502,6 +551,10 @@ def test_a_spawn_the_host_refused_names_the_pid_limit(
     assert f"the host refused a process ({cgroup}/pids.max enclosing evolane)" in error, error
 
 
+_EXACT_MATCH = Dataset([Case(id="c1", input="x", expected_output="yes")])
+"""Cases judged by exact match: no judge lane runs a command."""
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     left=st.integers(0, 200_000),
@@ -522,8 +575,8 @@ def test_each_trees_share_fits_the_hosts_room_or_the_run_is_warned(
     trees = replays + population
     where = (left, Path("/sys/fs/cgroup/pids/x"))
     with mock.patch("evolane.campaign._containment.process_headroom", return_value=where):
-        shared, said = share_host_pids(config)
-        warned = host_warnings(shared)
+        shared, said = share_host_pids(config, _EXACT_MATCH)
+        warned = host_warnings(shared, _EXACT_MATCH)
     share = shared.commands.max_procs
     assert share is not None and share <= per_tree
     if said is None:
@@ -533,3 +586,24 @@ def test_each_trees_share_fits_the_hosts_room_or_the_run_is_warned(
         assert share < per_tree and f"lowered to {share} a command tree" in said
         assert trees * (share + NAMESPACE_EXTRA_PROCESSES) + min(16, left) <= left
         assert not warned
+
+
+def test_judge_lanes_share_the_hosts_room_only_when_they_run_commands() -> None:
+    # A model judge runs no command tree: its lanes took shares no tree used (found by
+    # review); without --judge, a case's verification command runs in each judge lane.
+    paths = {name: Path(f"/nowhere/{name}") for name in ("target", "dataset", "store")}
+    paths |= {"script": Path("/nowhere/o.py"), "plan": Path("/nowhere/plan.json")}
+    verified = Dataset([Case(id="c1", input="x", verification_command="true {output_dir}")])
+    where = (200, Path("/sys/fs/cgroup/pids/x"))
+    said = {}
+    for name, judge, dataset in (
+        ("model", "llm:some-model", _EXACT_MATCH),
+        ("command", "sh judge.sh {output_dir}", _EXACT_MATCH),
+        ("exact", None, _EXACT_MATCH),
+        ("verified", None, verified),
+    ):
+        config = toy_config(paths, judge=judge, replay_concurrency=4, judge_concurrency=3)
+        with mock.patch("evolane.campaign._containment.process_headroom", return_value=where):
+            said[name] = share_host_pids(config, dataset)[1] or ""
+    trees = {name: text.split(" for ", 1)[1].split()[0] for name, text in said.items()}
+    assert trees == {"model": "6", "command": "9", "exact": "6", "verified": "9"}, said

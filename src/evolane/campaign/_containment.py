@@ -13,9 +13,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import orjson
+
 from evolane.campaign._config import CampaignConfig
-from evolane.inputs import InputError
-from evolane.lanes import optimizer_command
+from evolane.inputs import Dataset, InputError, llm_model
+from evolane.lanes import optimizer_command, plugin_spec
 from evolane.measure import split_grant
 from evolane.sandbox import (
     NAMESPACE_EXTRA_PROCESSES,
@@ -121,15 +123,23 @@ HOST_RESERVE = (16, 64)
 it is shared among the command trees: a quarter of the room, within these bounds."""
 
 
-def _command_trees(config: CampaignConfig) -> int:
-    """The local command trees ``config``'s run may hold at once: its replay lanes, its
-    judge lanes when the judge is a command, and a validator or optimizer per slot."""
-    measure = config.measure
-    trees = measure.replay_concurrency + (measure.judge_concurrency if measure.judge else 0)
+def _command_trees(config: CampaignConfig, dataset: Dataset) -> int:
+    """The local command trees ``config``'s run on ``dataset`` may hold at once: its replay
+    lanes, its judge lanes when they run commands, and a validator or optimizer per slot.
+    A judge lane runs one for a judge command and, without ``--judge``, for a case's
+    verification command (found by review: those were not counted, and a candidate's
+    answer that such a command ran forked in every judge lane past the host's room, which
+    stopped the run); a model or plugin judge runs none."""
+    measure, judge = config.measure, config.measure.judge
+    if judge:
+        judging = llm_model(judge) is None and plugin_spec(judge, "judge") is None
+    else:
+        judging = any("verification_command" in orjson.loads(row) for _, row in dataset.rows())
+    trees = measure.replay_concurrency + (measure.judge_concurrency if judging else 0)
     return trees + config.population
 
 
-def share_host_pids(config: CampaignConfig) -> tuple[CampaignConfig, str | None]:
+def share_host_pids(config: CampaignConfig, dataset: Dataset) -> tuple[CampaignConfig, str | None]:
     """``config`` with ``--max-procs`` lowered to each command tree's share of the room the
     pids cgroups enclosing evolane leave, when its trees may hold more than that room, and
     the preflight line saying so. A fork past the share then fails in its own tree, the
@@ -140,7 +150,7 @@ def share_host_pids(config: CampaignConfig) -> tuple[CampaignConfig, str | None]
     if per_tree is None or headroom is None:  # none: every process the host leaves, as asked
         return config, None
     left, cgroup = headroom
-    trees = _command_trees(config)
+    trees = _command_trees(config, dataset)
     reserve = min(max(left // 4, HOST_RESERVE[0]), HOST_RESERVE[1])
     share = (left - reserve) // trees - NAMESPACE_EXTRA_PROCESSES
     if trees * (per_tree + NAMESPACE_EXTRA_PROCESSES) <= left - reserve or share < 1:
@@ -154,7 +164,7 @@ def share_host_pids(config: CampaignConfig) -> tuple[CampaignConfig, str | None]
     return config.model_copy(update={"commands": commands}), said
 
 
-def host_warnings(config: CampaignConfig) -> list[str]:
+def host_warnings(config: CampaignConfig, dataset: Dataset) -> list[str]:
     """A warning when the pids cgroups enclosing evolane allow fewer processes than its command
     trees may hold at once (each up to ``--max-procs``; any number with none): a fork
     refused there below the tree's own limit fails inside a replay, tried again and then
@@ -172,7 +182,7 @@ def host_warnings(config: CampaignConfig) -> list[str]:
             "off: one command tree may take them all, and a process the host refuses fails "
             "inside a replay and counts as its tree's failure; set --max-procs"
         ]
-    trees = _command_trees(config)
+    trees = _command_trees(config, dataset)
     if trees * per_tree <= left:
         return []
     return [

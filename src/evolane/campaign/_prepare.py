@@ -259,7 +259,7 @@ def _prepared(
 ) -> Prepared:
     """The checked request (held-out copies masked, each command tree's share of the host's
     pid room taken), its estimate, the ceilings left."""
-    config, shared = share_host_pids(config)
+    config, shared = share_host_pids(config, dataset)
     config, gates, copies = mask_for_run(config, gates, dataset, run.splits)
     test_cases = dataset.split_counts["test"]
     plan = run.splits or legacy_plan(split_ids(dataset))

@@ -333,7 +333,10 @@ def _announce(
         bus.publish(WarningEvent(run_id=run.run_id, message=prepared.splits.note[:256]))
     if contained.warning is not None:
         bus.publish(WarningEvent(run_id=run.run_id, message=contained.warning[:256]))
-    for warning in (*model_warnings(prepared.config), *host_warnings(prepared.config)):
+    for warning in (
+        *model_warnings(prepared.config),
+        *host_warnings(prepared.config, prepared.dataset),
+    ):
         bus.publish(WarningEvent(run_id=run.run_id, message=warning[:256]))
 
 

@@ -61,7 +61,10 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
         checks.append(("ok", f"isolation {host.isolation}", why))
     unit_uids = trees_run_as_unit_uids(host.isolation)
     checks.append(cgroup_check(host.cgroups, probe.prepared.config.commands, unit_uids))
-    checks += [("warn", "processes", said) for said in host_warnings(probe.prepared.config)]
+    checks += [
+        ("warn", "processes", said)
+        for said in host_warnings(probe.prepared.config, probe.prepared.dataset)
+    ]
     where = Path(store)
     while not where.exists():
         where = where.parent
