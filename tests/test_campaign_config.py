@@ -166,7 +166,7 @@ def test_a_copy_takes_flat_keys_or_whole_models_but_not_both() -> None:
 def test_the_report_schema_shows_the_config_flat() -> None:
     schema = Report.model_json_schema()
     config = schema["$defs"]["CampaignConfig"]
-    every = {"error_budget": 0.01, "test_budget": "store"}  # written only when set
+    every = {"error_budget": 0.01, "test_budget": "store", "max_procs_asked": 512}  # when set
     flat = set(_minimal(from_trajectory=("t.jsonl",), **every).model_dump())  # every key
     assert set(config["properties"]) == flat
     assert set(config["required"]) == {"target", "replay", "optimizer"}  # dataset: or trajectories

@@ -122,7 +122,8 @@ def test_a_run_shares_the_hosts_pid_room_among_its_command_trees(
     share = int(preflight.split("lowered to ", 1)[1].split()[0])
     assert share >= 1 and 5 * (share + 2) < 200
     (report,) = Path(paths["store"]).glob("runs/*/report.json")
-    assert f"processes {share} (pids_cgroup)" in json.loads(report.read_text())["limits"]
+    limits = json.loads(report.read_text())["limits"]
+    assert f"processes {share} (pids_cgroup, the host's share of --max-procs 512)" in limits
     (run,) = Path(paths["store"]).glob("runs/*/run.json")
     assert (
         json.loads(run.read_text())["config"]["max_procs"] == 512
@@ -181,6 +182,8 @@ def test_a_candidates_fork_bomb_under_the_hosts_pid_limit_fails_the_candidate_no
     assert [(d["slot"], d["decision"]) for d in decided] == [(0, "reject"), (1, "accept")]
     text = report.read_text()
     assert "the host refused" not in text and "processes limit " in text, text[-2000:]
+    # found by review: it said "processes limit 27 hit (--max-procs)", where 512 was asked
+    assert "hit (--max-procs 512 lowered to each command tree's share of the host's" in text
 
 
 _ANSWER_BOMB = """

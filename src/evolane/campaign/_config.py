@@ -236,6 +236,8 @@ class CampaignConfig(Record):
             flat.pop("error_budget", None)
         if self.test_budget == "campaign":  # the default, as records before it ran
             flat.pop("test_budget", None)
+        if self.commands.max_procs_asked is None:  # a share of the host's: this start's only
+            flat.pop("max_procs_asked", None)
         return flat
 
     @classmethod

@@ -155,7 +155,7 @@ def share_host_pids(config: CampaignConfig, dataset: Dataset) -> tuple[CampaignC
     share = (left - reserve) // trees - NAMESPACE_EXTRA_PROCESSES
     if trees * (per_tree + NAMESPACE_EXTRA_PROCESSES) <= left - reserve or share < 1:
         return config, None  # room for every tree, or none to share (`host_warnings`)
-    commands = config.commands.model_copy(update={"max_procs": share})
+    commands = config.commands.model_copy(update={"max_procs": share, "max_procs_asked": per_tree})
     said = (
         f"--max-procs {per_tree} lowered to {share} a command tree: the host allows {left} "
         f"more processes ({cgroup}/pids.max) for {trees} trees at once, so a tree forking "

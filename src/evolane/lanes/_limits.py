@@ -83,6 +83,11 @@ def limit_reason(hit: tuple[str, ...], limits: Limits) -> str:
         flag = LIMIT_FLAGS.get(name)
         label = name.replace("_", " ")
         clause = f"{label} limit{_value(name, limits)} hit"
+        if name == "processes" and limits.processes_asked is not None:
+            flag = (  # found by review: "(--max-procs)" alone, where 512 was asked
+                f"{flag} {limits.processes_asked} lowered to each command tree's share of the "
+                "host's pid limit: fewer lanes or a higher pids.max raise it"
+            )
         clauses.append(f"{clause} ({flag})" if flag else clause)
     return "; ".join(clauses)
 

@@ -134,6 +134,10 @@ class CommandLimits(Record):
     """``--max-file-size``: bytes of any one file a command writes (RLIMIT_FSIZE)."""
     max_open_files: int | None = Field(default=DEFAULT_MAX_OPEN_FILES, ge=8)
     """``--max-open-files``: open descriptors per process (RLIMIT_NOFILE), at least 8."""
+    max_procs_asked: int | None = Field(default=None, ge=1)
+    """``--max-procs`` as given, when ``max_procs`` is each command tree's share of a pid
+    limit enclosing evolane below it (`evolane.campaign.share_host_pids`, taken at each
+    start: run.json keeps the flag and never this); a limit hit and the report say so."""
 
     @field_validator("max_memory", "max_file_size", mode="before")
     @classmethod
@@ -160,6 +164,7 @@ class CommandLimits(Record):
             memory_bytes=self.max_memory,
             file_size_bytes=file_size,
             open_files=open_files,
+            processes_asked=self.max_procs_asked,
         )
 
 
@@ -175,6 +180,8 @@ def describe_limits(limits: CommandLimits, cgroups: tuple[str, ...], unit_uids: 
     cannot enforce says so."""
     by_cgroup = "pids_cgroup" in cgroups
     procs = "pids_cgroup" if by_cgroup or not unit_uids else "rlimit_nproc"
+    if limits.max_procs_asked is not None:
+        procs += f", the host's share of --max-procs {limits.max_procs_asked}"
     rows = (
         ("processes", limits.max_procs, str, by_cgroup or unit_uids, procs),
         ("memory", limits.max_memory, format_size, "memory_cgroup" in cgroups, "memory_cgroup"),

@@ -44,6 +44,9 @@ class Limits(Record):
     processes: int | None = Field(default=None, ge=1)
     """Enforced by a pids cgroup where the host has one (RLIMIT_NPROC is per user, not per
     tree), else by `uid_processes` for a tree that runs as a unit uid of its own."""
+    processes_asked: int | None = Field(default=None, ge=1)
+    """The limit asked for, when ``processes`` is below it as a command tree's share of a
+    pid limit enclosing evolane: a limit hit's reason says so (`evolane.lanes.limit_reason`)."""
     uid_processes: int | None = Field(default=None, ge=1)
     """RLIMIT_NPROC: set by the sandbox alone, for a tree that runs as a unit uid of its own
     (a root evolane's ``drop_root`` command) where no pids cgroup bounds it: the uid's
