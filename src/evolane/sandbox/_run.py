@@ -236,7 +236,7 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
-        tree = ProcessTree(pid, unit.cgroups, unit.tree_lease)
+        tree = ProcessTree(pid, unit.cgroups, unit.tree_lease, uid=unit.uid)
         watch = Watch(tree, spec.kill_grace, unit.activity)
         async with trio.open_nursery() as nursery:
             for name, stream in streams.items():
