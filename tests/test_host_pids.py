@@ -610,3 +610,18 @@ def test_judge_lanes_share_the_hosts_room_only_when_they_run_commands() -> None:
             said[name] = share_host_pids(config, dataset)[1] or ""
     trees = {name: text.split(" for ", 1)[1].split()[0] for name, text in said.items()}
     assert trees == {"model": "6", "command": "9", "exact": "6", "verified": "9"}, said
+
+
+def test_a_local_dask_clusters_workers_are_kept_out_of_the_trees_share() -> None:
+    # Found by review: the workers of --cluster local:12 (nanny, worker, their threads, a
+    # spawn server: ~10 tasks each) start after the share is taken, and took the reserve:
+    # a candidate's fork bomb in each of the 12 replay lanes then stopped the run (400).
+    paths = {name: Path(f"/nowhere/{name}") for name in ("target", "dataset", "store")}
+    paths |= {"script": Path("/nowhere/o.py"), "plan": Path("/nowhere/plan.json")}
+    config = toy_config(paths, cluster="local:12", replay_concurrency=12)
+    where = (397, Path("/sys/fs/cgroup/pids/x"))
+    with mock.patch("evolane.campaign._containment.process_headroom", return_value=where):
+        shared, _ = share_host_pids(config, _EXACT_MATCH)
+    share = shared.commands.max_procs
+    assert share is not None
+    assert 14 * (share + NAMESPACE_EXTRA_PROCESSES) + 12 * 10 + 16 <= 397, share

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import orjson
 
 from evolane.campaign._config import CampaignConfig
+from evolane.distributed import parse_cluster
 from evolane.inputs import Dataset, InputError, llm_model
 from evolane.lanes import optimizer_command, plugin_spec
 from evolane.measure import split_grant
@@ -121,6 +122,18 @@ def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
 HOST_RESERVE = (16, 64)
 """Processes the host's room keeps for evolane itself (its threads, its spawn server) before
 it is shared among the command trees: a quarter of the room, within these bounds."""
+LOCAL_WORKER_TASKS = 12
+"""Tasks each worker of a ``--cluster local:N`` holds in evolane's room on top: its nanny
+and worker processes, their threads, its own spawn server (~10 measured, Dask 2026.8)."""
+
+
+def _reserve(config: CampaignConfig, left: int) -> int:
+    """What the host's room ``left`` keeps for evolane: `HOST_RESERVE`, and the workers of a
+    local Dask cluster (found by review: started after the share was taken, 12 of them took
+    the reserve, and a candidate's fork bomb in each replay lane then stopped the run)."""
+    cluster = parse_cluster(config.measure.cluster)
+    workers = cluster.workers if cluster.kind == "local_dask" else 0
+    return min(max(left // 4, HOST_RESERVE[0]), HOST_RESERVE[1]) + workers * LOCAL_WORKER_TASKS
 
 
 def _command_trees(config: CampaignConfig, dataset: Dataset) -> int:
@@ -151,7 +164,7 @@ def share_host_pids(config: CampaignConfig, dataset: Dataset) -> tuple[CampaignC
         return config, None
     left, cgroup = headroom
     trees = _command_trees(config, dataset)
-    reserve = min(max(left // 4, HOST_RESERVE[0]), HOST_RESERVE[1])
+    reserve = _reserve(config, left)
     share = (left - reserve) // trees - NAMESPACE_EXTRA_PROCESSES
     if trees * (per_tree + NAMESPACE_EXTRA_PROCESSES) <= left - reserve or share < 1:
         return config, None  # room for every tree, or none to share (`host_warnings`)
