@@ -625,3 +625,33 @@ def test_a_local_dask_clusters_workers_are_kept_out_of_the_trees_share() -> None
     share = shared.commands.max_procs
     assert share is not None
     assert 14 * (share + NAMESPACE_EXTRA_PROCESSES) + 12 * 10 + 16 <= 397, share
+
+
+_THREADED_CHECK = """
+import os, sys, threading, time
+workers = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(40)]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join()
+sys.exit(not os.path.exists(os.path.join(sys.argv[1], "REQUIRED")))
+"""
+
+
+def test_the_post_publish_check_runs_alone_with_the_room_of_every_tree(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by review: the check, run once every lane is done, kept the lanes' share (27
+    # of --max-procs 512 under the host's 200, for 5 trees): a check whose 40 threads an
+    # honest test suite would start rolled the publish back.
+    cgroup, _ = limited
+    paths = write_toy(tmp_path, {"default": "fix:8"})
+    (tmp_path / "check.py").write_text(_THREADED_CHECK)
+    flags = [*toy_flags(paths, paths["store"]), "--iterations", "1", "--apply", "auto_verified"]
+    flags += ["--check", f"{sys.executable} -I {tmp_path / 'check.py'} {{candidate}}"]
+    done = _inside(cgroup, [sys.executable, "-m", "evolane", "optimize", *flags])
+    assert done.returncode == 0, done.stdout + done.stderr
+    (report,) = Path(paths["store"]).glob("runs/*/report.json")
+    record = json.loads(report.read_text())
+    assert "processes 27 (pids_cgroup" in record["limits"]  # the lanes' share, as before
+    assert record["apply"]["status"] == "applied", record["apply"]

@@ -159,11 +159,26 @@ def share_host_pids(config: CampaignConfig, dataset: Dataset) -> tuple[CampaignC
     tree's failure (a candidate's case scored 0), where past the host's room it was the
     host's, which stops the run: found by review, a candidate's fork bomb stopped it. The
     share is taken anew at each start (run.json keeps the flag as given)."""
+    return _share(config, _command_trees(config, dataset))
+
+
+def alone_share(config: CampaignConfig) -> CampaignConfig:
+    """``config`` for a command that runs alone, once every lane is done (the post-publish
+    check): ``--max-procs`` as given, or the share of one tree of the room left now. Found
+    by review: it kept the lanes' share (27 of 512 under a pids.max of 200, for 5 trees),
+    and a check that needed 40 processes rolled an honest publish back."""
+    asked = config.commands.max_procs_asked
+    if asked is not None:
+        config = config.model_copy(update={"max_procs": asked, "max_procs_asked": None})
+    return _share(config, 1)[0]
+
+
+def _share(config: CampaignConfig, trees: int) -> tuple[CampaignConfig, str | None]:
+    """`share_host_pids` for ``trees`` command trees at once."""
     per_tree, headroom = config.commands.max_procs, process_headroom()
     if per_tree is None or headroom is None:  # none: every process the host leaves, as asked
         return config, None
     left, cgroup = headroom
-    trees = _command_trees(config, dataset)
     reserve = _reserve(config, left)
     share = (left - reserve) // trees - NAMESPACE_EXTRA_PROCESSES
     if trees * (per_tree + NAMESPACE_EXTRA_PROCESSES) <= left - reserve or share < 1:

@@ -13,7 +13,7 @@ import trio
 from evolane.campaign._apply import JOURNAL_NAME, apply_candidate, journal_state
 from evolane.campaign._case_rows import case_rows
 from evolane.campaign._confirm import error_control, publish_blocked, tested_before
-from evolane.campaign._containment import containment
+from evolane.campaign._containment import alone_share, containment
 from evolane.campaign._held_out import record_confirmation, record_online, with_reuse
 from evolane.campaign._markdown import render_markdown
 from evolane.campaign._online import resolved_mode
@@ -140,7 +140,7 @@ async def apply_best(
         run_dir=prepared.run_dir,
         check=check,
         kill_grace=config.commands.kill_grace,
-        limits=config.commands.sandbox_limits(),
+        limits=alone_share(config).commands.sandbox_limits(),
         isolation=config.commands.isolation,
         view=config.run_commands.view("check", check),
         protected=config.guarded,
