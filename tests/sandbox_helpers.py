@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 from collections import Counter
@@ -123,3 +124,16 @@ async def run_confined(tmp_path: Path, code: str, spawner: bool, view: View) -> 
         spec = SandboxSpec(argv=(sys.executable, "-I", "-c", code), isolation="confined", view=view)
         with trio.fail_after(60):
             return await host.run(spec, timeout=50)
+
+
+def host_address() -> str | None:
+    """This host's own address on the interface its default route leaves by (no packet is
+    sent), or None without one: a server there is no loopback service, and a confined
+    command given the network reaches it through slirp4netns' NAT."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.123", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address

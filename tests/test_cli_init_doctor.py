@@ -299,6 +299,25 @@ def test_doctor_warns_where_a_confined_command_could_take_all_per_user_counts(
     assert not [line for line in process if "per-user counts" in line]
 
 
+def test_doctor_warns_where_a_command_given_the_network_shares_the_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where slirp4netns is missing, a confined command given the network shares the host's
+    network namespace (its loopback services, abstract unix sockets, 169.254.169.254):
+    doctor says so for a run that gives a role the network, and nothing for one that gives
+    none."""
+    import evolane.campaign._containment as containment
+
+    missing = "slirp4netns or ip is not installed (apt-get install -y slirp4netns iproute2)"
+    monkeypatch.setattr(containment, "own_network_problem", lambda: missing)
+    lines = _host_lines(tmp_path, (), network_for=("replay",))
+    (line,) = [line for line in lines if line.startswith("warn network")]
+    assert "share the host's" in line and "loopback" in line and missing in line, line
+    assert not [line for line in _host_lines(tmp_path, ()) if "warn network" in line]
+    monkeypatch.setattr(containment, "own_network_problem", lambda: None)
+    assert not [line for line in _host_lines(tmp_path, (), network=True) if "network" in line]
+
+
 def test_init_that_cannot_write_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     """A folder init cannot make, or a write that fails midway (here the dataset, past a
     2 KiB RLIMIT_FSIZE: the skill file before it was written), is one error line naming the

@@ -14,6 +14,7 @@ validator and the check got no ``--pass-env`` variable at all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,12 +24,15 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from evolane.sandbox._confine import confinement_problem
+from evolane.sandbox._netns import own_network_problem
 from tests.campaign_helpers import run_optimize, shared_folder, toy_flags, write_toy
+from tests.sandbox_helpers import host_address
 
 pytestmark = pytest.mark.skipif(
     confinement_problem() is not None, reason=f"{confinement_problem()}"
@@ -46,14 +50,15 @@ SPY = textwrap.dedent(
         key = open(KEY_PATH).read().strip()
     except OSError as error:
         key = type(error).__name__
-    net = "-"
-    if NET_PORT:  # a real server of the test's on the host's loopback
+    nets = []
+    for address in NET:  # real servers of the test's on the host
         import socket
         try:
-            socket.create_connection(("127.0.0.1", NET_PORT), timeout=5).close()
-            net = "connected"
+            socket.create_connection(address, timeout=5).close()
+            nets.append("connected")
         except OSError as error:
-            net = type(error).__name__
+            nets.append(type(error).__name__)
+    net = ",".join(nets) or "-"
     seen = {"role": role, "env": os.environ.get("SECRET", "-"), "key": key, "net": net}
     handle, _ = tempfile.mkstemp(dir=SPY_DIR, prefix=role + ".", suffix=".json")
     os.write(handle, json.dumps(seen).encode())
@@ -77,9 +82,9 @@ SPY = textwrap.dedent(
 )
 
 
-def _setup(root: Path, port: int = 0) -> tuple[list[str], Path, Path]:
-    """The flags of a run whose every command spies, the spy folder and the key file; with
-    ``port``, each command also tries to connect to the host's loopback at that port."""
+def _setup(root: Path, net: tuple[tuple[str, int], ...] = ()) -> tuple[list[str], Path, Path]:
+    """The flags of a run whose every command spies, the spy folder and the key file; each
+    command also tries to connect to each (host, port) of ``net``, its ``net`` said in order."""
     paths = write_toy(root / "toy", {"default": "fix:8"}, val=8, test=8, passing=2)
     spy = shared_folder(root / "spy")
     key = root / "secret" / "key.txt"
@@ -90,7 +95,7 @@ def _setup(root: Path, port: int = 0) -> tuple[list[str], Path, Path]:
     tools = root / "tools"
     tools.mkdir()
     script = tools / "spy.py"
-    script.write_text(f"KEY_PATH = {str(key)!r}\nSPY_DIR = {str(spy)!r}\nNET_PORT = {port}\n{SPY}")
+    script.write_text(f"KEY_PATH = {str(key)!r}\nSPY_DIR = {str(spy)!r}\nNET = {net!r}\n{SPY}")
     run = f"{sys.executable} -I {script}"
     flags = toy_flags(paths, paths["store"])
     flags[flags.index("--replay") + 1] = f"{run} replay {{candidate}} {{output_dir}}"
@@ -171,11 +176,13 @@ def test_a_grant_given_to_two_roles_reaches_those_two(
     assert seen["replay"] == seen["check"] == {("-", "FileNotFoundError")}
 
 
-def test_the_network_given_to_the_optimizer_reaches_no_replay_or_judge(tmp_path: Path) -> None:
-    """Found by review: ``--network`` had no role, so a coding-agent optimizer's network
-    let every replay (the candidate's code) and judge reach the host's loopback services
-    and send anything anywhere. ``--network-for ROLE`` gives it to that role alone."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
+HOST_ADDRESS = host_address()
+
+
+@contextlib.contextmanager
+def _listening(host: str) -> Iterator[tuple[tuple[str, int], list[int]]]:
+    """A real TCP server on ``host``: its address, and one entry per connection it took."""
+    with socket.create_server((host, 0)) as server:
         server.settimeout(0.2)
         heard: list[int] = []
         stop = threading.Event()
@@ -190,13 +197,24 @@ def test_the_network_given_to_the_optimizer_reaches_no_replay_or_judge(tmp_path:
 
         listener = threading.Thread(target=listen, daemon=True)
         listener.start()
-        flags, spy, _ = _setup(tmp_path, port=server.getsockname()[1])
-        flags += ["--network-for", "optimizer", "--network-for", "check"]
         try:
-            done = run_optimize(flags, cwd=tmp_path)
+            yield (host, server.getsockname()[1]), heard
         finally:
             stop.set()
             listener.join()
+
+
+@pytest.mark.skipif(HOST_ADDRESS is None, reason="no address of this host's but loopback")
+def test_the_network_given_to_the_optimizer_reaches_no_replay_or_judge(tmp_path: Path) -> None:
+    """Found by review: ``--network`` had no role, so a coding-agent optimizer's network
+    let every replay (the candidate's code) and judge reach the host's loopback services
+    and send anything anywhere. ``--network-for ROLE`` gives it to that role alone. The
+    server is on this host's own address, not its loopback, which no command reaches."""
+    assert HOST_ADDRESS is not None
+    with _listening(HOST_ADDRESS) as (address, heard):
+        flags, spy, _ = _setup(tmp_path, net=(address,))
+        flags += ["--network-for", "optimizer", "--network-for", "check"]
+        done = run_optimize(flags, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     nets: dict[str, set[str]] = {}
     for path in spy.glob("*.json"):
@@ -210,6 +228,29 @@ def test_the_network_given_to_the_optimizer_reaches_no_replay_or_judge(tmp_path:
     report = json.loads((run / "report.json").read_text())
     assert report["isolation"].startswith("confined (network: optimizer, check)"), report
     assert "(bubblewrap, network for optimizer, check only)" in (run / "report.md").read_text()
+
+
+@pytest.mark.skipif(own_network_problem() is not None, reason=f"{own_network_problem()}")
+def test_a_replay_given_the_network_reaches_no_loopback_service_of_the_host(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a role given the network shared the host's network namespace, so a
+    replay (the candidate's code) given it connected to the host's loopback services (a
+    database, a local model server, evolane's own Dask scheduler) as evolane's user. It now
+    has a namespace of its own whose only way out is slirp4netns' outbound NAT: the server
+    on the host's loopback is out of reach, one on this host's own address is not."""
+    with contextlib.ExitStack() as servers:
+        loopback, heard = servers.enter_context(_listening("127.0.0.1"))
+        targets = (loopback,)
+        if HOST_ADDRESS is not None:
+            targets += (servers.enter_context(_listening(HOST_ADDRESS))[0],)
+        flags, spy, _ = _setup(tmp_path, net=targets)
+        done = run_optimize([*flags, "--network-for", "replay"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    replays = {json.loads(p.read_text())["net"] for p in spy.glob("replay.*.json")}
+    outside = ",connected" if HOST_ADDRESS is not None else ""
+    assert replays == {"ConnectionRefusedError" + outside}, replays
+    assert not heard
 
 
 @pytest.mark.parametrize(

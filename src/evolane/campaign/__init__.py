@@ -5,7 +5,7 @@ from evolane.campaign._advice import after_failure
 from evolane.campaign._case_rows import case_rows
 from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
 from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
-from evolane.campaign._containment import host_warnings
+from evolane.campaign._containment import host_warnings, network_warning
 from evolane.campaign._continue import HOST_FAILED_RUNS, dropped_on_host
 from evolane.campaign._diff import unified_tree_diff
 from evolane.campaign._estimate import Estimate
@@ -102,6 +102,7 @@ __all__ = [
     "host_warnings",
     "load_campaign",
     "load_run",
+    "network_warning",
     "p_beside_level",
     "probe_run",
     "publish_note",

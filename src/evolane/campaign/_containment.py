@@ -23,6 +23,7 @@ from evolane.measure import split_grant
 from evolane.sandbox import (
     NAMESPACE_EXTRA_PROCESSES,
     confinement_fix,
+    own_network_problem,
     process_headroom,
     resolve_isolation,
     template_paths,
@@ -61,11 +62,25 @@ def containment(config: CampaignConfig) -> Containment:
             f"commands are NOT confined ({problem}): they run with {level} isolation and can "
             f"read the host's files; {confinement_fix()}, or pass --isolation process to accept"
         )
+    if level == "confined" and (commands.network or commands.network_for):
+        warning = network_warning()
     network = "network" if commands.network else "no network"
     if commands.network_for and not commands.network:  # e.g. "network: optimizer"
         network = "network: " + ", ".join(commands.network_for)
     description = f"{level} ({network})" if level != "process" else "process"
     return Containment(level, description, warning)
+
+
+def network_warning() -> str | None:
+    """The warning where a confined command given the network must share the host's network
+    namespace (no slirp4netns), or None where it gets one of its own."""
+    problem = own_network_problem()
+    if problem is None:
+        return None
+    return (
+        f"confined commands given the network share the host's ({problem}): they reach its "
+        "loopback services, abstract unix sockets and 169.254.169.254; install slirp4netns"
+    )
 
 
 def check_inputs_outside_target(config: CampaignConfig, walked: Sequence[str] = ()) -> None:

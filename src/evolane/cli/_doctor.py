@@ -39,7 +39,7 @@ MIN_RUN_BYTES = 64 << 20
 
 
 def _host_checks(probe: Any, store: str) -> list[Check]:
-    from evolane.campaign import host_warnings
+    from evolane.campaign import host_warnings, network_warning
     from evolane.sandbox import confinement_fix, trees_run_as_unit_uids, user_counts_step
 
     host = probe.host
@@ -53,6 +53,9 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
         checks.append(("ok", "isolation confined", why))
         if user_counts_step() is None:
             checks.append(("warn", "per-user counts", UNCAPPED_COUNTS))
+        commands = probe.prepared.config.commands
+        if (commands.network or commands.network_for) and (said := network_warning()):
+            checks.append(("warn", "network", said))
     else:
         can = host.confinable is None
         why = f"as asked (--isolation {asked}); confined is " + (

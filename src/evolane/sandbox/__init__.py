@@ -25,6 +25,7 @@ from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BY
 from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES
 from evolane.sandbox._lease_owner import LEASE_FILES
 from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
+from evolane.sandbox._netns import own_network_problem
 from evolane.sandbox._secrets import commands_run_unprivileged, trees_run_as_unit_uids
 from evolane.sandbox._spec import (
     ENV_NAME_PATTERN,
@@ -75,6 +76,7 @@ __all__ = [
     "materialize_workspace",
     "open_sandbox",
     "outermost",
+    "own_network_problem",
     "process_headroom",
     "program_folders",
     "resolve_isolation",

@@ -54,6 +54,9 @@ _SET_RLIMITS = (
     "os.execvp(sys.argv[2],sys.argv[2:])\n"
 )
 _NAMESPACE = ("--pid", "--net", "--mount-proc", "--fork", "--kill-child")
+NET_STEP = str(Path(__file__).with_name("_netstep.py"))
+"""The script of the step that gives a networked confined command a network namespace of
+its own (`evolane.sandbox._netns`), run by path."""
 
 
 @dataclass(frozen=True)
@@ -254,5 +257,7 @@ def confined_mechanisms(confine: list[str]) -> tuple[str, ...]:
     names = ["pid_namespace", "mount_view", "private_tmp", "no_new_privs"]
     if "--unshare-net" in confine:
         names.append("net_namespace")
+    elif NET_STEP in confine:
+        names += ["net_namespace", "nat_network"]
     names.append("user_namespace")
     return tuple(names)

@@ -30,6 +30,7 @@ from evolane.sandbox._launch import (
     uid_process_cap,
 )
 from evolane.sandbox._litter import remove_litter
+from evolane.sandbox._netns import own_network_args
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
@@ -297,6 +298,8 @@ def _prepare(unit: Unit, isolation: IsolationInForce, fds: dict) -> Launch | Spa
     )
     try:
         extra = NAMESPACE_EXTRA_PROCESSES if isolation != "process" else 0
+        if isolation == "confined" and own_network_args(spec.view)[0]:
+            extra += 1  # slirp4netns, in the tree's cgroups beside it
         unit.cgroups = unit.host.cgroups.unit(unit.name, spec.limits, extra)
         uid = _unit_uid(unit) if isolation != "confined" else None  # confined: no unit uid
     except (OSError, ValueError) as error:

@@ -25,6 +25,7 @@ from evolane.sandbox._confine import (
     user_counts_step,
 )
 from evolane.sandbox._launch import Cloned, launch, launcher_argv, launcher_env, rlimit_numbers
+from evolane.sandbox._netns import own_network_args
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
 from evolane.sandbox._spec import IsolationInForce, Limits, SandboxSpec
@@ -265,4 +266,6 @@ def _confinement(unit: LaidOut, program: str) -> list[str]:
     own = [(str(unit.dir), True), (str(unit.work), True), *spec.view.own]
     shown = (*interpreter_folders(), *program_folders(program), *spec.view.read_only)
     view = spec.view.model_copy(update={"read_only": outermost(shown)})
-    return bwrap_argv(view, own=own, workspace=unit.work)
+    step, mounts = own_network_args(view)
+    confine = bwrap_argv(view, own=own, workspace=unit.work)
+    return [*step, *confine[:-1], *mounts, confine[-1]]
