@@ -108,6 +108,7 @@ def test_an_old_flat_run_json_loads_into_the_settings_models() -> None:
         **no_limits,
         "network": False,  # confinement's settings, at their defaults
         "network_for": [],
+        "host_network_for": [],
         "expose": [],
         "expose_rw": [],
         **ModelSettings().model_dump(mode="json"),  # models in the loop: none, no prices

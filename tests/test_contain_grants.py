@@ -253,6 +253,23 @@ def test_a_replay_given_the_network_reaches_no_loopback_service_of_the_host(
     assert not heard
 
 
+def test_a_replay_given_the_hosts_network_reaches_its_loopback_as_asked(tmp_path: Path) -> None:
+    # An agent calling a model server on the host's loopback (Ollama, vLLM) needs the
+    # host's network: --host-network-for ROLE gives that role the host's namespace, as
+    # --network did before, and no other role gets any network.
+    with _listening("127.0.0.1") as (loopback, heard):
+        flags, spy, _ = _setup(tmp_path, net=(loopback,))
+        done = run_optimize([*flags, "--host-network-for", "replay"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    replays = {json.loads(p.read_text())["net"] for p in spy.glob("replay.*.json")}
+    assert replays == {"connected"}, replays
+    assert len(heard) == len(list(spy.glob("replay.*.json")))
+    nets = {json.loads(p.read_text())["net"] for p in spy.glob("optimizer.*.json")}
+    assert nets and "connected" not in nets, nets
+    report = json.loads(next((tmp_path / "toy" / "store").glob("runs/*/report.json")).read_text())
+    assert report["isolation"].startswith("confined (network: replay [host's network: replay])")
+
+
 @pytest.mark.parametrize(
     ("given", "line"),
     [
@@ -264,6 +281,7 @@ def test_a_replay_given_the_network_reaches_no_loopback_service_of_the_host(
         (["--expose", "agent=/etc"], "--expose agent=/etc: 'agent' is no command's role"),
         (["--expose-rw", "judge="], "--expose-rw judge=: nothing given for judge"),
         (["--network-for", "agent"], "--network-for agent: no command's role: choose from"),
+        (["--host-network-for", "x"], "--host-network-for x: no command's role: choose from"),
     ],
 )
 def test_a_bad_role_or_an_empty_grant_is_one_line_and_exit_2(

@@ -65,8 +65,11 @@ def containment(config: CampaignConfig) -> Containment:
     if level == "confined" and (commands.network or commands.network_for):
         warning = network_warning()
     network = "network" if commands.network else "no network"
-    if commands.network_for and not commands.network:  # e.g. "network: optimizer"
-        network = "network: " + ", ".join(commands.network_for)
+    roles = tuple(dict.fromkeys((*commands.network_for, *commands.host_network_for)))
+    if roles and not commands.network:  # e.g. "network: optimizer"
+        network = "network: " + ", ".join(roles)
+    if commands.host_network_for:  # e.g. "network: replay [host's network: replay]"
+        network += " [host's network: " + ", ".join(commands.host_network_for) + "]"
     description = f"{level} ({network})" if level != "process" else "process"
     return Containment(level, description, warning)
 

@@ -23,18 +23,20 @@ def grant_values(flags: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     for key in ("expose", "expose_rw"):
         if flags.get(key):
             values[key] = tuple(_path("--" + key.replace("_", "-"), text) for text in flags[key])
-    if flags.get("network_for"):
-        values["network_for"] = tuple(dict.fromkeys(_role(text) for text in flags["network_for"]))
+    for key in ("network_for", "host_network_for"):
+        if flags.get(key):
+            flag = "--" + key.replace("_", "-")
+            values[key] = tuple(dict.fromkeys(_role(flag, text) for text in flags[key]))
     return values
 
 
-def _role(text: str) -> str:
-    """A ``--network-for`` value: one of `evolane.measure.COMMAND_ROLES`."""
+def _role(flag: str, text: str) -> str:
+    """A ``--network-for`` (or ``--host-network-for``) value: a `COMMAND_ROLES` one."""
     from evolane.measure import COMMAND_ROLES
 
     if text not in COMMAND_ROLES:
         roles = ", ".join(COMMAND_ROLES)
-        raise InputError(f"--network-for {text}: no command's role: choose from {roles}")
+        raise InputError(f"{flag} {text}: no command's role: choose from {roles}")
     return text
 
 

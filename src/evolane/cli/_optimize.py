@@ -29,8 +29,8 @@ _PANELS = {
     "Budgets and deadlines": "wall-clock-budget max-tokens max-cost-usd replay-timeout "
     "judge-timeout optimizer-timeout optimizer-idle kill-grace",
     "Lanes": "replay-concurrency judge-concurrency optimizer-concurrency cluster",
-    "Isolation": "isolation network network-for expose expose-rw pass-env max-procs max-memory "
-    "max-file-size max-open-files",
+    "Isolation": "isolation network network-for host-network-for expose expose-rw pass-env "
+    "max-procs max-memory max-file-size max-open-files",
     "Models": "judge-samples llm-base-url llm-api-key-env llm-temperature llm-max-tokens "
     "llm-timeout llm-retries llm-cache prices unknown-price",
     "Output, store and continuing": "store progress observer dry-run json probe resume "
@@ -249,6 +249,14 @@ def optimize(
     network_for: Annotated[
         list[str] | None,
         _o("ROLE whose confined commands may use the network (repeatable).", "--network-for"),
+    ] = None,
+    host_network_for: Annotated[
+        list[str] | None,
+        _o(
+            "ROLE whose confined commands share the host's network, loopback included "
+            "(repeatable).",
+            "--host-network-for",
+        ),
     ] = None,
     expose: Annotated[
         list[str] | None,

@@ -121,6 +121,11 @@ class CommandSettings(CommandLimits):
     """The roles whose confined commands may use the network (``--network-for ROLE``): a
     coding-agent optimizer's, and no replay running a candidate's code (found by review:
     ``--network`` had no role, so every replay and judge reached what the optimizer did)."""
+    host_network_for: tuple[CommandRole, ...] = Field(default=(), max_length=len(COMMAND_ROLES))
+    """The roles whose confined commands share the host's network namespace (``--host-
+    network-for ROLE``): an agent calling a model server on the host's loopback. The
+    network of `network_for` is a namespace of the command's own behind an outbound NAT,
+    where no loopback service of the host is reached."""
     expose: tuple[GrantedPath, ...] = Field(default=(), max_length=64)
     """Host paths a confined command is shown read-only besides those its template names
     (``ROLE=PATH``: one role's commands only; ``PATH``: every command)."""
@@ -148,7 +153,8 @@ class CommandSettings(CommandLimits):
             read_only=tuple(dict.fromkeys((*named, *granted_to(role, self.expose)))),
             read_write=granted_to(role, self.expose_rw),
             hidden=self.hidden,
-            network=self.network or role in self.network_for,
+            network=self.network or role in (*self.network_for, *self.host_network_for),
+            host_network=role in self.host_network_for,
         )
 
 

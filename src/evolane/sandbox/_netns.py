@@ -49,7 +49,7 @@ def _step() -> tuple[str, ...] | None:
 def own_network_args(view: View) -> tuple[list[str], list[str]]:
     """What a command confined by ``view`` gets for the network: the launcher step before
     bwrap and bwrap's mounts for it (both empty without the network or a step)."""
-    step = own_network_step() if view.network else None
+    step = own_network_step() if view.network and not view.host_network else None
     if step is None:
         return [], []
     resolv = ["--ro-bind", SLIRP_RESOLV, "/etc/resolv.conf"]

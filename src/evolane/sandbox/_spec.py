@@ -82,7 +82,11 @@ class View(Record):
     """The command's own paths (path, writable), shown last, over any mask: its scratch
     directory, a read-only candidate or context folder inside it."""
     network: bool = False
-    """Whether the command shares the host's network (``--network``)."""
+    """Whether the command may use the network (``--network``): its own network namespace
+    behind an outbound NAT (`evolane.sandbox._netns`), or the host's with ``host_network``."""
+    host_network: bool = False
+    """Whether a command given the network shares the host's network namespace, its
+    loopback services and abstract sockets included (``--host-network-for ROLE``)."""
     tmp_bytes: int = Field(default=256 << 20, ge=1 << 20, le=1 << 40)
     """The size of the private ``/tmp``."""
 

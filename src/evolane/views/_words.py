@@ -19,12 +19,14 @@ def isolation_words(isolation: str, safeguards: tuple[str, ...] = ()) -> list[st
     than mechanism names, as segments."""
     level, _, rest = isolation.partition(" ")
     template = _LEVEL_WORDS.get(level)
-    network = rest.strip("()")
+    network, _, host = rest.strip("()").partition(" [host's network: ")
     said = ""
     if network == "no network":
         said = "no network"
     elif network.startswith("network: "):  # --network-for ROLE
         said = f"network for {network.removeprefix('network: ')} only"
+    if host:  # --host-network-for ROLE
+        said = ", ".join(filter(None, [said, f"the host's network for {host.rstrip(']')}"]))
     if template is None:
         words = isolation
     elif level == "confined":
