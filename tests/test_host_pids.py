@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from evolane.campaign import host_warnings
 from evolane.campaign._containment import share_host_pids
 from evolane.inputs import Case, Dataset
-from evolane.sandbox import NAMESPACE_EXTRA_PROCESSES
+from evolane.sandbox import NAMESPACE_EXTRA_PROCESSES, own_network_problem, resolve_isolation
 from tests.campaign_helpers import toy_config, toy_flags, write_toy
 
 _V1_PIDS = Path("/sys/fs/cgroup/pids")
@@ -625,6 +625,23 @@ def test_a_local_dask_clusters_workers_are_kept_out_of_the_trees_share() -> None
     share = shared.commands.max_procs
     assert share is not None
     assert 14 * (share + NAMESPACE_EXTRA_PROCESSES) + 12 * 10 + 16 <= 397, share
+
+
+def test_a_networked_trees_slirp4netns_is_kept_out_of_evolanes_reserve() -> None:
+    # Found by review: a confined command given the network has slirp4netns in its tree's
+    # cgroups, one process beside --max-procs that the share left out: each replay lane's
+    # fork bomb then took one of evolane's reserve (14 of 64 here).
+    if resolve_isolation("confined")[0] != "confined" or own_network_problem() is not None:
+        pytest.skip("needs bubblewrap and slirp4netns")
+    paths = {name: Path(f"/nowhere/{name}") for name in ("target", "dataset", "store")}
+    paths |= {"script": Path("/nowhere/o.py"), "plan": Path("/nowhere/plan.json")}
+    config = toy_config(paths, replay_concurrency=12, isolation="confined", network_for=("replay",))
+    where = (400, Path("/sys/fs/cgroup/pids/x"))
+    with mock.patch("evolane.campaign._containment.process_headroom", return_value=where):
+        shared, _ = share_host_pids(config, _EXACT_MATCH)
+    share = shared.commands.max_procs
+    assert share is not None
+    assert 14 * (share + NAMESPACE_EXTRA_PROCESSES + 1) + 64 <= 400, share
 
 
 _THREADED_CHECK = """

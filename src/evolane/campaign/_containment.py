@@ -197,9 +197,9 @@ def _share(config: CampaignConfig, trees: int) -> tuple[CampaignConfig, str | No
     if per_tree is None or headroom is None:  # none: every process the host leaves, as asked
         return config, None
     left, cgroup = headroom
-    reserve = _reserve(config, left)
-    share = (left - reserve) // trees - NAMESPACE_EXTRA_PROCESSES
-    if trees * (per_tree + NAMESPACE_EXTRA_PROCESSES) <= left - reserve or share < 1:
+    reserve, extra = _reserve(config, left), NAMESPACE_EXTRA_PROCESSES + _slirp_processes(config)
+    share = (left - reserve) // trees - extra
+    if trees * (per_tree + extra) <= left - reserve or share < 1:
         return config, None  # room for every tree, or none to share (`host_warnings`)
     commands = config.commands.model_copy(update={"max_procs": share, "max_procs_asked": per_tree})
     said = (
@@ -208,6 +208,18 @@ def _share(config: CampaignConfig, trees: int) -> tuple[CampaignConfig, str | No
         "past its share fails on its own limit and the run goes on"
     )
     return config.model_copy(update={"commands": commands}), said
+
+
+def _slirp_processes(config: CampaignConfig) -> int:
+    """1 where a confined command given the network gets a namespace of its own here: its
+    slirp4netns sits in its tree's cgroups beside ``--max-procs`` (found by review: left
+    out of the share, each networked tree took one process of evolane's reserve)."""
+    commands = config.run_commands
+    if not (commands.network or set(commands.network_for) - set(commands.host_network_for)):
+        return 0
+    if resolve_isolation(commands.isolation)[0] != "confined":
+        return 0
+    return int(own_network_problem() is None)
 
 
 def host_warnings(config: CampaignConfig, dataset: Dataset) -> list[str]:
