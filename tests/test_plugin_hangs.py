@@ -62,9 +62,11 @@ blocking = evolane_hangplug:blocking_factory
 """
 
 
-def _start(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def _start(
+    tmp_path: Path, *flags: str, stderr_fd: int | None = None
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
     """``evolane optimize`` on the toy with the test plugin installed, and its stdout and
-    stderr files."""
+    stderr files (``stderr_fd``: its stderr instead)."""
     site = write_distribution(tmp_path / "site", "evolane_hangplug", PLUGIN, ENTRY_POINTS)
     paths = write_toy(tmp_path, {"0.0": "fix:1"})
     paths_env = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -79,7 +81,7 @@ def _start(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[bytes], Path, 
         process = subprocess.Popen(
             [sys.executable, "-m", "evolane", "optimize", *args],
             stdout=stdout,
-            stderr=stderr,
+            stderr=stderr if stderr_fd is None else stderr_fd,
             env=env,
         )
     return process, out, err
@@ -181,6 +183,32 @@ def test_an_event_loop_blocked_by_sync_code_still_ends_on_the_third_signal(
     assert again.returncode == 0, again.stdout + again.stderr
     (run,) = (tmp_path / "store").glob(f"runs/{run_id}/run.json")
     assert json.loads(run.read_text())["status"] == "finished"
+
+
+def test_a_blocked_loop_still_ends_130_when_its_stderr_reader_died_with_the_ctrl_c(
+    tmp_path: Path,
+) -> None:
+    # Found by review: under `evolane optimize ... 2>&1 | tee log` Ctrl-C ends tee too, and
+    # the line said at the third unheard signal raised EPIPE in the handler, into the
+    # blocked code: the process went on and ended 1, not 130 as the README says.
+    reader, writer = os.pipe()
+    try:
+        process, _, err = _start(tmp_path, "--observer", "stuck", stderr_fd=writer)
+    finally:
+        os.close(writer)
+    try:
+        _wait_for_file(tmp_path / "gate.stuck", process, err)
+        os.close(reader)  # tee is gone
+        for _ in range(120):  # as a person would, again and again (a guard, not a timing)
+            process.send_signal(signal.SIGINT)
+            if process.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert process.wait(timeout=60) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def _wait_for_file(path: Path, process: subprocess.Popen[bytes], err: Path) -> None:

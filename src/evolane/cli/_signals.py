@@ -13,6 +13,7 @@ unit, and ``--resume`` goes on from there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -83,7 +84,8 @@ def _exit_now(watch: SignalWatch) -> None:
         f"{time.monotonic() - watch.unheard[0]:.1f} s (code blocking the event loop: an "
         f"observer or an in-process backend?); exiting now, without a report{how}\n"
     )
-    os.write(sys.stderr.fileno(), line.encode(errors="replace"))
+    with contextlib.suppress(OSError, ValueError):  # stderr a pipe whose reader died with
+        os.write(sys.stderr.fileno(), line.encode(errors="replace"))  # the Ctrl-C (tee)
     os._exit(EXIT_INTERRUPTED)
 
 
