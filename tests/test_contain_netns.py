@@ -38,6 +38,8 @@ print(json.dumps({
     "gateway": reach(socket.AF_INET, ("10.0.2.2", LOOPBACK_PORT)),
     "abstract": reach(socket.AF_UNIX, "\\0" + ABSTRACT),
     "metadata": reach(socket.AF_INET, ("169.254.169.254", 80)),
+    "alibaba": reach(socket.AF_INET, ("100.100.100.200", 80)),
+    "wireserver": reach(socket.AF_INET, ("168.63.129.16", 80)),
 }))
 """
 
@@ -62,4 +64,7 @@ async def test_a_command_given_the_network_reaches_nothing_of_the_hosts_own(
     assert got["gateway"] != "connected", got  # slirp4netns maps no host loopback there
     assert got["abstract"] == "ConnectionRefusedError", got
     assert got["metadata"] == "PermissionError", got  # the prohibit route: EACCES
+    # Found by review: Alibaba Cloud's metadata endpoint and Azure's WireServer (keys of the
+    # VM's extensions) are no link-local address, and the NAT reached them.
+    assert got["alibaba"] == got["wireserver"] == "PermissionError", got
     assert "nat_network" in outcome.enforcement, outcome.enforcement

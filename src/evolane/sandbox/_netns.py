@@ -5,7 +5,7 @@ namespace: the host's loopback services (databases, a local model server, evolan
 Dask scheduler), its abstract unix sockets (D-Bus, X11) and, on a cloud VM, the metadata
 endpoint at 169.254.169.254, as evolane's user. Now a launcher step (`evolane.sandbox.
 _netstep`, before bwrap) gives it a namespace of its own whose only way out is slirp4netns'
-outbound NAT, with the host's loopback and 169.254.0.0/16 closed. Where slirp4netns is
+outbound NAT, with the host's loopback and the cloud metadata endpoints closed. Where slirp4netns is
 missing or cannot work, the command shares the host's network as before, with a warning at
 run start and in doctor (`own_network_problem`).
 """

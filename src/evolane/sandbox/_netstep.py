@@ -3,8 +3,8 @@
 Run by path as ``python -I -S _netstep.py SLIRP4NETNS IP -- ARGV...`` (no evolane import):
 it forks slirp4netns, which stays in the host's network namespace, unshares a new network
 namespace for itself, waits until slirp4netns has wired ``tap0`` into it (outbound NAT, the
-host's loopback not mapped: ``--disable-host-loopback``), closes 169.254.0.0/16 (a cloud
-VM's metadata endpoint) with a ``prohibit`` route, and execs ARGV in it (same pid). The
+host's loopback not mapped: ``--disable-host-loopback``), closes `CLOSED_NETS` (the cloud
+VMs' metadata endpoints) with ``prohibit`` routes, and execs ARGV in it (same pid). The
 host's loopback services and abstract unix sockets belong to the host's namespace: the
 command reaches neither. slirp4netns ends when the last holder of the command's end of a
 pipe (the command and what it left running) is gone (``--exit-fd``).
@@ -15,7 +15,9 @@ import os
 import sys
 
 CLONE_NEWNET = 0x40000000
-METADATA_NET = "169.254.0.0/16"
+CLOSED_NETS = ("169.254.0.0/16", "100.100.100.200/32", "168.63.129.16/32")
+"""Link-local (AWS, GCP, Azure, Oracle metadata at 169.254.169.254), Alibaba Cloud's
+metadata endpoint and Azure's WireServer: found by review, the last two were reachable."""
 
 
 def _fail(why: str) -> None:
@@ -59,11 +61,12 @@ def main(argv: list[str]) -> None:
     if os.read(ready_r, 1) != b"1":
         _fail("slirp4netns did not wire the network namespace")
     os.close(ready_r)
-    route = os.fork()
-    if route == 0:
-        os.execv(ip, [ip, "route", "add", "prohibit", METADATA_NET])
-    if os.waitpid(route, 0)[1] != 0:
-        _fail(f"cannot close {METADATA_NET} in the network namespace")
+    for net in CLOSED_NETS:
+        route = os.fork()
+        if route == 0:
+            os.execv(ip, [ip, "route", "add", "prohibit", net])
+        if os.waitpid(route, 0)[1] != 0:
+            _fail(f"cannot close {net} in the network namespace")
     os.set_inheritable(life_w, True)
     try:
         os.execv(rest[0], rest)
