@@ -273,7 +273,9 @@ def scan_folders(
                 if scan.read >= MAX_TOTAL_BYTES:
                     break
             elif size > MAX_FILE_BYTES:
-                scan.partial.setdefault(top, f"{path} is over {MAX_FILE_BYTES >> 20} MiB")
+                scan.partial.setdefault(
+                    top, f"{os.path.relpath(path, top)} is over {MAX_FILE_BYTES >> 20} MiB"
+                )
             held = _cases_in_file(path, wanted, scan)
             if held:
                 found[path] = held
