@@ -109,15 +109,19 @@ def _wait_for(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:
 def test_a_thread_left_running_does_not_make_the_process_unkillable(
     tmp_path: Path, signum: int
 ) -> None:
+    """Once the command is over (exit code decided, a plugin's thread still running), a
+    Ctrl-C or SIGTERM ends the process with the run's exit code, not a signal death."""
     process, out, err = _start(tmp_path, "--observer", "leaker")
     try:
         _wait_for(out, "report:", process)  # the run ended: its summary is printed
+        # the command is over only once it says what holds the process (a signal before it,
+        # while the command returns, is a Ctrl-C of the command: exit 130)
+        _wait_for(err, "waiting for threads a plugin or observer left running", process)
         deadline = time.monotonic() + 60  # a guard against a hang, not a timing figure
         while process.poll() is None and time.monotonic() < deadline:
             process.send_signal(signum)  # as a person would, again and again
             time.sleep(0.5)
         assert process.poll() == 0, err.read_text()  # the run's exit code, not a signal death
-        assert "waiting for threads a plugin or observer left running" in err.read_text()
     finally:
         if process.poll() is None:
             process.kill()
