@@ -280,18 +280,23 @@ def test_the_tail_reads_bounded_chunks_and_waits_for_a_whole_line(tmp_path: Path
 
 def _lines_until(stream: IO[str], wanted: str, guard: float = 150) -> list[str]:
     """Lines of ``stream`` up to the first holding ``wanted`` (fail past ``guard`` seconds:
-    a guard against a hang, not a timing assertion)."""
-    lines: list[str] = []
+    a guard against a hang, not a timing assertion). Read from its file descriptor, never
+    through the stream's buffer: `select` sees only the pipe, so lines a buffered read took
+    ahead were never looked at (a flake under load: the wanted line sat in that buffer)."""
+    fd, data = stream.fileno(), b""
     deadline = time.monotonic() + guard
-    while not lines or wanted not in lines[-1]:
+    while True:
+        lines = data.decode(errors="replace").splitlines(keepends=True)
+        for number, line in enumerate(lines):
+            if wanted in line and line.endswith("\n"):
+                return lines[: number + 1]
         left = deadline - time.monotonic()
         assert left > 0, f"no {wanted!r} in {lines}"
-        ready, _, _ = select.select([stream], [], [], left)
+        ready, _, _ = select.select([fd], [], [], left)
         if ready:
-            line = stream.readline()
-            assert line, f"the stream ended before {wanted!r}: {lines}"
-            lines.append(line)
-    return lines
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, f"the stream ended before {wanted!r}: {lines}"
+            data += chunk
 
 
 def _settled_size(path: Path, still: float = 1.0) -> int:
