@@ -165,7 +165,10 @@ def _command_trees(config: CampaignConfig, dataset: Dataset) -> int:
     if judge:
         judging = llm_model(judge) is None and plugin_spec(judge, "judge") is None
     else:
-        judging = any("verification_command" in orjson.loads(row) for _, row in dataset.rows())
+        judging = any(
+            b"verification_command" in row and "verification_command" in orjson.loads(row)
+            for _, row in dataset.rows()
+        )
     trees = measure.replay_concurrency + (measure.judge_concurrency if judging else 0)
     return trees + config.population
 
@@ -177,6 +180,8 @@ def share_host_pids(config: CampaignConfig, dataset: Dataset) -> tuple[CampaignC
     tree's failure (a candidate's case scored 0), where past the host's room it was the
     host's, which stops the run: found by review, a candidate's fork bomb stopped it. The
     share is taken anew at each start (run.json keeps the flag as given)."""
+    if config.commands.max_procs is None or process_headroom() is None:
+        return config, None  # no room to share: the cases are not read for their commands
     return _share(config, _command_trees(config, dataset))
 
 
