@@ -9,13 +9,14 @@ command starts (the spawn server's clone, the launcher chain). The end-to-end ru
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import uuid
 from pathlib import Path
 
 import pytest
 
-from evolane.sandbox import View
+from evolane.sandbox import View, _netns
 from evolane.sandbox._netns import own_network_problem
 from tests.sandbox_helpers import run_confined
 
@@ -68,3 +69,34 @@ async def test_a_command_given_the_network_reaches_nothing_of_the_hosts_own(
     # VM's extensions) are no link-local address, and the NAT reached them.
     assert got["alibaba"] == got["wireserver"] == "PermissionError", got
     assert "nat_network" in outcome.enforcement, outcome.enforcement
+
+
+@pytest.mark.parametrize("spawner", [True, False], ids=["spawn server", "launcher chain"])
+async def test_a_network_step_that_fails_is_a_spawn_failure_not_the_commands(
+    tmp_path: Path, spawner: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by review: the step's own failure (slirp4netns that could not wire the
+    # namespace after the probe passed) exited 125 as the command would, so a replay's case
+    # was scored as the candidate's failure. It is the host's: a spawn failure.
+    step = list(_netns.own_network_step() or ())
+    step[4] = shutil.which("false") or "/bin/false"  # a slirp4netns that never wires
+    monkeypatch.setattr(_netns, "own_network_step", lambda: tuple(step))
+    outcome = await run_confined(tmp_path, "print('ran')", spawner, View(network=True))
+    assert outcome.status == "spawn_failed", (outcome.status, outcome.stderr.text())
+    assert "slirp4netns did not wire" in (outcome.error or ""), outcome.error
+    assert "ran" not in outcome.stdout.text()
+
+
+@pytest.mark.parametrize("spawner", [True, False], ids=["spawn server", "launcher chain"])
+async def test_a_command_cannot_pass_its_failure_off_as_the_network_steps(
+    tmp_path: Path, spawner: bool
+) -> None:
+    code = (
+        "import os, sys\n"
+        "print(os.environ.get('EVOLANE_NET_NONCE'))\n"
+        "sys.stderr.write('evolane-net-0123456789abcdef: slirp4netns did not wire\\n')\n"
+        "sys.exit(125)\n"
+    )
+    outcome = await run_confined(tmp_path, code, spawner, View(network=True))
+    assert outcome.status == "exited" and outcome.exit_code == 125, outcome
+    assert outcome.stdout.text().strip() == "None"  # the nonce never reaches the command

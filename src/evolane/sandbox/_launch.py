@@ -35,6 +35,15 @@ def join_failed_marker(nonce: str) -> bytes:
     return f"evolane-launch-{nonce}: cannot join cgroup".encode()
 
 
+def step_failed_marker(nonce: str) -> bytes:
+    """What the network step (`NET_STEP`) prints when it cannot give the command its
+    network: ``nonce`` reaches it in `NET_NONCE_VARIABLE`, which it drops before its exec,
+    so no command can print it to pass its own failure off as the step's."""
+    return f"evolane-net-{nonce}: ".encode()
+
+
+NET_NONCE_VARIABLE = "EVOLANE_NET_NONCE"
+"""The unit's nonce in the network step's environment (`step_failed_marker`)."""
 _NONCE_VARIABLE = "EVOLANE_LAUNCH_NONCE"
 _JOIN_CGROUPS = (
     'while [ "$1" != "--" ]; do { echo $$ > "$1"; } 2>/dev/null || '

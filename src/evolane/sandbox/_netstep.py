@@ -20,8 +20,16 @@ CLOSED_NETS = ("169.254.0.0/16", "100.100.100.200/32", "168.63.129.16/32")
 metadata endpoint and Azure's WireServer: found by review, the last two were reachable."""
 
 
+NONCE = os.environ.pop("EVOLANE_NET_NONCE", "")
+"""The unit's nonce (`evolane.sandbox._launch.step_failed_marker`): out of the environment
+before anything is forked or exec'd, so the command never sees it."""
+
+
 def _fail(why: str) -> None:
-    sys.stderr.write(f"evolane-net: {why}\n")
+    """Say why the command cannot have its network, in the line the sandbox reads as a
+    spawn failure (infrastructure, never the command's), and exit 125."""
+    sys.stderr.write(f"evolane-net-{NONCE}: {why}\n")
+    sys.stderr.flush()
     os._exit(125)
 
 
@@ -69,7 +77,7 @@ def main(argv: list[str]) -> None:
             _fail(f"cannot close {net} in the network namespace")
     os.set_inheritable(life_w, True)
     try:
-        os.execv(rest[0], rest)
+        os.execve(rest[0], rest, os.environ)
     except OSError as error:
         _fail(f"{rest[0]}: {error.strerror}")
 

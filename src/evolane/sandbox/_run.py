@@ -27,6 +27,7 @@ from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BY
 from evolane.sandbox._launch import (
     NAMESPACE_EXTRA_PROCESSES,
     join_failed_marker,
+    step_failed_marker,
     uid_process_cap,
 )
 from evolane.sandbox._litter import remove_litter
@@ -359,7 +360,8 @@ async def _outcome(
         return ProcessOutcome(status=watch.reason, error=error, **common)  # type: ignore[arg-type]
     exit_code = os.WEXITSTATUS(tree.status) if os.WIFEXITED(tree.status) else None
     signum = os.WTERMSIG(tree.status) if os.WIFSIGNALED(tree.status) else None
-    if exit_code == 125 and stderr.head.startswith(join_failed_marker(unit.nonce)):
+    markers = (join_failed_marker(unit.nonce), step_failed_marker(unit.nonce))
+    if exit_code == 125 and stderr.head.startswith(markers):
         return ProcessOutcome(status="spawn_failed", error=stderr.text()[:2048], **common)
     limits_hit = _limits_hit(unit, signum, exit_code, watch.kill.escalated, cpu or 0.0)
     reason = watch.reason

@@ -24,7 +24,15 @@ from evolane.sandbox._confine import (
     program_folders,
     user_counts_step,
 )
-from evolane.sandbox._launch import Cloned, launch, launcher_argv, launcher_env, rlimit_numbers
+from evolane.sandbox._launch import (
+    NET_NONCE_VARIABLE,
+    NET_STEP,
+    Cloned,
+    launch,
+    launcher_argv,
+    launcher_env,
+    rlimit_numbers,
+)
 from evolane.sandbox._netns import own_network_args
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
@@ -193,6 +201,7 @@ class Launch:
         program = no_set_id_filter() if confine is not None else None
         cgroups = self.unit.cgroups
         env = launcher_env(self.env, cgroups.procs_files if cgroups else [], self.unit.nonce)
+        env = self._with_step_nonce(env, confine)
         step = user_counts_step() if confine is not None else None
         counted = ("user_counts",) if step else ()
         if confine is not None and step:
@@ -242,13 +251,21 @@ class Launch:
         if seccomp and bwrap_wants_privileges():  # bwrap takes the filter (`_launch_chain`)
             raise SpawnerUnavailable("a set-uid bwrap installs the seccomp filter itself")
         counts = user_count_caps() if confine is not None and user_counts_step() else ()
+        env = self._with_step_nonce(self.env, confine)
         args = (
-            path, argv, self.env, str(unit.work), self.output, rlimit_numbers(self.limits),
+            path, argv, env, str(unit.work), self.output, rlimit_numbers(self.limits),
             cgroups.v1_tasks_files if cgroups else [], dropped,
             cgroups.unified_dir if cgroups else None, switch, seccomp, counts,
         )  # fmt: skip
         mechanisms = (*mechanisms, "user_counts") if counts else mechanisms
         return args, (*mechanisms, "no_set_id") if seccomp else mechanisms
+
+    def _with_step_nonce(self, env: dict[str, str], confine: list[str] | None) -> dict[str, str]:
+        """``env`` with the unit's nonce for the network step where it runs (it drops it
+        before its exec: `evolane.sandbox._launch.step_failed_marker`)."""
+        if confine is None or NET_STEP not in confine:
+            return env
+        return {**env, NET_NONCE_VARIABLE: self.unit.nonce}
 
     def _spawned(self, pid: int, mechanisms: tuple[str, ...]) -> Spawned:
         cgroups = self.unit.cgroups
