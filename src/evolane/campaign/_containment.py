@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 
@@ -180,9 +181,10 @@ def share_host_pids(config: CampaignConfig, dataset: Dataset) -> tuple[CampaignC
     tree's failure (a candidate's case scored 0), where past the host's room it was the
     host's, which stops the run: found by review, a candidate's fork bomb stopped it. The
     share is taken anew at each start (run.json keeps the flag as given)."""
-    if config.commands.max_procs is None or process_headroom() is None:
+    headroom = process_headroom()
+    if config.commands.max_procs is None or headroom is None:
         return config, None  # no room to share: the cases are not read for their commands
-    return _share(config, _command_trees(config, dataset))
+    return _share(config, _command_trees(config, dataset), headroom)
 
 
 def alone_share(config: CampaignConfig) -> CampaignConfig:
@@ -193,12 +195,15 @@ def alone_share(config: CampaignConfig) -> CampaignConfig:
     asked = config.commands.max_procs_asked
     if asked is not None:
         config = config.model_copy(update={"max_procs": asked, "max_procs_asked": None})
-    return _share(config, 1)[0]
+    return _share(config, 1, process_headroom())[0]
 
 
-def _share(config: CampaignConfig, trees: int) -> tuple[CampaignConfig, str | None]:
-    """`share_host_pids` for ``trees`` command trees at once."""
-    per_tree, headroom = config.commands.max_procs, process_headroom()
+def _share(
+    config: CampaignConfig, trees: int, headroom: tuple[int, Path] | None
+) -> tuple[CampaignConfig, str | None]:
+    """`share_host_pids` for ``trees`` command trees at once, in ``headroom`` (the room the
+    enclosing pids cgroups leave, and the cgroup: `process_headroom`)."""
+    per_tree = config.commands.max_procs
     if per_tree is None or headroom is None:  # none: every process the host leaves, as asked
         return config, None
     left, cgroup = headroom
