@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import trio
 
 from evolane.sandbox import lease_holders, open_sandbox
 from evolane.sandbox._lease_owner import LOCK_FILE, claim, owner_is_dead, process_space
+from evolane.sandbox._lifeline import remove_lease_folder
 
 DEAD_PID = 4_000_000  # above any pid_max: no process has it
 
@@ -142,6 +145,18 @@ async def test_a_dead_runtimes_lease_of_another_namespace_or_host_is_swept(tmp_p
             os.close(fd)
 
 
+def _lifeline_of(lease: str) -> int:
+    """The pid, here, of the lifeline process watching ``lease``."""
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b"_lifeline.py") for arg in argv) and lease.encode() in argv:
+            return int(entry)
+    raise AssertionError(f"no lifeline for {lease}")
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
 )
@@ -164,6 +179,11 @@ async def test_a_runtime_killed_in_another_pid_namespace_is_swept_from_here(
         while not lease_holders(lease):
             assert time.monotonic() < deadline, "the unit did not start"
             await trio.sleep(0.05)
+        lifeline = _lifeline_of(lease)
+        # Stopped, the lifeline cleans up nothing: the kernel ends it with the namespace. Left
+        # to run, it may see its pipe close before the kernel's kill reaches it (CI once saw
+        # it remove the lease's owner.json), a case `test_a_lease_removed_part_way_...` takes.
+        os.kill(lifeline, signal.SIGSTOP)
     finally:
         runtime.kill()  # unshare: --kill-child takes the namespace's every process with it
         runtime.wait(timeout=10)
@@ -175,3 +195,62 @@ async def test_a_runtime_killed_in_another_pid_namespace_is_swept_from_here(
     async with open_sandbox(root) as host:
         assert host.stale_swept >= 1
     assert not (root / lease).exists()
+
+
+class _Killed(BaseException):
+    """The remover's end, at a chosen removal."""
+
+
+class _Removals:
+    """Lets ``cut`` removals through, then ends the remover."""
+
+    def __init__(self, cut: int) -> None:
+        self.cut = cut
+
+    def wrap(self, real: Callable[..., None]) -> Callable[..., None]:
+        def removal(*args: object, **kwargs: object) -> None:
+            if self.cut <= 0:
+                raise _Killed
+            self.cut -= 1
+            real(*args, **kwargs)
+
+        return removal
+
+
+def test_a_lease_removed_part_way_still_reads_as_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by CI: a killed container's lifeline, ended by the kernel while it removed the
+    lease, left the folder without owner.json; a sweep then waited a minute, and an owner
+    file of another namespace without its lock file was never taken for dead. Cut at every
+    removal, what is left of a dead owner's lease reads as dead, or is gone."""
+    template = tmp_path / "template" / "rt-1n1-aaaa"
+    template.mkdir(parents=True)
+    fd = claim(template)
+    assert fd is not None
+    os.close(fd)  # its owner died
+    owner = {"pid": DEAD_PID, "create_time": 1.0, **process_space(), "pid_ns": "pid:[1]"}
+    (template / "owner.json").write_text(json.dumps(owner))  # a pid that means nothing here
+    for folder in ("units/u-1/workspace/deep", "units/u-2", "spool"):
+        (template / folder).mkdir(parents=True)
+        (template / folder / "file").write_text("x")
+    for cut in range(100):
+        lease = tmp_path / f"cut-{cut}" / template.name
+        shutil.copytree(template, lease)
+        removals = _Removals(cut)
+        monkeypatch.setattr(os, "unlink", removals.wrap(os.unlink))
+        monkeypatch.setattr(os, "rmdir", removals.wrap(os.rmdir))
+        try:
+            finished = remove_lease_folder(lease)
+        except _Killed:
+            finished = False
+        finally:
+            monkeypatch.undo()
+        # what is left reads as dead, or holds nothing: a host that died being made, swept
+        # after a minute (`owner_is_dead`), with no unit of it left behind
+        left = sorted(p.name for p in lease.iterdir()) if lease.exists() else []
+        assert not left or owner_is_dead(lease), f"cut after {cut} removals: {left}"
+        if finished:
+            assert not lease.exists() and cut > 8  # every entry was removed, one at a time
+            return
+    raise AssertionError("the removal never finished")

@@ -23,8 +23,7 @@ from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
 from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
 from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES
-from evolane.sandbox._lease_owner import LEASE_FILES
-from evolane.sandbox._lifeline import LEASE_VARIABLE, lease_holders, lease_matches
+from evolane.sandbox._lifeline import LEASE_FILES, LEASE_VARIABLE, lease_holders, lease_matches
 from evolane.sandbox._netns import own_network_problem
 from evolane.sandbox._secrets import commands_run_unprivileged, trees_run_as_unit_uids
 from evolane.sandbox._spec import (

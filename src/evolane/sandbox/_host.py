@@ -278,7 +278,7 @@ class SandboxHost:
         for root in self.cgroups.roots():
             kill_cgroup_tree(root)
         kill_lease(self.lease)
-        remove_tree(self.lease_dir)
+        _lifeline.remove_lease_folder(self.lease_dir)
         if self._lease_lock is not None:  # only now may a sweep take the lease for dead
             os.close(self._lease_lock)
             self._lease_lock = None

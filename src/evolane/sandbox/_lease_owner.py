@@ -24,14 +24,15 @@ from pathlib import Path
 
 import psutil
 
-from evolane.sandbox._lifeline import cgroup_dirs, read_cgroup_file, read_pids
+from evolane.sandbox._lifeline import (
+    LOCK_FILE,
+    OWNER_FILE,
+    cgroup_dirs,
+    read_cgroup_file,
+    read_pids,
+)
 from evolane.store import StoreError, read_regular_file, write_json_atomic
 
-OWNER_FILE = "owner.json"
-LOCK_FILE = "owner.lock"
-"""Held locked (``flock``, exclusive) by the lease's owner for as long as it lives."""
-LEASE_FILES = frozenset({OWNER_FILE, LOCK_FILE})
-"""The files a lease's folder holds besides its units' folders and the host's spool."""
 _OWNER_MAX_BYTES = 4096  # a pid and a time; a command could have replaced the file
 CGROUP_NAME = re.compile(r"evolane-rt-(\d+)(n\d+)?-[0-9a-f]+")
 """A runtime's cgroup: its pid, its pid namespace's tag (none: an older evolane's)."""

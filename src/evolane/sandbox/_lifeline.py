@@ -35,6 +35,11 @@ else:  # run as a script (python -I -S): only the standard library is importable
 
 LEASE_VARIABLE = "EVOLANE_LEASE"
 _MARKER = LEASE_VARIABLE.encode() + b"="
+OWNER_FILE = "owner.json"
+LOCK_FILE = "owner.lock"
+"""Held locked (``flock``, exclusive) by the lease's owner for as long as it lives."""
+LEASE_FILES = frozenset({OWNER_FILE, LOCK_FILE})
+"""The files a lease's folder holds besides its units' folders and the host's spool."""
 
 
 def lease_of(pid: int) -> str | None:
@@ -210,6 +215,27 @@ def kill_lease(fragment: str, rounds: int = 5) -> int:
     return killed
 
 
+def remove_lease_folder(path: Path) -> bool:
+    """Remove a lease's folder (or any folder), its owner files last, the lock file the
+    very last: a remover killed part way (a lifeline the kernel ends with the pid namespace
+    it cleans up for) leaves a lease whose free lock says its owner is dead, swept at once,
+    not one without owner files a sweep must leave for a minute (found by CI: the lifeline
+    of a killed container removed owner.json and died). True once gone."""
+    try:
+        names = os.listdir(path)  # a lease's folder: its units, its spool, its owner files
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return remove_tree(path)
+    for name in names:
+        if name not in LEASE_FILES:
+            remove_tree(path / name)
+    for name in (OWNER_FILE, LOCK_FILE):
+        with contextlib.suppress(OSError):
+            os.unlink(path / name)
+    return remove_tree(path)
+
+
 def sweep(lease: str, directories: list[Path]) -> None:
     """Kill the lease's processes and remove its cgroups and workspace directories."""
     for path in directories:
@@ -218,7 +244,7 @@ def sweep(lease: str, directories: list[Path]) -> None:
     kill_lease(lease)
     for path in directories:
         if path.exists() and not (path / "cgroup.procs").exists():
-            remove_tree(path)  # iterative: a 1,500-deep folder chain must not stop the sweep
+            remove_lease_folder(path)  # iterative: a 1,500-deep chain must not stop the sweep
 
 
 def main(argv: list[str]) -> int:
