@@ -395,6 +395,46 @@ def test_a_ctrl_c_after_the_run_ended_keeps_the_summary_and_exit_code(
     assert f"report: {run_dir / 'report.json'}" in done.output
 
 
+def test_a_ctrl_c_that_cuts_the_close_short_keeps_the_runs_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by review: after the summary, a first Ctrl-C is ignored and a second aborts the
+    # runtime's close, as it should; but the session then exited 130, "interrupted", for a
+    # run that had finished (and under --apply auto_verified published): a script reading
+    # the code took it for a run cut short.
+    import trio
+    import trio.testing
+    from typer.testing import CliRunner
+
+    from evolane.cli import _summary
+    from evolane.cli._app import app
+    from evolane.cli._signals import CLOSE_CUT_SHORT
+    from evolane.embed import _runtime
+
+    printed = _summary.print_summary
+
+    def print_after_a_ctrl_c(outcome: object, flags: dict) -> None:
+        signal.raise_signal(signal.SIGINT)  # ignored: the run has ended
+        printed(outcome, flags)
+
+    async def a_slow_close(observers: object) -> list[str]:
+        await trio.testing.wait_all_tasks_blocked()  # the first Ctrl-C is taken
+        signal.raise_signal(signal.SIGINT)  # the second cuts the close short
+        await trio.sleep_forever()
+        raise AssertionError("never reached")
+
+    monkeypatch.setattr(_summary, "print_summary", print_after_a_ctrl_c)
+    monkeypatch.setattr(_runtime, "close_observers", a_slow_close)
+    paths = write_toy(tmp_path, PLAN)
+    store = tmp_path / "store"
+    done = CliRunner().invoke(app, ["optimize", *toy_flags(paths, store)])
+    assert CLOSE_CUT_SHORT in done.output
+    assert done.exit_code == 0, done.output
+    assert "interrupted" not in done.output
+    (run_dir,) = (store / "runs").iterdir()
+    assert f"report: {run_dir / 'report.json'}" in done.output
+
+
 def test_report_and_runs_on_a_real_run(tmp_path: Path) -> None:
     paths = write_toy(tmp_path, PLAN)
     store = tmp_path / "store"

@@ -411,10 +411,16 @@ async def _session(
         watch.ended = True
         print_summary(outcome, flags)
         flags["summarised"] = True  # a Ctrl-C from now on must not print another
+        watch.code = code = _exit_code(outcome)
         _observer_notes(watch.handle, unseen=flags.get("progress") == "none")
+    return code
+
+
+def _exit_code(outcome: Any) -> int:
+    """A session's exit code: its run's, or 130 when it ended with no report."""
     if outcome is None or outcome.report is None:
         return EXIT_INTERRUPTED
-    return outcome.exit_code
+    return int(outcome.exit_code)
 
 
 def _observer_notes(handle: Any, unseen: bool) -> None:

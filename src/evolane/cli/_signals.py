@@ -42,11 +42,30 @@ async def watching_signals(body: Callable[[SignalWatch], Awaitable[int]]) -> int
     with trio.open_signal_receiver(*_SIGNALS) as signals:
         watch = SignalWatch()
         with _exit_when_unheard(watch):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch.follow, signals)
-                code = await body(watch)
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch.follow, signals)
+                    code = await body(watch)
+                    nursery.cancel_scope.cancel()
+            except BaseException as error:
+                if watch.code is None or not _only_interrupts(error):
+                    raise
+                print(CLOSE_CUT_SHORT, file=sys.stderr)
+                return watch.code
     return code
+
+
+CLOSE_CUT_SHORT = (
+    "evolane: closing cut short (Ctrl-C); the run had ended and its report is written: "
+    "the lifeline ends what is left of its commands"
+)
+
+
+def _only_interrupts(error: BaseException) -> bool:
+    """Whether ``error`` is a Ctrl-C (alone, or a group of nothing else)."""
+    if isinstance(error, BaseExceptionGroup):
+        return error.split(KeyboardInterrupt)[1] is None
+    return isinstance(error, KeyboardInterrupt)
 
 
 @contextmanager
@@ -105,6 +124,10 @@ class SignalWatch:
         self.following = False
         """Whether `follow` waits for signals: once it has let a Ctrl-C abort the session,
         the rest are nobody's to take, and the process is on its way out."""
+        self.code: int | None = None
+        """The session's exit code once its run ended and its summary is printed: a Ctrl-C
+        that then cuts the runtime's close short keeps it (it said 130, "interrupted", of a
+        run that had finished and published)."""
 
     async def follow(self, signals: Any) -> None:
         """Take each signal the receiver holds and do what it means now."""
