@@ -70,18 +70,21 @@ class CgroupRoots:
     unified: Path | None
     pids: Path | None
     memory: Path | None
+    unified_name: str | None = None
+    """``unified`` as ``/proc/PID/cgroup`` names it (its ``0::`` line): `UnitCgroups.holds`."""
 
     @classmethod
     def detect(cls, lease: str) -> CgroupRoots:
         """Find writable hierarchies and create ``evolane-<lease>`` in each."""
         own = _own_paths()
-        unified = pids = memory = None
+        unified = pids = memory = unified_name = None
         for root, mount, fstype, options in _mounts():
             if fstype == "cgroup2" and unified is None:
                 base = _inside(root, mount, own.get("", "/"))
                 candidate = base / f"evolane-{lease}"
                 if (base / "cgroup.procs").exists() and _try_mkdir(candidate):
                     unified = candidate
+                    unified_name = own.get("", "/").rstrip("/") + "/" + candidate.name
             elif fstype == "cgroup":
                 opts = options.split(",")
                 for name in ("pids", "memory"):
@@ -92,7 +95,7 @@ class CgroupRoots:
                             pids, memory = (
                                 (candidate, memory) if name == "pids" else (pids, candidate)
                             )
-        return cls(unified, pids, memory)
+        return cls(unified, pids, memory, unified_name)
 
     @property
     def mechanisms(self) -> tuple[str, ...]:
@@ -142,6 +145,9 @@ class UnitCgroups:
         )
         self._pids = next((p for p in paths if roots.pids and p.parent == roots.pids), None)
         self._memory = next((p for p in paths if roots.memory and p.parent == roots.memory), None)
+        self._unified_name = None  # as /proc/PID/cgroup names it
+        if self._unified is not None and roots.unified_name is not None:
+            self._unified_name = f"{roots.unified_name}/{self._unified.name}"
 
     @property
     def procs_files(self) -> list[str]:
@@ -188,6 +194,18 @@ class UnitCgroups:
         for path in self.paths:
             found |= read_pids(path)
         return found
+
+    def holds(self, pid: int) -> bool:
+        """Whether ``pid`` is (or, a zombie, was) in the unit's cgroup v2 or one below it.
+        A zombie keeps its v2 cgroup in ``/proc/PID/cgroup``; on a v1 hierarchy the kernel
+        names the root for any exiting process, so v1 cgroups cannot tell (checked on 6.18)."""
+        if self._unified_name is None:
+            return False
+        for line in read_cgroup_file(Path(f"/proc/{pid}/cgroup")).splitlines():
+            if line.startswith("0::"):
+                path = line[3:]
+                return path == self._unified_name or path.startswith(self._unified_name + "/")
+        return False
 
     def populated(self) -> bool:
         if self._unified is not None:

@@ -183,23 +183,37 @@ class ProcessTree:
                 os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
             os.close(fd)
         self.escapees.clear()
-        if self.uid is not None:
-            reap_orphans(self.uid, self.pid)
+        reap_orphans(self.pid, self.uid, self.cgroups)
 
 
-def reap_orphans(uid: int, leader: int) -> int:
-    """Reap this process's zombie children that ran as unit uid ``uid``, but the tree's
-    ``leader`` (its own reap, its status); how many. They are the tree's orphans, re-parented
-    to us (the subreaper), that exited before the tree ended: nothing else waits for them.
-    Found by review: under ``--isolation process`` (no namespace init reaps them) each
-    daemon a replay started and that exited held a pid of the host's ``pids.max`` until
-    evolane exited, and ~20 units of such replays stopped the run as the host's failure."""
+def reap_orphans(leader: int, uid: int | None, cgroups: UnitCgroups | None) -> int:
+    """Reap this process's zombie children that were the tree's: that ran as its unit uid
+    ``uid`` or in its cgroup v2 (`UnitCgroups.holds`), but its ``leader`` (its own reap, its
+    status); how many. They are the tree's orphans, re-parented to us (the subreaper), that
+    exited before the tree ended: nothing else waits for them (the leaders of other trees
+    are in cgroups of their own, evolane's other children in its own). Found by review:
+    under ``--isolation process`` (no namespace init reaps them) each daemon a replay
+    started and that exited held a pid of the host's ``pids.max`` until evolane exited, and
+    ~20 units of such replays stopped the run as the host's failure; a non-root evolane
+    has no unit uids, so there the cgroup tells (found by review)."""
+    if uid is None and cgroups is None:
+        return 0
+    with contextlib.suppress(ChildProcessError):  # no zombie child at all: the common case
+        if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return 0
     reaped = 0
     for pid in _children():
-        if pid == leader or _zombie_uid(pid) != uid:
+        fd = None if pid == leader else _pidfd(pid)
+        if fd is None:
             continue
-        with contextlib.suppress(ChildProcessError):
-            reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
+        try:  # read through the pid once held: reaped by then, its number is not reused
+            zombie = _zombie_uid(pid)
+            ours = zombie == uid or (cgroups is not None and cgroups.holds(pid))
+            if zombie is not None and ours:
+                with contextlib.suppress(ChildProcessError):
+                    reaped += os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG) is not None
+        finally:
+            os.close(fd)
     return reaped
 
 

@@ -1,0 +1,125 @@
+"""Running evolane as an unprivileged user from a root test: a uid no one else uses, a
+folder it owns, a cgroup v2 of its own (delegated to it), ``ulimit -u`` (``prlimit``).
+
+RLIMIT_NPROC is not enforced for root and counts every process of the uid host-wide, so
+each test takes a uid of its own, far from the ranges distributions and evolane's unit uids
+(`evolane.sandbox._secrets.UNIT_UID_BASE`) use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_UIDS = (1_500_000_000, 100_000_000)  # the first, and how many to pick from
+_V2 = Path("/sys/fs/cgroup/unified")  # a hybrid host's cgroup v2 (this host kind's)
+_DELEGATED = ("cgroup.procs", "cgroup.threads", "cgroup.subtree_control")
+
+
+def free_uid() -> int:
+    """A uid that owns no process on this host (picked at random, checked in /proc)."""
+    for _ in range(100):
+        uid = _UIDS[0] + secrets.randbelow(_UIDS[1])
+        if not any(_owner(pid) == uid for pid in os.listdir("/proc") if pid.isdigit()):
+            return uid
+    raise AssertionError("no free uid found")
+
+
+def _owner(pid: str) -> int | None:
+    with contextlib.suppress(OSError):
+        return os.stat(f"/proc/{pid}").st_uid
+    return None
+
+
+def needs_root_and_setpriv() -> None:
+    """Skip unless this test can switch to another uid."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("prlimit") is None:
+        pytest.skip("needs root, setpriv and prlimit to run evolane as another user")
+
+
+@contextlib.contextmanager
+def owned_folder(uid: int) -> Iterator[Path]:
+    """A fresh folder under the system's temp folder owned by ``uid`` (pytest's tmp_path is
+    root's alone), removed after."""
+    folder = Path(tempfile.mkdtemp(prefix="evolane-nonroot-"))
+    os.chown(folder, uid, uid)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def delegated_v2(uid: int, name: str) -> Iterator[Path]:
+    """A cgroup v2 of this test's own, below this process's, delegated to ``uid`` (as systemd
+    delegates ``user@UID.service``); removed after, once its processes are gone."""
+    own = Path("/proc/self/cgroup").read_text().splitlines()
+    path = next((line[3:] for line in own if line.startswith("0::")), None)
+    base = _V2 / (path or "/").lstrip("/")
+    if path is None or not (base / "cgroup.procs").exists():
+        pytest.skip("needs a writable cgroup v2 (this host kind has one)")
+    cgroup = base / f"evolane-test-{os.getpid()}-{name}"
+    cgroup.mkdir()
+    try:
+        for item in (cgroup, *(cgroup / file for file in _DELEGATED)):
+            os.chown(item, uid, uid)
+        yield cgroup
+    finally:
+        for _ in range(100):
+            try:
+                _remove(cgroup)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _remove(cgroup: Path) -> None:
+    """Remove ``cgroup`` and the (empty) cgroups its user made below it."""
+    for child in sorted(cgroup.rglob("*"), key=lambda p: -len(p.parts)):
+        if child.is_dir():
+            child.rmdir()
+    cgroup.rmdir()
+
+
+def as_user(
+    uid: int,
+    argv: list[str],
+    cwd: Path,
+    *,
+    cgroup: Path | None = None,
+    nproc: int | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` run as ``uid`` (its group the same, no others), in ``cgroup`` when given,
+    under ``ulimit -u nproc`` when given; evolane's source importable (a 300 s guard against
+    a hang, not a timing figure)."""
+    switch = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    limit = ["prlimit", f"--nproc={nproc}:{nproc}", "--"] if nproc is not None else []
+    join = (
+        ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs")] if cgroup else []
+    )
+    source = str(Path(__file__).resolve().parents[1] / "src")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(cwd),
+        "PYTHONPATH": source,
+        "LANG": "C.UTF-8",
+    }
+    return subprocess.run(
+        [*join, *limit, *switch, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
