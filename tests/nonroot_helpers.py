@@ -12,7 +12,10 @@ import contextlib
 import os
 import secrets
 import shutil
+import stat
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -90,6 +93,28 @@ def _remove(cgroup: Path) -> None:
     cgroup.rmdir()
 
 
+def _others_may_run(path: str) -> bool:
+    """Whether a uid of no group of the file's may execute ``path`` (every folder above it
+    searchable, the file executable, by others)."""
+    real = Path(os.path.realpath(path))
+    folders_ok = all(os.stat(folder).st_mode & stat.S_IXOTH for folder in real.parents)
+    return folders_ok and bool(os.stat(real).st_mode & stat.S_IXOTH)
+
+
+def python_for_others() -> tuple[str, list[str]]:
+    """A Python another uid may run with this one's packages: this one, else the system's
+    of the same version (this host's venv sits in a folder of root's), and the folders to
+    add to its path."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    if _others_may_run(sys.executable):
+        return sys.executable, []
+    system = shutil.which(version, path="/usr/bin:/bin")
+    if system is None or not _others_may_run(system):
+        pytest.skip("no Python another uid may run")
+    paths = sysconfig.get_paths()
+    return system, list(dict.fromkeys((paths["purelib"], paths["platlib"])))
+
+
 def as_user(
     uid: int,
     argv: list[str],
@@ -100,18 +125,21 @@ def as_user(
     timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
     """``argv`` run as ``uid`` (its group the same, no others), in ``cgroup`` when given,
-    under ``ulimit -u nproc`` when given; evolane's source importable (a 300 s guard against
-    a hang, not a timing figure)."""
+    under ``ulimit -u nproc`` when given; evolane's source importable, and this Python in
+    ``argv`` one the uid may run (`python_for_others`) (a 300 s guard against a hang, not a
+    timing figure)."""
     switch = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     limit = ["prlimit", f"--nproc={nproc}:{nproc}", "--"] if nproc is not None else []
     join = (
         ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs")] if cgroup else []
     )
+    python, packages = python_for_others()
+    argv = [python if word == sys.executable else word for word in argv]
     source = str(Path(__file__).resolve().parents[1] / "src")
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(cwd),
-        "PYTHONPATH": source,
+        "PYTHONPATH": os.pathsep.join([source, *packages]),
         "LANG": "C.UTF-8",
     }
     return subprocess.run(

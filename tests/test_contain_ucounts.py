@@ -28,6 +28,7 @@ from evolane.sandbox import View
 from evolane.sandbox._confine import confinement_problem
 from evolane.sandbox._ucounts import RLIMIT_SHARE, share, user_count_caps
 from tests.campaign_helpers import shared_folder, toy_flags, wait_for, write_toy
+from tests.nonroot_helpers import as_user, free_uid, needs_root_and_setpriv, owned_folder
 from tests.sandbox_helpers import run_confined
 
 pytestmark = pytest.mark.skipif(
@@ -169,3 +170,34 @@ async def test_each_way_a_confined_command_starts_caps_its_counts(
     assert got["queues"] * QUEUE_BYTES <= share(queue_bytes, RLIMIT_SHARE), got
     assert got["key"] == "ENOSYS", got
     assert "user_counts" in outcome.enforcement, outcome.enforcement
+
+
+_NON_ROOT = """
+import json, sys, trio
+from evolane.sandbox import SandboxSpec, open_sandbox
+async def main(root):
+    async with open_sandbox(root) as host:
+        spec = SandboxSpec(argv=("true",), isolation="confined")
+        outcome = await host.run(spec, timeout=60)
+        served = host.spawner is not None and not host.spawner.broken
+    said = {"served": served, "status": outcome.status, "error": outcome.error}
+    print(json.dumps({**said, "mechanisms": outcome.enforcement}))
+trio.run(main, sys.argv[1])
+"""
+
+
+def test_a_non_root_evolanes_confined_command_starts_beside_its_spawn_server() -> None:
+    # Found by review: the spawn server's clone is a copy of a non-dumpable process, whose
+    # /proc/self is root's, so a non-root clone could not map the user namespace it made
+    # for the command's counts: every confined command failed to start ("[Errno 13] cannot
+    # write /proc/self/setgroups"), and a non-root evolane's run stopped at its first
+    # replay. Such a command starts through the launcher chain's unshare step instead.
+    needs_root_and_setpriv()
+    uid = free_uid()
+    with owned_folder(uid) as home:
+        done = as_user(uid, [sys.executable, "-c", _NON_ROOT, str(home / "sandbox")], home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout)
+    assert said["served"], said  # the server runs (and takes the other commands)
+    assert said["status"] == "exited" and not said["error"], said
+    assert "user_counts" in said["mechanisms"], said  # its own namespace, made by unshare

@@ -251,6 +251,14 @@ class Launch:
         if seccomp and bwrap_wants_privileges():  # bwrap takes the filter (`_launch_chain`)
             raise SpawnerUnavailable("a set-uid bwrap installs the seccomp filter itself")
         counts = user_count_caps() if confine is not None and user_counts_step() else ()
+        if counts and os.geteuid() != 0:
+            # The clone is the non-dumpable server's copy: its /proc/self is root's, so a
+            # non-root clone cannot map the namespace it makes (EACCES on setgroups), and
+            # made dumpable a process of the uid could read the server's memory through
+            # it. The launcher's ``unshare`` step, a fresh exec, maps it (found by review:
+            # no confined command of a non-root evolane started, "[Errno 13] cannot write
+            # /proc/self/setgroups", and the run stopped).
+            raise SpawnerUnavailable("a non-root clone cannot map its user namespace")
         env = self._with_step_nonce(self.env, confine)
         args = (
             path, argv, env, str(unit.work), self.output, rlimit_numbers(self.limits),
