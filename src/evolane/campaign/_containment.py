@@ -24,10 +24,12 @@ from evolane.measure import split_grant
 from evolane.sandbox import (
     NAMESPACE_EXTRA_PROCESSES,
     confinement_fix,
+    evolane_reserve,
     own_network_problem,
     process_headroom,
     resolve_isolation,
     template_paths,
+    user_process_cap,
     within,
 )
 
@@ -138,21 +140,19 @@ def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:
     return next((name for name in hidden if within(real, os.path.realpath(name))), None)
 
 
-HOST_RESERVE = (16, 64)
-"""Processes the host's room keeps for evolane itself (its threads, its spawn server) before
-it is shared among the command trees: a quarter of the room, within these bounds."""
 LOCAL_WORKER_TASKS = 12
 """Tasks each worker of a ``--cluster local:N`` holds in evolane's room on top: its nanny
 and worker processes, their threads, its own spawn server (~10 measured, Dask 2026.8)."""
 
 
 def _reserve(config: CampaignConfig, left: int) -> int:
-    """What the host's room ``left`` keeps for evolane: `HOST_RESERVE`, and the workers of a
+    """What the host's room ``left`` keeps for evolane: `evolane.sandbox.evolane_reserve`
+    (a quarter, 16 to 64 tasks), and the workers of a
     local Dask cluster (found by review: started after the share was taken, 12 of them took
     the reserve, and a candidate's fork bomb in each replay lane then stopped the run)."""
     cluster = parse_cluster(config.measure.cluster)
     workers = cluster.workers if cluster.kind == "local_dask" else 0
-    return min(max(left // 4, HOST_RESERVE[0]), HOST_RESERVE[1]) + workers * LOCAL_WORKER_TASKS
+    return evolane_reserve(left) + workers * LOCAL_WORKER_TASKS
 
 
 def _command_trees(config: CampaignConfig, dataset: Dataset) -> int:
@@ -220,6 +220,26 @@ def _share(
     return config.model_copy(update={"commands": commands}), said
 
 
+def user_process_line(config: CampaignConfig, dataset: Dataset) -> str | None:
+    """The preflight line when a non-root evolane's ``ulimit -u`` leaves its commands less
+    room than its command trees may take (each up to ``--max-procs``): each command's
+    RLIMIT_NPROC keeps evolane's reserve (`evolane.sandbox.user_process_cap`). Found by
+    review: a candidate's fork bomb took the user's every process, evolane could start no
+    thread more, and the run stopped as the host's failure."""
+    user = user_process_cap()
+    if user is None or user.cap is None:
+        return None  # no limit, root, or no room to keep (`host_warnings`)
+    per_tree, room = config.commands.max_procs, user.cap - user.used
+    if per_tree is not None and _command_trees(config, dataset) * per_tree <= room:
+        return None
+    return (
+        f"commands fork only while evolane's user holds fewer than {user.cap} processes and "
+        f"threads (ulimit -u {user.soft}, {user.used} in use, {user.soft - user.cap} kept for "
+        "evolane): a fork bomb fails on that limit and the run goes on, but while one holds "
+        "it other commands' forks fail too"
+    )
+
+
 def _slirp_processes(config: CampaignConfig) -> int:
     """1 where a confined command given the network gets a namespace of its own here: its
     slirp4netns sits in its tree's cgroups beside ``--max-procs`` (found by review: left
@@ -238,7 +258,21 @@ def host_warnings(config: CampaignConfig, dataset: Dataset) -> list[str]:
     refused there below the tree's own limit fails inside a replay, tried again and then
     stopping the run as the host's failure (`evolane.lanes.HOST_REFUSED`; with none, the
     tree's failure), and evolane's own threads compete for the same slots. Found by review:
-    it said the tree's failure, while a candidate's fork bomb so stopped the run."""
+    it said the tree's failure, while a candidate's fork bomb so stopped the run. And one
+    when a non-root evolane's ``ulimit -u`` leaves too few to keep evolane a reserve."""
+    user = user_process_cap()
+    said = []
+    if user is not None and user.cap is None:
+        said.append(
+            f"evolane's user may start {user.soft - user.used} more processes and threads "
+            f"(its ulimit -u is {user.soft}): too few to keep any for evolane, so a command "
+            "may take them all and stop the run; raise ulimit -u"
+        )
+    return said + _pid_room_warnings(config, dataset)
+
+
+def _pid_room_warnings(config: CampaignConfig, dataset: Dataset) -> list[str]:
+    """`host_warnings`' of the pids cgroups enclosing evolane."""
     per_tree = config.commands.max_procs
     headroom = process_headroom()
     if headroom is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from evolane.campaign import _continue
 from evolane.campaign._advice import after_failure, still_running
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._containment import containment, share_host_pids
+from evolane.campaign._containment import containment, share_host_pids, user_process_line
 from evolane.campaign._continue import check_budgets, continuable_campaign, earlier_results
 from evolane.campaign._copies import mask_for_run
 from evolane.campaign._estimate import (
@@ -260,6 +260,7 @@ def _prepared(
     """The checked request (held-out copies masked, each command tree's share of the host's
     pid room taken), its estimate, the ceilings left."""
     config, shared = share_host_pids(config, dataset)
+    user_line = user_process_line(config, dataset)
     config, gates, copies = mask_for_run(config, gates, dataset, run.splits)
     test_cases = dataset.split_counts["test"]
     plan = run.splits or legacy_plan(split_ids(dataset))
@@ -288,6 +289,7 @@ def _prepared(
             plan,
             *copies,
             shared,
+            user_line,
             trajectory_note(config),
             *split_notes(layout.root, dataset, campaign.campaign_id, config, split),
             online_reuse_note(layout.root, dataset, campaign.campaign_id, config),

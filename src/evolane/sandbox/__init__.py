@@ -40,6 +40,7 @@ from evolane.sandbox._spec import (
     StreamCapture,
     View,
 )
+from evolane.sandbox._ucounts import evolane_reserve, user_process_cap
 from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "child_lease",
     "commands_run_unprivileged",
     "confinement_fix",
+    "evolane_reserve",
     "folders_to_expose",
     "interpreter_folders",
     "interpreter_prefixes",
@@ -83,5 +85,6 @@ __all__ = [
     "template_paths",
     "trees_run_as_unit_uids",
     "user_counts_step",
+    "user_process_cap",
     "within",
 ]

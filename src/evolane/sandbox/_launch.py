@@ -23,7 +23,7 @@ from pathlib import Path
 
 from evolane.sandbox._secrets import dropped_capabilities_argv, probe_succeeds, unit_uid_argv
 from evolane.sandbox._spec import Limits
-from evolane.sandbox._ucounts import rlimit_caps
+from evolane.sandbox._ucounts import rlimit_caps, user_process_cap
 
 
 def join_failed_marker(nonce: str) -> bytes:
@@ -102,11 +102,15 @@ def rlimit_triples(limits: Limits) -> list[tuple[str, int, int]]:
 
     ``processes`` is not an rlimit here: RLIMIT_NPROC counts every process of the user (and
     root ignores it), so the pids cgroup bounds a tree instead; ``uid_processes`` is, for a
-    tree whose uid is its own (`uid_process_cap`).
+    tree whose uid is its own (`uid_process_cap`); else, under a non-root evolane's finite
+    one, the cap that keeps evolane's reserve (`evolane.sandbox._ucounts.user_process_cap`).
     """
     triples = [("RLIMIT_CORE", 0, 0), *((name, cap, cap) for name, cap in rlimit_caps())]
+    user = user_process_cap()
     if limits.uid_processes is not None:
         triples.append(("RLIMIT_NPROC", limits.uid_processes, limits.uid_processes))
+    elif user is not None and user.cap is not None:
+        triples.append(("RLIMIT_NPROC", user.cap, user.cap))
     if limits.address_space_bytes is not None:
         triples.append(("RLIMIT_AS", limits.address_space_bytes, limits.address_space_bytes))
     if limits.cpu_seconds is not None:

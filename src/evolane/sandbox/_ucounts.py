@@ -13,11 +13,22 @@ runs in a user namespace of its own (made by the spawn server's clone, or by ``u
 are a share of evolane's: the command can take no more, whatever it runs. Message queue
 bytes and queued signals are capped by rlimits (a user namespace is born with its
 creator's), for every command at every level.
+
+RLIMIT_NPROC (``ulimit -u``) counts every process and thread of a user, and a non-root
+evolane is one of them: a command's fork bomb took them all, and evolane could start no
+thread or process more (found by review). Each command's RLIMIT_NPROC is evolane's own less
+`evolane_reserve` (`user_process_cap`), set before any user namespace is made (whose
+creator's RLIMIT_NPROC bounds what the namespace holds): a bomb is refused there, and
+evolane keeps its reserve. Every command shares what is left: a fork of another command
+fails too while a bomb holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import resource
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -73,3 +84,50 @@ def count_caps_argv(unshare: str, sh: str, caps: tuple[tuple[str, int], ...]) ->
     pairs = [word for path, cap in caps for word in (path, str(cap))]
     step = [unshare, "--user", "--map-root-user", "--", sh, "-c", _SET_COUNTS, "evolane-counts"]
     return [*step, *pairs, "--"]
+
+
+RESERVE = (16, 64)
+"""Tasks a room of processes shared with evolane's commands keeps for evolane itself (its
+threads, its spawn server): a quarter of the room, within these bounds."""
+
+
+def evolane_reserve(left: int) -> int:
+    """What a room of ``left`` more tasks (processes and threads) keeps for evolane itself."""
+    return min(max(left // 4, RESERVE[0]), RESERVE[1])
+
+
+@dataclass(frozen=True)
+class UserProcessCap:
+    """A non-root evolane's RLIMIT_NPROC (``soft``), the tasks its user held when it was
+    read (``used``), and the RLIMIT_NPROC each command gets (``cap``; None: no room above
+    ``used`` once evolane's reserve is kept, so its commands get none and share it all)."""
+
+    cap: int | None
+    soft: int
+    used: int
+
+
+@cache
+def user_process_cap() -> UserProcessCap | None:
+    """The RLIMIT_NPROC of every command below a non-root evolane's own finite one, read
+    once; None for root (the kernel does not hold root to it) or no limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if os.geteuid() == 0 or soft == resource.RLIM_INFINITY:
+        return None
+    used = user_tasks(os.getuid())
+    cap = soft - evolane_reserve(soft - used)
+    return UserProcessCap(cap if cap > used else None, soft, used)
+
+
+def user_tasks(uid: int) -> int:
+    """The processes and threads of real uid ``uid`` this process can see in /proc."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/proc/{name}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields["Threads"])
+    return count
