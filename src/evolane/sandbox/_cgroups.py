@@ -207,6 +207,14 @@ class UnitCgroups:
                 return path == self._unified_name or path.startswith(self._unified_name + "/")
         return False
 
+    def charged(self) -> int | None:
+        """The tasks the unit's v1 pids cgroup counts, zombies too until they are reaped
+        (``pids.current``); None without one."""
+        if self._pids is None:
+            return None
+        text = read_cgroup_file(self._pids / "pids.current").strip()
+        return int(text) if text.isdigit() else None
+
     def populated(self) -> bool:
         if self._unified is not None:
             text = read_cgroup_file(self._unified / "cgroup.events")

@@ -196,8 +196,8 @@ def reap_orphans(leader: int, uid: int | None, cgroups: UnitCgroups | None) -> i
     started and that exited held a pid of the host's ``pids.max`` until evolane exited, and
     ~20 units of such replays stopped the run as the host's failure; a non-root evolane
     has no unit uids, so there the cgroup tells (found by review)."""
-    if uid is None and cgroups is None:
-        return 0
+    if (uid is None and cgroups is None) or (cgroups is not None and cgroups.charged() == 0):
+        return 0  # nothing to tell them by, or none left: its pids cgroup counts zombies
     with contextlib.suppress(ChildProcessError):  # no zombie child at all: the common case
         if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             return 0
