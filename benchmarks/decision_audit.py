@@ -51,6 +51,8 @@ MATRIX: list[tuple[str, Toy, list[str]]] = [
     ("population 4", Toy(plan={"default": 0.05}), ["--population", "4", "--iterations", "1"]),
     ("judge failures", Toy(judge=True, judge_hard=0.15, judge_flaky=0.3, replay_crash=0.05,
                            plan={"default": 0.1}), []),
+    ("confirm on 12 test cases", Toy(test_cases=12, plan={"default": 0.0, "0.0.1": 0.35}),
+     ["--error-control", "confirm"]),
     ("graded judge, online", Toy(cases=24, judge=True, graded=True, plan={"default": 0.2}),
      ["--error-control", "online"]),
 ]  # fmt: skip

@@ -106,6 +106,7 @@ class Toy:
 
     cases: int = 16
     cluster_size: int = 1
+    test_cases: int = 0
     graded: bool = False
     """Scores in quarters (needs ``judge``); else pass/fail."""
     replay_crash: float = 0.0
@@ -131,6 +132,10 @@ def write_project(root: Path, toy: Toy, log: Path | None = None) -> list[str]:
         if toy.cluster_size > 1:
             row["metadata"] = {"cluster": f"k{i // toy.cluster_size}"}
         rows.append({**row, "split": "val"})
+    rows += [
+        {"id": f"x{i:02d}", "input": {"x": i}, "expected_output": "yes", "split": "test"}
+        for i in range(toy.test_cases)
+    ]
     (root / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     for name, text in (("replay.py", REPLAY), ("judge.py", JUDGE), ("opt.py", OPTIMIZER)):
         (root / name).write_text(text)

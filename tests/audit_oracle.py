@@ -196,6 +196,8 @@ def audit_run(store: Path, dataset: Path) -> Audit:
     decided = {(d["cycle"], d["iteration"], d["slot"]): d for d in report["decisions"]}
     for m in report["measurements"]:
         _check_counts(audit, run, m)
+        if m["purpose"] == "final_test":
+            _audit_confirmation(audit, run, m)
         if m["purpose"] != "paired" or m["split"] != "val" or m["slot"] is None:
             continue
         again = m["measurement_id"].endswith(".recheck")  # online control measured it again
@@ -227,7 +229,27 @@ def _check_counts(audit: Audit, run: Run, m: dict[str, Any]) -> None:
 def _audit_measurement(audit: Audit, run: Run, m: dict[str, Any], slot: dict | None) -> None:
     """One paired measurement: its units' scores, pairs, statistics and decision."""
     mid = m["measurement_id"]
-    candidate_tree = run.trees.get(mid.removesuffix(".recheck"))
+    base, cand, planned = _pairs(audit, run, m, run.trees.get(mid.removesuffix(".recheck")))
+    verdict = rule(run.gate, base, cand, planned, run.clusters)
+    if m["status"] == "early_stopped":  # decided on the cases read up to its cutoff
+        found = _some_prefix(run, base, cand, planned, m)
+        audit.check(
+            found, f"{mid}: no {m['n']} of the {verdict.n} comparable cases give its numbers"
+        )
+        online = run.report["config"]["error_control"] == "online"
+        audit.check(not (online and m["decision"] == "accept"), f"{mid}: accepted early, online")
+    else:
+        _check_full(audit, run, m, verdict)
+    if slot is not None:
+        _keep(audit, run, m, slot)
+
+
+def _pairs(
+    audit: Audit, run: Run, m: dict[str, Any], candidate_tree: str | None
+) -> tuple[Scores, Scores, list[str]]:
+    """A measurement's scores that count, per arm and case (each checked against its journal
+    record, its case and its tree), and its planned cases."""
+    mid = m["measurement_id"]
     base: Scores = defaultdict(list)
     cand: Scores = defaultdict(list)
     parents = set()
@@ -253,20 +275,31 @@ def _audit_measurement(audit: Audit, run: Run, m: dict[str, Any], slot: dict | N
             (cand if arm == "candidate" else base)[case].append(score)
         audit.judge_failed[arm] += (origin.get("judge") or {}).get("status") == "failed"
     audit.check(len(parents) <= 1, f"{mid}: baseline units of {len(parents)} trees")
-    planned = sorted({u["case"] for u in listed})
     audit.pairs[mid] = (base, cand)
-    verdict = rule(run.gate, base, cand, planned, run.clusters)
-    if m["status"] == "early_stopped":  # decided on the cases read up to its cutoff
-        found = _some_prefix(run, base, cand, planned, m)
-        audit.check(
-            found, f"{mid}: no {m['n']} of the {verdict.n} comparable cases give its numbers"
-        )
-        online = run.report["config"]["error_control"] == "online"
-        audit.check(not (online and m["decision"] == "accept"), f"{mid}: accepted early, online")
-    else:
-        _check_full(audit, run, m, verdict)
-    if slot is not None:
-        _keep(audit, run, m, slot)
+    return base, cand, sorted({u["case"] for u in listed})
+
+
+def _audit_confirmation(audit: Audit, run: Run, m: dict[str, Any]) -> None:
+    """README "Confirm before publish": the best against the seed on the test split; on
+    pass/fail cases of one repetition (margin 0) p is the sign test's; confirmed iff
+    p <= level; n and the mean delta are those of the pairs."""
+    found = run.report.get("confirmation")
+    if not found or m["status"] != "complete":
+        return
+    base, cand, _ = _pairs(audit, run, m, run.report["best"]["digest"])
+    ids = [c for c in base if base[c] and cand.get(c)]
+    deltas = [math.fsum(cand[c]) / len(cand[c]) - math.fsum(base[c]) / len(base[c]) for c in ids]
+    mean = math.fsum(deltas) / len(ids) if ids else 0.0
+    audit.check(found["n"] == len(ids), f"confirmation: n {found['n']}, pairs {len(ids)}")
+    same = math.isclose(found["mean_delta"], mean, abs_tol=1e-9)
+    audit.check(same, f"confirmation: mean {found['mean_delta']}, oracle {mean}")
+    p, sign = found["p_value"], sign_test(base, cand)
+    audit.check(sign is None or math.isclose(p, sign), f"confirmation: p {p}, sign test {sign}")
+    confirmed = p <= found["level"] * (1 + TOLERANCE)
+    audit.check(
+        (found["decision"] == "confirmed") == confirmed,
+        f"confirmation: {found['decision']}, p {p} against level {found['level']}",
+    )
 
 
 def _check_full(audit: Audit, run: Run, m: dict[str, Any], verdict: Verdict) -> None:

@@ -63,8 +63,12 @@ def test_recorded_decisions_follow_from_the_journal(tmp_path: Path) -> None:
             Toy(cases=10, judge=True, graded=True, plan=STRONG),
             ["--seed", "1", "--gate", "threshold", "--threshold", "0.45", "--k-se", "2"],
         ),
+        (
+            Toy(cases=20, test_cases=16, plan={"default": 0.0, "0.0.1": 0.5}),
+            ["--seed", "9", "--error-control", "confirm", "--iterations", "1"],
+        ),
     ],
-    ids=["paired-clusters-judge-failures", "bootstrap-no-regression", "threshold"],
+    ids=["paired-clusters-judge-failures", "bootstrap-no-regression", "threshold", "confirm"],
 )  # fmt: skip
 def test_every_recorded_decision_follows_from_the_journal(
     tmp_path: Path, toy: Toy, flags: list[str]
@@ -78,6 +82,8 @@ def test_every_recorded_decision_follows_from_the_journal(
     assert "accept" in audit.decisions.values() and "reject" in audit.decisions.values()
     if toy.judge_hard:  # judges failed on infrastructure: the oracle saw how each counted
         assert sum(audit.judge_failed.values())
+    if toy.test_cases:  # the accepted best was confirmed (or not) on the test split
+        assert read_run(tmp_path / "store")[2]["confirmation"]
 
 
 @pytest.mark.slow
