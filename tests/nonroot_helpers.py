@@ -8,7 +8,9 @@ each test takes a uid of its own, far from the ranges distributions and evolane'
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -104,15 +106,43 @@ def _others_may_run(path: str) -> bool:
 def python_for_others() -> tuple[str, list[str]]:
     """A Python another uid may run with this one's packages: this one, else the system's
     of the same version (this host's venv sits in a folder of root's), and the folders to
-    add to its path."""
+    add to its path (`readable_by_others`: CI's venv sits in a ``mktemp -d`` folder, 0700)."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    paths = sysconfig.get_paths()
+    packages = [readable_by_others(p) for p in dict.fromkeys((paths["purelib"], paths["platlib"]))]
     if _others_may_run(sys.executable):
-        return sys.executable, []
+        return sys.executable, packages
     system = shutil.which(version, path="/usr/bin:/bin")
     if system is None or not _others_may_run(system):
         pytest.skip("no Python another uid may run")
-    paths = sysconfig.get_paths()
-    return system, list(dict.fromkeys((paths["purelib"], paths["platlib"])))
+    return system, packages
+
+
+_SHARED: list[Path] = []
+"""The folder of `readable_by_others`' copies, made once a test process, removed at its exit."""
+
+
+@functools.cache
+def readable_by_others(folder: str) -> str:
+    """``folder`` if any uid may read it, else a copy any may (hard links where the file
+    system allows: a venv's 400 MB in a second), once a test process."""
+    real = Path(os.path.realpath(folder))
+    if all(os.stat(p).st_mode & stat.S_IXOTH for p in (real, *real.parents)):
+        return folder
+    if not _SHARED:
+        _SHARED.append(Path(tempfile.mkdtemp(prefix="evolane-nonroot-shared-")))
+        _SHARED[0].chmod(0o755)
+        atexit.register(shutil.rmtree, _SHARED[0], True)
+    copy = _SHARED[0] / f"{len(list(_SHARED[0].iterdir()))}-{real.name}"
+    shutil.copytree(real, copy, symlinks=True, copy_function=_link_or_copy)
+    return str(copy)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def as_user(
@@ -135,7 +165,7 @@ def as_user(
     )
     python, packages = python_for_others()
     argv = [python if word == sys.executable else word for word in argv]
-    source = str(Path(__file__).resolve().parents[1] / "src")
+    source = readable_by_others(str(Path(__file__).resolve().parents[1] / "src"))
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(cwd),
