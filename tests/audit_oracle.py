@@ -257,7 +257,10 @@ def _pairs(
     for unit in listed:
         if unit["status"] in ("cancelled", "blocked", "not_run"):
             continue  # stopped, or past an early stop's cutoff (maybe run before a kill)
-        origin = run.units.get((unit.get("judge") or {}).get("unit_id") or unit["unit"])
+        # A reused unit's results name the unit that ran them: its judge (a success's), or
+        # its replay too (a failure reused, README "How a candidate is decided").
+        ran = unit.get("judge") or unit.get("replay") or {}
+        origin = run.units.get(ran.get("unit_id") or unit["unit"])
         if origin is None:
             audit.check(False, f"{mid}: {unit['unit']} ({unit['status']}) is in no journal record")
             continue

@@ -13,7 +13,8 @@ with any completion order.
   it stops, and the decision, never depend on completion timing.
 - A finished unit is reused (either arm) when tree, case, repetition, seed and every
   fingerprint match: a parent's baseline across its candidates, an accepted candidate's
-  results as its baseline in the next iteration; never in a ``fresh`` request.
+  results as its baseline in the next iteration; a baseline's failure too once it repeated
+  (`FailureStreaks`, after the journal's record); never in a ``fresh`` request.
 - Every completed unit is journaled (durably) before it counts, with its tree's digest: a
   resume or re-judge takes a stored unit only for the same unit id on the same tree.
 """
@@ -23,8 +24,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
-
-import orjson
 
 from evolane.lanes import HOST_REFUSED
 from evolane.measure._layout import UnitLayout, reading_order, repetitions, start_order
@@ -52,14 +51,16 @@ from evolane.measure._steps import (
     UnitJudged,
     UnitReplayed,
 )
-from evolane.measure._table import Unit, UnitStep, UnitTable, unpack
+from evolane.measure._table import Unit, UnitStep, UnitTable
 from evolane.measure._units import (
     RESTORABLE,
     judge_job,
+    repeating_failure,
     replay_debit,
     replay_job,
     replay_record,
     reuse_key,
+    reused_results,
     unit_counts,
     unit_event,
     unit_record,
@@ -68,7 +69,6 @@ from evolane.measure._units import (
     unit_status,
 )
 from evolane.messages import (
-    JudgeResult,
     MeasureEvent,
     MeasureRequest,
     MeasureStatus,
@@ -261,12 +261,7 @@ class MeasurePlan:
         fresh = self.request.fresh  # both arms replayed in this window: nothing reused
         cached = None if fresh else self.records.reuse.get(key)
         if cached is not None:  # the same tree, case, repetition and seed: the same experiment
-            mine = {"unit_id": unit.unit_id, "arm": unit.arm}
-            stored = orjson.loads(unpack(self.records.get(cached)))
-            unit.replay = ReplayResult.model_validate(stored["replay"]).model_copy(update=mine)
-            unit.judge = JudgeResult.model_validate(stored["judge"])
-            unit.reused = True
-            self._finish(unit, "succeeded", "reused")
+            self._reuse(unit, cached)
             return
         record = restorable(self.settings, unit, self.diverged)
         if record is not None:
@@ -276,6 +271,10 @@ class MeasurePlan:
         if stored is not None:  # replayed before an interruption, not yet judged: judge only
             unit.restored, unit.replay = True, stored.replay  # charged as the run resumed
             self._charged(unit)
+            return
+        failed = None if fresh or unit.arm != "baseline" else self.records.failures.reusable(key)
+        if failed is not None:  # it failed so on each try: it would again (after the journal's)
+            self._reuse(unit, failed)
             return
         if not self.settings.replays_allowed:
             self._finish(unit, "not_run", not_stored(unit, self.diverged))
@@ -288,6 +287,14 @@ class MeasurePlan:
         unit.step = "replaying"
         self._emit(StartReplay(unit.unit_id, replay_job(self.settings, unit)))
         self._moved = True  # a lane more is busy: observers see it before any unit ends
+
+    def _reuse(self, unit: Unit, number: int) -> None:
+        """Take the results of an earlier try of ``unit``'s experiment (sealed record
+        ``number``): nothing run, charged or journaled (a resume finds it again alike)."""
+        unit.replay, unit.judge = reused_results(self.records.get(number), unit)
+        unit.reused = True
+        status = unit_status(unit)
+        self._finish(unit, status, "reused" if status == "succeeded" else "reused failure")
 
     def _restore(self, unit: Unit, record: UnitRecord) -> None:
         """Take a unit finished before an interruption from the journal: no rerun, and no
@@ -358,9 +365,12 @@ class MeasurePlan:
         self._emit(JournalUnit(unit.unit_id, record))
 
     def _counted(self, unit: Unit) -> None:
+        way = repeating_failure(unit) if unit.status in RESTORABLE else None
         self._finish(unit, unit.status)
         if unit.status == "succeeded":  # same tree, case, repetition and seed: either arm
             self.records.reuse.add(reuse_key(self.settings, unit), unit.sealed_at)
+        if unit.arm == "baseline" and unit.status in RESTORABLE:  # a try that ended
+            self.records.failures.ended(reuse_key(self.settings, unit), way, unit.sealed_at)
 
     # ----- ending units, releasing their treatments, stopping -----------------------------
 

@@ -1,6 +1,7 @@
 """Sealed unit records kept out of memory (issue 22): each record goes to an unlinked scratch
 file as its unit ends, and memory keeps only where it ends (8 bytes a record) and, for the
-units that may be reused, its number by reuse key (`ReuseIndex`: 24 bytes a key)."""
+units that may be reused, its number by reuse key (`ReuseIndex`: 24 bytes a key; a failed
+baseline's in `FailureStreaks`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ FLUSH_BYTES = 256 << 10
 
 class SealedRecords:
     """The sealed records of every measurement one scheduler ran, numbered from 0 as they
-    are put, and the succeeded ones by `reuse_key` (``reuse``: a `ReuseIndex`).
+    are put, the succeeded ones by `reuse_key` (``reuse``: a `ReuseIndex`), and the
+    baselines that failed in a way a new try meets again (``failures``: `FailureStreaks`).
 
     With a ``directory`` the records live in an unlinked file there (gone with the process,
     even after SIGKILL); without one they stay in memory (a plan driven by tests, no IO).
@@ -29,6 +31,7 @@ class SealedRecords:
     def __init__(self, directory: Path | None = None, *, flush_bytes: int = FLUSH_BYTES) -> None:
         self.flush_bytes = flush_bytes
         self.reuse = ReuseIndex()
+        self.failures = FailureStreaks()
         self._ends = array("Q")  # each record's end offset, in put order
         self._memory: list[bytes] | None = [] if directory is None else None
         self._file = None
@@ -79,7 +82,7 @@ class SealedRecords:
 
     def close(self) -> None:
         """Drop every record (the file goes with its descriptor); the reuse keys go too."""
-        self.reuse = ReuseIndex()
+        self.reuse, self.failures = ReuseIndex(), FailureStreaks()
         self._ends = array("Q")
         self._pending.clear()
         self._memory = None
@@ -159,6 +162,39 @@ class ReuseIndex:
         self._high = np.insert(self._high, at, high)
         self._low = np.insert(self._low, at, halves[order, 1])
         self._numbers = np.insert(self._numbers, at, numbers[order])
+
+
+REUSE_FAILURE_AFTER = 2
+"""How many tries in a row of one baseline experiment (tree, case, repetition, seed) must fail
+the same way, for a reason a new try meets again (`evolane.measure._units.repeating_failure`),
+before later measurements reuse that failure instead of running it again: one more try
+after the first guards against a rare failure that only looked lasting."""
+
+
+class FailureStreaks:
+    """Per reuse key, how a baseline experiment's latest try failed (a repeating failure's
+    stage and code), how many tries in a row failed so, and that try's record number. Any
+    other end of a try (a success, a failure that may not repeat, another code) breaks the
+    streak; a try the run stopped says nothing and leaves it."""
+
+    def __init__(self) -> None:
+        self._streaks: dict[bytes, tuple[str, int, int]] = {}
+
+    def reusable(self, key: bytes) -> int | None:
+        """The record number of the failure to reuse for ``key``, once `REUSE_FAILURE_AFTER`
+        tries in a row failed the same way; else None."""
+        streak = self._streaks.get(key)
+        return streak[2] if streak is not None and streak[1] >= REUSE_FAILURE_AFTER else None
+
+    def ended(self, key: bytes, way: str | None, number: int) -> None:
+        """A try of ``key`` ended, failing ``way`` (None: succeeded, or a failure that may
+        not repeat); ``number``: its record."""
+        if way is None:
+            self._streaks.pop(key, None)
+            return
+        held = self._streaks.get(key)
+        times = held[1] + 1 if held is not None and held[0] == way else 1
+        self._streaks[key] = (way, times, number)
 
 
 def _halves(key: bytes) -> tuple[int, int]:

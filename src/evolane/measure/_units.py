@@ -15,12 +15,14 @@ import orjson
 
 from evolane.lanes import blind_name
 from evolane.measure._sealed import KEY_BYTES, SealedRecords
-from evolane.measure._table import Unit, UnitTable, pack, unit_fields
+from evolane.measure._table import Unit, UnitTable, pack, unit_fields, unpack
 from evolane.messages import (
     Debit,
     JudgeJob,
+    JudgeResult,
     ReplayJob,
     ReplayRecord,
+    ReplayResult,
     UnitEvent,
     UnitRecord,
     Usage,
@@ -43,6 +45,48 @@ def unit_status(unit: Unit) -> str:
     if unit.judge is None or unit.judge.status != "succeeded":
         return "cancelled" if unit.judge and unit.judge.status == "cancelled" else "failed"
     return "succeeded"
+
+
+JUDGE_REPEATS = ("judge_exit_", "judge_not_json", "judge_bad_score", "judge_output_too_long",
+                 "limit_", "bad_verification", "no_judge")  # fmt: skip
+"""Codes (or their starts) of a judge failing on the output it was given, after its retries:
+it exited non-zero, printed no valid score, hit a limit of the run, or has nothing to judge
+with. Not a timeout, a spawn, the host's process limit or a model endpoint's outage."""
+
+
+OWN = ("task", "candidate")
+"""Owners of a replay failure that the tree under test caused (`evolane.lanes.arm_owner`)."""
+
+
+def repeating_failure(unit: Unit) -> str | None:
+    """How ``unit`` failed (stage and code) when a new try of the same experiment (`reuse_key`)
+    would meet that failure again: the tree broke its replay (an exit, a signal, a limit, no
+    output: a failure it owns), or the judge failed on the output (`JUDGE_REPEATS`). None for
+    a success, a stop, and what a new try may not meet: a timeout, the host's or the
+    framework's failure, a model endpoint's outage."""
+    replay, judge = unit.replay, unit.judge
+    assert replay is not None
+    failure = replay.failure
+    if replay.status != "succeeded":
+        if replay.status != "failed" or failure is None or failure.owner not in OWN:
+            return None
+        return f"replay {failure.code}"
+    if judge is None or judge.status != "failed" or judge.failure is None:
+        return None
+    code = judge.failure.code
+    return f"judge {code}" if code.startswith(JUDGE_REPEATS) else None
+
+
+def reused_results(packed: bytes, unit: Unit) -> tuple[ReplayResult, JudgeResult | None]:
+    """The replay and judgement of a sealed record (``packed``) of the same experiment, as
+    ``unit`` takes them: a success's replay as ``unit``'s own; a failure's as it was, naming
+    the unit that ran it (journaled: where the failure can be read)."""
+    stored = orjson.loads(unpack(packed))
+    replay = ReplayResult.model_validate(stored["replay"])
+    judge = None if stored.get("judge") is None else JudgeResult.model_validate(stored["judge"])
+    if judge is not None and judge.status == "succeeded" and replay.status == "succeeded":
+        replay = replay.model_copy(update={"unit_id": unit.unit_id, "arm": unit.arm})
+    return replay, judge
 
 
 def arm_matrices(units: UnitTable, upto: int | None) -> tuple[ScoreMatrix, ScoreMatrix]:
