@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import orjson
 
@@ -29,6 +28,7 @@ from evolane.sandbox import (
     process_headroom,
     resolve_isolation,
     template_paths,
+    trees_own_process_limit,
     user_process_cap,
     within,
 )
@@ -174,17 +174,42 @@ def _command_trees(config: CampaignConfig, dataset: Dataset) -> int:
     return trees + config.population
 
 
+Room = tuple[int, str]
+"""How many more processes and threads the host leaves evolane, and a line's words for it."""
+
+
 def share_host_pids(config: CampaignConfig, dataset: Dataset) -> tuple[CampaignConfig, str | None]:
     """``config`` with ``--max-procs`` lowered to each command tree's share of the room the
-    pids cgroups enclosing evolane leave, when its trees may hold more than that room, and
-    the preflight line saying so. A fork past the share then fails in its own tree, the
+    host leaves (`_host_room`), when its trees may hold more than that room, and the
+    preflight line saying so. A fork past the share then fails in its own tree, the
     tree's failure (a candidate's case scored 0), where past the host's room it was the
     host's, which stops the run: found by review, a candidate's fork bomb stopped it. The
     share is taken anew at each start (run.json keeps the flag as given)."""
-    headroom = process_headroom()
-    if config.commands.max_procs is None or headroom is None:
+    room = _host_room(config)
+    if config.commands.max_procs is None or room is None:
         return config, None  # no room to share: the cases are not read for their commands
-    return _share(config, _command_trees(config, dataset), headroom)
+    return _share(config, _command_trees(config, dataset), room)
+
+
+def _host_room(config: CampaignConfig) -> Room | None:
+    """The smaller room for ``config``'s command trees: what the pids cgroups enclosing
+    evolane leave (`process_headroom`), and under a non-root evolane's finite ``ulimit -u``
+    what its user has left, where each tree's own RLIMIT_NPROC takes its share of it
+    (`evolane.sandbox.trees_own_process_limit`; found by review: the trees shared that
+    room, and while a candidate's fork bomb held it an honest command's forks failed, its
+    case scored 0). None: neither limits them."""
+    rooms: list[Room] = []
+    headroom = process_headroom()
+    if headroom is not None:
+        left, cgroup = headroom
+        rooms.append((left, f"the host allows {left} more processes ({cgroup}/pids.max)"))
+    user = user_process_cap()
+    level = resolve_isolation(config.run_commands.isolation)[0]
+    if user is not None and user.cap is not None and trees_own_process_limit(level):
+        left = user.soft - user.used
+        said = f"evolane's user may start {left} more processes and threads (ulimit -u {user.soft})"
+        rooms.append((left, said))
+    return min(rooms, default=None)
 
 
 def alone_share(config: CampaignConfig) -> CampaignConfig:
@@ -195,48 +220,57 @@ def alone_share(config: CampaignConfig) -> CampaignConfig:
     asked = config.commands.max_procs_asked
     if asked is not None:
         config = config.model_copy(update={"max_procs": asked, "max_procs_asked": None})
-    return _share(config, 1, process_headroom())[0]
+    return _share(config, 1, _host_room(config))[0]
 
 
 def _share(
-    config: CampaignConfig, trees: int, headroom: tuple[int, Path] | None
+    config: CampaignConfig, trees: int, room: Room | None
 ) -> tuple[CampaignConfig, str | None]:
-    """`share_host_pids` for ``trees`` command trees at once, in ``headroom`` (the room the
-    enclosing pids cgroups leave, and the cgroup: `process_headroom`)."""
+    """`share_host_pids` for ``trees`` command trees at once, in ``room`` (`_host_room`)."""
     per_tree = config.commands.max_procs
-    if per_tree is None or headroom is None:  # none: every process the host leaves, as asked
+    if per_tree is None or room is None:  # none: every process the host leaves, as asked
         return config, None
-    left, cgroup = headroom
+    left, where = room
     reserve, extra = _reserve(config, left), NAMESPACE_EXTRA_PROCESSES + _slirp_processes(config)
     share = (left - reserve) // trees - extra
     if trees * (per_tree + extra) <= left - reserve or share < 1:
         return config, None  # room for every tree, or none to share (`host_warnings`)
     commands = config.commands.model_copy(update={"max_procs": share, "max_procs_asked": per_tree})
     said = (
-        f"--max-procs {per_tree} lowered to {share} a command tree: the host allows {left} "
-        f"more processes ({cgroup}/pids.max) for {trees} trees at once, so a tree forking "
-        "past its share fails on its own limit and the run goes on"
+        f"--max-procs {per_tree} lowered to {share} a command tree: {where} for {trees} "
+        "trees at once, so a tree forking past its share fails on its own limit and the run "
+        "goes on"
     )
     return config.model_copy(update={"commands": commands}), said
 
 
 def user_process_line(config: CampaignConfig, dataset: Dataset) -> str | None:
-    """The preflight line when a non-root evolane's ``ulimit -u`` leaves its commands less
-    room than its command trees may take (each up to ``--max-procs``): each command's
-    RLIMIT_NPROC keeps evolane's reserve (`evolane.sandbox.user_process_cap`). Found by
+    """The preflight line under a non-root evolane's finite ``ulimit -u``: each command's
+    RLIMIT_NPROC keeps evolane's reserve (`evolane.sandbox.user_process_cap`; found by
     review: a candidate's fork bomb took the user's every process, evolane could start no
-    thread more, and the run stopped as the host's failure."""
+    thread more, and the run stopped as the host's failure). ``config`` is the one
+    `share_host_pids` gave: each confined tree's own limit is its ``--max-procs`` (or
+    share) with its launcher's processes; other trees share the room when their
+    ``--max-procs`` may hold more than it (said so; none where it may not)."""
     user = user_process_cap()
     if user is None or user.cap is None:
         return None  # no limit, root, or no room to keep (`host_warnings`)
     per_tree, room = config.commands.max_procs, user.cap - user.used
+    held = f"ulimit -u {user.soft}, {user.used} in use, {user.soft - user.cap} kept for evolane"
+    level = resolve_isolation(config.run_commands.isolation)[0]
+    if per_tree is not None and trees_own_process_limit(level):
+        own = min(per_tree + NAMESPACE_EXTRA_PROCESSES + _slirp_processes(config), user.cap)
+        return (
+            f"each command tree may hold {own} processes and threads of its own, counted in "
+            f"its own user namespace, below the {user.cap} evolane's user's commands may "
+            f"hold ({held}): a fork bomb fails in its own tree, and the others' forks go on"
+        )
     if per_tree is not None and _command_trees(config, dataset) * per_tree <= room:
         return None
     return (
         f"commands fork only while evolane's user holds fewer than {user.cap} processes and "
-        f"threads (ulimit -u {user.soft}, {user.used} in use, {user.soft - user.cap} kept for "
-        "evolane): a fork bomb fails on that limit and the run goes on, but while one holds "
-        "it other commands' forks fail too"
+        f"threads ({held}): a fork bomb fails on that limit and the run goes on, but while "
+        "one holds it other commands' forks fail too"
     )
 
 

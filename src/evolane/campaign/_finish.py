@@ -34,7 +34,7 @@ from evolane.campaign._types import CycleOutcome
 from evolane.inputs import CommandTemplate
 from evolane.measure import ROLES, LedgerSnapshot, ProgressBus, describe_limits
 from evolane.messages import ArtifactRef, RunFinished, Usage, WarningEvent
-from evolane.sandbox import SandboxHost, trees_run_as_unit_uids
+from evolane.sandbox import SandboxHost, trees_own_process_limit
 from evolane.store import StoreError, refused_write, write_bytes_atomic, write_json_atomic
 from evolane.views import write_report_html
 
@@ -231,7 +231,7 @@ async def finish(
         limits=describe_limits(
             prepared.config.commands,
             host.cgroups.mechanisms,
-            trees_run_as_unit_uids(contained.level),
+            trees_own_process_limit(contained.level),
         ),
         config=prepared.config,
         estimate=prepared.estimate,

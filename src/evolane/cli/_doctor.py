@@ -40,7 +40,7 @@ MIN_RUN_BYTES = 64 << 20
 
 def _host_checks(probe: Any, store: str) -> list[Check]:
     from evolane.campaign import host_warnings, network_warning
-    from evolane.sandbox import confinement_fix, trees_run_as_unit_uids, user_counts_step
+    from evolane.sandbox import confinement_fix, trees_own_process_limit, user_counts_step
 
     host = probe.host
     checks: list[Check] = []
@@ -62,7 +62,7 @@ def _host_checks(probe: Any, store: str) -> list[Check]:
             "available" if can else f"not: {host.confinable}"
         )
         checks.append(("ok", f"isolation {host.isolation}", why))
-    unit_uids = trees_run_as_unit_uids(host.isolation)
+    unit_uids = trees_own_process_limit(host.isolation)
     checks.append(cgroup_check(host.cgroups, probe.prepared.config.commands, unit_uids))
     checks += [
         ("warn", "processes", said)

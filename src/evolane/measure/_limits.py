@@ -175,9 +175,9 @@ STORED_LIMITS: dict[str, None] = {name: None for name in CommandLimits.model_fie
 def describe_limits(limits: CommandLimits, cgroups: tuple[str, ...], unit_uids: bool) -> str:
     """The limits in force and what enforces each, in one line for the report; ``cgroups``
     are the host's cgroup mechanisms (``pids_cgroup``, ``memory_cgroup``); ``unit_uids``:
-    commands run as unit uids of their own (`evolane.sandbox.commands_run_unprivileged`, not
-    confined), whose RLIMIT_NPROC bounds a tree where no pids cgroup does. A limit the host
-    cannot enforce says so."""
+    each tree has an RLIMIT_NPROC of its own, which bounds it where no pids cgroup does (a
+    unit uid's, or a non-root evolane's confined tree's in its own user namespace:
+    `evolane.sandbox.trees_own_process_limit`). A limit the host cannot enforce says so."""
     by_cgroup = "pids_cgroup" in cgroups
     procs = "pids_cgroup" if by_cgroup or not unit_uids else "rlimit_nproc"
     if limits.max_procs_asked is not None:

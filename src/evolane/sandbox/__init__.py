@@ -16,6 +16,7 @@ from evolane.sandbox._confine import (
     program_folders,
     resolve_isolation,
     template_paths,
+    trees_own_process_limit,
     user_counts_step,
     within,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "resolve_isolation",
     "sweep_stale_leases",
     "template_paths",
+    "trees_own_process_limit",
     "trees_run_as_unit_uids",
     "user_counts_step",
     "user_process_cap",

@@ -30,7 +30,7 @@ from functools import cache, lru_cache
 from pathlib import Path, PurePosixPath
 
 from evolane.sandbox._launch import host_tools, namespaces_available
-from evolane.sandbox._secrets import probe_succeeds
+from evolane.sandbox._secrets import probe_succeeds, trees_run_as_unit_uids
 from evolane.sandbox._spec import Isolation, IsolationInForce, View
 from evolane.sandbox._ucounts import count_caps_argv, user_count_caps
 
@@ -118,6 +118,17 @@ def user_counts_step() -> tuple[str, ...] | None:
     step = count_caps_argv(tools.unshare, tools.sh, caps)
     argv = bwrap_argv(View(), own=(), workspace=Path("/"))
     return tuple(step) if probe_succeeds([*step, *argv, true]) else None
+
+
+def trees_own_process_limit(isolation: str) -> bool:
+    """Whether each command tree at ``isolation`` (the level in force) gets an RLIMIT_NPROC
+    of its own, which bounds it where no pids cgroup does: a root evolane's ``drop_root``
+    command's unit uid's (`trees_run_as_unit_uids`), or, under a non-root evolane, a
+    confined tree's, set inside its own user namespace where `user_counts_step` works
+    (`evolane.sandbox._ucounts.tree_process_share`)."""
+    if trees_run_as_unit_uids(isolation):
+        return True
+    return isolation == "confined" and os.geteuid() != 0 and user_counts_step() is not None
 
 
 def confinement_fix() -> str:

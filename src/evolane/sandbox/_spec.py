@@ -43,7 +43,9 @@ class Limits(Record):
     open_files: int | None = Field(default=None, ge=8)
     processes: int | None = Field(default=None, ge=1)
     """Enforced by a pids cgroup where the host has one (RLIMIT_NPROC is per user, not per
-    tree), else by `uid_processes` for a tree that runs as a unit uid of its own."""
+    tree), else by `uid_processes` for a tree that runs as a unit uid of its own, or by the
+    RLIMIT_NPROC a non-root evolane's confined tree gets in its own user namespace
+    (`evolane.sandbox._ucounts.tree_process_share`)."""
     processes_asked: int | None = Field(default=None, ge=1)
     """The limit asked for, when ``processes`` is below it as a command tree's share of a
     pid limit enclosing evolane: a limit hit's reason says so (`evolane.lanes.limit_reason`)."""

@@ -25,6 +25,7 @@ from evolane.sandbox._confine import (
     user_counts_step,
 )
 from evolane.sandbox._launch import (
+    NAMESPACE_EXTRA_PROCESSES,
     NET_NONCE_VARIABLE,
     NET_STEP,
     Cloned,
@@ -37,7 +38,7 @@ from evolane.sandbox._netns import own_network_args
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
 from evolane.sandbox._spec import IsolationInForce, Limits, SandboxSpec
-from evolane.sandbox._ucounts import user_count_caps
+from evolane.sandbox._ucounts import tree_process_share, user_count_caps, with_tree_processes
 from evolane.store import HOST_ERRNOS
 
 Spawned = tuple[int, tuple[str, ...]]
@@ -205,6 +206,9 @@ class Launch:
         step = user_counts_step() if confine is not None else None
         counted = ("user_counts",) if step else ()
         if confine is not None and step:
+            share = self._tree_processes(confine)
+            if share is not None:
+                step, counted = with_tree_processes(step, share), (*counted, "tree_nproc_rlimit")
             confine = [*step, *confine]
         if confine is None or program is None:
             argv, mechanisms = self._chain(confine)
@@ -219,6 +223,15 @@ class Launch:
         finally:
             os.close(fd)
         return pid, (*mechanisms, *counted, "no_set_id")
+
+    def _tree_processes(self, confine: list[str]) -> int | None:
+        """The RLIMIT_NPROC of this confined tree inside its own user namespace (a non-root
+        evolane's; `evolane.sandbox._ucounts.tree_process_share`): its launcher's two
+        processes on top, and slirp4netns where the network step starts one."""
+        cgroups = self.unit.cgroups
+        bounded = cgroups is not None and cgroups.bounds_processes
+        extra = NAMESPACE_EXTRA_PROCESSES + (NET_STEP in confine)
+        return tree_process_share(self.limits.processes, bounded, extra)
 
     def _chain(
         self, confine: list[str] | None, cloned: Cloned | None = None

@@ -19,8 +19,11 @@ evolane is one of them: a command's fork bomb took them all, and evolane could s
 thread or process more (found by review). Each command's RLIMIT_NPROC is evolane's own less
 `evolane_reserve` (`user_process_cap`), set before any user namespace is made (whose
 creator's RLIMIT_NPROC bounds what the namespace holds): a bomb is refused there, and
-evolane keeps its reserve. Every command shares what is left: a fork of another command
-fails too while a bomb holds it.
+evolane keeps its reserve. Within that shared ceiling a confined command's tree gets a
+share of its own (`tree_process_share`): RLIMIT_NPROC set inside its user namespace counts
+that tree alone (the kernel keeps the count per user namespace, and charges every level
+above against the limit its creator had), so one tree's bomb no longer fails another's
+forks. Root is not held to RLIMIT_NPROC in any namespace.
 """
 
 from __future__ import annotations
@@ -42,8 +45,12 @@ CAPPED_COUNTS = ("inotify_instances", "inotify_watches", "fanotify_groups", "fan
 CAPPED_RLIMITS = ("RLIMIT_MSGQUEUE", "RLIMIT_SIGPENDING")
 """Per-user counts an rlimit caps: every command's is a share of evolane's own."""
 _USER_SYSCTLS = Path("/proc/sys/user")
+# Pairs "FILE CAP" (a count) or "-p N" (RLIMIT_NPROC, soft and hard: dash's `ulimit -p`,
+# bash's and busybox's `ulimit -u`), then "--" and the rest of the chain.
 _SET_COUNTS = (
-    'while [ "$1" != "--" ]; do echo "$2" > "$1" || exit 125; shift 2; done; shift; exec "$@"'
+    'while [ "$1" != "--" ]; do if [ "$1" = -p ]; then '
+    '{ ulimit -p "$2" || ulimit -u "$2"; } 2>/dev/null; else echo "$2" > "$1"; fi || exit 125; '
+    'shift 2; done; shift; exec "$@"'
 )
 
 
@@ -84,6 +91,27 @@ def count_caps_argv(unshare: str, sh: str, caps: tuple[tuple[str, int], ...]) ->
     pairs = [word for path, cap in caps for word in (path, str(cap))]
     step = [unshare, "--user", "--map-root-user", "--", sh, "-c", _SET_COUNTS, "evolane-counts"]
     return [*step, *pairs, "--"]
+
+
+def with_tree_processes(step: tuple[str, ...], processes: int) -> list[str]:
+    """The count caps step ``step`` (`count_caps_argv`) that also sets RLIMIT_NPROC to
+    ``processes`` inside the tree's user namespace (`tree_process_share`)."""
+    return [*step[:-1], "-p", str(processes), step[-1]]
+
+
+def tree_process_share(processes: int | None, bounded: bool, extra: int) -> int | None:
+    """The RLIMIT_NPROC a confined command's tree gets inside its own user namespace under
+    a non-root evolane: its ``processes`` limit (``--max-procs``, a campaign's share of the
+    user's room) plus the ``extra`` launcher processes, as for ``pids.max``, within the
+    ceiling set before the namespace is made (`user_process_cap`). None: root, no limit, or
+    a pids cgroup bounds the tree (``bounded``: its limit is the one hit and said so)."""
+    if processes is None or bounded or os.geteuid() == 0:
+        return None
+    wanted = processes + extra
+    user = user_process_cap()
+    if user is None:  # no finite ulimit: nothing above to stay under
+        return wanted
+    return min(wanted, user.cap if user.cap is not None else user.soft)
 
 
 RESERVE = (16, 64)
