@@ -20,6 +20,8 @@ import resource
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,67 @@ def test_a_non_root_evolanes_confined_command_starts_beside_its_spawn_server() -
     assert said["served"], said  # the server runs (and takes the other commands)
     assert said["status"] == "exited" and not said["error"], said
     assert "user_counts" in said["mechanisms"], said  # its own namespace, made by unshare
+
+
+_NAMESPACES_RUN_OUT = """
+import json, os, sys, trio
+from evolane.sandbox import SandboxSpec, open_sandbox
+async def main(home):
+    said = {}
+    async with open_sandbox(os.path.join(home, "sandbox")) as host:
+        for name, argv in (("fine", ("true",)), ("own", ("sh", "-c", "exit 1"))):
+            done = await host.run(SandboxSpec(argv=argv, isolation="confined"), timeout=60)
+            said[name] = [done.status, done.exit_code]
+        with open(os.path.join(home, ".ready"), "w") as ready:
+            ready.write(str(os.getpid()))
+        os.rename(os.path.join(home, ".ready"), os.path.join(home, "ready"))
+        while not os.path.exists(os.path.join(home, "go")):  # its namespaces set to none
+            await trio.sleep(0.05)
+        done = await host.run(SandboxSpec(argv=("true",), isolation="confined"), timeout=60)
+        said["refused"] = [done.status, done.exit_code, done.error]
+    print(json.dumps(said))
+trio.run(main, sys.argv[1])
+"""
+_NO_MORE_NAMESPACES = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+own = os.open(f"/proc/{sys.argv[1]}/ns/user", os.O_RDONLY)
+if libc.setns(own, 0x10000000) != 0:  # CLONE_NEWUSER: root's, with every capability there
+    raise OSError(ctypes.get_errno(), "setns")
+with open("/proc/sys/user/max_user_namespaces", "w") as limit:
+    limit.write("0")
+"""
+
+
+def _close_namespaces(home: Path) -> None:
+    """Once evolane in ``home`` is ready, let its user namespace make no more inside it."""
+    ready, waited = home / "ready", 0
+    while not ready.exists() and waited < 2400:  # a guard against a hang, not a timing figure
+        time.sleep(0.05)
+        waited += 1
+    if ready.exists():
+        pid = ready.read_text()
+        subprocess.run([sys.executable, "-c", _NO_MORE_NAMESPACES, pid], check=True)
+    (home / "go").touch()
+
+
+def test_a_launcher_that_cannot_make_the_commands_user_namespace_is_a_spawn_failure() -> None:
+    # Found by review: a non-root evolane's confined command starts through `unshare
+    # --user`, which exits 1 when the kernel refuses the namespace (ENOSPC at
+    # max_user_namespaces, ENOMEM), as a command may: a replay was scored as the
+    # candidate's failure. Evolane runs here in a user namespace of the test's own, whose
+    # max_user_namespaces the test sets to 0 once evolane has started two commands.
+    needs_root_and_setpriv()
+    uid = free_uid()
+    with owned_folder(uid) as home:
+        closer = threading.Thread(target=_close_namespaces, args=(home,), daemon=True)
+        closer.start()
+        argv = ["unshare", "--map-current-user", "--", sys.executable, "-c", _NAMESPACES_RUN_OUT]
+        done = as_user(uid, [*argv, str(home)], home)
+        closer.join()
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout)
+    assert said["fine"] == ["exited", 0] and said["own"] == ["exited", 1], said
+    status, code, error = said["refused"]
+    assert (status, code) == ("spawn_failed", None), said  # old code: exited, 1
+    assert "No space left on device" in error, said

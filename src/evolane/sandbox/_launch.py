@@ -149,13 +149,15 @@ def launch(
     env: dict[str, str],
     output: tuple[int, int],
     keep: tuple[int, ...] = (),
+    stdin: int | None = None,
 ) -> int:
-    """Start the launcher chain ``argv`` in a session of its own, stdin from /dev/null,
+    """Start the launcher chain ``argv`` in a session of its own, stdin from /dev/null (or
+    ``stdin``: the marker pipe of a user counts step, which gives the command /dev/null),
     stdout and stderr to ``output``, the descriptors ``keep`` open at their numbers; its pid
     (`evolane.sandbox._tree.ProcessTree` reaps it)."""
     process = subprocess.Popen(
         argv,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else stdin,
         stdout=output[0],
         stderr=output[1],
         cwd=cwd,

@@ -115,6 +115,7 @@ class Unit:
         self.tree_lease = f"{host.lease}/{self.name}"
         self.nonce = secrets.token_hex(8)  # see `join_failed_marker`
         self.cgroups: UnitCgroups | None = None
+        self.step_marker: int | None = None  # see `evolane.sandbox._start.LaidOut`
         self.uid: int | None = None  # a unit uid's: its IPC objects go with the unit
         self.created = False
         self.work = self.dir / "work"  # a given workspace is resolved by `prepare`
@@ -234,6 +235,8 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
             error, number = spawned.message, spawned.errno
             return ProcessOutcome(status="spawn_failed", error=error, spawn_errno=number, **base)
         pid, mechanisms = spawned
+        if unit.step_marker is not None:
+            owned.callback(os.close, unit.step_marker)
         base["enforcement"] = (*mechanisms, *host.mechanisms)
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
@@ -363,6 +366,9 @@ async def _outcome(
     markers = (join_failed_marker(unit.nonce), step_failed_marker(unit.nonce))
     if exit_code == 125 and stderr.head.startswith(markers):
         return ProcessOutcome(status="spawn_failed", error=stderr.text()[:2048], **common)
+    if exit_code is not None and unit.step_marker is not None and not _step_ran(unit):
+        said = f"the command's user namespace step failed (exit {exit_code}): {stderr.text()}"
+        return ProcessOutcome(status="spawn_failed", error=said[:2048], **common)
     limits_hit = _limits_hit(unit, signum, exit_code, watch.kill.escalated, cpu or 0.0)
     reason = watch.reason
     if limits_hit and reason in ("exited", "timed_out") and exit_code != 0:
@@ -374,6 +380,17 @@ async def _outcome(
         limits_hit=limits_hit,
         **common,
     )
+
+
+def _step_ran(unit: Unit) -> bool:
+    """Whether the launcher's user counts step wrote its byte (`Unit.step_marker`): it runs
+    only once the command's user namespace is made, and the command never has the pipe."""
+    assert unit.step_marker is not None
+    os.set_blocking(unit.step_marker, False)
+    try:
+        return os.read(unit.step_marker, 1) != b""
+    except BlockingIOError:  # empty, and a process of the chain still holds it
+        return False
 
 
 def _limits_hit(

@@ -38,7 +38,7 @@ from evolane.sandbox._netns import own_network_args
 from evolane.sandbox._seccomp import no_set_id_filter
 from evolane.sandbox._spawner import Spawner, SpawnerUnavailable, UidSwitch
 from evolane.sandbox._spec import IsolationInForce, Limits, SandboxSpec
-from evolane.sandbox._ucounts import tree_process_share, user_count_caps, with_tree_processes
+from evolane.sandbox._ucounts import tree_process_share, user_count_caps, with_step_pairs
 from evolane.store import HOST_ERRNOS
 
 Spawned = tuple[int, tuple[str, ...]]
@@ -90,6 +90,9 @@ class LaidOut(Protocol):
     work: Path
     nonce: str
     cgroups: UnitCgroups | None
+    step_marker: int | None
+    """The read end of the pipe the launcher's user counts step writes a byte to once the
+    command's user namespace is made (`evolane.sandbox._ucounts.with_step_pairs`)."""
 
     @property
     def host(self) -> _Host: ...
@@ -198,31 +201,40 @@ class Launch:
 
     def _launch_chain(self, confine: list[str] | None) -> tuple[int, tuple[str, ...]]:
         """Start the launcher chain; a confined one gets the seccomp filter from a memfd
-        bwrap reads (``--seccomp FD``), as a clone of the spawn server installs it."""
+        bwrap reads (``--seccomp FD``), as a clone of the spawn server installs it, and its
+        user counts step a pipe to say it ran (`LaidOut.step_marker`)."""
         program = no_set_id_filter() if confine is not None else None
         cgroups = self.unit.cgroups
         env = launcher_env(self.env, cgroups.procs_files if cgroups else [], self.unit.nonce)
         env = self._with_step_nonce(env, confine)
         step = user_counts_step() if confine is not None else None
-        counted = ("user_counts",) if step else ()
-        if confine is not None and step:
-            share = self._tree_processes(confine)
-            if share is not None:
-                step, counted = with_tree_processes(step, share), (*counted, "tree_nproc_rlimit")
-            confine = [*step, *confine]
-        if confine is None or program is None:
-            argv, mechanisms = self._chain(confine)
-            return launch(argv, self.unit.work, env, self.output), (*mechanisms, *counted)
-        fd = os.memfd_create("evolane-seccomp", os.MFD_CLOEXEC)
+        added: tuple[str, ...] = ()
+        keep: list[int] = []
+        marker: tuple[int, int] | None = None
         try:
-            os.write(fd, program)
-            os.lseek(fd, 0, os.SEEK_SET)
-            confine = [*confine[:-1], "--seccomp", str(fd), confine[-1]]  # before its "--"
+            if confine is not None and step:
+                share = self._tree_processes(confine)
+                marker = os.pipe2(os.O_CLOEXEC)
+                confine = [*with_step_pairs(step, share), *confine]
+                added = ("user_counts", "tree_nproc_rlimit") if share else ("user_counts",)
+            if confine is not None and program is not None:
+                keep.append(os.memfd_create("evolane-seccomp", os.MFD_CLOEXEC))
+                os.write(keep[-1], program)
+                os.lseek(keep[-1], 0, os.SEEK_SET)
+                confine = [*confine[:-1], "--seccomp", str(keep[-1]), confine[-1]]  # before "--"
+                added += ("no_set_id",)
             argv, mechanisms = self._chain(confine)
-            pid = launch(argv, self.unit.work, env, self.output, keep=(fd,))
+            stdin = marker[1] if marker is not None else None
+            pid = launch(argv, self.unit.work, env, self.output, keep=tuple(keep), stdin=stdin)
+        except BaseException:
+            if marker is not None:
+                os.close(marker[0])
+            raise
         finally:
-            os.close(fd)
-        return pid, (*mechanisms, *counted, "no_set_id")
+            for fd in (*keep, *(marker[1:] if marker is not None else ())):
+                os.close(fd)
+        self.unit.step_marker = marker[0] if marker is not None else None
+        return pid, (*mechanisms, *added)
 
     def _tree_processes(self, confine: list[str]) -> int | None:
         """The RLIMIT_NPROC of this confined tree inside its own user namespace (a non-root

@@ -45,11 +45,14 @@ CAPPED_COUNTS = ("inotify_instances", "inotify_watches", "fanotify_groups", "fan
 CAPPED_RLIMITS = ("RLIMIT_MSGQUEUE", "RLIMIT_SIGPENDING")
 """Per-user counts an rlimit caps: every command's is a share of evolane's own."""
 _USER_SYSCTLS = Path("/proc/sys/user")
-# Pairs "FILE CAP" (a count) or "-p N" (RLIMIT_NPROC, soft and hard: dash's `ulimit -p`,
-# bash's and busybox's `ulimit -u`), then "--" and the rest of the chain.
+# Pairs "FILE CAP" (a count), "-p N" (RLIMIT_NPROC, soft and hard: `ulimit -u` in bash,
+# busybox and ksh, `-p` in dash, whose -u is no option) or "-m FILE" (a byte to stdin, the
+# marker pipe, then stdin from FILE: dash redirects no descriptor above 9), then "--" and
+# the chain's rest.
 _SET_COUNTS = (
     'while [ "$1" != "--" ]; do if [ "$1" = -p ]; then '
-    '{ ulimit -p "$2" || ulimit -u "$2"; } 2>/dev/null; else echo "$2" > "$1"; fi || exit 125; '
+    '{ ulimit -u "$2" || ulimit -p "$2"; } 2>/dev/null; elif [ "$1" = -m ]; then '
+    'echo 1 >&0 && exec <"$2"; else echo "$2" > "$1"; fi || exit 125; '
     'shift 2; done; shift; exec "$@"'
 )
 
@@ -93,10 +96,15 @@ def count_caps_argv(unshare: str, sh: str, caps: tuple[tuple[str, int], ...]) ->
     return [*step, *pairs, "--"]
 
 
-def with_tree_processes(step: tuple[str, ...], processes: int) -> list[str]:
+def with_step_pairs(step: tuple[str, ...], processes: int | None) -> list[str]:
     """The count caps step ``step`` (`count_caps_argv`) that also sets RLIMIT_NPROC to
-    ``processes`` inside the tree's user namespace (`tree_process_share`)."""
-    return [*step[:-1], "-p", str(processes), step[-1]]
+    ``processes`` inside the tree's user namespace (`tree_process_share`; None: not), then
+    writes a byte to its stdin, a pipe the sandbox reads, and gives the command /dev/null
+    instead. ``unshare`` failing to make the namespace (ENOSPC at ``max_user_namespaces``,
+    ENOMEM) exits 1, as a command may: the byte missing says the command never ran (found
+    by review: such a replay was scored as the candidate's failure)."""
+    share = ("-p", str(processes)) if processes is not None else ()
+    return [*step[:-1], *share, "-m", "/dev/null", step[-1]]
 
 
 def tree_process_share(processes: int | None, bounded: bool, extra: int) -> int | None:
