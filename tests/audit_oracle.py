@@ -203,6 +203,7 @@ def audit_run(store: Path, dataset: Path) -> Audit:
         again = m["measurement_id"].endswith(".recheck")  # online control measured it again
         slot = None if again else decided.get((m["cycle"], m["iteration"], m["slot"]))
         _audit_measurement(audit, run, m, slot)
+    _check_replays(audit, run)
     if report.get("online"):
         _audit_online(audit, report)
     _check_markdown(audit, folder, report)
@@ -219,11 +220,25 @@ def _check_counts(audit: Audit, run: Run, m: dict[str, Any]) -> None:
     recorded = (m["units_run"], m["units_reused"], m["units_restored"])
     audit.check(counts == recorded, f"{mid}: units run/reused/restored {recorded}, list {counts}")
     for unit in ran + [u for u in listed if u["restored"]]:
-        journaled = run.units.get(unit["unit"]) or run.replays.get(unit["unit"])
-        audit.check(  # a unit an early stop cancelled as it was judged: its replay only
+        journaled = run.units.get(unit["unit"])  # a replay record alone: no outcome
+        audit.check(
             journaled is not None and journaled["measurement"] == mid,
-            f"{mid}: {unit['unit']} ran but is not journaled under it",
+            f"{mid}: {unit['unit']} ran but has no unit record under it",
         )
+        if unit["status"] == "cancelled" and journaled is not None:
+            audit.check(journaled["status"] == "cancelled", f"{mid}: {unit['unit']} as journaled")
+
+
+def _check_replays(audit: Audit, run: Run) -> None:
+    """Each replay journaled before its judgement has its unit's record (the outcome: a
+    judge a stop cut is ``cancelled``), unless the session that resumed the run never began
+    that unit (listed ``not_run``: a stop came first; its replay was charged as it resumed)."""
+    begun = set()
+    for m in run.report["measurements"]:
+        listed = json.loads(blob(run.store, m["units_ref"]["digest"]))
+        begun.update(u["unit"] for u in listed if u["status"] != "not_run")
+    alone = sorted(u for u in run.replays if u in begun and u not in run.units)
+    audit.check(not alone, f"{len(alone)} replay record(s) without a unit record: {alone[:3]}")
 
 
 def _audit_measurement(audit: Audit, run: Run, m: dict[str, Any], slot: dict | None) -> None:

@@ -188,6 +188,10 @@ class Driver:
             assert not self.pending and len(self.ended) == len(plan.units)
             took_part = [u.unit_id for u in plan.units if u.replay and u.replay.status != "blocked"]
             assert sorted(self.told) == sorted(took_part)  # every unit that ran, told once
+            if plan.journaled:  # a journaled replay has its unit's record: none stands alone
+                records = {a.unit_id: a.record for a in self.log if isinstance(a, JournalUnit)}
+                alone = [a.unit_id for a in self.log if isinstance(a, JournalReplay)]
+                assert all(unit_id in records for unit_id in alone), "a replay without its unit"
             for unit in plan.units:  # a control that did not succeed blocks its treatment
                 control = unit.depends_on
                 if control is not None and control.status != "succeeded":
@@ -589,6 +593,41 @@ def test_a_host_failure_beyond_an_early_stops_cutoff_fails_nothing(stage: str) -
         driver.answer(0)
     summary = plan.summary(OUTPUT, 0.0)
     assert (summary.status, summary.gate.decision) == ("early_stopped", "accept"), summary.message
+
+
+def test_a_unit_an_early_stop_cuts_between_its_replay_and_its_judge_is_journaled() -> None:
+    """Replayed and charged or journaled as its measurement stops early, its judge never
+    started: journaled ``cancelled`` with its replay, as a judge the stop cut is (found by
+    audit: after a resume the replay record stood alone, a reader saw no outcome)."""
+    plan = MeasurePlan(make_request(), make_settings(40), lanes=8, budgeted=True, journaled=True)
+    outcomes = {u.unit_id: Outcome(score=1.0 if u.arm == "candidate" else 0.0) for u in plan.units}
+    driver = Driver(plan, outcomes, checking=False)  # what is held is in flight too
+    driver.take(plan.start())
+    held: list[Any] = []
+    while driver.pending and plan.early is None:
+        action = driver.pending[0]
+        late = plan.unit(action.unit_id).case_index >= 20
+        if isinstance(action, (ChargeUnit, JournalReplay)) and late and len(held) < 2:
+            held.append(driver.pending.pop(0))  # replayed, not yet judged, as the stop comes
+            continue
+        driver.answer(0)
+    assert plan.cutoff == 20 and {type(a) for a in held} == {ChargeUnit}
+    driver.pending[:0] = held
+    while driver.pending:
+        driver.answer(0)
+    driver.check()
+    records = {a.unit_id: a.record for a in kinds(driver, JournalUnit)}
+    for action in held:
+        record = records[action.unit_id]
+        assert (record.status, record.replay.status, record.judge.status) == (
+            "cancelled",
+            "succeeded",
+            "cancelled",
+        )
+        assert plan.unit(action.unit_id).note == "early_stop"
+    summary = plan.summary(OUTPUT, 0.0)
+    assert (summary.status, summary.gate.decision) == ("early_stopped", "accept")
+    assert summary.units_cancelled == sum(r.status == "cancelled" for r in records.values())
 
 
 def test_a_cancelled_measurement_starts_nothing_more_and_ends() -> None:

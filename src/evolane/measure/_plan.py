@@ -67,6 +67,7 @@ from evolane.measure._units import (
     unit_records_chunks,
     unit_records_json,
     unit_status,
+    unsent_judge,
 )
 from evolane.messages import (
     MeasureEvent,
@@ -180,7 +181,7 @@ class MeasurePlan:
             unit = self._at(event.unit_id, "judging", "rejudging")
             self._judging -= 1
             self._stop("budget_limited", "the budget denied a judge")
-            self._finish(unit, "cancelled", "budget")
+            self._unjudged(unit, "budget")
         elif isinstance(event, UnitCharged):
             self._charged(self._at(event.unit_id, "charging"))
         elif isinstance(event, ReplayJournaled):
@@ -347,11 +348,18 @@ class MeasurePlan:
 
     def _judge(self, unit: Unit) -> None:
         if self.stop_reason is not None or self._beyond_cutoff(unit):  # its replay is kept
-            self._finish(unit, "cancelled", self.stop_reason or "early_stop")
+            self._unjudged(unit, self.stop_reason or "early_stop")
             return
         unit.step = "judging"
         self._judging += 1
         self._emit(StartJudge(unit.unit_id, judge_job(self.settings, unit)))
+
+    def _unjudged(self, unit: Unit, reason: str) -> None:
+        """A stop came between ``unit``'s replay and its judgement: cancelled and journaled
+        as a judge the stop cut is, so its journaled replay has its unit record (found by
+        audit: after an early stop, most often in a resumed run, the replay stood alone)."""
+        unit.judge, unit.note = unsent_judge(unit.unit_id), reason
+        self._conclude(unit, journal=True)
 
     def _conclude(self, unit: Unit, *, journal: bool) -> None:
         """The unit's result is known: journal it (when asked), then it counts."""

@@ -38,7 +38,7 @@ from evolane.measure._plan import (
 )
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.measure._sealed import SealedRecords
-from evolane.measure._units import preload
+from evolane.measure._units import preload, unsent_judge
 from evolane.messages import (
     Debit,
     FailureEvent,
@@ -356,9 +356,7 @@ class _Measurement:
         result: JudgeResult | None = None
         try:
             answer = await self._ask_lane(lane, job, timeout)
-            result = answer or JudgeResult(
-                unit_id=job.unit_id, status="cancelled", source="command"
-            )
+            result = answer or unsent_judge(job.unit_id)
         except ActorError as error:
             result = JudgeResult(
                 unit_id=job.unit_id,

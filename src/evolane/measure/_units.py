@@ -89,6 +89,11 @@ def reused_results(packed: bytes, unit: Unit) -> tuple[ReplayResult, JudgeResult
     return replay, judge
 
 
+def unsent_judge(unit_id: str) -> JudgeResult:
+    """The judgement of a unit stopped before its judge ran: cancelled, nothing spent."""
+    return JudgeResult(unit_id=unit_id, status="cancelled", source="command")
+
+
 def arm_matrices(units: UnitTable, upto: int | None) -> tuple[ScoreMatrix, ScoreMatrix]:
     """Each arm's repetition scores (comparable units only) on the cases read before case
     ``upto`` (all without one), as matrices over the scores column: no list per case."""
