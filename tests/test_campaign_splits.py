@@ -27,6 +27,7 @@ from evolane.campaign._splits import (
 )
 from evolane.messages import GateConfig
 from evolane.store import read_journal
+from tests.audit_oracle import blob
 from tests.campaign_helpers import toy_config, toy_flags, write_toy
 from tests.test_campaign_config import OLD_RUN_JSON
 
@@ -262,6 +263,21 @@ def test_a_val_case_repeating_a_train_input_is_warned_of_at_the_start_and_in_the
     run_dir = _run_dir(root / "store")
     assert said in json.loads((run_dir / "report.json").read_text())["splits"]["repeats"]
     assert said in (run_dir / "report.md").read_text()
+
+
+def test_fast_verified_screens_on_a_train_case_recorded_as_train(tmp_path: Path) -> None:
+    """Its screening case is the parent's hardest failing case of the feedback split: a
+    train case, never one the gate judges on val (found by audit: the report recorded the
+    screening measurement under split val, though its case was train)."""
+    paths = write_toy(tmp_path, PLAN, train=6)
+    done = _optimize([*_flags(paths, None), "--fast-verified"])
+    assert done.returncode == 0, done.stderr
+    report = json.loads((_run_dir(paths["store"]) / "report.json").read_text())
+    screens = [m for m in report["measurements"] if m["purpose"] == "screening"]
+    assert screens and {m["split"] for m in screens} == {"train"}
+    for m in screens:
+        units = json.loads(blob(paths["store"], m["units_ref"]["digest"]))
+        assert {u["case"] for u in units} == {"train00"}
 
 
 def test_a_carved_train_feeds_the_optimizer_and_is_announced(tmp_path: Path) -> None:

@@ -330,6 +330,7 @@ class Slots:
             measurement_id=f"{book.slot_id}.screen",
             baseline_ref=state.parent,
             candidate_ref=tree,
+            split=self.s.feedback_split,  # the case's: the parent's units are of that split
             case_ids=(case,),
             baseline_repetitions=1,
             candidate_repetitions=1,
