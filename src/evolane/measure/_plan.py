@@ -53,7 +53,9 @@ from evolane.measure._steps import (
 )
 from evolane.measure._table import Unit, UnitStep, UnitTable
 from evolane.measure._units import (
+    HOSTS_FAILURES,
     RESTORABLE,
+    blocked_replay,
     judge_job,
     repeating_failure,
     replay_debit,
@@ -79,13 +81,6 @@ from evolane.messages import (
     UnitRecord,
 )
 from evolane.stats import clustered
-
-_HOSTS_FAILURES = ("spawn_failed", "cluster_lost", HOST_REFUSED)
-"""Replay failures that are the host's and shared by every unit (tried again by the lane
-first): the measurement stops on one, nothing decided on the pairs it cut short. Not one
-of a unit beyond an early stop's cutoff: the run stopped it, the decision is taken (found
-by review: a judge so stopped while it waited to try again after the host refused it a
-process turned the decided measurement into a shared failure, and its run failed)."""
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
@@ -318,11 +313,7 @@ class MeasurePlan:
     def _replayed(self, unit: Unit, replay: ReplayResult) -> None:
         unit.replay = replay
         failure = replay.failure
-        if (
-            failure is not None
-            and failure.code in _HOSTS_FAILURES
-            and not self._beyond_cutoff(unit)
-        ):
+        if failure is not None and failure.code in HOSTS_FAILURES and not self._beyond_cutoff(unit):
             # Stop before this lane is handed back: no further unit may start.
             how = "could not start" if replay.failure.code == "spawn_failed" else "failed"
             why = f"{unit.arm} replay {how}: {replay.failure.message}"
@@ -411,14 +402,7 @@ class MeasurePlan:
     def _release(self, unit: Unit, control: Unit) -> None:
         """The control of ``unit`` ended: block it, skip it, or make it ready."""
         if control.status != "succeeded":
-            unit.replay = ReplayResult(
-                unit_id=unit.unit_id,
-                case_id=unit.case_id,
-                arm="candidate",
-                repetition=unit.repetition,
-                status="blocked",
-                blocked_by=control.unit_id,
-            )
+            unit.replay = blocked_replay(unit, control.unit_id)
             self._finish(unit, "blocked" if control.status != "not_run" else "not_run")
         elif self.stop_reason is not None or self._beyond_cutoff(unit):
             self._finish(unit, "not_run", self.stop_reason or "early_stop")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import orjson
 
-from evolane.lanes import blind_name
+from evolane.lanes import HOST_REFUSED, blind_name
 from evolane.measure._sealed import KEY_BYTES, SealedRecords
 from evolane.measure._table import Unit, UnitTable, pack, unit_fields, unpack
 from evolane.messages import (
@@ -87,6 +87,27 @@ def reused_results(packed: bytes, unit: Unit) -> tuple[ReplayResult, JudgeResult
     if judge is not None and judge.status == "succeeded" and replay.status == "succeeded":
         replay = replay.model_copy(update={"unit_id": unit.unit_id, "arm": unit.arm})
     return replay, judge
+
+
+HOSTS_FAILURES = ("spawn_failed", "cluster_lost", HOST_REFUSED)
+"""Replay failures that are the host's and shared by every unit (tried again by the lane
+first): the measurement stops on one, nothing decided on the pairs it cut short. Not one
+of a unit beyond an early stop's cutoff: the run stopped it, the decision is taken (found
+by review: a judge so stopped while it waited to try again after the host refused it a
+process turned the decided measurement into a shared failure, and its run failed)."""
+
+
+def blocked_replay(unit: Unit, control_id: str) -> ReplayResult:
+    """The replay of a candidate ``unit`` whose control (unit ``control_id``) did not
+    succeed: blocked, never run."""
+    return ReplayResult(
+        unit_id=unit.unit_id,
+        case_id=unit.case_id,
+        arm="candidate",
+        repetition=unit.repetition,
+        status="blocked",
+        blocked_by=control_id,
+    )
 
 
 def unsent_judge(unit_id: str) -> JudgeResult:
