@@ -402,3 +402,27 @@ def test_the_optimizer_is_told_a_rejections_val_numbers_only_when_val_feeds_it(
     assert told, "the harmful edit was rejected and shown to the next proposal"
     withheld = all("withheld" in reason for reason in told)
     assert withheld == (feedback is None), told
+
+
+def test_under_val_feedback_the_gate_leaves_out_the_val_case_screening_chose_on(
+    tmp_path: Path,
+) -> None:
+    """When val feeds the optimizer, screening's case is a val case, chosen for a gain: the
+    gate's measurements leave it out (found by audit: its screening pair, reused in the gate,
+    gave every screened-in candidate one pair selected for candidate > parent)."""
+    paths = write_toy(tmp_path, PLAN)
+    done = _optimize([*_flags(paths, "val"), "--fast-verified"])
+    assert done.returncode == 0, done.stderr
+    report = json.loads((_run_dir(paths["store"]) / "report.json").read_text())
+    screened = {
+        u["case"]
+        for m in report["measurements"]
+        if m["purpose"] == "screening"
+        for u in json.loads(blob(paths["store"], m["units_ref"]["digest"]))
+    }
+    assert len(screened) == 1 and screened <= {f"val{i:02d}" for i in range(30)}
+    paired = [m for m in report["measurements"] if m["purpose"] == "paired"]
+    assert paired
+    for m in paired:
+        cases = {u["case"] for u in json.loads(blob(paths["store"], m["units_ref"]["digest"]))}
+        assert cases and not cases & screened, (m["measurement_id"], screened)

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from evolane.campaign._book import online_deltas
 from evolane.campaign._preflight import preflight
-from evolane.campaign._slots import _deltas
 from evolane.inputs import (
     Case,
     Dataset,
@@ -197,9 +197,9 @@ def test_online_control_reads_each_clusters_mean_delta() -> None:
         for case, gain in gains.items()
         for arm in ("baseline", "candidate")
     ]
-    deltas, by_case = _deltas(units, {"a": "x", "b": "x", "c": "y", "d": "y"})
+    deltas, by_case = online_deltas(units, {"a": "x", "b": "x", "c": "y", "d": "y"})
     assert sorted(deltas.tolist()) == [0.5, 1.0] and not by_case
-    deltas, by_case = _deltas(units, {})
+    deltas, by_case = online_deltas(units, {})
     assert sorted(deltas.tolist()) == [0.0, 1.0, 1.0, 1.0] and by_case
 
 

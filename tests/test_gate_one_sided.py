@@ -16,9 +16,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from evolane.campaign._book import online_deltas
 from evolane.campaign._confirm import ConfirmationRecord, confirm_best
 from evolane.campaign._online import OnlineBudget, OnlineRule
-from evolane.campaign._slots import _deltas
 from evolane.lanes import JUDGE_ENDPOINT_FAILED
 from evolane.measure._prefix import decision
 from evolane.measure._table import UnitTable, unit_table, unpack
@@ -161,7 +161,7 @@ def test_online_control_reads_the_left_out_units_at_0_too() -> None:
     gate = decision(table, len(CASES), GateConfig(), None, None)
     assert gate.decision == "accept"
     units = [orjson.loads(unpack(table.records.get(unit.sealed_at))) for unit in table]
-    deltas, by_case = _deltas(units, {})
+    deltas, by_case = online_deltas(units, {})
     assert by_case and len(deltas) == 16
     rule = OnlineRule(OnlineBudget(alpha=0.05, horizon=1))
     assert rule.judge("s1", gate, deltas, GateConfig()).decision == "reject"

@@ -80,3 +80,16 @@ def test_equal_keys_are_ordered_by_the_id(cases: list[str], buckets: int) -> Non
         patch.setattr(_order, "case_key", colliding)
         got = case_order(cases, 0)
     assert got == sorted(cases, key=lambda case: (colliding(case, 0), case))
+
+
+def test_a_skipped_case_is_not_read_nor_any_case_of_its_cluster() -> None:
+    """A measurement's ``skip_case_ids`` (a case screening chose the candidate on) leave the
+    reading order with every case of their clusters; the other cases keep their numbers."""
+    from evolane.measure._layout import skipping
+
+    cases = [f"c{i}" for i in range(8)]
+    clusters = {"c1": "k", "c4": "k", "c6": "j", "c7": "c0"}  # a cluster named like a case
+    assert skipping(cases, ("c4",), clusters) == ["c0", "c2", "c3", "c5", "c6", "c7"]
+    assert skipping(cases, ("c0",), clusters) == cases[1:]  # c7's cluster is not case c0
+    assert skipping(cases, ("c2",), {}) == ["c0", "c1", "c3", "c4", "c5", "c6", "c7"]
+    assert skipping(cases, ("c6", "c1"), clusters) == ["c0", "c2", "c3", "c5", "c7"]

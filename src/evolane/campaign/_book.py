@@ -19,7 +19,8 @@ from evolane.campaign._report import (
     score_ci,
 )
 from evolane.messages import Decision, FailureEvent, FunnelStage, LocalGateResult, MeasureSummary
-from evolane.views import arm_scores
+from evolane.stats import Clusters, cluster_means, paired_sample
+from evolane.views import arm_scores, left_out_at_zero
 
 MAX_FAILURES = 1000
 """Failure events kept in a report (the count beyond is stated)."""
@@ -193,3 +194,16 @@ def hardest_failing(units: list[dict[str, Any]], pass_score: float = 1.0) -> str
     means = {case: sum(v) / len(v) for case, v in scores.items() if v}
     failing = [(mean, case) for case, mean in means.items() if mean < pass_score]
     return min(failing)[1] if failing else None
+
+
+def online_deltas(units: list[dict[str, Any]], clusters: Clusters) -> tuple[Any, bool]:
+    """Candidate - parent on a measurement's comparable pairs: per case, or each cluster's
+    mean when two of the cases share a cluster (`stats.cluster_means`); and whether per case.
+    A candidate unit left out on its side only counts as 0 (`views.left_out_at_zero`), as
+    the gate reads it for an acceptance: the online p-value of the cases it passes alone let
+    an output that takes the judge's endpoint down on the cases it fails pass a level the
+    same measurement with them at 0 does not (found by review)."""
+    baseline = arm_scores(units, "baseline")
+    sample = paired_sample(baseline, left_out_at_zero(units, baseline)[0])
+    ids, (deltas,) = cluster_means(sample.ids, (sample.deltas,), clusters)
+    return deltas, len(ids) == len(sample.ids)

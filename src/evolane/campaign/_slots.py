@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from evolane.actors import ActorError, ActorRef
-from evolane.campaign._book import SlotBook, arm_score, hardest_failing
+from evolane.campaign._book import SlotBook, arm_score, hardest_failing, online_deltas
 from evolane.campaign._continue import DROPPED_ON_HOST, HOST_FAILED_RUNS
 from evolane.campaign._gates import run_local_gates
 from evolane.campaign._online import RECHECKED, earlier_window
@@ -43,10 +43,8 @@ from evolane.messages import (
     StopUnits,
     WarningEvent,
 )
-from evolane.stats import Clusters, cluster_means, paired_sample
 from evolane.store import storage_failure
 from evolane.supervisors import leaf_exceptions
-from evolane.views import arm_scores, left_out_at_zero
 
 PROPOSAL_REPLY_SLACK = 60.0
 CUT_DEBIT_SECONDS = 10.0
@@ -351,6 +349,16 @@ class Slots:
         await self._remember(book, tree, reason)
         return False
 
+    def _screened_on_val(self) -> tuple[str, ...]:
+        """The case a screening chose the candidate on when it is a val case (val feeds the
+        optimizer): the gate leaves it out. Found by audit: its pair, selected for a gain,
+        was reused in the gate, so a screened-in candidate's p-value was not valid, and
+        online error control, which spends its level per candidate tested, was broken."""
+        if not self.config.screening or self.s.feedback_split != "val":
+            return ()
+        case = hardest_failing(self.state.parent_units, self.config.gate.pass_score)
+        return () if case is None else (case,)
+
     async def _paired(self, book: SlotBook, tree: ArtifactRef) -> MeasureSummary | None:
         state = self.state
         book.reach("paired_replay")
@@ -403,6 +411,7 @@ class Slots:
             gate=self.config.gate,
             early_accept=state.online is None,  # online control reads the full evaluation
             fresh=fresh,
+            skip_case_ids=self._screened_on_val(),
         )
         summary, units = await self.peers.measure(
             state.book, request, "paired", book.iteration, book.slot
@@ -444,7 +453,7 @@ class Slots:
         mean delta, read with the betting bound (a cluster's mean is rarely a full gain)."""
         online = self.state.online
         assert online is not None
-        deltas, by_case = _deltas(units, self.services.clusters)
+        deltas, by_case = online_deltas(units, self.services.clusters)
         return online.p_value(gate, deltas, self.config.gate, self.config.pass_fail and by_case)
 
     def _told(self, reason: str) -> str:
@@ -462,19 +471,6 @@ class Slots:
             RejectedEdit(slot=book.slot_id, diff=diff[:4096], reason=reason[:256])
         )
         del state.rejected[:-REJECTED_KEPT]
-
-
-def _deltas(units: list[dict[str, Any]], clusters: Clusters) -> tuple[Any, bool]:
-    """Candidate - parent on a measurement's comparable pairs: per case, or each cluster's
-    mean when two of the cases share a cluster (`stats.cluster_means`); and whether per case.
-    A candidate unit left out on its side only counts as 0 (`views.left_out_at_zero`), as
-    the gate reads it for an acceptance: the online p-value of the cases it passes alone let
-    an output that takes the judge's endpoint down on the cases it fails pass a level the
-    same measurement with them at 0 does not (found by review)."""
-    baseline = arm_scores(units, "baseline")
-    sample = paired_sample(baseline, left_out_at_zero(units, baseline)[0])
-    ids, (deltas,) = cluster_means(sample.ids, (sample.deltas,), clusters)
-    return deltas, len(ids) == len(sample.ids)
 
 
 def _cut(slot_id: str) -> ProposeResult:

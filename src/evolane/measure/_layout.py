@@ -14,6 +14,7 @@ from evolane.stats import cluster_order, together
 
 if TYPE_CHECKING:
     from evolane.measure._scheduling import SchedulerSettings
+    from evolane.stats import Clusters
 
 
 def repetitions(request: MeasureRequest, cases: int, min_cases: int) -> tuple[int, int]:
@@ -34,14 +35,24 @@ def reading_order(
     difficulty or topic) can steer an early stop; cases the request names keep its order.
     Clustered cases (``settings.clusters``) are read cluster by cluster (`stats.cluster_order`;
     the cases a request names, each cluster's at its first: `stats.together`), so early stop
-    can read whole clusters; without two cases of one cluster the order is as above."""
+    can read whole clusters; without two cases of one cluster the order is as above. The
+    request's ``skip_case_ids`` and their clusters' cases are not read (numbers stay)."""
     if request.case_ids:
         named = list(request.case_ids)
         numbers = {case_id: index for index, case_id in enumerate(named)}
         return together(named, settings.clusters), numbers
     in_file = list(settings.splits.get(request.split, ()))
     numbers = {case_id: index for index, case_id in enumerate(in_file)}
+    if request.skip_case_ids:
+        in_file = skipping(in_file, request.skip_case_ids, settings.clusters)
     return cluster_order(in_file, settings.seed, settings.clusters), numbers
+
+
+def skipping(cases: list[str], skip: tuple[str, ...], clusters: Clusters | None) -> list[str]:
+    """``cases`` but those in ``skip`` and every case of a cluster one of them is in."""
+    named = clusters or {}
+    left_out = {named[case] for case in skip if case in named}
+    return [c for c in cases if c not in skip and named.get(c) not in left_out]
 
 
 class UnitLayout:

@@ -222,6 +222,9 @@ class MeasureRequest(Message):
     case_ids: tuple[Name, ...] = Field(  # screening: a few cases, each once
         default=(), max_length=8, json_schema_extra={"uniqueItems": True}
     )
+    skip_case_ids: tuple[Name, ...] = Field(default=(), max_length=8)
+    """Cases of the split not read, with every case of their clusters: a screening chose
+    the candidate on them, so their pairs are not independent of its selection."""
     baseline_repetitions: int | None = Field(default=None, ge=1, le=100)
     candidate_repetitions: int | None = Field(default=None, ge=1, le=100)
     gate: GateConfig = GateConfig()
