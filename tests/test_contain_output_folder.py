@@ -62,3 +62,67 @@ def test_a_replay_that_swaps_its_output_folder_for_a_symlink_writes_nowhere(
         assert replay["status"] == "failed", replay
         assert replay["failure"]["code"] == "output_unsupported", replay
         assert (replay.get("usage") or {}).get("tokens") != 4242, replay
+
+
+LINKED_ANSWER = textwrap.dedent(
+    """
+    import os, pathlib, sys
+    cand, out, spelling = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+    case = os.environ["EVOLANE_CASE_ID"]
+    if (cand / "evil").exists() and int(case[3:]) < 6:  # the candidate breaks 6 cases
+        (out / "answer.json").write_text('"no"')
+        target = {"absolute": str(out.resolve() / "answer.json"), "climbing": "../out/answer.json"}
+        (out / "output.json").symlink_to(target[spelling])  # each resolves inside out
+    else:
+        (out / "output.json").write_text((cand / case).read_text())
+    """
+)
+FIXES_ALL = (
+    "import pathlib, sys\nwd = pathlib.Path(sys.argv[1])\n(wd / 'evil').write_text('1')\n"
+    "for case in wd.glob('val*'):\n    case.write_text('\"yes\"')\n"
+)
+
+
+@pytest.mark.parametrize("spelling", ["absolute", "climbing"])
+def test_a_link_that_resolves_inside_but_reads_outside_is_the_candidates_failure(
+    tmp_path: Path, spelling: str
+) -> None:
+    """Found by hostile review 2026-12-07: an output symlink whose target is absolute, or
+    climbs above the output folder, yet resolves into it (``/…/out/answer.json``,
+    ``../out/answer.json``) was stored, then refused when its judge laid it out: each such
+    unit crashed a judge lane (``framework``, ``lane_error``) until the supervisor gave up
+    and every later unit of the run went unjudged. It is the replay's output failure now."""
+    paths = write_toy(tmp_path, {"default": "noop"}, val=24, test=0, passing=12)
+    (tmp_path / "replay.py").write_text(LINKED_ANSWER)
+    (tmp_path / "opt.py").write_text(FIXES_ALL)
+    flags = toy_flags(paths, paths["store"])
+    flags[flags.index("--replay") + 1] = (
+        f"{sys.executable} -I {tmp_path / 'replay.py'} {{candidate}} {{output_dir}} {spelling}"
+    )
+    flags[flags.index("--optimizer") + 1] = f"{sys.executable} -I {tmp_path / 'opt.py'} {{workdir}}"
+    flags[flags.index("--iterations") + 1] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *flags, "--population", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    units = [
+        json.loads(line)
+        for line in next(paths["store"].glob("runs/*/journal.jsonl")).read_text().splitlines()
+        if json.loads(line).get("type") == "unit"
+    ]
+    failures = [
+        failure
+        for unit in units
+        for failure in (
+            (unit.get("replay") or {}).get("failure"),
+            (unit.get("judge") or {}).get("failure"),
+        )
+        if failure and failure["code"] != "cancelled"
+    ]
+    assert failures, done.stdout + done.stderr
+    assert all(f["code"] == "output_unsupported" for f in failures), failures
+    assert all(f["owner"] == "candidate" for f in failures), failures

@@ -59,8 +59,9 @@ from evolane.store import (
     StoreError,
     TreeLimitError,
     TreeLimits,
-    TreeScan,
+    UnsafeEntryError,
     UnsupportedEntryError,
+    check_contained,
     open_below,
     read_regular_file,
     scan_tree,
@@ -398,9 +399,10 @@ def _store_output(
         return _output_failure(job, "output_unsupported", error)
     if small and any(entry.kind == "symlink" for entry in scan.entries):
         raise _NotSmall
-    escaping = _escaping_link(out, scan)
-    if escaping is not None:  # a judge laying the output out would refuse it: refuse it now
-        return _output_failure(job, "output_unsupported", escaping)
+    try:  # what a judge laying the output out would refuse (found by hostile review: an
+        check_contained(scan)  # absolute link into it was stored, then crashed the judges)
+    except UnsafeEntryError as error:
+        return _output_failure(job, "output_unsupported", error)
     if not scan.entries:
         return FailureEvent(
             owner=arm_owner(job.arm),  # type: ignore[arg-type]
@@ -416,20 +418,6 @@ def _store_output(
         return _output_failure(job, "output_over_limit", error)
     except (UnsupportedEntryError, OSError) as error:  # a symlink or FIFO since the walk, a
         return _output_failure(job, "output_unsupported", error)  # file made unreadable
-
-
-def _escaping_link(out: Path, scan: TreeScan) -> ValueError | None:
-    """The first symlink of the output that resolves outside it through other links (each
-    target is relative and in the tree, but ``d/l -> ..`` plus ``x -> d/l/../y`` leaves)."""
-    root = ""  # resolved once, at the first symlink (a walk of every folder above it)
-    for entry in scan.entries:
-        if entry.kind != "symlink":
-            continue
-        root = root or os.path.realpath(out)
-        resolved = os.path.realpath(entry.path)
-        if resolved != root and not resolved.startswith(root + os.sep):
-            return ValueError(f"symlink {entry.relative!r} resolves outside the output folder")
-    return None
 
 
 def _output_failure(job: ReplayJob, code: str, error: BaseException) -> FailureEvent:

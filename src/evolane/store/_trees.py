@@ -197,10 +197,11 @@ def check_contained(scan: TreeScan) -> None:
     """`UnsafeEntryError` for the first symlink of ``scan`` whose target is absolute, climbs
     above the root, or resolves outside it through the tree's other links; the message
     reads ``symlink 'PATH' points outside the tree (TARGET)``."""
-    root = os.path.realpath(scan.root)
+    root = ""  # resolved once, at the first symlink (a walk of every folder above it)
     for found in scan.entries:
         if found.kind != "symlink":
             continue
+        root = root or os.path.realpath(scan.root)
         resolved = os.path.realpath(found.path)
         inside = resolved == root or resolved.startswith(root + os.sep)
         if _lexical_escape(found.relative, found.target) is not None or not inside:
