@@ -244,6 +244,25 @@ def _exposed(paths: dict[str, Path], log: Path | None) -> list[str]:
     return [word for folder in sorted(folders) for word in ("--expose-rw", folder)]
 
 
+def run_scripted(
+    root: Path, paths: dict[str, Path], replay: str, optimizer: str, replay_args: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``evolane optimize`` over the toy, one iteration of one slot, whose replay is the
+    Python script ``replay`` (run as ``replay.py {candidate} {output_dir} replay_args``) and
+    whose optimizer is the script ``optimizer`` (``opt.py {workdir}``); both written to
+    ``root``, which is the working folder."""
+    (root / "replay.py").write_text(replay)
+    (root / "opt.py").write_text(optimizer)
+    flags = toy_flags(paths, paths["store"])
+    flags = with_flag(
+        flags,
+        "--replay",
+        f"{sys.executable} -I {root / 'replay.py'} {{candidate}} {{output_dir}} {replay_args}",
+    )
+    flags = with_flag(flags, "--optimizer", f"{sys.executable} -I {root / 'opt.py'} {{workdir}}")
+    return run_optimize(with_flag(with_flag(flags, "--iterations", "1"), "--population", "1"), root)
+
+
 def run_optimize(flags: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``evolane optimize`` with ``flags`` in a subprocess, run to its end (a 600 s guard
     against a hang, not a timing figure)."""

@@ -24,7 +24,7 @@ import pytest
 
 from evolane.sandbox._confine import confinement_problem
 from evolane.sandbox._netns import own_network_problem
-from tests.campaign_helpers import shared_folder, toy_flags, write_toy
+from tests.campaign_helpers import run_scripted, shared_folder, toy_flags, write_toy
 from tests.sandbox_helpers import host_address
 
 pytestmark = pytest.mark.skipif(
@@ -413,21 +413,7 @@ def test_an_output_whose_symlinks_chain_outside_is_the_candidates_failure(tmp_pa
     """Found by review: such an output used to crash the judge lanes until the run ended in
     an internal error (and, with fewer cases, left the candidate's failures unscored)."""
     paths = write_toy(tmp_path, {"default": "noop"}, val=16, test=0, passing=8)
-    (tmp_path / "replay.py").write_text(ESCAPING_OUTPUT)
-    (tmp_path / "opt.py").write_text(EVIL_OPTIMIZER)
-    flags = toy_flags(paths, paths["store"])
-    flags[flags.index("--replay") + 1] = (
-        f"{sys.executable} -I {tmp_path / 'replay.py'} {{candidate}} {{output_dir}}"
-    )
-    flags[flags.index("--optimizer") + 1] = f"{sys.executable} -I {tmp_path / 'opt.py'} {{workdir}}"
-    flags[flags.index("--iterations") + 1] = "1"
-    done = subprocess.run(
-        [sys.executable, "-m", "evolane", "optimize", *flags, "--population", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = run_scripted(tmp_path, paths, ESCAPING_OUTPUT, EVIL_OPTIMIZER)
     assert done.returncode == 0, done.stdout + done.stderr
     journal = next(paths["store"].glob("runs/*/journal.jsonl")).read_text().splitlines()
     failures = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evolane.sandbox._confine import confinement_problem
-from tests.campaign_helpers import toy_flags, write_toy
+from tests.campaign_helpers import run_scripted, toy_flags, write_toy
 
 SWAP = textwrap.dedent(
     """
@@ -93,21 +93,7 @@ def test_a_link_that_resolves_inside_but_reads_outside_is_the_candidates_failure
     unit crashed a judge lane (``framework``, ``lane_error``) until the supervisor gave up
     and every later unit of the run went unjudged. It is the replay's output failure now."""
     paths = write_toy(tmp_path, {"default": "noop"}, val=24, test=0, passing=12)
-    (tmp_path / "replay.py").write_text(LINKED_ANSWER)
-    (tmp_path / "opt.py").write_text(FIXES_ALL)
-    flags = toy_flags(paths, paths["store"])
-    flags[flags.index("--replay") + 1] = (
-        f"{sys.executable} -I {tmp_path / 'replay.py'} {{candidate}} {{output_dir}} {spelling}"
-    )
-    flags[flags.index("--optimizer") + 1] = f"{sys.executable} -I {tmp_path / 'opt.py'} {{workdir}}"
-    flags[flags.index("--iterations") + 1] = "1"
-    done = subprocess.run(
-        [sys.executable, "-m", "evolane", "optimize", *flags, "--population", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = run_scripted(tmp_path, paths, LINKED_ANSWER, FIXES_ALL, spelling)
     assert done.returncode == 0, done.stdout + done.stderr
     units = [
         json.loads(line)
@@ -126,3 +112,30 @@ def test_a_link_that_resolves_inside_but_reads_outside_is_the_candidates_failure
     assert failures, done.stdout + done.stderr
     assert all(f["code"] == "output_unsupported" for f in failures), failures
     assert all(f["owner"] == "candidate" for f in failures), failures
+
+
+LINK_CHAIN = textwrap.dedent(
+    """
+    import os, pathlib, sys
+    cand, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    case = os.environ["EVOLANE_CASE_ID"]
+    (out / "output.json").write_text((cand / case).read_text())
+    if (cand / "evil").exists():  # 1,100 links in a chain beside the answer
+        for index in range(1100):
+            (out / f"l{index:04d}").symlink_to(f"l{index + 1:04d}")
+    """
+)
+
+
+def test_a_long_chain_of_links_in_an_output_crashes_no_lane(tmp_path: Path) -> None:
+    """Found by hostile review 2026-12-07: the output's links were checked with
+    ``os.path.realpath``, which recursed once per link: a chain of 1,100 raised
+    RecursionError and crashed the replay lane, and after a few such units the run's replay
+    lanes were down ("its supervisor gave up"), every later unit unreplayed. The chain
+    leads nowhere (the kernel follows 40 links at most): the answer beside it is judged."""
+    paths = write_toy(tmp_path, {"default": "noop"}, val=8, test=0, passing=2)
+    done = run_scripted(tmp_path, paths, LINK_CHAIN, FIXES_ALL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(next(paths["store"].glob("runs/*/report.json")).read_text())
+    assert report["failures"] == [], report["failures"]
+    assert report["selected"] is not None  # it fixed the 6 failing cases: accepted

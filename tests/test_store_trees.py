@@ -329,6 +329,21 @@ def test_symlink_chain_escaping_through_another_link_is_refused(
     assert not dest.exists() and siblings(dest) == []
 
 
+def test_a_chain_of_links_is_followed_as_far_as_the_kernel_follows_one(
+    store: BlobStore, tmp_path: Path
+) -> None:
+    # Found by hostile review: os.path.realpath recursed once per link, so a replay's
+    # output of 1,100 chained links raised RecursionError in the lane that checked it.
+    chain = {f"l{i:04d}": {"type": "symlink", "target": f"l{i + 1:04d}"} for i in range(1100)}
+    dest = materialize_tree(store, raw_manifest(store, chain), tmp_path / "chain").path
+    assert os.readlink(dest / "l0000") == "l0001"  # leads nowhere (ELOOP): harmless
+    escaping = {f"e{i:02d}": {"type": "symlink", "target": f"e{i + 1:02d}"} for i in range(20)}
+    escaping["e20"] = {"type": "symlink", "target": "d/up/.."}
+    escaping["d/up"] = {"type": "symlink", "target": ".."}  # e00 leads out in 22 links
+    with pytest.raises(UnsafeEntryError, match="'e00'"):
+        materialize_tree(store, raw_manifest(store, escaping), tmp_path / "out")
+
+
 @pytest.mark.parametrize("path", ["../evil", "a/../../evil", "/abs", "a//b", "./a", ""])
 def test_unsafe_manifest_path_is_refused(store: BlobStore, tmp_path: Path, path: str) -> None:
     blob = store.put_bytes(b"evil")

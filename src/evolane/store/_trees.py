@@ -193,21 +193,50 @@ def snapshot_tree(
     return store_scan(store, scan)
 
 
+MAX_LINK_HOPS = 40
+"""Symlinks the kernel follows in one path (Linux's MAXSYMLINKS): past them it fails (ELOOP),
+so a longer chain or a loop leads nowhere, inside or out."""
+
+
 def check_contained(scan: TreeScan) -> None:
     """`UnsafeEntryError` for the first symlink of ``scan`` whose target is absolute, climbs
     above the root, or resolves outside it through the tree's other links; the message
-    reads ``symlink 'PATH' points outside the tree (TARGET)``."""
-    root = ""  # resolved once, at the first symlink (a walk of every folder above it)
-    for found in scan.entries:
-        if found.kind != "symlink":
+    reads ``symlink 'PATH' points outside the tree (TARGET)``. The links are followed in
+    the scan's own map, never on disk, at most `MAX_LINK_HOPS` at a time (found by hostile
+    review: ``os.path.realpath`` recursed once per link, so a chain of 2,000 in a replay's
+    output raised RecursionError and crashed its lane, and one of 900 took 2 s)."""
+    links = {found.relative: found.target for found in scan.entries if found.kind == "symlink"}
+    for path, target in links.items():
+        if _lexical_escape(path, target) is not None or not _resolves_inside(path, links):
+            raise UnsafeEntryError(f"symlink {path!r} points outside the tree ({target})")
+
+
+def _resolves_inside(path: str, links: Mapping[str, str]) -> bool:
+    """Whether ``path`` (relative to the root) stays below it when every symlink met in
+    ``links`` is followed as the kernel would (True past `MAX_LINK_HOPS`: it cannot be)."""
+    resolved: list[str] = []
+    pending = path.split("/")[::-1]  # the components still to walk, the next one last
+    hops = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
             continue
-        root = root or os.path.realpath(scan.root)
-        resolved = os.path.realpath(found.path)
-        inside = resolved == root or resolved.startswith(root + os.sep)
-        if _lexical_escape(found.relative, found.target) is not None or not inside:
-            raise UnsafeEntryError(
-                f"symlink {found.relative!r} points outside the tree ({found.target})"
-            )
+        if name == "..":
+            if not resolved:
+                return False
+            resolved.pop()
+            continue
+        target = links.get("/".join([*resolved, name]))
+        if target is None:
+            resolved.append(name)
+            continue
+        hops += 1
+        if hops > MAX_LINK_HOPS:  # the kernel follows no more (ELOOP): it leads nowhere
+            return True
+        if target.startswith("/"):
+            return False
+        pending.extend(target.split("/")[::-1])  # relative to the link's own folder
+    return True
 
 
 def store_scan(store: BlobStore, scan: TreeScan) -> ArtifactRef:
@@ -316,12 +345,16 @@ def _check_destination(destination: Path) -> None:
 
 
 def _check_symlink_targets(manifest: TreeManifest) -> None:
-    """Lexical check: absolute targets and targets climbing above the root are refused."""
-    for path, entry in manifest.items():
-        if isinstance(entry, SymlinkEntry):
-            problem = _lexical_escape(path, entry.target)
-            if problem is not None:
-                raise UnsafeEntryError(problem)
+    """Absolute targets, targets climbing above the root and links that resolve outside it
+    through the tree's other links are refused (before anything is written)."""
+    links = {path: e.target for path, e in manifest.items() if isinstance(e, SymlinkEntry)}
+    for path, target in links.items():
+        problem = _lexical_escape(path, target)
+        if problem is not None:
+            raise UnsafeEntryError(problem)
+    for path in links:
+        if not _resolves_inside(path, links):
+            raise UnsafeEntryError(f"symlink {path!r} resolves outside the tree root")
 
 
 def _lexical_escape(path: str, target: str) -> str | None:
@@ -365,7 +398,6 @@ def _populate(
     # Symlinks are created last so no file is ever written through one.
     for target, link_target in symlinks:
         os.symlink(link_target, target)
-    _check_symlinks_resolved(root, [target for target, _ in symlinks])
     if durable:  # deepest first: each folder's entries, then the folder's own entry above
         for folder in sorted(made, key=lambda key: -key.count("/")):
             fsync_dir(root.joinpath(*folder.split("/")))
@@ -431,13 +463,3 @@ def _copy_blob(
         )
     read_only = 0o555 if entry.executable else 0o444
     os.chmod(target, (read_only | 0o200) if writable else read_only)
-
-
-def _check_symlinks_resolved(root: Path, links: list[Path]) -> None:
-    """Resolve each link through the real tree: chains of in-tree links can still escape."""
-    real_root = os.path.realpath(root)
-    for link_path in links:
-        resolved = os.path.realpath(link_path)
-        if resolved != real_root and not resolved.startswith(real_root + os.sep):
-            relative = link_path.relative_to(root).as_posix()
-            raise UnsafeEntryError(f"symlink {relative!r} resolves outside the tree root")
