@@ -12,7 +12,7 @@ import errno
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Final, Literal
@@ -196,47 +196,79 @@ def snapshot_tree(
 MAX_LINK_HOPS = 40
 """Symlinks the kernel follows in one path (Linux's MAXSYMLINKS): past them it fails (ELOOP),
 so a longer chain or a loop leads nowhere, inside or out."""
+MAX_LINK_STEPS = 1_000_000
+"""Path components the containment check of one tree walks at most, plus `LINK_STEPS` per
+link (a replay's output: 1.6 million, about 0.5 s): a tree whose links take more (10,000
+chained links of 4 KiB targets: 800 million) is refused."""
+LINK_STEPS = 64
+"""Path components one link's walk takes on average at most, in a tree evolane accepts (a
+link of a real tree takes about 10: its path, one hop, its target)."""
 
 
 def check_contained(scan: TreeScan) -> None:
     """`UnsafeEntryError` for the first symlink of ``scan`` whose target is absolute, climbs
     above the root, or resolves outside it through the tree's other links; the message
     reads ``symlink 'PATH' points outside the tree (TARGET)``. The links are followed in
-    the scan's own map, never on disk, at most `MAX_LINK_HOPS` at a time (found by hostile
-    review: ``os.path.realpath`` recursed once per link, so a chain of 2,000 in a replay's
-    output raised RecursionError and crashed its lane, and one of 900 took 2 s)."""
+    the scan's own map, never on disk (found by hostile review: ``os.path.realpath``
+    recursed once per link, so a chain of 1,100 in a replay's output raised RecursionError
+    and crashed its lane, and 200 links of long targets took 200 s of evolane's CPU)."""
     links = {found.relative: found.target for found in scan.entries if found.kind == "symlink"}
-    for path, target in links.items():
-        if _lexical_escape(path, target) is not None or not _resolves_inside(path, links):
-            raise UnsafeEntryError(f"symlink {path!r} points outside the tree ({target})")
+    outside = _outside_link(links, (found.relative for found in scan.entries))  # bounded
+    if outside is None:  # then the targets' words are too: read them as text
+        outside = next((p for p, t in links.items() if _lexical_escape(p, t) is not None), None)
+    if outside is not None:
+        raise UnsafeEntryError(f"symlink {outside!r} points outside the tree ({links[outside]})")
 
 
-def _resolves_inside(path: str, links: Mapping[str, str]) -> bool:
-    """Whether ``path`` (relative to the root) stays below it when every symlink met in
-    ``links`` is followed as the kernel would (True past `MAX_LINK_HOPS`: it cannot be)."""
-    resolved: list[str] = []
+def _outside_link(links: Mapping[str, str], paths: Iterable[str]) -> str | None:
+    """The first of ``links`` (path -> target) that resolves outside the tree whose entries
+    are ``paths`` through its other links, as the kernel resolves it in a copy of the tree
+    (only folders holding an entry); `UnsafeEntryError` past its steps (`MAX_LINK_STEPS`)."""
+    folders = {str(parent) for path in paths for parent in PurePosixPath(path).parents}
+    left = MAX_LINK_STEPS + LINK_STEPS * len(links)
+    for path in links:
+        inside, left = _resolves_inside(path, links, folders, left)
+        if not inside:
+            return path
+    return None
+
+
+def _resolves_inside(
+    path: str, links: Mapping[str, str], folders: set[str], left: int
+) -> tuple[bool, int]:
+    """Whether ``path`` stays below the root as the kernel follows it (True where the kernel
+    stops: a missing folder, a file, past `MAX_LINK_HOPS` links), and the steps left."""
+    resolved: list[str] = []  # the folders walked into, each as its path from the root
     pending = path.split("/")[::-1]  # the components still to walk, the next one last
     hops = 0
     while pending:
+        left -= 1
+        if left < 0:
+            raise UnsafeEntryError(f"symlink {path!r}: the tree's links take too long to follow")
         name = pending.pop()
         if name in ("", "."):
             continue
         if name == "..":
             if not resolved:
-                return False
+                return False, left
             resolved.pop()
             continue
-        target = links.get("/".join([*resolved, name]))
+        here = f"{resolved[-1]}/{name}" if resolved else name
+        target = links.get(here)
         if target is None:
-            resolved.append(name)
+            if here not in folders:  # a file, or nothing: the walk ends here
+                return True, left
+            resolved.append(here)
             continue
         hops += 1
         if hops > MAX_LINK_HOPS:  # the kernel follows no more (ELOOP): it leads nowhere
-            return True
+            return True, left
         if target.startswith("/"):
-            return False
-        pending.extend(target.split("/")[::-1])  # relative to the link's own folder
-    return True
+            return False, left
+        parts = target.split("/")
+        left -= len(parts)  # counted as they are met (a 4 KiB target: 2,048 of them)
+        pending.extend(reversed(parts))  # relative to the link's own folder
+    return True, left
 
 
 def store_scan(store: BlobStore, scan: TreeScan) -> ArtifactRef:
@@ -352,9 +384,9 @@ def _check_symlink_targets(manifest: TreeManifest) -> None:
         problem = _lexical_escape(path, target)
         if problem is not None:
             raise UnsafeEntryError(problem)
-    for path in links:
-        if not _resolves_inside(path, links):
-            raise UnsafeEntryError(f"symlink {path!r} resolves outside the tree root")
+    outside = _outside_link(links, manifest.keys())
+    if outside is not None:
+        raise UnsafeEntryError(f"symlink {outside!r} resolves outside the tree root")
 
 
 def _lexical_escape(path: str, target: str) -> str | None:
