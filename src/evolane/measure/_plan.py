@@ -54,6 +54,7 @@ from evolane.measure._steps import (
 from evolane.measure._table import Unit, UnitStep, UnitTable
 from evolane.measure._units import (
     HOSTS_FAILURES,
+    LANES_DOWN,
     RESTORABLE,
     blocked_replay,
     judge_job,
@@ -188,7 +189,7 @@ class MeasurePlan:
             failure = event.judge.failure
             if (
                 failure is not None
-                and failure.code == HOST_REFUSED
+                and failure.code in (HOST_REFUSED, LANES_DOWN)
                 and not self._beyond_cutoff(unit)
             ):
                 self._stop(

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from evolane.actors import Actor, ActorError, ActorRef
+from evolane.actors import Actor, ActorError, ActorRef, ActorStopped
 from evolane.measure._budget import reserve_when_known
 from evolane.measure._plan import (
     Action,
@@ -38,7 +38,7 @@ from evolane.measure._plan import (
 )
 from evolane.measure._scheduling import SchedulerSettings
 from evolane.measure._sealed import SealedRecords
-from evolane.measure._units import preload, unsent_judge
+from evolane.measure._units import LANES_DOWN, preload, unsent_judge
 from evolane.messages import (
     Debit,
     FailureEvent,
@@ -99,6 +99,7 @@ class MeasurementScheduler(Actor):
         # Every measurement's sealed unit records, out of memory, and the succeeded units
         # by `reuse_key` for reuse.
         self.records = SealedRecords(store.tmp)
+        self.crashes: dict[str, str] = {}  # per stage, the last crash of a lane (its message)
         preload(self.records, settings.earlier)
         self.running: _Measurement | None = None
         # A stop that found no measurement running: one asked before it may still be queued
@@ -281,7 +282,8 @@ class _Measurement:
             answer = await self._ask_lane(lane, job, timeout)
             result: ReplayResult = answer or ReplayResult.without_output(job, "cancelled")
         except ActorError as error:  # a lane that crashed or hung: the framework's fault
-            result = ReplayResult.without_output(job, "failed", framework_failure("replay", error))
+            failure = framework_failure("replay", error, self.s.crashes)
+            result = ReplayResult.without_output(job, "failed", failure)
         finally:
             self.free_replay[0].send_nowait(lane)
         self._answer(UnitReplayed(job.unit_id, result))
@@ -362,7 +364,7 @@ class _Measurement:
                 unit_id=job.unit_id,
                 status="failed",
                 source="command",
-                failure=framework_failure("judge", error),
+                failure=framework_failure("judge", error, self.s.crashes),
             )
         finally:
             if budgeted:
@@ -382,10 +384,21 @@ class _Measurement:
         )
 
 
-def framework_failure(stage: str, error: Exception) -> FailureEvent:
-    """A lane that crashed or hung, as the framework's failure of ``stage``. A lane that
-    could not write the store (a full disk: a command may fill it) raises instead: the run
-    cannot go on and ends ``failed`` (it ended ``finished``, exit 0: found by review)."""
+def framework_failure(stage: str, error: Exception, crashes: dict[str, str]) -> FailureEvent:
+    """A lane that crashed or hung, as the framework's failure of ``stage``: ``lane_error``
+    (this unit's, kept in ``crashes``), or `LANES_DOWN` when the lane is stopped or down
+    (its supervisor gave up: every later unit would fail alike, so the measurement stops on
+    it), naming the stage's last crash. A lane that could not write the store (a full disk:
+    a command may fill it) raises instead: the run cannot go on and ends ``failed`` (it
+    ended ``finished``, exit 0: found by review)."""
     if storage_failure(error) is not None:
         raise error
-    return FailureEvent.of(error, owner="framework", stage=stage, code="lane_error")  # type: ignore[arg-type]
+    down = isinstance(error, ActorStopped)
+    code = LANES_DOWN if down else "lane_error"
+    failure = FailureEvent.of(error, owner="framework", stage=stage, code=code)  # type: ignore[arg-type]
+    if not down:
+        crashes[stage] = failure.message
+    elif stage in crashes:
+        said = f"{failure.message}; its last crash: {crashes[stage]}"[:512]
+        failure = failure.model_copy(update={"message": said})
+    return failure

@@ -89,7 +89,10 @@ def reused_results(packed: bytes, unit: Unit) -> tuple[ReplayResult, JudgeResult
     return replay, judge
 
 
-HOSTS_FAILURES = ("spawn_failed", "cluster_lost", HOST_REFUSED)
+LANES_DOWN = "lanes_down"
+"""The code of a unit whose lane was stopped or down (its supervisor gave up on it after
+crashes): the framework's, and every later unit's alike until it comes back."""
+HOSTS_FAILURES = ("spawn_failed", "cluster_lost", HOST_REFUSED, LANES_DOWN)
 """Replay failures that are the host's and shared by every unit (tried again by the lane
 first): the measurement stops on one, nothing decided on the pairs it cut short. Not one
 of a unit beyond an early stop's cutoff: the run stopped it, the decision is taken (found
