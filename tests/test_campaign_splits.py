@@ -426,3 +426,20 @@ def test_under_val_feedback_the_gate_leaves_out_the_val_case_screening_chose_on(
     for m in paired:
         cases = {u["case"] for u in json.loads(blob(paths["store"], m["units_ref"]["digest"]))}
         assert cases and not cases & screened, (m["measurement_id"], screened)
+
+
+def test_a_campaign_cannot_change_its_feedback_split_between_cycles(tmp_path: Path) -> None:
+    # Found by review: a cycle run with --feedback-split val, its best fitted to the val
+    # outcomes it was shown (and its rejected edits remembered with the gate's val numbers),
+    # was continued by --resume-campaign with train feedback: that cycle carved train out of
+    # the very val cases, called val honest, and online control claimed its guarantee.
+    paths = write_toy(tmp_path, PLAN, test=0)
+    flags = [*_flags(paths, "val", "--iterations", "1"), "--max-improvement-cycles", "3"]
+    first = _optimize(flags)
+    assert first.returncode == 0, first.stderr
+    campaign = first.stdout.split()[2].rstrip(":")
+    refused = _optimize([*_flags(paths, None, "--iterations", "1"), "--resume-campaign", campaign])
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "the feedback_split changed ('val' -> 'train')" in refused.stderr, refused.stderr
+    same = _optimize([*flags, "--resume-campaign", campaign])
+    assert same.returncode == 0, same.stderr

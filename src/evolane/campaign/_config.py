@@ -186,10 +186,11 @@ class CampaignConfig(Record):
 
     def identity(self) -> dict[str, object]:
         """What a campaign may not change between cycles: target, dataset, replay, judge
-        (and a model judge's rubric, by its digest), and its error control, confidence and
-        test budget (its cycles share one level):
-        a cycle run with ``none`` chose a best that a later ``online`` cycle published
-        under a guarantee that never covered it (found by review)."""
+        (and a model judge's rubric, by its digest), its error control, confidence and
+        test budget (its cycles share one level: a cycle run with ``none`` chose a best that
+        a later ``online`` cycle published under a guarantee that never covered it, found by
+        review), and its feedback split (a cycle fed val fitted the val cases that a later
+        train cycle carved from and called honest, found by review)."""
         identity: dict[str, object] = {
             "target": self.target,
             "dataset": self.dataset,
@@ -198,6 +199,7 @@ class CampaignConfig(Record):
             "error_control": self.error_control,
             "confidence": f"{self.gate.confidence:g}",
             "test_budget": self.test_budget,
+            "feedback_split": self.feedback_split,
         }
         if self.models.rubric is not None:
             identity["rubric"] = hashlib.sha256(self.models.rubric.encode()).hexdigest()

@@ -29,7 +29,7 @@ def _clipped(value: object, keep: int = 80) -> str:
     return text if len(text) <= keep else text[: keep - 3] + "..."
 
 
-ADDED_TO_IDENTITY = frozenset({"error_control", "confidence"})
+ADDED_TO_IDENTITY = frozenset({"error_control", "confidence", "feedback_split"})
 """Identity keys newer than some stored campaigns: compared only where stored."""
 IDENTITY_DEFAULTS = {"test_budget": "campaign"}
 """Identity keys newer than some stored campaigns, with what such a campaign ran with."""
