@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from evolane.campaign import Report, RunRecord
 from evolane.campaign._estimate import estimate_run
+from evolane.campaign._run import RunRequest, run_campaign
 from evolane.campaign._splits import (
     MIN_TRAIN_CASES,
     SplitPlan,
@@ -25,6 +27,7 @@ from evolane.campaign._splits import (
     plan_splits,
     repeated_input,
 )
+from evolane.inputs import InputError
 from evolane.messages import GateConfig
 from evolane.store import read_journal
 from tests.audit_oracle import blob
@@ -443,3 +446,27 @@ def test_a_campaign_cannot_change_its_feedback_split_between_cycles(tmp_path: Pa
     assert "the feedback_split changed ('val' -> 'train')" in refused.stderr, refused.stderr
     same = _optimize([*flags, "--resume-campaign", campaign])
     assert same.returncode == 0, same.stderr
+
+
+async def test_a_campaign_cannot_carve_from_val_its_earlier_cycle_fed_the_optimizer(
+    tmp_path: Path,
+) -> None:
+    # Found by review: the same --feedback-split train fed val in a cycle whose gate left
+    # too few val cases to carve (min_cases 9 of 8 left), and a next cycle whose gate could
+    # carved its train out of the very val cases the optimizer had been shown.
+    paths = write_toy(tmp_path, PLAN, test=0)
+    wary = GateConfig(gate="strict", min_cases=9)
+    config = toy_config(
+        paths, feedback_split="train", gate=wary, iterations=1, max_improvement_cycles=3
+    )
+    with trio.fail_after(60):
+        first = await run_campaign(RunRequest(config))
+    assert first.report is not None and first.report.splits is not None
+    assert first.report.splits.feedback == "val" and not first.report.splits.carved
+    campaign = first.report.campaign_id
+    carving = config.model_copy(update={"gate": GateConfig(gate="strict", min_cases=4)})
+    with pytest.raises(InputError, match=r"the splits changed \(val feeds the optimizer"):
+        await run_campaign(RunRequest(carving, resume_campaign=campaign))
+    with trio.fail_after(60):
+        same = await run_campaign(RunRequest(config, resume_campaign=campaign))
+    assert same.report is not None and same.report.cycle == 1

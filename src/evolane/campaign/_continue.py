@@ -16,7 +16,9 @@ from evolane.campaign._runs import (
     StoreLayout,
     load_campaign,
     load_run,
+    newest_run,
 )
+from evolane.campaign._splits import SplitPlan
 from evolane.campaign._types import slot_id, slot_of
 from evolane.inputs import InputError
 from evolane.messages import ProposalRecord, ReplayRecord, UnitRecord
@@ -33,6 +35,24 @@ ADDED_TO_IDENTITY = frozenset({"error_control", "confidence", "feedback_split"})
 """Identity keys newer than some stored campaigns: compared only where stored."""
 IDENTITY_DEFAULTS = {"test_budget": "campaign"}
 """Identity keys newer than some stored campaigns, with what such a campaign ran with."""
+
+
+def check_same_splits(layout: StoreLayout, campaign_id: str, plan: SplitPlan) -> None:
+    """Refuse (`InputError`) a next cycle whose optimizer would be fed another split, or train
+    carved otherwise, than the campaign's newest run's: the same ``--feedback-split`` may feed
+    val where a carve was refused (too few val cases for the gate) and train once the gate
+    changed, and a cycle fed val fitted the cases a train cycle then holds out as honest."""
+    earlier = newest_run(layout, campaign_id)
+    before = None if earlier is None else earlier.splits
+    if before is None:  # a run from before honest splits, or none: nothing to compare
+        return
+    if (before.feedback, before.carved_ids) == (plan.feedback, plan.carved_ids):
+        return
+    raise InputError(
+        f"--resume-campaign {campaign_id}: the splits changed ({before.sentence()} -> "
+        f"{plan.sentence()}): a cycle fed val fits the cases a train cycle holds out, and a "
+        f"carve must hold out the same cases every cycle; {NEW_CAMPAIGN}"
+    )
 
 
 def continuable_campaign(

@@ -183,6 +183,8 @@ def prepare_run(
         )
         _refuse_hopeless(config, plan, dataset, _stored_budget(layout, resume_campaign))
         record, campaign = _new_run(layout, layout.blobs(), config, dataset, resume_campaign)
+        if resume_campaign is not None:
+            _continue.check_same_splits(layout, resume_campaign, plan)
         split = peek_split(layout.root, dataset, campaign.campaign_id, config)
         config = with_level(config, split)  # reserved before run.json is written (`_run`)
         record = record.model_copy(

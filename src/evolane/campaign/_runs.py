@@ -262,18 +262,24 @@ def load_run(layout: StoreLayout, run_id: str) -> RunRecord:
     return RunRecord.model_validate(read_json(layout.run_dir(run_id) / "run.json"))
 
 
-def last_run_plugins(layout: StoreLayout, campaign_id: str) -> dict[str, str]:
-    """The plugins the newest run of ``campaign_id`` recorded (`CampaignConfig.plugins`);
-    empty when it has no run or its records cannot be read (refused where they are read).
-    A listed run with no ``run.json`` (a kill came between its campaign's record and its
-    own) never ran and is skipped."""
+def newest_run(layout: StoreLayout, campaign_id: str) -> RunRecord | None:
+    """The newest run of ``campaign_id``; None when it has none or its records cannot be
+    read (refused where they are read). A listed run with no ``run.json`` (a kill came
+    between its campaign's record and its own) never ran and is skipped."""
     try:
         for run_id in reversed(load_campaign(layout, campaign_id).runs):
             with contextlib.suppress(FileNotFoundError):
-                return dict(load_run(layout, run_id).config.plugins)
+                return load_run(layout, run_id)
     except (OSError, ValueError):
         pass
-    return {}
+    return None
+
+
+def last_run_plugins(layout: StoreLayout, campaign_id: str) -> dict[str, str]:
+    """The plugins the newest run of ``campaign_id`` recorded (`CampaignConfig.plugins`);
+    empty when there is none (`newest_run`)."""
+    run = newest_run(layout, campaign_id)
+    return {} if run is None else dict(run.config.plugins)
 
 
 class StagedCampaign(Record):
