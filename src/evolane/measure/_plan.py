@@ -25,7 +25,6 @@ import heapq
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from evolane.lanes import HOST_REFUSED
 from evolane.measure._layout import UnitLayout, reading_order, repetitions, start_order
 from evolane.measure._prefix import CasePrefix, decision
 from evolane.measure._restore import earlier_replay, not_stored, restorable, stored_replay
@@ -53,8 +52,6 @@ from evolane.measure._steps import (
 )
 from evolane.measure._table import Unit, UnitStep, UnitTable
 from evolane.measure._units import (
-    HOSTS_FAILURES,
-    LANES_DOWN,
     RESTORABLE,
     blocked_replay,
     judge_job,
@@ -64,6 +61,7 @@ from evolane.measure._units import (
     replay_record,
     reuse_key,
     reused_results,
+    shared_failure,
     unit_counts,
     unit_event,
     unit_record,
@@ -186,15 +184,9 @@ class MeasurePlan:
             unit = self._at(event.unit_id, "judging", "rejudging")
             self._judging -= 1
             unit.judge = event.judge
-            failure = event.judge.failure
-            if (
-                failure is not None
-                and failure.code in (HOST_REFUSED, LANES_DOWN)
-                and not self._beyond_cutoff(unit)
-            ):
-                self._stop(
-                    "shared_failure", f"{unit.arm} judge failed: {event.judge.failure.message}"
-                )
+            why = shared_failure(unit)
+            if why is not None and not self._beyond_cutoff(unit):
+                self._stop("shared_failure", why)
             self._conclude(unit, journal=True)
         elif isinstance(event, UnitJournaled):
             self._counted(self._at(event.unit_id, "journaling"))
@@ -313,12 +305,9 @@ class MeasurePlan:
 
     def _replayed(self, unit: Unit, replay: ReplayResult) -> None:
         unit.replay = replay
-        failure = replay.failure
-        if failure is not None and failure.code in HOSTS_FAILURES and not self._beyond_cutoff(unit):
-            # Stop before this lane is handed back: no further unit may start.
-            how = "could not start" if replay.failure.code == "spawn_failed" else "failed"
-            why = f"{unit.arm} replay {how}: {replay.failure.message}"
-            self._stop("shared_failure", why)
+        why = shared_failure(unit)
+        if why is not None and not self._beyond_cutoff(unit):
+            self._stop("shared_failure", why)  # before this lane is handed back: none starts
         if self.budgeted and not (unit.restored and self.settings.rejudge):
             unit.step = "charging"  # its lane frees once charged: the next reserve sees it
             self._emit(ChargeUnit(unit.unit_id, (replay_debit(unit),)))

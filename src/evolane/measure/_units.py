@@ -100,6 +100,20 @@ by review: a judge so stopped while it waited to try again after the host refuse
 process turned the decided measurement into a shared failure, and its run failed)."""
 
 
+def shared_failure(unit: Unit) -> str | None:
+    """Why ``unit``'s replay or judge failed on the host's failure that every unit shares
+    (`HOSTS_FAILURES`; a judge's: the host refused it a process, or its lanes are down),
+    else None."""
+    replay, judge = unit.replay, unit.judge
+    if replay is not None and replay.failure is not None and replay.failure.code in HOSTS_FAILURES:
+        how = "could not start" if replay.failure.code == "spawn_failed" else "failed"
+        return f"{unit.arm} replay {how}: {replay.failure.message}"
+    shared = (HOST_REFUSED, LANES_DOWN)
+    if judge is not None and judge.failure is not None and judge.failure.code in shared:
+        return f"{unit.arm} judge failed: {judge.failure.message}"
+    return None
+
+
 def blocked_replay(unit: Unit, control_id: str) -> ReplayResult:
     """The replay of a candidate ``unit`` whose control (unit ``control_id``) did not
     succeed: blocked, never run."""
