@@ -230,14 +230,13 @@ def _check_counts(audit: Audit, run: Run, m: dict[str, Any]) -> None:
 
 
 def _check_replays(audit: Audit, run: Run) -> None:
-    """Each replay journaled before its judgement has its unit's record (the outcome: a
-    judge a stop cut is ``cancelled``), unless the session that resumed the run never began
-    that unit (listed ``not_run``: a stop came first; its replay was charged as it resumed)."""
-    begun = set()
+    """Each replay journaled before its judgement, in a measurement the run reports, has its
+    unit's record (the outcome: a judge a stop cut is ``cancelled``), a resumed session's
+    too when its stop came before it began that unit (its replay was charged as it resumed)."""
+    listed = set()
     for m in run.report["measurements"]:
-        listed = json.loads(blob(run.store, m["units_ref"]["digest"]))
-        begun.update(u["unit"] for u in listed if u["status"] != "not_run")
-    alone = sorted(u for u in run.replays if u in begun and u not in run.units)
+        listed.update(u["unit"] for u in json.loads(blob(run.store, m["units_ref"]["digest"])))
+    alone = sorted(u for u in run.replays if u in listed and u not in run.units)
     audit.check(not alone, f"{len(alone)} replay record(s) without a unit record: {alone[:3]}")
 
 

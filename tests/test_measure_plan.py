@@ -3,6 +3,7 @@ results and completion orders, and checks the rules of DESIGN §6 at every step.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,14 +189,18 @@ class Driver:
             assert not self.pending and len(self.ended) == len(plan.units)
             took_part = [u.unit_id for u in plan.units if u.replay and u.replay.status != "blocked"]
             assert sorted(self.told) == sorted(took_part)  # every unit that ran, told once
+            restored = plan.settings.restored_replays  # journaled before a resume, charged
             if plan.journaled:  # a journaled replay has its unit's record: none stands alone
                 records = {a.unit_id: a.record for a in self.log if isinstance(a, JournalUnit)}
+                records = {**plan.settings.restored, **records}  # its session's, or this one's
                 alone = [a.unit_id for a in self.log if isinstance(a, JournalReplay)]
+                alone += list(restored)
                 assert all(unit_id in records for unit_id in alone), "a replay without its unit"
             for unit in plan.units:  # a control that did not succeed blocks its treatment
                 control = unit.depends_on
                 if control is not None and control.status != "succeeded":
-                    assert unit.status in ("blocked", "not_run")
+                    kept = unit.unit_id in restored and unit.status == "cancelled"
+                    assert kept or unit.status in ("blocked", "not_run")
                     assert unit.unit_id not in self.started
 
     def answer(self, index: int) -> None:
@@ -295,15 +300,56 @@ shapes = st.fixed_dictionaries(
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def build(shape: dict[str, Any], sequential: bool, **plan_args: Any) -> tuple[MeasurePlan, Any]:
+def build(
+    shape: dict[str, Any], sequential: bool, stored: tuple[int, ...] = (), **plan_args: Any
+) -> tuple[MeasurePlan, Any]:
+    """A plan of ``shape`` and its units' outcomes; the units at ``stored`` (indexes, modulo
+    the plan's size) have a replay journaled unjudged before the run resumed."""
     plan = MeasurePlan(
         make_request(sequential=sequential, reps=shape["reps"]),
         make_settings(shape["cases"], min_cases=8),
         lanes=shape["lanes"],
         **plan_args,
     )
+    if stored:
+        ids = [plan.units[i % len(plan.units)].unit_id for i in stored]
+        plan = resumed(plan, ids, ids[::2], **plan_args)
     rng = random.Random(shape["seed"])
     return plan, outcomes_for(plan, rng, shape["fail"])
+
+
+def resumed(
+    plan: MeasurePlan, unit_ids: list[str], cut: list[str] | None = None, **plan_args: Any
+) -> MeasurePlan:
+    """``plan`` again, as a resume plans it when its units ``unit_ids`` were replayed and
+    journaled, not judged, before the interruption (their replays charged as it resumed);
+    those in ``cut`` were then journaled ``cancelled`` (their session's stop cut the judge)."""
+    replays, restored = {}, {}
+    for unit_id in unit_ids:
+        unit = plan.unit(unit_id)
+        replay = ReplayResult(
+            unit_id=unit_id,
+            case_id=unit.case_id,
+            arm=unit.arm,  # type: ignore[arg-type]
+            repetition=unit.repetition,
+            status="succeeded",
+            output_ref=OUTPUT,
+        )
+        tree = unit.tree_ref.digest
+        replays[unit_id] = ReplayRecord(measurement="m", unit=unit_id, tree=tree, replay=replay)
+        if unit_id in (cut or ()):
+            judge = JudgeResult(unit_id=unit_id, status="cancelled", source="command")
+            restored[unit_id] = UnitRecord(
+                measurement="m",
+                unit=unit_id,
+                tree=tree,
+                status="cancelled",
+                replay=replay,
+                judge=judge,
+            )
+    update = {"restored_replays": replays, "restored": restored}
+    settings_ = dataclasses.replace(plan.settings, **update)
+    return MeasurePlan(plan.request, settings_, lanes=plan.lanes, **plan_args)
 
 
 @FAST
@@ -342,9 +388,17 @@ def test_the_decision_and_the_cutoff_do_not_depend_on_completion_order(
 class PlanMachine(RuleBasedStateMachine):
     """Hypothesis picks which pending action the lanes answer next, and when a stop comes."""
 
-    @initialize(shape=shapes, sequential=st.booleans(), budgeted=st.booleans())
-    def setup(self, shape: dict[str, Any], sequential: bool, budgeted: bool) -> None:
-        plan, outcomes = build(shape, sequential, budgeted=budgeted, journaled=True)
+    @initialize(
+        shape=shapes,
+        sequential=st.booleans(),
+        budgeted=st.booleans(),
+        stored=st.lists(st.integers(0, 10_000), max_size=4).map(tuple),
+    )
+    def setup(
+        self, shape: dict[str, Any], sequential: bool, budgeted: bool, stored: tuple[int, ...]
+    ) -> None:
+        """``stored``: units replayed and journaled, not judged, before the run resumed."""
+        plan, outcomes = build(shape, sequential, stored, budgeted=budgeted, journaled=True)
         self.driver = Driver(plan, outcomes)
         self.driver.take(plan.start())
 
@@ -627,6 +681,46 @@ def test_a_unit_an_early_stop_cuts_between_its_replay_and_its_judge_is_journaled
         assert plan.unit(action.unit_id).note == "early_stop"
     summary = plan.summary(OUTPUT, 0.0)
     assert (summary.status, summary.gate.decision) == ("early_stopped", "accept")
+    assert summary.units_cancelled == sum(r.status == "cancelled" for r in records.values())
+
+
+@pytest.mark.parametrize("cut", [False, True])
+@pytest.mark.parametrize("stop", ["early_stop", "cancelled"])
+def test_a_stored_replay_a_stop_comes_before_is_journaled_cancelled(stop: str, cut: bool) -> None:
+    """A resumed run's replays journaled unjudged before the interruption (charged as it
+    resumed) whose units its stop (an early stop, a cancel) comes before: each ends
+    ``cancelled`` with its replay, journaled, as a judge the stop cut is (found by review:
+    they ended ``not_run``, a charged replay in the journal with no outcome). A baseline
+    (its lane taken, or waiting for one), a candidate whose control was not run, one whose
+    control is such a baseline. ``cut``: its session's stop had cut its judge, journaled
+    ``cancelled`` then: so it ends again, not journaled twice (found by the decision audit)."""
+    fresh = MeasurePlan(make_request(), make_settings(40), lanes=2, journaled=True)
+    last = {(u.case_index, u.arm): u.unit_id for u in fresh.units if u.case_index >= 38}
+    stored = [last[38, "baseline"], last[38, "candidate"], last[39, "candidate"]]
+    plan = resumed(fresh, stored, stored if cut else [], budgeted=True, journaled=True)
+    outcomes = {u.unit_id: Outcome(score=1.0 if u.arm == "candidate" else 0.0) for u in plan.units}
+    driver = Driver(plan, outcomes)
+    driver.take(plan.start())
+    if stop == "cancelled":
+        driver.take(plan.handle(StopRequested("cancelled", "the run is stopping")))
+    while driver.pending:
+        driver.answer(0)
+    driver.check()  # among the rules: every stored replay has its unit's record
+    assert plan.cutoff is None if stop == "cancelled" else plan.cutoff <= 38
+    records = {a.unit_id: a.record for a in kinds(driver, JournalUnit)}
+    assert not cut or not set(records) & set(stored)  # journaled by its session already
+    records = {**plan.settings.restored, **records}
+    for unit_id in stored:
+        record, unit = records[unit_id], plan.unit(unit_id)
+        outcome = (record.status, record.replay.status, record.judge.status)
+        assert outcome == ("cancelled", "succeeded", "cancelled") == (unit.status, *outcome[1:])
+        assert unit.restored and record.replay == plan.settings.restored_replays[unit_id].replay
+    assert plan.unit(stored[0]).note == stop  # the other two: their control's status
+    begun = kinds(driver, StartReplay) + kinds(driver, StartJudge) + kinds(driver, ChargeUnit)
+    assert not {a.unit_id for a in begun} & set(stored)  # nothing run nor charged again
+    summary = plan.summary(OUTPUT, 0.0)
+    assert summary.status == ("early_stopped" if stop == "early_stop" else "cancelled")
+    assert summary.units_restored == len(stored)
     assert summary.units_cancelled == sum(r.status == "cancelled" for r in records.values())
 
 

@@ -244,7 +244,7 @@ class MeasurePlan:
         self._free -= 1
         unit.holds_lane = True
         if self.stop_reason is not None or self._beyond_cutoff(unit):
-            self._finish(unit, "not_run", self.stop_reason or "early_stop")
+            self._unbegun(unit, self.stop_reason or "early_stop")
             return
         key = reuse_key(self.settings, unit)
         fresh = self.request.fresh  # both arms replayed in this window: nothing reused
@@ -335,12 +335,12 @@ class MeasurePlan:
         self._judging += 1
         self._emit(StartJudge(unit.unit_id, judge_job(self.settings, unit)))
 
-    def _unjudged(self, unit: Unit, reason: str) -> None:
+    def _unjudged(self, unit: Unit, reason: str, *, journal: bool = True) -> None:
         """A stop came between ``unit``'s replay and its judgement: cancelled and journaled
         as a judge the stop cut is, so its journaled replay has its unit record (found by
         audit: after an early stop, most often in a resumed run, the replay stood alone)."""
         unit.judge, unit.note = unsent_judge(unit.unit_id), reason
-        self._conclude(unit, journal=True)
+        self._conclude(unit, journal=journal)
 
     def _conclude(self, unit: Unit, *, journal: bool) -> None:
         """The unit's result is known: journal it (when asked), then it counts."""
@@ -392,12 +392,29 @@ class MeasurePlan:
     def _release(self, unit: Unit, control: Unit) -> None:
         """The control of ``unit`` ended: block it, skip it, or make it ready."""
         if control.status != "succeeded":
-            unit.replay = blocked_replay(unit, control.unit_id)
-            self._finish(unit, "blocked" if control.status != "not_run" else "not_run")
+            self._unbegun(unit, f"control {control.status}", control)
         elif self.stop_reason is not None or self._beyond_cutoff(unit):
-            self._finish(unit, "not_run", self.stop_reason or "early_stop")
+            self._unbegun(unit, self.stop_reason or "early_stop")
         else:
             self._make_ready(unit)
+
+    def _unbegun(self, unit: Unit, note: str, control: Unit | None = None) -> None:
+        """``unit`` ends before it began: ``not_run`` (blocked by ``control``, when given),
+        unless its replay was journaled before the run resumed (charged as it resumed): then
+        cancelled with it and journaled, as a judge a stop cut is (found by review: it ended
+        ``not_run``, a charged replay in the journal and no outcome)."""
+        stored = stored_replay(self.settings, unit, {})  # {}: a diverged one is noted on begin
+        if stored is not None:  # not journaled again when its session's stop cut its judge
+            self._release_lane(unit)
+            unit.restored, unit.replay = True, stored.replay
+            cut = self.settings.restored.get(unit.unit_id)
+            again = cut is None or cut.status != "cancelled" or cut.replay != stored.replay
+            self._unjudged(unit, note, journal=again)
+        elif control is None:
+            self._finish(unit, "not_run", note)
+        else:
+            unit.replay = blocked_replay(unit, control.unit_id)
+            self._finish(unit, "blocked" if control.status != "not_run" else "not_run")
 
     def _make_ready(self, unit: Unit) -> None:
         unit.step = "ready"
@@ -418,7 +435,7 @@ class MeasurePlan:
     def _drop_ready(self, reason: MeasureStatus) -> None:
         while self._ready:
             _, index = heapq.heappop(self._ready)
-            self._finish(self.units[index], "not_run", reason)
+            self._unbegun(self.units[index], reason)
 
     # ----- what the shell reports -------------------------------------------------------
 
