@@ -65,7 +65,7 @@ from evolane.lanes._plugins import (
     plugin_points,
     plugin_spec,
 )
-from evolane.lanes._program import blame_tree
+from evolane.lanes._program import TREE_OWNERS, blame_tree
 from evolane.lanes._replay import (
     MAX_OUTPUT_BYTES,
     MAX_USAGE_BYTES,
@@ -110,6 +110,7 @@ __all__ = [
     "OPTIMIZER_ENDPOINT_FAILED",
     "OUTPUT_LIMITS",
     "SIGNATURE_MAX_ENTRIES",
+    "TREE_OWNERS",
     "AdaptiveLimiter",
     "AgentCall",
     "AgentCommand",

@@ -27,10 +27,14 @@ _PT_INTERP = 3
 _SCRIPT_LEVELS = 5  # the "#!" files an exec follows, one naming the next (fs/exec.c)
 
 
+TREE_OWNERS = ("task", "candidate")
+"""Owners of a failure the tree under test caused, one per arm (`arm_owner`)."""
+
+
 def arm_owner(arm: str) -> str:
     """Who owns a failure of the tree under test on ``arm``: the candidate, or for the
     baseline the task (its cases are left out, never scored 0)."""
-    return "candidate" if arm == "candidate" else "task"
+    return TREE_OWNERS[1] if arm == "candidate" else TREE_OWNERS[0]
 
 
 def unrunnable(program: Path) -> str | None:

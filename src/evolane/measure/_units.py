@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import orjson
 
-from evolane.lanes import HOST_REFUSED, blind_name
+from evolane.lanes import HOST_REFUSED, TREE_OWNERS, blind_name
 from evolane.measure._sealed import KEY_BYTES, SealedRecords
 from evolane.measure._table import Unit, UnitTable, pack, unit_fields, unpack
 from evolane.messages import (
@@ -54,10 +54,6 @@ it exited non-zero, printed no valid score, hit a limit of the run, or has nothi
 with. Not a timeout, a spawn, the host's process limit or a model endpoint's outage."""
 
 
-OWN = ("task", "candidate")
-"""Owners of a replay failure that the tree under test caused (`evolane.lanes.arm_owner`)."""
-
-
 def repeating_failure(unit: Unit) -> str | None:
     """How ``unit`` failed (stage and code) when a new try of the same experiment (`reuse_key`)
     would meet that failure again: the tree broke its replay (an exit, a signal, a limit, no
@@ -68,7 +64,7 @@ def repeating_failure(unit: Unit) -> str | None:
     assert replay is not None
     failure = replay.failure
     if replay.status != "succeeded":
-        if replay.status != "failed" or failure is None or failure.owner not in OWN:
+        if replay.status != "failed" or failure is None or failure.owner not in TREE_OWNERS:
             return None
         return f"replay {failure.code}"
     if judge is None or judge.status != "failed" or judge.failure is None:
