@@ -165,15 +165,20 @@ def optimize(flags: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 
-def journaled_units(store: Path) -> list[dict[str, Any]]:
-    """The unit records of the store's run journal (a torn last line left out)."""
+def journal_records(store: Path) -> list[dict[str, Any]]:
+    """The records of the store's run journal (a torn last line left out)."""
     lines = [
         line
         for path in (store / "runs").glob("*/journal.jsonl")
         for line in path.read_text().splitlines()
         if line.endswith("}")
     ]
-    return [record for record in map(json.loads, lines) if record["type"] == "unit"]
+    return [json.loads(line) for line in lines]
+
+
+def journaled_units(store: Path) -> list[dict[str, Any]]:
+    """The unit records of the store's run journal (a torn last line left out)."""
+    return [record for record in journal_records(store) if record["type"] == "unit"]
 
 
 def kill_and_resume(flags: list[str], store: Path, kill_after: int) -> list[dict[str, Any]]:

@@ -182,8 +182,7 @@ def audit_run(store: Path, dataset: Path) -> Audit:
     folder, journal, report = read_run(store)
     audit = Audit()
     units = [r for r in journal if r["type"] == "unit"]
-    ids = [r["unit"] for r in units]
-    audit.check(len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} unit(s) journaled twice")
+    _check_attempts(audit, units)
     trees = {
         r["slot"]: (r["result"].get("tree_ref") or {}).get("digest")
         for r in journal
@@ -208,6 +207,16 @@ def audit_run(store: Path, dataset: Path) -> Audit:
         _audit_online(audit, report)
     _check_markdown(audit, folder, report)
     return audit
+
+
+def _check_attempts(audit: Audit, units: list[dict[str, Any]]) -> None:
+    """A unit has one record, its outcome, unless a stop cut it short (a Ctrl-C, then
+    ``--resume``): then a ``cancelled`` record per attempt cut (what it spent: README "Spend
+    by role") before its outcome, which alone counts (``Run.units``: each unit's last)."""
+    last = {r["unit"]: index for index, r in enumerate(units)}
+    earlier = [r for index, r in enumerate(units) if index != last[r["unit"]]]
+    uncut = sorted({r["unit"] for r in earlier if r["status"] != "cancelled"})
+    audit.check(not uncut, f"{len(uncut)} unit(s) journaled twice: {uncut[:3]}")
 
 
 def _check_counts(audit: Audit, run: Run, m: dict[str, Any]) -> None:
