@@ -158,6 +158,7 @@ class _World:
     def __init__(self) -> None:
         self.replays: Counter[str] = Counter()  # the parent's replays per case
         self.judged: Counter[str] = Counter()  # judge calls on the parent's output per case
+        self.mended = False  # the judge reads `JUDGE_BROKEN`'s answer (its script was fixed)
 
     async def replay(self, call: BackendCall) -> None:
         assert call.case is not None and call.output_dir is not None
@@ -175,7 +176,7 @@ class _World:
         answer = json.loads((call.output_dir / "output.json").read_text())
         case = answer["case"]
         self.judged[case] += answer["parent"]
-        if answer["parent"] and case == JUDGE_BROKEN:
+        if answer["parent"] and case == JUDGE_BROKEN and not self.mended:
             raise ValueError("the judge cannot read this answer")  # on every try
         if answer["parent"] and case == OUTAGE:
             raise ModelError("HTTP 503 from the judge's model", endpoint_failed=True)
@@ -187,16 +188,21 @@ class _World:
         return "reworded"
 
 
-async def _campaign(tmp: Path, **extra: Any) -> tuple[Report, _World, list[dict[str, Any]]]:
-    (tmp / "target").mkdir(parents=True)
-    (tmp / "target" / "prompt.txt").write_text("seed\n")
-    rows = [{"id": f"t{i}", "split": "train"} for i in range(2)]
-    rows += [{"id": f"v{i:02d}", "split": "val"} for i in range(VAL)]
-    dataset = tmp / "cases.jsonl"
-    dataset.write_text("".join(json.dumps({**r, "input": r["id"]}) + "\n" for r in rows))
+async def _campaign(
+    tmp: Path, world: _World | None = None, resume: str | None = None, **extra: Any
+) -> tuple[Report, _World, list[dict[str, Any]]]:
+    """A run of the campaign under ``tmp`` (its first; ``resume``: that campaign's next
+    cycle), with ``world`` (a new one by default): its report, world and journaled units."""
+    if not (tmp / "target").exists():
+        (tmp / "target").mkdir(parents=True)
+        (tmp / "target" / "prompt.txt").write_text("seed\n")
+        rows = [{"id": f"t{i}", "split": "train"} for i in range(2)]
+        rows += [{"id": f"v{i:02d}", "split": "val"} for i in range(VAL)]
+        lines = (json.dumps({**r, "input": r["id"]}) + "\n" for r in rows)
+        (tmp / "cases.jsonl").write_text("".join(lines))
     settings: dict[str, Any] = {
         "target": str(tmp / "target"),
-        "dataset": str(dataset),
+        "dataset": str(tmp / "cases.jsonl"),
         "store": str(tmp / "store"),
         "replay": "backend:replay",
         "judge": "backend:judge",
@@ -209,13 +215,15 @@ async def _campaign(tmp: Path, **extra: Any) -> tuple[Report, _World, list[dict[
         "judge_concurrency": 4,
         **extra,
     }
-    world = _World()
+    world = world or _World()
     backends = Backends(replay=world.replay, judge=world.judge, optimizer=world.optimizer)
+    request = RunRequest(CampaignConfig(**settings), resume_campaign=resume)
     with trio.fail_after(300):  # a guard against a hang, not a timing figure
-        outcome = await run_campaign(RunRequest(CampaignConfig(**settings)), backends=backends)
+        outcome = await run_campaign(request, backends=backends)
     assert outcome.report is not None and outcome.report.status == "finished"
-    (journal,) = (tmp / "store" / "runs").glob("*/journal.jsonl")
-    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert outcome.run_dir is not None
+    lines = (outcome.run_dir / "journal.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
     return outcome.report, world, [r for r in records if r["type"] == "unit"]
 
 
@@ -266,3 +274,29 @@ async def test_a_reused_failure_names_the_unit_that_ran_it_and_its_case_counts_a
 def _blob(store: Path, digest: str) -> bytes:
     hexdigest = digest.split(":", 1)[1]
     return (store / "objects" / "sha256" / hexdigest[:2] / hexdigest).read_bytes()
+
+
+async def test_a_next_cycle_tries_its_parents_repeated_failures_again(tmp_path: Path) -> None:
+    """A streak is the run's: the next cycle (``--resume-campaign``) measures its parent
+    afresh, its failures too (README "How a candidate is decided"). A judge mended between
+    the cycles under the same command (its script fixed) scores its case in the next cycle's
+    first measurement of the parent; a case the tree still breaks fails twice again, then
+    is reused. Carried from the cycle before, both would be reused failed: the mend never
+    seen, the case left out of every later measurement of that parent."""
+    first, world, _ = await _campaign(tmp_path, max_improvement_cycles=2)
+    assert first.campaign_status == "paused" and first.best == first.seed  # the same parent
+    world.mended, before = True, world.replays.copy()
+    second, _, units = await _campaign(
+        tmp_path, world, resume=first.campaign_id, max_improvement_cycles=2
+    )
+    assert second.cycle == 1 and second.iterations[0].parent == first.seed.digest
+    ran = Counter(u["replay"]["case_id"] for u in units if u["unit"].endswith(".b"))
+    assert world.replays - before == ran and ran[REPLAY_BROKEN] == 2  # a success once
+    val = [m for m in second.measurements if m.split == "val"]
+    listed = json.loads(_blob(tmp_path / "store", val[0].units_ref.digest))
+    fresh = {u["case"]: u for u in listed if u["arm"] == "baseline"}
+    assert fresh[JUDGE_BROKEN]["status"] == "succeeded" and not fresh[JUDGE_BROKEN]["reused"]
+    assert fresh[REPLAY_BROKEN]["status"] == "failed" and not fresh[REPLAY_BROKEN]["reused"]
+    last = json.loads(_blob(tmp_path / "store", val[-1].units_ref.digest))
+    notes = {u["case"]: u["note"] for u in last if u["arm"] == "baseline"}
+    assert notes[REPLAY_BROKEN] == "reused failure" and notes[JUDGE_BROKEN] == "reused"
