@@ -229,11 +229,15 @@ async def test_the_policy_turns_queued_records_into_pending_jobs(
 
 
 async def _settle(service: Any) -> None:
-    """Let the job maker act on the last record (it runs on each record's wake-up)."""
-    for _ in range(20):
-        await trio.sleep(0.01)
-        if not service._wake.is_set():
+    """Let the job maker act on the last record (it runs on each record's wake-up): wait
+    until it waits for the next one. A wake-up merely taken is not a job made: a loaded
+    host's next record reached the queue first and one job took 5 records."""
+    for _ in range(2000):
+        wake = service._wake
+        if not wake.is_set() and wake.statistics().tasks_waiting:
             return
+        await trio.sleep(0.005)
+    raise AssertionError("the job maker never came back to wait for a record")
 
 
 async def test_a_crash_between_job_and_queue_removal_neither_loses_nor_doubles(

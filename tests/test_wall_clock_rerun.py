@@ -67,6 +67,15 @@ def _succeeded_names(run_dir: Path) -> set[str]:
     return names
 
 
+def _journaled_succeeded(run_dir: Path) -> int:
+    """How many succeeded units the journal of a run still going holds so far (its last
+    line may be half written)."""
+    journal = run_dir / "journal.jsonl"
+    lines = journal.read_bytes().split(b"\n")[:-1] if journal.exists() else []
+    records = [json.loads(line) for line in lines]
+    return sum(r.get("type") == "unit" and r["status"] == "succeeded" for r in records)
+
+
 def _decisions(report: dict[str, Any]) -> list[tuple[Any, ...]]:
     keys = ("cycle", "iteration", "slot", "digest", "decision", "reason")
     return [tuple(d[key] for key in keys) for d in report["decisions"]]
@@ -199,7 +208,13 @@ def test_a_resumed_rerun_does_not_charge_again_the_replays_it_judged(tmp_path: P
         stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 240
-    while len((log / "judged").read_text().split()) <= JUDGED_BEFORE_HANG:
+    runs_dir = tmp_path / "st" / "runs"
+    # the next judgement hangs and the first ones are journaled (a judge that has begun
+    # is not one that has ended: a Ctrl-C at the third judge's start raced the second's end)
+    while (
+        len((log / "judged").read_text().split()) <= JUDGED_BEFORE_HANG
+        or _journaled_succeeded(max(runs_dir.iterdir())) < JUDGED_BEFORE_HANG
+    ):
         assert rerun.poll() is None and time.monotonic() < deadline, "no judgement hangs"
         time.sleep(0.05)
     rerun.send_signal(signal.SIGINT)
