@@ -73,6 +73,26 @@ async def test_bad_input_raises_from_start_optimize(tmp_path: Path) -> None:
             await runtime.start_optimize(OptimizeRequest(config=config))
 
 
+async def test_bad_arguments_raise_one_clear_error_and_write_nothing(tmp_path: Path) -> None:
+    # Found by review: AttributeErrors from inside, "Nursery is closed to new arrivals", and
+    # a negative events_buffer raised only after the run was written, left `running`.
+    paths = write_toy(tmp_path, PLAN)
+    config = toy_config(paths)
+    request = OptimizeRequest(config=config)
+    async with evolane.open_runtime(store=paths["store"]) as runtime:
+        with pytest.raises(TypeError, match="takes an OptimizeRequest, not CampaignConfig"):
+            await runtime.start_optimize(config)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="backends: a Backends"):
+            await runtime.start_optimize(request, backends={"replay": replay_backend})  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"backends\.judge: 'judge\.py' is not callable"):
+            await runtime.start_optimize(request, backends=Backends(judge="judge.py"))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="events_buffer -1"):
+            await runtime.start_optimize(request, events_buffer=-1)
+    with pytest.raises(RuntimeError, match="runtime is closed"):
+        await runtime.start_optimize(request)
+    assert not list((paths["store"] / "runs").glob("*"))
+
+
 def _hanging_backend() -> tuple[trio.Event, Backend]:
     """A replay backend that never returns, and the event it sets once it has begun."""
     entered = trio.Event()

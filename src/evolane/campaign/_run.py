@@ -212,10 +212,10 @@ async def _run(
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
     for undone in recovered:
         bus.publish(WarningEvent(run_id=prepared.run.run_id, message=_recovery_note(undone)))
-    if on_bus is not None:
-        on_bus(bus)
     journal = RunJournal(prepared.run_dir / "journal.jsonl")
     try:
+        if on_bus is not None:  # inside: a caller's hook that raises still ends the run
+            on_bus(bus)
         context = _RunContext(
             Session(prepared, bus, started, _undone(recovered), clock),
             journal,

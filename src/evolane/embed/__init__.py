@@ -19,7 +19,13 @@ from evolane.embed._otel import OpenTelemetryObserver
 from evolane.embed._pending import EvolveMode, PendingJob, QueueFull
 from evolane.embed._pending_run import PendingJobs
 from evolane.embed._request import OptimizeRequest
-from evolane.embed._runtime import EmbeddedRuntime, RunCancelled, RunHandle, open_runtime
+from evolane.embed._runtime import (
+    EmbeddedRuntime,
+    RunCancelled,
+    RunHandle,
+    check_arguments,
+    open_runtime,
+)
 from evolane.embed._service import (
     EvolvePolicy,
     EvolveService,
@@ -55,6 +61,7 @@ __all__ = [
     "ServiceBudget",
     "ServiceSettings",
     "budget_file",
+    "check_arguments",
     "observer_name",
     "observer_plugin",
     "open_evolve_service",

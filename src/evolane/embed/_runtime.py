@@ -43,6 +43,7 @@ from evolane.supervisors import open_runtime as open_actor_runtime
 
 EVENTS_BUFFER = 256
 """Events a handle holds for a consumer that falls behind; beyond it they are dropped (counted)."""
+CLOSED = "the evolane runtime is closed (its `async with` has ended)"
 CANCEL_WAIT_SECONDS = 60.0
 """How long, beyond the run's kill grace, a cancelled `start_optimize` or `optimize` waits for
 its run to end before it re-raises anyway."""
@@ -101,10 +102,15 @@ class RunHandle:
         """Wait for the run's outcome (the report is ``outcome.report``); raises
         `RunCancelled` for a run that was cancelled."""
         await self._done.wait()
+        return self.ended()
+
+    def ended(self) -> RunOutcome:
+        """`result` without waiting, for a run whose runtime has closed: its outcome, its
+        error raised, or `RunCancelled` for a run that never reached its end."""
         if self._error is not None:
             raise self._error
-        if self._outcome is None:  # defensive: `_finish` always leaves one of the two
-            raise RunCancelled(f"run {self.run_id} ended without an outcome")
+        if self._outcome is None:  # `_finish` leaves one of the two; none: it never ran
+            raise RunCancelled(f"run {self.run_id} was cancelled (its runtime closed)")
         return self._outcome
 
     def stop(self) -> None:
@@ -153,6 +159,8 @@ class EmbeddedRuntime:
     ) -> None:
         self.actors, self.store, self._nursery = actors, store, nursery
         self.observers: tuple[ObserverLike, ...] = tuple(observers)
+        self.closed = False
+        """True once its ``async with`` has ended: it starts no run."""
 
     # the actor API, unchanged
     def __getattr__(self, name: str) -> Any:
@@ -173,7 +181,10 @@ class EmbeddedRuntime:
         of the run (`evolane.embed.Observer`; lossy when slow, disabled when they raise)
         and are closed when it ends, before `RunHandle.result` returns; the runtime's own
         observers (`open_runtime(observers=...)`) hear it too, first, and stay open."""
+        check_arguments(request, backends, events_buffer)
         check_observers(observers)
+        if self.closed:
+            raise RuntimeError(CLOSED)
         run_request = request.run_request(str(self.store), started)  # the runtime's store
         check_backends(run_request.config, backends)
         handle = RunHandle(events_buffer, run_request.config.commands.kill_grace)
@@ -230,6 +241,25 @@ class EmbeddedRuntime:
         return outcome.report
 
 
+def check_arguments(request: object, backends: object, events_buffer: object) -> None:
+    """Refuse, in one `TypeError` or `ValueError` naming it and before anything is written,
+    an argument of `EmbeddedRuntime.start_optimize` of the wrong kind (found by review: an
+    `AttributeError` from inside, or a negative buffer that left its run ``running``)."""
+    if not isinstance(request, OptimizeRequest):
+        raise TypeError(
+            f"start_optimize takes an OptimizeRequest, not {type(request).__name__} "
+            "(OptimizeRequest(config=...))"
+        )
+    if backends is not None and not isinstance(backends, Backends):
+        raise TypeError(f"backends: a Backends(replay=..., ...), not {type(backends).__name__}")
+    for role in ("replay", "judge", "optimizer"):
+        backend = getattr(backends, role, None)
+        if backend is not None and not callable(backend):
+            raise TypeError(f"backends.{role}: {backend!r} is not callable (an async def)")
+    if isinstance(events_buffer, bool) or not isinstance(events_buffer, int) or events_buffer < 0:
+        raise ValueError(f"events_buffer {events_buffer!r}: a count of events, 0 or more")
+
+
 def check_backends(config: CampaignConfig, backends: Backends | None) -> None:
     """Refuse, before anything is written, a cluster that cannot be used (a bad value, Dask
     not installed) and an in-process replay backend asked to run on a Dask cluster."""
@@ -267,6 +297,7 @@ async def open_runtime(
                     try:
                         yield runtime
                     finally:
+                        runtime.closed = True
                         nursery.cancel_scope.cancel()
             finally:  # every run has ended (and let its observers drain): close shared ones
                 for failure in await close_observers(observers):
