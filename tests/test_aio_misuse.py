@@ -118,3 +118,36 @@ def test_a_second_runtime_in_one_loop_is_refused_and_the_first_runs_on(tmp_path:
             return report.status
 
     assert asyncio.run(main()) == "finished"
+
+
+def test_a_run_its_runtime_closed_under_ends_its_readers_as_in_trio(tmp_path: Path) -> None:
+    # Found by review: `result()` awaited in a task of its own raised asyncio.CancelledError
+    # (the task looked cancelled; an asyncio.TaskGroup swallowed it), and a task reading
+    # `events()` waited for ever. In trio they get RunCancelled and the end of the events.
+    paths = write_toy(tmp_path, PLAN)
+    request = OptimizeRequest(config=toy_config(paths, replay="sleep 3600", kill_grace=0.2))
+
+    async def main() -> tuple[BaseException | None, int]:
+        first = asyncio.Event()
+
+        async def read(handle: evolane.aio.AioRunHandle) -> int:
+            seen = 0
+            async for _ in handle.events():
+                seen += 1
+                first.set()
+            return seen
+
+        async with asyncio.timeout(30):  # a guard: a reader that hangs fails the test
+            async with evolane.aio.open_runtime(store=str(paths["store"])) as runtime:
+                handle = await runtime.start_optimize(request)
+                reader = asyncio.create_task(read(handle))
+                result = asyncio.create_task(handle.result())
+                await first.wait()
+            seen = await reader
+            error = (await asyncio.gather(result, return_exceptions=True))[0]
+        assert not result.cancelled()
+        return error, seen
+
+    error, seen = asyncio.run(main())
+    assert isinstance(error, evolane.RunCancelled) and "runtime closed" in str(error)
+    assert seen >= 1

@@ -41,6 +41,7 @@ from evolane.embed import (
     PendingJob,
     RunHandle,
     ServiceSettings,
+    check_arguments,
     observer_name,
     open_evolve_service,
 )
@@ -49,6 +50,10 @@ from evolane.embed import open_runtime as open_trio_runtime
 EVENTS_BUFFER = 256
 _END = object()
 CLOSED = "the evolane runtime is closed (its `async with` has ended)"
+
+
+class RuntimeClosed(RuntimeError):
+    """A call into the runtime that its close cut short (or that came after it)."""
 
 
 class _Bridge:
@@ -60,6 +65,7 @@ class _Bridge:
         self.nursery: trio.Nursery | None = None
         self.closing: trio.Event | None = None
         self.closed = False  # asked to close: a guest still starting closes once it has started
+        self.ended: asyncio.Future[Any] = loop.create_future()  # the guest has ended
 
     def close(self) -> None:
         """Ask the guest to close (now, or as soon as it has started)."""
@@ -91,13 +97,13 @@ class _Bridge:
                 "one that opened it"
             )
         if self.closed:
-            raise RuntimeError(CLOSED)
+            raise RuntimeClosed(CLOSED)
         future: asyncio.Future[Any] = self.loop.create_future()
         assert self.token is not None
         try:
             self.token.run_sync_soon(self._spawn, future, fn, args)
         except trio.RunFinishedError:
-            raise RuntimeError(CLOSED) from None
+            raise RuntimeClosed(CLOSED) from None
         return future
 
     def soon(self, fn: Callable[[], object]) -> None:
@@ -112,13 +118,15 @@ class _Bridge:
         try:
             self.nursery.start_soon(self._run, future, fn, args)
         except RuntimeError:  # the guest is closing: its nursery takes no more
-            self._settle(future, None, RuntimeError(CLOSED))
+            self._settle(future, None, RuntimeClosed(CLOSED))
 
     async def _run(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple) -> None:
         try:
             value = await fn(*args)
-        except trio.Cancelled:
-            self._settle(future, None, asyncio.CancelledError())
+        except trio.Cancelled:  # only the runtime's close cancels a call in the guest
+            # Found by review: the awaiting asyncio task got CancelledError, as if it had been
+            # cancelled itself (an asyncio.TaskGroup then swallowed it).
+            self._settle(future, None, RuntimeClosed(CLOSED))
             raise
         except BaseException as error:  # delivered to the awaiting asyncio task
             self._settle(future, None, error)
@@ -129,9 +137,7 @@ class _Bridge:
         def settle() -> None:
             if future.done():
                 return
-            if isinstance(error, asyncio.CancelledError):
-                future.cancel()
-            elif error is not None:
+            if error is not None:
                 future.set_exception(error)
             else:
                 future.set_result(value)
@@ -221,9 +227,11 @@ class AioRunHandle:
         self._pump.add_done_callback(_retrieve)
 
     async def _forward(self) -> None:
-        async for event in self._handle.events():
-            self._bridge.loop.call_soon_threadsafe(self._offer, event)
-        self._bridge.loop.call_soon_threadsafe(self._offer, _END)
+        try:
+            async for event in self._handle.events():
+                self._bridge.loop.call_soon_threadsafe(self._offer, event)
+        finally:  # also when the runtime's close cuts it (found by review: a reader hung)
+            self._bridge.loop.call_soon_threadsafe(self._offer, _END)
 
     def _offer(self, item: Any) -> None:
         try:
@@ -248,7 +256,8 @@ class AioRunHandle:
             yield item
 
     async def result(self) -> RunOutcome:
-        """The run's outcome; cancelling this await cancels the run (trees killed first)."""
+        """The run's outcome; cancelling this await cancels the run (trees killed first).
+        Raises `RunCancelled` for a run cancelled through its handle or by the runtime's close."""
         try:
             return await asyncio.shield(self._result)
         except asyncio.CancelledError:
@@ -257,6 +266,9 @@ class AioRunHandle:
             if not self._result.cancelled():
                 self._result.exception()  # retrieved: the run was cancelled on purpose
             raise
+        except RuntimeClosed:  # the close cut the wait: the run's end is known once it is over
+            await asyncio.shield(self._bridge.ended)
+            return self._handle.ended()
 
     def stop(self) -> None:
         """Stop gracefully (the report says ``interrupted``)."""
@@ -285,6 +297,7 @@ class AioRuntime:
         the await cancels the run; the cancellation completes once its trees are gone.
         ``observers`` (asyncio code: see the module docstring) hear every event of this run
         and are closed when it ends; the runtime's own hear it too."""
+        check_arguments(request, backends, events_buffer)
         hosted = _hosted(observers)
         scope = trio.CancelScope()
         started = self._bridge.call(self._start, request, backends, hosted, scope)
@@ -445,6 +458,7 @@ async def open_runtime(
     def done(outcome: Any) -> None:
         def settle() -> None:
             finished.set_result(outcome)
+            bridge.ended.set_result(None)
             if not ready.done():  # the guest failed while starting
                 ready.set_exception(RuntimeError(f"the evolane runtime did not start: {outcome}"))
 
