@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -122,9 +123,21 @@ RUNTIME = textwrap.dedent(
 )
 
 
-def _start_runtime(root: Path) -> tuple[subprocess.Popen[str], str]:
+FORKING_RUNTIME = RUNTIME.replace(
+    "print(host.lease, flush=True)",
+    "print(host.lease, flush=True)\n"
+    "        import os, time\n"
+    "        child = os.fork()  # a worker, as multiprocessing forks one: it outlives the test\n"
+    "        if child == 0:\n"
+    "            time.sleep(120)\n"
+    "            os._exit(0)\n"
+    "        print(child, flush=True)",
+)
+
+
+def _start_runtime(root: Path, script: str = RUNTIME) -> tuple[subprocess.Popen[str], str]:
     runtime = subprocess.Popen(
-        [sys.executable, "-c", RUNTIME, str(root)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True
     )
     assert runtime.stdout is not None
     lease = runtime.stdout.readline().strip()
@@ -158,6 +171,37 @@ def test_sigkilled_runtime_takes_every_tree_with_it(tmp_path: Path) -> None:
     finally:
         runtime.kill()
         runtime.wait(timeout=5)
+
+
+def test_a_sigkilled_runtime_with_a_forked_child_alive_takes_every_tree_with_it(
+    tmp_path: Path,
+) -> None:
+    # Found by review: the child (a multiprocessing worker) held copies of the lifeline's
+    # pipe and the lease's lock, so the runtime's death went unseen: its trees ran on, and
+    # its lease passed for live, for as long as the child lived.
+    runtime, lease = _start_runtime(tmp_path / "sandbox", FORKING_RUNTIME)
+    assert runtime.stdout is not None
+    child = int(runtime.stdout.readline())
+    try:
+        runtime.send_signal(signal.SIGKILL)
+        runtime.wait(timeout=5)
+        took = _wait_until(lambda: not lease_holders(lease), 10.0)
+        assert took is not None, f"survivors after 10 s: {sorted(lease_holders(lease))}"
+        assert _wait_until(lambda: not (tmp_path / "sandbox" / lease).exists(), 10.0) is not None
+        assert _alive(child)  # the child lived throughout
+    finally:
+        runtime.kill()
+        runtime.wait(timeout=5)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def test_next_runtime_sweeps_what_a_dead_runtime_left(tmp_path: Path) -> None:

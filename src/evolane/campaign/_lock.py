@@ -36,6 +36,7 @@ from typing import Final
 import orjson
 
 from evolane.inputs import InputError
+from evolane.store import close_fd, close_in_forks
 
 LOCK_SUFFIX: Final = ".evolane-lock"
 """The lock file's name is ``.<target name>`` followed by this."""
@@ -78,7 +79,7 @@ class TargetLock:
                 if _same_file(self.path, fd):
                     os.unlink(self.path)
         finally:
-            os.close(fd)
+            close_fd(fd)
 
 
 def lock_path(target: Path) -> Path:
@@ -139,8 +140,8 @@ def _take(target: Path, path: Path, run_id: str | None = None) -> TargetLock:
         except BaseException:
             os.close(fd)
             raise
-        if _same_file(path, fd):
-            return TargetLock(target, path, fd)
+        if _same_file(path, fd):  # held until `release`, never by a forked child
+            return TargetLock(target, path, close_in_forks(fd))
         os.close(fd)  # its holder removed it between our open and flock: open it again
     raise InputError(f"target {target}: could not take its lock {path} (it keeps being replaced)")
 

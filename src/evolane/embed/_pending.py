@@ -41,6 +41,8 @@ from evolane.campaign import CampaignConfig
 from evolane.inputs import InputError, TrajectoryRecord, first_problem
 from evolane.messages import Name, Record, ShortText
 from evolane.store import (
+    close_fd,
+    close_in_forks,
     fsync_dir,
     read_json,
     remove_tree,
@@ -180,7 +182,7 @@ class RecordQueue:
         queue refuses appends and takes from then on."""
         with self._names_lock:
             if self._lock_fd is not None:
-                os.close(self._lock_fd)
+                close_fd(self._lock_fd)
                 self._lock_fd = None
 
     def _owned(self) -> None:
@@ -275,7 +277,7 @@ def _lock_queue(dirs: StoreDirs) -> int:
             f"{dirs.queue}: the evolve queue is open in another service (one per store; "
             "evolane drain runs its pending jobs alongside)"
         ) from None
-    return fd
+    return close_in_forks(fd)  # a forked child never holds the queue
 
 
 def load_jobs(

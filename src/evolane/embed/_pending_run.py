@@ -38,7 +38,7 @@ from evolane.embed._pending import (
     save_job,
 )
 from evolane.embed._request import OptimizeRequest
-from evolane.store import read_json
+from evolane.store import close_fd, close_in_forks, read_json
 
 if TYPE_CHECKING:
     from evolane.embed._runtime import EmbeddedRuntime, RunHandle
@@ -91,7 +91,7 @@ def job_lock(dirs: StoreDirs, job: PendingJob) -> Iterator[PendingJob | None]:
     ``job.json``."""
     path = dirs.pending / job.job_id / ".lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = close_in_forks(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
     except FileNotFoundError:  # retired meanwhile by another process
         yield None
         return
@@ -103,7 +103,7 @@ def job_lock(dirs: StoreDirs, job: PendingJob) -> Iterator[PendingJob | None]:
             return
         yield _locked_job(dirs, job, fd)
     finally:
-        os.close(fd)
+        close_fd(fd)
 
 
 def _locked_job(dirs: StoreDirs, job: PendingJob, fd: int) -> PendingJob | None:

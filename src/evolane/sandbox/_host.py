@@ -39,6 +39,8 @@ from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._start import ProgramCache
 from evolane.store import (
     BlobStore,
+    close_fd,
+    close_in_forks,
     remove_small_tree,
     remove_tree,
 )
@@ -232,6 +234,8 @@ class SandboxHost:
         self.spool_dir.mkdir(mode=0o700)
         self.disk = DiskFloor(self.root)
         self._lease_lock = claim(self.lease_dir)  # held until `close` removes the lease
+        if self._lease_lock is not None:  # a forked child lets go of it (`close_in_forks`)
+            close_in_forks(self._lease_lock)
         self._start_lifeline()
         if self._use_spawner:  # now, like the lifeline: a helper of the host's whole life
             self.spawner = self._start_spawner()
@@ -249,7 +253,7 @@ class SandboxHost:
                 close_fds=True,
                 env={"PATH": os.defpath},
             )
-            self._lifeline_fd = write_fd
+            self._lifeline_fd = close_in_forks(write_fd)  # its EOF: this process is gone
         except OSError:
             os.close(write_fd)
         finally:
@@ -280,10 +284,10 @@ class SandboxHost:
         kill_lease(self.lease)
         _lifeline.remove_lease_folder(self.lease_dir)
         if self._lease_lock is not None:  # only now may a sweep take the lease for dead
-            os.close(self._lease_lock)
+            close_fd(self._lease_lock)
             self._lease_lock = None
         if self._lifeline_fd is not None:
-            os.close(self._lifeline_fd)
+            close_fd(self._lifeline_fd)
             self._lifeline_fd = None
         if self._lifeline is not None:
             try:

@@ -33,6 +33,7 @@ from evolane.sandbox._secrets import (
     UNIT_UID_BASE,
     UNIT_UID_CAPABILITIES,
 )
+from evolane.store import close_fd, close_in_forks
 
 _REPLY_BYTES = 4096
 _SEQPACKET_OVERHEAD = 64  # a message may take the send buffer less ~32 bytes
@@ -82,6 +83,7 @@ class Spawner:
     def __init__(self, process: subprocess.Popen[bytes], connection: socket.socket) -> None:
         self._process = process
         self._socket = connection
+        close_in_forks(connection.fileno())  # its EOF: the client is gone, the server leaves
         with contextlib.suppress(OSError):  # capped by the kernel's wmem_max
             connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _spawnd.MAX_REQUEST)
         room = connection.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - _SEQPACKET_OVERHEAD
@@ -372,7 +374,8 @@ class Spawner:
         with self._lock:
             self.broken = True
             with contextlib.suppress(OSError):
-                self._socket.close()
+                if self._socket.fileno() >= 0:
+                    close_fd(self._socket.detach())
             if self._devnull >= 0:  # a second close must not close a reused number
                 with contextlib.suppress(OSError):
                     os.close(self._devnull)

@@ -49,6 +49,7 @@ from evolane.store._failure import (
     storage_failure,
     store_refused,
 )
+from evolane.store._forks import close_fd, close_in_forks
 from evolane.store._fsck import FsckResult, Problem, check_store
 from evolane.store._journal import (
     MAX_RECORD_BYTES,
@@ -145,6 +146,8 @@ __all__ = [
     "atomic_temps",
     "check_contained",
     "check_store",
+    "close_fd",
+    "close_in_forks",
     "deferred_blobs",
     "describe_failure",
     "describe_mode",

@@ -28,6 +28,7 @@ from evolane.store._blobs import (
     open_regular_file,
     with_path,
 )
+from evolane.store._forks import close_fd, close_in_forks
 
 MAX_RECORD_BYTES = 64 * 1024
 """Largest journal line accepted, newline included; payloads belong in the blob store."""
@@ -176,8 +177,8 @@ class Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._broken = False
         created = not self.path.exists()
-        self._fd: int | None = os.open(
-            self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
+        self._fd: int | None = close_in_forks(  # its lock says a run is live: not a child's
+            os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         )
         try:
             if lock:
@@ -292,7 +293,7 @@ class Journal:
         """Release the descriptor and lock (idempotent); does not fsync."""
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)
+            close_fd(fd)
 
     def __enter__(self) -> Self:
         return self
