@@ -7,6 +7,7 @@ effect known), each read back and decided again by tests/audit_oracle.py; then t
     python benchmarks/decision_audit.py resume --kill-after 3 20 45 70 80  # SIGKILL, --resume
     python benchmarks/decision_audit.py null --campaigns 40  # null accept rate, k = 2
     python benchmarks/decision_audit.py power --campaigns 30 [--mixture readme]
+    python benchmarks/decision_audit.py seeds --campaigns 40  # the slow audit cell, per seed
 
 ``early``: each setting with and without early stop, same seeds: the same decisions (a
 sequential test's early accept may differ, README: >= 99.1% agree). ``resume``: killed
@@ -16,6 +17,10 @@ run again. ``null``: every candidate has its parent's shift (no true effect), pa
 each candidate +``--shift`` (0.15) over the seed, paired k = 1, 32 val cases (README: 74.8%
 on its mixture, ``--mixture readme``). Each rate is printed beside the toy's own model (its
 32 cases' pass chances, the full evaluation, numpy) and carries a 95% Wilson interval.
+``seeds``: the slow test's campaign of clusters and judge failures (tests/audit_helpers.py
+``JUDGE_FAILURES``) on audit seeds ``--seed``, ``--seed`` + 1, ...: each seed's problems,
+and how often it decided as meant: the better candidate accepted, the worse rejected
+(``EVOLANE_AUDIT_SEED=<seed>`` replays one in the test).
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.audit_helpers import Toy, kill_and_resume, optimize, pass_chance, write_project
+from tests.audit_helpers import (
+    JUDGE_FAILURES,
+    Toy,
+    kill_and_resume,
+    optimize,
+    pass_chance,
+    write_project,
+)
 from tests.audit_oracle import Audit, audit_run, paid_twice
 
 MATRIX: list[tuple[str, Toy, list[str]]] = [
@@ -58,12 +70,13 @@ MATRIX: list[tuple[str, Toy, list[str]]] = [
 ]  # fmt: skip
 
 
-def campaign(root: Path, toy: Toy, flags: list[str], seed: int) -> Audit:
-    """One campaign in a fresh folder under ``root``, audited (its folder removed)."""
+def campaign(root: Path, toy: Toy, flags: list[str], seed: int, audit: str = "0") -> Audit:
+    """One campaign in a fresh folder under ``root`` (``audit``: its judge's seed), audited
+    (its folder removed)."""
     folder = Path(tempfile.mkdtemp(dir=root))
     try:
         common = ["--store", str(folder / "store"), "--seed", str(seed), "--error-control", "none"]
-        args = write_project(folder / "p", toy) + common + ["--iterations", "2", *flags]
+        args = write_project(folder / "p", toy, seed=audit) + common + ["--iterations", "2", *flags]
         done = optimize(args)
         if done.returncode != 0:
             raise SystemExit(f"exit {done.returncode}: {done.stderr[-800:]}")
@@ -112,7 +125,7 @@ def early(root: Path, seed: int, campaigns: int) -> None:
             reps = flags.index("--candidate-replay-repetitions")
             if flags[reps + 1] != flags[flags.index("--baseline-replay-repetitions") + 1]:
                 continue
-        toy = dataclasses.replace(toy, judge_flaky=0.0)  # a transient failure differs per run
+        toy = dataclasses.replace(toy, judge_flaky=0.0)  # drawn per unit: early stop runs others
         differ = []
         for index in range(seed, seed + campaigns):
             sequential, full = (
@@ -167,6 +180,25 @@ def resume(root: Path, seed: int, kill_points: list[int]) -> None:
         print(f"{name:28} killed at {kill_points}: {found or 'same decisions, nothing paid twice'}")
 
 
+def seeds(root: Path, seed: int, campaigns: int) -> None:
+    """The slow audit's campaign of clusters and judge failures on ``campaigns`` audit seeds:
+    each seed's problems, and how often it decided as meant (its better candidate accepted,
+    the worse rejected: what the test needs to have audited both)."""
+    toy, flags = JUDGE_FAILURES
+    meant, found = 0, []
+    for index in range(seed, seed + campaigns):
+        audit = campaign(root, toy, flags, 0, audit=str(index))  # its flags name its --seed
+        found += [f"seed {index}: {problem}" for problem in audit.problems]
+        if all((decision == "accept") == (shift > 0) for shift, decision in audit.tried):
+            meant += 1
+        else:
+            print(f"audit seed {index}: {audit.decisions} (shift, decision: {audit.tried})")
+    print(
+        f"{campaigns} audit seeds from {seed}: decided as meant {wilson(meant, campaigns)}; "
+        f"audit problems: {found or 'none'}"
+    )
+
+
 def rate(root: Path, args: argparse.Namespace) -> None:
     """``null`` (k = 2, four iterations of null candidates) or ``power`` (k = 1, one
     iteration of candidates + ``shift`` over the seed) on 32 val cases, one replay each."""
@@ -189,7 +221,7 @@ def rate(root: Path, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("matrix", "early", "resume", "null", "power"))
+    parser.add_argument("mode", choices=("matrix", "early", "resume", "null", "power", "seeds"))
     parser.add_argument("--kill-after", type=int, nargs="+", default=[3, 20, 45, 70])
     parser.add_argument("--campaigns", type=int, default=30)
     parser.add_argument("--shift", type=float, default=0.15)
@@ -203,6 +235,8 @@ def main() -> None:
             early(Path(scratch), args.seed, args.campaigns)
         elif args.mode == "resume":
             resume(Path(scratch), args.seed, args.kill_after)
+        elif args.mode == "seeds":
+            seeds(Path(scratch), args.seed, args.campaigns)
         else:
             rate(Path(scratch), args)
 

@@ -9,7 +9,11 @@ each replay's draw is a digest of the tree's text, the case and ``EVOLANE_SEED``
 shift its plan gives ``{cycle}.{iteration}.{slot}`` (else ``default``); a shift written
 ``0.3/0.2`` also breaks a fifth of the cases (they never pass). An optional judge command
 fails on some outputs every time (an infrastructure failure a retry does not mend) and on
-others once in a while (one a retry mends).
+others once in a while (one a retry mends): a draw from the audit seed and the judge call's
+folder (its unit's opaque name and attempt). The commands are given inline (``python3 -c``),
+so no path is in them and the run's fingerprint, which keys each unit's name and the drawn
+repetitions of the arm with fewer, is the same wherever the toy is written: one audit seed
+replays one run (``EVOLANE_AUDIT_SEED``, see `audit_seed`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import hashlib
 import inspect
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -79,11 +84,12 @@ JUDGE = (
     "import hashlib, json, os, sys, pathlib\n"
     + inspect.getsource(draw)
     + """
-output, hard, flaky = sys.argv[1:4]
+output, hard, flaky, seed = sys.argv[1:5]
 text = pathlib.Path(output, "output.json").read_text()
 if draw("judge", text) < float(hard):
     sys.exit(5)  # fails on this output whatever the retry
-if int.from_bytes(os.urandom(8), "big") / 2**64 < float(flaky):
+call = pathlib.Path(output).parent.name  # the unit's opaque name and this attempt's number
+if draw("flaky", seed, call) < float(flaky):
     sys.exit(6)  # a transient failure a retry mends
 print(json.dumps({"score": json.loads(text)["score"]}))
 """
@@ -118,9 +124,37 @@ class Toy:
     plan: dict[str, float | str] = field(default_factory=lambda: {"default": 0.0})
 
 
-def write_project(root: Path, toy: Toy, log: Path | None = None) -> list[str]:
+JUDGE_FAILURES = (
+    Toy(cases=24, cluster_size=2, judge=True, judge_hard=0.1, judge_flaky=0.3,
+        replay_crash=0.05, plan={"default": -0.2, "0.0.1": 0.5}),
+    ["--seed", "23", "--candidate-replay-repetitions", "2", "--baseline-replay-repetitions",
+     "1", "--iterations", "1"],
+)  # fmt: skip
+"""The slow audit's campaign of clusters and judge failures: a candidate worse by 0.2 and one
+better by +0.5. Its power is low: the judge fails every time on the failing output of 4 of
+its 24 cases (there the baseline is left out when it fails and kept when it passes, so the
+candidate can only lose) and on the passing one of 1, replays break on 5% of the units, the
+baseline has one repetition a case. With a null and a +0.35 candidate at ``--seed 4`` the
+README's decisions rejected the better one on ~40% of audit seeds (at ``--seed 10``, +0.5,
+they accepted the null on ~60%); on ``--seed 23`` they decided both as meant on every audit
+seed tried (`benchmarks/decision_audit.py seeds`)."""
+
+
+def audit_seed() -> str:
+    """The seed of the toy judge's transient failures: ``EVOLANE_AUDIT_SEED`` when set (to
+    replay a run), else a fresh one; a test names it in what it reports."""
+    return os.environ.get("EVOLANE_AUDIT_SEED") or os.urandom(4).hex()
+
+
+def inline(code: str) -> str:
+    """``code`` as one word of a command template: ``python3 -I -c`` runs it."""
+    return shlex.quote(code.replace("{", "{{").replace("}", "}}"))
+
+
+def write_project(root: Path, toy: Toy, log: Path | None = None, seed: str = "0") -> list[str]:
     """Write the toy under ``root`` and return the ``evolane optimize`` flags that run it
-    (``log`` gets one line per finished replay: its ``EVOLANE_UNIT``)."""
+    (``log`` gets one line per finished replay: its ``EVOLANE_UNIT``; ``seed`` draws the
+    judge's transient failures)."""
     (root / "target").mkdir(parents=True)
     (root / "target" / "shift.txt").write_text("0.0\nseed\n")
     rows = [
@@ -137,23 +171,22 @@ def write_project(root: Path, toy: Toy, log: Path | None = None) -> list[str]:
         for i in range(toy.test_cases)
     ]
     (root / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    for name, text in (("replay.py", REPLAY), ("judge.py", JUDGE), ("opt.py", OPTIMIZER)):
-        (root / name).write_text(text)
+    (root / "opt.py").write_text(OPTIMIZER)
     (root / "plan.json").write_text(json.dumps(toy.plan))
     crash, mode = (
         f"{toy.replay_crash}",
         "graded" if toy.graded else "binary" if toy.judge else "exact",
     )
     words = f"{mode} {crash} {log or '-'} {toy.mixture}"
-    replay = f"{PYTHON} -I {root}/replay.py {{candidate}} {{output_dir}} {words}"
+    replay = f"{PYTHON} -I -c {inline(REPLAY)} {{candidate}} {{output_dir}} {words}"
     flags = [
         "--target", str(root / "target"), "--dataset", str(root / "data.jsonl"),
         "--replay", replay, "--progress", "none", "--kill-grace", "0.3",
         "--optimizer", f"{PYTHON} -I {root}/opt.py {{workdir}} {{prompt_file}} {root}/plan.json",
     ]  # fmt: skip
     if toy.judge:
-        judge = f"{PYTHON} -I {root}/judge.py {{output_dir}} {toy.judge_hard} {toy.judge_flaky}"
-        flags += ["--judge", judge]
+        words = f"{toy.judge_hard} {toy.judge_flaky} {seed}"
+        flags += ["--judge", f"{PYTHON} -I -c {inline(JUDGE)} {{output_dir}} {words}"]
     if log is not None:
         flags += ["--expose-rw", str(log.parent)]
     return flags

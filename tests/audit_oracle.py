@@ -90,10 +90,7 @@ def rule(gate: dict[str, Any], base: Scores, cand: Scores, planned: list[str],
     ids = sorted(c for c in planned if base.get(c) and cand.get(c))
     b = {c: math.fsum(base[c]) / len(base[c]) for c in ids}
     k = {c: math.fsum(cand[c]) / len(cand[c]) for c in ids}
-    unit = {c: c for c in planned}
-    named = {clusters.get(c, c) for c in planned}
-    if gate["gate"] in ("paired", "bootstrap") and len(named) < len(planned):
-        unit = {c: clusters.get(c, c) for c in planned}
+    unit = sample_units(gate, planned, clusters)
     groups: dict[str, list[str]] = defaultdict(list)
     for c in ids:
         groups[unit[c]].append(c)
@@ -116,6 +113,15 @@ def rule(gate: dict[str, Any], base: Scores, cand: Scores, planned: list[str],
     else:
         return Verdict("bootstrap", len(ids), mean, se)
     return Verdict("accept" if ok else "reject", len(ids), mean, se)
+
+
+def sample_units(gate: dict[str, Any], planned: list[str], clusters: dict[str, str]) -> dict:
+    """Per planned case, the unit of the sample it belongs to: its cluster when two cases
+    share one and the gate is paired or bootstrap (README: those count clusters), else itself."""
+    named = {clusters.get(c, c) for c in planned}
+    if gate["gate"] in ("paired", "bootstrap") and len(named) < len(planned):
+        return {c: clusters.get(c, c) for c in planned}
+    return {c: c for c in planned}
 
 
 def regression(base: list[float], cand: list[float], gate: dict[str, Any]) -> bool:
@@ -347,22 +353,26 @@ def _check_full(audit: Audit, run: Run, m: dict[str, Any], verdict: Verdict) -> 
 
 
 def _some_prefix(run: Run, base: Scores, cand: Scores, planned: list[str], m: dict) -> bool:
-    """Whether some ``m["n"]`` of the comparable cases give the early-stopped measurement's
-    mean and SE, with as many cases (clusters) as the coverage guard needs."""
+    """Whether the comparable cases of some whole units of the sample (clusters, else cases:
+    README, early stop reads and stops at a cluster's end) give the early-stopped
+    measurement's n, mean and SE: every unit with a case its stop cut (a unit cancelled or
+    not run) left out, and up to 6 of the others (run to their end past the cutoff)."""
     ids = sorted(c for c in planned if base.get(c) and cand.get(c))
-    if m["n"] > len(ids) or len(ids) - m["n"] > 6:
-        return False
+    unit = sample_units(run.gate, planned, run.clusters)
+    listed = json.loads(blob(run.store, m["units_ref"]["digest"]))
+    cut = {unit[u["case"]] for u in listed if u["status"] in ("cancelled", "not_run")}
+    whole = sorted({unit[c] for c in ids} - cut)
     gate = run.gate | {"no_regression": False}
-    for dropped in itertools.combinations(ids, len(ids) - m["n"]):
-        kept = {c: cand[c] for c in ids if c not in dropped}
-        verdict = rule(gate, base, kept, planned, run.clusters)
-        mean = math.isclose(verdict.mean, m["mean_delta"], abs_tol=1e-9)
-        if (
-            verdict.decision != "indecisive"
-            and mean
-            and math.isclose(verdict.se, m["se"], abs_tol=1e-9)
-        ):
-            return True
+    for size in range(min(6, len(whole)) + 1):
+        for dropped in itertools.combinations(whole, size):
+            kept = [c for c in ids if unit[c] not in cut and unit[c] not in dropped]
+            if len(kept) != m["n"]:
+                continue
+            verdict = rule(gate, base, {c: cand[c] for c in kept}, planned, run.clusters)
+            mean = math.isclose(verdict.mean, m["mean_delta"], abs_tol=1e-9)
+            se = math.isclose(verdict.se, m["se"], abs_tol=1e-9)
+            if verdict.decision != "indecisive" and mean and se:
+                return True
     return False
 
 

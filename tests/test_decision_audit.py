@@ -7,24 +7,35 @@ an uninterrupted run. The long simulation of the rates is benchmarks/decision_au
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.audit_helpers import Toy, kill_and_resume, optimize, write_project
+from tests.audit_helpers import (
+    JUDGE_FAILURES,
+    Toy,
+    audit_seed,
+    journaled_units,
+    kill_and_resume,
+    optimize,
+    write_project,
+)
 from tests.audit_oracle import audit_run, paid_twice, read_run
 
 STRONG = {"default": 0.0, "0.0.1": 0.35}
 """Slot 1 of iteration 0 truly better (+0.35 pass probability on every case), the rest null."""
 
 
-def _campaign(root: Path, toy: Toy, flags: list[str], log: Path | None = None) -> list[str]:
+def _campaign(
+    root: Path, toy: Toy, flags: list[str], log: Path | None = None, seed: str = "0"
+) -> list[str]:
     """Write the toy under ``root`` and return its full flags (store ``root/store``)."""
     common = ["--store", str(root / "store"), "--error-control", "none", "--iterations", "2"]
-    return write_project(root / "p", toy, log) + common + flags
+    return write_project(root / "p", toy, log, seed) + common + flags
 
 
-def _run(root: Path, toy: Toy, flags: list[str]) -> None:
-    done = optimize(_campaign(root, toy, flags))
+def _run(root: Path, toy: Toy, flags: list[str], seed: str = "0") -> None:
+    done = optimize(_campaign(root, toy, flags, seed=seed))
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -43,16 +54,50 @@ def test_recorded_decisions_follow_from_the_journal(tmp_path: Path) -> None:
     assert len(audit.decisions) == 8 and "accept" in audit.decisions.values()
 
 
+def test_an_early_stop_by_cluster_rests_on_whole_clusters(tmp_path: Path) -> None:
+    """Early stop by cluster decides on the clusters read to its cutoff, whole, however many
+    cases past it ran a repetition before the stop (the oracle gave up past 6 such cases and
+    called README's early stop a mismatch: 7 in the slow audit's campaign, audit seed 11)."""
+    toy = Toy(cases=48, cluster_size=3, plan={"default": 0.6})
+    flags = ["--seed", "1", "--iterations", "1", "--population", "1"]
+    flags += ["--candidate-replay-repetitions", "2", "--replay-concurrency", "8"]
+    _run(tmp_path, toy, flags)
+    audit = audit_run(tmp_path / "store", tmp_path / "p" / "data.jsonl")
+    assert not audit.problems
+    _, _, report = read_run(tmp_path / "store")
+    (early,) = [m for m in report["measurements"] if m["status"] == "early_stopped"]
+    assert early["decision"] == "accept" and early["n_planned"] - early["n"] > 6
+
+
+def test_one_audit_seed_replays_one_run(tmp_path: Path) -> None:
+    """The toy judge's transient failures come from the audit seed and the call, and no path
+    is in the commands (the run's fingerprint draws the one-repetition arm's repetitions and
+    names the units): the same seed in two folders journals the same units, judge attempts
+    and scores, so a failing seed of the slow audit replays exactly."""
+    toy = Toy(cases=8, judge=True, judge_flaky=0.5, plan={"default": 0.2})
+    reps = ["--candidate-replay-repetitions", "2", "--baseline-replay-repetitions", "1"]
+    flags = ["--seed", "1", "--iterations", "1", "--population", "1", *reps]
+    runs = []
+    for name in ("a", "b"):
+        _run(tmp_path / name, toy, flags, seed="7")
+        runs.append(sorted(map(_outcome, journaled_units(tmp_path / name / "store"))))
+    assert runs[0] == runs[1]
+    assert any(attempts > 1 for *_, attempts, _ in runs[0] if attempts)  # transient failures
+
+
+def _outcome(unit: dict[str, Any]) -> tuple[object, ...]:
+    """What two runs of one audit seed agree on about a journaled unit: its id, opaque
+    name, status, and its judge's attempts and score."""
+    judge = unit.get("judge") or {}
+    name = unit["replay"]["name"]
+    return unit["unit"], name, unit["status"], judge.get("attempts"), judge.get("score")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("toy", "flags"),
     [
-        (
-            Toy(cases=24, cluster_size=2, judge=True, judge_hard=0.1, judge_flaky=0.3,
-                replay_crash=0.05, plan=STRONG),
-            ["--seed", "4", "--candidate-replay-repetitions", "2",
-             "--baseline-replay-repetitions", "1", "--iterations", "1"],
-        ),
+        JUDGE_FAILURES,
         (
             Toy(cases=12, judge=True, graded=True, judge_hard=0.2, plan=STRONG),
             ["--seed", "2", "--gate", "bootstrap", "--no-regression",
@@ -75,11 +120,15 @@ def test_every_recorded_decision_follows_from_the_journal(
 ) -> None:
     """Each val measurement's n, mean delta, SE and decision are the oracle's on the units
     the journal holds (a failed judge never a score, a candidate's unscored unit 0), each
-    pair of one case, each decision in the report the measurement's."""
-    _run(tmp_path, toy, flags)
+    pair of one case, each decision in the report the measurement's. The judge's transient
+    failures are drawn from an audit seed: ``EVOLANE_AUDIT_SEED=<seed>`` replays a run."""
+    seed = audit_seed()
+    _run(tmp_path, toy, flags, seed)
     audit = audit_run(tmp_path / "store", tmp_path / "p" / "data.jsonl")
-    assert not audit.problems
-    assert "accept" in audit.decisions.values() and "reject" in audit.decisions.values()
+    replay = f"EVOLANE_AUDIT_SEED={seed} replays this run ({tmp_path})"
+    assert not audit.problems, f"{replay}: {audit.problems}"
+    decided = set(audit.decisions.values())
+    assert {"accept", "reject"} <= decided, f"{replay}: {audit.decisions} ({audit.tried})"
     if toy.judge_hard:  # judges failed on infrastructure: the oracle saw how each counted
         assert sum(audit.judge_failed.values())
     if toy.test_cases:  # the accepted best was confirmed (or not) on the test split
