@@ -121,7 +121,9 @@ async def test_a_clear_winner_or_loser_stops_early(tmp_path, effect: float, deci
         summary = await measure(bench, effect, gate=None, name="m")
     assert summary.status == "early_stopped"
     assert summary.gate.decision == decision
-    assert summary.units_not_run > 0
+    # the stop came before some units' replay or judge (on a loaded host every replay may
+    # have ended first: the judges, behind, decide; then the stop cuts only judges)
+    assert summary.units_not_run + summary.units_cancelled > 0
     # the figure reads "n/n_planned": the plan's 40 cases, not the cases the stop read
     assert summary.gate.n < 40 and summary.gate.n_planned == 40
 
