@@ -161,16 +161,21 @@ def _wait_until(predicate: object, seconds: float) -> float | None:
 def test_sigkilled_runtime_takes_every_tree_with_it(tmp_path: Path) -> None:
     runtime, lease = _start_runtime(tmp_path / "sandbox")
     try:
-        runtime.send_signal(signal.SIGKILL)
-        runtime.wait(timeout=5)
-        # Generous for loaded machines; how fast the lifeline kills is a benchmark's figure.
-        took = _wait_until(lambda: not lease_holders(lease), 10.0)
-        assert took is not None, f"survivors after 10 s: {sorted(lease_holders(lease))}"
-        # The lifeline also removed the dead runtime's workspaces.
-        assert _wait_until(lambda: not (tmp_path / "sandbox" / lease).exists(), 10.0) is not None
+        _sigkill_then_all_gone(runtime, lease, tmp_path / "sandbox")
     finally:
         runtime.kill()
         runtime.wait(timeout=5)
+
+
+def _sigkill_then_all_gone(runtime: subprocess.Popen[str], lease: str, root: Path) -> None:
+    """SIGKILL ``runtime``: every process of its ``lease`` ends and its workspaces go."""
+    runtime.send_signal(signal.SIGKILL)
+    runtime.wait(timeout=5)
+    # Generous for loaded machines; how fast the lifeline kills is a benchmark's figure.
+    took = _wait_until(lambda: not lease_holders(lease), 10.0)
+    assert took is not None, f"survivors after 10 s: {sorted(lease_holders(lease))}"
+    # The lifeline also removed the dead runtime's workspaces.
+    assert _wait_until(lambda: not (root / lease).exists(), 10.0) is not None
 
 
 def test_a_sigkilled_runtime_with_a_forked_child_alive_takes_every_tree_with_it(
@@ -183,11 +188,7 @@ def test_a_sigkilled_runtime_with_a_forked_child_alive_takes_every_tree_with_it(
     assert runtime.stdout is not None
     child = int(runtime.stdout.readline())
     try:
-        runtime.send_signal(signal.SIGKILL)
-        runtime.wait(timeout=5)
-        took = _wait_until(lambda: not lease_holders(lease), 10.0)
-        assert took is not None, f"survivors after 10 s: {sorted(lease_holders(lease))}"
-        assert _wait_until(lambda: not (tmp_path / "sandbox" / lease).exists(), 10.0) is not None
+        _sigkill_then_all_gone(runtime, lease, tmp_path / "sandbox")
         assert _alive(child)  # the child lived throughout
     finally:
         runtime.kill()
