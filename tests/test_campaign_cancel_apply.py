@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
@@ -26,7 +27,9 @@ from tests.campaign_helpers import (
 )
 
 PLAN = {"0.0": "fix:3"}
-MARK = "check-under-test"
+# Unique to this test process: a pytest-xdist worker running another test of this file at the
+# same time has a check of its own running, which a fixed mark took for this one's.
+MARK = f"check-under-test-{uuid.uuid4().hex}"
 
 
 def _files(root: Path) -> dict[str, bytes]:
