@@ -8,6 +8,7 @@ alone now."""
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -34,7 +35,11 @@ async def _runtime_cgroup_parent(root: Path) -> Path:
 
 def test_a_runtime_cgroup_holding_another_pid_namespace_is_never_swept(tmp_path: Path) -> None:
     parent = trio.run(_runtime_cgroup_parent, tmp_path / "sandbox")
-    foreign = parent / "evolane-rt-999999-0f0f0f0f"  # a pid that is no process here
+    # Named for a live process of ours until the other namespace's command is in it: every
+    # runtime opened meanwhile (another pytest-xdist worker's) sweeps a runtime cgroup named
+    # for no process and holding none of another namespace's, as this one is while it is made.
+    namesake = subprocess.Popen(["sleep", "60"])
+    foreign = parent / f"evolane-rt-{namesake.pid}-{secrets.token_hex(4)}"
     foreign.mkdir()
     procs = shlex.quote(str(foreign / "cgroup.procs"))
     held = subprocess.Popen(  # unshare stays in this namespace, its sleep is in a new one
@@ -45,12 +50,15 @@ def test_a_runtime_cgroup_holding_another_pid_namespace_is_never_swept(tmp_path:
         while len((foreign / "cgroup.procs").read_text().split()) < 2:
             assert time.monotonic() < deadline and held.poll() is None
             time.sleep(0.05)
+        namesake.kill()
+        namesake.wait()  # now a pid that is no process here
         sweep_stale_leases(tmp_path / "sandbox")
         assert held.poll() is None  # the runtime of the other namespace's command runs on
         assert foreign.is_dir()
     finally:
-        held.kill()
-        held.wait()
+        for process in (namesake, held):
+            process.kill()
+            process.wait()
         deadline = time.monotonic() + 30
         while foreign.exists() and time.monotonic() < deadline:
             try:
