@@ -59,8 +59,13 @@ async def test_a_command_that_crosses_the_floor_is_killed_and_the_run_stops(
 
 
 def test_the_floor_is_never_above_half_of_what_was_free() -> None:
-    floor = default_floor(Path("/"))
-    free = shutil.disk_usage("/").free
+    # Another test process (a pytest-xdist worker) may write or delete meanwhile, and on a
+    # nearly full disk the floor follows what is free: taken where free space held still.
+    for _ in range(100):
+        free = shutil.disk_usage("/").free
+        floor = default_floor(Path("/"))
+        if shutil.disk_usage("/").free == free:
+            break
     assert 0 < floor <= min(1 << 30, free // 2 + 4096)
 
 
