@@ -235,7 +235,9 @@ async def _dead_runtime_swept_by_the_next(root: Path) -> bool:
         if not lease_holders(lease):
             return False  # "without a lifeline the trees outlive the runtime": not here
         async with open_sandbox(root) as host:
-            assert host.stale_swept == 1
+            # At least: the count takes in every dead runtime's cgroups on the host, and
+            # another test process (a pytest-xdist worker) may have just killed one.
+            assert host.stale_swept >= 1
             assert lease_holders(lease) == set()
             assert not (root / lease).exists()
         return True
