@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import psutil
 import trio
@@ -37,6 +38,7 @@ from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._start import ProgramCache
+from evolane.sandbox._uids import UidClaim, claim_uid, claims_folder
 from evolane.store import (
     BlobStore,
     close_fd,
@@ -137,6 +139,7 @@ class SandboxHost:
         )
         # Hosts rarely share a uid: each starts at its own random place in the span.
         self._uids = itertools.count(secrets.randbelow(UNIT_UID_SPAN))
+        self._uid_claims: Path | Literal[False] | None = False  # False: not looked for yet
         self.active_leaders: set[int] = set()
         self._use_spawner = use_spawner
         self.spawner: Spawner | None = None
@@ -201,9 +204,17 @@ class SandboxHost:
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in label)[:40] or "unit"
         return f"{safe}-{secrets.token_hex(10)}"
 
-    def unit_uid(self) -> int:
-        """The uid the next ``drop_root`` command runs as when evolane is root: one per unit,
-        so units can neither signal nor write one another."""
+    def claim_uid(self) -> UidClaim:
+        """The uid the next ``drop_root`` command runs as when evolane is root: one per live
+        unit on the host (`evolane.sandbox._uids`), so units can neither signal nor write
+        one another; `release_uid` once its litter is gone."""
+        if self._uid_claims is False:
+            self._uid_claims = claims_folder()
+        return claim_uid(self._uid_claims, self._draw_uid)
+
+    def _draw_uid(self, jump: bool) -> int:
+        if jump:  # taken by another host's live unit: its neighbours likely are too
+            self._uids = itertools.count(secrets.randbelow(UNIT_UID_SPAN))
         return UNIT_UID_BASE + next(self._uids) % UNIT_UID_SPAN
 
     @property

@@ -37,6 +37,7 @@ from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._start import Launch, ProgramCache, Spawned, SpawnError
 from evolane.sandbox._tree import ProcessTree
+from evolane.sandbox._uids import UidClaim, release_uid
 from evolane.sandbox._watch import Watch
 from evolane.sandbox._workspace import WorkspaceError, hand_over, inside, materialize_workspace
 from evolane.store import BlobStore, remove_small_tree, remove_tree
@@ -72,8 +73,8 @@ class UnitHost(Protocol):
         """A unique, filesystem- and lease-safe name for the next unit."""
         ...
 
-    def unit_uid(self) -> int:
-        """The uid the next ``drop_root`` command runs as when evolane is root."""
+    def claim_uid(self) -> UidClaim:
+        """The uid the next ``drop_root`` command runs as when evolane is root, claimed."""
         ...
 
     def defer(self, cleanup: Callable[[], object]) -> None:
@@ -117,6 +118,7 @@ class Unit:
         self.cgroups: UnitCgroups | None = None
         self.step_marker: int | None = None  # see `evolane.sandbox._start.LaidOut`
         self.uid: int | None = None  # a unit uid's: its IPC objects go with the unit
+        self.uid_claim: UidClaim | None = None  # held until they are gone (`release_uid`)
         self.created = False
         self.work = self.dir / "work"  # a given workspace is resolved by `prepare`
 
@@ -160,7 +162,7 @@ class Unit:
         if self.uid is not None:  # what the unit uid left, when that is small too
             if not remove_litter(self.uid, small=True):
                 return False
-            self.uid = None
+            self._uid_free()
         return remove_small_tree(self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES)
 
     def _release_uid(self) -> None:
@@ -168,7 +170,12 @@ class Unit:
         tree is dead (its cgroups are gone), so nothing of it is in use."""
         if self.uid is not None:
             remove_litter(self.uid)
-            self.uid = None
+            self._uid_free()
+
+    def _uid_free(self) -> None:
+        """The unit uid's litter is gone: another unit on the host may have it."""
+        release_uid(self.uid_claim)
+        self.uid, self.uid_claim = None, None
 
     def remove(self, keep: bool) -> Path | None:
         """Remove the unit's cgroups and directories; a kept unit moves out of the lease."""
@@ -319,7 +326,8 @@ def _unit_uid(unit: Unit) -> int | None:
     with its unit directory and its writable own paths (inside the root) handed to it."""
     if not unit.spec.drop_root or not commands_run_unprivileged():
         return None  # not root; or no way to switch: root then (caps dropped where it can)
-    uid = unit.uid = unit.host.unit_uid()
+    unit.uid_claim = unit.host.claim_uid()
+    uid = unit.uid = unit.uid_claim.uid
     writable = [Path(path) for path, rw in unit.spec.view.own if rw]
     hand_over([unit.dir, unit.work, *(p for p in writable if inside(unit.host.root, p))], uid)
     return uid
