@@ -32,10 +32,10 @@ HOLDER = textwrap.dedent(
         Journal(store / "journal.jsonl"),
     )
     child = os.fork()  # a worker, as multiprocessing forks one: it outlives its parent
-    if child == 0:
+    if child == 0:  # said by the child once it runs (a loaded host had not run it yet)
+        print(os.getpid(), flush=True)
         time.sleep(120)
         os._exit(0)
-    print(child, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
