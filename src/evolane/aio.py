@@ -33,6 +33,7 @@ import trio
 
 from evolane.campaign import Backends, CampaignConfig, RunOutcome
 from evolane.embed import (
+    RUNTIME_CLOSED,
     EmbeddedRuntime,
     EvolveService,
     ObserverLike,
@@ -49,7 +50,6 @@ from evolane.embed import open_runtime as open_trio_runtime
 
 EVENTS_BUFFER = 256
 _END = object()
-CLOSED = "the evolane runtime is closed (its `async with` has ended)"
 
 
 class RuntimeClosed(RuntimeError):
@@ -97,13 +97,13 @@ class _Bridge:
                 "one that opened it"
             )
         if self.closed:
-            raise RuntimeClosed(CLOSED)
+            raise RuntimeClosed(RUNTIME_CLOSED)
         future: asyncio.Future[Any] = self.loop.create_future()
         assert self.token is not None
         try:
             self.token.run_sync_soon(self._spawn, future, fn, args)
         except trio.RunFinishedError:
-            raise RuntimeClosed(CLOSED) from None
+            raise RuntimeClosed(RUNTIME_CLOSED) from None
         return future
 
     def soon(self, fn: Callable[[], object]) -> None:
@@ -118,7 +118,7 @@ class _Bridge:
         try:
             self.nursery.start_soon(self._run, future, fn, args)
         except RuntimeError:  # the guest is closing: its nursery takes no more
-            self._settle(future, None, RuntimeClosed(CLOSED))
+            self._settle(future, None, RuntimeClosed(RUNTIME_CLOSED))
 
     async def _run(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple) -> None:
         try:
@@ -126,7 +126,7 @@ class _Bridge:
         except trio.Cancelled:  # only the runtime's close cancels a call in the guest
             # Found by review: the awaiting asyncio task got CancelledError, as if it had been
             # cancelled itself (an asyncio.TaskGroup then swallowed it).
-            self._settle(future, None, RuntimeClosed(CLOSED))
+            self._settle(future, None, RuntimeClosed(RUNTIME_CLOSED))
             raise
         except BaseException as error:  # delivered to the awaiting asyncio task
             self._settle(future, None, error)

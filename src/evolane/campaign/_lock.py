@@ -36,7 +36,7 @@ from typing import Final
 import orjson
 
 from evolane.inputs import InputError
-from evolane.store import close_fd, close_in_forks
+from evolane.store import close_fd, close_in_forks, same_file
 
 LOCK_SUFFIX: Final = ".evolane-lock"
 """The lock file's name is ``.<target name>`` followed by this."""
@@ -76,7 +76,7 @@ class TargetLock:
         fd, self.fd = self.fd, None
         try:
             with contextlib.suppress(OSError):
-                if _same_file(self.path, fd):
+                if same_file(self.path, fd):
                     os.unlink(self.path)
         finally:
             close_fd(fd)
@@ -140,19 +140,10 @@ def _take(target: Path, path: Path, run_id: str | None = None) -> TargetLock:
         except BaseException:
             os.close(fd)
             raise
-        if _same_file(path, fd):  # held until `release`, never by a forked child
+        if same_file(path, fd):  # held until `release`, never by a forked child
             return TargetLock(target, path, close_in_forks(fd))
         os.close(fd)  # its holder removed it between our open and flock: open it again
     raise InputError(f"target {target}: could not take its lock {path} (it keeps being replaced)")
-
-
-def _same_file(path: Path, fd: int) -> bool:
-    try:
-        named = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _holder(fd: int) -> str:

@@ -20,6 +20,7 @@ from evolane.embed._pending import EvolveMode, PendingJob, QueueFull
 from evolane.embed._pending_run import PendingJobs
 from evolane.embed._request import OptimizeRequest
 from evolane.embed._runtime import (
+    RUNTIME_CLOSED,
     EmbeddedRuntime,
     RunCancelled,
     RunHandle,
@@ -38,6 +39,7 @@ __all__ = [
     "OBSERVER_BUFFER",
     "OBSERVER_CLOSE_TIMEOUT",
     "OBSERVER_DRAIN_TIMEOUT",
+    "RUNTIME_CLOSED",
     "Backend",
     "BackendCall",
     "Backends",

@@ -43,7 +43,8 @@ from evolane.supervisors import open_runtime as open_actor_runtime
 
 EVENTS_BUFFER = 256
 """Events a handle holds for a consumer that falls behind; beyond it they are dropped (counted)."""
-CLOSED = "the evolane runtime is closed (its `async with` has ended)"
+RUNTIME_CLOSED = "the evolane runtime is closed (its `async with` has ended)"
+"""What a call into a runtime whose ``async with`` has ended is told (trio and asyncio alike)."""
 CANCEL_WAIT_SECONDS = 60.0
 """How long, beyond the run's kill grace, a cancelled `start_optimize` or `optimize` waits for
 its run to end before it re-raises anyway."""
@@ -184,7 +185,7 @@ class EmbeddedRuntime:
         check_arguments(request, backends, events_buffer)
         check_observers(observers)
         if self.closed:
-            raise RuntimeError(CLOSED)
+            raise RuntimeError(RUNTIME_CLOSED)
         run_request = request.run_request(str(self.store), started)  # the runtime's store
         check_backends(run_request.config, backends)
         handle = RunHandle(events_buffer, run_request.config.commands.kill_grace)

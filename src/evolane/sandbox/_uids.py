@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolane.store import close_fd, close_in_forks
+from evolane.store import close_fd, close_in_forks, same_file
 
 CLAIMS = Path("/run/evolane-unit-uids")
 """Where a root evolane claims its unit uids: one folder per host, whatever the sandbox root."""
@@ -84,12 +84,12 @@ def _lock(path: Path) -> int | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
-        if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+        if same_file(path, fd):
             return fd
-    except OSError as error:
-        if error.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
-            os.close(fd)
-            raise
+    except BlockingIOError:
+        pass
+    except BaseException:
+        os.close(fd)
+        raise
     os.close(fd)
     return None

@@ -49,7 +49,7 @@ from evolane.store._failure import (
     storage_failure,
     store_refused,
 )
-from evolane.store._forks import close_fd, close_in_forks
+from evolane.store._forks import close_fd, close_in_forks, same_file
 from evolane.store._fsck import FsckResult, Problem, check_store
 from evolane.store._journal import (
     MAX_RECORD_BYTES,
@@ -171,6 +171,7 @@ __all__ = [
     "remove_atomic_temps",
     "remove_small_tree",
     "remove_tree",
+    "same_file",
     "scan_journal",
     "scan_tree",
     "snapshot_tree",

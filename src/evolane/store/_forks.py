@@ -5,13 +5,15 @@ Found by review: a child the agent forked (a `multiprocessing` worker) kept copi
 runtime killed by SIGKILL went unseen (its lifeline never woke, its trees ran on) and its
 locks passed for held, for as long as the child lived. Each such descriptor is registered
 with `close_in_forks` when taken and let go of with `close_fd`; a forked child closes its
-copies of those still registered (the parent's stay open).
+copies of those still registered (the parent's stay open). `same_file` tells whether a lock
+file is still the one its path names (its holder unlinks it, locked, to let go).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 _REGISTERED: set[int] = set()
 
@@ -27,6 +29,17 @@ def close_fd(fd: int) -> None:
     _REGISTERED.discard(fd)
     with contextlib.suppress(OSError):
         os.close(fd)
+
+
+def same_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file ``fd`` holds: a lock file its holder removes
+    while locked (to let go) may be replaced between another's open and lock."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _close_in_child() -> None:
