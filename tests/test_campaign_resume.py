@@ -415,8 +415,8 @@ def _killed_at_the_report_then_resumed(
     tmp_path: Path, judges: int, slow: str
 ) -> tuple[list[dict], int, dict]:
     """The toy, one harmful candidate (an early stop), killed as the report is written (every
-    unit ended), then resumed to its end: the killed session's journal, the replays launched
-    over both sessions and the resumed run's report. ``slow``: how long the judge takes
+    unit ended), then resumed to its end: the killed session's journal, the replay commands
+    that wrote their usage over both sessions and the resumed run's report. ``slow``: how long the judge takes
     and for which cases (``*``: every case)."""
     paths = write_toy(tmp_path, {"0.0": "harm:1"})
     store, log = tmp_path / "store", tmp_path / "logs" / "replays.log"
@@ -436,11 +436,16 @@ def _killed_at_the_report_then_resumed(
     )
     assert died.returncode == 9, died.stderr.decode()
     records = _journal_records(store)
+    ran = set(log.read_text().split())  # none in flight at the kill: each one journaled
+    assert ran == {r["replay"]["name"] for r in records if r.get("replay")}, records
     (run_dir,) = (store / "runs").iterdir()
     resumed = _optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
     _finish(resumed)
-    launched = len(log.read_text().split())  # none in flight at the kill: each one ended
-    return records, launched, _report(store)
+    # Each time a command wrote its usage, over both sessions: a replay tried again (the
+    # host refused a fork) or run again by the resume (its first run was cut) is charged
+    # each time it ran (found in two test workers: one more launch than replays journaled).
+    charged = len(Path(f"{log}.usage").read_text().split())
+    return records, charged, _report(store)
 
 
 def test_a_resume_charges_the_replays_an_early_stop_left_unjudged(tmp_path: Path) -> None:
@@ -449,12 +454,12 @@ def test_a_resume_charges_the_replays_an_early_stop_left_unjudged(tmp_path: Path
     charged in the killed session, but the resume, which settles the same early stop from
     the journal and never judges them, charged none of them: 14,000 tokens for the 14,400
     the uninterrupted run spent. Each replay is charged once, as the run resumes."""
-    records, launched, report = _killed_at_the_report_then_resumed(tmp_path, 2, "0.2 *")
+    records, charged, report = _killed_at_the_report_then_resumed(tmp_path, 2, "0.2 *")
     judged = {r["unit"] for r in records if r["type"] == "unit" and r["status"] == "succeeded"}
     unjudged = {r["unit"] for r in records if r["type"] == "replay"} - judged
     assert unjudged  # the early stop cut replays off before their judgement
-    assert report["budget"]["spent"]["tokens"] == launched * 100
-    assert report["budget"]["campaign_spent"]["tokens"] == launched * 100
+    assert report["budget"]["spent"]["tokens"] == charged * 100
+    assert report["budget"]["campaign_spent"]["tokens"] == charged * 100
 
 
 def test_a_resume_charges_the_units_its_early_stop_never_reads_again(tmp_path: Path) -> None:
@@ -464,21 +469,22 @@ def test_a_resume_charges_the_units_its_early_stop_never_reads_again(tmp_path: P
     settled and never reads the rest, which were charged only as they were read: 14,200
     tokens for 14,400. Every journaled unit is now charged once, as the run resumes."""
     solid = "val00,val01,val02,val03"  # the harmed case is one: judged last, every other first
-    records, launched, report = _killed_at_the_report_then_resumed(tmp_path, 12, f"2 {solid}")
+    records, charged, report = _killed_at_the_report_then_resumed(tmp_path, 12, f"2 {solid}")
     (measured,) = [m for m in report["measurements"] if m["measurement_id"] == "c0.i0.s0"]
     journaled = [r for r in records if r["type"] == "unit" and r["measurement"] == "c0.i0.s0"]
     assert len([r for r in journaled if r["status"] == "succeeded"]) > measured["units_restored"]
-    assert launched == len({r["replay"]["name"] for r in records if r.get("replay")})
-    assert report["budget"]["spent"]["tokens"] == launched * 100
-    assert report["budget"]["campaign_spent"]["tokens"] == launched * 100
+    assert report["budget"]["spent"]["tokens"] == charged * 100
+    assert report["budget"]["campaign_spent"]["tokens"] == charged * 100
 
 
 def usage_replay_logged(root: Path, log: Path) -> str:
-    """The toy replay, writing ``usage.json`` (100 tokens) and a line per launch to ``log``."""
+    """The toy replay, writing ``usage.json`` (100 tokens), a line per launch to ``log`` and
+    one per usage written to ``log``.usage."""
     script = root / "replay.sh"
     script.write_text(
         f'echo "$EVOLANE_UNIT" >> {log}\n'
         'cat "$1/$EVOLANE_CASE_ID" > "$2/output.json"\n'
         'echo \'{"tokens": 100, "cost_usd": 0.01}\' > "$2/usage.json"\n'
+        f'echo "$EVOLANE_UNIT" >> {log}.usage\n'
     )
     return f"sh {script} {{candidate}} {{output_dir}}"
