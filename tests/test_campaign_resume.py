@@ -416,8 +416,8 @@ def _killed_at_the_report_then_resumed(
 ) -> tuple[list[dict], int, dict]:
     """The toy, one harmful candidate (an early stop), killed as the report is written (every
     unit ended), then resumed to its end: the killed session's journal, the replay commands
-    that wrote their usage over both sessions and the resumed run's report. ``slow``: how long the judge takes
-    and for which cases (``*``: every case)."""
+    that wrote their usage over both sessions and the resumed run's report. ``slow``: how
+    long the judge takes and for which cases (``*``: every case)."""
     paths = write_toy(tmp_path, {"0.0": "harm:1"})
     store, log = tmp_path / "store", tmp_path / "logs" / "replays.log"
     log.parent.mkdir()

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
+import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -14,8 +17,16 @@ import pytest
 import trio
 
 from evolane.sandbox import SandboxSpec, open_sandbox
-from evolane.sandbox._secrets import commands_run_unprivileged
-from evolane.sandbox._uids import claim_uid, claims_folder, release_uid
+from evolane.sandbox._litter import end_uid
+from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, commands_run_unprivileged
+from evolane.sandbox._uids import (
+    CLAIMS,
+    UidClaim,
+    claim_uid,
+    claims_folder,
+    release_uid,
+    sweep_stale_claims,
+)
 
 
 def test_a_claimed_uid_is_not_handed_out_again_until_released(tmp_path: Path) -> None:
@@ -99,3 +110,113 @@ async def test_two_hosts_drawing_the_same_uids_never_share_one(tmp_path: Path) -
     long_uid, survived = outcomes["long"].split()
     assert int(outcomes["short"]) != int(long_uid)
     assert survived == "True"
+
+
+def _held_uid() -> tuple[UidClaim, int]:
+    """A unit uid claimed host-wide for this test (in the real claims folder), so no other
+    runtime on the host runs a unit as it while the test plays its dead holder."""
+    held = claim_uid(claims_folder(), lambda jump: UNIT_UID_BASE + secrets.randbelow(UNIT_UID_SPAN))
+    return held, held.uid
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+def test_a_uid_whose_holder_died_holding_it_is_ended_before_it_is_handed_out(
+    tmp_path: Path,
+) -> None:
+    """A holder SIGKILLed with its claim (its file left, its lock gone) left a live process
+    of the uid and a /dev/shm file: the next claim kills the one and removes the other
+    before it takes the uid; one that cannot end them (``end`` says no) draws another."""
+    folder = claims_folder(tmp_path / "claims")
+    assert folder is not None
+    held, uid = _held_uid()
+    shm = Path(f"/dev/shm/evolane-test-stale-{uuid.uuid4().hex}")
+    left = subprocess.Popen(["sleep", "300"], user=uid, group=uid, start_new_session=True)
+    try:
+        shm.write_text("the dead unit's")
+        os.chown(shm, uid, uid)
+        (folder / str(uid)).touch()  # what a holder that died holding the uid leaves
+        other = claim_uid(folder, lambda jump: uid if not jump else uid + 1, lambda _: False)
+        assert other.uid == uid + 1 and left.poll() is None and shm.exists()
+        release_uid(other)
+        claim = claim_uid(folder, lambda jump: uid, end_uid)
+        assert claim.uid == uid
+        assert left.wait(timeout=30) == -signal.SIGKILL
+        assert not shm.exists()
+        release_uid(claim)
+        assert not (folder / str(uid)).exists()
+    finally:
+        left.kill()
+        left.wait()
+        shm.unlink(missing_ok=True)
+        release_uid(held)
+
+
+def test_a_sweep_ends_only_dead_holders_claims_of_the_unit_range(tmp_path: Path) -> None:
+    """`sweep_stale_claims` frees a file no one holds, leaves a live claim alone, and never
+    acts on a name outside the unit uids it is given (it would kill that uid's processes)."""
+    folder = claims_folder(tmp_path / "claims")
+    assert folder is not None
+    ended: list[int] = []
+
+    def end(uid: int) -> bool:
+        ended.append(uid)
+        return uid != 12
+
+    live = claim_uid(folder, lambda jump: 10)
+    for name in ("11", "12", "99", "0", "x11"):
+        (folder / name).touch()
+    assert sweep_stale_claims(folder, end, range(10, 20)) == 1
+    assert sorted(ended) == [11, 12]
+    assert sorted(p.name for p in folder.iterdir()) == ["0", "10", "12", "99", "x11"]
+    release_uid(live)
+    assert sweep_stale_claims(folder, end, range(10, 20)) == 0  # 12 still will not end
+    assert sweep_stale_claims(None, end, range(10, 20)) == 0
+
+
+RUNTIME = """
+import sys, trio
+from evolane.sandbox import SandboxSpec, open_sandbox
+
+async def main():
+    async with open_sandbox(sys.argv[1]) as host:
+        print(host._lifeline.pid, flush=True)
+        argv = ("sh", "-c", f"touch {sys.argv[2]}; exec sleep 300")
+        await host.run(SandboxSpec(argv=argv, isolation="process", drop_root=True), timeout=600)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+async def test_the_next_runtime_removes_what_a_killed_runtimes_unit_uid_left(
+    tmp_path: Path,
+) -> None:
+    """A runtime SIGKILLed with its lifeline (as a container's whole process tree can be)
+    while a unit of its uid had made a /dev/shm file: its claim file stays, so the next
+    runtime on the host, on another root, ends the uid's leftovers as it starts (before,
+    the file and the uid's IPC objects stayed until the host rebooted)."""
+    shm = f"/dev/shm/evolane-test-killed-{uuid.uuid4().hex}"
+    runtime = subprocess.Popen(
+        [sys.executable, "-c", RUNTIME, str(tmp_path / "a"), shm],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert runtime.stdout is not None
+        lifeline = int(runtime.stdout.readline())
+        with trio.fail_after(60):
+            while not os.path.exists(shm):
+                await trio.sleep(0.02)
+        uid = os.stat(shm).st_uid
+        assert uid >= UNIT_UID_BASE and (CLAIMS / str(uid)).exists()
+        os.kill(lifeline, signal.SIGKILL)
+        runtime.kill()
+        runtime.wait()
+        async with open_sandbox(tmp_path / "b") as next_host:
+            assert next_host.stale_swept >= 1
+        assert not os.path.exists(shm)
+        assert not (CLAIMS / str(uid)).exists()
+    finally:
+        runtime.kill()
+        runtime.wait()
+        if os.path.exists(shm):
+            os.unlink(shm)

@@ -33,12 +33,13 @@ from evolane.sandbox._lease_owner import (
     owner_is_dead,
 )
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
+from evolane.sandbox._litter import end_uid
 from evolane.sandbox._run import run_unit
-from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN
+from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._start import ProgramCache
-from evolane.sandbox._uids import UidClaim, claim_uid, claims_folder
+from evolane.sandbox._uids import UidClaim, claim_uid, claims_folder, sweep_stale_claims
 from evolane.store import (
     BlobStore,
     close_fd,
@@ -210,7 +211,15 @@ class SandboxHost:
         one another; `release_uid` once its litter is gone."""
         if self._uid_claims is False:
             self._uid_claims = claims_folder()
-        return claim_uid(self._uid_claims, self._draw_uid)
+        return claim_uid(self._uid_claims, self._draw_uid, self._end_stale_uid)
+
+    def _end_stale_uid(self, uid: int) -> bool:
+        """End what a dead holder of ``uid`` left (`end_uid`), if small; else leave it to
+        the cleanup thread, which frees the uid once done, and draw another."""
+        if end_uid(uid, small=True):
+            return True
+        self.defer(partial(sweep_stale_claims, self._uid_claims, end_uid, range(uid, uid + 1)))
+        return False
 
     def _draw_uid(self, jump: bool) -> int:
         if jump:  # taken by another host's live unit: its neighbours likely are too
@@ -321,6 +330,9 @@ class SandboxHost:
                 continue
             _lifeline.sweep(lease_dir.name, [*self._cgroup_dirs_of(lease_dir.name), lease_dir])
             swept += 1
+        if commands_run_unprivileged():  # the uids dead runtimes' units held, on any root
+            uids = range(UNIT_UID_BASE, UNIT_UID_BASE + UNIT_UID_SPAN)
+            swept += sweep_stale_claims(claims_folder(), end_uid, uids)
         return swept + self._sweep_orphan_cgroups()
 
     def _sweep_orphan_cgroups(self) -> int:

@@ -5,9 +5,14 @@ Found by review: each host counted uids from its own random place with no claim 
 across the host, so two hosts could hand one uid to two live units; one unit's end then
 removed the other's IPC objects (`remove_litter`), and the two could signal each other. A
 claim is an ``flock`` on a file named after the uid in `CLAIMS` (a root-only folder), held
-from the uid's hand-out until its litter is removed; a dead process's claims are free at
-once (the kernel drops its locks). The file is unlinked on release while still locked, and
-a claim checks that the locked file is still the one the path names.
+from the uid's hand-out until its litter is removed. The file is unlinked on release while
+still locked, and a claim checks that the locked file is still the one the path names.
+
+A dead process's locks are free at once, but its files stay: a claim that finds the file
+there and locks it took the uid of a holder that died holding it (a runtime SIGKILLed
+before its lifeline killed its trees, or with it), and first ends what that holder left:
+the uid's processes and its litter (`end_uid`). Found by review: the next unit given such
+a uid met the dead run's live tree, which could signal it, and its IPC objects.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ CLAIMS = Path("/run/evolane-unit-uids")
 """Where a root evolane claims its unit uids: one folder per host, whatever the sandbox root."""
 MAX_TRIES = 64
 """Uids tried for one claim, each at a fresh random place after a taken one."""
+MAX_CLAIM_FILES = 1 << 17
+"""Entries of the claims folder a sweep looks at, at most (two per unit uid of the span)."""
 
 
 @dataclass(frozen=True)
@@ -53,20 +60,28 @@ def claims_folder(folder: Path = CLAIMS) -> Path | None:
     return folder
 
 
-def claim_uid(folder: Path | None, draw: Callable[[bool], int]) -> UidClaim:
+def claim_uid(
+    folder: Path | None, draw: Callable[[bool], int], end: Callable[[int], bool] | None = None
+) -> UidClaim:
     """A uid no other live unit on the host holds: ``draw(jump)`` gives the next candidate
-    (``jump``: the last one was taken, go elsewhere). Raises `OSError` (EAGAIN) when
-    `MAX_TRIES` candidates are all taken."""
+    (``jump``: the last one was taken, go elsewhere). A uid whose holder died holding it
+    is taken once ``end(uid)`` says what it left is gone (else it stays for a sweep:
+    `sweep_stale_claims`). Raises `OSError` (EAGAIN) when `MAX_TRIES` candidates are all
+    taken."""
     if folder is None:
         return UidClaim(draw(False), None, None)
     jump = False
     for _ in range(MAX_TRIES):
         uid = draw(jump)
-        path = folder / str(uid)
-        fd = _lock(path)
-        if fd is not None:
-            return UidClaim(uid, close_in_forks(fd), path)
+        locked = _lock(folder / str(uid))
         jump = True
+        if locked is None:
+            continue
+        fd, stale = locked
+        if stale and (end is None or not end(uid)):
+            os.close(fd)  # what the dead holder left stays, claimed by its file
+            continue
+        return UidClaim(uid, close_in_forks(fd), folder / str(uid))
     raise OSError(errno.EAGAIN, f"no free unit uid after {MAX_TRIES} tries in {folder}")
 
 
@@ -79,13 +94,45 @@ def release_uid(claim: UidClaim | None) -> None:
     close_fd(claim.fd)
 
 
-def _lock(path: Path) -> int | None:
-    """A locked descriptor of ``path`` while ``path`` still names it; None when taken."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+def sweep_stale_claims(folder: Path | None, end: Callable[[int], bool], uids: range) -> int:
+    """End what each holder that died holding one of ``uids`` left (``end``) and free its
+    uid; how many. A file named otherwise is never acted on (no process of another uid is
+    killed for a name found here); at most `MAX_CLAIM_FILES` entries are looked at."""
+    if folder is None:
+        return 0
+    swept = 0
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for _, entry in zip(range(MAX_CLAIM_FILES), entries, strict=False):
+            uid = int(entry.name) if entry.name.isdigit() else -1
+            locked = _lock(Path(entry.path), create=False) if uid in uids else None
+            if locked is None:
+                continue
+            if end(uid):
+                release_uid(UidClaim(uid, locked[0], Path(entry.path)))
+                swept += 1
+            else:
+                os.close(locked[0])
+    return swept
+
+
+def _lock(path: Path, create: bool = True) -> tuple[int, bool] | None:
+    """A locked descriptor of ``path`` while ``path`` still names it, and whether the file
+    was there before (its holder died holding it); None when taken (or, not ``create``,
+    gone)."""
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd, stale = None, True
+    if create:
+        with contextlib.suppress(FileExistsError):
+            fd, stale = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600), False
+    if fd is None:
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:  # released since: the next try draws again
+            return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if same_file(path, fd):
-            return fd
+            return fd, stale
     except BlockingIOError:
         pass
     except BaseException:
