@@ -105,3 +105,26 @@ def test_only_rounding_is_forgiven_of_a_score_outside_the_unit_interval() -> Non
         assert verdict.failure.code == "judge_bad_score"
     with pytest.raises(MalformedVerdictError, match="outside"):
         parse_verdict('{"score": 1.001}')
+
+
+async def test_a_plain_def_backend_is_told_to_be_async(tmp_path: Path) -> None:
+    # Found by review: a synchronous `def` judge failed every unit with "object float can't
+    # be used in 'await' expression", naming neither the backend nor the fix.
+    def judge(call: BackendCall) -> float:
+        return 1.0
+
+    verdicts = await _judged(tmp_path, judge)
+    assert verdicts and {v["status"] for v in verdicts} == {"failed"}
+    said = {v["failure"]["message"] for v in verdicts}
+    assert all("backend" in m and "returned float, not an awaitable" in m for m in said), said
+    assert all("async def" in m for m in said), said
+
+
+async def test_a_lambda_returning_a_coroutine_is_a_backend(tmp_path: Path) -> None:
+    async def score(call: BackendCall) -> float:
+        await trio.lowlevel.checkpoint()
+        assert call.output_dir is not None
+        return 1.0 if orjson.loads((call.output_dir / "output.json").read_bytes()) == "yes" else 0
+
+    verdicts = await _judged(tmp_path, lambda call: score(call))
+    assert verdicts and {v["status"] for v in verdicts} == {"succeeded"}

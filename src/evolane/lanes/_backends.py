@@ -22,6 +22,7 @@ An exception is the backend's own failure (like a non-zero exit), never a score.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import traceback
@@ -196,7 +197,7 @@ async def run_backend(
 
             nursery.start_soon(watch_stop)
             try:
-                value = await backend(call)
+                value = await _awaited(backend, call)
                 returned = trio.current_time()
                 out = _stdout_for(call, value)
             except BaseException as failure:  # the backend's failure, like a command's
@@ -225,6 +226,22 @@ async def run_backend(
         stderr=_capture(err),
         error=error,
     )
+
+
+async def _awaited(backend: Backend, call: BackendCall) -> object:
+    """What ``backend(call)`` gives, awaited; a `TypeError` naming the mistake when it gives
+    no awaitable (a plain ``def`` backend: found by review, every unit failed with "object
+    NoneType can't be used in 'await' expression", which named neither the backend nor the
+    fix). A ``lambda call: coro(call)`` still passes: what it returns is awaitable."""
+    pending = backend(call)
+    if not inspect.isawaitable(pending):
+        name = getattr(backend, "__qualname__", None) or type(backend).__name__
+        raise TypeError(
+            f"the in-process backend {name} returned {type(pending).__name__}, not an "
+            "awaitable: define it with `async def` (a plain function would block the event "
+            "loop; run blocking work through trio.to_thread.run_sync inside it)"
+        )
+    return await pending
 
 
 def blocked_words(over: float) -> str:
