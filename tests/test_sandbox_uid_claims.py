@@ -220,3 +220,30 @@ async def test_the_next_runtime_removes_what_a_killed_runtimes_unit_uid_left(
         runtime.wait()
         if os.path.exists(shm):
             os.unlink(shm)
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+async def test_a_unit_drawing_a_dead_holders_uid_takes_another_and_the_uid_is_ended(
+    tmp_path: Path,
+) -> None:
+    """A live host draws a uid a dead holder left with a live process: the unit (its
+    layout may run on the event loop, so no waiting there) runs as another uid, and the
+    host's cleanup thread ends the left process and frees the uid."""
+    held, uid = _held_uid()  # and a claims folder of the test's own: no other host sweeps it
+    async with open_sandbox(tmp_path / "sb") as host:
+        host._uid_claims = folder = claims_folder(tmp_path / "claims")
+        assert folder is not None
+        left = subprocess.Popen(["sleep", "300"], user=uid, group=uid, start_new_session=True)
+        try:
+            (folder / str(uid)).touch()  # its holder died holding it
+            host._uids = itertools.count(uid - UNIT_UID_BASE)
+            spec = SandboxSpec(argv=("id", "-u"), isolation="process", drop_root=True)
+            outcome = await host.run(spec, timeout=60)
+            assert outcome.ok and int(outcome.stdout.text()) != uid, outcome  # drawn again
+            await trio.to_thread.run_sync(host.settle)
+            assert left.wait(timeout=30) == -signal.SIGKILL
+            assert not (folder / str(uid)).exists()
+        finally:
+            left.kill()
+            left.wait()
+            release_uid(held)

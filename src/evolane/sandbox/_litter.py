@@ -138,8 +138,10 @@ def end_uid(uid: int, small: bool = False) -> bool:
     `remove_litter`; True when both are whole, so the uid may serve another unit. Found
     by review: a SIGKILLed runtime's claims were free at once, before its lifeline killed
     its trees, and what they made outside their folders was never removed, so the next
-    unit given the uid met a live tree it could signal and the last one's IPC objects."""
-    for _ in range(KILL_ROUNDS):
+    unit given the uid met a live tree it could signal and the last one's IPC objects.
+    ``small`` (on the event loop): one scan of /proc, and False once it found a process
+    (killed, but not waited for), as `remove_litter` is False past its small bounds."""
+    for _ in range(1 if small else KILL_ROUNDS):
         alive = processes_of(uid)
         if not alive:
             return remove_litter(uid, small)
@@ -151,5 +153,7 @@ def end_uid(uid: int, small: bool = False) -> bool:
                         signal.pidfd_send_signal(fd, signal.SIGKILL)
                 finally:
                     os.close(fd)
+        if small:
+            return False
         time.sleep(0.005)
     return False
