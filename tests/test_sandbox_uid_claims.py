@@ -163,11 +163,11 @@ def test_a_sweep_ends_only_dead_holders_claims_of_the_unit_range(tmp_path: Path)
         return uid != 12
 
     live = claim_uid(folder, lambda jump: 10)
-    for name in ("11", "12", "99", "0", "x11"):
+    for name in ("11", "12", "99", "0", "x11", "1\u00b2"):
         (folder / name).touch()
     assert sweep_stale_claims(folder, end, range(10, 20)) == 1
     assert sorted(ended) == [11, 12]
-    assert sorted(p.name for p in folder.iterdir()) == ["0", "10", "12", "99", "x11"]
+    assert sorted(p.name for p in folder.iterdir()) == ["0", "10", "12", "1\u00b2", "99", "x11"]
     release_uid(live)
     assert sweep_stale_claims(folder, end, range(10, 20)) == 0  # 12 still will not end
     assert sweep_stale_claims(None, end, range(10, 20)) == 0

@@ -103,7 +103,8 @@ def sweep_stale_claims(folder: Path | None, end: Callable[[int], bool], uids: ra
     swept = 0
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for _, entry in zip(range(MAX_CLAIM_FILES), entries, strict=False):
-            uid = int(entry.name) if entry.name.isdigit() else -1
+            name = entry.name
+            uid = int(name) if name.isascii() and name.isdigit() else -1
             locked = _lock(Path(entry.path), create=False) if uid in uids else None
             if locked is None:
                 continue
