@@ -497,3 +497,26 @@ async def test_a_replay_cannot_reach_the_local_clusters_scheduler(tmp_path: Path
         tried = await output_of(cluster, store, tmp_path, settings)
     assert sorted(tried) == ["no certificate", "own certificate", "plain"]
     assert all(outcome.startswith("refused") for outcome in tried.values()), tried
+
+
+async def test_a_local_cluster_leaves_dasks_dashboard_port_alone(tmp_path: Path) -> None:
+    # Found in two test workers: the scheduler's HTTP server (no routes) took 8787, Dask's
+    # dashboard port, and warned on stderr when another cluster had it ("Port 8787 is
+    # already in use"): it now takes a free loopback port, as the workers' do.
+    import warnings
+
+    import psutil
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with cluster_for(tmp_path, "local:1"):
+            me = psutil.Process()
+            listening = [
+                connection.laddr
+                for process in (me, *me.children(recursive=True))
+                for connection in process.net_connections(kind="tcp")
+                if connection.status == psutil.CONN_LISTEN
+            ]
+    assert listening and all(address.ip == "127.0.0.1" for address in listening), listening
+    assert 8787 not in {address.port for address in listening}, listening
+    assert not [w for w in caught if "8787" in str(w.message)]

@@ -58,9 +58,17 @@ def local_cluster(spec: ClusterSpec, directory: Path, lease: str) -> Any:
             protocol="tls://",
             security=security,
             dashboard_address=None,
+            # Their HTTP servers (no routes: `_QUIET`) on a free port of the loopback only:
+            # the scheduler's took 8787 on every address, and warned on stderr when another
+            # cluster had it ("Port 8787 is already in use", found in two test workers).
+            worker_dashboard_address="127.0.0.1:0",
             silence_logs=logging.ERROR,
             local_directory=str(directory),
-            scheduler_kwargs={"allowed_failures": 0, "dashboard": False},
+            scheduler_kwargs={
+                "allowed_failures": 0,
+                "dashboard": False,
+                "dashboard_address": "127.0.0.1:0",
+            },
             env={LEASE_VARIABLE: lease},
         )
     forget_scratch_folders()  # the scheduler's and the nannies' (here, in the driver)
