@@ -436,14 +436,15 @@ def _killed_at_the_report_then_resumed(
     )
     assert died.returncode == 9, died.stderr.decode()
     records = _journal_records(store)
-    ran = set(log.read_text().split())  # none in flight at the kill: each one journaled
-    assert ran == {r["replay"]["name"] for r in records if r.get("replay")}, records
+    launched = log.read_text().split()
+    assert set(launched) == {r["replay"]["name"] for r in records if r.get("replay")}, records
     (run_dir,) = (store / "runs").iterdir()
     resumed = _optimize(["--resume", run_dir.name, "--store", str(store), "--progress", "none"])
     _finish(resumed)
-    # Each time a command wrote its usage, over both sessions: a replay tried again (the
-    # host refused a fork) or run again by the resume (its first run was cut) is charged
-    # each time it ran (found in two test workers: one more launch than replays journaled).
+    assert log.read_text().split() == launched  # every unit had ended: none is run again
+    # Each time a command wrote its usage: a replay tried again in its session (the host
+    # refused a fork) is charged each time it ran (found in two test workers: one more
+    # launch than replays journaled; the names launched are the journal's, as checked).
     charged = len(Path(f"{log}.usage").read_text().split())
     return records, charged, _report(store)
 
