@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from evolane.sandbox import SandboxSpec, open_sandbox
-from evolane.sandbox._litter import end_uid
+from evolane.sandbox._litter import end_uid, kill_processes_of, processes_of
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, commands_run_unprivileged
 from evolane.sandbox._uids import (
     CLAIMS,
@@ -51,6 +51,13 @@ def test_a_claimed_uid_is_not_handed_out_again_until_released(tmp_path: Path) ->
     with pytest.raises(OSError, match="no free unit uid"):  # every try taken: a spawn error
         claim_uid(folder, lambda jump: 9)
     release_uid(held)
+    left = claim_uid(folder, lambda jump: 11)
+    release_uid(left, ended=False)  # some of its processes outlived their unit: the file
+    assert (folder / "11").exists()  # stays, so the next claim ends them first
+    ended: list[int] = []
+    again = claim_uid(folder, lambda jump: 11, lambda uid: not ended.append(uid))
+    assert again.uid == 11 and ended == [11]
+    release_uid(again)
 
 
 def test_a_claims_folder_others_may_write_is_not_used(tmp_path: Path) -> None:
@@ -220,3 +227,38 @@ async def test_the_next_runtime_removes_what_a_killed_runtimes_unit_uid_left(
         runtime.wait()
         if os.path.exists(shm):
             os.unlink(shm)
+
+
+ESCAPE = "(setsid env -i sleep 300 </dev/null >/dev/null 2>&1 &); id -u"
+STORM = (  # an escapee that starts more children than a tree holds pidfds on
+    "(setsid env -i sh -c 'i=0; while [ $i -lt 400 ]; do sleep 300 & i=$((i+1)); done;"
+    ' touch "$0"; exec sleep 300\' "$HOME/done" </dev/null >/dev/null 2>&1 &);'
+    ' while [ ! -e "$HOME/done" ]; do sleep 0.02; done; id -u'
+)
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+@pytest.mark.parametrize("command", [ESCAPE, STORM], ids=["escapee", "storm"])
+async def test_an_escapee_of_a_unit_uid_without_cgroups_is_killed_before_the_uid_is_freed(
+    tmp_path: Path, command: str
+) -> None:
+    """A root evolane with no cgroup to use (a container whose cgroup tree is read-only):
+    a command's double fork + setsid escapee that clears its environment has neither the
+    tree's group nor the lease marker, but runs as the unit's uid, and is killed by it,
+    with all it started (more than `MAX_TRACKED_ESCAPEES`). Found by review: it outlived
+    the run and the host, and its uid went back to the pool, so the next unit given the
+    uid (this runtime's or another's) met a live process that could signal it and write
+    its files; past the pidfds held, a storm's children outlived the run by thousands."""
+    async with open_sandbox(tmp_path / "a", use_cgroups=False) as host:
+        spec = SandboxSpec(argv=("sh", "-c", command), isolation="process", drop_root=True)
+        outcome = await host.run(spec, timeout=120)
+        uid = int(outcome.stdout.text())
+        try:
+            assert outcome.ok and uid >= UNIT_UID_BASE, outcome
+            assert processes_of(uid) == [], "an escapee outlived its run"
+            assert outcome.escaped_found >= 1 and outcome.survivors == 0
+            await trio.to_thread.run_sync(host.settle)
+            assert not (CLAIMS / str(uid)).exists()
+        finally:
+            while processes_of(uid):
+                kill_processes_of(uid)

@@ -140,16 +140,22 @@ def end_uid(uid: int, small: bool = False) -> bool:
     its trees, and what they made outside their folders was never removed, so the next
     unit given the uid met a live tree it could signal and the last one's IPC objects."""
     for _ in range(KILL_ROUNDS):
-        alive = processes_of(uid)
-        if not alive:
+        if not kill_processes_of(uid):
             return remove_litter(uid, small)
-        for pid in alive:
-            with contextlib.suppress(OSError):
-                fd = os.pidfd_open(pid)
-                try:  # held by its pidfd: the uid read again is this process's, not a reuse
-                    if real_uid(pid) == uid:
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                finally:
-                    os.close(fd)
         time.sleep(0.005)
     return False
+
+
+def kill_processes_of(uid: int) -> set[int]:
+    """SIGKILL every live process of ``uid`` found by one scan of /proc; their pids."""
+    killed = set()
+    for pid in processes_of(uid):
+        with contextlib.suppress(OSError):
+            fd = os.pidfd_open(pid)
+            try:  # held by its pidfd: the uid read again is this process's, not a reuse
+                if real_uid(pid) == uid:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed.add(pid)
+            finally:
+                os.close(fd)
+    return killed

@@ -30,7 +30,7 @@ from evolane.sandbox._launch import (
     step_failed_marker,
     uid_process_cap,
 )
-from evolane.sandbox._litter import remove_litter
+from evolane.sandbox._litter import end_uid, remove_litter
 from evolane.sandbox._netns import own_network_args
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
@@ -119,6 +119,7 @@ class Unit:
         self.step_marker: int | None = None  # see `evolane.sandbox._start.LaidOut`
         self.uid: int | None = None  # a unit uid's: its IPC objects go with the unit
         self.uid_claim: UidClaim | None = None  # held until they are gone (`release_uid`)
+        self.survivors = False  # the kill ladder left some of the tree alive
         self.created = False
         self.work = self.dir / "work"  # a given workspace is resolved by `prepare`
 
@@ -160,21 +161,34 @@ class Unit:
                 return False
             self.cgroups = None
         if self.uid is not None:  # what the unit uid left, when that is small too
-            if not remove_litter(self.uid, small=True):
+            if self.survivors or not remove_litter(self.uid, small=True):
                 return False
             self._uid_free()
         return remove_small_tree(self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES)
 
     def _release_uid(self) -> None:
         """Remove what the unit uid left outside the unit's folders (`remove_litter`): its
-        tree is dead (its cgroups are gone), so nothing of it is in use."""
-        if self.uid is not None:
+        tree is dead (its cgroups are gone), so nothing of it is in use. A tree the kill
+        ladder could not end (`survivors`): its uid's processes are killed first
+        (`end_uid`), and where some still live the uid stays claimed by its file, for the
+        next claim or host to end (found by review: it went back to the pool with them)."""
+        if self.uid is None:
+            return
+        if self.survivors and self.owns_uid:
+            self._uid_free(end_uid(self.uid))
+        else:
             remove_litter(self.uid)
             self._uid_free()
 
-    def _uid_free(self) -> None:
-        """The unit uid's litter is gone: another unit on the host may have it."""
-        release_uid(self.uid_claim)
+    @property
+    def owns_uid(self) -> bool:
+        """Whether the unit uid is claimed host-wide for this unit (not where claims are
+        unavailable): every process of it is then the unit's, to kill."""
+        return self.uid_claim is not None and self.uid_claim.fd is not None
+
+    def _uid_free(self, ended: bool = True) -> None:
+        """The unit uid's litter is gone (``ended``): another unit on the host may have it."""
+        release_uid(self.uid_claim, ended)
         self.uid, self.uid_claim = None, None
 
     def remove(self, keep: bool) -> Path | None:
@@ -248,7 +262,8 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
-        tree = ProcessTree(pid, unit.cgroups, unit.tree_lease, uid=unit.uid)
+        owns_uid = unit.owns_uid
+        tree = ProcessTree(pid, unit.cgroups, unit.tree_lease, uid=unit.uid, owns_uid=owns_uid)
         watch = Watch(tree, spec.kill_grace, unit.activity)
         async with trio.open_nursery() as nursery:
             for name, stream in streams.items():
@@ -258,6 +273,7 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
             finally:
                 with trio.CancelScope(shield=True):
                     await watch.finish(nursery)
+                unit.survivors = watch.kill.survivors > 0
         if host.disk is not None and (watch.disk_low or host.disk.low()):
             raise host.disk.failure()  # killed, or a short one crossed it: the run stops
         return await _outcome(unit, tree, watch, captures, started, base)

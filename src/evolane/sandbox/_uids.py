@@ -85,12 +85,15 @@ def claim_uid(
     raise OSError(errno.EAGAIN, f"no free unit uid after {MAX_TRIES} tries in {folder}")
 
 
-def release_uid(claim: UidClaim | None) -> None:
-    """Let go of ``claim`` (its uid's litter removed); never raises."""
+def release_uid(claim: UidClaim | None, ended: bool = True) -> None:
+    """Let go of ``claim`` (its uid's litter removed); never raises. Not ``ended`` (some
+    process of the uid still lives): its file stays, so the next claim of the uid, or the
+    next host's sweep, ends what is left before the uid serves again."""
     if claim is None or claim.fd is None or claim.path is None:
         return
-    with contextlib.suppress(OSError):
-        os.unlink(claim.path)  # still locked: a claimer that opened it sees it gone
+    if ended:
+        with contextlib.suppress(OSError):
+            os.unlink(claim.path)  # still locked: a claimer that opened it sees it gone
     close_fd(claim.fd)
 
 
