@@ -262,3 +262,27 @@ async def test_an_escapee_of_a_unit_uid_without_cgroups_is_killed_before_the_uid
         finally:
             while processes_of(uid):
                 kill_processes_of(uid)
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+def test_a_sweep_never_ends_a_live_uid_for_a_file_named_otherwise(tmp_path: Path) -> None:
+    """Files whose names read as a live claim's uid but are not its name (a leading zero,
+    other scripts' digits) are left alone: the sweep neither kills that uid's live process
+    nor fails on a name ``int`` refuses (found by review: ``"0" + uid`` ended the live
+    unit, and a ``"²"`` stopped every root host's start)."""
+    folder = claims_folder(tmp_path / "claims")
+    assert folder is not None
+    held, uid = _held_uid()
+    live = claim_uid(folder, lambda jump: uid)
+    unit = subprocess.Popen(["sleep", "300"], user=uid, group=uid, start_new_session=True)
+    arabic = str(uid).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    try:
+        for name in (f"0{uid}", arabic, "²", f" {uid}"):
+            (folder / name).touch()
+        assert sweep_stale_claims(folder, end_uid, range(uid, uid + 1)) == 0
+        assert unit.poll() is None
+    finally:
+        unit.kill()
+        unit.wait()
+        release_uid(live)
+        release_uid(held)

@@ -106,7 +106,7 @@ def sweep_stale_claims(folder: Path | None, end: Callable[[int], bool], uids: ra
     swept = 0
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for _, entry in zip(range(MAX_CLAIM_FILES), entries, strict=False):
-            uid = int(entry.name) if entry.name.isdigit() else -1
+            uid = _uid_named(entry.name)
             locked = _lock(Path(entry.path), create=False) if uid in uids else None
             if locked is None:
                 continue
@@ -116,6 +116,13 @@ def sweep_stale_claims(folder: Path | None, end: Callable[[int], bool], uids: ra
             else:
                 os.close(locked[0])
     return swept
+
+
+def _uid_named(name: str) -> int:
+    """The uid a claim file of this name claims; -1 for a name no claim has (one that
+    only reads as a uid: ``02000000001``, other scripts' digits, ``²``). Found by review:
+    such a file ended the live claim's uid, or stopped the sweep."""
+    return int(name) if name.isascii() and name.isdigit() and str(int(name)) == name else -1
 
 
 def _lock(path: Path, create: bool = True) -> tuple[int, bool] | None:
