@@ -286,3 +286,42 @@ def test_a_sweep_never_ends_a_live_uid_for_a_file_named_otherwise(tmp_path: Path
         unit.wait()
         release_uid(live)
         release_uid(held)
+
+
+TAMPER = 'find "$0" -uid "$(id -u)" -name out -exec sh -c \'echo tampered > "$1"\' _ {} \\; ; id -u'
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+@pytest.mark.parametrize("keep", [False, True], ids=["workspace", "kept"])
+async def test_a_uid_served_again_reaches_nothing_its_last_unit_was_handed(
+    tmp_path: Path, keep: bool
+) -> None:
+    """A unit's workspace (the caller's, read once the run returns) and a kept unit's
+    folder are handed back before its uid serves another unit, here another host's whose
+    count walked onto it: that unit, running as the same uid, finds and writes nothing of
+    the last one's. Found by review: they stayed the uid's, so a replay of one candidate
+    could rewrite another's output before its lane read it, or a kept unit's files."""
+    outcomes = []
+    async with (
+        open_sandbox(tmp_path / "a") as first,
+        open_sandbox(tmp_path / "b") as second,
+    ):
+        scratch = first.root / "scratch"
+        scratch.mkdir()
+        spec = SandboxSpec(
+            argv=("sh", "-c", "echo mine > out; id -u; exit $0", "1" if keep else "0"),
+            isolation="process",
+            drop_root=True,
+            keep_failed=keep,
+            workspace=None if keep else str(scratch),
+        )
+        outcomes.append(await first.run(spec, timeout=60))
+        await trio.to_thread.run_sync(first.settle)
+        uid = int(outcomes[0].stdout.text())
+        second._uids = itertools.count(uid - UNIT_UID_BASE)  # its next draw is that uid
+        argv = ("sh", "-c", TAMPER, str(first.root))
+        spec = SandboxSpec(argv=argv, isolation="process", drop_root=True)
+        outcomes.append(await second.run(spec, timeout=60))
+        assert int(outcomes[1].stdout.text()) == uid, outcomes
+        out = Path(outcomes[0].workspace) / "work" / "out" if keep else scratch / "out"
+        assert out.read_text() == "mine\n"
