@@ -33,7 +33,7 @@ from evolane.sandbox._lease_owner import (
     owner_is_dead,
 )
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
-from evolane.sandbox._litter import end_uid
+from evolane.sandbox._litter import end_uid, end_uids
 from evolane.sandbox._run import run_unit
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
@@ -218,7 +218,7 @@ class SandboxHost:
         the cleanup thread, which frees the uid once done, and draw another."""
         if end_uid(uid, small=True):
             return True
-        self.defer(partial(sweep_stale_claims, self._uid_claims, end_uid, range(uid, uid + 1)))
+        self.defer(partial(sweep_stale_claims, self._uid_claims, end_uids, range(uid, uid + 1)))
         return False
 
     def _draw_uid(self, jump: bool) -> int:
@@ -332,7 +332,7 @@ class SandboxHost:
             swept += 1
         if commands_run_unprivileged():  # the uids dead runtimes' units held, on any root
             uids = range(UNIT_UID_BASE, UNIT_UID_BASE + UNIT_UID_SPAN)
-            swept += sweep_stale_claims(claims_folder(), end_uid, uids)
+            swept += sweep_stale_claims(claims_folder(), end_uids, uids)
         return swept + self._sweep_orphan_cgroups()
 
     def _sweep_orphan_cgroups(self) -> int:

@@ -181,7 +181,7 @@ class ProcessTree:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
                 self.signalled.add(pid)
         if self.uid is not None and own - self.escapees.keys():  # past those held (a fork
-            self.signalled |= kill_processes_of(self.uid)  # storm): each by a pidfd
+            self.signalled.update(kill_processes_of(self.uid))  # storm): by pidfds
 
     def reap(self) -> None:
         """Reap the leader, then adopted group members by pgid, then escapees by pidfd."""
