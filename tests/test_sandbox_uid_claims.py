@@ -365,3 +365,38 @@ def test_a_sweep_of_many_stale_claims_scans_the_host_once(
     finally:
         for claim in held:
             release_uid(claim)
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+async def test_the_lifeline_of_a_killed_runtime_removes_what_its_unit_uids_left(
+    tmp_path: Path,
+) -> None:
+    """A runtime SIGKILLed alone (the OOM killer's usual pick): its lifeline kills its
+    trees, then ends its unit uids' leftovers and claims, with no other runtime to start.
+    Found by review: its units' IPC objects (memory outside any cgroup) and claim files
+    stayed until some root evolane started on the host, or until it rebooted."""
+    shm = f"/dev/shm/evolane-test-lifeline-{uuid.uuid4().hex}"
+    runtime = subprocess.Popen(
+        [sys.executable, "-c", RUNTIME, str(tmp_path / "a"), shm], stdout=subprocess.PIPE
+    )
+    try:
+        assert runtime.stdout is not None
+        lifeline = int(runtime.stdout.readline())
+        with trio.fail_after(60):
+            while not os.path.exists(shm):
+                await trio.sleep(0.02)
+        uid = os.stat(shm).st_uid
+        assert uid >= UNIT_UID_BASE and (CLAIMS / str(uid)).exists()
+        fd = os.pidfd_open(lifeline)
+        runtime.kill()
+        runtime.wait()
+        with trio.fail_after(60):
+            await trio.lowlevel.wait_readable(fd)  # the lifeline has done and left
+        os.close(fd)
+        assert not os.path.exists(shm)
+        assert not (CLAIMS / str(uid)).exists()
+    finally:
+        runtime.kill()
+        runtime.wait()
+        if os.path.exists(shm):
+            os.unlink(shm)
