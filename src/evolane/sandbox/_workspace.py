@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Iterable
@@ -99,23 +100,28 @@ def take_back(paths: Iterable[Path], uid: int, limit: int = HAND_OVER_MAX_ENTRIE
     would not do. Found by review: they stayed the uid's, so the next unit given it
     (another host's, whose count walked onto it) rewrote a replay's output before its
     lane read it, and a kept unit's files."""
-    pending = list(paths)
-    seen = 0
     owner, group = os.geteuid(), os.getegid()
-    while pending:
-        path = pending.pop()
-        if seen >= limit:
-            return False
-        seen += 1
-        try:
-            info = path.lstat()
+    given = list(paths)
+    pending: list[str] = []
+    for path in given:  # each given path once, then what is below it
+        if any(path != other and path.is_relative_to(other) for other in given):
+            continue  # walked with the folder it is in
+        with contextlib.suppress(OSError):
+            info = os.lstat(path)
             if info.st_uid == uid:
                 os.lchown(path, owner, group)
-        except OSError:
-            continue
-        if stat.S_ISDIR(info.st_mode):
-            try:
-                pending.extend(Path(entry.path) for entry in os.scandir(path))
-            except OSError:
-                continue
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(str(path))
+    seen = 0
+    while pending:  # strings, and each entry's type as read (no Path, no stat a folder)
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > limit:
+                    return False
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid == uid:
+                        os.lchown(entry.path, owner, group)
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
     return True
