@@ -400,3 +400,69 @@ async def test_the_lifeline_of_a_killed_runtime_removes_what_its_unit_uids_left(
         runtime.wait()
         if os.path.exists(shm):
             os.unlink(shm)
+
+
+GRAB = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1] + "/" + str(os.getuid()), os.O_RDONLY)  # CAP_DAC_READ_SEARCH
+open(sys.argv[2], "w").write("x")
+while True:  # the lock of the runtime goes with it: then this one holds the claim
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+    except BlockingIOError:
+        time.sleep(0.005)
+time.sleep(600)
+"""
+GRABBING_RUNTIME = """
+import sys, trio
+from evolane.sandbox import SandboxSpec, open_sandbox
+
+async def main():
+    async with open_sandbox(sys.argv[1], use_cgroups=False) as host:
+        print(host._lifeline.pid, flush=True)
+        grab = f"{sys.executable} -I -c '{sys.argv[2]}' {sys.argv[3]} {sys.argv[4]}"
+        argv = ("sh", "-c", f"(setsid env -i {grab} </dev/null >/dev/null 2>&1 &); exec sleep 300")
+        await host.run(SandboxSpec(argv=argv, isolation="process", drop_root=True), timeout=600)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
+async def test_an_escapee_holding_its_claim_file_is_ended_with_its_dead_runtime(
+    tmp_path: Path,
+) -> None:
+    """A runtime with no cgroup SIGKILLed: its command's escapee (environment cleared)
+    outlives the lifeline's kills, and, able to open its uid's claim file (units keep
+    CAP_DAC_READ_SEARCH), locks it once the runtime's lock is gone, so the uid looks held
+    by a live runtime. The lifeline kills every unit process holding a claim file open,
+    then ends the uid. Found by review: the escapee lived on, and no sweep ever ended it."""
+    shm = f"/dev/shm/evolane-test-grab-{uuid.uuid4().hex}"
+    argv = [sys.executable, "-c", GRABBING_RUNTIME, str(tmp_path / "a"), GRAB, str(CLAIMS), shm]
+    runtime = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    uid = None
+    try:
+        assert runtime.stdout is not None
+        lifeline = int(runtime.stdout.readline())
+        with trio.fail_after(60):
+            while not os.path.exists(shm):
+                await trio.sleep(0.02)
+        uid = os.stat(shm).st_uid
+        assert uid >= UNIT_UID_BASE and processes_of(uid)
+        fd = os.pidfd_open(lifeline)
+        runtime.kill()
+        runtime.wait()
+        with trio.fail_after(60):
+            await trio.lowlevel.wait_readable(fd)  # the lifeline has done and left
+        os.close(fd)
+        assert processes_of(uid) == []
+        assert not os.path.exists(shm)
+        assert not (CLAIMS / str(uid)).exists()
+    finally:
+        runtime.kill()
+        runtime.wait()
+        while uid is not None and processes_of(uid):
+            kill_processes_of(uid)
+        if os.path.exists(shm):
+            os.unlink(shm)

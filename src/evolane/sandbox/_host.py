@@ -33,7 +33,7 @@ from evolane.sandbox._lease_owner import (
     owner_is_dead,
 )
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
-from evolane.sandbox._litter import end_uid, end_uids
+from evolane.sandbox._litter import end_uid, end_uids, kill_claim_openers
 from evolane.sandbox._run import run_unit
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
@@ -427,7 +427,10 @@ def sweep_stale_uid_claims() -> int:
     if not commands_run_unprivileged():
         return 0
     uids = range(UNIT_UID_BASE, UNIT_UID_BASE + UNIT_UID_SPAN)
-    return sweep_stale_claims(claims_folder(), end_uids, uids)
+    folder = claims_folder()
+    if folder is not None:  # a unit holding a claim file open has no business there
+        kill_claim_openers(str(folder), uids)
+    return sweep_stale_claims(folder, end_uids, uids)
 
 
 def sweep_stale_leases(root: Path | str) -> None:
