@@ -33,7 +33,7 @@ from evolane.sandbox._lease_owner import (
     owner_is_dead,
 )
 from evolane.sandbox._lifeline import LEASE_VARIABLE, kill_cgroup_tree, kill_lease
-from evolane.sandbox._litter import end_uid
+from evolane.sandbox._litter import end_uid, end_uids, kill_claim_openers
 from evolane.sandbox._run import run_unit
 from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN, commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
@@ -218,7 +218,7 @@ class SandboxHost:
         the cleanup thread, which frees the uid once done, and draw another."""
         if end_uid(uid, small=True):
             return True
-        self.defer(partial(sweep_stale_claims, self._uid_claims, end_uid, range(uid, uid + 1)))
+        self.defer(partial(sweep_stale_claims, self._uid_claims, end_uids, range(uid, uid + 1)))
         return False
 
     def _draw_uid(self, jump: bool) -> int:
@@ -263,9 +263,10 @@ class SandboxHost:
     def _start_lifeline(self) -> None:
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         directories = [str(p) for p in self.cgroups.roots()] + [str(self.lease_dir)]
+        uids = [_lifeline.END_UNIT_UIDS] if commands_run_unprivileged() else []
         try:
             self._lifeline = subprocess.Popen(
-                [sys.executable, "-I", "-S", _lifeline.__file__, self.lease, *directories],
+                [sys.executable, "-I", "-S", _lifeline.__file__, *uids, self.lease, *directories],
                 stdin=read_fd,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -307,6 +308,8 @@ class SandboxHost:
             close_fd(self._lease_lock)
             self._lease_lock = None
         if self._lifeline_fd is not None:
+            with contextlib.suppress(OSError):  # closed, not died: no unit uid is left
+                os.write(self._lifeline_fd, _lifeline.CLOSED)
             close_fd(self._lifeline_fd)
             self._lifeline_fd = None
         if self._lifeline is not None:
@@ -330,9 +333,7 @@ class SandboxHost:
                 continue
             _lifeline.sweep(lease_dir.name, [*self._cgroup_dirs_of(lease_dir.name), lease_dir])
             swept += 1
-        if commands_run_unprivileged():  # the uids dead runtimes' units held, on any root
-            uids = range(UNIT_UID_BASE, UNIT_UID_BASE + UNIT_UID_SPAN)
-            swept += sweep_stale_claims(claims_folder(), end_uid, uids)
+        swept += sweep_stale_uid_claims()  # the uids dead runtimes' units held, any root
         return swept + self._sweep_orphan_cgroups()
 
     def _sweep_orphan_cgroups(self) -> int:
@@ -416,6 +417,20 @@ async def open_sandbox(
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(host.close)
+
+
+def sweep_stale_uid_claims() -> int:
+    """End what the units of runtimes that died holding unit uids left (their processes and
+    IPC objects: `end_uids`), and free those uids; how many. A root evolane's host does it
+    as it starts, and its lifeline once it has died (found by review: until then, with no
+    other root evolane to start, their IPC objects pinned memory outside any cgroup)."""
+    if not commands_run_unprivileged():
+        return 0
+    uids = range(UNIT_UID_BASE, UNIT_UID_BASE + UNIT_UID_SPAN)
+    folder = claims_folder()
+    if folder is not None:  # a unit holding a claim file open has no business there
+        kill_claim_openers(str(folder), uids)
+    return sweep_stale_claims(folder, end_uids, uids)
 
 
 def sweep_stale_leases(root: Path | str) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -247,20 +248,54 @@ def sweep(lease: str, directories: list[Path]) -> None:
             remove_lease_folder(path)  # iterative: a 1,500-deep chain must not stop the sweep
 
 
+END_UNIT_UIDS = "--end-unit-uids"
+"""The first argument when the runtime runs commands as unit uids (a root evolane)."""
+CLOSED = b"closed"
+"""What the runtime writes to the pipe as its host closes (rather than dies)."""
+UID_SWEEP_SECONDS = 120.0
+UID_SWEEP = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from evolane.sandbox._host import sweep_stale_uid_claims; sweep_stale_uid_claims()"
+)
+
+
+def end_unit_uids() -> None:
+    """End what the dead runtime's unit uids left (their processes, IPC objects and claim
+    files: `evolane.sandbox._host.sweep_stale_uid_claims`), in a full interpreter of this
+    one: this process has the standard library alone, and the runtime is gone."""
+    source = Path(__file__).resolve().parents[2]  # the folder evolane is imported from
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [sys.executable, "-I", "-c", UID_SWEEP, str(source)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=UID_SWEEP_SECONDS,
+            check=False,
+        )
+
+
 def main(argv: list[str]) -> int:
-    """Wait for EOF on stdin (the runtime is gone or done), then sweep the lease."""
+    """Wait for EOF on stdin (the runtime is gone or done), then sweep the lease; where the
+    runtime died holding unit uids (it never said `CLOSED`), end what they left."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    lease, directories = argv[1], [Path(arg) for arg in argv[2:]]
+    uids = argv[1:2] == [END_UNIT_UIDS]
+    lease, directories = argv[1 + uids], [Path(arg) for arg in argv[2 + uids :]]
+    closed = False
     while True:
         try:
-            if not os.read(0, 4096):
-                break
+            data = os.read(0, 4096)
         except InterruptedError:
             continue
         except OSError:
             break
+        if not data:
+            break
+        closed = True
     sweep(lease, directories)
+    if uids and not closed:
+        end_unit_uids()
     return 0
 
 

@@ -30,7 +30,7 @@ from evolane.sandbox._launch import (
     step_failed_marker,
     uid_process_cap,
 )
-from evolane.sandbox._litter import remove_litter
+from evolane.sandbox._litter import end_uid, remove_litter
 from evolane.sandbox._netns import own_network_args
 from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
@@ -39,7 +39,13 @@ from evolane.sandbox._start import Launch, ProgramCache, Spawned, SpawnError
 from evolane.sandbox._tree import ProcessTree
 from evolane.sandbox._uids import UidClaim, release_uid
 from evolane.sandbox._watch import Watch
-from evolane.sandbox._workspace import WorkspaceError, hand_over, inside, materialize_workspace
+from evolane.sandbox._workspace import (
+    WorkspaceError,
+    hand_over,
+    inside,
+    materialize_workspace,
+    take_back,
+)
 from evolane.store import BlobStore, remove_small_tree, remove_tree
 
 _STREAMS = ("stdout", "stderr")
@@ -119,6 +125,8 @@ class Unit:
         self.step_marker: int | None = None  # see `evolane.sandbox._start.LaidOut`
         self.uid: int | None = None  # a unit uid's: its IPC objects go with the unit
         self.uid_claim: UidClaim | None = None  # held until they are gone (`release_uid`)
+        self.survivors = False  # the kill ladder left some of the tree alive
+        self.handed: list[Path] = []  # what `hand_over` gave the unit uid (`take_back`)
         self.created = False
         self.work = self.dir / "work"  # a given workspace is resolved by `prepare`
 
@@ -159,22 +167,53 @@ class Unit:
             if not self.cgroups.remove_empty():
                 return False
             self.cgroups = None
-        if self.uid is not None:  # what the unit uid left, when that is small too
-            if not remove_litter(self.uid, small=True):
-                return False
-            self._uid_free()
-        return remove_small_tree(self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES)
+        uid = self.uid  # what the unit uid left, when that is small too
+        if uid is not None and (self.survivors or not remove_litter(uid, small=True)):
+            return False
+        if not remove_small_tree(self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES):
+            return False
+        if uid is not None:  # the folders it was handed beside its own, taken back
+            if take_back(self.handed, uid, INLINE_FILES):
+                self._uid_free()
+            else:  # a big workspace: in the cleanup thread, the uid held until then
+                self.host.defer(self._hand_back)
+        return True
 
     def _release_uid(self) -> None:
         """Remove what the unit uid left outside the unit's folders (`remove_litter`): its
-        tree is dead (its cgroups are gone), so nothing of it is in use."""
-        if self.uid is not None:
+        tree is dead (its cgroups are gone), so nothing of it is in use. A tree the kill
+        ladder could not end (`survivors`): its uid's processes are killed first
+        (`end_uid`), and where some still live the uid stays claimed by its file, for the
+        next claim or host to end (found by review: it went back to the pool with them).
+        What it was handed is taken back first (`_hand_back`)."""
+        if self.uid is None:
+            return
+        if self.survivors and self.owns_uid:
+            ended = end_uid(self.uid)
+        else:
             remove_litter(self.uid)
-            self._uid_free()
+            ended = True
+        self._hand_back(ended)
 
-    def _uid_free(self) -> None:
-        """The unit uid's litter is gone: another unit on the host may have it."""
-        release_uid(self.uid_claim)
+    def _hand_back(self, ended: bool = True) -> None:
+        """`take_back` what the unit uid was handed, then free it (``ended``: see
+        `release_uid`); past the walk's bound the uid stays this process's claim until it
+        exits, never served again meanwhile."""
+        if self.uid is not None and not take_back(self.handed, self.uid):
+            self.uid, self.uid_claim = None, None  # its lock held, unreleased
+            return
+        self._uid_free(ended)
+
+    @property
+    def owns_uid(self) -> bool:
+        """Whether the unit uid is claimed host-wide for this unit (not where claims are
+        unavailable): every process of it is then the unit's, to kill."""
+        return self.uid_claim is not None and self.uid_claim.fd is not None
+
+    def _uid_free(self, ended: bool = True) -> None:
+        """The unit uid's litter is gone (``ended``) and what it was handed taken back
+        (`take_back`): another unit on the host may have it."""
+        release_uid(self.uid_claim, ended)
         self.uid, self.uid_claim = None, None
 
     def remove(self, keep: bool) -> Path | None:
@@ -184,13 +223,14 @@ class Unit:
         if self.cgroups is not None:
             self.cgroups.remove()
             self.cgroups = None
+        if not keep:  # before the uid is taken back: nothing of it left to walk
+            remove_tree(self.dir)
         self._release_uid()
         if keep:
             kept = self.host.root / "kept" / self.name
             kept.parent.mkdir(exist_ok=True)
             self.dir.rename(kept)
             return kept
-        remove_tree(self.dir)
         return None
 
 
@@ -248,7 +288,8 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
-        tree = ProcessTree(pid, unit.cgroups, unit.tree_lease, uid=unit.uid)
+        owns_uid = unit.owns_uid
+        tree = ProcessTree(pid, unit.cgroups, unit.tree_lease, uid=unit.uid, owns_uid=owns_uid)
         watch = Watch(tree, spec.kill_grace, unit.activity)
         async with trio.open_nursery() as nursery:
             for name, stream in streams.items():
@@ -258,6 +299,7 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
             finally:
                 with trio.CancelScope(shield=True):
                     await watch.finish(nursery)
+                unit.survivors = watch.kill.survivors > 0
         if host.disk is not None and (watch.disk_low or host.disk.low()):
             raise host.disk.failure()  # killed, or a short one crossed it: the run stops
         return await _outcome(unit, tree, watch, captures, started, base)
@@ -329,7 +371,8 @@ def _unit_uid(unit: Unit) -> int | None:
     unit.uid_claim = unit.host.claim_uid()
     uid = unit.uid = unit.uid_claim.uid
     writable = [Path(path) for path, rw in unit.spec.view.own if rw]
-    hand_over([unit.dir, unit.work, *(p for p in writable if inside(unit.host.root, p))], uid)
+    unit.handed = [unit.dir, unit.work, *(p for p in writable if inside(unit.host.root, p))]
+    hand_over(unit.handed, uid)
     return uid
 
 

@@ -25,6 +25,7 @@ import trio
 from evolane.sandbox._cgroups import UnitCgroups
 from evolane.sandbox._lifeline import group_members, lease_holders, lease_matches, lease_of
 from evolane.sandbox._lifeline import process_group_of as group_of
+from evolane.sandbox._litter import kill_processes_of, processes_of, real_uid
 
 FINAL_WAIT_SECONDS = 5.0
 MAX_TRACKED_ESCAPEES = 256
@@ -77,6 +78,7 @@ class ProcessTree:
     escapees: dict[int, int] = field(default_factory=dict)  # pid -> pidfd
     signalled: set[int] = field(default_factory=set)  # pid numbers, for counting only
     uid: int | None = None  # the unit uid its processes run as (a root evolane's drop_root)
+    owns_uid: bool = False  # the uid is claimed host-wide for it: its processes are the tree's
 
     # ----- facts -----------------------------------------------------------------------
 
@@ -91,10 +93,18 @@ class ProcessTree:
         return self.exited
 
     def members(self) -> set[int]:
-        """Live processes of the tree by membership (cgroup, else the leader's group)."""
+        """Live processes of the tree by membership (cgroup, else the leader's group and
+        the processes of the tree's own uid)."""
         if self.cgroups is not None:
             return self.cgroups.pids()
-        return group_members(self.pid)
+        return group_members(self.pid) | set(self._uid_processes())
+
+    def _uid_processes(self) -> list[int]:
+        """Without a cgroup, the live processes of a uid that is the tree's alone (a
+        /proc scan): they are the tree's, whatever group or environment they took."""
+        if self.cgroups is not None or self.uid is None or not self.owns_uid:
+            return []
+        return processes_of(self.uid)
 
     def alive(self) -> bool:
         """True while any process of the tree still runs (may scan /proc without cgroups)."""
@@ -103,7 +113,7 @@ class ProcessTree:
         if self.cgroups is not None:
             populated = self.cgroups.populated()
         else:
-            populated = bool(group_members(self.pid))
+            populated = bool(group_members(self.pid)) or bool(self._uid_processes())
         return populated or any(not _has_exited(fd) for fd in self.escapees.values())
 
     def _adopt_escapees(self, pids: set[int], verify: str) -> None:
@@ -118,6 +128,8 @@ class ProcessTree:
                 continue
             if verify == "cgroup":
                 ours = self.cgroups is not None and pid in self.cgroups.pids()
+            elif verify == "uid":  # read through the pidfd: not a reuse of the number
+                ours = self.uid is not None and real_uid(pid) == self.uid
             else:
                 lease = lease_of(pid)
                 ours = lease is not None and lease_matches(lease, self.lease)
@@ -156,12 +168,20 @@ class ProcessTree:
         self.signal_all(signal.SIGKILL)
 
     def sweep_lease(self) -> None:
-        """Scan /proc for processes carrying the lease outside the group; hold and kill them."""
+        """Scan /proc for processes carrying the lease outside the group; hold and kill them.
+        A tree of a unit uid of its own with no cgroup: its uid's processes too (found by
+        review: an escapee that cleared its environment had neither mark, outlived the run,
+        and the uid, released, served the next unit, this runtime's or another's, beside
+        it; a fork storm's past `MAX_TRACKED_ESCAPEES` outlived it by thousands)."""
         self._adopt_escapees(lease_holders(self.lease), verify="lease")
+        own = set(self._uid_processes())
+        self._adopt_escapees(own, verify="uid")
         for pid, fd in self.escapees.items():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
                 self.signalled.add(pid)
+        if self.uid is not None and own - self.escapees.keys():  # past those held (a fork
+            self.signalled.update(kill_processes_of(self.uid))  # storm): by pidfds
 
     def reap(self) -> None:
         """Reap the leader, then adopted group members by pgid, then escapees by pidfd."""

@@ -34,6 +34,8 @@ MAX_TRIES = 64
 """Uids tried for one claim, each at a fresh random place after a taken one."""
 MAX_CLAIM_FILES = 1 << 17
 """Entries of the claims folder a sweep looks at, at most (two per unit uid of the span)."""
+SWEEP_BATCH = 256
+"""Stale claims a sweep holds and ends at once (one scan of /proc for all of them)."""
 
 
 @dataclass(frozen=True)
@@ -85,35 +87,66 @@ def claim_uid(
     raise OSError(errno.EAGAIN, f"no free unit uid after {MAX_TRIES} tries in {folder}")
 
 
-def release_uid(claim: UidClaim | None) -> None:
-    """Let go of ``claim`` (its uid's litter removed); never raises."""
+def release_uid(claim: UidClaim | None, ended: bool = True) -> None:
+    """Let go of ``claim`` (its uid's litter removed); never raises. Not ``ended`` (some
+    process of the uid still lives): its file stays, so the next claim of the uid, or the
+    next host's sweep, ends what is left before the uid serves again."""
     if claim is None or claim.fd is None or claim.path is None:
         return
-    with contextlib.suppress(OSError):
-        os.unlink(claim.path)  # still locked: a claimer that opened it sees it gone
+    if ended:
+        with contextlib.suppress(OSError):
+            os.unlink(claim.path)  # still locked: a claimer that opened it sees it gone
     close_fd(claim.fd)
 
 
-def sweep_stale_claims(folder: Path | None, end: Callable[[int], bool], uids: range) -> int:
-    """End what each holder that died holding one of ``uids`` left (``end``) and free its
-    uid; how many. A file named otherwise is never acted on (no process of another uid is
-    killed for a name found here); at most `MAX_CLAIM_FILES` entries are looked at."""
+def sweep_stale_claims(
+    folder: Path | None, end: Callable[[set[int]], set[int]], uids: range
+) -> int:
+    """End what each holder that died holding one of ``uids`` left (``end``: given the
+    uids, says which it ended, as `evolane.sandbox._litter.end_uids`, in one pass for
+    up to `SWEEP_BATCH` of them) and free its uid; how many. A file named otherwise is
+    never acted on (no process of another uid is killed for a name found here); at most
+    `MAX_CLAIM_FILES` entries are looked at."""
     if folder is None:
         return 0
     swept = 0
-    with contextlib.suppress(OSError), os.scandir(folder) as entries:
-        for _, entry in zip(range(MAX_CLAIM_FILES), entries, strict=False):
-            name = entry.name
-            uid = int(name) if name.isascii() and name.isdigit() else -1
-            locked = _lock(Path(entry.path), create=False) if uid in uids else None
-            if locked is None:
-                continue
-            if end(uid):
-                release_uid(UidClaim(uid, locked[0], Path(entry.path)))
-                swept += 1
-            else:
-                os.close(locked[0])
+    held: dict[int, tuple[int, Path]] = {}
+    try:
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for _, entry in zip(range(MAX_CLAIM_FILES), entries, strict=False):
+                uid = _uid_named(entry.name)
+                locked = _lock(Path(entry.path), create=False) if uid in uids else None
+                if locked is not None:
+                    held[uid] = (locked[0], Path(entry.path))
+                if len(held) >= SWEEP_BATCH:
+                    swept += _end_held(held, end)
+        swept += _end_held(held, end)
+    finally:
+        for fd, _ in held.values():  # an error part way: let go of what is still held
+            close_fd(fd)
     return swept
+
+
+def _end_held(held: dict[int, tuple[int, Path]], end: Callable[[set[int]], set[int]]) -> int:
+    """End the stale claims ``held`` (uid: locked descriptor, path), freeing those ended
+    and letting go of the rest (their files stay); how many were freed. Empties ``held``."""
+    ended = end(set(held)) if held else set()
+    freed = 0
+    while held:
+        uid, (fd, path) = held.popitem()
+        if uid in ended:
+            release_uid(UidClaim(uid, fd, path))
+            freed += 1
+        else:
+            os.close(fd)
+    return freed
+
+
+def _uid_named(name: str) -> int:
+    """The uid a claim file of this name claims; -1 for a name no claim has (one that
+    only reads as a uid: ``02000000001``, other scripts' digits, ``²``). Found by review:
+    such a file ended the live claim's uid, or stopped the sweep."""
+    return int(name) if name.isascii() and name.isdigit() and str(int(name)) == name else -1
 
 
 def _lock(path: Path, create: bool = True) -> tuple[int, bool] | None:
