@@ -14,6 +14,7 @@ import pytest
 from evolane.campaign._runs import StoreLayout, check_id
 from evolane.cli._tally import AFTER_ENV
 from evolane.inputs import InputError
+from tests.campaign_helpers import toy_flags, write_toy
 
 
 @pytest.mark.parametrize(
@@ -86,3 +87,38 @@ def test_a_folder_named_by_no_id_is_named_by_fsck_and_read_by_no_command(tmp_pat
         "runs": [],
         "campaigns": [],
     }
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--resume", "", "--resume is empty: name the run"),  # an unset "$RUN_ID"
+        ("--resume-campaign", " ", "--resume-campaign is empty: name the campaign"),
+        ("--from-run", "", "--from-run is empty: name the run"),
+        ("--resume", "r" * 129, "--resume: 'rrr"),
+        ("--resume-campaign", "c" * 129, "--resume-campaign: 'ccc"),
+        ("--from-run", "r" * 129, "--from-run: 'rrr"),
+        ("--resume", "r-\udcff", "--resume: 'r-\\udcff' is not a run id"),  # bytes not UTF-8
+    ],
+)
+def test_a_continued_id_empty_or_too_long_is_one_line_exit_2_and_starts_nothing(
+    tmp_path: Path, flag: str, value: str, needle: str
+) -> None:
+    """Found by hostile review: ``--resume ""`` started a new campaign (exit 0), and
+    ``--resume-campaign ""`` or an id of 129 characters was an internal error, exit 1."""
+    paths = write_toy(tmp_path, {"default": "noop"})
+    store = tmp_path / "store"
+    args = [*toy_flags(paths, store), "--iterations", "1", flag, value]
+    if flag == "--from-run":
+        args.append("--rerun-evaluator")
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"evolane: error: {needle}"), done.stderr
+    assert not store.exists()
