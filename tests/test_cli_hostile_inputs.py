@@ -224,6 +224,10 @@ CASES: dict[str, Case] = {
     "val-row-pasted-in-prompt": _val_row_pasted_in_prompt,
     "test-rows-as-one-document": _test_rows_as_one_document,
     "trajectory-copy-in-target": _trajectory_copy_in_target,
+    # found by hostile review: Path.exists raises ENAMETOOLONG, a traceback, exit 1
+    "target-name-too-long": _value("--target", "L" * 300, "L" * 300 + ": a file name too long"),
+    "store-name-too-long": _value("--store", "L" * 300, "a file name too long"),
+    "expose-name-too-long": _value("--expose", "L" * 300, "a file name too long"),
 }
 
 
@@ -271,3 +275,28 @@ def test_a_limit_past_64_bits_is_refused_before_the_store(
         "(0 or none: no limit)"
     ], done.stderr
     assert not store.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["runs", "--store", "L" * 300],
+        ["fsck", "--store", "L" * 300],
+        ["config", "show", "--config", "L" * 300],
+        ["dataset", "from-trajectory", "t.jsonl", "-o", "L" * 300],
+    ],
+    ids=["runs", "fsck", "config-show", "from-trajectory-o"],
+)
+def test_a_name_too_long_is_one_line_and_exit_2_in_every_command(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """Found by hostile review: a path with a name over 255 bytes failed each command with a
+    Python traceback, exit 1 (``Path.exists`` raises ENAMETOOLONG)."""
+    (tmp_path / "t.jsonl").write_text(_TRACES)
+    done = subprocess.run(
+        [*EVOLANE, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("evolane: error: "), done.stderr
+    assert "a file name too long for the file system" in lines[0]
