@@ -198,6 +198,9 @@ def test_a_pyproject_named_by_config_without_tool_evolane_is_refused(tmp_path: P
         ("[[expose]]\nx = 1", ["evolane.toml:14: expose: ", "valid string"]),
         ('expose = ["replays=keys"]', ["evolane.toml:14: expose: 'replays' is no command's"]),
         ('pass-env = ["optimizer="]', ["evolane.toml:14: pass-env optimizer=: nothing given"]),
+        # an unset "$STORE" in a generated file: the file's folder, unasked (hostile review)
+        ('store = ""', ['evolane.toml:3: store: an empty path (write "." for this folder)']),
+        ('expose = ["/tmp", " "]', ["evolane.toml:14: expose: an empty path"]),
     ],
 )
 def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(

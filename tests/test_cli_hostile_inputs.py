@@ -224,6 +224,10 @@ CASES: dict[str, Case] = {
     "val-row-pasted-in-prompt": _val_row_pasted_in_prompt,
     "test-rows-as-one-document": _test_rows_as_one_document,
     "trajectory-copy-in-target": _trajectory_copy_in_target,
+    # found by hostile review: Path.exists raises ENAMETOOLONG, a traceback, exit 1
+    "target-name-too-long": _value("--target", "L" * 300, "L" * 300 + ": a file name too long"),
+    "store-name-too-long": _value("--store", "L" * 300, "a file name too long"),
+    "expose-name-too-long": _value("--expose", "L" * 300, "a file name too long"),
 }
 
 
@@ -241,3 +245,58 @@ def test_a_hostile_input_is_one_line_and_exit_2(tmp_path: Path, name: str) -> No
     assert all(part in lines[0] for part in needle.split("|")), lines[0]
     assert "internal error" not in lines[0]
     assert not store.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--max-memory", "99999999999999999999999G"),
+        ("--max-file-size", "9" * 400),  # past a float: an OverflowError once
+        ("--max-procs", "9" * 25),
+        ("--max-open-files", "9" * 25),
+    ],
+)
+def test_a_limit_past_64_bits_is_refused_before_the_store(
+    tmp_path: Path, flag: str, value: str
+) -> None:
+    """Found by hostile review: a limit past a signed 64-bit integer passed the flags, then
+    `optimize` failed writing run.json (internal error, exit 1), leaving an empty run folder
+    and an `active` campaign of no cycle in the store."""
+    paths = write_toy(tmp_path, PLAN)
+    store = tmp_path / "store"
+    args = with_flag(toy_flags(paths, store), flag, value)
+    done = subprocess.run(
+        [*EVOLANE, "optimize", *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines == [
+        f"evolane: error: {flag}: Value error, over the maximum of {2**63 - 1} "
+        "(0 or none: no limit)"
+    ], done.stderr
+    assert not store.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["runs", "--store", "L" * 300],
+        ["fsck", "--store", "L" * 300],
+        ["config", "show", "--config", "L" * 300],
+        ["dataset", "from-trajectory", "t.jsonl", "-o", "L" * 300],
+    ],
+    ids=["runs", "fsck", "config-show", "from-trajectory-o"],
+)
+def test_a_name_too_long_is_one_line_and_exit_2_in_every_command(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """Found by hostile review: a path with a name over 255 bytes failed each command with a
+    Python traceback, exit 1 (``Path.exists`` raises ENAMETOOLONG)."""
+    (tmp_path / "t.jsonl").write_text(_TRACES)
+    done = subprocess.run(
+        [*EVOLANE, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("evolane: error: "), done.stderr
+    assert "a file name too long for the file system" in lines[0]

@@ -350,6 +350,29 @@ def test_init_that_cannot_write_is_one_line_and_leaves_nothing(tmp_path: Path) -
     assert (tmp_path / "deep" / "evolane.toml").is_file()
 
 
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        (b"proj\xff", "its folder's name is not UTF-8 text"),  # evolane.toml names it
+        (b"p" * 300, "File name too long"),
+    ],
+)
+def test_init_into_a_name_it_cannot_use_is_one_line_and_leaves_nothing(
+    tmp_path: Path, name: bytes, needle: str
+) -> None:
+    """Found by hostile review: a folder named by bytes not UTF-8 failed writing evolane.toml
+    with a traceback (exit 1) and left a partial project that the next ``init`` refused; a
+    name over 255 bytes failed its first check with a traceback."""
+    done = subprocess.run(
+        [*EVOLANE, "init", name], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("evolane: error: init: "), done.stderr
+    assert needle in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_estimate_sets_each_ceiling_against_what_the_run_may_spend(tmp_path: Path) -> None:
     """``estimate`` shows each ceiling given against the spend and wall it predicts (found
     by review: the README promised spend "against each ceiling", and a --max-tokens below

@@ -252,6 +252,47 @@ def test_a_corrupt_or_invalid_run_record_is_bad_input(tmp_path: Path) -> None:
             assert {p.name for p in (store / "runs").iterdir()} <= {"r-corrupt", "r-invalid"}
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--resume-campaign", "c-1", "--from-run", "r-1", "--rerun-evaluator"],
+        ["--resume", "r-1", "--resume-campaign", "c-1"],
+        ["--resume", "r-1", "--from-run", "r-1", "--rerun-evaluator"],
+        ["--drain-pending", "--resume", "r-1"],
+        ["--drain-pending", "--resume-campaign", "c-1"],
+    ],
+)
+def test_two_ways_on_are_one_line_and_start_nothing(tmp_path: Path, given: list[str]) -> None:
+    """Found by hostile review: ``--resume-campaign C --from-run R`` re-judged R as a new
+    campaign (exit 0), and ``--drain-pending --resume R`` drained the store's jobs, the other
+    flag dropped without a word."""
+    store = tmp_path / "store"
+    args = [*toy_flags(write_toy(tmp_path, PLAN), store), *given]
+    done = _run(["optimize", *args])
+    _one_error_line(done, ": give one of them")
+    named = [word for word in given if word.startswith("--") and word != "--rerun-evaluator"]
+    assert all(flag in done.stderr for flag in named), done.stderr
+    assert not store.exists()
+
+
+def test_a_rerun_of_a_run_whose_journal_holds_nothing_is_bad_input(tmp_path: Path) -> None:
+    """Found by hostile review: ``--from-run`` of a run whose journal was missing, empty or
+    torn whole started a campaign whose run judged nothing and ended ``failed``, exit 1."""
+    store = tmp_path / "store"
+    flags = with_flag(toy_flags(write_toy(tmp_path, PLAN), store), "--iterations", "1")
+    assert _run(["optimize", *flags]).returncode == 0
+    (run_dir,) = (store / "runs").iterdir()
+    journal = run_dir / "journal.jsonl"
+    rerun = ["optimize", "--from-run", run_dir.name, "--rerun-evaluator", "--store", str(store)]
+    for damage, needle in ((b"", "holds no record"), (b'{"type": "un', "holds only a torn line")):
+        journal.write_bytes(damage)
+        kept = sorted(store.rglob("*"))
+        _one_error_line(_run(rerun), f"--from-run {run_dir.name}: {journal} {needle}")
+        assert sorted(store.rglob("*")) == kept  # no run, no campaign
+    journal.unlink()
+    _one_error_line(_run(rerun), f"--from-run {run_dir.name}: {journal} is missing")
+
+
 STALLING = {"0.0": "harm:1", "0.1": "noop", "1.0": "fix:2", "1.1": "harm:2", "2.0": "fix:1"}
 """Iteration 0 accepts nothing: a resume that counted the stall twice would decide otherwise."""
 

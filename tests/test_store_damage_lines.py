@@ -194,3 +194,20 @@ def test_fsck_names_a_folder_of_objects_it_cannot_list_and_checks_the_rest(
     lines = done.stdout.splitlines()
     said = f"unreadable folder {closed}: Permission denied: its objects were not checked"
     assert said in lines and f"object {writable}: writable: objects are read-only" in lines
+
+
+@pytest.mark.parametrize("when", [1e308, 1e18, -1e18])
+def test_a_time_no_date_can_show_is_listed_as_a_question_mark(tmp_path: Path, when: float) -> None:
+    """Found by hostile review: a campaign's ``updated`` (or a run's ``created``, a report's
+    ``started``) that no date can show made `evolane runs` fail with a traceback, exit 1."""
+    path = _campaign(tmp_path)
+    path.write_bytes(orjson.dumps({**orjson.loads(path.read_bytes()), "updated": when}))
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "runs", "--store", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith(CAMPAIGN)]
+    assert row.split()[-1] == "?", row

@@ -14,6 +14,7 @@ import pytest
 from evolane.campaign._runs import StoreLayout, check_id
 from evolane.cli._tally import AFTER_ENV
 from evolane.inputs import InputError
+from tests.campaign_helpers import toy_flags, write_toy
 
 
 @pytest.mark.parametrize(
@@ -86,3 +87,84 @@ def test_a_folder_named_by_no_id_is_named_by_fsck_and_read_by_no_command(tmp_pat
         "runs": [],
         "campaigns": [],
     }
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--resume", "", "--resume is empty: name the run"),  # an unset "$RUN_ID"
+        ("--resume-campaign", " ", "--resume-campaign is empty: name the campaign"),
+        ("--from-run", "", "--from-run is empty: name the run"),
+        ("--resume", "r" * 129, "--resume: 'rrr"),
+        ("--resume-campaign", "c" * 129, "--resume-campaign: 'ccc"),
+        ("--from-run", "r" * 129, "--from-run: 'rrr"),
+        ("--resume", "r-\udcff", "--resume: 'r-\\udcff' is not a run id"),  # bytes not UTF-8
+    ],
+)
+def test_a_continued_id_empty_or_too_long_is_one_line_exit_2_and_starts_nothing(
+    tmp_path: Path, flag: str, value: str, needle: str
+) -> None:
+    """Found by hostile review: ``--resume ""`` started a new campaign (exit 0), and
+    ``--resume-campaign ""`` or an id of 129 characters was an internal error, exit 1."""
+    paths = write_toy(tmp_path, {"default": "noop"})
+    store = tmp_path / "store"
+    args = [*toy_flags(paths, store), "--iterations", "1", flag, value]
+    if flag == "--from-run":
+        args.append("--rerun-evaluator")
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"evolane: error: {needle}"), done.stderr
+    assert not store.exists()
+
+
+def test_a_record_naming_another_folder_is_damage_and_never_written_there(
+    tmp_path: Path,
+) -> None:
+    """Found by hostile review: every write of a record goes to the folder its id names, so
+    a run.json naming another run made ``fsck --repair`` write it there (a new run folder,
+    or over that run's record), and a campaign.json naming another campaign made
+    ``--resume-campaign`` run a cycle into that campaign's folder."""
+    paths = write_toy(tmp_path, {"default": "noop"})
+    store = tmp_path / "store"
+    flags = [*toy_flags(paths, store), "--iterations", "1", "--max-improvement-cycles", "2"]
+    first = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert first.returncode == 0, first.stderr
+    (run_dir,) = (store / "runs").iterdir()
+    (campaign_dir,) = (store / "campaigns").iterdir()
+    for path, key, ghost in (
+        (run_dir / "run.json", "run_id", "r-ghost"),
+        (campaign_dir / "campaign.json", "campaign_id", "c-ghost"),
+    ):
+        record = json.loads(path.read_text())
+        record.pop("summary", None)  # what fsck --repair fills in
+        path.write_text(json.dumps({**record, key: ghost}))
+    checked = _evolane("fsck", "--repair", "--store", str(store))
+    assert checked.returncode == 1, checked.stdout
+    for path, what, ghost in ((run_dir, "run", "r-ghost"), (campaign_dir, "campaign", "c-ghost")):
+        why = f"its {what}_id '{ghost}' is not its folder's name '{path.name}'"
+        assert f"damaged record {path / (what + '.json')}: {why}" in checked.stdout
+    resume = ["--resume-campaign", campaign_dir.name]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "evolane", "optimize", *flags, *resume],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 2, resumed.stderr
+    assert "its campaign_id 'c-ghost' is not its folder's name" in resumed.stderr
+    assert sorted(p.name for p in (store / "runs").iterdir()) == [run_dir.name]
+    assert sorted(p.name for p in (store / "campaigns").iterdir()) == [campaign_dir.name]

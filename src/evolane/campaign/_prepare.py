@@ -337,6 +337,7 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
     dataset = _dataset(config, continued=True)
     if dataset.digest != old.dataset_digest:
         raise InputError(f"--dataset {config.dataset}: changed since run {run_id}")
+    resume = _stored_replays(layout, run_id)
     campaign = CampaignState(
         campaign_id=new_id("c-"),
         identity={**config.identity(), "dataset_digest": dataset.digest, "from_run": run_id},
@@ -353,11 +354,28 @@ def _rerun(layout: StoreLayout, config: CampaignConfig, run_id: str) -> Prepared
         dataset,
         record,
         campaign,
-        resume=read_resume_state(layout.run_dir(run_id) / "journal.jsonl"),
+        resume=resume,
         resumed=0,
         spent=Usage(),
         history=None,
         rejudge=True,
+    )
+
+
+def _stored_replays(layout: StoreLayout, run_id: str) -> ResumeState:
+    """What ``run_id``'s journal holds to judge again; `InputError` when it holds nothing:
+    found by hostile review, a journal missing, empty or torn whole made ``--from-run`` a new
+    campaign and a run that ended ``failed`` (exit 1) judging nothing."""
+    journal = layout.run_dir(run_id) / "journal.jsonl"
+    state = read_resume_state(journal)
+    if state.units or state.replays:
+        return state
+    why = "is missing" if not journal.exists() else "holds no record"
+    if state.torn:
+        why = "holds only a torn line"
+    raise InputError(
+        f"--from-run {run_id}: {journal} {why}: no stored replay to judge again; "
+        f"run `evolane fsck --store {layout.root}`"
     )
 
 

@@ -258,8 +258,20 @@ def save_run(layout: StoreLayout, record: RunRecord) -> None:
 
 
 def load_run(layout: StoreLayout, run_id: str) -> RunRecord:
-    """Read ``run.json``; raises FileNotFoundError for an unknown run."""
-    return RunRecord.model_validate(read_json(layout.run_dir(run_id) / "run.json"))
+    """Read ``run.json``; raises FileNotFoundError for an unknown run, and ValueError for a
+    record that is not this folder's (`_own_record`)."""
+    record = RunRecord.model_validate(read_json(layout.run_dir(run_id) / "run.json"))
+    return _own_record(record, record.run_id, run_id, "run")
+
+
+def _own_record(record: _R, named: str, folder: str, what: str) -> _R:
+    """``record`` when the id it holds (``named``) is its ``folder``'s name, else ValueError:
+    every write of a record goes to the folder its id names (found by hostile review: a
+    run.json naming another run made `evolane fsck --repair` write it over that run's, or
+    into a new folder of that name, and one naming ``../x`` failed fsck with a traceback)."""
+    if named != folder:
+        raise ValueError(f"its {what}_id {named[:80]!r} is not its folder's name {folder!r}")
+    return record
 
 
 def newest_run(layout: StoreLayout, campaign_id: str) -> RunRecord | None:
@@ -324,7 +336,13 @@ def load_campaign(layout: StoreLayout, campaign_id: str) -> CampaignState:
     shows the end (a crash came between); raises FileNotFoundError for an unknown campaign
     and `InputError` (one line naming the file, pointing to ``evolane fsck``) for one that
     cannot be read or does not validate."""
-    state = _read_record(layout, layout.campaign_file(campaign_id), CampaignState)
+    path = layout.campaign_file(campaign_id)
+    state = _read_record(layout, path, CampaignState)
+    try:
+        _own_record(state, state.campaign_id, campaign_id, "campaign")
+    except ValueError as error:
+        fsck = f"run `evolane fsck --store {layout.root}`"
+        raise InputError(f"cannot read {path}: {error}; {fsck}") from None
     staged_file = _staged_file(layout, campaign_id)
     if not staged_file.is_file():
         return state

@@ -24,6 +24,7 @@ from evolane.cli._exits import (
     broken_entry_points,
     error_words,
     fail_usage,
+    name_too_long,
 )
 
 if TYPE_CHECKING:
@@ -299,6 +300,11 @@ def _interruptible(callback: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             typer.echo("evolane: interrupted", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except OSError as error:
+            too_long = name_too_long(error)  # a path given: one line, exit 2
+            if too_long is None:
+                raise
+            fail_usage(too_long)
         except BaseExceptionGroup as group:
             # A Ctrl-C trio raised in a task of a nursery (found by review: `evolane stress`
             # interrupted mid-scenario printed a traceback and exited 1).

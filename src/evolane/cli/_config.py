@@ -247,6 +247,11 @@ def _checked(config: ConfigFile, key: str, value: Any, kind: Any) -> Any:
         message = error.errors()[0]["msg"]
         raise ConfigError(f"{config.where(name)}: {key}: {message} (got {value!r})") from None
     if name in _PATH_KEYS and checked is not None:
+        if any(not str(item).strip() for item in (value if is_list else [value])):
+            # an unset "$STORE" in a generated file: this file's folder, unasked, as the
+            # flag refuses (found by hostile review: `store = ""` put the store there)
+            where = config.where(name)
+            raise ConfigError(f'{where}: {key}: an empty path (write "." for this folder)')
         folder = config.path.parent
         if isinstance(checked, list):
             return [_grant_path(config, key, folder, item) for item in checked]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -79,12 +80,28 @@ def _not_an_entry(line: str) -> bool:
     return "=" not in text
 
 
+def name_too_long(error: BaseException) -> str | None:
+    """The one-line error for a path given that the file system cannot take (a name over 255
+    bytes, a path over 4096: ENAMETOOLONG), else None. Python's ``Path.exists`` raises it,
+    so it came up wherever a path was first looked at (found by hostile review: ``--target``,
+    ``--store``, ``--config``, ``--expose``, ``init``, ``runs --store``, ``dataset
+    from-trajectory -o`` each failed with a traceback, exit 1)."""
+    if not isinstance(error, OSError) or error.errno != errno.ENAMETOOLONG:
+        return None
+    return f"{error.filename}: a file name too long for the file system (over 255 bytes)"
+
+
 def internal_error(error: BaseException, debug: bool) -> int:
     """Say an unexpected ``error`` in one line (its traceback first with ``--debug``) and
     return the exit code: 2 when a broken distribution's entry points caused it (the line
-    names its file: `broken_entry_points`), else 1."""
+    names its file: `broken_entry_points`) or a path given is too long (`name_too_long`),
+    else 1."""
     if debug:
         traceback.print_exception(error)
+    too_long = name_too_long(error)
+    if too_long is not None:
+        error_line(too_long)
+        return EXIT_USAGE
     broken = broken_entry_points()
     if broken is not None:
         error_line(broken)

@@ -85,10 +85,12 @@ def _write(files: dict[Path, str]) -> None:
             with open(path, "x", encoding="utf-8") as file:
                 made.append(path)
                 file.write(text)
-    except OSError as error:
+    except (OSError, UnicodeEncodeError) as error:  # the latter: a folder not UTF-8 named
         for done in reversed(made):
             with contextlib.suppress(OSError):
                 done.rmdir() if done.is_dir() and not done.is_symlink() else done.unlink()
+        if isinstance(error, UnicodeEncodeError):  # found by hostile review: a traceback
+            fail_usage(f"init: cannot write {path}: its folder's name is not UTF-8 text")
         where = error.filename or (made[-1] if made else "the folder")
         fail_usage(f"init: cannot write {where}: {error.strerror or error}")
 
@@ -114,7 +116,10 @@ def init(
 ) -> None:
     """Write a starter project (skill, dataset, replay, judge, optimizer, evolane.toml)."""
     root = directory.absolute()
-    problem = _refusal(root)
+    try:
+        problem = _refusal(root)
+    except OSError as error:  # found by hostile review: a name too long was a traceback
+        problem = f"{root}: {error.strerror or error}"
     if problem is not None:
         fail_usage(f"init: {problem}")
     files = _files(root)

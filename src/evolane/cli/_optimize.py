@@ -378,6 +378,7 @@ def optimize(
 ) -> None:
     """Run a campaign: propose, gate, replay, judge, decide, under hard budgets."""
     flags = {k: v for k, v in locals().items()}
+    _one_way_on(flags)
     if drain_pending and (dry_run or probe):
         fail_usage("--drain-pending runs the pending jobs: it takes no --dry-run or --probe")
     if flags.pop("probe"):  # one timed replay and judge call, then the estimate
@@ -393,6 +394,19 @@ def optimize(
     from evolane.cli._session import run_optimize
 
     raise typer.Exit(run_optimize(flags, estimate_only=False))
+
+
+def _one_way_on(flags: dict[str, Any]) -> None:
+    """Exit 2 when two of ``--resume``, ``--resume-campaign``, ``--from-run`` and
+    ``--drain-pending`` are given: each is a different invocation (found by hostile review:
+    ``--resume-campaign C --from-run R`` re-judged R as a new campaign, and
+    ``--drain-pending --resume R`` drained the jobs, the other flag silently dropped)."""
+    names = ("resume", "resume_campaign", "from_run", "drain_pending")
+    given = [
+        f"--{name.replace('_', '-')}" for name in names if flags.get(name) not in (None, False)
+    ]
+    if len(given) > 1:
+        fail_usage(f"{given[0]} and {given[1]}: give one of them")
 
 
 use_flags(optimize)

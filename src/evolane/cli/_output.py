@@ -83,10 +83,15 @@ def _as_unicode(value: Any) -> Any:
 
 
 def stamp(seconds: float | None, spec: str = "%Y-%m-%d %H:%M:%S") -> str:
-    """A local time of day for an epoch time, ``-`` when there is none."""
+    """A local time of day for an epoch time, ``-`` when there is none, ``?`` for one no
+    date can show (a damaged record's 1e308: found by hostile review, `evolane runs` and
+    `evolane report` failed with a traceback on it, exit 1)."""
     if not seconds:
         return "-"
-    return time.strftime(spec, time.localtime(seconds))
+    try:
+        return time.strftime(spec, time.localtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 @contextmanager

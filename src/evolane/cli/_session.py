@@ -294,6 +294,7 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
         resolved_settings,
     )
 
+    _check_ids(flags)
     try:  # a continued run takes only the session's keys (store, view) from the file
         merge_config_file(flags, session_only=bool(flags.get("resume") or flags.get("from_run")))
         _check_choices(flags)
@@ -325,6 +326,33 @@ def _request(flags: dict[str, Any], estimate_only: bool) -> Any:
         resume_campaign=flags.get("resume_campaign"),
         dry_run=dry,
     )
+
+
+_CONTINUED = (
+    ("resume", "--resume", "run"),
+    ("resume_campaign", "--resume-campaign", "campaign"),
+    ("from_run", "--from-run", "run"),
+)
+
+
+def _check_ids(flags: dict[str, Any]) -> None:
+    """`UsageError` naming the flag for a continued run's or campaign's id given empty (an
+    unset ``"$RUN_ID"``) or not an id (`evolane.campaign.check_id`). Found by hostile
+    review: ``--resume ""`` started a new campaign, and an id over 128 characters, or
+    ``--resume-campaign ""``, was an internal error (the request's own check), exit 1."""
+    for key, flag, what in _CONTINUED:
+        value = flags.get(key)
+        if value is None:
+            continue
+        if not value.strip():
+            raise UsageError(f"{flag} is empty: name the {what} (`evolane runs` lists them)")
+        from evolane.campaign import check_id  # a continued run loads the runtime anyway
+        from evolane.inputs import InputError
+
+        try:
+            check_id(value, what)
+        except InputError as error:
+            raise UsageError(f"{flag}: {error}") from None
 
 
 def refuse_continued(flags: dict[str, Any], estimate_only: bool) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 import resource
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -79,7 +80,7 @@ def parse_size(value: Any) -> int | None:
             "or 0 / none for no limit"
         )
     number, unit = match.groups()
-    return int(float(number) * _UNITS[unit.upper()]) or None
+    return int(Decimal(number) * _UNITS[unit.upper()]) or None
 
 
 def parse_count(value: Any) -> int | None:
@@ -108,14 +109,21 @@ def _hard_limit(which: int) -> int | None:
 
 
 _MINIMUM = {"max_procs": 1, "max_memory": 8 << 20, "max_file_size": 1, "max_open_files": 8}
+MAX_LIMIT = 2**63 - 1
+"""The largest limit of any kind: a signed 64-bit integer, what run.json stores and what the
+kernel takes (found by hostile review: ``--max-memory 99999999999999999999999G`` passed the
+flags, then ended in an internal error writing run.json, exit 1, an empty run folder and an
+``active`` campaign of no cycle left in the store; 400 digits raised an OverflowError)."""
 
 
 def _at_least(value: int | None, name: str | None, shown: Callable[[int], str]) -> int | None:
-    """``value`` if it is no limit or at least the field's minimum (a friendlier error than
-    the bound's own)."""
+    """``value`` if it is no limit or at least the field's minimum and at most `MAX_LIMIT`
+    (friendlier errors than the bounds' own)."""
     least = _MINIMUM.get(name or "", 1)
     if value is not None and value < least:
         raise ValueError(f"{shown(value)} is below the minimum of {shown(least)}")
+    if value is not None and value > MAX_LIMIT:
+        raise ValueError(f"over the maximum of {MAX_LIMIT} (0 or none: no limit)")
     return value
 
 
