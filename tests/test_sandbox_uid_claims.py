@@ -186,13 +186,22 @@ import sys, trio
 from evolane.sandbox import SandboxSpec, open_sandbox
 
 async def main():
-    async with open_sandbox(sys.argv[1]) as host:
+    async with open_sandbox(sys.argv[1], use_cgroups=sys.argv[2] == "cgroups") as host:
         print(host._lifeline.pid, flush=True)
-        argv = ("sh", "-c", f"touch {sys.argv[2]}; exec sleep 300")
+        argv = ("sh", "-c", sys.argv[3])
         await host.run(SandboxSpec(argv=argv, isolation="process", drop_root=True), timeout=600)
 
 trio.run(main)
 """
+"""A runtime (root ``argv[1]``, with cgroups or not: ``argv[2]``) running the shell command
+``argv[3]`` as a unit uid of its own, that prints its lifeline's pid."""
+
+
+def _runtime(root: Path, command: str, cgroups: bool = True) -> subprocess.Popen[bytes]:
+    """`RUNTIME` started: read its lifeline's pid from its stdout."""
+    way = "cgroups" if cgroups else "none"
+    argv = [sys.executable, "-c", RUNTIME, str(root), way, command]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE)
 
 
 @pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
@@ -204,10 +213,7 @@ async def test_the_next_runtime_removes_what_a_killed_runtimes_unit_uid_left(
     runtime on the host, on another root, ends the uid's leftovers as it starts (before,
     the file and the uid's IPC objects stayed until the host rebooted)."""
     shm = f"/dev/shm/evolane-test-killed-{uuid.uuid4().hex}"
-    runtime = subprocess.Popen(
-        [sys.executable, "-c", RUNTIME, str(tmp_path / "a"), shm],
-        stdout=subprocess.PIPE,
-    )
+    runtime = _runtime(tmp_path / "a", f"touch {shm}; exec sleep 300")
     try:
         assert runtime.stdout is not None
         lifeline = int(runtime.stdout.readline())
@@ -403,9 +409,7 @@ async def test_the_lifeline_of_a_killed_runtime_removes_what_its_unit_uids_left(
     Found by review: its units' IPC objects (memory outside any cgroup) and claim files
     stayed until some root evolane started on the host, or until it rebooted."""
     shm = f"/dev/shm/evolane-test-lifeline-{uuid.uuid4().hex}"
-    runtime = subprocess.Popen(
-        [sys.executable, "-c", RUNTIME, str(tmp_path / "a"), shm], stdout=subprocess.PIPE
-    )
+    runtime = _runtime(tmp_path / "a", f"touch {shm}; exec sleep 300")
     try:
         assert runtime.stdout is not None
         lifeline = int(runtime.stdout.readline())
@@ -441,19 +445,6 @@ while True:  # the lock of the runtime goes with it: then this one holds the cla
         time.sleep(0.005)
 time.sleep(600)
 """
-GRABBING_RUNTIME = """
-import sys, trio
-from evolane.sandbox import SandboxSpec, open_sandbox
-
-async def main():
-    async with open_sandbox(sys.argv[1], use_cgroups=False) as host:
-        print(host._lifeline.pid, flush=True)
-        grab = f"{sys.executable} -I -c '{sys.argv[2]}' {sys.argv[3]} {sys.argv[4]}"
-        argv = ("sh", "-c", f"(setsid env -i {grab} </dev/null >/dev/null 2>&1 &); exec sleep 300")
-        await host.run(SandboxSpec(argv=argv, isolation="process", drop_root=True), timeout=600)
-
-trio.run(main)
-"""
 
 
 @pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
@@ -466,8 +457,9 @@ async def test_an_escapee_holding_its_claim_file_is_ended_with_its_dead_runtime(
     by a live runtime. The lifeline kills every unit process holding a claim file open,
     then ends the uid. Found by review: the escapee lived on, and no sweep ever ended it."""
     shm = f"/dev/shm/evolane-test-grab-{uuid.uuid4().hex}"
-    argv = [sys.executable, "-c", GRABBING_RUNTIME, str(tmp_path / "a"), GRAB, str(CLAIMS), shm]
-    runtime = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    grab = f"{sys.executable} -I -c '{GRAB}' {CLAIMS} {shm}"
+    command = f"(setsid env -i {grab} </dev/null >/dev/null 2>&1 &); exec sleep 300"
+    runtime = _runtime(tmp_path / "a", command, cgroups=False)
     uid = None
     try:
         assert runtime.stdout is not None
