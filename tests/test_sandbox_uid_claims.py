@@ -204,6 +204,16 @@ def _runtime(root: Path, command: str, cgroups: bool = True) -> subprocess.Popen
     return subprocess.Popen(argv, stdout=subprocess.PIPE)
 
 
+async def _unit_started(runtime: subprocess.Popen[bytes], shm: str) -> tuple[int, int]:
+    """`RUNTIME`'s lifeline pid, once its unit made ``shm``, and the unit uid it made it as."""
+    assert runtime.stdout is not None
+    lifeline = int(runtime.stdout.readline())
+    with trio.fail_after(60):
+        while not os.path.exists(shm):
+            await trio.sleep(0.02)
+    return lifeline, os.stat(shm).st_uid
+
+
 @pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
 async def test_the_next_runtime_removes_what_a_killed_runtimes_unit_uid_left(
     tmp_path: Path,
@@ -215,12 +225,7 @@ async def test_the_next_runtime_removes_what_a_killed_runtimes_unit_uid_left(
     shm = f"/dev/shm/evolane-test-killed-{uuid.uuid4().hex}"
     runtime = _runtime(tmp_path / "a", f"touch {shm}; exec sleep 300")
     try:
-        assert runtime.stdout is not None
-        lifeline = int(runtime.stdout.readline())
-        with trio.fail_after(60):
-            while not os.path.exists(shm):
-                await trio.sleep(0.02)
-        uid = os.stat(shm).st_uid
+        lifeline, uid = await _unit_started(runtime, shm)
         assert uid >= UNIT_UID_BASE and (CLAIMS / str(uid)).exists()
         os.kill(lifeline, signal.SIGKILL)
         runtime.kill()
@@ -411,12 +416,7 @@ async def test_the_lifeline_of_a_killed_runtime_removes_what_its_unit_uids_left(
     shm = f"/dev/shm/evolane-test-lifeline-{uuid.uuid4().hex}"
     runtime = _runtime(tmp_path / "a", f"touch {shm}; exec sleep 300")
     try:
-        assert runtime.stdout is not None
-        lifeline = int(runtime.stdout.readline())
-        with trio.fail_after(60):
-            while not os.path.exists(shm):
-                await trio.sleep(0.02)
-        uid = os.stat(shm).st_uid
+        lifeline, uid = await _unit_started(runtime, shm)
         assert uid >= UNIT_UID_BASE and (CLAIMS / str(uid)).exists()
         fd = os.pidfd_open(lifeline)
         runtime.kill()
@@ -462,12 +462,7 @@ async def test_an_escapee_holding_its_claim_file_is_ended_with_its_dead_runtime(
     runtime = _runtime(tmp_path / "a", command, cgroups=False)
     uid = None
     try:
-        assert runtime.stdout is not None
-        lifeline = int(runtime.stdout.readline())
-        with trio.fail_after(60):
-            while not os.path.exists(shm):
-                await trio.sleep(0.02)
-        uid = os.stat(shm).st_uid
+        lifeline, uid = await _unit_started(runtime, shm)
         assert uid >= UNIT_UID_BASE and processes_of(uid)
         fd = os.pidfd_open(lifeline)
         runtime.kill()
