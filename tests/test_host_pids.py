@@ -29,7 +29,13 @@ from hypothesis import strategies as st
 from evolane.campaign import host_warnings
 from evolane.campaign._containment import share_host_pids
 from evolane.inputs import Case, Dataset
-from evolane.sandbox import NAMESPACE_EXTRA_PROCESSES, own_network_problem, resolve_isolation
+from evolane.sandbox import (
+    NAMESPACE_EXTRA_PROCESSES,
+    commands_run_unprivileged,
+    own_network_problem,
+    resolve_isolation,
+)
+from evolane.sandbox._secrets import UNIT_UID_BASE
 from tests.campaign_helpers import toy_config, toy_flags, write_toy
 
 _V1_PIDS = Path("/sys/fs/cgroup/pids")
@@ -672,3 +678,40 @@ def test_the_post_publish_check_runs_alone_with_the_room_of_every_tree(
     record = json.loads(report.read_text())
     assert "processes 27 (pids_cgroup" in record["limits"]  # the lanes' share, as before
     assert record["apply"]["status"] == "applied", record["apply"]
+
+
+SWITCH_PROBE = """
+import os, sys, trio
+from pathlib import Path
+from evolane.sandbox import SandboxSpec, commands_run_unprivileged, open_sandbox
+cgroup = Path(sys.argv[1])
+said = [commands_run_unprivileged()]  # the probe's fork refused
+(cgroup / "pids.max").write_text("200")
+said.append(commands_run_unprivileged())
+
+async def main():
+    async with open_sandbox(sys.argv[2]) as host:
+        spec = SandboxSpec(argv=("id", "-u"), isolation="process", drop_root=True)
+        done = await host.run(spec, timeout=60)
+        said.append(done.stdout.text().strip())
+
+trio.run(main)
+print(*said)
+"""
+
+
+def test_a_uid_switch_probe_the_host_refused_still_runs_commands_as_unit_uids(
+    limited: tuple[Path, int], tmp_path: Path
+) -> None:
+    # Found by CI: under a full pids.max the probe of setpriv's uid switch was refused a
+    # process, counted as "no switch", and every command of the run then ran as root.
+    if not commands_run_unprivileged():
+        pytest.skip("needs root and a setpriv that switches uids")
+    cgroup, _ = limited
+    (cgroup / "pids.max").write_text("1")  # the interpreter alone: its probe cannot fork
+    argv = [sys.executable, "-c", SWITCH_PROBE, str(cgroup), str(tmp_path / "sb")]
+    done = _inside(cgroup, argv)
+    assert done.returncode == 0, done.stderr
+    first, then, uid = done.stdout.split()
+    assert (first, then) == ("True", "True"), done.stdout  # refused: not "no switch"
+    assert int(uid) >= UNIT_UID_BASE, done.stdout  # a unit uid, never root

@@ -349,6 +349,43 @@ def test_a_full_disk_while_an_optimizer_slot_is_prepared_ends_the_run_failed(
     _ended_failed_on_a_full_disk(paths, done)
 
 
+THREAD_REFUSED_WHILE_PREPARING_A_SLOT = """
+import evolane.lanes._scratch as scratch
+def prepare(self, store, job):
+    raise RuntimeError("can't start new thread")  # the host refused a worker thread
+scratch.SlotScratch.prepare = prepare
+from evolane.cli import main
+main()
+"""
+
+
+def test_a_thread_the_host_refused_inside_the_cycle_pauses_the_run_resumable(
+    tmp_path: Path,
+) -> None:
+    """Found by CI (a full pids.max, 1 run in 5): a thread the host refused while the cycle
+    prepared a slot was caught as the store's failure and ended the run ``failed``, its
+    report's note naming the limit, where the same refusal a moment earlier or later left it
+    ``interrupted`` with one line and ``--resume``: a refusal is the host's, never damage."""
+    paths = write_toy(tmp_path, PLAN)
+    done = _patched_optimize(paths, THREAD_REFUSED_WHILE_PREPARING_A_SLOT)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stdout + done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("evolane: error:")]
+    assert "the host refused evolane a thread" in line, line
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    assert line.endswith(f"continue the run with --resume {run_dir.name}"), line
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    resume = ["optimize", "--resume", run_dir.name, "--store", str(paths["store"])]
+    again = subprocess.run(
+        [sys.executable, "-m", "evolane", *resume],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+
+
 async def test_a_new_run_and_campaign_folder_are_fsynced_into_their_parents(
     tmp_path: Path, monkeypatch: Any
 ) -> None:

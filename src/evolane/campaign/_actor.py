@@ -55,7 +55,7 @@ from evolane.messages import (
     StopAll,
     WarningEvent,
 )
-from evolane.store import describe_failure, storage_failure
+from evolane.store import describe_failure, host_refused, storage_failure
 from evolane.views import arm_scores, left_out_at_zero
 
 __all__ = ["Campaign"]
@@ -123,8 +123,8 @@ class _Cycle:
             state.stop, state.message = stopped.stop, stopped.message
         except Exception as error:  # a full disk or a damaged store ends the run failed
             failure = storage_failure(error)
-            if failure is None:
-                raise
+            if failure is None or host_refused(failure):  # a thread or memory refused: the
+                raise  # run's end names the limit and leaves it resumable, as anywhere else
             state.stop, state.message = "failed", describe_failure(failure, self.config.store)
         if state.stop in ("finished", "exhausted"):  # a spent budget leaves no room to score
             try:

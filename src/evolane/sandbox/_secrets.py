@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import shutil
 import signal
@@ -55,9 +56,16 @@ the host counts as unable to do it."""
 
 
 def probe_succeeds(argv: list[str]) -> bool:
-    """Whether ``argv`` runs and exits 0 (quietly, bounded by `PROBE_TIMEOUT`). It runs in a
-    process group of its own, reaped whole: a probe's orphans (bubblewrap's inner process)
-    come to this process when it is a subreaper, and must not stay zombies in it."""
+    """Whether ``argv`` runs and exits 0 (`probe_outcome`; a refused spawn: False)."""
+    return probe_outcome(argv) is True
+
+
+def probe_outcome(argv: list[str]) -> bool | None:
+    """Whether ``argv`` runs and exits 0 (quietly, bounded by `PROBE_TIMEOUT`); None when
+    the host refused it a process (EAGAIN, ENOMEM: a pid or memory limit reached), which
+    says nothing of ``argv``. It runs in a process group of its own, reaped whole: a
+    probe's orphans (bubblewrap's inner process) come to this process when it is a
+    subreaper, and must not stay zombies in it."""
     try:
         probe = subprocess.Popen(
             argv,
@@ -66,8 +74,8 @@ def probe_succeeds(argv: list[str]) -> bool:
             stderr=subprocess.DEVNULL,
             process_group=0,
         )
-    except OSError:
-        return False
+    except OSError as error:
+        return None if error.errno in (errno.EAGAIN, errno.ENOMEM) else False
     try:
         code = probe.wait(timeout=PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -176,8 +184,17 @@ def _uid_switch(setpriv: str, uid: int) -> tuple[str, ...]:
 
 @cache
 def _uid_switch_works(setpriv: str) -> bool:
+    """Whether ``setpriv`` switches uids here, probed once. A probe the host refused a
+    process (`probe_outcome` None: a pid or memory limit reached for a moment) proves
+    nothing, and counts as a switch that works: a ``drop_root`` command then still runs as
+    a unit uid (it fails to start, visibly, if the switch does not work), never as root for
+    a moment's refusal (found by CI: under a full pids.max the refused probe counted as "no
+    switch", and the run's commands ran as root). Not probed again: a probe per command
+    would take a process each under the very limit that refused it."""
     true = shutil.which("true", path="/usr/bin:/bin")
-    return true is not None and probe_succeeds([*_uid_switch(setpriv, UNIT_UID_BASE), true])
+    if true is None:
+        return False
+    return probe_outcome([*_uid_switch(setpriv, UNIT_UID_BASE), true]) is not False
 
 
 def dropped_capabilities_argv() -> tuple[str, ...] | None:
