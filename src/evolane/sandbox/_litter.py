@@ -19,6 +19,7 @@ import time
 from collections.abc import Collection
 from functools import cache
 
+from evolane.sandbox._procfs import live_uid
 from evolane.store import remove_tree
 
 SYSV_TABLES = {"shm": "shmid", "msg": "msqid", "sem": "semid"}
@@ -118,17 +119,6 @@ KILL_ROUNDS = 40
 (a tree forking as it is killed): about 0.2 s of waiting in all."""
 
 
-def real_uid(pid: int) -> int | None:
-    """The real uid of ``pid`` while it lives (None: gone, or a zombie)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            text = status.read(4096)
-        state = text.split(b"\nState:", 1)[1].split()[0]
-        return None if state in (b"Z", b"X") else int(text.split(b"\nUid:", 1)[1].split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def processes_of(uid: int | Collection[int]) -> list[int]:
     """Live processes whose real uid is ``uid`` (or one of several), by a scan of /proc."""
     uids = _uid_set(uid)
@@ -136,7 +126,7 @@ def processes_of(uid: int | Collection[int]) -> list[int]:
         names = os.listdir("/proc")
     except OSError:
         return []
-    return [int(name) for name in names if name.isdigit() and real_uid(int(name)) in uids]
+    return [int(name) for name in names if name.isdigit() and live_uid(name) in uids]
 
 
 def end_uid(uid: int, small: bool = False) -> bool:
@@ -175,7 +165,7 @@ def kill_processes_of(uid: int | Collection[int]) -> dict[int, int]:
         with contextlib.suppress(OSError):
             fd = os.pidfd_open(pid)
             try:  # held by its pidfd: the uid read again is this process's, not a reuse
-                if (owner := real_uid(pid)) in uids:
+                if (owner := live_uid(pid)) in uids:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                     killed[pid] = owner
             finally:
@@ -198,12 +188,12 @@ def kill_claim_openers(folder: str, uids: Collection[int]) -> int:
         with contextlib.suppress(OSError):
             fd = os.pidfd_open(pid)
             try:  # held by its pidfd: the uid read again is this process's, not a reuse
-                if real_uid(pid) in span:
+                if live_uid(pid) in span:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
             finally:
                 os.close(fd)
     for _ in range(KILL_ROUNDS if killed else 0):  # its files are closed as it exits
-        if all(real_uid(pid) not in span for pid in killed):
+        if all(live_uid(pid) not in span for pid in killed):
             break
         time.sleep(0.005)
     return len(killed)

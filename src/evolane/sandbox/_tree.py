@@ -25,7 +25,8 @@ import trio
 from evolane.sandbox._cgroups import UnitCgroups
 from evolane.sandbox._lifeline import group_members, lease_holders, lease_matches, lease_of
 from evolane.sandbox._lifeline import process_group_of as group_of
-from evolane.sandbox._litter import kill_processes_of, processes_of, real_uid
+from evolane.sandbox._litter import kill_processes_of, processes_of
+from evolane.sandbox._procfs import live_uid, proc_status
 
 FINAL_WAIT_SECONDS = 5.0
 MAX_TRACKED_ESCAPEES = 256
@@ -129,7 +130,7 @@ class ProcessTree:
             if verify == "cgroup":
                 ours = self.cgroups is not None and pid in self.cgroups.pids()
             elif verify == "uid":  # read through the pidfd: not a reuse of the number
-                ours = self.uid is not None and real_uid(pid) == self.uid
+                ours = self.uid is not None and live_uid(pid) == self.uid
             else:
                 lease = lease_of(pid)
                 ours = lease is not None and lease_matches(lease, self.lease)
@@ -249,15 +250,8 @@ def _children() -> list[int]:
 
 def _zombie_uid(pid: int) -> int | None:
     """The real uid of ``pid`` when it is a zombie, else None."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            fields = dict(line.split(":", 1) for line in status if ":" in line)
-    except OSError:
-        return None
-    if not fields.get("State", "").strip().startswith("Z"):
-        return None
-    uids = fields.get("Uid", "").split()
-    return int(uids[0]) if uids else None
+    found = proc_status(pid)
+    return found.uid if found is not None and found.state == "Z" else None
 
 
 async def _alive(tree: ProcessTree) -> bool:

@@ -28,12 +28,13 @@ forks. Root is not held to RLIMIT_NPROC in any namespace.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from evolane.sandbox._procfs import proc_status
 
 USER_COUNT_SHARE = 16
 """A command takes at most 1/16 of each of evolane's `CAPPED_COUNTS` (at least one)."""
@@ -159,11 +160,7 @@ def user_tasks(uid: int) -> int:
     """The processes and threads of real uid ``uid`` this process can see in /proc."""
     count = 0
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            with open(f"/proc/{name}/status") as status:
-                fields = dict(line.split(":", 1) for line in status if ":" in line)
-            if int(fields["Uid"].split()[0]) == uid:
-                count += int(fields["Threads"])
+        found = proc_status(name) if name.isdigit() else None
+        if found is not None and found.uid == uid:
+            count += found.threads
     return count
