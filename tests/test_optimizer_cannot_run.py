@@ -127,3 +127,26 @@ async def test_an_optimizer_refused_by_chaos_on_every_call_costs_its_slots_only(
     assert report.status == "finished", report.message
     assert chaos.injected["spawn_failure"] == 4
     assert all(f.failure.code == "spawn_failed" for f in report.failures)
+
+
+async def test_optimizer_lanes_their_supervisor_gave_up_on_fail_the_run(tmp_path: Path) -> None:
+    """Found by review: an optimizer lane crashing on every call (a bug in evolane) past what
+    its pool absorbs left the pool down; every later slot failed "is down: its supervisor
+    gave up", and the run ended finished, its campaign complete, exit 0: "nothing accepted",
+    as if the optimizer had found nothing. A crash alone still costs its slot only
+    (test_campaign's crashing optimizer lane); a pool that is down ends the run failed."""
+    from evolane.campaign._run import RunRequest, run_campaign
+    from tests.campaign_helpers import toy_config
+
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    chaos = Chaos(seed=1, handler_crash=1.0, only=(".optimizer-",))
+    config = toy_config(paths, iterations=8, population=2)  # 16 calls: > 2 lanes x 3 crashes
+    with chaos.installed(), trio.fail_after(120):
+        outcome = await run_campaign(RunRequest(config))
+    report = outcome.report
+    assert report is not None and report.status == "failed", report
+    assert report.campaign_status == "paused"
+    assert "the optimizer lanes are down: their supervisor gave up" in report.message
+    assert "the last crash: " in report.message and "chaos: " in report.message
+    assert chaos.injected["handler_crash"] > 6  # the pool absorbed 2 x 3 before it gave up
+    assert len(report.decisions) < 16  # it stopped there, not after every slot failed alike

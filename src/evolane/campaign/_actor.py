@@ -194,7 +194,7 @@ class _Cycle:
         accepted: list[Any] = []
         try:
             results = await self.slots.propose(iteration, prompts, context)
-            down = optimizer_down(results)
+            down = optimizer_down(results, self.slots.last_crash)
             if down is not None:  # it ended finished, a campaign complete (found by review)
                 for book, result in zip(books, results, strict=True):  # listed, as others are
                     if result.failure is not None:  # (found by review: failures was empty)

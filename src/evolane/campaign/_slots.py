@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from evolane.actors import ActorError, ActorRef
+from evolane.actors import ActorCrashed, ActorError, ActorRef
 from evolane.campaign._book import SlotBook, arm_score, hardest_failing, online_deltas
 from evolane.campaign._continue import DROPPED_ON_HOST, HOST_FAILED_RUNS
 from evolane.campaign._gates import run_local_gates
@@ -66,6 +66,7 @@ class Slots:
         self.config = setup.config
         self.probed = False  # a call succeeded without a whole usage: none will give one
         self.looked = False  # the val ledger was told that the online budget is being spent
+        self.last_crash: str | None = None  # an optimizer lane's last crash (`optimizer_down`)
 
     def slot_id(self, iteration: int, slot: int) -> str:
         """The slot's id, the same on a resume: ``c<cycle>.i<iteration>.s<slot>``."""
@@ -186,6 +187,8 @@ class Slots:
         except ActorError as error:  # the lane broke, not the candidate: the slot is lost
             if storage_failure(error) is not None:  # unless the store cannot go on: the run
                 raise
+            if isinstance(error, ActorCrashed):
+                self.last_crash = str(error)[:300]
             failure = FailureEvent(
                 owner="framework",
                 stage="optimizer",

@@ -309,12 +309,25 @@ def _cannot_run(failure: FailureEvent) -> bool:
     return failure.code in CANNOT_RUN
 
 
-def optimizer_down(results: list[ProposeResult]) -> str | None:
-    """Why the run cannot go on when every proposal of an iteration failed on the optimizer's
-    model endpoint (HTTP 5xx, 401, the network), or every one because its command cannot run
-    (`CANNOT_RUN`: a missing agent CLI, a script path wrong): the next ones would too. None
-    otherwise (found by review: both ended finished, a campaign complete that tried nothing)."""
+LANES_GONE = frozenset({"ActorStopped", "NotAnswered"})
+"""The codes of a proposal whose optimizer lane was down: its pool's supervisor gave up after
+more crashes than it absorbs (`evolane.measure.lane_pool`), so every later call fails alike."""
+
+
+def optimizer_down(results: list[ProposeResult], last_crash: str | None = None) -> str | None:
+    """Why the run cannot go on when the optimizer lanes are down (their supervisor gave up
+    after repeated crashes: evolane's failure, ``last_crash`` the last one's text), or every
+    proposal of an iteration failed on the optimizer's model endpoint (HTTP 5xx, 401, the
+    network), or every one because its command cannot run (`CANNOT_RUN`: a missing agent CLI,
+    a script path wrong): the next ones would too. None otherwise (found by review: each
+    ended finished, a campaign complete that tried nothing; a crash alone costs its slot)."""
     failures = [r.failure for r in results if r.failure is not None]
+    if any(f.owner == "framework" and f.code in LANES_GONE for f in failures):
+        crash = f"; the last crash: {last_crash}" if last_crash else ""
+        return (
+            "the optimizer lanes are down: their supervisor gave up after repeated crashes "
+            f"(evolane's failure, not the optimizer's){crash}"
+        )
     if not failures or len(failures) < len(results):
         return None
     first, said = failures[0], failures[0].message[-300:].strip()
