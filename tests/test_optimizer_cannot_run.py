@@ -62,6 +62,9 @@ def test_an_optimizer_that_fails_otherwise_still_only_costs_its_slots(tmp_path: 
     assert report["status"] == "finished"
     failures = [item["failure"] for item in report["failures"]]
     assert failures and all(f["code"] == "exit_1" for f in failures), failures
+    calls = len(report["funnel"])  # the summary says so, not only report.json
+    said = f"proposals lost: {calls} of {calls} optimizer calls failed; the first: exit_1: "
+    assert said in done.stdout and "lane broke" not in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize(
@@ -150,3 +153,26 @@ async def test_optimizer_lanes_their_supervisor_gave_up_on_fail_the_run(tmp_path
     assert "the last crash: " in report.message and "chaos: " in report.message
     assert chaos.injected["handler_crash"] > 6  # the pool absorbed 2 x 3 before it gave up
     assert len(report.decisions) < 16  # it stopped there, not after every slot failed alike
+
+
+CRASHING_LANES = """
+from evolane.testing import Chaos
+from evolane.cli import main
+with Chaos(seed=1, handler_crash=1.0, only=(".optimizer-",)).installed():
+    main()
+"""
+
+
+def test_a_summary_names_the_proposals_lost_to_evolanes_own_lanes(tmp_path: Path) -> None:
+    """Found by review: every optimizer call lost to a crashing lane (a bug of evolane's,
+    restarted each time) printed "best: the seed (nothing accepted)" and nothing else, as
+    if the optimizer had found nothing."""
+    paths = write_toy(tmp_path, {"default": "fix:2"})
+    script = tmp_path / "crashing.py"
+    script.write_text(CRASHING_LANES)
+    args = with_flag(toy_flags(paths, paths["store"]), "--iterations", "2")
+    argv = [sys.executable, str(script), "optimize", *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr  # 4 crashes: within what the pool absorbs
+    said = "proposals lost: 4 of 4 optimizer calls failed, 4 because evolane's lane broke"
+    assert said in done.stdout and "the first: ActorCrashed: " in done.stdout, done.stdout

@@ -100,6 +100,7 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         lines.append(f"spent by role: {role_spend(report.budget.spent_by_role)}")
     if report.message:
         lines.append(escape(f"note: {_said(report.message)}"))
+    lines += [escape(line) for line in _lost_proposals(report)]
     lines += [escape(f"slot {row.slot_id}: {_said(row.reason)}") for row in dropped(report)]
     if report.apply is not None:
         why = ""  # a publish that did not happen says why, not only in report.json
@@ -125,3 +126,29 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         )
     for line in lines:
         console.print(line)
+
+
+LANE_BROKE = frozenset({"ActorCrashed", "ActorStopped", "NotAnswered", "AskTimeout"})
+"""The codes of an optimizer call lost because its lane broke (crashed, down, hung): a bug of
+evolane's, never the optimizer's failure."""
+
+
+def _lost_proposals(report: Any) -> list[str]:
+    """A line when optimizer calls failed, and how many because evolane's lane broke (found
+    by review: every call lost to a crashing lane read "best: the seed (nothing accepted)",
+    as if the optimizer had found nothing)."""
+    lost = {
+        record.where: record.failure
+        for record in report.failures
+        if record.failure.stage == "optimizer"
+        and record.failure.code not in ("cancelled", "not_stored")  # stopped; none to run
+    }
+    if not lost:
+        return []
+    own = sum(failure.code in LANE_BROKE for failure in lost.values())
+    first = next(iter(lost.values()))
+    blame = f", {own} because evolane's lane broke (a bug: please report it)" if own else ""
+    return [
+        f"proposals lost: {len(lost)} of {len(report.funnel)} optimizer calls failed{blame}; "
+        f"the first: {_said(f'{first.code}: {first.message}')[:300]}"
+    ]
