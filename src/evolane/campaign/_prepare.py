@@ -14,6 +14,7 @@ from pathlib import Path
 
 from evolane.campaign import _continue
 from evolane.campaign._advice import after_failure, still_running
+from evolane.campaign._alive import last_written
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment, share_host_pids, user_process_line
 from evolane.campaign._continue import check_budgets, continuable_campaign, earlier_results
@@ -463,15 +464,12 @@ def _run_record(config: CampaignConfig, campaign: CampaignState, dataset: Datase
 
 def _died_session(layout: StoreLayout, record: RunRecord) -> float:
     """The wall of a session that ended without saying so (SIGKILL, power loss): from its start
-    to the last moment its run folder was written (events and journal are written throughout)."""
+    to the last moment its run folder was written (events and journal as units end, its
+    heartbeat every second however silent its commands: `evolane.campaign._alive`)."""
     if record.status != "running" or record.session_started is None:
         return 0.0  # the session ended in order and counted itself
-    folder = layout.run_dir(record.run_id)
-    last = record.session_started
-    for name in ("events.jsonl", "journal.jsonl"):
-        with contextlib.suppress(OSError):
-            last = max(last, (folder / name).stat().st_mtime)
-    return max(0.0, min(last, time.time()) - record.session_started)
+    last = last_written(layout.run_dir(record.run_id), record.session_started)
+    return max(0.0, last - record.session_started)
 
 
 def _check_wall_left(config: CampaignConfig, used: float) -> None:

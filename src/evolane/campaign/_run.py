@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from evolane.actors import ActorRef
+from evolane.campaign._alive import session_alive
 from evolane.campaign._config import CampaignConfig
 from evolane.campaign._containment import containment, host_warnings
 from evolane.campaign._estimate import Estimate, rejudge_estimate
@@ -290,10 +291,10 @@ class _RunContext:
 
 
 async def _run_in(runtime: Runtime, ctx: _RunContext) -> Report:
-    """The run as one supervised subtree of ``runtime``, removed (every tree killed) before
-    the best tree is applied and the report written."""
+    """The run as a subtree of ``runtime``, removed (every tree killed) before apply and report."""
     prepared = ctx.session.prepared
-    async with open_sandbox(prepared.layout.sandbox, store=prepared.store) as host:
+    alive = session_alive(prepared.run_dir)  # a SIGKILL's resume counts this session's wall
+    async with alive, open_sandbox(prepared.layout.sandbox, store=prepared.store) as host:
         deadline = left = None
         config, run = prepared.config, prepared.run
         if config.wall_clock_budget is not None:  # the whole campaign's: earlier sessions count

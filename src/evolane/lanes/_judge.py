@@ -24,6 +24,7 @@ from evolane.inputs import (
 )
 from evolane.lanes._backends import ENDPOINT_EXIT, BackendCall, run_backend
 from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
+from evolane.lanes._program import judge_program_fault
 from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._replay_failure import (
@@ -31,6 +32,7 @@ from evolane.lanes._replay_failure import (
     SPAWN_REFUSALS,
     refusal_wait,
     refused_by_host,
+    spawn_refused,
 )
 from evolane.lanes._scratch import UnitScratch, replay_name
 from evolane.lanes._usage import sum_usage
@@ -328,6 +330,9 @@ class JudgeLane(CommandLane):
             self.host, self.settings, argv, scratch, "judge", env, deadline, stop
         )
         verdict = command_verdict(outcome)
+        if outcome.status == "spawn_failed" and not spawn_refused(outcome.spawn_errno):
+            fault = await trio.to_thread.run_sync(judge_program_fault, argv, scratch.candidate)
+            verdict = verdict if fault is None else replace(verdict, failure=fault)
         usage, complete = await trio.to_thread.run_sync(
             judge_usage, usage_file, outcome, self.settings.prices
         )

@@ -171,3 +171,22 @@ def blame_tree(result: ReplayResult, argv: tuple[str, ...], tree: Path) -> Repla
         message=fault[:512],
     )
     return result.model_copy(update={"failure": failure})
+
+
+JUDGE_PROGRAM_UNRUNNABLE = "judge_program_unrunnable"
+"""The code of a judgement whose ``--judge`` program is a file of the tree under test that the
+tree broke: the tree's doing (a candidate's unit counts 0), not the host's."""
+
+
+def judge_program_fault(argv: tuple[str, ...], tree: Path) -> FailureEvent | None:
+    """The failure of a ``--judge`` command that never started because its program is a file
+    of ``tree`` (the tree under test, as laid out for the unit) that `tree_program_fault`
+    finds broken; None when the program lies elsewhere or looks runnable: then the spawn
+    failed on the host (a program gone, a broken interpreter), shared by every unit, and
+    the measurement stops (`evolane.measure.shared_failure`)."""
+    fault = tree_program_fault(argv, tree)
+    if fault is None:
+        return None
+    return FailureEvent(
+        owner="infrastructure", stage="judge", code=JUDGE_PROGRAM_UNRUNNABLE, message=fault[:512]
+    )

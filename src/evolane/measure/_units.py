@@ -98,15 +98,18 @@ process turned the decided measurement into a shared failure, and its run failed
 
 def shared_failure(unit: Unit) -> str | None:
     """Why ``unit``'s replay or judge failed on the host's failure that every unit shares
-    (`HOSTS_FAILURES`; a judge's: the host refused it a process, or its lanes are down),
-    else None."""
+    (`HOSTS_FAILURES`; a judge's: the host refused it a process, its lanes are down, or its
+    command could not start: its program gone mid-run, found by hostile review: each unit
+    was left out, the candidate was indecisive and the run ended ``finished``, its campaign
+    ``complete``, as if the search had found nothing), else None."""
     replay, judge = unit.replay, unit.judge
     if replay is not None and replay.failure is not None and replay.failure.code in HOSTS_FAILURES:
         how = "could not start" if replay.failure.code == "spawn_failed" else "failed"
         return f"{unit.arm} replay {how}: {replay.failure.message}"
-    shared = (HOST_REFUSED, LANES_DOWN)
+    shared = (HOST_REFUSED, LANES_DOWN, "judge_spawn_failed")
     if judge is not None and judge.failure is not None and judge.failure.code in shared:
-        return f"{unit.arm} judge failed: {judge.failure.message}"
+        how = "could not start" if judge.failure.code == "judge_spawn_failed" else "failed"
+        return f"{unit.arm} judge {how}: {judge.failure.message}"
     return None
 
 

@@ -1,0 +1,58 @@
+"""A session SIGKILLed while its commands hang silently, then resumed, through the real CLI:
+the resume counts the killed session's silent seconds against ``--wall-clock-budget``
+(README: the budget counts "every session of every run, each counted from its command's
+start"). Before the session's heartbeat (`evolane.campaign._alive`) it counted the session
+only up to its last event or journal line, so a kill and a ``--resume`` gave a hung
+campaign its wall-clock budget back (found by hostile review: a session killed 25 s into a
+silent hang counted 5 s)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.campaign_helpers import (
+    shared_folder,
+    toy_config,
+    toy_flags,
+    wait_for,
+    with_flag,
+    write_toy,
+)
+
+SILENT = 6.0
+"""Seconds the run is left hanging, writing nothing, before it is killed."""
+SLACK = 3.0
+"""Of them, how many the count may miss (a heartbeat interval, and a loaded host's lag)."""
+
+
+def test_a_session_killed_in_a_silent_hang_counts_its_silent_seconds(tmp_path: Path) -> None:
+    from evolane.campaign._prepare import prepare_run
+
+    paths = write_toy(tmp_path, {"default": "fix:1"})
+    marks = shared_folder(tmp_path / "marks")
+    replay = f"sh -c 'touch {marks}/started; sleep 3600' replay {{candidate}} {{output_dir}}"
+    flags = with_flag(toy_flags(paths, paths["store"]), "--replay", replay)
+    flags += ["--expose-rw", str(marks), "--wall-clock-budget", "3600"]
+    flags += ["--replay-timeout", "3000"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "evolane", "optimize", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    try:
+        wait_for(marks / "started", process, "a replay started")
+        time.sleep(SILENT)  # every replay hangs: no unit ends, no event, no journal line
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == -9
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    began = json.loads((run_dir / "run.json").read_text())["session_started"]
+    hung = (marks / "started").stat().st_mtime
+    resumed = prepare_run(toy_config(paths), resume_run=run_dir.name)
+    assert resumed.run.elapsed_seconds >= hung + SILENT - SLACK - began
