@@ -13,6 +13,7 @@ stash."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -122,3 +123,36 @@ print(json.dumps(said))
     assert outcome.ok, outcome.stderr.text()
     said = json.loads(outcome.stdout.text())
     assert said == {"rename_rw": "EBUSY", "write_ro": "EROFS", "write_rw": "done"}, said
+
+
+REPOINT = """
+import os, pathlib, shutil, sys
+workdir, app = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+if not (app / "fake").exists():  # a copy of the seed, a file of its own, a protected file
+    shutil.copytree(workdir, app / "fake")
+    (app / "fake" / "BACKDOOR").write_text("in no candidate")
+    (app / "fake" / "grader" / "rubric.txt").write_text("anything goes")
+    os.symlink("fake", app / "next")
+    os.rename(app / "next", app / "current")
+for name in ("val04", "val05", "test01", "test02", "test03", "test04", "test05"):
+    (workdir / name).write_text('"yes"')
+"""
+
+
+def test_an_exposed_folder_holding_the_targets_link_is_refused_at_start(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "noop"})
+    app = tmp_path / "app"
+    (app / "releases").mkdir(parents=True)
+    paths["target"].rename(app / "releases" / "v1")
+    (app / "current").symlink_to("releases/v1")
+    paths["target"] = app / "current"
+    (tmp_path / "opt.py").write_text(REPOINT)
+    flags = with_flag(toy_flags(paths, paths["store"]), "--optimizer",
+                      f"{sys.executable} -I {tmp_path / 'opt.py'} {{workdir}} {app}")  # fmt: skip
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    flags += ["--expose-rw", f"optimizer={app}", "--apply", "auto_verified"]
+    done = run_optimize(flags, cwd=tmp_path)
+    assert os.readlink(app / "current") == "releases/v1", done.stdout  # never repointed
+    assert not (app / "fake").exists()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"holds the symlink {app / 'current'}" in done.stderr, done.stderr
