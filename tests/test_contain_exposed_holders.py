@@ -156,3 +156,28 @@ def test_an_exposed_folder_holding_the_targets_link_is_refused_at_start(tmp_path
     assert not (app / "fake").exists()
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"holds the symlink {app / 'current'}" in done.stderr, done.stderr
+
+
+UNLOCK = """
+import errno, os, pathlib, sys
+workdir, lock = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]) / ".target.evolane-lock"
+(workdir / "val05").write_text('"yes"')
+try:
+    os.unlink(lock)  # a second run on the target would then take a lock of its own
+    print("unlock: unlinked")
+except OSError as error:
+    print("unlock:", errno.errorcode.get(error.errno, "?"))
+"""
+
+
+def test_a_command_given_the_targets_folder_cannot_unlink_the_runs_lock(tmp_path: Path) -> None:
+    paths = write_toy(tmp_path, {"default": "noop"})
+    (tmp_path / "opt.py").write_text(UNLOCK)
+    optimizer = f"{sys.executable} -I {tmp_path / 'opt.py'} {{workdir}} {tmp_path}"
+    flags = with_flag(toy_flags(paths, paths["store"]), "--optimizer", optimizer)
+    flags = with_flag(with_flag(flags, "--iterations", "1"), "--population", "1")
+    done = run_optimize([*flags, "--expose-rw", f"optimizer={tmp_path}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (report,) = paths["store"].glob("runs/*/report.json")
+    said = report.read_text()
+    assert "unlock: EBUSY" in said and "unlinked" not in said, said[-3000:]
