@@ -297,7 +297,9 @@ async def _publish_and_check(
     failure, code = None, None
     if check is not None:
         try:
-            outcome = await run_check(host, check, check_timeout)
+            plan = publish.journal.plan
+            stash = plan.diff.stash if isinstance(plan, LinkPlan) else plan.stash
+            outcome = await run_check(host, check, check_timeout, stash)
         except BaseException:
             await _undo(store, publish, "interrupted during the post-apply check")
             raise

@@ -60,17 +60,22 @@ def vcs_metadata(target: Path) -> tuple[str, ...]:
     return tuple(str(target / name) for name in sorted(names) if name.casefold() in VCS_FOLDERS)
 
 
-async def run_check(host: SandboxHost, spec: SandboxSpec, timeout: float) -> ProcessOutcome:
+async def run_check(
+    host: SandboxHost, spec: SandboxSpec, timeout: float, stash: str | None = None
+) -> ProcessOutcome:
     """Run the check in its own workspace (made here, removed after, whatever happens),
     the `vcs_metadata` of what it checks hidden (looked up now: a link target's new version
-    folder is built after its spec)."""
+    folder is built after its spec), and the publish's ``stash`` of originals beside it:
+    found by hostile review, a check given ``--expose-rw`` of the target's folder rewrote
+    the stashed originals, and the rollback of its own failure put its words in the target."""
     assert spec.workspace is not None
     workspace = Path(spec.workspace)
     await trio.to_thread.run_sync(partial(workspace.mkdir, parents=True))
     checked = [Path(path) for path, writable in spec.view.own if not writable]
+    kept = () if stash is None or Path(stash) in checked else (stash,)
     try:
         found = await trio.to_thread.run_sync(lambda: [p for c in checked for p in vcs_metadata(c)])
-        view = spec.view.model_copy(update={"hidden": (*spec.view.hidden, *found)})
+        view = spec.view.model_copy(update={"hidden": (*spec.view.hidden, *kept, *found)})
         return await host.run(spec.model_copy(update={"view": view}), timeout=timeout)
     finally:
         with trio.CancelScope(shield=True):

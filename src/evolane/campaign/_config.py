@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import (
@@ -28,6 +29,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails
 
 from evolane.campaign._gates import MAX_GROWTH_BYTES
+from evolane.campaign._lock import lock_path
 from evolane.inputs import (
     ALL_PLACEHOLDERS,
     CommandTemplate,
@@ -155,6 +157,8 @@ class CampaignConfig(Record):
         hidden from every one (`CommandSettings.hidden`), with the copies of the held-out
         cases found in their folders (`campaign._copies`: ``commands.hidden``)."""
         paths = (self.store, self.target, self.dataset, *self.from_trajectory)
+        if self.target:  # the run's lock beside it (found by hostile review: a command given
+            paths += (str(lock_path(Path(self.target))),)  # its folder unlinked it)
         paths += self.commands.hidden
         hidden = tuple(os.path.abspath(path) for path in paths if path)
         return self.commands.model_copy(update={"hidden": hidden})

@@ -10,8 +10,9 @@ or trajectory file inside the target refused (`check_inputs_outside_target`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 
@@ -59,6 +60,7 @@ def containment(config: CampaignConfig) -> Containment:
                 raise InputError(f"{flag} {grant}: inside {inside}, which no command may see")
     if level == "confined":
         _check_templates(config)
+        _check_links(commands.expose_rw, commands.hidden)
     warning = None
     if problem is not None:
         warning = (
@@ -132,6 +134,25 @@ def _check_templates(config: CampaignConfig) -> None:
                     "the store, the target or the dataset (use the placeholders, or copy "
                     "the file elsewhere)"
                 )
+
+
+def _check_links(grants: Iterable[str], hidden: tuple[str, ...]) -> None:
+    """`InputError` for an ``--expose-rw`` folder holding a symlink on the way to the store,
+    the target or the dataset (the target's own link ``app/current`` too): a mask covers
+    where a link leads, never the link, so a command could point it at a folder of its own,
+    and evolane would follow it there. Found by hostile review (2026-12-07): an optimizer
+    given ``--expose-rw app`` pointed ``app/current`` at a copy of the seed with a file of
+    its own and a rewritten protected file, and the run published that copy (``applied``)."""
+    for grant in grants:
+        top = os.path.realpath(split_grant(grant)[1])
+        for name in hidden:
+            path = Path(os.path.abspath(name))
+            for step in (path, *path.parents):
+                if step.is_symlink() and within(os.path.realpath(step.parent), top):
+                    raise InputError(
+                        f"--expose-rw {grant}: holds the symlink {step} on the way to {name}, "
+                        "which a command could point elsewhere; expose a folder beside it"
+                    )
 
 
 def _hidden_holding(path: str, hidden: tuple[str, ...]) -> str | None:

@@ -369,6 +369,39 @@ def _masks(hidden: Iterable[str], shown: list[str]) -> tuple[list[str], list[str
     return args, [word for cover in dict.fromkeys(seal) for word in ("--remount-ro", cover)]
 
 
+def _pins(hidden: Iterable[str], read_only: Iterable[str], writable: Iterable[str]) -> list[str]:
+    """Bind onto itself each folder between a ``writable`` shown folder and a ``hidden`` path
+    inside it (a mount point: it cannot be renamed or removed; writable as the deepest shown
+    folder holding it makes it), shallow first. A mask pins only the masked path: found by
+    hostile review, a command given ``--expose-rw`` of a folder holding the store two levels
+    down renamed the folder between and made its own store in its place, and the root
+    evolane wrote the run there."""
+    shown = [(os.path.realpath(top), False) for top in read_only]
+    shown += [(os.path.realpath(top), True) for top in writable]
+    pins: dict[str, tuple[str, int, bool]] = {}
+    for path in hidden:
+        target = os.path.realpath(path)
+        if not os.path.lexists(target):
+            continue
+        for top in writable:
+            real, names = _spellings(top)
+            if not within(target, real) or target == real:
+                continue
+            parts = PurePosixPath(os.path.relpath(target, real)).parts[:-1]
+            for depth in range(1, len(parts) + 1):
+                between = os.path.join(real, *parts[:depth])
+                holder = max((s for s in shown if within(between, s[0])), key=lambda s: len(s[0]))
+                for name in names:
+                    cover = os.path.join(name, *parts[:depth])
+                    pins.setdefault(cover, (between, depth, holder[1]))
+    ordered = sorted(pins.items(), key=lambda item: item[1][1])
+    return [
+        word
+        for cover, (real, _, rw) in ordered
+        for word in ("--bind-try" if rw else "--ro-bind-try", real, cover)
+    ]
+
+
 def bwrap_argv(view: View, *, own: Iterable[tuple[str, bool]], workspace: Path) -> list[str]:
     """The bwrap argv prefix that runs a command confined by ``view``, with ``own`` (path,
     writable) directories shown last and ``workspace`` as its working folder."""
@@ -388,7 +421,10 @@ def bwrap_argv(view: View, *, own: Iterable[tuple[str, bool]], workspace: Path) 
     args += _binds(view.read_only, writable=False)
     args += _binds(view.read_write, writable=True)
     masks, seal = _masks([*view.hidden, *host_secrets()], shown)
-    args += masks
+    args += [
+        *_pins(view.hidden, view.read_only, view.read_write),
+        *masks,
+    ]  # pins first: a bind after hides no mask
     for path, writable in own:
         args += _binds([path], writable)
     owned = [path for path, _ in own]
