@@ -212,7 +212,7 @@ async def _run(
     await trio.to_thread.run_sync(prepared.persist)
     bus = ProgressBus(prepared.run_dir / "events.jsonl", prepared.run.run_id)
     for undone in recovered:
-        bus.publish(WarningEvent(run_id=prepared.run.run_id, message=_recovery_note(undone)))
+        bus.publish(WarningEvent(run_id=prepared.run.run_id, message=undone.note))
     journal = RunJournal(prepared.run_dir / "journal.jsonl")
     try:
         if on_bus is not None:  # inside: a caller's hook that raises still ends the run
@@ -267,10 +267,6 @@ def _take_share(prepared: Prepared) -> None:
     kept = [line for line in prepared.estimate.preflight if not line.startswith(BUDGET_NOTE)]
     preflight = (*notes[:1], *kept)[:MAX_PREFLIGHT_LINES]
     prepared.estimate = prepared.estimate.model_copy(update={"preflight": preflight})
-
-
-def _recovery_note(undone: RecoveredApply) -> str:
-    return f"run {undone.run_id}: {undone.outcome.message}"[:256]
 
 
 def _undone(recovered: list[RecoveredApply]) -> str:

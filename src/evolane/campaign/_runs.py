@@ -386,6 +386,11 @@ class RecoveredApply:
     run_id: str
     outcome: ApplyOutcome
 
+    @property
+    def note(self) -> str:
+        """The warning the start that undid it publishes."""
+        return f"run {self.run_id}: {self.outcome.message}"[:256]
+
 
 def recover_interrupted_applies(layout: StoreLayout) -> list[RecoveredApply]:
     """Undo every publish a crash left half done: ``runs/*/apply.json`` not in a final state.
