@@ -295,7 +295,7 @@ def test_online_control_keeps_the_campaign_false_publish_rate_within_alpha() -> 
     none = _false_publish_rate("none", campaigns=300, **defaults, seed=1)
     assert none > 0.3  # about half of the campaigns: uncontrolled
     # A gate that accepts any positive mean, graded scores: only the level stops a false
-    # accept, and it holds (about 1%: the sign-flip test is discrete at 24 cases).
+    # accept, and it holds (about 1%: the betting bound is conservative at 24 cases).
     binding = {"candidates": 8, "cases": 24, "reps": 4, "k": 0.0}
     assert _false_publish_rate("online", campaigns=n, **binding, seed=2) <= ALPHA + margin
 

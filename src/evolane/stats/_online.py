@@ -12,7 +12,9 @@ an edit with no true effect:
 - `OnlineErrorControl`: for a campaign without held-out cases, the online fallback
   procedure spends an error budget alpha over the sequence of candidates.
 
-Both read `sign_flip_p_value`, the paired sign-flip (randomisation) test of the mean delta.
+Both read `no_gain_p_value`: the sign test of full gains against losses with pass/fail
+scores, else the betting bound; `sign_flip_p_value`, valid only when an edit changes
+nothing, is exported and decides nothing here.
 """
 
 from __future__ import annotations
@@ -334,9 +336,10 @@ class OnlineErrorControl:
     valid for its candidate's null hypothesis "no better than its parent"
     (P(p <= u) <= u), then P(any candidate whose null holds is accepted over the whole
     campaign) <= alpha. Hence the campaign publishes an edit with no true gain over the
-    original with probability <= alpha. `sign_flip_p_value` of the full val evaluation is
-    valid under "no effect" when read at the full evaluation: with it the measurement must
-    not accept early (``EarlyStop(..., allow_accept=False)``; a fixed-n p-value read at a
+    original with probability <= alpha. The campaign reads `no_gain_p_value` of the full
+    val evaluation (the full-gain sign test, else 1/E of the betting test), valid at any
+    distribution of the deltas when read at the full evaluation: the measurement must not
+    accept early (``EarlyStop(..., allow_accept=False)``; a fixed-n p-value read at a
     data-chosen stopping time is not valid; a reject may still stop early). An e-value e
     gives p = 1/e; the betting test's wealth (`SequentialTest.wealth`) is one at any
     stopping time, early accepts included, but it is weaker at a few dozen cases. The price
