@@ -23,10 +23,19 @@ from tests.campaign_helpers import (
     write_toy,
 )
 
-SILENT = 6.0
-"""Seconds the run is left hanging, writing nothing, before it is killed."""
-SLACK = 3.0
-"""Of them, how many the count may miss (a heartbeat interval, and a loaded host's lag)."""
+SILENT = 4.0
+"""Seconds of silence (no unit ends, no event, no journal line) the heartbeat has shown
+before the session is killed: waited for by its mtime, not slept, so a loaded host's lag
+cannot fail the test."""
+
+
+def _beaten(alive: Path, since: float, process: subprocess.Popen[bytes]) -> None:
+    """Poll until ``alive``'s mtime is ``since`` + `SILENT` or later (120 s at most)."""
+    deadline = time.monotonic() + 120
+    while not (alive.exists() and alive.stat().st_mtime >= since + SILENT):
+        assert process.poll() is None, "the run ended before its heartbeat showed the hang"
+        assert time.monotonic() < deadline, "the heartbeat never showed the hang"
+        time.sleep(0.05)
 
 
 def test_a_session_killed_in_a_silent_hang_counts_its_silent_seconds(tmp_path: Path) -> None:
@@ -46,13 +55,14 @@ def test_a_session_killed_in_a_silent_hang_counts_its_silent_seconds(tmp_path: P
     )
     try:
         wait_for(marks / "started", process, "a replay started")
-        time.sleep(SILENT)  # every replay hangs: no unit ends, no event, no journal line
+        hung = (marks / "started").stat().st_mtime
+        (run_dir,) = (paths["store"] / "runs").iterdir()
+        _beaten(run_dir / "session.alive", hung, process)  # every replay hangs: silence
     finally:
         process.kill()
         process.wait()
     assert process.returncode == -9
-    (run_dir,) = (paths["store"] / "runs").iterdir()
     began = json.loads((run_dir / "run.json").read_text())["session_started"]
-    hung = (marks / "started").stat().st_mtime
     resumed = prepare_run(toy_config(paths), resume_run=run_dir.name)
-    assert resumed.run.elapsed_seconds >= hung + SILENT - SLACK - began
+    # Before, only up to the last event or journal line (written before the hang) counted.
+    assert resumed.run.elapsed_seconds >= hung + SILENT - began
