@@ -5,6 +5,7 @@ one run at a time holds a target."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -499,3 +500,57 @@ async def test_a_journal_ended_under_the_whole_folder_publish_is_nothing_pending
     with trio.fail_after(30):
         outcome = await site.apply(host)
     assert outcome.status == "applied", outcome.message
+
+
+def _refused_beside(monkeypatch: pytest.MonkeyPatch, runtime: Path) -> None:
+    """The target's folder refuses the lock file (as a read-only one does): the per-user
+    fallback under ``runtime`` is used."""
+    from evolane.campaign import _lock
+
+    real = _lock._take
+
+    def take(target: Path, path: Path, run_id: str | None = None) -> object:
+        if path == _lock.lock_path(target):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(target, path, run_id)
+
+    monkeypatch.setattr(_lock, "_take", take)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+
+
+def test_the_fallback_lock_folder_is_made_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _refused_beside(monkeypatch, tmp_path / "runtime")
+    (tmp_path / "target").mkdir()
+    lock_target(tmp_path / "target", "r-first").release()
+    mine = tmp_path / "runtime" / f"evolane-{os.getuid()}"
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+    assert stat.S_IMODE((mine / "locks").stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("made", ["open to all", "another user's", "a symlink"])
+def test_a_fallback_lock_folder_someone_else_could_write_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str
+) -> None:
+    """Found by hostile review: in a shared temp folder a command's unit uid could make
+    ``evolane-0`` first, then remove or hold every root run's lock there (two runs
+    publishing to one target, or none)."""
+    _refused_beside(monkeypatch, tmp_path / "runtime")
+    (tmp_path / "target").mkdir()
+    mine = tmp_path / "runtime" / f"evolane-{os.getuid()}"
+    mine.parent.mkdir()
+    if made == "a symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        mine.symlink_to(tmp_path / "elsewhere")
+    else:
+        mine.mkdir()
+        mine.chmod(0o777)  # mkdir's mode goes through the umask
+        if made == "another user's":
+            if os.geteuid() != 0:
+                pytest.skip("needs root to give the folder to another uid")
+            mine.chmod(0o700)
+            os.chown(mine, 65534, 65534)
+    with pytest.raises(InputError, match="per-user lock folder is not this user's own"):
+        lock_target(tmp_path / "target", "r-first")
+    assert not (mine / "locks").exists()

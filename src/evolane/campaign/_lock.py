@@ -28,6 +28,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,11 +113,29 @@ def lock_target(target: Path, run_id: str | None = None) -> TargetLock:
         if exc.errno not in _UNWRITABLE:
             raise
         fallback = fallback_lock_path(resolved)
-        fallback.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _own_folder(fallback.parent)
         lock = _take(resolved, fallback, run_id)
     if run_id is not None:
         lock.name_run(run_id)
     return lock
+
+
+def _own_folder(folder: Path) -> None:
+    """Make ``folder`` (``evolane-<uid>/locks``) private to this user, or `InputError` when
+    it, or ``evolane-<uid>`` above it, is a folder of another user's, writable by others, or
+    no folder at all: in a shared temp folder anyone may make them first (found by hostile
+    review: a command's unit uid could make ``/tmp/evolane-0`` and then remove or hold
+    every root run's lock there, letting two runs publish to one target, or none)."""
+    folder.parent.parent.mkdir(parents=True, exist_ok=True)  # the temp or runtime folder
+    for step in (folder.parent, folder):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(step, 0o700)
+        info = os.lstat(step)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise InputError(
+                f"{step}: the per-user lock folder is not this user's own private folder "
+                "(another user made it, or others may write it): remove it, then start again"
+            )
 
 
 def _take(target: Path, path: Path, run_id: str | None = None) -> TargetLock:
