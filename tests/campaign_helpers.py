@@ -276,6 +276,17 @@ def run_optimize(flags: list[str], cwd: Path | None = None) -> subprocess.Comple
     )
 
 
+def start_optimize(flags: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+    """``evolane optimize`` with ``flags`` started in a subprocess (its output dropped), for
+    a test that stops or kills it midway."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "evolane", "optimize", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=cwd,
+    )
+
+
 def shared_folder(path: Path) -> Path:
     """``path`` made a folder every uid may write: under ``--isolation process`` a root
     evolane runs each command as a uid of its own, which may write nowhere else."""

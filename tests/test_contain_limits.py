@@ -26,7 +26,7 @@ from evolane.campaign._gates import _validator_verdict
 from evolane.lanes import limit_reason, limits_hit, note_limits
 from evolane.measure import CommandLimits, parse_size
 from evolane.sandbox import Limits, ProcessOutcome, StreamCapture
-from tests.campaign_helpers import shared_folder, toy_flags, wait_for, write_toy
+from tests.campaign_helpers import shared_folder, start_optimize, toy_flags, wait_for, write_toy
 
 # The replay answers every case from the candidate; on case val00 it first misbehaves as
 # its mode says (on a resume, "pause" answers at once: the marker exists).
@@ -196,12 +196,7 @@ def test_an_old_run_json_without_the_limits_resumes_and_reports_without_limits(
 ) -> None:
     marker = shared_folder(tmp_path / "shared") / "paused"
     flags = _flags(tmp_path, f"pause={marker}")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "evolane", "optimize", *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=tmp_path,
-    )
+    process = start_optimize(flags, tmp_path)
     try:
         wait_for(marker, process, "the replay paused")
     finally:

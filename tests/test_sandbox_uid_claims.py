@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -204,14 +206,42 @@ def _runtime(root: Path, command: str, cgroups: bool = True) -> subprocess.Popen
     return subprocess.Popen(argv, stdout=subprocess.PIPE)
 
 
-async def _unit_started(runtime: subprocess.Popen[bytes], shm: str) -> tuple[int, int]:
-    """`RUNTIME`'s lifeline pid, once its unit made ``shm``, and the unit uid it made it as."""
-    assert runtime.stdout is not None
-    lifeline = int(runtime.stdout.readline())
-    with trio.fail_after(60):
-        while not os.path.exists(shm):
-            await trio.sleep(0.02)
-    return lifeline, os.stat(shm).st_uid
+@asynccontextmanager
+async def _runtime_with_unit(
+    root: Path, shm: str, command: str, cgroups: bool = True
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """`RUNTIME` running ``command`` (which makes ``shm`` as its unit uid): the runtime, its
+    lifeline's pid and that uid once ``shm`` is made; after, the runtime killed, the uid's
+    processes too, and ``shm`` removed, whatever the test left."""
+    runtime = _runtime(root, command, cgroups)
+    uid = None
+    try:
+        assert runtime.stdout is not None
+        lifeline = int(runtime.stdout.readline())
+        with trio.fail_after(60):
+            while not os.path.exists(shm):
+                await trio.sleep(0.02)
+        uid = os.stat(shm).st_uid
+        yield runtime, lifeline, uid
+    finally:
+        runtime.kill()
+        runtime.wait()
+        while uid is not None and processes_of(uid):
+            kill_processes_of(uid)
+        if os.path.exists(shm):
+            os.unlink(shm)
+
+
+async def _lifeline_done(runtime: subprocess.Popen[bytes], lifeline: int) -> None:
+    """Kill ``runtime`` alone and wait until its lifeline has done its work and left."""
+    fd = os.pidfd_open(lifeline)
+    try:
+        runtime.kill()
+        runtime.wait()
+        with trio.fail_after(60):
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
@@ -223,9 +253,8 @@ async def test_the_next_runtime_removes_what_a_killed_runtimes_unit_uid_left(
     runtime on the host, on another root, ends the uid's leftovers as it starts (before,
     the file and the uid's IPC objects stayed until the host rebooted)."""
     shm = f"/dev/shm/evolane-test-killed-{uuid.uuid4().hex}"
-    runtime = _runtime(tmp_path / "a", f"touch {shm}; exec sleep 300")
-    try:
-        lifeline, uid = await _unit_started(runtime, shm)
+    command = f"touch {shm}; exec sleep 300"
+    async with _runtime_with_unit(tmp_path / "a", shm, command) as (runtime, lifeline, uid):
         assert uid >= UNIT_UID_BASE and (CLAIMS / str(uid)).exists()
         os.kill(lifeline, signal.SIGKILL)
         runtime.kill()
@@ -234,11 +263,6 @@ async def test_the_next_runtime_removes_what_a_killed_runtimes_unit_uid_left(
             assert next_host.stale_swept >= 1
         assert not os.path.exists(shm)
         assert not (CLAIMS / str(uid)).exists()
-    finally:
-        runtime.kill()
-        runtime.wait()
-        if os.path.exists(shm):
-            os.unlink(shm)
 
 
 @pytest.mark.skipif(not commands_run_unprivileged(), reason="needs root and a unit uid")
@@ -418,23 +442,12 @@ async def test_the_lifeline_of_a_killed_runtime_removes_what_its_unit_uids_left(
     Found by review: its units' IPC objects (memory outside any cgroup) and claim files
     stayed until some root evolane started on the host, or until it rebooted."""
     shm = f"/dev/shm/evolane-test-lifeline-{uuid.uuid4().hex}"
-    runtime = _runtime(tmp_path / "a", f"touch {shm}; exec sleep 300")
-    try:
-        lifeline, uid = await _unit_started(runtime, shm)
+    command = f"touch {shm}; exec sleep 300"
+    async with _runtime_with_unit(tmp_path / "a", shm, command) as (runtime, lifeline, uid):
         assert uid >= UNIT_UID_BASE and (CLAIMS / str(uid)).exists()
-        fd = os.pidfd_open(lifeline)
-        runtime.kill()
-        runtime.wait()
-        with trio.fail_after(60):
-            await trio.lowlevel.wait_readable(fd)  # the lifeline has done and left
-        os.close(fd)
+        await _lifeline_done(runtime, lifeline)
         assert not os.path.exists(shm)
         assert not (CLAIMS / str(uid)).exists()
-    finally:
-        runtime.kill()
-        runtime.wait()
-        if os.path.exists(shm):
-            os.unlink(shm)
 
 
 GRAB = """
@@ -463,24 +476,10 @@ async def test_an_escapee_holding_its_claim_file_is_ended_with_its_dead_runtime(
     shm = f"/dev/shm/evolane-test-grab-{uuid.uuid4().hex}"
     grab = f"{sys.executable} -I -c '{GRAB}' {CLAIMS} {shm}"
     command = f"(setsid env -i {grab} </dev/null >/dev/null 2>&1 &); exec sleep 300"
-    runtime = _runtime(tmp_path / "a", command, cgroups=False)
-    uid = None
-    try:
-        lifeline, uid = await _unit_started(runtime, shm)
+    started = _runtime_with_unit(tmp_path / "a", shm, command, cgroups=False)
+    async with started as (runtime, lifeline, uid):
         assert uid >= UNIT_UID_BASE and processes_of(uid)
-        fd = os.pidfd_open(lifeline)
-        runtime.kill()
-        runtime.wait()
-        with trio.fail_after(60):
-            await trio.lowlevel.wait_readable(fd)  # the lifeline has done and left
-        os.close(fd)
+        await _lifeline_done(runtime, lifeline)
         assert processes_of(uid) == []
         assert not os.path.exists(shm)
         assert not (CLAIMS / str(uid)).exists()
-    finally:
-        runtime.kill()
-        runtime.wait()
-        while uid is not None and processes_of(uid):
-            kill_processes_of(uid)
-        if os.path.exists(shm):
-            os.unlink(shm)

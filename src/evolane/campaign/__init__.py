@@ -49,6 +49,7 @@ from evolane.campaign._shares import BudgetShare, ShareBook, reached_test, share
 from evolane.campaign._target import store_root
 from evolane.campaign._tree import OptimizerParts, run_tree
 from evolane.campaign._types import (
+    LANE_BROKE,
     CampaignServices,
     CampaignSetup,
     CycleOutcome,
@@ -62,6 +63,7 @@ __all__ = [
     "ENDED_RUNS",
     "EXIT_FOR_STATUS",
     "HOST_FAILED_RUNS",
+    "LANE_BROKE",
     "PUBLISHED_ON_TEST",
     "ApplyPolicyName",
     "Backends",

@@ -312,6 +312,9 @@ def _cannot_run(failure: FailureEvent) -> bool:
 LANES_GONE = frozenset({"ActorStopped", "NotAnswered"})
 """The codes of a proposal whose optimizer lane was down: its pool's supervisor gave up after
 more crashes than it absorbs (`evolane.measure.lane_pool`), so every later call fails alike."""
+LANE_BROKE = LANES_GONE | {"ActorCrashed", "AskTimeout"}
+"""The codes of a proposal lost because its lane broke (crashed, down, hung): a bug of
+evolane's, never the optimizer's failure."""
 
 
 def optimizer_down(results: list[ProposeResult], last_crash: str | None = None) -> str | None:

@@ -128,15 +128,12 @@ def _print_summary(outcome: Any, flags: dict[str, Any]) -> None:
         console.print(line)
 
 
-LANE_BROKE = frozenset({"ActorCrashed", "ActorStopped", "NotAnswered", "AskTimeout"})
-"""The codes of an optimizer call lost because its lane broke (crashed, down, hung): a bug of
-evolane's, never the optimizer's failure."""
-
-
 def _lost_proposals(report: Any) -> list[str]:
     """A line when optimizer calls failed, and how many because evolane's lane broke (found
     by review: every call lost to a crashing lane read "best: the seed (nothing accepted)",
     as if the optimizer had found nothing)."""
+    from evolane.campaign import LANE_BROKE
+
     lost = {
         record.where: record.failure
         for record in report.failures

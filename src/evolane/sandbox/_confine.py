@@ -376,15 +376,17 @@ def _pins(hidden: Iterable[str], read_only: Iterable[str], writable: Iterable[st
     hostile review, a command given ``--expose-rw`` of a folder holding the store two levels
     down renamed the folder between and made its own store in its place, and the root
     evolane wrote the run there."""
+    granted = [_spellings(top) for top in writable]
+    if not granted:  # no --expose-rw (most runs): nothing a command could move
+        return []
     shown = [(os.path.realpath(top), False) for top in read_only]
-    shown += [(os.path.realpath(top), True) for top in writable]
+    shown += [(real, True) for real, _ in granted]
     pins: dict[str, tuple[str, int, bool]] = {}
     for path in hidden:
         target = os.path.realpath(path)
         if not os.path.lexists(target):
             continue
-        for top in writable:
-            real, names = _spellings(top)
+        for real, names in granted:
             if not within(target, real) or target == real:
                 continue
             parts = PurePosixPath(os.path.relpath(target, real)).parts[:-1]
