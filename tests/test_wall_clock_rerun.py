@@ -114,8 +114,11 @@ def test_the_cycle_a_wall_clock_stop_cut_short_reuses_what_it_finished(tmp_path:
 JUDGED_BEFORE_HANG = 2
 """Judgements that end before the rest hang (while the ``hang`` file exists)."""
 JUDGE = (
-    'sh -c \'echo x >> "$3/judged"; '
-    'if [ -e "$3/hang" ] && [ "$(wc -l < "$3/judged")" -gt ' + str(JUDGED_BEFORE_HANG) + " ]; "
+    # each judgement takes its own number (mkdir is atomic): counting the log's lines after
+    # appending raced judges that began together, which all read 3 and all hung
+    'sh -c \'i=1; while [ "$i" -lt 9999 ] && ! mkdir "$3/ticket.$i" 2>/dev/null; do i=$((i + 1)); done; '
+    'echo x >> "$3/judged"; '
+    'if [ -e "$3/hang" ] && [ "$i" -gt ' + str(JUDGED_BEFORE_HANG) + " ]; "
     "then sleep 3600; fi; "
     'if grep -q yes "$2/output.json"; then echo "{{\\"score\\": 1.0}}"; '
     'else echo "{{\\"score\\": 0.0}}"; fi\' '
@@ -202,6 +205,8 @@ def test_a_resumed_rerun_does_not_charge_again_the_replays_it_judged(tmp_path: P
     args, log, campaign = _stop_with_judges_hanging(tmp_path)
     first = _started(log)
     (log / "judged").write_text("")  # the rerun's first judgements end, the next hang
+    for ticket in log.glob("ticket.*"):
+        ticket.rmdir()
     rerun = subprocess.Popen(
         [*EVOLANE, *args, "--resume-campaign", campaign, "--wall-clock-budget", "600"],
         stdout=subprocess.PIPE,
