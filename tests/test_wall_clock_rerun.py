@@ -116,7 +116,8 @@ JUDGED_BEFORE_HANG = 2
 JUDGE = (
     # each judgement takes its own number (mkdir is atomic): counting the log's lines after
     # appending raced judges that began together, which all read 3 and all hung
-    'sh -c \'i=1; while [ "$i" -lt 9999 ] && ! mkdir "$3/ticket.$i" 2>/dev/null; do i=$((i + 1)); done; '
+    'sh -c \'i=1; while [ "$i" -lt 9999 ] && ! mkdir "$3/ticket.$i" 2>/dev/null; '
+    "do i=$((i + 1)); done; "
     'echo x >> "$3/judged"; '
     'if [ -e "$3/hang" ] && [ "$i" -gt ' + str(JUDGED_BEFORE_HANG) + " ]; "
     "then sleep 3600; fi; "
