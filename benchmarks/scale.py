@@ -5,7 +5,9 @@ backends that do nothing (a tiny output file, a constant score: only evolane's o
 shows), 8 lanes, the default (sequential) gate, the run journal on, as a campaign runs. Per N
 it prints: CPU ms per unit (process CPU time, threads included), thread hops per unit
 (`trio.to_thread.run_sync` calls), fsyncs per unit (`os.fsync`, `os.fdatasync` and a
-batch's ``syncfs`` calls), peak RSS, and the ratio to a hand-written trio loop doing the
+batch's ``syncfs`` calls), trio tasks and actor messages per unit (tasks spawned, messages
+enqueued in a mailbox: counts that no load on a shared host changes, as CPU time varies
+by 20% from run to run there), peak RSS, and the ratio to a hand-written trio loop doing the
 same work (`CapacityLimiter(8)`, a unit folder, the same backend calls, one orjson line per
 unit appended, fsync every 64 units), and to that loop keeping two of evolane's per-unit
 guarantees too ("kept": the output stored under its digest, the unit folder removed).
@@ -39,6 +41,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from evolane.actors import _kernel as kernel
 from evolane.inputs import load_dataset
 from evolane.lanes import BackendCall
 from evolane.measure import MeasureContext, MeasureSettings, open_pipeline
@@ -65,17 +68,25 @@ async def judge_backend(call: BackendCall) -> float:
     return 1.0
 
 
-class Counters:
-    """Counts thread hops and fsyncs while installed (`counting`)."""
+class Counters(trio.abc.Instrument):
+    """Counts thread hops, fsyncs and actor messages while installed (`counting`), and the
+    tasks of the trio run it instruments."""
 
     def __init__(self) -> None:
         self.hops = 0
         self.fsyncs = 0
+        self.tasks = 0
+        self.messages = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.tasks += 1
 
     @contextmanager
     def counting(self) -> Iterator[None]:
-        """Wrap `trio.to_thread.run_sync`, `os.fsync` and `os.fdatasync` with counters."""
+        """Wrap `trio.to_thread.run_sync`, `os.fsync`, `os.fdatasync` and a mailbox's
+        enqueue with counters."""
         hop, fsync, fdatasync = trio.to_thread.run_sync, os.fsync, os.fdatasync
+        enqueued = kernel.Mailbox.note_enqueued
         syncfs = batch._syncfs  # one syncfs (a batch of blobs) counts as one fsync
 
         async def counted_hop(*args: Any, **kwargs: Any) -> Any:
@@ -89,13 +100,19 @@ class Counters:
 
             return sync
 
+        def counted_message(box: kernel.Mailbox) -> None:
+            self.messages += 1
+            enqueued(box)
+
         trio.to_thread.run_sync = counted_hop  # type: ignore[assignment]
+        kernel.Mailbox.note_enqueued = counted_message  # type: ignore[method-assign]
         os.fsync, os.fdatasync = counted(fsync), counted(fdatasync)
         batch._syncfs = self._counted_syncfs(syncfs)
         try:
             yield
         finally:
             trio.to_thread.run_sync = hop  # type: ignore[assignment]
+            kernel.Mailbox.note_enqueued = enqueued  # type: ignore[method-assign]
             os.fsync, os.fdatasync = fsync, fdatasync
             batch._syncfs = syncfs
 
@@ -234,12 +251,15 @@ def worker(way: str, cases: int, lanes: int, allocator: str) -> None:
     counters = Counters()
     with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
         if way == "evolane":
-            result = trio.run(evolane_run, Path(tmp), cases, lanes, counters)
+            run = trio.run(evolane_run, Path(tmp), cases, lanes, counters, instruments=[counters])
         else:
-            result = trio.run(hand_run, Path(tmp), cases, lanes, counters, way == "kept")
+            keep = way == "kept"
+            args = (Path(tmp), cases, lanes, counters, keep)
+            run = trio.run(hand_run, *args, instruments=[counters])
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    result.update(hops=counters.hops, fsyncs=counters.fsyncs, peak_mib=peak_kib / 1024)
-    sys.stdout.write(orjson.dumps({"way": way, "cases": cases, **result}).decode() + "\n")
+    run.update(hops=counters.hops, fsyncs=counters.fsyncs, peak_mib=peak_kib / 1024)
+    run.update(tasks=counters.tasks, messages=counters.messages)
+    sys.stdout.write(orjson.dumps({"way": way, "cases": cases, **run}).decode() + "\n")
 
 
 def measure(way: str, cases: int, lanes: int, allocator: str = "fixed") -> dict[str, Any]:
@@ -273,6 +293,9 @@ def row(ours: dict[str, Any], hand: dict[str, Any], kept: dict[str, Any]) -> dic
         "kept_ratio": ms / kept_ms if kept_ms > 0 else float("inf"),
         "hops_per_unit": ours["hops"] / units,
         "fsyncs_per_unit": ours["fsyncs"] / units,
+        "tasks_per_unit": ours["tasks"] / units,
+        "hand_tasks_per_unit": hand["tasks"] / max(hand["units"], 1),
+        "messages_per_unit": ours["messages"] / units,
         "peak_rss_mib": ours["peak_mib"],
         "hand_peak_rss_mib": hand["peak_mib"],
         "wall_s": ours["wall"],
@@ -290,8 +313,8 @@ def main(args: argparse.Namespace) -> None:
         )
         print(
             f"{'N':>7} {'units':>7} {'CPU ms/u':>9} {'hand':>6} {'ratio':>6} {'hops/u':>7} "
-            f"{'fsync/u':>8} {'RSS MiB':>8} {'hand':>6} {'wall s':>7} {'hand':>6} "
-            f"{'kept':>6} {'ratio':>6}"
+            f"{'fsync/u':>8} {'tasks/u':>8} {'hand':>5} {'msgs/u':>7} {'RSS MiB':>8} "
+            f"{'hand':>6} {'wall s':>7} {'hand':>6} {'kept':>6} {'ratio':>6}"
         )
     for n in cases:
         ours = measure("evolane", n, args.lanes, args.allocator)
@@ -304,7 +327,9 @@ def main(args: argparse.Namespace) -> None:
             f"{n:>7} {figures['units']:>7} {figures['cpu_ms_per_unit']:>9.2f} "
             f"{figures['hand_cpu_ms_per_unit']:>6.2f} {figures['ratio']:>5.1f}x "
             f"{figures['hops_per_unit']:>7.2f} {figures['fsyncs_per_unit']:>8.2f} "
-            f"{figures['peak_rss_mib']:>8.1f} {figures['hand_peak_rss_mib']:>6.1f} "
+            f"{figures['tasks_per_unit']:>8.2f} {figures['hand_tasks_per_unit']:>5.2f} "
+            f"{figures['messages_per_unit']:>7.2f} {figures['peak_rss_mib']:>8.1f} "
+            f"{figures['hand_peak_rss_mib']:>6.1f} "
             f"{figures['wall_s']:>7.1f} {figures['hand_wall_s']:>6.1f} "
             f"{figures['kept_cpu_ms_per_unit']:>6.2f} {figures['kept_ratio']:>5.1f}x"
         )

@@ -15,6 +15,7 @@ import trio
 
 import evolane
 from evolane.embed import Backend, BackendCall, Backends, OptimizeRequest
+from evolane.lanes._stop import UnitStop
 from tests.campaign_helpers import toy_config, write_toy
 from tests.test_embed import PLAN, judge_backend, optimizer_backend
 
@@ -112,7 +113,10 @@ async def cleanup_fails_replay(call: BackendCall) -> None:
         await trio.sleep_forever()
 
 
-async def test_a_backend_failing_as_it_is_stopped_or_timed_out_leaves_no_group() -> None:
+@pytest.mark.parametrize("stop_type", [trio.Event, UnitStop], ids=["event", "unit-stop"])
+async def test_a_backend_failing_as_it_is_stopped_or_timed_out_leaves_no_group(
+    stop_type: type[trio.Event | UnitStop],
+) -> None:
     # Found by review: the deadline's or the stop's Cancelled and the cleanup's error came
     # out of the backend as one group; run_backend let it go (not all the backend's own),
     # the cancel scope took the Cancelled and an ExceptionGroup of the RuntimeError left
@@ -122,7 +126,7 @@ async def test_a_backend_failing_as_it_is_stopped_or_timed_out_leaves_no_group()
     call = BackendCall(role="replay", workspace=Path("/nonexistent"), seed=0)
     with trio.fail_after(30):  # a guard against the hang, not a timing figure
         timed_out = await run_backend(cleanup_fails_replay, call, trio.current_time(), trio.Event())
-        stop = trio.Event()
+        stop = stop_type()
         stop.set()
         stopped = await run_backend(cleanup_fails_replay, call, trio.current_time() + 3600, stop)
     assert (timed_out.status, timed_out.exit_code) == ("timed_out", None)
@@ -130,7 +134,7 @@ async def test_a_backend_failing_as_it_is_stopped_or_timed_out_leaves_no_group()
     # A cancellation from outside still leaves run_backend, the cleanup's error dropped.
     with trio.CancelScope() as outer:
         outer.cancel()
-        await run_backend(cleanup_fails_replay, call, trio.current_time() + 3600, trio.Event())
+        await run_backend(cleanup_fails_replay, call, trio.current_time() + 3600, stop_type())
     assert outer.cancelled_caught
 
 

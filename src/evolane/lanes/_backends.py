@@ -26,7 +26,8 @@ import inspect
 import math
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ import orjson
 import trio
 
 from evolane.actors import is_crash
+from evolane.lanes._stop import UnitStop
 from evolane.sandbox import ProcessOutcome, StreamCapture
 from evolane.supervisors import leaf_exceptions
 
@@ -178,8 +180,27 @@ BLOCKED_PAST = 1.0
 its timeout is said to be its blocking of the event loop (`blocked_words`)."""
 
 
+@asynccontextmanager
+async def _cut_by(stop: trio.Event | UnitStop) -> AsyncIterator[None]:
+    """Cut what runs inside once ``stop`` is set: a lane's `UnitStop` by a scope bound to it,
+    a plain `trio.Event` by a task that waits for it."""
+    if isinstance(stop, UnitStop):
+        with stop.cancelling():
+            yield
+        return
+    async with trio.open_nursery() as nursery:
+
+        async def watch_stop() -> None:
+            await stop.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch_stop)
+        yield
+        nursery.cancel_scope.cancel()
+
+
 async def run_backend(
-    backend: Backend, call: BackendCall, deadline: float, stop: trio.Event
+    backend: Backend, call: BackendCall, deadline: float, stop: trio.Event | UnitStop
 ) -> ProcessOutcome:
     """Run ``backend`` under ``deadline`` (trio clock) and ``stop``; never raises for the
     backend's own errors, ``sys.exit`` and any other `BaseException` an actor would count as
@@ -189,13 +210,7 @@ async def run_backend(
     status, code, out, err, error = "exited", 0, b"", b"", ""
     returned = None  # trio's clock when the backend returned or raised its own error
     with trio.move_on_at(deadline) as timer:
-        async with trio.open_nursery() as nursery:
-
-            async def watch_stop() -> None:
-                await stop.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch_stop)
+        async with _cut_by(stop):
             try:
                 value = await _awaited(backend, call)
                 returned = trio.current_time()
@@ -211,7 +226,6 @@ async def run_backend(
                 leaves = leaf_exceptions(failure)  # a group's: what its tasks raised
                 said = "".join(line for e in leaves for line in traceback.format_exception_only(e))
                 err = said.encode()[-CAPTURE_BYTES:]
-            nursery.cancel_scope.cancel()
     if timer.cancelled_caught:
         status, code = "timed_out", None
         if returned is not None and returned > deadline + BLOCKED_PAST:

@@ -35,6 +35,7 @@ from evolane.lanes._replay_failure import (
     spawn_refused,
 )
 from evolane.lanes._scratch import UnitScratch, replay_name
+from evolane.lanes._stop import UnitStop
 from evolane.lanes._usage import sum_usage
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
 from evolane.sandbox import ProcessOutcome
@@ -215,7 +216,7 @@ class JudgeLane(CommandLane):
         )
 
     async def _attempt(
-        self, job: JudgeJob, attempt: int, deadline: float, stop: trio.Event
+        self, job: JudgeJob, attempt: int, deadline: float, stop: UnitStop
     ) -> tuple[str, _Verdict]:
         scratch = UnitScratch(self.host, self.store, replay_name(job) + "-judge", attempt)
         template = self.settings.template
@@ -243,7 +244,7 @@ class JudgeLane(CommandLane):
         attempt: int,
         handed: Path | None,
         deadline: float,
-        stop: trio.Event,
+        stop: UnitStop,
     ) -> _Verdict:
         """An in-process judge backend: the case read from the store, the replay's output
         folder as its lane left it (``handed``) or else laid out from the store, no other
@@ -316,7 +317,7 @@ class JudgeLane(CommandLane):
         scratch: UnitScratch,
         job: JudgeJob,
         deadline: float,
-        stop: trio.Event,
+        stop: UnitStop,
     ) -> _Verdict:
         """The judge command (or backend), its verdict priced by the usage it reported."""
         argv = template.render(scratch.placeholders(job.seed)) if template is not None else ()
@@ -339,7 +340,7 @@ class JudgeLane(CommandLane):
         return replace(verdict, usage=usage, usage_complete=complete)
 
     async def _verification(
-        self, command: str, scratch: UnitScratch, job: JudgeJob, deadline: float, stop: trio.Event
+        self, command: str, scratch: UnitScratch, job: JudgeJob, deadline: float, stop: UnitStop
     ) -> _Verdict:
         try:
             template = _verification_template(command)

@@ -31,7 +31,7 @@ from evolane.lanes._limits import note_limits
 from evolane.lanes._replay import read_usage
 from evolane.lanes._replay_failure import SPAWN_REFUSALS, refusal_wait, spawn_refused
 from evolane.lanes._scratch import SlotScratch
-from evolane.lanes._stop import StoppableLane
+from evolane.lanes._stop import StoppableLane, UnitStop
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,
@@ -123,7 +123,7 @@ def workdir_signature(root: Path, max_entries: int = SIGNATURE_MAX_ENTRIES) -> b
 class _IdleWatch:
     """Sets ``stop`` once neither output nor a workdir change was seen for ``idle`` seconds."""
 
-    def __init__(self, workdir: Path, idle: float, stop: trio.Event) -> None:
+    def __init__(self, workdir: Path, idle: float, stop: UnitStop) -> None:
         self.workdir, self.idle, self.stop = workdir, idle, stop
         self.last = trio.current_time()
         self.fired = False
@@ -209,7 +209,7 @@ class OptimizerLane(StoppableLane):
         scratch: SlotScratch,
         spec: SandboxSpec | None,
         deadline: float,
-        stop: trio.Event,
+        stop: UnitStop,
     ) -> tuple[ProcessOutcome, bool]:
         """Run ``spec`` (None: the backend) until ``deadline`` or ``stop``; returns the
         outcome and whether the idle watchdog stopped it."""
@@ -270,7 +270,7 @@ class OptimizerLane(StoppableLane):
         job: ProposeJob,
         scratch: SlotScratch,
         deadline: float,
-        stop: trio.Event,
+        stop: UnitStop,
     ) -> ProcessOutcome:
         prompt = orjson.loads(await trio.to_thread.run_sync(scratch.prompt_file.read_bytes))
         call = BackendCall(

@@ -32,7 +32,7 @@ from evolane.lanes._replay_failure import (
     with_spend,
 )
 from evolane.lanes._scratch import UnitScratch, replay_environment, replay_name
-from evolane.lanes._stop import StoppableLane
+from evolane.lanes._stop import StoppableLane, UnitStop
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,
@@ -111,7 +111,7 @@ async def run_lane_command(
     label: str,
     env: dict[str, str],
     deadline: float,
-    stop: trio.Event,
+    stop: UnitStop,
     setup: Callable[[], object] | None = None,
     small_layout: bool = False,
 ) -> ProcessOutcome:
@@ -161,7 +161,7 @@ class CommandLane(StoppableLane):
         # flushes them before anything durable names them.
         self.host, self.store, self.settings = host, store.deferring(), settings
 
-    def begin(self, unit_id: str, timeout: float) -> tuple[float, float, trio.Event]:
+    def begin(self, unit_id: str, timeout: float) -> tuple[float, float, UnitStop]:
         """A job starts: (now, its deadline, its stop event)."""
         started = trio.current_time()
         return started, started + timeout, self.stops.arm(unit_id)
@@ -212,7 +212,7 @@ class ReplayLane(CommandLane):
             self.stops.disarm(job.unit_id)
 
     async def _attempt(
-        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
+        self, job: ReplayJob, attempt: int, deadline: float, stop: UnitStop
     ) -> ReplayResult:
         if self.settings.backend is not None and self.settings.workspace_seed is None:
             return await self._in_process(job, attempt, deadline, stop)
@@ -264,7 +264,7 @@ class ReplayLane(CommandLane):
         return self.settings.isolation == "confined" or commands_run_unprivileged()
 
     async def _in_process(
-        self, job: ReplayJob, attempt: int, deadline: float, stop: trio.Event
+        self, job: ReplayJob, attempt: int, deadline: float, stop: UnitStop
     ) -> ReplayResult:
         """An in-process backend's replay: a fresh unit folder (``work``, ``out``), the shared
         read-only candidate tree and the case as read from the store, no copies; the output
