@@ -49,6 +49,7 @@ from evolane.sandbox._workspace import (
 from evolane.store import BlobStore, remove_small_tree, remove_tree
 
 _STREAMS = ("stdout", "stderr")
+_LAYOUT = ("home", "tmp", "work")  # the folders `Unit.prepare` makes in a unit's folder
 
 
 class UnitHost(Protocol):
@@ -170,13 +171,36 @@ class Unit:
         uid = self.uid  # what the unit uid left, when that is small too
         if uid is not None and (self.survivors or not remove_litter(uid, small=True)):
             return False
-        if not remove_small_tree(self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES):
+        if not self._remove_empty_layout() and not remove_small_tree(
+            self.dir, INLINE_FILES, INLINE_FOLDER_BYTES, INLINE_BYTES
+        ):
             return False
         if uid is not None:  # the folders it was handed beside its own, taken back
             if take_back(self.handed, uid, INLINE_FILES):
                 self._uid_free()
             else:  # a big workspace: in the cleanup thread, the uid held until then
                 self.host.defer(self._hand_back)
+        return True
+
+    def _remove_empty_layout(self) -> bool:
+        """Remove the unit's folder when it holds nothing but the empty folders `prepare`
+        made: one ``rmdir`` each, no listing (issue 22: walking four empty folders took ~45
+        system calls a command). An ``rmdir`` never follows a symlink and refuses a folder
+        that is not empty; False (what was removed stays removed) leaves the rest to a walk."""
+        whole = True
+        for name in _LAYOUT:
+            try:
+                os.rmdir(self.dir / name)
+            except FileNotFoundError:  # a given workspace: no "work" here
+                continue
+            except OSError:  # not empty, not a folder: the walk takes it
+                whole = False
+        if not whole:
+            return False
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            return False
         return True
 
     def _release_uid(self) -> None:
