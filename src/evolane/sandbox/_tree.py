@@ -26,12 +26,14 @@ from evolane.sandbox._cgroups import UnitCgroups
 from evolane.sandbox._lifeline import group_members, lease_holders, lease_matches, lease_of
 from evolane.sandbox._lifeline import process_group_of as group_of
 from evolane.sandbox._litter import kill_processes_of, processes_of
-from evolane.sandbox._procfs import live_uid, proc_status
+from evolane.sandbox._procfs import live_uid, proc_status, read_proc_file
 
 FINAL_WAIT_SECONDS = 5.0
 MAX_TRACKED_ESCAPEES = 256
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _PR_SET_CHILD_SUBREAPER = 36
+CHILDREN_BYTES = 1 << 22
+"""Bytes of one thread's ``children`` list read at most (~500,000 pids, past any pid_max)."""
 
 
 def become_subreaper() -> bool:
@@ -243,8 +245,9 @@ def _children() -> list[int]:
     found: list[int] = []
     with contextlib.suppress(OSError):
         for task in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as kids:
-                found += map(int, kids.read().split())
+            with contextlib.suppress(OSError):
+                kids = read_proc_file(f"/proc/self/task/{task}/children", CHILDREN_BYTES)
+                found += map(int, kids.split())
     return found
 
 
