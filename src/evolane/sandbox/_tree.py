@@ -288,21 +288,30 @@ async def kill_ladder(tree: ProcessTree, grace: float, sweep: bool) -> KillRepor
     when the tree escalated to SIGKILL or has no cgroup).
     """
     report = KillReport()
-    if await _alive(tree):
+    # ``gone``: the last look found nothing left, and nothing was done since (no signal, no
+    # sweep adopting escapees), so looking again would read the same files for the same
+    # answer (issue 22: three reads of cgroup.events a command where one tells).
+    gone = not await _alive(tree)
+    if not gone:
         await _act(tree, tree.terminate)
-        if not await wait_until_gone(tree, grace):
+        gone = await wait_until_gone(tree, grace)
+        if not gone:
             report.escalated = True
             await _act(tree, tree.kill_all)
     if sweep or report.escalated or tree.cgroups is None:
         await trio.to_thread.run_sync(tree.sweep_lease)
+        gone = False
     deadline = trio.current_time() + FINAL_WAIT_SECONDS
     interval = _POLL_FIRST
-    while await _alive(tree) and trio.current_time() < deadline:
+    while not gone and trio.current_time() < deadline:
+        gone = not await _alive(tree)
+        if gone:
+            break
         await _act(tree, tree.kill_all)
         await trio.to_thread.run_sync(tree.sweep_lease)
         await trio.sleep(interval)
         interval = min(interval * 2, _POLL_MAX)
-    if await _alive(tree):
+    if not gone and await _alive(tree):
         members = await trio.to_thread.run_sync(tree.members)
         report.survivors = max(1, len(members) + len(tree.escapees))
     report.pids_killed = len(tree.signalled)
