@@ -63,6 +63,7 @@ class UnitHost(Protocol):
     spool_dir: Path
     cgroups: CgroupRoots
     inline: InlineGate  # whether small file work may run on the event loop now
+    active_leaders: set[int]  # its trees' unreaped leaders (`ProcessTree.leaders`)
     disk: DiskFloor | None  # the free-disk floor a running command's watch checks
     programs: ProgramCache  # where the programs of recent spawns were found
 
@@ -312,8 +313,14 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
         streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
-        owns_uid = unit.owns_uid
-        tree = ProcessTree(pid, unit.cgroups, unit.tree_lease, uid=unit.uid, owns_uid=owns_uid)
+        tree = ProcessTree(
+            pid,
+            unit.cgroups,
+            unit.tree_lease,
+            uid=unit.uid,
+            owns_uid=unit.owns_uid,
+            leaders=host.active_leaders,
+        )
         watch = Watch(tree, spec.kill_grace, unit.activity)
         async with trio.open_nursery() as nursery:
             for name, stream in streams.items():

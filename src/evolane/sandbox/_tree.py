@@ -17,7 +17,7 @@ import ctypes
 import os
 import select
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 import trio
@@ -82,6 +82,14 @@ class ProcessTree:
     signalled: set[int] = field(default_factory=set)  # pid numbers, for counting only
     uid: int | None = None  # the unit uid its processes run as (a root evolane's drop_root)
     owns_uid: bool = False  # the uid is claimed host-wide for it: its processes are the tree's
+    leaders: set[int] = field(default_factory=set)
+    """The leaders of a host's trees (`SandboxHost.active_leaders`, shared by its trees),
+    each from its tree's start until it is reaped, so no number in it can be reused
+    meanwhile: never a tree's orphan, `reap_orphans` looks at none (issue 22: ~10 system
+    calls each, for each other lane's leader, in half the commands' scans)."""
+
+    def __post_init__(self) -> None:
+        self.leaders.add(self.pid)
 
     # ----- facts -----------------------------------------------------------------------
 
@@ -189,11 +197,14 @@ class ProcessTree:
     def reap(self) -> None:
         """Reap the leader, then adopted group members by pgid, then escapees by pidfd."""
         if self.status is None and self.leader_exited():
-            with contextlib.suppress(ChildProcessError):
+            try:
                 pid, status, rusage = os.wait4(self.pid, os.WNOHANG)
                 if pid == self.pid:
                     self.status, self.rusage = status, rusage
+            except ChildProcessError:  # not a child of ours now: its number may be reused
+                self.leaders.discard(self.pid)
         if self.status is not None:
+            self.leaders.discard(self.pid)  # reaped: its number may be reused
             # Zombies of the group keep its pgid allocated until they are reaped.
             while True:
                 try:
@@ -206,10 +217,12 @@ class ProcessTree:
                 os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
             os.close(fd)
         self.escapees.clear()
-        reap_orphans(self.pid, self.uid, self.cgroups)
+        reap_orphans(self.pid, self.uid, self.cgroups, self.leaders)
 
 
-def reap_orphans(leader: int, uid: int | None, cgroups: UnitCgroups | None) -> int:
+def reap_orphans(
+    leader: int, uid: int | None, cgroups: UnitCgroups | None, leaders: Container[int] = ()
+) -> int:
     """Reap this process's zombie children that were the tree's: that ran as its unit uid
     ``uid`` or in its cgroup v2 (`UnitCgroups.holds`), but its ``leader`` (its own reap, its
     status); how many. They are the tree's orphans, re-parented to us (the subreaper), that
@@ -218,7 +231,8 @@ def reap_orphans(leader: int, uid: int | None, cgroups: UnitCgroups | None) -> i
     under ``--isolation process`` (no namespace init reaps them) each daemon a replay
     started and that exited held a pid of the host's ``pids.max`` until evolane exited, and
     ~20 units of such replays stopped the run as the host's failure; a non-root evolane
-    has no unit uids, so there the cgroup tells (found by review)."""
+    has no unit uids, so there the cgroup tells (found by review). Children in ``leaders``
+    (other trees' unreaped leaders: `ProcessTree.leaders`) are never looked at."""
     if (uid is None and cgroups is None) or (cgroups is not None and cgroups.charged() == 0):
         return 0  # nothing to tell them by, or none left: its pids cgroup counts zombies
     with contextlib.suppress(ChildProcessError):  # no zombie child at all: the common case
@@ -226,7 +240,7 @@ def reap_orphans(leader: int, uid: int | None, cgroups: UnitCgroups | None) -> i
             return 0
     reaped = 0
     for pid in _children():
-        fd = None if pid == leader else _pidfd(pid)
+        fd = None if pid == leader or pid in leaders else _pidfd(pid)
         if fd is None:
             continue
         try:  # read through the pid once held: reaped by then, its number is not reused
