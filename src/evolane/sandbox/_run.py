@@ -312,7 +312,6 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         base["enforcement"] = (*mechanisms, *host.mechanisms)
         for _, write_fd in fds.values():
             pipes.close(write_fd)  # the child holds its own copies now
-        streams = {name: trio.lowlevel.FdStream(pipes.hand_over(fds[name][0])) for name in fds}
         tree = ProcessTree(
             pid,
             unit.cgroups,
@@ -323,8 +322,8 @@ async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) ->
         )
         watch = Watch(tree, spec.kill_grace, unit.activity)
         async with trio.open_nursery() as nursery:
-            for name, stream in streams.items():
-                nursery.start_soon(watch.drain, stream, captures[name])
+            for name, (read_fd, _) in fds.items():  # each drain closes its pipe
+                nursery.start_soon(watch.drain, pipes.hand_over(read_fd), captures[name])
             try:
                 await watch.wait(deadline, stop, host.disk.low if host.disk else None)
             finally:
