@@ -1,6 +1,7 @@
 """One reader of ``/proc/<pid>/status``: the fields the sandbox asks of a process it did not
 start (its state, real uid and thread count), read bounded, for the scans that find a dead
-holder's processes, a tree's zombies and a user's tasks."""
+holder's processes, a tree's zombies and a user's tasks; and `read_proc_file`, the plain
+bounded read those scans make of each file."""
 
 from __future__ import annotations
 
