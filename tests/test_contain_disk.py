@@ -177,9 +177,8 @@ def test_the_failure_names_the_floor_that_was_crossed_not_what_is_left_after_the
 ) -> None:
     # Found by the suite: the kill removed the command's empty files, so the inodes were
     # back when the failure read them again, and it told of the byte floor with 255 MiB left.
-    readings = iter([5, 1_000_000])
-    monkeypatch.setattr(_disk, "free_bytes", lambda _path: 255 << 20)
-    monkeypatch.setattr(_disk, "free_inodes", lambda _path: next(readings))
+    readings = iter([(255 << 20, 5), (255 << 20, 1_000_000)])  # (bytes, inodes) free
+    monkeypatch.setattr(_disk, "free_space", lambda _path: next(readings))
     floor = DiskFloor(tmp_path, floor=12 << 20, inode_floor=100)
     assert floor.low()  # 5 inodes left: crossed
     told = str(floor.failure())  # read now, 1,000,000 would be free

@@ -160,6 +160,30 @@ async def test_a_finished_units_folders_and_cgroups_go_on_the_loop(
     await _nothing_left(host)
 
 
+async def test_a_layout_the_command_changed_goes_whole_and_no_link_is_followed(
+    host: SandboxHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An empty layout goes by one rmdir a folder (issue 22: walking it took ~45 system
+    # calls a command); anything else in it is walked, never through a link.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"k")
+    hops = count_hops(monkeypatch)
+    for script in (
+        f'rmdir "$HOME" && ln -s {outside} "$HOME"',  # the home a link out
+        f'rmdir "$PWD" && ln -s {outside} "$PWD"',  # the workspace too
+        'echo x > "$HOME/../stray"',  # a file beside the layout
+        'echo x > "$TMPDIR/t" && rmdir "$HOME"',  # one folder holding a file, one gone
+        "true",
+    ):
+        outcome = await host.run(SandboxSpec(argv=("sh", "-c", script)))
+        assert outcome.ok, (script, outcome.error)
+    assert hops["defer:Unit.remove"] == 0  # each small: removed inline
+    assert [p.name for p in outside.iterdir()] == ["keep"]
+    assert (outside / "keep").read_bytes() == b"k"
+    await _nothing_left(host)
+
+
 async def test_a_unit_that_left_many_files_is_removed_by_the_cleanup_thread(
     host: SandboxHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,10 +19,11 @@ from evolane.sandbox import (
     SandboxHost,
     SandboxSpec,
     WorkspaceError,
+    _capture,
     _host,
     lease_holders,
 )
-from evolane.sandbox._capture import BoundedCapture
+from evolane.sandbox._capture import BoundedCapture, drain, open_pipe
 from evolane.store import BlobStore, snapshot_tree
 from tests.sandbox_helpers import sh
 
@@ -80,6 +81,33 @@ async def test_capture_keeps_head_tail_and_total_and_stores_a_capped_copy(
     assert out.truncated
     assert out.ref is not None and out.ref.size == 1000
     assert store.read_bytes(out.ref).startswith(b"line0\nline1\n")
+
+
+async def test_a_drain_lets_other_tasks_run_between_chunks_and_closes_its_pipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A drain reads the pipe itself (no FdStream): a writer always ahead of it must not
+    # hold the loop (the deadlines of every other unit wait on it).
+    monkeypatch.setattr(_capture, "_READ_BYTES", 1)
+    read_fd, write_fd = open_pipe()
+    assert not os.get_blocking(read_fd) and os.get_blocking(write_fd)  # the command's blocks
+    os.write(write_fd, b"x" * 50)
+    os.close(write_fd)
+    capture, ticks = BoundedCapture(OutputCaps(), None), []
+
+    async def other() -> None:
+        while True:
+            ticks.append(1)
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()
+        await drain(read_fd, capture)
+        nursery.cancel_scope.cancel()
+    assert capture.total == 50 and len(ticks) >= 25, (capture.total, len(ticks))
+    with pytest.raises(OSError):
+        os.fstat(read_fd)  # closed by the drain
 
 
 async def test_both_streams_flooding_at_once_never_block_the_child(host: SandboxHost) -> None:

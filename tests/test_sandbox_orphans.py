@@ -62,7 +62,9 @@ async def test_a_trees_orphans_that_exited_are_reaped(
             outcome = await host.run(spec, timeout=30)
         uid = int(outcome.stdout.text())
         zombies = [pid for pid in _children() if _zombie_uid(pid) == uid]
+        leaders = set(host.active_leaders)  # none once its tree is reaped
     assert outcome.ok and uid != 0, outcome
+    assert leaders == set(), leaders
     assert zombies == [], zombies  # each held one of the host's pids until evolane exited
 
 
@@ -135,6 +137,7 @@ def test_only_the_ended_trees_own_zombies_are_reaped_never_one_waited_for(tmp_pa
         ended, other = (roots.unit(name, Limits()) for name in ("ended", "other"))
         assert ended is not None and other is not None
         leader, orphan, waited = (_exits_in(c, n) for c, n in ((ended, 3), (ended, 4), (other, 5)))
+        assert reap_orphans(leader, None, ended, leaders={orphan}) == 0  # a leader: not looked at
         assert reap_orphans(leader, None, ended) == 1
         assert os.waitstatus_to_exitcode(os.waitpid(leader, 0)[1]) == 3
         assert os.waitstatus_to_exitcode(os.waitpid(waited, 0)[1]) == 5

@@ -111,29 +111,48 @@ class BoundedCapture:
 
 
 def open_pipe() -> tuple[int, int]:
-    """A close-on-exec pipe with a 1 MiB buffer where the kernel allows it: (read fd, write fd)."""
+    """A close-on-exec pipe with a 1 MiB buffer where the kernel allows it: (read fd, write fd).
+    The read end is non-blocking (for `drain`); the write end, the command's, is not (each
+    end is an open file description of its own)."""
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        os.set_blocking(read_fd, False)
+    except BaseException:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
     return read_fd, write_fd
 
 
 async def drain(
-    stream: trio.lowlevel.FdStream,
+    read_fd: int,
     capture: BoundedCapture,
     activity: Callable[[], object] | None = None,
 ) -> None:
-    """Read ``stream`` to its end into ``capture``; never stalls the writer on a full pipe.
+    """Read the pipe ``read_fd`` (a non-blocking read end: `open_pipe`) to its end into
+    ``capture``, and close it, however this ends; never stalls the writer on a full pipe.
 
-    ``activity``, if given, is called (in the trio thread) after every chunk read."""
-    async with stream:
+    ``activity``, if given, is called (in the trio thread) after every chunk read. Not a
+    ``trio.lowlevel.FdStream``: it switched the pipe to non-blocking and back, three system
+    calls a stream, two streams a command (issue 22)."""
+    try:
         while True:
-            chunk = await stream.receive_some(_READ_BYTES)
+            try:
+                chunk = os.read(read_fd, _READ_BYTES)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(read_fd)
+                continue
             if not chunk:
                 return
             capture.feed(chunk)
             if activity is not None:
                 activity()
+            await trio.lowlevel.checkpoint()  # a writer that never pauses starves no task
+    finally:
+        trio.lowlevel.notify_closing(read_fd)
+        os.close(read_fd)
 
 
 class OwnedPipes:
@@ -152,7 +171,7 @@ class OwnedPipes:
         os.close(fd)
 
     def hand_over(self, fd: int) -> int:
-        """Give ``fd`` to a new owner (an FdStream, which closes it)."""
+        """Give ``fd`` to a new owner (a `drain`, which closes it)."""
         self._open.discard(fd)
         return fd
 

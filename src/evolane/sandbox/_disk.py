@@ -36,13 +36,18 @@ class DiskLow(StorageFailure):
     resumable = True
 
 
-def free_bytes(path: Path) -> int | None:
-    """Bytes an unprivileged writer may still use on ``path``'s file system (None: unknown)."""
+def free_space(path: Path) -> tuple[int | None, int | None]:
+    """`free_bytes` and `free_inodes` of ``path``'s file system from one ``statvfs``."""
     try:
         info = os.statvfs(path)
     except OSError:
-        return None
-    return info.f_bavail * info.f_frsize
+        return None, None
+    return info.f_bavail * info.f_frsize, (info.f_favail if info.f_files > 0 else None)
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on ``path``'s file system (None: unknown)."""
+    return free_space(path)[0]
 
 
 def default_floor(path: Path) -> int:
@@ -60,11 +65,7 @@ def default_floor(path: Path) -> int:
 def free_inodes(path: Path) -> int | None:
     """Inodes an unprivileged writer may still use on ``path``'s file system (None:
     unknown, or a file system that has no fixed number of them, as btrfs)."""
-    try:
-        info = os.statvfs(path)
-    except OSError:
-        return None
-    return info.f_favail if info.f_files > 0 else None
+    return free_space(path)[1]
 
 
 def default_inode_floor(path: Path) -> int:
@@ -95,13 +96,13 @@ class DiskFloor:
         self.crossed: tuple[str, int] | None = None  # ("bytes" | "inodes", what was left)
 
     def low(self) -> bool:
-        """Whether the free space or the free inodes under ``path`` are below their floor."""
-        free = free_bytes(self.path)
+        """Whether the free space or the free inodes under ``path`` are below their floor
+        (one ``statvfs`` tells both: a command's watch asks at its start and its end)."""
+        free, inodes = free_space(self.path)
         if free is not None and free < self.floor:
             self.crossed = ("bytes", free)
             return True
-        inodes = free_inodes(self.path) if self.inode_floor > 0 else None
-        if inodes is not None and inodes < self.inode_floor:
+        if inodes is not None and self.inode_floor > 0 and inodes < self.inode_floor:
             self.crossed = ("inodes", inodes)
             return True
         return False

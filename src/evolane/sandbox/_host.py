@@ -142,6 +142,8 @@ class SandboxHost:
         self._uids = itertools.count(secrets.randbelow(UNIT_UID_SPAN))
         self._uid_claims: Path | Literal[False] | None = False  # False: not looked for yet
         self.active_leaders: set[int] = set()
+        """The leaders of this host's trees, each from its spawn until it is reaped
+        (`evolane.sandbox._tree.ProcessTree.leaders`)."""
         self._use_spawner = use_spawner
         self.spawner: Spawner | None = None
         """The spawn server's client (`evolane.sandbox._spawner`), set by `start` where a

@@ -322,7 +322,8 @@ class Spawner:
         """Send one request (the connection's lock held)."""
         if self.broken:
             raise SpawnerUnavailable("the spawn server broke earlier")
-        self._socket.settimeout(self.reply_timeout)
+        if self._socket.gettimeout() != self.reply_timeout:  # each set is an ioctl
+            self._socket.settimeout(self.reply_timeout)
         try:
             socket.send_fds(self._socket, [payload], list(fds))
         except OSError as error:

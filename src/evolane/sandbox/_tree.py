@@ -17,7 +17,7 @@ import ctypes
 import os
 import select
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 import trio
@@ -26,12 +26,14 @@ from evolane.sandbox._cgroups import UnitCgroups
 from evolane.sandbox._lifeline import group_members, lease_holders, lease_matches, lease_of
 from evolane.sandbox._lifeline import process_group_of as group_of
 from evolane.sandbox._litter import kill_processes_of, processes_of
-from evolane.sandbox._procfs import live_uid, proc_status
+from evolane.sandbox._procfs import live_uid, proc_status, read_proc_file
 
 FINAL_WAIT_SECONDS = 5.0
 MAX_TRACKED_ESCAPEES = 256
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05
 _PR_SET_CHILD_SUBREAPER = 36
+CHILDREN_BYTES = 1 << 22
+"""Bytes of one thread's ``children`` list read at most (~500,000 pids, past any pid_max)."""
 
 
 def become_subreaper() -> bool:
@@ -80,6 +82,14 @@ class ProcessTree:
     signalled: set[int] = field(default_factory=set)  # pid numbers, for counting only
     uid: int | None = None  # the unit uid its processes run as (a root evolane's drop_root)
     owns_uid: bool = False  # the uid is claimed host-wide for it: its processes are the tree's
+    leaders: set[int] = field(default_factory=set)
+    """The leaders of a host's trees (`SandboxHost.active_leaders`, shared by its trees),
+    each from its tree's start until it is reaped, so no number in it can be reused
+    meanwhile: never a tree's orphan, `reap_orphans` looks at none (issue 22: ~10 system
+    calls each, for each other lane's leader, in half the commands' scans)."""
+
+    def __post_init__(self) -> None:
+        self.leaders.add(self.pid)
 
     # ----- facts -----------------------------------------------------------------------
 
@@ -187,11 +197,14 @@ class ProcessTree:
     def reap(self) -> None:
         """Reap the leader, then adopted group members by pgid, then escapees by pidfd."""
         if self.status is None and self.leader_exited():
-            with contextlib.suppress(ChildProcessError):
+            try:
                 pid, status, rusage = os.wait4(self.pid, os.WNOHANG)
                 if pid == self.pid:
                     self.status, self.rusage = status, rusage
+            except ChildProcessError:  # not a child of ours now: its number may be reused
+                self.leaders.discard(self.pid)
         if self.status is not None:
+            self.leaders.discard(self.pid)  # reaped: its number may be reused
             # Zombies of the group keep its pgid allocated until they are reaped.
             while True:
                 try:
@@ -204,10 +217,12 @@ class ProcessTree:
                 os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
             os.close(fd)
         self.escapees.clear()
-        reap_orphans(self.pid, self.uid, self.cgroups)
+        reap_orphans(self.pid, self.uid, self.cgroups, self.leaders)
 
 
-def reap_orphans(leader: int, uid: int | None, cgroups: UnitCgroups | None) -> int:
+def reap_orphans(
+    leader: int, uid: int | None, cgroups: UnitCgroups | None, leaders: Container[int] = ()
+) -> int:
     """Reap this process's zombie children that were the tree's: that ran as its unit uid
     ``uid`` or in its cgroup v2 (`UnitCgroups.holds`), but its ``leader`` (its own reap, its
     status); how many. They are the tree's orphans, re-parented to us (the subreaper), that
@@ -216,7 +231,8 @@ def reap_orphans(leader: int, uid: int | None, cgroups: UnitCgroups | None) -> i
     under ``--isolation process`` (no namespace init reaps them) each daemon a replay
     started and that exited held a pid of the host's ``pids.max`` until evolane exited, and
     ~20 units of such replays stopped the run as the host's failure; a non-root evolane
-    has no unit uids, so there the cgroup tells (found by review)."""
+    has no unit uids, so there the cgroup tells (found by review). Children in ``leaders``
+    (other trees' unreaped leaders: `ProcessTree.leaders`) are never looked at."""
     if (uid is None and cgroups is None) or (cgroups is not None and cgroups.charged() == 0):
         return 0  # nothing to tell them by, or none left: its pids cgroup counts zombies
     with contextlib.suppress(ChildProcessError):  # no zombie child at all: the common case
@@ -224,7 +240,7 @@ def reap_orphans(leader: int, uid: int | None, cgroups: UnitCgroups | None) -> i
             return 0
     reaped = 0
     for pid in _children():
-        fd = None if pid == leader else _pidfd(pid)
+        fd = None if pid == leader or pid in leaders else _pidfd(pid)
         if fd is None:
             continue
         try:  # read through the pid once held: reaped by then, its number is not reused
@@ -243,8 +259,9 @@ def _children() -> list[int]:
     found: list[int] = []
     with contextlib.suppress(OSError):
         for task in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as kids:
-                found += map(int, kids.read().split())
+            with contextlib.suppress(OSError):
+                kids = read_proc_file(f"/proc/self/task/{task}/children", CHILDREN_BYTES)
+                found += map(int, kids.split())
     return found
 
 
@@ -285,21 +302,30 @@ async def kill_ladder(tree: ProcessTree, grace: float, sweep: bool) -> KillRepor
     when the tree escalated to SIGKILL or has no cgroup).
     """
     report = KillReport()
-    if await _alive(tree):
+    # ``gone``: the last look found nothing left, and nothing was done since (no signal, no
+    # sweep adopting escapees), so looking again would read the same files for the same
+    # answer (issue 22: three reads of cgroup.events a command where one tells).
+    gone = not await _alive(tree)
+    if not gone:
         await _act(tree, tree.terminate)
-        if not await wait_until_gone(tree, grace):
+        gone = await wait_until_gone(tree, grace)
+        if not gone:
             report.escalated = True
             await _act(tree, tree.kill_all)
     if sweep or report.escalated or tree.cgroups is None:
         await trio.to_thread.run_sync(tree.sweep_lease)
+        gone = False
     deadline = trio.current_time() + FINAL_WAIT_SECONDS
     interval = _POLL_FIRST
-    while await _alive(tree) and trio.current_time() < deadline:
+    while not gone and trio.current_time() < deadline:
+        gone = not await _alive(tree)
+        if gone:
+            break
         await _act(tree, tree.kill_all)
         await trio.to_thread.run_sync(tree.sweep_lease)
         await trio.sleep(interval)
         interval = min(interval * 2, _POLL_MAX)
-    if await _alive(tree):
+    if not gone and await _alive(tree):
         members = await trio.to_thread.run_sync(tree.members)
         report.survivors = max(1, len(members) + len(tree.escapees))
     report.pids_killed = len(tree.signalled)

@@ -37,11 +37,12 @@ class Watch:
         self._draining = 0
         self._drained = trio.Event()
 
-    async def drain(self, stream: trio.lowlevel.FdStream, capture: BoundedCapture) -> None:
-        """Drain one stream; the last drain to reach EOF wakes `finish`."""
+    async def drain(self, read_fd: int, capture: BoundedCapture) -> None:
+        """Drain one pipe (`drain`: closed however it ends); the last drain to reach EOF
+        wakes `finish`."""
         self._draining += 1
         try:
-            await drain(stream, capture, self.activity)
+            await drain(read_fd, capture, self.activity)
         finally:
             self._draining -= 1
             if self._draining == 0:
