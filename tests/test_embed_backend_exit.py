@@ -15,7 +15,7 @@ import trio
 
 import evolane
 from evolane.embed import Backend, BackendCall, Backends, OptimizeRequest
-from evolane.lanes._stop import UnitStop
+from evolane.sandbox import UnitStop
 from tests.campaign_helpers import toy_config, write_toy
 from tests.test_embed import PLAN, judge_backend, optimizer_backend
 

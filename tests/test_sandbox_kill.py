@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from evolane.sandbox import SandboxHost, SandboxSpec, _lifeline, lease_holders, open_sandbox
+from evolane.sandbox import (
+    SandboxHost,
+    SandboxSpec,
+    Stop,
+    UnitStop,
+    _lifeline,
+    lease_holders,
+    open_sandbox,
+)
 from evolane.testing import DAEMON_AFTER_EXIT_SH, EVIL_TREE_SH, POLITE_TREE_SH, descendants
 from tests.sandbox_helpers import sh, survivors
 
@@ -54,8 +62,13 @@ async def test_evil_tree_dies_whole_when_the_caller_is_cancelled(host: SandboxHo
     assert survivors(host, before) == set()
 
 
-async def test_stop_event_ends_the_run_as_cancelled(host: SandboxHost) -> None:
-    stop = trio.Event()
+@pytest.mark.parametrize("stop_type", [trio.Event, UnitStop], ids=["event", "unit-stop"])
+async def test_stop_event_ends_the_run_as_cancelled(
+    host: SandboxHost, stop_type: type[Stop]
+) -> None:
+    """A stop kills the tree and the run ends ``cancelled``: a plain event through a task
+    that waits for it, a lane's `UnitStop` through the cancel scope the watch binds to it."""
+    stop = stop_type()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_set_later, stop, 0.5)
         with trio.fail_after(10):
@@ -66,7 +79,7 @@ async def test_stop_event_ends_the_run_as_cancelled(host: SandboxHost) -> None:
     assert lease_holders(host.lease) == set()
 
 
-async def _set_later(event: trio.Event, seconds: float) -> None:
+async def _set_later(event: Stop, seconds: float) -> None:
     await trio.sleep(seconds)
     event.set()
 

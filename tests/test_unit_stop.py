@@ -9,7 +9,8 @@ from pathlib import Path
 import trio
 
 from evolane.lanes import BackendCall, run_backend
-from evolane.lanes._stop import StopSwitches, UnitStop
+from evolane.lanes._stop import StopSwitches
+from evolane.sandbox import UnitStop
 
 CALL = BackendCall(role="replay", workspace=Path("/nonexistent"), seed=0)
 

@@ -36,8 +36,7 @@ import orjson
 import trio
 
 from evolane.actors import is_crash
-from evolane.lanes._stop import UnitStop
-from evolane.sandbox import ProcessOutcome, StreamCapture
+from evolane.sandbox import ProcessOutcome, Stop, StreamCapture, UnitStop
 from evolane.supervisors import leaf_exceptions
 
 CAPTURE_BYTES = 16 << 10
@@ -181,7 +180,7 @@ its timeout is said to be its blocking of the event loop (`blocked_words`)."""
 
 
 @asynccontextmanager
-async def _cut_by(stop: trio.Event | UnitStop) -> AsyncIterator[None]:
+async def _cut_by(stop: Stop) -> AsyncIterator[None]:
     """Cut what runs inside once ``stop`` is set: a lane's `UnitStop` by a scope bound to it,
     a plain `trio.Event` by a task that waits for it."""
     if isinstance(stop, UnitStop):
@@ -200,7 +199,7 @@ async def _cut_by(stop: trio.Event | UnitStop) -> AsyncIterator[None]:
 
 
 async def run_backend(
-    backend: Backend, call: BackendCall, deadline: float, stop: trio.Event | UnitStop
+    backend: Backend, call: BackendCall, deadline: float, stop: Stop
 ) -> ProcessOutcome:
     """Run ``backend`` under ``deadline`` (trio clock) and ``stop``; never raises for the
     backend's own errors, ``sys.exit`` and any other `BaseException` an actor would count as

@@ -35,10 +35,9 @@ from evolane.lanes._replay_failure import (
     spawn_refused,
 )
 from evolane.lanes._scratch import UnitScratch, replay_name
-from evolane.lanes._stop import UnitStop
 from evolane.lanes._usage import sum_usage
 from evolane.messages import ArtifactRef, FailureEvent, JudgeJob, JudgeResult, Message, Usage
-from evolane.sandbox import ProcessOutcome
+from evolane.sandbox import ProcessOutcome, UnitStop
 from evolane.store import (
     BlobStore,
     BlobTooLargeError,

@@ -31,7 +31,7 @@ from evolane.lanes._limits import note_limits
 from evolane.lanes._replay import read_usage
 from evolane.lanes._replay_failure import SPAWN_REFUSALS, refusal_wait, spawn_refused
 from evolane.lanes._scratch import SlotScratch
-from evolane.lanes._stop import StoppableLane, UnitStop
+from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,
@@ -48,6 +48,7 @@ from evolane.sandbox import (
     ProcessOutcome,
     SandboxHost,
     SandboxSpec,
+    UnitStop,
     View,
 )
 from evolane.store import (

@@ -32,7 +32,7 @@ from evolane.lanes._replay_failure import (
     with_spend,
 )
 from evolane.lanes._scratch import UnitScratch, replay_environment, replay_name
-from evolane.lanes._stop import StoppableLane, UnitStop
+from evolane.lanes._stop import StoppableLane
 from evolane.messages import (
     ArtifactRef,
     FailureEvent,
@@ -50,6 +50,7 @@ from evolane.sandbox import (
     ProcessOutcome,
     SandboxHost,
     SandboxSpec,
+    UnitStop,
     View,
     commands_run_unprivileged,
 )

@@ -41,6 +41,7 @@ from evolane.sandbox._spec import (
     StreamCapture,
     View,
 )
+from evolane.sandbox._stop import Stop, UnitStop
 from evolane.sandbox._ucounts import evolane_reserve, user_process_cap
 from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
 
@@ -63,7 +64,9 @@ __all__ = [
     "SandboxHost",
     "SandboxSpec",
     "Status",
+    "Stop",
     "StreamCapture",
+    "UnitStop",
     "View",
     "WorkspaceError",
     "child_lease",

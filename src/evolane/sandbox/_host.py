@@ -39,6 +39,7 @@ from evolane.sandbox._secrets import UNIT_UID_BASE, UNIT_UID_SPAN
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import ProcessOutcome, SandboxSpec
 from evolane.sandbox._start import ProgramCache
+from evolane.sandbox._stop import Stop
 from evolane.sandbox._uids import UidClaim, claim_uid, claims_folder, sweep_stale_claims
 from evolane.store import (
     BlobStore,
@@ -375,7 +376,7 @@ class SandboxHost:
         *,
         timeout: float | None = None,
         deadline: float | None = None,
-        stop: trio.Event | None = None,
+        stop: Stop | None = None,
         activity: Callable[[], object] | None = None,
         setup: Callable[[], object] | None = None,
         small_layout: bool = False,

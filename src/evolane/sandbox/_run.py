@@ -36,6 +36,7 @@ from evolane.sandbox._secrets import commands_run_unprivileged
 from evolane.sandbox._spawner import Spawner
 from evolane.sandbox._spec import IsolationInForce, ProcessOutcome, SandboxSpec
 from evolane.sandbox._start import Launch, ProgramCache, Spawned, SpawnError
+from evolane.sandbox._stop import Stop
 from evolane.sandbox._tree import ProcessTree
 from evolane.sandbox._uids import UidClaim, release_uid
 from evolane.sandbox._watch import Watch
@@ -263,7 +264,7 @@ async def run_unit(
     host: UnitHost,
     spec: SandboxSpec,
     deadline: float,
-    stop: trio.Event | None,
+    stop: Stop | None,
     activity: Callable[[], object] | None = None,
     setup: Callable[[], object] | None = None,
     small_layout: bool = False,
@@ -288,7 +289,7 @@ async def run_unit(
     return outcome
 
 
-async def _run_prepared(unit: Unit, deadline: float, stop: trio.Event | None) -> ProcessOutcome:
+async def _run_prepared(unit: Unit, deadline: float, stop: Stop | None) -> ProcessOutcome:
     spec, host = unit.spec, unit.host
     isolation = _isolation(spec)
     base: dict[str, Any] = {"isolation": isolation, "lease": unit.lease}

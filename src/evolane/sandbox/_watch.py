@@ -14,6 +14,7 @@ import trio
 
 from evolane.sandbox._capture import BoundedCapture, drain
 from evolane.sandbox._disk import CHECK_SECONDS
+from evolane.sandbox._stop import Stop, UnitStop
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
 
 _DRAIN_AFTER_KILL_SECONDS = 1.0
@@ -49,7 +50,10 @@ class Watch:
                 self._drained.set()
 
     async def wait(
-        self, deadline: float, stop: trio.Event | None, low: Callable[[], bool] | None = None
+        self,
+        deadline: float,
+        stop: Stop | None,
+        low: Callable[[], bool] | None = None,
     ) -> None:
         """Wait for the leader's exit, the deadline, ``stop``, or ``low`` (the free-disk
         floor, checked every `CHECK_SECONDS`: `disk_low`), whichever comes first, sampling
@@ -57,8 +61,11 @@ class Watch:
         pidfd = os.pidfd_open(self.tree.pid)
         try:
             with trio.move_on_at(deadline):
-                if stop is None:  # one task: no racers to start and cancel (issue 22)
-                    await self._until_exit(pidfd, low)
+                if stop is None or isinstance(stop, UnitStop):  # one task, no racers (issue 22)
+                    with stop.cancelling() if stop is not None else trio.CancelScope() as cut:
+                        await self._until_exit(pidfd, low)
+                    if cut.cancelled_caught:
+                        self.reason = "cancelled"
                     return
                 async with trio.open_nursery() as racers:
                     racers.start_soon(self._until_exit, pidfd, low, racers.cancel_scope)
