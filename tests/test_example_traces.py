@@ -62,6 +62,24 @@ def test_the_live_agent_records_its_failures_with_reasons(tmp_path: Path) -> Non
     assert not (tmp_path / "work" / "dataset.jsonl").exists()  # a run from traces needs none
 
 
+def test_evolane_own_example_is_not_taken_for_a_copy_of_the_cases(tmp_path: Path) -> None:
+    """The walk-through's cases come from evolane's own example, whose case generator
+    (``examples/selfevolve/_cases.py``) holds their strings: installed editable, its folder
+    is on the path commands are shown, and the copy scan masked it, so every replay failed to
+    import evolane and the README's ``evolane optimize --from-trajectory`` failed (found by
+    review). evolane's own package is installed code, never scanned."""
+    work = tmp_path / "work"
+    write_traces_workspace(work)
+    agent = [sys.executable, "-m", "evolane.examples.traces", "agent", ".", "--tasks", "20"]
+    subprocess.run([*agent, "--out", "traces.jsonl"], cwd=work, check=True, capture_output=True)
+    estimate = subprocess.run(
+        [sys.executable, "-m", "evolane", "estimate", "--from-trajectory", "traces.jsonl"],
+        cwd=work, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert estimate.returncode == 0, estimate.stdout + estimate.stderr
+    assert "val/test case" not in estimate.stdout, estimate.stdout
+
+
 @pytest.mark.slow
 def test_the_readme_commands_run_end_to_end_on_a_small_scale(tmp_path: Path) -> None:
     outputs = run_readme(tmp_path, smaller=True)
