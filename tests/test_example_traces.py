@@ -11,8 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
+import evolane
+from evolane.embed import EvolvePolicy, ServiceSettings, open_evolve_service
 from evolane.examples.traces import task_record, write_traces_workspace
+from evolane.examples.traces._service import job_settings
+from evolane.examples.traces._workspace import campaign_settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECTION = "## Improve your agent from its own traces"
@@ -78,6 +83,28 @@ def test_evolane_own_example_is_not_taken_for_a_copy_of_the_cases(tmp_path: Path
     )  # fmt: skip
     assert estimate.returncode == 0, estimate.stdout + estimate.stderr
     assert "val/test case" not in estimate.stdout, estimate.stdout
+
+
+async def test_a_background_job_of_the_walk_through_holds_every_records(tmp_path: Path) -> None:
+    """``agent --evolve ... --every 20``: each job holds 20 records. Records that came
+    while a job was being made went into it (40 tasks made jobs of 25 and 15 records, the
+    second too small for its gate: failed, exit 1; found by README user review). Here the
+    queue holds 25 when the service opens: the job takes 20 and leaves 5 queued."""
+    work = tmp_path / "work"
+    write_traces_workspace(work)
+    settings = campaign_settings(work)
+    quiet = ServiceSettings(policy=EvolvePolicy(every=None), run_jobs=False)
+    async with evolane.open_runtime(store=settings["store"]) as runtime:
+        async with open_evolve_service(runtime, settings, quiet) as service:
+            for index in range(25):
+                await service.record(task_record(work / "target", index))
+        made = job_settings("shadow", 20).model_copy(update={"run_jobs": False})
+        async with open_evolve_service(runtime, settings, made) as service:
+            with trio.fail_after(60):
+                while not service.pending():
+                    await trio.sleep(0.01)
+            assert [job.records for job in service.pending()] == [20]
+            assert service.queued == 5
 
 
 @pytest.mark.slow
