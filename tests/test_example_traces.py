@@ -107,6 +107,31 @@ async def test_a_background_job_of_the_walk_through_holds_every_records(tmp_path
             assert service.queued == 5
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["agent", "work", "--tasks", "-5"], "argument --tasks: -5 is below 1"),
+        (["agent", "work", "--every", "0", "--evolve", "shadow"], "--every: 0 is below 1"),
+        (["agent", "missing", "--out", "out.jsonl"], "No such file or directory: missing/"),
+        (["agent", "work", "--out", "work"], "Is a directory: work"),
+    ],
+)
+def test_the_agent_refuses_bad_input_in_one_line(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    """The walk-through's agent took ``--tasks -5`` (ran nothing, said "-5 tasks", exit 0),
+    and a missing workspace or an ``--out`` folder was a traceback; a missing workspace
+    left an empty ``--out`` behind (found by README user review)."""
+    write_traces_workspace(tmp_path / "work")
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane.examples.traces", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr.splitlines()[-1] and "Traceback" not in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 @pytest.mark.slow
 def test_the_readme_commands_run_end_to_end_on_a_small_scale(tmp_path: Path) -> None:
     outputs = run_readme(tmp_path, smaller=True)
