@@ -11,8 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
+import evolane
+from evolane.embed import EvolvePolicy, ServiceSettings, open_evolve_service
 from evolane.examples.traces import task_record, write_traces_workspace
+from evolane.examples.traces._service import job_settings
+from evolane.examples.traces._workspace import campaign_settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECTION = "## Improve your agent from its own traces"
@@ -60,6 +65,71 @@ def test_the_live_agent_records_its_failures_with_reasons(tmp_path: Path) -> Non
     assert statuses == {"success", "failure"}
     assert all(r["outcome"].get("reason") for r in records if r["outcome"]["status"] == "failure")
     assert not (tmp_path / "work" / "dataset.jsonl").exists()  # a run from traces needs none
+
+
+def test_evolane_own_example_is_not_taken_for_a_copy_of_the_cases(tmp_path: Path) -> None:
+    """The walk-through's cases come from evolane's own example, whose case generator
+    (``examples/selfevolve/_cases.py``) holds their strings: installed editable, its folder
+    is on the path commands are shown, and the copy scan masked it, so every replay failed to
+    import evolane and the README's ``evolane optimize --from-trajectory`` failed (found by
+    review). evolane's own package is installed code, never scanned."""
+    work = tmp_path / "work"
+    write_traces_workspace(work)
+    agent = [sys.executable, "-m", "evolane.examples.traces", "agent", ".", "--tasks", "20"]
+    subprocess.run([*agent, "--out", "traces.jsonl"], cwd=work, check=True, capture_output=True)
+    estimate = subprocess.run(
+        [sys.executable, "-m", "evolane", "estimate", "--from-trajectory", "traces.jsonl"],
+        cwd=work, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert estimate.returncode == 0, estimate.stdout + estimate.stderr
+    assert "val/test case" not in estimate.stdout, estimate.stdout
+
+
+async def test_a_background_job_of_the_walk_through_holds_every_records(tmp_path: Path) -> None:
+    """``agent --evolve ... --every 20``: each job holds 20 records. Records that came
+    while a job was being made went into it (40 tasks made jobs of 25 and 15 records, the
+    second too small for its gate: failed, exit 1; found by README user review). Here the
+    queue holds 25 when the service opens: the job takes 20 and leaves 5 queued."""
+    work = tmp_path / "work"
+    write_traces_workspace(work)
+    settings = campaign_settings(work)
+    quiet = ServiceSettings(policy=EvolvePolicy(every=None), run_jobs=False)
+    async with evolane.open_runtime(store=settings["store"]) as runtime:
+        async with open_evolve_service(runtime, settings, quiet) as service:
+            for index in range(25):
+                await service.record(task_record(work / "target", index))
+        made = job_settings("shadow", 20).model_copy(update={"run_jobs": False})
+        async with open_evolve_service(runtime, settings, made) as service:
+            with trio.fail_after(60):
+                while not service.pending():
+                    await trio.sleep(0.01)
+            assert [job.records for job in service.pending()] == [20]
+            assert service.queued == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["agent", "work", "--tasks", "-5"], "argument --tasks: -5 is below 1"),
+        (["agent", "work", "--every", "0", "--evolve", "shadow"], "--every: 0 is below 1"),
+        (["agent", "missing", "--out", "out.jsonl"], "No such file or directory: missing/"),
+        (["agent", "work", "--out", "work"], "Is a directory: work"),
+    ],
+)
+def test_the_agent_refuses_bad_input_in_one_line(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    """The walk-through's agent took ``--tasks -5`` (ran nothing, said "-5 tasks", exit 0),
+    and a missing workspace or an ``--out`` folder was a traceback; a missing workspace
+    left an empty ``--out`` behind (found by README user review)."""
+    write_traces_workspace(tmp_path / "work")
+    done = subprocess.run(
+        [sys.executable, "-m", "evolane.examples.traces", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr.splitlines()[-1] and "Traceback" not in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 @pytest.mark.slow

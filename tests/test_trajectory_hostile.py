@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +301,49 @@ def test_bytes_that_are_not_utf8_are_named_as_such(tmp_path: Path) -> None:
         DatasetError, match=r"d\.jsonl:1: not UTF-8 text \(byte 0xe9 at column 26\)$"
     ):
         load_dataset(tmp_path / "d.jsonl")
+
+
+def _threads(pid: int) -> list[str]:
+    """The names of process ``pid``'s threads (trio names a worker after its function)."""
+    names = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:
+            continue  # the thread ended
+    return names
+
+
+def test_a_ctrl_c_ends_a_run_waiting_for_a_pipe_no_one_writes(tmp_path: Path) -> None:
+    """``--from-trajectory`` takes a pipe (``/dev/stdin``, ``<(zcat ...)``), read before the
+    run starts; one no program writes (``/dev/stdin`` at a terminal, a FIFO) waits, and a
+    Ctrl-C or a SIGTERM then did nothing: the read ran in a worker thread the run could not
+    give up, so only SIGKILL ended it (found by README user review). It ends at once
+    (exit 130), with no run written."""
+    fifo = tmp_path / "traces.jsonl"
+    os.mkfifo(fifo)
+    (tmp_path / "target").mkdir()
+    flags = ["--target", str(tmp_path / "target"), "--store", str(tmp_path / "store")]
+    command = [sys.executable, "-m", "evolane", "optimize", "--from-trajectory", str(fifo)]
+    started = subprocess.Popen(
+        [*command, *flags, "--replay", "true", "--judge", "true", "--optimizer", "true"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not any(name.startswith("prepare_run") for name in _threads(started.pid)):
+            assert started.poll() is None, started.communicate()
+            assert time.monotonic() < deadline, "no worker thread waits for the pipe"
+            time.sleep(0.05)  # its worker thread waits in open() for a writer
+        started.send_signal(signal.SIGINT)
+        try:
+            out, err = started.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the read end
+            raise AssertionError("a Ctrl-C did not end a run waiting for its pipe") from None
+    finally:
+        started.kill()
+        started.wait()
+    assert started.returncode == 130, out + err
+    assert err == "evolane: interrupted\n"
+    assert not (tmp_path / "store" / "runs").exists()

@@ -9,11 +9,11 @@ the dataset came from, a backup or a CSV export beside the ``agent.py`` a replay
 candidate read the val and test answers and pass the gate and the confirmation (found by
 holdout review). Before anything runs, every such folder is walked (iteratively, capped:
 `MAX_FILES`, `MAX_DEPTH`, `MAX_FILE_BYTES`, `MAX_TOTAL_BYTES`; the hidden paths, VCS
-metadata and installed code skipped, symlinks never followed) and each file is matched
-against distinctive strings of the held-out cases (`held_out_tokens`). A file holding
-`MIN_CASES` of them is masked from every command as the dataset is (the judge reads the
-expected outputs from its ``{case_file}``); without confinement, nothing can be masked and
-a warning says so. A folder the caps cut short is said, never passed over silently.
+metadata and installed code, evolane's own included, skipped, symlinks never followed) and
+each file is matched against distinctive strings of the held-out cases (`held_out_tokens`).
+A file holding `MIN_CASES` of them is masked from every command as the dataset is (the
+judge reads the expected outputs from its ``{case_file}``); without confinement, nothing can
+be masked and a warning says so. A folder the caps cut short is said, never passed over silently.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import dataclasses
 import os
 import shutil
 import stat
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -262,7 +263,7 @@ def scan_folders(
     of the cases ``tokens`` names, or any of them when their folder's files hold as many
     together (a trajectory a file: found by review of this scan)."""
     scan = Scan()
-    skip = {os.path.realpath(path) for path in hidden}
+    skip = {os.path.realpath(path) for path in hidden} | evolane_packages()
     wanted = _Wanted.of(tokens)
     found: dict[str, set[int]] = {}
     prefixes = {os.path.realpath(prefix) for prefix in interpreter_prefixes()}
@@ -286,6 +287,21 @@ def scan_folders(
         if len(held) >= needed or len(by_folder[os.path.dirname(path)]) >= needed:
             scan.copies.append((path, len(held)))
     return scan
+
+
+def evolane_packages() -> set[str]:
+    """evolane's own package folders (this one, and one on ``sys.path`` elsewhere): installed
+    code, never walked, as site-packages is. Installed editable, its folder is on
+    ``sys.path`` (shown to every command), and its example's case generator
+    (``examples/selfevolve/_cases.py``) holds the traces walk-through's own held-out cases:
+    the scan masked it, and every replay of the README's walk-through failed to import
+    evolane (found by review)."""
+    found = {os.path.realpath(os.path.dirname(os.path.dirname(__file__)))}
+    for entry in sys.path:
+        package = os.path.join(entry or os.getcwd(), "evolane")
+        if os.path.isfile(os.path.join(package, "__init__.py")):
+            found.add(os.path.realpath(package))
+    return found
 
 
 def _files(top: str, skip: set[str], scan: Scan, prefixes: set[str]) -> Iterator[tuple[str, int]]:

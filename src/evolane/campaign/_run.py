@@ -184,12 +184,13 @@ async def _run(
     if lock is not None:
         layout = StoreLayout(Path(request.config.store))
         recovered = await trio.to_thread.run_sync(recover_interrupted_applies, layout)
-    prepared = await trio.to_thread.run_sync(
-        prepare_run,
+    prepared = await trio.to_thread.run_sync(  # it writes no record: given up when cancelled
+        prepare_run,  # (its read of a --from-trajectory pipe no one writes held a Ctrl-C)
         request.config,
         request.resume_run,
         request.resume_campaign,
         request.rerun_from,
+        abandon_on_cancel=True,
     )
     if request.rerun_from is not None:  # judges the stored replays: it replays nothing
         stored = len(prepared.resume.units) + len(prepared.resume.replays)

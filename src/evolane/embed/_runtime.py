@@ -251,14 +251,19 @@ def check_arguments(request: object, backends: object, events_buffer: object) ->
             f"start_optimize takes an OptimizeRequest, not {type(request).__name__} "
             "(OptimizeRequest(config=...))"
         )
+    check_backend_kinds(backends)
+    if isinstance(events_buffer, bool) or not isinstance(events_buffer, int) or events_buffer < 0:
+        raise ValueError(f"events_buffer {events_buffer!r}: a count of events, 0 or more")
+
+
+def check_backend_kinds(backends: object) -> None:
+    """Refuse ``backends`` that are not a `Backends` of callables (one `TypeError`)."""
     if backends is not None and not isinstance(backends, Backends):
         raise TypeError(f"backends: a Backends(replay=..., ...), not {type(backends).__name__}")
     for role in ("replay", "judge", "optimizer"):
         backend = getattr(backends, role, None)
         if backend is not None and not callable(backend):
             raise TypeError(f"backends.{role}: {backend!r} is not callable (an async def)")
-    if isinstance(events_buffer, bool) or not isinstance(events_buffer, int) or events_buffer < 0:
-        raise ValueError(f"events_buffer {events_buffer!r}: a count of events, 0 or more")
 
 
 def check_backends(config: CampaignConfig, backends: Backends | None) -> None:

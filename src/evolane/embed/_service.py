@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from pydantic import Field, ValidationError, model_validator
@@ -65,12 +65,9 @@ from evolane.embed._pending_run import (
     outcome_status,
     start_job,
 )
+from evolane.embed._runtime import RUNTIME_CLOSED, EmbeddedRuntime, check_backend_kinds
 from evolane.inputs import InputError, first_problem
 from evolane.messages import Record
-
-if TYPE_CHECKING:
-    from evolane.embed._runtime import EmbeddedRuntime
-
 
 _COMMAND_ROLES = ("replay", "judge", "optimizer", "validator", "check")
 MAX_FAULTS = 100
@@ -392,7 +389,9 @@ async def open_evolve_service(
     or its flat fields; each job's trajectories replace its input). At exit the worker is
     cancelled: a running job's trees are killed and the job stays pending (resumable).
     Raises `InputError` for a bad store or campaign settings, and when another service
-    has this store's queue open (one per store; `evolane drain` may run alongside)."""
+    has this store's queue open (one per store; `evolane drain` may run alongside);
+    `check_service_arguments` for an argument of the wrong kind or a closed runtime."""
+    check_service_arguments(runtime, config, settings, backends)
     service = EvolveService(runtime, config, settings or ServiceSettings(), backends)
     service.queue = queue = await trio.to_thread.run_sync(
         RecordQueue.open, service.dirs, service.settings.max_queue
@@ -410,3 +409,30 @@ async def open_evolve_service(
                 nursery.cancel_scope.cancel()
     finally:
         queue.close()
+
+
+def check_service_arguments(
+    runtime: object, config: object, settings: object, backends: object
+) -> None:
+    """Refuse, before anything is written, an argument of `open_evolve_service` of the wrong
+    kind (one `TypeError` naming it) and a runtime whose ``async with`` has ended (a
+    `RuntimeError`). Found by review: a settings dict was an `AttributeError` from inside,
+    and a service on a closed runtime took the records and retired each job as failed, its
+    records never measured."""
+    if not isinstance(runtime, EmbeddedRuntime):
+        raise TypeError(
+            f"runtime: the runtime of evolane.open_runtime, not {type(runtime).__name__} "
+            "(from asyncio: runtime.evolve_service(...))"
+        )
+    if not isinstance(config, CampaignConfig | Mapping):
+        raise TypeError(
+            f"config: a CampaignConfig or a dict of its flat fields, not {type(config).__name__}"
+        )
+    if settings is not None and not isinstance(settings, ServiceSettings):
+        raise TypeError(
+            f"settings: a ServiceSettings(mode=..., policy=EvolvePolicy(...)), not "
+            f"{type(settings).__name__}"
+        )
+    check_backend_kinds(backends)
+    if runtime.closed:
+        raise RuntimeError(RUNTIME_CLOSED)

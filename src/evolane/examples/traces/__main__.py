@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -34,6 +35,7 @@ def _agent(args: argparse.Namespace) -> int:
 
         return trio.run(run_with_service, Path(args.directory), args)
     failures = 0
+    (target / "skill" / "SKILL.md").stat()  # no workspace: said before --out is made
     with open(args.out, "a") as out:
         for record in run_tasks(target, args.first, args.tasks):
             failures += record["outcome"]["status"] == "failure"
@@ -70,6 +72,22 @@ def _judge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (found by review: ``--tasks
+    -5`` ran no task and said "-5 tasks")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the subcommand and run it; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m evolane.examples.traces")
@@ -79,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     init.set_defaults(run=_init)
     agent = commands.add_parser("agent", help="run live tasks, recording each")
     agent.add_argument("directory")
-    agent.add_argument("--tasks", type=int, default=40)
-    agent.add_argument("--first", type=int, default=0, help="index of the first task")
+    agent.add_argument("--tasks", type=_count(1), default=40)
+    agent.add_argument("--first", type=_count(0), default=0, help="index of the first task")
     agent.add_argument("--out", default="traces.jsonl", help="the trajectory JSONL file")
     agent.add_argument("--evolve", choices=("shadow", "online"), default=None)
-    agent.add_argument("--every", type=int, default=20, help="records per background job")
-    agent.add_argument("--iterations", type=int, default=None, help="of each background job")
+    agent.add_argument("--every", type=_count(1), default=20, help="records per background job")
+    agent.add_argument("--iterations", type=_count(1), default=None, help="of each background job")
     agent.set_defaults(run=_agent)
     for name, run in (("replay", _replay), ("judge", _judge)):
         sub = commands.add_parser(name, help=f"the {name} command of a campaign from traces")
@@ -95,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--candidate", required=True)
         sub.set_defaults(run=run)
     args = parser.parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except OSError as error:  # a workspace or --out that cannot be used: one line, not a trace
+        where = f": {error.filename}" if error.filename else ""
+        print(f"{parser.prog}: error: {error.strerror or error}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
