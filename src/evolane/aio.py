@@ -47,6 +47,7 @@ from evolane.embed import (
     open_evolve_service,
 )
 from evolane.embed import open_runtime as open_trio_runtime
+from evolane.sandbox import INLINE_WORK
 
 EVENTS_BUFFER = 256
 _END = object()
@@ -469,7 +470,12 @@ async def open_runtime(
             "an evolane runtime is already open in this thread: one loop holds one runtime, "
             "share it (it runs many campaigns at once)"
         )
-    trio.lowlevel.start_guest_run(
+    # The guest's tasks (runs begin in its system tasks) inherit the context it starts in:
+    # there, no sandbox host does file work on the loop the host's asyncio shares.
+    guest = contextvars.copy_context()
+    guest.run(INLINE_WORK.set, False)
+    guest.run(
+        trio.lowlevel.start_guest_run,
         trio_main,
         run_sync_soon_threadsafe=loop.call_soon_threadsafe,
         done_callback=done,

@@ -22,7 +22,13 @@ from evolane.sandbox._confine import (
 )
 from evolane.sandbox._env import child_lease
 from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
-from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
+from evolane.sandbox._inline import (
+    INLINE_BYTES,
+    INLINE_FILES,
+    INLINE_FOLDER_BYTES,
+    INLINE_WORK,
+    InlineGate,
+)
 from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES
 from evolane.sandbox._lifeline import LEASE_FILES, LEASE_VARIABLE, lease_holders, lease_matches
 from evolane.sandbox._netns import own_network_problem
@@ -50,6 +56,7 @@ __all__ = [
     "INLINE_BYTES",
     "INLINE_FILES",
     "INLINE_FOLDER_BYTES",
+    "INLINE_WORK",
     "LEASE_FILES",
     "LEASE_VARIABLE",
     "MAX_HIDDEN",

@@ -24,7 +24,13 @@ from evolane.sandbox import _lifeline
 from evolane.sandbox._cgroups import CgroupRoots
 from evolane.sandbox._disk import DiskFloor
 from evolane.sandbox._host_flags import hold_host_flags, release_host_flags
-from evolane.sandbox._inline import INLINE_BYTES, INLINE_FILES, INLINE_FOLDER_BYTES, InlineGate
+from evolane.sandbox._inline import (
+    INLINE_BYTES,
+    INLINE_FILES,
+    INLINE_FOLDER_BYTES,
+    INLINE_WORK,
+    InlineGate,
+)
 from evolane.sandbox._lease_owner import (
     CGROUP_NAME,
     claim,
@@ -154,9 +160,10 @@ class SandboxHost:
         self._lease_lock: int | None = None  # `claim`'s lock: held while the lease is
         self.stale_swept = 0
         self._janitor = _Janitor()
-        self.inline = InlineGate()
+        inline = INLINE_WORK.get()  # off in an asyncio host's guest
+        self.inline = InlineGate(enabled=inline)
         """Whether small file work of in-process units may run on the event loop now."""
-        self.inline_cleanup = InlineGate()
+        self.inline_cleanup = InlineGate(enabled=inline)
         """Whether a finished unit's small cleanup (`clean_soon`) may run on the loop now:
         a gate of its own, as removing is slow where making is not (issue 22: on a disk
         mounted with ``discard`` each folder's rmdir waits for its block's discard, 0.1 to

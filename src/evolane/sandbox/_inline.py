@@ -24,6 +24,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TypeVar
 
 SLOW_SECONDS = 0.005
@@ -47,6 +48,13 @@ INLINE_BYTES = 1 << 20
 INLINE_FOLDER_BYTES = 64 << 10
 """Bytes of one folder's listing (``st_size``) a piece may read inline: a folder that once
 held a million entries stays that large when emptied (a fresh one lists 4 KiB)."""
+
+INLINE_WORK: ContextVar[bool] = ContextVar("evolane_inline_work", default=True)
+"""Whether a sandbox host opened in this context may run small file work on the event loop
+at all. `evolane.aio` turns it off for its guest: the host's asyncio loop shares the thread,
+and pieces run inline held a 10 ms asyncio ticker back 29-71 ms at load 3-5 (`python
+benchmarks/aio_latency.py`, over its 50 ms target), against 23-33 ms with every piece in a
+worker thread."""
 
 T = TypeVar("T")
 
@@ -80,10 +88,11 @@ class InlineGate:
         pause: float = PAUSE_SECONDS,
         stall: float = STALL_SECONDS,
         usage: Usage = thread_usage,
+        enabled: bool = True,
     ) -> None:
         self.slow, self.strikes, self.pause, self.stall = slow, strikes, pause, stall
         self._usage = usage
-        self._closed_until = float("-inf")
+        self._closed_until = float("-inf") if enabled else float("inf")  # closed for good
         self._in_a_row = 0
         self.closings = 0
         """How often the gate closed (`strikes` slow pieces in a row)."""
@@ -101,7 +110,7 @@ class InlineGate:
         if self._in_a_row >= self.strikes or seconds > self.stall:
             self._in_a_row = 0
             self.closings += 1
-            self._closed_until = now + self.pause
+            self._closed_until = max(self._closed_until, now + self.pause)
 
     def attempt(self, piece: Callable[[], T]) -> T | None:
         """``piece()`` run inline and timed (`held_seconds`) when the gate is open; None
