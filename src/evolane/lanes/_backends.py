@@ -26,8 +26,7 @@ import inspect
 import math
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ import orjson
 import trio
 
 from evolane.actors import is_crash
-from evolane.sandbox import ProcessOutcome, Stop, StreamCapture, UnitStop
+from evolane.sandbox import ProcessOutcome, Stop, StreamCapture, cut_by
 from evolane.supervisors import leaf_exceptions
 
 CAPTURE_BYTES = 16 << 10
@@ -179,25 +178,6 @@ BLOCKED_PAST = 1.0
 its timeout is said to be its blocking of the event loop (`blocked_words`)."""
 
 
-@asynccontextmanager
-async def _cut_by(stop: Stop) -> AsyncIterator[None]:
-    """Cut what runs inside once ``stop`` is set: a lane's `UnitStop` by a scope bound to it,
-    a plain `trio.Event` by a task that waits for it."""
-    if isinstance(stop, UnitStop):
-        with stop.cancelling():
-            yield
-        return
-    async with trio.open_nursery() as nursery:
-
-        async def watch_stop() -> None:
-            await stop.wait()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(watch_stop)
-        yield
-        nursery.cancel_scope.cancel()
-
-
 async def run_backend(
     backend: Backend, call: BackendCall, deadline: float, stop: Stop
 ) -> ProcessOutcome:
@@ -209,7 +189,7 @@ async def run_backend(
     status, code, out, err, error = "exited", 0, b"", b"", ""
     returned = None  # trio's clock when the backend returned or raised its own error
     with trio.move_on_at(deadline) as timer:
-        async with _cut_by(stop):
+        async with cut_by(stop):
             try:
                 value = await _awaited(backend, call)
                 returned = trio.current_time()

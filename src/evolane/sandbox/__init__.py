@@ -47,7 +47,7 @@ from evolane.sandbox._spec import (
     StreamCapture,
     View,
 )
-from evolane.sandbox._stop import Stop, UnitStop
+from evolane.sandbox._stop import Stop, UnitStop, cut_by
 from evolane.sandbox._ucounts import evolane_reserve, user_process_cap
 from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
 
@@ -79,6 +79,7 @@ __all__ = [
     "child_lease",
     "commands_run_unprivileged",
     "confinement_fix",
+    "cut_by",
     "evolane_reserve",
     "folders_to_expose",
     "interpreter_folders",

@@ -4,8 +4,8 @@ it rather than a task of their own waiting on an event."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import trio
 
@@ -51,3 +51,24 @@ class UnitStop:
 Stop = trio.Event | UnitStop
 """What a command or a call may be stopped by: a lane's `UnitStop` (cut through a bound
 scope) or any `trio.Event` (watched by a task of its own)."""
+
+
+@asynccontextmanager
+async def cut_by(stop: Stop | None) -> AsyncIterator[trio.CancelScope]:
+    """A cancel scope around the body that ``stop`` cancels once set (its
+    ``cancelled_caught`` says the stop cut the body): bound to a `UnitStop`, no task; a
+    plain `trio.Event` is waited for by a task of its own; None never cancels it."""
+    if stop is None or isinstance(stop, UnitStop):
+        with stop.cancelling() if stop is not None else trio.CancelScope() as scope:
+            yield scope
+        return
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+            nursery.start_soon(_cancel_when_set, stop, scope)
+            yield scope
+        nursery.cancel_scope.cancel()
+
+
+async def _cancel_when_set(stop: trio.Event, scope: trio.CancelScope) -> None:
+    await stop.wait()
+    scope.cancel()

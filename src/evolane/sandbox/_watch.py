@@ -14,7 +14,7 @@ import trio
 
 from evolane.sandbox._capture import BoundedCapture, drain
 from evolane.sandbox._disk import CHECK_SECONDS
-from evolane.sandbox._stop import Stop, UnitStop
+from evolane.sandbox._stop import Stop, cut_by
 from evolane.sandbox._tree import KillReport, ProcessTree, kill_ladder
 
 _DRAIN_AFTER_KILL_SECONDS = 1.0
@@ -61,15 +61,10 @@ class Watch:
         pidfd = os.pidfd_open(self.tree.pid)
         try:
             with trio.move_on_at(deadline):
-                if stop is None or isinstance(stop, UnitStop):  # one task, no racers (issue 22)
-                    with stop.cancelling() if stop is not None else trio.CancelScope() as cut:
-                        await self._until_exit(pidfd, low)
-                    if cut.cancelled_caught:
-                        self.reason = "cancelled"
-                    return
-                async with trio.open_nursery() as racers:
-                    racers.start_soon(self._until_exit, pidfd, low, racers.cancel_scope)
-                    racers.start_soon(self._stopped, stop, racers.cancel_scope)
+                async with cut_by(stop) as cut:  # a lane's stop: no task (issue 22)
+                    await self._until_exit(pidfd, low)
+                if cut.cancelled_caught:
+                    self.reason = "cancelled"
                 return
             self.reason = "timed_out"
         except trio.Cancelled:
@@ -78,12 +73,7 @@ class Watch:
         finally:
             os.close(pidfd)
 
-    async def _until_exit(
-        self,
-        pidfd: int,
-        low: Callable[[], bool] | None,
-        scope: trio.CancelScope | None = None,
-    ) -> None:
+    async def _until_exit(self, pidfd: int, low: Callable[[], bool] | None) -> None:
         """Until the leader exits or ``low`` says the disk is below its floor (then
         `disk_low`: the caller ends the run); the RSS sampled at `_SAMPLE_FIRST`, then at
         intervals doubling to `_SAMPLE_MAX` (a short run costs no sampling), in this one
@@ -106,13 +96,6 @@ class Watch:
             with trio.move_on_at(min(disk_due, sample_due)):
                 await trio.lowlevel.wait_readable(pidfd)
                 break
-        if scope is not None:
-            scope.cancel()
-
-    async def _stopped(self, stop: trio.Event, scope: trio.CancelScope) -> None:
-        await stop.wait()
-        self.reason = "cancelled"
-        scope.cancel()
 
     async def finish(self, nursery: trio.Nursery) -> None:
         """Kill what is left (shielded), then let the drains reach EOF, bounded."""
