@@ -324,6 +324,17 @@ def test_report_on_an_interrupted_run_shows_the_journal_and_the_resume_command(
     assert f"`{resume}`" in done.stdout
 
 
+def test_a_damaged_journal_blocks_the_resume_naming_its_line(store: Store) -> None:
+    journal = store.root / "runs" / INTERRUPTED / "journal.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    journal.write_bytes(b"".join([lines[0], lines[1][:20] + b"\n", *lines[2:]]))
+    done = _cli("report", INTERRUPTED, "--store", str(store.root), "--format", "json")
+    blocked = orjson.loads(done.stdout)["resume_blocked"]
+    assert f"{journal}:2: corrupt journal line" in blocked, blocked
+    assert "Error" not in blocked and blocked.count("evolane fsck") == 1
+    assert blocked.endswith(f"); run `evolane fsck --store {store.root}`")
+
+
 def test_a_killed_run_without_journal_or_events_still_reports(tmp_path: Path) -> None:
     layout = StoreLayout(tmp_path / "s")
     save_run(layout, _record(FINISHED, T0, "running"))
