@@ -80,6 +80,7 @@ def test_a_bad_cluster_is_refused_with_one_line(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "metadata.cluster must be a string" in lines[0], lines
     assert "dataset.jsonl:1" in lines[0]
+    assert lines[0].endswith('cluster), got {"not":"a name"}') and "an object" not in lines[0]
 
 
 def test_a_cluster_in_two_splits_is_refused_naming_both_lines(tmp_path: Path) -> None:

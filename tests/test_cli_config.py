@@ -201,6 +201,7 @@ def test_a_pyproject_named_by_config_without_tool_evolane_is_refused(tmp_path: P
         # an unset "$STORE" in a generated file: the file's folder, unasked (hostile review)
         ('store = ""', ['evolane.toml:3: store: an empty path (write "." for this folder)']),
         ('expose = ["/tmp", " "]', ["evolane.toml:14: expose: an empty path"]),
+        ('max-memory = "lots"', ["evolane.toml:14: max-memory: 'lots' is not a size: give"]),
     ],
 )
 def test_a_bad_key_or_value_is_one_line_naming_the_file_line_and_key(

@@ -271,8 +271,7 @@ def test_a_limit_past_64_bits_is_refused_before_the_store(
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr
     assert lines == [
-        f"evolane: error: {flag}: Value error, over the maximum of {2**63 - 1} "
-        "(0 or none: no limit)"
+        f"evolane: error: {flag}: over the maximum of {2**63 - 1} (0 or none: no limit)"
     ], done.stderr
     assert not store.exists()
 

@@ -201,6 +201,26 @@ def test_doctor_fails_on_a_missing_program_and_warns_on_a_relative_path(tmp_path
     ), broken.stdout
 
 
+def test_doctor_fails_on_a_cases_verification_program_the_host_lacks(tmp_path: Path) -> None:
+    """Such a program stops the run (as a --judge program missing does): doctor's one-case
+    probe took a val case without one, and said a campaign can run (found by review)."""
+    root = _init(tmp_path)
+    dataset = root / "dataset.jsonl"
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    last = next(row for row in reversed(rows) if row["split"] == "val")
+    last["verification_command"] = "no-such-checker {output_dir}"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    judged = _run(["doctor", *_config_args(root)], cwd=tmp_path)  # --judge: no verification
+    assert judged.returncode == 0, judged.stdout + judged.stderr
+    toml = root / "evolane.toml"
+    toml.write_text(re.sub(r"(?m)^judge = .*$", "", toml.read_text()))
+    done = _run(["doctor", *_config_args(root)], cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1, done.stdout
+    assert f"verification_command (case {last['id']}): program no-such-checker" in failed[0]
+
+
 def test_doctor_refuses_bad_input_with_one_line(tmp_path: Path) -> None:
     root = _init(tmp_path)
     args = _config_args(root)

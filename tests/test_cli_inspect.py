@@ -324,6 +324,30 @@ def test_report_on_an_interrupted_run_shows_the_journal_and_the_resume_command(
     assert f"`{resume}`" in done.stdout
 
 
+def test_a_damaged_report_or_run_json_points_to_fsck(store: Store) -> None:
+    fsck = f"; run `evolane fsck --store {store.root}`"
+    report_json = store.root / "runs" / FINISHED / "report.json"
+    report_json.write_bytes(report_json.read_bytes() + b"{")
+    for args in (["report", FINISHED], ["compare", FINISHED, FINISHED], ["diff", FINISHED]):
+        line = _one_error_line(_evolane(*args, "--store", str(store.root)))
+        assert line.startswith(f"evolane: error: cannot read {report_json}: "), line
+        assert line.endswith(fsck), line
+    (store.root / "runs" / FINISHED / "run.json").write_text("[]")
+    line = _one_error_line(_evolane("report", FINISHED, "--store", str(store.root)))
+    assert "run.json: " in line and line.endswith(fsck), line
+
+
+def test_a_damaged_journal_blocks_the_resume_naming_its_line(store: Store) -> None:
+    journal = store.root / "runs" / INTERRUPTED / "journal.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    journal.write_bytes(b"".join([lines[0], lines[1][:20] + b"\n", *lines[2:]]))
+    done = _cli("report", INTERRUPTED, "--store", str(store.root), "--format", "json")
+    blocked = orjson.loads(done.stdout)["resume_blocked"]
+    assert f"{journal}:2: corrupt journal line" in blocked, blocked
+    assert "Error" not in blocked and blocked.count("evolane fsck") == 1
+    assert blocked.endswith(f"); run `evolane fsck --store {store.root}`")
+
+
 def test_a_killed_run_without_journal_or_events_still_reports(tmp_path: Path) -> None:
     layout = StoreLayout(tmp_path / "s")
     save_run(layout, _record(FINISHED, T0, "running"))

@@ -198,6 +198,24 @@ def test_duplicate_id_names_the_earlier_line() -> None:
     assert refusal(data) == "d.jsonl:4: duplicate id 'a' (first on line 1)"
 
 
+@pytest.mark.parametrize(
+    ("line", "twice"),
+    [
+        (b'{"id": "a", "id": "b", "input": 1}', "id"),
+        (b'{"id": "a", "input": 1, "expected_output": 1, "expected_output": 2}', "expected_output"),
+        (b'{"id": "a", "input": 1, "\\u0069nput": 2}', "input"),
+    ],
+)
+def test_a_field_given_twice_is_refused(line: bytes, twice: str) -> None:
+    message = refusal(jsonl(GOOD, line))
+    assert message == f"d.jsonl:2: key '{twice}' given twice (JSON keeps only the last)"
+
+
+def test_field_names_repeated_inside_values_are_not_a_repeated_key() -> None:
+    row = {"id": "a", "input": {"id": 1, "input": ["input"]}, "metadata": {"id": 2, "x": "\u0041"}}
+    assert parse_dataset(jsonl(row)).by_id("a").input == {"id": 1, "input": ["input"]}
+
+
 def test_the_first_problem_is_reported() -> None:
     data = jsonl(GOOD, {"id": "b", "input": 1, "split": "dev"}, b"{broken")
     assert refusal(data).startswith("d.jsonl:2: field 'split'")

@@ -11,7 +11,12 @@ import json
 import sys
 from pathlib import Path
 
-from evolane.lanes._program import JUDGE_PROGRAM_UNRUNNABLE, judge_program_fault
+from evolane.lanes._program import (
+    JUDGE_PROGRAM_UNRUNNABLE,
+    VERIFICATION_PROGRAM_UNRUNNABLE,
+    judge_program_fault,
+    verification_program_fault,
+)
 from tests.campaign_helpers import run_optimize, shared_folder, toy_flags, with_flag, write_toy
 
 JUDGE = """#!/bin/sh
@@ -50,3 +55,37 @@ def test_a_judge_program_of_the_tree_that_cannot_run_is_the_trees_fault(tmp_path
     assert fault is not None and fault.code == JUDGE_PROGRAM_UNRUNNABLE
     elsewhere = tmp_path / "judge.sh"
     assert judge_program_fault((str(elsewhere), "out"), tree) is None  # the host's
+
+
+def test_a_cases_verification_program_missing_fails_the_run_as_a_judges_does(
+    tmp_path: Path,
+) -> None:
+    """A case's ``verification_command`` whose program the host lacks is the host's failure,
+    as a ``--judge`` program gone is (found by review: its cases were left out of every
+    comparison, silently, and the run ended ``finished``, exit 0)."""
+    paths = write_toy(tmp_path, {"default": "fix:3"})
+    rows = [json.loads(line) for line in paths["dataset"].read_text().splitlines()]
+    for row in rows[2:4]:  # two val cases of twelve
+        del row["expected_output"]
+        row["verification_command"] = f"{tmp_path / 'no-such-checker'} {{output_dir}}"
+    paths["dataset"].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    flags = with_flag(toy_flags(paths, paths["store"]), "--iterations", "1")
+    done = run_optimize(with_flag(flags, "--population", "1"), tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (report_file,) = (paths["store"] / "runs").glob("*/report.json")
+    report = json.loads(report_file.read_text())
+    assert report["status"] == "failed" and report["campaign_status"] == "paused"
+    assert "baseline verification command could not start: " in done.stdout
+    assert "no-such-checker" in done.stdout
+
+
+def test_a_verification_program_the_replay_wrote_that_cannot_run_is_the_trees_fault(
+    tmp_path: Path,
+) -> None:
+    output = tmp_path / "out"
+    output.mkdir()
+    fault = verification_program_fault((str(output / "check.sh"),), output)  # not written
+    assert fault is not None and fault.code == VERIFICATION_PROGRAM_UNRUNNABLE
+    (output / "check.sh").write_text(JUDGE)  # written, not executable
+    assert verification_program_fault((str(output / "check.sh"),), output) is not None
+    assert verification_program_fault((str(tmp_path / "check.sh"),), output) is None  # the host's

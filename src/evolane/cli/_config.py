@@ -244,7 +244,7 @@ def _checked(config: ConfigFile, key: str, value: Any, kind: Any) -> Any:
     try:
         checked = TypeAdapter(kind).validate_python(value, strict=False)
     except ValidationError as error:
-        message = error.errors()[0]["msg"]
+        message = str(error.errors()[0]["msg"]).removeprefix("Value error, ")
         raise ConfigError(f"{config.where(name)}: {key}: {message} (got {value!r})") from None
     if name in _PATH_KEYS and checked is not None:
         if any(not str(item).strip() for item in (value if is_list else [value])):

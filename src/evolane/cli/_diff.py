@@ -28,7 +28,8 @@ def load_finished_report(layout: StoreLayout, run_id: str) -> Report:
         return Report.model_validate(read_json(path))
     except (OSError, ValueError) as error:
         first = str(error).strip().splitlines()
-        fail_usage(f"cannot read {path}: {first[0] if first else type(error).__name__}")
+        why = first[0] if first else type(error).__name__
+        fail_usage(f"cannot read {path}: {why}; run `evolane fsck --store {layout.root}`")
 
 
 def candidate_digests(report: Report) -> list[str]:

@@ -186,6 +186,32 @@ def _command_checks(config: Any) -> list[Check]:
     return checks
 
 
+MAX_VERIFICATION_CHECKS = 8
+"""The distinct programs of the cases' verification commands doctor looks up, at most."""
+
+
+def _verification_checks(dataset: Any) -> list[Check]:
+    """The program of each case's ``verification_command`` (each program once): one the host
+    lacks stops the run's measurement as a ``--judge`` program missing does (found by
+    review: the one-case probe scored a case without one, and doctor said a campaign can
+    run); one the replay writes (``{output_dir}/check.sh``) is not looked up."""
+    import orjson
+
+    checks: list[Check] = []
+    seen: set[str] = set()
+    for case_id, row in dataset.rows():
+        if b'"verification_command"' not in row:
+            continue
+        template = orjson.loads(row).get("verification_command") or ""
+        program = (template.split() or [""])[0]
+        if program in seen or len(seen) >= MAX_VERIFICATION_CHECKS:
+            continue
+        seen.add(program)
+        found = _program_check(f"verification_command (case {case_id})", template)
+        checks += [check for check in found if check[0] != "ok"]  # a row of each: too many
+    return checks
+
+
 def _is_spec(text: str) -> bool:
     """``llm:MODEL``, ``agent:NAME`` or a plugin's ``NAME:ARGS``: no program to look up."""
     head = text.split()[0] if text.split() else ""
@@ -275,6 +301,8 @@ def run_doctor(flags: dict[str, Any]) -> int:
         _print(commands)
         return _failed(error, flags)
     checks = _host_checks(probe, config.store) + _input_checks(probe) + commands
+    if not config.measure.judge:  # a --judge scores every case: no verification runs
+        checks += _verification_checks(probe.prepared.dataset)
     checks += _case_checks(probe.case)
     _print(checks)
     if probe.case.ok:  # a failed probe times nothing worth drawing a range from

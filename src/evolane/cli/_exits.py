@@ -40,7 +40,8 @@ def flag_problem(error: Any) -> str:
     first = error.errors()[0]
     flag, *within = [str(part) for part in first["loc"]] or ["config"]
     where = f" ({'.'.join(within)})" if within else ""  # e.g. a role of a per-role flag
-    return f"--{flag.replace('_', '-')}{where}: {first['msg']}"
+    message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's, not ours
+    return f"--{flag.replace('_', '-')}{where}: {message}"
 
 
 def broken_entry_points() -> str | None:

@@ -51,6 +51,12 @@ def _why(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
+def _damaged(path: Path, error: BaseException) -> str:
+    """One line for a run's record (``STORE/runs/RUN/NAME``) that cannot be read, pointing
+    to ``evolane fsck`` as the README says (found by review: only campaign.json's did)."""
+    return f"cannot read {path}: {_why(error)}; run `evolane fsck --store {path.parents[2]}`"
+
+
 def _short(digest: str) -> str:
     return digest[:19]
 
@@ -61,7 +67,7 @@ def _load_record(layout: StoreLayout, run_id: str) -> RunRecord:
     try:
         return load_run(layout, run_id)
     except (OSError, ValueError) as error:
-        fail_usage(f"cannot read {layout.run_dir(run_id) / 'run.json'}: {_why(error)}")
+        fail_usage(_damaged(layout.run_dir(run_id) / "run.json", error))
 
 
 def _load_report(path: Path) -> Report:
@@ -71,7 +77,7 @@ def _load_report(path: Path) -> Report:
     try:
         return Report.model_validate(read_json(path))
     except (OSError, ValueError) as error:
-        fail_usage(f"cannot read {path}: {_why(error)}")
+        fail_usage(_damaged(path, error))
 
 
 def report(
@@ -125,7 +131,7 @@ def _show_report(layout: StoreLayout, run_id: str, store: Path, fmt: str) -> Non
         try:
             write_json(read_json(report_json))
         except (OSError, ValueError) as error:
-            fail_usage(f"cannot read {report_json}: {_why(error)}")
+            fail_usage(_damaged(report_json, error))
     elif fmt == "md":
         report_md = run_dir / "report.md"
         if report_md.is_file():

@@ -46,7 +46,10 @@ def _damage(layout: StoreLayout, record: RunRecord, store: Path) -> str | None:
     try:
         read_resume_state(layout.run_dir(record.run_id) / "journal.jsonl")
     except (OSError, ValueError, StoreError) as error:
-        return f"its journal is damaged ({type(error).__name__}); {fsck}"
+        # what is wrong, and where: the class name alone said neither (found by review)
+        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        why = " ".join(why.split()).split("; run `evolane fsck", 1)[0]  # said once, below
+        return f"its journal is damaged ({why[:300]}); {fsck}"
     blobs = layout.blobs()
     for ref in (record.seed_ref, record.parent_ref):
         if not blobs.has(ref):

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import AfterValidator, Field, JsonValue
 
+from evolane.inputs._errors import InputError
 from evolane.inputs._templates import VERIFICATION_PLACEHOLDERS, CommandTemplate
 from evolane.messages import Record
 
@@ -48,7 +49,11 @@ def _check_metadata(value: dict[str, JsonValue] | None) -> dict[str, JsonValue] 
         return value
     cluster = value["cluster"]
     if isinstance(cluster, bool) or not isinstance(cluster, str | int):
-        raise ValueError("metadata.cluster must be a string (the name of the case's cluster)")
+        # its own kind, not the metadata's: "(got an object)" named the wrong value
+        got = orjson.dumps(cluster)[:40].decode(errors="replace")
+        raise InputError(
+            f"metadata.cluster must be a string (the name of the case's cluster), got {got}"
+        )
     if not 1 <= len(str(cluster)) <= MAX_CLUSTER_CHARS:
         raise ValueError(f"metadata.cluster must have 1 to {MAX_CLUSTER_CHARS} characters")
     return value

@@ -339,6 +339,9 @@ def _parse_row(line: bytes, path: str, number: int) -> tuple[Case, bytes]:
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         plural = "s" if len(unknown) > 1 else ""
         _fail(path, number, f"unknown key{plural} {names}{more} (allowed: {', '.join(_FIELDS)})")
+    twice = _field_twice(line, row)
+    if twice is not None:
+        _fail(path, number, f"key {quote(twice)} given twice (JSON keeps only the last)")
     for field in _REQUIRED:
         if field not in row:
             _fail(path, number, f"missing required field {field!r}")
@@ -350,6 +353,34 @@ def _parse_row(line: bytes, path: str, number: int) -> tuple[Case, bytes]:
         return case, case_json(case)
     except orjson.JSONEncodeError:
         _fail(path, number, f"field {_too_deep(row)!r}: nested too deeply (about 250 levels)")
+
+
+_NAME_ESCAPE = re.compile(rb"\\u00[4-7]")  # a letter or "_" of a field's name, escaped
+_NAMED = re.compile(rb'"(?:' + "|".join(_FIELDS).encode() + rb')"\s*:')  # a field's key
+
+
+def _field_twice(line: bytes, row: dict[str, Any]) -> str | None:
+    """The field ``line`` (parsed as ``row``) sets twice, else None: orjson keeps the last
+    value of a repeated key, so ``{"id": "a", "id": "b"}`` was case ``b`` and a row with two
+    ``expected_output`` was judged against its second, silently (found by review). Only a
+    line with more keys named as fields than its row has (``input`` may hold an ``id``
+    too), or a field's name escaped, is parsed again."""
+    if len(_NAMED.findall(line)) <= len(row) and (
+        b"\\u00" not in line or _NAME_ESCAPE.search(line) is None
+    ):
+        return None
+    import json
+
+    try:
+        pairs = json.loads(line, object_pairs_hook=lambda items: items)
+    except (ValueError, RecursionError):
+        return None  # orjson read it: the check is lost, not the row
+    seen: set[str] = set()
+    for key, _value in pairs:
+        if key in seen:
+            return str(key)
+        seen.add(key)
+    return None
 
 
 def _describe(error: ValidationError) -> str:

@@ -24,7 +24,7 @@ from evolane.inputs import (
 )
 from evolane.lanes._backends import ENDPOINT_EXIT, BackendCall, run_backend
 from evolane.lanes._inproc import make_unit_dir, read_case, shared_tree, take_over
-from evolane.lanes._program import judge_program_fault
+from evolane.lanes._program import judge_program_fault, verification_program_fault
 from evolane.lanes._recycle import recycle_soon
 from evolane.lanes._replay import CommandLane, excerpt, read_usage, run_lane_command
 from evolane.lanes._replay_failure import (
@@ -358,12 +358,13 @@ class JudgeLane(CommandLane):
         )
         if outcome.status == "limit_exceeded":
             return _limit(outcome, "the verification command")
+        if outcome.status == "spawn_failed":  # a program the replay wrote: the tree's doing
+            made = await trio.to_thread.run_sync(verification_program_fault, argv, scratch.out)
+            if made is not None:
+                return _Verdict(None, made)
         if outcome.status in ("timed_out", "cancelled", "spawn_failed"):
-            return _infra(
-                f"verification_{outcome.status}",
-                outcome.error or outcome.status,
-                outcome.spawn_errno,
-            )
+            why = outcome.error or outcome.status
+            return _infra(f"verification_{outcome.status}", why, outcome.spawn_errno)
         passed = outcome.ok
         return _Verdict(
             1.0 if passed else 0.0,

@@ -190,3 +190,25 @@ def judge_program_fault(argv: tuple[str, ...], tree: Path) -> FailureEvent | Non
     return FailureEvent(
         owner="infrastructure", stage="judge", code=JUDGE_PROGRAM_UNRUNNABLE, message=fault[:512]
     )
+
+
+VERIFICATION_PROGRAM_UNRUNNABLE = "verification_program_unrunnable"
+"""The code of a judgement whose case's verification command runs a program the replay wrote
+(``{output_dir}/check.sh``) that is missing or broken: the tree's doing, not the host's."""
+
+
+def verification_program_fault(argv: tuple[str, ...], output: Path) -> FailureEvent | None:
+    """The failure of a case's verification command that never started because its program
+    is a file of the replay's ``output`` folder that `tree_program_fault` finds broken (a
+    candidate's unit counts 0); None when the program lies elsewhere: a program missing on
+    the host, which every unit of the case meets, and the measurement stops as for a
+    ``--judge`` command (found by review: such cases were left out, the run `finished`)."""
+    fault = tree_program_fault(argv, output)
+    if fault is None:
+        return None
+    return FailureEvent(
+        owner="infrastructure",
+        stage="judge",
+        code=VERIFICATION_PROGRAM_UNRUNNABLE,
+        message=fault[:512],
+    )

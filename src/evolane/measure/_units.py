@@ -106,10 +106,12 @@ def shared_failure(unit: Unit) -> str | None:
     if replay is not None and replay.failure is not None and replay.failure.code in HOSTS_FAILURES:
         how = "could not start" if replay.failure.code == "spawn_failed" else "failed"
         return f"{unit.arm} replay {how}: {replay.failure.message}"
-    shared = (HOST_REFUSED, LANES_DOWN, "judge_spawn_failed")
+    shared = (HOST_REFUSED, LANES_DOWN, "judge_spawn_failed", "verification_spawn_failed")
     if judge is not None and judge.failure is not None and judge.failure.code in shared:
-        how = "could not start" if judge.failure.code == "judge_spawn_failed" else "failed"
-        return f"{unit.arm} judge {how}: {judge.failure.message}"
+        code = judge.failure.code
+        how = "could not start" if code.endswith("spawn_failed") else "failed"
+        what = "verification command" if code.startswith("verification") else "judge"
+        return f"{unit.arm} {what} {how}: {judge.failure.message}"
     return None
 
 
