@@ -71,6 +71,43 @@ def test_a_command_still_loads_what_it_runs() -> None:
     assert "evolane.campaign" in loaded.split(), loaded
 
 
+READ_ONLY_SPARED = (
+    "numpy",
+    "trio",
+    "psutil",
+    "evolane.sandbox",
+    "evolane.lanes",
+    "evolane.views",
+    "evolane.measure",
+    "evolane.stats",
+    "evolane.actors",
+)
+"""What a read-only command on an empty store, or on a run it does not find, never needs:
+the package facades load their modules on first use (`evolane._lazy`), and the store's
+layout (`evolane.campaign.StoreLayout`) reads no record (found by review: ``runs`` imported
+all of these, ~0.9 CPU-s, to say that a store holds no run)."""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["runs"],
+        ["runs", "--json"],
+        ["report", "r-none"],  # an unknown run: one line, exit 2
+        ["diff", "r-none"],
+    ],
+)
+def test_a_read_only_command_on_an_empty_store_loads_none_of_the_runtime(
+    tmp_path: Path, args: list[str]
+) -> None:
+    (tmp_path / "store").mkdir()
+    code = PROBE.format(heavy=set(READ_ONLY_SPARED))
+    done = _script(code, *args, "--store", str(tmp_path / "store"))
+    (loaded,) = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
+    assert loaded == "LOADED", loaded
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 def test_a_bad_choice_is_one_line_before_the_runtime_loads(tmp_path: Path) -> None:
     """A flag value outside its choices is refused (one line, exit 2) before the request
     loads the runtime: the campaign, the measurement, the lanes, numpy."""
