@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_faults", "_allocator", "_version"),  # plumbing every layer may call (root modules):
-    # the fault-injection hook, the process's allocator policy (light: the CLI imports it)
-    # and the package's version
+    ("_faults", "_allocator", "_version", "_lazy"),  # plumbing every layer may call (root
+    # modules): the fault-injection hook, the process's allocator policy (light: the CLI
+    # imports it), the package's version and the facades' load on first use
     ("messages",),
     ("store",),
     ("stats",),
@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 """Each unit (a subpackage or a root module of ``evolane``) imports only units listed
 before it, never one after it or beside it."""
 
-SHARED_ROOT_MODULES = frozenset({"_faults", "_allocator", "_version"})
+SHARED_ROOT_MODULES = frozenset({"_faults", "_allocator", "_version", "_lazy"})
 """Root modules whose private name every unit may import (the package's own plumbing)."""
 
 IO_FREE = {"measure._plan": ("trio", "os", "subprocess", "anyio", "asyncio", "socket")}

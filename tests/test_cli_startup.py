@@ -71,6 +71,82 @@ def test_a_command_still_loads_what_it_runs() -> None:
     assert "evolane.campaign" in loaded.split(), loaded
 
 
+READ_ONLY_SPARED = (
+    "numpy",
+    "trio",
+    "psutil",
+    "evolane.sandbox",
+    "evolane.lanes",
+    "evolane.views",
+    "evolane.measure",
+    "evolane.stats",
+    "evolane.actors",
+)
+"""What a read-only command on an empty store, or on a run it does not find, never needs:
+the package facades load their modules on first use (`evolane._lazy`), and the store's
+layout (`evolane.campaign.StoreLayout`) reads no record (found by review: ``runs`` imported
+all of these, ~0.9 CPU-s, to say that a store holds no run)."""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["runs"],
+        ["runs", "--json"],
+        ["report", "r-none"],  # an unknown run: one line, exit 2
+        ["diff", "r-none"],
+    ],
+)
+def test_a_read_only_command_on_an_empty_store_loads_none_of_the_runtime(
+    tmp_path: Path, args: list[str]
+) -> None:
+    (tmp_path / "store").mkdir()
+    code = PROBE.format(heavy=set(READ_ONLY_SPARED))
+    done = _script(code, *args, "--store", str(tmp_path / "store"))
+    (loaded,) = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
+    assert loaded == "LOADED", loaded
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+READ_ONLY_ON_A_RUN_SPARED = (
+    "numpy",
+    "trio",
+    "psutil",
+    "evolane.actors",
+    "evolane.supervisors",
+    "evolane.stats",
+)
+"""What a read-only command on a store holding a finished run never needs: reading its
+records (run.json, report.json) loads their models and the settings' types, not the
+statistics, the actors, trio or the process tools (found by review: ~0.8 CPU-s each)."""
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A store holding one finished run of the toy workload, and the run's id."""
+    paths = write_toy(tmp_path_factory.mktemp("one-run"), {"0.0": "fix:3"})
+    done = run_optimize(with_flag(toy_flags(paths, paths["store"]), "--iterations", "1"))
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (paths["store"] / "runs").iterdir()
+    return paths["store"], run_dir.name
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["runs", "runs --json", "report RUN", "report RUN --format md", "compare RUN RUN", "fsck"],
+)
+def test_a_read_only_command_on_a_run_loads_no_statistics_nor_trio(
+    one_run: tuple[Path, str], command: str
+) -> None:
+    store, run_id = one_run
+    args = [run_id if word == "RUN" else word for word in command.split()]
+    code = PROBE.format(heavy=set(READ_ONLY_ON_A_RUN_SPARED))
+    done = _script(code, *args, "--store", str(store))
+    assert "Traceback" not in done.stderr, done.stderr
+    (loaded,) = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
+    assert loaded == "LOADED", loaded
+
+
 def test_a_bad_choice_is_one_line_before_the_runtime_loads(tmp_path: Path) -> None:
     """A flag value outside its choices is refused (one line, exit 2) before the request
     loads the runtime: the campaign, the measurement, the lanes, numpy."""

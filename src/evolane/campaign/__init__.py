@@ -1,62 +1,65 @@
 """The campaign: hill-climbing over candidate trees (local gates, optimizer prompts, apply
 policies, the run directory, resume, the report)."""
 
-from evolane.campaign._advice import after_failure
-from evolane.campaign._case_rows import case_rows
-from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
-from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
-from evolane.campaign._containment import host_warnings, network_warning
-from evolane.campaign._continue import HOST_FAILED_RUNS, dropped_on_host
-from evolane.campaign._diff import unified_tree_diff
-from evolane.campaign._estimate import Estimate
-from evolane.campaign._lock import TargetLocked, holder_pid
-from evolane.campaign._markdown import candidate_cell, ci_text, render_markdown
-from evolane.campaign._online import campaign_alpha, p_beside_level
-from evolane.campaign._probe import CaseProbe, HostReport, Probe, probe_run
-from evolane.campaign._report import (
-    DecisionRecord,
-    FunnelRecord,
-    MeasurementRecord,
-    Report,
-    ScoreCI,
-    Scores,
-)
-from evolane.campaign._resume import read_resume_state
-from evolane.campaign._run import (
-    CAMPAIGN_ASK_TIMEOUT,
-    EXIT_FOR_STATUS,
-    Backends,
-    RunOutcome,
-    RunRequest,
-    run_campaign,
-)
-from evolane.campaign._runs import (
-    ENDED_RUNS,
-    CampaignState,
-    ReportSummary,
-    ResolvedSetting,
-    RunRecord,
-    StoreLayout,
-    check_id,
-    load_campaign,
-    load_run,
-    publish_note,
-    record_problem,
-    run_is_live,
-    save_run,
-)
-from evolane.campaign._shares import BudgetShare, ShareBook, reached_test, share
-from evolane.campaign._target import store_root
-from evolane.campaign._tree import OptimizerParts, run_tree
-from evolane.campaign._types import (
-    LANE_BROKE,
-    CampaignServices,
-    CampaignSetup,
-    CycleOutcome,
-    RunSlots,
-    slot_id,
-    slot_of,
-)
+from typing import TYPE_CHECKING
+
+from evolane._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from evolane.campaign._advice import after_failure
+    from evolane.campaign._case_rows import case_rows
+    from evolane.campaign._config import ApplyPolicyName, CampaignConfig, Focus, ProposeSettings
+    from evolane.campaign._confirm import PUBLISHED_ON_TEST, published_on_test
+    from evolane.campaign._containment import host_warnings, network_warning
+    from evolane.campaign._continue import HOST_FAILED_RUNS, dropped_on_host
+    from evolane.campaign._diff import unified_tree_diff
+    from evolane.campaign._estimate import Estimate
+    from evolane.campaign._layout import StoreLayout, check_id, run_is_live
+    from evolane.campaign._lock import TargetLocked, holder_pid
+    from evolane.campaign._markdown import candidate_cell, ci_text, render_markdown
+    from evolane.campaign._online import campaign_alpha, p_beside_level
+    from evolane.campaign._probe import CaseProbe, HostReport, Probe, probe_run
+    from evolane.campaign._report import (
+        DecisionRecord,
+        FunnelRecord,
+        MeasurementRecord,
+        Report,
+        ScoreCI,
+        Scores,
+    )
+    from evolane.campaign._resume import read_resume_state
+    from evolane.campaign._run import (
+        CAMPAIGN_ASK_TIMEOUT,
+        EXIT_FOR_STATUS,
+        Backends,
+        RunOutcome,
+        RunRequest,
+        run_campaign,
+    )
+    from evolane.campaign._runs import (
+        ENDED_RUNS,
+        CampaignState,
+        ReportSummary,
+        ResolvedSetting,
+        RunRecord,
+        load_campaign,
+        load_run,
+        publish_note,
+        record_problem,
+        save_run,
+    )
+    from evolane.campaign._shares import BudgetShare, ShareBook, reached_test, share
+    from evolane.campaign._target import store_root
+    from evolane.campaign._tree import OptimizerParts, run_tree
+    from evolane.campaign._types import (
+        LANE_BROKE,
+        CampaignServices,
+        CampaignSetup,
+        CycleOutcome,
+        RunSlots,
+        slot_id,
+        slot_of,
+    )
 
 __all__ = [
     "CAMPAIGN_ASK_TIMEOUT",
@@ -125,3 +128,100 @@ __all__ = [
     "store_root",
     "unified_tree_diff",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "evolane.campaign._advice": ("after_failure",),
+        "evolane.campaign._case_rows": ("case_rows",),
+        "evolane.campaign._config": (
+            "ApplyPolicyName",
+            "CampaignConfig",
+            "Focus",
+            "ProposeSettings",
+        ),
+        "evolane.campaign._confirm": (
+            "PUBLISHED_ON_TEST",
+            "published_on_test",
+        ),
+        "evolane.campaign._containment": (
+            "host_warnings",
+            "network_warning",
+        ),
+        "evolane.campaign._continue": (
+            "HOST_FAILED_RUNS",
+            "dropped_on_host",
+        ),
+        "evolane.campaign._diff": ("unified_tree_diff",),
+        "evolane.campaign._estimate": ("Estimate",),
+        "evolane.campaign._lock": (
+            "TargetLocked",
+            "holder_pid",
+        ),
+        "evolane.campaign._layout": ("StoreLayout", "check_id", "run_is_live"),
+        "evolane.campaign._markdown": (
+            "candidate_cell",
+            "ci_text",
+            "render_markdown",
+        ),
+        "evolane.campaign._online": (
+            "campaign_alpha",
+            "p_beside_level",
+        ),
+        "evolane.campaign._probe": (
+            "CaseProbe",
+            "HostReport",
+            "Probe",
+            "probe_run",
+        ),
+        "evolane.campaign._report": (
+            "DecisionRecord",
+            "FunnelRecord",
+            "MeasurementRecord",
+            "Report",
+            "ScoreCI",
+            "Scores",
+        ),
+        "evolane.campaign._resume": ("read_resume_state",),
+        "evolane.campaign._run": (
+            "CAMPAIGN_ASK_TIMEOUT",
+            "EXIT_FOR_STATUS",
+            "Backends",
+            "RunOutcome",
+            "RunRequest",
+            "run_campaign",
+        ),
+        "evolane.campaign._runs": (
+            "ENDED_RUNS",
+            "CampaignState",
+            "ReportSummary",
+            "ResolvedSetting",
+            "RunRecord",
+            "load_campaign",
+            "load_run",
+            "publish_note",
+            "record_problem",
+            "save_run",
+        ),
+        "evolane.campaign._shares": (
+            "BudgetShare",
+            "ShareBook",
+            "reached_test",
+            "share",
+        ),
+        "evolane.campaign._target": ("store_root",),
+        "evolane.campaign._tree": (
+            "OptimizerParts",
+            "run_tree",
+        ),
+        "evolane.campaign._types": (
+            "LANE_BROKE",
+            "CampaignServices",
+            "CampaignSetup",
+            "CycleOutcome",
+            "RunSlots",
+            "slot_id",
+            "slot_of",
+        ),
+    },
+)

@@ -28,7 +28,6 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails
 
-from evolane.campaign._gates import MAX_GROWTH_BYTES
 from evolane.campaign._lock import lock_path
 from evolane.inputs import (
     ALL_PLACEHOLDERS,
@@ -46,6 +45,8 @@ from evolane.measure import (
 )
 from evolane.messages import GateConfig, Name, Record, ShortText, Text
 
+MAX_GROWTH_BYTES = 64 << 10
+"""The default bound on how much a candidate may grow over its parent (``--max-growth-bytes``)."""
 MAX_WALL_CLOCK_BUDGET = 365 * 86_400.0
 """The largest wall-clock budget a campaign accepts (a year): longer is a typo."""
 MAX_CEILING = 10**15

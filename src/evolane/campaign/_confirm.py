@@ -18,10 +18,9 @@ bound on the mean) a small split gets `SMALL_TEST_REPETITIONS` replays per case 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Literal
 
-import numpy as np
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
@@ -35,14 +34,6 @@ from evolane.campaign._online import (
     resolved_mode,
 )
 from evolane.messages import ArtifactRef, Decision, Record, ShortText, Text
-from evolane.stats import (
-    can_ever_confirm,
-    clustered,
-    confirm,
-    no_gain_margin,
-    no_gain_p_value,
-    planned_clusters,
-)
 
 SMALL_TEST_SPLIT = 32
 """Below this many test cases the confirmation replays each case `SMALL_TEST_REPETITIONS`
@@ -122,6 +113,8 @@ def confirmable(
     reads for this campaign's scores and margin, and the one-line why. ``grouped``: the
     test cases are clustered, ``test_cases`` counts their clusters (each cluster's mean is
     read with the betting bound)."""
+    from evolane.stats import can_ever_confirm, no_gain_margin  # numpy: where one is tested
+
     gate = config.gate
     level = first_confirm_level(config) if level is None else level
     if level <= 0.0:
@@ -142,6 +135,10 @@ def even_gain_needed(config: CampaignConfig, test_cases: int, level: float) -> f
     test holds for any score distribution, so on a small split it needs a large gain
     (found by review: 16 graded cases need +0.24 on each at 0.05, and a true +0.1 was
     confirmed in 0 of 100 campaigns, while the preflight said they can confirm)."""
+    import numpy as np
+
+    from evolane.stats import no_gain_margin, no_gain_p_value
+
     margin = no_gain_margin(config.gate)
 
     def reaches(gain: float) -> bool:
@@ -268,8 +265,9 @@ def confirmation_of(
     which tree that is) on the test split at ``level`` (default 1 - confidence);
     ``earlier``: this tree's verdict from an earlier cycle, which stands; ``clusters``: per
     case id, its cluster (clustered cases are tested by cluster)."""
-    gate = config.gate
-    level = campaign_alpha(config) if level is None else level
+    from evolane.stats import confirm  # numpy: a run's confirmation only
+
+    gate, level = config.gate, (campaign_alpha(config) if level is None else level)
     probe = level if 0.0 < level < 1.0 else 0.5  # the verdict is ours: p against ``level``
     result = confirm(
         baseline,
@@ -297,9 +295,8 @@ def confirmation_of(
     shown_p, shown = p_beside_level(p, level)
     stats = f"mean {result.mean_delta:+.3g}, p = {shown_p}"
     cases = f"the {test_cases} held-out test cases"
-    units, grouped, named = test_cases, False, baseline.keys() | candidate.keys()
-    if clusters and clustered(named, clusters):
-        units, grouped = planned_clusters(named, test_cases, clusters), True
+    units, grouped = _tested_units(baseline.keys() | candidate.keys(), test_cases, clusters)
+    if grouped:
         cases += f" ({result.clusters} of their {units} clusters compared, each one observation)"
     if against == "published":
         cases += " against the tree an earlier cycle published (what a publish replaces)"
@@ -346,6 +343,18 @@ def confirmation_of(
     )
 
 
+def _tested_units(
+    named: Collection[str], test_cases: int, clusters: Mapping[str, str] | None
+) -> tuple[int, bool]:
+    """What a confirmation on the cases ``named`` counts: ``test_cases``, or the planned
+    clusters when the cases are clustered (and True)."""
+    from evolane.stats import clustered, planned_clusters
+
+    if clusters and clustered(named, clusters):
+        return planned_clusters(named, test_cases, clusters), True
+    return test_cases, False
+
+
 def _floor3(value: float) -> float:
     """``value`` rounded down to 3 decimals, so a printed bound never claims more."""
     return math.floor(value * 1000.0 + 1e-9) / 1000.0
@@ -364,6 +373,8 @@ def error_control(
     saw val outcomes, and the guarantee does not hold); ``confirm`` (``split_alpha``: the
     test split's budget, of which the campaign confirms at its share, ``--test-budget
     store``); or ``none``."""
+    from evolane.stats import no_gain_margin
+
     gate = config.gate
     level = campaign_alpha(config)
     mode = resolved_mode(config.error_control, test_cases)

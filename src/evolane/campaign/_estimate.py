@@ -24,11 +24,8 @@ from typing import Any
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig
-from evolane.campaign._confirm import confirm_repetitions
 from evolane.campaign._online import OnlineBudget, resolved_mode
-from evolane.campaign._preflight import preflight
 from evolane.inputs import llm_model
-from evolane.measure import ROLES
 from evolane.messages import MAX_PREFLIGHT_LINES, Name, Record, ShortText, Usage
 
 PROBE_MARGIN = 3.0
@@ -169,6 +166,8 @@ def estimate_run(
             f"probe: one replay {probe.replay_seconds:.2f} s, one judge call "
             f"{probe.judge_seconds:.2f} s on this host"
         )
+    from evolane.campaign._preflight import preflight  # the statistics (numpy)
+
     checked = preflight(config, val_cases, test_cases, (b, c), *budgets, clusters=clusters)
     return Estimate(
         wall_worst_seconds=worst,
@@ -209,6 +208,8 @@ def _replays(config: CampaignConfig, val_cases: int, test_cases: int, train_case
     b, c = repetitions_for(config, val_cases)
     # The test split is measured at the confirmation's repetitions (both arms alike) when the
     # best is confirmed, else at the run's own (adaptive on the test cases: 2/3 when few).
+    from evolane.campaign._confirm import confirm_repetitions
+
     tb = confirm_repetitions(config, test_cases)
     test = max(2 * tb, sum(repetitions_for(config, test_cases)))
     iterations, population = config.iterations, config.population
@@ -359,6 +360,8 @@ def per_unit_by_role(
     roles whose command ``config`` runs as the report's run did (`_same_command`)."""
     by_stage = report.get("budget", {}).get("spent_by_stage", {})
     proposals = max(1, len(report.get("funnel", [])))
+    from evolane.measure import ROLES  # the budget's module (trio)
+
     per_role = {}
     for role in ROLES:
         spent = by_stage.get(role)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from evolane.campaign._config import MAX_GROWTH_BYTES
 from evolane.campaign._vcs import vcs_paths
 from evolane.inputs import CommandTemplate
 from evolane.lanes import limit_reason, limits_hit, scratch_dir
@@ -42,8 +43,6 @@ from evolane.store import (
 
 VALIDATOR_PLACEHOLDERS = frozenset({"candidate", "workspace"})
 """Placeholders a validator command may use."""
-MAX_GROWTH_BYTES = 64 << 10
-"""The default bound on how much a candidate may grow over its parent (``--max-growth-bytes``)."""
 _SHORT = 256  # ShortText bound of a reason or a path in a LocalGateResult
 _MAX_PATHS = 4
 

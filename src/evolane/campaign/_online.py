@@ -45,14 +45,17 @@ stored budget: a campaign never gets a fresh alpha.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 from pydantic import Field
 
 from evolane.campaign._config import CampaignConfig, ErrorControlMode
 from evolane.messages import Decision, GateConfig, GateResult, Name, Record
-from evolane.stats import OnlineErrorControl, as_fraction, online_cases_needed, online_p_value
+
+if TYPE_CHECKING:  # the statistics (numpy) load where a campaign tests a candidate
+    import numpy as np
+
+    from evolane.stats import OnlineErrorControl
 
 Mode = Literal["confirm", "online", "none"]
 _MANY = 1_000_000
@@ -95,6 +98,8 @@ class OnlineBudget(Record):
         """The procedure with every stored test recorded again: its levels, and each accept
         (a stored accept its p-value does not earn is refused: found by review, a one-word
         edit of campaign.json published an unconfirmed tree)."""
+        from evolane.stats import OnlineErrorControl
+
         control = OnlineErrorControl(self.alpha, horizon=self.horizon)
         for test in self.tests:
             level = control.level_for_next()
@@ -170,6 +175,8 @@ def campaign_alpha(config: CampaignConfig) -> float:
     over candidates and confirmations over cycles."""
     if config.error_budget is not None:
         return config.error_budget
+    from evolane.stats import as_fraction
+
     return float(1 - as_fraction(config.gate.confidence))
 
 
@@ -212,6 +219,8 @@ class OnlineRule:
     ) -> float | None:
         """The p-value of no true gain of ``deltas`` (`stats.online_p_value`; 1 without a
         comparable case) when the gate accepts, else None (the gate decides)."""
+        from evolane.stats import online_p_value
+
         if gate.decision != "accept":
             return None
         return online_p_value(deltas, config, pass_fail) if deltas.size else 1.0
@@ -293,6 +302,8 @@ def online_words(
             "the val outcomes)"
         )
     if val_cases is not None:
+        from evolane.stats import online_cases_needed
+
         level = alpha / horizon
         needed = online_cases_needed(
             level, val_cases, margin=margin, pass_fail=pass_fail, order_seed=order_seed

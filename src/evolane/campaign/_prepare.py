@@ -28,6 +28,7 @@ from evolane.campaign._estimate import (
 from evolane.campaign._gates import VALIDATOR_PLACEHOLDERS, GateSettings
 from evolane.campaign._held_out import online_reuse_note
 from evolane.campaign._history import unit_history
+from evolane.campaign._layout import StoreLayout, check_id, new_id, run_is_live
 from evolane.campaign._leaks import check_target_holds_no_cases
 from evolane.campaign._models import (
     check_models,
@@ -41,14 +42,10 @@ from evolane.campaign._resume import ResumeState, read_resume_state
 from evolane.campaign._runs import (
     CampaignState,
     RunRecord,
-    StoreLayout,
-    check_id,
     last_run_plugins,
     load_campaign,
     load_run,
-    new_id,
     record_problem,
-    run_is_live,
     save_campaign,
     save_run,
 )

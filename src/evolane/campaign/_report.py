@@ -31,7 +31,6 @@ from evolane.messages import (
     Text,
     Usage,
 )
-from evolane.stats import case_mean_ci
 from evolane.views import token_count
 
 REPORT_VERSION = 1
@@ -291,6 +290,8 @@ CycleReport: type[Record] = create_model(  # a view of `Report`: its fields are 
 def score_ci(per_case: dict[str, list[float]], *, confidence: float, seed: int) -> ScoreCI | None:
     """Mean over cases of each case's mean score, with its CI (`stats.case_mean_ci`:
     Clopper-Pearson for pass/fail scores, never collapsing for graded ones)."""
+    from evolane.stats import case_mean_ci  # numpy: where a run's scores are summed up
+
     found = case_mean_ci(per_case, confidence=confidence, seed=seed)
     if found is None:
         return None

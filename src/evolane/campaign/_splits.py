@@ -30,14 +30,6 @@ from evolane.campaign._config import CampaignConfig, FeedbackSplit
 from evolane.campaign._estimate import repetitions_for
 from evolane.inputs import SPLITS, Dataset, quote
 from evolane.messages import Record, ShortText, Text
-from evolane.stats import (
-    CLUSTERED_GATES,
-    can_ever_accept,
-    case_order,
-    clustered,
-    count_clusters,
-    seed_for,
-)
 
 TRAIN_SHARE = Fraction(1, 3)
 """The share of val cases a carve moves to train (rounded down): enough failures for the
@@ -125,6 +117,8 @@ def carve(
     (``clusters``: case id -> cluster, `inputs.case_clusters`) move whole clusters, in a
     seeded order of the clusters, until the share is reached: a session split across train
     and val would show the optimizer the turns of a conversation the gate decides on."""
+    from evolane.stats import case_order, clustered, seed_for  # numpy: where a carve is made
+
     count = int(len(val_ids) * TRAIN_SHARE)
     order = seed_for(seed, "train-carve")
     if not clustered(val_ids, clusters):
@@ -177,6 +171,8 @@ def _plan(
         return SplitPlan(requested="val", feedback="val", note=note, **counts)
     if train:
         return SplitPlan(requested="train", feedback="train", **counts)
+    from evolane.stats import CLUSTERED_GATES, can_ever_accept, clustered, count_clusters
+
     carved = carve(val, seed, clusters)
     left = len(val) - len(carved)
     kept = [case_id for case_id in val if case_id not in set(carved)]

@@ -89,12 +89,14 @@ def run_rows(layout: StoreLayout, tally: Tally | None = None) -> list[dict[str, 
     how long since it wrote its newest event; the scores and wall come from the
     report's summary in run.json (`_report_fields`); ``note`` says why they are missing.
     ``tally`` is told of each run read."""
-    from evolane.campaign import load_run, run_is_live
-
     rows: list[dict[str, Any]] = []
     run_ids = layout.run_ids()
     if tally is not None:
         tally.begin("runs", len(run_ids))
+    if not run_ids:  # an empty store loads no record's model (nor what they import)
+        return rows
+    from evolane.campaign import load_run, run_is_live
+
     for run_id in run_ids:
         if tally is not None:
             tally.tick()
@@ -138,10 +140,13 @@ def run_opening(layout: StoreLayout, run_id: str) -> bool:
 
 def campaign_rows(layout: StoreLayout) -> list[dict[str, Any]]:
     """One row per campaign in the store, least recently updated first."""
+    rows: list[dict[str, Any]] = []
+    campaign_ids = layout.campaign_ids()
+    if not campaign_ids:
+        return rows
     from evolane.campaign import load_campaign
 
-    rows: list[dict[str, Any]] = []
-    for campaign_id in layout.campaign_ids():
+    for campaign_id in campaign_ids:
         try:
             state = load_campaign(layout, campaign_id)
         except (OSError, ValueError):

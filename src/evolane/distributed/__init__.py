@@ -6,15 +6,20 @@ scheduler (started with ``allowed-failures`` 0). Every unit runs on its worker t
 same sandbox as a local lane; Dask itself is imported only when a Dask cluster is asked for.
 """
 
-from evolane.distributed._driver import DaskCluster, open_cluster
-from evolane.distributed._lane import DaskReplayLane
-from evolane.distributed._spec import (
-    ClusterError,
-    ClusterSpec,
-    check_cluster,
-    dask_available,
-    parse_cluster,
-)
+from typing import TYPE_CHECKING
+
+from evolane._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from evolane.distributed._driver import DaskCluster, open_cluster
+    from evolane.distributed._lane import DaskReplayLane
+    from evolane.distributed._spec import (
+        ClusterError,
+        ClusterSpec,
+        check_cluster,
+        dask_available,
+        parse_cluster,
+    )
 
 __all__ = [
     "ClusterError",
@@ -26,3 +31,21 @@ __all__ = [
     "open_cluster",
     "parse_cluster",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "evolane.distributed._driver": (
+            "DaskCluster",
+            "open_cluster",
+        ),
+        "evolane.distributed._lane": ("DaskReplayLane",),
+        "evolane.distributed._spec": (
+            "ClusterError",
+            "ClusterSpec",
+            "check_cluster",
+            "dask_available",
+            "parse_cluster",
+        ),
+    },
+)

@@ -5,81 +5,86 @@ Every refusal is an `InputError` (a ValueError) whose message is one line naming
 (``file:line`` for a dataset row, ``<role> command`` for a template); the CLI exits with 2.
 """
 
-from evolane.inputs._cases import (
-    MAX_CASE_ID_CHARS,
-    SPLITS,
-    Case,
-    CaseId,
-    Split,
-    case_json,
-    case_row,
-    cluster_of,
-)
-from evolane.inputs._dataset import (
-    MAX_FILE_BYTES,
-    MAX_LINE_BYTES,
-    Dataset,
-    case_clusters,
-    load_dataset,
-    parse_dataset,
-    require_split,
-)
-from evolane.inputs._errors import (
-    DatasetError,
-    InputError,
-    TemplateError,
-    first_problem,
-    one_line,
-    quote,
-)
-from evolane.inputs._prices import (
-    ModelPrice,
-    PriceTable,
-    UsageReading,
-    load_prices,
-    priced_cost,
-    read_usage_document,
-)
-from evolane.inputs._specs import LLM_PREFIX, PLUGIN_SPEC, llm_model, plugin_words
-from evolane.inputs._templates import (
-    ALL_PLACEHOLDERS,
-    JUDGE_PLACEHOLDERS,
-    MAX_TEMPLATE_ARGS,
-    MAX_TEMPLATE_CHARS,
-    OPTIMIZER_PLACEHOLDERS,
-    REPLAY_PLACEHOLDERS,
-    VERIFICATION_PLACEHOLDERS,
-    CommandTemplate,
-    tree_program,
-)
-from evolane.inputs._trajectory import (
-    ExcludedCase,
-    GroupSummary,
-    TraceFailure,
-    Trajectories,
-    TrajectorySummary,
-    ingest_trajectories,
-    input_identity,
-    summary_lines,
-    task_fingerprint,
-)
-from evolane.inputs._trajectory_entry import Pinned
-from evolane.inputs._trajectory_read import (
-    MAX_TRAJECTORY_FILES,
-    MAX_TRAJECTORY_RECORDS,
-    trajectory_files,
-)
-from evolane.inputs._trajectory_records import (
-    ChatMessage,
-    Outcome,
-    TrajectoryRecord,
-    trajectory_schema,
-)
-from evolane.inputs._trajectory_sessions import (
-    DEFAULT_CONTEXT_BUDGET,
-    fit_chain,
-    refers_back,
-)
+from typing import TYPE_CHECKING
+
+from evolane._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from evolane.inputs._cases import (
+        MAX_CASE_ID_CHARS,
+        SPLITS,
+        Case,
+        CaseId,
+        Split,
+        case_json,
+        case_row,
+        cluster_of,
+    )
+    from evolane.inputs._dataset import (
+        MAX_FILE_BYTES,
+        MAX_LINE_BYTES,
+        Dataset,
+        case_clusters,
+        load_dataset,
+        parse_dataset,
+        require_split,
+    )
+    from evolane.inputs._errors import (
+        DatasetError,
+        InputError,
+        TemplateError,
+        first_problem,
+        one_line,
+        quote,
+    )
+    from evolane.inputs._prices import (
+        ModelPrice,
+        PriceTable,
+        UsageReading,
+        load_prices,
+        priced_cost,
+        read_usage_document,
+    )
+    from evolane.inputs._specs import LLM_PREFIX, PLUGIN_SPEC, llm_model, plugin_words
+    from evolane.inputs._templates import (
+        ALL_PLACEHOLDERS,
+        JUDGE_PLACEHOLDERS,
+        MAX_TEMPLATE_ARGS,
+        MAX_TEMPLATE_CHARS,
+        OPTIMIZER_PLACEHOLDERS,
+        REPLAY_PLACEHOLDERS,
+        VERIFICATION_PLACEHOLDERS,
+        CommandTemplate,
+        tree_program,
+    )
+    from evolane.inputs._trajectory import (
+        ExcludedCase,
+        GroupSummary,
+        TraceFailure,
+        Trajectories,
+        TrajectorySummary,
+        ingest_trajectories,
+        input_identity,
+        summary_lines,
+        task_fingerprint,
+    )
+    from evolane.inputs._trajectory_entry import Pinned
+    from evolane.inputs._trajectory_read import (
+        MAX_TRAJECTORY_FILES,
+        MAX_TRAJECTORY_RECORDS,
+        trajectory_files,
+    )
+    from evolane.inputs._trajectory_records import (
+        ChatMessage,
+        Outcome,
+        TrajectoryRecord,
+        trajectory_schema,
+    )
+    from evolane.inputs._trajectory_sessions import (
+        DEFAULT_CONTEXT_BUDGET,
+        fit_chain,
+        refers_back,
+    )
 
 __all__ = [
     "ALL_PLACEHOLDERS",
@@ -143,3 +148,89 @@ __all__ = [
     "trajectory_schema",
     "tree_program",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "evolane.inputs._cases": (
+            "MAX_CASE_ID_CHARS",
+            "SPLITS",
+            "Case",
+            "CaseId",
+            "Split",
+            "case_json",
+            "case_row",
+            "cluster_of",
+        ),
+        "evolane.inputs._dataset": (
+            "MAX_FILE_BYTES",
+            "MAX_LINE_BYTES",
+            "Dataset",
+            "case_clusters",
+            "load_dataset",
+            "parse_dataset",
+            "require_split",
+        ),
+        "evolane.inputs._errors": (
+            "DatasetError",
+            "InputError",
+            "TemplateError",
+            "first_problem",
+            "one_line",
+            "quote",
+        ),
+        "evolane.inputs._prices": (
+            "ModelPrice",
+            "PriceTable",
+            "UsageReading",
+            "load_prices",
+            "priced_cost",
+            "read_usage_document",
+        ),
+        "evolane.inputs._specs": (
+            "LLM_PREFIX",
+            "PLUGIN_SPEC",
+            "llm_model",
+            "plugin_words",
+        ),
+        "evolane.inputs._templates": (
+            "ALL_PLACEHOLDERS",
+            "JUDGE_PLACEHOLDERS",
+            "MAX_TEMPLATE_ARGS",
+            "MAX_TEMPLATE_CHARS",
+            "OPTIMIZER_PLACEHOLDERS",
+            "REPLAY_PLACEHOLDERS",
+            "VERIFICATION_PLACEHOLDERS",
+            "CommandTemplate",
+            "tree_program",
+        ),
+        "evolane.inputs._trajectory": (
+            "ExcludedCase",
+            "GroupSummary",
+            "TraceFailure",
+            "Trajectories",
+            "TrajectorySummary",
+            "ingest_trajectories",
+            "input_identity",
+            "summary_lines",
+            "task_fingerprint",
+        ),
+        "evolane.inputs._trajectory_entry": ("Pinned",),
+        "evolane.inputs._trajectory_read": (
+            "MAX_TRAJECTORY_FILES",
+            "MAX_TRAJECTORY_RECORDS",
+            "trajectory_files",
+        ),
+        "evolane.inputs._trajectory_records": (
+            "ChatMessage",
+            "Outcome",
+            "TrajectoryRecord",
+            "trajectory_schema",
+        ),
+        "evolane.inputs._trajectory_sessions": (
+            "DEFAULT_CONTEXT_BUDGET",
+            "fit_chain",
+            "refers_back",
+        ),
+    },
+)

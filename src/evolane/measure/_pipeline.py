@@ -15,12 +15,13 @@ import hashlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 import trio
 
 from evolane.actors import ActorError, ActorRef
-from evolane.distributed import DaskCluster, open_cluster
+from evolane.distributed import check_cluster
 from evolane.inputs import SPLITS, Dataset, case_clusters
 from evolane.lanes import LaneSettings
 from evolane.measure._budget import Ledger, LedgerSnapshot
@@ -45,6 +46,9 @@ from evolane.messages import (
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore, RefTable, put_table
 from evolane.supervisors import Runtime, SupervisorSpec
+
+if TYPE_CHECKING:
+    from evolane.distributed import DaskCluster
 
 MEASURE_ASK_TIMEOUT = float("inf")
 """A measurement ends by itself (every unit has its deadline, a crashed scheduler answers with
@@ -188,6 +192,11 @@ async def open_measure_cluster(
     ``local:N`` and closed on exit."""
     if settings.cluster != "local" and context.replay_backend is not None:
         raise ValueError("an in-process replay backend runs on --cluster local only")
+    if not check_cluster(settings.cluster).uses_dask:  # in-process lanes: no Dask driver loads
+        yield None
+        return
+    from evolane.distributed import open_cluster
+
     async with open_cluster(settings.cluster, host, store) as cluster:
         yield cluster
 

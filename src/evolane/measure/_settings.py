@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, field_validator
@@ -23,17 +23,7 @@ from evolane.inputs import (
     PriceTable,
     llm_model,
 )
-from evolane.lanes import (
-    Backend,
-    LaneSettings,
-    OptimizerSettings,
-    is_agent_spec,
-    plugin_spec,
-    resolve_agent,
-)
-from evolane.measure._journal import RunJournal
 from evolane.measure._limits import CommandLimits
-from evolane.measure._scheduling import SchedulerSettings
 from evolane.messages import (
     ArtifactRef,
     MeasureEvent,
@@ -50,10 +40,13 @@ from evolane.sandbox import (
     EnvName,
     Isolation,
     View,
-    folders_to_expose,
-    template_paths,
 )
-from evolane.store import TreeLimits
+
+if TYPE_CHECKING:  # what a run's lanes and scheduler need (trio) loads where they are made
+    from evolane.lanes import Backend, LaneSettings, OptimizerSettings
+    from evolane.measure._journal import RunJournal
+    from evolane.measure._scheduling import SchedulerSettings
+    from evolane.store import TreeLimits
 
 PathText = Annotated[str, Field(min_length=1, max_length=4096)]
 MAX_TIMEOUT = 86_400.0
@@ -148,6 +141,8 @@ class CommandSettings(CommandLimits):
         the absolute paths the templates name and the paths exposed to every command or to
         ``role``, minus the hidden ones."""
         words = [word for template in templates if template for word in template.literal_words()]
+        from evolane.sandbox import folders_to_expose, template_paths
+
         named = folders_to_expose(template_paths(words))
         return View(
             read_only=tuple(dict.fromkeys((*named, *granted_to(role, self.expose)))),
@@ -286,6 +281,8 @@ def scheduler_settings(
     min_cases: int,
 ) -> SchedulerSettings:
     """The scheduler's settings: read from the settings models here and nowhere else."""
+    from evolane.measure._scheduling import SchedulerSettings
+
     return SchedulerSettings(
         case_refs=cases.replay,
         judge_case_refs=cases.judge,
@@ -318,6 +315,8 @@ def lane_settings(
     usage documents are priced by ``prices``. A judge ``llm:MODEL`` and a plugin spec
     (``NAME:ARGS``, `evolane.lanes.plugin_spec`) have no template: the context's backend
     stands in for them."""
+    from evolane.lanes import LaneSettings, plugin_spec
+
     replay = None
     if plugin_spec(settings.replay, "replay") is None:
         replay = CommandTemplate.parse(settings.replay, role="replay", allowed=REPLAY_PLACEHOLDERS)
@@ -364,6 +363,9 @@ def optimizer_settings(
     the coding-agent preset ``agent:NAME`` (resolved on PATH: `resolve_agent`) or
     ``llm:MODEL`` or a plugin's ``NAME:ARGS`` (no template: its ``backend`` stands in);
     ``tree_limits`` caps the workdir's walk (default: `TreeLimits()`)."""
+    from evolane.lanes import OptimizerSettings, is_agent_spec, plugin_spec, resolve_agent
+    from evolane.store import TreeLimits
+
     agent = resolve_agent(optimizer) if is_agent_spec(optimizer) else None
     template = None
     if agent is not None:

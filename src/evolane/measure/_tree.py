@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from evolane.actors import Actor
-from evolane.distributed import DaskCluster, DaskReplayLane
 from evolane.lanes import JudgeLane, LaneSettings, ReplayLane
 from evolane.measure._budget import BudgetActor, Ledger
 from evolane.measure._scheduler import MeasurementScheduler
@@ -24,6 +23,9 @@ from evolane.messages import MeasureSummary, Message, Pong
 from evolane.sandbox import SandboxHost
 from evolane.store import BlobStore
 from evolane.supervisors import ActorSpec, SupervisorSpec
+
+if TYPE_CHECKING:  # Dask lanes (their worker, asyncio) load only for a run on a cluster
+    from evolane.distributed import DaskCluster
 
 LANE_SHUTDOWN_GRACE = 0.5
 """Seconds a lane gets to stop before it is cancelled: an idle lane stops at once, and a busy
@@ -111,17 +113,18 @@ def measure_children(slots: MeasureSlots, parts: MeasureParts) -> MeasureChildre
     """The budget, the two lane pools and the scheduler, for any tree to include."""
     host, store, cluster = parts.host, parts.store, parts.cluster
     replay_args: tuple[Any, ...] = (host, store, parts.replay_lane)
+    replay_lane: type[Actor] = ReplayLane
     if cluster is not None:
-        replay_args = (*replay_args, cluster)
+        from evolane.distributed import DaskReplayLane
+
+        replay_args, replay_lane = (*replay_args, cluster), DaskReplayLane
     replays, judges = parts.settings.replay_concurrency, parts.settings.judge_concurrency
     peers = SchedulerPeers(
         lane_names(slots.replay, replays), lane_names(slots.judge, judges), slots.budget
     )
     return MeasureChildren(
         budget=ActorSpec(name=slots.budget, actor=BudgetActor, args=(parts.ledger,)),
-        replay=lane_pool(
-            slots.replay, replays, ReplayLane if cluster is None else DaskReplayLane, replay_args
-        ),
+        replay=lane_pool(slots.replay, replays, replay_lane, replay_args),
         judge=lane_pool(slots.judge, judges, JudgeLane, (host, store, parts.judge_lane)),
         scheduler=ActorSpec(
             name=slots.scheduler, actor=Scheduler, args=(parts.scheduler, peers, store)

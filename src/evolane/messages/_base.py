@@ -88,7 +88,12 @@ class Message(Record):
 
 
 def message_classes() -> dict[str, type[Message]]:
-    """Every concrete message class imported so far, by kind."""
+    """Every concrete message class, by kind: each of this package's (its modules are loaded
+    first: the package loads them on first use) and any other imported so far."""
+    import evolane.messages as package
+
+    for name in package.__all__:
+        getattr(package, name)
     return dict(sorted(_MESSAGE_KINDS.items()))
 
 

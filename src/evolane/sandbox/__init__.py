@@ -6,50 +6,55 @@ bounded output capture, a kill ladder that also finds escapees, and a lifeline p
 kills every tree if the runtime itself dies.
 """
 
-from evolane.sandbox._cgroups import process_headroom
-from evolane.sandbox._confine import (
-    confinement_fix,
-    folders_to_expose,
-    interpreter_folders,
-    interpreter_prefixes,
-    outermost,
-    program_folders,
-    resolve_isolation,
-    template_paths,
-    trees_own_process_limit,
-    user_counts_step,
-    within,
-)
-from evolane.sandbox._env import child_lease
-from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
-from evolane.sandbox._inline import (
-    INLINE_BYTES,
-    INLINE_FILES,
-    INLINE_FOLDER_BYTES,
-    INLINE_WORK,
-    InlineGate,
-)
-from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES
-from evolane.sandbox._lifeline import LEASE_FILES, LEASE_VARIABLE, lease_holders, lease_matches
-from evolane.sandbox._netns import own_network_problem
-from evolane.sandbox._secrets import commands_run_unprivileged, trees_run_as_unit_uids
-from evolane.sandbox._spec import (
-    ENV_NAME_PATTERN,
-    MAX_HIDDEN,
-    EnvName,
-    Isolation,
-    Limits,
-    OutputCaps,
-    Overlay,
-    ProcessOutcome,
-    SandboxSpec,
-    Status,
-    StreamCapture,
-    View,
-)
-from evolane.sandbox._stop import Stop, UnitStop, cut_by
-from evolane.sandbox._ucounts import evolane_reserve, user_process_cap
-from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
+from typing import TYPE_CHECKING
+
+from evolane._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from evolane.sandbox._cgroups import process_headroom
+    from evolane.sandbox._confine import (
+        confinement_fix,
+        folders_to_expose,
+        interpreter_folders,
+        interpreter_prefixes,
+        outermost,
+        program_folders,
+        resolve_isolation,
+        template_paths,
+        trees_own_process_limit,
+        user_counts_step,
+        within,
+    )
+    from evolane.sandbox._env import child_lease
+    from evolane.sandbox._host import SandboxHost, open_sandbox, sweep_stale_leases
+    from evolane.sandbox._inline import (
+        INLINE_BYTES,
+        INLINE_FILES,
+        INLINE_FOLDER_BYTES,
+        INLINE_WORK,
+        InlineGate,
+    )
+    from evolane.sandbox._launch import NAMESPACE_EXTRA_PROCESSES
+    from evolane.sandbox._lifeline import LEASE_FILES, LEASE_VARIABLE, lease_holders, lease_matches
+    from evolane.sandbox._netns import own_network_problem
+    from evolane.sandbox._secrets import commands_run_unprivileged, trees_run_as_unit_uids
+    from evolane.sandbox._spec import (
+        ENV_NAME_PATTERN,
+        MAX_HIDDEN,
+        EnvName,
+        Isolation,
+        Limits,
+        OutputCaps,
+        Overlay,
+        ProcessOutcome,
+        SandboxSpec,
+        Status,
+        StreamCapture,
+        View,
+    )
+    from evolane.sandbox._stop import Stop, UnitStop, cut_by
+    from evolane.sandbox._ucounts import evolane_reserve, user_process_cap
+    from evolane.sandbox._workspace import WorkspaceError, materialize_workspace
 
 __all__ = [
     "ENV_NAME_PATTERN",
@@ -101,3 +106,75 @@ __all__ = [
     "user_process_cap",
     "within",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "evolane.sandbox._cgroups": ("process_headroom",),
+        "evolane.sandbox._confine": (
+            "confinement_fix",
+            "folders_to_expose",
+            "interpreter_folders",
+            "interpreter_prefixes",
+            "outermost",
+            "program_folders",
+            "resolve_isolation",
+            "template_paths",
+            "trees_own_process_limit",
+            "user_counts_step",
+            "within",
+        ),
+        "evolane.sandbox._env": ("child_lease",),
+        "evolane.sandbox._host": (
+            "SandboxHost",
+            "open_sandbox",
+            "sweep_stale_leases",
+        ),
+        "evolane.sandbox._inline": (
+            "INLINE_BYTES",
+            "INLINE_FILES",
+            "INLINE_FOLDER_BYTES",
+            "INLINE_WORK",
+            "InlineGate",
+        ),
+        "evolane.sandbox._launch": ("NAMESPACE_EXTRA_PROCESSES",),
+        "evolane.sandbox._lifeline": (
+            "LEASE_FILES",
+            "LEASE_VARIABLE",
+            "lease_holders",
+            "lease_matches",
+        ),
+        "evolane.sandbox._netns": ("own_network_problem",),
+        "evolane.sandbox._secrets": (
+            "commands_run_unprivileged",
+            "trees_run_as_unit_uids",
+        ),
+        "evolane.sandbox._spec": (
+            "ENV_NAME_PATTERN",
+            "MAX_HIDDEN",
+            "EnvName",
+            "Isolation",
+            "Limits",
+            "OutputCaps",
+            "Overlay",
+            "ProcessOutcome",
+            "SandboxSpec",
+            "Status",
+            "StreamCapture",
+            "View",
+        ),
+        "evolane.sandbox._stop": (
+            "Stop",
+            "UnitStop",
+            "cut_by",
+        ),
+        "evolane.sandbox._ucounts": (
+            "evolane_reserve",
+            "user_process_cap",
+        ),
+        "evolane.sandbox._workspace": (
+            "WorkspaceError",
+            "materialize_workspace",
+        ),
+    },
+)

@@ -11,83 +11,93 @@ an edit with no true effect; `case_order` is the seeded reading order and `seed_
 derives seeds. The gate's records (`GateConfig`, `GateResult`) live in `evolane.messages`.
 """
 
-from evolane.stats._bootstrap import (
-    BootstrapMethod,
-    bootstrap_ci,
-    bootstrap_means,
-    expanded_tail,
-)
-from evolane.stats._bounded import bounded_mean_ci, case_mean_ci, clopper_pearson
-from evolane.stats._clusters import (
-    Clusters,
-    cluster_ends,
-    cluster_means,
-    clustered,
-    count_clusters,
-    planned_clusters,
-    together,
-)
-from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
-from evolane.stats._gates import (
-    CLUSTERED_GATES,
-    TOLERANCE,
-    CaseScores,
-    PairedSample,
-    decide,
-    judge_clusters,
-    judge_sample,
-    mean_and_se,
-    paired_deltas,
-    paired_sample,
-    regression_p_value,
-    regressions,
-)
-from evolane.stats._levels import (
-    as_fraction,
-    coverage_shortfall,
-    gate_level,
-    minimum_cases,
-    required_cases,
-    sequential_level,
-    sequential_margin,
-)
-from evolane.stats._matrix import ScoreMatrix, decide_matrices, matrix_regressions, matrix_sample
-from evolane.stats._online import (
-    Confirmation,
-    ConfirmDecision,
-    OnlineErrorControl,
-    OnlineVerdict,
-    confirm,
-    no_gain_lower_bound,
-    no_gain_margin,
-    no_gain_p_value,
-    sign_flip_p_value,
-)
-from evolane.stats._order import case_order, cluster_order
-from evolane.stats._preflight import (
-    MinimumGain,
-    Repetitions,
-    ScoreKind,
-    balanced_deltas,
-    best_case_p_value,
-    can_ever_accept,
-    can_ever_confirm,
-    can_ever_pass_online,
-    min_acceptable_gain,
-    online_cases_needed,
-    online_p_value,
-    regression_veto_note,
-)
-from evolane.stats._seeds import seed_for
-from evolane.stats._sequential import (
-    DEFAULT_MAX_BET,
-    EarlySource,
-    EarlyStop,
-    Running,
-    SequentialDecision,
-    SequentialTest,
-    settled,
-)
+from typing import TYPE_CHECKING
+
+from evolane._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from evolane.stats._bootstrap import (
+        BootstrapMethod,
+        bootstrap_ci,
+        bootstrap_means,
+        expanded_tail,
+    )
+    from evolane.stats._bounded import bounded_mean_ci, case_mean_ci, clopper_pearson
+    from evolane.stats._clusters import (
+        Clusters,
+        cluster_ends,
+        cluster_means,
+        clustered,
+        count_clusters,
+        planned_clusters,
+        together,
+    )
+    from evolane.stats._dist import normal_cdf, normal_quantile, t_cdf, t_quantile
+    from evolane.stats._gates import (
+        CLUSTERED_GATES,
+        TOLERANCE,
+        CaseScores,
+        PairedSample,
+        decide,
+        judge_clusters,
+        judge_sample,
+        mean_and_se,
+        paired_deltas,
+        paired_sample,
+        regression_p_value,
+        regressions,
+    )
+    from evolane.stats._levels import (
+        as_fraction,
+        coverage_shortfall,
+        gate_level,
+        minimum_cases,
+        required_cases,
+        sequential_level,
+        sequential_margin,
+    )
+    from evolane.stats._matrix import (
+        ScoreMatrix,
+        decide_matrices,
+        matrix_regressions,
+        matrix_sample,
+    )
+    from evolane.stats._online import (
+        Confirmation,
+        ConfirmDecision,
+        OnlineErrorControl,
+        OnlineVerdict,
+        confirm,
+        no_gain_lower_bound,
+        no_gain_margin,
+        no_gain_p_value,
+        sign_flip_p_value,
+    )
+    from evolane.stats._order import case_order, cluster_order
+    from evolane.stats._preflight import (
+        MinimumGain,
+        Repetitions,
+        ScoreKind,
+        balanced_deltas,
+        best_case_p_value,
+        can_ever_accept,
+        can_ever_confirm,
+        can_ever_pass_online,
+        min_acceptable_gain,
+        online_cases_needed,
+        online_p_value,
+        regression_veto_note,
+    )
+    from evolane.stats._seeds import seed_for
+    from evolane.stats._sequential import (
+        DEFAULT_MAX_BET,
+        EarlySource,
+        EarlyStop,
+        Running,
+        SequentialDecision,
+        SequentialTest,
+        settled,
+    )
 
 __all__ = [
     "CLUSTERED_GATES",
@@ -163,3 +173,103 @@ __all__ = [
     "t_quantile",
     "together",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "evolane.stats._bootstrap": (
+            "BootstrapMethod",
+            "bootstrap_ci",
+            "bootstrap_means",
+            "expanded_tail",
+        ),
+        "evolane.stats._bounded": (
+            "bounded_mean_ci",
+            "case_mean_ci",
+            "clopper_pearson",
+        ),
+        "evolane.stats._clusters": (
+            "Clusters",
+            "cluster_ends",
+            "cluster_means",
+            "clustered",
+            "count_clusters",
+            "planned_clusters",
+            "together",
+        ),
+        "evolane.stats._dist": (
+            "normal_cdf",
+            "normal_quantile",
+            "t_cdf",
+            "t_quantile",
+        ),
+        "evolane.stats._gates": (
+            "CLUSTERED_GATES",
+            "TOLERANCE",
+            "CaseScores",
+            "PairedSample",
+            "decide",
+            "judge_clusters",
+            "judge_sample",
+            "mean_and_se",
+            "paired_deltas",
+            "paired_sample",
+            "regression_p_value",
+            "regressions",
+        ),
+        "evolane.stats._levels": (
+            "as_fraction",
+            "coverage_shortfall",
+            "gate_level",
+            "minimum_cases",
+            "required_cases",
+            "sequential_level",
+            "sequential_margin",
+        ),
+        "evolane.stats._matrix": (
+            "ScoreMatrix",
+            "decide_matrices",
+            "matrix_regressions",
+            "matrix_sample",
+        ),
+        "evolane.stats._online": (
+            "Confirmation",
+            "ConfirmDecision",
+            "OnlineErrorControl",
+            "OnlineVerdict",
+            "confirm",
+            "no_gain_lower_bound",
+            "no_gain_margin",
+            "no_gain_p_value",
+            "sign_flip_p_value",
+        ),
+        "evolane.stats._order": (
+            "case_order",
+            "cluster_order",
+        ),
+        "evolane.stats._preflight": (
+            "MinimumGain",
+            "Repetitions",
+            "ScoreKind",
+            "balanced_deltas",
+            "best_case_p_value",
+            "can_ever_accept",
+            "can_ever_confirm",
+            "can_ever_pass_online",
+            "min_acceptable_gain",
+            "online_cases_needed",
+            "online_p_value",
+            "regression_veto_note",
+        ),
+        "evolane.stats._seeds": ("seed_for",),
+        "evolane.stats._sequential": (
+            "DEFAULT_MAX_BET",
+            "EarlySource",
+            "EarlyStop",
+            "Running",
+            "SequentialDecision",
+            "SequentialTest",
+            "settled",
+        ),
+    },
+)

@@ -1,10 +1,15 @@
 """Supervision: OTP strategies and restart intensity on trio nurseries, and the runtime root."""
 
-from evolane._allocator import fix_mmap_threshold
-from evolane.supervisors._errors import StartFailed, SupervisorEscalation, leaf_exceptions
-from evolane.supervisors._runtime import Runtime, open_runtime
-from evolane.supervisors._spec import ActorSpec, ChildSpec, Restart, Strategy, SupervisorSpec
-from evolane.supervisors._supervisor import Supervisor
+from typing import TYPE_CHECKING
+
+from evolane._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from evolane._allocator import fix_mmap_threshold
+    from evolane.supervisors._errors import StartFailed, SupervisorEscalation, leaf_exceptions
+    from evolane.supervisors._runtime import Runtime, open_runtime
+    from evolane.supervisors._spec import ActorSpec, ChildSpec, Restart, Strategy, SupervisorSpec
+    from evolane.supervisors._supervisor import Supervisor
 
 __all__ = [
     "ActorSpec",
@@ -20,3 +25,27 @@ __all__ = [
     "leaf_exceptions",
     "open_runtime",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "evolane._allocator": ("fix_mmap_threshold",),
+        "evolane.supervisors._errors": (
+            "StartFailed",
+            "SupervisorEscalation",
+            "leaf_exceptions",
+        ),
+        "evolane.supervisors._runtime": (
+            "Runtime",
+            "open_runtime",
+        ),
+        "evolane.supervisors._spec": (
+            "ActorSpec",
+            "ChildSpec",
+            "Restart",
+            "Strategy",
+            "SupervisorSpec",
+        ),
+        "evolane.supervisors._supervisor": ("Supervisor",),
+    },
+)

@@ -3,35 +3,40 @@ reader of ``events.jsonl``, and the self-contained ``report.html`` drawn from th
 and that same state (DESIGN §12), so the live view, ``watch`` and the page cannot disagree.
 """
 
-from evolane.views._cases import (
-    INFRA_OWNERS,
-    CaseRuns,
-    Category,
-    arm_scores,
-    case_runs,
-    left_out_at_zero,
-    mean_passes,
-    run_kind,
-)
-from evolane.views._events import (
-    MAX_EVENTS_BYTES,
-    EventDecoder,
-    EventTail,
-    read_events,
-)
-from evolane.views._history import (
-    MAX_POINTS,
-    DecisionPoint,
-    History,
-    LanePoint,
-    Series,
-    SpendPoint,
-)
-from evolane.views._page import render_html
-from evolane.views._scrub import scrub
-from evolane.views._state import TERMINAL_STAGES, ViewState, kind_of
-from evolane.views._words import isolation_text, isolation_words, token_count
-from evolane.views._write import ReportPageError, page_data, write_report_html
+from typing import TYPE_CHECKING
+
+from evolane._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from evolane.views._cases import (
+        INFRA_OWNERS,
+        CaseRuns,
+        Category,
+        arm_scores,
+        case_runs,
+        left_out_at_zero,
+        mean_passes,
+        run_kind,
+    )
+    from evolane.views._events import (
+        MAX_EVENTS_BYTES,
+        EventDecoder,
+        EventTail,
+        read_events,
+    )
+    from evolane.views._history import (
+        MAX_POINTS,
+        DecisionPoint,
+        History,
+        LanePoint,
+        Series,
+        SpendPoint,
+    )
+    from evolane.views._page import render_html
+    from evolane.views._scrub import scrub
+    from evolane.views._state import TERMINAL_STAGES, ViewState, kind_of
+    from evolane.views._words import isolation_text, isolation_words, token_count
+    from evolane.views._write import ReportPageError, page_data, write_report_html
 
 __all__ = [
     "INFRA_OWNERS",
@@ -64,3 +69,50 @@ __all__ = [
     "token_count",
     "write_report_html",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "evolane.views._cases": (
+            "INFRA_OWNERS",
+            "CaseRuns",
+            "Category",
+            "arm_scores",
+            "case_runs",
+            "left_out_at_zero",
+            "mean_passes",
+            "run_kind",
+        ),
+        "evolane.views._events": (
+            "MAX_EVENTS_BYTES",
+            "EventDecoder",
+            "EventTail",
+            "read_events",
+        ),
+        "evolane.views._history": (
+            "MAX_POINTS",
+            "DecisionPoint",
+            "History",
+            "LanePoint",
+            "Series",
+            "SpendPoint",
+        ),
+        "evolane.views._page": ("render_html",),
+        "evolane.views._scrub": ("scrub",),
+        "evolane.views._state": (
+            "TERMINAL_STAGES",
+            "ViewState",
+            "kind_of",
+        ),
+        "evolane.views._words": (
+            "isolation_text",
+            "isolation_words",
+            "token_count",
+        ),
+        "evolane.views._write": (
+            "ReportPageError",
+            "page_data",
+            "write_report_html",
+        ),
+    },
+)
