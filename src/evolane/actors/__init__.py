@@ -49,30 +49,4 @@ __all__ = [
     "serve",
 ]
 
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        "evolane.actors._deadletters": ("DeadLetterOffice",),
-        "evolane.actors._errors": (
-            "ActorCrashed",
-            "ActorError",
-            "ActorStopped",
-            "AskTimeout",
-            "MailboxFull",
-            "MessageTypeError",
-            "NotAnswered",
-        ),
-        "evolane.actors._kernel": (
-            "DEFAULT_ASK_TIMEOUT",
-            "DEFAULT_MAILBOX_SIZE",
-            "Actor",
-            "ActorContext",
-            "ActorRef",
-            "ActorStats",
-            "Mailbox",
-            "ServeControl",
-            "is_crash",
-            "serve",
-        ),
-    },
-)
+__getattr__ = lazy_exports(__name__)

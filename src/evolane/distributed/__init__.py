@@ -32,20 +32,4 @@ __all__ = [
     "parse_cluster",
 ]
 
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        "evolane.distributed._driver": (
-            "DaskCluster",
-            "open_cluster",
-        ),
-        "evolane.distributed._lane": ("DaskReplayLane",),
-        "evolane.distributed._spec": (
-            "ClusterError",
-            "ClusterSpec",
-            "check_cluster",
-            "dask_available",
-            "parse_cluster",
-        ),
-    },
-)
+__getattr__ = lazy_exports(__name__)

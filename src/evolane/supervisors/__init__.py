@@ -26,26 +26,4 @@ __all__ = [
     "open_runtime",
 ]
 
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        "evolane._allocator": ("fix_mmap_threshold",),
-        "evolane.supervisors._errors": (
-            "StartFailed",
-            "SupervisorEscalation",
-            "leaf_exceptions",
-        ),
-        "evolane.supervisors._runtime": (
-            "Runtime",
-            "open_runtime",
-        ),
-        "evolane.supervisors._spec": (
-            "ActorSpec",
-            "ChildSpec",
-            "Restart",
-            "Strategy",
-            "SupervisorSpec",
-        ),
-        "evolane.supervisors._supervisor": ("Supervisor",),
-    },
-)
+__getattr__ = lazy_exports(__name__)
