@@ -100,8 +100,8 @@ async def test_a_background_job_of_the_walk_through_holds_every_records(tmp_path
                 await service.record(task_record(work / "target", index))
         made = job_settings("shadow", 20).model_copy(update={"run_jobs": False})
         async with open_evolve_service(runtime, settings, made) as service:
-            with trio.fail_after(60):
-                while not service.pending():
+            with trio.fail_after(60):  # the job is written before its records leave the
+                while service.queued == 25:  # queue (journal before state): wait for both
                     await trio.sleep(0.01)
             assert [job.records for job in service.pending()] == [20]
             assert service.queued == 5

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evolane.campaign._runs import StoreLayout, check_id
+from evolane.campaign._layout import StoreLayout, check_id
 from evolane.cli._tally import AFTER_ENV
 from evolane.inputs import InputError
 from tests.campaign_helpers import toy_flags, write_toy
