@@ -96,3 +96,14 @@ def test_a_copy_installed_without_sources_resolves_every_name(tmp_path: Path) ->
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+
+
+def test_dir_of_a_facade_lists_every_public_name_before_it_is_loaded() -> None:
+    code = (
+        "import evolane.campaign as c, sys\n"
+        "assert 'evolane.campaign._run' not in sys.modules\n"
+        "print(' '.join(dir(c)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert {"run_campaign", "StoreLayout", "__all__"} <= set(done.stdout.split())

@@ -44,10 +44,15 @@ def lazy_exports(package: str) -> Callable[[str], object]:
     is imported from the module its ``TYPE_CHECKING`` block names on first use and kept in
     the package's namespace (the next lookup does not call this); any other name raises
     `AttributeError`, as a missing attribute does (so ``from package import _submodule``
-    still imports the submodule)."""
+    still imports the submodule). The facade's ``dir()`` lists every public name."""
     facade = sys.modules[package]
     namespace = facade.__dict__
     homes: dict[str, tuple[str, str]] = {}
+
+    def __dir__() -> list[str]:  # every public name, loaded or not (a REPL, an editor)
+        return sorted({*namespace, *namespace.get("__all__", ())})
+
+    namespace["__dir__"] = __dir__
 
     def __getattr__(name: str) -> object:
         if not homes:  # the facade's own code, read once
